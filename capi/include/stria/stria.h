@@ -1,0 +1,165 @@
+/*
+ * stria: exact attention over a sequence sharded across ranks (Ring Attention with striped,
+ * zigzag or contiguous token layouts).
+ *
+ * This header is the whole public C ABI. It is plain C99, includes only <stddef.h>, <stdint.h>
+ * and DLPack, and never the CUDA headers: a stream is passed as `void*`. Every function
+ * validates its arguments and returns a status; on failure it leaves a message for
+ * stria_get_last_error() on the calling thread. Nothing aborts, exits or throws.
+ *
+ * The bindings (Python/SWIG, Rust/bindgen, Julia) are generated from this file: keep it free of
+ * function-like macros in declarations, and add fields to the structs only at their end.
+ */
+#ifndef STRIA_STRIA_H_
+#define STRIA_STRIA_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <dlpack/dlpack.h>
+
+/* The CMake project reads the version from these three lines: they are the single source. */
+#define STRIA_VERSION_MAJOR 0
+#define STRIA_VERSION_MINOR 1
+#define STRIA_VERSION_PATCH 0
+#define STRIA_VERSION (STRIA_VERSION_MAJOR * 10000 + STRIA_VERSION_MINOR * 100 + STRIA_VERSION_PATCH)
+
+#if defined(_WIN32)
+#define STRIA_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#define STRIA_API __attribute__((visibility("default")))
+#else
+#define STRIA_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+  STRIA_SUCCESS = 0,
+  STRIA_ERROR_INVALID_ARGUMENT = 1,
+  STRIA_ERROR_UNSUPPORTED = 2,
+  STRIA_ERROR_OUT_OF_MEMORY = 3,
+  STRIA_ERROR_TRANSPORT = 4,
+  STRIA_ERROR_TIMEOUT = 5,
+  STRIA_ERROR_CUDA = 6,
+  STRIA_ERROR_ABORTED = 7,
+  STRIA_ERROR_INTERNAL = 8
+} stria_status_t;
+
+typedef enum { STRIA_LAYOUT_CONTIGUOUS = 0, STRIA_LAYOUT_STRIPED = 1, STRIA_LAYOUT_ZIGZAG = 2 } stria_layout_t;
+
+typedef enum { STRIA_TRANSPORT_LOCAL = 0, STRIA_TRANSPORT_UCX = 1, STRIA_TRANSPORT_NCCL = 2 } stria_transport_t;
+
+/* An opaque handle. It is a token, not a pointer the library dereferences: a destroyed or
+ * made-up handle is reported as STRIA_ERROR_INVALID_ARGUMENT, never followed. */
+typedef struct stria_context* stria_context_t;
+
+/* Rank 0's rendezvous identity, handed by the caller to every rank (like ncclUniqueId). */
+typedef struct {
+  char internal[128];
+} stria_unique_id_t;
+
+/* STRIA_VERSION of the loaded library (may differ from the header the caller compiled with). */
+STRIA_API int stria_get_version(void);
+/* A static English name of a status; never NULL (unknown values give "unknown status"). */
+STRIA_API const char* stria_status_string(stria_status_t s);
+/* The message of this thread's last failed call, "" if none; never NULL. Valid until the next
+ * stria call on this thread. A successful call clears it. */
+STRIA_API const char* stria_get_last_error(void);
+
+typedef struct {
+  size_t struct_size;          /* sizeof as the caller compiled it: the struct may grow */
+  int rank, world_size;
+  DLDevice device;             /* {kDLCPU,0} or {kDLCUDA,ordinal} */
+  stria_transport_t transport;
+  stria_unique_id_t unique_id; /* UCX/NCCL: rank 0's id, handed to every rank by the caller */
+  double timeout_s;            /* a wait longer than this fails with STRIA_ERROR_TIMEOUT; 0 = default (300 s) */
+  int num_threads;             /* CPU backend threads; 0 = all (a local group shares them out) */
+} stria_context_config_t;
+
+/* Fills the defaults: rank 0 of 1, CPU, local transport, default timeout, all threads. */
+STRIA_API stria_status_t stria_context_config_init(stria_context_config_t* config);
+/* Opens rank 0's rendezvous and describes it in *id (UCX and NCCL transports). */
+STRIA_API stria_status_t stria_get_unique_id(stria_unique_id_t* id);
+STRIA_API stria_status_t stria_context_create(const stria_context_config_t* config, stria_context_t* ctx);
+/* world_size contexts in this process joined by the in-process transport;
+   config->rank/world_size are ignored; each context is then driven by its own thread.
+   On failure no context is left behind and ctxs[] is set to NULL. */
+STRIA_API stria_status_t stria_context_create_local_group(const stria_context_config_t* config, int world_size,
+                                                          stria_context_t* ctxs);
+STRIA_API stria_status_t stria_context_get_rank(stria_context_t ctx, int* rank);
+STRIA_API stria_status_t stria_context_get_world_size(stria_context_t ctx, int* world_size);
+/* Makes a call in progress on ctx (on another thread) return STRIA_ERROR_ABORTED, and every
+ * later call too: an aborted context can only be destroyed. Its peers see it leave. */
+STRIA_API stria_status_t stria_context_abort(stria_context_t ctx); /* from any thread */
+STRIA_API stria_status_t stria_context_destroy(stria_context_t ctx);
+
+typedef struct {
+  size_t struct_size;
+  stria_layout_t layout;
+  int causal;
+  float softmax_scale; /* 0 means 1/sqrt(D) */
+} stria_attention_params_t;
+
+/* Fills the defaults: striped, causal, scale 1/sqrt(D). */
+STRIA_API stria_status_t stria_attention_params_init(stria_attention_params_t* params);
+
+/* q: [B, L, Hq, D]; k, v: [B, L, Hkv, D]; out like q; lse: [B, Hq, L] float32.
+ * A collective: every rank of the context's ring calls it with the same shapes and params. */
+STRIA_API stria_status_t stria_attention_forward(stria_context_t ctx, const stria_attention_params_t* params,
+                                                 const DLTensor* q, const DLTensor* k, const DLTensor* v,
+                                                 DLTensor* out, DLTensor* lse, void* stream);
+/* dout like out; dq like q; dk, dv like k. out and lse are the forward's. */
+STRIA_API stria_status_t stria_attention_backward(stria_context_t ctx, const stria_attention_params_t* params,
+                                                  const DLTensor* q, const DLTensor* k, const DLTensor* v,
+                                                  const DLTensor* out, const DLTensor* lse, const DLTensor* dout,
+                                                  DLTensor* dq, DLTensor* dk, DLTensor* dv, void* stream);
+
+/* positions[i] = global position of local token i (for RoPE ids and labels); seq_len/world_size
+ * entries. */
+STRIA_API stria_status_t stria_layout_positions(stria_layout_t layout, int64_t seq_len, int world_size, int rank,
+                                                int64_t* positions);
+/* copy this rank's tokens out of a full-sequence tensor along seq_dim, and back. Any dtype;
+ * seq_dim may be negative (counted from the end). */
+STRIA_API stria_status_t stria_shard(stria_layout_t layout, int world_size, int rank, int seq_dim,
+                                     const DLTensor* full, DLTensor* local, void* stream);
+STRIA_API stria_status_t stria_unshard(stria_layout_t layout, int world_size, int rank, int seq_dim,
+                                       const DLTensor* local, DLTensor* full, void* stream);
+
+/* Work of one attention call under a layout, counted in visible (q,k) pairs
+   at tile granularity (tile = 1: exact pairs): a tile is computed when any
+   pair in it is visible. Ring latency = sum over steps of the busiest rank. */
+typedef struct {
+  size_t struct_size;
+  double total_work;   /* pairs computed, all ranks, all steps */
+  double ring_latency; /* sum over steps of max over ranks */
+  double speedup;      /* total_work / ring_latency (N is perfect) */
+  double imbalance;    /* ring_latency / (total_work / N) (1 is perfect) */
+} stria_balance_t;
+STRIA_API stria_status_t stria_analyze_balance(stria_layout_t layout, int causal, int64_t seq_len, int world_size,
+                                               int64_t tile, stria_balance_t* out);
+/* The per-rank, per-step work behind stria_analyze_balance: work[s * world_size + r] is the
+ * work of rank r at ring step s (world_size * world_size entries). */
+STRIA_API stria_status_t stria_analyze_balance_steps(stria_layout_t layout, int causal, int64_t seq_len,
+                                                     int world_size, int64_t tile, double* work);
+
+/* Extension: where the time of this context's last attention call went, one entry per ring
+ * step, so a caller can model ring latency (sum over steps of the slowest rank) from measured
+ * compute times. */
+typedef struct {
+  double compute_s;     /* wall time of this rank's compute in the step */
+  double compute_cpu_s; /* CPU time its compute threads spent, divided by their number: the step's
+                           compute on dedicated cores, whatever else the machine ran meanwhile */
+  double wait_s;        /* time blocked on the ring's transfers after the compute */
+} stria_step_time_t;
+/* Writes min(capacity, steps) entries; *num_steps gets the number of steps of the last call. */
+STRIA_API stria_status_t stria_context_get_step_times(stria_context_t ctx, stria_step_time_t* steps, int capacity,
+                                                      int* num_steps);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* STRIA_STRIA_H_ */

@@ -1,0 +1,308 @@
+// The extern "C" layer: argument checks that need no engine state, handle lookup, and the
+// conversion of every outcome — Status, std::bad_alloc, any other exception — into a status code
+// plus this thread's last-error message. Nothing escapes across the ABI.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/struct_size.h"
+#include "core/thread_pool.h"
+#include "engine/registry.h"
+#include "layout/balance.h"
+#include "layout/layout.h"
+#include "layout/shard.h"
+#include "ring/ring.h"
+#include "transport/module_abi.h"
+
+using stria::Error;
+using stria::Status;
+
+namespace {
+
+// A fixed buffer, not a std::string: thread_local objects with destructors complicate dlclose.
+thread_local char g_last_error[2048];
+
+stria_status_t Finish(const Status& s) {
+  if (s.ok()) {
+    g_last_error[0] = '\0';
+    return STRIA_SUCCESS;
+  }
+  std::snprintf(g_last_error, sizeof g_last_error, "%s", s.message().c_str());
+  return s.code();
+}
+
+template <typename F>
+stria_status_t Guard(F&& body) {
+  try {
+    return Finish(body());
+  } catch (const std::bad_alloc&) {
+    return Finish(Error(STRIA_ERROR_OUT_OF_MEMORY, "out of host memory"));
+  } catch (const std::exception& e) {
+    return Finish(Error(STRIA_ERROR_INTERNAL, "internal error: %s", e.what()));
+  } catch (...) {
+    return Finish(Error(STRIA_ERROR_INTERNAL, "internal error: unknown exception"));
+  }
+}
+
+Status Lookup(stria_context_t handle, std::shared_ptr<stria::Context>* out) {
+  if (handle == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "ctx is NULL");
+  *out = stria::LookupContext(handle);
+  if (!*out) return Error(STRIA_ERROR_INVALID_ARGUMENT, "ctx %p is not a live context (destroyed already?)",
+                          static_cast<void*>(handle));
+  return Status::Ok();
+}
+
+Status CheckConfig(const stria_context_config_t* c) {
+  if (c == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "config is NULL (use stria_context_config_init)");
+  STRIA_RETURN_IF_ERROR(
+      stria::CheckStructSize(c, c->struct_size, sizeof(stria_context_config_t), "config", "stria_context_config_init"));
+  if (!std::isfinite(c->timeout_s) || c->timeout_s < 0)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "config->timeout_s %g must be finite and >= 0 (0: default)",
+                 c->timeout_s);
+  if (c->num_threads < 0)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "config->num_threads %d is negative (0: all)", c->num_threads);
+  if (c->transport != STRIA_TRANSPORT_LOCAL && c->transport != STRIA_TRANSPORT_UCX &&
+      c->transport != STRIA_TRANSPORT_NCCL)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "config->transport %d is not a transport (0 local, 1 ucx, 2 nccl)",
+                 static_cast<int>(c->transport));
+  return Status::Ok();
+}
+
+double Timeout(const stria_context_config_t* c) { return c->timeout_s > 0 ? c->timeout_s : stria::kDefaultTimeoutS; }
+
+constexpr int kMaxLocalGroup = 1024;
+
+}  // namespace
+
+extern "C" {
+
+STRIA_API int stria_get_version(void) { return STRIA_VERSION; }
+
+STRIA_API const char* stria_status_string(stria_status_t s) {
+  switch (s) {
+    case STRIA_SUCCESS: return "success";
+    case STRIA_ERROR_INVALID_ARGUMENT: return "invalid argument";
+    case STRIA_ERROR_UNSUPPORTED: return "unsupported";
+    case STRIA_ERROR_OUT_OF_MEMORY: return "out of memory";
+    case STRIA_ERROR_TRANSPORT: return "transport error";
+    case STRIA_ERROR_TIMEOUT: return "timeout";
+    case STRIA_ERROR_CUDA: return "CUDA error";
+    case STRIA_ERROR_ABORTED: return "aborted";
+    case STRIA_ERROR_INTERNAL: return "internal error";
+  }
+  return "unknown status";
+}
+
+STRIA_API const char* stria_get_last_error(void) { return g_last_error; }
+
+STRIA_API stria_status_t stria_context_config_init(stria_context_config_t* config) {
+  return Guard([&] {
+    if (config == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "config is NULL");
+    std::memset(config, 0, sizeof *config);
+    config->struct_size = sizeof *config;
+    config->rank = 0;
+    config->world_size = 1;
+    config->device.device_type = kDLCPU;
+    config->device.device_id = 0;
+    config->transport = STRIA_TRANSPORT_LOCAL;
+    config->timeout_s = 0;
+    config->num_threads = 0;
+    return Status::Ok();
+  });
+}
+
+STRIA_API stria_status_t stria_get_unique_id(stria_unique_id_t* id) {
+  return Guard([&] {
+    if (id == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "id is NULL");
+    return stria::GetUniqueId(id);
+  });
+}
+
+STRIA_API stria_status_t stria_context_create(const stria_context_config_t* config, stria_context_t* ctx) {
+  return Guard([&] {
+    if (ctx == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "ctx (the output) is NULL");
+    *ctx = nullptr;
+    STRIA_RETURN_IF_ERROR(CheckConfig(config));
+    if (config->world_size < 1)
+      return Error(STRIA_ERROR_INVALID_ARGUMENT, "config->world_size %d is not positive", config->world_size);
+    if (config->rank < 0 || config->rank >= config->world_size)
+      return Error(STRIA_ERROR_INVALID_ARGUMENT, "config->rank %d is out of range for world_size %d", config->rank,
+                   config->world_size);
+    const int threads = config->num_threads > 0 ? config->num_threads : stria::HardwareThreads();
+    std::unique_ptr<stria::Backend> backend;
+    STRIA_RETURN_IF_ERROR(stria::CreateBackend(config->device, threads, &backend));
+    std::unique_ptr<stria::Transport> transport;
+    STRIA_RETURN_IF_ERROR(stria::CreateTransport(*config, Timeout(config), &transport));
+    auto c = std::make_shared<stria::Context>(config->rank, config->world_size, config->device, Timeout(config),
+                                              std::move(backend), std::move(transport));
+    *ctx = stria::RegisterContext(std::move(c));
+    return Status::Ok();
+  });
+}
+
+STRIA_API stria_status_t stria_context_create_local_group(const stria_context_config_t* config, int world_size,
+                                                          stria_context_t* ctxs) {
+  return Guard([&] {
+    if (ctxs == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "ctxs (the output array) is NULL");
+    if (world_size < 1 || world_size > kMaxLocalGroup)
+      return Error(STRIA_ERROR_INVALID_ARGUMENT, "world_size %d is out of range 1..%d", world_size, kMaxLocalGroup);
+    for (int i = 0; i < world_size; ++i) ctxs[i] = nullptr;
+    STRIA_RETURN_IF_ERROR(CheckConfig(config));
+    if (config->transport != STRIA_TRANSPORT_LOCAL)
+      return Error(STRIA_ERROR_INVALID_ARGUMENT, "a local group uses the local transport (config->transport = %d)",
+                   static_cast<int>(config->transport));
+    // "All threads" is shared out among the group's ranks, which run concurrently.
+    const int threads = config->num_threads > 0 ? config->num_threads
+                                                : std::max(1, stria::HardwareThreads() / world_size);
+    auto transports = stria::CreateLocalGroup(world_size);
+    std::vector<std::shared_ptr<stria::Context>> made;
+    for (int r = 0; r < world_size; ++r) {
+      std::unique_ptr<stria::Backend> backend;
+      STRIA_RETURN_IF_ERROR(stria::CreateBackend(config->device, threads, &backend));
+      made.push_back(std::make_shared<stria::Context>(r, world_size, config->device, Timeout(config),
+                                                      std::move(backend), std::move(transports[r])));
+    }
+    for (int r = 0; r < world_size; ++r) ctxs[r] = stria::RegisterContext(made[static_cast<size_t>(r)]);
+    return Status::Ok();
+  });
+}
+
+STRIA_API stria_status_t stria_context_get_rank(stria_context_t ctx, int* rank) {
+  return Guard([&] {
+    std::shared_ptr<stria::Context> c;
+    STRIA_RETURN_IF_ERROR(Lookup(ctx, &c));
+    if (rank == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "rank (the output) is NULL");
+    *rank = c->rank();
+    return Status::Ok();
+  });
+}
+
+STRIA_API stria_status_t stria_context_get_world_size(stria_context_t ctx, int* world_size) {
+  return Guard([&] {
+    std::shared_ptr<stria::Context> c;
+    STRIA_RETURN_IF_ERROR(Lookup(ctx, &c));
+    if (world_size == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "world_size (the output) is NULL");
+    *world_size = c->world_size();
+    return Status::Ok();
+  });
+}
+
+STRIA_API stria_status_t stria_context_abort(stria_context_t ctx) {
+  return Guard([&] {
+    std::shared_ptr<stria::Context> c;
+    STRIA_RETURN_IF_ERROR(Lookup(ctx, &c));
+    c->Abort();
+    return Status::Ok();
+  });
+}
+
+STRIA_API stria_status_t stria_context_destroy(stria_context_t ctx) {
+  return Guard([&] {
+    if (ctx == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "ctx is NULL");
+    std::shared_ptr<stria::Context> c = stria::UnregisterContext(ctx);
+    if (!c)
+      return Error(STRIA_ERROR_INVALID_ARGUMENT, "ctx %p is not a live context (destroyed already?)",
+                   static_cast<void*>(ctx));
+    // A call still running on another thread (misuse, but survivable) is unblocked; it holds its
+    // own reference, and the context goes when that call returns.
+    c->Abort();
+    return Status::Ok();
+  });
+}
+
+STRIA_API stria_status_t stria_attention_params_init(stria_attention_params_t* params) {
+  return Guard([&] {
+    if (params == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "params is NULL");
+    std::memset(params, 0, sizeof *params);
+    params->struct_size = sizeof *params;
+    params->layout = STRIA_LAYOUT_STRIPED;
+    params->causal = 1;
+    params->softmax_scale = 0.f;
+    return Status::Ok();
+  });
+}
+
+STRIA_API stria_status_t stria_attention_forward(stria_context_t ctx, const stria_attention_params_t* params,
+                                                 const DLTensor* q, const DLTensor* k, const DLTensor* v,
+                                                 DLTensor* out, DLTensor* lse, void* stream) {
+  return Guard([&] {
+    std::shared_ptr<stria::Context> c;
+    STRIA_RETURN_IF_ERROR(Lookup(ctx, &c));
+    return stria::RingForward(*c, stria::ForwardCall{params, q, k, v, out, lse, stream});
+  });
+}
+
+STRIA_API stria_status_t stria_attention_backward(stria_context_t ctx, const stria_attention_params_t* params,
+                                                  const DLTensor* q, const DLTensor* k, const DLTensor* v,
+                                                  const DLTensor* out, const DLTensor* lse, const DLTensor* dout,
+                                                  DLTensor* dq, DLTensor* dk, DLTensor* dv, void* stream) {
+  return Guard([&] {
+    std::shared_ptr<stria::Context> c;
+    STRIA_RETURN_IF_ERROR(Lookup(ctx, &c));
+    return stria::RingBackward(*c, stria::BackwardCall{params, q, k, v, out, lse, dout, dq, dk, dv, stream});
+  });
+}
+
+STRIA_API stria_status_t stria_layout_positions(stria_layout_t layout, int64_t seq_len, int world_size, int rank,
+                                                int64_t* positions) {
+  return Guard([&] {
+    STRIA_RETURN_IF_ERROR(stria::CheckLayout(layout, seq_len, world_size, rank));
+    if (positions == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "positions is NULL");
+    const int64_t L = seq_len / world_size;
+    for (int64_t i = 0; i < L; ++i) positions[i] = stria::GlobalPosition(layout, L, world_size, rank, i);
+    return Status::Ok();
+  });
+}
+
+STRIA_API stria_status_t stria_shard(stria_layout_t layout, int world_size, int rank, int seq_dim,
+                                     const DLTensor* full, DLTensor* local, void* stream) {
+  return Guard([&] { return stria::ShardCopy(layout, world_size, rank, seq_dim, full, local, true, stream); });
+}
+
+STRIA_API stria_status_t stria_unshard(stria_layout_t layout, int world_size, int rank, int seq_dim,
+                                       const DLTensor* local, DLTensor* full, void* stream) {
+  return Guard([&] { return stria::ShardCopy(layout, world_size, rank, seq_dim, full, local, false, stream); });
+}
+
+STRIA_API stria_status_t stria_analyze_balance(stria_layout_t layout, int causal, int64_t seq_len, int world_size,
+                                               int64_t tile, stria_balance_t* out) {
+  return Guard([&] {
+    if (out == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "out is NULL");
+    STRIA_RETURN_IF_ERROR(
+        stria::CheckStructSize(out, out->struct_size, sizeof(stria_balance_t), "out", "sizeof(stria_balance_t)"));
+    return stria::AnalyzeBalance(layout, causal != 0, seq_len, world_size, tile, out);
+  });
+}
+
+STRIA_API stria_status_t stria_analyze_balance_steps(stria_layout_t layout, int causal, int64_t seq_len,
+                                                     int world_size, int64_t tile, double* work) {
+  return Guard([&] {
+    if (work == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "work is NULL");
+    return stria::BalanceSteps(layout, causal != 0, seq_len, world_size, tile, work);
+  });
+}
+
+STRIA_API stria_status_t stria_context_get_step_times(stria_context_t ctx, stria_step_time_t* steps, int capacity,
+                                                      int* num_steps) {
+  return Guard([&] {
+    std::shared_ptr<stria::Context> c;
+    STRIA_RETURN_IF_ERROR(Lookup(ctx, &c));
+    if (num_steps == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "num_steps is NULL");
+    if (capacity < 0) return Error(STRIA_ERROR_INVALID_ARGUMENT, "capacity %d is negative", capacity);
+    if (capacity > 0 && steps == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "steps is NULL");
+    const auto& t = c->step_times();
+    *num_steps = static_cast<int>(t.size());
+    for (int i = 0; i < capacity && i < static_cast<int>(t.size()); ++i) {
+      steps[i].compute_s = t[static_cast<size_t>(i)].compute_s;
+      steps[i].compute_cpu_s = t[static_cast<size_t>(i)].compute_cpu_s;
+      steps[i].wait_s = t[static_cast<size_t>(i)].wait_s;
+    }
+    return Status::Ok();
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,282 @@
+// Flash-style attention tiles for the CPU, written once with GCC vector extensions and compiled
+// per instruction set (kernels/CMakeLists.txt): the same source gives 4-, 8- and 16-float vectors.
+//
+// The hot loops are small register-blocked GEMMs, C[MR x NV*VL] (+)= A·B, with A read as
+// broadcast scalars through two strides (so Aᵀ costs nothing) and B as contiguous vectors. Every
+// product of attention is one of those once K (and V for the backward) is stored transposed per
+// tile: S = Q·Kᵀ, O += P·V, dV += Pᵀ·dO, dP = dO·Vᵀ, dQ += dS·K, dK += dSᵀ·Q.
+// Softmax runs in the log2 domain (Q is pre-scaled by log2 e) so each exponential is one exp2.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "cpu/attention_kernels.h"
+
+#if defined(STRIA_ISA_avx512)
+#define STRIA_VL 16
+#define STRIA_MR 8
+#elif defined(STRIA_ISA_avx2)
+#define STRIA_VL 8
+#define STRIA_MR 4
+#else
+#define STRIA_VL 4
+#define STRIA_MR 4
+#endif
+
+namespace stria {
+namespace cpu {
+namespace STRIA_ISA_NAME {
+namespace {
+
+constexpr int VL = STRIA_VL;  // floats per vector
+constexpr int MR = STRIA_MR;  // rows per micro-tile
+constexpr int NV = 2;         // vectors per micro-tile row
+static_assert(kBlockQ % MR == 0 && kBlockK % MR == 0, "tiles must be whole micro-tiles");
+static_assert(kBlockK % VL == 0, "key tiles must be whole vectors");
+
+typedef float vf __attribute__((vector_size(VL * 4)));
+typedef float vf_u __attribute__((vector_size(VL * 4), aligned(4)));  // unaligned access
+typedef int32_t vi __attribute__((vector_size(VL * 4)));
+
+inline vf Load(const float* p) { return *reinterpret_cast<const vf_u*>(p); }
+inline void Store(float* p, vf v) { *reinterpret_cast<vf_u*>(p) = v; }
+inline vf Splat(float x) { return vf{} + x; }
+inline float HMax(vf v) {
+  float m = v[0];
+  for (int i = 1; i < VL; ++i) m = std::max(m, v[i]);
+  return m;
+}
+inline float HSum(vf v) {
+  float s = 0.f;
+  for (int i = 0; i < VL; ++i) s += v[i];
+  return s;
+}
+
+// 2^x for x <= 0 (scores minus a running maximum): exact 0 below -126 (and for -inf), a degree-6
+// polynomial on the fraction, the integer part in the exponent bits. Relative error ~2e-7.
+inline vf Exp2(vf x) {
+  vi keep = x >= Splat(-126.0f);
+  x = x < Splat(-126.0f) ? Splat(-126.0f) : x;
+  x = x > Splat(127.0f) ? Splat(127.0f) : x;
+  const vf shifter = Splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  vf t = x + shifter;
+  vf n = t - shifter;
+  vf f = x - n;  // in [-0.5, 0.5]
+  vi ni = (vi)t - 0x4B400000;
+  vf p = Splat(1.535336188319500e-4f);
+  p = p * f + 1.339887440266574e-3f;
+  p = p * f + 9.618437357674640e-3f;
+  p = p * f + 5.550332471162809e-2f;
+  p = p * f + 2.402264791363012e-1f;
+  p = p * f + 6.931472028550421e-1f;
+  p = p * f + 1.0f;
+  vi scale_bits = (ni + 127) << 23;
+  vf r = p * (vf)scale_bits;
+  return (vf)((vi)r & keep);
+}
+
+// C[M x NVV*VL] (+)= sum_k A[i*ars + k*acs] * B[k*ldb + j].
+template <int M, int NVV, bool kAccumulate>
+inline void MicroKernel(int64_t K, const float* __restrict A, int64_t ars, int64_t acs, const float* __restrict B,
+                        int64_t ldb, float* __restrict C, int64_t ldc) {
+  vf c[M][NVV];
+  for (int i = 0; i < M; ++i)
+    for (int v = 0; v < NVV; ++v) c[i][v] = kAccumulate ? Load(C + i * ldc + v * VL) : vf{};
+  for (int64_t k = 0; k < K; ++k) {
+    vf b[NVV];
+    for (int v = 0; v < NVV; ++v) b[v] = Load(B + k * ldb + v * VL);
+    const float* a = A + k * acs;
+    for (int i = 0; i < M; ++i) {
+      vf ai = Splat(a[i * ars]);
+      for (int v = 0; v < NVV; ++v) c[i][v] += ai * b[v];
+    }
+  }
+  for (int i = 0; i < M; ++i)
+    for (int v = 0; v < NVV; ++v) Store(C + i * ldc + v * VL, c[i][v]);
+}
+
+// C[M x N] (+)= A[M x K] · B[K x N]; M a multiple of MR, N of VL.
+template <bool kAccumulate>
+void Gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t ars, int64_t acs, const float* B, int64_t ldb,
+          float* C, int64_t ldc) {
+  for (int64_t i = 0; i < M; i += MR) {
+    int64_t j = 0;
+    for (; j + NV * VL <= N; j += NV * VL)
+      MicroKernel<MR, NV, kAccumulate>(K, A + i * ars, ars, acs, B + j, ldb, C + i * ldc + j, ldc);
+    for (; j < N; j += VL) MicroKernel<MR, 1, kAccumulate>(K, A + i * ars, ars, acs, B + j, ldb, C + i * ldc + j, ldc);
+  }
+}
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Visible key columns [lo, hi) of local query row i (empty when the row is outside the mask).
+inline void RowRange(const BlockMask& m, int64_t i, int64_t* lo, int64_t* hi) {
+  if (i < m.q_begin || i >= m.q_end) {
+    *lo = *hi = 0;
+    return;
+  }
+  *lo = m.k_begin;
+  *hi = m.diagonal ? std::min(m.k_end, i + m.offset + 1) : m.k_end;
+  if (*hi < *lo) *hi = *lo;
+}
+
+// True when every pair of the tile rows [i0, i0+kBlockQ) x cols [j0, j0+kBlockK) is visible.
+inline bool TileFull(const BlockMask& m, int64_t i0, int64_t j0) {
+  if (i0 < m.q_begin || i0 + kBlockQ > m.q_end || j0 < m.k_begin || j0 + kBlockK > m.k_end) return false;
+  return !m.diagonal || j0 + kBlockK - 1 <= i0 + m.offset;
+}
+
+// Sets the scores of invisible pairs of a tile to -inf.
+void ApplyMask(const BlockMask& m, int64_t i0, int64_t j0, float* s) {
+  for (int64_t r = 0; r < kBlockQ; ++r) {
+    int64_t lo, hi;
+    RowRange(m, i0 + r, &lo, &hi);
+    float* row = s + r * kBlockK;
+    for (int64_t c = 0; c < kBlockK; ++c) {
+      int64_t j = j0 + c;
+      if (j < lo || j >= hi) row[c] = kNegInf;
+    }
+  }
+}
+
+void ForwardTile(const FwdTileArgs& a) {
+  const PackedShape& sh = *a.shape;
+  const BlockMask& mk = *a.mask;
+  const int64_t Dp = sh.Dp, D = sh.D;
+  const int64_t i0 = a.q0;
+  // The keys any row of this tile may see.
+  const int64_t row_lo = std::max(i0, mk.q_begin), row_hi = std::min(i0 + kBlockQ, mk.q_end);
+  if (row_lo >= row_hi) return;
+  int64_t k_lo = mk.k_begin, k_hi = mk.k_end;
+  if (mk.diagonal) k_hi = std::min(k_hi, row_hi - 1 + mk.offset + 1);
+  if (k_hi <= k_lo) return;
+
+  const float* q = a.q + i0 * Dp;
+  float* acc = a.acc + i0 * Dp;
+  float* m = a.m + i0;
+  float* l = a.l + i0;
+  float* s = a.scratch;
+  for (int64_t kt = k_lo / kBlockK; kt * kBlockK < k_hi; ++kt) {
+    const int64_t j0 = kt * kBlockK;
+    Gemm<false>(kBlockQ, kBlockK, D, q, Dp, 1, a.kt + kt * Dp * kBlockK, kBlockK, s, kBlockK);
+    if (!TileFull(mk, i0, j0)) ApplyMask(mk, i0, j0, s);
+    for (int64_t r = 0; r < kBlockQ; ++r) {
+      float* row = s + r * kBlockK;
+      vf mx = Splat(kNegInf);
+      for (int64_t c = 0; c < kBlockK; c += VL) {
+        vf x = Load(row + c);
+        mx = x > mx ? x : mx;
+      }
+      const float m_old = m[r];
+      const float m_new = std::max(m_old, HMax(mx));
+      if (m_new == kNegInf) {  // nothing visible yet: this row contributes nothing
+        std::memset(row, 0, sizeof(float) * kBlockK);
+        continue;
+      }
+      const float alpha = std::exp2(m_old - m_new);  // 0 when m_old is -inf
+      vf sum = vf{};
+      const vf mv = Splat(m_new);
+      for (int64_t c = 0; c < kBlockK; c += VL) {
+        vf p = Exp2(Load(row + c) - mv);
+        Store(row + c, p);
+        sum += p;
+      }
+      l[r] = l[r] * alpha + HSum(sum);
+      m[r] = m_new;
+      if (alpha != 1.0f) {
+        float* o = acc + r * Dp;
+        const vf av = Splat(alpha);
+        for (int64_t d = 0; d < Dp; d += VL) Store(o + d, Load(o + d) * av);
+      }
+    }
+    Gemm<true>(kBlockQ, Dp, kBlockK, s, kBlockK, 1, a.v + j0 * Dp, Dp, acc, Dp);
+  }
+}
+
+void BackwardItem(const BwdItemArgs& a) {
+  const PackedShape& sh = *a.shape;
+  const BlockMask& mk = *a.mask;
+  const int64_t Dp = sh.Dp, D = sh.D;
+  float* s = a.scratch;                       // scores, then P
+  float* dp = s + kBlockQ * kBlockK;          // dP, then dS
+  float* dk_acc = dp + kBlockQ * kBlockK;     // [kBlockK][Dp]
+  float* dv_acc = dk_acc + kBlockK * Dp;      // [kBlockK][Dp]
+  for (int64_t kt = a.kt0; kt < a.kt_end; kt += a.kt_stride) {
+    const int64_t j0 = kt * kBlockK;
+    // Queries that see any key of this tile.
+    const int64_t j_lo = std::max(j0, mk.k_begin), j_hi = std::min(j0 + kBlockK, mk.k_end);
+    if (j_lo >= j_hi) continue;
+    int64_t i_lo = mk.q_begin, i_hi = mk.q_end;
+    if (mk.diagonal) i_lo = std::max(i_lo, j_lo - mk.offset);
+    if (i_lo >= i_hi) continue;
+    std::memset(dk_acc, 0, sizeof(float) * 2 * kBlockK * Dp);
+    const float* kt_tile = a.kt + kt * Dp * kBlockK;
+    const float* vt_tile = a.vt + kt * Dp * kBlockK;
+    const float* k_rows = a.k + j0 * Dp;
+    for (int g = 0; g < a.group; ++g) {
+      const float* q = a.q + g * a.head_stride;
+      const float* dout = a.dout + g * a.head_stride;
+      float* dq = a.dq + g * a.head_stride;
+      const float* lse2 = a.lse2 + g * a.row_head_stride;
+      const float* delta = a.delta + g * a.row_head_stride;
+      for (int64_t i0 = (i_lo / kBlockQ) * kBlockQ; i0 < i_hi; i0 += kBlockQ) {
+        const float* qt = q + i0 * Dp;
+        const float* dot = dout + i0 * Dp;
+        Gemm<false>(kBlockQ, kBlockK, D, qt, Dp, 1, kt_tile, kBlockK, s, kBlockK);
+        if (!TileFull(mk, i0, j0)) ApplyMask(mk, i0, j0, s);
+        for (int64_t r = 0; r < kBlockQ; ++r) {
+          float* row = s + r * kBlockK;
+          const float lse = lse2[i0 + r];
+          if (lse == kNegInf) {  // a row that saw no key anywhere has no gradient
+            std::memset(row, 0, sizeof(float) * kBlockK);
+            continue;
+          }
+          const vf lv = Splat(lse);
+          for (int64_t c = 0; c < kBlockK; c += VL) Store(row + c, Exp2(Load(row + c) - lv));
+        }
+        // dV += Pᵀ·dO
+        Gemm<true>(kBlockK, Dp, kBlockQ, s, 1, kBlockK, dot, Dp, dv_acc, Dp);
+        // dP = dO·Vᵀ, then dS = P ∘ (dP − delta)
+        Gemm<false>(kBlockQ, kBlockK, D, dot, Dp, 1, vt_tile, kBlockK, dp, kBlockK);
+        for (int64_t r = 0; r < kBlockQ; ++r) {
+          const vf dl = Splat(delta[i0 + r]);
+          float* prow = s + r * kBlockK;
+          float* drow = dp + r * kBlockK;
+          for (int64_t c = 0; c < kBlockK; c += VL) Store(drow + c, Load(prow + c) * (Load(drow + c) - dl));
+        }
+        // dQ += dS·K ; dK += dSᵀ·Q
+        Gemm<true>(kBlockQ, Dp, kBlockK, dp, kBlockK, 1, k_rows, Dp, dq + i0 * Dp, Dp);
+        Gemm<true>(kBlockK, Dp, kBlockQ, dp, 1, kBlockK, qt, Dp, dk_acc, Dp);
+      }
+    }
+    // Q was pre-scaled by scale·log2(e); dK wants scale·dSᵀ·Q, hence the ln 2.
+    const int64_t rows = std::min(kBlockK, sh.Lk - j0);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* dkr = a.dk + (j0 + r) * a.dkv_row_stride;
+      float* dvr = a.dv + (j0 + r) * a.dkv_row_stride;
+      const float* ka = dk_acc + r * Dp;
+      const float* va = dv_acc + r * Dp;
+      for (int64_t d = 0; d < D; ++d) {
+        dkr[d] += ka[d] * kLn2;
+        dvr[d] += va[d];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+#define STRIA_STR2(x) #x
+#define STRIA_STR(x) STRIA_STR2(x)
+extern const KernelTable kTable;
+const KernelTable kTable = {
+    STRIA_STR(STRIA_ISA_NAME),
+    VL,
+    ForwardTile,
+    BackwardItem,
+};
+
+}  // namespace STRIA_ISA_NAME
+}  // namespace cpu
+}  // namespace stria

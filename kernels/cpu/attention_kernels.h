@@ -1,0 +1,81 @@
+// CPU attention tile kernels: the interface between the CPU backend (src/backend/cpu), which
+// packs operands and schedules work items on its thread pool, and the per-ISA kernel builds
+// (attention_kernels.cc compiled for generic x86-64, AVX2 and AVX-512; picked at run time).
+//
+// Every operand is float32 in a packed, zero-padded layout (see PackedShape): the kernels never
+// see strides, storage dtypes or edge cases other than the mask.
+#pragma once
+
+#include <cstdint>
+
+#include "layout/layout.h"
+
+namespace stria {
+namespace cpu {
+
+constexpr int64_t kBlockQ = 64;  // query rows per tile
+constexpr int64_t kBlockK = 64;  // key columns per tile
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Sizes of the packed layouts. Dp: D rounded up to the kernel's vector width; Lqp/Lkp: the
+// local lengths rounded up to whole tiles. Padding is zero.
+//   Q32, dO32, acc: [B][Hq][Lqp][Dp]      m, l, lse2, delta: [B][Hq][Lqp]
+//   V32, K32:       [B][Hkv][Lkp][Dp]     Kt, Vt: [B][Hkv][Lkp/kBlockK][Dp][kBlockK]
+struct PackedShape {
+  int64_t B, Lq, Lk, Hq, Hkv, D, Dp, Lqp, Lkp;
+};
+
+// One forward work item: query tile q0 of head (b, h), against one ring block.
+struct FwdTileArgs {
+  const float* q;   // Q32 rows of (b, h), pre-scaled by softmax_scale * log2(e)
+  const float* kt;  // Kt tiles of (b, h / group)
+  const float* v;   // V32 rows of (b, h / group)
+  float* acc;       // running unnormalised output rows of (b, h)
+  float* m;         // running row maximum (log2 domain), -inf before any visible key
+  float* l;         // running row sum
+  int64_t q0;
+  const PackedShape* shape;
+  const BlockMask* mask;
+  float* scratch;  // kBlockQ * kBlockK floats, this thread's
+};
+
+// One backward work item: the key tiles kt0, kt0 + stride, ... < kt_end of kv head (b, hkv),
+// against every query head of its group. Owns those dK/dV rows; adds dQ into its own partial.
+struct BwdItemArgs {
+  const float* q;      // Q32 of (b, first head of the group); heads are head_stride apart
+  const float* dout;   // dO32, same layout as q
+  const float* lse2;   // [Lqp] per head, lse * log2(e); -inf for a row that sees no key
+  const float* delta;  // [Lqp] per head, rowsum(dO * O)
+  float* dq;           // this item's dQ partial (same layout as q), unscaled: dQ = scale * dq
+  int64_t head_stride;      // floats between heads in q / dout / dq
+  int64_t row_head_stride;  // floats between heads in lse2 / delta
+  int group;                // query heads per kv head
+  const float* kt;  // Kt tiles of (b, hkv)
+  const float* k;   // K32 rows of (b, hkv)
+  const float* vt;  // Vt tiles of (b, hkv)
+  float* dk;        // wire rows: dk[j * dkv_row_stride + d] for local key j, d < D
+  float* dv;
+  int64_t dkv_row_stride;
+  int64_t kt0, kt_end, kt_stride;
+  const PackedShape* shape;
+  const BlockMask* mask;
+  float* scratch;  // BwdScratchFloats(Dp) floats, this thread's
+};
+
+inline int64_t BwdScratchFloats(int64_t dp) { return 2 * kBlockQ * kBlockK + 2 * kBlockK * dp; }
+
+struct KernelTable {
+  const char* isa;
+  int vector_floats;  // Dp must be a multiple of this
+  void (*forward_tile)(const FwdTileArgs&);
+  void (*backward_item)(const BwdItemArgs&);
+};
+
+// The best table this CPU runs (AVX-512 > AVX2 > generic); STRIA_CPU_ISA=generic|avx2|avx512
+// in the environment forces a lower one (for tests and benchmarks).
+const KernelTable& SelectKernels();
+const KernelTable* KernelsFor(const char* isa);  // NULL if not built or not supported here
+
+}  // namespace cpu
+}  // namespace stria

@@ -1,0 +1,66 @@
+// The compute-backend interface the ring is written against. A backend owns the per-call state
+// of one rank (its queries, the running softmax state, gradient accumulators) and computes one
+// ring block at a time; the ring engine owns the schedule and the transfers.
+//
+// Implementations: the CPU backend (backend/cpu) and the CUDA module (libstria-cuda.so, loaded
+// at run time by backend_factory.cc). All memory the ring's messages live in comes from the
+// backend, so a GPU backend hands device memory to its transport.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "layout/layout.h"
+
+namespace stria {
+
+struct AttentionShape {
+  int64_t B = 0, L = 0, Hq = 0, Hkv = 0, D = 0;
+  DType dtype = DType::kF32;
+  float scale = 0.f;  // resolved: never 0
+};
+
+// Bytes of one K/V ring message: K then V, each compact [B, L, Hkv, D] in the storage dtype.
+inline size_t KVWireBytes(const AttentionShape& s) {
+  return 2 * static_cast<size_t>(s.B * s.L * s.Hkv * s.D) * static_cast<size_t>(DTypeSize(s.dtype));
+}
+// Floats of one dK/dV ring message: dK then dV, each compact [B, L, Hkv, D] float32.
+inline size_t DKVWireFloats(const AttentionShape& s) { return 2 * static_cast<size_t>(s.B * s.L * s.Hkv * s.D); }
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+
+  // Checks what this backend supports (head dim, stream) before any rank communicates.
+  virtual Status CheckSupported(const AttentionShape& shape, void* stream) const = 0;
+  // Memory for ring messages, reused across calls by the engine.
+  virtual Status Allocate(size_t bytes, void** ptr) = 0;
+  virtual void Free(void* ptr) = 0;
+  virtual Status PackKV(const AttentionShape& shape, const TensorView& k, const TensorView& v, void* wire) = 0;
+
+  virtual Status ForwardBegin(const AttentionShape& shape, const TensorView& q) = 0;
+  virtual Status ForwardBlock(const void* kv_wire, const BlockMask& mask) = 0;
+  virtual Status ForwardEnd(const TensorView& out, const TensorView& lse) = 0;
+
+  virtual Status BackwardBegin(const AttentionShape& shape, const TensorView& q, const TensorView& out,
+                               const TensorView& lse, const TensorView& dout) = 0;
+  // Zeroes `dkv` (a dK/dV message) and adds this rank's contribution for the block into it.
+  virtual Status BackwardBlock(const void* kv_wire, const BlockMask& mask, float* dkv) = 0;
+  // dst += src over a dK/dV message.
+  virtual Status AccumulateDKV(float* dst, const float* src) = 0;
+  virtual Status BackwardEnd(const TensorView& dq, const float* dkv, const TensorView& dk, const TensorView& dv) = 0;
+
+  // CPU seconds the compute threads spent so far, and how many there are (for step profiles).
+  virtual double cpu_seconds() const = 0;
+  virtual int num_threads() const = 0;
+};
+
+// The CPU backend, always available.
+std::unique_ptr<Backend> CreateCpuBackend(int num_threads);
+// The backend of `device`: the CPU one, or a module loaded on first use (CUDA).
+Status CreateBackend(DLDevice device, int num_threads, std::unique_ptr<Backend>* out);
+
+}  // namespace stria

@@ -1,0 +1,39 @@
+// Backend selection: the CPU backend is built in; GPU backends are modules loaded on first use.
+#include "backend/backend.h"
+#include "backend/module_abi.h"
+#include "core/module.h"
+
+namespace stria {
+
+Status CreateBackend(DLDevice device, int num_threads, std::unique_ptr<Backend>* out) {
+  char name[32];
+  switch (device.device_type) {
+    case kDLCPU:
+      if (device.device_id != 0)
+        return Error(STRIA_ERROR_INVALID_ARGUMENT, "CPU device id must be 0, got %d", device.device_id);
+      *out = CreateCpuBackend(num_threads);
+      return Status::Ok();
+    case kDLCUDA: {
+      if (device.device_id < 0)
+        return Error(STRIA_ERROR_INVALID_ARGUMENT, "CUDA device ordinal %d is negative", device.device_id);
+      void* sym = nullptr;
+      STRIA_RETURN_IF_ERROR(LoadModuleSymbol(
+          "cuda", "stria_cuda_module_v1",
+          "CUDA contexts need it installed beside libstria.so, and the CUDA runtime; build stria with CUDA enabled.",
+          &sym));
+      const auto* module = static_cast<const BackendModuleV1*>(sym);
+      if (module->abi_version != kBackendModuleAbiVersion)
+        return Error(STRIA_ERROR_UNSUPPORTED, "the CUDA module speaks module ABI %d, this libstria %d",
+                     module->abi_version, kBackendModuleAbiVersion);
+      Backend* backend = nullptr;
+      STRIA_RETURN_IF_ERROR(module->create(device, num_threads, &backend));
+      out->reset(backend);
+      return Status::Ok();
+    }
+    default:
+      return Error(STRIA_ERROR_UNSUPPORTED, "device %s is not supported (supported: cpu:0, cuda:<ordinal>)",
+                   DeviceName(device, name, sizeof name));
+  }
+}
+
+}  // namespace stria

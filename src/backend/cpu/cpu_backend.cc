@@ -1,0 +1,392 @@
+// The CPU backend: converts the caller's tensors (any strides, float32/float16/bfloat16) into the
+// packed float32 layouts of kernels/cpu once per call (queries) or once per ring step (the K/V
+// block), and runs the tile kernels on its thread pool.
+//
+// Memory is O(B·L·H·D) per rank: packed Q/dO, the running output, one packed K/V block, and
+// dQ partials for a few key-tile chunks (so backward work items never write the same dQ row).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/aligned_buffer.h"
+#include "core/thread_pool.h"
+#include "cpu/attention_kernels.h"
+
+namespace stria {
+namespace {
+
+using cpu::kBlockK;
+using cpu::kBlockQ;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// dst[0..n) = src[0..n) * mul, converting from the storage dtype.
+void LoadRow(const void* src, DType t, int64_t n, float mul, float* dst) {
+  switch (t) {
+    case DType::kF32: {
+      const float* s = static_cast<const float*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = s[i] * mul;
+      break;
+    }
+    case DType::kF16: {
+      const uint16_t* s = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = F16ToF32(s[i]) * mul;
+      break;
+    }
+    case DType::kBF16: {
+      const uint16_t* s = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = BF16ToF32(s[i]) * mul;
+      break;
+    }
+  }
+}
+
+// dst[0..n) = src[0..n) * mul, converting to the storage dtype.
+void StoreRow(const float* src, int64_t n, float mul, DType t, void* dst) {
+  switch (t) {
+    case DType::kF32: {
+      float* d = static_cast<float*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = src[i] * mul;
+      break;
+    }
+    case DType::kF16: {
+      uint16_t* d = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = F32ToF16(src[i] * mul);
+      break;
+    }
+    case DType::kBF16: {
+      uint16_t* d = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = F32ToBF16(src[i] * mul);
+      break;
+    }
+  }
+}
+
+// Element (b, i, h, 0) of a [B, L, H, D] view.
+inline const char* Row4(const TensorView& v, int64_t b, int64_t i, int64_t h) {
+  return static_cast<const char*>(v.data) + (b * v.strides[0] + i * v.strides[1] + h * v.strides[2]) * v.elem_bytes();
+}
+inline char* Row4(TensorView& v, int64_t b, int64_t i, int64_t h) {
+  return static_cast<char*>(v.data) + (b * v.strides[0] + i * v.strides[1] + h * v.strides[2]) * v.elem_bytes();
+}
+// Element (b, h, i) of a [B, H, L] float32 view.
+inline float* Row3(const TensorView& v, int64_t b, int64_t h, int64_t i) {
+  return static_cast<float*>(v.data) + b * v.strides[0] + h * v.strides[1] + i * v.strides[2];
+}
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int num_threads) : pool_(num_threads), kern_(cpu::SelectKernels()) {}
+
+  const char* name() const override { return "cpu"; }
+  double cpu_seconds() const override { return pool_.cpu_seconds(); }
+  int num_threads() const override { return pool_.size(); }
+
+  Status CheckSupported(const AttentionShape& shape, void* stream) const override {
+    if (stream != nullptr)
+      return Error(STRIA_ERROR_INVALID_ARGUMENT, "stream must be NULL on a CPU context (got %p)", stream);
+    if (shape.D < 1 || shape.D > 256)
+      return Error(STRIA_ERROR_UNSUPPORTED, "head dim %lld is not supported by the CPU backend (supported: 1..256)",
+                   static_cast<long long>(shape.D));
+    return Status::Ok();
+  }
+
+  Status Allocate(size_t bytes, void** ptr) override {
+    void* p = nullptr;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0 || p == nullptr)
+      return Error(STRIA_ERROR_OUT_OF_MEMORY, "cannot allocate a %zu-byte ring buffer", bytes);
+    *ptr = p;
+    return Status::Ok();
+  }
+  void Free(void* ptr) override { std::free(ptr); }
+
+  Status PackKV(const AttentionShape& s, const TensorView& k, const TensorView& v, void* wire) override {
+    const int64_t es = DTypeSize(s.dtype);
+    const int64_t row_bytes = s.D * es;
+    char* kd = static_cast<char*>(wire);
+    char* vd = kd + s.B * s.L * s.Hkv * row_bytes;
+    pool_.ParallelFor(s.B * s.L, [&](int64_t item, int) {
+      const int64_t b = item / s.L, i = item % s.L;
+      for (int64_t h = 0; h < s.Hkv; ++h) {
+        const int64_t off = ((b * s.L + i) * s.Hkv + h) * row_bytes;
+        std::memcpy(kd + off, Row4(k, b, i, h), static_cast<size_t>(row_bytes));
+        std::memcpy(vd + off, Row4(v, b, i, h), static_cast<size_t>(row_bytes));
+      }
+    });
+    return Status::Ok();
+  }
+
+  Status ForwardBegin(const AttentionShape& s, const TensorView& q) override {
+    STRIA_RETURN_IF_ERROR(SetShape(s));
+    const size_t rows = static_cast<size_t>(s.B * s.Hq * ps_.Lqp);
+    STRIA_RETURN_IF_ERROR(q32_.Reserve(rows * ps_.Dp * 4, "packed queries"));
+    STRIA_RETURN_IF_ERROR(acc_.Reserve(rows * ps_.Dp * 4, "the running output"));
+    STRIA_RETURN_IF_ERROR(m_.Reserve(rows * 4, "row maxima"));
+    STRIA_RETURN_IF_ERROR(l_.Reserve(rows * 4, "row sums"));
+    STRIA_RETURN_IF_ERROR(ReserveBlock(false));
+    PackQueries(q, s.scale * cpu::kLog2e, q32_.f32());
+    std::memset(acc_.data(), 0, rows * ps_.Dp * 4);
+    std::fill(m_.f32(), m_.f32() + rows, kNegInf);
+    std::memset(l_.data(), 0, rows * 4);
+    return Status::Ok();
+  }
+
+  Status ForwardBlock(const void* kv_wire, const BlockMask& mask) override {
+    UnpackBlock(kv_wire, false);
+    const int64_t nqt = ps_.Lqp / kBlockQ;
+    const int64_t heads = s_.B * s_.Hq;
+    const int64_t group = s_.Hq / s_.Hkv;
+    pool_.ParallelFor(heads * nqt, [&](int64_t item, int tid) {
+      // Later query tiles see more keys under a causal mask: hand them out first.
+      const int64_t qt = nqt - 1 - item / heads;
+      const int64_t bh = item % heads;
+      const int64_t b = bh / s_.Hq, h = bh % s_.Hq, hk = h / group;
+      cpu::FwdTileArgs a;
+      a.q = q32_.f32() + bh * ps_.Lqp * ps_.Dp;
+      a.kt = kt_.f32() + (b * s_.Hkv + hk) * ps_.Lkp * ps_.Dp;
+      a.v = v32_.f32() + (b * s_.Hkv + hk) * ps_.Lkp * ps_.Dp;
+      a.acc = acc_.f32() + bh * ps_.Lqp * ps_.Dp;
+      a.m = m_.f32() + bh * ps_.Lqp;
+      a.l = l_.f32() + bh * ps_.Lqp;
+      a.q0 = qt * kBlockQ;
+      a.shape = &ps_;
+      a.mask = &mask;
+      a.scratch = scratch_.f32() + tid * scratch_floats_;
+      kern_.forward_tile(a);
+    });
+    return Status::Ok();
+  }
+
+  Status ForwardEnd(const TensorView& out_in, const TensorView& lse_in) override {
+    TensorView out = out_in;
+    const TensorView& lse = lse_in;
+    pool_.ParallelFor(s_.B * s_.Hq, [&](int64_t bh, int) {
+      const int64_t b = bh / s_.Hq, h = bh % s_.Hq;
+      for (int64_t i = 0; i < s_.L; ++i) {
+        const int64_t row = bh * ps_.Lqp + i;
+        const float l = l_.f32()[row];
+        const float m = m_.f32()[row];
+        const float inv = l > 0.f ? 1.f / l : 0.f;  // a row with no key: output 0, lse -inf
+        StoreRow(acc_.f32() + row * ps_.Dp, s_.D, inv, s_.dtype, Row4(out, b, i, h));
+        *Row3(lse, b, h, i) = l > 0.f ? (m + std::log2(l)) * cpu::kLn2 : kNegInf;
+      }
+    });
+    return Status::Ok();
+  }
+
+  Status BackwardBegin(const AttentionShape& s, const TensorView& q, const TensorView& out, const TensorView& lse,
+                       const TensorView& dout) override {
+    STRIA_RETURN_IF_ERROR(SetShape(s));
+    const size_t rows = static_cast<size_t>(s.B * s.Hq * ps_.Lqp);
+    // Enough chunks of key tiles that every thread has work even when B·Hkv is small.
+    const int64_t nkt = ps_.Lkp / kBlockK;
+    const int64_t want = (2 * pool_.size() + s.B * s.Hkv - 1) / (s.B * s.Hkv);
+    chunks_ = std::max<int64_t>(1, std::min(want, nkt));
+    STRIA_RETURN_IF_ERROR(q32_.Reserve(rows * ps_.Dp * 4, "packed queries"));
+    STRIA_RETURN_IF_ERROR(dout32_.Reserve(rows * ps_.Dp * 4, "packed output gradients"));
+    STRIA_RETURN_IF_ERROR(lse2_.Reserve(rows * 4, "log-sum-exp rows"));
+    STRIA_RETURN_IF_ERROR(delta_.Reserve(rows * 4, "rowsum(dO*O)"));
+    STRIA_RETURN_IF_ERROR(dq32_.Reserve(static_cast<size_t>(chunks_) * rows * ps_.Dp * 4, "dQ partials"));
+    STRIA_RETURN_IF_ERROR(ReserveBlock(true));
+    PackQueries(q, s.scale * cpu::kLog2e, q32_.f32());
+    PackQueries(dout, 1.f, dout32_.f32());
+    std::memset(dq32_.data(), 0, static_cast<size_t>(chunks_) * rows * ps_.Dp * 4);
+    pool_.ParallelFor(s.B * s.Hq, [&](int64_t bh, int) {
+      const int64_t b = bh / s_.Hq, h = bh % s_.Hq;
+      float* lse2 = lse2_.f32() + bh * ps_.Lqp;
+      float* delta = delta_.f32() + bh * ps_.Lqp;
+      std::vector<float> o(static_cast<size_t>(s_.D));
+      for (int64_t i = 0; i < s_.L; ++i) {
+        lse2[i] = *Row3(lse, b, h, i) * cpu::kLog2e;
+        LoadRow(Row4(out, b, i, h), s_.dtype, s_.D, 1.f, o.data());
+        const float* d = dout32_.f32() + (bh * ps_.Lqp + i) * ps_.Dp;
+        float acc = 0.f;
+        for (int64_t k = 0; k < s_.D; ++k) acc += d[k] * o[static_cast<size_t>(k)];
+        delta[i] = acc;
+      }
+      for (int64_t i = s_.L; i < ps_.Lqp; ++i) {
+        lse2[i] = kNegInf;
+        delta[i] = 0.f;
+      }
+    });
+    return Status::Ok();
+  }
+
+  Status BackwardBlock(const void* kv_wire, const BlockMask& mask, float* dkv) override {
+    const int64_t per = s_.B * s_.L * s_.Hkv * s_.D;
+    std::memset(dkv, 0, static_cast<size_t>(2 * per) * 4);
+    if (mask.empty()) return Status::Ok();
+    UnpackBlock(kv_wire, true);
+    const int64_t group = s_.Hq / s_.Hkv;
+    const int64_t rows = s_.B * s_.Hq * ps_.Lqp;
+    const int64_t nkt = ps_.Lkp / kBlockK;
+    pool_.ParallelFor(s_.B * s_.Hkv * chunks_, [&](int64_t item, int tid) {
+      const int64_t c = item % chunks_;
+      const int64_t bk = item / chunks_;
+      const int64_t b = bk / s_.Hkv, hk = bk % s_.Hkv;
+      const int64_t bh0 = b * s_.Hq + hk * group;
+      cpu::BwdItemArgs a;
+      a.q = q32_.f32() + bh0 * ps_.Lqp * ps_.Dp;
+      a.dout = dout32_.f32() + bh0 * ps_.Lqp * ps_.Dp;
+      a.lse2 = lse2_.f32() + bh0 * ps_.Lqp;
+      a.delta = delta_.f32() + bh0 * ps_.Lqp;
+      a.dq = dq32_.f32() + (c * rows + bh0 * ps_.Lqp) * ps_.Dp;
+      a.head_stride = ps_.Lqp * ps_.Dp;
+      a.row_head_stride = ps_.Lqp;
+      a.group = static_cast<int>(group);
+      a.kt = kt_.f32() + bk * ps_.Lkp * ps_.Dp;
+      a.k = k32_.f32() + bk * ps_.Lkp * ps_.Dp;
+      a.vt = vt_.f32() + bk * ps_.Lkp * ps_.Dp;
+      a.dk = dkv + (b * s_.L * s_.Hkv + hk) * s_.D;
+      a.dv = a.dk + per;
+      a.dkv_row_stride = s_.Hkv * s_.D;
+      a.kt0 = c;
+      a.kt_end = nkt;
+      a.kt_stride = chunks_;
+      a.shape = &ps_;
+      a.mask = &mask;
+      a.scratch = scratch_.f32() + tid * scratch_floats_;
+      kern_.backward_item(a);
+    });
+    return Status::Ok();
+  }
+
+  Status AccumulateDKV(float* dst, const float* src) override {
+    const int64_t n = static_cast<int64_t>(DKVWireFloats(s_));
+    const int64_t chunk = 1 << 16;
+    pool_.ParallelFor((n + chunk - 1) / chunk, [&](int64_t c, int) {
+      const int64_t end = std::min(n, (c + 1) * chunk);
+      for (int64_t i = c * chunk; i < end; ++i) dst[i] += src[i];
+    });
+    return Status::Ok();
+  }
+
+  Status BackwardEnd(const TensorView& dq_in, const float* dkv, const TensorView& dk_in,
+                     const TensorView& dv_in) override {
+    TensorView dq = dq_in, dk = dk_in, dv = dv_in;
+    const int64_t rows = s_.B * s_.Hq * ps_.Lqp;
+    pool_.ParallelFor(s_.B * s_.Hq, [&](int64_t bh, int) {
+      const int64_t b = bh / s_.Hq, h = bh % s_.Hq;
+      std::vector<float> sum(static_cast<size_t>(ps_.Dp));
+      for (int64_t i = 0; i < s_.L; ++i) {
+        std::fill(sum.begin(), sum.end(), 0.f);
+        for (int64_t c = 0; c < chunks_; ++c) {
+          const float* p = dq32_.f32() + (c * rows + bh * ps_.Lqp + i) * ps_.Dp;
+          for (int64_t d = 0; d < s_.D; ++d) sum[static_cast<size_t>(d)] += p[d];
+        }
+        StoreRow(sum.data(), s_.D, s_.scale, s_.dtype, Row4(dq, b, i, h));
+      }
+    });
+    const int64_t per = s_.B * s_.L * s_.Hkv * s_.D;
+    pool_.ParallelFor(s_.B * s_.L, [&](int64_t item, int) {
+      const int64_t b = item / s_.L, j = item % s_.L;
+      for (int64_t h = 0; h < s_.Hkv; ++h) {
+        const float* src = dkv + ((b * s_.L + j) * s_.Hkv + h) * s_.D;
+        StoreRow(src, s_.D, 1.f, s_.dtype, Row4(dk, b, j, h));
+        StoreRow(src + per, s_.D, 1.f, s_.dtype, Row4(dv, b, j, h));
+      }
+    });
+    return Status::Ok();
+  }
+
+ private:
+  Status SetShape(const AttentionShape& s) {
+    s_ = s;
+    ps_.B = s.B;
+    ps_.Lq = ps_.Lk = s.L;
+    ps_.Hq = s.Hq;
+    ps_.Hkv = s.Hkv;
+    ps_.D = s.D;
+    ps_.Dp = RoundUp(s.D, kern_.vector_floats);
+    ps_.Lqp = RoundUp(std::max<int64_t>(s.L, 1), kBlockQ);
+    ps_.Lkp = RoundUp(std::max<int64_t>(s.L, 1), kBlockK);
+    scratch_floats_ = RoundUp(cpu::BwdScratchFloats(ps_.Dp), 16);
+    return scratch_.Reserve(static_cast<size_t>(pool_.size() * scratch_floats_) * 4, "per-thread tiles");
+  }
+
+  Status ReserveBlock(bool backward) {
+    const size_t n = static_cast<size_t>(s_.B * s_.Hkv * ps_.Lkp * ps_.Dp) * 4;
+    STRIA_RETURN_IF_ERROR(kt_.Reserve(n, "packed keys"));
+    if (backward) {
+      STRIA_RETURN_IF_ERROR(k32_.Reserve(n, "packed keys"));
+      STRIA_RETURN_IF_ERROR(vt_.Reserve(n, "packed values"));
+    } else {
+      STRIA_RETURN_IF_ERROR(v32_.Reserve(n, "packed values"));
+    }
+    return Status::Ok();
+  }
+
+  // q [B, L, Hq, D] -> [B][Hq][Lqp][Dp] float32, times `mul`, zero padding.
+  void PackQueries(const TensorView& q, float mul, float* dst) {
+    pool_.ParallelFor(s_.B * s_.Hq, [&](int64_t bh, int) {
+      const int64_t b = bh / s_.Hq, h = bh % s_.Hq;
+      float* base = dst + bh * ps_.Lqp * ps_.Dp;
+      for (int64_t i = 0; i < s_.L; ++i) {
+        float* row = base + i * ps_.Dp;
+        LoadRow(Row4(q, b, i, h), s_.dtype, s_.D, mul, row);
+        std::fill(row + s_.D, row + ps_.Dp, 0.f);
+      }
+      std::fill(base + s_.L * ps_.Dp, base + ps_.Lqp * ps_.Dp, 0.f);
+    });
+  }
+
+  // A K/V ring message -> the packed layouts the kernels read: Kt tiles always; V rows for the
+  // forward; K rows and Vt tiles for the backward.
+  void UnpackBlock(const void* wire, bool backward) {
+    const int64_t es = DTypeSize(s_.dtype);
+    const char* kw = static_cast<const char*>(wire);
+    const char* vw = kw + s_.B * s_.L * s_.Hkv * s_.D * es;
+    const int64_t nkt = ps_.Lkp / kBlockK;
+    pool_.ParallelFor(s_.B * s_.Hkv * nkt, [&](int64_t item, int tid) {
+      const int64_t t = item % nkt, bk = item / nkt;
+      const int64_t b = bk / s_.Hkv, h = bk % s_.Hkv;
+      const int64_t head_off = bk * ps_.Lkp * ps_.Dp;
+      float* kt = kt_.f32() + head_off + t * ps_.Dp * kBlockK;
+      float* rows_k = (backward ? k32_.f32() : v32_.f32()) + head_off;  // K rows (bwd) or V rows (fwd)
+      float* vt = backward ? vt_.f32() + head_off + t * ps_.Dp * kBlockK : nullptr;
+      float* tmp = scratch_.f32() + tid * scratch_floats_;  // one V row for the transpose
+      std::fill(kt, kt + ps_.Dp * kBlockK, 0.f);
+      if (vt) std::fill(vt, vt + ps_.Dp * kBlockK, 0.f);
+      for (int64_t c = 0; c < kBlockK; ++c) {
+        const int64_t j = t * kBlockK + c;
+        float* row = rows_k + j * ps_.Dp;
+        if (j >= s_.L) {
+          std::fill(row, row + ps_.Dp, 0.f);
+          continue;
+        }
+        const int64_t off = ((b * s_.L + j) * s_.Hkv + h) * s_.D * es;
+        if (backward) {
+          LoadRow(kw + off, s_.dtype, s_.D, 1.f, row);
+          LoadRow(vw + off, s_.dtype, s_.D, 1.f, tmp);
+          for (int64_t d = 0; d < s_.D; ++d) {
+            kt[d * kBlockK + c] = row[d];
+            vt[d * kBlockK + c] = tmp[d];
+          }
+        } else {
+          LoadRow(kw + off, s_.dtype, s_.D, 1.f, tmp);
+          for (int64_t d = 0; d < s_.D; ++d) kt[d * kBlockK + c] = tmp[d];
+          LoadRow(vw + off, s_.dtype, s_.D, 1.f, row);
+        }
+        std::fill(row + s_.D, row + ps_.Dp, 0.f);
+      }
+    });
+  }
+
+  ThreadPool pool_;
+  const cpu::KernelTable& kern_;
+  AttentionShape s_;
+  cpu::PackedShape ps_{};
+  int64_t chunks_ = 1;
+  int64_t scratch_floats_ = 0;
+  AlignedBuffer q32_, acc_, m_, l_, kt_, v32_, k32_, vt_, dout32_, lse2_, delta_, dq32_, scratch_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> CreateCpuBackend(int num_threads) { return std::make_unique<CpuBackend>(num_threads); }
+
+}  // namespace stria

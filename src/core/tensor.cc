@@ -1,0 +1,104 @@
+#include "core/tensor.h"
+
+#include <cstdio>
+#include <string>
+
+namespace stria {
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; ++i) n *= shape[i];
+  return n;
+}
+
+char* TensorView::at(const int64_t* index) const {
+  int64_t off = 0;
+  for (int i = 0; i < ndim; ++i) off += index[i] * strides[i];
+  return static_cast<char*>(data) + off * elem_bytes();
+}
+
+std::string ShapeString(const TensorView& v) {
+  std::string s = "[";
+  for (int i = 0; i < v.ndim; ++i) {
+    if (i) s += ", ";
+    s += std::to_string(v.shape[i]);
+  }
+  return s + "]";
+}
+
+const char* DeviceName(DLDevice d, char* buf, int buflen) {
+  const char* kind = "device";
+  switch (d.device_type) {
+    case kDLCPU: kind = "cpu"; break;
+    case kDLCUDA: kind = "cuda"; break;
+    case kDLCUDAHost: kind = "cuda_host"; break;
+    case kDLCUDAManaged: kind = "cuda_managed"; break;
+    case kDLROCM: kind = "rocm"; break;
+    case kDLVulkan: kind = "vulkan"; break;
+    case kDLMetal: kind = "metal"; break;
+    default: break;
+  }
+  std::snprintf(buf, static_cast<size_t>(buflen), "%s:%d", kind, d.device_id);
+  return buf;
+}
+
+Status ViewOf(const DLTensor* t, const char* name, DLDevice device, TensorView* out) {
+  if (t == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s is NULL", name);
+  if (t->ndim < 1 || t->ndim > kMaxDims)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s has ndim %d (expected 1..%d)", name, t->ndim, kMaxDims);
+  if (t->shape == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s has a NULL shape", name);
+  if (t->dtype.lanes < 1 || t->dtype.bits == 0 || (t->dtype.bits * t->dtype.lanes) % 8 != 0) {
+    char b[32];
+    return Error(STRIA_ERROR_UNSUPPORTED, "%s has dtype %s, which is not a whole number of bytes", name,
+                 DLDataTypeName(t->dtype, b, sizeof b));
+  }
+  if (t->device.device_type != device.device_type || t->device.device_id != device.device_id) {
+    char a[32], b[32];
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s is on %s but must be on %s (the context's device)", name,
+                 DeviceName(t->device, a, sizeof a), DeviceName(device, b, sizeof b));
+  }
+  TensorView v;
+  v.dl_dtype = t->dtype;
+  v.ndim = t->ndim;
+  int64_t expect = 1;
+  for (int i = t->ndim - 1; i >= 0; --i) {
+    if (t->shape[i] < 0) return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s has negative dimension %d", name, i);
+    v.shape[i] = t->shape[i];
+    v.strides[i] = t->strides ? t->strides[i] : expect;
+    expect *= t->shape[i] > 0 ? t->shape[i] : 1;
+  }
+  int64_t elem = v.elem_bytes();
+  if (t->data == nullptr && v.numel() != 0) return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s has NULL data", name);
+  v.data = static_cast<char*>(t->data) + t->byte_offset;
+  int64_t align = elem >= 8 ? 8 : elem;
+  if (v.numel() != 0 && reinterpret_cast<uintptr_t>(v.data) % static_cast<uintptr_t>(align) != 0)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s data (with byte_offset %llu) is not aligned to %lld bytes", name,
+                 static_cast<unsigned long long>(t->byte_offset), static_cast<long long>(align));
+  *out = v;
+  return Status::Ok();
+}
+
+Status AttentionTensor(const DLTensor* t, const char* name, int ndim, DLDevice device, bool float32_only,
+                       TensorView* out) {
+  if (t == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s is NULL", name);
+  if (t->ndim != ndim)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s has ndim %d, expected %d (%s)", name, t->ndim, ndim,
+                 ndim == 4 ? "[B, L, H, D]" : "[B, H, L]");
+  STRIA_RETURN_IF_ERROR(ViewOf(t, name, device, out));
+  char b[32];
+  if (float32_only) {
+    if (!(t->dtype.code == kDLFloat && t->dtype.bits == 32 && t->dtype.lanes == 1))
+      return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s has dtype %s, expected float32", name,
+                   DLDataTypeName(t->dtype, b, sizeof b));
+    out->dtype = DType::kF32;
+  } else if (!DTypeFromDL(t->dtype, &out->dtype)) {
+    return Error(STRIA_ERROR_UNSUPPORTED, "%s has dtype %s; supported: float32, float16, bfloat16", name,
+                 DLDataTypeName(t->dtype, b, sizeof b));
+  }
+  if (out->shape[ndim - 1] > 1 && out->strides[ndim - 1] != 1)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s has stride %lld in its last dimension; it must be contiguous (1)",
+                 name, static_cast<long long>(out->strides[ndim - 1]));
+  return Status::Ok();
+}
+
+}  // namespace stria

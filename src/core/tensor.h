@@ -1,0 +1,42 @@
+// A checked, non-owning view of a DLTensor: the pointer with byte_offset applied, the dtype, and
+// shape/strides in elements (compact row-major strides filled in when DLPack gives NULL).
+#pragma once
+
+#include <cstdint>
+
+#include <dlpack/dlpack.h>
+
+#include "core/dtype.h"
+#include "core/status.h"
+
+namespace stria {
+
+constexpr int kMaxDims = 8;
+
+struct TensorView {
+  void* data = nullptr;
+  DLDataType dl_dtype{};
+  DType dtype = DType::kF32;  // valid only for floating attention tensors
+  int ndim = 0;
+  int64_t shape[kMaxDims] = {};
+  int64_t strides[kMaxDims] = {};  // in elements
+
+  int64_t numel() const;
+  int64_t elem_bytes() const { return (dl_dtype.bits * dl_dtype.lanes + 7) / 8; }
+  // Pointer to element with the given index tuple (length ndim).
+  char* at(const int64_t* index) const;
+};
+
+// Generic checks shared by every entry point: non-NULL, 1..kMaxDims dims, non-negative shape,
+// whole-byte element type, aligned data, a device equal to `device`.
+Status ViewOf(const DLTensor* t, const char* name, DLDevice device, TensorView* out);
+
+// ViewOf plus: exactly `ndim` dims, a float32/float16/bfloat16 dtype (or exactly float32 if
+// `float32_only`), and a contiguous last dimension.
+Status AttentionTensor(const DLTensor* t, const char* name, int ndim, DLDevice device, bool float32_only,
+                       TensorView* out);
+
+std::string ShapeString(const TensorView& v);
+const char* DeviceName(DLDevice d, char* buf, int buflen);
+
+}  // namespace stria

@@ -1,0 +1,67 @@
+// A rank's context: its backend, its transport, the ring buffers reused across calls, and its
+// health. After a failure in the middle of a ring (timeout, abort, a peer gone) the ranks no
+// longer agree on where they are, so the context is poisoned: every later call fails with the
+// original reason and only destroy (or abort) remains.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "backend/backend.h"
+#include "transport/transport.h"
+
+namespace stria {
+
+constexpr double kDefaultTimeoutS = 300.0;
+
+struct StepTime {
+  double compute_s = 0, compute_cpu_s = 0, wait_s = 0;
+};
+
+class Context {
+ public:
+  Context(int rank, int world_size, DLDevice device, double timeout_s, std::unique_ptr<Backend> backend,
+          std::unique_ptr<Transport> transport);
+  ~Context();
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  DLDevice device() const { return device_; }
+  double timeout_s() const { return timeout_s_; }
+  Backend& backend() { return *backend_; }
+  Transport& transport() { return *transport_; }
+  uint64_t NextCallSeq() { return ++call_seq_; }
+
+  // OK, or why this context can no longer run collectives.
+  Status Usable() const;
+  // Called after a failure inside a collective: withdraws outstanding transfers, and poisons the
+  // context unless the failure left the ring consistent.
+  Status Fail(Status why);
+  void Abort();  // any thread
+
+  // A ring buffer of at least `bytes`, slot `index`; reused across calls.
+  Status RingBuffer(int index, size_t bytes, void** out);
+
+  std::vector<StepTime>& step_times() { return step_times_; }
+
+ private:
+  const int rank_, world_size_;
+  const DLDevice device_;
+  const double timeout_s_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Transport> transport_;
+  uint64_t call_seq_ = 0;
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex mu_;  // guards poison_
+  Status poison_;
+  struct Buffer {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+  };
+  std::vector<Buffer> buffers_;
+  std::vector<StepTime> step_times_;
+};
+
+}  // namespace stria

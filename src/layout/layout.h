@@ -1,0 +1,38 @@
+// Token layouts (DESIGN.md, normative): where each rank's local tokens sit in the global
+// sequence, and which local keys of rank k each local query of rank r may see.
+#pragma once
+
+#include <cstdint>
+
+#include "core/status.h"
+
+namespace stria {
+
+const char* LayoutName(stria_layout_t layout);
+// seq_len / world_size divisibility (2·N for zigzag), ranges of rank and world size.
+Status CheckLayout(stria_layout_t layout, int64_t seq_len, int world_size, int rank);
+// Global position of local token i on `rank`; L = seq_len / world_size.
+int64_t GlobalPosition(stria_layout_t layout, int64_t local_len, int world_size, int rank, int64_t i);
+
+// The visible pairs between local queries of rank r and local keys of rank k, as one rectangle
+// of local indices, optionally cut by a diagonal: query i sees key j iff
+//   q_begin <= i < q_end, k_begin <= j < k_end, and (!diagonal || j <= i + offset).
+// Every layout's causal mask has this shape, so one kernel with a diagonal offset serves all.
+struct BlockMask {
+  int64_t q_begin = 0, q_end = 0;
+  int64_t k_begin = 0, k_end = 0;
+  bool diagonal = false;
+  int64_t offset = 0;
+
+  bool empty() const;
+  bool visible(int64_t i, int64_t j) const {
+    return i >= q_begin && i < q_end && j >= k_begin && j < k_end && (!diagonal || j <= i + offset);
+  }
+  // Number of visible pairs in the sub-rectangle [i0,i1) x [j0,j1).
+  int64_t CountVisible(int64_t i0, int64_t i1, int64_t j0, int64_t j1) const;
+};
+
+BlockMask ClassifyBlock(stria_layout_t layout, bool causal, int world_size, int64_t local_len, int q_rank,
+                        int k_rank);
+
+}  // namespace stria

@@ -1,0 +1,139 @@
+#include "ring/arguments.h"
+
+#include <cmath>
+#include <vector>
+
+#include "core/struct_size.h"
+
+namespace stria {
+namespace {
+
+Status CheckParams(const stria_attention_params_t* p, ValidatedCall* c) {
+  if (p == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "params is NULL (use stria_attention_params_init)");
+  STRIA_RETURN_IF_ERROR(
+      CheckStructSize(p, p->struct_size, sizeof(stria_attention_params_t), "params", "stria_attention_params_init"));
+  if (p->layout != STRIA_LAYOUT_CONTIGUOUS && p->layout != STRIA_LAYOUT_STRIPED && p->layout != STRIA_LAYOUT_ZIGZAG)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "params->layout %d is not a layout (0 contiguous, 1 striped, 2 zigzag)",
+                 static_cast<int>(p->layout));
+  if (!std::isfinite(p->softmax_scale) || p->softmax_scale < 0.f)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "params->softmax_scale %g must be finite and >= 0 (0: 1/sqrt(D))",
+                 static_cast<double>(p->softmax_scale));
+  c->layout = p->layout;
+  c->causal = p->causal != 0;
+  return Status::Ok();
+}
+
+std::string Dims(const TensorView& v) { return ShapeString(v); }
+
+Status ExpectShape(const TensorView& v, const char* name, std::initializer_list<int64_t> want, const char* what) {
+  size_t i = 0;
+  bool same = static_cast<size_t>(v.ndim) == want.size();
+  for (int64_t w : want) {
+    if (same && v.shape[i] != w) same = false;
+    ++i;
+  }
+  if (same) return Status::Ok();
+  std::string ws = "[";
+  i = 0;
+  for (int64_t w : want) ws += (i++ ? ", " : "") + std::to_string(w);
+  ws += "]";
+  return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s has shape %s, expected %s (%s)", name, Dims(v).c_str(), ws.c_str(),
+               what);
+}
+
+Status ExpectDType(const TensorView& v, const char* name, DType want) {
+  if (v.dtype == want) return Status::Ok();
+  return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s is %s but q is %s: all attention tensors share one dtype", name,
+               DTypeName(v.dtype), DTypeName(want));
+}
+
+// The shapes shared by forward and backward: q, k, v and the derived attention shape.
+Status CheckQKV(Context& ctx, const DLTensor* q, const DLTensor* k, const DLTensor* v, const stria_attention_params_t* p,
+                void* stream, ValidatedCall* c) {
+  const DLDevice dev = ctx.device();
+  STRIA_RETURN_IF_ERROR(CheckParams(p, c));
+  STRIA_RETURN_IF_ERROR(AttentionTensor(q, "q", 4, dev, false, &c->q));
+  STRIA_RETURN_IF_ERROR(AttentionTensor(k, "k", 4, dev, false, &c->k));
+  STRIA_RETURN_IF_ERROR(AttentionTensor(v, "v", 4, dev, false, &c->v));
+  AttentionShape& s = c->shape;
+  s.B = c->q.shape[0];
+  s.L = c->q.shape[1];
+  s.Hq = c->q.shape[2];
+  s.D = c->q.shape[3];
+  s.Hkv = c->k.shape[2];
+  s.dtype = c->q.dtype;
+  if (s.B < 1 || s.L < 1 || s.Hq < 1 || s.D < 1)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "q has shape %s: every dimension of [B, L, Hq, D] must be >= 1",
+                 Dims(c->q).c_str());
+  if (s.Hkv < 1 || s.Hq % s.Hkv != 0)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "k has %lld heads, which must divide q's %lld heads (GQA/MQA)",
+                 static_cast<long long>(s.Hkv), static_cast<long long>(s.Hq));
+  STRIA_RETURN_IF_ERROR(ExpectShape(c->k, "k", {s.B, s.L, s.Hkv, s.D}, "[B, L, Hkv, D] with q's B, L and D"));
+  STRIA_RETURN_IF_ERROR(ExpectShape(c->v, "v", {s.B, s.L, s.Hkv, s.D}, "like k"));
+  STRIA_RETURN_IF_ERROR(ExpectDType(c->k, "k", s.dtype));
+  STRIA_RETURN_IF_ERROR(ExpectDType(c->v, "v", s.dtype));
+  const int64_t seq_len = s.L * ctx.world_size();
+  STRIA_RETURN_IF_ERROR(CheckLayout(c->layout, seq_len, ctx.world_size(), ctx.rank()));
+  s.scale = p->softmax_scale > 0.f ? p->softmax_scale : 1.0f / std::sqrt(static_cast<float>(s.D));
+  return ctx.backend().CheckSupported(s, stream);
+}
+
+Status CheckLse(Context& ctx, const DLTensor* t, const char* name, const AttentionShape& s, TensorView* out) {
+  STRIA_RETURN_IF_ERROR(AttentionTensor(t, name, 3, ctx.device(), true, out));
+  return ExpectShape(*out, name, {s.B, s.Hq, s.L}, "[B, Hq, L] float32");
+}
+
+Status CheckLike(Context& ctx, const DLTensor* t, const char* name, const TensorView& like, const char* like_name,
+                 TensorView* out) {
+  STRIA_RETURN_IF_ERROR(AttentionTensor(t, name, 4, ctx.device(), false, out));
+  std::string what = std::string("like ") + like_name;
+  STRIA_RETURN_IF_ERROR(
+      ExpectShape(*out, name, {like.shape[0], like.shape[1], like.shape[2], like.shape[3]}, what.c_str()));
+  return ExpectDType(*out, name, like.dtype);
+}
+
+}  // namespace
+
+Status ValidateForward(Context& ctx, const ForwardCall& call, ValidatedCall* c) {
+  STRIA_RETURN_IF_ERROR(CheckQKV(ctx, call.q, call.k, call.v, call.params, call.stream, c));
+  STRIA_RETURN_IF_ERROR(CheckLike(ctx, call.out, "out", c->q, "q", &c->out));
+  return CheckLse(ctx, call.lse, "lse", c->shape, &c->lse);
+}
+
+Status ValidateBackward(Context& ctx, const BackwardCall& call, ValidatedCall* c) {
+  STRIA_RETURN_IF_ERROR(CheckQKV(ctx, call.q, call.k, call.v, call.params, call.stream, c));
+  STRIA_RETURN_IF_ERROR(CheckLike(ctx, call.out, "out", c->q, "q", &c->out));
+  STRIA_RETURN_IF_ERROR(CheckLse(ctx, call.lse, "lse", c->shape, &c->lse));
+  STRIA_RETURN_IF_ERROR(CheckLike(ctx, call.dout, "dout", c->q, "q", &c->dout));
+  STRIA_RETURN_IF_ERROR(CheckLike(ctx, call.dq, "dq", c->q, "q", &c->dq));
+  STRIA_RETURN_IF_ERROR(CheckLike(ctx, call.dk, "dk", c->k, "k", &c->dk));
+  return CheckLike(ctx, call.dv, "dv", c->k, "k", &c->dv);
+}
+
+Status AgreeOnCall(Context& ctx, RingOp op, const Status& local, const ValidatedCall& c, uint64_t* seq) {
+  *seq = ctx.NextCallSeq();
+  if (ctx.world_size() == 1) return local;
+  CallSignature sig;
+  InitSignature(op, *seq, &sig);
+  if (!local.ok()) {
+    MarkInvalid(local, &sig);
+  } else {
+    sig.layout = c.layout;
+    sig.causal = c.causal ? 1 : 0;
+    sig.scale = c.shape.scale;
+    sig.dtype = static_cast<int32_t>(c.shape.dtype);
+    sig.B = c.shape.B;
+    sig.L = c.shape.L;
+    sig.Hq = c.shape.Hq;
+    sig.Hkv = c.shape.Hkv;
+    sig.D = c.shape.D;
+  }
+  std::vector<CallSignature> all(static_cast<size_t>(ctx.world_size()));
+  const std::string what = Format("%s call #%llu", RingOpName(op), static_cast<unsigned long long>(*seq));
+  Status s = ctx.transport().AllGather(&sig, all.data(), sizeof sig, ctx.timeout_s(), what.c_str());
+  if (!s.ok()) return ctx.Fail(s);
+  if (!local.ok()) return local;
+  return CheckAgreement(all.data(), ctx.world_size(), ctx.rank());
+}
+
+}  // namespace stria

@@ -1,0 +1,24 @@
+// Local validation of a collective's arguments, before any rank communicates.
+#pragma once
+
+#include "backend/backend.h"
+#include "ring/ring.h"
+#include "ring/signature.h"
+
+namespace stria {
+
+struct ValidatedCall {
+  AttentionShape shape;
+  stria_layout_t layout = STRIA_LAYOUT_STRIPED;
+  bool causal = true;
+  TensorView q, k, v, out, lse, dout, dq, dk, dv;
+};
+
+Status ValidateForward(Context& ctx, const ForwardCall& call, ValidatedCall* out);
+Status ValidateBackward(Context& ctx, const BackwardCall& call, ValidatedCall* out);
+// Exchanges the signature of this call with every rank and checks that all agree. `local` is this
+// rank's own validation result: a rank with bad arguments still takes part, so its peers fail
+// with its reason instead of waiting for it.
+Status AgreeOnCall(Context& ctx, RingOp op, const Status& local, const ValidatedCall& call, uint64_t* seq);
+
+}  // namespace stria

@@ -1,0 +1,96 @@
+// The backward ring. Q, dO, LSE and rowsum(dO∘O) stay; K/V rotate as in the forward, and each
+// block's dK/dV partial sum (float32, so error does not grow with the rank count) travels one
+// hop behind it: a rank computes its contribution into a fresh buffer while the partial of the
+// same block arrives from the previous rank, adds the two, and passes the sum on. After N steps
+// the partial arrives at the block's owner complete. dQ accumulates locally.
+#include "ring/arguments.h"
+#include "ring/ring_common.h"
+
+namespace stria {
+
+Status RingBackward(Context& ctx, const BackwardCall& call) {
+  STRIA_RETURN_IF_ERROR(ctx.Usable());
+  ValidatedCall c;
+  const Status local = ValidateBackward(ctx, call, &c);
+  uint64_t seq = 0;
+  STRIA_RETURN_IF_ERROR(AgreeOnCall(ctx, RingOp::kBackward, local, c, &seq));
+
+  const int n = ctx.world_size(), r = ctx.rank();
+  const int next = (r + 1) % n, prev = (r - 1 + n) % n;
+  Backend& be = ctx.backend();
+  Transport& tr = ctx.transport();
+  const AttentionShape& s = c.shape;
+  const size_t kv_bytes = KVWireBytes(s);
+  const size_t dkv_bytes = DKVWireFloats(s) * sizeof(float);
+  void* kv[2] = {nullptr, nullptr};
+  void* dkv[2] = {nullptr, nullptr};  // this rank's partials, alternating while one is in flight
+  void* dkv_in = nullptr;             // the partial arriving from the previous rank
+  STRIA_RETURN_IF_ERROR(ctx.RingBuffer(0, kv_bytes, &kv[0]));
+  STRIA_RETURN_IF_ERROR(ctx.RingBuffer(2, dkv_bytes, &dkv[0]));
+  if (n > 1) {
+    STRIA_RETURN_IF_ERROR(ctx.RingBuffer(1, kv_bytes, &kv[1]));
+    STRIA_RETURN_IF_ERROR(ctx.RingBuffer(3, dkv_bytes, &dkv[1]));
+    STRIA_RETURN_IF_ERROR(ctx.RingBuffer(4, dkv_bytes, &dkv_in));
+  }
+  STRIA_RETURN_IF_ERROR(be.BackwardBegin(s, c.q, c.out, c.lse, c.dout));
+  STRIA_RETURN_IF_ERROR(be.PackKV(s, c.k, c.v, kv[0]));
+
+  auto& times = ctx.step_times();
+  times.assign(static_cast<size_t>(n), StepTime());
+  RequestId dkv_send = 0;  // the partial sent at the previous step
+  for (int step = 0; step < n; ++step) {
+    const int holder = (r - step + n) % n;
+    RequestId kv_send = 0, kv_recv = 0, dkv_recv = 0;
+    const bool forward_block = step < n - 1;
+    Status st;
+    if (forward_block) {
+      st = tr.Irecv(prev, RingTag(seq, step, MessageKind::kKV), kv[(step + 1) % 2], kv_bytes, &kv_recv);
+      if (st.ok()) st = tr.Isend(next, RingTag(seq, step, MessageKind::kKV), kv[step % 2], kv_bytes, &kv_send);
+    }
+    if (st.ok() && step > 0) st = tr.Irecv(prev, RingTag(seq, step, MessageKind::kDKV), dkv_in, dkv_bytes, &dkv_recv);
+    if (!st.ok()) return ctx.Fail(st);
+
+    StepTimer timer(be);
+    timer.ComputeBegin();
+    float* mine = static_cast<float*>(dkv[step % 2]);
+    const BlockMask mask = ClassifyBlock(c.layout, c.causal, n, s.L, r, holder);
+    st = be.BackwardBlock(kv[step % 2], mask, mine);
+    if (!st.ok()) return ctx.Fail(st);
+    timer.ComputeEnd();
+
+    const std::string what = Format("dK/dV partial of ring step %d", step);
+    if (step > 0) {
+      st = tr.Wait(dkv_recv, ctx.timeout_s(), what.c_str());
+      if (st.ok()) st = be.AccumulateDKV(mine, static_cast<const float*>(dkv_in));
+      // The partial sent last step lives in the buffer we fill next step: it must have left.
+      if (st.ok()) st = tr.Wait(dkv_send, ctx.timeout_s(), what.c_str());
+      if (!st.ok()) return ctx.Fail(st);
+    }
+    if (n > 1) {
+      st = tr.Isend(next, RingTag(seq, step + 1, MessageKind::kDKV), mine, dkv_bytes, &dkv_send);
+      if (!st.ok()) return ctx.Fail(st);
+    }
+    if (forward_block) {
+      const std::string kv_what = Format("K/V block of ring step %d", step);
+      st = tr.Wait(kv_recv, ctx.timeout_s(), kv_what.c_str());
+      if (st.ok()) st = tr.Wait(kv_send, ctx.timeout_s(), kv_what.c_str());
+      if (!st.ok()) return ctx.Fail(st);
+    }
+    times[static_cast<size_t>(step)] = timer.Finish();
+  }
+
+  const float* done = static_cast<const float*>(dkv[0]);
+  if (n > 1) {
+    // Our own block's partial comes home from the previous rank after the last step.
+    RequestId final_recv = 0;
+    Status st = tr.Irecv(prev, RingTag(seq, n, MessageKind::kDKV), dkv_in, dkv_bytes, &final_recv);
+    if (st.ok()) st = tr.Wait(final_recv, ctx.timeout_s(), "the final dK/dV of this rank's block");
+    if (st.ok()) st = tr.Wait(dkv_send, ctx.timeout_s(), "the last dK/dV partial");
+    if (!st.ok()) return ctx.Fail(st);
+    done = static_cast<const float*>(dkv_in);
+  }
+  Status st = be.BackwardEnd(c.dq, done, c.dk, c.dv);
+  return st.ok() ? st : ctx.Fail(st);
+}
+
+}  // namespace stria

@@ -1,0 +1,59 @@
+// The forward ring. Each step merges one K/V block into the running softmax state (row max, row
+// sum, unnormalised output: online softmax across blocks), so no per-block output or LSE needs a
+// separate merge pass and a row that sees no key in a block simply leaves its state unchanged.
+#include "ring/arguments.h"
+#include "ring/ring_common.h"
+
+namespace stria {
+
+Status RingForward(Context& ctx, const ForwardCall& call) {
+  STRIA_RETURN_IF_ERROR(ctx.Usable());
+  ValidatedCall c;
+  const Status local = ValidateForward(ctx, call, &c);
+  uint64_t seq = 0;
+  STRIA_RETURN_IF_ERROR(AgreeOnCall(ctx, RingOp::kForward, local, c, &seq));
+
+  const int n = ctx.world_size(), r = ctx.rank();
+  const int next = (r + 1) % n, prev = (r - 1 + n) % n;
+  Backend& be = ctx.backend();
+  Transport& tr = ctx.transport();
+  const AttentionShape& s = c.shape;
+  const size_t kv_bytes = KVWireBytes(s);
+  void* kv[2] = {nullptr, nullptr};
+  STRIA_RETURN_IF_ERROR(ctx.RingBuffer(0, kv_bytes, &kv[0]));
+  if (n > 1) STRIA_RETURN_IF_ERROR(ctx.RingBuffer(1, kv_bytes, &kv[1]));
+  STRIA_RETURN_IF_ERROR(be.ForwardBegin(s, c.q));
+  STRIA_RETURN_IF_ERROR(be.PackKV(s, c.k, c.v, kv[0]));
+
+  auto& times = ctx.step_times();
+  times.assign(static_cast<size_t>(n), StepTime());
+  for (int step = 0; step < n; ++step) {
+    const int holder = (r - step + n) % n;  // whose K/V this rank holds now
+    RequestId send = 0, recv = 0;
+    const bool forward_block = step < n - 1;
+    if (forward_block) {
+      Status st = tr.Irecv(prev, RingTag(seq, step, MessageKind::kKV), kv[(step + 1) % 2], kv_bytes, &recv);
+      if (st.ok()) st = tr.Isend(next, RingTag(seq, step, MessageKind::kKV), kv[step % 2], kv_bytes, &send);
+      if (!st.ok()) return ctx.Fail(st);
+    }
+    StepTimer timer(be);
+    timer.ComputeBegin();
+    const BlockMask mask = ClassifyBlock(c.layout, c.causal, n, s.L, r, holder);
+    if (!mask.empty()) {
+      Status st = be.ForwardBlock(kv[step % 2], mask);
+      if (!st.ok()) return ctx.Fail(st);
+    }
+    timer.ComputeEnd();
+    if (forward_block) {
+      const std::string what = Format("K/V block of ring step %d", step);
+      Status st = tr.Wait(recv, ctx.timeout_s(), what.c_str());
+      if (st.ok()) st = tr.Wait(send, ctx.timeout_s(), what.c_str());
+      if (!st.ok()) return ctx.Fail(st);
+    }
+    times[static_cast<size_t>(step)] = timer.Finish();
+  }
+  Status st = be.ForwardEnd(c.out, c.lse);
+  return st.ok() ? st : ctx.Fail(st);
+}
+
+}  // namespace stria

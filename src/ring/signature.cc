@@ -1,0 +1,60 @@
+#include "ring/signature.h"
+
+#include <cstring>
+
+#include "core/dtype.h"
+#include "layout/layout.h"
+
+namespace stria {
+
+constexpr uint32_t kSignatureMagic = 0x53545249;  // "STRI"
+
+const char* RingOpName(RingOp op) {
+  return op == RingOp::kForward ? "stria_attention_forward" : "stria_attention_backward";
+}
+
+void InitSignature(RingOp op, uint64_t seq, CallSignature* sig) {
+  std::memset(sig, 0, sizeof(*sig));
+  sig->magic = kSignatureMagic;
+  sig->op = static_cast<uint32_t>(op);
+  sig->seq = seq;
+  sig->valid = 1;
+}
+
+void MarkInvalid(const Status& why, CallSignature* sig) {
+  sig->valid = 0;
+  std::strncpy(sig->reason, why.message().c_str(), sizeof(sig->reason) - 1);
+  sig->reason[sizeof(sig->reason) - 1] = '\0';
+}
+
+static std::string Describe(const CallSignature& s) {
+  return Format("%s call #%llu: %s %s, causal %d, scale %g, q [%lld, %lld, %lld, %lld], kv heads %lld",
+                RingOpName(static_cast<RingOp>(s.op)), static_cast<unsigned long long>(s.seq),
+                DTypeName(static_cast<DType>(s.dtype)), LayoutName(static_cast<stria_layout_t>(s.layout)), s.causal,
+                static_cast<double>(s.scale), (long long)s.B, (long long)s.L, (long long)s.Hq, (long long)s.D,
+                (long long)s.Hkv);
+}
+
+Status CheckAgreement(const CallSignature* all, int world_size, int self) {
+  for (int r = 0; r < world_size; ++r) {
+    if (all[r].magic != kSignatureMagic)
+      return Error(STRIA_ERROR_TRANSPORT, "rank %d sent a malformed call signature", r);
+  }
+  for (int r = 0; r < world_size; ++r) {
+    if (!all[r].valid && r != self)
+      return Error(STRIA_ERROR_INVALID_ARGUMENT, "rank %d rejected its arguments to %s: %s", r,
+                   RingOpName(static_cast<RingOp>(all[r].op)), all[r].reason);
+  }
+  const CallSignature& a = all[0];
+  for (int r = 1; r < world_size; ++r) {
+    const CallSignature& b = all[r];
+    if (a.op != b.op || a.seq != b.seq || a.layout != b.layout || a.causal != b.causal || a.scale != b.scale ||
+        a.dtype != b.dtype || a.B != b.B || a.L != b.L || a.Hq != b.Hq || a.Hkv != b.Hkv || a.D != b.D) {
+      return Error(STRIA_ERROR_INVALID_ARGUMENT, "ranks disagree: rank %d made %s; rank 0 made %s", r,
+                   Describe(b).c_str(), Describe(a).c_str());
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace stria

@@ -1,0 +1,288 @@
+// The in-process transport: N ranks of one process, each driven by its own thread.
+//
+// Matching is rendezvous-style: a send and a receive with the same (source, destination, tag)
+// meet in the group's tables; once both are posted, the receiving rank's copy thread moves the
+// bytes while both ranks go on computing. One mutex guards the whole group: messages are few and
+// large (a K/V block per ring step), so contention is negligible next to the copies.
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <list>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "transport/transport.h"
+
+namespace stria {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Clock::time_point DeadlineAfter(double seconds) {
+  auto d = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  return Clock::now() + d;
+}
+
+enum class ReqState { kPosted, kMatched, kDone, kFailed };
+
+struct Request {
+  int owner = 0;  // the rank that posted it
+  int peer = 0;
+  bool is_send = false;
+  int64_t tag = 0;
+  const void* src = nullptr;  // send buffer
+  void* dst = nullptr;        // receive buffer
+  size_t bytes = 0;
+  ReqState state = ReqState::kPosted;
+  std::string error;
+};
+
+struct CopyJob {
+  RequestId send, recv;
+};
+
+class LocalGroup {
+ public:
+  explicit LocalGroup(int n) : n_(n), gone_(n, false), posted_round_(n, 0), copy_queues_(n) {
+    for (auto& slot : board_) slot.resize(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) copiers_.emplace_back([this, r] { CopyLoop(r); });
+  }
+  ~LocalGroup() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    copy_cv_.notify_all();
+    for (auto& t : copiers_) t.join();
+  }
+
+  int size() const { return n_; }
+
+  Status AllGather(int rank, uint64_t round, const void* mine, void* all, size_t bytes, double timeout_s,
+                   const char* what) {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto& slot = board_[round % 2];
+    slot[static_cast<size_t>(rank)].assign(static_cast<const char*>(mine), static_cast<const char*>(mine) + bytes);
+    posted_round_[static_cast<size_t>(rank)] = round;
+    cv_.notify_all();
+    auto deadline = DeadlineAfter(timeout_s);
+    for (;;) {
+      if (gone_[static_cast<size_t>(rank)]) return Aborted(rank);
+      int missing = -1, left = -1;
+      for (int q = 0; q < n_; ++q) {
+        if (posted_round_[static_cast<size_t>(q)] < round) {
+          if (missing < 0) missing = q;
+          if (gone_[static_cast<size_t>(q)] && left < 0) left = q;
+        }
+      }
+      if (missing < 0) break;
+      if (left >= 0)
+        return Error(STRIA_ERROR_TRANSPORT, "rank %d left the group (aborted or destroyed) before joining %s", left,
+                     what);
+      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && Clock::now() >= deadline) {
+        std::string who;
+        for (int q = 0; q < n_; ++q)
+          if (posted_round_[static_cast<size_t>(q)] < round) who += (who.empty() ? "" : ", ") + std::to_string(q);
+        return Error(STRIA_ERROR_TIMEOUT, "timed out after %.3g s waiting for rank(s) %s to join %s", timeout_s,
+                     who.c_str(), what);
+      }
+    }
+    for (int q = 0; q < n_; ++q) {
+      const auto& rec = slot[static_cast<size_t>(q)];
+      if (rec.size() != bytes)
+        return Error(STRIA_ERROR_INTERNAL, "rank %d contributed %zu bytes to %s, this rank %zu", q, rec.size(), what,
+                     bytes);
+      std::memcpy(static_cast<char*>(all) + static_cast<size_t>(q) * bytes, rec.data(), bytes);
+    }
+    return Status::Ok();
+  }
+
+  Status Post(int rank, int peer, bool is_send, int64_t tag, const void* src, void* dst, size_t bytes,
+              RequestId* out) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (gone_[static_cast<size_t>(rank)]) return Aborted(rank);
+    RequestId id = next_id_++;
+    Request& req = requests_[id];
+    req.owner = rank;
+    req.peer = peer;
+    req.is_send = is_send;
+    req.tag = tag;
+    req.src = src;
+    req.dst = dst;
+    req.bytes = bytes;
+    *out = id;
+    // Look for the matching half among the peer's unmatched posts.
+    auto& pending = unmatched_;
+    for (auto it = pending.begin(); it != pending.end(); ++it) {
+      Request& other = requests_[*it];
+      if (other.owner == peer && other.peer == rank && other.tag == tag && other.is_send != is_send) {
+        RequestId other_id = *it;
+        pending.erase(it);
+        RequestId send_id = is_send ? id : other_id, recv_id = is_send ? other_id : id;
+        Request& s = requests_[send_id];
+        Request& r = requests_[recv_id];
+        if (s.bytes != r.bytes) {
+          std::string msg = Format("message size mismatch on tag %lld between rank %d (sends %zu bytes) and rank %d "
+                                   "(expects %zu)",
+                                   static_cast<long long>(tag), s.owner, s.bytes, r.owner, r.bytes);
+          Fail(s, msg);
+          Fail(r, msg);
+          return Status::Ok();
+        }
+        s.state = r.state = ReqState::kMatched;
+        ++inflight_[s.owner];
+        ++inflight_[r.owner];
+        copy_queues_[static_cast<size_t>(r.owner)].push_back(CopyJob{send_id, recv_id});
+        copy_cv_.notify_all();
+        return Status::Ok();
+      }
+    }
+    pending.push_back(id);
+    return Status::Ok();
+  }
+
+  Status Wait(int rank, RequestId id, double timeout_s, const char* what) {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto deadline = DeadlineAfter(timeout_s);
+    for (;;) {
+      auto it = requests_.find(id);
+      if (it == requests_.end()) return Error(STRIA_ERROR_INTERNAL, "unknown transport request %lld", (long long)id);
+      Request& req = it->second;
+      if (req.state == ReqState::kDone) {
+        requests_.erase(it);
+        return Status::Ok();
+      }
+      if (req.state == ReqState::kFailed) {
+        Status s(STRIA_ERROR_TRANSPORT, req.error);
+        requests_.erase(it);
+        return s;
+      }
+      if (gone_[static_cast<size_t>(rank)]) return Aborted(rank);
+      if (req.state == ReqState::kPosted && gone_[static_cast<size_t>(req.peer)])
+        return Error(STRIA_ERROR_TRANSPORT, "rank %d left the group (aborted or destroyed) during %s", req.peer,
+                     what);
+      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && Clock::now() >= deadline &&
+          requests_[id].state == ReqState::kPosted) {
+        return Error(STRIA_ERROR_TIMEOUT, "timed out after %.3g s waiting for rank %d to %s (%s)", timeout_s,
+                     req.peer, req.is_send ? "receive" : "send", what);
+      }
+    }
+  }
+
+  void CancelAll(int rank) {
+    std::unique_lock<std::mutex> lock(mu_);
+    unmatched_.erase(std::remove_if(unmatched_.begin(), unmatched_.end(),
+                                    [&](RequestId id) { return requests_[id].owner == rank; }),
+                     unmatched_.end());
+    // Copies already matched touch our buffers: let them finish (they are short and never block).
+    cv_.wait(lock, [&] { return inflight_[rank] == 0; });
+    for (auto it = requests_.begin(); it != requests_.end();) {
+      it = it->second.owner == rank ? requests_.erase(it) : std::next(it);
+    }
+  }
+
+  void Leave(int rank) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      gone_[static_cast<size_t>(rank)] = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  static Status Aborted(int rank) {
+    return Error(STRIA_ERROR_ABORTED, "rank %d was aborted (stria_context_abort) and can only be destroyed", rank);
+  }
+  void Fail(Request& r, const std::string& msg) {
+    r.state = ReqState::kFailed;
+    r.error = msg;
+    cv_.notify_all();
+  }
+
+  void CopyLoop(int rank) {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto& queue = copy_queues_[static_cast<size_t>(rank)];
+    for (;;) {
+      copy_cv_.wait(lock, [&] { return stopping_ || !queue.empty(); });
+      if (queue.empty()) return;  // stopping
+      CopyJob job = queue.front();
+      queue.pop_front();
+      Request& s = requests_[job.send];
+      Request& r = requests_[job.recv];
+      const void* src = s.src;
+      void* dst = r.dst;
+      size_t bytes = s.bytes;
+      lock.unlock();
+      if (bytes) std::memcpy(dst, src, bytes);
+      lock.lock();
+      // The map may have rehashed while unlocked: look both up again.
+      Request& s2 = requests_[job.send];
+      Request& r2 = requests_[job.recv];
+      s2.state = r2.state = ReqState::kDone;
+      --inflight_[s2.owner];
+      --inflight_[r2.owner];
+      cv_.notify_all();
+    }
+  }
+
+  const int n_;
+  std::mutex mu_;
+  std::condition_variable cv_;       // request completion, arrivals, departures
+  std::condition_variable copy_cv_;  // work for the copy threads
+  std::vector<bool> gone_;
+  std::vector<uint64_t> posted_round_;
+  std::vector<std::vector<char>> board_[2];
+  std::unordered_map<RequestId, Request> requests_;
+  std::list<RequestId> unmatched_;
+  std::unordered_map<int, int> inflight_;
+  std::vector<std::deque<CopyJob>> copy_queues_;
+  std::vector<std::thread> copiers_;
+  RequestId next_id_ = 1;
+  bool stopping_ = false;
+};
+
+class LocalTransport final : public Transport {
+ public:
+  LocalTransport(std::shared_ptr<LocalGroup> group, int rank) : group_(std::move(group)), rank_(rank) {}
+  ~LocalTransport() override {
+    group_->Leave(rank_);
+    group_->CancelAll(rank_);
+  }
+  const char* name() const override { return "local"; }
+  int rank() const override { return rank_; }
+  int world_size() const override { return group_->size(); }
+
+  Status AllGather(const void* mine, void* all, size_t bytes, double timeout_s, const char* what) override {
+    return group_->AllGather(rank_, ++round_, mine, all, bytes, timeout_s, what);
+  }
+  Status Isend(int peer, int64_t tag, const void* buf, size_t bytes, RequestId* req) override {
+    return group_->Post(rank_, peer, true, tag, buf, nullptr, bytes, req);
+  }
+  Status Irecv(int peer, int64_t tag, void* buf, size_t bytes, RequestId* req) override {
+    return group_->Post(rank_, peer, false, tag, nullptr, buf, bytes, req);
+  }
+  Status Wait(RequestId req, double timeout_s, const char* what) override {
+    return group_->Wait(rank_, req, timeout_s, what);
+  }
+  void CancelAll() override { group_->CancelAll(rank_); }
+  void Abort() override { group_->Leave(rank_); }
+
+ private:
+  std::shared_ptr<LocalGroup> group_;
+  const int rank_;
+  uint64_t round_ = 0;
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<Transport>> CreateLocalGroup(int world_size) {
+  auto group = std::make_shared<LocalGroup>(world_size);
+  std::vector<std::unique_ptr<Transport>> out;
+  for (int r = 0; r < world_size; ++r) out.push_back(std::make_unique<LocalTransport>(group, r));
+  return out;
+}
+
+}  // namespace stria

@@ -1,0 +1,25 @@
+// What a transport module (libstria-ucx.so, libstria-nccl.so) exports:
+// `extern "C" const TransportModuleV1 stria_<name>_module_v1`.
+#pragma once
+
+#include "transport/transport.h"
+
+namespace stria {
+
+constexpr int kTransportModuleAbiVersion = 1;
+
+struct TransportModuleV1 {
+  int abi_version;  // kTransportModuleAbiVersion
+  const char* name;
+  // Opens rank 0's rendezvous and writes its address and secret into *id.
+  Status (*get_unique_id)(stria_unique_id_t* id);
+  // Joins the ring described by config (rank, world_size, unique_id, device).
+  Status (*create)(const stria_context_config_t& config, double timeout_s, Transport** out);
+};
+
+// The transport of a context made by stria_context_create.
+Status CreateTransport(const stria_context_config_t& config, double timeout_s, std::unique_ptr<Transport>* out);
+// stria_get_unique_id: the rendezvous is served by the UCX module (NCCL's id travels inside it).
+Status GetUniqueId(stria_unique_id_t* id);
+
+}  // namespace stria

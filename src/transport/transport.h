@@ -1,0 +1,47 @@
+// The transport interface the ring is written against: nonblocking point-to-point messages
+// between ring neighbours plus a small all-gather for the per-call signature. Implementations:
+// the in-process local group (local_transport.cc) and runtime-loaded modules (UCX, NCCL).
+//
+// Every wait takes a timeout and may fail with STRIA_ERROR_TIMEOUT (naming the peer it waited
+// for), STRIA_ERROR_ABORTED (this rank was aborted) or STRIA_ERROR_TRANSPORT (a peer left or the
+// wire broke). Buffers handed to Isend/Irecv must stay valid until the request completes or
+// CancelAll returns.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/status.h"
+
+namespace stria {
+
+using RequestId = int64_t;
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual const char* name() const = 0;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+
+  // Every rank contributes `bytes` bytes; `all` receives world_size() records, rank-ordered.
+  // `what` names the operation in timeout messages.
+  virtual Status AllGather(const void* mine, void* all, size_t bytes, double timeout_s, const char* what) = 0;
+  virtual Status Isend(int peer, int64_t tag, const void* buf, size_t bytes, RequestId* req) = 0;
+  virtual Status Irecv(int peer, int64_t tag, void* buf, size_t bytes, RequestId* req) = 0;
+  virtual Status Wait(RequestId req, double timeout_s, const char* what) = 0;
+  // Withdraws every request of this rank still outstanding and returns once no transfer touches
+  // this rank's buffers any more (used after an error, before the buffers are reused or freed).
+  virtual void CancelAll() = 0;
+  // Thread-safe: makes current and future waits of this rank fail with STRIA_ERROR_ABORTED and
+  // tells the peers that this rank has left.
+  virtual void Abort() = 0;
+};
+
+// N transports joined in this process. Transfers are done by a copy thread per receiving rank,
+// so they overlap with the compute of both sender and receiver.
+std::vector<std::unique_ptr<Transport>> CreateLocalGroup(int world_size);
+
+}  // namespace stria

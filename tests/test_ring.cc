@@ -1,0 +1,179 @@
+// The ring against a float64 dense reference of the whole sequence: every layout, rank counts
+// 1..8, causal and not, GQA/MQA, each dtype, several head dims and block lengths, forward and
+// backward. Inputs are sharded with stria_shard and outputs gathered with stria_unshard, so the
+// layouts' position maps are checked end to end too. Outputs are poisoned (NaN) before each run.
+#include <gtest/gtest.h>
+
+#include <mutex>
+#include <sstream>
+
+#include "test_util.h"
+
+using namespace stria_test;
+
+namespace {
+
+struct Case {
+  int world;
+  stria_layout_t layout;
+  bool causal;
+  Dt dt;
+  int64_t B, L, Hq, Hkv, D;
+  float scale = 0.f;
+  bool strided = false;  // q/k/v as views into one packed [B, L, Hq + 2·Hkv, D] tensor
+};
+
+std::string Name(const Case& c) {
+  static const char* layouts[] = {"contiguous", "striped", "zigzag"};
+  std::ostringstream os;
+  os << "N" << c.world << "_" << layouts[c.layout] << (c.causal ? "_causal" : "_full") << "_" << DtName(c.dt) << "_B"
+     << c.B << "L" << c.L << "H" << c.Hq << "x" << c.Hkv << "D" << c.D << (c.strided ? "_strided" : "");
+  return os.str();
+}
+
+double Tolerance(Dt dt) { return dt == Dt::kF32 ? 1e-5 : 2e-2; }
+
+// Shards a full [B, S, H, D] tensor for `rank` (seq_dim 1).
+Tensor Shard(const Tensor& full, const Case& c, int rank) {
+  Tensor local({full.shape[0], c.L, full.shape[2], full.shape[3]}, full.dt);
+  EXPECT_EQ(stria_shard(c.layout, c.world, rank, 1, &full.dl, &local.dl, nullptr), STRIA_SUCCESS)
+      << stria_get_last_error();
+  return local;
+}
+
+// A [B, L, H, D] view of heads [h0, h0+H) of a packed [B, L, Htot, D] tensor.
+void MakeHeadView(Tensor& packed, int64_t h0, int64_t H, DLTensor* view, std::vector<int64_t>* shape) {
+  *view = packed.dl;
+  *shape = {packed.shape[0], packed.shape[1], H, packed.shape[3]};
+  view->shape = shape->data();
+  view->strides = packed.strides.data();  // same strides: [L·Htot·D, Htot·D, D, 1]
+  view->byte_offset = static_cast<uint64_t>(h0 * packed.shape[3] * packed.esize());
+}
+
+void RunCase(const Case& c) {
+  SCOPED_TRACE(Name(c));
+  const int64_t S = c.L * c.world;
+  std::mt19937_64 rng(1234 + c.world * 7 + c.layout * 131 + c.D);
+  Tensor q({c.B, S, c.Hq, c.D}, c.dt), k({c.B, S, c.Hkv, c.D}, c.dt), v({c.B, S, c.Hkv, c.D}, c.dt);
+  Tensor dout({c.B, S, c.Hq, c.D}, c.dt);
+  q.FillRandom(rng);
+  k.FillRandom(rng);
+  v.FillRandom(rng);
+  dout.FillRandom(rng);
+  const double scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt(static_cast<double>(c.D));
+  const auto qd = q.ToDouble(), kd = k.ToDouble(), vd = v.ToDouble(), dod = dout.ToDouble();
+  const Reference ref = DenseAttention(qd, kd, vd, &dod, c.B, S, c.Hq, c.Hkv, c.D, c.causal, scale);
+
+  Tensor out_full({c.B, S, c.Hq, c.D}, c.dt), dq_full({c.B, S, c.Hq, c.D}, c.dt);
+  Tensor dk_full({c.B, S, c.Hkv, c.D}, c.dt), dv_full({c.B, S, c.Hkv, c.D}, c.dt);
+  Tensor lse_full({c.B, c.Hq, S}, Dt::kF32);
+  for (Tensor* t : {&out_full, &dq_full, &dk_full, &dv_full, &lse_full}) t->Poison();
+
+  LocalGroup group(c.world, 60.0, 1);
+  ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
+  stria_attention_params_t params;
+  stria_attention_params_init(&params);
+  params.layout = c.layout;
+  params.causal = c.causal;
+  params.softmax_scale = c.scale;
+
+  std::vector<stria_status_t> fwd(static_cast<size_t>(c.world)), bwd(static_cast<size_t>(c.world));
+  std::vector<std::string> errors(static_cast<size_t>(c.world));
+  std::mutex mu;
+  RunRanks(c.world, [&](int r) {
+    Tensor ql = Shard(q, c, r), kl = Shard(k, c, r), vl = Shard(v, c, r), dol = Shard(dout, c, r);
+    Tensor packed;
+    DLTensor qv = ql.dl, kv = kl.dl, vv = vl.dl;
+    std::vector<int64_t> qs, ks, vs;
+    if (c.strided) {  // copy into one packed QKV tensor and attend through head views of it
+      packed.Init({c.B, c.L, c.Hq + 2 * c.Hkv, c.D}, c.dt);
+      for (int64_t b = 0; b < c.B; ++b)
+        for (int64_t i = 0; i < c.L; ++i)
+          for (int64_t h = 0; h < c.Hq + 2 * c.Hkv; ++h)
+            for (int64_t d = 0; d < c.D; ++d) {
+              double x = h < c.Hq ? ql.Get(((b * c.L + i) * c.Hq + h) * c.D + d)
+                         : h < c.Hq + c.Hkv ? kl.Get(((b * c.L + i) * c.Hkv + (h - c.Hq)) * c.D + d)
+                                            : vl.Get(((b * c.L + i) * c.Hkv + (h - c.Hq - c.Hkv)) * c.D + d);
+              packed.Set(((b * c.L + i) * (c.Hq + 2 * c.Hkv) + h) * c.D + d, x);
+            }
+      MakeHeadView(packed, 0, c.Hq, &qv, &qs);
+      MakeHeadView(packed, c.Hq, c.Hkv, &kv, &ks);
+      MakeHeadView(packed, c.Hq + c.Hkv, c.Hkv, &vv, &vs);
+    }
+    Tensor out({c.B, c.L, c.Hq, c.D}, c.dt), lse({c.B, c.Hq, c.L}, Dt::kF32);
+    Tensor dq({c.B, c.L, c.Hq, c.D}, c.dt), dk({c.B, c.L, c.Hkv, c.D}, c.dt), dv({c.B, c.L, c.Hkv, c.D}, c.dt);
+    for (Tensor* t : {&out, &lse, &dq, &dk, &dv}) t->Poison();
+    stria_context_t ctx = group.ctx[static_cast<size_t>(r)];
+    fwd[static_cast<size_t>(r)] = stria_attention_forward(ctx, &params, &qv, &kv, &vv, &out.dl, &lse.dl, nullptr);
+    std::string err = stria_get_last_error();
+    bwd[static_cast<size_t>(r)] = stria_attention_backward(ctx, &params, &qv, &kv, &vv, &out.dl, &lse.dl, &dol.dl,
+                                                           &dq.dl, &dk.dl, &dv.dl, nullptr);
+    err += stria_get_last_error();
+    errors[static_cast<size_t>(r)] = err;
+    std::lock_guard<std::mutex> lock(mu);
+    stria_unshard(c.layout, c.world, r, 1, &out.dl, &out_full.dl, nullptr);
+    stria_unshard(c.layout, c.world, r, 2, &lse.dl, &lse_full.dl, nullptr);
+    stria_unshard(c.layout, c.world, r, 1, &dq.dl, &dq_full.dl, nullptr);
+    stria_unshard(c.layout, c.world, r, 1, &dk.dl, &dk_full.dl, nullptr);
+    stria_unshard(c.layout, c.world, r, 1, &dv.dl, &dv_full.dl, nullptr);
+  });
+  for (int r = 0; r < c.world; ++r) {
+    ASSERT_EQ(fwd[static_cast<size_t>(r)], STRIA_SUCCESS) << "rank " << r << ": " << errors[static_cast<size_t>(r)];
+    ASSERT_EQ(bwd[static_cast<size_t>(r)], STRIA_SUCCESS) << "rank " << r << ": " << errors[static_cast<size_t>(r)];
+  }
+  const double tol = Tolerance(c.dt);
+  EXPECT_LT(RelError(out_full.ToDouble(), ref.out), tol) << "out";
+  EXPECT_LT(RelError(lse_full.ToDouble(), ref.lse), 1e-5) << "lse";
+  EXPECT_LT(RelError(dq_full.ToDouble(), ref.dq), tol) << "dq";
+  EXPECT_LT(RelError(dk_full.ToDouble(), ref.dk), tol) << "dk";
+  EXPECT_LT(RelError(dv_full.ToDouble(), ref.dv), tol) << "dv";
+}
+
+class RingVsReference : public ::testing::TestWithParam<Case> {};
+TEST_P(RingVsReference, ForwardAndBackward) { RunCase(GetParam()); }
+
+std::vector<Case> AllLayoutsAndRankCounts() {
+  std::vector<Case> cases;
+  for (int n = 1; n <= 8; ++n)
+    for (stria_layout_t lay : {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG})
+      for (bool causal : {true, false}) cases.push_back(Case{n, lay, causal, Dt::kF32, 2, 6, 4, 2, 16});
+  return cases;
+}
+
+std::vector<Case> DtypesAndShapes() {
+  std::vector<Case> cases;
+  for (Dt dt : {Dt::kF16, Dt::kBF16})
+    for (int n : {1, 3, 4})
+      for (stria_layout_t lay : {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG})
+        cases.push_back(Case{n, lay, true, dt, 1, 10, 4, 1, 32});
+  // Head dims, including ones that are not a multiple of the vector width.
+  for (int64_t d : {1, 8, 64, 72, 128, 256})
+    cases.push_back(Case{3, STRIA_LAYOUT_STRIPED, true, Dt::kF32, 1, 8, 2, 1, d});
+  // MQA, MHA, GQA 4:1 with several key tiles per block (partial last tiles).
+  cases.push_back(Case{2, STRIA_LAYOUT_ZIGZAG, true, Dt::kF32, 1, 130, 4, 1, 32});
+  cases.push_back(Case{3, STRIA_LAYOUT_STRIPED, true, Dt::kF32, 1, 130, 2, 2, 64});
+  cases.push_back(Case{3, STRIA_LAYOUT_CONTIGUOUS, true, Dt::kBF16, 2, 70, 8, 2, 64});
+  cases.push_back(Case{5, STRIA_LAYOUT_STRIPED, false, Dt::kF32, 1, 66, 4, 2, 16});
+  // Tiny blocks: one and two tokens per rank.
+  for (stria_layout_t lay : {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED})
+    for (int n : {1, 4, 7}) cases.push_back(Case{n, lay, true, Dt::kF32, 1, 1, 2, 1, 8});
+  for (stria_layout_t lay : {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG})
+    for (int n : {2, 5}) cases.push_back(Case{n, lay, true, Dt::kF32, 1, 2, 2, 2, 8});
+  // An explicit scale, and q/k/v as views into one packed QKV tensor.
+  Case scaled{4, STRIA_LAYOUT_STRIPED, true, Dt::kF32, 1, 12, 2, 1, 16};
+  scaled.scale = 0.37f;
+  cases.push_back(scaled);
+  for (Dt dt : {Dt::kF32, Dt::kBF16}) {
+    Case packed{3, STRIA_LAYOUT_ZIGZAG, true, dt, 2, 8, 4, 2, 16};
+    packed.strided = true;
+    cases.push_back(packed);
+  }
+  return cases;
+}
+
+std::string ParamName(const ::testing::TestParamInfo<Case>& info) { return Name(info.param); }
+
+INSTANTIATE_TEST_SUITE_P(Layouts, RingVsReference, ::testing::ValuesIn(AllLayoutsAndRankCounts()), ParamName);
+INSTANTIATE_TEST_SUITE_P(Shapes, RingVsReference, ::testing::ValuesIn(DtypesAndShapes()), ParamName);
+
+}  // namespace

@@ -1,0 +1,261 @@
+// Shared helpers for the tests: host tensors in any of our dtypes, a float64 dense reference of
+// attention over the whole sequence (forward and backward), and running a local group's ranks
+// on their own threads.
+#pragma once
+
+#include <stria/stria.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <random>
+#include <thread>
+#include <vector>
+
+namespace stria_test {
+
+enum class Dt { kF32, kF16, kBF16 };
+
+inline const char* DtName(Dt d) { return d == Dt::kF32 ? "f32" : d == Dt::kF16 ? "f16" : "bf16"; }
+inline DLDataType DlType(Dt d) {
+  DLDataType t;
+  t.code = d == Dt::kBF16 ? kDLBfloat : kDLFloat;
+  t.bits = d == Dt::kF32 ? 32 : 16;
+  t.lanes = 1;
+  return t;
+}
+
+// Scalar conversions, written independently of the library's (so a shared bug cannot hide).
+inline float Bf16ToFloat(uint16_t h) {
+  uint32_t b = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+inline uint16_t FloatToBf16(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  b += 0x7fffu + ((b >> 16) & 1u);
+  return static_cast<uint16_t>(b >> 16);
+}
+inline float HalfToFloat(uint16_t h) {
+  const int e = (h >> 10) & 31, m = h & 1023;
+  const float s = (h & 0x8000) ? -1.f : 1.f;
+  if (e == 0) return s * std::ldexp(static_cast<float>(m), -24);
+  if (e == 31) return m ? std::numeric_limits<float>::quiet_NaN() : s * std::numeric_limits<float>::infinity();
+  return s * std::ldexp(static_cast<float>(m + 1024), e - 25);
+}
+inline uint16_t FloatToHalf(float f) {  // round to nearest even via search (tests only: slow is fine)
+  if (std::isnan(f)) return 0x7e00;
+  uint16_t sign = std::signbit(f) ? 0x8000 : 0;
+  float a = std::fabs(f);
+  if (a >= 65520.f) return sign | 0x7c00;
+  uint16_t lo = 0, hi = 0x7c00;
+  while (hi - lo > 1) {  // largest code with value <= a
+    uint16_t mid = static_cast<uint16_t>((lo + hi) / 2);
+    if (HalfToFloat(mid) <= a) lo = mid; else hi = mid;
+  }
+  float dl = a - HalfToFloat(lo), dh = HalfToFloat(hi) - a;
+  uint16_t r = (dl < dh || (dl == dh && (lo & 1) == 0)) ? lo : hi;
+  return sign | r;
+}
+
+// A host tensor with its own storage; `dl` views it (optionally through custom strides).
+struct Tensor {
+  Dt dt = Dt::kF32;
+  bool is_f32_only = false;
+  std::vector<int64_t> shape, strides;
+  std::vector<uint8_t> storage;
+  DLTensor dl{};
+
+  Tensor() = default;
+  Tensor(std::vector<int64_t> s, Dt d) { Init(std::move(s), d); }
+  Tensor(const Tensor&) = delete;
+  Tensor& operator=(const Tensor&) = delete;
+  Tensor(Tensor&& o) noexcept { *this = std::move(o); }
+  Tensor& operator=(Tensor&& o) noexcept {
+    dt = o.dt;
+    shape = std::move(o.shape);
+    strides = std::move(o.strides);
+    storage = std::move(o.storage);
+    dl = o.dl;
+    Relink();
+    return *this;
+  }
+
+  void Init(std::vector<int64_t> s, Dt d) {
+    dt = d;
+    shape = std::move(s);
+    strides.assign(shape.size(), 1);
+    for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i)
+      strides[static_cast<size_t>(i)] = strides[static_cast<size_t>(i) + 1] * shape[static_cast<size_t>(i) + 1];
+    storage.assign(static_cast<size_t>(numel() * esize()), 0);
+    dl = DLTensor{};
+    dl.device = DLDevice{kDLCPU, 0};
+    dl.dtype = DlType(d);
+    Relink();
+  }
+  void Relink() {
+    dl.data = storage.data();
+    dl.ndim = static_cast<int>(shape.size());
+    dl.shape = shape.data();
+    dl.strides = strides.data();
+  }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t s : shape) n *= s;
+    return n;
+  }
+  int64_t esize() const { return dt == Dt::kF32 ? 4 : 2; }
+  // Flat (row-major logical) index -> element offset via strides.
+  int64_t Offset(int64_t flat) const {
+    int64_t off = 0;
+    for (int i = static_cast<int>(shape.size()) - 1; i >= 0; --i) {
+      off += (flat % shape[static_cast<size_t>(i)]) * strides[static_cast<size_t>(i)];
+      flat /= shape[static_cast<size_t>(i)];
+    }
+    return off;
+  }
+  uint8_t* Ptr(int64_t flat) { return static_cast<uint8_t*>(dl.data) + Offset(flat) * esize(); }
+  const uint8_t* Ptr(int64_t flat) const {
+    return static_cast<const uint8_t*>(dl.data) + Offset(flat) * esize();
+  }
+  double Get(int64_t flat) const {
+    const uint8_t* p = Ptr(flat);
+    if (dt == Dt::kF32) {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return dt == Dt::kF16 ? HalfToFloat(h) : Bf16ToFloat(h);
+  }
+  void Set(int64_t flat, double v) {
+    uint8_t* p = Ptr(flat);
+    float f = static_cast<float>(v);
+    if (dt == Dt::kF32) {
+      std::memcpy(p, &f, 4);
+      return;
+    }
+    uint16_t h = dt == Dt::kF16 ? FloatToHalf(f) : FloatToBf16(f);
+    std::memcpy(p, &h, 2);
+  }
+  void FillRandom(std::mt19937_64& rng, double scale = 1.0) {
+    std::normal_distribution<double> nd(0.0, scale);
+    for (int64_t i = 0; i < numel(); ++i) Set(i, nd(rng));
+  }
+  void Poison() {
+    for (int64_t i = 0; i < numel(); ++i) Set(i, std::numeric_limits<double>::quiet_NaN());
+  }
+  std::vector<double> ToDouble() const {
+    std::vector<double> out(static_cast<size_t>(numel()));
+    for (int64_t i = 0; i < numel(); ++i) out[static_cast<size_t>(i)] = Get(i);
+    return out;
+  }
+};
+
+// ‖a − b‖ / ‖b‖; NaN or inf anywhere gives +inf (so it never passes).
+inline double RelError(const std::vector<double>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i]) && !(std::isinf(a[i]) && a[i] == b[i])) return std::numeric_limits<double>::infinity();
+    if (std::isinf(b[i]) && a[i] == b[i]) continue;  // -inf LSE rows match exactly
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// float64 dense attention over the full sequence. q [B,S,Hq,D], k/v [B,S,Hkv,D]; causal by global
+// position. Outputs: out [B,S,Hq,D], lse [B,Hq,S]; with dout given, dq/dk/dv.
+struct Reference {
+  std::vector<double> out, lse, dq, dk, dv;
+};
+
+inline Reference DenseAttention(const std::vector<double>& q, const std::vector<double>& k,
+                                const std::vector<double>& v, const std::vector<double>* dout, int64_t B, int64_t S,
+                                int64_t Hq, int64_t Hkv, int64_t D, bool causal, double scale) {
+  Reference r;
+  r.out.assign(static_cast<size_t>(B * S * Hq * D), 0.0);
+  r.lse.assign(static_cast<size_t>(B * Hq * S), 0.0);
+  if (dout) {
+    r.dq.assign(r.out.size(), 0.0);
+    r.dk.assign(static_cast<size_t>(B * S * Hkv * D), 0.0);
+    r.dv.assign(r.dk.size(), 0.0);
+  }
+  const int64_t group = Hq / Hkv;
+  std::vector<double> p(static_cast<size_t>(S)), dp(static_cast<size_t>(S));
+  auto Q = [&](int64_t b, int64_t i, int64_t h) { return &q[static_cast<size_t>(((b * S + i) * Hq + h) * D)]; };
+  auto K = [&](int64_t b, int64_t j, int64_t h) { return &k[static_cast<size_t>(((b * S + j) * Hkv + h) * D)]; };
+  auto V = [&](int64_t b, int64_t j, int64_t h) { return &v[static_cast<size_t>(((b * S + j) * Hkv + h) * D)]; };
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hq; ++h) {
+      const int64_t hk = h / group;
+      for (int64_t i = 0; i < S; ++i) {
+        const int64_t n = causal ? i + 1 : S;
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < n; ++j) {
+          double s = 0;
+          for (int64_t d = 0; d < D; ++d) s += Q(b, i, h)[d] * K(b, j, hk)[d];
+          p[static_cast<size_t>(j)] = s * scale;
+          mx = std::max(mx, p[static_cast<size_t>(j)]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < n; ++j) sum += std::exp(p[static_cast<size_t>(j)] - mx);
+        const double lse = mx + std::log(sum);
+        r.lse[static_cast<size_t>((b * Hq + h) * S + i)] = lse;
+        double* o = &r.out[static_cast<size_t>(((b * S + i) * Hq + h) * D)];
+        for (int64_t j = 0; j < n; ++j) {
+          p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - lse);
+          for (int64_t d = 0; d < D; ++d) o[d] += p[static_cast<size_t>(j)] * V(b, j, hk)[d];
+        }
+        if (!dout) continue;
+        const double* g = &(*dout)[static_cast<size_t>(((b * S + i) * Hq + h) * D)];
+        double delta = 0;
+        for (int64_t d = 0; d < D; ++d) delta += g[d] * o[d];
+        for (int64_t j = 0; j < n; ++j) {
+          double dpj = 0;
+          for (int64_t d = 0; d < D; ++d) dpj += g[d] * V(b, j, hk)[d];
+          const double ds = p[static_cast<size_t>(j)] * (dpj - delta) * scale;
+          double* dqi = &r.dq[static_cast<size_t>(((b * S + i) * Hq + h) * D)];
+          double* dkj = &r.dk[static_cast<size_t>(((b * S + j) * Hkv + hk) * D)];
+          double* dvj = &r.dv[static_cast<size_t>(((b * S + j) * Hkv + hk) * D)];
+          for (int64_t d = 0; d < D; ++d) {
+            dqi[d] += ds * K(b, j, hk)[d];
+            dkj[d] += ds * Q(b, i, h)[d];
+            dvj[d] += p[static_cast<size_t>(j)] * g[d];
+          }
+        }
+      }
+    }
+  return r;
+}
+
+// Runs fn(rank) on world_size threads and joins them.
+inline void RunRanks(int world_size, const std::function<void(int)>& fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world_size; ++r) threads.emplace_back(fn, r);
+  for (auto& t : threads) t.join();
+}
+
+// A local group that is destroyed at scope exit.
+struct LocalGroup {
+  std::vector<stria_context_t> ctx;
+  explicit LocalGroup(int n, double timeout_s = 60.0, int threads = 1) : ctx(static_cast<size_t>(n), nullptr) {
+    stria_context_config_t cfg;
+    stria_context_config_init(&cfg);
+    cfg.timeout_s = timeout_s;
+    cfg.num_threads = threads;
+    status = stria_context_create_local_group(&cfg, n, ctx.data());
+  }
+  ~LocalGroup() {
+    for (auto c : ctx)
+      if (c) stria_context_destroy(c);
+  }
+  stria_status_t status;
+};
+
+}  // namespace stria_test
