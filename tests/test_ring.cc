@@ -31,7 +31,9 @@ std::string Name(const Case& c) {
   return os.str();
 }
 
-double Tolerance(Dt dt) { return dt == Dt::kF32 ? 1e-5 : 2e-2; }
+double Tolerance(Dt dt) {
+  return dt == Dt::kF32 ? 1e-5 : 2e-2;
+}
 
 // Shards a full [B, S, H, D] tensor for `rank` (seq_dim 1).
 Tensor Shard(const Tensor& full, const Case& c, int rank) {
@@ -91,7 +93,7 @@ void RunCase(const Case& c) {
         for (int64_t i = 0; i < c.L; ++i)
           for (int64_t h = 0; h < c.Hq + 2 * c.Hkv; ++h)
             for (int64_t d = 0; d < c.D; ++d) {
-              double x = h < c.Hq ? ql.Get(((b * c.L + i) * c.Hq + h) * c.D + d)
+              double x = h < c.Hq           ? ql.Get(((b * c.L + i) * c.Hq + h) * c.D + d)
                          : h < c.Hq + c.Hkv ? kl.Get(((b * c.L + i) * c.Hkv + (h - c.Hq)) * c.D + d)
                                             : vl.Get(((b * c.L + i) * c.Hkv + (h - c.Hq - c.Hkv)) * c.D + d);
               packed.Set(((b * c.L + i) * (c.Hq + 2 * c.Hkv) + h) * c.D + d, x);
@@ -130,7 +132,9 @@ void RunCase(const Case& c) {
 }
 
 class RingVsReference : public ::testing::TestWithParam<Case> {};
-TEST_P(RingVsReference, ForwardAndBackward) { RunCase(GetParam()); }
+TEST_P(RingVsReference, ForwardAndBackward) {
+  RunCase(GetParam());
+}
 
 std::vector<Case> AllLayoutsAndRankCounts() {
   std::vector<Case> cases;
@@ -171,7 +175,9 @@ std::vector<Case> DtypesAndShapes() {
   return cases;
 }
 
-std::string ParamName(const ::testing::TestParamInfo<Case>& info) { return Name(info.param); }
+std::string ParamName(const ::testing::TestParamInfo<Case>& info) {
+  return Name(info.param);
+}
 
 INSTANTIATE_TEST_SUITE_P(Layouts, RingVsReference, ::testing::ValuesIn(AllLayoutsAndRankCounts()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Shapes, RingVsReference, ::testing::ValuesIn(DtypesAndShapes()), ParamName);

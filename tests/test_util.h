@@ -18,7 +18,9 @@ namespace stria_test {
 
 enum class Dt { kF32, kF16, kBF16 };
 
-inline const char* DtName(Dt d) { return d == Dt::kF32 ? "f32" : d == Dt::kF16 ? "f16" : "bf16"; }
+inline const char* DtName(Dt d) {
+  return d == Dt::kF32 ? "f32" : d == Dt::kF16 ? "f16" : "bf16";
+}
 inline DLDataType DlType(Dt d) {
   DLDataType t;
   t.code = d == Dt::kBF16 ? kDLBfloat : kDLFloat;
@@ -55,7 +57,10 @@ inline uint16_t FloatToHalf(float f) {  // round to nearest even via search (tes
   uint16_t lo = 0, hi = 0x7c00;
   while (hi - lo > 1) {  // largest code with value <= a
     uint16_t mid = static_cast<uint16_t>((lo + hi) / 2);
-    if (HalfToFloat(mid) <= a) lo = mid; else hi = mid;
+    if (HalfToFloat(mid) <= a)
+      lo = mid;
+    else
+      hi = mid;
   }
   float dl = a - HalfToFloat(lo), dh = HalfToFloat(hi) - a;
   uint16_t r = (dl < dh || (dl == dh && (lo & 1) == 0)) ? lo : hi;
@@ -119,9 +124,7 @@ struct Tensor {
     return off;
   }
   uint8_t* Ptr(int64_t flat) { return static_cast<uint8_t*>(dl.data) + Offset(flat) * esize(); }
-  const uint8_t* Ptr(int64_t flat) const {
-    return static_cast<const uint8_t*>(dl.data) + Offset(flat) * esize();
-  }
+  const uint8_t* Ptr(int64_t flat) const { return static_cast<const uint8_t*>(dl.data) + Offset(flat) * esize(); }
   double Get(int64_t flat) const {
     const uint8_t* p = Ptr(flat);
     if (dt == Dt::kF32) {

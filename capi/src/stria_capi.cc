@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/raw_enum.h"
 #include "core/struct_size.h"
 #include "core/thread_pool.h"
 #include "engine/registry.h"
@@ -51,8 +52,9 @@ stria_status_t Guard(F&& body) {
 Status Lookup(stria_context_t handle, std::shared_ptr<stria::Context>* out) {
   if (handle == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "ctx is NULL");
   *out = stria::LookupContext(handle);
-  if (!*out) return Error(STRIA_ERROR_INVALID_ARGUMENT, "ctx %p is not a live context (destroyed already?)",
-                          static_cast<void*>(handle));
+  if (!*out)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "ctx %p is not a live context (destroyed already?)",
+                 static_cast<void*>(handle));
   return Status::Ok();
 }
 
@@ -65,14 +67,22 @@ Status CheckConfig(const stria_context_config_t* c) {
                  c->timeout_s);
   if (c->num_threads < 0)
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "config->num_threads %d is negative (0: all)", c->num_threads);
-  if (c->transport != STRIA_TRANSPORT_LOCAL && c->transport != STRIA_TRANSPORT_UCX &&
-      c->transport != STRIA_TRANSPORT_NCCL)
+  if (!stria::ValidTransport(stria::RawEnum(c->transport)))
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "config->transport %d is not a transport (0 local, 1 ucx, 2 nccl)",
-                 static_cast<int>(c->transport));
+                 stria::RawEnum(c->transport));
   return Status::Ok();
 }
 
-double Timeout(const stria_context_config_t* c) { return c->timeout_s > 0 ? c->timeout_s : stria::kDefaultTimeoutS; }
+Status CheckLayoutArg(const stria_layout_t& layout) {
+  const int v = stria::RawEnum(layout);
+  if (!stria::ValidLayout(v))
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "unknown layout %d (expected 0 contiguous, 1 striped, 2 zigzag)", v);
+  return Status::Ok();
+}
+
+double Timeout(const stria_context_config_t* c) {
+  return c->timeout_s > 0 ? c->timeout_s : stria::kDefaultTimeoutS;
+}
 
 constexpr int kMaxLocalGroup = 1024;
 
@@ -80,24 +90,38 @@ constexpr int kMaxLocalGroup = 1024;
 
 extern "C" {
 
-STRIA_API int stria_get_version(void) { return STRIA_VERSION; }
+STRIA_API int stria_get_version(void) {
+  return STRIA_VERSION;
+}
 
-STRIA_API const char* stria_status_string(stria_status_t s) {
+STRIA_API const char* stria_status_string(stria_status_t status) {
+  const int s = stria::RawEnum(status);
   switch (s) {
-    case STRIA_SUCCESS: return "success";
-    case STRIA_ERROR_INVALID_ARGUMENT: return "invalid argument";
-    case STRIA_ERROR_UNSUPPORTED: return "unsupported";
-    case STRIA_ERROR_OUT_OF_MEMORY: return "out of memory";
-    case STRIA_ERROR_TRANSPORT: return "transport error";
-    case STRIA_ERROR_TIMEOUT: return "timeout";
-    case STRIA_ERROR_CUDA: return "CUDA error";
-    case STRIA_ERROR_ABORTED: return "aborted";
-    case STRIA_ERROR_INTERNAL: return "internal error";
+    case STRIA_SUCCESS:
+      return "success";
+    case STRIA_ERROR_INVALID_ARGUMENT:
+      return "invalid argument";
+    case STRIA_ERROR_UNSUPPORTED:
+      return "unsupported";
+    case STRIA_ERROR_OUT_OF_MEMORY:
+      return "out of memory";
+    case STRIA_ERROR_TRANSPORT:
+      return "transport error";
+    case STRIA_ERROR_TIMEOUT:
+      return "timeout";
+    case STRIA_ERROR_CUDA:
+      return "CUDA error";
+    case STRIA_ERROR_ABORTED:
+      return "aborted";
+    case STRIA_ERROR_INTERNAL:
+      return "internal error";
   }
   return "unknown status";
 }
 
-STRIA_API const char* stria_get_last_error(void) { return g_last_error; }
+STRIA_API const char* stria_get_last_error(void) {
+  return g_last_error;
+}
 
 STRIA_API stria_status_t stria_context_config_init(stria_context_config_t* config) {
   return Guard([&] {
@@ -152,12 +176,12 @@ STRIA_API stria_status_t stria_context_create_local_group(const stria_context_co
       return Error(STRIA_ERROR_INVALID_ARGUMENT, "world_size %d is out of range 1..%d", world_size, kMaxLocalGroup);
     for (int i = 0; i < world_size; ++i) ctxs[i] = nullptr;
     STRIA_RETURN_IF_ERROR(CheckConfig(config));
-    if (config->transport != STRIA_TRANSPORT_LOCAL)
+    if (stria::RawEnum(config->transport) != STRIA_TRANSPORT_LOCAL)
       return Error(STRIA_ERROR_INVALID_ARGUMENT, "a local group uses the local transport (config->transport = %d)",
-                   static_cast<int>(config->transport));
+                   stria::RawEnum(config->transport));
     // "All threads" is shared out among the group's ranks, which run concurrently.
-    const int threads = config->num_threads > 0 ? config->num_threads
-                                                : std::max(1, stria::HardwareThreads() / world_size);
+    const int threads =
+        config->num_threads > 0 ? config->num_threads : std::max(1, stria::HardwareThreads() / world_size);
     auto transports = stria::CreateLocalGroup(world_size);
     std::vector<std::shared_ptr<stria::Context>> made;
     for (int r = 0; r < world_size; ++r) {
@@ -227,8 +251,8 @@ STRIA_API stria_status_t stria_attention_params_init(stria_attention_params_t* p
 }
 
 STRIA_API stria_status_t stria_attention_forward(stria_context_t ctx, const stria_attention_params_t* params,
-                                                 const DLTensor* q, const DLTensor* k, const DLTensor* v,
-                                                 DLTensor* out, DLTensor* lse, void* stream) {
+                                                 const DLTensor* q, const DLTensor* k, const DLTensor* v, DLTensor* out,
+                                                 DLTensor* lse, void* stream) {
   return Guard([&] {
     std::shared_ptr<stria::Context> c;
     STRIA_RETURN_IF_ERROR(Lookup(ctx, &c));
@@ -250,6 +274,7 @@ STRIA_API stria_status_t stria_attention_backward(stria_context_t ctx, const str
 STRIA_API stria_status_t stria_layout_positions(stria_layout_t layout, int64_t seq_len, int world_size, int rank,
                                                 int64_t* positions) {
   return Guard([&] {
+    STRIA_RETURN_IF_ERROR(CheckLayoutArg(layout));
     STRIA_RETURN_IF_ERROR(stria::CheckLayout(layout, seq_len, world_size, rank));
     if (positions == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "positions is NULL");
     const int64_t L = seq_len / world_size;
@@ -258,19 +283,26 @@ STRIA_API stria_status_t stria_layout_positions(stria_layout_t layout, int64_t s
   });
 }
 
-STRIA_API stria_status_t stria_shard(stria_layout_t layout, int world_size, int rank, int seq_dim,
-                                     const DLTensor* full, DLTensor* local, void* stream) {
-  return Guard([&] { return stria::ShardCopy(layout, world_size, rank, seq_dim, full, local, true, stream); });
+STRIA_API stria_status_t stria_shard(stria_layout_t layout, int world_size, int rank, int seq_dim, const DLTensor* full,
+                                     DLTensor* local, void* stream) {
+  return Guard([&] {
+    STRIA_RETURN_IF_ERROR(CheckLayoutArg(layout));
+    return stria::ShardCopy(layout, world_size, rank, seq_dim, full, local, true, stream);
+  });
 }
 
 STRIA_API stria_status_t stria_unshard(stria_layout_t layout, int world_size, int rank, int seq_dim,
                                        const DLTensor* local, DLTensor* full, void* stream) {
-  return Guard([&] { return stria::ShardCopy(layout, world_size, rank, seq_dim, full, local, false, stream); });
+  return Guard([&] {
+    STRIA_RETURN_IF_ERROR(CheckLayoutArg(layout));
+    return stria::ShardCopy(layout, world_size, rank, seq_dim, full, local, false, stream);
+  });
 }
 
 STRIA_API stria_status_t stria_analyze_balance(stria_layout_t layout, int causal, int64_t seq_len, int world_size,
                                                int64_t tile, stria_balance_t* out) {
   return Guard([&] {
+    STRIA_RETURN_IF_ERROR(CheckLayoutArg(layout));
     if (out == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "out is NULL");
     STRIA_RETURN_IF_ERROR(
         stria::CheckStructSize(out, out->struct_size, sizeof(stria_balance_t), "out", "sizeof(stria_balance_t)"));
@@ -278,9 +310,10 @@ STRIA_API stria_status_t stria_analyze_balance(stria_layout_t layout, int causal
   });
 }
 
-STRIA_API stria_status_t stria_analyze_balance_steps(stria_layout_t layout, int causal, int64_t seq_len,
-                                                     int world_size, int64_t tile, double* work) {
+STRIA_API stria_status_t stria_analyze_balance_steps(stria_layout_t layout, int causal, int64_t seq_len, int world_size,
+                                                     int64_t tile, double* work) {
   return Guard([&] {
+    STRIA_RETURN_IF_ERROR(CheckLayoutArg(layout));
     if (work == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "work is NULL");
     return stria::BalanceSteps(layout, causal != 0, seq_len, world_size, tile, work);
   });

@@ -39,9 +39,15 @@ typedef float vf __attribute__((vector_size(VL * 4)));
 typedef float vf_u __attribute__((vector_size(VL * 4), aligned(4)));  // unaligned access
 typedef int32_t vi __attribute__((vector_size(VL * 4)));
 
-inline vf Load(const float* p) { return *reinterpret_cast<const vf_u*>(p); }
-inline void Store(float* p, vf v) { *reinterpret_cast<vf_u*>(p) = v; }
-inline vf Splat(float x) { return vf{} + x; }
+inline vf Load(const float* p) {
+  return *reinterpret_cast<const vf_u*>(p);
+}
+inline void Store(float* p, vf v) {
+  *reinterpret_cast<vf_u*>(p) = v;
+}
+inline vf Splat(float x) {
+  return vf{} + x;
+}
 inline float HMax(vf v) {
   float m = v[0];
   for (int i = 1; i < VL; ++i) m = std::max(m, v[i]);
@@ -198,10 +204,10 @@ void BackwardItem(const BwdItemArgs& a) {
   const PackedShape& sh = *a.shape;
   const BlockMask& mk = *a.mask;
   const int64_t Dp = sh.Dp, D = sh.D;
-  float* s = a.scratch;                       // scores, then P
-  float* dp = s + kBlockQ * kBlockK;          // dP, then dS
-  float* dk_acc = dp + kBlockQ * kBlockK;     // [kBlockK][Dp]
-  float* dv_acc = dk_acc + kBlockK * Dp;      // [kBlockK][Dp]
+  float* s = a.scratch;                    // scores, then P
+  float* dp = s + kBlockQ * kBlockK;       // dP, then dS
+  float* dk_acc = dp + kBlockQ * kBlockK;  // [kBlockK][Dp]
+  float* dv_acc = dk_acc + kBlockK * Dp;   // [kBlockK][Dp]
   for (int64_t kt = a.kt0; kt < a.kt_end; kt += a.kt_stride) {
     const int64_t j0 = kt * kBlockK;
     // Queries that see any key of this tile.

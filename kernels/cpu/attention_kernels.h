@@ -43,18 +43,18 @@ struct FwdTileArgs {
 // One backward work item: the key tiles kt0, kt0 + stride, ... < kt_end of kv head (b, hkv),
 // against every query head of its group. Owns those dK/dV rows; adds dQ into its own partial.
 struct BwdItemArgs {
-  const float* q;      // Q32 of (b, first head of the group); heads are head_stride apart
-  const float* dout;   // dO32, same layout as q
-  const float* lse2;   // [Lqp] per head, lse * log2(e); -inf for a row that sees no key
-  const float* delta;  // [Lqp] per head, rowsum(dO * O)
-  float* dq;           // this item's dQ partial (same layout as q), unscaled: dQ = scale * dq
+  const float* q;           // Q32 of (b, first head of the group); heads are head_stride apart
+  const float* dout;        // dO32, same layout as q
+  const float* lse2;        // [Lqp] per head, lse * log2(e); -inf for a row that sees no key
+  const float* delta;       // [Lqp] per head, rowsum(dO * O)
+  float* dq;                // this item's dQ partial (same layout as q), unscaled: dQ = scale * dq
   int64_t head_stride;      // floats between heads in q / dout / dq
   int64_t row_head_stride;  // floats between heads in lse2 / delta
   int group;                // query heads per kv head
-  const float* kt;  // Kt tiles of (b, hkv)
-  const float* k;   // K32 rows of (b, hkv)
-  const float* vt;  // Vt tiles of (b, hkv)
-  float* dk;        // wire rows: dk[j * dkv_row_stride + d] for local key j, d < D
+  const float* kt;          // Kt tiles of (b, hkv)
+  const float* k;           // K32 rows of (b, hkv)
+  const float* vt;          // Vt tiles of (b, hkv)
+  float* dk;                // wire rows: dk[j * dkv_row_stride + d] for local key j, d < D
   float* dv;
   int64_t dkv_row_stride;
   int64_t kt0, kt_end, kt_stride;
@@ -63,7 +63,9 @@ struct BwdItemArgs {
   float* scratch;  // BwdScratchFloats(Dp) floats, this thread's
 };
 
-inline int64_t BwdScratchFloats(int64_t dp) { return 2 * kBlockQ * kBlockK + 2 * kBlockK * dp; }
+inline int64_t BwdScratchFloats(int64_t dp) {
+  return 2 * kBlockQ * kBlockK + 2 * kBlockK * dp;
+}
 
 struct KernelTable {
   const char* isa;

@@ -27,7 +27,9 @@ inline size_t KVWireBytes(const AttentionShape& s) {
   return 2 * static_cast<size_t>(s.B * s.L * s.Hkv * s.D) * static_cast<size_t>(DTypeSize(s.dtype));
 }
 // Floats of one dK/dV ring message: dK then dV, each compact [B, L, Hkv, D] float32.
-inline size_t DKVWireFloats(const AttentionShape& s) { return 2 * static_cast<size_t>(s.B * s.L * s.Hkv * s.D); }
+inline size_t DKVWireFloats(const AttentionShape& s) {
+  return 2 * static_cast<size_t>(s.B * s.L * s.Hkv * s.D);
+}
 
 class Backend {
  public:

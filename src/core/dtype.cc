@@ -6,9 +6,12 @@ namespace stria {
 
 const char* DTypeName(DType t) {
   switch (t) {
-    case DType::kF32: return "float32";
-    case DType::kF16: return "float16";
-    case DType::kBF16: return "bfloat16";
+    case DType::kF32:
+      return "float32";
+    case DType::kF16:
+      return "float16";
+    case DType::kBF16:
+      return "bfloat16";
   }
   return "?";
 }
@@ -30,13 +33,26 @@ bool DTypeFromDL(DLDataType dt, DType* out) {
 const char* DLDataTypeName(DLDataType dt, char* buf, int buflen) {
   const char* base = "unknown";
   switch (dt.code) {
-    case kDLInt: base = "int"; break;
-    case kDLUInt: base = "uint"; break;
-    case kDLFloat: base = "float"; break;
-    case kDLBfloat: base = "bfloat"; break;
-    case kDLComplex: base = "complex"; break;
-    case kDLOpaqueHandle: base = "opaque"; break;
-    default: break;
+    case kDLInt:
+      base = "int";
+      break;
+    case kDLUInt:
+      base = "uint";
+      break;
+    case kDLFloat:
+      base = "float";
+      break;
+    case kDLBfloat:
+      base = "bfloat";
+      break;
+    case kDLComplex:
+      base = "complex";
+      break;
+    case kDLOpaqueHandle:
+      base = "opaque";
+      break;
+    default:
+      break;
   }
   if (dt.lanes == 1) {
     std::snprintf(buf, static_cast<size_t>(buflen), "%s%d", base, static_cast<int>(dt.bits));

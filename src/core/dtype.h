@@ -12,7 +12,9 @@ namespace stria {
 
 enum class DType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
-inline int DTypeSize(DType t) { return t == DType::kF32 ? 4 : 2; }
+inline int DTypeSize(DType t) {
+  return t == DType::kF32 ? 4 : 2;
+}
 const char* DTypeName(DType t);
 // Maps a DLPack dtype to ours; false for anything else (ints, float64, lanes != 1).
 bool DTypeFromDL(DLDataType dt, DType* out);
@@ -67,9 +69,9 @@ inline uint16_t F32ToF16(float f) {
   std::memcpy(&bits, &f, 4);
   uint32_t sign = (bits >> 16) & 0x8000u;
   uint32_t abs = bits & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: inf
-  if (abs < 0x38800000u) {  // below the smallest normal half: subnormal or zero
+  if (abs < 0x38800000u) {                                      // below the smallest normal half: subnormal or zero
     if (abs < 0x33000000u) return static_cast<uint16_t>(sign);  // < 2^-25 rounds to 0
     uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
     int shift = 126 - static_cast<int>(abs >> 23);  // 14..24
@@ -85,18 +87,27 @@ inline uint16_t F32ToF16(float f) {
 
 inline float LoadAsF32(const void* p, DType t) {
   switch (t) {
-    case DType::kF32: return *static_cast<const float*>(p);
-    case DType::kF16: return F16ToF32(*static_cast<const uint16_t*>(p));
-    case DType::kBF16: return BF16ToF32(*static_cast<const uint16_t*>(p));
+    case DType::kF32:
+      return *static_cast<const float*>(p);
+    case DType::kF16:
+      return F16ToF32(*static_cast<const uint16_t*>(p));
+    case DType::kBF16:
+      return BF16ToF32(*static_cast<const uint16_t*>(p));
   }
   return 0.f;
 }
 
 inline void StoreFromF32(void* p, DType t, float v) {
   switch (t) {
-    case DType::kF32: *static_cast<float*>(p) = v; break;
-    case DType::kF16: *static_cast<uint16_t*>(p) = F32ToF16(v); break;
-    case DType::kBF16: *static_cast<uint16_t*>(p) = F32ToBF16(v); break;
+    case DType::kF32:
+      *static_cast<float*>(p) = v;
+      break;
+    case DType::kF16:
+      *static_cast<uint16_t*>(p) = F32ToF16(v);
+      break;
+    case DType::kBF16:
+      *static_cast<uint16_t*>(p) = F32ToBF16(v);
+      break;
   }
 }
 

@@ -43,8 +43,8 @@ Status LoadModuleSymbol(const char* name, const char* symbol, const char* hint, 
   dlerror();
   void* sym = dlsym(handle, symbol);
   if (sym == nullptr)
-    return Error(STRIA_ERROR_UNSUPPORTED, "%s does not export %s: it was built for another version of stria", file.c_str(),
-                 symbol);
+    return Error(STRIA_ERROR_UNSUPPORTED, "%s does not export %s: it was built for another version of stria",
+                 file.c_str(), symbol);
   *out = sym;
   return Status::Ok();
 }

@@ -31,8 +31,8 @@ std::string Format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
 }  // namespace stria
 
-#define STRIA_RETURN_IF_ERROR(expr)         \
-  do {                                      \
-    ::stria::Status stria_status_ = (expr); \
+#define STRIA_RETURN_IF_ERROR(expr)                \
+  do {                                             \
+    ::stria::Status stria_status_ = (expr);        \
     if (!stria_status_.ok()) return stria_status_; \
   } while (0)

@@ -29,14 +29,29 @@ std::string ShapeString(const TensorView& v) {
 const char* DeviceName(DLDevice d, char* buf, int buflen) {
   const char* kind = "device";
   switch (d.device_type) {
-    case kDLCPU: kind = "cpu"; break;
-    case kDLCUDA: kind = "cuda"; break;
-    case kDLCUDAHost: kind = "cuda_host"; break;
-    case kDLCUDAManaged: kind = "cuda_managed"; break;
-    case kDLROCM: kind = "rocm"; break;
-    case kDLVulkan: kind = "vulkan"; break;
-    case kDLMetal: kind = "metal"; break;
-    default: break;
+    case kDLCPU:
+      kind = "cpu";
+      break;
+    case kDLCUDA:
+      kind = "cuda";
+      break;
+    case kDLCUDAHost:
+      kind = "cuda_host";
+      break;
+    case kDLCUDAManaged:
+      kind = "cuda_managed";
+      break;
+    case kDLROCM:
+      kind = "rocm";
+      break;
+    case kDLVulkan:
+      kind = "vulkan";
+      break;
+    case kDLMetal:
+      kind = "metal";
+      break;
+    default:
+      break;
   }
   std::snprintf(buf, static_cast<size_t>(buflen), "%s:%d", kind, d.device_id);
   return buf;

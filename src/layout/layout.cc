@@ -6,9 +6,12 @@ namespace stria {
 
 const char* LayoutName(stria_layout_t layout) {
   switch (layout) {
-    case STRIA_LAYOUT_CONTIGUOUS: return "contiguous";
-    case STRIA_LAYOUT_STRIPED: return "striped";
-    case STRIA_LAYOUT_ZIGZAG: return "zigzag";
+    case STRIA_LAYOUT_CONTIGUOUS:
+      return "contiguous";
+    case STRIA_LAYOUT_STRIPED:
+      return "striped";
+    case STRIA_LAYOUT_ZIGZAG:
+      return "zigzag";
   }
   return "unknown";
 }
@@ -30,8 +33,10 @@ Status CheckLayout(stria_layout_t layout, int64_t seq_len, int world_size, int r
 
 int64_t GlobalPosition(stria_layout_t layout, int64_t local_len, int world_size, int rank, int64_t i) {
   switch (layout) {
-    case STRIA_LAYOUT_CONTIGUOUS: return rank * local_len + i;
-    case STRIA_LAYOUT_STRIPED: return i * world_size + rank;
+    case STRIA_LAYOUT_CONTIGUOUS:
+      return rank * local_len + i;
+    case STRIA_LAYOUT_STRIPED:
+      return i * world_size + rank;
     case STRIA_LAYOUT_ZIGZAG: {
       int64_t c = local_len / 2;
       return i < c ? rank * c + i : (2 * static_cast<int64_t>(world_size) - 1 - rank) * c + (i - c);
@@ -61,8 +66,7 @@ int64_t BlockMask::CountVisible(int64_t i0, int64_t i1, int64_t j0, int64_t j1) 
   return total;
 }
 
-BlockMask ClassifyBlock(stria_layout_t layout, bool causal, int world_size, int64_t local_len, int q_rank,
-                        int k_rank) {
+BlockMask ClassifyBlock(stria_layout_t layout, bool causal, int world_size, int64_t local_len, int q_rank, int k_rank) {
   BlockMask m;
   m.q_end = local_len;
   m.k_end = local_len;

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/raw_enum.h"
 #include "core/struct_size.h"
 
 namespace stria {
@@ -12,9 +13,9 @@ Status CheckParams(const stria_attention_params_t* p, ValidatedCall* c) {
   if (p == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "params is NULL (use stria_attention_params_init)");
   STRIA_RETURN_IF_ERROR(
       CheckStructSize(p, p->struct_size, sizeof(stria_attention_params_t), "params", "stria_attention_params_init"));
-  if (p->layout != STRIA_LAYOUT_CONTIGUOUS && p->layout != STRIA_LAYOUT_STRIPED && p->layout != STRIA_LAYOUT_ZIGZAG)
+  if (!ValidLayout(RawEnum(p->layout)))
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "params->layout %d is not a layout (0 contiguous, 1 striped, 2 zigzag)",
-                 static_cast<int>(p->layout));
+                 RawEnum(p->layout));
   if (!std::isfinite(p->softmax_scale) || p->softmax_scale < 0.f)
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "params->softmax_scale %g must be finite and >= 0 (0: 1/sqrt(D))",
                  static_cast<double>(p->softmax_scale));
@@ -23,7 +24,9 @@ Status CheckParams(const stria_attention_params_t* p, ValidatedCall* c) {
   return Status::Ok();
 }
 
-std::string Dims(const TensorView& v) { return ShapeString(v); }
+std::string Dims(const TensorView& v) {
+  return ShapeString(v);
+}
 
 Status ExpectShape(const TensorView& v, const char* name, std::initializer_list<int64_t> want, const char* what) {
   size_t i = 0;
@@ -48,8 +51,8 @@ Status ExpectDType(const TensorView& v, const char* name, DType want) {
 }
 
 // The shapes shared by forward and backward: q, k, v and the derived attention shape.
-Status CheckQKV(Context& ctx, const DLTensor* q, const DLTensor* k, const DLTensor* v, const stria_attention_params_t* p,
-                void* stream, ValidatedCall* c) {
+Status CheckQKV(Context& ctx, const DLTensor* q, const DLTensor* k, const DLTensor* v,
+                const stria_attention_params_t* p, void* stream, ValidatedCall* c) {
   const DLDevice dev = ctx.device();
   STRIA_RETURN_IF_ERROR(CheckParams(p, c));
   STRIA_RETURN_IF_ERROR(AttentionTensor(q, "q", 4, dev, false, &c->q));

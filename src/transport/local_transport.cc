@@ -100,8 +100,7 @@ class LocalGroup {
     return Status::Ok();
   }
 
-  Status Post(int rank, int peer, bool is_send, int64_t tag, const void* src, void* dst, size_t bytes,
-              RequestId* out) {
+  Status Post(int rank, int peer, bool is_send, int64_t tag, const void* src, void* dst, size_t bytes, RequestId* out) {
     std::lock_guard<std::mutex> lock(mu_);
     if (gone_[static_cast<size_t>(rank)]) return Aborted(rank);
     RequestId id = next_id_++;
@@ -125,9 +124,10 @@ class LocalGroup {
         Request& s = requests_[send_id];
         Request& r = requests_[recv_id];
         if (s.bytes != r.bytes) {
-          std::string msg = Format("message size mismatch on tag %lld between rank %d (sends %zu bytes) and rank %d "
-                                   "(expects %zu)",
-                                   static_cast<long long>(tag), s.owner, s.bytes, r.owner, r.bytes);
+          std::string msg = Format(
+              "message size mismatch on tag %lld between rank %d (sends %zu bytes) and rank %d "
+              "(expects %zu)",
+              static_cast<long long>(tag), s.owner, s.bytes, r.owner, r.bytes);
           Fail(s, msg);
           Fail(r, msg);
           return Status::Ok();
@@ -162,21 +162,20 @@ class LocalGroup {
       }
       if (gone_[static_cast<size_t>(rank)]) return Aborted(rank);
       if (req.state == ReqState::kPosted && gone_[static_cast<size_t>(req.peer)])
-        return Error(STRIA_ERROR_TRANSPORT, "rank %d left the group (aborted or destroyed) during %s", req.peer,
-                     what);
+        return Error(STRIA_ERROR_TRANSPORT, "rank %d left the group (aborted or destroyed) during %s", req.peer, what);
       if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && Clock::now() >= deadline &&
           requests_[id].state == ReqState::kPosted) {
-        return Error(STRIA_ERROR_TIMEOUT, "timed out after %.3g s waiting for rank %d to %s (%s)", timeout_s,
-                     req.peer, req.is_send ? "receive" : "send", what);
+        return Error(STRIA_ERROR_TIMEOUT, "timed out after %.3g s waiting for rank %d to %s (%s)", timeout_s, req.peer,
+                     req.is_send ? "receive" : "send", what);
       }
     }
   }
 
   void CancelAll(int rank) {
     std::unique_lock<std::mutex> lock(mu_);
-    unmatched_.erase(std::remove_if(unmatched_.begin(), unmatched_.end(),
-                                    [&](RequestId id) { return requests_[id].owner == rank; }),
-                     unmatched_.end());
+    unmatched_.erase(
+        std::remove_if(unmatched_.begin(), unmatched_.end(), [&](RequestId id) { return requests_[id].owner == rank; }),
+        unmatched_.end());
     // Copies already matched touch our buffers: let them finish (they are short and never block).
     cv_.wait(lock, [&] { return inflight_[rank] == 0; });
     for (auto it = requests_.begin(); it != requests_.end();) {

@@ -70,9 +70,9 @@ STRIA_API const char* stria_status_string(stria_status_t s);
 STRIA_API const char* stria_get_last_error(void);
 
 typedef struct {
-  size_t struct_size;          /* sizeof as the caller compiled it: the struct may grow */
+  size_t struct_size; /* sizeof as the caller compiled it: the struct may grow */
   int rank, world_size;
-  DLDevice device;             /* {kDLCPU,0} or {kDLCUDA,ordinal} */
+  DLDevice device; /* {kDLCPU,0} or {kDLCUDA,ordinal} */
   stria_transport_t transport;
   stria_unique_id_t unique_id; /* UCX/NCCL: rank 0's id, handed to every rank by the caller */
   double timeout_s;            /* a wait longer than this fails with STRIA_ERROR_TIMEOUT; 0 = default (300 s) */
@@ -109,8 +109,8 @@ STRIA_API stria_status_t stria_attention_params_init(stria_attention_params_t* p
 /* q: [B, L, Hq, D]; k, v: [B, L, Hkv, D]; out like q; lse: [B, Hq, L] float32.
  * A collective: every rank of the context's ring calls it with the same shapes and params. */
 STRIA_API stria_status_t stria_attention_forward(stria_context_t ctx, const stria_attention_params_t* params,
-                                                 const DLTensor* q, const DLTensor* k, const DLTensor* v,
-                                                 DLTensor* out, DLTensor* lse, void* stream);
+                                                 const DLTensor* q, const DLTensor* k, const DLTensor* v, DLTensor* out,
+                                                 DLTensor* lse, void* stream);
 /* dout like out; dq like q; dk, dv like k. out and lse are the forward's. */
 STRIA_API stria_status_t stria_attention_backward(stria_context_t ctx, const stria_attention_params_t* params,
                                                   const DLTensor* q, const DLTensor* k, const DLTensor* v,
@@ -123,8 +123,8 @@ STRIA_API stria_status_t stria_layout_positions(stria_layout_t layout, int64_t s
                                                 int64_t* positions);
 /* copy this rank's tokens out of a full-sequence tensor along seq_dim, and back. Any dtype;
  * seq_dim may be negative (counted from the end). */
-STRIA_API stria_status_t stria_shard(stria_layout_t layout, int world_size, int rank, int seq_dim,
-                                     const DLTensor* full, DLTensor* local, void* stream);
+STRIA_API stria_status_t stria_shard(stria_layout_t layout, int world_size, int rank, int seq_dim, const DLTensor* full,
+                                     DLTensor* local, void* stream);
 STRIA_API stria_status_t stria_unshard(stria_layout_t layout, int world_size, int rank, int seq_dim,
                                        const DLTensor* local, DLTensor* full, void* stream);
 
@@ -142,8 +142,8 @@ STRIA_API stria_status_t stria_analyze_balance(stria_layout_t layout, int causal
                                                int64_t tile, stria_balance_t* out);
 /* The per-rank, per-step work behind stria_analyze_balance: work[s * world_size + r] is the
  * work of rank r at ring step s (world_size * world_size entries). */
-STRIA_API stria_status_t stria_analyze_balance_steps(stria_layout_t layout, int causal, int64_t seq_len,
-                                                     int world_size, int64_t tile, double* work);
+STRIA_API stria_status_t stria_analyze_balance_steps(stria_layout_t layout, int causal, int64_t seq_len, int world_size,
+                                                     int64_t tile, double* work);
 
 /* Extension: where the time of this context's last attention call went, one entry per ring
  * step, so a caller can model ring latency (sum over steps of the slowest rank) from measured

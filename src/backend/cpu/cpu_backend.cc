@@ -22,7 +22,9 @@ using cpu::kBlockK;
 using cpu::kBlockQ;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+int64_t RoundUp(int64_t x, int64_t m) {
+  return (x + m - 1) / m * m;
+}
 
 // dst[0..n) = src[0..n) * mul, converting from the storage dtype.
 void LoadRow(const void* src, DType t, int64_t n, float mul, float* dst) {
@@ -387,6 +389,8 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> CreateCpuBackend(int num_threads) { return std::make_unique<CpuBackend>(num_threads); }
+std::unique_ptr<Backend> CreateCpuBackend(int num_threads) {
+  return std::make_unique<CpuBackend>(num_threads);
+}
 
 }  // namespace stria

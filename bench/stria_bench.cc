@@ -1,0 +1,221 @@
+// CPU benchmark of stria through its public API.
+//
+//   stria-bench kernel --dim D --len L --heads H [--causal 0|1] [--dtype f32|bf16] [--threads T]
+//       one block (world_size 1): forward and backward median time and GFLOP/s, counted like
+//       FlashAttention (forward 4·L²·H·D, halved when causal; backward 2.5x the forward).
+//   stria-bench ring --world N --len L --heads H --dim D [--threads-per-rank T]
+//       a local group per layout: wall time of the ring against the slowest rank's compute, and
+//       the ring latency modelled from per-step compute (sum over steps of the slowest rank).
+//
+// Prints one "key=value" line per measurement so bench/run.sh can tabulate them.
+#include <stria/stria.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+struct Args {
+  std::string mode;
+  int64_t dim = 128, len = 4096, heads = 8, world = 2;
+  int causal = 1, threads = 0, reps = 5;
+  bool bf16 = false;
+};
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void Die(const char* what) {
+  std::fprintf(stderr, "%s: %s\n", what, stria_get_last_error());
+  std::exit(1);
+}
+
+struct Buf {
+  std::vector<int64_t> shape;
+  std::vector<uint16_t> h;
+  std::vector<float> f;
+  DLTensor dl{};
+  Buf(std::vector<int64_t> s, bool bf16, bool force_f32 = false) : shape(std::move(s)) {
+    int64_t n = 1;
+    for (auto x : shape) n *= x;
+    const bool half = bf16 && !force_f32;
+    std::mt19937 rng(static_cast<unsigned>(n));
+    std::normal_distribution<float> nd;
+    if (half) {
+      h.resize(static_cast<size_t>(n));
+      for (auto& x : h) {
+        float v = nd(rng);
+        uint32_t b;
+        std::memcpy(&b, &v, 4);
+        x = static_cast<uint16_t>((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+      }
+    } else {
+      f.resize(static_cast<size_t>(n));
+      for (auto& x : f) x = nd(rng);
+    }
+    dl.data = half ? static_cast<void*>(h.data()) : static_cast<void*>(f.data());
+    dl.device = DLDevice{kDLCPU, 0};
+    dl.ndim = static_cast<int>(shape.size());
+    dl.shape = shape.data();
+    dl.dtype = DLDataType{static_cast<uint8_t>(half ? kDLBfloat : kDLFloat), static_cast<uint8_t>(half ? 16 : 32), 1};
+  }
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int Kernel(const Args& a) {
+  stria_context_config_t cfg;
+  stria_context_config_init(&cfg);
+  cfg.num_threads = a.threads;
+  stria_context_t ctx;
+  if (stria_context_create(&cfg, &ctx) != STRIA_SUCCESS) Die("stria_context_create");
+  stria_attention_params_t p;
+  stria_attention_params_init(&p);
+  p.causal = a.causal;
+  const int64_t L = a.len, H = a.heads, D = a.dim;
+  Buf q({1, L, H, D}, a.bf16), k({1, L, H, D}, a.bf16), v({1, L, H, D}, a.bf16), o({1, L, H, D}, a.bf16),
+      lse({1, H, L}, a.bf16, true), dout({1, L, H, D}, a.bf16), dq({1, L, H, D}, a.bf16), dk({1, L, H, D}, a.bf16),
+      dv({1, L, H, D}, a.bf16);
+  std::vector<double> tf, tb;
+  for (int rep = 0; rep < a.reps + 1; ++rep) {
+    double t0 = Now();
+    if (stria_attention_forward(ctx, &p, &q.dl, &k.dl, &v.dl, &o.dl, &lse.dl, nullptr) != STRIA_SUCCESS) Die("forward");
+    double t1 = Now();
+    if (stria_attention_backward(ctx, &p, &q.dl, &k.dl, &v.dl, &o.dl, &lse.dl, &dout.dl, &dq.dl, &dk.dl, &dv.dl,
+                                 nullptr) != STRIA_SUCCESS)
+      Die("backward");
+    double t2 = Now();
+    if (rep > 0) {  // the first call sizes the workspaces
+      tf.push_back(t1 - t0);
+      tb.push_back(t2 - t1);
+    }
+  }
+  const double flops = 4.0 * L * L * H * D * (a.causal ? 0.5 : 1.0);
+  const double mf = Median(tf), mb = Median(tb);
+  std::printf(
+      "kernel impl=stria dtype=%s causal=%d D=%lld L=%lld H=%lld threads=%d fwd_s=%.6f bwd_s=%.6f "
+      "fwd_gflops=%.1f bwd_gflops=%.1f\n",
+      a.bf16 ? "bf16" : "f32", a.causal, (long long)D, (long long)L, (long long)H, a.threads, mf, mb, flops / mf / 1e9,
+      2.5 * flops / mb / 1e9);
+  stria_context_destroy(ctx);
+  return 0;
+}
+
+int Ring(const Args& a) {
+  const int n = static_cast<int>(a.world);
+  const int64_t L = a.len, H = a.heads, D = a.dim;
+  const stria_layout_t layouts[] = {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_ZIGZAG, STRIA_LAYOUT_STRIPED};
+  const char* names[] = {"contiguous", "zigzag", "striped"};
+  for (int li = 0; li < 3; ++li) {
+    stria_context_config_t cfg;
+    stria_context_config_init(&cfg);
+    cfg.num_threads = a.threads > 0 ? a.threads : 1;
+    std::vector<stria_context_t> ctx(static_cast<size_t>(n));
+    if (stria_context_create_local_group(&cfg, n, ctx.data()) != STRIA_SUCCESS) Die("local group");
+    stria_attention_params_t p;
+    stria_attention_params_init(&p);
+    p.layout = layouts[li];
+    std::vector<std::vector<double>> wall(static_cast<size_t>(n)), compute(static_cast<size_t>(n)),
+        model_steps(static_cast<size_t>(n));
+    std::vector<double> walls, slowest, models;
+    std::vector<std::vector<stria_step_time_t>> steps(static_cast<size_t>(n),
+                                                      std::vector<stria_step_time_t>(static_cast<size_t>(n)));
+    std::vector<double> rank_wall(static_cast<size_t>(n)), rank_compute(static_cast<size_t>(n));
+    struct RankBufs {
+      Buf q, k, v, o, lse;
+    };
+    std::vector<RankBufs*> bufs;
+    for (int r = 0; r < n; ++r)
+      bufs.push_back(new RankBufs{Buf({1, L, H, D}, a.bf16), Buf({1, L, H, D}, a.bf16), Buf({1, L, H, D}, a.bf16),
+                                  Buf({1, L, H, D}, a.bf16), Buf({1, H, L}, a.bf16, true)});
+    for (int rep = 0; rep < a.reps + 1; ++rep) {
+      double t0 = Now();
+      std::vector<std::thread> ts;
+      for (int r = 0; r < n; ++r)
+        ts.emplace_back([&, r] {
+          RankBufs& b = *bufs[static_cast<size_t>(r)];
+          if (stria_attention_forward(ctx[static_cast<size_t>(r)], &p, &b.q.dl, &b.k.dl, &b.v.dl, &b.o.dl, &b.lse.dl,
+                                      nullptr) != STRIA_SUCCESS)
+            Die("ring forward");
+          int count = 0;
+          stria_context_get_step_times(ctx[static_cast<size_t>(r)], steps[static_cast<size_t>(r)].data(), n, &count);
+          double c = 0;
+          for (int s = 0; s < n; ++s) c += steps[static_cast<size_t>(r)][static_cast<size_t>(s)].compute_s;
+          rank_compute[static_cast<size_t>(r)] = c;
+        });
+      for (auto& t : ts) t.join();
+      const double w = Now() - t0;
+      if (rep == 0) continue;
+      walls.push_back(w);
+      slowest.push_back(*std::max_element(rank_compute.begin(), rank_compute.end()));
+      double m = 0;
+      for (int s = 0; s < n; ++s) {
+        double mx = 0;
+        for (int r = 0; r < n; ++r)
+          mx = std::max(mx, steps[static_cast<size_t>(r)][static_cast<size_t>(s)].compute_cpu_s);
+        m += mx;
+      }
+      models.push_back(m);
+    }
+    stria_balance_t bal;
+    bal.struct_size = sizeof bal;
+    stria_analyze_balance(layouts[li], 1, L * n, n, 64, &bal);
+    std::printf(
+        "ring layout=%s N=%d L=%lld H=%lld D=%lld threads_per_rank=%d wall_s=%.6f slowest_compute_s=%.6f "
+        "overhead=%.3f model_latency_s=%.6f analytic_latency_pairs=%.0f\n",
+        names[li], n, (long long)L, (long long)H, (long long)D, cfg.num_threads, Median(walls), Median(slowest),
+        Median(walls) / Median(slowest) - 1.0, Median(models), bal.ring_latency);
+    for (auto* b : bufs) delete b;
+    for (auto c : ctx) stria_context_destroy(c);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  if (argc < 2) {
+    std::fprintf(stderr,
+                 "usage: stria-bench kernel|ring [--dim D] [--len L] [--heads H] [--causal 0|1] "
+                 "[--dtype f32|bf16] [--threads T] [--world N] [--reps R]\n");
+    return 2;
+  }
+  a.mode = argv[1];
+  for (int i = 2; i + 1 < argc; i += 2) {
+    std::string k = argv[i];
+    const char* v = argv[i + 1];
+    if (k == "--dim")
+      a.dim = std::atoll(v);
+    else if (k == "--len")
+      a.len = std::atoll(v);
+    else if (k == "--heads")
+      a.heads = std::atoll(v);
+    else if (k == "--causal")
+      a.causal = std::atoi(v);
+    else if (k == "--dtype")
+      a.bf16 = std::string(v) == "bf16";
+    else if (k == "--threads")
+      a.threads = std::atoi(v);
+    else if (k == "--world")
+      a.world = std::atoll(v);
+    else if (k == "--reps")
+      a.reps = std::atoi(v);
+  }
+  if (a.mode == "kernel") return Kernel(a);
+  if (a.mode == "ring") return Ring(a);
+  std::fprintf(stderr, "unknown mode %s\n", a.mode.c_str());
+  return 2;
+}

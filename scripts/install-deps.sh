@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs what building and testing stria needs on a fresh Debian machine (idempotent: skips
+# what is there). The CPU core needs only a C++17 compiler, CMake, threads and DLPack's header.
+set -euo pipefail
+need=()
+command -v cmake >/dev/null || need+=(cmake)
+command -v ninja >/dev/null || need+=(ninja-build)
+command -v g++ >/dev/null || need+=(g++)
+command -v pkg-config >/dev/null || need+=(pkg-config)
+[ -f /usr/include/dlpack/dlpack.h ] || need+=(libdlpack-dev)
+if [ "${1:-}" = "--tests" ]; then
+  [ -f /usr/include/gtest/gtest.h ] || need+=(libgtest-dev)
+  command -v nm >/dev/null || need+=(binutils)
+fi
+if [ ${#need[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Every test: the Release build (unit, ring-vs-reference, fault, example and install tests), then
+# the C++ tests again under AddressSanitizer+UndefinedBehaviorSanitizer, and the threaded ones
+# under ThreadSanitizer. Installs what it needs. SANITIZERS=0 skips the sanitizer builds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh --tests
+jobs=$(nproc)
+
+echo "== Release build and tests"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRIA_WERROR=ON >/dev/null
+ninja -C build -j"$jobs"
+(cd build && ctest -j"$jobs" --output-on-failure)
+
+if [ "${SANITIZERS:-1}" = 1 ]; then
+  echo "== AddressSanitizer + UndefinedBehaviorSanitizer"
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRIA_WERROR=ON \
+    -DSTRIA_SANITIZE="address;undefined" -DSTRIA_BUILD_EXAMPLES=OFF -DSTRIA_BUILD_BENCHMARKS=OFF >/dev/null
+  ninja -C build-asan -j"$jobs"
+  (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest -j"$jobs" --output-on-failure)
+
+  echo "== ThreadSanitizer (threaded tests)"
+  cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRIA_WERROR=ON \
+    -DSTRIA_SANITIZE=thread -DSTRIA_BUILD_EXAMPLES=OFF -DSTRIA_BUILD_BENCHMARKS=OFF >/dev/null
+  ninja -C build-tsan -j"$jobs" test_ring test_faults
+  (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest -j"$jobs" --output-on-failure -R "test_ring|test_faults|RingVs|Fault")
+fi
