@@ -2,20 +2,24 @@
 
 #include <cstdint>
 #include <mutex>
-#include <unordered_map>
+#include <map>
+#include <new>
 
 namespace stria {
 namespace {
 
 struct Registry {
   std::mutex mu;
-  std::unordered_map<uintptr_t, std::shared_ptr<Context>> live;
+  std::map<uintptr_t, std::shared_ptr<Context>> live;
   uintptr_t next = 0x5717a000;  // tokens grow by 16 and are never reused
 };
 
-// Built on first use, never destroyed: no work in global constructors or at exit.
+// Built on first use, never destroyed: no work in global constructors or at exit. It lives in
+// static storage and uses std::map (which allocates nothing while empty) so that a process that
+// dlcloses libstria after destroying its contexts leaks nothing (LeakSanitizer checks this).
 Registry& Get() {
-  static Registry* r = new Registry();
+  alignas(Registry) static unsigned char storage[sizeof(Registry)];
+  static Registry* r = new (storage) Registry();
   return *r;
 }
 
