@@ -40,7 +40,7 @@ trap 'rm -f "$out"' EXIT
   done
   # The ring per layout: modelled latency (N dedicated machines) for N = 2..8 at 16k tokens.
   for n in 2 4 8; do
-    build-bench/bench/stria-bench ring --world "$n" --len $((16384 / n)) --heads 4 --dim 64 --threads 1 --reps 3
+    build-bench/bench/stria-bench ring --world "$n" --len $((16384 / n)) --heads 8 --dim 128 --threads 1 --reps 3
   done
   # Overlap: 2 ranks on 2 cores, 1 thread each — wall time against the slowest rank's compute.
   for l in 4096 8192; do

@@ -48,9 +48,10 @@ inline void Store(float* p, vf v) {
 inline vf Splat(float x) {
   return vf{} + x;
 }
+// Maximum that propagates NaN (a NaN input must poison its row, never be skipped).
 inline float HMax(vf v) {
   float m = v[0];
-  for (int i = 1; i < VL; ++i) m = std::max(m, v[i]);
+  for (int i = 1; i < VL; ++i) m = (v[i] > m || v[i] != v[i]) ? v[i] : m;
   return m;
 }
 inline float HSum(vf v) {
@@ -59,10 +60,11 @@ inline float HSum(vf v) {
   return s;
 }
 
-// 2^x for x <= 0 (scores minus a running maximum): exact 0 below -126 (and for -inf), a degree-6
-// polynomial on the fraction, the integer part in the exponent bits. Relative error ~2e-7.
+// 2^x for x <= 0 (scores minus a running maximum): exact 0 below -126 (and for -inf), NaN for
+// NaN, a degree-6 polynomial on the fraction, the integer part in the exponent bits. Relative
+// error ~2e-7.
 inline vf Exp2(vf x) {
-  vi keep = x >= Splat(-126.0f);
+  vi keep = (x >= Splat(-126.0f)) | (x != x);
   x = x < Splat(-126.0f) ? Splat(-126.0f) : x;
   x = x > Splat(127.0f) ? Splat(127.0f) : x;
   const vf shifter = Splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
@@ -172,10 +174,11 @@ void ForwardTile(const FwdTileArgs& a) {
       vf mx = Splat(kNegInf);
       for (int64_t c = 0; c < kBlockK; c += VL) {
         vf x = Load(row + c);
-        mx = x > mx ? x : mx;
+        mx = (x > mx) | (x != x) ? x : mx;
       }
       const float m_old = m[r];
-      const float m_new = std::max(m_old, HMax(mx));
+      const float row_max = HMax(mx);
+      const float m_new = row_max != row_max ? row_max : std::max(m_old, row_max);
       if (m_new == kNegInf) {  // nothing visible yet: this row contributes nothing
         std::memset(row, 0, sizeof(float) * kBlockK);
         continue;

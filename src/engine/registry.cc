@@ -1,8 +1,8 @@
 #include "engine/registry.h"
 
 #include <cstdint>
-#include <mutex>
 #include <map>
+#include <mutex>
 #include <new>
 
 namespace stria {

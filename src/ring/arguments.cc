@@ -65,9 +65,11 @@ Status CheckQKV(Context& ctx, const DLTensor* q, const DLTensor* k, const DLTens
   s.D = c->q.shape[3];
   s.Hkv = c->k.shape[2];
   s.dtype = c->q.dtype;
-  if (s.B < 1 || s.L < 1 || s.Hq < 1 || s.D < 1)
-    return Error(STRIA_ERROR_INVALID_ARGUMENT, "q has shape %s: every dimension of [B, L, Hq, D] must be >= 1",
+  // D is the backend's to judge (UNSUPPORTED naming what it supports); the others must be >= 1.
+  if (s.B < 1 || s.L < 1 || s.Hq < 1)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "q has shape %s: B, L and Hq of [B, L, Hq, D] must be >= 1",
                  Dims(c->q).c_str());
+  STRIA_RETURN_IF_ERROR(ctx.backend().CheckSupported(s, stream));
   if (s.Hkv < 1 || s.Hq % s.Hkv != 0)
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "k has %lld heads, which must divide q's %lld heads (GQA/MQA)",
                  static_cast<long long>(s.Hkv), static_cast<long long>(s.Hq));
@@ -78,7 +80,7 @@ Status CheckQKV(Context& ctx, const DLTensor* q, const DLTensor* k, const DLTens
   const int64_t seq_len = s.L * ctx.world_size();
   STRIA_RETURN_IF_ERROR(CheckLayout(c->layout, seq_len, ctx.world_size(), ctx.rank()));
   s.scale = p->softmax_scale > 0.f ? p->softmax_scale : 1.0f / std::sqrt(static_cast<float>(s.D));
-  return ctx.backend().CheckSupported(s, stream);
+  return Status::Ok();
 }
 
 Status CheckLse(Context& ctx, const DLTensor* t, const char* name, const AttentionShape& s, TensorView* out) {

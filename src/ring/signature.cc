@@ -35,6 +35,11 @@ static std::string Describe(const CallSignature& s) {
                 (long long)s.Hkv);
 }
 
+static bool Same(const CallSignature& a, const CallSignature& b) {
+  return a.op == b.op && a.seq == b.seq && a.layout == b.layout && a.causal == b.causal && a.scale == b.scale &&
+         a.dtype == b.dtype && a.B == b.B && a.L == b.L && a.Hq == b.Hq && a.Hkv == b.Hkv && a.D == b.D;
+}
+
 Status CheckAgreement(const CallSignature* all, int world_size, int self) {
   for (int r = 0; r < world_size; ++r) {
     if (all[r].magic != kSignatureMagic)
@@ -45,14 +50,22 @@ Status CheckAgreement(const CallSignature* all, int world_size, int self) {
       return Error(STRIA_ERROR_INVALID_ARGUMENT, "rank %d rejected its arguments to %s: %s", r,
                    RingOpName(static_cast<RingOp>(all[r].op)), all[r].reason);
   }
-  const CallSignature& a = all[0];
-  for (int r = 1; r < world_size; ++r) {
-    const CallSignature& b = all[r];
-    if (a.op != b.op || a.seq != b.seq || a.layout != b.layout || a.causal != b.causal || a.scale != b.scale ||
-        a.dtype != b.dtype || a.B != b.B || a.L != b.L || a.Hq != b.Hq || a.Hkv != b.Hkv || a.D != b.D) {
-      return Error(STRIA_ERROR_INVALID_ARGUMENT, "ranks disagree: rank %d made %s; rank 0 made %s", r,
-                   Describe(b).c_str(), Describe(a).c_str());
+  // The reference is the signature most ranks share (lowest rank on a tie), so the message names
+  // the odd one out rather than whoever disagrees with rank 0.
+  int ref = 0, ref_votes = 0;
+  for (int r = 0; r < world_size; ++r) {
+    int votes = 0;
+    for (int o = 0; o < world_size; ++o) votes += Same(all[r], all[o]) ? 1 : 0;
+    if (votes > ref_votes) {
+      ref = r;
+      ref_votes = votes;
     }
+  }
+  for (int r = 0; r < world_size; ++r) {
+    if (!Same(all[r], all[ref]))
+      return Error(STRIA_ERROR_INVALID_ARGUMENT,
+                   "ranks disagree: rank %d made %s; rank %d (and %d rank(s) in all) made %s", r,
+                   Describe(all[r]).c_str(), ref, ref_votes, Describe(all[ref]).c_str());
   }
   return Status::Ok();
 }
