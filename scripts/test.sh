@@ -10,18 +10,21 @@ jobs=$(nproc)
 echo "== Release build and tests"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRIA_WERROR=ON >/dev/null
 ninja -C build -j"$jobs"
-(cd build && ctest -j"$jobs" --output-on-failure)
+(cd build && ctest -j"$jobs" --output-on-failure --no-tests=error)
 
 if [ "${SANITIZERS:-1}" = 1 ]; then
   echo "== AddressSanitizer + UndefinedBehaviorSanitizer"
   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRIA_WERROR=ON \
     -DSTRIA_SANITIZE="address;undefined" -DSTRIA_BUILD_EXAMPLES=OFF -DSTRIA_BUILD_BENCHMARKS=OFF >/dev/null
   ninja -C build-asan -j"$jobs"
-  (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest -j"$jobs" --output-on-failure)
+  (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest -j"$jobs" --output-on-failure --no-tests=error)
 
   echo "== ThreadSanitizer (threaded tests)"
   cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRIA_WERROR=ON \
     -DSTRIA_SANITIZE=thread -DSTRIA_BUILD_EXAMPLES=OFF -DSTRIA_BUILD_BENCHMARKS=OFF >/dev/null
   ninja -C build-tsan -j"$jobs" test_ring test_faults
-  (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest -j"$jobs" --output-on-failure -L threaded)
+  # The suites whose ranks run on threads (the ring, the transport's faults), run whole.
+  for t in test_ring test_faults; do
+    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/tests/$t
+  done
 fi
