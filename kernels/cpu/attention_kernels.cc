@@ -141,10 +141,11 @@ void ApplyMask(const BlockMask& m, int64_t i0, int64_t j0, float* s) {
     int64_t lo, hi;
     RowRange(m, i0 + r, &lo, &hi);
     float* row = s + r * kBlockK;
-    for (int64_t c = 0; c < kBlockK; ++c) {
-      int64_t j = j0 + c;
-      if (j < lo || j >= hi) row[c] = kNegInf;
-    }
+    // Visible columns are one interval: fill what lies before and after it.
+    const int64_t c_lo = std::min<int64_t>(kBlockK, std::max<int64_t>(0, lo - j0));
+    const int64_t c_hi = std::max(c_lo, std::min<int64_t>(kBlockK, std::max<int64_t>(0, hi - j0)));
+    std::fill(row, row + c_lo, kNegInf);
+    std::fill(row + c_hi, row + kBlockK, kNegInf);
   }
 }
 
