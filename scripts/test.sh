@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every test: the Release build (unit, ring-vs-reference, fault, example and install tests), then
-# the C++ tests again under AddressSanitizer+UndefinedBehaviorSanitizer, and the threaded ones
-# under ThreadSanitizer. Installs what it needs. SANITIZERS=0 skips the sanitizer builds.
+# the C++ tests again under AddressSanitizer+UndefinedBehaviorSanitizer, and under ThreadSanitizer.
+# Installs what it needs. SANITIZERS=0 skips the sanitizer builds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh --tests
@@ -19,12 +19,9 @@ if [ "${SANITIZERS:-1}" = 1 ]; then
   ninja -C build-asan -j"$jobs"
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest -j"$jobs" --output-on-failure --no-tests=error)
 
-  echo "== ThreadSanitizer (threaded tests)"
+  echo "== ThreadSanitizer (every suite: the ring's ranks, the transport and the pool are threads)"
   cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRIA_WERROR=ON \
     -DSTRIA_SANITIZE=thread -DSTRIA_BUILD_EXAMPLES=OFF -DSTRIA_BUILD_BENCHMARKS=OFF >/dev/null
-  ninja -C build-tsan -j"$jobs" test_ring test_faults
-  # The suites whose ranks run on threads (the ring, the transport's faults), run whole.
-  for t in test_ring test_faults; do
-    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/tests/$t
-  done
+  ninja -C build-tsan -j"$jobs"
+  (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest -j"$jobs" --output-on-failure --no-tests=error)
 fi
