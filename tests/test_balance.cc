@@ -11,22 +11,13 @@
 #include <vector>
 
 #include "stria/stria.h"
+#include "test_util.h"
+
+using stria_test::LayoutName;
 
 namespace {
 
 const stria_layout_t kLayouts[] = {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG};
-
-const char* Name(stria_layout_t layout) {
-  switch (layout) {
-    case STRIA_LAYOUT_CONTIGUOUS:
-      return "contiguous";
-    case STRIA_LAYOUT_STRIPED:
-      return "striped";
-    case STRIA_LAYOUT_ZIGZAG:
-      return "zigzag";
-  }
-  return "?";
-}
 
 // The divisibility unit of seq_len for a layout: zigzag cuts each rank's share in two.
 int64_t Unit(stria_layout_t layout, int n) {
@@ -38,14 +29,14 @@ stria_balance_t Analyze(stria_layout_t layout, bool causal, int64_t seq_len, int
   std::memset(&b, 0, sizeof b);
   b.struct_size = sizeof b;
   EXPECT_EQ(stria_analyze_balance(layout, causal ? 1 : 0, seq_len, n, tile, &b), STRIA_SUCCESS)
-      << Name(layout) << " S=" << seq_len << " N=" << n << " tile=" << tile << ": " << stria_get_last_error();
+      << LayoutName(layout) << " S=" << seq_len << " N=" << n << " tile=" << tile << ": " << stria_get_last_error();
   return b;
 }
 
 std::vector<double> Steps(stria_layout_t layout, bool causal, int64_t seq_len, int n, int64_t tile) {
   std::vector<double> work(static_cast<size_t>(n) * n, -1.0);
   EXPECT_EQ(stria_analyze_balance_steps(layout, causal ? 1 : 0, seq_len, n, tile, work.data()), STRIA_SUCCESS)
-      << Name(layout) << " S=" << seq_len << " N=" << n << " tile=" << tile << ": " << stria_get_last_error();
+      << LayoutName(layout) << " S=" << seq_len << " N=" << n << " tile=" << tile << ": " << stria_get_last_error();
   return work;
 }
 
@@ -140,8 +131,8 @@ TEST(Balance, NonCausalIsPerfectForEveryLayout) {
       const int64_t seq_len = Unit(layout, n) * 12;
       for (int64_t tile : {1, 5, 64}) {
         stria_balance_t b = Analyze(layout, false, seq_len, n, tile);
-        EXPECT_EQ(b.speedup, n) << Name(layout) << " N=" << n << " tile=" << tile;
-        EXPECT_EQ(b.imbalance, 1.0) << Name(layout) << " N=" << n << " tile=" << tile;
+        EXPECT_EQ(b.speedup, n) << LayoutName(layout) << " N=" << n << " tile=" << tile;
+        EXPECT_EQ(b.imbalance, 1.0) << LayoutName(layout) << " N=" << n << " tile=" << tile;
         EXPECT_EQ(b.total_work, static_cast<double>(seq_len * seq_len));
       }
     }
@@ -155,9 +146,9 @@ TEST(Balance, ExactTotalWorkIsTheCausalTriangle) {
         const int64_t seq_len = Unit(layout, n) * m;
         const double s = static_cast<double>(seq_len);
         EXPECT_EQ(Analyze(layout, true, seq_len, n, 1).total_work, s * (s + 1) / 2)
-            << Name(layout) << " N=" << n << " S=" << seq_len;
+            << LayoutName(layout) << " N=" << n << " S=" << seq_len;
         EXPECT_EQ(Analyze(layout, false, seq_len, n, 1).total_work, s * s)
-            << Name(layout) << " N=" << n << " S=" << seq_len;
+            << LayoutName(layout) << " N=" << n << " S=" << seq_len;
       }
     }
   }
@@ -179,8 +170,8 @@ TEST(Balance, StepsAddUpToTheSummary) {
           latency += step_max;
         }
         stria_balance_t b = Analyze(layout, true, seq_len, n, tile);
-        EXPECT_EQ(b.total_work, total) << Name(layout) << " N=" << n << " tile=" << tile;
-        EXPECT_EQ(b.ring_latency, latency) << Name(layout) << " N=" << n << " tile=" << tile;
+        EXPECT_EQ(b.total_work, total) << LayoutName(layout) << " N=" << n << " tile=" << tile;
+        EXPECT_EQ(b.ring_latency, latency) << LayoutName(layout) << " N=" << n << " tile=" << tile;
         EXPECT_DOUBLE_EQ(b.speedup, total / latency);
         EXPECT_DOUBLE_EQ(b.imbalance, latency / (total / n));
       }
@@ -198,7 +189,7 @@ TEST(Balance, TilesNeverCountLessThanExactPairs) {
         for (int64_t tile : {2, 3, 5, 8, 16, 64, 1000}) {
           const std::vector<double> tiled = Steps(layout, causal, seq_len, n, tile);
           for (size_t c = 0; c < exact.size(); ++c) {
-            EXPECT_GE(tiled[c], exact[c]) << Name(layout) << " N=" << n << " tile=" << tile << " cell " << c;
+            EXPECT_GE(tiled[c], exact[c]) << LayoutName(layout) << " N=" << n << " tile=" << tile << " cell " << c;
           }
           const stria_balance_t b = Analyze(layout, causal, seq_len, n, tile);
           EXPECT_GE(b.total_work, exact_summary.total_work);
@@ -222,7 +213,7 @@ TEST(Balance, MatchesBruteForceOverGlobalPositions) {
             for (int s = 0; s < n; ++s) {
               for (int r = 0; r < n; ++r) {
                 EXPECT_EQ(got[s * n + r], expected[s * n + r])
-                    << Name(layout) << (causal ? " causal" : " full") << " S=" << seq_len << " N=" << n
+                    << LayoutName(layout) << (causal ? " causal" : " full") << " S=" << seq_len << " N=" << n
                     << " tile=" << tile << " step " << s << " rank " << r;
               }
             }
@@ -239,7 +230,7 @@ TEST(Balance, MillionTokensIsFast) {
   const auto start = std::chrono::steady_clock::now();
   for (stria_layout_t layout : kLayouts) {
     stria_balance_t b = Analyze(layout, true, int64_t{1} << 20, 64, 1);
-    EXPECT_GT(b.speedup, 30.0) << Name(layout);
+    EXPECT_GT(b.speedup, 30.0) << LayoutName(layout);
     std::vector<double> work = Steps(layout, true, int64_t{1} << 20, 64, 1);
     EXPECT_GT(work[0], 0.0);
   }

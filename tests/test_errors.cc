@@ -26,21 +26,9 @@ constexpr int64_t kB = 1, kL = 8, kHq = 2, kHkv = 1, kD = 16;
 constexpr double kGroupTimeoutS = 2.0;
 
 // One rank's tensors of a forward/backward call, filled with finite values.
-struct RankTensors {
-  Tensor q, k, v, out, lse, dout, dq, dk, dv;
+struct RankTensors : AttentionTensors {
   explicit RankTensors(int64_t L = kL, Dt dt = Dt::kF32, int64_t D = kD, int64_t Hq = kHq, int64_t Hkv = kHkv)
-      : q({kB, L, Hq, D}, dt),
-        k({kB, L, Hkv, D}, dt),
-        v({kB, L, Hkv, D}, dt),
-        out({kB, L, Hq, D}, dt),
-        lse({kB, Hq, L}, Dt::kF32),
-        dout({kB, L, Hq, D}, dt),
-        dq({kB, L, Hq, D}, dt),
-        dk({kB, L, Hkv, D}, dt),
-        dv({kB, L, Hkv, D}, dt) {
-    std::mt19937_64 rng(7);
-    for (Tensor* t : {&q, &k, &v, &out, &dout}) t->FillRandom(rng);
-  }
+      : AttentionTensors(kB, L, Hq, Hkv, D, dt, 7) {}
 };
 
 // The arguments of one call, defaulting to a rank's good tensors. The DLTensors are copies, so a

@@ -34,21 +34,8 @@ double Since(Clock::time_point t0) {
 }
 
 // One rank's tensors, with finite values (content does not matter to the faults).
-struct Rank {
-  Tensor q, k, v, out, lse, dout, dq, dk, dv;
-  explicit Rank(int64_t L = kL, int64_t Hkv = kH, Dt dt = Dt::kF32)
-      : q({kB, L, kH, kD}, dt),
-        k({kB, L, Hkv, kD}, dt),
-        v({kB, L, Hkv, kD}, dt),
-        out({kB, L, kH, kD}, dt),
-        lse({kB, kH, L}, Dt::kF32),
-        dout({kB, L, kH, kD}, dt),
-        dq({kB, L, kH, kD}, dt),
-        dk({kB, L, Hkv, kD}, dt),
-        dv({kB, L, Hkv, kD}, dt) {
-    std::mt19937_64 rng(11);
-    for (Tensor* t : {&q, &k, &v, &out, &dout}) t->FillRandom(rng);
-  }
+struct Rank : AttentionTensors {
+  explicit Rank(int64_t L = kL, int64_t Hkv = kH, Dt dt = Dt::kF32) : AttentionTensors(kB, L, kH, Hkv, kD, dt, 11) {}
   stria_status_t Forward(stria_context_t c, const stria_attention_params_t& p) {
     return stria_attention_forward(c, &p, &q.dl, &k.dl, &v.dl, &out.dl, &lse.dl, nullptr);
   }

@@ -24,9 +24,8 @@ struct Case {
 };
 
 std::string Name(const Case& c) {
-  static const char* layouts[] = {"contiguous", "striped", "zigzag"};
   std::ostringstream os;
-  os << "N" << c.world << "_" << layouts[c.layout] << (c.causal ? "_causal" : "_full") << "_" << DtName(c.dt) << "_B"
+  os << "N" << c.world << "_" << LayoutName(c.layout) << (c.causal ? "_causal" : "_full") << "_" << DtName(c.dt) << "_B"
      << c.B << "L" << c.L << "H" << c.Hq << "x" << c.Hkv << "D" << c.D << (c.strided ? "_strided" : "");
   return os.str();
 }

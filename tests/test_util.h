@@ -160,6 +160,37 @@ struct Tensor {
   }
 };
 
+inline const char* LayoutName(stria_layout_t layout) {
+  switch (layout) {
+    case STRIA_LAYOUT_CONTIGUOUS:
+      return "contiguous";
+    case STRIA_LAYOUT_STRIPED:
+      return "striped";
+    case STRIA_LAYOUT_ZIGZAG:
+      return "zigzag";
+  }
+  return "?";
+}
+
+// One rank's tensors of a forward/backward call ([B, L, Hq, D] and [B, L, Hkv, D]), inputs filled
+// with finite random values from `seed`.
+struct AttentionTensors {
+  Tensor q, k, v, out, lse, dout, dq, dk, dv;
+  AttentionTensors(int64_t B, int64_t L, int64_t Hq, int64_t Hkv, int64_t D, Dt dt, uint64_t seed)
+      : q({B, L, Hq, D}, dt),
+        k({B, L, Hkv, D}, dt),
+        v({B, L, Hkv, D}, dt),
+        out({B, L, Hq, D}, dt),
+        lse({B, Hq, L}, Dt::kF32),
+        dout({B, L, Hq, D}, dt),
+        dq({B, L, Hq, D}, dt),
+        dk({B, L, Hkv, D}, dt),
+        dv({B, L, Hkv, D}, dt) {
+    std::mt19937_64 rng(seed);
+    for (Tensor* t : {&q, &k, &v, &out, &dout}) t->FillRandom(rng);
+  }
+};
+
 // ‖a − b‖ / ‖b‖; NaN or inf anywhere gives +inf (so it never passes).
 inline double RelError(const std::vector<double>& a, const std::vector<double>& b) {
   double num = 0, den = 0;
