@@ -1,0 +1,33 @@
+// The TCP rendezvous that forms a ring across processes: rank 0 listens, every other rank
+// connects, proves it knows the job's secret, and hands over an opaque blob (its transport
+// endpoint address); rank 0 answers everyone with the table of all blobs. Junk, wrong secrets,
+// duplicate or out-of-range ranks are refused with a message and the rendezvous goes on; a rank
+// that never comes makes every waiting rank fail when the timeout runs out.
+#pragma once
+
+#include <atomic>
+#include <vector>
+
+#include "transport/rendezvous/net.h"
+#include "transport/rendezvous/unique_id.h"
+#include "transport/rendezvous/wire.h"
+
+namespace stria {
+
+// stria_get_unique_id: opens a listener (at STRIA_ROOT if set, else on an ephemeral port of this
+// host) with a fresh random secret, and keeps it for this process's rank 0 to take.
+Status OpenRendezvous(RendezvousId* id);
+
+// The id a rank's config names: the caller's id, or (all zero) the environment's.
+Status ResolveId(const stria_unique_id_t& given, int world_size, RendezvousId* out);
+
+// Rank 0: serves the rendezvous until all world_size - 1 other ranks joined; table[r] is rank
+// r's blob (table[0] = own).
+Status ServeRendezvous(const RendezvousId& id, int world_size, const Bytes& own, double timeout_s,
+                       const std::atomic<bool>* abort, std::vector<Bytes>* table);
+
+// Ranks 1..N-1.
+Status JoinRendezvous(const RendezvousId& id, int rank, int world_size, const Bytes& blob, double timeout_s,
+                      const std::atomic<bool>* abort, std::vector<Bytes>* table);
+
+}  // namespace stria

@@ -1,0 +1,185 @@
+// Rings of 2, 3 and 4 processes over UCX on loopback, against the float64 dense reference (every
+// layout, causal and not, forward and backward, GQA, each dtype), and the faults a real job
+// meets: a peer killed (SIGKILL) or stalled (SIGSTOP) mid-call, a rank that never joins, an abort
+// from another thread, ranks that disagree on shapes. Every case is bounded in time.
+#include <gtest/gtest.h>
+#include <stria/stria.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+
+#include "launcher.h"
+
+using namespace stria_test;
+
+namespace {
+
+constexpr double kTimeout = 6;  // the ranks' timeout_s in the fault cases
+
+std::string TempDir() {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "stria-ucx-XXXXXX").string();
+  return mkdtemp(tmpl.data());
+}
+
+// The environment of every rank: where rank 0 listens. UCX's memory hooks stay off, they are not
+// needed for host memory and do not mix with sanitizers.
+// Port 0: no STRIA_ROOT (the id comes from stria_get_unique_id).
+std::vector<std::string> Env(int port) {
+  std::vector<std::string> env{"UCX_MEM_MALLOC_HOOKS=no", "UCX_MEM_EVENTS=no", "UCX_WARN_UNUSED_ENV_VARS=n"};
+  if (port != 0) env.push_back("STRIA_ROOT=127.0.0.1:" + std::to_string(port));
+  return env;
+}
+
+std::string Describe(const std::map<int, RankResult>& results) {
+  std::ostringstream os;
+  for (auto& [rank, r] : results)
+    os << "--- rank " << rank << " (exit " << r.exit_code << ", signal " << r.signal << ", code " << r.code << ", "
+       << r.seconds << " s)\n"
+       << r.output;
+  return os.str();
+}
+
+struct RingCase {
+  int world;
+  std::string layout;
+  bool causal;
+  bool id_file;  // the id from stria_get_unique_id through a file, instead of STRIA_ROOT
+};
+
+void PrintTo(const RingCase& c, std::ostream* os) {
+  *os << "N" << c.world << " " << c.layout << (c.causal ? " causal" : " full") << (c.id_file ? " unique_id" : " env");
+}
+
+class UcxRing : public ::testing::TestWithParam<RingCase> {};
+
+TEST_P(UcxRing, MatchesReference) {
+  const RingCase& c = GetParam();
+  const std::string dir = TempDir();
+  Launch launch(dir);
+  const int port = FreePort();
+  for (int r = 0; r < c.world; ++r) {
+    std::vector<std::string> args{"--rank",   std::to_string(r), "--world",  std::to_string(c.world),
+                                  "--layout", c.layout,          "--causal", c.causal ? "1" : "0",
+                                  "--dtypes", "f32,bf16,f16",    "--L",      "48"};
+    if (c.id_file) args.insert(args.end(), {"--id-file", dir + "/id"});
+    launch.Start(r, STRIA_UCX_RANK, args, c.id_file ? Env(0) : Env(port));
+  }
+  auto results = launch.Wait(120);
+  ASSERT_EQ(results.size(), static_cast<size_t>(c.world));
+  for (auto& [rank, r] : results) {
+    EXPECT_TRUE(r.exited && r.exit_code == 0) << Describe(results);
+    EXPECT_EQ(r.code, STRIA_SUCCESS) << "rank " << rank << ": " << r.message << "\n" << Describe(results);
+  }
+}
+
+std::vector<RingCase> RingCases() {
+  std::vector<RingCase> cases;
+  for (int world : {2, 3, 4})
+    for (const char* layout : {"contiguous", "striped", "zigzag"})
+      for (bool causal : {true, false}) cases.push_back({world, layout, causal, false});
+  cases.push_back({3, "striped", true, true});
+  return cases;
+}
+
+std::string CaseName(const ::testing::TestParamInfo<RingCase>& info) {
+  const RingCase& c = info.param;
+  return "N" + std::to_string(c.world) + "_" + c.layout + (c.causal ? "_causal" : "_full") +
+         (c.id_file ? "_unique_id" : "_env");
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, UcxRing, ::testing::ValuesIn(RingCases()), CaseName);
+
+// Starts a ring of `world` ranks with common arguments plus `extra`; `skip` ranks are not started.
+std::map<int, RankResult> RunFault(int world, const std::vector<std::string>& extra, double wait_s,
+                                   const std::vector<int>& skip = {}, std::vector<int> ignore = {}) {
+  const std::string dir = TempDir();
+  Launch launch(dir);
+  const int port = FreePort();
+  for (int r = 0; r < world; ++r) {
+    if (std::find(skip.begin(), skip.end(), r) != skip.end()) continue;
+    std::vector<std::string> args{"--rank",     std::to_string(r),
+                                  "--world",    std::to_string(world),
+                                  "--timeout",  std::to_string(kTimeout),
+                                  "--L",        "512",
+                                  "--heads",    "4",
+                                  "--kv-heads", "4",
+                                  "--dim",      "64",
+                                  "--iters",    "40"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    launch.Start(r, STRIA_UCX_RANK, args, Env(port));
+  }
+  return launch.Wait(wait_s, ignore);
+}
+
+// Each surviving rank must fail with one of `codes`, within the timeout plus a margin.
+void ExpectSurvivorsFail(const std::map<int, RankResult>& results, int victim, std::vector<int> codes) {
+  for (auto& [rank, r] : results) {
+    if (rank == victim) continue;
+    EXPECT_TRUE(r.exited && r.exit_code == 0) << "rank " << rank << " crashed or hung\n" << Describe(results);
+    EXPECT_NE(std::find(codes.begin(), codes.end(), r.code), codes.end())
+        << "rank " << rank << " ended with code " << r.code << ": " << r.message << "\n"
+        << Describe(results);
+    EXPECT_LT(r.seconds, kTimeout * 2 + 10) << Describe(results);
+    EXPECT_EQ(r.message.find("BUG"), std::string::npos) << r.message;
+    if (victim >= 0) {
+      EXPECT_NE(r.message.find("rank " + std::to_string(victim)), std::string::npos)
+          << "the message should name the peer: " << r.message;
+    }
+  }
+}
+
+TEST(UcxFaults, PeerKilledMidCall) {
+  auto results = RunFault(3, {"--fault", "kill", "--fault-rank", "1", "--fault-iter", "2", "--fault-delay-ms", "5"},
+                          kTimeout * 3 + 20);
+  ASSERT_EQ(results.count(1), 1u);
+  EXPECT_EQ(results[1].signal, SIGKILL);
+  ExpectSurvivorsFail(results, 1, {STRIA_ERROR_TRANSPORT, STRIA_ERROR_TIMEOUT});
+}
+
+TEST(UcxFaults, PeerStoppedMidCall) {
+  // The stopped rank never exits by itself; the launcher kills it after the others are done.
+  auto results = RunFault(3, {"--fault", "stop", "--fault-rank", "2", "--fault-iter", "1", "--fault-delay-ms", "5"},
+                          kTimeout * 3 + 20, {}, {2});
+  ExpectSurvivorsFail(results, 2, {STRIA_ERROR_TIMEOUT, STRIA_ERROR_TRANSPORT});
+  for (auto& [rank, r] : results) {
+    if (rank == 2) continue;
+    EXPECT_GE(r.seconds, kTimeout * 0.9) << "a stall can only be seen by its timeout";
+  }
+}
+
+TEST(UcxFaults, RankNeverJoins) {
+  auto results = RunFault(3, {}, kTimeout * 3 + 20, /*skip=*/{2});
+  ExpectSurvivorsFail(results, -1, {STRIA_ERROR_TIMEOUT, STRIA_ERROR_TRANSPORT});
+  EXPECT_NE(results[0].message.find("rank(s) 2"), std::string::npos) << results[0].message;
+}
+
+TEST(UcxFaults, AbortFromAnotherThread) {
+  // Rank 1 arrives late for its second call; rank 0 is blocked in it and aborts itself from a
+  // thread: it must return ABORTED at once, and rank 1 then fails fast because rank 0 left.
+  auto results = RunFault(2, {"--fault", "abort", "--fault-rank", "0", "--fault-iter", "1", "--fault-delay-ms", "300"},
+                          kTimeout * 3 + 20);
+  ASSERT_EQ(results.count(0), 1u);
+  EXPECT_EQ(results[0].code, STRIA_ERROR_ABORTED) << Describe(results);
+  EXPECT_LT(results[0].seconds, kTimeout) << Describe(results);
+  EXPECT_TRUE(results[1].code == STRIA_ERROR_TRANSPORT || results[1].code == STRIA_ERROR_TIMEOUT) << Describe(results);
+  EXPECT_EQ(results[1].message.find("BUG"), std::string::npos);
+}
+
+TEST(UcxFaults, ShapesDisagree) {
+  auto results = RunFault(3, {"--fault", "shape", "--fault-rank", "1", "--fault-heads", "8"}, kTimeout * 3 + 20);
+  for (auto& [rank, r] : results) {
+    EXPECT_EQ(r.code, STRIA_ERROR_INVALID_ARGUMENT) << Describe(results);
+    EXPECT_NE(r.message.find("rank 1"), std::string::npos) << r.message;
+    EXPECT_LT(r.seconds, kTimeout) << "disagreement is found at once, not by a timeout\n" << Describe(results);
+  }
+}
+
+TEST(UcxFaults, LateRankStillJoins) {
+  // A rank that starts 1.5 s after the others is within the timeout: the ring forms.
+  auto results =
+      RunFault(3, {"--fault", "late", "--fault-rank", "2", "--late-s", "1.5", "--iters", "2"}, kTimeout * 3 + 20);
+  for (auto& [rank, r] : results) EXPECT_EQ(r.code, STRIA_SUCCESS) << Describe(results);
+}
+
+}  // namespace

@@ -1,0 +1,289 @@
+// One rank of a ring across processes, for the multi-process tests and the launch examples'
+// checks. Every rank builds the same full-sequence inputs from a seed, takes its shard, runs the
+// ring over UCX and compares its own rows with a float64 dense reference. It can also play the
+// faults the tests need (die, stall, abort from a thread, disagree on shapes).
+//
+// It prints one line per finished step and ends with
+//   RESULT rank=R code=C seconds=T message=(status name) ...
+// where C is the stria_status_t that of the first failing stria call (SUCCESS when all passed and matched).
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "test_util.h"
+
+using namespace stria_test;
+
+namespace {
+
+struct Options {
+  int rank = -1, world = -1;
+  std::string id_file;  // rank 0 writes stria_get_unique_id's id here (hex); others read it
+  stria_layout_t layout = STRIA_LAYOUT_STRIPED;
+  bool causal = true;
+  std::vector<Dt> dtypes{Dt::kF32};
+  int64_t L = 64, Hq = 4, Hkv = 2, D = 32;
+  int iters = 1;
+  double timeout = 30;
+  int threads = 1;
+  // Faults: which rank plays which at which iteration (-1: nobody).
+  int fault_rank = -1, fault_iter = 0, fault_delay_ms = 0;
+  std::string fault;  // kill | stop | abort | shape | late
+  int fault_hq = 0;   // for "shape": the odd rank's number of heads
+  double late_s = 0;  // for "late": the odd rank sleeps this long before creating its context
+};
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+Dt ParseDt(const std::string& s) {
+  return s == "f16" ? Dt::kF16 : s == "bf16" ? Dt::kBF16 : Dt::kF32;
+}
+
+Options Parse(int argc, char** argv) {
+  Options o;
+  auto env_int = [](const char* a, const char* b) {
+    const char* v = std::getenv(a);
+    if (v == nullptr) v = std::getenv(b);
+    return v ? std::atoi(v) : -1;
+  };
+  o.rank = env_int("RANK", "OMPI_COMM_WORLD_RANK");
+  o.world = env_int("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE");
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--rank")
+      o.rank = std::stoi(v);
+    else if (k == "--world")
+      o.world = std::stoi(v);
+    else if (k == "--id-file")
+      o.id_file = v;
+    else if (k == "--layout")
+      o.layout = v == "contiguous" ? STRIA_LAYOUT_CONTIGUOUS
+                 : v == "zigzag"   ? STRIA_LAYOUT_ZIGZAG
+                                   : STRIA_LAYOUT_STRIPED;
+    else if (k == "--causal")
+      o.causal = v != "0";
+    else if (k == "--dtypes") {
+      o.dtypes.clear();
+      size_t at = 0;
+      while (at <= v.size()) {
+        size_t comma = v.find(',', at);
+        if (comma == std::string::npos) comma = v.size();
+        o.dtypes.push_back(ParseDt(v.substr(at, comma - at)));
+        at = comma + 1;
+      }
+    } else if (k == "--L")
+      o.L = std::stoll(v);
+    else if (k == "--heads")
+      o.Hq = std::stoll(v);
+    else if (k == "--kv-heads")
+      o.Hkv = std::stoll(v);
+    else if (k == "--dim")
+      o.D = std::stoll(v);
+    else if (k == "--iters")
+      o.iters = std::stoi(v);
+    else if (k == "--timeout")
+      o.timeout = std::stod(v);
+    else if (k == "--threads")
+      o.threads = std::stoi(v);
+    else if (k == "--fault")
+      o.fault = v;
+    else if (k == "--fault-rank")
+      o.fault_rank = std::stoi(v);
+    else if (k == "--fault-iter")
+      o.fault_iter = std::stoi(v);
+    else if (k == "--fault-delay-ms")
+      o.fault_delay_ms = std::stoi(v);
+    else if (k == "--fault-heads")
+      o.fault_hq = std::stoi(v);
+    else if (k == "--late-s")
+      o.late_s = std::stod(v);
+  }
+  return o;
+}
+
+void Result(const Options& o, stria_status_t s, double t0, const std::string& msg) {
+  std::printf("RESULT rank=%d code=%d seconds=%.3f message=(%s) %s\n", o.rank, static_cast<int>(s), Now() - t0,
+              stria_status_string(s), msg.c_str());
+  std::fflush(stdout);
+}
+
+// Rank 0 publishes its id through a file (written then renamed, so a reader never sees half).
+bool ExchangeId(const Options& o, stria_unique_id_t* id, std::string* err) {
+  if (o.rank == 0) {
+    if (stria_get_unique_id(id) != STRIA_SUCCESS) {
+      *err = stria_get_last_error();
+      return false;
+    }
+    std::string hex;
+    char b[3];
+    for (char c : id->internal) {
+      std::snprintf(b, sizeof b, "%02x", static_cast<unsigned char>(c));
+      hex += b;
+    }
+    const std::string tmp = o.id_file + ".tmp";
+    std::ofstream(tmp) << hex;
+    std::rename(tmp.c_str(), o.id_file.c_str());
+    return true;
+  }
+  const double deadline = Now() + o.timeout;
+  for (;;) {
+    std::ifstream in(o.id_file);
+    std::string hex;
+    if (in >> hex && hex.size() == 2 * sizeof id->internal) {
+      for (size_t i = 0; i < sizeof id->internal; ++i)
+        id->internal[i] = static_cast<char>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+      return true;
+    }
+    if (Now() > deadline) {
+      *err = "no id file from rank 0";
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+// Compares this rank's rows of `got` ([B, L, H, D] or lse [B, H, L]) with the full reference.
+double RowError(const Tensor& got, const std::vector<double>& ref, const std::vector<int64_t>& pos, int64_t S,
+                bool is_lse) {
+  std::vector<double> want(static_cast<size_t>(got.numel()));
+  const int64_t B = got.shape[0];
+  if (is_lse) {
+    const int64_t H = got.shape[1], L = got.shape[2];
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < L; ++i)
+          want[static_cast<size_t>((b * H + h) * L + i)] =
+              ref[static_cast<size_t>((b * H + h) * S + pos[static_cast<size_t>(i)])];
+  } else {
+    const int64_t L = got.shape[1], HD = got.shape[2] * got.shape[3];
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < L; ++i)
+        for (int64_t x = 0; x < HD; ++x)
+          want[static_cast<size_t>((b * L + i) * HD + x)] =
+              ref[static_cast<size_t>((b * S + pos[static_cast<size_t>(i)]) * HD + x)];
+  }
+  return RelError(got.ToDouble(), want);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  setvbuf(stdout, nullptr, _IOLBF, 0);
+  const Options o = Parse(argc, argv);
+  const double t0 = Now();
+  if (o.rank < 0 || o.world < 1) {
+    std::fprintf(stderr, "usage: %s --rank R --world N (or RANK/WORLD_SIZE) [options]\n", argv[0]);
+    return 2;
+  }
+  const bool odd = o.rank == o.fault_rank;
+  if (odd && o.fault == "late") std::this_thread::sleep_for(std::chrono::duration<double>(o.late_s));
+
+  stria_context_config_t cfg;
+  stria_context_config_init(&cfg);
+  cfg.rank = o.rank;
+  cfg.world_size = o.world;
+  cfg.transport = STRIA_TRANSPORT_UCX;
+  cfg.timeout_s = o.timeout;
+  cfg.num_threads = o.threads;
+  std::string err;
+  if (!o.id_file.empty() && !ExchangeId(o, &cfg.unique_id, &err)) {
+    Result(o, STRIA_ERROR_INTERNAL, t0, err);
+    return 0;
+  }
+  stria_context_t ctx = nullptr;
+  stria_status_t s = stria_context_create(&cfg, &ctx);
+  if (s != STRIA_SUCCESS) {
+    Result(o, s, t0, stria_get_last_error());
+    return 0;
+  }
+  std::printf("rank %d: joined after %.3f s\n", o.rank, Now() - t0);
+
+  const int64_t S = o.L * o.world, Hq = odd && o.fault == "shape" ? o.fault_hq : o.Hq;
+  std::vector<int64_t> pos(static_cast<size_t>(o.L));
+  stria_layout_positions(o.layout, S, o.world, o.rank, pos.data());
+  stria_attention_params_t params;
+  stria_attention_params_init(&params);
+  params.layout = o.layout;
+  params.causal = o.causal;
+  std::string msg = "all results match the float64 reference";
+  for (Dt dt : o.dtypes) {
+    // Every rank draws the same full-sequence inputs; each takes its own shard.
+    std::mt19937_64 rng(42);
+    Tensor q({1, S, o.Hq, o.D}, dt), k({1, S, o.Hkv, o.D}, dt), v({1, S, o.Hkv, o.D}, dt), dout({1, S, o.Hq, o.D}, dt);
+    for (Tensor* t : {&q, &k, &v, &dout}) t->FillRandom(rng);
+    Tensor ql({1, o.L, Hq, o.D}, dt), kl({1, o.L, o.Hkv, o.D}, dt), vl({1, o.L, o.Hkv, o.D}, dt),
+        dol({1, o.L, Hq, o.D}, dt);
+    if (Hq == o.Hq) {
+      stria_shard(o.layout, o.world, o.rank, 1, &q.dl, &ql.dl, nullptr);
+      stria_shard(o.layout, o.world, o.rank, 1, &dout.dl, &dol.dl, nullptr);
+    }
+    stria_shard(o.layout, o.world, o.rank, 1, &k.dl, &kl.dl, nullptr);
+    stria_shard(o.layout, o.world, o.rank, 1, &v.dl, &vl.dl, nullptr);
+    Tensor out({1, o.L, Hq, o.D}, dt), lse({1, Hq, o.L}, Dt::kF32), dq({1, o.L, Hq, o.D}, dt),
+        dk({1, o.L, o.Hkv, o.D}, dt), dv({1, o.L, o.Hkv, o.D}, dt);
+    for (int it = 0; it < o.iters; ++it) {
+      for (Tensor* t : {&out, &lse, &dq, &dk, &dv}) t->Poison();
+      std::thread fault;
+      if (odd && it == o.fault_iter && (o.fault == "kill" || o.fault == "stop")) {
+        const int sig = o.fault == "kill" ? SIGKILL : SIGSTOP;
+        fault = std::thread([sig, delay = o.fault_delay_ms] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(delay));
+          raise(sig);
+        });
+      }
+      if (odd && it == o.fault_iter && o.fault == "abort")
+        fault = std::thread([ctx, delay = o.fault_delay_ms] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(delay));
+          stria_context_abort(ctx);
+        });
+      s = stria_attention_forward(ctx, &params, &ql.dl, &kl.dl, &vl.dl, &out.dl, &lse.dl, nullptr);
+      if (s == STRIA_SUCCESS)
+        s = stria_attention_backward(ctx, &params, &ql.dl, &kl.dl, &vl.dl, &out.dl, &lse.dl, &dol.dl, &dq.dl, &dk.dl,
+                                     &dv.dl, nullptr);
+      const std::string call_error = stria_get_last_error();
+      if (fault.joinable()) fault.join();
+      if (s != STRIA_SUCCESS) {
+        // After a failure the context must refuse work and still be destroyed cleanly.
+        const stria_status_t again =
+            stria_attention_forward(ctx, &params, &ql.dl, &kl.dl, &vl.dl, &out.dl, &lse.dl, nullptr);
+        const stria_status_t destroyed = stria_context_destroy(ctx);
+        std::string m = call_error;
+        if (again == STRIA_SUCCESS) m += " [BUG: a failed context accepted more work]";
+        if (destroyed != STRIA_SUCCESS) m += std::string(" [BUG: destroy failed: ") + stria_get_last_error() + "]";
+        Result(o, s, t0, m);
+        return 0;
+      }
+      std::printf("rank %d: %s iteration %d done at %.3f s\n", o.rank, DtName(dt), it, Now() - t0);
+    }
+    const double scale = 1.0 / std::sqrt(static_cast<double>(o.D));
+    const auto qd = q.ToDouble(), kd = k.ToDouble(), vd = v.ToDouble(), dd = dout.ToDouble();
+    const Reference ref = DenseAttention(qd, kd, vd, &dd, 1, S, o.Hq, o.Hkv, o.D, o.causal, scale);
+    const double tol = dt == Dt::kF32 ? 1e-5 : 2e-2;
+    const double errs[5] = {RowError(out, ref.out, pos, S, false), RowError(lse, ref.lse, pos, S, true),
+                            RowError(dq, ref.dq, pos, S, false), RowError(dk, ref.dk, pos, S, false),
+                            RowError(dv, ref.dv, pos, S, false)};
+    const char* names[5] = {"out", "lse", "dq", "dk", "dv"};
+    for (int i = 0; i < 5; ++i) {
+      std::printf("rank %d: %s %s rel error %.3g\n", o.rank, DtName(dt), names[i], errs[i]);
+      if (!(errs[i] < (i == 1 ? 1e-5 : tol))) {
+        msg = std::string("MISMATCH: ") + DtName(dt) + " " + names[i] + " error " + std::to_string(errs[i]);
+        stria_context_destroy(ctx);
+        Result(o, STRIA_ERROR_INTERNAL, t0, msg);
+        return 1;
+      }
+    }
+  }
+  s = stria_context_destroy(ctx);
+  Result(o, s, t0, s == STRIA_SUCCESS ? msg : stria_get_last_error());
+  return 0;
+}
