@@ -15,6 +15,7 @@
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -42,6 +43,7 @@ constexpr uint64_t kFullMask = ~uint64_t{0};
 // with step 0 (the whole low part zero) is the "bye".
 constexpr uint64_t kAllGatherKind = 3;
 constexpr uint64_t kByeTag = 0;
+constexpr size_t kByeBytes = 256;  // a bye carries why the rank left, so peers can say what happened
 constexpr size_t kMaxWorld = size_t{1} << 16;
 
 uint64_t WireTag(int sender, int64_t tag) {
@@ -120,11 +122,12 @@ class UcxTransport final : public Transport {
       ucs_status_t st = ucp_ep_create(worker_, &ep, &eps_[static_cast<size_t>(q)]);
       if (st != UCS_OK) return UcxError(Format("ucp_ep_create to rank %d", q).c_str(), st);
     }
-    bye_in_.assign(static_cast<size_t>(world_), 0);
+    bye_in_.assign(static_cast<size_t>(world_), {});
     for (int q = 0; q < world_; ++q) {
       if (q == rank_) continue;
       RequestId id = 0;
-      STRIA_RETURN_IF_ERROR(PostLocked(q, false, kByeTag, &bye_in_[static_cast<size_t>(q)], sizeof(uint32_t), &id));
+      STRIA_RETURN_IF_ERROR(
+          PostLocked(q, false, WireTag(q, kByeTag), bye_in_[static_cast<size_t>(q)].data(), kByeBytes, &id));
       bye_reqs_.push_back(id);
     }
     progress_ = std::thread([this] { ProgressLoop(); });
@@ -154,8 +157,6 @@ class UcxTransport final : public Transport {
       }
       const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
       s = Wait(r, left > 0 ? left : 0, what);
-      if (s.code() == STRIA_ERROR_TIMEOUT)
-        s = Status(s.code(), s.message() + Format(" (the all-gather's timeout is %.3g s)", timeout_s));
     }
     return s;
   }
@@ -174,6 +175,13 @@ class UcxTransport final : public Transport {
 
   Status Wait(RequestId id, double timeout_s, const char* what) override {
     std::unique_lock<std::mutex> lock(mu_);
+    Status s = WaitLocked(lock, id, timeout_s, what);
+    if (!s.ok() && first_error_.empty()) first_error_ = s.message();  // told to the peers in our bye
+    return s;
+  }
+
+ private:
+  Status WaitLocked(std::unique_lock<std::mutex>& lock, RequestId id, double timeout_s, const char* what) {
     const auto deadline = Clock::now() + ToDuration(timeout_s);
     for (;;) {
       auto it = reqs_.find(id);
@@ -213,6 +221,7 @@ class UcxTransport final : public Transport {
     }
   }
 
+ public:
   void CancelAll() override {
     std::unique_lock<std::mutex> lock(mu_);
     // Receives can be withdrawn; their buffers are then ours again.
@@ -346,7 +355,14 @@ class UcxTransport final : public Transport {
       auto it = reqs_.find(b);
       if (it != reqs_.end() && it->second.get() == r) {
         std::string& why = gone_[static_cast<size_t>(r->peer)];
-        if (why.empty()) why = "left the group (it failed, was aborted or was destroyed)";
+        if (why.empty()) {
+          std::string text;
+          const char* in = bye_in_[static_cast<size_t>(r->peer)].data();
+          for (size_t i = 0; i < r->received && i < kByeBytes && in[i] != 0; ++i)
+            text += in[i] >= ' ' && in[i] < 127 ? in[i] : '?';
+          why =
+              "left the group (" + (text.empty() ? std::string("it failed, was aborted or was destroyed") : text) + ")";
+        }
       }
     }
   }
@@ -354,11 +370,14 @@ class UcxTransport final : public Transport {
   void SayByeLocked() {
     if (said_bye_ || eps_.empty()) return;
     said_bye_ = true;
-    static const uint32_t kBye = 0x62796521;
+    bye_text_ = !first_error_.empty() ? "after an error: " + first_error_
+                : aborted_.load()     ? std::string("stria_context_abort")
+                                      : std::string("its context was destroyed");
+    if (bye_text_.size() >= kByeBytes) bye_text_.resize(kByeBytes - 1);
     for (int q = 0; q < world_; ++q) {
       if (q == rank_ || !gone_[static_cast<size_t>(q)].empty()) continue;
       RequestId id = 0;
-      (void)PostLocked(q, true, WireTag(rank_, kByeTag), const_cast<uint32_t*>(&kBye), sizeof kBye, &id);
+      (void)PostLocked(q, true, WireTag(rank_, kByeTag), bye_text_.data(), bye_text_.size() + 1, &id);
     }
   }
 
@@ -465,7 +484,8 @@ class UcxTransport final : public Transport {
   std::condition_variable cv_;
   std::unordered_map<RequestId, std::unique_ptr<Req>> reqs_;
   std::vector<RequestId> bye_reqs_;
-  std::vector<uint32_t> bye_in_;
+  std::vector<std::array<char, kByeBytes>> bye_in_;
+  std::string bye_text_, first_error_;
   std::vector<std::string> gone_;  // why each peer is gone; empty while it is fine
   std::atomic<bool> aborted_{false};
   bool said_bye_ = false, stop_ = false;
