@@ -426,10 +426,9 @@ class UcxTransport final : public Transport {
 
   void Shutdown() {
     if (worker_ != nullptr && progress_.joinable()) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        SayByeLocked();
-      }
+      // A rank that failed or was aborted has said bye already. One that ends normally does not:
+      // its peers are ending too, and would only log our bye as an unexpected message. Should a
+      // peer still call, it learns from UCX that our endpoint closed.
       // Give the byes and any last sends a moment to leave before the endpoints close.
       {
         std::unique_lock<std::mutex> lock(mu_);
