@@ -29,8 +29,8 @@ echo "## Ring over UCX, 2 processes x 1 core, causal, H=$H, D=$D, f32 (median of
 python3 - "$out" "${sizes[@]}" <<'PY'
 import sys, collections, statistics, glob
 out, sizes = sys.argv[1], sys.argv[2:]
-print("| tokens per rank | layout | pass | wall ms | compute-only ring ms | wall / compute | waits ms |")
-print("|---|---|---|---|---|---|---|")
+print("| tokens per rank | layout | pass | wall ms | compute-only ring ms (wall clock) | wall / compute | same from CPU time | waits ms |")
+print("|---|---|---|---|---|---|---|---|")
 for L in sizes:
     rows = collections.defaultdict(lambda: collections.defaultdict(dict))
     for r in (0, 1):
@@ -38,17 +38,18 @@ for L in sizes:
             f = line.split()
             if f[0] != "STEP": continue
             layout, p, rep, rank, step = f[1], f[2], int(f[3]), int(f[4]), int(f[5])
-            compute, wait, wall = float(f[6]), float(f[8]), float(f[9])
-            rows[(layout, p)][rep][(rank, step)] = (compute, wait, wall)
+            compute, cpu, wait, wall = float(f[6]), float(f[7]), float(f[8]), float(f[9])
+            rows[(layout, p)][rep][(rank, step)] = (compute, wait, wall, cpu)
     for (layout, p), reps in rows.items():
-        walls, models, waits = [], [], []
+        walls, models, cpus, waits = [], [], [], []
         for rep, d in reps.items():
             steps = sorted({s for (_, s) in d})
             models.append(sum(max(d[(r, s)][0] for r in (0, 1)) for s in steps))
+            cpus.append(sum(max(d[(r, s)][3] for r in (0, 1)) for s in steps))
             walls.append(max(d[(r, 0)][2] for r in (0, 1)))
             waits.append(max(sum(d[(r, s)][1] for s in steps) for r in (0, 1)))
-        w, m = statistics.median(walls), statistics.median(models)
-        print(f"| {L} | {layout} | {p} | {w*1e3:.1f} | {m*1e3:.1f} | {w/m:.3f} | {statistics.median(waits)*1e3:.2f} |")
+        w, m, c = statistics.median(walls), statistics.median(models), statistics.median(cpus)
+        print(f"| {L} | {layout} | {p} | {w*1e3:.1f} | {m*1e3:.1f} | {w/m:.3f} | {w/c:.3f} | {statistics.median(waits)*1e3:.2f} |")
 PY
 
 echo
@@ -66,7 +67,7 @@ for L in "${sizes[@]}"; do
     taskset -c 1 ucx_perftest -p $port >/dev/null 2>&1 &
     server=$!
     sleep 0.5
-    line=$(taskset -c 0 ucx_perftest 127.0.0.1 -p $port -t tag_bw -s $bytes -n 40 -w 3 2>/dev/null | grep -E "^ +Final:" || true)
+    line=$(taskset -c 0 ucx_perftest 127.0.0.1 -p $port -t tag_bw -s $bytes -n 40 -w 3 2>/dev/null | grep -E "Final:" || true)
     wait $server || true
     # Final: iterations, latency typical/avg/overall (us), bandwidth avg/overall (MB/s), rate...
     theirs+=("$(echo "$line" | awk '{printf "%.3f", $7 * 1048576 / 1e9}')")

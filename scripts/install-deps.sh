@@ -8,9 +8,15 @@ command -v ninja >/dev/null || need+=(ninja-build)
 command -v g++ >/dev/null || need+=(g++)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 [ -f /usr/include/dlpack/dlpack.h ] || need+=(libdlpack-dev)
+# The UCX transport module is built where UCX is found; the tests and benchmarks want it.
+[ -f /usr/include/ucp/api/ucp.h ] || need+=(libucx-dev)
 if [ "${1:-}" = "--tests" ]; then
   [ -f /usr/include/gtest/gtest.h ] || need+=(libgtest-dev)
   command -v nm >/dev/null || need+=(binutils)
+  command -v ucx_perftest >/dev/null || need+=(ucx-utils)     # the UCX benchmark's anchor
+  command -v mpirun >/dev/null || need+=(openmpi-bin)          # the mpirun launch example
+  command -v clang++-14 >/dev/null || need+=(clang-14)         # the libFuzzer target
+  ls /usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || need+=(libclang-rt-14-dev)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""
