@@ -178,7 +178,7 @@ TEST(UcxFaults, ShapesDisagree) {
 TEST(UcxFaults, LateRankStillJoins) {
   // A rank that starts 1.5 s after the others is within the timeout: the ring forms.
   auto results =
-      RunFault(3, {"--fault", "late", "--fault-rank", "2", "--late-s", "1.5", "--iters", "2"}, kTimeout * 3 + 20);
+      RunFault(3, {"--fault", "late", "--fault-rank", "2", "--late-s", "1.5", "--iters", "2", "--L", "96"}, kTimeout * 3 + 20);
   for (auto& [rank, r] : results) EXPECT_EQ(r.code, STRIA_SUCCESS) << Describe(results);
 }
 
