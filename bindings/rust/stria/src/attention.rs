@@ -1,0 +1,180 @@
+//! Ring attention, forward and backward (DESIGN.md, "Tensors" and "The ring").
+
+use std::os::raw::{c_int, c_void};
+
+use stria_sys as sys;
+
+use crate::context::Context;
+use crate::error::{check, Result};
+use crate::layout::Layout;
+use crate::tensor::{Input, Output};
+
+/// The settings every rank of a call must share.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionParams {
+    /// How the sequence is spread over the ranks (must match how the tensors were sharded).
+    pub layout: Layout,
+    /// Causal masking on global positions: a query at p sees keys at p' ≤ p.
+    pub causal: bool,
+    /// The factor on QKᵀ; `None` is 1/√D. (`Some(0.0)` also means 1/√D to the library.)
+    pub softmax_scale: Option<f32>,
+}
+
+impl Default for AttentionParams {
+    /// The library's defaults: striped, causal, 1/√D.
+    fn default() -> Self {
+        AttentionParams {
+            layout: Layout::Striped,
+            causal: true,
+            softmax_scale: None,
+        }
+    }
+}
+
+impl AttentionParams {
+    fn raw(&self) -> Result<sys::stria_attention_params_t> {
+        // SAFETY: plain numbers; stria_attention_params_init then fills every field.
+        let mut raw: sys::stria_attention_params_t = unsafe { std::mem::zeroed() };
+        check(unsafe { sys::stria_attention_params_init(&mut raw) })?;
+        raw.layout = self.layout.raw();
+        raw.causal = c_int::from(self.causal);
+        raw.softmax_scale = self.softmax_scale.unwrap_or(0.0);
+        Ok(raw)
+    }
+}
+
+impl Context {
+    /// The forward pass, collectively with the ring's other ranks (each calls it on its own
+    /// thread, with the same shapes and `params`).
+    ///
+    /// - `q`: `[B, L, Hq, D]`, `k`, `v`: `[B, L, Hkv, D]` with Hq a multiple of Hkv (GQA/MQA): this
+    ///   rank's L = S / N tokens in `params.layout`;
+    /// - `out` (written): like `q`; `lse` (written): `[B, Hq, L]` `f32`, the natural log of each
+    ///   row's softmax denominator (−∞ for a row that sees no key).
+    ///
+    /// All of q, k, v, out share one dtype: `f32`, `f16` or `bf16`. A failure on any rank (a bad
+    /// shape, a peer gone, a timeout) is an error on every rank.
+    ///
+    /// ```
+    /// use half::f16;
+    /// use stria::{AttentionParams, Context, Tensor};
+    /// let mut ctx = Context::new(&stria::Config::new()).unwrap(); // a ring of one
+    /// // 4 tokens, 2 query heads sharing 1 key/value head of dimension 8. Keys are all zero, so
+    /// // every visible key gets the same weight: causal output i is the mean of values 0..=i.
+    /// let q = Tensor::full(&[1, 4, 2, 8], f16::from_f32(0.5)).unwrap();
+    /// let k = Tensor::<f16>::zeros(&[1, 4, 1, 8]).unwrap();
+    /// let v = Tensor::new((0..32).map(|x| f16::from_f32(x as f32)).collect(), &[1, 4, 1, 8]).unwrap();
+    /// let mut out = Tensor::<f16>::zeros(&[1, 4, 2, 8]).unwrap();
+    /// let mut lse = Tensor::<f32>::zeros(&[1, 2, 4]).unwrap();
+    /// ctx.forward(&AttentionParams::default(), &q, &k, &v, &mut out, &mut lse).unwrap();
+    /// for i in 0..4 {
+    ///     let mean_row = i as f32 / 2.0; // the mean of rows 0..=i
+    ///     assert_eq!(out.as_slice()[i * 16 + 8 + 3].to_f32(), mean_row * 8.0 + 3.0); // head 1, d 3
+    ///     assert!((lse.as_slice()[i] - ((i + 1) as f32).ln()).abs() < 1e-6);
+    /// }
+    /// ```
+    pub fn forward(
+        &mut self,
+        params: &AttentionParams,
+        q: &impl Input,
+        k: &impl Input,
+        v: &impl Input,
+        out: &mut impl Output,
+        lse: &mut impl Output,
+    ) -> Result<()> {
+        // SAFETY: a null stream is what CPU contexts require (CUDA ones: the default stream).
+        unsafe { self.forward_on_stream(params, q, k, v, out, lse, std::ptr::null_mut()) }
+    }
+
+    /// [`forward`](Context::forward) on a CUDA stream.
+    ///
+    /// # Safety
+    /// `stream` is NULL or a live `cudaStream_t` of the context's device, and the tensors'
+    /// memory stays valid until the work queued on it completes.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn forward_on_stream(
+        &mut self,
+        params: &AttentionParams,
+        q: &impl Input,
+        k: &impl Input,
+        v: &impl Input,
+        out: &mut impl Output,
+        lse: &mut impl Output,
+        stream: *mut c_void,
+    ) -> Result<()> {
+        let params = params.raw()?;
+        let (q, k, v) = (q.dl_tensor(), k.dl_tensor(), v.dl_tensor());
+        let (mut out, mut lse) = (out.dl_tensor_mut(), lse.dl_tensor_mut());
+        // The DLTensors describe memory borrowed for this call: inputs read, outputs written
+        // (distinct from the inputs, or the borrows would not have compiled).
+        check(sys::stria_attention_forward(
+            self.raw(),
+            &params,
+            &q,
+            &k,
+            &v,
+            &mut out,
+            &mut lse,
+            stream,
+        ))
+    }
+
+    /// The backward pass, collectively: from the forward's `q`, `k`, `v`, `out`, `lse` and the
+    /// gradient `dout` (like `out`), writes `dq` (like `q`), `dk` and `dv` (like `k`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward(
+        &mut self,
+        params: &AttentionParams,
+        q: &impl Input,
+        k: &impl Input,
+        v: &impl Input,
+        out: &impl Input,
+        lse: &impl Input,
+        dout: &impl Input,
+        dq: &mut impl Output,
+        dk: &mut impl Output,
+        dv: &mut impl Output,
+    ) -> Result<()> {
+        // SAFETY: as in forward.
+        unsafe { self.backward_on_stream(params, q, k, v, out, lse, dout, dq, dk, dv, std::ptr::null_mut()) }
+    }
+
+    /// [`backward`](Context::backward) on a CUDA stream.
+    ///
+    /// # Safety
+    /// As [`forward_on_stream`](Context::forward_on_stream).
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn backward_on_stream(
+        &mut self,
+        params: &AttentionParams,
+        q: &impl Input,
+        k: &impl Input,
+        v: &impl Input,
+        out: &impl Input,
+        lse: &impl Input,
+        dout: &impl Input,
+        dq: &mut impl Output,
+        dk: &mut impl Output,
+        dv: &mut impl Output,
+        stream: *mut c_void,
+    ) -> Result<()> {
+        let params = params.raw()?;
+        let (q, k, v) = (q.dl_tensor(), k.dl_tensor(), v.dl_tensor());
+        let (out, lse, dout) = (out.dl_tensor(), lse.dl_tensor(), dout.dl_tensor());
+        let (mut dq, mut dk, mut dv) = (dq.dl_tensor_mut(), dk.dl_tensor_mut(), dv.dl_tensor_mut());
+        check(sys::stria_attention_backward(
+            self.raw(),
+            &params,
+            &q,
+            &k,
+            &v,
+            &out,
+            &lse,
+            &dout,
+            &mut dq,
+            &mut dk,
+            &mut dv,
+            stream,
+        ))
+    }
+}
