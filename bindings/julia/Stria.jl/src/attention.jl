@@ -1,0 +1,92 @@
+# attention_forward / attention_backward: collectives over a context's ring.
+
+function _params(layout, causal::Bool, softmax_scale::Real)
+    base = _initialized(LibStria.stria_attention_params_t, LibStria.stria_attention_params_init,
+                        :stria_attention_params_init)
+    return Ref(_replace(base; layout = _layout(layout), causal = causal ? 1 : 0, softmax_scale = softmax_scale))
+end
+
+"""
+    attention_forward!(ctx, out, lse, q, k, v; layout = :striped, causal = true, softmax_scale = 0)
+
+Exact attention of this rank's queries over the whole sequence, into `out` (like q) and `lse`
+(Float32, `(L, Hq, B)`: the natural log of each row's softmax denominator, -Inf for a row that
+sees no key). Arrays are column-major: q `(D, Hq, L, B)`, k and v `(D, Hkv, L, B)` with Hq a
+multiple of Hkv, holding this rank's L tokens in `layout` (see `shard`). Element types Float32,
+Float16 or BFloat16, the same for all but lse. `softmax_scale = 0` means `1/sqrt(D)`.
+
+A collective: every rank of the ring calls it at the same time with the same shapes and
+parameters (see `run_ranks`). Throws a `StriaError` on bad arguments, on every rank.
+"""
+function attention_forward!(ctx::Context, out::AbstractArray, lse::AbstractArray, q::AbstractArray,
+                            k::AbstractArray, v::AbstractArray; layout = :striped, causal::Bool = true,
+                            softmax_scale::Real = 0)
+    params = _params(layout, causal, softmax_scale)
+    tq, tk, tv, tout, tlse = TensorRef(q), TensorRef(k), TensorRef(v), TensorRef(out), TensorRef(lse)
+    GC.@preserve ctx tq tk tv tout tlse begin
+        _call(:stria_attention_forward) do
+            LibStria.stria_attention_forward(ctx.handle, params, tq.ref, tk.ref, tv.ref, tout.ref, tlse.ref, C_NULL)
+        end
+    end
+    return out, lse
+end
+
+"""
+    attention_forward(ctx, q, k, v; out = nothing, lse = nothing, kw...) -> (out, lse)
+
+`attention_forward!` into new arrays (`similar(q)`, and `Array{Float32}(undef, L, Hq, B)`) or
+into the `out`/`lse` given.
+"""
+function attention_forward(ctx::Context, q::AbstractArray, k::AbstractArray, v::AbstractArray;
+                           out::Union{Nothing,AbstractArray} = nothing, lse::Union{Nothing,AbstractArray} = nothing,
+                           kw...)
+    out = out === nothing ? similar(q) : out
+    lse = lse === nothing ? _lse_like(q) : lse
+    return attention_forward!(ctx, out, lse, q, k, v; kw...)
+end
+
+# lse of a q of size (D, Hq, L, B): (L, Hq, B) Float32. A q of another rank is the library's to
+# reject, so it gets an empty lse and the call reports the real problem.
+_lse_like(q::AbstractArray) =
+    ndims(q) == 4 ? Array{Float32}(undef, size(q, 3), size(q, 2), size(q, 4)) : Array{Float32}(undef, 0, 0, 0)
+
+"""
+    attention_backward!(ctx, dq, dk, dv, q, k, v, out, lse, dout; layout = :striped, causal = true,
+                        softmax_scale = 0)
+
+Gradients of the forward's `out` for `dout` (like out): `dq` like q, `dk` and `dv` like k.
+`out` and `lse` are the forward's. The same parameters as the forward; a collective too.
+"""
+function attention_backward!(ctx::Context, dq::AbstractArray, dk::AbstractArray, dv::AbstractArray,
+                             q::AbstractArray, k::AbstractArray, v::AbstractArray, out::AbstractArray,
+                             lse::AbstractArray, dout::AbstractArray; layout = :striped, causal::Bool = true,
+                             softmax_scale::Real = 0)
+    params = _params(layout, causal, softmax_scale)
+    tq, tk, tv, tout, tlse, tdout = TensorRef(q), TensorRef(k), TensorRef(v), TensorRef(out), TensorRef(lse),
+                                    TensorRef(dout)
+    tdq, tdk, tdv = TensorRef(dq), TensorRef(dk), TensorRef(dv)
+    GC.@preserve ctx tq tk tv tout tlse tdout tdq tdk tdv begin
+        _call(:stria_attention_backward) do
+            LibStria.stria_attention_backward(ctx.handle, params, tq.ref, tk.ref, tv.ref, tout.ref, tlse.ref,
+                                              tdout.ref, tdq.ref, tdk.ref, tdv.ref, C_NULL)
+        end
+    end
+    return dq, dk, dv
+end
+
+"""
+    attention_backward(ctx, q, k, v, out, lse, dout; dq = nothing, dk = nothing, dv = nothing, kw...)
+        -> (dq, dk, dv)
+
+`attention_backward!` into new arrays (`similar(q)`, `similar(k)`, `similar(v)`) or into those
+given.
+"""
+function attention_backward(ctx::Context, q::AbstractArray, k::AbstractArray, v::AbstractArray,
+                            out::AbstractArray, lse::AbstractArray, dout::AbstractArray;
+                            dq::Union{Nothing,AbstractArray} = nothing, dk::Union{Nothing,AbstractArray} = nothing,
+                            dv::Union{Nothing,AbstractArray} = nothing, kw...)
+    dq = dq === nothing ? similar(q) : dq
+    dk = dk === nothing ? similar(k) : dk
+    dv = dv === nothing ? similar(v) : dv
+    return attention_backward!(ctx, dq, dk, dv, q, k, v, out, lse, dout; kw...)
+end

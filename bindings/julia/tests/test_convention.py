@@ -1,0 +1,315 @@
+"""Stria.jl's conventions, run against libstria from Python (no Julia here).
+
+The Julia layer passes a column-major array of size (D, H, L, B) as the C tensor [B, L, H, D]
+by reversing its shape and strides (tensors.jl, TensorRef), reads lse as (L, Hq, B), maps a
+Julia dimension `dims` to the C API's seq_dim = ndims - dims (layout.jl, _seq_dim), and reads
+stria_analyze_balance_steps' buffer as a column-major (N, N) matrix w[r, s]. This file does
+exactly the same with Fortran-ordered numpy arrays through ctypes, with the structs built from
+layout_table.json (what LibStria.jl assumes), and checks the results against a float64 dense
+reference of the whole sequence: if the convention or a layout were wrong, these would fail.
+
+Needs STRIA_LIB_PATH (a built libstria.so.0) and numpy; skipped otherwise.
+"""
+
+import ctypes
+import json
+import os
+import threading
+import unittest
+
+try:
+    import numpy as np
+except ImportError:  # pragma: no cover - the test script installs numpy
+    np = None
+
+JULIA_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIB_PATH = os.environ.get("STRIA_LIB_PATH")
+
+# Julia primitive -> ctypes, for the types layout_table.json uses.
+CTYPES = {
+    "Cint": ctypes.c_int, "Cuint": ctypes.c_uint, "Csize_t": ctypes.c_size_t, "Cdouble": ctypes.c_double,
+    "Cfloat": ctypes.c_float, "UInt8": ctypes.c_uint8, "UInt16": ctypes.c_uint16, "Int64": ctypes.c_int64,
+    "UInt64": ctypes.c_uint64, "Cchar": ctypes.c_char,
+}
+
+
+def load_abi():
+    """ctypes mirrors of LibStria.jl's structs and functions, from layout_table.json."""
+    with open(os.path.join(JULIA_DIR, "layout_table.json"), encoding="utf-8") as f:
+        table = json.load(f)
+    aliases = {a["julia"]: a["julia_type"] for a in table["aliases"]}
+    structs = {}
+
+    def ctype(julia_type):
+        julia_type = aliases.get(julia_type, julia_type)
+        if julia_type.startswith("Ptr{"):
+            return ctypes.c_void_p
+        if julia_type.startswith("NTuple{"):
+            count, element = julia_type[len("NTuple{"):-1].split(", ")
+            return ctype(element) * int(count)
+        return structs.get(julia_type) or CTYPES[julia_type]
+
+    for entry in table["structs"]:
+        fields = [(f["name"], ctype(f["julia_type"])) for f in entry["fields"]]
+        structs[entry["julia"]] = type(entry["julia"], (ctypes.Structure,), {"_fields_": fields})
+        assert ctypes.sizeof(structs[entry["julia"]]) == entry["size"], entry["julia"]
+    lib = ctypes.CDLL(LIB_PATH)
+    for entry in table["functions"]:
+        fn = getattr(lib, entry["name"])
+        fn.restype = ctype(entry["return"])
+        fn.argtypes = [ctype(a["julia_type"]) for a in entry["args"]]
+    consts = {c["name"]: c["value"] for c in table["constants"]}
+    return lib, structs, consts
+
+
+class Stria:
+    """The Julia layer's logic, line for line where it matters."""
+
+    def __init__(self):
+        self.lib, self.s, self.c = load_abi()
+
+    def call(self, status, func):
+        if status != self.c["STRIA_SUCCESS"]:
+            raise RuntimeError(f"{func}: {self.last_error()}")
+
+    def last_error(self):
+        return ctypes.string_at(self.lib.stria_get_last_error()).decode()
+
+    def initialized(self, name, init):
+        # _initialized: a roomy buffer for a newer, longer struct; keep our prefix, our size.
+        buffer = ctypes.create_string_buffer(4096)
+        self.call(init(ctypes.addressof(buffer)), init.__name__)
+        value = self.s[name].from_buffer_copy(buffer.raw[:ctypes.sizeof(self.s[name])])
+        value.struct_size = ctypes.sizeof(self.s[name])
+        return value
+
+    def dltype(self, array):
+        if array.dtype == np.float32:
+            return self.c["kDLFloat"], 32
+        if array.dtype == np.float16:
+            return self.c["kDLFloat"], 16
+        if array.dtype == np.uint16:  # bfloat16 storage
+            return self.c["kDLBfloat"], 16
+        if array.dtype == np.int64:
+            return self.c["kDLInt"], 64
+        raise TypeError(array.dtype)
+
+    def tensor(self, a):
+        # TensorRef: the Julia array (n1, ..., nN) is the C tensor [nN, ..., n1], strides reversed.
+        n = a.ndim
+        shape = (ctypes.c_int64 * n)(*[a.shape[n - 1 - i] for i in range(n)])
+        strides = (ctypes.c_int64 * n)(*[a.strides[n - 1 - i] // a.itemsize for i in range(n)])
+        t = self.s["DLTensor"]()
+        t.data = a.ctypes.data
+        t.device = self.s["DLDevice"](self.c["kDLCPU"], 0)
+        t.ndim = n
+        code, bits = self.dltype(a)
+        t.dtype = self.s["DLDataType"](code, bits, 1)
+        t.shape = ctypes.cast(shape, ctypes.c_void_p)
+        t.strides = ctypes.cast(strides, ctypes.c_void_p)
+        t.byte_offset = 0
+        return (t, shape, strides, a)  # everything the pointers point into stays alive
+
+    @staticmethod
+    def ptr(tensor_ref):
+        return ctypes.addressof(tensor_ref[0])
+
+    def local_group(self, n):
+        config = self.initialized("stria_context_config_t", self.lib.stria_context_config_init)
+        config.num_threads = 1
+        handles = (ctypes.c_void_p * n)()
+        self.call(self.lib.stria_context_create_local_group(ctypes.addressof(config), n, handles), "local_group")
+        return list(handles)
+
+    def params(self, layout, causal):
+        p = self.initialized("stria_attention_params_t", self.lib.stria_attention_params_init)
+        p.layout = self.c[f"STRIA_LAYOUT_{layout.upper()}"]
+        p.causal = int(causal)
+        return p
+
+    def seq_dim(self, a, dims):  # _seq_dim: Julia dimension dims (1-based) -> C seq_dim
+        assert 1 <= dims <= a.ndim
+        return a.ndim - dims
+
+    def shard(self, layout, n, r, full, dims):
+        shape = list(full.shape)
+        shape[dims - 1] //= n
+        local = np.empty(shape, dtype=full.dtype, order="F")
+        tf, tl = self.tensor(full), self.tensor(local)
+        self.call(self.lib.stria_shard(self.c[f"STRIA_LAYOUT_{layout.upper()}"], n, r, self.seq_dim(full, dims),
+                                       self.ptr(tf), self.ptr(tl), None), "stria_shard")
+        return local
+
+    def unshard(self, layout, parts, dims):
+        shape = list(parts[0].shape)
+        shape[dims - 1] *= len(parts)
+        full = np.empty(shape, dtype=parts[0].dtype, order="F")
+        for r, part in enumerate(parts):
+            tf, tl = self.tensor(full), self.tensor(part)
+            self.call(self.lib.stria_unshard(self.c[f"STRIA_LAYOUT_{layout.upper()}"], len(parts), r,
+                                             self.seq_dim(full, dims), self.ptr(tl), self.ptr(tf), None),
+                      "stria_unshard")
+        return full
+
+
+def to_bf16(x):
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return bits.astype(np.uint16)
+
+
+def from_storage(a):
+    if a.dtype == np.uint16:
+        return (a.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return a.astype(np.float64)
+
+
+def reference(q, k, v, dout, causal, scale):
+    """Dense float64 attention over (D, H, S, B) arrays (Julia's index order), forward and
+    backward; query head h reads key/value head h // (Hq // Hkv)."""
+    D, Hq, S, B = q.shape
+    group = Hq // k.shape[1]
+    out, lse = np.zeros(q.shape), np.zeros((S, Hq, B))
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    for b in range(B):
+        for h in range(Hq):
+            g = h // group
+            Q, K, V, dO = q[:, h, :, b], k[:, g, :, b], v[:, g, :, b], dout[:, h, :, b]
+            scores = scale * K.T @ Q  # [key j, query i]
+            if causal:
+                scores[np.triu_indices(S, 1)[::-1]] = -np.inf  # j > i
+            m = scores.max(axis=0)
+            p = np.exp(scores - m)
+            den = p.sum(axis=0)
+            P = p / den
+            O = V @ P
+            out[:, h, :, b], lse[:, h, b] = O, m + np.log(den)
+            dv[:, g, :, b] += dO @ P.T
+            dS = P * (V.T @ dO - (dO * O).sum(axis=0))
+            dq[:, h, :, b] += scale * K @ dS
+            dk[:, g, :, b] += scale * Q @ dS.T
+    return out, lse, dq, dk, dv
+
+
+def rel_error(got, want):
+    got = from_storage(got)
+    if np.isnan(got).any():
+        return np.inf
+    return np.linalg.norm(got - want) / np.linalg.norm(want)
+
+
+@unittest.skipUnless(LIB_PATH and np is not None, "needs STRIA_LIB_PATH and numpy")
+class ColumnMajorConvention(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.st = Stria()
+
+    def ring(self, n, layout, causal, dtype, Hq=4, Hkv=2, B=2, S=24, D=16, seed=0):
+        st = self.st
+        rng = np.random.default_rng(seed)
+        store = to_bf16 if dtype == "bf16" else (lambda x: np.asarray(x, dtype=dtype))
+        full = [np.asfortranarray(store(rng.standard_normal(shape, dtype=np.float32)))
+                for shape in ((D, Hq, S, B), (D, Hkv, S, B), (D, Hkv, S, B), (D, Hq, S, B))]
+        parts = [[st.shard(layout, n, r, x, dims=3) for r in range(n)] for x in full]
+        handles = st.local_group(n)
+        params = st.params(layout, causal)
+        results, errors = [None] * n, []
+
+        def rank(r):
+            try:
+                q, k, v, dout = (p[r] for p in parts)
+                # Outputs poisoned with NaN (0x7FC0 is bfloat16's): a value left unwritten fails.
+                nan = 0x7FC0 if q.dtype == np.uint16 else np.nan
+                out = np.full_like(q, nan, order="F")
+                lse = np.full((S // n, Hq, B), np.nan, dtype=np.float32, order="F")  # (L, Hq, B)
+                grads = [np.full_like(x, nan, order="F") for x in (q, k, v)]
+                t = [st.tensor(x) for x in (q, k, v, out, lse, dout, *grads)]
+                ptrs = [st.ptr(x) for x in t]
+                st.call(st.lib.stria_attention_forward(handles[r], ctypes.addressof(params), *ptrs[:5], None),
+                        "forward")
+                st.call(st.lib.stria_attention_backward(handles[r], ctypes.addressof(params), *ptrs, None),
+                        "backward")
+                results[r] = (out, lse, *grads)
+            except Exception as e:  # reported below; the peers fail too
+                errors.append(e)
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        for h in handles:
+            st.lib.stria_context_destroy(h)
+        self.assertEqual(errors, [])
+        gathered = [st.unshard(layout, [res[i] for res in results], dims=1 if i == 1 else 3) for i in range(5)]
+        want = reference(*(from_storage(x) for x in full), causal, 1 / np.sqrt(D))
+        tolerance = 1e-5 if dtype == np.float32 else 2e-2
+        for name, got, ref in zip(("out", "lse", "dq", "dk", "dv"), gathered, want):
+            err = rel_error(got, ref)
+            self.assertLess(err, tolerance, f"{n} ranks {layout} causal={causal} {dtype}: {name} error {err}")
+
+    def test_float32_every_layout(self):
+        seed = 0
+        for n in (1, 2, 3):
+            for layout in ("contiguous", "striped", "zigzag"):
+                for causal in (True, False):
+                    seed += 1
+                    with self.subTest(n=n, layout=layout, causal=causal):
+                        self.ring(n, layout, causal, np.float32, seed=seed)
+
+    def test_half_types(self):
+        self.ring(2, "striped", True, np.float16, Hq=4, Hkv=1, seed=11)
+        self.ring(3, "zigzag", False, "bf16", Hq=2, Hkv=2, seed=12)
+
+    def test_shard_follows_positions(self):
+        st = self.st
+        x = np.asfortranarray(np.arange(3 * 2 * 12 * 2, dtype=np.int64).reshape((3, 2, 12, 2), order="F"))
+        for layout in ("striped", "zigzag"):
+            for r in range(2):
+                pos = (ctypes.c_int64 * 6)()
+                st.call(st.lib.stria_layout_positions(st.c[f"STRIA_LAYOUT_{layout.upper()}"], 12, 2, r, pos), "pos")
+                # Julia dims = 3 is the sequence of a (D, H, S, B) array.
+                np.testing.assert_array_equal(st.shard(layout, 2, r, x, dims=3), x[:, :, list(pos), :])
+
+    def test_strided_views_and_errors(self):
+        st = self.st
+        D, H, L = 8, 2, 4
+        packed = np.asfortranarray(np.random.default_rng(3).standard_normal((D, 3 * H, L, 1), dtype=np.float32))
+        q, k, v = packed[:, 0:H], packed[:, H:2 * H], packed[:, 2 * H:]  # views: non-compact strides
+        handle = st.local_group(1)[0]
+        params = st.params("striped", True)
+        out = np.empty((D, H, L, 1), dtype=np.float32, order="F")
+        lse = np.empty((L, H, 1), dtype=np.float32, order="F")
+        t = [st.tensor(x) for x in (q, k, v, out, lse)]
+        st.call(st.lib.stria_attention_forward(handle, ctypes.addressof(params), *[st.ptr(x) for x in t], None), "f")
+        want = reference(*(x.astype(np.float64) for x in (q, k, v, q)), True, 1 / np.sqrt(D))
+        self.assertLess(rel_error(out, want[0]), 1e-5)
+        # D strided (stride(a, 1) != 1): the library refuses it with a message.
+        bad = st.tensor(np.asfortranarray(np.zeros((2 * D, H, L, 1), dtype=np.float32))[::2])
+        rest = [st.ptr(x) for x in t[1:]]
+        status = st.lib.stria_attention_forward(handle, ctypes.addressof(params), st.ptr(bad), *rest, None)
+        self.assertEqual(status, st.c["STRIA_ERROR_INVALID_ARGUMENT"])
+        self.assertIn("stride", st.last_error())
+        st.lib.stria_context_destroy(handle)
+
+    def test_balance_steps_orientation(self):
+        st = self.st
+        n, S = 4, 64
+        balance = st.s["stria_balance_t"]()
+        balance.struct_size = ctypes.sizeof(balance)
+        layout = st.c["STRIA_LAYOUT_CONTIGUOUS"]
+        st.call(st.lib.stria_analyze_balance(layout, 1, S, n, 1, ctypes.addressof(balance)), "balance")
+        work = np.empty((n, n), dtype=np.float64, order="F")  # Julia's Matrix: w[r, s]
+        st.call(st.lib.stria_analyze_balance_steps(layout, 1, S, n, 1, work.ctypes.data), "steps")
+        self.assertAlmostEqual(work.max(axis=0).sum(), balance.ring_latency)  # busiest rank per step s
+        # Contiguous and causal: at step s >= 1 rank r holds the keys of rank (r - s) mod n, all
+        # visible when that rank is before r, none when after. So rank 0 idles after step 0 and
+        # rank n-1 computes full L x L blocks; at step 0 every rank computes its causal diagonal.
+        L = S // n
+        np.testing.assert_array_equal(work[0, 1:], 0)
+        np.testing.assert_array_equal(work[n - 1, 1:], L * L)
+        np.testing.assert_array_equal(work[:, 0], L * (L + 1) // 2)
+
+
+if __name__ == "__main__":
+    unittest.main()
