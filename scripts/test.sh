@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Every test: the Release build (unit, ring-vs-reference, fault, example and install tests), then
-# the C++ tests again under AddressSanitizer+UndefinedBehaviorSanitizer, and under ThreadSanitizer.
-# Installs what it needs. SANITIZERS=0 skips the sanitizer builds.
+# Every test: the Release build (unit, ring-vs-reference, fault, multi-process UCX, fuzz, example
+# and install tests), the bindings' suites (Python, Rust, Julia generator) against that build,
+# then the C++ tests again under AddressSanitizer+UndefinedBehaviorSanitizer, and under
+# ThreadSanitizer. Installs what it needs. SANITIZERS=0 skips the sanitizer builds; BINDINGS=0
+# skips the bindings.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh --tests
@@ -11,6 +13,14 @@ echo "== Release build and tests"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRIA_WERROR=ON >/dev/null
 ninja -C build -j"$jobs"
 (cd build && ctest -j"$jobs" --output-on-failure --no-tests=error)
+
+if [ "${BINDINGS:-1}" = 1 ]; then
+  for lang in python rust julia; do
+    [ -x "scripts/test-$lang.sh" ] || continue
+    echo "== $lang bindings"
+    STRIA_BUILD_DIR=build STRIA_JULIA_BUILD_DIR=build "scripts/test-$lang.sh"
+  done
+fi
 
 if [ "${SANITIZERS:-1}" = 1 ]; then
   echo "== AddressSanitizer + UndefinedBehaviorSanitizer"
