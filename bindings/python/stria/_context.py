@@ -1,0 +1,362 @@
+"""Contexts: one rank of a ring, created alone (UCX/NCCL across processes), from a launcher's
+environment, or as an in-process local group whose ranks are driven by threads."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Callable, Union
+
+from . import _ops, capi
+from ._enums import Layout, LayoutLike, Transport, TransportLike
+from .capi import AbortedError, InvalidArgumentError
+
+DeviceLike = Union[str, int, tuple[int, int], Any]  # "cpu", "cuda", "cuda:1", 1, (type, id), torch.device
+
+
+def parse_device(device: DeviceLike) -> tuple[int, int]:
+    """A DLPack (device_type, device_id): "cpu", "cuda", "cuda:N", a CUDA ordinal, a tuple, or a
+    torch.device."""
+    if isinstance(device, tuple) and len(device) == 2:
+        return int(device[0]), int(device[1])
+    if isinstance(device, int) and not isinstance(device, bool):
+        return capi.kDLCUDA, device
+    text = str(device)  # also torch.device("cuda:1")
+    kind, _, index = text.partition(":")
+    if kind == "cpu" and index in ("", "0"):
+        return capi.kDLCPU, 0
+    if kind == "cuda" and (index == "" or index.isdigit()):
+        return capi.kDLCUDA, int(index or 0)
+    raise ValueError(f"unknown device {device!r} (expected 'cpu', 'cuda', 'cuda:N', or a (device_type, id) tuple)")
+
+
+def get_unique_id() -> bytes:
+    """Opens rank 0's rendezvous (UCX/NCCL) and returns its 128-byte id, to hand to every rank
+    (e.g. by an MPI or torch.distributed broadcast) and pass to Context(unique_id=...)."""
+    return capi.stria_get_unique_id()
+
+
+def _config(
+    rank: int,
+    world_size: int,
+    device: DeviceLike,
+    transport: TransportLike,
+    unique_id: bytes | None,
+    timeout_s: float,
+    num_threads: int,
+) -> capi.stria_context_config_t:
+    config = capi.stria_context_config_t()
+    capi.stria_context_config_init(config)
+    config.rank = rank
+    config.world_size = world_size
+    config.device = parse_device(device)
+    config.transport = Transport.of(transport)
+    if unique_id is not None:
+        config.unique_id.internal = bytes(unique_id)  # raises unless exactly 128 bytes
+    config.timeout_s = float(timeout_s)
+    config.num_threads = num_threads
+    return config
+
+
+class Context:
+    """One rank of a ring. Close it (or use ``with``) to free it; it is closed when collected.
+
+    A context is driven by one thread at a time; the ranks of a local group each need their own
+    thread (LocalGroup.run does that). abort() may be called from any thread.
+    """
+
+    def __init__(
+        self,
+        rank: int = 0,
+        world_size: int = 1,
+        *,
+        device: DeviceLike = "cpu",
+        transport: TransportLike = Transport.LOCAL,
+        unique_id: bytes | None = None,
+        timeout_s: float = 0.0,
+        num_threads: int = 0,
+    ):
+        """Creates rank `rank` of `world_size` (stria_context_create).
+
+        transport LOCAL takes world_size 1 (use local_group() for more ranks in one process).
+        UCX and NCCL join ranks across processes: every rank passes rank 0's `unique_id`
+        (get_unique_id() on rank 0, broadcast by the caller), or none (128 zero bytes) to
+        rendezvous through the environment (see from_env). timeout_s 0 is the library's
+        default (300 s); num_threads 0 uses every core.
+        """
+        self._handle = None
+        handle = capi.stria_context_create(
+            _config(rank, world_size, device, transport, unique_id, timeout_s, num_threads)
+        )
+        self._adopt(handle, parse_device(device))
+
+    @classmethod
+    def _from_handle(cls, handle: Any, device: tuple[int, int]) -> Context:
+        self = cls.__new__(cls)
+        self._handle = None
+        self._adopt(handle, device)
+        return self
+
+    def _adopt(self, handle: Any, device: tuple[int, int]) -> None:
+        self._handle = handle
+        self._device = device
+        self._lock = threading.Lock()
+        self._rank = capi.stria_context_get_rank(handle)
+        self._world_size = capi.stria_context_get_world_size(handle)
+
+    @classmethod
+    def from_env(
+        cls,
+        *,
+        device: str = "cpu",
+        transport: TransportLike = Transport.UCX,
+        timeout_s: float = 0.0,
+        num_threads: int = 0,
+        environ: Mapping[str, str] | None = None,
+    ) -> Context:
+        """The context of this process under torchrun or mpirun.
+
+        Rank and world size come from RANK / WORLD_SIZE (torchrun) or OMPI_COMM_WORLD_RANK /
+        OMPI_COMM_WORLD_SIZE (mpirun). device "cuda" uses the GPU LOCAL_RANK (or
+        OMPI_COMM_WORLD_LOCAL_RANK). The ranks meet at STRIA_ROOT=host:port (rank 0 listens
+        there, the others connect), authenticated with STRIA_SECRET (hex) when set: the unique id
+        is left all zero, which tells the transport to rendezvous from the environment.
+        """
+        env = os.environ if environ is None else environ
+        if "RANK" in env and "WORLD_SIZE" in env:
+            rank_var, size_var, local_var = "RANK", "WORLD_SIZE", "LOCAL_RANK"
+        elif "OMPI_COMM_WORLD_RANK" in env and "OMPI_COMM_WORLD_SIZE" in env:
+            rank_var, size_var, local_var = (
+                "OMPI_COMM_WORLD_RANK",
+                "OMPI_COMM_WORLD_SIZE",
+                "OMPI_COMM_WORLD_LOCAL_RANK",
+            )
+        else:
+            raise InvalidArgumentError(
+                "Context.from_env: no launcher environment found: set RANK and WORLD_SIZE (torchrun does) or "
+                "OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE (mpirun does)"
+            )
+        if not env.get("STRIA_ROOT"):
+            raise InvalidArgumentError(
+                "Context.from_env: STRIA_ROOT is not set: export STRIA_ROOT=host:port on every rank (rank 0 "
+                "listens there and the others connect; under torchrun e.g. STRIA_ROOT=$MASTER_ADDR:29600), and "
+                "optionally STRIA_SECRET=<hex> to authenticate the peers"
+            )
+        try:
+            rank, world_size = int(env[rank_var]), int(env[size_var])
+            local_rank = int(env.get(local_var, "0"))
+        except ValueError as e:
+            raise InvalidArgumentError(
+                f"Context.from_env: {rank_var}/{size_var}/{local_var} must be integers ({e})"
+            ) from None
+        dev = parse_device(device)
+        if dev[0] == capi.kDLCUDA and ":" not in str(device):
+            dev = (capi.kDLCUDA, local_rank)
+        return cls(
+            rank,
+            world_size,
+            device=dev,
+            transport=transport,
+            unique_id=None,
+            timeout_s=timeout_s,
+            num_threads=num_threads,
+        )
+
+    # ---- properties --------------------------------------------------------------------
+    @property
+    def handle(self) -> Any:
+        """The stria_context_t for stria.capi calls; InvalidArgumentError once closed."""
+        if self._handle is None:
+            raise InvalidArgumentError("this stria Context is closed")
+        return self._handle
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def device(self) -> tuple[int, int]:
+        """The DLPack (device_type, device_id) of this context."""
+        return self._device
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"<stria.Context rank {self._rank} of {self._world_size}, device {self._device}, {state}>"
+
+    # ---- operations --------------------------------------------------------------------
+    def attention_forward(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        out: Any = None,
+        lse: Any = None,
+        *,
+        layout: LayoutLike = Layout.STRIPED,
+        causal: bool = True,
+        softmax_scale: float | None = None,
+        stream: int | None = None,
+    ) -> tuple[Any, Any]:
+        """stria.attention_forward on this context."""
+        return _ops.attention_forward(
+            self, q, k, v, out, lse, layout=layout, causal=causal, softmax_scale=softmax_scale, stream=stream
+        )
+
+    def attention_backward(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        out: Any,
+        lse: Any,
+        dout: Any,
+        dq: Any = None,
+        dk: Any = None,
+        dv: Any = None,
+        *,
+        layout: LayoutLike = Layout.STRIPED,
+        causal: bool = True,
+        softmax_scale: float | None = None,
+        stream: int | None = None,
+    ) -> tuple[Any, Any, Any]:
+        """stria.attention_backward on this context."""
+        return _ops.attention_backward(
+            self,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            dout,
+            dq,
+            dk,
+            dv,
+            layout=layout,
+            causal=causal,
+            softmax_scale=softmax_scale,
+            stream=stream,
+        )
+
+    def step_times(self) -> list[_ops.StepTime]:
+        """Per-step timings of this context's last attention call."""
+        return _ops.step_times(self)
+
+    def abort(self) -> None:
+        """Makes a call in progress on this context (in another thread) fail with AbortedError,
+        and every later call too; peers see the rank leave. Only close() remains useful."""
+        capi.stria_context_abort(self.handle)
+
+    def close(self) -> None:
+        """Destroys the context (idempotent)."""
+        with self._lock:
+            handle, self._handle = self._handle, None
+        if handle is not None:
+            capi.stria_context_destroy(handle)
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_handle", None) is not None and capi is not None:
+            try:
+                self.close()
+            except Exception:  # noqa: BLE001 - nothing can be raised from a finalizer
+                pass
+
+
+class LocalGroup(Sequence[Context]):
+    """world_size contexts in this process joined by the in-process transport.
+
+    Every collective (attention_forward/backward) must be called by all ranks at once, each
+    from its own thread: run() does that. Use it as a context manager, or close() it.
+    """
+
+    def __init__(self, world_size: int, *, device: DeviceLike = "cpu", timeout_s: float = 0.0, num_threads: int = 0):
+        config = _config(0, 1, device, Transport.LOCAL, None, timeout_s, num_threads)
+        handles = capi.stria_context_create_local_group(config, world_size)
+        self._contexts = [Context._from_handle(h, parse_device(device)) for h in handles]
+
+    def __len__(self) -> int:
+        return len(self._contexts)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        return self._contexts[index]
+
+    def __iter__(self) -> Iterator[Context]:
+        return iter(self._contexts)
+
+    def run(self, fn: Callable[..., Any], *per_rank_args: Sequence[Any], abort_on_error: bool = True) -> list[Any]:
+        """Calls fn(ctx, *args) for every rank at once, each in its own thread, and returns the
+        results in rank order. ``per_rank_args`` are sequences indexed by rank.
+
+        If a rank raises, the group is aborted (abort_on_error) so that the other ranks, which
+        may be waiting for it inside a collective, fail at once instead of at the timeout; the
+        first error that is not the resulting AbortedError is re-raised. An aborted group can
+        only be closed.
+        """
+        n = len(self._contexts)
+        for args in per_rank_args:
+            if len(args) != n:
+                raise ValueError(f"LocalGroup.run: each per-rank argument needs {n} entries, got {len(args)}")
+        results: list[Any] = [None] * n
+        errors: list[BaseException | None] = [None] * n
+
+        def body(rank: int) -> None:
+            try:
+                results[rank] = fn(self._contexts[rank], *(args[rank] for args in per_rank_args))
+            except BaseException as e:  # noqa: BLE001 - handed to the calling thread
+                errors[rank] = e
+                if abort_on_error:
+                    self.abort()
+
+        threads = [threading.Thread(target=body, args=(r,), name=f"stria-rank-{r}") for r in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        failures = [e for e in errors if e is not None]
+        if failures:
+            primary = [e for e in failures if not isinstance(e, AbortedError)]
+            raise (primary or failures)[0]
+        return results
+
+    def abort(self) -> None:
+        """Aborts every rank (see Context.abort)."""
+        for ctx in self._contexts:
+            if not ctx.closed:
+                try:
+                    ctx.abort()
+                except InvalidArgumentError:
+                    pass  # closed meanwhile
+
+    def close(self) -> None:
+        for ctx in self._contexts:
+            ctx.close()
+
+    def __enter__(self) -> LocalGroup:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<stria.LocalGroup of {len(self._contexts)} ranks>"
+
+
+def local_group(
+    world_size: int, *, device: DeviceLike = "cpu", timeout_s: float = 0.0, num_threads: int = 0
+) -> LocalGroup:
+    """world_size ranks in this process (stria_context_create_local_group); see LocalGroup."""
+    return LocalGroup(world_size, device=device, timeout_s=timeout_s, num_threads=num_threads)

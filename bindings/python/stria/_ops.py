@@ -1,0 +1,240 @@
+"""Attention, sharding and balance analysis over stria.capi, with outputs allocated on demand.
+
+Tensors are any objects implementing ``__dlpack__`` (numpy arrays, torch tensors, ...), passed
+without a copy. Shapes (DESIGN.md, "Tensors"): q ``[B, L, Hq, D]``, k and v ``[B, L, Hkv, D]``
+(Hq a multiple of Hkv), out like q, lse ``[B, Hq, L]`` float32; float32, float16 or bfloat16; any
+strides with a contiguous last dimension. An output that is passed in is the object written and
+returned; one that is not is allocated like the inputs (same framework, device and dtype).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import capi
+from ._enums import Layout, LayoutLike
+from ._tensors import default_stream, empty_like, for_dlpack, shape_of
+
+if TYPE_CHECKING:
+    from ._context import Context
+
+Tensor = Any  # any object implementing __dlpack__
+
+
+def attention_params(
+    layout: LayoutLike = Layout.STRIPED, causal: bool = True, softmax_scale: float | None = None
+) -> capi.stria_attention_params_t:
+    """A stria_attention_params_t; softmax_scale None (or 0) means 1/sqrt(D)."""
+    params = capi.stria_attention_params_t()
+    capi.stria_attention_params_init(params)
+    params.layout = Layout.of(layout)
+    params.causal = 1 if causal else 0
+    params.softmax_scale = 0.0 if softmax_scale is None else float(softmax_scale)
+    return params
+
+
+def _lse_shape(q: Tensor) -> tuple[int, ...]:
+    shape = shape_of(q)
+    # A q of another rank is the library's to reject (with its message): give it any lse.
+    return (shape[0], shape[2], shape[1]) if len(shape) == 4 else (1,)
+
+
+def attention_forward(
+    ctx: Context,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor | None = None,
+    lse: Tensor | None = None,
+    *,
+    layout: LayoutLike = Layout.STRIPED,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+    stream: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Exact attention of this rank's queries over the whole (sharded) sequence.
+
+    A collective: every rank of ctx's group calls it with the same shapes and parameters (the
+    ranks of a local group each from its own thread). Returns ``(out, lse)``: the objects passed
+    in, or new ones like q (lse: float32 ``[B, Hq, L]``). Raises a StriaError subclass with the
+    library's message on failure.
+    """
+    if out is None:
+        out = empty_like(q, shape_of(q))
+    if lse is None:
+        lse = empty_like(q, _lse_shape(q), dtype="float32")
+    if stream is None:
+        stream = default_stream(q)
+    capi.stria_attention_forward(
+        ctx.handle,
+        attention_params(layout, causal, softmax_scale),
+        for_dlpack(q),
+        for_dlpack(k),
+        for_dlpack(v),
+        for_dlpack(out),
+        for_dlpack(lse),
+        stream,
+    )
+    return out, lse
+
+
+def attention_backward(
+    ctx: Context,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    dout: Tensor,
+    dq: Tensor | None = None,
+    dk: Tensor | None = None,
+    dv: Tensor | None = None,
+    *,
+    layout: LayoutLike = Layout.STRIPED,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+    stream: int | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of attention_forward: returns ``(dq, dk, dv)`` for this rank's q, k, v.
+
+    out and lse are the forward's; dout is the gradient of out. A collective like the forward,
+    with the same parameters.
+    """
+    if dq is None:
+        dq = empty_like(q, shape_of(q))
+    if dk is None:
+        dk = empty_like(k, shape_of(k))
+    if dv is None:
+        dv = empty_like(v, shape_of(v))
+    if stream is None:
+        stream = default_stream(q)
+    capi.stria_attention_backward(
+        ctx.handle,
+        attention_params(layout, causal, softmax_scale),
+        for_dlpack(q),
+        for_dlpack(k),
+        for_dlpack(v),
+        for_dlpack(out),
+        for_dlpack(lse),
+        for_dlpack(dout),
+        for_dlpack(dq),
+        for_dlpack(dk),
+        for_dlpack(dv),
+        stream,
+    )
+    return dq, dk, dv
+
+
+def positions(layout: LayoutLike, seq_len: int, world_size: int, rank: int) -> np.ndarray:
+    """The global position of each of this rank's seq_len / world_size tokens (int64), e.g. for
+    rotary position ids and for picking this rank's labels."""
+    raw = capi.stria_layout_positions(Layout.of(layout), seq_len, world_size, rank)
+    return np.frombuffer(raw, dtype=np.int64)
+
+
+def _resized(shape: tuple[int, ...], seq_dim: int, factor_num: int, factor_den: int) -> tuple[int, ...] | None:
+    """shape with shape[seq_dim] scaled by num/den, or None when seq_dim or the factor is invalid
+    (then the caller allocates any tensor and the library reports the problem)."""
+    if factor_num <= 0 or factor_den <= 0 or not -len(shape) <= seq_dim < len(shape):
+        return None
+    dims = list(shape)
+    dims[seq_dim] = dims[seq_dim] * factor_num // factor_den
+    return tuple(dims)
+
+
+def shard(
+    full: Tensor,
+    world_size: int,
+    rank: int,
+    *,
+    layout: LayoutLike = Layout.STRIPED,
+    seq_dim: int = 1,
+    out: Tensor | None = None,
+    stream: int | None = None,
+) -> Tensor:
+    """This rank's tokens of a full-sequence tensor (along seq_dim; negative counts from the end),
+    copied into out (or a new tensor like full) in the order of the layout."""
+    if out is None:
+        shape = _resized(shape_of(full), seq_dim, 1, world_size) or shape_of(full)
+        out = empty_like(full, shape)
+    if stream is None:
+        stream = default_stream(full)
+    capi.stria_shard(Layout.of(layout), world_size, rank, seq_dim, for_dlpack(full), for_dlpack(out), stream)
+    return out
+
+
+def unshard(
+    local: Tensor,
+    world_size: int,
+    rank: int,
+    *,
+    layout: LayoutLike = Layout.STRIPED,
+    seq_dim: int = 1,
+    out: Tensor | None = None,
+    stream: int | None = None,
+) -> Tensor:
+    """Writes this rank's tokens back into their places in a full-sequence tensor and returns it.
+
+    Pass the same `out` from every rank to assemble the whole sequence; a new `out` is zero
+    everywhere but this rank's positions.
+    """
+    if out is None:
+        shape = _resized(shape_of(local), seq_dim, world_size, 1) or shape_of(local)
+        out = empty_like(local, shape, zero=True)
+    if stream is None:
+        stream = default_stream(local)
+    capi.stria_unshard(Layout.of(layout), world_size, rank, seq_dim, for_dlpack(local), for_dlpack(out), stream)
+    return out
+
+
+@dataclass(frozen=True)
+class Balance:
+    """The work of one attention call under a layout, in visible (query, key) pairs counted at
+    tile granularity (stria_balance_t)."""
+
+    total_work: float  #: pairs computed, all ranks, all steps
+    ring_latency: float  #: sum over ring steps of the busiest rank's work
+    speedup: float  #: total_work / ring_latency (N is perfect)
+    imbalance: float  #: ring_latency / (total_work / N) (1 is perfect)
+
+
+def analyze_balance(
+    layout: LayoutLike, seq_len: int, world_size: int, *, causal: bool = True, tile: int = 1
+) -> Balance:
+    """How evenly a layout spreads causal (or full) attention over the ring's ranks and steps."""
+    b = capi.stria_analyze_balance(Layout.of(layout), 1 if causal else 0, seq_len, world_size, tile)
+    return Balance(b.total_work, b.ring_latency, b.speedup, b.imbalance)
+
+
+def analyze_balance_steps(
+    layout: LayoutLike, seq_len: int, world_size: int, *, causal: bool = True, tile: int = 1
+) -> np.ndarray:
+    """The work behind analyze_balance: a float64 array [step, rank] of world_size x world_size."""
+    layout, flag = Layout.of(layout), 1 if causal else 0
+    # The same checks without the world_size^2 array: bad arguments get the library's message
+    # rather than a MemoryError for an absurd world_size.
+    capi.stria_analyze_balance(layout, flag, seq_len, world_size, tile)
+    raw = capi.stria_analyze_balance_steps(layout, flag, seq_len, world_size, tile)
+    return np.frombuffer(raw, dtype=np.float64).reshape(world_size, world_size)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Where one ring step of a context's last attention call went (stria_step_time_t)."""
+
+    compute_s: float  #: wall time of this rank's compute in the step
+    compute_cpu_s: float  #: CPU time of its compute threads divided by their number
+    wait_s: float  #: time blocked on the ring's transfers after the compute
+
+
+def step_times(ctx: Context) -> list[StepTime]:
+    """Per-step timings of ctx's last attention call (empty before the first)."""
+    capacity = max(ctx.world_size, 1)
+    while True:
+        steps, count = capi.stria_context_get_step_times(ctx.handle, capacity)
+        if count <= capacity:
+            return [StepTime(s.compute_s, s.compute_cpu_s, s.wait_s) for s in steps]
+        capacity = count

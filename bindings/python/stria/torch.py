@@ -1,0 +1,135 @@
+"""PyTorch integration: ring attention as an autograd function.
+
+- ``ring_attention(q, k, v, context)``: stria's layout, q ``[B, L, Hq, D]``, k/v ``[B, L, Hkv, D]``.
+- ``scaled_dot_product_attention(query, key, value, ..., context=...)``: shaped like
+  ``torch.nn.functional.scaled_dot_product_attention``, q ``[B, Hq, L, D]``. The inputs are
+  transposed as strided views (no copy: stria takes any strides with a contiguous last dim) and
+  so is the output.
+
+Every rank of the context's group calls these with its own shard of the sequence (L = S/N
+tokens in the layout: see stria.shard and stria.positions), the ranks of a local group each from
+its own thread, in the same order, forward and backward: each call is a collective. Gradients
+flow to q, k and v; a loss over a rank's tokens gives that rank's share of the gradients of
+weights shared across ranks (sum them: a shared module in threads does that by itself).
+
+CPU tensors on a CPU context; CUDA tensors on a CUDA context (the current stream is used). On
+CUDA, torch runs backward on one thread per device, so the ranks of a local group need a GPU
+each there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import _ops
+from ._context import Context
+from ._enums import Layout, LayoutLike
+
+__all__ = ["RingAttentionFunction", "ring_attention", "scaled_dot_product_attention"]
+
+
+def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    """x itself when stria can take its strides (unit stride in the last dim), else a copy."""
+    return x if x.stride(-1) == 1 or x.size(-1) == 1 else x.contiguous()
+
+
+class RingAttentionFunction(torch.autograd.Function):
+    """Exact attention over the sharded sequence; forward and backward are stria collectives.
+
+    apply(q, k, v, context, layout, causal, softmax_scale) -> out, in stria's [B, L, H, D].
+    """
+
+    @staticmethod
+    def forward(
+        fctx: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        context: Context,
+        layout: LayoutLike,
+        causal: bool,
+        softmax_scale: float | None,
+    ) -> torch.Tensor:
+        q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
+        out, lse = _ops.attention_forward(context, q, k, v, layout=layout, causal=causal, softmax_scale=softmax_scale)
+        fctx.save_for_backward(q, k, v, out, lse)
+        fctx.stria_args = (context, layout, causal, softmax_scale)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(fctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        q, k, v, out, lse = fctx.saved_tensors
+        context, layout, causal, softmax_scale = fctx.stria_args
+        dq, dk, dv = _ops.attention_backward(
+            context,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            _last_dim_contiguous(dout),
+            layout=layout,
+            causal=causal,
+            softmax_scale=softmax_scale,
+        )
+        return dq, dk, dv, None, None, None, None
+
+
+def ring_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    context: Context,
+    *,
+    layout: LayoutLike = Layout.STRIPED,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+) -> torch.Tensor:
+    """Attention of this rank's q ``[B, L, Hq, D]`` over the whole sequence's k, v
+    ``[B, L, Hkv, D]`` (each rank holds its L tokens in `layout`); returns ``[B, L, Hq, D]``.
+    softmax_scale None is 1/sqrt(D); causal masks on global positions."""
+    return RingAttentionFunction.apply(q, k, v, context, Layout.of(layout), bool(causal), softmax_scale)
+
+
+def scaled_dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    *,
+    context: Context,
+    layout: LayoutLike = Layout.STRIPED,
+) -> torch.Tensor:
+    """torch.nn.functional.scaled_dot_product_attention over a sequence sharded across the ranks
+    of `context`: query ``[B, Hq, L, D]``, key/value ``[B, Hkv, L, D]`` hold this rank's L tokens
+    in `layout`; returns ``[B, Hq, L, D]`` (a transposed view of stria's output).
+
+    is_causal masks on global positions. Grouped-query attention (Hq a multiple of Hkv) is
+    always accepted (enable_gqa is taken for compatibility). attn_mask and dropout are not
+    supported.
+    """
+    if attn_mask is not None:
+        raise NotImplementedError("stria's attention takes no attn_mask: use is_causal (on global positions)")
+    if dropout_p != 0.0:
+        raise NotImplementedError("stria's attention has no dropout: pass dropout_p=0.0")
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if x.dim() != 4:
+            raise ValueError(f"{name} must be [B, H, L, D], got shape {tuple(x.shape)}")
+    del enable_gqa
+    out = ring_attention(
+        query.transpose(1, 2),
+        key.transpose(1, 2),
+        value.transpose(1, 2),
+        context,
+        layout=layout,
+        causal=is_causal,
+        softmax_scale=scale,
+    )
+    return out.transpose(1, 2)

@@ -1,0 +1,264 @@
+"""Bad inputs raise the StriaError subclass of the library's status with the library's own
+message (the one stria_get_last_error() holds), or a TypeError/BufferError naming the argument
+for objects that cannot be tensors; nothing crashes."""
+
+from __future__ import annotations
+
+import builtins
+
+import numpy as np
+import pytest
+import stria
+from conftest import TIMEOUT_S
+from stria import capi
+
+D = 16
+
+
+@pytest.fixture
+def ctx():
+    with stria.Context(timeout_s=TIMEOUT_S) as c:
+        yield c
+
+
+def tensors(shape=(1, 8, 2, D), dtype=np.float32):
+    rng = np.random.default_rng(7)
+    return [rng.standard_normal(shape).astype(dtype) for _ in range(3)]
+
+
+def raises_library_error(cls, fn, *args, match=None, **kwargs):
+    """Calls fn, expects cls, and checks the message is the library's last error verbatim."""
+    with pytest.raises(cls, match=match) as info:
+        fn(*args, **kwargs)
+    assert str(info.value) == capi.stria_get_last_error() != ""
+    assert info.value.status == cls.status
+    return info.value
+
+
+def test_hierarchy_follows_the_status_codes():
+    classes = {
+        capi.STRIA_ERROR_INVALID_ARGUMENT: (stria.InvalidArgumentError, ValueError),
+        capi.STRIA_ERROR_UNSUPPORTED: (stria.UnsupportedError, NotImplementedError),
+        capi.STRIA_ERROR_OUT_OF_MEMORY: (stria.OutOfMemoryError, MemoryError),
+        capi.STRIA_ERROR_TRANSPORT: (stria.TransportError, None),
+        capi.STRIA_ERROR_TIMEOUT: (stria.TimeoutError, builtins.TimeoutError),
+        capi.STRIA_ERROR_CUDA: (stria.CudaError, None),
+        capi.STRIA_ERROR_ABORTED: (stria.AbortedError, None),
+        capi.STRIA_ERROR_INTERNAL: (stria.InternalError, None),
+    }
+    for status, (cls, builtin) in classes.items():
+        assert issubclass(cls, stria.StriaError) and issubclass(cls, RuntimeError)
+        assert cls.status == status
+        assert builtin is None or issubclass(cls, builtin)
+        assert cls.__module__ == "stria"
+    assert stria.TimeoutError is not builtins.TimeoutError
+
+
+def test_mismatched_shapes(ctx):
+    q, k, v = tensors()
+    e = raises_library_error(stria.InvalidArgumentError, ctx.attention_forward, q, k[:, :4], v)
+    assert "k" in str(e)
+
+
+def test_heads_not_a_multiple(ctx):
+    q = tensors((1, 8, 3, D))[0]
+    k, v = tensors((1, 8, 2, D))[:2]
+    raises_library_error(stria.InvalidArgumentError, ctx.attention_forward, q, k, v)
+
+
+def test_mixed_dtypes(ctx):
+    q, k, v = tensors()
+    raises_library_error(stria.InvalidArgumentError, ctx.attention_forward, q, k.astype(np.float16), v)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int32])
+def test_unsupported_dtype(ctx, dtype):
+    q, k, v = (x.astype(dtype) for x in tensors())
+    raises_library_error(stria.UnsupportedError, ctx.attention_forward, q, k, v, match="bfloat16")
+
+
+def test_lse_must_be_float32(ctx):
+    q, k, v = tensors()
+    raises_library_error(
+        stria.InvalidArgumentError, ctx.attention_forward, q, k, v, lse=np.empty((1, 2, 8), np.float64)
+    )
+
+
+def test_head_dim_out_of_range(ctx):
+    q, k, v = tensors((1, 4, 1, 300))
+    raises_library_error(stria.UnsupportedError, ctx.attention_forward, q, k, v, match="256")
+
+
+def test_last_dim_must_be_contiguous(ctx):
+    q, k, v = tensors((1, 8, 2, 2 * D))
+    raises_library_error(stria.InvalidArgumentError, ctx.attention_forward, q[..., ::2], k[..., ::2], v[..., ::2])
+
+
+def test_wrong_rank_of_tensor(ctx):
+    q, k, v = tensors((8, 2, D))
+    raises_library_error(stria.InvalidArgumentError, ctx.attention_forward, q, k, v)
+
+
+def test_stream_on_cpu(ctx):
+    q, k, v = tensors()
+    raises_library_error(stria.InvalidArgumentError, ctx.attention_forward, q, k, v, stream=1234, match="stream")
+
+
+def test_unknown_layout_number_reaches_the_library(ctx):
+    q, k, v = tensors()
+    raises_library_error(stria.InvalidArgumentError, ctx.attention_forward, q, k, v, layout=9, match="layout")
+
+
+def test_unknown_layout_name():
+    with pytest.raises(ValueError, match="striped"):
+        stria.positions("diagonal", 8, 2, 0)
+
+
+def test_backward_with_a_wrong_lse(ctx):
+    q, k, v = tensors()
+    out, lse = ctx.attention_forward(q, k, v)
+    raises_library_error(stria.InvalidArgumentError, ctx.attention_backward, q, k, v, out, lse[:, :1], out)
+
+
+def test_not_a_tensor(ctx):
+    q, k, v = tensors()
+    with pytest.raises(TypeError, match=r"stria_attention_forward\(\): argument 'v' must be a tensor"):
+        ctx.attention_forward(q, k, [[1.0]])
+
+
+def test_read_only_output(ctx):
+    q, k, v = tensors()
+    out = np.empty_like(q)
+    out.flags.writeable = False
+    with pytest.raises(BufferError, match="argument 'out'"):
+        ctx.attention_forward(q, k, v, out=out)
+
+
+def test_closed_context():
+    c = stria.Context()
+    c.close()
+    c.close()  # idempotent
+    q, k, v = tensors()
+    with pytest.raises(stria.InvalidArgumentError, match="closed"):
+        c.attention_forward(q, k, v)
+
+
+def test_destroyed_handle_is_reported_by_the_library():
+    c = stria.Context()
+    handle = c.handle
+    c.close()
+    raises_library_error(stria.InvalidArgumentError, capi.stria_context_get_rank, handle, match="not a live context")
+
+
+def test_local_transport_takes_one_rank():
+    raises_library_error(stria.InvalidArgumentError, stria.Context, 0, 2, match="local_group")
+
+
+@pytest.mark.parametrize("n", [0, -1, 100000])
+def test_local_group_size(n):
+    raises_library_error(stria.InvalidArgumentError, stria.local_group, n)
+
+
+def test_bad_config_values():
+    raises_library_error(stria.InvalidArgumentError, stria.Context, timeout_s=-1.0, match="timeout")
+    raises_library_error(stria.InvalidArgumentError, stria.Context, num_threads=-2, match="num_threads")
+    raises_library_error(stria.InvalidArgumentError, stria.Context, transport=7, match="transport")
+
+
+def test_unique_id_must_be_128_bytes():
+    with pytest.raises(ValueError, match="128 bytes"):
+        stria.Context(unique_id=b"short")
+
+
+def test_bad_device():
+    with pytest.raises(ValueError, match="device"):
+        stria.Context(device="tpu")
+
+
+def test_layout_arguments():
+    raises_library_error(stria.InvalidArgumentError, stria.positions, "zigzag", 10, 3, 0, match="divisible")
+    raises_library_error(stria.InvalidArgumentError, stria.positions, "striped", 12, 3, 3)
+    raises_library_error(stria.InvalidArgumentError, stria.positions, "striped", 12, 0, 0)
+    raises_library_error(stria.InvalidArgumentError, stria.analyze_balance, "striped", 64, 4, tile=0)
+    raises_library_error(stria.InvalidArgumentError, stria.analyze_balance_steps, "striped", 64, -4)
+
+
+def test_shard_arguments():
+    full = np.zeros((2, 12, 3), np.float32)
+    raises_library_error(stria.InvalidArgumentError, stria.shard, full, 5, 0)  # 12 % 5
+    raises_library_error(stria.InvalidArgumentError, stria.shard, full, 3, 0, seq_dim=3)
+    raises_library_error(stria.InvalidArgumentError, stria.shard, full, 3, 0, out=np.zeros((2, 5, 3), np.float32))
+    raises_library_error(stria.InvalidArgumentError, stria.unshard, full, 2, 0, out=np.zeros((2, 12, 3), np.float32))
+
+
+def test_consumed_capsule_is_refused(ctx):
+    q, k, v = tensors()
+    capsule = q.__dlpack__()
+    np.from_dlpack(_CapsuleHolder(capsule))  # consumes it: renamed "used_dltensor"
+    with pytest.raises(TypeError, match="already consumed"):
+        ctx.attention_forward(capsule, k, v, out=np.empty_like(q), lse=np.empty((1, 2, 8), np.float32))
+
+
+def test_fresh_capsule_is_borrowed(ctx):
+    """A "dltensor" capsule passed directly is borrowed, not consumed: it stays usable."""
+    q, k, v = tensors()
+    capsule = q.__dlpack__()
+    out, _ = ctx.attention_forward(capsule, k, v, out=np.empty_like(q), lse=np.empty((1, 2, 8), np.float32))
+    ref, _ = ctx.attention_forward(q, k, v)
+    np.testing.assert_array_equal(out, ref)
+    np.testing.assert_array_equal(np.from_dlpack(_CapsuleHolder(capsule)), q)
+    np.testing.assert_array_equal(out, ref)
+
+
+class _CapsuleHolder:
+    """Hands a ready capsule to np.from_dlpack, which wants an object with __dlpack__."""
+
+    def __init__(self, capsule):
+        self.capsule = capsule
+
+    def __dlpack__(self, **kwargs):
+        return self.capsule
+
+    def __dlpack_device__(self):
+        return (capi.kDLCPU, 0)
+
+
+def test_from_env_needs_a_launcher():
+    with pytest.raises(stria.InvalidArgumentError, match="RANK and WORLD_SIZE"):
+        stria.Context.from_env(environ={})
+
+
+@pytest.mark.parametrize(
+    "env", [{"RANK": "0", "WORLD_SIZE": "2"}, {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}]
+)
+def test_from_env_needs_stria_root(env):
+    with pytest.raises(stria.InvalidArgumentError, match="STRIA_ROOT"):
+        stria.Context.from_env(environ=env)
+
+
+def test_from_env_rejects_non_integers():
+    with pytest.raises(stria.InvalidArgumentError, match="integers"):
+        stria.Context.from_env(environ={"RANK": "zero", "WORLD_SIZE": "2", "STRIA_ROOT": "127.0.0.1:1"})
+
+
+def test_no_error_left_after_success(ctx):
+    q, k, v = tensors()
+    ctx.attention_forward(q, k, v)
+    assert capi.stria_get_last_error() == ""
+    assert capi.stria_status_string(capi.STRIA_ERROR_TIMEOUT) != ""
+
+
+def test_device_and_enum_spellings():
+    cpu, cuda = capi.kDLCPU, capi.kDLCUDA
+    assert stria.parse_device("cpu") == (cpu, 0)
+    assert stria.parse_device("cuda") == (cuda, 0)
+    assert stria.parse_device("cuda:3") == (cuda, 3)
+    assert stria.parse_device(2) == (cuda, 2)
+    assert stria.parse_device((cpu, 0)) == (cpu, 0)
+    assert stria.Layout.of("ZigZag") is stria.Layout.ZIGZAG
+    assert stria.Layout.of(0) is stria.Layout.CONTIGUOUS
+    assert stria.Transport.of("nccl") is stria.Transport.NCCL
+    with pytest.raises(ValueError, match="transport"):
+        stria.Transport.of("carrier-pigeon")
+    with stria.Context(device="cpu:0") as c:
+        assert c.device == (cpu, 0) and c.rank == 0 and c.world_size == 1

@@ -1,0 +1,256 @@
+"""PyTorch: tensors through DLPack (float32, float16, bfloat16), the autograd function against the
+float64 reference, the SDPA-shaped function against torch's own SDPA in float64 on the full
+sequence, strided views passed without a copy, and a training step of a small model whose
+gradients, summed over the ranks' threads, match the full-sequence model's."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import stria
+from conftest import TIMEOUT_S, torch_or_skip
+from reference import LAYOUTS, TOLERANCE, attention_backward_ref, attention_ref, positions_ref, rel_err
+
+torch = torch_or_skip()
+import stria.torch as stria_torch  # noqa: E402 - needs torch
+from torch import nn  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+
+B, S, D = 2, 24, 16
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def as_f64(x):
+    return x.detach().to(torch.float64).numpy()
+
+
+def assemble(parts, seq, axis):
+    """Full-sequence float64 array from (positions, tensor) pairs along `axis`."""
+    pos0, t0 = parts[0]
+    shape = list(t0.shape)
+    shape[axis] = seq
+    full = np.full(shape, np.nan)
+    for pos, t in parts:
+        index = [slice(None)] * len(shape)
+        index[axis] = pos
+        full[tuple(index)] = as_f64(t)
+    return full
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_autograd_matches_reference(n, layout, causal, dtype):
+    gen = torch.Generator().manual_seed(n * 100 + len(layout))
+    hq, hkv = 4, 2
+    q, k, v, dout = (torch.randn(B, S, h, D, generator=gen).to(DTYPES[dtype]) for h in (hq, hkv, hkv, hq))
+
+    def rank_fn(ctx):
+        pos = torch.from_numpy(positions_ref(layout, S, n, ctx.rank))
+        ql, kl, vl = (x[:, pos].clone().requires_grad_() for x in (q, k, v))
+        out = stria_torch.ring_attention(ql, kl, vl, ctx, layout=layout, causal=causal)
+        out.backward(dout[:, pos])
+        return pos.numpy(), out, ql.grad, kl.grad, vl.grad
+
+    with stria.local_group(n, timeout_s=TIMEOUT_S) as group:
+        results = group.run(rank_fn)
+    got = [assemble([(r[0], r[i]) for r in results], S, 1) for i in range(1, 5)]
+    scale = 1.0 / math.sqrt(D)
+    ref = [
+        attention_ref(as_f64(q), as_f64(k), as_f64(v), causal, scale)[0],
+        *attention_backward_ref(as_f64(q), as_f64(k), as_f64(v), as_f64(dout), causal, scale),
+    ]
+    errors = {name: rel_err(g, r) for name, g, r in zip(("out", "dq", "dk", "dv"), got, ref)}
+    assert all(e < TOLERANCE[dtype] for e in errors.values()), errors
+    assert all(r[1].dtype == DTYPES[dtype] and r[2].dtype == DTYPES[dtype] for r in results)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_preallocated_outputs_are_written_in_place(dtype):
+    """The torch tensors passed as outputs (NaN-poisoned) are the ones written and returned."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v, dout = (torch.randn(1, 16, 2, D, generator=gen).to(DTYPES[dtype]) for _ in range(4))
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((1, 2, 16), float("nan"))
+    dq, dk, dv = (torch.full_like(x, float("nan")) for x in (q, k, v))
+    pointers = [t.data_ptr() for t in (out, lse, dq, dk, dv)]
+    with stria.Context(timeout_s=TIMEOUT_S) as ctx:
+        got = ctx.attention_forward(q, k, v, out, lse, causal=True)
+        assert got[0] is out and got[1] is lse
+        got = ctx.attention_backward(q, k, v, out, lse, dout, dq, dk, dv, causal=True)
+        assert all(a is b for a, b in zip(got, (dq, dk, dv)))
+    assert [t.data_ptr() for t in (out, lse, dq, dk, dv)] == pointers
+    scale = 1.0 / math.sqrt(D)
+    ref_out, ref_lse = attention_ref(as_f64(q), as_f64(k), as_f64(v), True, scale)
+    ref_grads = attention_backward_ref(as_f64(q), as_f64(k), as_f64(v), as_f64(dout), True, scale)
+    assert rel_err(as_f64(out), ref_out) < TOLERANCE[dtype]
+    assert rel_err(as_f64(lse), ref_lse) < TOLERANCE[dtype]
+    for g, r in zip((dq, dk, dv), ref_grads):
+        assert rel_err(as_f64(g), r) < TOLERANCE[dtype]
+
+
+def test_outputs_allocated_as_torch_tensors():
+    q = torch.randn(1, 8, 2, D, dtype=torch.bfloat16, requires_grad=True)
+    with stria.Context(timeout_s=TIMEOUT_S) as ctx:
+        out, lse = ctx.attention_forward(q, q, q)
+        local = stria.shard(q.detach(), 2, 1)
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16 and out.shape == q.shape
+    assert lse.dtype == torch.float32 and tuple(lse.shape) == (1, 2, 8)
+    assert isinstance(local, torch.Tensor) and torch.equal(local, q.detach()[:, 1::2])
+
+
+def full_sdpa_reference(q, k, v, dout, causal):
+    """torch's own SDPA in float64 on the whole sequence: output and input gradients."""
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    out = F.scaled_dot_product_attention(q64, k64, v64, is_causal=causal, enable_gqa=True)
+    out.backward(dout.double())
+    return out.detach(), q64.grad, k64.grad, v64.grad
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_sdpa_shaped_function_matches_torch_sdpa(n, layout, causal):
+    gen = torch.Generator().manual_seed(11 + n)
+    hq, hkv = 6, 2
+    q, k, v, dout = (torch.randn(B, h, S, D, generator=gen) for h in (hq, hkv, hkv, hq))
+    ref = [x.numpy() for x in full_sdpa_reference(q, k, v, dout, causal)]
+
+    def rank_fn(ctx):
+        pos = torch.from_numpy(positions_ref(layout, S, n, ctx.rank))
+        ql, kl, vl = (x[:, :, pos].clone().requires_grad_() for x in (q, k, v))
+        out = stria_torch.scaled_dot_product_attention(
+            ql, kl, vl, is_causal=causal, enable_gqa=True, context=ctx, layout=layout
+        )
+        assert out.shape == ql.shape
+        out.backward(dout[:, :, pos])
+        return pos.numpy(), out, ql.grad, kl.grad, vl.grad
+
+    with stria.local_group(n, timeout_s=TIMEOUT_S) as group:
+        results = group.run(rank_fn)
+    got = [assemble([(r[0], r[i]) for r in results], S, 2) for i in range(1, 5)]
+    errors = {name: rel_err(g, r) for name, g, r in zip(("out", "dq", "dk", "dv"), got, ref)}
+    assert all(e < 1e-5 for e in errors.values()), errors
+
+
+def test_sdpa_views_reach_the_library_without_a_copy(monkeypatch):
+    """SDPA's [B, H, L, D] tensors are handed to stria as transposed views of the same memory."""
+    seen = []
+    forward = stria.capi.stria_attention_forward
+
+    def spy(ctx, params, q, k, v, out, lse, stream=None):
+        seen.extend((t.data_ptr(), t.stride()) for t in (q, k, v))
+        return forward(ctx, params, q, k, v, out, lse, stream)
+
+    monkeypatch.setattr(stria.capi, "stria_attention_forward", spy)
+    qkv = torch.randn(1, 3, 16, 3 * D)  # [B, H, L, 3D]: q, k, v are slices of one projection
+    q, k, v = qkv.split(D, dim=-1)
+    with stria.Context(timeout_s=TIMEOUT_S) as ctx:
+        out = stria_torch.scaled_dot_product_attention(q, k, v, is_causal=True, context=ctx)
+    assert seen == [(t.data_ptr(), t.transpose(1, 2).stride()) for t in (q, k, v)]
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    assert rel_err(out.numpy(), ref.numpy()) < 1e-5
+
+
+def test_sdpa_refuses_what_it_cannot_do():
+    q = torch.randn(1, 2, 8, D)
+    with stria.Context() as ctx:
+        with pytest.raises(NotImplementedError, match="attn_mask"):
+            stria_torch.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(8, 8, dtype=torch.bool), context=ctx)
+        with pytest.raises(NotImplementedError, match="dropout"):
+            stria_torch.scaled_dot_product_attention(q, q, q, dropout_p=0.1, context=ctx)
+        with pytest.raises(ValueError, match=r"\[B, H, L, D\]"):
+            stria_torch.scaled_dot_product_attention(q[0], q[0], q[0], context=ctx)
+        with pytest.raises(stria.InvalidArgumentError):
+            stria_torch.ring_attention(q, q[:, :1], q, ctx)
+
+
+def test_torch_errors_carry_the_library_message():
+    q = torch.randn(1, 8, 2, D)
+    with stria.Context() as ctx:
+        with pytest.raises(stria.UnsupportedError) as info:
+            ctx.attention_forward(q.double(), q.double(), q.double())
+        assert str(info.value) == stria.capi.stria_get_last_error()  # before close() clears it
+    assert "float64" in str(info.value)
+
+
+def test_consumed_torch_capsule_is_refused():
+    from torch.utils import dlpack
+
+    q = torch.randn(1, 8, 2, D)
+    capsule = dlpack.to_dlpack(q)
+    dlpack.from_dlpack(capsule)  # consumes it
+    with stria.Context() as ctx, pytest.raises(TypeError, match="already consumed"):
+        ctx.attention_forward(capsule, q, q, out=torch.empty_like(q), lse=torch.empty(1, 2, 8))
+
+
+class TinyModel(nn.Module):
+    """Embeddings with learned global positions, one GQA attention block and an MLP, a vocabulary
+    head. `attention(q, k, v)` takes and returns SDPA's [B, H, L, D]."""
+
+    def __init__(self, vocab=23, d_model=24, heads=4, kv_heads=2, max_len=64):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, d_model // heads
+        self.tok = nn.Embedding(vocab, d_model)
+        self.pos = nn.Embedding(max_len, d_model)
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, (heads + 2 * kv_heads) * self.head_dim)
+        self.proj = nn.Linear(heads * self.head_dim, d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 2 * d_model), nn.GELU(), nn.Linear(2 * d_model, d_model))
+        self.head = nn.Linear(d_model, vocab)
+
+    def forward(self, tokens, positions, attention):
+        b, length = tokens.shape
+        x = self.tok(tokens) + self.pos(positions)[None]
+        q, k, v = self.qkv(self.norm1(x)).split(
+            [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1
+        )
+        q, k, v = (t.view(b, length, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        a = attention(q, k, v).transpose(1, 2).reshape(b, length, -1)
+        x = x + self.proj(a)
+        x = x + self.mlp(self.norm2(x))
+        return self.head(x)
+
+
+@pytest.mark.parametrize("n, layout", [(2, "striped"), (3, "zigzag"), (4, "contiguous")])
+def test_training_step_gradients_match_full_sequence_sdpa(n, layout):
+    torch.manual_seed(5)
+    seq, batch = 24, 2
+    model = TinyModel()
+    tokens = torch.randint(0, 23, (batch, seq + 1))
+    inputs, labels = tokens[:, :-1], tokens[:, 1:]
+
+    reference = copy.deepcopy(model).double()
+    logits = reference(
+        inputs,
+        torch.arange(seq),
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+    )
+    ref_loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+    ref_loss.backward()
+
+    def rank_fn(ctx):
+        pos = torch.from_numpy(positions_ref(layout, seq, n, ctx.rank))
+        logits = model(
+            inputs[:, pos],
+            pos,
+            lambda q, k, v: stria_torch.scaled_dot_product_attention(
+                q, k, v, is_causal=True, context=ctx, layout=layout
+            ),
+        )
+        # This rank's share of the mean over all batch * seq tokens.
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, pos].reshape(-1), reduction="sum") / (
+            batch * seq
+        )
+        loss.backward()  # accumulates into the shared parameters' .grad: the sum over ranks
+        return loss.item()
+
+    with stria.local_group(n, timeout_s=TIMEOUT_S) as group:
+        losses = group.run(rank_fn)
+    assert sum(losses) == pytest.approx(ref_loss.item(), rel=1e-5)
+    for (name, p), p_ref in zip(model.named_parameters(), reference.parameters()):
+        assert rel_err(p.grad.numpy(), p_ref.grad.numpy()) < 1e-5, name

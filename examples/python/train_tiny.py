@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Trains a tiny causal transformer with stria ring attention across a local group.
+
+The sequence of every batch is sharded across N ranks (threads of this process, one stria context
+each) in a token layout; each rank embeds its own tokens at their global positions
+(stria.positions), runs the model with stria.torch.scaled_dot_product_attention in place of
+torch's, and back-propagates the loss of its own tokens. The ranks share one set of weights, so
+their gradients add up in the parameters' .grad: the sum over ranks is the gradient of the loss
+over the whole sequence. The main thread then takes the optimizer step.
+
+The task: each sequence counts upward mod the vocabulary from a random start by a random stride,
+so the next token follows from the two before it, which attention has to find.
+
+    python examples/python/train_tiny.py --ranks 4 --steps 60
+    python examples/python/train_tiny.py --steps 8 --check   # exits 1 unless the loss fell
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import stria
+import stria.torch as stria_torch
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, d_model: int, heads: int, kv_heads: int):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, d_model // heads
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, (heads + 2 * kv_heads) * self.head_dim, bias=False)
+        self.proj = nn.Linear(heads * self.head_dim, d_model, bias=False)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+
+    def forward(self, x: torch.Tensor, attention) -> torch.Tensor:
+        b, length, _ = x.shape
+        sizes = [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim]
+        q, k, v = self.qkv(self.norm1(x)).split(sizes, dim=-1)
+        # SDPA's [B, H, L, D]: transposed views; stria takes them as they are.
+        q, k, v = (t.view(b, length, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        x = x + self.proj(attention(q, k, v).transpose(1, 2).reshape(b, length, -1))
+        return x + self.mlp(self.norm2(x))
+
+
+class TinyTransformer(nn.Module):
+    def __init__(self, vocab: int, max_len: int, d_model: int = 64, heads: int = 4, kv_heads: int = 2, layers: int = 2):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d_model)
+        self.pos = nn.Embedding(max_len, d_model)
+        self.blocks = nn.ModuleList(Block(d_model, heads, kv_heads) for _ in range(layers))
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attention) -> torch.Tensor:
+        """tokens [B, L] at global positions [L]; attention(q, k, v) as torch's SDPA."""
+        x = self.tok(tokens) + self.pos(positions)[None]
+        for block in self.blocks:
+            x = block(x, attention)
+        return self.head(self.norm(x))
+
+
+def make_batch(gen: torch.Generator, batch: int, seq: int, vocab: int):
+    start = torch.randint(0, vocab, (batch, 1), generator=gen)
+    stride = torch.randint(1, 5, (batch, 1), generator=gen)
+    tokens = (start + stride * torch.arange(seq + 1)) % vocab
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, default=2, help="ranks of the local group (threads)")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--layout", default="striped", choices=["contiguous", "striped", "zigzag"])
+    parser.add_argument("--seq", type=int, default=64, help="global sequence length")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--vocab", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--check", action="store_true", help="exit 1 unless the loss fell")
+    args = parser.parse_args(argv)
+
+    torch.manual_seed(args.seed)
+    gen = torch.Generator().manual_seed(args.seed)
+    model = TinyTransformer(args.vocab, args.seq)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    tokens_per_batch = args.batch * args.seq
+
+    def rank_step(ctx: stria.Context, inputs: torch.Tensor, labels: torch.Tensor) -> float:
+        # This rank's tokens and labels in the layout, and their global positions.
+        my_inputs = stria.shard(inputs, ctx.world_size, ctx.rank, layout=args.layout, seq_dim=1)
+        my_labels = stria.shard(labels, ctx.world_size, ctx.rank, layout=args.layout, seq_dim=1)
+        positions = torch.from_numpy(stria.positions(args.layout, args.seq, ctx.world_size, ctx.rank))
+
+        def attention(q, k, v):
+            return stria_torch.scaled_dot_product_attention(q, k, v, is_causal=True, context=ctx, layout=args.layout)
+
+        logits = model(my_inputs, positions, attention)
+        # This rank's share of the mean over the whole batch: the shares sum to the full loss.
+        loss = (
+            F.cross_entropy(logits.reshape(-1, args.vocab), my_labels.reshape(-1), reduction="sum") / tokens_per_batch
+        )
+        loss.backward()  # into the shared weights' .grad, added to the other ranks' gradients
+        return loss.item()
+
+    losses = []
+    started = time.perf_counter()
+    with stria.local_group(args.ranks, timeout_s=120) as group:
+        for step in range(args.steps):
+            inputs, labels = make_batch(gen, args.batch, args.seq, args.vocab)
+            optimizer.zero_grad(set_to_none=True)
+            rank_losses = group.run(rank_step, [inputs] * args.ranks, [labels] * args.ranks)
+            optimizer.step()
+            losses.append(sum(rank_losses))
+            print(
+                f"step {step:3d}  loss {losses[-1]:.4f}  (ranks: {' '.join(f'{x:.3f}' for x in rank_losses)})",
+                flush=True,
+            )
+    elapsed = time.perf_counter() - started
+    first, last = losses[0], sum(losses[-3:]) / len(losses[-3:])
+    print(
+        f"{args.ranks} ranks, {args.layout} layout, {args.steps} steps in {elapsed:.1f} s: "
+        f"loss {first:.4f} -> {last:.4f} (mean of the last 3)"
+    )
+    if args.check and not last < 0.9 * first:
+        print("FAILED: the loss did not fall by 10%", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

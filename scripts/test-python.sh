@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The Python bindings' tests: builds libstria and the SWIG extension, runs the pytest suite
+# (bindings/python/tests: numpy and torch against float64 references, errors, threads, a training
+# step) and the training example, then builds a wheel, installs it and runs the suite again
+# against the installed package. Installs what it needs: Debian packages only when missing, and
+# numpy, pytest, torch (from PyPI) into a virtual environment in the repository.
+#
+# Environment:
+#   STRIA_PYTHON_BUILD_DIR  build directory (default: STRIA_BUILD_DIR, else build-python); an
+#                           existing one (e.g. build/) keeps its options and gains the bindings
+#   STRIA_PYTHON_VENV       virtual environment (default .venv-python)
+#   PYTHON                  interpreter for a new virtual environment (default python3)
+#   STRIA_PYTHON_WHEEL=0    skips the wheel build, install and second run
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+build_dir=${STRIA_PYTHON_BUILD_DIR:-${STRIA_BUILD_DIR:-build-python}}
+venv=${STRIA_PYTHON_VENV:-.venv-python}
+python=${PYTHON:-python3}
+started=$SECONDS
+
+echo "== system packages"
+missing=()
+command -v cmake >/dev/null || missing+=(cmake)
+command -v ninja >/dev/null || missing+=(ninja-build)
+command -v swig >/dev/null || missing+=(swig)
+command -v c++ >/dev/null || missing+=(build-essential)
+[ -f /usr/include/dlpack/dlpack.h ] || missing+=(libdlpack-dev)
+if [ ! -x "$venv/bin/python" ]; then
+  # Debian's own python3 needs its headers and venv module as packages; pyenv's have them.
+  "$python" -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
+fi
+"$python" -c 'import os, sysconfig; assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' \
+  2>/dev/null || missing+=(python3-dev)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+echo "== virtual environment $venv"
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+py=$(cd "$venv/bin" && pwd)/python
+"$py" -c 'import numpy, pytest' 2>/dev/null || "$py" -m pip install -q numpy pytest
+if ! "$py" -c 'import torch' 2>/dev/null; then
+  # PyPI's Linux torch wheel brings the CUDA libraries (gigabytes); the tests use its CPU side.
+  t0=$SECONDS
+  "$py" -m pip install -q torch
+  echo "torch installed in $((SECONDS - t0)) s"
+fi
+
+echo "== build ($build_dir)"
+configure=(-DSTRIA_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$py")
+if [ ! -f "$build_dir/CMakeCache.txt" ]; then
+  # A new build directory builds only the library and the bindings; an existing one keeps its options.
+  configure+=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRIA_BUILD_TESTS=OFF -DSTRIA_BUILD_EXAMPLES=OFF
+    -DSTRIA_BUILD_BENCHMARKS=OFF)
+fi
+cmake -S . -B "$build_dir" "${configure[@]}" >/dev/null
+cmake --build "$build_dir" --target stria_python -j "$(nproc)"
+package_dir=$(cd "$build_dir/bindings/python" && pwd)
+
+export STRIA_REQUIRE_TORCH=1
+echo "== pytest against the build tree"
+PYTHONPATH=$package_dir STRIA_EXPECT_PACKAGE_DIR=$package_dir/stria \
+  timeout 900 "$py" -m pytest -q -p no:cacheprovider bindings/python/tests
+
+echo "== examples/python/train_tiny.py"
+PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_tiny.py --ranks 4 --steps 12 --check
+PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_tiny.py --ranks 3 --layout zigzag --seq 48 \
+  --steps 12 --check
+
+if [ "${STRIA_PYTHON_WHEEL:-1}" = 1 ]; then
+  echo "== wheel: build, install, pytest against the installed package"
+  wheel_dir=$(mktemp -d)
+  trap 'rm -rf "$wheel_dir"' EXIT
+  timeout 900 "$py" -m pip wheel -q --no-deps -w "$wheel_dir" .
+  "$py" -m pip install -q --no-deps --force-reinstall "$wheel_dir"/stria-*.whl
+  installed=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')/stria
+  tests=$(pwd)/bindings/python/tests
+  # From elsewhere, without PYTHONPATH: only the installed package can be imported.
+  (cd "$wheel_dir" && STRIA_EXPECT_PACKAGE_DIR=$installed timeout 900 "$py" -m pytest -q -p no:cacheprovider \
+    --rootdir "$tests" "$tests")
+fi
+echo "== Python bindings: all passed in $((SECONDS - started)) s"
