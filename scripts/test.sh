@@ -23,6 +23,9 @@ if [ "${BINDINGS:-1}" = 1 ]; then
 fi
 
 if [ "${SANITIZERS:-1}" = 1 ]; then
+  # UCX's memory hooks (libucm patches malloc and mmap when it is loaded) do not mix with the
+  # sanitizers' own interceptors; stria needs neither for host memory.
+  export UCX_MEM_MALLOC_HOOKS=no UCX_MEM_EVENTS=no UCX_WARN_UNUSED_ENV_VARS=n
   echo "== AddressSanitizer + UndefinedBehaviorSanitizer"
   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRIA_WERROR=ON \
     -DSTRIA_SANITIZE="address;undefined" -DSTRIA_BUILD_EXAMPLES=OFF -DSTRIA_BUILD_BENCHMARKS=OFF >/dev/null
