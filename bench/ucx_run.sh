@@ -54,15 +54,18 @@ PY
 
 echo
 echo "## K/V-block transfers, rank 0 -> rank 1, one message at a time (GB/s, median of 3 runs)"
-echo "| message | stria UCX transport | ucx_perftest tag_bw | ratio |"
-echo "|---|---|---|---|"
+echo "| message | stria (peer error handling, default) | stria (STRIA_UCX_PEER_ERRORS=0) | ucx_perftest tag_bw | ratios |"
+echo "|---|---|---|---|---|"
 for L in "${sizes[@]}"; do
   bytes=$((L * H * D * 4 * 2))  # K and V of one block, f32
   ours=()
+  fast=()
   theirs=()
   for i in 1 2 3; do
     pair "xfer$L.$i" transfer $bytes 40
     ours+=("$(awk '/^TRANSFER/ {print $5}' "$out/xfer$L.$i.1")")
+    STRIA_UCX_PEER_ERRORS=0 pair "fast$L.$i" transfer $bytes 40
+    fast+=("$(awk '/^TRANSFER/ {print $5}' "$out/fast$L.$i.1")")
     port=$((20000 + RANDOM % 30000))
     taskset -c 1 ucx_perftest -p $port >/dev/null 2>&1 &
     server=$!
@@ -72,11 +75,12 @@ for L in "${sizes[@]}"; do
     # Final: iterations, latency typical/avg/overall (us), bandwidth avg/overall (MB/s), rate...
     theirs+=("$(echo "$line" | awk '{printf "%.3f", $7 * 1048576 / 1e9}')")
   done
-  python3 - "$bytes" "${ours[*]}" "${theirs[*]}" <<'PY'
+  python3 - "$bytes" "${ours[*]}" "${fast[*]}" "${theirs[*]}" <<'PY'
 import sys, statistics
-b = int(sys.argv[1]); o = [float(x) for x in sys.argv[2].split()]; t = [float(x) for x in sys.argv[3].split() if x]
-mo, mt = statistics.median(o), (statistics.median(t) if t else float("nan"))
-print(f"| {b/2**20:.0f} MiB | {mo:.2f} | {mt:.2f} | {mo/mt:.2f} |")
+b = int(sys.argv[1])
+o, f, t = ([float(x) for x in a.split() if x] for a in sys.argv[2:5])
+mo, mf, mt = statistics.median(o), statistics.median(f), (statistics.median(t) if t else float("nan"))
+print(f"| {b/2**20:.0f} MiB | {mo:.2f} | {mf:.2f} | {mt:.2f} | {mo/mt:.2f}, {mf/mt:.2f} |")
 PY
 done
 rm -rf "$out"

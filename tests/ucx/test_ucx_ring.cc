@@ -92,7 +92,8 @@ INSTANTIATE_TEST_SUITE_P(Layouts, UcxRing, ::testing::ValuesIn(RingCases()), Cas
 
 // Starts a ring of `world` ranks with common arguments plus `extra`; `skip` ranks are not started.
 std::map<int, RankResult> RunFault(int world, const std::vector<std::string>& extra, double wait_s,
-                                   const std::vector<int>& skip = {}, std::vector<int> ignore = {}) {
+                                   const std::vector<int>& skip = {}, std::vector<int> ignore = {},
+                                   const std::vector<std::string>& env = {}) {
   const std::string dir = TempDir();
   Launch launch(dir);
   const int port = FreePort();
@@ -107,7 +108,9 @@ std::map<int, RankResult> RunFault(int world, const std::vector<std::string>& ex
                                   "--dim",      "64",
                                   "--iters",    "40"};
     args.insert(args.end(), extra.begin(), extra.end());
-    launch.Start(r, STRIA_UCX_RANK, args, Env(port));
+    std::vector<std::string> e = Env(port);
+    e.insert(e.end(), env.begin(), env.end());
+    launch.Start(r, STRIA_UCX_RANK, args, e);
   }
   return launch.Wait(wait_s, ignore);
 }
@@ -133,6 +136,22 @@ TEST(UcxFaults, PeerKilledMidCall) {
   auto results = RunFault(3, {"--fault", "kill", "--fault-rank", "1", "--fault-iter", "2", "--fault-delay-ms", "5"},
                           kTimeout * 3 + 20);
   ASSERT_EQ(results.count(1), 1u);
+  EXPECT_EQ(results[1].signal, SIGKILL);
+  ExpectSurvivorsFail(results, 1, {STRIA_ERROR_TRANSPORT, STRIA_ERROR_TIMEOUT});
+}
+
+// STRIA_UCX_PEER_ERRORS=0 gives up UCX's peer error handling for its shared-memory transports:
+// the ring must still be exact, and a dead peer must still end in an error (by the timeout), not
+// a crash or a hang.
+TEST(UcxFastTransports, RingMatchesReference) {
+  auto results = RunFault(3, {"--iters", "2", "--L", "64", "--dtypes", "f32,bf16", "--layout", "zigzag"},
+                          kTimeout * 3 + 20, {}, {}, {"STRIA_UCX_PEER_ERRORS=0"});
+  for (auto& [rank, r] : results) EXPECT_EQ(r.code, STRIA_SUCCESS) << Describe(results);
+}
+
+TEST(UcxFastTransports, PeerKilledEndsInAnError) {
+  auto results = RunFault(3, {"--fault", "kill", "--fault-rank", "1", "--fault-iter", "2", "--fault-delay-ms", "5"},
+                          kTimeout * 3 + 20, {}, {}, {"STRIA_UCX_PEER_ERRORS=0"});
   EXPECT_EQ(results[1].signal, SIGKILL);
   ExpectSurvivorsFail(results, 1, {STRIA_ERROR_TRANSPORT, STRIA_ERROR_TIMEOUT});
 }
@@ -177,8 +196,8 @@ TEST(UcxFaults, ShapesDisagree) {
 
 TEST(UcxFaults, LateRankStillJoins) {
   // A rank that starts 1.5 s after the others is within the timeout: the ring forms.
-  auto results =
-      RunFault(3, {"--fault", "late", "--fault-rank", "2", "--late-s", "1.5", "--iters", "2", "--L", "96"}, kTimeout * 3 + 20);
+  auto results = RunFault(3, {"--fault", "late", "--fault-rank", "2", "--late-s", "1.5", "--iters", "2", "--L", "96"},
+                          kTimeout * 3 + 20);
   for (auto& [rank, r] : results) EXPECT_EQ(r.code, STRIA_SUCCESS) << Describe(results);
 }
 

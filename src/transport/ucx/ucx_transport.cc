@@ -19,6 +19,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -108,6 +109,12 @@ class UcxTransport final : public Transport {
   // Reaches every rank, posts the "bye" receives and starts the progress thread.
   Status Connect(const std::vector<Bytes>& table) {
     std::lock_guard<std::mutex> lock(mu_);
+    // Peer error handling is what reports a dead peer's endpoint. UCX 1.13 admits only transports
+    // that can detect peer failure then (TCP on a plain host: no shared memory, no CMA), so
+    // STRIA_UCX_PEER_ERRORS=0 trades it for UCX's fastest transports; failures are then seen
+    // through the byes and the timeout only.
+    const char* pe = std::getenv("STRIA_UCX_PEER_ERRORS");
+    const bool peer_errors = pe == nullptr || std::strcmp(pe, "0") != 0;
     eps_.assign(static_cast<size_t>(world_), nullptr);
     peer_args_.resize(static_cast<size_t>(world_));
     for (int q = 0; q < world_; ++q) {
@@ -116,7 +123,7 @@ class UcxTransport final : public Transport {
       ep.field_mask =
           UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
       ep.address = reinterpret_cast<const ucp_address_t*>(table[static_cast<size_t>(q)].data());
-      ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+      ep.err_mode = peer_errors ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
       ep.err_handler.cb = &UcxTransport::OnPeerError;
       ep.err_handler.arg = &peer_args_[static_cast<size_t>(q)];
       ucs_status_t st = ucp_ep_create(worker_, &ep, &eps_[static_cast<size_t>(q)]);
