@@ -5,6 +5,9 @@
 //   transfer: K/V-block-sized messages from rank 0 to rank 1 through the UCX transport module
 //             itself, one at a time as the ring sends them; prints the bandwidth.
 // Ranks come from RANK/WORLD_SIZE and the rendezvous from STRIA_ROOT, as for any launch.
+// Times are CLOCK_MONOTONIC (steady_clock), which all processes of one host share: a call's ring
+// time is from the last rank's entry to the last rank's exit, so a rank that arrives early (it
+// finished the previous call sooner) does not count its wait for the others.
 #include <dlfcn.h>
 #include <stria/stria.h>
 
@@ -84,9 +87,9 @@ int Ring(int rank, int world, int64_t L, int64_t H, int64_t D, int reps) {
         stria_context_get_step_times(ctx, steps.data(), world, &num);
         if (rep < 0) continue;
         for (int st = 0; st < num; ++st)
-          std::printf("STEP %s %s %d %d %d %.6f %.6f %.6f %.6f\n", names[li], pass == 0 ? "fwd" : "bwd", rep, rank, st,
-                      steps[static_cast<size_t>(st)].compute_s, steps[static_cast<size_t>(st)].compute_cpu_s,
-                      steps[static_cast<size_t>(st)].wait_s, wall);
+          std::printf("STEP %s %s %d %d %d %.6f %.6f %.6f %.6f %.6f\n", names[li], pass == 0 ? "fwd" : "bwd", rep, rank,
+                      st, steps[static_cast<size_t>(st)].compute_s, steps[static_cast<size_t>(st)].compute_cpu_s,
+                      steps[static_cast<size_t>(st)].wait_s, t0, t0 + wall);
       }
     }
   }
