@@ -22,7 +22,9 @@
 
 namespace {
 
-double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 int EnvInt(const char* name, int fallback) {
   const char* v = std::getenv(name);
@@ -75,9 +77,9 @@ int Ring(int rank, int world, int64_t L, int64_t H, int64_t D, int reps) {
     for (int rep = -1; rep < reps; ++rep) {  // rep -1 warms up
       for (int pass = 0; pass < 2; ++pass) {
         const double t0 = Now();
-        stria_status_t s = pass == 0 ? stria_attention_forward(ctx, &p, &tq, &tk, &tv, &to, &tl, nullptr)
-                                     : stria_attention_backward(ctx, &p, &tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk,
-                                                                &tdv, nullptr);
+        stria_status_t s =
+            pass == 0 ? stria_attention_forward(ctx, &p, &tq, &tk, &tv, &to, &tl, nullptr)
+                      : stria_attention_backward(ctx, &p, &tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk, &tdv, nullptr);
         const double wall = Now() - t0;
         if (s != STRIA_SUCCESS) {
           std::fprintf(stderr, "rank %d: %s\n", rank, stria_get_last_error());
