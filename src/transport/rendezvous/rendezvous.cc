@@ -265,16 +265,20 @@ class Server {
   int rejected_ = 0;
 };
 
+// Rank 0 answered with an ERROR frame: its text is the reason.
+Status RefusedBy(const std::string& root, const Bytes& payload) {
+  std::string text;
+  (void)DecodeError(payload.data(), payload.size(), &text);
+  return Error(STRIA_ERROR_TRANSPORT, "%s: %s", root.c_str(), text.c_str());
+}
+
 }  // namespace
 
 Status OpenRendezvous(RendezvousId* id) {
   std::string host;
   uint16_t port = 0;
-  const char* root = std::getenv("STRIA_ROOT");
-  if (root != nullptr && *root != '\0') {
-    Status s = ParseHostPort(root, &host, &port);
-    if (!s.ok()) return Status(s.code(), "STRIA_ROOT: " + s.message());
-  }
+  bool set = false;
+  STRIA_RETURN_IF_ERROR(RootFromEnvironment(&set, &host, &port));
   Fd fd;
   uint16_t bound = 0;
   // Without STRIA_ROOT: every interface, a port the kernel picks, and this host's address in the id.
@@ -317,11 +321,7 @@ Status JoinRendezvous(const RendezvousId& id, int rank, int world_size, const By
   Bytes payload;
   Status s = RecvFrame(fd.get(), kMaxErrorBytes, deadline, abort, root.c_str(), &h, &payload);
   if (!s.ok()) return Status(s.code(), Format("rank %d joining: ", rank) + s.message());
-  if (h.type == MsgType::kError) {
-    std::string text;
-    (void)DecodeError(payload.data(), payload.size(), &text);
-    return Error(STRIA_ERROR_TRANSPORT, "%s: %s", root.c_str(), text.c_str());
-  }
+  if (h.type == MsgType::kError) return RefusedBy(root, payload);
   if (h.type != MsgType::kChallenge)
     return Error(STRIA_ERROR_TRANSPORT, "%s sent %s where a CHALLENGE was due", root.c_str(),
                  MsgTypeName(static_cast<uint16_t>(h.type)));
@@ -343,11 +343,7 @@ Status JoinRendezvous(const RendezvousId& id, int rank, int world_size, const By
                    rank, timeout_s + kClientGraceS, root.c_str());
     return Status(s.code(), Format("rank %d joining: ", rank) + s.message());
   }
-  if (h.type == MsgType::kError) {
-    std::string text;
-    (void)DecodeError(payload.data(), payload.size(), &text);
-    return Error(STRIA_ERROR_TRANSPORT, "%s: %s", root.c_str(), text.c_str());
-  }
+  if (h.type == MsgType::kError) return RefusedBy(root, payload);
   if (h.type != MsgType::kTable)
     return Error(STRIA_ERROR_TRANSPORT, "%s sent %s where the TABLE was due", root.c_str(),
                  MsgTypeName(static_cast<uint16_t>(h.type)));

@@ -101,14 +101,21 @@ Status ParseHostPort(const std::string& text, std::string* host, uint16_t* port)
   return Status::Ok();
 }
 
-Status IdFromEnvironment(int world_size, RendezvousId* out) {
+Status RootFromEnvironment(bool* set, std::string* host, uint16_t* port) {
   const char* root = std::getenv("STRIA_ROOT");
-  if (root == nullptr || *root == '\0')
+  *set = root != nullptr && *root != '\0';
+  if (!*set) return Status::Ok();
+  Status s = ParseHostPort(root, host, port);
+  return s.ok() ? s : Status(s.code(), "STRIA_ROOT: " + s.message());
+}
+
+Status IdFromEnvironment(int world_size, RendezvousId* out) {
+  bool set = false;
+  STRIA_RETURN_IF_ERROR(RootFromEnvironment(&set, &out->host, &out->port));
+  if (!set)
     return Error(STRIA_ERROR_INVALID_ARGUMENT,
                  "config->unique_id is all zero and STRIA_ROOT is not set: either hand every rank the id from "
                  "stria_get_unique_id on rank 0, or set STRIA_ROOT=host:port (rank 0's address) on every rank");
-  Status s = ParseHostPort(root, &out->host, &out->port);
-  if (!s.ok()) return Status(s.code(), "STRIA_ROOT: " + s.message());
   const char* secret = std::getenv("STRIA_SECRET");
   if (secret != nullptr && *secret != '\0') {
     if (std::strlen(secret) != 2 * kSecretBytes)
@@ -124,7 +131,7 @@ Status IdFromEnvironment(int world_size, RendezvousId* out) {
   // No secret given: derive one that every rank of this job computes alike.
   static const uint8_t kDerivationKey[kSecretBytes] = {'s', 't', 'r', 'i', 'a', '-', 'e', 'n',
                                                        'v', '-', 's', 'e', 'c', 'r', 'e', 't'};
-  const std::string seed = Format("%s|%d", root, world_size);
+  const std::string seed = Format("%s|%u|%d", out->host.c_str(), out->port, world_size);
   const uint64_t a = SipHash24(kDerivationKey, seed.data(), seed.size());
   const uint64_t b = SipHash24(kDerivationKey, &a, sizeof a);
   std::memcpy(out->secret, &a, 8);

@@ -26,6 +26,9 @@ bool IsZeroId(const stria_unique_id_t& id);
 // "host:port", "[v6addr]:port". Port 0 is refused where a peer must connect to it.
 Status ParseHostPort(const std::string& text, std::string* host, uint16_t* port);
 
+// STRIA_ROOT, parsed; *set is false (and host/port untouched) when it is unset or empty.
+Status RootFromEnvironment(bool* set, std::string* host, uint16_t* port);
+
 // The id of a launch driven by the environment (torchrun or mpirun style): STRIA_ROOT=host:port
 // names rank 0's rendezvous and STRIA_SECRET (32 hex digits) the job's secret. Without
 // STRIA_SECRET the secret is derived from STRIA_ROOT and the world size: jobs that collide on a
