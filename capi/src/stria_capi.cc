@@ -182,13 +182,15 @@ STRIA_API stria_status_t stria_context_create_local_group(const stria_context_co
     // "All threads" is shared out among the group's ranks, which run concurrently.
     const int threads =
         config->num_threads > 0 ? config->num_threads : std::max(1, stria::HardwareThreads() / world_size);
-    auto transports = stria::CreateLocalGroup(world_size);
+    std::vector<std::unique_ptr<stria::Backend>> backends(static_cast<size_t>(world_size));
+    for (auto& backend : backends) STRIA_RETURN_IF_ERROR(stria::CreateBackend(config->device, threads, &backend));
+    // Device memory needs the backend's copies between ranks (host memory: memcpy).
+    auto transports = stria::CreateLocalGroup(world_size, backends[0]->CreateLocalCopier());
     std::vector<std::shared_ptr<stria::Context>> made;
     for (int r = 0; r < world_size; ++r) {
-      std::unique_ptr<stria::Backend> backend;
-      STRIA_RETURN_IF_ERROR(stria::CreateBackend(config->device, threads, &backend));
       made.push_back(std::make_shared<stria::Context>(r, world_size, config->device, Timeout(config),
-                                                      std::move(backend), std::move(transports[r])));
+                                                      std::move(backends[static_cast<size_t>(r)]),
+                                                      std::move(transports[static_cast<size_t>(r)])));
     }
     for (int r = 0; r < world_size; ++r) ctxs[r] = stria::RegisterContext(made[static_cast<size_t>(r)]);
     return Status::Ok();

@@ -13,6 +13,7 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "layout/layout.h"
+#include "transport/transport.h"
 
 namespace stria {
 
@@ -38,22 +39,34 @@ class Backend {
 
   // Checks what this backend supports (head dim, stream) before any rank communicates.
   virtual Status CheckSupported(const AttentionShape& shape, void* stream) const = 0;
+  // Device backends: `data` of the tensor `name` must be memory this backend can compute on.
+  virtual Status CheckMemory(const void* /*data*/, const char* /*name*/) const { return Status::Ok(); }
   // Memory for ring messages, reused across calls by the engine.
   virtual Status Allocate(size_t bytes, void** ptr) = 0;
   virtual void Free(void* ptr) = 0;
   virtual Status PackKV(const AttentionShape& shape, const TensorView& k, const TensorView& v, void* wire) = 0;
 
-  virtual Status ForwardBegin(const AttentionShape& shape, const TensorView& q) = 0;
+  // `stream`: the call's stream (a cudaStream_t on CUDA; NULL on the CPU), checked by CheckSupported.
+  virtual Status ForwardBegin(const AttentionShape& shape, const TensorView& q, void* stream) = 0;
   virtual Status ForwardBlock(const void* kv_wire, const BlockMask& mask) = 0;
   virtual Status ForwardEnd(const TensorView& out, const TensorView& lse) = 0;
 
   virtual Status BackwardBegin(const AttentionShape& shape, const TensorView& q, const TensorView& out,
-                               const TensorView& lse, const TensorView& dout) = 0;
+                               const TensorView& lse, const TensorView& dout, void* stream) = 0;
   // Zeroes `dkv` (a dK/dV message) and adds this rank's contribution for the block into it.
   virtual Status BackwardBlock(const void* kv_wire, const BlockMask& mask, float* dkv) = 0;
   // dst += src over a dK/dV message.
   virtual Status AccumulateDKV(float* dst, const float* src) = 0;
   virtual Status BackwardEnd(const TensorView& dq, const float* dkv, const TensorView& dk, const TensorView& dv) = 0;
+
+  // Asynchronous backends (CUDA) queue their work on a stream and return. Before the engine hands
+  // a ring buffer to the transport (to send it, or to receive into it), everything queued so far
+  // that writes or reads ring buffers must be complete: this waits for it. The transfer of the
+  // next block then overlaps the compute queued after it.
+  virtual Status FenceBuffers() { return Status::Ok(); }
+  // How a local group of contexts of this backend moves ring messages between its ranks; nullptr
+  // means plain memcpy (host memory).
+  virtual std::shared_ptr<BufferCopier> CreateLocalCopier() { return nullptr; }
 
   // CPU seconds the compute threads spent so far, and how many there are (for step profiles).
   virtual double cpu_seconds() const = 0;

@@ -5,6 +5,20 @@
 
 namespace stria {
 
+Status LoadCudaModule(const BackendModuleV1** out) {
+  void* sym = nullptr;
+  STRIA_RETURN_IF_ERROR(LoadModuleSymbol(
+      "cuda", "stria_cuda_module_v1",
+      "CUDA contexts need it installed beside libstria.so, and the CUDA runtime; build stria with CUDA enabled.",
+      &sym));
+  const auto* module = static_cast<const BackendModuleV1*>(sym);
+  if (module->abi_version != kBackendModuleAbiVersion)
+    return Error(STRIA_ERROR_UNSUPPORTED, "the CUDA module speaks module ABI %d, this libstria %d", module->abi_version,
+                 kBackendModuleAbiVersion);
+  *out = module;
+  return Status::Ok();
+}
+
 Status CreateBackend(DLDevice device, int num_threads, std::unique_ptr<Backend>* out) {
   char name[32];
   switch (device.device_type) {
@@ -16,15 +30,8 @@ Status CreateBackend(DLDevice device, int num_threads, std::unique_ptr<Backend>*
     case kDLCUDA: {
       if (device.device_id < 0)
         return Error(STRIA_ERROR_INVALID_ARGUMENT, "CUDA device ordinal %d is negative", device.device_id);
-      void* sym = nullptr;
-      STRIA_RETURN_IF_ERROR(LoadModuleSymbol(
-          "cuda", "stria_cuda_module_v1",
-          "CUDA contexts need it installed beside libstria.so, and the CUDA runtime; build stria with CUDA enabled.",
-          &sym));
-      const auto* module = static_cast<const BackendModuleV1*>(sym);
-      if (module->abi_version != kBackendModuleAbiVersion)
-        return Error(STRIA_ERROR_UNSUPPORTED, "the CUDA module speaks module ABI %d, this libstria %d",
-                     module->abi_version, kBackendModuleAbiVersion);
+      const BackendModuleV1* module = nullptr;
+      STRIA_RETURN_IF_ERROR(LoadCudaModule(&module));
       Backend* backend = nullptr;
       STRIA_RETURN_IF_ERROR(module->create(device, num_threads, &backend));
       out->reset(backend);

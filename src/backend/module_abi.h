@@ -7,12 +7,19 @@
 
 namespace stria {
 
-constexpr int kBackendModuleAbiVersion = 1;
+constexpr int kBackendModuleAbiVersion = 2;
 
 struct BackendModuleV1 {
   int abi_version;  // kBackendModuleAbiVersion
   const char* name;
   Status (*create)(DLDevice device, int num_threads, Backend** out);
+  // stria_shard / stria_unshard of device tensors, after the core validated them: copies the
+  // tokens of `rank` along `dim` between `full` and `local` on `stream` (NULL: the default stream).
+  Status (*shard)(DLDevice device, stria_layout_t layout, int world_size, int rank, int dim, const TensorView& full,
+                  const TensorView& local, bool to_local, void* stream);
 };
+
+// The CUDA module's table, loaded on first use.
+Status LoadCudaModule(const BackendModuleV1** out);
 
 }  // namespace stria

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "backend/module_abi.h"
 #include "core/tensor.h"
 #include "layout/layout.h"
 
@@ -48,14 +49,13 @@ Status ShardCopy(stria_layout_t layout, int world_size, int rank, int seq_dim, c
   if (full_t == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "full is NULL");
   if (local_t == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "local is NULL");
   const DLDevice dev = full_t->device;
-  if (dev.device_type == kDLCUDA)
-    return Error(STRIA_ERROR_UNSUPPORTED, "shard/unshard of CUDA tensors needs the CUDA module (not built here)");
-  if (dev.device_type != kDLCPU && dev.device_type != kDLCUDAHost) {
+  const bool on_gpu = dev.device_type == kDLCUDA;
+  if (!on_gpu && dev.device_type != kDLCPU && dev.device_type != kDLCUDAHost) {
     char b[32];
-    return Error(STRIA_ERROR_UNSUPPORTED, "shard/unshard supports host tensors (cpu, cuda_host), not %s",
+    return Error(STRIA_ERROR_UNSUPPORTED, "shard/unshard supports host tensors (cpu, cuda_host) and cuda, not %s",
                  DeviceName(dev, b, sizeof b));
   }
-  if (stream != nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "stream must be NULL for host tensors");
+  if (!on_gpu && stream != nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "stream must be NULL for host tensors");
   TensorView full, local;
   STRIA_RETURN_IF_ERROR(ViewOf(full_t, "full", dev, &full));
   STRIA_RETURN_IF_ERROR(ViewOf(local_t, "local", dev, &local));
@@ -80,6 +80,11 @@ Status ShardCopy(stria_layout_t layout, int world_size, int rank, int seq_dim, c
                    "local has shape %s but full %s: local must match full except along seq_dim %d, where it holds "
                    "seq_len / world_size = %lld tokens",
                    ShapeString(local).c_str(), ShapeString(full).c_str(), dim, static_cast<long long>(L));
+  }
+  if (on_gpu) {
+    const BackendModuleV1* module = nullptr;
+    STRIA_RETURN_IF_ERROR(LoadCudaModule(&module));
+    return module->shard(dev, layout, world_size, rank, dim, full, local, to_local, stream);
   }
   int64_t shape[kMaxDims], fs[kMaxDims], ls[kMaxDims];
   Drop(full, dim, shape, fs);

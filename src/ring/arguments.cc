@@ -58,6 +58,9 @@ Status CheckQKV(Context& ctx, const DLTensor* q, const DLTensor* k, const DLTens
   STRIA_RETURN_IF_ERROR(AttentionTensor(q, "q", 4, dev, false, &c->q));
   STRIA_RETURN_IF_ERROR(AttentionTensor(k, "k", 4, dev, false, &c->k));
   STRIA_RETURN_IF_ERROR(AttentionTensor(v, "v", 4, dev, false, &c->v));
+  STRIA_RETURN_IF_ERROR(ctx.backend().CheckMemory(c->q.data, "q"));
+  STRIA_RETURN_IF_ERROR(ctx.backend().CheckMemory(c->k.data, "k"));
+  STRIA_RETURN_IF_ERROR(ctx.backend().CheckMemory(c->v.data, "v"));
   AttentionShape& s = c->shape;
   s.B = c->q.shape[0];
   s.L = c->q.shape[1];
@@ -70,6 +73,7 @@ Status CheckQKV(Context& ctx, const DLTensor* q, const DLTensor* k, const DLTens
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "q has shape %s: B, L and Hq of [B, L, Hq, D] must be >= 1",
                  Dims(c->q).c_str());
   STRIA_RETURN_IF_ERROR(ctx.backend().CheckSupported(s, stream));
+  c->stream = stream;
   if (s.Hkv < 1 || s.Hq % s.Hkv != 0)
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "k has %lld heads, which must divide q's %lld heads (GQA/MQA)",
                  static_cast<long long>(s.Hkv), static_cast<long long>(s.Hq));
@@ -85,12 +89,14 @@ Status CheckQKV(Context& ctx, const DLTensor* q, const DLTensor* k, const DLTens
 
 Status CheckLse(Context& ctx, const DLTensor* t, const char* name, const AttentionShape& s, TensorView* out) {
   STRIA_RETURN_IF_ERROR(AttentionTensor(t, name, 3, ctx.device(), true, out));
+  STRIA_RETURN_IF_ERROR(ctx.backend().CheckMemory(out->data, name));
   return ExpectShape(*out, name, {s.B, s.Hq, s.L}, "[B, Hq, L] float32");
 }
 
 Status CheckLike(Context& ctx, const DLTensor* t, const char* name, const TensorView& like, const char* like_name,
                  TensorView* out) {
   STRIA_RETURN_IF_ERROR(AttentionTensor(t, name, 4, ctx.device(), false, out));
+  STRIA_RETURN_IF_ERROR(ctx.backend().CheckMemory(out->data, name));
   std::string what = std::string("like ") + like_name;
   STRIA_RETURN_IF_ERROR(
       ExpectShape(*out, name, {like.shape[0], like.shape[1], like.shape[2], like.shape[3]}, what.c_str()));

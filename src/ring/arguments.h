@@ -12,6 +12,7 @@ struct ValidatedCall {
   stria_layout_t layout = STRIA_LAYOUT_STRIPED;
   bool causal = true;
   TensorView q, k, v, out, lse, dout, dq, dk, dv;
+  void* stream = nullptr;
 };
 
 Status ValidateForward(Context& ctx, const ForwardCall& call, ValidatedCall* out);

@@ -32,7 +32,7 @@ Status RingBackward(Context& ctx, const BackwardCall& call) {
     STRIA_RETURN_IF_ERROR(ctx.RingBuffer(3, dkv_bytes, &dkv[1]));
     STRIA_RETURN_IF_ERROR(ctx.RingBuffer(4, dkv_bytes, &dkv_in));
   }
-  STRIA_RETURN_IF_ERROR(be.BackwardBegin(s, c.q, c.out, c.lse, c.dout));
+  STRIA_RETURN_IF_ERROR(be.BackwardBegin(s, c.q, c.out, c.lse, c.dout, c.stream));
   STRIA_RETURN_IF_ERROR(be.PackKV(s, c.k, c.v, kv[0]));
 
   auto& times = ctx.step_times();
@@ -42,8 +42,10 @@ Status RingBackward(Context& ctx, const BackwardCall& call) {
     const int holder = (r - step + n) % n;
     RequestId kv_send = 0, kv_recv = 0, dkv_recv = 0;
     const bool forward_block = step < n - 1;
-    Status st;
-    if (forward_block) {
+    // Asynchronous backends: the K/V block to send is packed and the buffers we receive into
+    // (the other K/V slot, dkv_in) are no longer read by the previous step's compute.
+    Status st = n > 1 ? be.FenceBuffers() : Status::Ok();
+    if (st.ok() && forward_block) {
       st = tr.Irecv(prev, RingTag(seq, step, MessageKind::kKV), kv[(step + 1) % 2], kv_bytes, &kv_recv);
       if (st.ok()) st = tr.Isend(next, RingTag(seq, step, MessageKind::kKV), kv[step % 2], kv_bytes, &kv_send);
     }
@@ -67,7 +69,8 @@ Status RingBackward(Context& ctx, const BackwardCall& call) {
       if (!st.ok()) return ctx.Fail(st);
     }
     if (n > 1) {
-      st = tr.Isend(next, RingTag(seq, step + 1, MessageKind::kDKV), mine, dkv_bytes, &dkv_send);
+      st = be.FenceBuffers();  // the partial we send is complete
+      if (st.ok()) st = tr.Isend(next, RingTag(seq, step + 1, MessageKind::kDKV), mine, dkv_bytes, &dkv_send);
       if (!st.ok()) return ctx.Fail(st);
     }
     if (forward_block) {

@@ -22,7 +22,7 @@ Status RingForward(Context& ctx, const ForwardCall& call) {
   void* kv[2] = {nullptr, nullptr};
   STRIA_RETURN_IF_ERROR(ctx.RingBuffer(0, kv_bytes, &kv[0]));
   if (n > 1) STRIA_RETURN_IF_ERROR(ctx.RingBuffer(1, kv_bytes, &kv[1]));
-  STRIA_RETURN_IF_ERROR(be.ForwardBegin(s, c.q));
+  STRIA_RETURN_IF_ERROR(be.ForwardBegin(s, c.q, c.stream));
   STRIA_RETURN_IF_ERROR(be.PackKV(s, c.k, c.v, kv[0]));
 
   auto& times = ctx.step_times();
@@ -32,7 +32,10 @@ Status RingForward(Context& ctx, const ForwardCall& call) {
     RequestId send = 0, recv = 0;
     const bool forward_block = step < n - 1;
     if (forward_block) {
-      Status st = tr.Irecv(prev, RingTag(seq, step, MessageKind::kKV), kv[(step + 1) % 2], kv_bytes, &recv);
+      // The block we send must be packed (step 0), and the one we receive into no longer read
+      // by the previous step's compute.
+      Status st = be.FenceBuffers();
+      if (st.ok()) st = tr.Irecv(prev, RingTag(seq, step, MessageKind::kKV), kv[(step + 1) % 2], kv_bytes, &recv);
       if (st.ok()) st = tr.Isend(next, RingTag(seq, step, MessageKind::kKV), kv[step % 2], kv_bytes, &send);
       if (!st.ok()) return ctx.Fail(st);
     }

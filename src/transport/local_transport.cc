@@ -38,6 +38,7 @@ struct Request {
   size_t bytes = 0;
   ReqState state = ReqState::kPosted;
   std::string error;
+  stria_status_t code = STRIA_ERROR_TRANSPORT;  // of a failure
 };
 
 struct CopyJob {
@@ -46,7 +47,8 @@ struct CopyJob {
 
 class LocalGroup {
  public:
-  explicit LocalGroup(int n) : n_(n), gone_(n, false), posted_round_(n, 0), copy_queues_(n) {
+  LocalGroup(int n, std::shared_ptr<BufferCopier> copier)
+      : n_(n), copier_(std::move(copier)), gone_(n, false), posted_round_(n, 0), copy_queues_(n) {
     for (auto& slot : board_) slot.resize(static_cast<size_t>(n));
     for (int r = 0; r < n; ++r) copiers_.emplace_back([this, r] { CopyLoop(r); });
   }
@@ -156,7 +158,7 @@ class LocalGroup {
         return Status::Ok();
       }
       if (req.state == ReqState::kFailed) {
-        Status s(STRIA_ERROR_TRANSPORT, req.error);
+        Status s(req.code, req.error);
         requests_.erase(it);
         return s;
       }
@@ -215,12 +217,23 @@ class LocalGroup {
       void* dst = r.dst;
       size_t bytes = s.bytes;
       lock.unlock();
-      if (bytes) std::memcpy(dst, src, bytes);
+      Status copied;
+      if (bytes && copier_) {
+        copied = copier_->Copy(rank, dst, src, bytes);
+      } else if (bytes) {
+        std::memcpy(dst, src, bytes);
+      }
       lock.lock();
       // The map may have rehashed while unlocked: look both up again.
       Request& s2 = requests_[job.send];
       Request& r2 = requests_[job.recv];
-      s2.state = r2.state = ReqState::kDone;
+      if (copied.ok()) {
+        s2.state = r2.state = ReqState::kDone;
+      } else {
+        s2.state = r2.state = ReqState::kFailed;
+        s2.error = r2.error = copied.message();
+        s2.code = r2.code = copied.code();
+      }
       --inflight_[s2.owner];
       --inflight_[r2.owner];
       cv_.notify_all();
@@ -228,6 +241,7 @@ class LocalGroup {
   }
 
   const int n_;
+  const std::shared_ptr<BufferCopier> copier_;
   std::mutex mu_;
   std::condition_variable cv_;       // request completion, arrivals, departures
   std::condition_variable copy_cv_;  // work for the copy threads
@@ -277,8 +291,8 @@ class LocalTransport final : public Transport {
 
 }  // namespace
 
-std::vector<std::unique_ptr<Transport>> CreateLocalGroup(int world_size) {
-  auto group = std::make_shared<LocalGroup>(world_size);
+std::vector<std::unique_ptr<Transport>> CreateLocalGroup(int world_size, std::shared_ptr<BufferCopier> copier) {
+  auto group = std::make_shared<LocalGroup>(world_size, std::move(copier));
   std::vector<std::unique_ptr<Transport>> out;
   for (int r = 0; r < world_size; ++r) out.push_back(std::make_unique<LocalTransport>(group, r));
   return out;

@@ -40,8 +40,18 @@ class Transport {
   virtual void Abort() = 0;
 };
 
+// Moves the bytes of a matched message between two ring buffers of a local group. The CUDA module
+// supplies one for device memory (a copy on its own stream); host memory needs none (memcpy).
+// Called from the group's copy threads, concurrently for different receiving ranks.
+class BufferCopier {
+ public:
+  virtual ~BufferCopier() = default;
+  virtual Status Copy(int dst_rank, void* dst, const void* src, size_t bytes) = 0;
+};
+
 // N transports joined in this process. Transfers are done by a copy thread per receiving rank,
 // so they overlap with the compute of both sender and receiver.
-std::vector<std::unique_ptr<Transport>> CreateLocalGroup(int world_size);
+std::vector<std::unique_ptr<Transport>> CreateLocalGroup(int world_size,
+                                                         std::shared_ptr<BufferCopier> copier = nullptr);
 
 }  // namespace stria

@@ -122,7 +122,7 @@ class CpuBackend final : public Backend {
     return Status::Ok();
   }
 
-  Status ForwardBegin(const AttentionShape& s, const TensorView& q) override {
+  Status ForwardBegin(const AttentionShape& s, const TensorView& q, void* /*stream: NULL, checked*/) override {
     STRIA_RETURN_IF_ERROR(SetShape(s));
     const size_t rows = static_cast<size_t>(s.B * s.Hq * ps_.Lqp);
     STRIA_RETURN_IF_ERROR(q32_.Reserve(rows * ps_.Dp * 4, "packed queries"));
@@ -181,7 +181,7 @@ class CpuBackend final : public Backend {
   }
 
   Status BackwardBegin(const AttentionShape& s, const TensorView& q, const TensorView& out, const TensorView& lse,
-                       const TensorView& dout) override {
+                       const TensorView& dout, void* /*stream: NULL, checked*/) override {
     STRIA_RETURN_IF_ERROR(SetShape(s));
     const size_t rows = static_cast<size_t>(s.B * s.Hq * ps_.Lqp);
     // Enough chunks of key tiles that every thread has work even when B·Hkv is small.

@@ -1,0 +1,148 @@
+// The few device primitives the CUDA kernels use, behind one small API so that the same kernel
+// source compiles in two ways:
+//  - by nvcc for the GPU (sm_80 and newer): inline PTX and CUDA intrinsics below;
+//  - by a host C++ compiler with STRIA_CUDA_EMULATE defined: the warp-level emulator of
+//    tests/cuda_emu runs every CUDA thread of a block as a fiber, so the tile indexing, masks,
+//    fragment layouts and online softmax are tested on machines without a GPU.
+// Kernels use only what is declared here (plus plain C++): thread/block indices, barriers, warp
+// shuffles, ldmatrix, mma.sync m16n8k16, cp.async, float atomics and 16-bit float conversions.
+// 16-bit floats are carried as uint16_t storage everywhere; `Half` and `BFloat` are tags.
+#pragma once
+
+#include <cstdint>
+
+namespace stria {
+namespace cuda {
+
+struct Half {};    // IEEE binary16
+struct BFloat {};  // bfloat16
+struct Float {};   // float32 storage (the SIMT path only)
+
+}  // namespace cuda
+}  // namespace stria
+
+#if defined(STRIA_CUDA_EMULATE)
+#define STRIA_LAUNCH_BOUNDS(threads)
+#include "cuda_emu.h"  // defines everything below for the host
+#else
+#define STRIA_LAUNCH_BOUNDS(threads) __launch_bounds__(threads)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#define STRIA_DEVICE __device__ __forceinline__
+#define STRIA_GLOBAL __global__
+// The block's dynamic shared memory, 16-byte aligned.
+#define STRIA_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+
+namespace stria {
+namespace cuda {
+
+STRIA_DEVICE int lane_id() {
+  return static_cast<int>(threadIdx.x) & 31;
+}
+STRIA_DEVICE int warp_id() {
+  return static_cast<int>(threadIdx.x) >> 5;
+}
+STRIA_DEVICE void block_sync() {
+  __syncthreads();
+}
+STRIA_DEVICE void warp_sync() {
+  __syncwarp();
+}
+STRIA_DEVICE float shfl_xor(float v, int mask) {
+  return __shfl_xor_sync(0xffffffffu, v, mask);
+}
+STRIA_DEVICE float shfl(float v, int src_lane) {
+  return __shfl_sync(0xffffffffu, v, src_lane);
+}
+STRIA_DEVICE void atomic_add(float* p, float v) {
+  atomicAdd(p, v);
+}
+STRIA_DEVICE float fast_exp2(float x) {
+  return exp2f(x);
+}
+
+// 16-bit conversions (round to nearest even), storage as uint16_t.
+template <typename T>
+STRIA_DEVICE float to_float(uint16_t x);
+template <>
+STRIA_DEVICE float to_float<Half>(uint16_t x) {
+  return __half2float(__ushort_as_half(x));
+}
+template <>
+STRIA_DEVICE float to_float<BFloat>(uint16_t x) {
+  return __bfloat162float(__ushort_as_bfloat16(x));
+}
+template <typename T>
+STRIA_DEVICE uint16_t from_float(float x);
+template <>
+STRIA_DEVICE uint16_t from_float<Half>(float x) {
+  return __half_as_ushort(__float2half_rn(x));
+}
+template <>
+STRIA_DEVICE uint16_t from_float<BFloat>(float x) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+}
+// Two floats as one 32-bit register of two 16-bit values: `lo` in bits 0..15.
+template <typename T>
+STRIA_DEVICE uint32_t pack2(float lo, float hi) {
+  return static_cast<uint32_t>(from_float<T>(lo)) | (static_cast<uint32_t>(from_float<T>(hi)) << 16);
+}
+
+// D (16x8 f32) += A (16x16, row-major fragments) * B (16x8, column-major fragments), per the PTX
+// fragment layouts of mma.m16n8k16: lane = 4*g + t holds A rows g, g+8, columns 2t.., 2t+8..;
+// B rows 2t.., 2t+8.. of column g; C/D rows g, g+8, columns 2t, 2t+1.
+template <typename T>
+STRIA_DEVICE void mma_16816(float d[4], const uint32_t a[4], const uint32_t b[2]);
+template <>
+STRIA_DEVICE void mma_16816<Half>(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+template <>
+STRIA_DEVICE void mma_16816<BFloat>(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// ldmatrix .x4: lanes 8i..8i+7 give the row addresses (16 bytes each) of 8x8 matrix i; register i
+// of lane 4g+t receives row g, elements 2t and 2t+1 of matrix i (.trans: row 2t and 2t+1,
+// element g, i.e. the matrix transposed).
+STRIA_DEVICE void ldmatrix_x4(uint32_t r[4], const void* smem_row) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem_row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+STRIA_DEVICE void ldmatrix_x4_trans(uint32_t r[4], const void* smem_row) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem_row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+// 16-byte asynchronous global->shared copy; when !valid the 16 shared bytes are zero-filled and
+// global memory is not read.
+STRIA_DEVICE void cp_async_16(void* smem, const void* gmem, bool valid) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
+STRIA_DEVICE void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+// Waits until at most N committed groups of this thread are still in flight.
+template <int N>
+STRIA_DEVICE void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+}  // namespace cuda
+}  // namespace stria
+#endif

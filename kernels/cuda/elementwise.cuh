@@ -1,0 +1,126 @@
+// The memory-bound kernels around the tile kernels: packing a K/V ring message, initialising and
+// finishing the forward state, the backward's per-row preprocessing, writing gradients back in
+// the caller's dtype and strides, dK/dV accumulation, and shard/unshard of device tensors.
+#pragma once
+
+#include <type_traits>
+
+#include "cuda/simt_attention.cuh"
+
+namespace stria {
+namespace cuda {
+
+// Grid-stride loop over n items.
+#define STRIA_FOR_EACH(i, n)                                                             \
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+// Strided [B, L, H, D] -> compact [B, L, H, D] (same dtype, element size kEb bytes).
+template <int kEb>
+STRIA_GLOBAL void PackRowsKernel(Dims d, int H, RowsArg src, void* dst) {
+  using U = typename std::conditional<kEb == 4, uint32_t, uint16_t>::type;
+  const int64_t n = static_cast<int64_t>(d.B) * d.L * H * d.D;
+  STRIA_FOR_EACH(x, n) {
+    const int64_t c = x % d.D, rest = x / d.D, h = rest % H, bi = rest / H, i = bi % d.L, b = bi / d.L;
+    static_cast<U*>(dst)[x] = static_cast<const U*>(src.data)[b * src.sb + i * src.sl + h * src.sh + c];
+  }
+}
+
+static STRIA_GLOBAL void FillKernel(float* p, int64_t n, float v) {
+  STRIA_FOR_EACH(x, n) p[x] = v;
+}
+
+static STRIA_GLOBAL void AccumulateKernel(float* dst, const float* src, int64_t n) {
+  STRIA_FOR_EACH(x, n) dst[x] += src[x];
+}
+
+// out = acc / l in the caller's dtype and strides; lse = ln(l) + m ln 2, or -inf for a row that
+// saw no key (its output is 0). lse is [B, Hq, L] float32 with strides (lb, lh, li).
+template <typename T>
+STRIA_GLOBAL void ForwardFinishKernel(Dims d, const float* acc, const float* m, const float* l, RowsOut out, float* lse,
+                                      int64_t lb, int64_t lh, int64_t li) {
+  const int64_t n = static_cast<int64_t>(d.B) * d.Hq * d.L * d.D;
+  constexpr float kLn2 = 0.6931471805599453f;
+  STRIA_FOR_EACH(x, n) {
+    const int64_t c = x % d.D, row = x / d.D, i = row % d.L, bh = row / d.L, h = bh % d.Hq, b = bh / d.Hq;
+    const float lv = l[row];
+    const float inv = lv > 0.f ? 1.f / lv : 0.f;
+    StoreElem<T>(out.data, b * out.sb + i * out.sl + h * out.sh + c, acc[x] * inv);
+    if (c == 0) lse[b * lb + h * lh + i * li] = lv > 0.f ? (m[row] + log2f(lv)) * kLn2 : NegInf();
+  }
+}
+
+// Per query row: delta = rowsum(dO * O) and lse2 = lse * log2(e) (+inf for a row with no key, so
+// that every p = exp2(s - lse2) of that row is 0). One warp per row.
+template <typename T>
+STRIA_GLOBAL void BackwardPrepKernel(Dims d, RowsArg out, RowsArg dout, const float* lse, int64_t lb, int64_t lh,
+                                     int64_t li, float* lse2, float* delta) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  const int64_t rows = static_cast<int64_t>(d.B) * d.Hq * d.L;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + warp_id(); row < rows; row += warps) {
+    const int64_t i = row % d.L, bh = row / d.L, h = bh % d.Hq, b = bh / d.Hq;
+    float s = 0.f;
+    for (int c = lane_id(); c < d.D; c += 32)
+      s += LoadElem<T>(out.data, b * out.sb + i * out.sl + h * out.sh + c) *
+           LoadElem<T>(dout.data, b * dout.sb + i * dout.sl + h * dout.sh + c);
+    s = WarpSum(s);
+    if (lane_id() == 0) {
+      const float v = lse[b * lb + h * lh + i * li];
+      lse2[row] = v == NegInf() ? PosInf() : v * kLog2e;
+      delta[row] = s;
+    }
+  }
+}
+
+// dq = dq_acc * scale from [B, Hq, L, D] fp32 into the caller's dtype and strides.
+template <typename T>
+STRIA_GLOBAL void DqFinishKernel(Dims d, const float* dq_acc, float scale, RowsOut dq) {
+  const int64_t n = static_cast<int64_t>(d.B) * d.Hq * d.L * d.D;
+  STRIA_FOR_EACH(x, n) {
+    const int64_t c = x % d.D, row = x / d.D, i = row % d.L, bh = row / d.L, h = bh % d.Hq, b = bh / d.Hq;
+    StoreElem<T>(dq.data, b * dq.sb + i * dq.sl + h * dq.sh + c, dq_acc[x] * scale);
+  }
+}
+
+// A compact [B, L, Hkv, D] fp32 gradient into the caller's dtype and strides.
+template <typename T>
+STRIA_GLOBAL void KvGradFinishKernel(Dims d, const float* src, RowsOut dst) {
+  const int64_t n = static_cast<int64_t>(d.B) * d.L * d.Hkv * d.D;
+  STRIA_FOR_EACH(x, n) {
+    const int64_t c = x % d.D, rest = x / d.D, h = rest % d.Hkv, bi = rest / d.Hkv, i = bi % d.L, b = bi / d.L;
+    StoreElem<T>(dst.data, b * dst.sb + i * dst.sl + h * dst.sh + c, src[x]);
+  }
+}
+
+// Shard/unshard: one element per thread over the local tensor; along seq_dim, local index i maps
+// to the global position of the layout (DESIGN.md).
+
+STRIA_HD int64_t LayoutPosition(int layout, int64_t L, int world, int rank, int64_t i) {
+  if (layout == 0) return rank * L + i;      // contiguous
+  if (layout == 1) return i * world + rank;  // striped
+  const int64_t C = L / 2;                   // zigzag
+  return i < C ? rank * C + i : (2 * world - 1 - rank) * C + (i - C);
+}
+
+static STRIA_GLOBAL void ShardKernel(ShardArgs a) {
+  int64_t n = 1;
+  for (int k = 0; k < a.ndim; ++k) n *= a.shape[k];
+  STRIA_FOR_EACH(x, n) {
+    int64_t rest = x, lo = 0, fo = 0;
+    for (int k = a.ndim - 1; k >= 0; --k) {
+      const int64_t idx = rest % a.shape[k];
+      rest /= a.shape[k];
+      lo += idx * a.local_strides[k];
+      fo += (k == a.seq_dim ? LayoutPosition(a.layout, a.L, a.world, a.rank, idx) : idx) * a.full_strides[k];
+    }
+    char* l = a.local + lo * a.elem_bytes;
+    char* f = a.full + fo * a.elem_bytes;
+    char* dst = a.to_local ? l : f;
+    const char* src = a.to_local ? f : l;
+    for (int bIdx = 0; bIdx < a.elem_bytes; ++bIdx) dst[bIdx] = src[bIdx];
+  }
+}
+
+}  // namespace cuda
+}  // namespace stria

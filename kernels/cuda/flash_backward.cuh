@@ -1,0 +1,189 @@
+// Tensor-core backward tile kernel: one CTA of 4 warps owns 64 keys of one K/V head (16 keys per
+// warp) of a ring block and walks every query tile (of every query head sharing that K/V head)
+// that can see them. Per query tile it recomputes P^T = exp2(K Q^T * scale_log2 - lse2) from the
+// forward's LSE, and with dP^T = V dO^T and dS^T = P^T (dP^T - delta):
+//   dV += P^T dO and dK += dS^T Q  in registers (this CTA alone owns these keys), and
+//   dQ += dS K                     through shared memory and float atomics into dq_acc.
+// dK/dV leave as fp32 (dK times the softmax scale) into the block's dK/dV ring message, which the
+// host zeroed, so CTAs with nothing to do simply return.
+#pragma once
+
+#include "cuda/flash_common.cuh"
+
+namespace stria {
+namespace cuda {
+
+template <int D>
+struct BwdTile {
+  static constexpr int kN = 64, kThreads = 128;
+  static constexpr int kM = D <= 64 ? 64 : 32;  // queries per step: keeps dK/dV/S/dP in registers
+  static constexpr int kStride = SmemRow<D>::kStride;
+  static constexpr int kDsStride = kM + 8;
+  static constexpr int kSmemBytes = (2 * kN + 2 * kM) * kStride * 2 + kN * kDsStride * 2 + 2 * kM * 4;
+};
+
+template <typename T, int D>
+STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashBackwardKernel(const BwdParams p) {
+  using Tile = BwdTile<D>;
+  constexpr int S = Tile::kStride, kM = Tile::kM, kN = Tile::kN, kDs = Tile::kDsStride;
+  constexpr int kDTiles = D / 8, kKSteps = D / 16, kQTiles = kM / 8;
+  // dQ = dS K: the CTA's kM x D output split among the 4 warps by 16-row groups and column slices.
+  constexpr int kRowGroups = kM / 16, kColSplit = 4 / kRowGroups, kQCols = D / kColSplit;
+  STRIA_DYNAMIC_SMEM(smem_raw);
+  uint16_t* ks = reinterpret_cast<uint16_t*>(smem_raw);
+  uint16_t* vs = ks + kN * S;
+  uint16_t* qs = vs + kN * S;
+  uint16_t* dos = qs + kM * S;
+  uint16_t* dss = dos + kM * S;
+  float* lse2s = reinterpret_cast<float*>(dss + kN * kDs);
+  float* deltas = lse2s + kM;
+
+  const Dims& d = p.dims;
+  const int warp = warp_id(), lane = lane_id(), g = lane >> 2, t4 = lane & 3;
+  const int bhk = static_cast<int>(blockIdx.y), b = bhk / d.Hkv, hk = bhk % d.Hkv;
+  const int group = d.Hq / d.Hkv;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kN;
+  int64_t q_lo, q_hi;
+  QueryRange(p.mask, j0, MinI(j0 + kN, d.L), &q_lo, &q_hi);
+  if (q_lo >= q_hi) return;
+  const int64_t i_first = (q_lo / kM) * kM;
+
+  const int64_t kv_row = static_cast<int64_t>(d.Hkv) * D;
+  const int64_t kv_off = (static_cast<int64_t>(b) * d.L * d.Hkv + hk) * D;
+  LoadRows<D, 128>(ks, static_cast<const uint16_t*>(p.k) + kv_off, kv_row, j0, kN, d.L);
+  LoadRows<D, 128>(vs, static_cast<const uint16_t*>(p.v) + kv_off, kv_row, j0, kN, d.L);
+  cp_async_commit();
+
+  float dk[kDTiles][4], dv[kDTiles][4];
+#pragma unroll
+  for (int nt = 0; nt < kDTiles; ++nt)
+    for (int c = 0; c < 4; ++c) dk[nt][c] = dv[nt][c] = 0.f;
+  int64_t key[2];
+  for (int e = 0; e < 2; ++e) key[e] = j0 + warp * 16 + g + e * 8;
+
+  const int rg = warp % kRowGroups, cs = warp / kRowGroups;
+  for (int gi = 0; gi < group; ++gi) {
+    const int h = hk * group + gi;
+    const int64_t bh = static_cast<int64_t>(b) * d.Hq + h;
+    const uint16_t* qg = static_cast<const uint16_t*>(p.q.data) + b * p.q.sb + h * p.q.sh;
+    const uint16_t* dog = static_cast<const uint16_t*>(p.dout.data) + b * p.dout.sb + h * p.dout.sh;
+    for (int64_t i0 = i_first; i0 < q_hi; i0 += kM) {
+      block_sync();  // the previous step's readers of qs/dos/dss/lse2s are done
+      LoadRows<D, 128>(qs, qg, p.q.sl, i0, kM, d.L);
+      LoadRows<D, 128>(dos, dog, p.dout.sl, i0, kM, d.L);
+      cp_async_commit();
+      for (int r = static_cast<int>(threadIdx.x); r < kM; r += 128) {
+        const bool in = i0 + r < d.L;
+        // +inf makes exp2(s - lse2) = 0 for rows past the end.
+        lse2s[r] = in ? p.lse2[bh * d.L + i0 + r] : PosInf();
+        deltas[r] = in ? p.delta[bh * d.L + i0 + r] : 0.f;
+      }
+      cp_async_wait<0>();
+      block_sync();
+
+      // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys x kM queries.
+      float st[kQTiles][4], dpt[kQTiles][4];
+#pragma unroll
+      for (int nt = 0; nt < kQTiles; ++nt)
+        for (int c = 0; c < 4; ++c) st[nt][c] = dpt[nt][c] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < kKSteps; ++kk) {
+        uint32_t ka[4], va[4];
+        LoadA<S>(ka, ks, warp * 16, kk * 16);
+        LoadA<S>(va, vs, warp * 16, kk * 16);
+#pragma unroll
+        for (int np = 0; np < kQTiles / 2; ++np) {
+          uint32_t qb[4], db[4];
+          LoadBFromRowsN<S>(qb, qs, np * 16, kk * 16);
+          LoadBFromRowsN<S>(db, dos, np * 16, kk * 16);
+          mma_16816<T>(st[2 * np], ka, qb);
+          mma_16816<T>(st[2 * np + 1], ka, qb + 2);
+          mma_16816<T>(dpt[2 * np], va, db);
+          mma_16816<T>(dpt[2 * np + 1], va, db + 2);
+        }
+      }
+
+      const bool masked = !FullyVisible(p.mask, i0, i0 + kM, j0, j0 + kN);
+#pragma unroll
+      for (int nt = 0; nt < kQTiles; ++nt) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int qi = nt * 8 + 2 * t4 + (c & 1);
+          const bool vis = !masked || Visible(p.mask, i0 + qi, key[c >> 1]);
+          const float pr = vis ? fast_exp2(st[nt][c] * p.scale_log2 - lse2s[qi]) : 0.f;
+          st[nt][c] = pr;
+          dpt[nt][c] = vis ? pr * (dpt[nt][c] - deltas[qi]) : 0.f;
+        }
+        // dS^T into shared memory (rows: keys, columns: queries) for dQ = dS K below.
+        uint32_t* row0 = reinterpret_cast<uint32_t*>(dss + (warp * 16 + g) * kDs + nt * 8 + 2 * t4);
+        uint32_t* row1 = reinterpret_cast<uint32_t*>(dss + (warp * 16 + g + 8) * kDs + nt * 8 + 2 * t4);
+        *row0 = pack2<T>(dpt[nt][0], dpt[nt][1]);
+        *row1 = pack2<T>(dpt[nt][2], dpt[nt][3]);
+      }
+
+      // dV += P^T dO, dK += dS^T Q.
+#pragma unroll
+      for (int kq = 0; kq < kM / 16; ++kq) {
+        uint32_t pa[4], sa[4];
+        AccToA<T>(pa, st[2 * kq], st[2 * kq + 1]);
+        AccToA<T>(sa, dpt[2 * kq], dpt[2 * kq + 1]);
+#pragma unroll
+        for (int dp = 0; dp < kDTiles / 2; ++dp) {
+          uint32_t ob[4], qb[4];
+          LoadBFromRowsK<S>(ob, dos, kq * 16, dp * 16);
+          LoadBFromRowsK<S>(qb, qs, kq * 16, dp * 16);
+          mma_16816<T>(dv[2 * dp], pa, ob);
+          mma_16816<T>(dv[2 * dp + 1], pa, ob + 2);
+          mma_16816<T>(dk[2 * dp], sa, qb);
+          mma_16816<T>(dk[2 * dp + 1], sa, qb + 2);
+        }
+      }
+      block_sync();  // dS^T complete
+
+      // dQ rows rg*16.., columns cs*kQCols.. : dS (queries x 64 keys) K (64 keys x D).
+      float dq[kQCols / 8][4];
+#pragma unroll
+      for (int nt = 0; nt < kQCols / 8; ++nt)
+        for (int c = 0; c < 4; ++c) dq[nt][c] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < kN / 16; ++kk) {
+        uint32_t a[4];
+        LoadAFromTransposed<kDs>(a, dss, rg * 16, kk * 16);
+#pragma unroll
+        for (int dp = 0; dp < kQCols / 16; ++dp) {
+          uint32_t kb[4];
+          LoadBFromRowsK<S>(kb, ks, kk * 16, cs * kQCols + dp * 16);
+          mma_16816<T>(dq[2 * dp], a, kb);
+          mma_16816<T>(dq[2 * dp + 1], a, kb + 2);
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int64_t i = i0 + rg * 16 + g + e * 8;
+        if (i < p.mask.q_begin || i >= p.mask.q_end) continue;  // dS is 0 there
+        float* dst = p.dq_acc + (bh * d.L + i) * D + cs * kQCols + 2 * t4;
+#pragma unroll
+        for (int nt = 0; nt < kQCols / 8; ++nt) {
+          atomic_add(dst + nt * 8, dq[nt][2 * e]);
+          atomic_add(dst + nt * 8 + 1, dq[nt][2 * e + 1]);
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    if (key[e] >= d.L) continue;
+    const int64_t off = ((static_cast<int64_t>(b) * d.L + key[e]) * d.Hkv + hk) * D + 2 * t4;
+#pragma unroll
+    for (int nt = 0; nt < kDTiles; ++nt) {
+      p.dk[off + nt * 8] = dk[nt][2 * e] * p.scale;
+      p.dk[off + nt * 8 + 1] = dk[nt][2 * e + 1] * p.scale;
+      p.dv[off + nt * 8] = dv[nt][2 * e];
+      p.dv[off + nt * 8 + 1] = dv[nt][2 * e + 1];
+    }
+  }
+}
+
+}  // namespace cuda
+}  // namespace stria

@@ -1,0 +1,74 @@
+// Pieces shared by the tensor-core forward and backward kernels: tile loads into padded shared
+// memory, and fragment loads in the layouts of mma.m16n8k16 (see device_api.cuh).
+#pragma once
+
+#include "cuda/device_api.cuh"
+#include "cuda/params.h"
+#include "cuda/tile_mask.cuh"
+
+namespace stria {
+namespace cuda {
+
+// Shared-memory rows of D 16-bit values padded by 8 (16 bytes): consecutive rows then start in
+// different bank groups, so the 8 row addresses of an ldmatrix hit 8 distinct 16-byte bank groups.
+template <int D>
+struct SmemRow {
+  static constexpr int kStride = D + 8;
+};
+
+// Rows [r0, r0 + rows) of a [B, L, H, D] tensor for fixed (b, h) into `dst` (row stride kStride),
+// with cp.async; rows at or past `limit` are zero-filled. Requires 16-byte aligned rows.
+template <int D, int kThreads>
+STRIA_DEVICE void LoadRows(uint16_t* dst, const uint16_t* base, int64_t row_stride, int64_t r0, int rows,
+                           int64_t limit) {
+  constexpr int kChunks = D / 8;  // 16-byte pieces per row
+  for (int c = static_cast<int>(threadIdx.x); c < rows * kChunks; c += kThreads) {
+    const int r = c / kChunks, col = (c % kChunks) * 8;
+    const bool valid = r0 + r < limit;
+    const uint16_t* src = base + (valid ? (r0 + r) : r0) * row_stride + col;
+    cp_async_16(dst + r * SmemRow<D>::kStride + col, src, valid);
+  }
+}
+
+// A fragment (16x16, row-major) at (row0, col0) of a shared tile stored row-major.
+template <int kStride>
+STRIA_DEVICE void LoadA(uint32_t a[4], const uint16_t* tile, int row0, int col0) {
+  const int l = lane_id();
+  ldmatrix_x4(a, tile + (row0 + (l & 15)) * kStride + col0 + (l >> 4) * 8);
+}
+
+// B fragments of two adjacent n8 tiles, when the shared tile stores B transposed: rows are n,
+// columns are k (the keys of S = Q K^T). b[0..1]: n-tile n0, b[2..3]: n-tile n0 + 8.
+template <int kStride>
+STRIA_DEVICE void LoadBFromRowsN(uint32_t b[4], const uint16_t* tile, int n0, int k0) {
+  const int l = lane_id();
+  ldmatrix_x4(b, tile + (n0 + (l & 7) + (l >> 4) * 8) * kStride + k0 + ((l >> 3) & 1) * 8);
+}
+
+// B fragments of two adjacent n8 tiles, when the shared tile stores B as is: rows are k, columns
+// are n (the values of O = P V). b[0..1]: n-tile n0, b[2..3]: n-tile n0 + 8.
+template <int kStride>
+STRIA_DEVICE void LoadBFromRowsK(uint32_t b[4], const uint16_t* tile, int k0, int n0) {
+  const int l = lane_id();
+  ldmatrix_x4_trans(b, tile + (k0 + (l & 7) + ((l >> 3) & 1) * 8) * kStride + n0 + (l >> 4) * 8);
+}
+
+// A fragment (16x16 at rows m0, columns k0) of a matrix whose transpose is stored: the shared
+// tile's rows are k and its columns m.
+template <int kStride>
+STRIA_DEVICE void LoadAFromTransposed(uint32_t a[4], const uint16_t* tile, int m0, int k0) {
+  const int l = lane_id(), mi = l >> 3;
+  ldmatrix_x4_trans(a, tile + (k0 + (l & 7) + (mi >> 1) * 8) * kStride + m0 + (mi & 1) * 8);
+}
+
+// Accumulators of two n8 tiles (16 x 16) as the A fragment of the next product (P -> P V).
+template <typename T>
+STRIA_DEVICE void AccToA(uint32_t a[4], const float c0[4], const float c1[4]) {
+  a[0] = pack2<T>(c0[0], c0[1]);
+  a[1] = pack2<T>(c0[2], c0[3]);
+  a[2] = pack2<T>(c1[0], c1[1]);
+  a[3] = pack2<T>(c1[2], c1[3]);
+}
+
+}  // namespace cuda
+}  // namespace stria

@@ -1,0 +1,61 @@
+// Launch helpers of the tensor-core kernels, included by one translation unit per dtype and
+// direction (flash_{fwd,bwd}_{f16,bf16}.cu) so the slow template instantiations build in parallel.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/flash_backward.cuh"
+#include "cuda/flash_forward.cuh"
+
+namespace stria {
+namespace cuda {
+
+// Kernels with more than 48 KB of dynamic shared memory must opt in, once per kernel.
+template <typename Kernel>
+cudaError_t AllowSmem(Kernel kernel, int bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
+template <typename T, int D>
+cudaError_t LaunchFlashForward(const FwdParams& p, cudaStream_t s) {
+  using Tile = FwdTile<D>;
+  static const cudaError_t allowed = AllowSmem(FlashForwardKernel<T, D>, Tile::kSmemBytes);
+  if (allowed != cudaSuccess) return allowed;
+  const int64_t first = (p.mask.q_begin / Tile::kM) * Tile::kM;
+  const dim3 grid(static_cast<unsigned>((p.mask.q_end - first + Tile::kM - 1) / Tile::kM),
+                  static_cast<unsigned>(p.dims.B * p.dims.Hq));
+  FlashForwardKernel<T, D><<<grid, Tile::kThreads, Tile::kSmemBytes, s>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T, int D>
+cudaError_t LaunchFlashBackward(const BwdParams& p, cudaStream_t s) {
+  using Tile = BwdTile<D>;
+  static const cudaError_t allowed = AllowSmem(FlashBackwardKernel<T, D>, Tile::kSmemBytes);
+  if (allowed != cudaSuccess) return allowed;
+  const dim3 grid(static_cast<unsigned>((p.dims.L + Tile::kN - 1) / Tile::kN),
+                  static_cast<unsigned>(p.dims.B * p.dims.Hkv));
+  FlashBackwardKernel<T, D><<<grid, Tile::kThreads, Tile::kSmemBytes, s>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace cuda
+}  // namespace stria
+
+// One translation unit's entry points: <Name>(D, params, stream) for the head dims we build.
+#define STRIA_FLASH_ENTRY(Name, Launch, T, Params)           \
+  namespace stria {                                          \
+  namespace cuda {                                           \
+  cudaError_t Name(int D, const Params& p, cudaStream_t s) { \
+    switch (D) {                                             \
+      case 64:                                               \
+        return Launch<T, 64>(p, s);                          \
+      case 128:                                              \
+        return Launch<T, 128>(p, s);                         \
+      default:                                               \
+        return cudaErrorInvalidValue;                        \
+    }                                                        \
+  }                                                          \
+  }                                                          \
+  }

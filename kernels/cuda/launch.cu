@@ -1,0 +1,202 @@
+// Dispatch from run-time (dtype, head dim, path) to the kernel instantiations, grid sizes, and the
+// SIMT and elementwise kernels (instantiated here).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "cuda/elementwise.cuh"
+#include "cuda/launch.h"
+
+namespace stria {
+namespace cuda {
+
+cudaError_t FlashForwardF16(int D, const FwdParams& p, cudaStream_t s);
+cudaError_t FlashForwardBF16(int D, const FwdParams& p, cudaStream_t s);
+cudaError_t FlashBackwardF16(int D, const BwdParams& p, cudaStream_t s);
+cudaError_t FlashBackwardBF16(int D, const BwdParams& p, cudaStream_t s);
+
+bool FlashHeadDim(int D) {
+  return D == 64 || D == 128;
+}
+
+namespace {
+
+template <typename Kernel>
+cudaError_t AllowSmemBytes(Kernel kernel, int bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
+// Grids of the elementwise kernels: enough blocks to fill the GPU, grid-stride beyond that.
+dim3 ElementGrid(int64_t n) {
+  const int64_t blocks = std::min<int64_t>((n + 255) / 256, 8192);
+  return dim3(static_cast<unsigned>(std::max<int64_t>(blocks, 1)));
+}
+
+unsigned QueryTiles(const MaskArgs& m, int rows) {
+  const int64_t first = (m.q_begin / rows) * rows;
+  return static_cast<unsigned>((m.q_end - first + rows - 1) / rows);
+}
+
+template <typename T>
+cudaError_t SimtForward(const FwdParams& p, cudaStream_t s) {
+  const int bytes = SimtForwardSmemFloats(p.dims.D) * 4;
+  cudaError_t e = AllowSmemBytes(SimtForwardKernel<T>, bytes);
+  if (e != cudaSuccess) return e;
+  const dim3 grid(QueryTiles(p.mask, kSimtRows), static_cast<unsigned>(p.dims.B * p.dims.Hq));
+  SimtForwardKernel<T><<<grid, 128, bytes, s>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t SimtBackward(const BwdParams& p, cudaStream_t s) {
+  const int dq_bytes = SimtDqSmemFloats(p.dims.D) * 4, dkv_bytes = SimtDkvSmemFloats(p.dims.D) * 4;
+  cudaError_t e = AllowSmemBytes(SimtBackwardDqKernel<T>, dq_bytes);
+  if (e == cudaSuccess) e = AllowSmemBytes(SimtBackwardDkvKernel<T>, dkv_bytes);
+  if (e != cudaSuccess) return e;
+  const dim3 dq_grid(QueryTiles(p.mask, kSimtRows), static_cast<unsigned>(p.dims.B * p.dims.Hq));
+  SimtBackwardDqKernel<T><<<dq_grid, 128, dq_bytes, s>>>(p);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  const dim3 dkv_grid(static_cast<unsigned>((p.dims.L + kSimtRows - 1) / kSimtRows),
+                      static_cast<unsigned>(p.dims.B * p.dims.Hkv));
+  SimtBackwardDkvKernel<T><<<dkv_grid, 128, dkv_bytes, s>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchForwardBlock(Elem e, bool flash, const FwdParams& p, cudaStream_t s) {
+  if (flash && e == Elem::kF16) return FlashForwardF16(p.dims.D, p, s);
+  if (flash && e == Elem::kBF16) return FlashForwardBF16(p.dims.D, p, s);
+  switch (e) {
+    case Elem::kF32:
+      return SimtForward<Float>(p, s);
+    case Elem::kF16:
+      return SimtForward<Half>(p, s);
+    case Elem::kBF16:
+      return SimtForward<BFloat>(p, s);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchBackwardBlock(Elem e, bool flash, const BwdParams& p, cudaStream_t s) {
+  if (flash && e == Elem::kF16) return FlashBackwardF16(p.dims.D, p, s);
+  if (flash && e == Elem::kBF16) return FlashBackwardBF16(p.dims.D, p, s);
+  switch (e) {
+    case Elem::kF32:
+      return SimtBackward<Float>(p, s);
+    case Elem::kF16:
+      return SimtBackward<Half>(p, s);
+    case Elem::kBF16:
+      return SimtBackward<BFloat>(p, s);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchPackRows(int elem_bytes, Dims d, int H, RowsArg src, void* dst, cudaStream_t s) {
+  const int64_t n = static_cast<int64_t>(d.B) * d.L * H * d.D;
+  if (n == 0) return cudaSuccess;
+  if (elem_bytes == 4)
+    PackRowsKernel<4><<<ElementGrid(n), 256, 0, s>>>(d, H, src, dst);
+  else
+    PackRowsKernel<2><<<ElementGrid(n), 256, 0, s>>>(d, H, src, dst);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchFill(float* p, int64_t n, float v, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  FillKernel<<<ElementGrid(n), 256, 0, s>>>(p, n, v);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAccumulate(float* dst, const float* src, int64_t n, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  AccumulateKernel<<<ElementGrid(n), 256, 0, s>>>(dst, src, n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchForwardFinish(Elem e, Dims d, const float* acc, const float* m, const float* l, RowsOut out,
+                                float* lse, int64_t lb, int64_t lh, int64_t li, cudaStream_t s) {
+  const int64_t n = static_cast<int64_t>(d.B) * d.Hq * d.L * d.D;
+  if (n == 0) return cudaSuccess;
+  const dim3 g = ElementGrid(n);
+  switch (e) {
+    case Elem::kF32:
+      ForwardFinishKernel<Float><<<g, 256, 0, s>>>(d, acc, m, l, out, lse, lb, lh, li);
+      break;
+    case Elem::kF16:
+      ForwardFinishKernel<Half><<<g, 256, 0, s>>>(d, acc, m, l, out, lse, lb, lh, li);
+      break;
+    case Elem::kBF16:
+      ForwardFinishKernel<BFloat><<<g, 256, 0, s>>>(d, acc, m, l, out, lse, lb, lh, li);
+      break;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchBackwardPrep(Elem e, Dims d, RowsArg out, RowsArg dout, const float* lse, int64_t lb, int64_t lh,
+                               int64_t li, float* lse2, float* delta, cudaStream_t s) {
+  const int64_t rows = static_cast<int64_t>(d.B) * d.Hq * d.L;
+  if (rows == 0) return cudaSuccess;
+  const dim3 g(static_cast<unsigned>(std::min<int64_t>((rows + 7) / 8, 8192)));
+  switch (e) {
+    case Elem::kF32:
+      BackwardPrepKernel<Float><<<g, 256, 0, s>>>(d, out, dout, lse, lb, lh, li, lse2, delta);
+      break;
+    case Elem::kF16:
+      BackwardPrepKernel<Half><<<g, 256, 0, s>>>(d, out, dout, lse, lb, lh, li, lse2, delta);
+      break;
+    case Elem::kBF16:
+      BackwardPrepKernel<BFloat><<<g, 256, 0, s>>>(d, out, dout, lse, lb, lh, li, lse2, delta);
+      break;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchDqFinish(Elem e, Dims d, const float* dq_acc, float scale, RowsOut dq, cudaStream_t s) {
+  const int64_t n = static_cast<int64_t>(d.B) * d.Hq * d.L * d.D;
+  if (n == 0) return cudaSuccess;
+  const dim3 g = ElementGrid(n);
+  switch (e) {
+    case Elem::kF32:
+      DqFinishKernel<Float><<<g, 256, 0, s>>>(d, dq_acc, scale, dq);
+      break;
+    case Elem::kF16:
+      DqFinishKernel<Half><<<g, 256, 0, s>>>(d, dq_acc, scale, dq);
+      break;
+    case Elem::kBF16:
+      DqFinishKernel<BFloat><<<g, 256, 0, s>>>(d, dq_acc, scale, dq);
+      break;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchKvGradFinish(Elem e, Dims d, const float* src, RowsOut dst, cudaStream_t s) {
+  const int64_t n = static_cast<int64_t>(d.B) * d.L * d.Hkv * d.D;
+  if (n == 0) return cudaSuccess;
+  const dim3 g = ElementGrid(n);
+  switch (e) {
+    case Elem::kF32:
+      KvGradFinishKernel<Float><<<g, 256, 0, s>>>(d, src, dst);
+      break;
+    case Elem::kF16:
+      KvGradFinishKernel<Half><<<g, 256, 0, s>>>(d, src, dst);
+      break;
+    case Elem::kBF16:
+      KvGradFinishKernel<BFloat><<<g, 256, 0, s>>>(d, src, dst);
+      break;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchShard(const ShardArgs& a, cudaStream_t s) {
+  int64_t n = 1;
+  for (int k = 0; k < a.ndim; ++k) n *= a.shape[k];
+  if (n == 0) return cudaSuccess;
+  ShardKernel<<<ElementGrid(n), 256, 0, s>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace cuda
+}  // namespace stria

@@ -1,0 +1,35 @@
+// Host entry points of the CUDA kernels, called by the CUDA backend (src/backend/cuda). Each
+// enqueues work on `stream` and returns the launch's cudaError_t; nothing here synchronizes.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/params.h"
+
+namespace stria {
+namespace cuda {
+
+enum class Elem { kF32, kF16, kBF16 };
+
+// Head dims the tensor-core kernels are built for; other D (and float32) take the SIMT kernels.
+bool FlashHeadDim(int D);
+constexpr int kMaxHeadDim = 256;
+
+// One ring block. `flash` picks the tensor-core kernels (16-bit dtypes, FlashHeadDim, rows
+// 16-byte aligned: the caller checks); otherwise the SIMT kernels.
+cudaError_t LaunchForwardBlock(Elem e, bool flash, const FwdParams& p, cudaStream_t s);
+cudaError_t LaunchBackwardBlock(Elem e, bool flash, const BwdParams& p, cudaStream_t s);
+
+cudaError_t LaunchPackRows(int elem_bytes, Dims d, int H, RowsArg src, void* dst, cudaStream_t s);
+cudaError_t LaunchFill(float* p, int64_t n, float v, cudaStream_t s);
+cudaError_t LaunchAccumulate(float* dst, const float* src, int64_t n, cudaStream_t s);
+cudaError_t LaunchForwardFinish(Elem e, Dims d, const float* acc, const float* m, const float* l, RowsOut out,
+                                float* lse, int64_t lb, int64_t lh, int64_t li, cudaStream_t s);
+cudaError_t LaunchBackwardPrep(Elem e, Dims d, RowsArg out, RowsArg dout, const float* lse, int64_t lb, int64_t lh,
+                               int64_t li, float* lse2, float* delta, cudaStream_t s);
+cudaError_t LaunchDqFinish(Elem e, Dims d, const float* dq_acc, float scale, RowsOut dq, cudaStream_t s);
+cudaError_t LaunchKvGradFinish(Elem e, Dims d, const float* src, RowsOut dst, cudaStream_t s);
+cudaError_t LaunchShard(const ShardArgs& a, cudaStream_t s);
+
+}  // namespace cuda
+}  // namespace stria

@@ -1,0 +1,80 @@
+// Plain parameter structs shared by the CUDA host code and the kernels (no CUDA types, so the
+// host engine and the host emulator include it too). Strides are in elements; the head dim is
+// always contiguous.
+#pragma once
+
+#include <cstdint>
+
+namespace stria {
+namespace cuda {
+
+// The visible part of one ring block (layout::BlockMask): query i sees key j iff
+// q_begin <= i < q_end, k_begin <= j < k_end and (!diagonal || j <= i + offset).
+struct MaskArgs {
+  int64_t q_begin, q_end, k_begin, k_end;
+  int diagonal;
+  int64_t offset;
+};
+
+struct Dims {
+  int B, L, Hq, Hkv, D;
+};
+
+// A [B, L, H, D] tensor of the caller: row (b, i, h) starts at data + b*sb + i*sl + h*sh.
+struct RowsArg {
+  const void* data;
+  int64_t sb, sl, sh;
+};
+
+// A writable [B, L, H, D] tensor of the caller.
+struct RowsOut {
+  void* data;
+  int64_t sb, sl, sh;
+};
+
+// One forward ring block, merged into the running softmax state of this rank's queries.
+struct FwdParams {
+  Dims dims;
+  RowsArg q;         // the caller's queries (storage dtype)
+  const void* k;     // the block's keys, compact [B, L, Hkv, D] (storage dtype)
+  const void* v;     // the block's values, same layout
+  float* acc;        // [B, Hq, L, D] unnormalised output so far
+  float* m;          // [B, Hq, L] running max of the scaled scores, log2 domain
+  float* l;          // [B, Hq, L] running sum of exp2(score - m)
+  float scale_log2;  // softmax scale * log2(e)
+  MaskArgs mask;
+};
+
+// One backward ring block: adds this block's share of dQ into dq_acc and writes the block's
+// dK/dV contribution (fp32, compact [B, L, Hkv, D], already times the softmax scale for dK).
+struct BwdParams {
+  Dims dims;
+  RowsArg q, dout;
+  const void* k;
+  const void* v;
+  const float* lse2;   // [B, Hq, L] log-sum-exp * log2(e); +inf for a row with no key
+  const float* delta;  // [B, Hq, L] rowsum(dO * O)
+  float* dq_acc;       // [B, Hq, L, D], unscaled
+  float* dk;           // [B, L, Hkv, D]
+  float* dv;
+  float scale_log2;
+  float scale;
+  MaskArgs mask;
+};
+
+// Shard/unshard of a device tensor: one element per thread over the local tensor; along
+// seq_dim, local index i maps to the layout's global position (DESIGN.md).
+struct ShardArgs {
+  int ndim, seq_dim, layout, world, rank;
+  int64_t L;
+  int64_t shape[8];          // the local tensor's shape
+  int64_t local_strides[8];  // in elements
+  int64_t full_strides[8];
+  char* local;
+  char* full;
+  int elem_bytes;
+  int to_local;
+};
+
+}  // namespace cuda
+}  // namespace stria

@@ -1,0 +1,59 @@
+// Which tiles of a ring block need computing, and which of those need the per-element mask.
+// Everything here is plain integer logic, used by the kernels (device), the host launchers (grid
+// sizes) and the emulator tests alike.
+#pragma once
+
+#include "cuda/params.h"
+
+#if defined(__CUDACC__)
+#define STRIA_HD __host__ __device__ __forceinline__
+#else
+#define STRIA_HD inline
+#endif
+
+namespace stria {
+namespace cuda {
+
+STRIA_HD float NegInf() {
+  return -__builtin_huge_valf();
+}
+STRIA_HD float PosInf() {
+  return __builtin_huge_valf();
+}
+STRIA_HD int64_t MinI(int64_t a, int64_t b) {
+  return a < b ? a : b;
+}
+STRIA_HD int64_t MaxI(int64_t a, int64_t b) {
+  return a > b ? a : b;
+}
+
+STRIA_HD bool Visible(const MaskArgs& m, int64_t i, int64_t j) {
+  return i >= m.q_begin && i < m.q_end && j >= m.k_begin && j < m.k_end && (!m.diagonal || j <= i + m.offset);
+}
+
+// Keys [k_lo, k_hi) that some query of [i0, i1) may see.
+STRIA_HD void KeyRange(const MaskArgs& m, int64_t i0, int64_t i1, int64_t* k_lo, int64_t* k_hi) {
+  i0 = MaxI(i0, m.q_begin);
+  i1 = MinI(i1, m.q_end);
+  *k_lo = m.k_begin;
+  *k_hi = i0 >= i1 ? m.k_begin : (m.diagonal ? MinI(m.k_end, i1 - 1 + m.offset + 1) : m.k_end);
+  if (*k_hi < *k_lo) *k_hi = *k_lo;
+}
+
+// Queries [q_lo, q_hi) that may see some key of [j0, j1).
+STRIA_HD void QueryRange(const MaskArgs& m, int64_t j0, int64_t j1, int64_t* q_lo, int64_t* q_hi) {
+  j0 = MaxI(j0, m.k_begin);
+  j1 = MinI(j1, m.k_end);
+  *q_hi = m.q_end;
+  *q_lo = j0 >= j1 ? m.q_end : (m.diagonal ? MaxI(m.q_begin, j0 - m.offset) : m.q_begin);
+  if (*q_lo > *q_hi) *q_lo = *q_hi;
+}
+
+// True when every pair of [i0, i1) x [j0, j1) is visible, so the tile skips the element mask.
+STRIA_HD bool FullyVisible(const MaskArgs& m, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  if (i0 < m.q_begin || i1 > m.q_end || j0 < m.k_begin || j1 > m.k_end) return false;
+  return !m.diagonal || j1 - 1 <= i0 + m.offset;
+}
+
+}  // namespace cuda
+}  // namespace stria

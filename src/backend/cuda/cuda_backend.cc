@@ -1,0 +1,330 @@
+// The CUDA backend. Per call it keeps the running softmax state (forward) or the dQ accumulator
+// and per-row LSE/delta (backward) in device workspaces that are reused across calls, and queues
+// every kernel on the caller's stream. It never synchronizes except where the engine asks
+// (FenceBuffers, before a ring buffer is handed to the transport) and on errors.
+//
+// Kernel choice per call: the tensor-core kernels for float16/bfloat16 with D in {64, 128} when
+// q (and dO) rows are 16-byte aligned; the SIMT kernels otherwise (float32, other head dims,
+// odd strides). STRIA_CUDA_KERNELS=simt forces the SIMT kernels (tests compare both paths).
+#include "backend/cuda/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "backend/cuda/cuda_status.h"
+#include "backend/cuda/device_buffer.h"
+#include "cuda/launch.h"
+
+namespace stria {
+
+DeviceScope::DeviceScope(int device) {
+  cudaError_t e = cudaGetDevice(&previous_);
+  if (e == cudaSuccess && previous_ != device) e = cudaSetDevice(device);
+  if (e != cudaSuccess)
+    status_ = Error(STRIA_ERROR_CUDA, "cudaSetDevice(%d) failed: %s", device, cudaGetErrorString(e));
+}
+DeviceScope::~DeviceScope() {
+  int now = -1;
+  if (status_.ok() && cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
+}
+
+Status CheckCudaDevice(int ordinal) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return Error(STRIA_ERROR_UNSUPPORTED,
+                 "libstria-cuda.so.%d is loaded but no CUDA device is usable: cudaGetDeviceCount: %s (%s)",
+                 STRIA_VERSION_MAJOR, cudaGetErrorString(e), cudaGetErrorName(e));
+  }
+  if (ordinal < 0 || ordinal >= count)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "CUDA device ordinal %d is out of range: this machine has %d", ordinal,
+                 count);
+  return Status::Ok();
+}
+
+namespace {
+
+using cuda::Elem;
+
+Elem ElemOf(DType t) {
+  switch (t) {
+    case DType::kF16:
+      return Elem::kF16;
+    case DType::kBF16:
+      return Elem::kBF16;
+    case DType::kF32:
+      break;
+  }
+  return Elem::kF32;
+}
+
+cuda::RowsArg Rows(const TensorView& v) {
+  return cuda::RowsArg{v.data, v.strides[0], v.strides[1], v.strides[2]};
+}
+cuda::RowsOut RowsW(const TensorView& v) {
+  return cuda::RowsOut{v.data, v.strides[0], v.strides[1], v.strides[2]};
+}
+
+// The tensor-core kernels read rows with 16-byte cp.async.
+bool RowsAligned16(const TensorView& v) {
+  const int64_t per16 = 16 / v.elem_bytes();
+  return reinterpret_cast<uintptr_t>(v.data) % 16 == 0 && v.strides[0] % per16 == 0 && v.strides[1] % per16 == 0 &&
+         v.strides[2] % per16 == 0;
+}
+
+cuda::MaskArgs MaskOf(const BlockMask& m) {
+  return cuda::MaskArgs{m.q_begin, m.q_end, m.k_begin, m.k_end, m.diagonal ? 1 : 0, m.offset};
+}
+
+// Copies ring messages between the ranks of a local group on one or several GPUs: on a
+// non-blocking stream per receiving rank, so a transfer overlaps the compute of both ranks.
+class CudaCopier final : public BufferCopier {
+ public:
+  explicit CudaCopier(int device) : device_(device) {}
+  ~CudaCopier() override {
+    DeviceScope scope(device_);
+    for (cudaStream_t s : streams_)
+      if (s) cudaStreamDestroy(s);
+  }
+  Status Copy(int dst_rank, void* dst, const void* src, size_t bytes) override {
+    DeviceScope scope(device_);
+    STRIA_RETURN_IF_ERROR(scope.status());
+    cudaStream_t stream = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (streams_.size() <= static_cast<size_t>(dst_rank)) streams_.resize(static_cast<size_t>(dst_rank) + 1);
+      cudaStream_t& s = streams_[static_cast<size_t>(dst_rank)];
+      if (s == nullptr) STRIA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      stream = s;
+    }
+    // cudaMemcpyDefault: the ranks' buffers may sit on different GPUs (unified addressing).
+    STRIA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
+    STRIA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    return Status::Ok();
+  }
+
+ private:
+  const int device_;
+  std::mutex mu_;
+  std::vector<cudaStream_t> streams_;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {
+    const char* k = std::getenv("STRIA_CUDA_KERNELS");
+    simt_only_ = k != nullptr && std::strcmp(k, "simt") == 0;
+  }
+  const char* name() const override { return "cuda"; }
+  double cpu_seconds() const override { return 0.0; }
+  int num_threads() const override { return 1; }
+
+  Status CheckSupported(const AttentionShape& s, void* /*stream*/) const override {
+    if (s.D < 1 || s.D > cuda::kMaxHeadDim)
+      return Error(STRIA_ERROR_UNSUPPORTED,
+                   "head dim %lld is not supported by the CUDA backend (supported: 1..%d; the tensor-core kernels "
+                   "take 64 and 128 in float16/bfloat16, the others run on CUDA cores)",
+                   static_cast<long long>(s.D), cuda::kMaxHeadDim);
+    if (s.B * s.Hq > 65535)
+      return Error(STRIA_ERROR_UNSUPPORTED, "B*Hq = %lld exceeds the CUDA backend's 65535 (batch x heads per launch)",
+                   static_cast<long long>(s.B * s.Hq));
+    if (s.L > (int64_t{1} << 31) / 2 || s.B * s.L * s.Hq * s.D > (int64_t{1} << 40))
+      return Error(STRIA_ERROR_UNSUPPORTED, "tensors of %lld tokens per rank are too large for the CUDA backend",
+                   static_cast<long long>(s.L));
+    return Status::Ok();
+  }
+
+  Status CheckMemory(const void* data, const char* name) const override {
+    if (data == nullptr) return Status::Ok();  // empty tensors: the shape checks decide
+    cudaPointerAttributes attr;
+    const cudaError_t e = cudaPointerGetAttributes(&attr, data);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s.data %p is not CUDA memory (cudaPointerGetAttributes: %s)", name,
+                   data, cudaGetErrorString(e));
+    }
+    if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
+      return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s.data %p is %s memory, not device memory of cuda:%d", name, data,
+                   attr.type == cudaMemoryTypeHost ? "pinned host" : "unregistered host", device_);
+    if (attr.type == cudaMemoryTypeDevice && attr.device != device_)
+      return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s.data %p is memory of cuda:%d, but the context is on cuda:%d", name,
+                   data, attr.device, device_);
+    return Status::Ok();
+  }
+
+  Status Allocate(size_t bytes, void** ptr) override {
+    DeviceScope scope(device_);
+    STRIA_RETURN_IF_ERROR(scope.status());
+    const cudaError_t e = cudaMalloc(ptr, bytes ? bytes : 256);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return Error(e == cudaErrorMemoryAllocation ? STRIA_ERROR_OUT_OF_MEMORY : STRIA_ERROR_CUDA,
+                   "cudaMalloc of a %zu-byte ring buffer failed: %s", bytes, cudaGetErrorString(e));
+    }
+    return Status::Ok();
+  }
+  void Free(void* ptr) override {
+    if (ptr == nullptr) return;
+    DeviceScope scope(device_);
+    cudaFree(ptr);
+  }
+
+  Status FenceBuffers() override {
+    DeviceScope scope(device_);
+    STRIA_RETURN_IF_ERROR(scope.status());
+    STRIA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return Status::Ok();
+  }
+
+  std::shared_ptr<BufferCopier> CreateLocalCopier() override { return std::make_shared<CudaCopier>(device_); }
+
+  Status PackKV(const AttentionShape& s, const TensorView& k, const TensorView& v, void* wire) override {
+    DeviceScope scope(device_);
+    STRIA_RETURN_IF_ERROR(scope.status());
+    const int eb = static_cast<int>(DTypeSize(s.dtype));
+    char* kd = static_cast<char*>(wire);
+    char* vd = kd + s.B * s.L * s.Hkv * s.D * eb;
+    const int H = static_cast<int>(s.Hkv);
+    STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchPackRows(eb, dims_, H, Rows(k), kd, stream_));
+    STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchPackRows(eb, dims_, H, Rows(v), vd, stream_));
+    return Status::Ok();
+  }
+
+  Status ForwardBegin(const AttentionShape& s, const TensorView& q, void* stream) override {
+    DeviceScope scope(device_);
+    STRIA_RETURN_IF_ERROR(scope.status());
+    SetShape(s, stream);
+    const size_t rows = static_cast<size_t>(s.B * s.Hq * s.L);
+    STRIA_RETURN_IF_ERROR(acc_.Reserve(rows * static_cast<size_t>(s.D) * 4, "the running output"));
+    STRIA_RETURN_IF_ERROR(m_.Reserve(rows * 4, "row maxima"));
+    STRIA_RETURN_IF_ERROR(l_.Reserve(rows * 4, "row sums"));
+    q_ = Rows(q);
+    flash_ = !simt_only_ && s.dtype != DType::kF32 && cuda::FlashHeadDim(static_cast<int>(s.D)) && RowsAligned16(q);
+    STRIA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(acc_.f32(), 0, rows * static_cast<size_t>(s.D) * 4, stream_));
+    STRIA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(l_.f32(), 0, rows * 4, stream_));
+    STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchFill(m_.f32(), static_cast<int64_t>(rows), -__builtin_huge_valf(), stream_));
+    return Status::Ok();
+  }
+
+  Status ForwardBlock(const void* kv_wire, const BlockMask& mask) override {
+    DeviceScope scope(device_);
+    STRIA_RETURN_IF_ERROR(scope.status());
+    cuda::FwdParams p{};
+    p.dims = dims_;
+    p.q = q_;
+    p.k = kv_wire;
+    p.v = static_cast<const char*>(kv_wire) + KVWireBytes(s_) / 2;
+    p.acc = acc_.f32();
+    p.m = m_.f32();
+    p.l = l_.f32();
+    p.scale_log2 = s_.scale * 1.4426950408889634f;
+    p.mask = MaskOf(mask);
+    STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchForwardBlock(ElemOf(s_.dtype), flash_, p, stream_));
+    return Status::Ok();
+  }
+
+  Status ForwardEnd(const TensorView& out, const TensorView& lse) override {
+    DeviceScope scope(device_);
+    STRIA_RETURN_IF_ERROR(scope.status());
+    STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchForwardFinish(ElemOf(s_.dtype), dims_, acc_.f32(), m_.f32(), l_.f32(),
+                                                         RowsW(out), static_cast<float*>(lse.data), lse.strides[0],
+                                                         lse.strides[1], lse.strides[2], stream_));
+    return Status::Ok();
+  }
+
+  Status BackwardBegin(const AttentionShape& s, const TensorView& q, const TensorView& out, const TensorView& lse,
+                       const TensorView& dout, void* stream) override {
+    DeviceScope scope(device_);
+    STRIA_RETURN_IF_ERROR(scope.status());
+    SetShape(s, stream);
+    const size_t rows = static_cast<size_t>(s.B * s.Hq * s.L);
+    STRIA_RETURN_IF_ERROR(dq_acc_.Reserve(rows * static_cast<size_t>(s.D) * 4, "the dQ accumulator"));
+    STRIA_RETURN_IF_ERROR(m_.Reserve(rows * 4, "log-sum-exp rows"));
+    STRIA_RETURN_IF_ERROR(l_.Reserve(rows * 4, "rowsum(dO*O)"));
+    q_ = Rows(q);
+    dout_ = Rows(dout);
+    flash_ = !simt_only_ && s.dtype != DType::kF32 && cuda::FlashHeadDim(static_cast<int>(s.D)) && RowsAligned16(q) &&
+             RowsAligned16(dout);
+    STRIA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dq_acc_.f32(), 0, rows * static_cast<size_t>(s.D) * 4, stream_));
+    STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchBackwardPrep(ElemOf(s.dtype), dims_, Rows(out), dout_,
+                                                        static_cast<const float*>(lse.data), lse.strides[0],
+                                                        lse.strides[1], lse.strides[2], m_.f32(), l_.f32(), stream_));
+    return Status::Ok();
+  }
+
+  Status BackwardBlock(const void* kv_wire, const BlockMask& mask, float* dkv) override {
+    DeviceScope scope(device_);
+    STRIA_RETURN_IF_ERROR(scope.status());
+    const size_t per = static_cast<size_t>(s_.B * s_.L * s_.Hkv * s_.D);
+    STRIA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dkv, 0, 2 * per * 4, stream_));
+    if (mask.empty()) return Status::Ok();
+    cuda::BwdParams p{};
+    p.dims = dims_;
+    p.q = q_;
+    p.dout = dout_;
+    p.k = kv_wire;
+    p.v = static_cast<const char*>(kv_wire) + KVWireBytes(s_) / 2;
+    p.lse2 = m_.f32();
+    p.delta = l_.f32();
+    p.dq_acc = dq_acc_.f32();
+    p.dk = dkv;
+    p.dv = dkv + per;
+    p.scale_log2 = s_.scale * 1.4426950408889634f;
+    p.scale = s_.scale;
+    p.mask = MaskOf(mask);
+    STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchBackwardBlock(ElemOf(s_.dtype), flash_, p, stream_));
+    return Status::Ok();
+  }
+
+  Status AccumulateDKV(float* dst, const float* src) override {
+    DeviceScope scope(device_);
+    STRIA_RETURN_IF_ERROR(scope.status());
+    STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchAccumulate(dst, src, static_cast<int64_t>(DKVWireFloats(s_)), stream_));
+    return Status::Ok();
+  }
+
+  Status BackwardEnd(const TensorView& dq, const float* dkv, const TensorView& dk, const TensorView& dv) override {
+    DeviceScope scope(device_);
+    STRIA_RETURN_IF_ERROR(scope.status());
+    const Elem e = ElemOf(s_.dtype);
+    const size_t per = static_cast<size_t>(s_.B * s_.L * s_.Hkv * s_.D);
+    STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchDqFinish(e, dims_, dq_acc_.f32(), s_.scale, RowsW(dq), stream_));
+    STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchKvGradFinish(e, dims_, dkv, RowsW(dk), stream_));
+    STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchKvGradFinish(e, dims_, dkv + per, RowsW(dv), stream_));
+    return Status::Ok();
+  }
+
+ private:
+  void SetShape(const AttentionShape& s, void* stream) {
+    s_ = s;
+    stream_ = static_cast<cudaStream_t>(stream);
+    dims_ = cuda::Dims{static_cast<int>(s.B), static_cast<int>(s.L), static_cast<int>(s.Hq), static_cast<int>(s.Hkv),
+                       static_cast<int>(s.D)};
+  }
+
+  const int device_;
+  bool simt_only_ = false;
+  bool flash_ = false;
+  cudaStream_t stream_ = nullptr;
+  AttentionShape s_;
+  cuda::Dims dims_{};
+  cuda::RowsArg q_{}, dout_{};
+  DeviceBuffer acc_, m_, l_, dq_acc_;  // m_/l_ hold lse2/delta in the backward
+};
+
+}  // namespace
+
+Status CreateCudaBackend(DLDevice device, Backend** out) {
+  STRIA_RETURN_IF_ERROR(CheckCudaDevice(device.device_id));
+  DeviceScope scope(device.device_id);
+  STRIA_RETURN_IF_ERROR(scope.status());
+  *out = new CudaBackend(device.device_id);
+  return Status::Ok();
+}
+
+}  // namespace stria

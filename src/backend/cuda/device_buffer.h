@@ -1,0 +1,39 @@
+// Device workspace that grows and is then reused across calls: after the first call of a given
+// size no cudaMalloc happens on the call path.
+#pragma once
+
+#include <cstddef>
+
+#include "backend/cuda/cuda_status.h"
+
+namespace stria {
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { cudaFree(ptr_); }
+
+  Status Reserve(size_t bytes, const char* what) {
+    if (bytes <= bytes_) return Status::Ok();
+    cudaFree(ptr_);  // synchronizes the device: only on growth
+    ptr_ = nullptr;
+    bytes_ = 0;
+    const cudaError_t e = cudaMalloc(&ptr_, bytes);
+    if (e != cudaSuccess) {
+      cudaGetLastError();  // not sticky: clear it
+      return Error(e == cudaErrorMemoryAllocation ? STRIA_ERROR_OUT_OF_MEMORY : STRIA_ERROR_CUDA,
+                   "cudaMalloc of %zu bytes for %s failed: %s", bytes, what, cudaGetErrorString(e));
+    }
+    bytes_ = bytes;
+    return Status::Ok();
+  }
+  float* f32() const { return static_cast<float*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+}  // namespace stria
