@@ -268,6 +268,18 @@ inline Reference DenseAttention(const std::vector<double>& q, const std::vector<
   return r;
 }
 
+// True where a CUDA context can be created (the CUDA module is built and a GPU is present): tests
+// of what happens without one then check the GPU behaviour instead, or skip.
+inline bool CudaContextWorks() {
+  stria_context_config_t cfg;
+  stria_context_config_init(&cfg);
+  cfg.device = DLDevice{kDLCUDA, 0};
+  stria_context_t ctx = nullptr;
+  if (stria_context_create(&cfg, &ctx) != STRIA_SUCCESS) return false;
+  stria_context_destroy(ctx);
+  return true;
+}
+
 // Runs fn(rank) on world_size threads and joins them.
 inline void RunRanks(int world_size, const std::function<void(int)>& fn) {
   std::vector<std::thread> threads;

@@ -1,0 +1,74 @@
+// Helpers of the GPU tests: device copies of host test tensors, and the skip when no GPU is there.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "test_util.h"
+
+namespace stria_test {
+
+// Empty when a GPU is usable; otherwise why not (the tests skip with it).
+inline std::string NoGpuReason() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) return std::string("no usable CUDA device: ") + cudaGetErrorString(e);
+  if (n == 0) return "no CUDA device";
+  return "";
+}
+
+#define STRIA_REQUIRE_GPU()                                          \
+  do {                                                               \
+    const std::string why_ = ::stria_test::NoGpuReason();            \
+    if (!why_.empty()) GTEST_SKIP() << "GPU test skipped: " << why_; \
+  } while (0)
+
+// A device copy of a host Tensor (same shape, dtype and strides), freed at scope exit.
+struct DeviceTensor {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  std::vector<int64_t> shape, strides;
+  DLTensor dl{};
+
+  explicit DeviceTensor(const Tensor& host, int device = 0) : shape(host.shape), strides(host.strides) {
+    bytes = host.storage.size();
+    EXPECT_EQ(cudaMalloc(&ptr, bytes ? bytes : 16), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(ptr, host.storage.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    dl = host.dl;
+    dl.data = ptr;
+    dl.device = DLDevice{kDLCUDA, device};
+    dl.shape = shape.data();
+    dl.strides = strides.data();
+  }
+  DeviceTensor(const DeviceTensor&) = delete;
+  DeviceTensor& operator=(const DeviceTensor&) = delete;
+  ~DeviceTensor() { cudaFree(ptr); }
+
+  // All bytes 0xFF: NaN in float32, float16 and bfloat16.
+  void Poison() { EXPECT_EQ(cudaMemset(ptr, 0xFF, bytes), cudaSuccess); }
+  void CopyTo(Tensor* host) const {
+    ASSERT_EQ(host->storage.size(), bytes);
+    ASSERT_EQ(cudaMemcpy(host->storage.data(), ptr, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+};
+
+// A local group of CUDA contexts on one GPU, destroyed at scope exit.
+struct CudaGroup {
+  std::vector<stria_context_t> ctx;
+  stria_status_t status;
+  explicit CudaGroup(int n, int device = 0, double timeout_s = 120.0) : ctx(static_cast<size_t>(n), nullptr) {
+    stria_context_config_t cfg;
+    stria_context_config_init(&cfg);
+    cfg.device = DLDevice{kDLCUDA, device};
+    cfg.timeout_s = timeout_s;
+    status = stria_context_create_local_group(&cfg, n, ctx.data());
+  }
+  ~CudaGroup() {
+    for (auto c : ctx)
+      if (c) stria_context_destroy(c);
+  }
+};
+
+}  // namespace stria_test

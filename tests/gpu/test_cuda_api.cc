@@ -1,0 +1,209 @@
+// The CUDA backend's edges: device shard/unshard against the host one, bad inputs refused before
+// any rank communicates (host memory in a CUDA context, unsupported head dims), no device
+// allocation per call once the workspace has grown, abort and timeout of a GPU ring, and NaN
+// propagation. Skips, saying why, where no GPU is present.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+
+#include "gpu_util.h"
+
+using namespace stria_test;
+
+namespace {
+
+TEST(CudaShard, MatchesHostShardForEveryLayout) {
+  STRIA_REQUIRE_GPU();
+  const int N = 4;
+  const int64_t S = 24;
+  Tensor full({2, S, 3, 5}, Dt::kBF16);
+  std::mt19937_64 rng(5);
+  full.FillRandom(rng);
+  DeviceTensor full_d(full);
+  for (stria_layout_t lay : {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG})
+    for (int r = 0; r < N; ++r) {
+      Tensor host({2, S / N, 3, 5}, Dt::kBF16), back({2, S / N, 3, 5}, Dt::kBF16);
+      ASSERT_EQ(stria_shard(lay, N, r, 1, &full.dl, &host.dl, nullptr), STRIA_SUCCESS) << stria_get_last_error();
+      DeviceTensor local_d(back);
+      local_d.Poison();
+      ASSERT_EQ(stria_shard(lay, N, r, 1, &full_d.dl, &local_d.dl, nullptr), STRIA_SUCCESS) << stria_get_last_error();
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      local_d.CopyTo(&back);
+      EXPECT_EQ(back.storage, host.storage) << LayoutName(lay) << " rank " << r;
+      // And back: unshard into a poisoned device copy of the full tensor, rank by rank.
+    }
+  Tensor rebuilt({2, S, 3, 5}, Dt::kBF16);
+  DeviceTensor rebuilt_d(rebuilt);
+  rebuilt_d.Poison();
+  for (int r = 0; r < N; ++r) {
+    Tensor local({2, S / N, 3, 5}, Dt::kBF16);
+    ASSERT_EQ(stria_shard(STRIA_LAYOUT_ZIGZAG, N, r, 1, &full.dl, &local.dl, nullptr), STRIA_SUCCESS);
+    DeviceTensor local_d(local);
+    ASSERT_EQ(stria_unshard(STRIA_LAYOUT_ZIGZAG, N, r, 1, &local_d.dl, &rebuilt_d.dl, nullptr), STRIA_SUCCESS)
+        << stria_get_last_error();
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  rebuilt_d.CopyTo(&rebuilt);
+  EXPECT_EQ(rebuilt.storage, full.storage);
+  // Host memory that claims to be on the GPU is refused, not dereferenced by a kernel.
+  Tensor host_local({2, S / N, 3, 5}, Dt::kBF16);
+  DLTensor lying = host_local.dl;
+  lying.device = DLDevice{kDLCUDA, 0};
+  EXPECT_EQ(stria_shard(STRIA_LAYOUT_STRIPED, N, 0, 1, &full_d.dl, &lying, nullptr), STRIA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(stria_get_last_error()).find("host memory"), std::string::npos) << stria_get_last_error();
+}
+
+struct RankTensors {
+  AttentionTensors host;
+  DeviceTensor q, k, v, out, lse, dout, dq, dk, dv;
+  RankTensors(int64_t L, int64_t D, Dt dt, uint64_t seed)
+      : host(1, L, 4, 2, D, dt, seed),
+        q(host.q),
+        k(host.k),
+        v(host.v),
+        out(host.out),
+        lse(host.lse),
+        dout(host.dout),
+        dq(host.dq),
+        dk(host.dk),
+        dv(host.dv) {}
+  stria_status_t Forward(stria_context_t ctx, const stria_attention_params_t* p, const DLTensor* qq = nullptr) {
+    return stria_attention_forward(ctx, p, qq ? qq : &q.dl, &k.dl, &v.dl, &out.dl, &lse.dl, nullptr);
+  }
+  stria_status_t Backward(stria_context_t ctx, const stria_attention_params_t* p) {
+    return stria_attention_backward(ctx, p, &q.dl, &k.dl, &v.dl, &out.dl, &lse.dl, &dout.dl, &dq.dl, &dk.dl, &dv.dl,
+                                    nullptr);
+  }
+};
+
+TEST(CudaErrors, HostMemoryIsRefusedOnEveryRank) {
+  STRIA_REQUIRE_GPU();
+  const int N = 3;
+  CudaGroup group(N);
+  ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
+  stria_attention_params_t p;
+  stria_attention_params_init(&p);
+  std::vector<stria_status_t> st(N);
+  std::vector<std::string> msg(N);
+  RunRanks(N, [&](int r) {
+    RankTensors t(64, 64, Dt::kBF16, 7 + r);
+    DLTensor host_q = t.host.q.dl;
+    host_q.device = DLDevice{kDLCUDA, 0};
+    st[r] = t.Forward(group.ctx[r], &p, r == 1 ? &host_q : nullptr);
+    msg[r] = stria_get_last_error();
+  });
+  for (int r = 0; r < N; ++r) {
+    EXPECT_EQ(st[r], STRIA_ERROR_INVALID_ARGUMENT) << "rank " << r << ": " << msg[r];
+    EXPECT_NE(msg[r].find("rank 1"), std::string::npos) << msg[r];
+  }
+  // The group is still usable after an argument error.
+  RunRanks(N, [&](int r) {
+    RankTensors t(64, 64, Dt::kBF16, 7 + r);
+    st[r] = t.Forward(group.ctx[r], &p);
+    msg[r] = stria_get_last_error();
+  });
+  for (int r = 0; r < N; ++r) EXPECT_EQ(st[r], STRIA_SUCCESS) << msg[r];
+}
+
+TEST(CudaErrors, HeadDimAbove256IsUnsupported) {
+  STRIA_REQUIRE_GPU();
+  CudaGroup group(1);
+  ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
+  stria_attention_params_t p;
+  stria_attention_params_init(&p);
+  RankTensors t(8, 264, Dt::kF16, 1);
+  EXPECT_EQ(t.Forward(group.ctx[0], &p), STRIA_ERROR_UNSUPPORTED);
+  EXPECT_NE(std::string(stria_get_last_error()).find("1..256"), std::string::npos) << stria_get_last_error();
+}
+
+TEST(CudaErrors, OrdinalOutOfRange) {
+  STRIA_REQUIRE_GPU();
+  int n = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&n), cudaSuccess);
+  stria_context_config_t cfg;
+  stria_context_config_init(&cfg);
+  cfg.device = DLDevice{kDLCUDA, n};
+  stria_context_t ctx = nullptr;
+  EXPECT_EQ(stria_context_create(&cfg, &ctx), STRIA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(stria_get_last_error()).find("out of range"), std::string::npos) << stria_get_last_error();
+}
+
+// After the first call of a shape, calls allocate nothing on the device.
+TEST(CudaWorkspace, NoDeviceAllocationAfterTheFirstCall) {
+  STRIA_REQUIRE_GPU();
+  const int N = 2;
+  CudaGroup group(N);
+  ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
+  stria_attention_params_t p;
+  stria_attention_params_init(&p);
+  std::vector<std::unique_ptr<RankTensors>> t;
+  for (int r = 0; r < N; ++r) t.push_back(std::make_unique<RankTensors>(256, 128, Dt::kBF16, 3 + r));
+  auto round = [&] {
+    RunRanks(N, [&](int r) {
+      EXPECT_EQ(t[r]->Forward(group.ctx[r], &p), STRIA_SUCCESS) << stria_get_last_error();
+      EXPECT_EQ(t[r]->Backward(group.ctx[r], &p), STRIA_SUCCESS) << stria_get_last_error();
+    });
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  };
+  round();
+  size_t free0 = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free0, &total), cudaSuccess);
+  for (int i = 0; i < 3; ++i) round();
+  size_t free1 = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free1, &total), cudaSuccess);
+  EXPECT_EQ(free0, free1) << "device memory changed across calls of the same shape";
+}
+
+TEST(CudaFaults, MissingRankTimesOutAndAbortWorksFromAnotherThread) {
+  STRIA_REQUIRE_GPU();
+  CudaGroup group(2, 0, 1.0);
+  ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
+  stria_attention_params_t p;
+  stria_attention_params_init(&p);
+  RankTensors t(64, 64, Dt::kBF16, 11);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(t.Forward(group.ctx[0], &p), STRIA_ERROR_TIMEOUT);  // rank 1 never calls
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+  EXPECT_NE(std::string(stria_get_last_error()).find("rank 1"), std::string::npos) << stria_get_last_error();
+
+  CudaGroup g2(2, 0, 60.0);
+  ASSERT_EQ(g2.status, STRIA_SUCCESS);
+  std::atomic<bool> started{false};
+  stria_status_t st = STRIA_SUCCESS;
+  std::thread caller([&] {
+    started = true;
+    st = t.Forward(g2.ctx[0], &p);
+  });
+  while (!started) std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(stria_context_abort(g2.ctx[0]), STRIA_SUCCESS);
+  caller.join();
+  EXPECT_EQ(st, STRIA_ERROR_ABORTED);
+}
+
+TEST(CudaNumerics, NanInAQueryRowStaysInThatRow) {
+  STRIA_REQUIRE_GPU();
+  CudaGroup group(1);
+  ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
+  stria_attention_params_t p;
+  stria_attention_params_init(&p);
+  AttentionTensors h(1, 70, 2, 1, 64, Dt::kBF16, 4);
+  h.q.Set(((0 * 70 + 5) * 2 + 1) * 64 + 3, std::numeric_limits<double>::quiet_NaN());  // row i=5, head 1
+  DeviceTensor q(h.q), k(h.k), v(h.v), out(h.out), lse(h.lse);
+  out.Poison();
+  ASSERT_EQ(stria_attention_forward(group.ctx[0], &p, &q.dl, &k.dl, &v.dl, &out.dl, &lse.dl, nullptr), STRIA_SUCCESS)
+      << stria_get_last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  out.CopyTo(&h.out);
+  for (int64_t i = 0; i < 70; ++i)
+    for (int64_t hh = 0; hh < 2; ++hh) {
+      const double x = h.out.Get(((i * 2) + hh) * 64);
+      if (i == 5 && hh == 1)
+        EXPECT_TRUE(std::isnan(x)) << "the NaN row";
+      else
+        EXPECT_TRUE(std::isfinite(x)) << "row " << i << " head " << hh;
+    }
+}
+
+}  // namespace

@@ -1,0 +1,209 @@
+// The GPU ring against the float64 dense reference of the whole sequence: N = 1..8 CUDA ranks on
+// one GPU (a local group passing blocks device to device), every layout, causal and not, float16
+// and bfloat16 on the tensor-core kernels (D = 64 and 128, GQA, partial tiles), float32 and other
+// head dims on the SIMT kernels, packed-QKV views, the caller's own stream. Device outputs are
+// poisoned (NaN) before each run. Skips, saying why, where no GPU is present.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <sstream>
+
+#include "gpu_util.h"
+
+using namespace stria_test;
+
+namespace {
+
+struct Case {
+  int world;
+  stria_layout_t layout;
+  bool causal;
+  Dt dt;
+  int64_t B, L, Hq, Hkv, D;
+  bool simt = false;     // force the SIMT kernels (STRIA_CUDA_KERNELS=simt)
+  bool stream = false;   // run on a stream of our own instead of the default stream
+  bool strided = false;  // q/k/v as head views of one packed [B, L, Hq + 2 Hkv, D] tensor
+};
+
+std::string Name(const Case& c) {
+  std::ostringstream os;
+  os << "N" << c.world << "_" << LayoutName(c.layout) << (c.causal ? "_causal" : "_full") << "_" << DtName(c.dt) << "_B"
+     << c.B << "L" << c.L << "H" << c.Hq << "x" << c.Hkv << "D" << c.D << (c.simt ? "_simt" : "")
+     << (c.stream ? "_stream" : "") << (c.strided ? "_strided" : "");
+  return os.str();
+}
+
+Tensor ShardHost(const Tensor& full, const Case& c, int rank) {
+  Tensor local({full.shape[0], c.L, full.shape[2], full.shape[3]}, full.dt);
+  EXPECT_EQ(stria_shard(c.layout, c.world, rank, 1, &full.dl, &local.dl, nullptr), STRIA_SUCCESS)
+      << stria_get_last_error();
+  return local;
+}
+
+// Packs q, k, v of one rank into [B, L, Hq + 2 Hkv, D] (host).
+Tensor PackQKV(const Tensor& q, const Tensor& k, const Tensor& v, const Case& c) {
+  const int64_t H = c.Hq + 2 * c.Hkv;
+  Tensor packed({c.B, c.L, H, c.D}, c.dt);
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t i = 0; i < c.L; ++i)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t d = 0; d < c.D; ++d) {
+          const double x = h < c.Hq           ? q.Get(((b * c.L + i) * c.Hq + h) * c.D + d)
+                           : h < c.Hq + c.Hkv ? k.Get(((b * c.L + i) * c.Hkv + (h - c.Hq)) * c.D + d)
+                                              : v.Get(((b * c.L + i) * c.Hkv + (h - c.Hq - c.Hkv)) * c.D + d);
+          packed.Set(((b * c.L + i) * H + h) * c.D + d, x);
+        }
+  return packed;
+}
+
+DLTensor HeadView(const DeviceTensor& packed, int64_t h0, std::vector<int64_t>* shape) {
+  DLTensor v = packed.dl;
+  v.shape = shape->data();
+  v.byte_offset = static_cast<uint64_t>(h0 * packed.shape[3] * (packed.dl.dtype.bits / 8));
+  return v;
+}
+
+void RunCase(const Case& c) {
+  STRIA_REQUIRE_GPU();
+  SCOPED_TRACE(Name(c));
+  if (c.simt)
+    setenv("STRIA_CUDA_KERNELS", "simt", 1);
+  else
+    unsetenv("STRIA_CUDA_KERNELS");
+  const int64_t S = c.L * c.world;
+  std::mt19937_64 rng(99 + c.world * 7 + c.layout * 131 + c.D + c.L);
+  Tensor q({c.B, S, c.Hq, c.D}, c.dt), k({c.B, S, c.Hkv, c.D}, c.dt), v({c.B, S, c.Hkv, c.D}, c.dt);
+  Tensor dout({c.B, S, c.Hq, c.D}, c.dt);
+  for (Tensor* t : {&q, &k, &v, &dout}) t->FillRandom(rng);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+  const auto dod = dout.ToDouble();
+  const Reference ref =
+      DenseAttention(q.ToDouble(), k.ToDouble(), v.ToDouble(), &dod, c.B, S, c.Hq, c.Hkv, c.D, c.causal, scale);
+
+  Tensor out_full({c.B, S, c.Hq, c.D}, c.dt), dq_full({c.B, S, c.Hq, c.D}, c.dt);
+  Tensor dk_full({c.B, S, c.Hkv, c.D}, c.dt), dv_full({c.B, S, c.Hkv, c.D}, c.dt);
+  Tensor lse_full({c.B, c.Hq, S}, Dt::kF32);
+  for (Tensor* t : {&out_full, &dq_full, &dk_full, &dv_full, &lse_full}) t->Poison();
+
+  CudaGroup group(c.world);
+  ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
+  stria_attention_params_t params;
+  stria_attention_params_init(&params);
+  params.layout = c.layout;
+  params.causal = c.causal;
+
+  std::vector<stria_status_t> fwd(static_cast<size_t>(c.world)), bwd(static_cast<size_t>(c.world));
+  std::vector<std::string> errors(static_cast<size_t>(c.world));
+  std::mutex mu;
+  RunRanks(c.world, [&](int r) {
+    cudaSetDevice(0);
+    Tensor ql = ShardHost(q, c, r), kl = ShardHost(k, c, r), vl = ShardHost(v, c, r), dol = ShardHost(dout, c, r);
+    Tensor out({c.B, c.L, c.Hq, c.D}, c.dt), lse({c.B, c.Hq, c.L}, Dt::kF32);
+    Tensor dq({c.B, c.L, c.Hq, c.D}, c.dt), dk({c.B, c.L, c.Hkv, c.D}, c.dt), dv({c.B, c.L, c.Hkv, c.D}, c.dt);
+    DeviceTensor dq_d(dq), dk_d(dk), dv_d(dv), out_d(out), lse_d(lse), do_d(dol);
+    for (DeviceTensor* t : {&dq_d, &dk_d, &dv_d, &out_d, &lse_d}) t->Poison();
+    Tensor packed = c.strided ? PackQKV(ql, kl, vl, c) : Tensor({1}, c.dt);
+    DeviceTensor packed_d(packed), q_d(ql), k_d(kl), v_d(vl);
+    std::vector<int64_t> qs{c.B, c.L, c.Hq, c.D}, ks{c.B, c.L, c.Hkv, c.D};
+    DLTensor qv = q_d.dl, kv = k_d.dl, vv = v_d.dl;
+    if (c.strided) {
+      qv = HeadView(packed_d, 0, &qs);
+      kv = HeadView(packed_d, c.Hq, &ks);
+      vv = HeadView(packed_d, c.Hq + c.Hkv, &ks);
+    }
+    cudaStream_t stream = nullptr;
+    if (c.stream) {
+      EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    }
+    stria_context_t ctx = group.ctx[static_cast<size_t>(r)];
+    fwd[static_cast<size_t>(r)] =
+        stria_attention_forward(ctx, &params, &qv, &kv, &vv, &out_d.dl, &lse_d.dl, static_cast<void*>(stream));
+    std::string err = stria_get_last_error();
+    bwd[static_cast<size_t>(r)] = stria_attention_backward(ctx, &params, &qv, &kv, &vv, &out_d.dl, &lse_d.dl, &do_d.dl,
+                                                           &dq_d.dl, &dk_d.dl, &dv_d.dl, stream);
+    err += stria_get_last_error();
+    const cudaError_t sync = cudaStreamSynchronize(stream);
+    if (sync != cudaSuccess) err += std::string(" stream sync: ") + cudaGetErrorString(sync);
+    errors[static_cast<size_t>(r)] = err;
+    if (stream) cudaStreamDestroy(stream);
+    out_d.CopyTo(&out);
+    lse_d.CopyTo(&lse);
+    dq_d.CopyTo(&dq);
+    dk_d.CopyTo(&dk);
+    dv_d.CopyTo(&dv);
+    std::lock_guard<std::mutex> lock(mu);
+    stria_unshard(c.layout, c.world, r, 1, &out.dl, &out_full.dl, nullptr);
+    stria_unshard(c.layout, c.world, r, 2, &lse.dl, &lse_full.dl, nullptr);
+    stria_unshard(c.layout, c.world, r, 1, &dq.dl, &dq_full.dl, nullptr);
+    stria_unshard(c.layout, c.world, r, 1, &dk.dl, &dk_full.dl, nullptr);
+    stria_unshard(c.layout, c.world, r, 1, &dv.dl, &dv_full.dl, nullptr);
+  });
+  for (int r = 0; r < c.world; ++r) {
+    ASSERT_EQ(fwd[static_cast<size_t>(r)], STRIA_SUCCESS) << "rank " << r << ": " << errors[static_cast<size_t>(r)];
+    ASSERT_EQ(bwd[static_cast<size_t>(r)], STRIA_SUCCESS) << "rank " << r << ": " << errors[static_cast<size_t>(r)];
+  }
+  const double tol = c.dt == Dt::kF32 ? 1e-5 : 2e-2;
+  EXPECT_LT(RelError(out_full.ToDouble(), ref.out), tol) << "out";
+  EXPECT_LT(RelError(lse_full.ToDouble(), ref.lse), c.dt == Dt::kF32 ? 1e-5 : 1e-3) << "lse";
+  EXPECT_LT(RelError(dq_full.ToDouble(), ref.dq), tol) << "dq";
+  EXPECT_LT(RelError(dk_full.ToDouble(), ref.dk), tol) << "dk";
+  EXPECT_LT(RelError(dv_full.ToDouble(), ref.dv), tol) << "dv";
+}
+
+class CudaRingVsReference : public ::testing::TestWithParam<Case> {};
+TEST_P(CudaRingVsReference, ForwardAndBackward) {
+  RunCase(GetParam());
+}
+
+// Tensor cores: every rank count, layout, mask and 16-bit dtype; GQA 2:1; 80 tokens per rank
+// (a full and a partial 64-token tile).
+std::vector<Case> TensorCoreSweep() {
+  std::vector<Case> cases;
+  for (int n = 1; n <= 8; ++n)
+    for (stria_layout_t lay : {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG})
+      for (bool causal : {true, false})
+        for (Dt dt : {Dt::kBF16, Dt::kF16}) cases.push_back(Case{n, lay, causal, dt, 1, 80, 4, 2, 64});
+  return cases;
+}
+
+std::vector<Case> ShapesAndPaths() {
+  std::vector<Case> cases;
+  // D = 128 (32-query backward tiles), MQA and MHA, batch 2, several tiles per block.
+  for (int n : {1, 3, 8})
+    for (stria_layout_t lay : {STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG, STRIA_LAYOUT_CONTIGUOUS}) {
+      cases.push_back(Case{n, lay, true, Dt::kBF16, 2, 136, 4, 1, 128});
+      cases.push_back(Case{n, lay, false, Dt::kF16, 1, 136, 2, 2, 128});
+    }
+  // The SIMT kernels: float32, head dims the tensor cores do not take, and forced for bf16.
+  for (int n : {1, 2, 5, 8})
+    for (stria_layout_t lay : {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG})
+      cases.push_back(Case{n, lay, n % 2 == 0, Dt::kF32, 1, 40, 4, 2, 64});
+  for (int64_t d : {1, 24, 72, 100, 256})
+    cases.push_back(Case{3, STRIA_LAYOUT_STRIPED, true, Dt::kF32, 1, 34, 2, 1, d});
+  for (int64_t d : {40, 96}) cases.push_back(Case{4, STRIA_LAYOUT_ZIGZAG, true, Dt::kBF16, 1, 34, 2, 1, d});
+  Case simt{4, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 1, 66, 4, 2, 64};
+  simt.simt = true;
+  cases.push_back(simt);
+  // Tiny blocks: 1 and 2 tokens per rank.
+  for (int n : {2, 7}) cases.push_back(Case{n, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 1, 1, 2, 1, 64});
+  cases.push_back(Case{3, STRIA_LAYOUT_ZIGZAG, true, Dt::kF16, 1, 2, 2, 1, 128});
+  // The caller's stream, and q/k/v as head views of a packed QKV tensor (tensor cores and SIMT).
+  Case on_stream{4, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 1, 96, 4, 2, 64};
+  on_stream.stream = true;
+  cases.push_back(on_stream);
+  for (Dt dt : {Dt::kBF16, Dt::kF32}) {
+    Case packed{3, STRIA_LAYOUT_ZIGZAG, true, dt, 2, 48, 4, 2, 64};
+    packed.strided = true;
+    cases.push_back(packed);
+  }
+  return cases;
+}
+
+std::string ParamName(const ::testing::TestParamInfo<Case>& info) {
+  return Name(info.param);
+}
+
+INSTANTIATE_TEST_SUITE_P(TensorCores, CudaRingVsReference, ::testing::ValuesIn(TensorCoreSweep()), ParamName);
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaRingVsReference, ::testing::ValuesIn(ShapesAndPaths()), ParamName);
+
+}  // namespace
