@@ -1,0 +1,307 @@
+// GPU benchmark (needs a GPU; bench/gpu_run.sh runs it beside PyTorch's SDPA).
+//
+//   stria-cuda-bench kernels [--dims 64,128] [--lens 1024,...,32768] [--reps 10]
+//     Forward and backward through the public API on one CUDA rank (no transfers), bf16,
+//     B*S = 16k tokens and H*D = 2048 as in flash-attention's own benchmarks; prints one
+//     key=value line per (direction, D, causal, S): median ms and TFLOP/s.
+//   stria-cuda-bench ring [--seq 262144] [--world 8] [--heads 16] [--dim 128]
+//     The ring latency of N virtual ranks modelled from measured per-block kernel times: every
+//     (rank, step) block mask of each layout is timed on this GPU (identical masks once), the
+//     ring takes the sum over steps of the slowest rank; beside it the ideal (one GPU running the
+//     whole sequence, divided by N) and the analytical ratios of stria_analyze_balance.
+//
+// FLOP convention (flash-attention's): forward 4*B*H*S^2*D, halved when causal; backward 2.5x.
+#include <cuda_runtime.h>
+#include <stria/stria.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cuda/launch.h"
+#include "layout/layout.h"
+
+namespace {
+
+#define CHECK_CUDA(x)                                                                         \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+#define CHECK_STRIA(x)                                              \
+  do {                                                              \
+    stria_status_t s_ = (x);                                        \
+    if (s_ != STRIA_SUCCESS) {                                      \
+      std::fprintf(stderr, "%s: %s\n", #x, stria_get_last_error()); \
+      std::exit(1);                                                 \
+    }                                                               \
+  } while (0)
+
+std::vector<int64_t> ParseList(const char* s) {
+  std::vector<int64_t> v;
+  for (const char* p = s; *p;) {
+    v.push_back(std::strtoll(p, const_cast<char**>(&p), 10));
+    if (*p == ',') ++p;
+  }
+  return v;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median milliseconds of `fn` (queued on `stream`) over `reps` runs after one warm-up.
+template <typename Fn>
+double TimeMs(cudaStream_t stream, int reps, Fn fn) {
+  cudaEvent_t a, b;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  fn();
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    CHECK_CUDA(cudaEventRecord(a, stream));
+    fn();
+    CHECK_CUDA(cudaEventRecord(b, stream));
+    CHECK_CUDA(cudaEventSynchronize(b));
+    float t = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return Median(ms);
+}
+
+struct Dev {
+  void* p = nullptr;
+  explicit Dev(size_t bytes, bool random = true) {
+    CHECK_CUDA(cudaMalloc(&p, bytes));
+    // Small values of either sign; the bits of a bf16 in [-2, 2) are enough for timing.
+    std::vector<uint16_t> h(bytes / 2);
+    uint32_t x = 12345;
+    for (auto& e : h) {
+      x = x * 1664525u + 1013904223u;
+      e = random ? static_cast<uint16_t>(0x3c00u | ((x >> 16) & 0x007fu) | ((x >> 8) & 0x8000u)) : 0;
+    }
+    CHECK_CUDA(cudaMemcpy(p, h.data(), bytes, cudaMemcpyHostToDevice));
+  }
+  ~Dev() { cudaFree(p); }
+};
+
+DLTensor View(void* p, int64_t* shape, int ndim, DLDataType t) {
+  DLTensor d{};
+  d.data = p;
+  d.device = DLDevice{kDLCUDA, 0};
+  d.ndim = ndim;
+  d.dtype = t;
+  d.shape = shape;
+  return d;
+}
+
+int Kernels(const std::vector<int64_t>& dims, const std::vector<int64_t>& lens, int reps) {
+  stria_context_config_t cfg;
+  stria_context_config_init(&cfg);
+  cfg.device = DLDevice{kDLCUDA, 0};
+  stria_context_t ctx;
+  CHECK_STRIA(stria_context_create(&cfg, &ctx));
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const DLDataType bf16{kDLBfloat, 16, 1}, f32{kDLFloat, 32, 1};
+  for (int64_t D : dims)
+    for (int64_t S : lens)
+      for (int causal : {0, 1}) {
+        const int64_t B = std::max<int64_t>(1, 16384 / S), H = 2048 / D;
+        const size_t n = static_cast<size_t>(B * S * H * D) * 2;
+        Dev q(n), k(n), v(n), o(n, false), dout(n), dq(n, false), dk(n, false), dv(n, false);
+        Dev lse(static_cast<size_t>(B * H * S) * 4, false);
+        int64_t shape[4] = {B, S, H, D}, lshape[3] = {B, H, S};
+        DLTensor tq = View(q.p, shape, 4, bf16), tk = View(k.p, shape, 4, bf16), tv = View(v.p, shape, 4, bf16);
+        DLTensor to = View(o.p, shape, 4, bf16), tdo = View(dout.p, shape, 4, bf16);
+        DLTensor tdq = View(dq.p, shape, 4, bf16), tdk = View(dk.p, shape, 4, bf16), tdv = View(dv.p, shape, 4, bf16);
+        DLTensor tl = View(lse.p, lshape, 3, f32);
+        stria_attention_params_t p;
+        stria_attention_params_init(&p);
+        p.causal = causal;
+        const double fwd_ms = TimeMs(
+            stream, reps, [&] { CHECK_STRIA(stria_attention_forward(ctx, &p, &tq, &tk, &tv, &to, &tl, stream)); });
+        const double bwd_ms = TimeMs(stream, reps, [&] {
+          CHECK_STRIA(stria_attention_backward(ctx, &p, &tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk, &tdv, stream));
+        });
+        const double flops = 4.0 * B * H * static_cast<double>(S) * S * D * (causal ? 0.5 : 1.0);
+        std::printf("impl=stria dir=fwd dim=%lld causal=%d len=%lld batch=%lld heads=%lld ms=%.4f tflops=%.1f\n",
+                    (long long)D, causal, (long long)S, (long long)B, (long long)H, fwd_ms, flops / fwd_ms * 1e-9);
+        std::printf("impl=stria dir=bwd dim=%lld causal=%d len=%lld batch=%lld heads=%lld ms=%.4f tflops=%.1f\n",
+                    (long long)D, causal, (long long)S, (long long)B, (long long)H, bwd_ms,
+                    2.5 * flops / bwd_ms * 1e-9);
+        std::fflush(stdout);
+      }
+  cudaStreamDestroy(stream);
+  stria_context_destroy(ctx);
+  return 0;
+}
+
+// Times one forward (or backward) block kernel of `mask` over L tokens per rank.
+struct BlockTimer {
+  int64_t L, H, D;
+  int reps;
+  cudaStream_t stream;
+  Dev q, k, v, dout, acc, m, l, dq, dkv;
+  BlockTimer(int64_t L_, int64_t H_, int64_t D_, int reps_)
+      : L(L_),
+        H(H_),
+        D(D_),
+        reps(reps_),
+        stream(nullptr),
+        q(Bytes(2)),
+        k(Bytes(2)),
+        v(Bytes(2)),
+        dout(Bytes(2)),
+        acc(Bytes(4), false),
+        m(static_cast<size_t>(H * L) * 4, false),
+        l(static_cast<size_t>(H * L) * 4, false),
+        dq(Bytes(4), false),
+        dkv(2 * Bytes(4), false) {
+    CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  }
+  size_t Bytes(int es) const { return static_cast<size_t>(L * H * D) * es; }
+
+  double Forward(const stria::BlockMask& bm) {
+    if (bm.empty()) return 0.0;
+    stria::cuda::FwdParams p{};
+    p.dims = stria::cuda::Dims{1, static_cast<int>(L), static_cast<int>(H), static_cast<int>(H), static_cast<int>(D)};
+    p.q = stria::cuda::RowsArg{q.p, L * H * D, H * D, D};
+    p.k = k.p;
+    p.v = v.p;
+    p.acc = static_cast<float*>(acc.p);
+    p.m = static_cast<float*>(m.p);
+    p.l = static_cast<float*>(l.p);
+    p.scale_log2 = 1.4426950408889634f / std::sqrt(static_cast<float>(D));
+    p.mask = stria::cuda::MaskArgs{bm.q_begin, bm.q_end, bm.k_begin, bm.k_end, bm.diagonal ? 1 : 0, bm.offset};
+    return TimeMs(stream, reps,
+                  [&] { CHECK_CUDA(stria::cuda::LaunchForwardBlock(stria::cuda::Elem::kBF16, true, p, stream)); });
+  }
+  double Backward(const stria::BlockMask& bm) {
+    if (bm.empty()) return 0.0;
+    stria::cuda::BwdParams p{};
+    p.dims = stria::cuda::Dims{1, static_cast<int>(L), static_cast<int>(H), static_cast<int>(H), static_cast<int>(D)};
+    p.q = stria::cuda::RowsArg{q.p, L * H * D, H * D, D};
+    p.dout = stria::cuda::RowsArg{dout.p, L * H * D, H * D, D};
+    p.k = k.p;
+    p.v = v.p;
+    p.lse2 = static_cast<float*>(m.p);
+    p.delta = static_cast<float*>(l.p);
+    p.dq_acc = static_cast<float*>(dq.p);
+    p.dk = static_cast<float*>(dkv.p);
+    p.dv = static_cast<float*>(dkv.p) + L * H * D;
+    p.scale = 1.f / std::sqrt(static_cast<float>(D));
+    p.scale_log2 = p.scale * 1.4426950408889634f;
+    p.mask = stria::cuda::MaskArgs{bm.q_begin, bm.q_end, bm.k_begin, bm.k_end, bm.diagonal ? 1 : 0, bm.offset};
+    return TimeMs(stream, reps,
+                  [&] { CHECK_CUDA(stria::cuda::LaunchBackwardBlock(stria::cuda::Elem::kBF16, true, p, stream)); });
+  }
+};
+
+int Ring(int64_t S, int N, int64_t H, int64_t D, int reps) {
+  const int64_t L = S / N;
+  const stria_layout_t layouts[] = {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG};
+  double latency[2][3] = {};
+  {
+    BlockTimer t(L, H, D, reps);
+    for (int dir = 0; dir < 2; ++dir)
+      for (int li = 0; li < 3; ++li) {
+        std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool, int64_t>, double> seen;
+        for (int step = 0; step < N; ++step) {
+          double slowest = 0;
+          for (int r = 0; r < N; ++r) {
+            const stria::BlockMask bm = stria::ClassifyBlock(layouts[li], true, N, L, r, (r - step + N) % N);
+            const auto key = std::make_tuple(bm.q_begin, bm.q_end, bm.k_begin, bm.k_end, bm.diagonal, bm.offset);
+            auto it = seen.find(key);
+            if (it == seen.end()) it = seen.emplace(key, dir == 0 ? t.Forward(bm) : t.Backward(bm)).first;
+            slowest = std::max(slowest, it->second);
+          }
+          latency[dir][li] += slowest;
+        }
+      }
+  }
+  // The ideal: one GPU running the whole causal sequence, divided by N.
+  double single[2];
+  {
+    BlockTimer whole(S, H, D, std::max(1, reps / 3));
+    stria::BlockMask all;
+    all.q_end = all.k_end = S;
+    all.diagonal = true;
+    single[0] = whole.Forward(all);
+    single[1] = whole.Backward(all);
+  }
+  for (int dir = 0; dir < 2; ++dir)
+    for (int li = 0; li < 3; ++li) {
+      stria_balance_t bal;
+      bal.struct_size = sizeof bal;
+      CHECK_STRIA(stria_analyze_balance(layouts[li], 1, S, N, 64, &bal));
+      stria_balance_t cont;
+      cont.struct_size = sizeof cont;
+      CHECK_STRIA(stria_analyze_balance(STRIA_LAYOUT_CONTIGUOUS, 1, S, N, 64, &cont));
+      const double ideal = single[dir] / N;
+      std::printf(
+          "ring dir=%s layout=%s seq=%lld world=%d heads=%lld dim=%lld latency_ms=%.3f ideal_ms=%.3f "
+          "of_ideal=%.3f vs_contiguous=%.3f analytic_vs_contiguous=%.3f single_gpu_ms=%.3f\n",
+          dir == 0 ? "fwd" : "bwd", stria::LayoutName(layouts[li]), (long long)S, N, (long long)H, (long long)D,
+          latency[dir][li], ideal, ideal / latency[dir][li], latency[dir][0] / latency[dir][li],
+          cont.ring_latency / bal.ring_latency, single[dir]);
+    }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s kernels|ring [options]\n", argv[0]);
+    return 2;
+  }
+  const std::string mode = argv[1];
+  std::vector<int64_t> dims{64, 128}, lens{1024, 2048, 4096, 8192, 16384, 32768};
+  int64_t seq = 262144, heads = 16, dim = 128;
+  int world = 8, reps = 10;
+  for (int i = 2; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    if (k == "--dims")
+      dims = ParseList(argv[i + 1]);
+    else if (k == "--lens")
+      lens = ParseList(argv[i + 1]);
+    else if (k == "--reps")
+      reps = std::atoi(argv[i + 1]);
+    else if (k == "--seq")
+      seq = std::atoll(argv[i + 1]);
+    else if (k == "--world")
+      world = std::atoi(argv[i + 1]);
+    else if (k == "--heads")
+      heads = std::atoll(argv[i + 1]);
+    else if (k == "--dim")
+      dim = std::atoll(argv[i + 1]);
+    else {
+      std::fprintf(stderr, "unknown option %s\n", k.c_str());
+      return 2;
+    }
+  }
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::fprintf(stderr, "stria-cuda-bench: no GPU here\n");
+    return 3;
+  }
+  if (mode == "kernels") return Kernels(dims, lens, reps);
+  if (mode == "ring") return Ring(seq, world, heads, dim, reps);
+  std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
+  return 2;
+}

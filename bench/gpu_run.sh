@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The GPU benchmark, in one run on one GPU (the device machine: PyTorch is installed there):
+# builds stria with CUDA, runs the GPU tests (their output goes to docs/gpu_test_output.txt),
+# compute-sanitizer memcheck and racecheck on a small ring, then our kernels beside PyTorch's SDPA
+# (flash and cuDNN backends) on the same shapes, and the modelled N = 8 ring at 256k tokens.
+# Prints the tables of docs/performance.md's GPU section to bench/gpu_results.txt.
+#
+#   bench/gpu_run.sh             everything
+#   QUICK=1 bench/gpu_run.sh     D = 128 at 4k and 16k only, ring at 64k tokens
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-bench}
+jobs=$(nproc)
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRIA_WITH_CUDA=ON -DSTRIA_WITH_UCX=OFF \
+  -DSTRIA_BUILD_PYTHON=OFF >/dev/null
+ninja -C build-gpu -j"$jobs"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv | tee "$out/gpu_results.txt"
+
+echo "== GPU tests" | tee -a "$out/gpu_results.txt"
+(cd build-gpu && ctest -L gpu --output-on-failure -j1) 2>&1 | tee "$out/gpu_test_output.txt" | tail -5
+
+if command -v compute-sanitizer >/dev/null; then
+  echo "== compute-sanitizer (memcheck, racecheck) on a small ring" | tee -a "$out/gpu_results.txt"
+  filter='TensorCores/CudaRingVsReference.ForwardAndBackward/N3_striped_causal_bf16*:Shapes/*N3_striped_causal_bf16_B2L136*:Shapes/*simt*'
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool "$tool" --error-exitcode 9 build-gpu/tests/gpu/test_cuda_ring --gtest_filter="$filter" \
+      2>&1 | tail -3 | tee -a "$out/gpu_results.txt"
+  done
+fi
+
+if [ "${QUICK:-0}" = 1 ]; then dims=128 lens=4096,16384 seq=65536; else dims=64,128 lens=1024,2048,4096,8192,16384,32768 seq=262144; fi
+echo "== kernels: stria vs torch SDPA (flash, cuDNN), bf16" | tee -a "$out/gpu_results.txt"
+build-gpu/bench/stria-cuda-bench kernels --dims $dims --lens $lens | tee -a "$out/gpu_results.txt"
+python3 bench/torch_sdpa_gpu.py --dims $dims --lens $lens | tee -a "$out/gpu_results.txt"
+echo "== ring model, N = 8" | tee -a "$out/gpu_results.txt"
+build-gpu/bench/stria-cuda-bench ring --seq $seq --world 8 --heads 16 --dim 128 | tee -a "$out/gpu_results.txt"

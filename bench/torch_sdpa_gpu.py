@@ -1,0 +1,69 @@
+"""The GPU anchors: PyTorch's scaled_dot_product_attention with its flash backend and its cuDNN
+backend, on the shapes of `stria-cuda-bench kernels` (bf16, B*S = 16k tokens, H*D = 2048).
+
+Prints key=value lines in stria-cuda-bench's format. Same FLOP convention: forward 4*B*H*S^2*D,
+halved when causal; backward 2.5x; backward time is (forward + backward) minus forward, medians
+of CUDA-event timings.
+"""
+import argparse
+import statistics
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+
+
+def time_ms(fn, reps):
+    fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b))
+    return statistics.median(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dims", default="64,128")
+    ap.add_argument("--lens", default="1024,2048,4096,8192,16384,32768")
+    ap.add_argument("--reps", type=int, default=10)
+    a = ap.parse_args()
+    for d in map(int, a.dims.split(",")):
+        for s in map(int, a.lens.split(",")):
+            for causal in (0, 1):
+                b, h = max(1, 16384 // s), 2048 // d
+                # SDPA takes [B, H, S, D]; transposed views of [B, S, H, D] like ours.
+                q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+                           .requires_grad_() for _ in range(3))
+                g = torch.randn_like(q)
+                flops = 4.0 * b * h * s * s * d * (0.5 if causal else 1.0)
+                for name, backend in BACKENDS.items():
+                    try:
+                        with sdpa_kernel(backend):
+                            fwd = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal)),
+                                          a.reps)
+
+                            def both():
+                                o = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
+                                o.backward(g)
+
+                            tot = time_ms(both, a.reps)
+                    except RuntimeError as e:  # a backend that does not take this shape
+                        print(f"# {name} d={d} s={s} causal={causal}: {str(e).splitlines()[0]}")
+                        continue
+                    bwd = max(tot - fwd, 1e-6)
+                    common = f"dim={d} causal={causal} len={s} batch={b} heads={h}"
+                    print(f"impl=torch_{name} dir=fwd {common} ms={fwd:.4f} tflops={flops / fwd * 1e-9:.1f}")
+                    print(f"impl=torch_{name} dir=bwd {common} ms={bwd:.4f} tflops={2.5 * flops / bwd * 1e-9:.1f}")
+                    q.grad = k.grad = v.grad = None
+
+
+if __name__ == "__main__":
+    main()
