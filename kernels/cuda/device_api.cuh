@@ -23,9 +23,11 @@ struct Float {};   // float32 storage (the SIMT path only)
 
 #if defined(STRIA_CUDA_EMULATE)
 #define STRIA_LAUNCH_BOUNDS(threads)
+#define STRIA_UNROLL
 #include "cuda_emu.h"  // defines everything below for the host
 #else
 #define STRIA_LAUNCH_BOUNDS(threads) __launch_bounds__(threads)
+#define STRIA_UNROLL _Pragma("unroll")
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

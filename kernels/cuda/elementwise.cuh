@@ -26,11 +26,11 @@ STRIA_GLOBAL void PackRowsKernel(Dims d, int H, RowsArg src, void* dst) {
   }
 }
 
-static STRIA_GLOBAL void FillKernel(float* p, int64_t n, float v) {
+[[maybe_unused]] static STRIA_GLOBAL void FillKernel(float* p, int64_t n, float v) {
   STRIA_FOR_EACH(x, n) p[x] = v;
 }
 
-static STRIA_GLOBAL void AccumulateKernel(float* dst, const float* src, int64_t n) {
+[[maybe_unused]] static STRIA_GLOBAL void AccumulateKernel(float* dst, const float* src, int64_t n) {
   STRIA_FOR_EACH(x, n) dst[x] += src[x];
 }
 
@@ -103,7 +103,7 @@ STRIA_HD int64_t LayoutPosition(int layout, int64_t L, int world, int rank, int6
   return i < C ? rank * C + i : (2 * world - 1 - rank) * C + (i - C);
 }
 
-static STRIA_GLOBAL void ShardKernel(ShardArgs a) {
+[[maybe_unused]] static STRIA_GLOBAL void ShardKernel(ShardArgs a) {
   int64_t n = 1;
   for (int k = 0; k < a.ndim; ++k) n *= a.shape[k];
   STRIA_FOR_EACH(x, n) {

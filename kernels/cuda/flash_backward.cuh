@@ -55,7 +55,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashBackwardKernel(const BwdParams p
   cp_async_commit();
 
   float dk[kDTiles][4], dv[kDTiles][4];
-#pragma unroll
+  STRIA_UNROLL
   for (int nt = 0; nt < kDTiles; ++nt)
     for (int c = 0; c < 4; ++c) dk[nt][c] = dv[nt][c] = 0.f;
   int64_t key[2];
@@ -83,15 +83,15 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashBackwardKernel(const BwdParams p
 
       // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys x kM queries.
       float st[kQTiles][4], dpt[kQTiles][4];
-#pragma unroll
+      STRIA_UNROLL
       for (int nt = 0; nt < kQTiles; ++nt)
         for (int c = 0; c < 4; ++c) st[nt][c] = dpt[nt][c] = 0.f;
-#pragma unroll
+      STRIA_UNROLL
       for (int kk = 0; kk < kKSteps; ++kk) {
         uint32_t ka[4], va[4];
         LoadA<S>(ka, ks, warp * 16, kk * 16);
         LoadA<S>(va, vs, warp * 16, kk * 16);
-#pragma unroll
+        STRIA_UNROLL
         for (int np = 0; np < kQTiles / 2; ++np) {
           uint32_t qb[4], db[4];
           LoadBFromRowsN<S>(qb, qs, np * 16, kk * 16);
@@ -104,9 +104,9 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashBackwardKernel(const BwdParams p
       }
 
       const bool masked = !FullyVisible(p.mask, i0, i0 + kM, j0, j0 + kN);
-#pragma unroll
+      STRIA_UNROLL
       for (int nt = 0; nt < kQTiles; ++nt) {
-#pragma unroll
+        STRIA_UNROLL
         for (int c = 0; c < 4; ++c) {
           const int qi = nt * 8 + 2 * t4 + (c & 1);
           const bool vis = !masked || Visible(p.mask, i0 + qi, key[c >> 1]);
@@ -122,12 +122,12 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashBackwardKernel(const BwdParams p
       }
 
       // dV += P^T dO, dK += dS^T Q.
-#pragma unroll
+      STRIA_UNROLL
       for (int kq = 0; kq < kM / 16; ++kq) {
         uint32_t pa[4], sa[4];
         AccToA<T>(pa, st[2 * kq], st[2 * kq + 1]);
         AccToA<T>(sa, dpt[2 * kq], dpt[2 * kq + 1]);
-#pragma unroll
+        STRIA_UNROLL
         for (int dp = 0; dp < kDTiles / 2; ++dp) {
           uint32_t ob[4], qb[4];
           LoadBFromRowsK<S>(ob, dos, kq * 16, dp * 16);
@@ -142,14 +142,14 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashBackwardKernel(const BwdParams p
 
       // dQ rows rg*16.., columns cs*kQCols.. : dS (queries x 64 keys) K (64 keys x D).
       float dq[kQCols / 8][4];
-#pragma unroll
+      STRIA_UNROLL
       for (int nt = 0; nt < kQCols / 8; ++nt)
         for (int c = 0; c < 4; ++c) dq[nt][c] = 0.f;
-#pragma unroll
+      STRIA_UNROLL
       for (int kk = 0; kk < kN / 16; ++kk) {
         uint32_t a[4];
         LoadAFromTransposed<kDs>(a, dss, rg * 16, kk * 16);
-#pragma unroll
+        STRIA_UNROLL
         for (int dp = 0; dp < kQCols / 16; ++dp) {
           uint32_t kb[4];
           LoadBFromRowsK<S>(kb, ks, kk * 16, cs * kQCols + dp * 16);
@@ -157,12 +157,12 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashBackwardKernel(const BwdParams p
           mma_16816<T>(dq[2 * dp + 1], a, kb + 2);
         }
       }
-#pragma unroll
+      STRIA_UNROLL
       for (int e = 0; e < 2; ++e) {
         const int64_t i = i0 + rg * 16 + g + e * 8;
         if (i < p.mask.q_begin || i >= p.mask.q_end) continue;  // dS is 0 there
         float* dst = p.dq_acc + (bh * d.L + i) * D + cs * kQCols + 2 * t4;
-#pragma unroll
+        STRIA_UNROLL
         for (int nt = 0; nt < kQCols / 8; ++nt) {
           atomic_add(dst + nt * 8, dq[nt][2 * e]);
           atomic_add(dst + nt * 8 + 1, dq[nt][2 * e + 1]);
@@ -171,11 +171,11 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashBackwardKernel(const BwdParams p
     }
   }
 
-#pragma unroll
+  STRIA_UNROLL
   for (int e = 0; e < 2; ++e) {
     if (key[e] >= d.L) continue;
     const int64_t off = ((static_cast<int64_t>(b) * d.L + key[e]) * d.Hkv + hk) * D + 2 * t4;
-#pragma unroll
+    STRIA_UNROLL
     for (int nt = 0; nt < kDTiles; ++nt) {
       p.dk[off + nt * 8] = dk[nt][2 * e] * p.scale;
       p.dk[off + nt * 8 + 1] = dk[nt][2 * e + 1] * p.scale;

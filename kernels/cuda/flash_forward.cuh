@@ -63,7 +63,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
     m_run[e] = live[e] ? p.m[sr] : NegInf();
     // l is stored complete; as four lanes each hold a partial sum, one of them starts with it.
     l_run[e] = live[e] && t4 == 0 ? p.l[sr] : 0.f;
-#pragma unroll
+    STRIA_UNROLL
     for (int nt = 0; nt < kDTiles; ++nt) {
       const float* src = p.acc + sr * D + nt * 8 + 2 * t4;
       o[nt][2 * e] = live[e] ? src[0] : 0.f;
@@ -79,16 +79,16 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
     LoadRows<D, 128>(vs, vg, kv_row, j0, kN, d.L);
     cp_async_commit();
     if (n == 0) {
-#pragma unroll
+      STRIA_UNROLL
       for (int kk = 0; kk < kKSteps; ++kk) LoadA<S>(qf[kk], qs, warp * 16, kk * 16);
     }
 
     float s[kNTiles][4];
-#pragma unroll
+    STRIA_UNROLL
     for (int nt = 0; nt < kNTiles; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-#pragma unroll
+    STRIA_UNROLL
     for (int kk = 0; kk < kKSteps; ++kk) {
-#pragma unroll
+      STRIA_UNROLL
       for (int np = 0; np < kNTiles / 2; ++np) {
         uint32_t bf[4];
         LoadBFromRowsN<S>(bf, ks, np * 16, kk * 16);
@@ -99,9 +99,9 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
 
     const bool masked = !FullyVisible(p.mask, i0, i0 + kM, j0, j0 + kN);
     float mx[2] = {NegInf(), NegInf()};
-#pragma unroll
+    STRIA_UNROLL
     for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
+      STRIA_UNROLL
       for (int c = 0; c < 4; ++c) {
         const int e = c >> 1;
         float v = s[nt][c] * p.scale_log2;
@@ -111,7 +111,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
       }
     }
     float alpha[2], base[2];
-#pragma unroll
+    STRIA_UNROLL
     for (int e = 0; e < 2; ++e) {
       mx[e] = fmaxf(mx[e], shfl_xor(mx[e], 1));
       mx[e] = fmaxf(mx[e], shfl_xor(mx[e], 2));
@@ -122,18 +122,18 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
       m_run[e] = m_new;
     }
     float sum[2] = {0.f, 0.f};
-#pragma unroll
+    STRIA_UNROLL
     for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
+      STRIA_UNROLL
       for (int c = 0; c < 4; ++c) {
         const float pv = fast_exp2(s[nt][c] - base[c >> 1]);
         s[nt][c] = pv;
         sum[c >> 1] += pv;
       }
     }
-#pragma unroll
+    STRIA_UNROLL
     for (int e = 0; e < 2; ++e) l_run[e] = l_run[e] * alpha[e] + sum[e];
-#pragma unroll
+    STRIA_UNROLL
     for (int nt = 0; nt < kDTiles; ++nt) {
       o[nt][0] *= alpha[0];
       o[nt][1] *= alpha[0];
@@ -147,11 +147,11 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
       LoadRows<D, 128>(ks, kg, kv_row, j0 + kN, kN, d.L);
       cp_async_commit();
     }
-#pragma unroll
+    STRIA_UNROLL
     for (int kk = 0; kk < kN / 16; ++kk) {
       uint32_t pa[4];
       AccToA<T>(pa, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
+      STRIA_UNROLL
       for (int dp = 0; dp < kDTiles / 2; ++dp) {
         uint32_t bf[4];
         LoadBFromRowsK<S>(bf, vs, kk * 16, dp * 16);
@@ -161,7 +161,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
     }
   }
 
-#pragma unroll
+  STRIA_UNROLL
   for (int e = 0; e < 2; ++e) {
     l_run[e] += shfl_xor(l_run[e], 1);
     l_run[e] += shfl_xor(l_run[e], 2);
@@ -171,7 +171,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
       p.m[sr] = m_run[e];
       p.l[sr] = l_run[e];
     }
-#pragma unroll
+    STRIA_UNROLL
     for (int nt = 0; nt < kDTiles; ++nt) {
       float* dst = p.acc + sr * D + nt * 8 + 2 * t4;
       dst[0] = o[nt][2 * e];

@@ -106,14 +106,14 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtForwardKernel(const FwdParams p) 
   float m_run[4], l_run[4], acc[4][kPer];
   int64_t row[4];
   bool live[4];
-#pragma unroll
+  STRIA_UNROLL
   for (int r = 0; r < 4; ++r) {
     row[r] = i0 + warp * 4 + r;
     live[r] = row[r] >= p.mask.q_begin && row[r] < p.mask.q_end;
     const int64_t sr = static_cast<int64_t>(bh) * d.L + row[r];
     m_run[r] = live[r] ? p.m[sr] : NegInf();
     l_run[r] = live[r] ? p.l[sr] : 0.f;
-#pragma unroll
+    STRIA_UNROLL
     for (int e = 0; e < kPer; ++e) {
       const int c = lane + 32 * e;
       acc[r][e] = live[r] && c < D ? p.acc[sr * D + c] : 0.f;
@@ -127,7 +127,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtForwardKernel(const FwdParams p) 
     LoadRowsF<T>(ks, D + 1, static_cast<const char*>(p.k) + kv_off * ElemBytes<T>(), kv_row, j0, kSimtTile, d.L, D);
     LoadRowsF<T>(vs, D, static_cast<const char*>(p.v) + kv_off * ElemBytes<T>(), kv_row, j0, kSimtTile, d.L, D);
     block_sync();
-#pragma unroll
+    STRIA_UNROLL
     for (int r = 0; r < 4; ++r) {
       const float* qrow = qs + (warp * 4 + r) * D;
       const float* krow = ks + lane * (D + 1);
@@ -141,12 +141,12 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtForwardKernel(const FwdParams p) 
       const float pv = fast_exp2(s - base);
       l_run[r] = l_run[r] * alpha + WarpSum(pv);
       m_run[r] = m_new;
-#pragma unroll
+      STRIA_UNROLL
       for (int e = 0; e < kPer; ++e) acc[r][e] *= alpha;
       for (int jj = 0; jj < kSimtTile; ++jj) {
         const float pj = shfl(pv, jj);
         const float* vrow = vs + jj * D;
-#pragma unroll
+        STRIA_UNROLL
         for (int e = 0; e < kPer; ++e) {
           const int c = lane + 32 * e;
           if (c < D) acc[r][e] += pj * vrow[c];
@@ -154,7 +154,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtForwardKernel(const FwdParams p) 
       }
     }
   }
-#pragma unroll
+  STRIA_UNROLL
   for (int r = 0; r < 4; ++r) {
     if (!live[r]) continue;
     const int64_t sr = static_cast<int64_t>(bh) * d.L + row[r];
@@ -162,7 +162,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtForwardKernel(const FwdParams p) 
       p.m[sr] = m_run[r];
       p.l[sr] = l_run[r];
     }
-#pragma unroll
+    STRIA_UNROLL
     for (int e = 0; e < kPer; ++e) {
       const int c = lane + 32 * e;
       if (c < D) p.acc[sr * D + c] = acc[r][e];
@@ -197,13 +197,13 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDqKernel(const BwdParams 
   constexpr int kPer = kSimtMaxD / 32;
   float dq[4][kPer], lse2[4], delta[4];
   int64_t row[4];
-#pragma unroll
+  STRIA_UNROLL
   for (int r = 0; r < 4; ++r) {
     row[r] = i0 + warp * 4 + r;
     const bool in = row[r] < d.L;
     lse2[r] = in ? p.lse2[static_cast<int64_t>(bh) * d.L + row[r]] : PosInf();
     delta[r] = in ? p.delta[static_cast<int64_t>(bh) * d.L + row[r]] : 0.f;
-#pragma unroll
+    STRIA_UNROLL
     for (int e = 0; e < kPer; ++e) dq[r][e] = 0.f;
   }
   const int64_t kv_row = static_cast<int64_t>(d.Hkv) * D;
@@ -213,7 +213,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDqKernel(const BwdParams 
     LoadRowsF<T>(ks, D + 1, static_cast<const char*>(p.k) + kv_off * kEb, kv_row, j0, kSimtTile, d.L, D);
     LoadRowsF<T>(vs, D + 1, static_cast<const char*>(p.v) + kv_off * kEb, kv_row, j0, kSimtTile, d.L, D);
     block_sync();
-#pragma unroll
+    STRIA_UNROLL
     for (int r = 0; r < 4; ++r) {
       const float* qrow = qs + (warp * 4 + r) * D;
       const float* dorow = dos + (warp * 4 + r) * D;
@@ -230,7 +230,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDqKernel(const BwdParams 
       for (int jj = 0; jj < kSimtTile; ++jj) {
         const float dsj = shfl(ds, jj);
         const float* kr = ks + jj * (D + 1);
-#pragma unroll
+        STRIA_UNROLL
         for (int e = 0; e < kPer; ++e) {
           const int c = lane + 32 * e;
           if (c < D) dq[r][e] += dsj * kr[c];
@@ -238,11 +238,11 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDqKernel(const BwdParams 
       }
     }
   }
-#pragma unroll
+  STRIA_UNROLL
   for (int r = 0; r < 4; ++r) {
     if (row[r] < p.mask.q_begin || row[r] >= p.mask.q_end) continue;
     float* dst = p.dq_acc + (static_cast<int64_t>(bh) * d.L + row[r]) * D;
-#pragma unroll
+    STRIA_UNROLL
     for (int e = 0; e < kPer; ++e) {
       const int c = lane + 32 * e;
       if (c < D) dst[c] += dq[r][e];
@@ -278,7 +278,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDkvKernel(const BwdParams
 
   constexpr int kPer = kSimtMaxD / 32;
   float dk[4][kPer], dv[4][kPer];
-#pragma unroll
+  STRIA_UNROLL
   for (int r = 0; r < 4; ++r)
     for (int e = 0; e < kPer; ++e) dk[r][e] = dv[r][e] = 0.f;
   for (int gi = 0; gi < group; ++gi) {
@@ -296,7 +296,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDkvKernel(const BwdParams
         deltas[r] = in ? p.delta[bh * d.L + i0 + r] : 0.f;
       }
       block_sync();
-#pragma unroll
+      STRIA_UNROLL
       for (int r = 0; r < 4; ++r) {
         const int64_t j = j0 + warp * 4 + r;
         const float* krow = ks + (warp * 4 + r) * D;
@@ -315,7 +315,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDkvKernel(const BwdParams
           const float pi = shfl(pr, ii), dsi = shfl(ds, ii);
           const float* qr = qs + ii * (D + 1);
           const float* dr = dos + ii * (D + 1);
-#pragma unroll
+          STRIA_UNROLL
           for (int e = 0; e < kPer; ++e) {
             const int c = lane + 32 * e;
             if (c < D) {
@@ -327,12 +327,12 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDkvKernel(const BwdParams
       }
     }
   }
-#pragma unroll
+  STRIA_UNROLL
   for (int r = 0; r < 4; ++r) {
     const int64_t j = j0 + warp * 4 + r;
     if (j >= d.L) continue;
     const int64_t off = ((static_cast<int64_t>(b) * d.L + j) * d.Hkv + hk) * D;
-#pragma unroll
+    STRIA_UNROLL
     for (int e = 0; e < kPer; ++e) {
       const int c = lane + 32 * e;
       if (c < D) {
