@@ -10,7 +10,9 @@
 namespace stria {
 namespace cuda {
 
-// Kernels with more than 48 KB of dynamic shared memory must opt in, once per kernel.
+// Kernels with more than 48 KB of dynamic shared memory must opt in. The attribute belongs to the
+// current device, and ranks of one process may sit on several GPUs, so it is set at every launch
+// (a host-side call of about a microsecond, against kernels of milliseconds).
 template <typename Kernel>
 cudaError_t AllowSmem(Kernel kernel, int bytes) {
   if (bytes <= 48 * 1024) return cudaSuccess;
@@ -20,7 +22,7 @@ cudaError_t AllowSmem(Kernel kernel, int bytes) {
 template <typename T, int D>
 cudaError_t LaunchFlashForward(const FwdParams& p, cudaStream_t s) {
   using Tile = FwdTile<D>;
-  static const cudaError_t allowed = AllowSmem(FlashForwardKernel<T, D>, Tile::kSmemBytes);
+  const cudaError_t allowed = AllowSmem(FlashForwardKernel<T, D>, Tile::kSmemBytes);
   if (allowed != cudaSuccess) return allowed;
   const int64_t first = (p.mask.q_begin / Tile::kM) * Tile::kM;
   const dim3 grid(static_cast<unsigned>((p.mask.q_end - first + Tile::kM - 1) / Tile::kM),
@@ -32,7 +34,7 @@ cudaError_t LaunchFlashForward(const FwdParams& p, cudaStream_t s) {
 template <typename T, int D>
 cudaError_t LaunchFlashBackward(const BwdParams& p, cudaStream_t s) {
   using Tile = BwdTile<D>;
-  static const cudaError_t allowed = AllowSmem(FlashBackwardKernel<T, D>, Tile::kSmemBytes);
+  const cudaError_t allowed = AllowSmem(FlashBackwardKernel<T, D>, Tile::kSmemBytes);
   if (allowed != cudaSuccess) return allowed;
   const dim3 grid(static_cast<unsigned>((p.dims.L + Tile::kN - 1) / Tile::kN),
                   static_cast<unsigned>(p.dims.B * p.dims.Hkv));
