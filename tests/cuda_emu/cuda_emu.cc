@@ -1,0 +1,577 @@
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cuda/device_api.cuh"
+#include "fiber.h"
+
+namespace stria {
+namespace cuda {
+namespace emu {
+namespace {
+
+constexpr int kWarp = 32;
+constexpr size_t kMaxDynamicSmem = 232448;  // 227 KiB, sm_90's opt-in maximum
+
+enum class Op : uint8_t { kWarpSync, kShfl, kShflXor, kMmaHalf, kMmaBFloat, kLdmatrix, kLdmatrixTrans };
+
+const char* OpName(Op op) {
+  switch (op) {
+    case Op::kWarpSync:
+      return "warp_sync";
+    case Op::kShfl:
+      return "shfl";
+    case Op::kShflXor:
+      return "shfl_xor";
+    case Op::kMmaHalf:
+      return "mma_16816<Half>";
+    case Op::kMmaBFloat:
+      return "mma_16816<BFloat>";
+    case Op::kLdmatrix:
+      return "ldmatrix_x4";
+    case Op::kLdmatrixTrans:
+      return "ldmatrix_x4_trans";
+  }
+  return "?";
+}
+
+// One lane's part of a warp collective: its inputs, then (once all lanes arrived) its outputs.
+struct Slot {
+  uint32_t in[10];  // mma: a[4], b[2], c[4]; shfl: value bits, lane or mask
+  const void* ptr;  // ldmatrix: this lane's row address
+  uint32_t out[4];
+};
+
+struct Warp {
+  uint64_t completed = 0;  // collectives completed so far
+  int arrived = 0;         // lanes at the collective now gathering
+  int done = 0;            // lanes that returned
+  Op op = Op::kWarpSync;   // what the first arrival started
+  int first_lane = 0;
+  // Collective number s uses slots[s & 1]: a lane reaches s + 1 only when all lanes reached s,
+  // and no lane reaches s + 2 before all have read the outputs of s, so two sets suffice.
+  Slot slots[2][kWarp];
+};
+
+enum class State : uint8_t { kRunnable, kWarpWait, kBarrierWait, kDone };
+
+struct Copy {
+  unsigned char* dst;
+  const unsigned char* src;
+  bool valid;
+};
+
+struct Block;
+
+struct Thread {
+  detail::ThreadInfo info{};
+  int linear = 0;
+  Block* block = nullptr;
+  fiber::Context ctx;
+  State state = State::kRunnable;
+  Op waiting_at = Op::kWarpSync;  // for messages
+  uint64_t wait_for = 0;          // kWarpWait: collective number; kBarrierWait: barrier generation
+  uint64_t warp_seq = 0;          // warp collectives this lane entered
+  // cp.async copies not yet landed, in issue order; group_ends[i]: end of committed group i.
+  std::vector<Copy> copies;
+  std::vector<size_t> group_ends;
+};
+
+struct Block {
+  detail::BlockInfo info{};
+  int n = 0;
+  std::vector<Thread> threads;
+  std::vector<Warp> warps;
+  int barrier_arrived = 0;
+  uint64_t barrier_gen = 0;
+  int done = 0;
+  bool aborting = false;
+  std::string error;
+  fiber::Context main;
+  const std::function<void()>* body = nullptr;
+};
+
+// Thrown on a fiber to unwind it when the launch fails; never leaves the fiber.
+struct FiberAbort {};
+
+std::string DimStr(const Dim3& d) {
+  return "(" + std::to_string(d.x) + "," + std::to_string(d.y) + "," + std::to_string(d.z) + ")";
+}
+
+std::string Where(const Thread* t) {
+  return "block " + DimStr(t->block->info.idx) + " thread " + DimStr(t->info.idx) + " (warp " +
+         std::to_string(t->info.warp) + ", lane " + std::to_string(t->info.lane) + "): ";
+}
+
+void Record(Block* b, const std::string& what) {
+  if (!b->aborting) b->error = "cuda emulator: " + what;
+  b->aborting = true;
+}
+
+[[noreturn]] void Fail(Thread* t, const std::string& what) {
+  Record(t->block, Where(t) + what);
+  throw FiberAbort{};
+}
+
+Thread* Current() {
+  return static_cast<Thread*>(detail::Self().impl);
+}
+
+bool Ready(const Block* b, const Thread* t) {
+  switch (t->state) {
+    case State::kRunnable:
+      return true;
+    case State::kDone:
+      return false;
+    case State::kWarpWait:
+      return b->aborting || b->warps[t->info.warp].completed > t->wait_for;
+    case State::kBarrierWait:
+      return b->aborting || b->barrier_gen > t->wait_for;
+  }
+  return false;
+}
+
+// The next thread after `cur` in round-robin order that can run, other than `cur`.
+Thread* PickNext(Block* b, const Thread* cur) {
+  for (int k = 1; k < b->n; ++k) {
+    Thread* t = &b->threads[(cur->linear + k) % b->n];
+    if (Ready(b, t)) return t;
+  }
+  return nullptr;
+}
+
+void SwitchTo(Thread* from, Thread* to) {
+  detail::tls_thread = &to->info;
+  fiber::Switch(&from->ctx, &to->ctx);
+  detail::tls_thread = &from->info;
+}
+
+// "threads 0-63 wait at block_sync; threads 64-127 returned": what every thread is doing.
+std::string DescribeThreads(const Block* b) {
+  auto what = [&](const Thread& t) -> std::string {
+    switch (t.state) {
+      case State::kDone:
+        return "returned";
+      case State::kBarrierWait:
+        return "wait at block_sync";
+      case State::kWarpWait:
+        return std::string("wait at ") + OpName(t.waiting_at);
+      case State::kRunnable:
+        return "are runnable";
+    }
+    return "?";
+  };
+  std::string out;
+  for (int i = 0; i < b->n;) {
+    const std::string w = what(b->threads[i]);
+    int j = i + 1;
+    while (j < b->n && what(b->threads[j]) == w) ++j;
+    if (!out.empty()) out += "; ";
+    out += (j - i == 1 ? "thread " + std::to_string(i) : "threads " + std::to_string(i) + "-" + std::to_string(j - 1)) +
+           " " + w;
+    i = j;
+  }
+  return out;
+}
+
+// No thread can run and not all returned: a GPU would hang here.
+void RecordDeadlock(Block* b) {
+  int at_barrier = 0, at_warp = 0;
+  bool warp_with_exited_lane = false;
+  for (const Thread& t : b->threads) {
+    at_barrier += t.state == State::kBarrierWait;
+    if (t.state == State::kWarpWait) {
+      ++at_warp;
+      warp_with_exited_lane |= b->warps[t.info.warp].done > 0;
+    }
+  }
+  std::string why;
+  if (at_barrier > 0 && b->done > 0 && at_warp == 0) {
+    why = "block_sync never completes: " + std::to_string(at_barrier) + " of " + std::to_string(b->n) +
+          " threads reached it, the others returned (all threads of a block must reach every block_sync)";
+  } else if (warp_with_exited_lane) {
+    why = "a warp collective never completes: lanes of the warp returned (all 32 lanes must take part)";
+  } else {
+    why = "deadlock: threads wait at different barriers or collectives";
+  }
+  Record(b, "block " + DimStr(b->info.idx) + ": " + why + ". Threads: " + DescribeThreads(b));
+}
+
+// Suspends `t` (whose state says what it waits for) until it can go on.
+void Wait(Thread* t) {
+  Block* b = t->block;
+  for (;;) {
+    if (b->aborting) throw FiberAbort{};
+    if (Ready(b, t)) {
+      t->state = State::kRunnable;
+      return;
+    }
+    Thread* next = PickNext(b, t);
+    if (next == nullptr) {
+      RecordDeadlock(b);
+      throw FiberAbort{};
+    }
+    SwitchTo(t, next);
+  }
+}
+
+STRIA_EMU_FIBER_ENTRY void ThreadMain(void* arg) noexcept {
+  fiber::Entered();
+  Thread* t = static_cast<Thread*>(arg);
+  Block* b = t->block;
+  try {
+    if (!b->aborting) (*b->body)();  // a thread that had not started when the launch failed stays out
+  } catch (const FiberAbort&) {
+  } catch (const std::exception& e) {
+    Record(b, Where(t) + "the kernel threw: " + e.what());
+  } catch (...) {
+    Record(b, Where(t) + "the kernel threw an exception");
+  }
+  t->state = State::kDone;
+  ++b->done;
+  ++b->warps[t->info.warp].done;
+  Thread* next = PickNext(b, t);
+  if (next == nullptr && b->done < b->n) {
+    RecordDeadlock(b);      // the rest wait for this thread forever
+    next = PickNext(b, t);  // aborting: every live thread can run (and unwinds)
+  }
+  detail::tls_thread = next ? &next->info : nullptr;
+  fiber::SwitchAndExit(&t->ctx, next ? &next->ctx : &b->main);
+}
+
+void CheckSharedRange(Thread* t, const char* what, const void* p) {
+  const detail::BlockInfo& bi = t->block->info;
+  const intptr_t off = reinterpret_cast<intptr_t>(p) - reinterpret_cast<intptr_t>(bi.smem);
+  if (off < 0 || static_cast<size_t>(off) + 16 > bi.smem_bytes) {
+    char buf[200];
+    if (off > -(intptr_t{1} << 20) && off < (intptr_t{1} << 30)) {
+      std::snprintf(buf, sizeof buf,
+                    "the 16 bytes at shared-memory offset %td are outside the %zu-byte dynamic shared memory", off,
+                    bi.smem_bytes);
+    } else {
+      std::snprintf(buf, sizeof buf, "address %p is not in the %zu-byte dynamic shared memory", p, bi.smem_bytes);
+    }
+    Fail(t, std::string(what) + ": " + buf);
+  }
+  if (off % 16 != 0) {
+    Fail(t, std::string(what) + ": shared-memory offset " + std::to_string(off) + " is not 16-byte aligned");
+  }
+}
+
+// Enters warp collective `op`: returns this lane's slot (to fill in) and the collective's number.
+Slot& Enter(Thread* t, Op op, uint64_t* seq) {
+  Warp& w = t->block->warps[t->info.warp];
+  if (w.done > 0) {
+    Fail(t, std::string(OpName(op)) + ": " + std::to_string(w.done) +
+                " lane(s) of this warp returned before it (all 32 lanes must take part)");
+  }
+  if (w.arrived == 0) {
+    w.op = op;
+    w.first_lane = t->info.lane;
+  } else if (w.op != op) {
+    Fail(t, std::string("reached ") + OpName(op) + " while lane " + std::to_string(w.first_lane) +
+                " of its warp waits at " + OpName(w.op) + " (the lanes of a warp must run the same collectives)");
+  }
+  *seq = t->warp_seq++;
+  return w.slots[*seq & 1][t->info.lane];
+}
+
+uint32_t Lo(uint32_t r) {
+  return r & 0xffffu;
+}
+uint32_t Hi(uint32_t r) {
+  return r >> 16;
+}
+
+template <float (*Conv)(uint16_t)>
+void ComputeMma(Slot* s) {
+  // Whole matrices from the fragments (PTX ISA, mma.m16n8k16 .row.col): lane = 4g + t. In double:
+  // products of 16-bit values are exact, and the sum rounds once, to float.
+  double A[16][16], B[16][8], D[16][8];
+  for (int lane = 0; lane < kWarp; ++lane) {
+    const int g = lane >> 2, t = lane & 3;
+    const uint32_t* a = s[lane].in;
+    const uint32_t* b = s[lane].in + 4;
+    const uint32_t* c = s[lane].in + 6;
+    for (int r = 0; r < 4; ++r) {
+      const int row = g + 8 * (r & 1), col = 2 * t + 8 * (r >> 1);
+      A[row][col] = Conv(static_cast<uint16_t>(Lo(a[r])));
+      A[row][col + 1] = Conv(static_cast<uint16_t>(Hi(a[r])));
+    }
+    for (int r = 0; r < 2; ++r) {
+      B[2 * t + 8 * r][g] = Conv(static_cast<uint16_t>(Lo(b[r])));
+      B[2 * t + 8 * r + 1][g] = Conv(static_cast<uint16_t>(Hi(b[r])));
+    }
+    for (int r = 0; r < 4; ++r) D[g + 8 * (r >> 1)][2 * t + (r & 1)] = BitsFloat(c[r]);
+  }
+  // k outermost: the eight columns of a row are independent sums (vectorised, no long chain).
+  for (int row = 0; row < 16; ++row) {
+    double acc[8];
+    for (int n = 0; n < 8; ++n) acc[n] = D[row][n];
+    for (int k = 0; k < 16; ++k) {
+      for (int n = 0; n < 8; ++n) acc[n] += A[row][k] * B[k][n];
+    }
+    for (int n = 0; n < 8; ++n) D[row][n] = acc[n];
+  }
+  for (int lane = 0; lane < kWarp; ++lane) {
+    const int g = lane >> 2, t = lane & 3;
+    for (int r = 0; r < 4; ++r) s[lane].out[r] = FloatBits(static_cast<float>(D[g + 8 * (r >> 1)][2 * t + (r & 1)]));
+  }
+}
+
+uint16_t Load16(const void* row, int elem) {
+  uint16_t v;
+  std::memcpy(&v, static_cast<const unsigned char*>(row) + 2 * elem, 2);
+  return v;
+}
+
+void Compute(Op op, Slot* s) {
+  switch (op) {
+    case Op::kWarpSync:
+      break;
+    case Op::kShfl:
+      // __shfl_sync with width 32 reads lane (src mod 32).
+      for (int l = 0; l < kWarp; ++l) s[l].out[0] = s[s[l].in[1] & 31u].in[0];
+      break;
+    case Op::kShflXor:
+      // shfl.bfly: a source lane past 31 means "keep your own value".
+      for (int l = 0; l < kWarp; ++l) {
+        const uint32_t j = static_cast<uint32_t>(l) ^ s[l].in[1];
+        s[l].out[0] = j < kWarp ? s[j].in[0] : s[l].in[0];
+      }
+      break;
+    case Op::kMmaHalf:
+      ComputeMma<HalfToFloat>(s);
+      break;
+    case Op::kMmaBFloat:
+      ComputeMma<BFloatToFloat>(s);
+      break;
+    case Op::kLdmatrix:
+      // Register i of lane 4g + t: row g of matrix i (address from lane 8i + g), elements 2t, 2t+1.
+      for (int l = 0; l < kWarp; ++l) {
+        const int g = l >> 2, t = l & 3;
+        for (int i = 0; i < 4; ++i) {
+          const void* row = s[8 * i + g].ptr;
+          s[l].out[i] = Load16(row, 2 * t) | (static_cast<uint32_t>(Load16(row, 2 * t + 1)) << 16);
+        }
+      }
+      break;
+    case Op::kLdmatrixTrans:
+      // .trans: register i of lane 4g + t: element g of rows 2t and 2t+1 of matrix i.
+      for (int l = 0; l < kWarp; ++l) {
+        const int g = l >> 2, t = l & 3;
+        for (int i = 0; i < 4; ++i) {
+          s[l].out[i] =
+              Load16(s[8 * i + 2 * t].ptr, g) | (static_cast<uint32_t>(Load16(s[8 * i + 2 * t + 1].ptr, g)) << 16);
+        }
+      }
+      break;
+  }
+}
+
+// This lane has filled its slot of collective `seq`: completes it (the last lane) or waits.
+const Slot& Arrive(Thread* t, Op op, uint64_t seq) {
+  Warp& w = t->block->warps[t->info.warp];
+  Slot* set = w.slots[seq & 1];
+  if (++w.arrived == kWarp) {
+    Compute(op, set);
+    w.arrived = 0;
+    w.completed = seq + 1;
+  } else {
+    t->state = State::kWarpWait;
+    t->waiting_at = op;
+    t->wait_for = seq;
+    Wait(t);
+  }
+  return set[t->info.lane];
+}
+
+void Mma(Op op, float d[4], const uint32_t a[4], const uint32_t b[2]) {
+  Thread* t = Current();
+  uint64_t seq;
+  Slot& s = Enter(t, op, &seq);
+  std::memcpy(s.in, a, 16);
+  std::memcpy(s.in + 4, b, 8);
+  std::memcpy(s.in + 6, d, 16);
+  std::memcpy(d, Arrive(t, op, seq).out, 16);
+}
+
+void Land(const Copy& c) {
+  if (c.valid) {
+    std::memcpy(c.dst, c.src, 16);
+  } else {
+    std::memset(c.dst, 0, 16);
+  }
+}
+
+}  // namespace
+
+namespace detail {
+
+void NotInKernel() {
+  throw std::logic_error("cuda emulator: a device primitive was called outside emu::Launch");
+}
+
+void BlockSync() {
+  Thread* t = Current();
+  Block* b = t->block;
+  if (++b->barrier_arrived == b->n) {
+    b->barrier_arrived = 0;
+    ++b->barrier_gen;
+    return;
+  }
+  t->state = State::kBarrierWait;
+  t->wait_for = b->barrier_gen;
+  Wait(t);
+}
+
+void WarpSync() {
+  Thread* t = Current();
+  uint64_t seq;
+  Enter(t, Op::kWarpSync, &seq);
+  Arrive(t, Op::kWarpSync, seq);
+}
+
+float Shfl(float v, int lane_or_mask, bool xor_mode) {
+  Thread* t = Current();
+  const Op op = xor_mode ? Op::kShflXor : Op::kShfl;
+  uint64_t seq;
+  Slot& s = Enter(t, op, &seq);
+  s.in[0] = FloatBits(v);
+  s.in[1] = static_cast<uint32_t>(lane_or_mask);
+  return BitsFloat(Arrive(t, op, seq).out[0]);
+}
+
+void MmaHalf(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+  Mma(Op::kMmaHalf, d, a, b);
+}
+void MmaBFloat(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+  Mma(Op::kMmaBFloat, d, a, b);
+}
+
+void Ldmatrix(uint32_t r[4], const void* smem_row, bool trans) {
+  Thread* t = Current();
+  const Op op = trans ? Op::kLdmatrixTrans : Op::kLdmatrix;
+  CheckSharedRange(t, OpName(op), smem_row);
+  uint64_t seq;
+  Slot& s = Enter(t, op, &seq);
+  s.ptr = smem_row;
+  std::memcpy(r, Arrive(t, op, seq).out, 16);
+}
+
+void CpAsync16(void* smem, const void* gmem, bool valid) {
+  Thread* t = Current();
+  CheckSharedRange(t, "cp_async_16", smem);
+  const uintptr_t g = reinterpret_cast<uintptr_t>(gmem), base = reinterpret_cast<uintptr_t>(t->block->info.smem);
+  if (g % 16 != 0) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%p", gmem);
+    Fail(t, std::string("cp_async_16: global source ") + buf + " is not 16-byte aligned");
+  }
+  if (valid && g + 16 > base && g < base + t->block->info.smem_bytes) {
+    Fail(t, "cp_async_16: the source is in shared memory, not global memory");
+  }
+  t->copies.push_back({static_cast<unsigned char*>(smem), static_cast<const unsigned char*>(gmem), valid});
+}
+
+void CpAsyncCommit() {
+  Thread* t = Current();
+  t->group_ends.push_back(t->copies.size());
+}
+
+void CpAsyncWait(int n) {
+  Thread* t = Current();
+  // Copies land only now (as late as the GPU may land them), so reading before the wait shows.
+  const size_t groups = t->group_ends.size();
+  if (n < 0 || groups <= static_cast<size_t>(n)) return;
+  const size_t finish = groups - static_cast<size_t>(n);  // the oldest groups
+  const size_t end = t->group_ends[finish - 1];
+  for (size_t i = 0; i < end; ++i) Land(t->copies[i]);
+  t->copies.erase(t->copies.begin(), t->copies.begin() + static_cast<std::ptrdiff_t>(end));
+  t->group_ends.erase(t->group_ends.begin(), t->group_ends.begin() + static_cast<std::ptrdiff_t>(finish));
+  for (size_t& e : t->group_ends) e -= end;
+}
+
+}  // namespace detail
+
+void Launch(Dim3 grid, Dim3 block, size_t dynamic_smem_bytes, const std::function<void()>& body) {
+  if (detail::tls_thread != nullptr) throw std::logic_error("cuda emulator: Launch called from inside a kernel");
+  const uint64_t n = static_cast<uint64_t>(block.x) * block.y * block.z;
+  if (n == 0 || n > 1024 || n % kWarp != 0) {
+    throw std::invalid_argument("cuda emulator: block " + DimStr(block) + " has " + std::to_string(n) +
+                                " threads; it must be a positive multiple of 32, at most 1024");
+  }
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535 || grid.x > 0x7fffffffu) {
+    throw std::invalid_argument("cuda emulator: invalid grid " + DimStr(grid));
+  }
+  if (dynamic_smem_bytes > kMaxDynamicSmem) {
+    throw std::invalid_argument("cuda emulator: " + std::to_string(dynamic_smem_bytes) +
+                                " bytes of dynamic shared memory; at most " + std::to_string(kMaxDynamicSmem));
+  }
+
+  auto b = std::make_unique<Block>();
+  b->n = static_cast<int>(n);
+  b->body = &body;
+  b->threads.resize(n);
+  b->warps.resize(n / kWarp);
+  // Exactly the requested size, so that under ASan plain loads and stores past its end are caught.
+  struct FreeSmem {
+    void operator()(unsigned char* p) const { ::operator delete (p, std::align_val_t{128}); }
+  };
+  std::unique_ptr<unsigned char, FreeSmem> smem(
+      static_cast<unsigned char*>(::operator new (dynamic_smem_bytes, std::align_val_t{128})));
+  b->info.dim = block;
+  b->info.grid = grid;
+  b->info.smem = smem.get();
+  b->info.smem_bytes = dynamic_smem_bytes;
+  fiber::InitMain(&b->main);
+  std::vector<fiber::Stack> stacks(n);
+  for (uint64_t i = 0; i < n; ++i) stacks[i] = fiber::PooledStack(i);
+
+  for (unsigned bz = 0; bz < grid.z; ++bz) {
+    for (unsigned by = 0; by < grid.y; ++by) {
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
+        b->info.idx = Dim3{bx, by, bz};
+        b->barrier_arrived = 0;
+        b->barrier_gen = 0;
+        b->done = 0;
+        for (Warp& w : b->warps) {
+          w.completed = 0;
+          w.arrived = 0;
+          w.done = 0;
+        }
+        std::memset(b->info.smem, 0xff, dynamic_smem_bytes);
+        for (int i = 0; i < b->n; ++i) {
+          Thread& t = b->threads[i];
+          const unsigned u = static_cast<unsigned>(i);
+          t.info.idx = Dim3{u % block.x, u / block.x % block.y, u / (block.x * block.y)};
+          t.info.lane = i % kWarp;
+          t.info.warp = i / kWarp;
+          t.info.block = &b->info;
+          t.info.impl = &t;
+          t.linear = i;
+          t.block = b.get();
+          t.state = State::kRunnable;
+          t.warp_seq = 0;
+          t.copies.clear();
+          t.group_ends.clear();
+          fiber::Prepare(&t.ctx, stacks[i], &ThreadMain, &t);
+        }
+        // Runs the whole block: the fibers switch among themselves, the last one comes back.
+        detail::tls_thread = &b->threads[0].info;
+        fiber::Switch(&b->main, &b->threads[0].ctx);
+        detail::tls_thread = nullptr;
+        if (b->aborting) throw std::runtime_error(b->error);
+      }
+    }
+  }
+}
+
+}  // namespace emu
+}  // namespace cuda
+}  // namespace stria

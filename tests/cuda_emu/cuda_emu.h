@@ -1,0 +1,231 @@
+// Host emulation of the device primitives of kernels/cuda/device_api.cuh, so that the CUDA
+// kernels compile with a host compiler (STRIA_CUDA_EMULATE) and run on a CPU in the tests.
+//
+// Use: link the CMake target stria_cuda_emu (it puts kernels/ and tests/cuda_emu on the include
+// path and defines STRIA_CUDA_EMULATE), include a kernel header such as "cuda/flash_forward.cuh",
+// and run it with emu::Launch(grid, block, smem_bytes, &Kernel<...>, params).
+//
+// emu::Launch runs the blocks one after another, every CUDA thread of a block as a fiber on the
+// calling OS thread. A thread runs until it reaches block_sync or a warp collective (shuffles,
+// ldmatrix, mma, warp_sync), then the next thread runs. A warp collective completes when all 32
+// lanes have arrived; its results are computed from the inputs of all lanes, per the PTX ISA.
+//
+// It also checks what compute-sanitizer would, and what otherwise shows only as wrong numbers or
+// a hang on the GPU: ldmatrix/cp.async addresses outside the dynamic shared memory or misaligned,
+// lanes of a warp at different collectives or exited before one, and block_sync that some threads
+// never reach. Launch then throws std::runtime_error naming block, thread and what happened.
+// Shared memory starts every block as 0xFF bytes (NaN in f16, bf16 and f32), so reading what no
+// thread wrote shows up, and cp.async copies land only at cp_async_wait, so reading before the
+// wait does too. Under ASan, plain loads and stores past the end of shared memory are caught.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+
+#if !defined(STRIA_CUDA_EMULATE)
+#error "cuda_emu.h is the host side of cuda/device_api.cuh: include that, with STRIA_CUDA_EMULATE defined"
+#endif
+
+namespace stria {
+namespace cuda {
+
+struct Half;  // tags, defined in device_api.cuh
+struct BFloat;
+
+namespace emu {
+
+struct Dim3 {
+  unsigned x = 1, y = 1, z = 1;
+};
+
+// Runs `body` once per thread of every block of `grid` (each call is one CUDA thread; it calls the
+// kernel with its parameters). The threads of a block must be a multiple of 32 (at most 1024);
+// dynamic shared memory at most 227 KiB (sm_90). Not reentrant from inside a kernel; separate OS
+// threads may launch concurrently. Throws std::invalid_argument for a bad configuration and
+// std::runtime_error for what a kernel did wrong (the first error; the launch stops there).
+void Launch(Dim3 grid, Dim3 block, size_t dynamic_smem_bytes, const std::function<void()>& body);
+
+// The same, calling `kernel(args...)` in every thread (the arguments are copied per thread, as
+// kernel parameters are).
+template <typename... Params, typename... Args>
+void Launch(Dim3 grid, Dim3 block, size_t dynamic_smem_bytes, void (*kernel)(Params...), Args... args) {
+  Launch(grid, block, dynamic_smem_bytes, std::function<void()>([&] { kernel(args...); }));
+}
+
+// 16-bit float conversions, round to nearest even; NaN in, NaN out (0x7fff, as the GPU's cvt).
+inline uint32_t FloatBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float BitsFloat(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0x1f) return BitsFloat(sign | 0x7f800000u | (m << 13));  // inf, NaN (payload kept)
+  if (e == 0) {                                                     // zero, subnormal: m * 2^-24
+    const float v = static_cast<float>(m) * 0x1p-24f;
+    return sign ? -v : v;
+  }
+  return BitsFloat(sign | ((e + 112) << 23) | (m << 13));
+}
+inline uint16_t FloatToHalf(float f) {
+  const uint32_t u = FloatBits(f);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return 0x7fff;
+  if (a >= 0x477ff000u) return sign | 0x7c00u;  // from 65520 (halfway past 65504) on: inf
+  if (a >= 0x38800000u) {                       // normal half (>= 2^-14): rebias, round 13 bits
+    const uint32_t r = a + 0xfffu + ((a >> 13) & 1u);
+    return static_cast<uint16_t>(sign | ((r - 0x38000000u) >> 13));
+  }
+  if (a <= 0x33000000u) return sign;  // at most 2^-25, half the smallest subnormal: to (even) zero
+  // Subnormal half: the value in units of 2^-24 is the 24-bit significand shifted right.
+  const uint32_t e = a >> 23, mant = (a & 0x7fffffu) | 0x800000u, shift = 126 - e;  // 14..24
+  uint32_t r = mant >> shift;
+  const uint32_t rem = mant & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+  if (rem > halfway || (rem == halfway && (r & 1u))) ++r;  // 0x3ff + 1 is the smallest normal
+  return static_cast<uint16_t>(sign | r);
+}
+inline float BFloatToFloat(uint16_t b) {
+  return BitsFloat(static_cast<uint32_t>(b) << 16);
+}
+inline uint16_t FloatToBFloat(float f) {
+  const uint32_t u = FloatBits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fff;
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+namespace detail {
+
+struct BlockInfo {
+  Dim3 idx, dim, grid;
+  unsigned char* smem;
+  size_t smem_bytes;
+};
+struct ThreadInfo {
+  Dim3 idx;
+  int lane, warp;
+  const BlockInfo* block;
+  void* impl;
+};
+// The running emulated thread of this OS thread (null outside kernels).
+inline thread_local ThreadInfo* tls_thread = nullptr;
+
+[[noreturn]] void NotInKernel();
+inline const ThreadInfo& Self() {
+  const ThreadInfo* t = tls_thread;
+  if (__builtin_expect(t == nullptr, 0)) NotInKernel();
+  return *t;
+}
+
+void BlockSync();
+void WarpSync();
+float Shfl(float v, int lane_or_mask, bool xor_mode);
+void MmaHalf(float d[4], const uint32_t a[4], const uint32_t b[2]);
+void MmaBFloat(float d[4], const uint32_t a[4], const uint32_t b[2]);
+void Ldmatrix(uint32_t r[4], const void* smem_row, bool trans);
+void CpAsync16(void* smem, const void* gmem, bool valid);
+void CpAsyncCommit();
+void CpAsyncWait(int n);
+
+}  // namespace detail
+}  // namespace emu
+
+#define STRIA_DEVICE inline
+#define STRIA_GLOBAL
+#define STRIA_DYNAMIC_SMEM(name) unsigned char* name = ::stria::cuda::emu::detail::Self().block->smem
+#define threadIdx (::stria::cuda::emu::detail::Self().idx)
+#define blockIdx (::stria::cuda::emu::detail::Self().block->idx)
+#define blockDim (::stria::cuda::emu::detail::Self().block->dim)
+#define gridDim (::stria::cuda::emu::detail::Self().block->grid)
+
+inline int lane_id() {
+  return emu::detail::Self().lane;
+}
+inline int warp_id() {
+  return emu::detail::Self().warp;
+}
+inline void block_sync() {
+  emu::detail::BlockSync();
+}
+inline void warp_sync() {
+  emu::detail::WarpSync();
+}
+inline float shfl_xor(float v, int mask) {
+  return emu::detail::Shfl(v, mask, true);
+}
+inline float shfl(float v, int src_lane) {
+  return emu::detail::Shfl(v, src_lane, false);
+}
+// Blocks and threads run one at a time on one OS thread: a plain add is atomic here.
+inline void atomic_add(float* p, float v) {
+  *p += v;
+}
+inline float fast_exp2(float x) {
+  return std::exp2(x);
+}
+
+template <typename T>
+inline float to_float(uint16_t x);
+template <>
+inline float to_float<Half>(uint16_t x) {
+  return emu::HalfToFloat(x);
+}
+template <>
+inline float to_float<BFloat>(uint16_t x) {
+  return emu::BFloatToFloat(x);
+}
+template <typename T>
+inline uint16_t from_float(float x);
+template <>
+inline uint16_t from_float<Half>(float x) {
+  return emu::FloatToHalf(x);
+}
+template <>
+inline uint16_t from_float<BFloat>(float x) {
+  return emu::FloatToBFloat(x);
+}
+template <typename T>
+inline uint32_t pack2(float lo, float hi) {
+  return static_cast<uint32_t>(from_float<T>(lo)) | (static_cast<uint32_t>(from_float<T>(hi)) << 16);
+}
+
+template <typename T>
+inline void mma_16816(float d[4], const uint32_t a[4], const uint32_t b[2]);
+template <>
+inline void mma_16816<Half>(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+  emu::detail::MmaHalf(d, a, b);
+}
+template <>
+inline void mma_16816<BFloat>(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+  emu::detail::MmaBFloat(d, a, b);
+}
+
+inline void ldmatrix_x4(uint32_t r[4], const void* smem_row) {
+  emu::detail::Ldmatrix(r, smem_row, false);
+}
+inline void ldmatrix_x4_trans(uint32_t r[4], const void* smem_row) {
+  emu::detail::Ldmatrix(r, smem_row, true);
+}
+
+inline void cp_async_16(void* smem, const void* gmem, bool valid) {
+  emu::detail::CpAsync16(smem, gmem, valid);
+}
+inline void cp_async_commit() {
+  emu::detail::CpAsyncCommit();
+}
+template <int N>
+inline void cp_async_wait() {
+  emu::detail::CpAsyncWait(N);
+}
+
+}  // namespace cuda
+}  // namespace stria
