@@ -1,0 +1,393 @@
+// The CUDA attention kernels themselves, run on the CPU by the warp-level emulator (cuda_emu.h):
+// the tensor-core forward/backward kernels (fp16/bf16, D = 64 and 128) and the SIMT kernels
+// (f32 and other head dims), each against a float64 reference of the same ring blocks. A "case"
+// is one rank's queries against one or two K/V blocks with the masks the layouts produce (dense,
+// diagonal with several offsets, rectangles cut by the zigzag halves), merged through the running
+// softmax state exactly as the ring merges them; the backward adds dQ across the blocks and
+// writes dK/dV per block. This is what proves the fragment layouts, tile masks, online softmax
+// and GQA indexing before any GPU has run them.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <sstream>
+
+#include "test_util.h"
+// After the test headers: the emulator defines threadIdx & co. as macros.
+#include "cuda/elementwise.cuh"
+#include "cuda/flash_backward.cuh"
+#include "cuda/flash_forward.cuh"
+
+using namespace stria_test;
+namespace sc = stria::cuda;
+namespace emu = stria::cuda::emu;
+
+namespace {
+
+struct Block {
+  sc::MaskArgs mask;
+  uint64_t seed;
+};
+
+struct Case {
+  const char* name;
+  Dt dt;
+  bool flash;  // tensor-core kernels (else SIMT)
+  int B, L, Hq, Hkv, D;
+  std::vector<Block> blocks;
+};
+
+bool RefVisible(const sc::MaskArgs& m, int64_t i, int64_t j) {  // the test's own copy of the rule
+  if (i < m.q_begin || i >= m.q_end || j < m.k_begin || j >= m.k_end) return false;
+  return !m.diagonal || j <= i + m.offset;
+}
+
+unsigned CeilDiv(int64_t a, int64_t b) {
+  return static_cast<unsigned>((a + b - 1) / b);
+}
+
+unsigned QueryTiles(const sc::MaskArgs& m, int rows) {
+  const int64_t first = (m.q_begin / rows) * rows;
+  return CeilDiv(m.q_end - first, rows);
+}
+
+template <typename T, int D>
+void FlashForward(const sc::FwdParams& p) {
+  emu::Launch(emu::Dim3{QueryTiles(p.mask, 64), static_cast<unsigned>(p.dims.B * p.dims.Hq), 1}, emu::Dim3{128, 1, 1},
+              sc::FwdTile<D>::kSmemBytes, [&] { sc::FlashForwardKernel<T, D>(p); });
+}
+template <typename T, int D>
+void FlashBackward(const sc::BwdParams& p) {
+  emu::Launch(emu::Dim3{CeilDiv(p.dims.L, 64), static_cast<unsigned>(p.dims.B * p.dims.Hkv), 1}, emu::Dim3{128, 1, 1},
+              sc::BwdTile<D>::kSmemBytes, [&] { sc::FlashBackwardKernel<T, D>(p); });
+}
+template <typename T>
+void SimtForward(const sc::FwdParams& p) {
+  emu::Launch(emu::Dim3{QueryTiles(p.mask, sc::kSimtRows), static_cast<unsigned>(p.dims.B * p.dims.Hq), 1},
+              emu::Dim3{128, 1, 1}, static_cast<size_t>(sc::SimtForwardSmemFloats(p.dims.D)) * 4,
+              [&] { sc::SimtForwardKernel<T>(p); });
+}
+template <typename T>
+void SimtBackward(const sc::BwdParams& p) {
+  emu::Launch(emu::Dim3{QueryTiles(p.mask, sc::kSimtRows), static_cast<unsigned>(p.dims.B * p.dims.Hq), 1},
+              emu::Dim3{128, 1, 1}, static_cast<size_t>(sc::SimtDqSmemFloats(p.dims.D)) * 4,
+              [&] { sc::SimtBackwardDqKernel<T>(p); });
+  emu::Launch(emu::Dim3{CeilDiv(p.dims.L, sc::kSimtRows), static_cast<unsigned>(p.dims.B * p.dims.Hkv), 1},
+              emu::Dim3{128, 1, 1}, static_cast<size_t>(sc::SimtDkvSmemFloats(p.dims.D)) * 4,
+              [&] { sc::SimtBackwardDkvKernel<T>(p); });
+}
+
+template <typename T>
+void Forward(bool flash, const sc::FwdParams& p) {
+  if (!flash) return SimtForward<T>(p);
+  if constexpr (!std::is_same<T, sc::Float>::value) {
+    if (p.dims.D == 64) return FlashForward<T, 64>(p);
+    if (p.dims.D == 128) return FlashForward<T, 128>(p);
+  }
+  FAIL() << "no tensor-core kernel for this case";
+}
+template <typename T>
+void Backward(bool flash, const sc::BwdParams& p) {
+  if (!flash) return SimtBackward<T>(p);
+  if constexpr (!std::is_same<T, sc::Float>::value) {
+    if (p.dims.D == 64) return FlashBackward<T, 64>(p);
+    if (p.dims.D == 128) return FlashBackward<T, 128>(p);
+  }
+  FAIL() << "no tensor-core kernel for this case";
+}
+
+// One grid-stride launch of an elementwise kernel.
+void Elementwise(int64_t n, const std::function<void()>& body) {
+  emu::Launch(emu::Dim3{std::max(1u, std::min(CeilDiv(n, 256), 64u)), 1, 1}, emu::Dim3{256, 1, 1}, 0, body);
+}
+
+template <typename T>
+void RunCase(const Case& c) {
+  const int64_t B = c.B, L = c.L, Hq = c.Hq, Hkv = c.Hkv, D = c.D, nb = static_cast<int64_t>(c.blocks.size());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  std::mt19937_64 rng(c.L * 31 + c.D);
+  Tensor q({B, L, Hq, D}, c.dt), dout({B, L, Hq, D}, c.dt);
+  q.FillRandom(rng);
+  dout.FillRandom(rng);
+  std::vector<Tensor> ks, vs;
+  for (const Block& blk : c.blocks) {
+    std::mt19937_64 r2(blk.seed);
+    ks.emplace_back(std::vector<int64_t>{B, L, Hkv, D}, c.dt);
+    vs.emplace_back(std::vector<int64_t>{B, L, Hkv, D}, c.dt);
+    ks.back().FillRandom(r2);
+    vs.back().FillRandom(r2);
+  }
+
+  // float64 reference over the union of the blocks' visible keys.
+  const int64_t group = Hq / Hkv;
+  std::vector<double> out_ref(static_cast<size_t>(B * L * Hq * D), 0.0), lse_ref(static_cast<size_t>(B * Hq * L));
+  std::vector<double> dq_ref(out_ref.size(), 0.0);
+  std::vector<std::vector<double>> dk_ref(static_cast<size_t>(nb),
+                                          std::vector<double>(static_cast<size_t>(B * L * Hkv * D), 0.0));
+  auto dv_ref = dk_ref;
+  auto at4 = [&](int64_t b, int64_t i, int64_t h, int64_t H, int64_t d) { return ((b * L + i) * H + h) * D + d; };
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hq; ++h)
+      for (int64_t i = 0; i < L; ++i) {
+        const int64_t hk = h / group;
+        std::vector<std::array<int64_t, 2>> keys;
+        std::vector<double> s;
+        for (int64_t x = 0; x < nb; ++x)
+          for (int64_t j = 0; j < L; ++j) {
+            if (!RefVisible(c.blocks[static_cast<size_t>(x)].mask, i, j)) continue;
+            double acc = 0;
+            for (int64_t d = 0; d < D; ++d)
+              acc += q.Get(at4(b, i, h, Hq, d)) * ks[static_cast<size_t>(x)].Get(at4(b, j, hk, Hkv, d));
+            keys.push_back({x, j});
+            s.push_back(acc * scale);
+          }
+        const size_t row = static_cast<size_t>((b * Hq + h) * L + i);
+        if (keys.empty()) {
+          lse_ref[row] = -INFINITY;
+          continue;
+        }
+        double mx = -INFINITY, sum = 0;
+        for (double x : s) mx = std::max(mx, x);
+        for (double x : s) sum += std::exp(x - mx);
+        const double lse = mx + std::log(sum);
+        lse_ref[row] = lse;
+        std::vector<double> p(s.size());
+        for (size_t n = 0; n < s.size(); ++n) p[n] = std::exp(s[n] - lse);
+        double delta = 0;
+        for (int64_t d = 0; d < D; ++d) {
+          double o = 0;
+          for (size_t n = 0; n < s.size(); ++n)
+            o += p[n] * vs[static_cast<size_t>(keys[n][0])].Get(at4(b, keys[n][1], hk, Hkv, d));
+          out_ref[static_cast<size_t>(at4(b, i, h, Hq, d))] = o;
+          delta += o * dout.Get(at4(b, i, h, Hq, d));
+        }
+        for (size_t n = 0; n < s.size(); ++n) {
+          const Tensor& K = ks[static_cast<size_t>(keys[n][0])];
+          const Tensor& V = vs[static_cast<size_t>(keys[n][0])];
+          const int64_t j = keys[n][1];
+          double dp = 0;
+          for (int64_t d = 0; d < D; ++d) dp += dout.Get(at4(b, i, h, Hq, d)) * V.Get(at4(b, j, hk, Hkv, d));
+          const double ds = p[n] * (dp - delta) * scale;
+          for (int64_t d = 0; d < D; ++d) {
+            dq_ref[static_cast<size_t>(at4(b, i, h, Hq, d))] += ds * K.Get(at4(b, j, hk, Hkv, d));
+            dk_ref[static_cast<size_t>(keys[n][0])][static_cast<size_t>(at4(b, j, hk, Hkv, d))] +=
+                ds * q.Get(at4(b, i, h, Hq, d));
+            dv_ref[static_cast<size_t>(keys[n][0])][static_cast<size_t>(at4(b, j, hk, Hkv, d))] +=
+                p[n] * dout.Get(at4(b, i, h, Hq, d));
+          }
+        }
+      }
+
+  // Forward: the running state through every block, then the finish kernel.
+  const sc::Dims dims{c.B, c.L, c.Hq, c.Hkv, c.D};
+  const int64_t rows = B * Hq * L;
+  std::vector<float> acc(static_cast<size_t>(rows * D), 0.f), m(static_cast<size_t>(rows), -INFINITY),
+      l(static_cast<size_t>(rows), 0.f);
+  const sc::RowsArg qa{q.dl.data, L * Hq * D, Hq * D, D};
+  for (int64_t x = 0; x < nb; ++x) {
+    sc::FwdParams p{};
+    p.dims = dims;
+    p.q = qa;
+    p.k = ks[static_cast<size_t>(x)].dl.data;
+    p.v = vs[static_cast<size_t>(x)].dl.data;
+    p.acc = acc.data();
+    p.m = m.data();
+    p.l = l.data();
+    p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+    p.mask = c.blocks[static_cast<size_t>(x)].mask;
+    const sc::MaskArgs& mk = p.mask;
+    if (mk.q_begin >= mk.q_end || mk.k_begin >= mk.k_end || (mk.diagonal && mk.q_end - 1 + mk.offset < mk.k_begin))
+      continue;  // an empty block: the engine never hands it to the backend
+    Forward<T>(c.flash, p);
+  }
+  Tensor out({B, L, Hq, D}, c.dt), lse({B, Hq, L}, Dt::kF32);
+  out.Poison();
+  lse.Poison();
+  const sc::RowsOut oa{out.dl.data, L * Hq * D, Hq * D, D};
+  Elementwise(rows * D, [&] {
+    sc::ForwardFinishKernel<T>(dims, acc.data(), m.data(), l.data(), oa, static_cast<float*>(lse.dl.data), Hq * L, L,
+                               1);
+  });
+  const double tol = c.dt == Dt::kF32 ? 1e-5 : 2e-2;
+  EXPECT_LT(RelError(out.ToDouble(), out_ref), tol) << "out";
+  EXPECT_LT(RelError(lse.ToDouble(), lse_ref), c.dt == Dt::kF32 ? 1e-5 : 1e-3) << "lse";
+
+  // Backward from the reference's own output and LSE (as the ring's backward gets the forward's).
+  Tensor o_in({B, L, Hq, D}, c.dt), lse_in({B, Hq, L}, Dt::kF32);
+  for (int64_t x = 0; x < o_in.numel(); ++x) o_in.Set(x, out_ref[static_cast<size_t>(x)]);
+  for (int64_t x = 0; x < lse_in.numel(); ++x) lse_in.Set(x, lse_ref[static_cast<size_t>(x)]);
+  std::vector<float> lse2(static_cast<size_t>(rows)), delta(static_cast<size_t>(rows));
+  std::vector<float> dq_acc(static_cast<size_t>(rows * D), 0.f);
+  const sc::RowsArg oin{o_in.dl.data, L * Hq * D, Hq * D, D}, doa{dout.dl.data, L * Hq * D, Hq * D, D};
+  emu::Launch(emu::Dim3{CeilDiv(rows, 8), 1, 1}, emu::Dim3{256, 1, 1}, 0, [&] {
+    sc::BackwardPrepKernel<T>(dims, oin, doa, static_cast<const float*>(lse_in.dl.data), Hq * L, L, 1, lse2.data(),
+                              delta.data());
+  });
+  Tensor dq({B, L, Hq, D}, c.dt);
+  dq.Poison();
+  for (int64_t x = 0; x < nb; ++x) {
+    std::vector<float> dkv(static_cast<size_t>(2 * B * L * Hkv * D), 0.f);
+    sc::BwdParams p{};
+    p.dims = dims;
+    p.q = qa;
+    p.dout = doa;
+    p.k = ks[static_cast<size_t>(x)].dl.data;
+    p.v = vs[static_cast<size_t>(x)].dl.data;
+    p.lse2 = lse2.data();
+    p.delta = delta.data();
+    p.dq_acc = dq_acc.data();
+    p.dk = dkv.data();
+    p.dv = dkv.data() + B * L * Hkv * D;
+    p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+    p.scale = static_cast<float>(scale);
+    p.mask = c.blocks[static_cast<size_t>(x)].mask;
+    Backward<T>(c.flash, p);
+    Tensor dk({B, L, Hkv, D}, c.dt), dv({B, L, Hkv, D}, c.dt);
+    dk.Poison();
+    dv.Poison();
+    const sc::RowsOut dka{dk.dl.data, L * Hkv * D, Hkv * D, D}, dva{dv.dl.data, L * Hkv * D, Hkv * D, D};
+    Elementwise(B * L * Hkv * D, [&] { sc::KvGradFinishKernel<T>(dims, p.dk, dka); });
+    Elementwise(B * L * Hkv * D, [&] { sc::KvGradFinishKernel<T>(dims, p.dv, dva); });
+    EXPECT_LT(RelError(dk.ToDouble(), dk_ref[static_cast<size_t>(x)]), tol) << "dk of block " << x;
+    EXPECT_LT(RelError(dv.ToDouble(), dv_ref[static_cast<size_t>(x)]), tol) << "dv of block " << x;
+  }
+  const sc::RowsOut dqa{dq.dl.data, L * Hq * D, Hq * D, D};
+  Elementwise(rows * D, [&] { sc::DqFinishKernel<T>(dims, dq_acc.data(), static_cast<float>(scale), dqa); });
+  EXPECT_LT(RelError(dq.ToDouble(), dq_ref), tol) << "dq";
+}
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name;
+}
+
+class KernelsVsReference : public ::testing::TestWithParam<Case> {};
+TEST_P(KernelsVsReference, ForwardAndBackward) {
+  const Case& c = GetParam();
+  switch (c.dt) {
+    case Dt::kF32:
+      return RunCase<sc::Float>(c);
+    case Dt::kF16:
+      return RunCase<sc::Half>(c);
+    case Dt::kBF16:
+      return RunCase<sc::BFloat>(c);
+  }
+}
+
+sc::MaskArgs Dense(int64_t L) {
+  return sc::MaskArgs{0, L, 0, L, 0, 0};
+}
+sc::MaskArgs Diagonal(int64_t L, int64_t offset) {
+  return sc::MaskArgs{0, L, 0, L, 1, offset};
+}
+
+std::vector<Case> Cases() {
+  std::vector<Case> cs;
+  for (bool flash : {true, false})
+    for (Dt dt : {Dt::kBF16, Dt::kF16})
+      for (int D : {64, 128}) {
+        // The own block of a causal striped/contiguous rank, and the dense block before it.
+        cs.push_back(Case{"causal_then_dense", dt, flash, 1, 80, 4, 2, D, {{Diagonal(80, 0), 1}, {Dense(80), 2}}});
+        // Striped: a later rank's block (j <= i - 1), so query 0 sees nothing in it.
+        cs.push_back(Case{"striped_later_block", dt, flash, 1, 70, 2, 1, D, {{Diagonal(70, -1), 3}}});
+        // Zigzag halves: every query x the first half of the keys; the second half of the queries
+        // x every key.
+        cs.push_back(Case{"zigzag_halves",
+                          dt,
+                          flash,
+                          2,
+                          96,
+                          2,
+                          2,
+                          D,
+                          {{sc::MaskArgs{0, 96, 0, 48, 0, 0}, 4}, {sc::MaskArgs{48, 96, 0, 96, 0, 0}, 5}}});
+      }
+  // Shapes the tiles cut unevenly: 1 and 2 tokens, 130 (three 64-wide tiles), GQA 4:1, D 128.
+  cs.push_back(Case{"one_token", Dt::kBF16, true, 1, 1, 2, 1, 64, {{Diagonal(1, 0), 6}}});
+  cs.push_back(Case{"two_tokens_offset", Dt::kF16, true, 1, 2, 2, 2, 128, {{Diagonal(2, -1), 7}, {Dense(2), 8}}});
+  cs.push_back(Case{"three_tiles_gqa", Dt::kBF16, true, 1, 130, 4, 1, 64, {{Diagonal(130, 0), 9}}});
+  cs.push_back(
+      Case{"three_tiles_d128", Dt::kBF16, true, 1, 130, 2, 1, 128, {{Diagonal(130, 5), 10}, {Dense(130), 11}}});
+  // SIMT only: float32 and head dims without tensor-core kernels.
+  for (int D : {1, 24, 64, 100, 256})
+    cs.push_back(Case{"simt_f32", Dt::kF32, false, 1, 37, 2, 1, D, {{Diagonal(37, 0), 12}, {Dense(37), 13}}});
+  cs.push_back(Case{"simt_bf16_d40", Dt::kBF16, false, 2, 33, 4, 2, 40, {{Diagonal(33, -1), 14}}});
+  return cs;
+}
+
+std::string Name(const ::testing::TestParamInfo<Case>& info) {
+  const Case& c = info.param;
+  std::ostringstream os;
+  os << c.name << "_" << DtName(c.dt) << (c.flash ? "_tc" : "_simt") << "_L" << c.L << "_D" << c.D;
+  return os.str();
+}
+
+INSTANTIATE_TEST_SUITE_P(Emulated, KernelsVsReference, ::testing::ValuesIn(Cases()), Name);
+
+// The shard kernel against the library's host shard/unshard, every layout, a strided full tensor
+// (seq_dim 1 of [2, S, 3, 5] viewed through a transposed-heads layout) and a compact local one.
+TEST(EmulatedElementwise, ShardMatchesHostShard) {
+  const int N = 4;
+  const int64_t S = 16, L = S / N;
+  Tensor full({2, S, 3, 5}, Dt::kBF16);
+  std::mt19937_64 rng(3);
+  full.FillRandom(rng);
+  for (stria_layout_t lay : {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG})
+    for (int r = 0; r < N; ++r) {
+      Tensor want({2, L, 3, 5}, Dt::kBF16), got({2, L, 3, 5}, Dt::kBF16), back({2, S, 3, 5}, Dt::kBF16);
+      ASSERT_EQ(stria_shard(lay, N, r, 1, &full.dl, &want.dl, nullptr), STRIA_SUCCESS) << stria_get_last_error();
+      got.Poison();
+      sc::ShardArgs a{};
+      a.ndim = 4;
+      a.seq_dim = 1;
+      a.layout = static_cast<int>(lay);
+      a.world = N;
+      a.rank = r;
+      a.L = L;
+      for (int i = 0; i < 4; ++i) {
+        a.shape[i] = got.shape[static_cast<size_t>(i)];
+        a.local_strides[i] = got.strides[static_cast<size_t>(i)];
+        a.full_strides[i] = full.strides[static_cast<size_t>(i)];
+      }
+      a.local = static_cast<char*>(got.dl.data);
+      a.full = static_cast<char*>(full.dl.data);
+      a.elem_bytes = 2;
+      a.to_local = 1;
+      Elementwise(got.numel(), [&] { sc::ShardKernel(a); });
+      EXPECT_EQ(got.storage, want.storage) << LayoutName(lay) << " rank " << r;
+      // And back into a poisoned full tensor: this rank's positions come back, the rest stay NaN.
+      back.Poison();
+      a.full = static_cast<char*>(back.dl.data);
+      a.to_local = 0;
+      Elementwise(got.numel(), [&] { sc::ShardKernel(a); });
+      int64_t copied = 0;
+      for (int64_t x = 0; x < back.numel(); ++x)
+        if (!std::isnan(back.Get(x))) {
+          EXPECT_EQ(back.Get(x), full.Get(x));
+          ++copied;
+        }
+      EXPECT_EQ(copied, got.numel());
+    }
+}
+
+// Packing a strided K (head views of a packed tensor) into the compact ring message.
+TEST(EmulatedElementwise, PackRowsFollowsStrides) {
+  const int64_t B = 2, L = 5, H = 3, D = 8, Htot = 7;
+  Tensor packed({B, L, Htot, D}, Dt::kF16);
+  std::mt19937_64 rng(8);
+  packed.FillRandom(rng);
+  const int64_t h0 = 2;
+  std::vector<uint16_t> wire(static_cast<size_t>(B * L * H * D), 0xFFFF);
+  const sc::RowsArg src{static_cast<const uint16_t*>(packed.dl.data) + h0 * D, L * Htot * D, Htot * D, D};
+  const sc::Dims dims{static_cast<int>(B), static_cast<int>(L), static_cast<int>(H), static_cast<int>(H),
+                      static_cast<int>(D)};
+  Elementwise(B * L * H * D, [&] { sc::PackRowsKernel<2>(dims, static_cast<int>(H), src, wire.data()); });
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < L; ++i)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t d = 0; d < D; ++d) {
+          uint16_t want;
+          std::memcpy(&want, packed.Ptr(((b * L + i) * Htot + h0 + h) * D + d), 2);
+          ASSERT_EQ(wire[static_cast<size_t>(((b * L + i) * H + h) * D + d)], want);
+        }
+}
+
+}  // namespace
