@@ -1,0 +1,72 @@
+"""PyTorch on the GPU: the autograd function with CUDA tensors on N ranks of one GPU, against the
+float64 reference of the whole sequence (every layout, causal and not, float16/bfloat16 on the
+tensor cores at D = 64, float32 on the SIMT kernels), and the kernels queued on torch's current
+stream. Skipped where torch sees no GPU."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import stria
+from conftest import TIMEOUT_S, torch_or_skip
+from reference import LAYOUTS, TOLERANCE, attention_backward_ref, attention_ref, positions_ref, rel_err
+
+torch = torch_or_skip()
+import stria.torch as stria_torch  # noqa: E402 - needs torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible to torch")
+
+B, S, D = 1, 96, 64
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def as_f64(x):
+    return x.detach().to("cpu", torch.float64).numpy()
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_cuda_autograd_matches_reference(n, layout, causal, dtype):
+    gen = torch.Generator().manual_seed(n * 10 + len(layout))
+    hq, hkv = 4, 2
+    q, k, v, dout = (torch.randn(B, S, h, D, generator=gen).to(DTYPES[dtype]) for h in (hq, hkv, hkv, hq))
+
+    def rank_fn(ctx):
+        pos = torch.from_numpy(positions_ref(layout, S, n, ctx.rank))
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):  # the library must queue on torch's current stream
+            ql, kl, vl = (x[:, pos].cuda().requires_grad_() for x in (q, k, v))
+            out = stria_torch.ring_attention(ql, kl, vl, ctx, layout=layout, causal=causal)
+            out.backward(dout[:, pos].cuda())
+        stream.synchronize()
+        assert out.is_cuda and ql.grad.is_cuda
+        return pos.numpy(), out, ql.grad, kl.grad, vl.grad
+
+    with stria.local_group(n, device="cuda", timeout_s=TIMEOUT_S) as group:
+        results = group.run(rank_fn)
+    got = []
+    for i in range(1, 5):
+        shape = list(results[0][i].shape)
+        shape[1] = S
+        full = np.full(shape, np.nan)
+        for r in results:
+            full[:, r[0]] = as_f64(r[i])
+        got.append(full)
+    scale = 1.0 / math.sqrt(D)
+    ref = [
+        attention_ref(as_f64(q), as_f64(k), as_f64(v), causal, scale)[0],
+        *attention_backward_ref(as_f64(q), as_f64(k), as_f64(v), as_f64(dout), causal, scale),
+    ]
+    errors = {name: rel_err(g, r) for name, g, r in zip(("out", "dq", "dk", "dv"), got, ref)}
+    assert all(e < TOLERANCE[dtype] for e in errors.values()), errors
+
+
+def test_cpu_tensors_on_a_cuda_context_are_refused():
+    with stria.local_group(1, device="cuda", timeout_s=TIMEOUT_S) as group:
+        q = torch.randn(1, 8, 2, D)
+        with pytest.raises(stria.StriaError):
+            group.run(lambda ctx: stria_torch.ring_attention(q, q[:, :, :1], q[:, :, :1], ctx))
