@@ -182,6 +182,47 @@ TEST(CudaFaults, MissingRankTimesOutAndAbortWorksFromAnotherThread) {
   EXPECT_EQ(st, STRIA_ERROR_ABORTED);
 }
 
+// The backend's workspaces are shared by consecutive calls: a call on another stream must wait
+// for the previous call's kernels (which may still read the state it overwrites).
+TEST(CudaStreams, SwitchingStreamsBetweenCallsIsOrdered) {
+  STRIA_REQUIRE_GPU();
+  CudaGroup group(1);
+  ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
+  stria_attention_params_t p;
+  stria_attention_params_init(&p);
+  const int64_t L = 4096;  // long enough that the first call is still running when the second is queued
+  RankTensors a(L, 128, Dt::kBF16, 21), b(L, 128, Dt::kBF16, 22);
+  auto expected = [&](RankTensors& t) {
+    t.out.Poison();
+    EXPECT_EQ(t.Forward(group.ctx[0], &p), STRIA_SUCCESS) << stria_get_last_error();
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    Tensor host({1, L, 4, 128}, Dt::kBF16);
+    t.out.CopyTo(&host);
+    return host.storage;
+  };
+  const auto want_a = expected(a), want_b = expected(b);
+  cudaStream_t s1, s2;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking), cudaSuccess);
+  for (int round = 0; round < 3; ++round) {
+    a.out.Poison();
+    b.out.Poison();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_EQ(stria_attention_forward(group.ctx[0], &p, &a.q.dl, &a.k.dl, &a.v.dl, &a.out.dl, &a.lse.dl, s1),
+              STRIA_SUCCESS);
+    ASSERT_EQ(stria_attention_forward(group.ctx[0], &p, &b.q.dl, &b.k.dl, &b.v.dl, &b.out.dl, &b.lse.dl, s2),
+              STRIA_SUCCESS);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    Tensor ha({1, L, 4, 128}, Dt::kBF16), hb({1, L, 4, 128}, Dt::kBF16);
+    a.out.CopyTo(&ha);
+    b.out.CopyTo(&hb);
+    EXPECT_EQ(ha.storage, want_a) << "round " << round;
+    EXPECT_EQ(hb.storage, want_b) << "round " << round;
+  }
+  cudaStreamDestroy(s1);
+  cudaStreamDestroy(s2);
+}
+
 TEST(CudaNumerics, NanInAQueryRowStaysInThatRow) {
   STRIA_REQUIRE_GPU();
   CudaGroup group(1);

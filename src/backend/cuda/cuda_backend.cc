@@ -120,6 +120,11 @@ class CudaBackend final : public Backend {
     const char* k = std::getenv("STRIA_CUDA_KERNELS");
     simt_only_ = k != nullptr && std::strcmp(k, "simt") == 0;
   }
+  ~CudaBackend() override {
+    if (handoff_ == nullptr) return;
+    DeviceScope scope(device_);
+    cudaEventDestroy(handoff_);
+  }
   const char* name() const override { return "cuda"; }
   double cpu_seconds() const override { return 0.0; }
   int num_threads() const override { return 1; }
@@ -198,7 +203,7 @@ class CudaBackend final : public Backend {
   Status ForwardBegin(const AttentionShape& s, const TensorView& q, void* stream) override {
     DeviceScope scope(device_);
     STRIA_RETURN_IF_ERROR(scope.status());
-    SetShape(s, stream);
+    STRIA_RETURN_IF_ERROR(SetShape(s, stream));
     const size_t rows = static_cast<size_t>(s.B * s.Hq * s.L);
     STRIA_RETURN_IF_ERROR(acc_.Reserve(rows * static_cast<size_t>(s.D) * 4, "the running output"));
     STRIA_RETURN_IF_ERROR(m_.Reserve(rows * 4, "row maxima"));
@@ -241,7 +246,7 @@ class CudaBackend final : public Backend {
                        const TensorView& dout, void* stream) override {
     DeviceScope scope(device_);
     STRIA_RETURN_IF_ERROR(scope.status());
-    SetShape(s, stream);
+    STRIA_RETURN_IF_ERROR(SetShape(s, stream));
     const size_t rows = static_cast<size_t>(s.B * s.Hq * s.L);
     STRIA_RETURN_IF_ERROR(dq_acc_.Reserve(rows * static_cast<size_t>(s.D) * 4, "the dQ accumulator"));
     STRIA_RETURN_IF_ERROR(m_.Reserve(rows * 4, "log-sum-exp rows"));
@@ -300,16 +305,29 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  void SetShape(const AttentionShape& s, void* stream) {
+  // A call's setup. The workspaces and ring buffers are shared by consecutive calls; when the
+  // caller switches streams, the new stream first waits for everything queued on the old one
+  // (the previous call's finishing kernels may still read the state this call overwrites).
+  Status SetShape(const AttentionShape& s, void* stream) {
     s_ = s;
-    stream_ = static_cast<cudaStream_t>(stream);
+    cudaStream_t next = static_cast<cudaStream_t>(stream);
+    if (used_ && next != stream_) {
+      if (handoff_ == nullptr) STRIA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&handoff_, cudaEventDisableTiming));
+      STRIA_CUDA_RETURN_IF_ERROR(cudaEventRecord(handoff_, stream_));
+      STRIA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(next, handoff_, 0));
+    }
+    stream_ = next;
+    used_ = true;
     dims_ = cuda::Dims{static_cast<int>(s.B), static_cast<int>(s.L), static_cast<int>(s.Hq), static_cast<int>(s.Hkv),
                        static_cast<int>(s.D)};
+    return Status::Ok();
   }
 
   const int device_;
   bool simt_only_ = false;
   bool flash_ = false;
+  bool used_ = false;              // a call has queued work on stream_
+  cudaEvent_t handoff_ = nullptr;  // orders a new stream after the previous one
   cudaStream_t stream_ = nullptr;
   AttentionShape s_;
   cuda::Dims dims_{};
