@@ -170,24 +170,31 @@ class UcxTransport final : public Transport {
 
   Status Isend(int peer, int64_t tag, const void* buf, size_t bytes, RequestId* req) override {
     std::lock_guard<std::mutex> lock(mu_);
-    STRIA_RETURN_IF_ERROR(CheckPost(peer));
-    return PostLocked(peer, true, WireTag(rank_, tag), const_cast<void*>(buf), bytes, req);
+    Status s = CheckPost(peer);
+    if (s.ok()) s = PostLocked(peer, true, WireTag(rank_, tag), const_cast<void*>(buf), bytes, req);
+    return NoteErrorLocked(std::move(s));
   }
 
   Status Irecv(int peer, int64_t tag, void* buf, size_t bytes, RequestId* req) override {
     std::lock_guard<std::mutex> lock(mu_);
-    STRIA_RETURN_IF_ERROR(CheckPost(peer));
-    return PostLocked(peer, false, WireTag(peer, tag), buf, bytes, req);
+    Status s = CheckPost(peer);
+    if (s.ok()) s = PostLocked(peer, false, WireTag(peer, tag), buf, bytes, req);
+    return NoteErrorLocked(std::move(s));
   }
 
   Status Wait(RequestId id, double timeout_s, const char* what) override {
     std::unique_lock<std::mutex> lock(mu_);
-    Status s = WaitLocked(lock, id, timeout_s, what);
-    if (!s.ok() && first_error_.empty()) first_error_ = s.message();  // told to the peers in our bye
-    return s;
+    return NoteErrorLocked(WaitLocked(lock, id, timeout_s, what));
   }
 
  private:
+  // The first failure this rank saw, told to the peers in its bye: a post refused because a peer
+  // already left counts as much as a failed wait, or the bye would only say "aborted".
+  Status NoteErrorLocked(Status s) {
+    if (!s.ok() && first_error_.empty()) first_error_ = s.message();
+    return s;
+  }
+
   Status WaitLocked(std::unique_lock<std::mutex>& lock, RequestId id, double timeout_s, const char* what) {
     const auto deadline = Clock::now() + ToDuration(timeout_s);
     for (;;) {
