@@ -1,9 +1,12 @@
 #include "transport/rendezvous/rendezvous.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -33,7 +36,42 @@ std::string Key(const RendezvousId& id) {
   return std::string(reinterpret_cast<const char*>(id.secret), kSecretBytes);
 }
 
-Status TakeListener(const RendezvousId& id, Fd* out) {
+uint64_t SocketInode(int fd) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return 0;
+  return static_cast<uint64_t>(st.st_ino);
+}
+
+// The listener another stria module of this process opened for this id (stria_get_unique_id is
+// served by one module, the context may be another's): found among this process's descriptors by
+// its socket inode, which the id carries. *out gets a duplicate; the other module keeps its own.
+bool AdoptListener(uint64_t inode, Fd* out) {
+  if (inode == 0) return false;
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return false;
+  bool found = false;
+  while (dirent* e = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd == dirfd(dir) || SocketInode(static_cast<int>(fd)) != inode) continue;
+    // Checked again on the duplicate: the number may have been closed and reused meanwhile.
+    Fd dup(fcntl(static_cast<int>(fd), F_DUPFD_CLOEXEC, 0));
+    int listening = 0;
+    socklen_t len = sizeof listening;
+    if (dup.valid() && SocketInode(dup.get()) == inode &&
+        getsockopt(dup.get(), SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0 && listening) {
+      *out = std::move(dup);
+      found = true;
+    }
+    break;
+  }
+  closedir(dir);
+  return found;
+}
+
+// *shared: the listening socket is also held by another module (see AdoptListener).
+Status TakeListener(const RendezvousId& id, Fd* out, bool* shared) {
+  *shared = false;
   {
     ListenerRegistry& reg = Listeners();
     std::lock_guard<std::mutex> lock(reg.mu);
@@ -43,6 +81,10 @@ Status TakeListener(const RendezvousId& id, Fd* out) {
       reg.open.erase(it);
       return Status::Ok();
     }
+  }
+  if (AdoptListener(id.listener, out)) {
+    *shared = true;
+    return Status::Ok();
   }
   uint16_t bound = 0;
   return Listen(id.host, id.port, out, &bound);
@@ -81,7 +123,7 @@ class Server {
   Server(const RendezvousId& id, int world, double timeout_s, const std::atomic<bool>* abort)
       : id_(id), world_(world), timeout_s_(timeout_s), abort_(abort), deadline_(DeadlineIn(timeout_s)) {}
 
-  Status Run(Fd listener, const Bytes& own, std::vector<Bytes>* table) {
+  Status Run(int listener, const Bytes& own, std::vector<Bytes>* table) {
     blobs_.assign(static_cast<size_t>(world_), Bytes());
     holder_.assign(static_cast<size_t>(world_), nullptr);
     blobs_[0] = own;
@@ -90,12 +132,12 @@ class Server {
       if (abort_ != nullptr && abort_->load())
         return FailAll(Error(STRIA_ERROR_ABORTED, "rank 0 was aborted (stria_context_abort) during the rendezvous"));
       if (SecondsLeft(deadline_) <= 0) return FailAll(TimeoutError());
-      std::vector<pollfd> fds{{listener.get(), POLLIN, 0}};
+      std::vector<pollfd> fds{{listener, POLLIN, 0}};
       for (auto& c : conns_) fds.push_back({c->fd.get(), POLLIN, 0});
       const int r = poll(fds.data(), fds.size(), 50);
       if (r < 0 && errno != EINTR)
         return FailAll(Error(STRIA_ERROR_TRANSPORT, "poll failed in the rendezvous: %s", strerror(errno)));
-      if (r > 0 && (fds[0].revents & POLLIN)) Accept(listener.get());
+      if (r > 0 && (fds[0].revents & POLLIN)) Accept(listener);
       // Read from the connections that were polled (accepted ones come next round).
       for (size_t i = 1; i < fds.size(); ++i) {
         Conn& c = *conns_[i - 1];
@@ -286,6 +328,7 @@ Status OpenRendezvous(RendezvousId* id) {
   id->host = host.empty() ? HostAddress() : host;
   id->port = bound;
   STRIA_RETURN_IF_ERROR(RandomBytes(id->secret, kSecretBytes));
+  id->listener = SocketInode(fd.get());
   ListenerRegistry& reg = Listeners();
   std::lock_guard<std::mutex> lock(reg.mu);
   reg.open[Key(*id)] = std::move(fd);
@@ -304,9 +347,14 @@ Status ServeRendezvous(const RendezvousId& id, int world_size, const Bytes& own,
     return Status::Ok();
   }
   Fd listener;
-  STRIA_RETURN_IF_ERROR(TakeListener(id, &listener));
+  bool shared = false;
+  STRIA_RETURN_IF_ERROR(TakeListener(id, &listener, &shared));
   Server server(id, world_size, timeout_s, abort);
-  return server.Run(std::move(listener), own, table);
+  Status s = server.Run(listener.get(), own, table);
+  // The id is used up. A listener shared with another module would stay open (and queue
+  // connections nobody answers) until that module's table goes: stop it for both.
+  if (shared) shutdown(listener.get(), SHUT_RDWR);
+  return s;
 }
 
 Status JoinRendezvous(const RendezvousId& id, int rank, int world_size, const Bytes& blob, double timeout_s,

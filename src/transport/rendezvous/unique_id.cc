@@ -12,11 +12,13 @@ namespace stria {
 namespace {
 
 // Byte layout of the 128 bytes: "STRI", format version, host length, port (big-endian),
-// secret, host (NUL-padded), zeros.
+// secret, host (NUL-padded), zeros, and in the last 8 bytes the listener's socket inode
+// (big-endian; zero when none). Readers of the first version ignore those bytes.
 constexpr char kMagic[4] = {'S', 'T', 'R', 'I'};
 constexpr uint8_t kIdVersion = 1;
 constexpr size_t kSecretAt = 8, kHostAt = kSecretAt + kSecretBytes;
-static_assert(kHostAt + kMaxHostBytes + 1 <= sizeof(stria_unique_id_t), "the id must fit in 128 bytes");
+constexpr size_t kListenerAt = sizeof(stria_unique_id_t) - 8;
+static_assert(kHostAt + kMaxHostBytes + 1 <= kListenerAt, "the id must fit in 128 bytes");
 
 int HexDigit(char c) {
   if (c >= '0' && c <= '9') return c - '0';
@@ -37,6 +39,7 @@ void EncodeId(const RendezvousId& id, stria_unique_id_t* out) {
   b[7] = static_cast<uint8_t>(id.port & 0xff);
   std::memcpy(b + kSecretAt, id.secret, kSecretBytes);
   std::memcpy(b + kHostAt, id.host.data(), id.host.size());
+  for (size_t i = 0; i < 8; ++i) b[kListenerAt + i] = static_cast<uint8_t>(id.listener >> (56 - 8 * i));
 }
 
 Status DecodeId(const stria_unique_id_t& in, RendezvousId* out) {
@@ -61,6 +64,8 @@ Status DecodeId(const stria_unique_id_t& in, RendezvousId* out) {
   out->port = static_cast<uint16_t>((b[6] << 8) | b[7]);
   if (out->port == 0) return Error(STRIA_ERROR_INVALID_ARGUMENT, "config->unique_id names port 0");
   std::memcpy(out->secret, b + kSecretAt, kSecretBytes);
+  out->listener = 0;
+  for (size_t i = 0; i < 8; ++i) out->listener = (out->listener << 8) | b[kListenerAt + i];
   return Status::Ok();
 }
 

@@ -17,6 +17,11 @@ struct RendezvousId {
   std::string host;  // numeric address or name, at most kMaxHostBytes
   uint16_t port = 0;
   uint8_t secret[kSecretBytes] = {};
+  // The inode of the listening socket stria_get_unique_id opened (0: none, e.g. an id from the
+  // environment). Each transport module keeps its listeners in a table of its own; this lets rank
+  // 0's module find, among this process's sockets, a listener that another module opened for the
+  // id (the id from the UCX module serving an NCCL context). Meaningless in other processes.
+  uint64_t listener = 0;
 };
 
 void EncodeId(const RendezvousId& id, stria_unique_id_t* out);
