@@ -3,6 +3,7 @@
 // plus this thread's last-error message. Nothing escapes across the ABI.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <new>
@@ -60,8 +61,11 @@ Status Lookup(stria_context_t handle, std::shared_ptr<stria::Context>* out) {
 
 Status CheckConfig(const stria_context_config_t* c) {
   if (c == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "config is NULL (use stria_context_config_init)");
-  STRIA_RETURN_IF_ERROR(
-      stria::CheckStructSize(c, c->struct_size, sizeof(stria_context_config_t), "config", "stria_context_config_init"));
+  // nccl_comm came last: a caller built before it passes the size that ends where it begins (its
+  // value is then NULL: CreateTransport reads the caller's struct_size bytes only).
+  const size_t full = sizeof(stria_context_config_t), before_nccl_comm = offsetof(stria_context_config_t, nccl_comm);
+  STRIA_RETURN_IF_ERROR(stria::CheckStructSize(c, c->struct_size, c->struct_size < full ? before_nccl_comm : full,
+                                               "config", "stria_context_config_init"));
   if (!std::isfinite(c->timeout_s) || c->timeout_s < 0)
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "config->timeout_s %g must be finite and >= 0 (0: default)",
                  c->timeout_s);
@@ -69,6 +73,11 @@ Status CheckConfig(const stria_context_config_t* c) {
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "config->num_threads %d is negative (0: all)", c->num_threads);
   if (!stria::ValidTransport(stria::RawEnum(c->transport)))
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "config->transport %d is not a transport (0 local, 1 ucx, 2 nccl)",
+                 stria::RawEnum(c->transport));
+  if (c->struct_size >= full && c->nccl_comm != nullptr && stria::RawEnum(c->transport) != STRIA_TRANSPORT_NCCL)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT,
+                 "config->nccl_comm is set but config->transport is %d: a caller's NCCL communicator goes with "
+                 "STRIA_TRANSPORT_NCCL (2)",
                  stria::RawEnum(c->transport));
   return Status::Ok();
 }

@@ -1,4 +1,7 @@
 // Transport selection: the in-process transport is built in; UCX and NCCL are modules.
+#include <algorithm>
+#include <cstring>
+
 #include "core/module.h"
 #include "transport/module_abi.h"
 
@@ -41,8 +44,13 @@ Status CreateTransport(const stria_context_config_t& config, double timeout_s, s
     case STRIA_TRANSPORT_NCCL: {
       const TransportModuleV1* module = nullptr;
       STRIA_RETURN_IF_ERROR(LoadTransportModule(config.transport, &module));
+      // The module reads every field of this header's config; a caller built against an older
+      // header passed fewer bytes (checked by the C layer), and the fields it lacks are zero.
+      stria_context_config_t full;
+      std::memset(&full, 0, sizeof full);
+      std::memcpy(&full, &config, std::min(config.struct_size, sizeof full));
       Transport* t = nullptr;
-      STRIA_RETURN_IF_ERROR(module->create(config, timeout_s, &t));
+      STRIA_RETURN_IF_ERROR(module->create(full, timeout_s, &t));
       out->reset(t);
       return Status::Ok();
     }

@@ -197,6 +197,9 @@ struct stria_context_config_t
     # a wait longer than this fails with STRIA_ERROR_TIMEOUT; 0 = default (300 s)
     timeout_s::Cdouble
     num_threads::Cint  # CPU backend threads; 0 = all (a local group shares them out)
+    # STRIA_TRANSPORT_NCCL: an ncclComm_t the caller owns (NULL: stria creates one
+    # from unique_id); stria never destroys it
+    nccl_comm::Ptr{Cvoid}
 end
 
 # Fills the defaults: rank 0 of 1, CPU, local transport, default timeout, all threads.
