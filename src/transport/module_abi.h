@@ -19,7 +19,8 @@ struct TransportModuleV1 {
 
 // The transport of a context made by stria_context_create.
 Status CreateTransport(const stria_context_config_t& config, double timeout_s, std::unique_ptr<Transport>* out);
-// stria_get_unique_id: the rendezvous is served by the UCX module (NCCL's id travels inside it).
+// stria_get_unique_id: the rendezvous is served by the UCX module, or the NCCL module where UCX's is
+// missing; one id works for both transports (NCCL's own id travels inside the rendezvous).
 Status GetUniqueId(stria_unique_id_t* id);
 
 }  // namespace stria

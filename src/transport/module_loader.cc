@@ -60,8 +60,17 @@ Status CreateTransport(const stria_context_config_t& config, double timeout_s, s
 }
 
 Status GetUniqueId(stria_unique_id_t* id) {
+  // Either module serves the rendezvous, and the id works for both transports (a module that did
+  // not open the id's listener takes it over from the one that did): UCX where it is installed,
+  // else NCCL.
   const TransportModuleV1* module = nullptr;
-  STRIA_RETURN_IF_ERROR(LoadTransportModule(STRIA_TRANSPORT_UCX, &module));
+  Status ucx = LoadTransportModule(STRIA_TRANSPORT_UCX, &module);
+  if (!ucx.ok()) {
+    Status nccl = LoadTransportModule(STRIA_TRANSPORT_NCCL, &module);
+    if (!nccl.ok())
+      return Status(ucx.code(),
+                    "stria_get_unique_id needs the UCX or the NCCL module: " + ucx.message() + "; " + nccl.message());
+  }
   return module->get_unique_id(id);
 }
 
