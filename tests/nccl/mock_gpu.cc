@@ -1,0 +1,524 @@
+// A host model of the parts of the CUDA runtime and of NCCL that the NCCL transport uses, so that
+// its logic (lanes, grouping, completion events, timeouts, aborts) runs in a test on a
+// machine without a GPU, with ranks as threads of one process. test_nccl_mock links it with its
+// own build of src/transport/nccl/nccl_transport.cc instead of libcudart and libnccl.
+//
+// The model keeps what the transport relies on, and is stricter where that finds bugs:
+// - a stream is a thread that runs its work in order; an event completes when its stream
+//   reaches it; "device memory" is host memory;
+// - a group launch is one kernel on its stream that runs once the stream's earlier work is done,
+//   and only then offers its sends and receives to the peers;
+// - a send completes only when the matching receive is there (no eager buffering), and between
+//   two ranks of a communicator the k-th send pairs with the k-th receive, whatever their sizes
+//   (a size mismatch is recorded as a bug, see MockSizeMismatches);
+// - nonblocking communicators report ncclInProgress after set-up and launches, and a launch
+//   reaches its stream only a little later, from another thread;
+// - ncclCommAbort ends the communicator's kernels; a peer's kernels then wait until their own
+//   communicator is aborted; two ranks on one device are refused, as NCCL does.
+// Objects are never freed (they stay reachable, for the leak checker): a late access is harmless
+// here (the real libraries are the judge of lifetimes on a GPU).
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+// Keeps every object of the model alive and reachable until the process ends.
+template <typename T>
+T* Keep(T* p) {
+  static std::mutex mu;
+  static auto* kept = new std::vector<std::shared_ptr<void>>();
+  std::lock_guard<std::mutex> lock(mu);
+  kept->push_back(std::shared_ptr<T>(p));
+  return p;
+}
+
+}  // namespace
+
+struct CUstream_st {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> work;
+  bool running = false;
+  std::thread worker;
+
+  CUstream_st() {
+    worker = std::thread([this] {
+      std::unique_lock<std::mutex> lock(mu);
+      for (;;) {
+        cv.wait(lock, [&] { return !work.empty(); });
+        auto task = std::move(work.front());
+        work.pop_front();
+        running = true;
+        lock.unlock();
+        task();
+        lock.lock();
+        running = false;
+        cv.notify_all();
+      }
+    });
+    worker.detach();
+  }
+  void Enqueue(std::function<void()> f) {
+    std::lock_guard<std::mutex> lock(mu);
+    work.push_back(std::move(f));
+    cv.notify_all();
+  }
+  bool Idle() {
+    std::lock_guard<std::mutex> lock(mu);
+    return work.empty() && !running;
+  }
+  void Drain() {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return work.empty() && !running; });
+  }
+};
+
+struct CUevent_st {
+  std::atomic<uint64_t> recorded{0}, reached{0};
+};
+
+namespace {
+
+thread_local cudaError_t g_last = cudaSuccess;
+thread_local int g_device = 0;
+
+cudaError_t Set(cudaError_t e) {
+  if (e != cudaSuccess) g_last = e;
+  return e;
+}
+
+int Devices() {
+  const char* v = std::getenv("STRIA_MOCK_GPUS");
+  return v ? std::atoi(v) : 8;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorNotReady:
+      return "device not ready";
+    case cudaErrorNoDevice:
+      return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal";
+    default:
+      return "mock CUDA error";
+  }
+}
+const char* cudaGetErrorName(cudaError_t e) {
+  return e == cudaSuccess ? "cudaSuccess" : e == cudaErrorNotReady ? "cudaErrorNotReady" : "cudaErrorMock";
+}
+cudaError_t cudaPeekAtLastError(void) {
+  return g_last;
+}
+cudaError_t cudaGetLastError(void) {
+  const cudaError_t e = g_last;
+  g_last = cudaSuccess;
+  return e;
+}
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = Devices();
+  return *count > 0 ? cudaSuccess : Set(cudaErrorNoDevice);
+}
+cudaError_t cudaGetDevice(int* device) {
+  *device = g_device;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+  if (device < 0 || device >= Devices()) return Set(cudaErrorInvalidDevice);
+  g_device = device;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+  *least = 0;
+  *greatest = -5;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr, int) {
+  *value = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int, int) {
+  *s = Keep(new CUstream_st());
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t) {
+  return cudaSuccess;  // never freed (see the top)
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  s->Drain();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+  return s->Idle() ? cudaSuccess : Set(cudaErrorNotReady);
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* ev, unsigned int) {
+  *ev = Keep(new CUevent_st());
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t) {
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s) {
+  const uint64_t n = ev->recorded.fetch_add(1) + 1;
+  s->Enqueue([ev, n] {
+    uint64_t seen = ev->reached.load();
+    while (seen < n && !ev->reached.compare_exchange_weak(seen, n)) {
+    }
+  });
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t ev) {
+  return ev->reached.load() >= ev->recorded.load() ? cudaSuccess : Set(cudaErrorNotReady);
+}
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  *p = std::calloc(bytes ? bytes : 1, 1);
+  return cudaSuccess;
+}
+cudaError_t cudaFree(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) {
+  return cudaMalloc(p, bytes);
+}
+cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
+  s->Enqueue([p] { std::free(p); });
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, enum cudaMemcpyKind, cudaStream_t s) {
+  // Host to device copies read the source at the call, as the runtime stages pageable memory.
+  auto staged = std::make_shared<std::vector<uint8_t>>(static_cast<const uint8_t*>(src),
+                                                       static_cast<const uint8_t*>(src) + bytes);
+  s->Enqueue([dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
+  return cudaSuccess;
+}
+
+}  // extern "C"
+
+// ---------------------------------------------------------------------------------------------
+// NCCL
+
+namespace {
+
+struct Clique;
+
+struct P2p {
+  bool is_send;
+  void* buf;
+  size_t bytes;
+  int peer;
+  bool done = false;
+  ncclComm* owner = nullptr;
+};
+
+struct Gather {  // a rank's part of a collective (all-gather, or broadcast from rank 0)
+  const void* send;
+  void* recv;
+  size_t bytes;
+};
+
+}  // namespace
+
+struct ncclComm {
+  Clique* clique = nullptr;
+  int rank = 0, device = 0;
+  bool blocking = true;
+  std::atomic<int> state{ncclSuccess};
+  std::atomic<bool> aborted{false};
+  int gathers = 0;
+};
+
+namespace {
+
+// Never destroyed: stream threads may still wait on them (for an aborted peer) when the process
+// exits.
+std::mutex& g_mu = *new std::mutex();  // the whole model: cliques, channels, collectives
+std::condition_variable& g_cv = *new std::condition_variable();
+std::map<std::string, Clique*>& g_cliques = *new std::map<std::string, Clique*>();  // by unique id
+std::atomic<int> g_mismatches{0};
+char g_last_nccl[256];  // what ncclGetLastError returns (written rarely, under g_mu)
+
+struct GatherRound {
+  int arrived = 0;
+  std::vector<Gather> parts;
+};
+
+struct Clique {
+  int n = 0, joined = 0;
+  std::vector<ncclComm*> members;
+  // channels[src * n + dst]: offered sends of src to dst and receives of dst from src, in order.
+  std::vector<std::deque<P2p*>> sends, recvs;
+  std::map<int, GatherRound> gathers;
+  explicit Clique(int size)
+      : n(size), members(static_cast<size_t>(size), nullptr), sends(size * size), recvs(size * size) {}
+};
+
+// Pairs what two ranks offered, in order (under g_mu).
+void Match(Clique* c, int src, int dst) {
+  auto& s = c->sends[static_cast<size_t>(src * c->n + dst)];
+  auto& r = c->recvs[static_cast<size_t>(src * c->n + dst)];
+  while (!s.empty() && !r.empty()) {
+    P2p* a = s.front();
+    P2p* b = r.front();
+    if (a->owner->aborted || b->owner->aborted) return;  // a dead peer: the other side waits
+    s.pop_front();
+    r.pop_front();
+    if (a->bytes != b->bytes) ++g_mismatches;
+    std::memcpy(b->buf, a->buf, std::min(a->bytes, b->bytes));
+    a->done = b->done = true;
+  }
+  g_cv.notify_all();
+}
+
+struct Op {
+  enum Kind { kSend, kRecv, kGather, kBcast } kind;
+  ncclComm_t comm;
+  cudaStream_t stream;
+  void* buf;
+  const void* send_buf;
+  size_t bytes;
+  int peer;
+};
+
+thread_local int g_depth = 0;
+thread_local std::vector<Op> g_ops;
+
+// The kernel of one launch, run by its stream's thread.
+void RunKernel(ncclComm_t comm, std::vector<Op> ops) {
+  std::unique_lock<std::mutex> lock(g_mu);
+  Clique* c = comm->clique;
+  std::vector<std::unique_ptr<P2p>> mine;
+  std::vector<std::pair<int, bool>> gathers;  // collective rounds, and whether a broadcast
+  for (const Op& op : ops) {
+    if (op.kind == Op::kGather || op.kind == Op::kBcast) {
+      const int round = ++comm->gathers;
+      GatherRound& g = c->gathers[round];
+      if (g.parts.empty()) g.parts.resize(static_cast<size_t>(c->n));
+      g.parts[static_cast<size_t>(comm->rank)] = Gather{op.send_buf, op.buf, op.bytes};
+      ++g.arrived;
+      gathers.push_back({round, op.kind == Op::kBcast});
+      continue;
+    }
+    auto p = std::make_unique<P2p>(P2p{op.kind == Op::kSend, op.buf, op.bytes, op.peer});
+    p->owner = comm;
+    if (p->is_send)
+      c->sends[static_cast<size_t>(comm->rank * c->n + op.peer)].push_back(p.get());
+    else
+      c->recvs[static_cast<size_t>(op.peer * c->n + comm->rank)].push_back(p.get());
+    mine.push_back(std::move(p));
+  }
+  for (auto& p : mine) p->is_send ? Match(c, comm->rank, p->peer) : Match(c, p->peer, comm->rank);
+  for (auto [round, bcast] : gathers) {
+    GatherRound& g = c->gathers[round];
+    if (g.arrived != c->n) continue;
+    const size_t bytes = g.parts[0].bytes;
+    for (int q = 0; q < c->n; ++q) {
+      auto* recv = static_cast<uint8_t*>(g.parts[static_cast<size_t>(q)].recv);
+      if (bcast) {
+        if (q != 0) std::memcpy(recv, g.parts[0].send, bytes);
+        continue;
+      }
+      for (int from = 0; from < c->n; ++from)
+        std::memmove(recv + from * bytes, g.parts[static_cast<size_t>(from)].send, bytes);
+    }
+    if (bcast && g.parts[0].recv != g.parts[0].send) std::memmove(g.parts[0].recv, g.parts[0].send, bytes);
+    g.arrived = -1;  // complete
+    g_cv.notify_all();
+  }
+  g_cv.wait(lock, [&] {
+    if (comm->aborted) return true;
+    for (auto& p : mine)
+      if (!p->done) return false;
+    for (auto [round, bcast] : gathers)
+      if (c->gathers[round].arrived != -1) return false;
+    return true;
+  });
+  // Offers of an aborted kernel stay queued, never matched: its peers wait for their own abort.
+  for (auto& p : mine)
+    if (!p->done) Keep(p.release());
+}
+
+ncclResult_t Launch(std::vector<Op> ops) {
+  if (ops.empty()) return ncclSuccess;
+  ncclComm_t comm = ops[0].comm;
+  cudaStream_t stream = ops[0].stream;
+  for (const Op& op : ops)
+    if (op.comm != comm || op.stream != stream) {
+      std::snprintf(g_last_nccl, sizeof g_last_nccl, "the mock takes one communicator and stream per group");
+      return ncclInvalidUsage;
+    }
+  if (comm->aborted) return ncclInvalidArgument;
+  auto enqueue = [comm, stream, ops] { stream->Enqueue([comm, ops] { RunKernel(comm, ops); }); };
+  if (comm->blocking) {
+    enqueue();
+    return ncclSuccess;
+  }
+  // Nonblocking: NCCL's thread launches a little later; the state says so meanwhile.
+  comm->state = ncclInProgress;
+  std::thread([comm, enqueue] {
+    std::this_thread::sleep_for(std::chrono::microseconds(300));
+    enqueue();
+    int expected = ncclInProgress;
+    comm->state.compare_exchange_strong(expected, ncclSuccess);
+  }).detach();
+  return ncclInProgress;
+}
+
+ncclResult_t Add(Op op) {
+  if (op.comm == nullptr || op.comm->aborted) return ncclInvalidArgument;
+  g_ops.push_back(op);
+  if (g_depth > 0) return ncclSuccess;
+  std::vector<Op> ops;
+  ops.swap(g_ops);
+  return Launch(std::move(ops));
+}
+
+// Completes a clique once all its ranks joined (under g_mu).
+void Complete(Clique* c) {
+  bool duplicate = false;
+  for (int a = 0; a < c->n; ++a)
+    for (int b = a + 1; b < c->n; ++b)
+      duplicate |= c->members[static_cast<size_t>(a)]->device == c->members[static_cast<size_t>(b)]->device;
+  for (ncclComm* m : c->members) m->state = duplicate ? ncclInvalidUsage : ncclSuccess;
+  if (duplicate) std::snprintf(g_last_nccl, sizeof g_last_nccl, "Duplicate GPU detected");
+  g_cv.notify_all();
+}
+
+}  // namespace
+
+// The number of messages whose sizes differed between sender and receiver (a schedule bug).
+int MockSizeMismatches() {
+  return g_mismatches.load();
+}
+
+extern "C" {
+
+const char* ncclGetErrorString(ncclResult_t r) {
+  switch (r) {
+    case ncclSuccess:
+      return "no error";
+    case ncclInvalidArgument:
+      return "invalid argument";
+    case ncclInvalidUsage:
+      return "invalid usage";
+    case ncclInProgress:
+      return "operation in progress";
+    default:
+      return "mock NCCL error";
+  }
+}
+const char* ncclGetLastError(ncclComm_t) {
+  return g_last_nccl;
+}
+ncclResult_t ncclGetVersion(int* v) {
+  *v = NCCL_VERSION_CODE;
+  return ncclSuccess;
+}
+ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
+  static std::mt19937_64 rng(std::random_device{}());
+  std::lock_guard<std::mutex> lock(g_mu);
+  for (char& c : id->internal) c = static_cast<char>(rng());
+  return ncclSuccess;
+}
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int n, ncclUniqueId id, int rank, ncclConfig_t* cfg) {
+  std::unique_lock<std::mutex> lock(g_mu);
+  const std::string key(id.internal, sizeof id.internal);
+  Clique*& c = g_cliques[key];
+  if (c == nullptr) c = Keep(new Clique(n));
+  if (c->n != n || rank < 0 || rank >= n || c->members[static_cast<size_t>(rank)] != nullptr)
+    return ncclInvalidArgument;
+  auto* comm = Keep(new ncclComm());
+  comm->clique = c;
+  comm->rank = rank;
+  comm->device = g_device;
+  comm->blocking = cfg == nullptr || cfg->blocking != 0;
+  comm->state = ncclInProgress;
+  c->members[static_cast<size_t>(rank)] = comm;
+  *out = comm;
+  if (++c->joined == n) Complete(c);
+  if (!comm->blocking) return comm->state.load() == ncclInProgress ? ncclInProgress : ncclSuccess;
+  g_cv.wait(lock, [&] { return comm->state.load() != ncclInProgress || comm->aborted; });
+  return static_cast<ncclResult_t>(comm->state.load());
+}
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
+  if (comm == nullptr || comm->aborted) return ncclInvalidArgument;  // freed, with the real library
+  *state = static_cast<ncclResult_t>(comm->state.load());
+  return ncclSuccess;
+}
+ncclResult_t ncclCommCount(const ncclComm_t comm, int* n) {
+  *n = comm->clique->n;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
+  *rank = comm->rank;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
+  *device = comm->device;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  if (comm == nullptr) return ncclSuccess;
+  std::lock_guard<std::mutex> lock(g_mu);
+  comm->aborted = true;
+  g_cv.notify_all();
+  return ncclSuccess;
+}
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  return ncclCommAbort(comm);
+}
+ncclResult_t ncclGroupStart() {
+  ++g_depth;
+  return ncclSuccess;
+}
+ncclResult_t ncclGroupEnd() {
+  if (g_depth == 0) return ncclInvalidUsage;
+  if (--g_depth > 0) return ncclSuccess;
+  std::vector<Op> ops;
+  ops.swap(g_ops);
+  return Launch(std::move(ops));
+}
+ncclResult_t ncclSend(const void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+  if (type != ncclUint8) return ncclInvalidArgument;
+  return Add(Op{Op::kSend, comm, stream, const_cast<void*>(buf), nullptr, count, peer});
+}
+ncclResult_t ncclRecv(void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t stream) {
+  if (type != ncclUint8) return ncclInvalidArgument;
+  return Add(Op{Op::kRecv, comm, stream, buf, nullptr, count, peer});
+}
+ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t type, ncclComm_t comm,
+                           cudaStream_t stream) {
+  if (type != ncclUint8) return ncclInvalidArgument;
+  return Add(Op{Op::kGather, comm, stream, recv, send, count, -1});
+}
+ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int root, ncclComm_t comm,
+                           cudaStream_t stream) {
+  if (type != ncclUint8 || root != 0) return ncclInvalidArgument;  // all the transport needs
+  return Add(Op{Op::kBcast, comm, stream, recv, send, count, -1});
+}
+
+}  // extern "C"

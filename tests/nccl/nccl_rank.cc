@@ -1,0 +1,315 @@
+// One rank of a ring of processes over the NCCL transport, for the multi-GPU tests (and by hand:
+// RANK/WORLD_SIZE or Open MPI's variables, STRIA_ROOT or --id-file). Every rank draws the same
+// full-sequence inputs from a seed, takes its shard, copies it to its GPU (device rank % the
+// number of visible GPUs, or LOCAL_RANK), runs forward and backward and compares its own rows with
+// a float64 dense reference. It can also play a fault: be killed, or be aborted from a thread.
+//
+// It prints a line per finished call and ends with
+//   RESULT rank=R code=C seconds=T message=(status name) ...
+// (tests/ucx/launcher.h reads it), C being the stria_status_t of the first failing call.
+#include <cuda_runtime_api.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "test_util.h"
+
+using namespace stria_test;
+
+namespace {
+
+struct Options {
+  int rank = -1, world = -1, device = -1;
+  std::string id_file;  // rank 0 writes stria_get_unique_id's id here (hex), the others read it
+  stria_layout_t layout = STRIA_LAYOUT_STRIPED;
+  bool causal = true;
+  std::vector<Dt> dtypes{Dt::kBF16};
+  int64_t L = 128, Hq = 4, Hkv = 2, D = 64;
+  int iters = 1;
+  double timeout = 60;
+  std::string fault;  // kill | abort
+  int fault_rank = -1, fault_delay_ms = 0;
+};
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int EnvInt(const char* a, const char* b) {
+  const char* v = std::getenv(a);
+  if (v == nullptr && b != nullptr) v = std::getenv(b);
+  return v ? std::atoi(v) : -1;
+}
+
+Options Parse(int argc, char** argv) {
+  Options o;
+  o.rank = EnvInt("RANK", "OMPI_COMM_WORLD_RANK");
+  o.world = EnvInt("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE");
+  o.device = EnvInt("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK");
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--rank")
+      o.rank = std::stoi(v);
+    else if (k == "--world")
+      o.world = std::stoi(v);
+    else if (k == "--device")
+      o.device = std::stoi(v);
+    else if (k == "--id-file")
+      o.id_file = v;
+    else if (k == "--layout")
+      o.layout = v == "contiguous" ? STRIA_LAYOUT_CONTIGUOUS
+                 : v == "zigzag"   ? STRIA_LAYOUT_ZIGZAG
+                                   : STRIA_LAYOUT_STRIPED;
+    else if (k == "--causal")
+      o.causal = v != "0";
+    else if (k == "--dtypes") {
+      o.dtypes.clear();
+      for (size_t at = 0; at <= v.size();) {
+        size_t comma = v.find(',', at);
+        if (comma == std::string::npos) comma = v.size();
+        const std::string d = v.substr(at, comma - at);
+        o.dtypes.push_back(d == "f32" ? Dt::kF32 : d == "f16" ? Dt::kF16 : Dt::kBF16);
+        at = comma + 1;
+      }
+    } else if (k == "--L")
+      o.L = std::stoll(v);
+    else if (k == "--heads")
+      o.Hq = std::stoll(v);
+    else if (k == "--kv-heads")
+      o.Hkv = std::stoll(v);
+    else if (k == "--dim")
+      o.D = std::stoll(v);
+    else if (k == "--iters")
+      o.iters = std::stoi(v);
+    else if (k == "--timeout")
+      o.timeout = std::stod(v);
+    else if (k == "--fault")
+      o.fault = v;
+    else if (k == "--fault-rank")
+      o.fault_rank = std::stoi(v);
+    else if (k == "--fault-delay-ms")
+      o.fault_delay_ms = std::stoi(v);
+  }
+  return o;
+}
+
+void Result(const Options& o, stria_status_t s, double t0, const std::string& msg) {
+  std::printf("RESULT rank=%d code=%d seconds=%.3f message=(%s) %s\n", o.rank, static_cast<int>(s), Now() - t0,
+              stria_status_string(s), msg.c_str());
+  std::fflush(stdout);
+}
+
+// Rank 0 publishes its id through a file (written, then renamed: a reader never sees half of it).
+bool ExchangeId(const Options& o, stria_unique_id_t* id, std::string* err) {
+  if (o.rank == 0) {
+    if (stria_get_unique_id(id) != STRIA_SUCCESS) {
+      *err = stria_get_last_error();
+      return false;
+    }
+    std::string hex;
+    char b[3];
+    for (char c : id->internal) {
+      std::snprintf(b, sizeof b, "%02x", static_cast<unsigned char>(c));
+      hex += b;
+    }
+    const std::string tmp = o.id_file + ".tmp";
+    std::ofstream(tmp) << hex;
+    std::rename(tmp.c_str(), o.id_file.c_str());
+    return true;
+  }
+  const double deadline = Now() + o.timeout;
+  for (;;) {
+    std::ifstream in(o.id_file);
+    std::string hex;
+    if (in >> hex && hex.size() == 2 * sizeof id->internal) {
+      for (size_t i = 0; i < sizeof id->internal; ++i)
+        id->internal[i] = static_cast<char>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+      return true;
+    }
+    if (Now() > deadline) {
+      *err = "no id file from rank 0";
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+// A device copy of a host tensor.
+struct OnDevice {
+  void* ptr = nullptr;
+  DLTensor dl{};
+  size_t bytes = 0;
+  OnDevice(const Tensor& host, int device) {
+    bytes = host.storage.size();
+    if (cudaMalloc(&ptr, bytes) != cudaSuccess) ptr = nullptr;
+    if (ptr) cudaMemcpy(ptr, host.storage.data(), bytes, cudaMemcpyHostToDevice);
+    dl = host.dl;
+    dl.data = ptr;
+    dl.device = DLDevice{kDLCUDA, device};
+  }
+  ~OnDevice() { cudaFree(ptr); }
+  OnDevice(const OnDevice&) = delete;
+  OnDevice& operator=(const OnDevice&) = delete;
+  void Poison() { cudaMemset(ptr, 0xFF, bytes); }
+  void CopyTo(Tensor* host) const { cudaMemcpy(host->storage.data(), ptr, bytes, cudaMemcpyDeviceToHost); }
+};
+
+// This rank's rows of the full reference ([B, S, H, D], or lse [B, H, S]) against `got`.
+double RowError(const Tensor& got, const std::vector<double>& ref, const std::vector<int64_t>& pos, int64_t S,
+                bool is_lse) {
+  std::vector<double> want(static_cast<size_t>(got.numel()));
+  const int64_t B = got.shape[0];
+  if (is_lse) {
+    const int64_t H = got.shape[1], L = got.shape[2];
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < L; ++i)
+          want[static_cast<size_t>((b * H + h) * L + i)] =
+              ref[static_cast<size_t>((b * H + h) * S + pos[static_cast<size_t>(i)])];
+  } else {
+    const int64_t L = got.shape[1], HD = got.shape[2] * got.shape[3];
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < L; ++i)
+        for (int64_t x = 0; x < HD; ++x)
+          want[static_cast<size_t>((b * L + i) * HD + x)] =
+              ref[static_cast<size_t>((b * S + pos[static_cast<size_t>(i)]) * HD + x)];
+  }
+  return RelError(got.ToDouble(), want);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  setvbuf(stdout, nullptr, _IOLBF, 0);
+  Options o = Parse(argc, argv);
+  const double t0 = Now();
+  if (o.rank < 0 || o.world < 1) {
+    std::fprintf(stderr, "usage: %s --rank R --world N (or RANK/WORLD_SIZE) [options]\n", argv[0]);
+    return 2;
+  }
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) {
+    Result(o, STRIA_ERROR_UNSUPPORTED, t0, "no CUDA device");
+    return 0;
+  }
+  if (o.device < 0) o.device = o.rank % gpus;
+  cudaSetDevice(o.device);
+
+  stria_context_config_t cfg;
+  stria_context_config_init(&cfg);
+  cfg.rank = o.rank;
+  cfg.world_size = o.world;
+  cfg.transport = STRIA_TRANSPORT_NCCL;
+  cfg.device = DLDevice{kDLCUDA, o.device};
+  cfg.timeout_s = o.timeout;
+  std::string err;
+  if (!o.id_file.empty() && !ExchangeId(o, &cfg.unique_id, &err)) {
+    Result(o, STRIA_ERROR_INTERNAL, t0, err);
+    return 0;
+  }
+  stria_context_t ctx = nullptr;
+  stria_status_t s = stria_context_create(&cfg, &ctx);
+  if (s != STRIA_SUCCESS) {
+    Result(o, s, t0, stria_get_last_error());
+    return 0;
+  }
+  std::printf("rank %d: joined on GPU %d after %.3f s\n", o.rank, o.device, Now() - t0);
+
+  const int64_t S = o.L * o.world;
+  std::vector<int64_t> pos(static_cast<size_t>(o.L));
+  stria_layout_positions(o.layout, S, o.world, o.rank, pos.data());
+  stria_attention_params_t params;
+  stria_attention_params_init(&params);
+  params.layout = o.layout;
+  params.causal = o.causal;
+  const bool odd = o.rank == o.fault_rank;
+  std::string msg = "all results match the float64 reference";
+  for (Dt dt : o.dtypes) {
+    std::mt19937_64 rng(42);
+    Tensor q({1, S, o.Hq, o.D}, dt), k({1, S, o.Hkv, o.D}, dt), v({1, S, o.Hkv, o.D}, dt), dout({1, S, o.Hq, o.D}, dt);
+    for (Tensor* t : {&q, &k, &v, &dout}) t->FillRandom(rng);
+    Tensor ql({1, o.L, o.Hq, o.D}, dt), kl({1, o.L, o.Hkv, o.D}, dt), vl({1, o.L, o.Hkv, o.D}, dt),
+        dol({1, o.L, o.Hq, o.D}, dt);
+    stria_shard(o.layout, o.world, o.rank, 1, &q.dl, &ql.dl, nullptr);
+    stria_shard(o.layout, o.world, o.rank, 1, &k.dl, &kl.dl, nullptr);
+    stria_shard(o.layout, o.world, o.rank, 1, &v.dl, &vl.dl, nullptr);
+    stria_shard(o.layout, o.world, o.rank, 1, &dout.dl, &dol.dl, nullptr);
+    Tensor out({1, o.L, o.Hq, o.D}, dt), lse({1, o.Hq, o.L}, Dt::kF32), dq({1, o.L, o.Hq, o.D}, dt),
+        dk({1, o.L, o.Hkv, o.D}, dt), dv({1, o.L, o.Hkv, o.D}, dt);
+    OnDevice qd(ql, o.device), kd(kl, o.device), vd(vl, o.device), dod(dol, o.device), outd(out, o.device),
+        lsed(lse, o.device), dqd(dq, o.device), dkd(dk, o.device), dvd(dv, o.device);
+    if (!qd.ptr || !kd.ptr || !vd.ptr || !dod.ptr || !outd.ptr || !lsed.ptr || !dqd.ptr || !dkd.ptr || !dvd.ptr) {
+      stria_context_destroy(ctx);
+      Result(o, STRIA_ERROR_OUT_OF_MEMORY, t0, "cudaMalloc failed");
+      return 0;
+    }
+    for (int it = 0; it < o.iters; ++it) {
+      for (OnDevice* t : {&outd, &lsed, &dqd, &dkd, &dvd}) t->Poison();
+      cudaDeviceSynchronize();
+      std::thread fault;
+      if (odd && it == o.iters - 1 && o.fault == "kill")
+        fault = std::thread([delay = o.fault_delay_ms] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(delay));
+          raise(SIGKILL);
+        });
+      if (odd && it == o.iters - 1 && o.fault == "abort")
+        fault = std::thread([ctx, delay = o.fault_delay_ms] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(delay));
+          stria_context_abort(ctx);
+        });
+      s = stria_attention_forward(ctx, &params, &qd.dl, &kd.dl, &vd.dl, &outd.dl, &lsed.dl, nullptr);
+      if (s == STRIA_SUCCESS)
+        s = stria_attention_backward(ctx, &params, &qd.dl, &kd.dl, &vd.dl, &outd.dl, &lsed.dl, &dod.dl, &dqd.dl,
+                                     &dkd.dl, &dvd.dl, nullptr);
+      const std::string call_error = stria_get_last_error();
+      if (fault.joinable()) fault.join();
+      if (s != STRIA_SUCCESS) {
+        // A failed context must refuse more work and still be destroyed cleanly (and soon).
+        const stria_status_t again =
+            stria_attention_forward(ctx, &params, &qd.dl, &kd.dl, &vd.dl, &outd.dl, &lsed.dl, nullptr);
+        const double d0 = Now();
+        const stria_status_t destroyed = stria_context_destroy(ctx);
+        std::string m = call_error;
+        if (again == STRIA_SUCCESS) m += " [BUG: a failed context accepted more work]";
+        if (destroyed != STRIA_SUCCESS) m += std::string(" [BUG: destroy failed: ") + stria_get_last_error() + "]";
+        if (Now() - d0 > 15) m += " [BUG: destroy took " + std::to_string(Now() - d0) + " s]";
+        Result(o, s, t0, m);
+        return 0;
+      }
+      std::printf("rank %d: %s iteration %d done at %.3f s\n", o.rank, DtName(dt), it, Now() - t0);
+    }
+    cudaDeviceSynchronize();
+    outd.CopyTo(&out);
+    lsed.CopyTo(&lse);
+    dqd.CopyTo(&dq);
+    dkd.CopyTo(&dk);
+    dvd.CopyTo(&dv);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(o.D));
+    const auto qx = q.ToDouble(), kx = k.ToDouble(), vx = v.ToDouble(), dx = dout.ToDouble();
+    const Reference ref = DenseAttention(qx, kx, vx, &dx, 1, S, o.Hq, o.Hkv, o.D, o.causal, scale);
+    const double tol = dt == Dt::kF32 ? 1e-5 : 2e-2;
+    const double errs[5] = {RowError(out, ref.out, pos, S, false), RowError(lse, ref.lse, pos, S, true),
+                            RowError(dq, ref.dq, pos, S, false), RowError(dk, ref.dk, pos, S, false),
+                            RowError(dv, ref.dv, pos, S, false)};
+    const char* names[5] = {"out", "lse", "dq", "dk", "dv"};
+    for (int i = 0; i < 5; ++i) {
+      std::printf("rank %d: %s %s rel error %.3g\n", o.rank, DtName(dt), names[i], errs[i]);
+      const double limit = i == 1 ? (dt == Dt::kF32 ? 1e-5 : 1e-3) : tol;
+      if (!(errs[i] < limit)) {
+        msg = std::string("MISMATCH: ") + DtName(dt) + " " + names[i] + " error " + std::to_string(errs[i]);
+        stria_context_destroy(ctx);
+        Result(o, STRIA_ERROR_INTERNAL, t0, msg);
+        return 1;
+      }
+    }
+  }
+  s = stria_context_destroy(ctx);
+  Result(o, s, t0, s == STRIA_SUCCESS ? msg : stria_get_last_error());
+  return 0;
+}

@@ -1,0 +1,466 @@
+// The NCCL transport on GPUs (labels nccl and gpu; each test skips, saying why, where the GPUs it
+// needs are missing):
+// - one GPU: the module's own requests at world 1 (a rank sends to itself on both lanes, in either
+//   posting order, a block larger than NCCL's buffers), its guard on posting order, the world-1
+//   ring through the C API against the float64 reference, a caller's communicator (used, checked,
+//   never destroyed), and a communicator set-up that times out when a rank never gets to NCCL;
+// - two GPUs or more: a wait that times out and one ended by an abort from another thread (two
+//   ranks as threads of this process), and rings of 2..4 processes (tests/nccl/nccl_rank.cc)
+//   against the reference, with the id from stria_get_unique_id or from STRIA_ROOT, and with a
+//   rank killed or aborted mid-call.
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <sstream>
+#include <thread>
+
+#include "gpu/gpu_util.h"
+#include "launcher.h"
+#include "transport/module_abi.h"
+#include "transport/rendezvous/rendezvous.h"
+
+using namespace stria_test;
+using stria::Status;
+using stria::Transport;
+
+namespace {
+
+int GpuCount() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+#define REQUIRE_GPUS(n)                                                                             \
+  do {                                                                                              \
+    STRIA_REQUIRE_GPU();                                                                            \
+    if (GpuCount() < (n)) GTEST_SKIP() << "needs " << (n) << " GPUs, " << GpuCount() << " visible"; \
+  } while (0)
+
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+const stria::TransportModuleV1* Module() {
+  static void* handle = dlopen(STRIA_NCCL_MODULE, RTLD_NOW | RTLD_LOCAL);
+  return handle ? static_cast<const stria::TransportModuleV1*>(dlsym(handle, "stria_nccl_module_v1")) : nullptr;
+}
+
+stria_context_config_t NcclConfig(int rank, int world, int device, double timeout_s = 60) {
+  stria_context_config_t cfg;
+  stria_context_config_init(&cfg);
+  cfg.rank = rank;
+  cfg.world_size = world;
+  cfg.transport = STRIA_TRANSPORT_NCCL;
+  cfg.device = DLDevice{kDLCUDA, device};
+  cfg.timeout_s = timeout_s;
+  return cfg;
+}
+
+// The module's transport itself, as the engine sees it.
+std::unique_ptr<Transport> Direct(const stria_context_config_t& cfg, Status* s) {
+  Transport* t = nullptr;
+  *s = Module()->create(cfg, cfg.timeout_s, &t);
+  return std::unique_ptr<Transport>(t);
+}
+
+// The engine's tags: call, step, kind (1 K/V, 2 dK/dV).
+int64_t Tag(uint64_t call, int64_t step, int kind) {
+  return static_cast<int64_t>((call << 24) | (static_cast<uint64_t>(step) << 2) | static_cast<uint64_t>(kind));
+}
+
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  size_t bytes;
+  explicit DeviceBuffer(size_t n) : bytes(n) { EXPECT_EQ(cudaMalloc(&ptr, n), cudaSuccess); }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  void Fill(uint8_t seed) {
+    std::vector<uint8_t> h(bytes);
+    for (size_t i = 0; i < bytes; ++i) h[i] = static_cast<uint8_t>(i * 131 + seed);
+    EXPECT_EQ(cudaMemcpy(ptr, h.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  bool Holds(uint8_t seed) const {
+    std::vector<uint8_t> h(bytes);
+    EXPECT_EQ(cudaMemcpy(h.data(), ptr, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (size_t i = 0; i < bytes; ++i)
+      if (h[i] != static_cast<uint8_t>(i * 131 + seed)) return false;
+    return true;
+  }
+};
+
+TEST(NcclTransport, WorldOfOneSendsToItselfOnBothLanes) {
+  STRIA_REQUIRE_GPU();
+  Status s;
+  auto t = Direct(NcclConfig(0, 1, 0), &s);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_STREQ(t->name(), "nccl");
+  const size_t big = size_t{48} << 20;  // a large block, in many of NCCL's chunks
+  DeviceBuffer kv_src(big), kv_dst(big), dkv_src(1 << 20), dkv_dst(1 << 20);
+  for (int64_t step = 0; step < 3; ++step) {
+    kv_src.Fill(static_cast<uint8_t>(step));
+    dkv_src.Fill(static_cast<uint8_t>(100 + step));
+    cudaMemset(kv_dst.ptr, 0, big);
+    cudaMemset(dkv_dst.ptr, 0, dkv_dst.bytes);
+    cudaDeviceSynchronize();
+    stria::RequestId kr = 0, ks = 0, dr = 0, ds = 0;
+    // K/V as the forward posts it (receive, then send); dK/dV as the backward does (send first).
+    ASSERT_TRUE(t->Irecv(0, Tag(1, step, 1), kv_dst.ptr, big, &kr).ok());
+    ASSERT_TRUE(t->Isend(0, Tag(1, step, 1), kv_src.ptr, big, &ks).ok());
+    ASSERT_TRUE(t->Isend(0, Tag(1, step, 2), dkv_src.ptr, dkv_src.bytes, &ds).ok());
+    ASSERT_TRUE(t->Irecv(0, Tag(1, step, 2), dkv_dst.ptr, dkv_dst.bytes, &dr).ok());
+    for (stria::RequestId r : {kr, ks, dr, ds}) {
+      s = t->Wait(r, 60, "test");
+      ASSERT_TRUE(s.ok()) << s.message();
+    }
+    EXPECT_TRUE(kv_dst.Holds(static_cast<uint8_t>(step))) << "step " << step;
+    EXPECT_TRUE(dkv_dst.Holds(static_cast<uint8_t>(100 + step))) << "step " << step;
+  }
+  const char mine[5] = "abcd";
+  char all[5] = {};
+  ASSERT_TRUE(t->AllGather(mine, all, 4, 10, "test").ok());
+  EXPECT_STREQ(all, "abcd");
+  // Waiting on an unknown request is an internal error, not a crash.
+  EXPECT_EQ(t->Wait(12345, 1, "test").code(), STRIA_ERROR_INTERNAL);
+}
+
+TEST(NcclTransport, PostingOrderIsGuarded) {
+  STRIA_REQUIRE_GPU();
+  Status s;
+  auto t = Direct(NcclConfig(0, 1, 0), &s);
+  ASSERT_TRUE(s.ok()) << s.message();
+  DeviceBuffer a(4096), b(4096);
+  stria::RequestId r1 = 0, r2 = 0;
+  ASSERT_TRUE(t->Irecv(0, Tag(2, 1, 1), b.ptr, 4096, &r1).ok());
+  ASSERT_TRUE(t->Isend(0, Tag(2, 1, 1), a.ptr, 4096, &r2).ok());
+  ASSERT_TRUE(t->Wait(r1, 30, "test").ok());
+  ASSERT_TRUE(t->Wait(r2, 30, "test").ok());
+  // A receive with an older tag than the last one on this lane: NCCL would pair it with the
+  // wrong message on the other side.
+  s = t->Irecv(0, Tag(2, 0, 1), b.ptr, 4096, &r1);
+  EXPECT_EQ(s.code(), STRIA_ERROR_INTERNAL);
+  EXPECT_NE(s.message().find("posting order"), std::string::npos) << s.message();
+  // The transport is poisoned with that first error.
+  Status again = t->Isend(0, Tag(3, 0, 2), a.ptr, 4096, &r2);
+  EXPECT_EQ(again.code(), STRIA_ERROR_INTERNAL);
+  EXPECT_EQ(again.message(), s.message());
+  const auto t0 = std::chrono::steady_clock::now();
+  t->CancelAll();
+  t.reset();
+  EXPECT_LT(SecondsSince(t0), 15);
+}
+
+// Rank 1 joins the rendezvous but never calls NCCL: rank 0's nonblocking set-up gives up at its
+// timeout with a message instead of hanging in ncclCommInitRankConfig.
+TEST(NcclTransport, SetupTimesOutWhenARankNeverGetsToNccl) {
+  STRIA_REQUIRE_GPU();
+  unsetenv("STRIA_ROOT");
+  stria_unique_id_t raw;
+  ASSERT_TRUE(Module()->get_unique_id(&raw).ok());
+  stria::RendezvousId id;
+  ASSERT_TRUE(stria::DecodeId(raw, &id).ok());
+  std::thread impostor([&] {
+    int version = 0;
+    ncclGetVersion(&version);
+    stria::Bytes blob{'S', 'N', 'C', 'L'};
+    for (int shift = 24; shift >= 0; shift -= 8) blob.push_back(static_cast<uint8_t>(version >> shift));
+    std::vector<stria::Bytes> table;
+    EXPECT_TRUE(stria::JoinRendezvous(id, 1, 2, blob, 20, nullptr, &table).ok());
+  });
+  stria_context_config_t cfg = NcclConfig(0, 2, 0, 3);
+  cfg.unique_id = raw;
+  Status s;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto t = Direct(cfg, &s);
+  impostor.join();
+  EXPECT_EQ(s.code(), STRIA_ERROR_TIMEOUT) << s.message();
+  EXPECT_NE(s.message().find("ncclCommInitRankConfig"), std::string::npos) << s.message();
+  EXPECT_LT(SecondsSince(t0), 20);
+  EXPECT_EQ(t, nullptr);
+}
+
+// The world-1 ring through the C API: NCCL context, CUDA backend, against float64.
+TEST(NcclContext, WorldOfOneMatchesReference) {
+  STRIA_REQUIRE_GPU();
+  cudaSetDevice(0);
+  stria_context_config_t cfg = NcclConfig(0, 1, 0);
+  stria_context_t ctx = nullptr;
+  ASSERT_EQ(stria_context_create(&cfg, &ctx), STRIA_SUCCESS) << stria_get_last_error();
+  for (Dt dt : {Dt::kBF16, Dt::kF32})
+    for (bool causal : {true, false}) {
+      SCOPED_TRACE(std::string(DtName(dt)) + (causal ? " causal" : " full"));
+      const int64_t B = 1, L = 96, Hq = 4, Hkv = 2, D = 64;
+      AttentionTensors h(B, L, Hq, Hkv, D, dt, causal ? 5 : 6);
+      DeviceTensor q(h.q), k(h.k), v(h.v), out(h.out), lse(h.lse), dout(h.dout), dq(h.dq), dk(h.dk), dv(h.dv);
+      for (DeviceTensor* x : {&out, &lse, &dq, &dk, &dv}) x->Poison();
+      stria_attention_params_t p;
+      stria_attention_params_init(&p);
+      p.causal = causal;
+      ASSERT_EQ(stria_attention_forward(ctx, &p, &q.dl, &k.dl, &v.dl, &out.dl, &lse.dl, nullptr), STRIA_SUCCESS)
+          << stria_get_last_error();
+      ASSERT_EQ(stria_attention_backward(ctx, &p, &q.dl, &k.dl, &v.dl, &out.dl, &lse.dl, &dout.dl, &dq.dl, &dk.dl,
+                                         &dv.dl, nullptr),
+                STRIA_SUCCESS)
+          << stria_get_last_error();
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      out.CopyTo(&h.out);
+      lse.CopyTo(&h.lse);
+      dq.CopyTo(&h.dq);
+      dk.CopyTo(&h.dk);
+      dv.CopyTo(&h.dv);
+      const auto dd = h.dout.ToDouble();
+      const Reference ref = DenseAttention(h.q.ToDouble(), h.k.ToDouble(), h.v.ToDouble(), &dd, B, L, Hq, Hkv, D,
+                                           causal, 1.0 / std::sqrt(static_cast<double>(D)));
+      const double tol = dt == Dt::kF32 ? 1e-5 : 2e-2;
+      EXPECT_LT(RelError(h.out.ToDouble(), ref.out), tol) << "out";
+      EXPECT_LT(RelError(h.lse.ToDouble(), ref.lse), dt == Dt::kF32 ? 1e-5 : 1e-3) << "lse";
+      EXPECT_LT(RelError(h.dq.ToDouble(), ref.dq), tol) << "dq";
+      EXPECT_LT(RelError(h.dk.ToDouble(), ref.dk), tol) << "dk";
+      EXPECT_LT(RelError(h.dv.ToDouble(), ref.dv), tol) << "dv";
+    }
+  EXPECT_EQ(stria_context_destroy(ctx), STRIA_SUCCESS);
+}
+
+// A caller's communicator, blocking or not: stria works off it, checks it against the config,
+// and leaves it to its owner, usable.
+TEST(NcclContext, CallersCommunicator) {
+  STRIA_REQUIRE_GPU();
+  for (int blocking : {1, 0}) {
+    SCOPED_TRACE(blocking ? "blocking communicator" : "nonblocking communicator");
+    cudaSetDevice(0);
+    ncclUniqueId uid;
+    ASSERT_EQ(ncclGetUniqueId(&uid), ncclSuccess);
+    ncclConfig_t nc = NCCL_CONFIG_INITIALIZER;
+    nc.blocking = blocking;
+    ncclComm_t comm = nullptr;
+    ncclResult_t r = ncclCommInitRankConfig(&comm, 1, uid, 0, &nc);
+    ncclResult_t state = r;
+    while (state == ncclInProgress) ASSERT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
+    ASSERT_EQ(state, ncclSuccess) << ncclGetErrorString(state);
+
+    stria_context_config_t cfg = NcclConfig(0, 1, 0);
+    cfg.nccl_comm = comm;
+    stria_context_t ctx = nullptr;
+    ASSERT_EQ(stria_context_create(&cfg, &ctx), STRIA_SUCCESS) << stria_get_last_error();
+    AttentionTensors h(1, 64, 2, 2, 64, Dt::kBF16, 11);
+    DeviceTensor q(h.q), k(h.k), v(h.v), out(h.out), lse(h.lse);
+    stria_attention_params_t p;
+    stria_attention_params_init(&p);
+    EXPECT_EQ(stria_attention_forward(ctx, &p, &q.dl, &k.dl, &v.dl, &out.dl, &lse.dl, nullptr), STRIA_SUCCESS)
+        << stria_get_last_error();
+    EXPECT_EQ(stria_context_destroy(ctx), STRIA_SUCCESS);
+
+    // A config that does not describe the communicator.
+    cfg = NcclConfig(0, 2, 0);
+    cfg.nccl_comm = comm;
+    ctx = reinterpret_cast<stria_context_t>(0x99);
+    EXPECT_EQ(stria_context_create(&cfg, &ctx), STRIA_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(stria_get_last_error()).find("has 1 ranks"), std::string::npos) << stria_get_last_error();
+    EXPECT_EQ(ctx, nullptr);
+    cfg = NcclConfig(1, 2, 0);
+    cfg.nccl_comm = comm;
+    EXPECT_EQ(stria_context_create(&cfg, &ctx), STRIA_ERROR_INVALID_ARGUMENT);
+    if (GpuCount() > 1) {
+      cfg = NcclConfig(0, 1, 1);
+      cfg.nccl_comm = comm;
+      EXPECT_EQ(stria_context_create(&cfg, &ctx), STRIA_ERROR_INVALID_ARGUMENT);
+      EXPECT_NE(std::string(stria_get_last_error()).find("device"), std::string::npos) << stria_get_last_error();
+    }
+
+    // Still the caller's, and still working: an all-reduce on it.
+    int count = 0;
+    ASSERT_EQ(ncclCommCount(comm, &count), ncclSuccess);
+    EXPECT_EQ(count, 1);
+    float* x = nullptr;
+    ASSERT_EQ(cudaMalloc(&x, 4 * sizeof(float)), cudaSuccess);
+    r = ncclAllReduce(x, x, 4, ncclFloat, ncclSum, comm, nullptr);
+    state = r;
+    while (state == ncclInProgress) ASSERT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
+    EXPECT_EQ(state, ncclSuccess) << ncclGetErrorString(state);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    cudaFree(x);
+    EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+  }
+}
+
+// Two ranks as threads of this process, one GPU each.
+struct Pair {
+  std::unique_ptr<Transport> t[2];
+  Status s[2];
+  explicit Pair(double timeout_s) {
+    unsetenv("STRIA_ROOT");
+    stria_unique_id_t id;
+    EXPECT_TRUE(Module()->get_unique_id(&id).ok());
+    std::thread ranks[2];
+    for (int r = 0; r < 2; ++r)
+      ranks[r] = std::thread([&, r] {
+        cudaSetDevice(r);
+        stria_context_config_t cfg = NcclConfig(r, 2, r, timeout_s);
+        cfg.unique_id = id;
+        t[r] = Direct(cfg, &s[r]);
+      });
+    for (auto& th : ranks) th.join();
+  }
+};
+
+TEST(NcclTransportPair, WaitTimesOutAndTheTransportIsPoisoned) {
+  REQUIRE_GPUS(2);
+  Pair p(30);
+  ASSERT_TRUE(p.s[0].ok()) << p.s[0].message();
+  ASSERT_TRUE(p.s[1].ok()) << p.s[1].message();
+  cudaSetDevice(0);
+  DeviceBuffer a(1 << 20), b(1 << 20);
+  stria::RequestId rr = 0, rs = 0;
+  ASSERT_TRUE(p.t[0]->Irecv(1, Tag(1, 0, 1), b.ptr, b.bytes, &rr).ok());
+  ASSERT_TRUE(p.t[0]->Isend(1, Tag(1, 0, 1), a.ptr, a.bytes, &rs).ok());
+  // Rank 1 posts nothing.
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = p.t[0]->Wait(rr, 1.5, "K/V block of ring step 0");
+  EXPECT_EQ(s.code(), STRIA_ERROR_TIMEOUT) << s.message();
+  EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.message();
+  EXPECT_LT(SecondsSince(t0), 10);
+  EXPECT_EQ(p.t[0]->Wait(rs, 1, "again").code(), STRIA_ERROR_TIMEOUT);
+  char all[16];
+  EXPECT_EQ(p.t[0]->AllGather("x", all, 1, 1, "test").code(), STRIA_ERROR_TIMEOUT);
+  const auto t1 = std::chrono::steady_clock::now();
+  p.t[0]->CancelAll();
+  p.t[0].reset();
+  p.t[1].reset();
+  EXPECT_LT(SecondsSince(t1), 20) << "destroying after a timeout must not block";
+}
+
+TEST(NcclTransportPair, AbortFromAnotherThreadEndsAWait) {
+  REQUIRE_GPUS(2);
+  Pair p(60);
+  ASSERT_TRUE(p.s[0].ok()) << p.s[0].message();
+  ASSERT_TRUE(p.s[1].ok()) << p.s[1].message();
+  cudaSetDevice(0);
+  DeviceBuffer a(1 << 20), b(1 << 20);
+  stria::RequestId rr = 0, rs = 0;
+  ASSERT_TRUE(p.t[0]->Irecv(1, Tag(1, 0, 1), b.ptr, b.bytes, &rr).ok());
+  ASSERT_TRUE(p.t[0]->Isend(1, Tag(1, 0, 1), a.ptr, a.bytes, &rs).ok());
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    cudaSetDevice(1);  // another thread, another current device: the abort must not care
+    p.t[0]->Abort();
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = p.t[0]->Wait(rr, 60, "K/V block of ring step 0");
+  aborter.join();
+  EXPECT_EQ(s.code(), STRIA_ERROR_ABORTED) << s.message();
+  EXPECT_LT(SecondsSince(t0), 10);
+  EXPECT_EQ(p.t[0]->Isend(1, Tag(2, 0, 1), a.ptr, a.bytes, &rs).code(), STRIA_ERROR_ABORTED);
+  p.t[0]->CancelAll();
+  // The peer's end does not block on the aborted rank either.
+  const auto t1 = std::chrono::steady_clock::now();
+  p.t[0].reset();
+  p.t[1].reset();
+  EXPECT_LT(SecondsSince(t1), 20);
+}
+
+// Rings of processes, one GPU each.
+std::string TempDir() {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "stria-nccl-XXXXXX").string();
+  return mkdtemp(tmpl.data());
+}
+
+std::string Describe(const std::map<int, RankResult>& results) {
+  std::ostringstream os;
+  for (auto& [rank, r] : results)
+    os << "--- rank " << rank << " (exit " << r.exit_code << ", signal " << r.signal << ", code " << r.code << ", "
+       << r.seconds << " s)\n"
+       << r.output;
+  return os.str();
+}
+
+struct RingCase {
+  int world;
+  std::string layout;
+  bool causal;
+  bool id_file;  // the id from stria_get_unique_id through a file, instead of STRIA_ROOT
+};
+
+class NcclRing : public ::testing::TestWithParam<RingCase> {};
+
+TEST_P(NcclRing, MatchesReference) {
+  const RingCase& c = GetParam();
+  REQUIRE_GPUS(c.world);
+  const std::string dir = TempDir();
+  Launch launch(dir);
+  const int port = FreePort();
+  for (int r = 0; r < c.world; ++r) {
+    std::vector<std::string> args{"--rank",   std::to_string(r), "--world",  std::to_string(c.world),
+                                  "--layout", c.layout,          "--causal", c.causal ? "1" : "0",
+                                  "--dtypes", "bf16,f32",        "--iters",  "2"};
+    if (c.id_file) {
+      args.push_back("--id-file");
+      args.push_back(dir + "/id");
+    }
+    launch.Start(r, STRIA_NCCL_RANK, args,
+                 c.id_file ? std::vector<std::string>{}
+                           : std::vector<std::string>{"STRIA_ROOT=127.0.0.1:" + std::to_string(port)});
+  }
+  auto results = launch.Wait(400);
+  ASSERT_EQ(results.size(), static_cast<size_t>(c.world)) << Describe(results);
+  for (auto& [rank, r] : results) EXPECT_EQ(r.code, STRIA_SUCCESS) << Describe(results);
+}
+
+std::vector<RingCase> RingCases() {
+  std::vector<RingCase> cases;
+  for (int world : {2, 3, 4})
+    for (const char* layout : {"striped", "zigzag", "contiguous"})
+      cases.push_back(RingCase{world, layout, layout[0] != 'c' || world == 2, world == 3});
+  cases.push_back(RingCase{2, "striped", false, true});
+  return cases;
+}
+
+std::string CaseName(const ::testing::TestParamInfo<RingCase>& info) {
+  const RingCase& c = info.param;
+  return "N" + std::to_string(c.world) + "_" + c.layout + (c.causal ? "_causal" : "_full") +
+         (c.id_file ? "_unique_id" : "_env");
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, NcclRing, ::testing::ValuesIn(RingCases()), CaseName);
+
+// A rank that dies or is aborted mid-call: the others fail (timeout, or NCCL's report of the
+// broken connection) within their timeout and destroy cleanly; nobody hangs.
+void FaultCase(const std::string& fault, int world) {
+  REQUIRE_GPUS(world);
+  const std::string dir = TempDir();
+  Launch launch(dir);
+  const int port = FreePort();
+  const double timeout = 8;
+  for (int r = 0; r < world; ++r)
+    launch.Start(r, STRIA_NCCL_RANK,
+                 {"--rank", std::to_string(r), "--world", std::to_string(world), "--iters", "4", "--L", "2048",
+                  "--timeout", std::to_string(timeout), "--fault", fault, "--fault-rank", "1", "--fault-delay-ms", "5"},
+                 {"STRIA_ROOT=127.0.0.1:" + std::to_string(port)});
+  auto results = launch.Wait(120);
+  for (int r = 0; r < world; ++r) {
+    if (fault == "kill" && r == 1) continue;
+    ASSERT_TRUE(results.count(r)) << Describe(results);
+    const RankResult& res = results[r];
+    EXPECT_TRUE(res.exited) << "rank " << r << " hung or crashed\n" << Describe(results);
+    if (fault == "abort" && r == 1) {
+      EXPECT_EQ(res.code, STRIA_ERROR_ABORTED) << Describe(results);
+    } else {
+      EXPECT_TRUE(res.code == STRIA_ERROR_TIMEOUT || res.code == STRIA_ERROR_TRANSPORT) << Describe(results);
+      EXPECT_LT(res.seconds, 3 * timeout + 60) << Describe(results);
+    }
+    EXPECT_EQ(res.message.find("BUG"), std::string::npos) << Describe(results);
+  }
+}
+
+TEST(NcclFaults, PeerKilledMidCall) {
+  FaultCase("kill", std::min(std::max(GpuCount(), 2), 4));
+}
+
+TEST(NcclFaults, PeerAbortedMidCall) {
+  FaultCase("abort", std::min(std::max(GpuCount(), 2), 4));
+}
+
+}  // namespace

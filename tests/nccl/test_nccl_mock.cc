@@ -1,0 +1,504 @@
+// The NCCL transport's logic on a host model of CUDA and NCCL (mock_gpu.cc), ranks as threads:
+// it runs on any machine, and under the sanitizers. The rings below post, wait and all-gather in
+// exactly the order of the engine's schedules (src/ring/ring_forward.cc, ring_backward.cc: keep
+// them in step), and check every block that arrives. The model pairs the k-th send with the k-th
+// receive between two ranks and completes a send only when its receive is there, so a schedule
+// that NCCL would mismatch or deadlock fails here too. Also: a caller's communicator, a wait that
+// times out, an abort from another thread, a rank that never gets to NCCL, two ranks on one GPU,
+// a rank of another transport in the rendezvous, and the guard on posting order.
+#include <gtest/gtest.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "transport/module_abi.h"
+#include "transport/rendezvous/rendezvous.h"
+
+extern "C" const stria::TransportModuleV1 stria_nccl_module_v1;
+int MockSizeMismatches();
+
+namespace stria {
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+stria_context_config_t Config(int rank, int world, double timeout_s) {
+  stria_context_config_t cfg;
+  std::memset(&cfg, 0, sizeof cfg);
+  cfg.struct_size = sizeof cfg;
+  cfg.rank = rank;
+  cfg.world_size = world;
+  cfg.transport = STRIA_TRANSPORT_NCCL;
+  cfg.device = DLDevice{kDLCUDA, rank};
+  cfg.timeout_s = timeout_s;
+  return cfg;
+}
+
+// world ranks as threads, each creating its transport at once (the rendezvous and NCCL's set-up
+// are collectives); edit() may change a rank's config first.
+struct Ranks {
+  std::vector<std::unique_ptr<Transport>> t;
+  std::vector<Status> s;
+  uint64_t next_call = 1;  // the engine's call sequence number: tags grow from call to call
+  Ranks(int world, double timeout_s, const std::function<void(int, stria_context_config_t*)>& edit = nullptr)
+      : t(static_cast<size_t>(world)), s(static_cast<size_t>(world)) {
+    unsetenv("STRIA_ROOT");
+    stria_unique_id_t id;
+    EXPECT_TRUE(stria_nccl_module_v1.get_unique_id(&id).ok());
+    Run(world, [&](int r) {
+      cudaSetDevice(r);
+      stria_context_config_t cfg = Config(r, world, timeout_s);
+      cfg.unique_id = id;
+      if (edit) edit(r, &cfg);
+      Transport* made = nullptr;
+      s[static_cast<size_t>(r)] = stria_nccl_module_v1.create(cfg, timeout_s, &made);
+      t[static_cast<size_t>(r)].reset(made);
+    });
+  }
+  static void Run(int world, const std::function<void(int)>& fn) {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < world; ++r) threads.emplace_back(fn, r);
+    for (auto& th : threads) th.join();
+  }
+  void ExpectAllOk() {
+    for (size_t r = 0; r < s.size(); ++r) EXPECT_TRUE(s[r].ok()) << "rank " << r << ": " << s[r].message();
+  }
+};
+
+int64_t Tag(uint64_t call, int64_t step, int kind) {
+  return static_cast<int64_t>((call << 24) | (static_cast<uint64_t>(step) << 2) | static_cast<uint64_t>(kind));
+}
+
+// A K/V block that says whose it is.
+void FillKV(std::vector<uint8_t>* b, int owner) {
+  for (size_t i = 0; i < b->size(); ++i) (*b)[i] = static_cast<uint8_t>(owner * 37 + i * 7);
+}
+bool IsKV(const std::vector<uint8_t>& b, int owner) {
+  for (size_t i = 0; i < b.size(); ++i)
+    if (b[i] != static_cast<uint8_t>(owner * 37 + i * 7)) return false;
+  return true;
+}
+
+#define CHECK_OK(expr)         \
+  do {                         \
+    Status st_ = (expr);       \
+    if (!st_.ok()) return st_; \
+  } while (0)
+#define CHECK_THAT(cond, ...)                                     \
+  do {                                                            \
+    if (!(cond)) return Error(STRIA_ERROR_INTERNAL, __VA_ARGS__); \
+  } while (0)
+
+// AgreeOnCall's exchange: a 192-byte record per rank.
+Status Agree(Transport& tr, uint64_t seq) {
+  const int n = tr.world_size();
+  std::vector<uint8_t> mine(192, 0), all(192 * static_cast<size_t>(n), 0xEE);
+  std::memcpy(mine.data(), &seq, sizeof seq);
+  const int r = tr.rank();
+  std::memcpy(mine.data() + 8, &r, sizeof r);
+  CHECK_OK(tr.AllGather(mine.data(), all.data(), 192, 30, "the call's signature"));
+  for (int q = 0; q < n; ++q) {
+    uint64_t s = 0;
+    int who = -1;
+    std::memcpy(&s, all.data() + 192 * static_cast<size_t>(q), sizeof s);
+    std::memcpy(&who, all.data() + 192 * static_cast<size_t>(q) + 8, sizeof who);
+    CHECK_THAT(s == seq && who == q, "rank %d: the all-gather's record %d is (%llu, %d)", r, q, (unsigned long long)s,
+               who);
+  }
+  return Status::Ok();
+}
+
+// RingForward's posting order.
+Status Forward(Transport& tr, uint64_t seq, size_t kv_bytes) {
+  const int n = tr.world_size(), r = tr.rank(), next = (r + 1) % n, prev = (r - 1 + n) % n;
+  CHECK_OK(Agree(tr, seq));
+  std::vector<uint8_t> kv[2] = {std::vector<uint8_t>(kv_bytes), std::vector<uint8_t>(kv_bytes)};
+  FillKV(&kv[0], r);
+  for (int step = 0; step < n; ++step) {
+    const int holder = (r - step + n) % n;
+    RequestId send = 0, recv = 0;
+    const bool forward_block = step < n - 1;
+    if (forward_block) {
+      CHECK_OK(tr.Irecv(prev, Tag(seq, step, 1), kv[(step + 1) % 2].data(), kv_bytes, &recv));
+      CHECK_OK(tr.Isend(next, Tag(seq, step, 1), kv[step % 2].data(), kv_bytes, &send));
+    }
+    CHECK_THAT(IsKV(kv[step % 2], holder), "rank %d step %d: not rank %d's K/V", r, step, holder);
+    if (forward_block) {
+      CHECK_OK(tr.Wait(recv, 30, "K/V block"));
+      CHECK_OK(tr.Wait(send, 30, "K/V block"));
+    }
+  }
+  return Status::Ok();
+}
+
+// RingBackward's posting order; each rank's dK/dV contribution to block k is (rank+1)(k+1) + i%5.
+Status Backward(Transport& tr, uint64_t seq, size_t kv_bytes, size_t dkv_floats) {
+  const int n = tr.world_size(), r = tr.rank(), next = (r + 1) % n, prev = (r - 1 + n) % n;
+  CHECK_OK(Agree(tr, seq));
+  const size_t dkv_bytes = dkv_floats * sizeof(float);
+  std::vector<uint8_t> kv[2] = {std::vector<uint8_t>(kv_bytes), std::vector<uint8_t>(kv_bytes)};
+  std::vector<float> dkv[2] = {std::vector<float>(dkv_floats), std::vector<float>(dkv_floats)};
+  std::vector<float> dkv_in(dkv_floats);
+  FillKV(&kv[0], r);
+  RequestId dkv_send = 0;
+  for (int step = 0; step < n; ++step) {
+    const int holder = (r - step + n) % n;
+    RequestId kv_send = 0, kv_recv = 0, dkv_recv = 0;
+    const bool forward_block = step < n - 1;
+    if (forward_block) {
+      CHECK_OK(tr.Irecv(prev, Tag(seq, step, 1), kv[(step + 1) % 2].data(), kv_bytes, &kv_recv));
+      CHECK_OK(tr.Isend(next, Tag(seq, step, 1), kv[step % 2].data(), kv_bytes, &kv_send));
+    }
+    if (step > 0) CHECK_OK(tr.Irecv(prev, Tag(seq, step, 2), dkv_in.data(), dkv_bytes, &dkv_recv));
+    CHECK_THAT(IsKV(kv[step % 2], holder), "rank %d step %d: not rank %d's K/V", r, step, holder);
+    std::vector<float>& mine = dkv[step % 2];
+    for (size_t i = 0; i < dkv_floats; ++i) mine[i] = static_cast<float>((r + 1) * (holder + 1) + i % 5);
+    if (step > 0) {
+      CHECK_OK(tr.Wait(dkv_recv, 30, "dK/dV partial"));
+      for (size_t i = 0; i < dkv_floats; ++i) mine[i] += dkv_in[i];
+      CHECK_OK(tr.Wait(dkv_send, 30, "dK/dV partial"));
+    }
+    if (n > 1) CHECK_OK(tr.Isend(next, Tag(seq, step + 1, 2), mine.data(), dkv_bytes, &dkv_send));
+    if (forward_block) {
+      CHECK_OK(tr.Wait(kv_recv, 30, "K/V block"));
+      CHECK_OK(tr.Wait(kv_send, 30, "K/V block"));
+    }
+  }
+  const float* done = dkv[0].data();
+  if (n > 1) {
+    RequestId final_recv = 0;
+    CHECK_OK(tr.Irecv(prev, Tag(seq, n, 2), dkv_in.data(), dkv_bytes, &final_recv));
+    CHECK_OK(tr.Wait(final_recv, 30, "final dK/dV"));
+    CHECK_OK(tr.Wait(dkv_send, 30, "last dK/dV"));
+    done = dkv_in.data();
+  }
+  for (size_t i = 0; i < dkv_floats; ++i) {
+    const float want = static_cast<float>((r + 1) * n * (n + 1) / 2 + n * static_cast<int>(i % 5));
+    CHECK_THAT(done[i] == want, "rank %d: dK/dV[%zu] is %g, want %g", r, i, done[i], want);
+  }
+  return Status::Ok();
+}
+
+void RunCalls(Ranks& ranks, int calls, size_t kv_bytes, size_t dkv_floats) {
+  const int world = static_cast<int>(ranks.t.size());
+  const uint64_t first = ranks.next_call;
+  ranks.next_call += static_cast<uint64_t>(2 * calls);
+  std::vector<Status> out(static_cast<size_t>(world));
+  Ranks::Run(world, [&](int r) {
+    cudaSetDevice(r);
+    Transport& tr = *ranks.t[static_cast<size_t>(r)];
+    Status s;
+    for (uint64_t seq = first; s.ok() && seq < first + static_cast<uint64_t>(2 * calls); seq += 2) {
+      s = Forward(tr, seq, kv_bytes);
+      if (s.ok()) s = Backward(tr, seq + 1, kv_bytes, dkv_floats);
+    }
+    out[static_cast<size_t>(r)] = s;
+  });
+  for (int r = 0; r < world; ++r)
+    EXPECT_TRUE(out[static_cast<size_t>(r)].ok()) << out[static_cast<size_t>(r)].message();
+}
+
+TEST(NcclMock, RingSchedulesAtEveryWorldSize) {
+  for (int world = 1; world <= 5; ++world) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    Ranks ranks(world, 30);
+    ranks.ExpectAllOk();
+    if (HasFailure()) return;
+    // K/V and dK/dV of different sizes (a swapped pairing shows as a size mismatch too) and of
+    // the same size (it shows in the data only).
+    RunCalls(ranks, 2, 3000, 1000);
+    RunCalls(ranks, 1, 4096, 1024);
+  }
+  EXPECT_EQ(MockSizeMismatches(), 0);
+}
+
+TEST(NcclMock, CallersCommunicatorIsUsedAndLeftAlone) {
+  for (int blocking : {1, 0}) {
+    SCOPED_TRACE(blocking ? "blocking" : "nonblocking");
+    const int world = 3;
+    ncclUniqueId uid;
+    ASSERT_EQ(ncclGetUniqueId(&uid), ncclSuccess);
+    std::vector<ncclComm_t> user(world, nullptr);
+    Ranks::Run(world, [&](int r) {
+      cudaSetDevice(r);
+      ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+      c.blocking = blocking;
+      ncclResult_t st = ncclCommInitRankConfig(&user[static_cast<size_t>(r)], world, uid, r, &c);
+      while (st == ncclInProgress) ncclCommGetAsyncError(user[static_cast<size_t>(r)], &st);
+      EXPECT_EQ(st, ncclSuccess);
+    });
+    {
+      Ranks ranks(world, 30, [&](int r, stria_context_config_t* cfg) {
+        cfg->nccl_comm = user[static_cast<size_t>(r)];
+        std::memset(cfg->unique_id.internal, 0, sizeof cfg->unique_id.internal);  // not needed
+      });
+      ranks.ExpectAllOk();
+      if (HasFailure()) return;
+      RunCalls(ranks, 1, 2048, 300);
+    }
+    // Every rank's transport is gone; the caller's communicators were not aborted.
+    for (ncclComm_t c : user) {
+      ncclResult_t st = ncclInternalError;
+      EXPECT_EQ(ncclCommGetAsyncError(c, &st), ncclSuccess);
+      EXPECT_EQ(st, ncclSuccess);
+    }
+    // Configs that do not describe the communicator are refused before any collective.
+    stria_context_config_t cfg = Config(1, world, 5);
+    cfg.nccl_comm = user[0];
+    cudaSetDevice(1);
+    Transport* t = nullptr;
+    Status s = stria_nccl_module_v1.create(cfg, 5, &t);
+    EXPECT_EQ(s.code(), STRIA_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(s.message().find("rank 0 of its communicator but config->rank is 1"), std::string::npos) << s.message();
+    cfg = Config(0, 2, 5);
+    cfg.nccl_comm = user[0];
+    s = stria_nccl_module_v1.create(cfg, 5, &t);
+    EXPECT_NE(s.message().find("has 3 ranks but config->world_size is 2"), std::string::npos) << s.message();
+    cfg = Config(0, world, 5);
+    cfg.device.device_id = 4;
+    cfg.nccl_comm = user[0];
+    s = stria_nccl_module_v1.create(cfg, 5, &t);
+    EXPECT_NE(s.message().find("device 0 but config->device names device 4"), std::string::npos) << s.message();
+    EXPECT_EQ(t, nullptr);
+    for (ncclComm_t c : user) ncclCommDestroy(c);
+  }
+}
+
+// A caller's communicator on which one rank never creates its context: the others give up at
+// their timeout (blocking communicator or not) and leave the communicator to its owner.
+TEST(NcclMock, CallersCommunicatorTimesOutWhenARankNeverCreates) {
+  for (int blocking : {0, 1}) {
+    SCOPED_TRACE(blocking ? "blocking" : "nonblocking");
+    const int world = 2;
+    ncclUniqueId uid;
+    ASSERT_EQ(ncclGetUniqueId(&uid), ncclSuccess);
+    std::vector<ncclComm_t> user(world, nullptr);
+    Ranks::Run(world, [&](int r) {
+      cudaSetDevice(r);
+      ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+      c.blocking = blocking;
+      ncclResult_t st = ncclCommInitRankConfig(&user[static_cast<size_t>(r)], world, uid, r, &c);
+      while (st == ncclInProgress) ncclCommGetAsyncError(user[static_cast<size_t>(r)], &st);
+    });
+    cudaSetDevice(0);
+    stria_context_config_t cfg = Config(0, world, 0.5);
+    cfg.nccl_comm = user[0];
+    Transport* t = nullptr;
+    const auto t0 = std::chrono::steady_clock::now();
+    Status s = stria_nccl_module_v1.create(cfg, 0.5, &t);
+    EXPECT_EQ(s.code(), STRIA_ERROR_TIMEOUT) << s.message();
+    EXPECT_NE(s.message().find("its owner should abort"), std::string::npos) << s.message();
+    EXPECT_LT(SecondsSince(t0), 5) << "neither the wait nor the cleanup may block";
+    EXPECT_EQ(t, nullptr);
+    // Not stria's to abort.
+    ncclResult_t st = ncclInternalError;
+    EXPECT_EQ(ncclCommGetAsyncError(user[0], &st), ncclSuccess);
+  }
+}
+
+TEST(NcclMock, WaitTimesOutAndPoisons) {
+  Ranks ranks(2, 30);
+  ranks.ExpectAllOk();
+  ASSERT_FALSE(HasFailure());
+  cudaSetDevice(0);
+  Transport& t0 = *ranks.t[0];
+  std::vector<uint8_t> a(1000), b(1000);
+  RequestId rr = 0, rs = 0;
+  ASSERT_TRUE(t0.Irecv(1, Tag(1, 0, 1), b.data(), b.size(), &rr).ok());
+  ASSERT_TRUE(t0.Isend(1, Tag(1, 0, 1), a.data(), a.size(), &rs).ok());
+  const auto start = std::chrono::steady_clock::now();
+  Status s = t0.Wait(rr, 0.4, "K/V block of ring step 0");  // rank 1 posts nothing
+  EXPECT_EQ(s.code(), STRIA_ERROR_TIMEOUT) << s.message();
+  EXPECT_NE(s.message().find("waiting for rank 1 to send (K/V block of ring step 0)"), std::string::npos)
+      << s.message();
+  EXPECT_LT(SecondsSince(start), 3);
+  // Poisoned with that first error.
+  EXPECT_EQ(t0.Wait(rs, 10, "x").message(), s.message());
+  EXPECT_EQ(t0.Isend(1, Tag(2, 0, 1), a.data(), a.size(), &rs).message(), s.message());
+  char all[2];
+  EXPECT_EQ(t0.AllGather("x", all, 1, 10, "x").message(), s.message());
+  const auto end = std::chrono::steady_clock::now();
+  t0.CancelAll();
+  ranks.t[0].reset();
+  ranks.t[1].reset();
+  EXPECT_LT(SecondsSince(end), 3);
+}
+
+TEST(NcclMock, AllGatherTimesOut) {
+  Ranks ranks(2, 30);
+  ranks.ExpectAllOk();
+  ASSERT_FALSE(HasFailure());
+  cudaSetDevice(0);
+  char all[8];
+  Status s = ranks.t[0]->AllGather("abcd", all, 4, 0.3, "the signature of call 1");
+  EXPECT_EQ(s.code(), STRIA_ERROR_TIMEOUT) << s.message();
+  EXPECT_NE(s.message().find("all-gather of the signature of call 1"), std::string::npos) << s.message();
+}
+
+TEST(NcclMock, AbortFromAnotherThreadEndsTheWaitAndTheRing) {
+  const int world = 3;
+  Ranks ranks(world, 2);  // the peers give up on the aborted rank after 2 s
+  ranks.ExpectAllOk();
+  ASSERT_FALSE(HasFailure());
+  std::vector<Status> out(world);
+  std::vector<double> took(world);
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    cudaSetDevice(2);  // any thread, any current device
+    ranks.t[0]->Abort();
+  });
+  Ranks::Run(world, [&](int r) {
+    cudaSetDevice(r);
+    const auto start = std::chrono::steady_clock::now();
+    Transport& tr = *ranks.t[static_cast<size_t>(r)];
+    if (r == 0) {
+      // Rank 0 waits for a block that never comes (rank 2 sends nothing yet).
+      std::vector<uint8_t> a(64), b(64);
+      RequestId rr = 0, rs = 0;
+      Status s = tr.Irecv(2, Tag(1, 0, 1), b.data(), b.size(), &rr);
+      if (s.ok()) s = tr.Isend(1, Tag(1, 0, 1), a.data(), a.size(), &rs);
+      if (s.ok()) s = tr.Wait(rr, 60, "K/V block of ring step 0");
+      out[0] = s;
+    } else {
+      std::vector<uint8_t> b(64);
+      RequestId rr = 0;
+      Status s = tr.Irecv(r - 1, Tag(1, 0, 1), b.data(), b.size(), &rr);
+      if (s.ok() && r == 1) s = tr.Wait(rr, 2, "K/V block of ring step 0");
+      if (r == 2) {  // rank 2 waits for rank 1's block, which rank 1 never sends
+        s = tr.Wait(rr, 2, "K/V block of ring step 0");
+      }
+      out[static_cast<size_t>(r)] = s;
+    }
+    took[static_cast<size_t>(r)] = SecondsSince(start);
+  });
+  aborter.join();
+  EXPECT_EQ(out[0].code(), STRIA_ERROR_ABORTED) << out[0].message();
+  EXPECT_LT(took[0], 3);
+  // Rank 1 had the block from rank 0 launched before the abort, or times out: either way no hang.
+  EXPECT_TRUE(out[1].ok() || out[1].code() == STRIA_ERROR_TIMEOUT) << out[1].message();
+  EXPECT_EQ(out[2].code(), STRIA_ERROR_TIMEOUT) << out[2].message();
+  RequestId later = 0;
+  EXPECT_EQ(ranks.t[0]->Isend(1, Tag(2, 0, 1), nullptr, 0, &later).code(), STRIA_ERROR_ABORTED);
+  const auto end = std::chrono::steady_clock::now();
+  for (auto& t : ranks.t) {
+    t->CancelAll();
+    t.reset();
+  }
+  EXPECT_LT(SecondsSince(end), 3);
+}
+
+TEST(NcclMock, PostingOrderIsGuarded) {
+  Ranks ranks(1, 10);
+  ranks.ExpectAllOk();
+  ASSERT_FALSE(HasFailure());
+  cudaSetDevice(0);
+  Transport& t = *ranks.t[0];
+  std::vector<uint8_t> a(16), b(16);
+  RequestId r1 = 0, r2 = 0;
+  ASSERT_TRUE(t.Irecv(0, Tag(3, 1, 2), b.data(), 16, &r1).ok());
+  ASSERT_TRUE(t.Isend(0, Tag(3, 1, 2), a.data(), 16, &r2).ok());
+  ASSERT_TRUE(t.Wait(r1, 10, "x").ok());
+  ASSERT_TRUE(t.Wait(r2, 10, "x").ok());
+  // The other lane has its own order.
+  ASSERT_TRUE(t.Irecv(0, Tag(2, 5, 1), b.data(), 16, &r1).ok());
+  ASSERT_TRUE(t.Isend(0, Tag(2, 5, 1), a.data(), 16, &r2).ok());
+  ASSERT_TRUE(t.Wait(r1, 10, "x").ok());
+  ASSERT_TRUE(t.Wait(r2, 10, "x").ok());
+  Status s = t.Isend(0, Tag(3, 0, 2), a.data(), 16, &r2);
+  EXPECT_EQ(s.code(), STRIA_ERROR_INTERNAL);
+  EXPECT_NE(s.message().find("posting order"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("dK/dV lane"), std::string::npos) << s.message();
+}
+
+// A lone request (its partner not posted) goes out when waited on.
+TEST(NcclMock, LoneRequestsGoOutWhenWaitedOn) {
+  Ranks ranks(2, 10);
+  ranks.ExpectAllOk();
+  ASSERT_FALSE(HasFailure());
+  std::vector<uint8_t> a(100), b(100);
+  FillKV(&a, 0);
+  std::vector<Status> out(2);
+  Ranks::Run(2, [&](int r) {
+    cudaSetDevice(r);
+    RequestId id = 0;
+    Status s = r == 0 ? ranks.t[0]->Isend(1, Tag(1, 0, 1), a.data(), a.size(), &id)
+                      : ranks.t[1]->Irecv(0, Tag(1, 0, 1), b.data(), b.size(), &id);
+    if (s.ok()) s = ranks.t[static_cast<size_t>(r)]->Wait(id, 10, "x");
+    out[static_cast<size_t>(r)] = s;
+  });
+  EXPECT_TRUE(out[0].ok()) << out[0].message();
+  EXPECT_TRUE(out[1].ok()) << out[1].message();
+  EXPECT_TRUE(IsKV(b, 0));
+}
+
+// Rank 1 joins the rendezvous but never calls NCCL: rank 0's set-up gives up at its timeout.
+TEST(NcclMock, SetupTimesOutWhenARankNeverGetsToNccl) {
+  unsetenv("STRIA_ROOT");
+  stria_unique_id_t raw;
+  ASSERT_TRUE(stria_nccl_module_v1.get_unique_id(&raw).ok());
+  RendezvousId id;
+  ASSERT_TRUE(DecodeId(raw, &id).ok());
+  std::thread impostor([&] {
+    int version = 0;
+    ncclGetVersion(&version);
+    Bytes blob{'S', 'N', 'C', 'L'};
+    for (int shift = 24; shift >= 0; shift -= 8) blob.push_back(static_cast<uint8_t>(version >> shift));
+    std::vector<Bytes> table;
+    EXPECT_TRUE(JoinRendezvous(id, 1, 2, blob, 20, nullptr, &table).ok());
+  });
+  cudaSetDevice(0);
+  stria_context_config_t cfg = Config(0, 2, 0.5);
+  cfg.unique_id = raw;
+  Transport* t = nullptr;
+  const auto start = std::chrono::steady_clock::now();
+  Status s = stria_nccl_module_v1.create(cfg, 0.5, &t);
+  impostor.join();
+  EXPECT_EQ(s.code(), STRIA_ERROR_TIMEOUT) << s.message();
+  EXPECT_NE(s.message().find("ncclCommInitRankConfig"), std::string::npos) << s.message();
+  EXPECT_LT(SecondsSince(start), 5);
+  EXPECT_EQ(t, nullptr);
+}
+
+TEST(NcclMock, AnotherTransportInTheRendezvousIsNamed) {
+  unsetenv("STRIA_ROOT");
+  stria_unique_id_t raw;
+  ASSERT_TRUE(stria_nccl_module_v1.get_unique_id(&raw).ok());
+  RendezvousId id;
+  ASSERT_TRUE(DecodeId(raw, &id).ok());
+  std::thread ucx_rank([&] {
+    std::vector<Bytes> table;
+    (void)JoinRendezvous(id, 1, 2, Bytes{'u', 'c', 'x'}, 20, nullptr, &table);
+  });
+  cudaSetDevice(0);
+  stria_context_config_t cfg = Config(0, 2, 5);
+  cfg.unique_id = raw;
+  Transport* t = nullptr;
+  Status s = stria_nccl_module_v1.create(cfg, 5, &t);
+  ucx_rank.join();
+  EXPECT_EQ(s.code(), STRIA_ERROR_TRANSPORT) << s.message();
+  EXPECT_NE(s.message().find("rank 1 joined this rendezvous with another transport"), std::string::npos) << s.message();
+}
+
+TEST(NcclMock, TwoRanksOnOneGpuAreRefused) {
+  Ranks ranks(2, 5, [](int, stria_context_config_t* cfg) {
+    cfg->device.device_id = 0;
+    cudaSetDevice(0);
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_FALSE(ranks.s[static_cast<size_t>(r)].ok());
+    EXPECT_NE(ranks.s[static_cast<size_t>(r)].message().find("Duplicate GPU"), std::string::npos)
+        << ranks.s[static_cast<size_t>(r)].message();
+    EXPECT_EQ(ranks.t[static_cast<size_t>(r)], nullptr);
+  }
+}
+
+}  // namespace
+}  // namespace stria
