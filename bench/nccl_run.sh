@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The NCCL benchmarks, for a machine with two or more GPUs (not run yet: no GPU machine has been
+# available to this project's NCCL work; docs/performance.md gets their numbers once it is).
+#   (1) K/V-block-sized transfers GPU 0 -> GPU 1 through stria's NCCL transport (post, wait: as
+#       the ring sends them) against plain NCCL ncclSend/ncclRecv at the same size (the anchor);
+#   (2) the causal ring per layout on N GPUs, one process each, bf16: wall time per call.
+# Usage: bench/nccl_run.sh [build dir] [N GPUs (default: all visible)] [L tokens per rank...]
+set -euo pipefail
+build=${1:-build}
+gpus=${2:-$(nvidia-smi -L | wc -l)}
+shift 2 || true
+sizes=("$@")
+[ ${#sizes[@]} -gt 0 ] || sizes=(4096 16384)
+bin=$build/bench/stria-nccl-bench
+H=16
+D=128
+out=$(mktemp -d)
+
+job() {  # job NAME WORLD args...: ranks 0..WORLD-1, rank r on GPU r
+  local name=$1 world=$2
+  shift 2
+  local port=$((20000 + RANDOM % 30000))
+  for ((r = 0; r < world; ++r)); do
+    RANK=$r LOCAL_RANK=$r WORLD_SIZE=$world STRIA_ROOT=127.0.0.1:$port NCCL_ID_FILE=$out/$name.id \
+      "$bin" "$@" >"$out/$name.$r" 2>&1 &
+  done
+  wait
+}
+
+echo "## K/V-block transfers, GPU 0 -> GPU 1, one message at a time (GB/s, median of 3 runs)"
+echo "| message | stria NCCL transport | plain ncclSend/ncclRecv | ratio |"
+echo "|---|---|---|---|"
+for L in "${sizes[@]}"; do
+  bytes=$((L * H * D * 2 * 2))  # K and V of one block, bf16
+  ours=()
+  plain=()
+  for i in 1 2 3; do
+    job "xfer$L.$i" 2 transfer $bytes 50
+    ours+=("$(awk '/^TRANSFER/ {print $3}' "$out/xfer$L.$i.1")")
+    plain+=("$(awk '/^TRANSFER/ {print $4}' "$out/xfer$L.$i.1")")
+  done
+  python3 - "$bytes" "${ours[@]}" "${plain[@]}" <<'PY'
+import statistics, sys
+b = int(sys.argv[1]); v = [float(x) for x in sys.argv[2:]]
+o, p = statistics.median(v[:3]), statistics.median(v[3:])
+print(f"| {b / 2**20:.1f} MiB | {o:.2f} | {p:.2f} | {o / p:.3f} |")
+PY
+done
+
+echo
+echo "## Causal ring over NCCL, $gpus GPUs, H=$H, D=$D, bf16 (median of 5 calls, ms)"
+for L in "${sizes[@]}"; do job "ring$L" "$gpus" ring "$L" $H $D 5; done
+python3 - "$out" "$gpus" "${sizes[@]}" <<'PY'
+import collections, statistics, sys
+out, n, sizes = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+print("| tokens per rank | layout | pass | wall ms |")
+print("|---|---|---|---|")
+for L in sizes:
+    calls = collections.defaultdict(lambda: collections.defaultdict(dict))
+    for r in range(n):
+        for line in open(f"{out}/ring{L}.{r}"):
+            f = line.split()
+            if f[0] != "CALL": continue
+            calls[(f[1], f[2])][int(f[3])][r] = (float(f[5]), float(f[6]))
+    for (layout, p), reps in calls.items():
+        walls = [max(e for _, e in d.values()) - max(s for s, _ in d.values()) for d in reps.values()]
+        print(f"| {L} | {layout} | {p} | {statistics.median(walls) * 1e3:.2f} |")
+PY
+rm -rf "$out"
