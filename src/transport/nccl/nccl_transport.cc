@@ -38,10 +38,10 @@
 // passes, so Wait returning OK means the data is in device memory for any later work. The
 // engine fences its compute before posting, so launches need no dependency on its streams.
 //
-// Faults. Communicators are nonblocking (ncclConfig_t::blocking = 0), so no NCCL call can hang a
-// rank: launches and initialisation are polled with ncclCommGetAsyncError under the timeout. A
-// timeout, an asynchronous NCCL error or an abort calls ncclCommAbort on stria's communicators,
-// which stops their kernels and frees them: the transport is then poisoned (every call fails with
+// Faults. stria's communicators are nonblocking (ncclConfig_t::blocking = 0), so no NCCL call on
+// them can hang a rank: launches and set-up are polled with ncclCommGetAsyncError under the
+// timeout. A timeout, an asynchronous NCCL error or an abort calls ncclCommAbort on them, which
+// stops their kernels and frees them: the transport is then poisoned (every call fails with
 // the first error, or ABORTED) and nothing it launched touches the ring buffers any more. All NCCL
 // calls happen under one mutex that no wait holds while it sleeps, so stria_context_abort from
 // another thread gets in at once. Peers learn of it from their own timeout, or earlier where NCCL
