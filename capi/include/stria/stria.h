@@ -20,7 +20,7 @@
 
 /* The CMake project reads the version from these three lines: they are the single source. */
 #define STRIA_VERSION_MAJOR 0
-#define STRIA_VERSION_MINOR 1
+#define STRIA_VERSION_MINOR 2
 #define STRIA_VERSION_PATCH 0
 #define STRIA_VERSION (STRIA_VERSION_MAJOR * 10000 + STRIA_VERSION_MINOR * 100 + STRIA_VERSION_PATCH)
 

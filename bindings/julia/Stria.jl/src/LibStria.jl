@@ -18,9 +18,9 @@ const libstria = "libstria.so.0"
 # ---- constants (object-like macros, evaluated by the C front end) ----
 const DLPACK_VERSION = 60
 const STRIA_VERSION_MAJOR = 0
-const STRIA_VERSION_MINOR = 1
+const STRIA_VERSION_MINOR = 2
 const STRIA_VERSION_PATCH = 0
-const STRIA_VERSION = 100
+const STRIA_VERSION = 200
 
 # ---- dlpack/dlpack.h ----
 
