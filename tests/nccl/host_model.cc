@@ -1,6 +1,6 @@
 // A host model of the parts of the CUDA runtime and of NCCL that the NCCL transport uses, so that
 // its logic (lanes, grouping, completion events, timeouts, aborts) runs in a test on a
-// machine without a GPU, with ranks as threads of one process. test_nccl_mock links it with its
+// machine without a GPU, with ranks as threads of one process. test_nccl_host_model links it with its
 // own build of src/transport/nccl/nccl_transport.cc instead of libcudart and libnccl.
 //
 // The model keeps what the transport relies on, and is stricter where that finds bugs:
@@ -10,7 +10,7 @@
 //   and only then offers its sends and receives to the peers;
 // - a send completes only when the matching receive is there (no eager buffering), and between
 //   two ranks of a communicator the k-th send pairs with the k-th receive, whatever their sizes
-//   (a size mismatch is recorded as a bug, see MockSizeMismatches);
+//   (a size mismatch is recorded as a bug, see ModelSizeMismatches);
 // - nonblocking communicators report ncclInProgress after set-up and launches, and a launch
 //   reaches its stream only a little later, from another thread;
 // - ncclCommAbort ends the communicator's kernels; a peer's kernels then wait until their own
@@ -105,7 +105,7 @@ cudaError_t Set(cudaError_t e) {
 }
 
 int Devices() {
-  const char* v = std::getenv("STRIA_MOCK_GPUS");
+  const char* v = std::getenv("STRIA_MODEL_GPUS");
   return v ? std::atoi(v) : 8;
 }
 
@@ -124,11 +124,11 @@ const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidDevice:
       return "invalid device ordinal";
     default:
-      return "mock CUDA error";
+      return "host-model CUDA error";
   }
 }
 const char* cudaGetErrorName(cudaError_t e) {
-  return e == cudaSuccess ? "cudaSuccess" : e == cudaErrorNotReady ? "cudaErrorNotReady" : "cudaErrorMock";
+  return e == cudaSuccess ? "cudaSuccess" : e == cudaErrorNotReady ? "cudaErrorNotReady" : "cudaErrorHostModel";
 }
 cudaError_t cudaPeekAtLastError(void) {
   return g_last;
@@ -367,7 +367,7 @@ ncclResult_t Launch(std::vector<Op> ops) {
   cudaStream_t stream = ops[0].stream;
   for (const Op& op : ops)
     if (op.comm != comm || op.stream != stream) {
-      std::snprintf(g_last_nccl, sizeof g_last_nccl, "the mock takes one communicator and stream per group");
+      std::snprintf(g_last_nccl, sizeof g_last_nccl, "the host model takes one communicator and stream per group");
       return ncclInvalidUsage;
     }
   if (comm->aborted) return ncclInvalidArgument;
@@ -410,7 +410,7 @@ void Complete(Clique* c) {
 }  // namespace
 
 // The number of messages whose sizes differed between sender and receiver (a schedule bug).
-int MockSizeMismatches() {
+int ModelSizeMismatches() {
   return g_mismatches.load();
 }
 
@@ -427,7 +427,7 @@ const char* ncclGetErrorString(ncclResult_t r) {
     case ncclInProgress:
       return "operation in progress";
     default:
-      return "mock NCCL error";
+      return "host-model NCCL error";
   }
 }
 const char* ncclGetLastError(ncclComm_t) {

@@ -1,4 +1,4 @@
-// The NCCL transport's logic on a host model of CUDA and NCCL (mock_gpu.cc), ranks as threads:
+// The NCCL transport's logic on a host model of CUDA and NCCL (host_model.cc), ranks as threads:
 // it runs on any machine, and under the sanitizers. The rings below post, wait and all-gather in
 // exactly the order of the engine's schedules (src/ring/ring_forward.cc, ring_backward.cc: keep
 // them in step), and check every block that arrives. The model pairs the k-th send with the k-th
@@ -21,7 +21,7 @@
 #include "transport/rendezvous/rendezvous.h"
 
 extern "C" const stria::TransportModuleV1 stria_nccl_module_v1;
-int MockSizeMismatches();
+int ModelSizeMismatches();
 
 namespace stria {
 namespace {
@@ -206,7 +206,7 @@ void RunCalls(Ranks& ranks, int calls, size_t kv_bytes, size_t dkv_floats) {
     EXPECT_TRUE(out[static_cast<size_t>(r)].ok()) << out[static_cast<size_t>(r)].message();
 }
 
-TEST(NcclMock, RingSchedulesAtEveryWorldSize) {
+TEST(NcclHostModel, RingSchedulesAtEveryWorldSize) {
   for (int world = 1; world <= 5; ++world) {
     SCOPED_TRACE("world " + std::to_string(world));
     Ranks ranks(world, 30);
@@ -217,10 +217,10 @@ TEST(NcclMock, RingSchedulesAtEveryWorldSize) {
     RunCalls(ranks, 2, 3000, 1000);
     RunCalls(ranks, 1, 4096, 1024);
   }
-  EXPECT_EQ(MockSizeMismatches(), 0);
+  EXPECT_EQ(ModelSizeMismatches(), 0);
 }
 
-TEST(NcclMock, CallersCommunicatorIsUsedAndLeftAlone) {
+TEST(NcclHostModel, CallersCommunicatorIsUsedAndLeftAlone) {
   for (int blocking : {1, 0}) {
     SCOPED_TRACE(blocking ? "blocking" : "nonblocking");
     const int world = 3;
@@ -274,7 +274,7 @@ TEST(NcclMock, CallersCommunicatorIsUsedAndLeftAlone) {
 
 // A caller's communicator on which one rank never creates its context: the others give up at
 // their timeout (blocking communicator or not) and leave the communicator to its owner.
-TEST(NcclMock, CallersCommunicatorTimesOutWhenARankNeverCreates) {
+TEST(NcclHostModel, CallersCommunicatorTimesOutWhenARankNeverCreates) {
   for (int blocking : {0, 1}) {
     SCOPED_TRACE(blocking ? "blocking" : "nonblocking");
     const int world = 2;
@@ -304,7 +304,7 @@ TEST(NcclMock, CallersCommunicatorTimesOutWhenARankNeverCreates) {
   }
 }
 
-TEST(NcclMock, WaitTimesOutAndPoisons) {
+TEST(NcclHostModel, WaitTimesOutAndPoisons) {
   Ranks ranks(2, 30);
   ranks.ExpectAllOk();
   ASSERT_FALSE(HasFailure());
@@ -332,7 +332,7 @@ TEST(NcclMock, WaitTimesOutAndPoisons) {
   EXPECT_LT(SecondsSince(end), 3);
 }
 
-TEST(NcclMock, AllGatherTimesOut) {
+TEST(NcclHostModel, AllGatherTimesOut) {
   Ranks ranks(2, 30);
   ranks.ExpectAllOk();
   ASSERT_FALSE(HasFailure());
@@ -343,7 +343,7 @@ TEST(NcclMock, AllGatherTimesOut) {
   EXPECT_NE(s.message().find("all-gather of the signature of call 1"), std::string::npos) << s.message();
 }
 
-TEST(NcclMock, AbortFromAnotherThreadEndsTheWaitAndTheRing) {
+TEST(NcclHostModel, AbortFromAnotherThreadEndsTheWaitAndTheRing) {
   const int world = 3;
   Ranks ranks(world, 2);  // the peers give up on the aborted rank after 2 s
   ranks.ExpectAllOk();
@@ -395,7 +395,7 @@ TEST(NcclMock, AbortFromAnotherThreadEndsTheWaitAndTheRing) {
   EXPECT_LT(SecondsSince(end), 3);
 }
 
-TEST(NcclMock, PostingOrderIsGuarded) {
+TEST(NcclHostModel, PostingOrderIsGuarded) {
   Ranks ranks(1, 10);
   ranks.ExpectAllOk();
   ASSERT_FALSE(HasFailure());
@@ -419,7 +419,7 @@ TEST(NcclMock, PostingOrderIsGuarded) {
 }
 
 // A lone request (its partner not posted) goes out when waited on.
-TEST(NcclMock, LoneRequestsGoOutWhenWaitedOn) {
+TEST(NcclHostModel, LoneRequestsGoOutWhenWaitedOn) {
   Ranks ranks(2, 10);
   ranks.ExpectAllOk();
   ASSERT_FALSE(HasFailure());
@@ -440,7 +440,7 @@ TEST(NcclMock, LoneRequestsGoOutWhenWaitedOn) {
 }
 
 // Rank 1 joins the rendezvous but never calls NCCL: rank 0's set-up gives up at its timeout.
-TEST(NcclMock, SetupTimesOutWhenARankNeverGetsToNccl) {
+TEST(NcclHostModel, SetupTimesOutWhenARankNeverGetsToNccl) {
   unsetenv("STRIA_ROOT");
   stria_unique_id_t raw;
   ASSERT_TRUE(stria_nccl_module_v1.get_unique_id(&raw).ok());
@@ -467,7 +467,7 @@ TEST(NcclMock, SetupTimesOutWhenARankNeverGetsToNccl) {
   EXPECT_EQ(t, nullptr);
 }
 
-TEST(NcclMock, AnotherTransportInTheRendezvousIsNamed) {
+TEST(NcclHostModel, AnotherTransportInTheRendezvousIsNamed) {
   unsetenv("STRIA_ROOT");
   stria_unique_id_t raw;
   ASSERT_TRUE(stria_nccl_module_v1.get_unique_id(&raw).ok());
@@ -487,7 +487,7 @@ TEST(NcclMock, AnotherTransportInTheRendezvousIsNamed) {
   EXPECT_NE(s.message().find("rank 1 joined this rendezvous with another transport"), std::string::npos) << s.message();
 }
 
-TEST(NcclMock, TwoRanksOnOneGpuAreRefused) {
+TEST(NcclHostModel, TwoRanksOnOneGpuAreRefused) {
   Ranks ranks(2, 5, [](int, stria_context_config_t* cfg) {
     cfg->device.device_id = 0;
     cudaSetDevice(0);
