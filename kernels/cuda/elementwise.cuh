@@ -96,6 +96,8 @@ STRIA_GLOBAL void KvGradFinishKernel(Dims d, const float* src, RowsOut dst) {
 // Shard/unshard: one element per thread over the local tensor; along seq_dim, local index i maps
 // to the global position of the layout (DESIGN.md).
 
+// The device-side twin of GlobalPosition (src/layout/layout.cc), which host code cannot share with
+// a kernel; test_attention_kernels_emu checks the two agree through the shard kernel.
 STRIA_HD int64_t LayoutPosition(int layout, int64_t L, int world, int rank, int64_t i) {
   if (layout == 0) return rank * L + i;      // contiguous
   if (layout == 1) return i * world + rank;  // striped

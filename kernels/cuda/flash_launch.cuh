@@ -6,18 +6,10 @@
 
 #include "cuda/flash_backward.cuh"
 #include "cuda/flash_forward.cuh"
+#include "cuda/smem_optin.cuh"
 
 namespace stria {
 namespace cuda {
-
-// Kernels with more than 48 KB of dynamic shared memory must opt in. The attribute belongs to the
-// current device, and ranks of one process may sit on several GPUs, so it is set at every launch
-// (a host-side call of about a microsecond, against kernels of milliseconds).
-template <typename Kernel>
-cudaError_t AllowSmem(Kernel kernel, int bytes) {
-  if (bytes <= 48 * 1024) return cudaSuccess;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-}
 
 template <typename T, int D>
 cudaError_t LaunchFlashForward(const FwdParams& p, cudaStream_t s) {

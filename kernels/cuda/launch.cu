@@ -6,6 +6,7 @@
 
 #include "cuda/elementwise.cuh"
 #include "cuda/launch.h"
+#include "cuda/smem_optin.cuh"
 
 namespace stria {
 namespace cuda {
@@ -21,12 +22,6 @@ bool FlashHeadDim(int D) {
 
 namespace {
 
-template <typename Kernel>
-cudaError_t AllowSmemBytes(Kernel kernel, int bytes) {
-  if (bytes <= 48 * 1024) return cudaSuccess;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-}
-
 // Grids of the elementwise kernels: enough blocks to fill the GPU, grid-stride beyond that.
 dim3 ElementGrid(int64_t n) {
   const int64_t blocks = std::min<int64_t>((n + 255) / 256, 8192);
@@ -41,7 +36,7 @@ unsigned QueryTiles(const MaskArgs& m, int rows) {
 template <typename T>
 cudaError_t SimtForward(const FwdParams& p, cudaStream_t s) {
   const int bytes = SimtForwardSmemFloats(p.dims.D) * 4;
-  cudaError_t e = AllowSmemBytes(SimtForwardKernel<T>, bytes);
+  cudaError_t e = AllowSmem(SimtForwardKernel<T>, bytes);
   if (e != cudaSuccess) return e;
   const dim3 grid(QueryTiles(p.mask, kSimtRows), static_cast<unsigned>(p.dims.B * p.dims.Hq));
   SimtForwardKernel<T><<<grid, 128, bytes, s>>>(p);
@@ -51,8 +46,8 @@ cudaError_t SimtForward(const FwdParams& p, cudaStream_t s) {
 template <typename T>
 cudaError_t SimtBackward(const BwdParams& p, cudaStream_t s) {
   const int dq_bytes = SimtDqSmemFloats(p.dims.D) * 4, dkv_bytes = SimtDkvSmemFloats(p.dims.D) * 4;
-  cudaError_t e = AllowSmemBytes(SimtBackwardDqKernel<T>, dq_bytes);
-  if (e == cudaSuccess) e = AllowSmemBytes(SimtBackwardDkvKernel<T>, dkv_bytes);
+  cudaError_t e = AllowSmem(SimtBackwardDqKernel<T>, dq_bytes);
+  if (e == cudaSuccess) e = AllowSmem(SimtBackwardDkvKernel<T>, dkv_bytes);
   if (e != cudaSuccess) return e;
   const dim3 dq_grid(QueryTiles(p.mask, kSimtRows), static_cast<unsigned>(p.dims.B * p.dims.Hq));
   SimtBackwardDqKernel<T><<<dq_grid, 128, dq_bytes, s>>>(p);

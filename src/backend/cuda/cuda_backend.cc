@@ -165,13 +165,7 @@ class CudaBackend final : public Backend {
   Status Allocate(size_t bytes, void** ptr) override {
     DeviceScope scope(device_);
     STRIA_RETURN_IF_ERROR(scope.status());
-    const cudaError_t e = cudaMalloc(ptr, bytes ? bytes : 256);
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      return Error(e == cudaErrorMemoryAllocation ? STRIA_ERROR_OUT_OF_MEMORY : STRIA_ERROR_CUDA,
-                   "cudaMalloc of a %zu-byte ring buffer failed: %s", bytes, cudaGetErrorString(e));
-    }
-    return Status::Ok();
+    return DeviceMalloc(bytes, "a ring buffer", ptr);
   }
   void Free(void* ptr) override {
     if (ptr == nullptr) return;

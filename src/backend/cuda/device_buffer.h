@@ -8,6 +8,17 @@
 
 namespace stria {
 
+// cudaMalloc as a Status: OUT_OF_MEMORY when the device is full, CUDA otherwise; the runtime's
+// error is cleared (allocation failures are not sticky).
+inline Status DeviceMalloc(size_t bytes, const char* what, void** out) {
+  const cudaError_t e = cudaMalloc(out, bytes ? bytes : 256);
+  if (e == cudaSuccess) return Status::Ok();
+  *out = nullptr;
+  cudaGetLastError();
+  return Error(e == cudaErrorMemoryAllocation ? STRIA_ERROR_OUT_OF_MEMORY : STRIA_ERROR_CUDA,
+               "cudaMalloc of %zu bytes for %s failed: %s", bytes, what, cudaGetErrorString(e));
+}
+
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
@@ -20,12 +31,7 @@ class DeviceBuffer {
     cudaFree(ptr_);  // synchronizes the device: only on growth
     ptr_ = nullptr;
     bytes_ = 0;
-    const cudaError_t e = cudaMalloc(&ptr_, bytes);
-    if (e != cudaSuccess) {
-      cudaGetLastError();  // not sticky: clear it
-      return Error(e == cudaErrorMemoryAllocation ? STRIA_ERROR_OUT_OF_MEMORY : STRIA_ERROR_CUDA,
-                   "cudaMalloc of %zu bytes for %s failed: %s", bytes, what, cudaGetErrorString(e));
-    }
+    STRIA_RETURN_IF_ERROR(DeviceMalloc(bytes, what, &ptr_));
     bytes_ = bytes;
     return Status::Ok();
   }

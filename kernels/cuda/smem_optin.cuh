@@ -1,0 +1,19 @@
+// The shared-memory opt-in every launcher needs: kernels with more than 48 KB of dynamic shared
+// memory must raise their limit first. The attribute belongs to the current device, and ranks of
+// one process may sit on several GPUs, so launchers set it at every launch (a host-side call of
+// about a microsecond, against kernels of milliseconds).
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace stria {
+namespace cuda {
+
+template <typename Kernel>
+cudaError_t AllowSmem(Kernel kernel, int bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
+}  // namespace cuda
+}  // namespace stria
