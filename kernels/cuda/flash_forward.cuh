@@ -1,5 +1,5 @@
 // Tensor-core forward tile kernel (mma.sync m16n8k16, bf16/fp16 in, fp32 accumulate): one CTA of
-// 4 warps owns 64 queries of one head (16 rows per warp) and merges one ring block's keys into
+// 4 warps owns 128 queries of one head (32 rows per warp) and merges one ring block's keys into
 // their running softmax state (row max m, row sum l, unnormalised output acc, all fp32 in global
 // memory). Keeping the state across ring steps is the LSE merge of ring attention done in place:
 // no per-block output or LSE is written and merged later.
@@ -16,7 +16,11 @@ namespace cuda {
 
 template <int D>
 struct FwdTile {
-  static constexpr int kM = 64, kN = 64, kThreads = 128;
+  // Each warp owns kMT m16 tiles (32 rows), so every K or V fragment loaded from shared memory
+  // feeds kMT tensor-core products: with one m-tile per warp, ldmatrix bandwidth and not the
+  // tensor cores bounds the kernel.
+  static constexpr int kWarps = 4, kThreads = 32 * kWarps, kMT = 2;
+  static constexpr int kWarpRows = 16 * kMT, kM = kWarps * kWarpRows, kN = 64;
   static constexpr int kStride = SmemRow<D>::kStride;
   static constexpr int kSmemBytes = (kM + 2 * kN) * kStride * 2;
 };
@@ -24,8 +28,8 @@ struct FwdTile {
 template <typename T, int D>
 STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p) {
   using Tile = FwdTile<D>;
-  constexpr int S = Tile::kStride, kM = Tile::kM, kN = Tile::kN;
-  constexpr int kDTiles = D / 8, kKSteps = D / 16, kNTiles = kN / 8;
+  constexpr int S = Tile::kStride, kM = Tile::kM, kN = Tile::kN, kMT = Tile::kMT, kR = 2 * kMT;
+  constexpr int kThreads = Tile::kThreads, kDTiles = D / 8, kKSteps = D / 16, kNTiles = kN / 8;
   STRIA_DYNAMIC_SMEM(smem_raw);
   uint16_t* qs = reinterpret_cast<uint16_t*>(smem_raw);
   uint16_t* ks = qs + kM * S;
@@ -41,141 +45,178 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
   if (k_lo >= k_hi) return;  // the whole CTA, before any barrier
   const int64_t j_first = (k_lo / kN) * kN;
   const int n_tiles = static_cast<int>((k_hi - j_first + kN - 1) / kN);
+  // This warp's rows and the keys they may see: on the diagonal a warp skips the key tiles that
+  // only the CTA's later rows see (a warp-uniform branch; no warp waits on another's products).
+  const int w0 = warp * Tile::kWarpRows;
+  const int64_t wi0 = i0 + w0, wi1 = wi0 + Tile::kWarpRows;
+  int64_t wk_lo, wk_hi;
+  KeyRange(p.mask, wi0, MinI(wi1, d.L), &wk_lo, &wk_hi);
 
   const uint16_t* qg = static_cast<const uint16_t*>(p.q.data) + b * p.q.sb + h * p.q.sh;
   const int64_t kv_row = static_cast<int64_t>(d.Hkv) * D;  // compact [B, L, Hkv, D]
   const uint16_t* kg = static_cast<const uint16_t*>(p.k) + (static_cast<int64_t>(b) * d.L * d.Hkv + hk) * D;
   const uint16_t* vg = static_cast<const uint16_t*>(p.v) + (static_cast<int64_t>(b) * d.L * d.Hkv + hk) * D;
 
-  LoadRows<D, 128>(qs, qg, p.q.sl, i0, kM, d.L);
-  LoadRows<D, 128>(ks, kg, kv_row, j_first, kN, d.L);
+  LoadRows<D, kThreads>(qs, qg, p.q.sl, i0, kM, d.L);
+  LoadRows<D, kThreads>(ks, kg, kv_row, j_first, kN, d.L);
   cp_async_commit();
 
-  // This lane's two rows and its share of their running state.
-  int64_t row[2];
-  bool live[2];
-  float m_run[2], l_run[2];
-  float o[kDTiles][4];
-  for (int e = 0; e < 2; ++e) {
-    row[e] = i0 + warp * 16 + g + e * 8;
-    live[e] = row[e] >= p.mask.q_begin && row[e] < p.mask.q_end;
-    const int64_t sr = static_cast<int64_t>(bh) * d.L + row[e];
-    m_run[e] = live[e] ? p.m[sr] : NegInf();
+  // This lane's rows (r = 2 * m-tile + half) and its share of their running state.
+  int64_t row[kR];
+  bool live[kR];
+  float m_run[kR], l_run[kR];
+  float o[kMT][kDTiles][4];
+  STRIA_UNROLL
+  for (int r = 0; r < kR; ++r) {
+    const int mt = r >> 1, e = r & 1;
+    row[r] = wi0 + mt * 16 + g + e * 8;
+    live[r] = row[r] >= p.mask.q_begin && row[r] < p.mask.q_end;
+    const int64_t sr = static_cast<int64_t>(bh) * d.L + row[r];
+    m_run[r] = live[r] ? p.m[sr] : NegInf();
     // l is stored complete; as four lanes each hold a partial sum, one of them starts with it.
-    l_run[e] = live[e] && t4 == 0 ? p.l[sr] : 0.f;
+    l_run[r] = live[r] && t4 == 0 ? p.l[sr] : 0.f;
     STRIA_UNROLL
     for (int nt = 0; nt < kDTiles; ++nt) {
       const float* src = p.acc + sr * D + nt * 8 + 2 * t4;
-      o[nt][2 * e] = live[e] ? src[0] : 0.f;
-      o[nt][2 * e + 1] = live[e] ? src[1] : 0.f;
+      o[mt][nt][2 * e] = live[r] ? src[0] : 0.f;
+      o[mt][nt][2 * e + 1] = live[r] ? src[1] : 0.f;
     }
   }
 
-  uint32_t qf[kKSteps][4];
   for (int n = 0; n < n_tiles; ++n) {
     const int64_t j0 = j_first + static_cast<int64_t>(n) * kN;
     cp_async_wait<0>();
     block_sync();  // K tile n (and Q) landed; every warp is done reading V tile n-1
-    LoadRows<D, 128>(vs, vg, kv_row, j0, kN, d.L);
+    LoadRows<D, kThreads>(vs, vg, kv_row, j0, kN, d.L);
     cp_async_commit();
-    if (n == 0) {
-      STRIA_UNROLL
-      for (int kk = 0; kk < kKSteps; ++kk) LoadA<S>(qf[kk], qs, warp * 16, kk * 16);
-    }
+    const bool active = j0 < wk_hi && j0 + kN > wk_lo;
 
-    float s[kNTiles][4];
-    STRIA_UNROLL
-    for (int nt = 0; nt < kNTiles; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-    STRIA_UNROLL
-    for (int kk = 0; kk < kKSteps; ++kk) {
+    float s[kMT][kNTiles][4];
+    if (active) {
       STRIA_UNROLL
-      for (int np = 0; np < kNTiles / 2; ++np) {
-        uint32_t bf[4];
-        LoadBFromRowsN<S>(bf, ks, np * 16, kk * 16);
-        mma_16816<T>(s[2 * np], qf[kk], bf);
-        mma_16816<T>(s[2 * np + 1], qf[kk], bf + 2);
+      for (int mt = 0; mt < kMT; ++mt) {
+        STRIA_UNROLL
+        for (int nt = 0; nt < kNTiles; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
       }
-    }
+      STRIA_UNROLL
+      for (int kk = 0; kk < kKSteps; ++kk) {
+        // Q fragments are re-read from shared memory: holding all of them would cost D/2
+        // registers per m-tile, which the accumulators of a 32-row warp cannot spare.
+        uint32_t qa[kMT][4];
+        STRIA_UNROLL
+        for (int mt = 0; mt < kMT; ++mt) LoadA<S>(qa[mt], qs, w0 + mt * 16, kk * 16);
+        STRIA_UNROLL
+        for (int np = 0; np < kNTiles / 2; ++np) {
+          uint32_t bf[4];
+          LoadBFromRowsN<S>(bf, ks, np * 16, kk * 16);
+          STRIA_UNROLL
+          for (int mt = 0; mt < kMT; ++mt) {
+            mma_16816<T>(s[mt][2 * np], qa[mt], bf);
+            mma_16816<T>(s[mt][2 * np + 1], qa[mt], bf + 2);
+          }
+        }
+      }
 
-    const bool masked = !FullyVisible(p.mask, i0, i0 + kM, j0, j0 + kN);
-    float mx[2] = {NegInf(), NegInf()};
-    STRIA_UNROLL
-    for (int nt = 0; nt < kNTiles; ++nt) {
+      const bool masked = !FullyVisible(p.mask, wi0, wi1, j0, j0 + kN);
+      float mx[kR];
       STRIA_UNROLL
-      for (int c = 0; c < 4; ++c) {
-        const int e = c >> 1;
-        float v = s[nt][c] * p.scale_log2;
-        if (masked && !Visible(p.mask, row[e], j0 + nt * 8 + 2 * t4 + (c & 1))) v = NegInf();
-        s[nt][c] = v;
-        mx[e] = fmaxf(mx[e], v);
-      }
-    }
-    float alpha[2], base[2];
-    STRIA_UNROLL
-    for (int e = 0; e < 2; ++e) {
-      mx[e] = fmaxf(mx[e], shfl_xor(mx[e], 1));
-      mx[e] = fmaxf(mx[e], shfl_xor(mx[e], 2));
-      const float m_new = fmaxf(m_run[e], mx[e]);
-      // A row that has seen no key yet keeps m = -inf; subtracting 0 then keeps exp2 finite.
-      base[e] = m_new == NegInf() ? 0.f : m_new;
-      alpha[e] = fast_exp2(m_run[e] - base[e]);
-      m_run[e] = m_new;
-    }
-    float sum[2] = {0.f, 0.f};
-    STRIA_UNROLL
-    for (int nt = 0; nt < kNTiles; ++nt) {
+      for (int r = 0; r < kR; ++r) mx[r] = NegInf();
       STRIA_UNROLL
-      for (int c = 0; c < 4; ++c) {
-        const float pv = fast_exp2(s[nt][c] - base[c >> 1]);
-        s[nt][c] = pv;
-        sum[c >> 1] += pv;
+      for (int mt = 0; mt < kMT; ++mt) {
+        STRIA_UNROLL
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          STRIA_UNROLL
+          for (int c = 0; c < 4; ++c) {
+            const int r = 2 * mt + (c >> 1);
+            float v = s[mt][nt][c] * p.scale_log2;
+            if (masked && !Visible(p.mask, row[r], j0 + nt * 8 + 2 * t4 + (c & 1))) v = NegInf();
+            s[mt][nt][c] = v;
+            mx[r] = fmaxf(mx[r], v);
+          }
+        }
       }
-    }
-    STRIA_UNROLL
-    for (int e = 0; e < 2; ++e) l_run[e] = l_run[e] * alpha[e] + sum[e];
-    STRIA_UNROLL
-    for (int nt = 0; nt < kDTiles; ++nt) {
-      o[nt][0] *= alpha[0];
-      o[nt][1] *= alpha[0];
-      o[nt][2] *= alpha[1];
-      o[nt][3] *= alpha[1];
+      float alpha[kR], base[kR];
+      STRIA_UNROLL
+      for (int r = 0; r < kR; ++r) {
+        mx[r] = fmaxf(mx[r], shfl_xor(mx[r], 1));
+        mx[r] = fmaxf(mx[r], shfl_xor(mx[r], 2));
+        const float m_new = fmaxf(m_run[r], mx[r]);
+        // A row that has seen no key yet keeps m = -inf; subtracting 0 then keeps exp2 finite.
+        base[r] = m_new == NegInf() ? 0.f : m_new;
+        alpha[r] = fast_exp2(m_run[r] - base[r]);
+        m_run[r] = m_new;
+      }
+      float sum[kR];
+      STRIA_UNROLL
+      for (int r = 0; r < kR; ++r) sum[r] = 0.f;
+      STRIA_UNROLL
+      for (int mt = 0; mt < kMT; ++mt) {
+        STRIA_UNROLL
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          STRIA_UNROLL
+          for (int c = 0; c < 4; ++c) {
+            const int r = 2 * mt + (c >> 1);
+            const float pv = fast_exp2(s[mt][nt][c] - base[r]);
+            s[mt][nt][c] = pv;
+            sum[r] += pv;
+          }
+        }
+      }
+      STRIA_UNROLL
+      for (int r = 0; r < kR; ++r) l_run[r] = l_run[r] * alpha[r] + sum[r];
+      STRIA_UNROLL
+      for (int mt = 0; mt < kMT; ++mt) {
+        STRIA_UNROLL
+        for (int nt = 0; nt < kDTiles; ++nt) {
+          o[mt][nt][0] *= alpha[2 * mt];
+          o[mt][nt][1] *= alpha[2 * mt];
+          o[mt][nt][2] *= alpha[2 * mt + 1];
+          o[mt][nt][3] *= alpha[2 * mt + 1];
+        }
+      }
     }
 
     cp_async_wait<0>();
     block_sync();  // V tile n landed; every warp is done reading K tile n
     if (n + 1 < n_tiles) {
-      LoadRows<D, 128>(ks, kg, kv_row, j0 + kN, kN, d.L);
+      LoadRows<D, kThreads>(ks, kg, kv_row, j0 + kN, kN, d.L);
       cp_async_commit();
     }
+    if (!active) continue;
     STRIA_UNROLL
     for (int kk = 0; kk < kN / 16; ++kk) {
-      uint32_t pa[4];
-      AccToA<T>(pa, s[2 * kk], s[2 * kk + 1]);
+      uint32_t pa[kMT][4];
+      STRIA_UNROLL
+      for (int mt = 0; mt < kMT; ++mt) AccToA<T>(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
       STRIA_UNROLL
       for (int dp = 0; dp < kDTiles / 2; ++dp) {
         uint32_t bf[4];
         LoadBFromRowsK<S>(bf, vs, kk * 16, dp * 16);
-        mma_16816<T>(o[2 * dp], pa, bf);
-        mma_16816<T>(o[2 * dp + 1], pa, bf + 2);
+        STRIA_UNROLL
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma_16816<T>(o[mt][2 * dp], pa[mt], bf);
+          mma_16816<T>(o[mt][2 * dp + 1], pa[mt], bf + 2);
+        }
       }
     }
   }
 
   STRIA_UNROLL
-  for (int e = 0; e < 2; ++e) {
-    l_run[e] += shfl_xor(l_run[e], 1);
-    l_run[e] += shfl_xor(l_run[e], 2);
-    if (!live[e]) continue;
-    const int64_t sr = static_cast<int64_t>(bh) * d.L + row[e];
+  for (int r = 0; r < kR; ++r) {
+    const int mt = r >> 1, e = r & 1;
+    l_run[r] += shfl_xor(l_run[r], 1);
+    l_run[r] += shfl_xor(l_run[r], 2);
+    if (!live[r]) continue;
+    const int64_t sr = static_cast<int64_t>(bh) * d.L + row[r];
     if (t4 == 0) {
-      p.m[sr] = m_run[e];
-      p.l[sr] = l_run[e];
+      p.m[sr] = m_run[r];
+      p.l[sr] = l_run[r];
     }
     STRIA_UNROLL
     for (int nt = 0; nt < kDTiles; ++nt) {
       float* dst = p.acc + sr * D + nt * 8 + 2 * t4;
-      dst[0] = o[nt][2 * e];
-      dst[1] = o[nt][2 * e + 1];
+      dst[0] = o[mt][nt][2 * e];
+      dst[1] = o[mt][nt][2 * e + 1];
     }
   }
 }

@@ -52,8 +52,8 @@ unsigned QueryTiles(const sc::MaskArgs& m, int rows) {
 
 template <typename T, int D>
 void FlashForward(const sc::FwdParams& p) {
-  emu::Launch(emu::Dim3{QueryTiles(p.mask, 64), static_cast<unsigned>(p.dims.B * p.dims.Hq), 1}, emu::Dim3{128, 1, 1},
-              sc::FwdTile<D>::kSmemBytes, [&] { sc::FlashForwardKernel<T, D>(p); });
+  emu::Launch(emu::Dim3{QueryTiles(p.mask, sc::FwdTile<D>::kM), static_cast<unsigned>(p.dims.B * p.dims.Hq), 1},
+              emu::Dim3{128, 1, 1}, sc::FwdTile<D>::kSmemBytes, [&] { sc::FlashForwardKernel<T, D>(p); });
 }
 template <typename T, int D>
 void FlashBackward(const sc::BwdParams& p) {
@@ -306,6 +306,9 @@ std::vector<Case> Cases() {
   cs.push_back(Case{"three_tiles_gqa", Dt::kBF16, true, 1, 130, 4, 1, 64, {{Diagonal(130, 0), 9}}});
   cs.push_back(
       Case{"three_tiles_d128", Dt::kBF16, true, 1, 130, 2, 1, 128, {{Diagonal(130, 5), 10}, {Dense(130), 11}}});
+  // Three 128-query CTAs of the forward over five key tiles: on the striped diagonal each warp
+  // skips the key tiles only the CTA's later rows see, and the last CTA is mostly past the end.
+  cs.push_back(Case{"three_ctas_striped", Dt::kF16, true, 1, 290, 2, 1, 64, {{Diagonal(290, -1), 15}}});
   // SIMT only: float32 and head dims without tensor-core kernels.
   for (int D : {1, 24, 64, 100, 256})
     cs.push_back(Case{"simt_f32", Dt::kF32, false, 1, 37, 2, 1, D, {{Diagonal(37, 0), 12}, {Dense(37), 13}}});
