@@ -139,10 +139,14 @@ int Kernels(const std::vector<int64_t>& dims, const std::vector<int64_t>& lens, 
           CHECK_STRIA(stria_attention_backward(ctx, &p, &tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk, &tdv, stream));
         });
         const double flops = 4.0 * B * H * static_cast<double>(S) * S * D * (causal ? 0.5 : 1.0);
-        std::printf("impl=stria dir=fwd dim=%lld causal=%d len=%lld batch=%lld heads=%lld ms=%.4f tflops=%.1f\n",
-                    (long long)D, causal, (long long)S, (long long)B, (long long)H, fwd_ms, flops / fwd_ms * 1e-9);
-        std::printf("impl=stria dir=bwd dim=%lld causal=%d len=%lld batch=%lld heads=%lld ms=%.4f tflops=%.1f\n",
-                    (long long)D, causal, (long long)S, (long long)B, (long long)H, bwd_ms,
+        // The kernel family the library picks (STRIA_CUDA_KERNELS; mma.sync by default).
+        const char* env = std::getenv("STRIA_CUDA_KERNELS");
+        const std::string impl = std::string("stria_") + (env != nullptr && *env != '\0' ? env : "mma");
+        std::printf("impl=%s dir=fwd dim=%lld causal=%d len=%lld batch=%lld heads=%lld ms=%.4f tflops=%.1f\n",
+                    impl.c_str(), (long long)D, causal, (long long)S, (long long)B, (long long)H, fwd_ms,
+                    flops / fwd_ms * 1e-9);
+        std::printf("impl=%s dir=bwd dim=%lld causal=%d len=%lld batch=%lld heads=%lld ms=%.4f tflops=%.1f\n",
+                    impl.c_str(), (long long)D, causal, (long long)S, (long long)B, (long long)H, bwd_ms,
                     2.5 * flops / bwd_ms * 1e-9);
         std::fflush(stdout);
       }
@@ -176,7 +180,7 @@ struct BlockTimer {
   }
   size_t Bytes(int es) const { return static_cast<size_t>(L * H * D) * es; }
 
-  double Forward(const stria::BlockMask& bm) {
+  double Forward(const stria::BlockMask& bm, stria::cuda::Kernels kernels = stria::cuda::Kernels::kMma) {
     if (bm.empty()) return 0.0;
     stria::cuda::FwdParams p{};
     p.dims = stria::cuda::Dims{1, static_cast<int>(L), static_cast<int>(H), static_cast<int>(H), static_cast<int>(D)};
@@ -189,7 +193,7 @@ struct BlockTimer {
     p.scale_log2 = 1.4426950408889634f / std::sqrt(static_cast<float>(D));
     p.mask = stria::cuda::MaskArgs{bm.q_begin, bm.q_end, bm.k_begin, bm.k_end, bm.diagonal ? 1 : 0, bm.offset};
     return TimeMs(stream, reps,
-                  [&] { CHECK_CUDA(stria::cuda::LaunchForwardBlock(stria::cuda::Elem::kBF16, true, p, stream)); });
+                  [&] { CHECK_CUDA(stria::cuda::LaunchForwardBlock(stria::cuda::Elem::kBF16, kernels, p, stream)); });
   }
   double Backward(const stria::BlockMask& bm) {
     if (bm.empty()) return 0.0;
@@ -207,12 +211,13 @@ struct BlockTimer {
     p.scale = 1.f / std::sqrt(static_cast<float>(D));
     p.scale_log2 = p.scale * 1.4426950408889634f;
     p.mask = stria::cuda::MaskArgs{bm.q_begin, bm.q_end, bm.k_begin, bm.k_end, bm.diagonal ? 1 : 0, bm.offset};
-    return TimeMs(stream, reps,
-                  [&] { CHECK_CUDA(stria::cuda::LaunchBackwardBlock(stria::cuda::Elem::kBF16, true, p, stream)); });
+    return TimeMs(stream, reps, [&] {
+      CHECK_CUDA(stria::cuda::LaunchBackwardBlock(stria::cuda::Elem::kBF16, stria::cuda::Kernels::kMma, p, stream));
+    });
   }
 };
 
-int Ring(int64_t S, int N, int64_t H, int64_t D, int reps) {
+int Ring(int64_t S, int N, int64_t H, int64_t D, int reps, stria::cuda::Kernels fwd) {
   const int64_t L = S / N;
   const stria_layout_t layouts[] = {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG};
   double latency[2][3] = {};
@@ -227,7 +232,7 @@ int Ring(int64_t S, int N, int64_t H, int64_t D, int reps) {
             const stria::BlockMask bm = stria::ClassifyBlock(layouts[li], true, N, L, r, (r - step + N) % N);
             const auto key = std::make_tuple(bm.q_begin, bm.q_end, bm.k_begin, bm.k_end, bm.diagonal, bm.offset);
             auto it = seen.find(key);
-            if (it == seen.end()) it = seen.emplace(key, dir == 0 ? t.Forward(bm) : t.Backward(bm)).first;
+            if (it == seen.end()) it = seen.emplace(key, dir == 0 ? t.Forward(bm, fwd) : t.Backward(bm)).first;
             slowest = std::max(slowest, it->second);
           }
           latency[dir][li] += slowest;
@@ -241,7 +246,7 @@ int Ring(int64_t S, int N, int64_t H, int64_t D, int reps) {
     stria::BlockMask all;
     all.q_end = all.k_end = S;
     all.diagonal = true;
-    single[0] = whole.Forward(all);
+    single[0] = whole.Forward(all, fwd);
     single[1] = whole.Backward(all);
   }
   for (int dir = 0; dir < 2; ++dir)
@@ -254,11 +259,12 @@ int Ring(int64_t S, int N, int64_t H, int64_t D, int reps) {
       CHECK_STRIA(stria_analyze_balance(STRIA_LAYOUT_CONTIGUOUS, 1, S, N, 64, &cont));
       const double ideal = single[dir] / N;
       std::printf(
-          "ring dir=%s layout=%s seq=%lld world=%d heads=%lld dim=%lld latency_ms=%.3f ideal_ms=%.3f "
+          "ring kernels=%s dir=%s layout=%s seq=%lld world=%d heads=%lld dim=%lld latency_ms=%.3f ideal_ms=%.3f "
           "of_ideal=%.3f vs_contiguous=%.3f analytic_vs_contiguous=%.3f single_gpu_ms=%.3f\n",
-          dir == 0 ? "fwd" : "bwd", stria::LayoutName(layouts[li]), (long long)S, N, (long long)H, (long long)D,
-          latency[dir][li], ideal, ideal / latency[dir][li], latency[dir][0] / latency[dir][li],
-          cont.ring_latency / bal.ring_latency, single[dir]);
+          stria::cuda::KernelsName(dir == 0 ? fwd : stria::cuda::Kernels::kMma), dir == 0 ? "fwd" : "bwd",
+          stria::LayoutName(layouts[li]), (long long)S, N, (long long)H, (long long)D, latency[dir][li], ideal,
+          ideal / latency[dir][li], latency[dir][0] / latency[dir][li], cont.ring_latency / bal.ring_latency,
+          single[dir]);
     }
   return 0;
 }
@@ -274,6 +280,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> dims{64, 128}, lens{1024, 2048, 4096, 8192, 16384, 32768};
   int64_t seq = 262144, heads = 16, dim = 128;
   int world = 8, reps = 10;
+  stria::cuda::Kernels fwd = stria::cuda::Kernels::kMma;
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     if (k == "--dims")
@@ -290,6 +297,8 @@ int main(int argc, char** argv) {
       heads = std::atoll(argv[i + 1]);
     else if (k == "--dim")
       dim = std::atoll(argv[i + 1]);
+    else if (k == "--kernels")  // the ring model's forward kernels: mma or wgmma (sm_90 only)
+      fwd = std::string(argv[i + 1]) == "wgmma" ? stria::cuda::Kernels::kWgmma : stria::cuda::Kernels::kMma;
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -301,7 +310,7 @@ int main(int argc, char** argv) {
     return 3;
   }
   if (mode == "kernels") return Kernels(dims, lens, reps);
-  if (mode == "ring") return Ring(seq, world, heads, dim, reps);
+  if (mode == "ring") return Ring(seq, world, heads, dim, reps, fwd);
   std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
   return 2;
 }

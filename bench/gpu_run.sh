@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU benchmark, in one run on one GPU (the device machine: PyTorch is installed there):
 # builds stria with CUDA, runs the GPU tests (their output goes to docs/gpu_test_output.txt),
-# compute-sanitizer memcheck and racecheck on a small ring, then our kernels beside PyTorch's SDPA
+# compute-sanitizer memcheck and racecheck on a small ring (mma.sync, SIMT and wgmma), then our
+# kernels (mma.sync, and on an H100/H200 the wgmma forward too) beside PyTorch's SDPA
 # (flash and cuDNN backends) on the same shapes, and the modelled N = 8 ring at 256k tokens.
 # Prints the tables of docs/performance.md's GPU section to bench/gpu_results.txt.
 #
@@ -21,7 +22,7 @@ echo "== GPU tests" | tee -a "$out/gpu_results.txt"
 
 if command -v compute-sanitizer >/dev/null; then
   echo "== compute-sanitizer (memcheck, racecheck) on a small ring" | tee -a "$out/gpu_results.txt"
-  filter='TensorCores/CudaRingVsReference.ForwardAndBackward/N3_striped_causal_bf16*:Shapes/*N3_striped_causal_bf16_B2L136*:Shapes/*simt*'
+  filter='TensorCores/CudaRingVsReference.ForwardAndBackward/N3_striped_causal_bf16*:Shapes/*N3_striped_causal_bf16_B2L136*:Shapes/*simt*:Wgmma/*N3_striped_causal_bf16_B2L264*'
   for tool in memcheck racecheck; do
     compute-sanitizer --tool "$tool" --error-exitcode 9 build-gpu/tests/gpu/test_cuda_ring --gtest_filter="$filter" \
       2>&1 | tail -3 | tee -a "$out/gpu_results.txt"
@@ -31,6 +32,16 @@ fi
 if [ "${QUICK:-0}" = 1 ]; then dims=128 lens=4096,16384 seq=65536; else dims=64,128 lens=1024,2048,4096,8192,16384,32768 seq=262144; fi
 echo "== kernels: stria vs torch SDPA (flash, cuDNN), bf16" | tee -a "$out/gpu_results.txt"
 build-gpu/bench/stria-cuda-bench kernels --dims $dims --lens $lens | tee -a "$out/gpu_results.txt"
+# The Hopper wgmma forward (opt-in until this run shows it correct): same shapes.
+if nvidia-smi --query-gpu=compute_cap --format=csv,noheader | grep -q '^9\.0'; then
+  STRIA_CUDA_KERNELS=wgmma build-gpu/bench/stria-cuda-bench kernels --dims $dims --lens $lens |
+    tee -a "$out/gpu_results.txt"
+  wgmma=1
+fi
 python3 bench/torch_sdpa_gpu.py --dims $dims --lens $lens | tee -a "$out/gpu_results.txt"
 echo "== ring model, N = 8" | tee -a "$out/gpu_results.txt"
 build-gpu/bench/stria-cuda-bench ring --seq $seq --world 8 --heads 16 --dim 128 | tee -a "$out/gpu_results.txt"
+if [ "${wgmma:-0}" = 1 ]; then
+  build-gpu/bench/stria-cuda-bench ring --seq $seq --world 8 --heads 16 --dim 128 --kernels wgmma |
+    tee -a "$out/gpu_results.txt"
+fi

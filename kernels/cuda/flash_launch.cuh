@@ -7,6 +7,7 @@
 #include "cuda/flash_backward.cuh"
 #include "cuda/flash_forward.cuh"
 #include "cuda/smem_optin.cuh"
+#include "cuda/wgmma_forward.cuh"
 
 namespace stria {
 namespace cuda {
@@ -20,6 +21,19 @@ cudaError_t LaunchFlashForward(const FwdParams& p, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>((p.mask.q_end - first + Tile::kM - 1) / Tile::kM),
                   static_cast<unsigned>(p.dims.B * p.dims.Hq));
   FlashForwardKernel<T, D><<<grid, Tile::kThreads, Tile::kSmemBytes, s>>>(p);
+  return cudaGetLastError();
+}
+
+// sm_90a only: the caller checks the device (the kernel is empty in the other builds).
+template <typename T, int D>
+cudaError_t LaunchWgmmaForward(const FwdParams& p, cudaStream_t s) {
+  using Tile = WgmmaFwdTile<D>;
+  const cudaError_t allowed = AllowSmem(WgmmaForwardKernel<T, D>, Tile::kSmemBytes);
+  if (allowed != cudaSuccess) return allowed;
+  const int64_t first = (p.mask.q_begin / Tile::kM) * Tile::kM;
+  const dim3 grid(static_cast<unsigned>((p.mask.q_end - first + Tile::kM - 1) / Tile::kM),
+                  static_cast<unsigned>(p.dims.B * p.dims.Hq));
+  WgmmaForwardKernel<T, D><<<grid, Tile::kThreads, Tile::kSmemBytes, s>>>(p);
   return cudaGetLastError();
 }
 

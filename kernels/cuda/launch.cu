@@ -15,6 +15,20 @@ cudaError_t FlashForwardF16(int D, const FwdParams& p, cudaStream_t s);
 cudaError_t FlashForwardBF16(int D, const FwdParams& p, cudaStream_t s);
 cudaError_t FlashBackwardF16(int D, const BwdParams& p, cudaStream_t s);
 cudaError_t FlashBackwardBF16(int D, const BwdParams& p, cudaStream_t s);
+cudaError_t WgmmaForwardF16(int D, const FwdParams& p, cudaStream_t s);
+cudaError_t WgmmaForwardBF16(int D, const FwdParams& p, cudaStream_t s);
+
+const char* KernelsName(Kernels k) {
+  switch (k) {
+    case Kernels::kSimt:
+      return "simt";
+    case Kernels::kMma:
+      return "mma";
+    case Kernels::kWgmma:
+      return "wgmma";
+  }
+  return "?";
+}
 
 bool FlashHeadDim(int D) {
   return D == 64 || D == 128;
@@ -61,9 +75,11 @@ cudaError_t SimtBackward(const BwdParams& p, cudaStream_t s) {
 
 }  // namespace
 
-cudaError_t LaunchForwardBlock(Elem e, bool flash, const FwdParams& p, cudaStream_t s) {
-  if (flash && e == Elem::kF16) return FlashForwardF16(p.dims.D, p, s);
-  if (flash && e == Elem::kBF16) return FlashForwardBF16(p.dims.D, p, s);
+cudaError_t LaunchForwardBlock(Elem e, Kernels k, const FwdParams& p, cudaStream_t s) {
+  if (k == Kernels::kWgmma && e == Elem::kF16) return WgmmaForwardF16(p.dims.D, p, s);
+  if (k == Kernels::kWgmma && e == Elem::kBF16) return WgmmaForwardBF16(p.dims.D, p, s);
+  if (k == Kernels::kMma && e == Elem::kF16) return FlashForwardF16(p.dims.D, p, s);
+  if (k == Kernels::kMma && e == Elem::kBF16) return FlashForwardBF16(p.dims.D, p, s);
   switch (e) {
     case Elem::kF32:
       return SimtForward<Float>(p, s);
@@ -75,7 +91,8 @@ cudaError_t LaunchForwardBlock(Elem e, bool flash, const FwdParams& p, cudaStrea
   return cudaErrorInvalidValue;
 }
 
-cudaError_t LaunchBackwardBlock(Elem e, bool flash, const BwdParams& p, cudaStream_t s) {
+cudaError_t LaunchBackwardBlock(Elem e, Kernels k, const BwdParams& p, cudaStream_t s) {
+  const bool flash = k != Kernels::kSimt;  // the wgmma path's backward is mma.sync's
   if (flash && e == Elem::kF16) return FlashBackwardF16(p.dims.D, p, s);
   if (flash && e == Elem::kBF16) return FlashBackwardBF16(p.dims.D, p, s);
   switch (e) {

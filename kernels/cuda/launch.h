@@ -15,10 +15,14 @@ enum class Elem { kF32, kF16, kBF16 };
 bool FlashHeadDim(int D);
 constexpr int kMaxHeadDim = 256;
 
-// One ring block. `flash` picks the tensor-core kernels (16-bit dtypes, FlashHeadDim, rows
-// 16-byte aligned: the caller checks); otherwise the SIMT kernels.
-cudaError_t LaunchForwardBlock(Elem e, bool flash, const FwdParams& p, cudaStream_t s);
-cudaError_t LaunchBackwardBlock(Elem e, bool flash, const BwdParams& p, cudaStream_t s);
+// The kernel family of a ring block. kMma (mma.sync, sm_80 on) and kWgmma (the wgmma forward,
+// sm_90a only; its backward is kMma's) need 16-bit dtypes, FlashHeadDim and 16-byte aligned rows,
+// and kWgmma a device of compute capability 9.0: the caller checks. kSimt runs everything.
+enum class Kernels { kSimt, kMma, kWgmma };
+const char* KernelsName(Kernels k);
+
+cudaError_t LaunchForwardBlock(Elem e, Kernels k, const FwdParams& p, cudaStream_t s);
+cudaError_t LaunchBackwardBlock(Elem e, Kernels k, const BwdParams& p, cudaStream_t s);
 
 cudaError_t LaunchPackRows(int elem_bytes, Dims d, int H, RowsArg src, void* dst, cudaStream_t s);
 cudaError_t LaunchFill(float* p, int64_t n, float v, cudaStream_t s);

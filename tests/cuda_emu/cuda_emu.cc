@@ -1,6 +1,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <deque>
+#include <map>
 #include <memory>
 #include <new>
 #include <stdexcept>
@@ -58,7 +60,7 @@ struct Warp {
   Slot slots[2][kWarp];
 };
 
-enum class State : uint8_t { kRunnable, kWarpWait, kBarrierWait, kDone };
+enum class State : uint8_t { kRunnable, kWarpWait, kBarrierWait, kWgmmaWait, kDone };
 
 struct Copy {
   unsigned char* dst;
@@ -75,11 +77,36 @@ struct Thread {
   fiber::Context ctx;
   State state = State::kRunnable;
   Op waiting_at = Op::kWarpSync;  // for messages
-  uint64_t wait_for = 0;          // kWarpWait: collective number; kBarrierWait: barrier generation
+  uint64_t wait_for = 0;          // kWarpWait: collective number; kBarrierWait: barrier generation; kWgmmaWait: op
   uint64_t warp_seq = 0;          // warp collectives this lane entered
   // cp.async copies not yet landed, in issue order; group_ends[i]: end of committed group i.
   std::vector<Copy> copies;
   std::vector<size_t> group_ends;
+  // Warpgroup MMA: operations issued (numbered per thread), not yet committed, and committed
+  // groups not yet waited for; whether a wgmma_fence came since the last wait; whether cp.async
+  // landed shared-memory data with no fence_proxy_async since (wgmma would read it stale).
+  uint64_t wgmma_seq = 0;
+  std::vector<uint64_t> wgmma_open;
+  std::deque<std::vector<uint64_t>> wgmma_groups;
+  bool wgmma_fenced = false;
+  bool proxy_dirty = false;
+};
+
+constexpr int kWarpGroup = 128;
+
+// One wgmma.mma_async of a warpgroup: the k-th operation of every thread of the group.
+struct WgmmaOp {
+  detail::WgmmaKind kind;
+  bool bf16 = false, accumulate = false;
+  int n = 0, first = 0;
+  uint64_t desc_a = 0, desc_b = 0;
+  int arrived = 0, completed = 0;
+  uint32_t a[kWarpGroup][4];  // kRSTransB: every thread's A fragment, as issued
+  float* d[kWarpGroup];       // every thread's accumulators
+};
+
+struct WarpGroup {
+  std::map<uint64_t, WgmmaOp> ops;  // by per-thread operation number
 };
 
 struct Block {
@@ -87,6 +114,7 @@ struct Block {
   int n = 0;
   std::vector<Thread> threads;
   std::vector<Warp> warps;
+  std::vector<WarpGroup> groups;
   int barrier_arrived = 0;
   uint64_t barrier_gen = 0;
   int done = 0;
@@ -132,6 +160,12 @@ bool Ready(const Block* b, const Thread* t) {
       return b->aborting || b->warps[t->info.warp].completed > t->wait_for;
     case State::kBarrierWait:
       return b->aborting || b->barrier_gen > t->wait_for;
+    case State::kWgmmaWait: {
+      if (b->aborting) return true;
+      const WarpGroup& g = b->groups[static_cast<size_t>(t->linear / kWarpGroup)];
+      const auto it = g.ops.find(t->wait_for);
+      return it != g.ops.end() && it->second.arrived == kWarpGroup;
+    }
   }
   return false;
 }
@@ -161,6 +195,8 @@ std::string DescribeThreads(const Block* b) {
         return "wait at block_sync";
       case State::kWarpWait:
         return std::string("wait at ") + OpName(t.waiting_at);
+      case State::kWgmmaWait:
+        return "wait at wgmma_wait for an mma_async the rest of their warpgroup never issued";
       case State::kRunnable:
         return "are runnable";
     }
@@ -226,6 +262,9 @@ STRIA_EMU_FIBER_ENTRY void ThreadMain(void* arg) noexcept {
   Block* b = t->block;
   try {
     if (!b->aborting) (*b->body)();  // a thread that had not started when the launch failed stays out
+    if (!b->aborting && (!t->wgmma_open.empty() || !t->wgmma_groups.empty())) {
+      Record(b, Where(t) + "returned with wgmma operations it never waited for (wgmma_commit, wgmma_wait<0>)");
+    }
   } catch (const FiberAbort&) {
   } catch (const std::exception& e) {
     Record(b, Where(t) + "the kernel threw: " + e.what());
@@ -409,6 +448,73 @@ void Land(const Copy& c) {
   }
 }
 
+// The 16-bit element (mn, k) of the matrix a wgmma descriptor describes (PTX ISA, canonical
+// layouts, with T = 8 elements per 16 bytes): mn is the M or N index, k the K index (0..15).
+// K-major:  none ((8,m),(T,2k)):((T,SBO),(1,LBO));  W-byte swizzle ((8,m),(T,2k)):((W/2,SBO),(1,T))
+// MN-major: none ((T,1,m),(8,k)):((1,T,SBO),(T,LBO)); W-byte swizzle ((W/2,m),(8,k)):((1,LBO),(W/2,SBO))
+// then the swizzle XORs address bits [4, 4 + log2(W/16)) with the bits from 7 up.
+uint16_t DescElement(Thread* t, uint64_t desc, bool k_major, int mn, int k) {
+  const uint32_t start = static_cast<uint32_t>(desc & 0x3FFFu) << 4;
+  const uint32_t lbo = static_cast<uint32_t>((desc >> 16) & 0x3FFFu) << 4;
+  const uint32_t sbo = static_cast<uint32_t>((desc >> 32) & 0x3FFFu) << 4;
+  const int base_offset = static_cast<int>((desc >> 49) & 7u), mode = static_cast<int>(desc >> 62);
+  if (base_offset != 0) Fail(t, "wgmma descriptor: a non-zero matrix base offset is not emulated");
+  const uint32_t width = mode == 0 ? 0u : mode == 1 ? 128u : mode == 2 ? 64u : 32u;
+  const uint32_t umn = static_cast<uint32_t>(mn), uk = static_cast<uint32_t>(k);
+  uint32_t addr = start;
+  if (k_major) {
+    addr +=
+        (umn / 8) * sbo + (width == 0 ? (umn % 8) * 16 + (uk % 8) * 2 + (uk / 8) * lbo : (umn % 8) * width + uk * 2);
+  } else if (width == 0) {
+    addr += (umn % 8) * 2 + (umn / 8) * sbo + (uk % 8) * 16 + (uk / 8) * lbo;
+  } else {
+    addr += (umn % (width / 2)) * 2 + (umn / (width / 2)) * lbo + (uk % 8) * width + (uk / 8) * sbo;
+  }
+  if (width != 0) addr ^= ((addr >> 7) & (width / 16 - 1)) << 4;
+  const detail::BlockInfo& bi = t->block->info;
+  if (addr < detail::kSmemWindowBase || addr - detail::kSmemWindowBase + 2 > bi.smem_bytes) {
+    Fail(t, "wgmma descriptor: element (" + std::to_string(mn) + ", " + std::to_string(k) + ") is at window address " +
+                std::to_string(addr) + ", outside the " + std::to_string(bi.smem_bytes) +
+                "-byte dynamic shared memory");
+  }
+  uint16_t v;
+  std::memcpy(&v, bi.smem + (addr - detail::kSmemWindowBase), 2);
+  return v;
+}
+
+// Thread `me` (of its warpgroup) of a completed operation: its accumulators, rows 16 * warp + g
+// and + 8, columns 8 i + 2 t and + 1 of every n8 chunk i (the m16n8 C layout per warp).
+void CompleteWgmma(Thread* t, const WgmmaOp& op, int me) {
+  const int w = me / kWarp, lane = me % kWarp, gq = lane >> 2, t4 = lane & 3;
+  auto val = [&](uint16_t x) -> double { return op.bf16 ? BFloatToFloat(x) : HalfToFloat(x); };
+  double A[2][16];
+  for (int h = 0; h < 2; ++h) {
+    const int row = 16 * w + gq + 8 * h;
+    if (op.kind == detail::WgmmaKind::kSS) {
+      for (int k = 0; k < 16; ++k) A[h][k] = val(DescElement(t, op.desc_a, true, row, k));
+      continue;
+    }
+    // Lane 4g + tt of warp w holds row g in registers 0, 2 and row g + 8 in 1, 3: columns 2 tt
+    // (+1) in registers 0, 1 and 2 tt + 8 (+1) in 2, 3.
+    for (int tt = 0; tt < 4; ++tt) {
+      const uint32_t* regs = op.a[kWarp * w + 4 * gq + tt];
+      for (int r = h; r < 4; r += 2) {
+        const int col = 2 * tt + 8 * (r >> 1);
+        A[h][col] = val(static_cast<uint16_t>(Lo(regs[r])));
+        A[h][col + 1] = val(static_cast<uint16_t>(Hi(regs[r])));
+      }
+    }
+  }
+  const bool b_k_major = op.kind == detail::WgmmaKind::kSS;
+  float* d = op.d[me];
+  for (int i = 0; i < op.n / 2; ++i) {
+    const int c = i & 3, h = c >> 1, col = 8 * (i >> 2) + 2 * t4 + (c & 1);
+    double acc = op.accumulate ? d[i] : 0.0;
+    for (int k = 0; k < 16; ++k) acc += A[h][k] * val(DescElement(t, op.desc_b, b_k_major, col, k));
+    d[i] = static_cast<float>(acc);
+  }
+}
+
 }  // namespace
 
 namespace detail {
@@ -492,9 +598,96 @@ void CpAsyncWait(int n) {
   const size_t finish = groups - static_cast<size_t>(n);  // the oldest groups
   const size_t end = t->group_ends[finish - 1];
   for (size_t i = 0; i < end; ++i) Land(t->copies[i]);
+  if (end > 0) t->proxy_dirty = true;
   t->copies.erase(t->copies.begin(), t->copies.begin() + static_cast<std::ptrdiff_t>(end));
   t->group_ends.erase(t->group_ends.begin(), t->group_ends.begin() + static_cast<std::ptrdiff_t>(finish));
   for (size_t& e : t->group_ends) e -= end;
+}
+
+uint32_t SmemAddr(const void* p) {
+  Thread* t = Current();
+  const detail::BlockInfo& bi = t->block->info;
+  const intptr_t off = reinterpret_cast<intptr_t>(p) - reinterpret_cast<intptr_t>(bi.smem);
+  if (off < 0 || static_cast<size_t>(off) > bi.smem_bytes) Fail(t, "smem_addr: the pointer is not in shared memory");
+  return kSmemWindowBase + static_cast<uint32_t>(off);
+}
+
+void WgmmaFence() {
+  Current()->wgmma_fenced = true;
+}
+
+void FenceProxyAsync() {
+  Current()->proxy_dirty = false;
+}
+
+void Wgmma(WgmmaKind kind, bool bf16, int n, float* d, const uint32_t* a, uint64_t desc_a, uint64_t desc_b,
+           bool accumulate) {
+  Thread* t = Current();
+  Block* b = t->block;
+  const char* name = kind == WgmmaKind::kSS ? "wgmma_ss" : "wgmma_rs_tb";
+  if (b->n % kWarpGroup != 0)
+    Fail(t, std::string(name) + ": the block is not a whole number of warpgroups (128 threads)");
+  if (n % 8 != 0 || n < 8 || n > 256) Fail(t, std::string(name) + ": N must be a multiple of 8 in 8..256");
+  if (!t->wgmma_fenced) {
+    Fail(t, std::string(name) +
+                ": no wgmma_fence since this thread's last wgmma_wait (or ever): the registers and "
+                "shared memory the operation reads are not ordered before it");
+  }
+  for (const Thread& o : b->threads) {
+    if (o.proxy_dirty) {
+      Fail(t, std::string(name) + ": thread " + std::to_string(o.linear) +
+                  " has cp.async data landed in shared memory with no fence_proxy_async since; wgmma reads shared "
+                  "memory through the async proxy and may not see it");
+    }
+  }
+  WarpGroup& g = b->groups[static_cast<size_t>(t->linear / kWarpGroup)];
+  const uint64_t seq = t->wgmma_seq++;
+  auto [it, fresh] = g.ops.try_emplace(seq);
+  WgmmaOp& op = it->second;
+  if (fresh) {
+    op.kind = kind;
+    op.bf16 = bf16;
+    op.n = n;
+    op.first = t->linear;
+    op.desc_a = desc_a;
+    op.desc_b = desc_b;
+    op.accumulate = accumulate;
+  } else if (op.kind != kind || op.bf16 != bf16 || op.n != n || op.desc_a != desc_a || op.desc_b != desc_b ||
+             op.accumulate != accumulate) {
+    Fail(t, std::string(name) + ": its shape, type, descriptors or scale-d differ from those thread " +
+                std::to_string(op.first) + " gave to the same warpgroup operation (they must be uniform)");
+  }
+  if (kind == WgmmaKind::kRSTransB) std::memcpy(op.a[t->linear % kWarpGroup], a, 16);
+  ++op.arrived;
+  t->wgmma_open.push_back(seq);
+  op.d[t->linear % kWarpGroup] = d;  // written at the wait that completes the operation
+}
+
+void WgmmaWait(int n) {
+  Thread* t = Current();
+  WarpGroup& g = t->block->groups[static_cast<size_t>(t->linear / kWarpGroup)];
+  const int me = t->linear % kWarpGroup;
+  while (t->wgmma_groups.size() > static_cast<size_t>(n < 0 ? 0 : n)) {
+    const std::vector<uint64_t> group = std::move(t->wgmma_groups.front());
+    t->wgmma_groups.pop_front();
+    for (uint64_t seq : group) {
+      if (g.ops.at(seq).arrived < kWarpGroup) {  // the rest of the warpgroup has not issued it yet
+        t->state = State::kWgmmaWait;
+        t->wait_for = seq;
+        Wait(t);
+      }
+      WgmmaOp& op = g.ops.at(seq);
+      CompleteWgmma(t, op, me);
+      if (++op.completed == kWarpGroup) g.ops.erase(seq);
+    }
+  }
+  t->wgmma_fenced = false;
+}
+
+void WgmmaCommit() {
+  Thread* t = Current();
+  t->wgmma_groups.push_back(std::move(t->wgmma_open));
+  t->wgmma_open.clear();
 }
 
 }  // namespace detail
@@ -519,6 +712,7 @@ void Launch(Dim3 grid, Dim3 block, size_t dynamic_smem_bytes, const std::functio
   b->body = &body;
   b->threads.resize(n);
   b->warps.resize(n / kWarp);
+  b->groups.resize(n / kWarpGroup);
   // Exactly the requested size, so that under ASan plain loads and stores past its end are caught.
   struct FreeSmem {
     void operator()(unsigned char* p) const { ::operator delete (p, std::align_val_t{128}); }
@@ -540,6 +734,7 @@ void Launch(Dim3 grid, Dim3 block, size_t dynamic_smem_bytes, const std::functio
         b->barrier_arrived = 0;
         b->barrier_gen = 0;
         b->done = 0;
+        for (WarpGroup& g : b->groups) g.ops.clear();
         for (Warp& w : b->warps) {
           w.completed = 0;
           w.arrived = 0;
@@ -560,6 +755,11 @@ void Launch(Dim3 grid, Dim3 block, size_t dynamic_smem_bytes, const std::functio
           t.warp_seq = 0;
           t.copies.clear();
           t.group_ends.clear();
+          t.wgmma_seq = 0;
+          t.wgmma_open.clear();
+          t.wgmma_groups.clear();
+          t.wgmma_fenced = false;
+          t.proxy_dirty = false;
           fiber::Prepare(&t.ctx, stacks[i], &ThreadMain, &t);
         }
         // Runs the whole block: the fibers switch among themselves, the last one comes back.

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <type_traits>
 
 #if !defined(STRIA_CUDA_EMULATE)
 #error "cuda_emu.h is the host side of cuda/device_api.cuh: include that, with STRIA_CUDA_EMULATE defined"
@@ -136,6 +137,21 @@ void CpAsync16(void* smem, const void* gmem, bool valid);
 void CpAsyncCommit();
 void CpAsyncWait(int n);
 
+// Hopper warpgroup MMA (cuda/wgmma_api.cuh). Shared memory is seen at window addresses starting
+// at kSmemWindowBase, deliberately not 1024-byte aligned: kernels must align their swizzled tiles
+// themselves, as they must on the GPU. An mma_async records its operands; the products land in
+// each thread's accumulators only at the wgmma_wait that completes its group (reading them
+// earlier shows the stale values), and B (and a shared-memory A) is read from shared memory then.
+constexpr uint32_t kSmemWindowBase = 0x480;
+enum class WgmmaKind : uint8_t { kSS, kRSTransB };
+uint32_t SmemAddr(const void* p);
+void WgmmaFence();
+void WgmmaCommit();
+void WgmmaWait(int n);
+void FenceProxyAsync();
+void Wgmma(WgmmaKind kind, bool bf16, int n, float* d, const uint32_t* a, uint64_t desc_a, uint64_t desc_b,
+           bool accumulate);
+
 }  // namespace detail
 }  // namespace emu
 
@@ -225,6 +241,32 @@ inline void cp_async_commit() {
 template <int N>
 inline void cp_async_wait() {
   emu::detail::CpAsyncWait(N);
+}
+
+inline uint32_t smem_addr(const void* p) {
+  return emu::detail::SmemAddr(p);
+}
+inline void wgmma_fence() {
+  emu::detail::WgmmaFence();
+}
+inline void wgmma_commit() {
+  emu::detail::WgmmaCommit();
+}
+template <int N>
+inline void wgmma_wait() {
+  emu::detail::WgmmaWait(N);
+}
+inline void fence_proxy_async() {
+  emu::detail::FenceProxyAsync();
+}
+template <typename T, int N>
+inline void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  emu::detail::Wgmma(emu::detail::WgmmaKind::kSS, std::is_same<T, BFloat>::value, N, d, nullptr, desc_a, desc_b,
+                     accumulate);
+}
+template <typename T, int N>
+inline void wgmma_rs_tb(float (&d)[N / 2], const uint32_t a[4], uint64_t desc_b, bool accumulate) {
+  emu::detail::Wgmma(emu::detail::WgmmaKind::kRSTransB, std::is_same<T, BFloat>::value, N, d, a, 0, desc_b, accumulate);
 }
 
 }  // namespace cuda

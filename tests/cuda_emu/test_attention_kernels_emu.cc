@@ -16,6 +16,7 @@
 #include "cuda/elementwise.cuh"
 #include "cuda/flash_backward.cuh"
 #include "cuda/flash_forward.cuh"
+#include "cuda/wgmma_forward.cuh"
 
 using namespace stria_test;
 namespace sc = stria::cuda;
@@ -28,10 +29,14 @@ struct Block {
   uint64_t seed;
 };
 
+// Which kernels run: SIMT, the mma.sync forward and backward, or the wgmma forward (sm_90a)
+// with the mma.sync backward.
+enum class Path { kSimt, kMma, kWgmma };
+
 struct Case {
   const char* name;
   Dt dt;
-  bool flash;  // tensor-core kernels (else SIMT)
+  Path path;
   int B, L, Hq, Hkv, D;
   std::vector<Block> blocks;
 };
@@ -76,18 +81,27 @@ void SimtBackward(const sc::BwdParams& p) {
               [&] { sc::SimtBackwardDkvKernel<T>(p); });
 }
 
+template <typename T, int D>
+void WgmmaForward(const sc::FwdParams& p) {
+  using Tile = sc::WgmmaFwdTile<D>;
+  emu::Launch(emu::Dim3{QueryTiles(p.mask, Tile::kM), static_cast<unsigned>(p.dims.B * p.dims.Hq), 1},
+              emu::Dim3{Tile::kThreads, 1, 1}, Tile::kSmemBytes, [&] { sc::WgmmaForwardKernel<T, D>(p); });
+}
+
 template <typename T>
-void Forward(bool flash, const sc::FwdParams& p) {
-  if (!flash) return SimtForward<T>(p);
+void Forward(Path path, const sc::FwdParams& p) {
+  if (path == Path::kSimt) return SimtForward<T>(p);
   if constexpr (!std::is_same<T, sc::Float>::value) {
+    if (path == Path::kWgmma && p.dims.D == 64) return WgmmaForward<T, 64>(p);
+    if (path == Path::kWgmma && p.dims.D == 128) return WgmmaForward<T, 128>(p);
     if (p.dims.D == 64) return FlashForward<T, 64>(p);
     if (p.dims.D == 128) return FlashForward<T, 128>(p);
   }
   FAIL() << "no tensor-core kernel for this case";
 }
 template <typename T>
-void Backward(bool flash, const sc::BwdParams& p) {
-  if (!flash) return SimtBackward<T>(p);
+void Backward(Path path, const sc::BwdParams& p) {
+  if (path == Path::kSimt) return SimtBackward<T>(p);
   if constexpr (!std::is_same<T, sc::Float>::value) {
     if (p.dims.D == 64) return FlashBackward<T, 64>(p);
     if (p.dims.D == 128) return FlashBackward<T, 128>(p);
@@ -197,7 +211,7 @@ void RunCase(const Case& c) {
     const sc::MaskArgs& mk = p.mask;
     if (mk.q_begin >= mk.q_end || mk.k_begin >= mk.k_end || (mk.diagonal && mk.q_end - 1 + mk.offset < mk.k_begin))
       continue;  // an empty block: the engine never hands it to the backend
-    Forward<T>(c.flash, p);
+    Forward<T>(c.path, p);
   }
   Tensor out({B, L, Hq, D}, c.dt), lse({B, Hq, L}, Dt::kF32);
   out.Poison();
@@ -240,7 +254,7 @@ void RunCase(const Case& c) {
     p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
     p.scale = static_cast<float>(scale);
     p.mask = c.blocks[static_cast<size_t>(x)].mask;
-    Backward<T>(c.flash, p);
+    Backward<T>(c.path, p);
     Tensor dk({B, L, Hkv, D}, c.dt), dv({B, L, Hkv, D}, c.dt);
     dk.Poison();
     dv.Poison();
@@ -281,18 +295,18 @@ sc::MaskArgs Diagonal(int64_t L, int64_t offset) {
 
 std::vector<Case> Cases() {
   std::vector<Case> cs;
-  for (bool flash : {true, false})
+  for (Path path : {Path::kMma, Path::kWgmma, Path::kSimt})
     for (Dt dt : {Dt::kBF16, Dt::kF16})
       for (int D : {64, 128}) {
         // The own block of a causal striped/contiguous rank, and the dense block before it.
-        cs.push_back(Case{"causal_then_dense", dt, flash, 1, 80, 4, 2, D, {{Diagonal(80, 0), 1}, {Dense(80), 2}}});
+        cs.push_back(Case{"causal_then_dense", dt, path, 1, 80, 4, 2, D, {{Diagonal(80, 0), 1}, {Dense(80), 2}}});
         // Striped: a later rank's block (j <= i - 1), so query 0 sees nothing in it.
-        cs.push_back(Case{"striped_later_block", dt, flash, 1, 70, 2, 1, D, {{Diagonal(70, -1), 3}}});
+        cs.push_back(Case{"striped_later_block", dt, path, 1, 70, 2, 1, D, {{Diagonal(70, -1), 3}}});
         // Zigzag halves: every query x the first half of the keys; the second half of the queries
         // x every key.
         cs.push_back(Case{"zigzag_halves",
                           dt,
-                          flash,
+                          path,
                           2,
                           96,
                           2,
@@ -301,25 +315,29 @@ std::vector<Case> Cases() {
                           {{sc::MaskArgs{0, 96, 0, 48, 0, 0}, 4}, {sc::MaskArgs{48, 96, 0, 96, 0, 0}, 5}}});
       }
   // Shapes the tiles cut unevenly: 1 and 2 tokens, 130 (three 64-wide tiles), GQA 4:1, D 128.
-  cs.push_back(Case{"one_token", Dt::kBF16, true, 1, 1, 2, 1, 64, {{Diagonal(1, 0), 6}}});
-  cs.push_back(Case{"two_tokens_offset", Dt::kF16, true, 1, 2, 2, 2, 128, {{Diagonal(2, -1), 7}, {Dense(2), 8}}});
-  cs.push_back(Case{"three_tiles_gqa", Dt::kBF16, true, 1, 130, 4, 1, 64, {{Diagonal(130, 0), 9}}});
-  cs.push_back(
-      Case{"three_tiles_d128", Dt::kBF16, true, 1, 130, 2, 1, 128, {{Diagonal(130, 5), 10}, {Dense(130), 11}}});
-  // Three 128-query CTAs of the forward over five key tiles: on the striped diagonal each warp
-  // skips the key tiles only the CTA's later rows see, and the last CTA is mostly past the end.
-  cs.push_back(Case{"three_ctas_striped", Dt::kF16, true, 1, 290, 2, 1, 64, {{Diagonal(290, -1), 15}}});
+  for (Path path : {Path::kMma, Path::kWgmma}) {
+    cs.push_back(Case{"one_token", Dt::kBF16, path, 1, 1, 2, 1, 64, {{Diagonal(1, 0), 6}}});
+    cs.push_back(Case{"two_tokens_offset", Dt::kF16, path, 1, 2, 2, 2, 128, {{Diagonal(2, -1), 7}, {Dense(2), 8}}});
+    cs.push_back(Case{"three_tiles_gqa", Dt::kBF16, path, 1, 130, 4, 1, 64, {{Diagonal(130, 0), 9}}});
+    cs.push_back(
+        Case{"three_tiles_d128", Dt::kBF16, path, 1, 130, 2, 1, 128, {{Diagonal(130, 5), 10}, {Dense(130), 11}}});
+    // Three 128-query CTAs over several key tiles: on the striped diagonal each warp (warpgroup)
+    // skips the key tiles only the CTA's later rows see; the last CTA is mostly past the end.
+    cs.push_back(Case{"three_ctas_striped", Dt::kF16, path, 1, 290, 2, 1, 64, {{Diagonal(290, -1), 15}}});
+  }
+  cs.push_back(Case{"three_ctas_d128", Dt::kBF16, Path::kWgmma, 1, 300, 2, 2, 128, {{Diagonal(300, 3), 16}}});
   // SIMT only: float32 and head dims without tensor-core kernels.
   for (int D : {1, 24, 64, 100, 256})
-    cs.push_back(Case{"simt_f32", Dt::kF32, false, 1, 37, 2, 1, D, {{Diagonal(37, 0), 12}, {Dense(37), 13}}});
-  cs.push_back(Case{"simt_bf16_d40", Dt::kBF16, false, 2, 33, 4, 2, 40, {{Diagonal(33, -1), 14}}});
+    cs.push_back(Case{"simt_f32", Dt::kF32, Path::kSimt, 1, 37, 2, 1, D, {{Diagonal(37, 0), 12}, {Dense(37), 13}}});
+  cs.push_back(Case{"simt_bf16_d40", Dt::kBF16, Path::kSimt, 2, 33, 4, 2, 40, {{Diagonal(33, -1), 14}}});
   return cs;
 }
 
 std::string Name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
   std::ostringstream os;
-  os << c.name << "_" << DtName(c.dt) << (c.flash ? "_tc" : "_simt") << "_L" << c.L << "_D" << c.D;
+  const char* path = c.path == Path::kSimt ? "_simt" : c.path == Path::kMma ? "_tc" : "_wgmma";
+  os << c.name << "_" << DtName(c.dt) << path << "_L" << c.L << "_D" << c.D;
   return os.str();
 }
 

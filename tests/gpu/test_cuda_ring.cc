@@ -20,16 +20,16 @@ struct Case {
   bool causal;
   Dt dt;
   int64_t B, L, Hq, Hkv, D;
-  bool simt = false;     // force the SIMT kernels (STRIA_CUDA_KERNELS=simt)
-  bool stream = false;   // run on a stream of our own instead of the default stream
-  bool strided = false;  // q/k/v as head views of one packed [B, L, Hq + 2 Hkv, D] tensor
+  const char* kernels = nullptr;  // STRIA_CUDA_KERNELS for the run: "simt", "wgmma" (sm_90 only)
+  bool stream = false;            // run on a stream of our own instead of the default stream
+  bool strided = false;           // q/k/v as head views of one packed [B, L, Hq + 2 Hkv, D] tensor
 };
 
 std::string Name(const Case& c) {
   std::ostringstream os;
   os << "N" << c.world << "_" << LayoutName(c.layout) << (c.causal ? "_causal" : "_full") << "_" << DtName(c.dt) << "_B"
-     << c.B << "L" << c.L << "H" << c.Hq << "x" << c.Hkv << "D" << c.D << (c.simt ? "_simt" : "")
-     << (c.stream ? "_stream" : "") << (c.strided ? "_strided" : "");
+     << c.B << "L" << c.L << "H" << c.Hq << "x" << c.Hkv << "D" << c.D
+     << (c.kernels ? std::string("_") + c.kernels : "") << (c.stream ? "_stream" : "") << (c.strided ? "_strided" : "");
   return os.str();
 }
 
@@ -66,8 +66,8 @@ DLTensor HeadView(const DeviceTensor& packed, int64_t h0, std::vector<int64_t>* 
 void RunCase(const Case& c) {
   STRIA_REQUIRE_GPU();
   SCOPED_TRACE(Name(c));
-  if (c.simt)
-    setenv("STRIA_CUDA_KERNELS", "simt", 1);
+  if (c.kernels)
+    setenv("STRIA_CUDA_KERNELS", c.kernels, 1);
   else
     unsetenv("STRIA_CUDA_KERNELS");
   const int64_t S = c.L * c.world;
@@ -166,6 +166,28 @@ std::vector<Case> TensorCoreSweep() {
   return cases;
 }
 
+// The Hopper wgmma forward (opt-in, STRIA_CUDA_KERNELS=wgmma; on other GPUs the variable is
+// ignored and these rerun mma.sync): rank counts, layouts, masks, dtypes, GQA, D 64 and 128, and
+// blocks of several 128-query tiles.
+std::vector<Case> WgmmaSweep() {
+  std::vector<Case> cases;
+  for (int n : {1, 2, 3, 5, 8})
+    for (stria_layout_t lay : {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG})
+      for (bool causal : {true, false})
+        for (Dt dt : {Dt::kBF16, Dt::kF16}) {
+          Case c{n, lay, causal, dt, 1, 80, 4, 2, 64};
+          c.kernels = "wgmma";
+          cases.push_back(c);
+        }
+  for (int n : {1, 3, 8})
+    for (stria_layout_t lay : {STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG}) {
+      Case c{n, lay, true, Dt::kBF16, 2, 264, 4, 1, 128};
+      c.kernels = "wgmma";
+      cases.push_back(c);
+    }
+  return cases;
+}
+
 std::vector<Case> ShapesAndPaths() {
   std::vector<Case> cases;
   // D = 128 (32-query backward tiles), MQA and MHA, batch 2, several tiles per block.
@@ -182,7 +204,7 @@ std::vector<Case> ShapesAndPaths() {
     cases.push_back(Case{3, STRIA_LAYOUT_STRIPED, true, Dt::kF32, 1, 34, 2, 1, d});
   for (int64_t d : {40, 96}) cases.push_back(Case{4, STRIA_LAYOUT_ZIGZAG, true, Dt::kBF16, 1, 34, 2, 1, d});
   Case simt{4, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 1, 66, 4, 2, 64};
-  simt.simt = true;
+  simt.kernels = "simt";
   cases.push_back(simt);
   // Tiny blocks: 1 and 2 tokens per rank.
   for (int n : {2, 7}) cases.push_back(Case{n, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 1, 1, 2, 1, 64});
@@ -205,5 +227,6 @@ std::string ParamName(const ::testing::TestParamInfo<Case>& info) {
 
 INSTANTIATE_TEST_SUITE_P(TensorCores, CudaRingVsReference, ::testing::ValuesIn(TensorCoreSweep()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaRingVsReference, ::testing::ValuesIn(ShapesAndPaths()), ParamName);
+INSTANTIATE_TEST_SUITE_P(Wgmma, CudaRingVsReference, ::testing::ValuesIn(WgmmaSweep()), ParamName);
 
 }  // namespace

@@ -5,7 +5,10 @@
 //
 // Kernel choice per call: the tensor-core kernels for float16/bfloat16 with D in {64, 128} when
 // q (and dO) rows are 16-byte aligned; the SIMT kernels otherwise (float32, other head dims,
-// odd strides). STRIA_CUDA_KERNELS=simt forces the SIMT kernels (tests compare both paths).
+// odd strides). STRIA_CUDA_KERNELS picks among the families (tests and benchmarks compare them):
+// "simt" forces SIMT; "wgmma" takes the Hopper wgmma forward on compute capability 9.0 devices.
+// The default is mma.sync: the wgmma forward has passed only the emulator so far, and stays
+// opt-in until the GPU suite has run it on an H100 (docs/performance.md).
 #include "backend/cuda/cuda_backend.h"
 
 #include <cuda_runtime_api.h>
@@ -119,6 +122,7 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(int device) : device_(device) {
     const char* k = std::getenv("STRIA_CUDA_KERNELS");
     simt_only_ = k != nullptr && std::strcmp(k, "simt") == 0;
+    want_wgmma_ = k != nullptr && std::strcmp(k, "wgmma") == 0;
   }
   ~CudaBackend() override {
     if (handoff_ == nullptr) return;
@@ -203,7 +207,7 @@ class CudaBackend final : public Backend {
     STRIA_RETURN_IF_ERROR(m_.Reserve(rows * 4, "row maxima"));
     STRIA_RETURN_IF_ERROR(l_.Reserve(rows * 4, "row sums"));
     q_ = Rows(q);
-    flash_ = !simt_only_ && s.dtype != DType::kF32 && cuda::FlashHeadDim(static_cast<int>(s.D)) && RowsAligned16(q);
+    STRIA_RETURN_IF_ERROR(Choose(s, RowsAligned16(q)));
     STRIA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(acc_.f32(), 0, rows * static_cast<size_t>(s.D) * 4, stream_));
     STRIA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(l_.f32(), 0, rows * 4, stream_));
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchFill(m_.f32(), static_cast<int64_t>(rows), -__builtin_huge_valf(), stream_));
@@ -223,7 +227,7 @@ class CudaBackend final : public Backend {
     p.l = l_.f32();
     p.scale_log2 = s_.scale * 1.4426950408889634f;
     p.mask = MaskOf(mask);
-    STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchForwardBlock(ElemOf(s_.dtype), flash_, p, stream_));
+    STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchForwardBlock(ElemOf(s_.dtype), kernels_, p, stream_));
     return Status::Ok();
   }
 
@@ -247,8 +251,7 @@ class CudaBackend final : public Backend {
     STRIA_RETURN_IF_ERROR(l_.Reserve(rows * 4, "rowsum(dO*O)"));
     q_ = Rows(q);
     dout_ = Rows(dout);
-    flash_ = !simt_only_ && s.dtype != DType::kF32 && cuda::FlashHeadDim(static_cast<int>(s.D)) && RowsAligned16(q) &&
-             RowsAligned16(dout);
+    STRIA_RETURN_IF_ERROR(Choose(s, RowsAligned16(q) && RowsAligned16(dout)));
     STRIA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dq_acc_.f32(), 0, rows * static_cast<size_t>(s.D) * 4, stream_));
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchBackwardPrep(ElemOf(s.dtype), dims_, Rows(out), dout_,
                                                         static_cast<const float*>(lse.data), lse.strides[0],
@@ -276,7 +279,7 @@ class CudaBackend final : public Backend {
     p.scale_log2 = s_.scale * 1.4426950408889634f;
     p.scale = s_.scale;
     p.mask = MaskOf(mask);
-    STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchBackwardBlock(ElemOf(s_.dtype), flash_, p, stream_));
+    STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchBackwardBlock(ElemOf(s_.dtype), kernels_, p, stream_));
     return Status::Ok();
   }
 
@@ -317,9 +320,28 @@ class CudaBackend final : public Backend {
     return Status::Ok();
   }
 
+  // The kernel family of this call (see the top of the file). Needs the device current.
+  Status Choose(const AttentionShape& s, bool rows_aligned) {
+    if (simt_only_ || s.dtype == DType::kF32 || !cuda::FlashHeadDim(static_cast<int>(s.D)) || !rows_aligned) {
+      kernels_ = cuda::Kernels::kSimt;
+      return Status::Ok();
+    }
+    if (want_wgmma_ && cc_ < 0) {
+      int major = 0, minor = 0;
+      STRIA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
+      STRIA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_));
+      cc_ = 10 * major + minor;
+    }
+    // sm_90a code runs on compute capability 9.0 only (not on later majors).
+    kernels_ = want_wgmma_ && cc_ == 90 ? cuda::Kernels::kWgmma : cuda::Kernels::kMma;
+    return Status::Ok();
+  }
+
   const int device_;
   bool simt_only_ = false;
-  bool flash_ = false;
+  bool want_wgmma_ = false;
+  int cc_ = -1;  // compute capability 10 * major + minor, once asked
+  cuda::Kernels kernels_ = cuda::Kernels::kSimt;
   bool used_ = false;              // a call has queued work on stream_
   cudaEvent_t handoff_ = nullptr;  // orders a new stream after the previous one
   cudaStream_t stream_ = nullptr;
