@@ -61,6 +61,35 @@ STRIA_DEVICE void LoadAFromTransposed(uint32_t a[4], const uint16_t* tile, int m
   ldmatrix_x4_trans(a, tile + (k0 + (l & 7) + (mi >> 1) * 8) * kStride + m0 + (mi & 1) * 8);
 }
 
+// Where one (batch, query head) of a forward block reads: its q rows (strided), and the compact
+// [B, L, Hkv, D] K/V rows of the KV head it shares under GQA (h / (Hq / Hkv)), kv_row apart.
+struct HeadRows {
+  const uint16_t *q, *k, *v;
+  int64_t kv_row;
+};
+STRIA_DEVICE HeadRows ForwardHeadRows(const FwdParams& p, int bh) {
+  const Dims& d = p.dims;
+  const int b = bh / d.Hq, h = bh % d.Hq, hk = h / (d.Hq / d.Hkv);
+  const int64_t kv = (static_cast<int64_t>(b) * d.L * d.Hkv + hk) * d.D;
+  return HeadRows{static_cast<const uint16_t*>(p.q.data) + b * p.q.sb + h * p.q.sh,
+                  static_cast<const uint16_t*>(p.k) + kv, static_cast<const uint16_t*>(p.v) + kv,
+                  static_cast<int64_t>(d.Hkv) * d.D};
+}
+
+// The online-softmax step of one row held by 4 lanes (an accumulator row of mma or wgmma):
+// `tile_max` is this lane's max of the tile's scaled, masked scores. Updates the running max and
+// returns the factor that rescales the old state; `base` is the exponent base for this tile's
+// probabilities. A row that has seen no key keeps m = -inf and base 0, so exp2 stays finite.
+STRIA_DEVICE float OnlineMaxStep(float tile_max, float* m_run, float* base) {
+  tile_max = fmaxf(tile_max, shfl_xor(tile_max, 1));
+  tile_max = fmaxf(tile_max, shfl_xor(tile_max, 2));
+  const float m_new = fmaxf(*m_run, tile_max);
+  *base = m_new == NegInf() ? 0.f : m_new;
+  const float alpha = fast_exp2(*m_run - *base);
+  *m_run = m_new;
+  return alpha;
+}
+
 // Accumulators of two n8 tiles (16 x 16) as the A fragment of the next product (P -> P V).
 template <typename T>
 STRIA_DEVICE void AccToA(uint32_t a[4], const float c0[4], const float c1[4]) {

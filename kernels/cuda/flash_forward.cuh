@@ -37,7 +37,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
 
   const Dims& d = p.dims;
   const int warp = warp_id(), lane = lane_id(), g = lane >> 2, t4 = lane & 3;
-  const int bh = static_cast<int>(blockIdx.y), b = bh / d.Hq, h = bh % d.Hq, hk = h / (d.Hq / d.Hkv);
+  const int bh = static_cast<int>(blockIdx.y);
   // Later query tiles see more keys under a causal mask: start them first.
   const int64_t i0 = (p.mask.q_begin / kM) * kM + static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kM;
   int64_t k_lo, k_hi;
@@ -52,13 +52,10 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
   int64_t wk_lo, wk_hi;
   KeyRange(p.mask, wi0, MinI(wi1, d.L), &wk_lo, &wk_hi);
 
-  const uint16_t* qg = static_cast<const uint16_t*>(p.q.data) + b * p.q.sb + h * p.q.sh;
-  const int64_t kv_row = static_cast<int64_t>(d.Hkv) * D;  // compact [B, L, Hkv, D]
-  const uint16_t* kg = static_cast<const uint16_t*>(p.k) + (static_cast<int64_t>(b) * d.L * d.Hkv + hk) * D;
-  const uint16_t* vg = static_cast<const uint16_t*>(p.v) + (static_cast<int64_t>(b) * d.L * d.Hkv + hk) * D;
+  const HeadRows hr = ForwardHeadRows(p, bh);
 
-  LoadRows<D, kThreads>(qs, qg, p.q.sl, i0, kM, d.L);
-  LoadRows<D, kThreads>(ks, kg, kv_row, j_first, kN, d.L);
+  LoadRows<D, kThreads>(qs, hr.q, p.q.sl, i0, kM, d.L);
+  LoadRows<D, kThreads>(ks, hr.k, hr.kv_row, j_first, kN, d.L);
   cp_async_commit();
 
   // This lane's rows (r = 2 * m-tile + half) and its share of their running state.
@@ -87,7 +84,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
     const int64_t j0 = j_first + static_cast<int64_t>(n) * kN;
     cp_async_wait<0>();
     block_sync();  // K tile n (and Q) landed; every warp is done reading V tile n-1
-    LoadRows<D, kThreads>(vs, vg, kv_row, j0, kN, d.L);
+    LoadRows<D, kThreads>(vs, hr.v, hr.kv_row, j0, kN, d.L);
     cp_async_commit();
     const bool active = j0 < wk_hi && j0 + kN > wk_lo;
 
@@ -137,15 +134,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
       }
       float alpha[kR], base[kR];
       STRIA_UNROLL
-      for (int r = 0; r < kR; ++r) {
-        mx[r] = fmaxf(mx[r], shfl_xor(mx[r], 1));
-        mx[r] = fmaxf(mx[r], shfl_xor(mx[r], 2));
-        const float m_new = fmaxf(m_run[r], mx[r]);
-        // A row that has seen no key yet keeps m = -inf; subtracting 0 then keeps exp2 finite.
-        base[r] = m_new == NegInf() ? 0.f : m_new;
-        alpha[r] = fast_exp2(m_run[r] - base[r]);
-        m_run[r] = m_new;
-      }
+      for (int r = 0; r < kR; ++r) alpha[r] = OnlineMaxStep(mx[r], &m_run[r], &base[r]);
       float sum[kR];
       STRIA_UNROLL
       for (int r = 0; r < kR; ++r) sum[r] = 0.f;
@@ -179,7 +168,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
     cp_async_wait<0>();
     block_sync();  // V tile n landed; every warp is done reading K tile n
     if (n + 1 < n_tiles) {
-      LoadRows<D, kThreads>(ks, kg, kv_row, j0 + kN, kN, d.L);
+      LoadRows<D, kThreads>(ks, hr.k, hr.kv_row, j0 + kN, kN, d.L);
       cp_async_commit();
     }
     if (!active) continue;

@@ -59,7 +59,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p)
   const Dims& d = p.dims;
   const int tid = static_cast<int>(threadIdx.x), group = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
-  const int bh = static_cast<int>(blockIdx.y), b = bh / d.Hq, h = bh % d.Hq, hk = h / (d.Hq / d.Hkv);
+  const int bh = static_cast<int>(blockIdx.y);
   const int64_t i0 = (p.mask.q_begin / kM) * kM + static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kM;
   int64_t k_lo, k_hi;
   KeyRange(p.mask, i0, MinI(i0 + kM, d.L), &k_lo, &k_hi);
@@ -70,13 +70,10 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p)
   int64_t gk_lo, gk_hi;
   KeyRange(p.mask, gi0, MinI(gi1, d.L), &gk_lo, &gk_hi);
 
-  const uint16_t* qg = static_cast<const uint16_t*>(p.q.data) + b * p.q.sb + h * p.q.sh;
-  const int64_t kv_row = static_cast<int64_t>(d.Hkv) * D;  // compact [B, L, Hkv, D]
-  const uint16_t* kg = static_cast<const uint16_t*>(p.k) + (static_cast<int64_t>(b) * d.L * d.Hkv + hk) * D;
-  const uint16_t* vg = static_cast<const uint16_t*>(p.v) + (static_cast<int64_t>(b) * d.L * d.Hkv + hk) * D;
+  const HeadRows hr = ForwardHeadRows(p, bh);
 
-  LoadSwizzled<D, kThreads>(qs, qg, p.q.sl, i0, kM, d.L);
-  LoadSwizzled<D, kThreads>(ks, kg, kv_row, j_first, kN, d.L);
+  LoadSwizzled<D, kThreads>(qs, hr.q, p.q.sl, i0, kM, d.L);
+  LoadSwizzled<D, kThreads>(ks, hr.k, hr.kv_row, j_first, kN, d.L);
   cp_async_commit();
 
   // This thread's rows gi0 + 16 warp + g (+8) and its share of their running state, in the
@@ -104,7 +101,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p)
     cp_async_wait<0>();
     fence_proxy_async();
     block_sync();  // K tile n (and Q) landed and visible to wgmma; V tile n-1 no longer read
-    LoadSwizzled<D, kThreads>(vs, vg, kv_row, j0, kN, d.L);
+    LoadSwizzled<D, kThreads>(vs, hr.v, hr.kv_row, j0, kN, d.L);
     cp_async_commit();
     const bool active = j0 < gk_hi && j0 + kN > gk_lo;
 
@@ -135,14 +132,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p)
       }
       float alpha[2], base[2];
       STRIA_UNROLL
-      for (int e = 0; e < 2; ++e) {
-        mx[e] = fmaxf(mx[e], shfl_xor(mx[e], 1));
-        mx[e] = fmaxf(mx[e], shfl_xor(mx[e], 2));
-        const float m_new = fmaxf(m_run[e], mx[e]);
-        base[e] = m_new == NegInf() ? 0.f : m_new;  // no key seen yet: keep exp2 finite
-        alpha[e] = fast_exp2(m_run[e] - base[e]);
-        m_run[e] = m_new;
-      }
+      for (int e = 0; e < 2; ++e) alpha[e] = OnlineMaxStep(mx[e], &m_run[e], &base[e]);
       float sum[2] = {0.f, 0.f};
       STRIA_UNROLL
       for (int i = 0; i < kN / 2; ++i) {
@@ -160,7 +150,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p)
     fence_proxy_async();
     block_sync();  // V tile n landed and visible; every warpgroup is done with K tile n
     if (n + 1 < n_tiles) {
-      LoadSwizzled<D, kThreads>(ks, kg, kv_row, j0 + kN, kN, d.L);
+      LoadSwizzled<D, kThreads>(ks, hr.k, hr.kv_row, j0 + kN, kN, d.L);
       cp_async_commit();
     }
     if (!active) continue;
