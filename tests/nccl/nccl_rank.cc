@@ -13,11 +13,11 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "rank_process.h"
 #include "test_util.h"
 
 using namespace stria_test;
@@ -36,16 +36,6 @@ struct Options {
   std::string fault;  // kill | abort
   int fault_rank = -1, fault_delay_ms = 0;
 };
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-int EnvInt(const char* a, const char* b) {
-  const char* v = std::getenv(a);
-  if (v == nullptr && b != nullptr) v = std::getenv(b);
-  return v ? std::atoi(v) : -1;
-}
 
 Options Parse(int argc, char** argv) {
   Options o;
@@ -100,44 +90,7 @@ Options Parse(int argc, char** argv) {
 }
 
 void Result(const Options& o, stria_status_t s, double t0, const std::string& msg) {
-  std::printf("RESULT rank=%d code=%d seconds=%.3f message=(%s) %s\n", o.rank, static_cast<int>(s), Now() - t0,
-              stria_status_string(s), msg.c_str());
-  std::fflush(stdout);
-}
-
-// Rank 0 publishes its id through a file (written, then renamed: a reader never sees half of it).
-bool ExchangeId(const Options& o, stria_unique_id_t* id, std::string* err) {
-  if (o.rank == 0) {
-    if (stria_get_unique_id(id) != STRIA_SUCCESS) {
-      *err = stria_get_last_error();
-      return false;
-    }
-    std::string hex;
-    char b[3];
-    for (char c : id->internal) {
-      std::snprintf(b, sizeof b, "%02x", static_cast<unsigned char>(c));
-      hex += b;
-    }
-    const std::string tmp = o.id_file + ".tmp";
-    std::ofstream(tmp) << hex;
-    std::rename(tmp.c_str(), o.id_file.c_str());
-    return true;
-  }
-  const double deadline = Now() + o.timeout;
-  for (;;) {
-    std::ifstream in(o.id_file);
-    std::string hex;
-    if (in >> hex && hex.size() == 2 * sizeof id->internal) {
-      for (size_t i = 0; i < sizeof id->internal; ++i)
-        id->internal[i] = static_cast<char>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
-      return true;
-    }
-    if (Now() > deadline) {
-      *err = "no id file from rank 0";
-      return false;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  PrintResult(o.rank, s, t0, msg);
 }
 
 // A device copy of a host tensor.
@@ -159,29 +112,6 @@ struct OnDevice {
   void Poison() { cudaMemset(ptr, 0xFF, bytes); }
   void CopyTo(Tensor* host) const { cudaMemcpy(host->storage.data(), ptr, bytes, cudaMemcpyDeviceToHost); }
 };
-
-// This rank's rows of the full reference ([B, S, H, D], or lse [B, H, S]) against `got`.
-double RowError(const Tensor& got, const std::vector<double>& ref, const std::vector<int64_t>& pos, int64_t S,
-                bool is_lse) {
-  std::vector<double> want(static_cast<size_t>(got.numel()));
-  const int64_t B = got.shape[0];
-  if (is_lse) {
-    const int64_t H = got.shape[1], L = got.shape[2];
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t i = 0; i < L; ++i)
-          want[static_cast<size_t>((b * H + h) * L + i)] =
-              ref[static_cast<size_t>((b * H + h) * S + pos[static_cast<size_t>(i)])];
-  } else {
-    const int64_t L = got.shape[1], HD = got.shape[2] * got.shape[3];
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t i = 0; i < L; ++i)
-        for (int64_t x = 0; x < HD; ++x)
-          want[static_cast<size_t>((b * L + i) * HD + x)] =
-              ref[static_cast<size_t>((b * S + pos[static_cast<size_t>(i)]) * HD + x)];
-  }
-  return RelError(got.ToDouble(), want);
-}
 
 }  // namespace
 
@@ -209,7 +139,7 @@ int main(int argc, char** argv) {
   cfg.device = DLDevice{kDLCUDA, o.device};
   cfg.timeout_s = o.timeout;
   std::string err;
-  if (!o.id_file.empty() && !ExchangeId(o, &cfg.unique_id, &err)) {
+  if (!o.id_file.empty() && !ExchangeIdThroughFile(o.rank, o.id_file, o.timeout, &cfg.unique_id, &err)) {
     Result(o, STRIA_ERROR_INTERNAL, t0, err);
     return 0;
   }
@@ -229,7 +159,7 @@ int main(int argc, char** argv) {
   params.layout = o.layout;
   params.causal = o.causal;
   const bool odd = o.rank == o.fault_rank;
-  std::string msg = "all results match the float64 reference";
+  const std::string msg = "all results match the float64 reference";
   for (Dt dt : o.dtypes) {
     std::mt19937_64 rng(42);
     Tensor q({1, S, o.Hq, o.D}, dt), k({1, S, o.Hkv, o.D}, dt), v({1, S, o.Hkv, o.D}, dt), dout({1, S, o.Hq, o.D}, dt);
@@ -253,16 +183,9 @@ int main(int argc, char** argv) {
       for (OnDevice* t : {&outd, &lsed, &dqd, &dkd, &dvd}) t->Poison();
       cudaDeviceSynchronize();
       std::thread fault;
-      if (odd && it == o.iters - 1 && o.fault == "kill")
-        fault = std::thread([delay = o.fault_delay_ms] {
-          std::this_thread::sleep_for(std::chrono::milliseconds(delay));
-          raise(SIGKILL);
-        });
+      if (odd && it == o.iters - 1 && o.fault == "kill") fault = AfterDelay(o.fault_delay_ms, [] { raise(SIGKILL); });
       if (odd && it == o.iters - 1 && o.fault == "abort")
-        fault = std::thread([ctx, delay = o.fault_delay_ms] {
-          std::this_thread::sleep_for(std::chrono::milliseconds(delay));
-          stria_context_abort(ctx);
-        });
+        fault = AfterDelay(o.fault_delay_ms, [ctx] { stria_context_abort(ctx); });
       s = stria_attention_forward(ctx, &params, &qd.dl, &kd.dl, &vd.dl, &outd.dl, &lsed.dl, nullptr);
       if (s == STRIA_SUCCESS)
         s = stria_attention_backward(ctx, &params, &qd.dl, &kd.dl, &vd.dl, &outd.dl, &lsed.dl, &dod.dl, &dqd.dl,
@@ -271,14 +194,10 @@ int main(int argc, char** argv) {
       if (fault.joinable()) fault.join();
       if (s != STRIA_SUCCESS) {
         // A failed context must refuse more work and still be destroyed cleanly (and soon).
-        const stria_status_t again =
-            stria_attention_forward(ctx, &params, &qd.dl, &kd.dl, &vd.dl, &outd.dl, &lsed.dl, nullptr);
-        const double d0 = Now();
-        const stria_status_t destroyed = stria_context_destroy(ctx);
-        std::string m = call_error;
-        if (again == STRIA_SUCCESS) m += " [BUG: a failed context accepted more work]";
-        if (destroyed != STRIA_SUCCESS) m += std::string(" [BUG: destroy failed: ") + stria_get_last_error() + "]";
-        if (Now() - d0 > 15) m += " [BUG: destroy took " + std::to_string(Now() - d0) + " s]";
+        const std::string m = AfterFailure(
+            ctx, call_error,
+            [&] { return stria_attention_forward(ctx, &params, &qd.dl, &kd.dl, &vd.dl, &outd.dl, &lsed.dl, nullptr); },
+            15);
         Result(o, s, t0, m);
         return 0;
       }
@@ -290,23 +209,12 @@ int main(int argc, char** argv) {
     dqd.CopyTo(&dq);
     dkd.CopyTo(&dk);
     dvd.CopyTo(&dv);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(o.D));
-    const auto qx = q.ToDouble(), kx = k.ToDouble(), vx = v.ToDouble(), dx = dout.ToDouble();
-    const Reference ref = DenseAttention(qx, kx, vx, &dx, 1, S, o.Hq, o.Hkv, o.D, o.causal, scale);
-    const double tol = dt == Dt::kF32 ? 1e-5 : 2e-2;
-    const double errs[5] = {RowError(out, ref.out, pos, S, false), RowError(lse, ref.lse, pos, S, true),
-                            RowError(dq, ref.dq, pos, S, false), RowError(dk, ref.dk, pos, S, false),
-                            RowError(dv, ref.dv, pos, S, false)};
-    const char* names[5] = {"out", "lse", "dq", "dk", "dv"};
-    for (int i = 0; i < 5; ++i) {
-      std::printf("rank %d: %s %s rel error %.3g\n", o.rank, DtName(dt), names[i], errs[i]);
-      const double limit = i == 1 ? (dt == Dt::kF32 ? 1e-5 : 1e-3) : tol;
-      if (!(errs[i] < limit)) {
-        msg = std::string("MISMATCH: ") + DtName(dt) + " " + names[i] + " error " + std::to_string(errs[i]);
-        stria_context_destroy(ctx);
-        Result(o, STRIA_ERROR_INTERNAL, t0, msg);
-        return 1;
-      }
+    const std::string mismatch = CompareWithReference(o.rank, dt, q, k, v, dout, RankResults{&out, &lse, &dq, &dk, &dv},
+                                                      pos, o.causal, dt == Dt::kF32 ? 1e-5 : 1e-3);
+    if (!mismatch.empty()) {
+      stria_context_destroy(ctx);
+      Result(o, STRIA_ERROR_INTERNAL, t0, mismatch);
+      return 1;
     }
   }
   s = stria_context_destroy(ctx);

@@ -13,11 +13,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "rank_process.h"
 #include "test_util.h"
 
 using namespace stria_test;
@@ -41,23 +41,15 @@ struct Options {
   double late_s = 0;  // for "late": the odd rank sleeps this long before creating its context
 };
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 Dt ParseDt(const std::string& s) {
   return s == "f16" ? Dt::kF16 : s == "bf16" ? Dt::kBF16 : Dt::kF32;
 }
 
 Options Parse(int argc, char** argv) {
   Options o;
-  auto env_int = [](const char* a, const char* b) {
-    const char* v = std::getenv(a);
-    if (v == nullptr) v = std::getenv(b);
-    return v ? std::atoi(v) : -1;
-  };
-  o.rank = env_int("RANK", "OMPI_COMM_WORLD_RANK");
-  o.world = env_int("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE");
+
+  o.rank = EnvInt("RANK", "OMPI_COMM_WORLD_RANK");
+  o.world = EnvInt("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE");
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--rank")
@@ -112,67 +104,7 @@ Options Parse(int argc, char** argv) {
 }
 
 void Result(const Options& o, stria_status_t s, double t0, const std::string& msg) {
-  std::printf("RESULT rank=%d code=%d seconds=%.3f message=(%s) %s\n", o.rank, static_cast<int>(s), Now() - t0,
-              stria_status_string(s), msg.c_str());
-  std::fflush(stdout);
-}
-
-// Rank 0 publishes its id through a file (written then renamed, so a reader never sees half).
-bool ExchangeId(const Options& o, stria_unique_id_t* id, std::string* err) {
-  if (o.rank == 0) {
-    if (stria_get_unique_id(id) != STRIA_SUCCESS) {
-      *err = stria_get_last_error();
-      return false;
-    }
-    std::string hex;
-    char b[3];
-    for (char c : id->internal) {
-      std::snprintf(b, sizeof b, "%02x", static_cast<unsigned char>(c));
-      hex += b;
-    }
-    const std::string tmp = o.id_file + ".tmp";
-    std::ofstream(tmp) << hex;
-    std::rename(tmp.c_str(), o.id_file.c_str());
-    return true;
-  }
-  const double deadline = Now() + o.timeout;
-  for (;;) {
-    std::ifstream in(o.id_file);
-    std::string hex;
-    if (in >> hex && hex.size() == 2 * sizeof id->internal) {
-      for (size_t i = 0; i < sizeof id->internal; ++i)
-        id->internal[i] = static_cast<char>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
-      return true;
-    }
-    if (Now() > deadline) {
-      *err = "no id file from rank 0";
-      return false;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-}
-
-// Compares this rank's rows of `got` ([B, L, H, D] or lse [B, H, L]) with the full reference.
-double RowError(const Tensor& got, const std::vector<double>& ref, const std::vector<int64_t>& pos, int64_t S,
-                bool is_lse) {
-  std::vector<double> want(static_cast<size_t>(got.numel()));
-  const int64_t B = got.shape[0];
-  if (is_lse) {
-    const int64_t H = got.shape[1], L = got.shape[2];
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t i = 0; i < L; ++i)
-          want[static_cast<size_t>((b * H + h) * L + i)] =
-              ref[static_cast<size_t>((b * H + h) * S + pos[static_cast<size_t>(i)])];
-  } else {
-    const int64_t L = got.shape[1], HD = got.shape[2] * got.shape[3];
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t i = 0; i < L; ++i)
-        for (int64_t x = 0; x < HD; ++x)
-          want[static_cast<size_t>((b * L + i) * HD + x)] =
-              ref[static_cast<size_t>((b * S + pos[static_cast<size_t>(i)]) * HD + x)];
-  }
-  return RelError(got.ToDouble(), want);
+  PrintResult(o.rank, s, t0, msg);
 }
 
 }  // namespace
@@ -196,7 +128,7 @@ int main(int argc, char** argv) {
   cfg.timeout_s = o.timeout;
   cfg.num_threads = o.threads;
   std::string err;
-  if (!o.id_file.empty() && !ExchangeId(o, &cfg.unique_id, &err)) {
+  if (!o.id_file.empty() && !ExchangeIdThroughFile(o.rank, o.id_file, o.timeout, &cfg.unique_id, &err)) {
     Result(o, STRIA_ERROR_INTERNAL, t0, err);
     return 0;
   }
@@ -215,7 +147,7 @@ int main(int argc, char** argv) {
   stria_attention_params_init(&params);
   params.layout = o.layout;
   params.causal = o.causal;
-  std::string msg = "all results match the float64 reference";
+  const std::string msg = "all results match the float64 reference";
   for (Dt dt : o.dtypes) {
     // Every rank draws the same full-sequence inputs; each takes its own shard.
     std::mt19937_64 rng(42);
@@ -236,16 +168,10 @@ int main(int argc, char** argv) {
       std::thread fault;
       if (odd && it == o.fault_iter && (o.fault == "kill" || o.fault == "stop")) {
         const int sig = o.fault == "kill" ? SIGKILL : SIGSTOP;
-        fault = std::thread([sig, delay = o.fault_delay_ms] {
-          std::this_thread::sleep_for(std::chrono::milliseconds(delay));
-          raise(sig);
-        });
+        fault = AfterDelay(o.fault_delay_ms, [sig] { raise(sig); });
       }
       if (odd && it == o.fault_iter && o.fault == "abort")
-        fault = std::thread([ctx, delay = o.fault_delay_ms] {
-          std::this_thread::sleep_for(std::chrono::milliseconds(delay));
-          stria_context_abort(ctx);
-        });
+        fault = AfterDelay(o.fault_delay_ms, [ctx] { stria_context_abort(ctx); });
       s = stria_attention_forward(ctx, &params, &ql.dl, &kl.dl, &vl.dl, &out.dl, &lse.dl, nullptr);
       if (s == STRIA_SUCCESS)
         s = stria_attention_backward(ctx, &params, &ql.dl, &kl.dl, &vl.dl, &out.dl, &lse.dl, &dol.dl, &dq.dl, &dk.dl,
@@ -254,33 +180,21 @@ int main(int argc, char** argv) {
       if (fault.joinable()) fault.join();
       if (s != STRIA_SUCCESS) {
         // After a failure the context must refuse work and still be destroyed cleanly.
-        const stria_status_t again =
-            stria_attention_forward(ctx, &params, &ql.dl, &kl.dl, &vl.dl, &out.dl, &lse.dl, nullptr);
-        const stria_status_t destroyed = stria_context_destroy(ctx);
-        std::string m = call_error;
-        if (again == STRIA_SUCCESS) m += " [BUG: a failed context accepted more work]";
-        if (destroyed != STRIA_SUCCESS) m += std::string(" [BUG: destroy failed: ") + stria_get_last_error() + "]";
+        const std::string m = AfterFailure(
+            ctx, call_error,
+            [&] { return stria_attention_forward(ctx, &params, &ql.dl, &kl.dl, &vl.dl, &out.dl, &lse.dl, nullptr); },
+            0);
         Result(o, s, t0, m);
         return 0;
       }
       std::printf("rank %d: %s iteration %d done at %.3f s\n", o.rank, DtName(dt), it, Now() - t0);
     }
-    const double scale = 1.0 / std::sqrt(static_cast<double>(o.D));
-    const auto qd = q.ToDouble(), kd = k.ToDouble(), vd = v.ToDouble(), dd = dout.ToDouble();
-    const Reference ref = DenseAttention(qd, kd, vd, &dd, 1, S, o.Hq, o.Hkv, o.D, o.causal, scale);
-    const double tol = dt == Dt::kF32 ? 1e-5 : 2e-2;
-    const double errs[5] = {RowError(out, ref.out, pos, S, false), RowError(lse, ref.lse, pos, S, true),
-                            RowError(dq, ref.dq, pos, S, false), RowError(dk, ref.dk, pos, S, false),
-                            RowError(dv, ref.dv, pos, S, false)};
-    const char* names[5] = {"out", "lse", "dq", "dk", "dv"};
-    for (int i = 0; i < 5; ++i) {
-      std::printf("rank %d: %s %s rel error %.3g\n", o.rank, DtName(dt), names[i], errs[i]);
-      if (!(errs[i] < (i == 1 ? 1e-5 : tol))) {
-        msg = std::string("MISMATCH: ") + DtName(dt) + " " + names[i] + " error " + std::to_string(errs[i]);
-        stria_context_destroy(ctx);
-        Result(o, STRIA_ERROR_INTERNAL, t0, msg);
-        return 1;
-      }
+    const std::string mismatch =
+        CompareWithReference(o.rank, dt, q, k, v, dout, RankResults{&out, &lse, &dq, &dk, &dv}, pos, o.causal, 1e-5);
+    if (!mismatch.empty()) {
+      stria_context_destroy(ctx);
+      Result(o, STRIA_ERROR_INTERNAL, t0, mismatch);
+      return 1;
     }
   }
   s = stria_context_destroy(ctx);
