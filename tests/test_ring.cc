@@ -4,9 +4,9 @@
 // layouts' position maps are checked end to end too. Outputs are poisoned (NaN) before each run.
 #include <gtest/gtest.h>
 
-#include <mutex>
 #include <sstream>
 
+#include "ring_results.h"
 #include "test_util.h"
 
 using namespace stria_test;
@@ -65,10 +65,7 @@ void RunCase(const Case& c) {
   const auto qd = q.ToDouble(), kd = k.ToDouble(), vd = v.ToDouble(), dod = dout.ToDouble();
   const Reference ref = DenseAttention(qd, kd, vd, &dod, c.B, S, c.Hq, c.Hkv, c.D, c.causal, scale);
 
-  Tensor out_full({c.B, S, c.Hq, c.D}, c.dt), dq_full({c.B, S, c.Hq, c.D}, c.dt);
-  Tensor dk_full({c.B, S, c.Hkv, c.D}, c.dt), dv_full({c.B, S, c.Hkv, c.D}, c.dt);
-  Tensor lse_full({c.B, c.Hq, S}, Dt::kF32);
-  for (Tensor* t : {&out_full, &dq_full, &dk_full, &dv_full, &lse_full}) t->Poison();
+  GatheredResults full(c.layout, c.world, c.B, S, c.Hq, c.Hkv, c.D, c.dt);
 
   LocalGroup group(c.world, 60.0, 1);
   ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
@@ -80,23 +77,13 @@ void RunCase(const Case& c) {
 
   std::vector<stria_status_t> fwd(static_cast<size_t>(c.world)), bwd(static_cast<size_t>(c.world));
   std::vector<std::string> errors(static_cast<size_t>(c.world));
-  std::mutex mu;
   RunRanks(c.world, [&](int r) {
     Tensor ql = Shard(q, c, r), kl = Shard(k, c, r), vl = Shard(v, c, r), dol = Shard(dout, c, r);
     Tensor packed;
     DLTensor qv = ql.dl, kv = kl.dl, vv = vl.dl;
     std::vector<int64_t> qs, ks, vs;
     if (c.strided) {  // copy into one packed QKV tensor and attend through head views of it
-      packed.Init({c.B, c.L, c.Hq + 2 * c.Hkv, c.D}, c.dt);
-      for (int64_t b = 0; b < c.B; ++b)
-        for (int64_t i = 0; i < c.L; ++i)
-          for (int64_t h = 0; h < c.Hq + 2 * c.Hkv; ++h)
-            for (int64_t d = 0; d < c.D; ++d) {
-              double x = h < c.Hq           ? ql.Get(((b * c.L + i) * c.Hq + h) * c.D + d)
-                         : h < c.Hq + c.Hkv ? kl.Get(((b * c.L + i) * c.Hkv + (h - c.Hq)) * c.D + d)
-                                            : vl.Get(((b * c.L + i) * c.Hkv + (h - c.Hq - c.Hkv)) * c.D + d);
-              packed.Set(((b * c.L + i) * (c.Hq + 2 * c.Hkv) + h) * c.D + d, x);
-            }
+      packed = PackQKV(ql, kl, vl);
       MakeHeadView(packed, 0, c.Hq, &qv, &qs);
       MakeHeadView(packed, c.Hq, c.Hkv, &kv, &ks);
       MakeHeadView(packed, c.Hq + c.Hkv, c.Hkv, &vv, &vs);
@@ -111,23 +98,13 @@ void RunCase(const Case& c) {
                                                            &dq.dl, &dk.dl, &dv.dl, nullptr);
     err += stria_get_last_error();
     errors[static_cast<size_t>(r)] = err;
-    std::lock_guard<std::mutex> lock(mu);
-    stria_unshard(c.layout, c.world, r, 1, &out.dl, &out_full.dl, nullptr);
-    stria_unshard(c.layout, c.world, r, 2, &lse.dl, &lse_full.dl, nullptr);
-    stria_unshard(c.layout, c.world, r, 1, &dq.dl, &dq_full.dl, nullptr);
-    stria_unshard(c.layout, c.world, r, 1, &dk.dl, &dk_full.dl, nullptr);
-    stria_unshard(c.layout, c.world, r, 1, &dv.dl, &dv_full.dl, nullptr);
+    full.Gather(r, out, lse, dq, dk, dv);
   });
   for (int r = 0; r < c.world; ++r) {
     ASSERT_EQ(fwd[static_cast<size_t>(r)], STRIA_SUCCESS) << "rank " << r << ": " << errors[static_cast<size_t>(r)];
     ASSERT_EQ(bwd[static_cast<size_t>(r)], STRIA_SUCCESS) << "rank " << r << ": " << errors[static_cast<size_t>(r)];
   }
-  const double tol = Tolerance(c.dt);
-  EXPECT_LT(RelError(out_full.ToDouble(), ref.out), tol) << "out";
-  EXPECT_LT(RelError(lse_full.ToDouble(), ref.lse), 1e-5) << "lse";
-  EXPECT_LT(RelError(dq_full.ToDouble(), ref.dq), tol) << "dq";
-  EXPECT_LT(RelError(dk_full.ToDouble(), ref.dk), tol) << "dk";
-  EXPECT_LT(RelError(dv_full.ToDouble(), ref.dv), tol) << "dv";
+  full.ExpectMatches(ref, Tolerance(c.dt), 1e-5);
 }
 
 class RingVsReference : public ::testing::TestWithParam<Case> {};

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "gpu_util.h"
+#include "ring_results.h"
 
 using namespace stria_test;
 
@@ -40,22 +41,6 @@ Tensor ShardHost(const Tensor& full, const Case& c, int rank) {
   return local;
 }
 
-// Packs q, k, v of one rank into [B, L, Hq + 2 Hkv, D] (host).
-Tensor PackQKV(const Tensor& q, const Tensor& k, const Tensor& v, const Case& c) {
-  const int64_t H = c.Hq + 2 * c.Hkv;
-  Tensor packed({c.B, c.L, H, c.D}, c.dt);
-  for (int64_t b = 0; b < c.B; ++b)
-    for (int64_t i = 0; i < c.L; ++i)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t d = 0; d < c.D; ++d) {
-          const double x = h < c.Hq           ? q.Get(((b * c.L + i) * c.Hq + h) * c.D + d)
-                           : h < c.Hq + c.Hkv ? k.Get(((b * c.L + i) * c.Hkv + (h - c.Hq)) * c.D + d)
-                                              : v.Get(((b * c.L + i) * c.Hkv + (h - c.Hq - c.Hkv)) * c.D + d);
-          packed.Set(((b * c.L + i) * H + h) * c.D + d, x);
-        }
-  return packed;
-}
-
 DLTensor HeadView(const DeviceTensor& packed, int64_t h0, std::vector<int64_t>* shape) {
   DLTensor v = packed.dl;
   v.shape = shape->data();
@@ -80,10 +65,7 @@ void RunCase(const Case& c) {
   const Reference ref =
       DenseAttention(q.ToDouble(), k.ToDouble(), v.ToDouble(), &dod, c.B, S, c.Hq, c.Hkv, c.D, c.causal, scale);
 
-  Tensor out_full({c.B, S, c.Hq, c.D}, c.dt), dq_full({c.B, S, c.Hq, c.D}, c.dt);
-  Tensor dk_full({c.B, S, c.Hkv, c.D}, c.dt), dv_full({c.B, S, c.Hkv, c.D}, c.dt);
-  Tensor lse_full({c.B, c.Hq, S}, Dt::kF32);
-  for (Tensor* t : {&out_full, &dq_full, &dk_full, &dv_full, &lse_full}) t->Poison();
+  GatheredResults full(c.layout, c.world, c.B, S, c.Hq, c.Hkv, c.D, c.dt);
 
   CudaGroup group(c.world);
   ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
@@ -94,7 +76,6 @@ void RunCase(const Case& c) {
 
   std::vector<stria_status_t> fwd(static_cast<size_t>(c.world)), bwd(static_cast<size_t>(c.world));
   std::vector<std::string> errors(static_cast<size_t>(c.world));
-  std::mutex mu;
   RunRanks(c.world, [&](int r) {
     cudaSetDevice(0);
     Tensor ql = ShardHost(q, c, r), kl = ShardHost(k, c, r), vl = ShardHost(v, c, r), dol = ShardHost(dout, c, r);
@@ -102,7 +83,7 @@ void RunCase(const Case& c) {
     Tensor dq({c.B, c.L, c.Hq, c.D}, c.dt), dk({c.B, c.L, c.Hkv, c.D}, c.dt), dv({c.B, c.L, c.Hkv, c.D}, c.dt);
     DeviceTensor dq_d(dq), dk_d(dk), dv_d(dv), out_d(out), lse_d(lse), do_d(dol);
     for (DeviceTensor* t : {&dq_d, &dk_d, &dv_d, &out_d, &lse_d}) t->Poison();
-    Tensor packed = c.strided ? PackQKV(ql, kl, vl, c) : Tensor({1}, c.dt);
+    Tensor packed = c.strided ? PackQKV(ql, kl, vl) : Tensor({1}, c.dt);
     DeviceTensor packed_d(packed), q_d(ql), k_d(kl), v_d(vl);
     std::vector<int64_t> qs{c.B, c.L, c.Hq, c.D}, ks{c.B, c.L, c.Hkv, c.D};
     DLTensor qv = q_d.dl, kv = k_d.dl, vv = v_d.dl;
@@ -131,23 +112,14 @@ void RunCase(const Case& c) {
     dq_d.CopyTo(&dq);
     dk_d.CopyTo(&dk);
     dv_d.CopyTo(&dv);
-    std::lock_guard<std::mutex> lock(mu);
-    stria_unshard(c.layout, c.world, r, 1, &out.dl, &out_full.dl, nullptr);
-    stria_unshard(c.layout, c.world, r, 2, &lse.dl, &lse_full.dl, nullptr);
-    stria_unshard(c.layout, c.world, r, 1, &dq.dl, &dq_full.dl, nullptr);
-    stria_unshard(c.layout, c.world, r, 1, &dk.dl, &dk_full.dl, nullptr);
-    stria_unshard(c.layout, c.world, r, 1, &dv.dl, &dv_full.dl, nullptr);
+    full.Gather(r, out, lse, dq, dk, dv);
   });
   for (int r = 0; r < c.world; ++r) {
     ASSERT_EQ(fwd[static_cast<size_t>(r)], STRIA_SUCCESS) << "rank " << r << ": " << errors[static_cast<size_t>(r)];
     ASSERT_EQ(bwd[static_cast<size_t>(r)], STRIA_SUCCESS) << "rank " << r << ": " << errors[static_cast<size_t>(r)];
   }
   const double tol = c.dt == Dt::kF32 ? 1e-5 : 2e-2;
-  EXPECT_LT(RelError(out_full.ToDouble(), ref.out), tol) << "out";
-  EXPECT_LT(RelError(lse_full.ToDouble(), ref.lse), c.dt == Dt::kF32 ? 1e-5 : 1e-3) << "lse";
-  EXPECT_LT(RelError(dq_full.ToDouble(), ref.dq), tol) << "dq";
-  EXPECT_LT(RelError(dk_full.ToDouble(), ref.dk), tol) << "dk";
-  EXPECT_LT(RelError(dv_full.ToDouble(), ref.dv), tol) << "dv";
+  full.ExpectMatches(ref, tol, c.dt == Dt::kF32 ? 1e-5 : 1e-3);
 }
 
 class CudaRingVsReference : public ::testing::TestWithParam<Case> {};
