@@ -62,22 +62,13 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
   int64_t row[kR];
   bool live[kR];
   float m_run[kR], l_run[kR];
-  float o[kMT][kDTiles][4];
+  float o[kMT][4 * kDTiles];  // per m-tile, the C fragments of its kDTiles n8 tiles, 4 floats each
   STRIA_UNROLL
   for (int r = 0; r < kR; ++r) {
     const int mt = r >> 1, e = r & 1;
     row[r] = wi0 + mt * 16 + g + e * 8;
     live[r] = row[r] >= p.mask.q_begin && row[r] < p.mask.q_end;
-    const int64_t sr = static_cast<int64_t>(bh) * d.L + row[r];
-    m_run[r] = live[r] ? p.m[sr] : NegInf();
-    // l is stored complete; as four lanes each hold a partial sum, one of them starts with it.
-    l_run[r] = live[r] && t4 == 0 ? p.l[sr] : 0.f;
-    STRIA_UNROLL
-    for (int nt = 0; nt < kDTiles; ++nt) {
-      const float* src = p.acc + sr * D + nt * 8 + 2 * t4;
-      o[mt][nt][2 * e] = live[r] ? src[0] : 0.f;
-      o[mt][nt][2 * e + 1] = live[r] ? src[1] : 0.f;
-    }
+    LoadRowState<D>(p, static_cast<int64_t>(bh) * d.L + row[r], t4, live[r], &m_run[r], &l_run[r], &o[mt][2 * e]);
   }
 
   for (int n = 0; n < n_tiles; ++n) {
@@ -157,10 +148,10 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
       for (int mt = 0; mt < kMT; ++mt) {
         STRIA_UNROLL
         for (int nt = 0; nt < kDTiles; ++nt) {
-          o[mt][nt][0] *= alpha[2 * mt];
-          o[mt][nt][1] *= alpha[2 * mt];
-          o[mt][nt][2] *= alpha[2 * mt + 1];
-          o[mt][nt][3] *= alpha[2 * mt + 1];
+          o[mt][4 * nt + 0] *= alpha[2 * mt];
+          o[mt][4 * nt + 1] *= alpha[2 * mt];
+          o[mt][4 * nt + 2] *= alpha[2 * mt + 1];
+          o[mt][4 * nt + 3] *= alpha[2 * mt + 1];
         }
       }
     }
@@ -183,8 +174,8 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
         LoadBFromRowsK<S>(bf, vs, kk * 16, dp * 16);
         STRIA_UNROLL
         for (int mt = 0; mt < kMT; ++mt) {
-          mma_16816<T>(o[mt][2 * dp], pa[mt], bf);
-          mma_16816<T>(o[mt][2 * dp + 1], pa[mt], bf + 2);
+          mma_16816<T>(o[mt] + 8 * dp, pa[mt], bf);
+          mma_16816<T>(o[mt] + 8 * dp + 4, pa[mt], bf + 2);
         }
       }
     }
@@ -193,20 +184,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
   STRIA_UNROLL
   for (int r = 0; r < kR; ++r) {
     const int mt = r >> 1, e = r & 1;
-    l_run[r] += shfl_xor(l_run[r], 1);
-    l_run[r] += shfl_xor(l_run[r], 2);
-    if (!live[r]) continue;
-    const int64_t sr = static_cast<int64_t>(bh) * d.L + row[r];
-    if (t4 == 0) {
-      p.m[sr] = m_run[r];
-      p.l[sr] = l_run[r];
-    }
-    STRIA_UNROLL
-    for (int nt = 0; nt < kDTiles; ++nt) {
-      float* dst = p.acc + sr * D + nt * 8 + 2 * t4;
-      dst[0] = o[mt][nt][2 * e];
-      dst[1] = o[mt][nt][2 * e + 1];
-    }
+    StoreRowState<D>(p, static_cast<int64_t>(bh) * d.L + row[r], t4, live[r], m_run[r], l_run[r], &o[mt][2 * e]);
   }
 }
 

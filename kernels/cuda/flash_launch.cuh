@@ -12,29 +12,27 @@
 namespace stria {
 namespace cuda {
 
-template <typename T, int D>
-cudaError_t LaunchFlashForward(const FwdParams& p, cudaStream_t s) {
-  using Tile = FwdTile<D>;
-  const cudaError_t allowed = AllowSmem(FlashForwardKernel<T, D>, Tile::kSmemBytes);
+// A forward tile kernel over the query tiles of the block's rows (Tile: kM, kThreads, kSmemBytes).
+template <typename Tile>
+cudaError_t LaunchForwardTiles(void (*kernel)(FwdParams), const FwdParams& p, cudaStream_t s) {
+  const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
   if (allowed != cudaSuccess) return allowed;
   const int64_t first = (p.mask.q_begin / Tile::kM) * Tile::kM;
   const dim3 grid(static_cast<unsigned>((p.mask.q_end - first + Tile::kM - 1) / Tile::kM),
                   static_cast<unsigned>(p.dims.B * p.dims.Hq));
-  FlashForwardKernel<T, D><<<grid, Tile::kThreads, Tile::kSmemBytes, s>>>(p);
+  kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, s>>>(p);
   return cudaGetLastError();
+}
+
+template <typename T, int D>
+cudaError_t LaunchFlashForward(const FwdParams& p, cudaStream_t s) {
+  return LaunchForwardTiles<FwdTile<D>>(FlashForwardKernel<T, D>, p, s);
 }
 
 // sm_90a only: the caller checks the device (the kernel is empty in the other builds).
 template <typename T, int D>
 cudaError_t LaunchWgmmaForward(const FwdParams& p, cudaStream_t s) {
-  using Tile = WgmmaFwdTile<D>;
-  const cudaError_t allowed = AllowSmem(WgmmaForwardKernel<T, D>, Tile::kSmemBytes);
-  if (allowed != cudaSuccess) return allowed;
-  const int64_t first = (p.mask.q_begin / Tile::kM) * Tile::kM;
-  const dim3 grid(static_cast<unsigned>((p.mask.q_end - first + Tile::kM - 1) / Tile::kM),
-                  static_cast<unsigned>(p.dims.B * p.dims.Hq));
-  WgmmaForwardKernel<T, D><<<grid, Tile::kThreads, Tile::kSmemBytes, s>>>(p);
-  return cudaGetLastError();
+  return LaunchForwardTiles<WgmmaFwdTile<D>>(WgmmaForwardKernel<T, D>, p, s);
 }
 
 template <typename T, int D>

@@ -48,7 +48,6 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p)
 #if STRIA_HAS_WGMMA
   using Tile = WgmmaFwdTile<D>;
   constexpr int kM = Tile::kM, kN = Tile::kN, kThreads = Tile::kThreads;
-  constexpr int kOTiles = D / 8;
   STRIA_DYNAMIC_SMEM(smem_raw);
   const uint32_t raw_addr = smem_addr(smem_raw);
   unsigned char* qs = smem_raw + ((kSwizzleAtomBytes - raw_addr % kSwizzleAtomBytes) % kSwizzleAtomBytes);
@@ -85,15 +84,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p)
   for (int e = 0; e < 2; ++e) {
     row[e] = gi0 + 16 * warp + g + 8 * e;
     live[e] = row[e] >= p.mask.q_begin && row[e] < p.mask.q_end;
-    const int64_t sr = static_cast<int64_t>(bh) * d.L + row[e];
-    m_run[e] = live[e] ? p.m[sr] : NegInf();
-    l_run[e] = live[e] && t4 == 0 ? p.l[sr] : 0.f;  // complete in memory; one of four lanes adds it
-    STRIA_UNROLL
-    for (int nt = 0; nt < kOTiles; ++nt) {
-      const float* src = p.acc + sr * D + nt * 8 + 2 * t4;
-      o[4 * nt + 2 * e] = live[e] ? src[0] : 0.f;
-      o[4 * nt + 2 * e + 1] = live[e] ? src[1] : 0.f;
-    }
+    LoadRowState<D>(p, static_cast<int64_t>(bh) * d.L + row[e], t4, live[e], &m_run[e], &l_run[e], &o[2 * e]);
   }
 
   for (int n = 0; n < n_tiles; ++n) {
@@ -170,22 +161,8 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p)
   }
 
   STRIA_UNROLL
-  for (int e = 0; e < 2; ++e) {
-    l_run[e] += shfl_xor(l_run[e], 1);
-    l_run[e] += shfl_xor(l_run[e], 2);
-    if (!live[e]) continue;
-    const int64_t sr = static_cast<int64_t>(bh) * d.L + row[e];
-    if (t4 == 0) {
-      p.m[sr] = m_run[e];
-      p.l[sr] = l_run[e];
-    }
-    STRIA_UNROLL
-    for (int nt = 0; nt < kOTiles; ++nt) {
-      float* dst = p.acc + sr * D + nt * 8 + 2 * t4;
-      dst[0] = o[4 * nt + 2 * e];
-      dst[1] = o[4 * nt + 2 * e + 1];
-    }
-  }
+  for (int e = 0; e < 2; ++e)
+    StoreRowState<D>(p, static_cast<int64_t>(bh) * d.L + row[e], t4, live[e], m_run[e], l_run[e], &o[2 * e]);
 #else
   (void)p;  // built for sm_90a only; the launcher never picks it elsewhere
 #endif

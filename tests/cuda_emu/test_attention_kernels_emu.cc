@@ -55,10 +55,11 @@ unsigned QueryTiles(const sc::MaskArgs& m, int rows) {
   return CeilDiv(m.q_end - first, rows);
 }
 
-template <typename T, int D>
-void FlashForward(const sc::FwdParams& p) {
-  emu::Launch(emu::Dim3{QueryTiles(p.mask, sc::FwdTile<D>::kM), static_cast<unsigned>(p.dims.B * p.dims.Hq), 1},
-              emu::Dim3{128, 1, 1}, sc::FwdTile<D>::kSmemBytes, [&] { sc::FlashForwardKernel<T, D>(p); });
+// A forward kernel over the block's query tiles, as the launchers of kernels/cuda run it.
+template <typename Tile>
+void ForwardTiles(const sc::FwdParams& p, void (*kernel)(sc::FwdParams)) {
+  emu::Launch(emu::Dim3{QueryTiles(p.mask, Tile::kM), static_cast<unsigned>(p.dims.B * p.dims.Hq), 1},
+              emu::Dim3{Tile::kThreads, 1, 1}, Tile::kSmemBytes, [&] { kernel(p); });
 }
 template <typename T, int D>
 void FlashBackward(const sc::BwdParams& p) {
@@ -81,21 +82,16 @@ void SimtBackward(const sc::BwdParams& p) {
               [&] { sc::SimtBackwardDkvKernel<T>(p); });
 }
 
-template <typename T, int D>
-void WgmmaForward(const sc::FwdParams& p) {
-  using Tile = sc::WgmmaFwdTile<D>;
-  emu::Launch(emu::Dim3{QueryTiles(p.mask, Tile::kM), static_cast<unsigned>(p.dims.B * p.dims.Hq), 1},
-              emu::Dim3{Tile::kThreads, 1, 1}, Tile::kSmemBytes, [&] { sc::WgmmaForwardKernel<T, D>(p); });
-}
-
 template <typename T>
 void Forward(Path path, const sc::FwdParams& p) {
   if (path == Path::kSimt) return SimtForward<T>(p);
   if constexpr (!std::is_same<T, sc::Float>::value) {
-    if (path == Path::kWgmma && p.dims.D == 64) return WgmmaForward<T, 64>(p);
-    if (path == Path::kWgmma && p.dims.D == 128) return WgmmaForward<T, 128>(p);
-    if (p.dims.D == 64) return FlashForward<T, 64>(p);
-    if (p.dims.D == 128) return FlashForward<T, 128>(p);
+    if (path == Path::kWgmma && p.dims.D == 64)
+      return ForwardTiles<sc::WgmmaFwdTile<64>>(p, sc::WgmmaForwardKernel<T, 64>);
+    if (path == Path::kWgmma && p.dims.D == 128)
+      return ForwardTiles<sc::WgmmaFwdTile<128>>(p, sc::WgmmaForwardKernel<T, 128>);
+    if (p.dims.D == 64) return ForwardTiles<sc::FwdTile<64>>(p, sc::FlashForwardKernel<T, 64>);
+    if (p.dims.D == 128) return ForwardTiles<sc::FwdTile<128>>(p, sc::FlashForwardKernel<T, 128>);
   }
   FAIL() << "no tensor-core kernel for this case";
 }
