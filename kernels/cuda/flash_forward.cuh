@@ -38,8 +38,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
   const Dims& d = p.dims;
   const int warp = warp_id(), lane = lane_id(), g = lane >> 2, t4 = lane & 3;
   const int bh = static_cast<int>(blockIdx.y);
-  // Later query tiles see more keys under a causal mask: start them first.
-  const int64_t i0 = (p.mask.q_begin / kM) * kM + static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kM;
+  const int64_t i0 = QueryTileStart(p.mask, kM, blockIdx.x, gridDim.x);
   int64_t k_lo, k_hi;
   KeyRange(p.mask, i0, MinI(i0 + kM, d.L), &k_lo, &k_hi);
   if (k_lo >= k_hi) return;  // the whole CTA, before any barrier

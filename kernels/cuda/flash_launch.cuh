@@ -17,9 +17,7 @@ template <typename Tile>
 cudaError_t LaunchForwardTiles(void (*kernel)(FwdParams), const FwdParams& p, cudaStream_t s) {
   const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
   if (allowed != cudaSuccess) return allowed;
-  const int64_t first = (p.mask.q_begin / Tile::kM) * Tile::kM;
-  const dim3 grid(static_cast<unsigned>((p.mask.q_end - first + Tile::kM - 1) / Tile::kM),
-                  static_cast<unsigned>(p.dims.B * p.dims.Hq));
+  const dim3 grid(QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(p.dims.B * p.dims.Hq));
   kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, s>>>(p);
   return cudaGetLastError();
 }

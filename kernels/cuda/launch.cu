@@ -42,17 +42,12 @@ dim3 ElementGrid(int64_t n) {
   return dim3(static_cast<unsigned>(std::max<int64_t>(blocks, 1)));
 }
 
-unsigned QueryTiles(const MaskArgs& m, int rows) {
-  const int64_t first = (m.q_begin / rows) * rows;
-  return static_cast<unsigned>((m.q_end - first + rows - 1) / rows);
-}
-
 template <typename T>
 cudaError_t SimtForward(const FwdParams& p, cudaStream_t s) {
   const int bytes = SimtForwardSmemFloats(p.dims.D) * 4;
   cudaError_t e = AllowSmem(SimtForwardKernel<T>, bytes);
   if (e != cudaSuccess) return e;
-  const dim3 grid(QueryTiles(p.mask, kSimtRows), static_cast<unsigned>(p.dims.B * p.dims.Hq));
+  const dim3 grid(QueryTileCount(p.mask, kSimtRows), static_cast<unsigned>(p.dims.B * p.dims.Hq));
   SimtForwardKernel<T><<<grid, 128, bytes, s>>>(p);
   return cudaGetLastError();
 }
@@ -63,7 +58,7 @@ cudaError_t SimtBackward(const BwdParams& p, cudaStream_t s) {
   cudaError_t e = AllowSmem(SimtBackwardDqKernel<T>, dq_bytes);
   if (e == cudaSuccess) e = AllowSmem(SimtBackwardDkvKernel<T>, dkv_bytes);
   if (e != cudaSuccess) return e;
-  const dim3 dq_grid(QueryTiles(p.mask, kSimtRows), static_cast<unsigned>(p.dims.B * p.dims.Hq));
+  const dim3 dq_grid(QueryTileCount(p.mask, kSimtRows), static_cast<unsigned>(p.dims.B * p.dims.Hq));
   SimtBackwardDqKernel<T><<<dq_grid, 128, dq_bytes, s>>>(p);
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;

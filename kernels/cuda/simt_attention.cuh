@@ -94,8 +94,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtForwardKernel(const FwdParams p) 
   float* vs = ks + kSimtTile * (D + 1);
   const int warp = warp_id(), lane = lane_id();
   const int bh = static_cast<int>(blockIdx.y), b = bh / d.Hq, h = bh % d.Hq, hk = h / (d.Hq / d.Hkv);
-  const int64_t i0 =
-      (p.mask.q_begin / kSimtRows) * kSimtRows + static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kSimtRows;
+  const int64_t i0 = QueryTileStart(p.mask, kSimtRows, blockIdx.x, gridDim.x);
   int64_t k_lo, k_hi;
   KeyRange(p.mask, i0, MinI(i0 + kSimtRows, d.L), &k_lo, &k_hi);
   if (k_lo >= k_hi) return;
@@ -183,8 +182,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDqKernel(const BwdParams 
   float* vs = ks + kSimtTile * (D + 1);
   const int warp = warp_id(), lane = lane_id();
   const int bh = static_cast<int>(blockIdx.y), b = bh / d.Hq, h = bh % d.Hq, hk = h / (d.Hq / d.Hkv);
-  const int64_t i0 =
-      (p.mask.q_begin / kSimtRows) * kSimtRows + static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kSimtRows;
+  const int64_t i0 = QueryTileStart(p.mask, kSimtRows, blockIdx.x, gridDim.x);
   int64_t k_lo, k_hi;
   KeyRange(p.mask, i0, MinI(i0 + kSimtRows, d.L), &k_lo, &k_hi);
   if (k_lo >= k_hi) return;

@@ -31,6 +31,17 @@ STRIA_HD bool Visible(const MaskArgs& m, int64_t i, int64_t j) {
   return i >= m.q_begin && i < m.q_end && j >= m.k_begin && j < m.k_end && (!m.diagonal || j <= i + m.offset);
 }
 
+// Query tiles of `rows` rows, aligned to multiples of `rows`, cover the block's queries
+// [q_begin, q_end). A grid has QueryTileCount of them; CTA `cta` takes tile count - 1 - cta, so
+// the later tiles, which see more keys under a causal mask, start first.
+STRIA_HD unsigned QueryTileCount(const MaskArgs& m, int rows) {
+  const int64_t first = (m.q_begin / rows) * rows;
+  return static_cast<unsigned>((m.q_end - first + rows - 1) / rows);
+}
+STRIA_HD int64_t QueryTileStart(const MaskArgs& m, int rows, unsigned cta, unsigned count) {
+  return (m.q_begin / rows) * rows + static_cast<int64_t>(count - 1 - cta) * rows;
+}
+
 // Keys [k_lo, k_hi) that some query of [i0, i1) may see.
 STRIA_HD void KeyRange(const MaskArgs& m, int64_t i0, int64_t i1, int64_t* k_lo, int64_t* k_hi) {
   i0 = MaxI(i0, m.q_begin);

@@ -59,7 +59,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p)
   const int tid = static_cast<int>(threadIdx.x), group = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
   const int bh = static_cast<int>(blockIdx.y);
-  const int64_t i0 = (p.mask.q_begin / kM) * kM + static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kM;
+  const int64_t i0 = QueryTileStart(p.mask, kM, blockIdx.x, gridDim.x);
   int64_t k_lo, k_hi;
   KeyRange(p.mask, i0, MinI(i0 + kM, d.L), &k_lo, &k_hi);
   if (k_lo >= k_hi) return;  // the whole CTA, before any barrier

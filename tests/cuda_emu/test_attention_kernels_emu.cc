@@ -50,15 +50,10 @@ unsigned CeilDiv(int64_t a, int64_t b) {
   return static_cast<unsigned>((a + b - 1) / b);
 }
 
-unsigned QueryTiles(const sc::MaskArgs& m, int rows) {
-  const int64_t first = (m.q_begin / rows) * rows;
-  return CeilDiv(m.q_end - first, rows);
-}
-
 // A forward kernel over the block's query tiles, as the launchers of kernels/cuda run it.
 template <typename Tile>
 void ForwardTiles(const sc::FwdParams& p, void (*kernel)(sc::FwdParams)) {
-  emu::Launch(emu::Dim3{QueryTiles(p.mask, Tile::kM), static_cast<unsigned>(p.dims.B * p.dims.Hq), 1},
+  emu::Launch(emu::Dim3{sc::QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(p.dims.B * p.dims.Hq), 1},
               emu::Dim3{Tile::kThreads, 1, 1}, Tile::kSmemBytes, [&] { kernel(p); });
 }
 template <typename T, int D>
@@ -68,13 +63,13 @@ void FlashBackward(const sc::BwdParams& p) {
 }
 template <typename T>
 void SimtForward(const sc::FwdParams& p) {
-  emu::Launch(emu::Dim3{QueryTiles(p.mask, sc::kSimtRows), static_cast<unsigned>(p.dims.B * p.dims.Hq), 1},
+  emu::Launch(emu::Dim3{sc::QueryTileCount(p.mask, sc::kSimtRows), static_cast<unsigned>(p.dims.B * p.dims.Hq), 1},
               emu::Dim3{128, 1, 1}, static_cast<size_t>(sc::SimtForwardSmemFloats(p.dims.D)) * 4,
               [&] { sc::SimtForwardKernel<T>(p); });
 }
 template <typename T>
 void SimtBackward(const sc::BwdParams& p) {
-  emu::Launch(emu::Dim3{QueryTiles(p.mask, sc::kSimtRows), static_cast<unsigned>(p.dims.B * p.dims.Hq), 1},
+  emu::Launch(emu::Dim3{sc::QueryTileCount(p.mask, sc::kSimtRows), static_cast<unsigned>(p.dims.B * p.dims.Hq), 1},
               emu::Dim3{128, 1, 1}, static_cast<size_t>(sc::SimtDqSmemFloats(p.dims.D)) * 4,
               [&] { sc::SimtBackwardDqKernel<T>(p); });
   emu::Launch(emu::Dim3{CeilDiv(p.dims.L, sc::kSimtRows), static_cast<unsigned>(p.dims.B * p.dims.Hkv), 1},
