@@ -363,19 +363,6 @@ TEST(NcclTransportPair, AbortFromAnotherThreadEndsAWait) {
 }
 
 // Rings of processes, one GPU each.
-std::string TempDir() {
-  std::string tmpl = (std::filesystem::temp_directory_path() / "stria-nccl-XXXXXX").string();
-  return mkdtemp(tmpl.data());
-}
-
-std::string Describe(const std::map<int, RankResult>& results) {
-  std::ostringstream os;
-  for (auto& [rank, r] : results)
-    os << "--- rank " << rank << " (exit " << r.exit_code << ", signal " << r.signal << ", code " << r.code << ", "
-       << r.seconds << " s)\n"
-       << r.output;
-  return os.str();
-}
 
 struct RingCase {
   int world;
@@ -389,7 +376,7 @@ class NcclRing : public ::testing::TestWithParam<RingCase> {};
 TEST_P(NcclRing, MatchesReference) {
   const RingCase& c = GetParam();
   REQUIRE_GPUS(c.world);
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("stria-nccl");
   Launch launch(dir);
   const int port = FreePort();
   for (int r = 0; r < c.world; ++r) {
@@ -430,7 +417,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, NcclRing, ::testing::ValuesIn(RingCases()), Ca
 // broken connection) within their timeout and destroy cleanly; nobody hangs.
 void FaultCase(const std::string& fault, int world) {
   REQUIRE_GPUS(world);
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("stria-nccl");
   Launch launch(dir);
   const int port = FreePort();
   const double timeout = 8;

@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -39,6 +40,12 @@ inline int FreePort() {
   return ntohs(a.sin_port);
 }
 
+// A fresh directory for one test's rank outputs and id files: $TMPDIR/<prefix>-XXXXXX.
+inline std::string TempDir(const std::string& prefix) {
+  std::string tmpl = (std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string();
+  return mkdtemp(tmpl.data());
+}
+
 struct RankResult {
   bool exited = false;  // false: killed by a signal or still running at the deadline
   int exit_code = -1;
@@ -47,6 +54,16 @@ struct RankResult {
   double seconds = -1;
   std::string message, output;
 };
+
+// Every rank's exit, RESULT code, time and output, for a failing test's message.
+inline std::string Describe(const std::map<int, RankResult>& results) {
+  std::ostringstream os;
+  for (auto& [rank, r] : results)
+    os << "--- rank " << rank << " (exit " << r.exit_code << ", signal " << r.signal << ", code " << r.code << ", "
+       << r.seconds << " s)\n"
+       << r.output;
+  return os.str();
+}
 
 class Launch {
  public:

@@ -17,11 +17,6 @@ namespace {
 
 constexpr double kTimeout = 6;  // the ranks' timeout_s in the fault cases
 
-std::string TempDir() {
-  std::string tmpl = (std::filesystem::temp_directory_path() / "stria-ucx-XXXXXX").string();
-  return mkdtemp(tmpl.data());
-}
-
 // The environment of every rank: where rank 0 listens. UCX's memory hooks stay off, they are not
 // needed for host memory and do not mix with sanitizers.
 // Port 0: no STRIA_ROOT (the id comes from stria_get_unique_id).
@@ -29,15 +24,6 @@ std::vector<std::string> Env(int port) {
   std::vector<std::string> env{"UCX_MEM_MALLOC_HOOKS=no", "UCX_MEM_EVENTS=no", "UCX_WARN_UNUSED_ENV_VARS=n"};
   if (port != 0) env.push_back("STRIA_ROOT=127.0.0.1:" + std::to_string(port));
   return env;
-}
-
-std::string Describe(const std::map<int, RankResult>& results) {
-  std::ostringstream os;
-  for (auto& [rank, r] : results)
-    os << "--- rank " << rank << " (exit " << r.exit_code << ", signal " << r.signal << ", code " << r.code << ", "
-       << r.seconds << " s)\n"
-       << r.output;
-  return os.str();
 }
 
 struct RingCase {
@@ -55,7 +41,7 @@ class UcxRing : public ::testing::TestWithParam<RingCase> {};
 
 TEST_P(UcxRing, MatchesReference) {
   const RingCase& c = GetParam();
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("stria-ucx");
   Launch launch(dir);
   const int port = FreePort();
   for (int r = 0; r < c.world; ++r) {
@@ -94,7 +80,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, UcxRing, ::testing::ValuesIn(RingCases()), Cas
 std::map<int, RankResult> RunFault(int world, const std::vector<std::string>& extra, double wait_s,
                                    const std::vector<int>& skip = {}, std::vector<int> ignore = {},
                                    const std::vector<std::string>& env = {}) {
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("stria-ucx");
   Launch launch(dir);
   const int port = FreePort();
   for (int r = 0; r < world; ++r) {
