@@ -220,21 +220,28 @@ TEST(NcclHostModel, RingSchedulesAtEveryWorldSize) {
   EXPECT_EQ(ModelSizeMismatches(), 0);
 }
 
+// A caller's own communicators, rank r on device r, blocking or not (initialised concurrently,
+// as NCCL requires).
+std::vector<ncclComm_t> CallerComms(int world, int blocking) {
+  ncclUniqueId uid;
+  EXPECT_EQ(ncclGetUniqueId(&uid), ncclSuccess);
+  std::vector<ncclComm_t> user(static_cast<size_t>(world), nullptr);
+  Ranks::Run(world, [&](int r) {
+    cudaSetDevice(r);
+    ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+    c.blocking = blocking;
+    ncclResult_t st = ncclCommInitRankConfig(&user[static_cast<size_t>(r)], world, uid, r, &c);
+    while (st == ncclInProgress) ncclCommGetAsyncError(user[static_cast<size_t>(r)], &st);
+    EXPECT_EQ(st, ncclSuccess);
+  });
+  return user;
+}
+
 TEST(NcclHostModel, CallersCommunicatorIsUsedAndLeftAlone) {
   for (int blocking : {1, 0}) {
     SCOPED_TRACE(blocking ? "blocking" : "nonblocking");
     const int world = 3;
-    ncclUniqueId uid;
-    ASSERT_EQ(ncclGetUniqueId(&uid), ncclSuccess);
-    std::vector<ncclComm_t> user(world, nullptr);
-    Ranks::Run(world, [&](int r) {
-      cudaSetDevice(r);
-      ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
-      c.blocking = blocking;
-      ncclResult_t st = ncclCommInitRankConfig(&user[static_cast<size_t>(r)], world, uid, r, &c);
-      while (st == ncclInProgress) ncclCommGetAsyncError(user[static_cast<size_t>(r)], &st);
-      EXPECT_EQ(st, ncclSuccess);
-    });
+    const std::vector<ncclComm_t> user = CallerComms(world, blocking);
     {
       Ranks ranks(world, 30, [&](int r, stria_context_config_t* cfg) {
         cfg->nccl_comm = user[static_cast<size_t>(r)];
@@ -278,16 +285,7 @@ TEST(NcclHostModel, CallersCommunicatorTimesOutWhenARankNeverCreates) {
   for (int blocking : {0, 1}) {
     SCOPED_TRACE(blocking ? "blocking" : "nonblocking");
     const int world = 2;
-    ncclUniqueId uid;
-    ASSERT_EQ(ncclGetUniqueId(&uid), ncclSuccess);
-    std::vector<ncclComm_t> user(world, nullptr);
-    Ranks::Run(world, [&](int r) {
-      cudaSetDevice(r);
-      ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
-      c.blocking = blocking;
-      ncclResult_t st = ncclCommInitRankConfig(&user[static_cast<size_t>(r)], world, uid, r, &c);
-      while (st == ncclInProgress) ncclCommGetAsyncError(user[static_cast<size_t>(r)], &st);
-    });
+    const std::vector<ncclComm_t> user = CallerComms(world, blocking);
     cudaSetDevice(0);
     stria_context_config_t cfg = Config(0, world, 0.5);
     cfg.nccl_comm = user[0];
