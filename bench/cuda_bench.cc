@@ -190,7 +190,7 @@ struct BlockTimer {
     p.acc = static_cast<float*>(acc.p);
     p.m = static_cast<float*>(m.p);
     p.l = static_cast<float*>(l.p);
-    p.scale_log2 = 1.4426950408889634f / std::sqrt(static_cast<float>(D));
+    p.scale_log2 = stria::cuda::kLog2e / std::sqrt(static_cast<float>(D));
     p.mask = stria::cuda::MaskArgs{bm.q_begin, bm.q_end, bm.k_begin, bm.k_end, bm.diagonal ? 1 : 0, bm.offset};
     return TimeMs(stream, reps,
                   [&] { CHECK_CUDA(stria::cuda::LaunchForwardBlock(stria::cuda::Elem::kBF16, kernels, p, stream)); });
@@ -209,7 +209,7 @@ struct BlockTimer {
     p.dk = static_cast<float*>(dkv.p);
     p.dv = static_cast<float*>(dkv.p) + L * H * D;
     p.scale = 1.f / std::sqrt(static_cast<float>(D));
-    p.scale_log2 = p.scale * 1.4426950408889634f;
+    p.scale_log2 = p.scale * stria::cuda::kLog2e;
     p.mask = stria::cuda::MaskArgs{bm.q_begin, bm.q_end, bm.k_begin, bm.k_end, bm.diagonal ? 1 : 0, bm.offset};
     return TimeMs(stream, reps, [&] {
       CHECK_CUDA(stria::cuda::LaunchBackwardBlock(stria::cuda::Elem::kBF16, stria::cuda::Kernels::kMma, p, stream));

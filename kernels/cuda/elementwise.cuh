@@ -55,7 +55,6 @@ STRIA_GLOBAL void ForwardFinishKernel(Dims d, const float* acc, const float* m, 
 template <typename T>
 STRIA_GLOBAL void BackwardPrepKernel(Dims d, RowsArg out, RowsArg dout, const float* lse, int64_t lb, int64_t lh,
                                      int64_t li, float* lse2, float* delta) {
-  constexpr float kLog2e = 1.4426950408889634f;
   const int64_t rows = static_cast<int64_t>(d.B) * d.Hq * d.L;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + warp_id(); row < rows; row += warps) {

@@ -8,6 +8,9 @@
 namespace stria {
 namespace cuda {
 
+// log2(e): the kernels work in the log2 domain (exp2), so scores are scaled by scale * kLog2e.
+constexpr float kLog2e = 1.4426950408889634f;
+
 // The visible part of one ring block (layout::BlockMask): query i sees key j iff
 // q_begin <= i < q_end, k_begin <= j < k_end and (!diagonal || j <= i + offset).
 struct MaskArgs {

@@ -225,7 +225,7 @@ class CudaBackend final : public Backend {
     p.acc = acc_.f32();
     p.m = m_.f32();
     p.l = l_.f32();
-    p.scale_log2 = s_.scale * 1.4426950408889634f;
+    p.scale_log2 = s_.scale * cuda::kLog2e;
     p.mask = MaskOf(mask);
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchForwardBlock(ElemOf(s_.dtype), kernels_, p, stream_));
     return Status::Ok();
@@ -276,7 +276,7 @@ class CudaBackend final : public Backend {
     p.dq_acc = dq_acc_.f32();
     p.dk = dkv;
     p.dv = dkv + per;
-    p.scale_log2 = s_.scale * 1.4426950408889634f;
+    p.scale_log2 = s_.scale * cuda::kLog2e;
     p.scale = s_.scale;
     p.mask = MaskOf(mask);
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchBackwardBlock(ElemOf(s_.dtype), kernels_, p, stream_));
