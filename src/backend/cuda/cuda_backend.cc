@@ -18,22 +18,11 @@
 #include <mutex>
 #include <vector>
 
-#include "backend/cuda/cuda_status.h"
 #include "backend/cuda/device_buffer.h"
 #include "cuda/launch.h"
+#include "cuda_common/cuda_status.h"
 
 namespace stria {
-
-DeviceScope::DeviceScope(int device) {
-  cudaError_t e = cudaGetDevice(&previous_);
-  if (e == cudaSuccess && previous_ != device) e = cudaSetDevice(device);
-  if (e != cudaSuccess)
-    status_ = Error(STRIA_ERROR_CUDA, "cudaSetDevice(%d) failed: %s", device, cudaGetErrorString(e));
-}
-DeviceScope::~DeviceScope() {
-  int now = -1;
-  if (status_.ok() && cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
-}
 
 Status CheckCudaDevice(int ordinal) {
   int count = 0;

@@ -3,20 +3,9 @@
 #pragma once
 
 #include "backend/backend.h"
+#include "cuda_common/device_scope.h"
 
 namespace stria {
-
-// Sets the calling thread's device for a scope and restores the previous one.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device);
-  ~DeviceScope();
-  Status status() const { return status_; }
-
- private:
-  int previous_ = -1;
-  Status status_;
-};
 
 // Checks that a CUDA device `ordinal` exists and is usable; UNSUPPORTED when the machine has no
 // CUDA device or driver.

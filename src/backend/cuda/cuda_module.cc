@@ -1,8 +1,8 @@
 // libstria-cuda.so's one export: the backend module table the core dlopens on first use.
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_status.h"
 #include "backend/module_abi.h"
 #include "cuda/launch.h"
+#include "cuda_common/cuda_status.h"
 
 namespace stria {
 namespace {

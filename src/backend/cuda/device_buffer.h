@@ -4,7 +4,7 @@
 
 #include <cstddef>
 
-#include "backend/cuda/cuda_status.h"
+#include "cuda_common/cuda_status.h"
 
 namespace stria {
 

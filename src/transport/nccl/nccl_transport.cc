@@ -64,6 +64,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cuda_common/cuda_status.h"
+#include "cuda_common/device_scope.h"
 #include "transport/module_abi.h"
 #include "transport/rendezvous/rendezvous.h"
 
@@ -104,10 +106,6 @@ Clock::time_point DeadlineAfter(double seconds) {
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
 
-Status CudaError(const char* call, cudaError_t e) {
-  return Error(STRIA_ERROR_CUDA, "%s failed: %s (%s)", call, cudaGetErrorString(e), cudaGetErrorName(e));
-}
-
 // cudaEventQuery and cudaStreamQuery leave cudaErrorNotReady as the thread's last error; the
 // engine's own CUDA error checks must not take it for theirs.
 void ClearNotReady() {
@@ -143,27 +141,6 @@ std::string VersionText(int code) {
                        : Format("%d.%d.%d", code / 1000, code / 100 % 10, code % 100);
 }
 
-// Makes `device` current for the scope and gives the thread its own device back afterwards: the
-// engine's thread, or one calling stria_context_abort, may be working with another GPU, and some
-// NCCL calls (ncclCommAbort) switch devices themselves.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    if (cudaGetDevice(&saved_) != cudaSuccess) saved_ = -1;
-    status_ = cudaSetDevice(device);
-  }
-  ~DeviceScope() {
-    if (saved_ >= 0) (void)cudaSetDevice(saved_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-  Status status() const { return status_ == cudaSuccess ? Status::Ok() : CudaError("cudaSetDevice", status_); }
-
- private:
-  int saved_ = -1;
-  cudaError_t status_ = cudaSuccess;
-};
-
 // A GPU must exist before anything waits on the network.
 Status CheckDevice(int ordinal) {
   int count = 0;
@@ -173,7 +150,7 @@ Status CheckDevice(int ordinal) {
     return Error(STRIA_ERROR_UNSUPPORTED,
                  "the NCCL transport needs a CUDA GPU, and none is usable here (cudaGetDeviceCount: %s)",
                  e == cudaSuccess ? "0 devices" : cudaGetErrorString(e));
-  if (e != cudaSuccess) return CudaError("cudaGetDeviceCount", e);
+  if (e != cudaSuccess) return CudaStatus(e, "cudaGetDeviceCount");
   if (ordinal < 0 || ordinal >= count)
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "config->device names CUDA device %d, but %d device(s) are visible",
                  ordinal, count);
@@ -212,19 +189,19 @@ class NcclTransport final : public Transport {
     STRIA_RETURN_IF_ERROR(dev.status());
     int least = 0, greatest = 0;
     cudaError_t e = cudaDeviceGetStreamPriorityRange(&least, &greatest);
-    if (e != cudaSuccess) return CudaError("cudaDeviceGetStreamPriorityRange", e);
+    if (e != cudaSuccess) return CudaStatus(e, "cudaDeviceGetStreamPriorityRange");
     for (cudaStream_t& s : streams_) {
       e = cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest);
-      if (e != cudaSuccess) return CudaError("cudaStreamCreateWithPriority", e);
+      if (e != cudaSuccess) return CudaStatus(e, "cudaStreamCreateWithPriority");
     }
     int pools = 0;
     e = cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device_);
-    if (e != cudaSuccess) return CudaError("cudaDeviceGetAttribute", e);
+    if (e != cudaSuccess) return CudaStatus(e, "cudaDeviceGetAttribute");
     async_alloc_ = pools != 0;
     Lock lock(mu_);
     STRIA_RETURN_IF_ERROR(EnsureScratchLocked(kScratchMin));
     e = cudaStreamSynchronize(streams_[kKvLane]);  // the buffer is used on both lanes' streams
-    return e == cudaSuccess ? Status::Ok() : CudaError("cudaStreamSynchronize", e);
+    return e == cudaSuccess ? Status::Ok() : CudaStatus(e, "cudaStreamSynchronize");
   }
 
   // Both lanes' communicators from rank 0's ids, set up concurrently (nonblocking).
@@ -324,7 +301,7 @@ class NcclTransport final : public Transport {
     // The staging copies are tiny and the lane's stream is idle between calls.
     cudaError_t e =
         cudaMemcpyAsync(base + static_cast<size_t>(rank_) * bytes, mine, bytes, cudaMemcpyHostToDevice, stream);
-    if (e != cudaSuccess) return FailLocked(CudaError("cudaMemcpyAsync", e));
+    if (e != cudaSuccess) return FailLocked(CudaStatus(e, "cudaMemcpyAsync"));
     const auto deadline = DeadlineAfter(timeout_s);
     const ncclResult_t r =
         ncclAllGather(base + static_cast<size_t>(rank_) * bytes, base, bytes, ncclUint8, comms_[kKvLane], stream);
@@ -335,7 +312,7 @@ class NcclTransport final : public Transport {
     e = cudaEventRecord(ev, stream);
     if (e != cudaSuccess) {
       free_events_.push_back(ev);
-      return FailLocked(CudaError("cudaEventRecord", e));
+      return FailLocked(CudaStatus(e, "cudaEventRecord"));
     }
     Status s = PollLocked(
         lock, deadline, [&](bool* done) { return EventDone(ev, done); },
@@ -348,7 +325,7 @@ class NcclTransport final : public Transport {
     if (!s.ok()) return s;
     e = cudaMemcpyAsync(out, base, total, cudaMemcpyDeviceToHost, stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
-    if (e != cudaSuccess) return FailLocked(CudaError("cudaMemcpyAsync (all-gather result)", e));
+    if (e != cudaSuccess) return FailLocked(CudaStatus(e, "cudaMemcpyAsync (all-gather result)"));
     return Status::Ok();
   }
 
@@ -481,7 +458,7 @@ class NcclTransport final : public Transport {
       ClearNotReady();
       return Status::Ok();
     }
-    if (e != cudaSuccess) return CudaError("cudaEventQuery", e);
+    if (e != cudaSuccess) return CudaStatus(e, "cudaEventQuery");
     *done = true;
     return Status::Ok();
   }
@@ -536,7 +513,7 @@ class NcclTransport final : public Transport {
     auto* slot = static_cast<char*>(scratch_) + kIdOffset;
     cudaStream_t stream = streams_[kKvLane];
     cudaError_t e = cudaMemcpyAsync(slot, ids, sizeof *ids, cudaMemcpyHostToDevice, stream);
-    if (e != cudaSuccess) return FailLocked(CudaError("cudaMemcpyAsync", e));
+    if (e != cudaSuccess) return FailLocked(CudaStatus(e, "cudaMemcpyAsync"));
     const auto deadline = DeadlineAfter(timeout_s_);
     foreign_work_ = true;  // until the broadcast is known to be over
     ncclResult_t r = ncclBroadcast(slot, slot, sizeof *ids, ncclUint8, 0, user, stream);
@@ -568,14 +545,14 @@ class NcclTransport final : public Transport {
     cudaEvent_t ev = nullptr;
     STRIA_RETURN_IF_ERROR(TakeEventLocked(&ev));
     e = cudaEventRecord(ev, stream);
-    if (e != cudaSuccess) return FailLocked(CudaError("cudaEventRecord", e));
+    if (e != cudaSuccess) return FailLocked(CudaStatus(e, "cudaEventRecord"));
     STRIA_RETURN_IF_ERROR(PollLocked(
         lock, deadline, [&](bool* done) { return EventDone(ev, done); }, timeout));
     free_events_.push_back(ev);
     foreign_work_ = false;
     e = cudaMemcpyAsync(ids, slot, sizeof *ids, cudaMemcpyDeviceToHost, stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
-    if (e != cudaSuccess) return FailLocked(CudaError("cudaMemcpyAsync (NCCL ids)", e));
+    if (e != cudaSuccess) return FailLocked(CudaStatus(e, "cudaMemcpyAsync (NCCL ids)"));
     return Status::Ok();
   }
 
@@ -645,7 +622,7 @@ class NcclTransport final : public Transport {
     const cudaError_t e = cudaEventRecord(ev, stream);
     if (e != cudaSuccess) {
       free_events_.push_back(ev);
-      return FailLocked(CudaError("cudaEventRecord", e));
+      return FailLocked(CudaStatus(e, "cudaEventRecord"));
     }
     groups_.at(gid).done = ev;
     return Status::Ok();
@@ -669,7 +646,7 @@ class NcclTransport final : public Transport {
       return Status::Ok();
     }
     const cudaError_t e = cudaEventCreateWithFlags(ev, cudaEventDisableTiming);
-    return e == cudaSuccess ? Status::Ok() : FailLocked(CudaError("cudaEventCreateWithFlags", e));
+    return e == cudaSuccess ? Status::Ok() : FailLocked(CudaStatus(e, "cudaEventCreateWithFlags"));
   }
 
   // Stream-ordered on lane 0's stream (cudaFree would wait for the whole device).
@@ -679,7 +656,7 @@ class NcclTransport final : public Transport {
     FreeScratch();
     void* p = nullptr;
     const cudaError_t e = async_alloc_ ? cudaMallocAsync(&p, bytes, streams_[kKvLane]) : cudaMalloc(&p, bytes);
-    if (e != cudaSuccess) return FailLocked(CudaError(async_alloc_ ? "cudaMallocAsync" : "cudaMalloc", e));
+    if (e != cudaSuccess) return FailLocked(CudaStatus(e, async_alloc_ ? "cudaMallocAsync" : "cudaMalloc"));
     scratch_ = p;
     scratch_bytes_ = bytes;
     return Status::Ok();
