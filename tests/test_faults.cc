@@ -158,6 +158,17 @@ TEST(Timeout, GroupOfFourOnlyRankThreeMissing) {
 }
 
 // A rank that arrives after its peer gave up must not hang: it fails within its own timeout.
+// A timeout far beyond any clock's range (the config takes any finite value) means "wait", not
+// an overflowed deadline in the past: the ring runs, even when one rank arrives late.
+TEST(Timeout, HugeTimeoutStillWaits) {
+  for (double huge : {1e12, 1e300}) {
+    SCOPED_TRACE(huge);
+    LocalGroup g(3, huge, 1);
+    ASSERT_EQ(g.status, STRIA_SUCCESS) << stria_get_last_error();
+    ExpectCorrectForward(g.ctx);
+  }
+}
+
 TEST(Timeout, LateRankFailsToo) {
   LocalGroup g(2, kShortTimeoutS, 1);
   ASSERT_EQ(g.status, STRIA_SUCCESS);

@@ -14,17 +14,13 @@
 #include <thread>
 #include <unordered_map>
 
+#include "core/deadline.h"
 #include "transport/transport.h"
 
 namespace stria {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-Clock::time_point DeadlineAfter(double seconds) {
-  auto d = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-  return Clock::now() + d;
-}
 
 enum class ReqState { kPosted, kMatched, kDone, kFailed };
 

@@ -164,16 +164,16 @@ class LiveRendezvous : public ::testing::Test {
   // A raw TCP connection to rank 0: returns what rank 0 answered after `bytes`.
   std::string RawExchange(const Bytes& bytes, bool read_challenge_first = true) {
     Fd fd;
-    EXPECT_TRUE(Connect(id_.host, id_.port, DeadlineIn(5), nullptr, &fd).ok());
+    EXPECT_TRUE(Connect(id_.host, id_.port, DeadlineAfter(5), nullptr, &fd).ok());
     FrameHeader h{};
     Bytes payload;
     if (read_challenge_first) {
-      Status s = RecvFrame(fd.get(), 64, DeadlineIn(5), nullptr, "rank 0", &h, &payload);
+      Status s = RecvFrame(fd.get(), 64, DeadlineAfter(5), nullptr, "rank 0", &h, &payload);
       EXPECT_TRUE(s.ok()) << s.message();
       EXPECT_EQ(h.type, MsgType::kChallenge);
     }
-    if (!bytes.empty()) (void)SendAll(fd.get(), bytes, DeadlineIn(5), nullptr, "rank 0");
-    Status s = RecvFrame(fd.get(), kMaxErrorBytes, DeadlineIn(15), nullptr, "rank 0", &h, &payload);
+    if (!bytes.empty()) (void)SendAll(fd.get(), bytes, DeadlineAfter(5), nullptr, "rank 0");
+    Status s = RecvFrame(fd.get(), kMaxErrorBytes, DeadlineAfter(15), nullptr, "rank 0", &h, &payload);
     if (!s.ok()) return "no answer: " + s.message();
     std::string text;
     (void)DecodeError(payload.data(), payload.size(), &text);
@@ -193,14 +193,14 @@ class LiveRendezvous : public ::testing::Test {
   // Connects, reads the challenge and answers with a JOIN built for it.
   std::string JoinAs(const RendezvousId& id, int rank, int world) {
     Fd fd;
-    EXPECT_TRUE(Connect(id_.host, id_.port, DeadlineIn(5), nullptr, &fd).ok());
+    EXPECT_TRUE(Connect(id_.host, id_.port, DeadlineAfter(5), nullptr, &fd).ok());
     FrameHeader h{};
     Bytes payload;
-    EXPECT_TRUE(RecvFrame(fd.get(), 64, DeadlineIn(5), nullptr, "rank 0", &h, &payload).ok());
+    EXPECT_TRUE(RecvFrame(fd.get(), 64, DeadlineAfter(5), nullptr, "rank 0", &h, &payload).ok());
     Nonce n{};
     EXPECT_TRUE(DecodeChallenge(payload.data(), payload.size(), &n).ok());
-    (void)SendAll(fd.get(), JoinFrame(id, rank, world, n), DeadlineIn(5), nullptr, "rank 0");
-    Status s = RecvFrame(fd.get(), kMaxTableBytes, DeadlineIn(15), nullptr, "rank 0", &h, &payload);
+    (void)SendAll(fd.get(), JoinFrame(id, rank, world, n), DeadlineAfter(5), nullptr, "rank 0");
+    Status s = RecvFrame(fd.get(), kMaxTableBytes, DeadlineAfter(15), nullptr, "rank 0", &h, &payload);
     if (!s.ok()) return "no answer: " + s.message();
     std::string text;
     if (h.type == MsgType::kError) (void)DecodeError(payload.data(), payload.size(), &text);
@@ -271,7 +271,7 @@ TEST_F(LiveRendezvous, RefusesJunkAndImpostorsThenFormsTheRing) {
 TEST_F(LiveRendezvous, SilentConnectionDoesNotBlockOthers) {
   auto server = Serve(2, 20);
   Fd idle;
-  ASSERT_TRUE(Connect(id_.host, id_.port, DeadlineIn(5), nullptr, &idle).ok());  // says nothing
+  ASSERT_TRUE(Connect(id_.host, id_.port, DeadlineAfter(5), nullptr, &idle).ok());  // says nothing
   std::vector<Bytes> t;
   Status s1 = Join(id_, 1, 2, &t);
   EXPECT_TRUE(s1.ok()) << s1.message();

@@ -64,6 +64,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/deadline.h"
 #include "cuda_common/cuda_status.h"
 #include "cuda_common/device_scope.h"
 #include "transport/module_abi.h"
@@ -98,12 +99,6 @@ struct NcclIds {
 
 int LaneOf(int64_t tag) {
   return (static_cast<uint64_t>(tag) & 3) == kDkvKind ? kDkvLane : kKvLane;
-}
-
-Clock::time_point DeadlineAfter(double seconds) {
-  // Bounded so that an absurd timeout_s cannot overflow the clock.
-  const double s = std::min(std::max(seconds, 0.0), 1e7);
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
 
 // cudaEventQuery and cudaStreamQuery leave cudaErrorNotReady as the thread's last error; the

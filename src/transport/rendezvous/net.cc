@@ -74,11 +74,6 @@ Status BindListen(const addrinfo* ai, Fd* out, uint16_t* bound) {
 
 }  // namespace
 
-Deadline DeadlineIn(double seconds) {
-  return std::chrono::steady_clock::now() +
-         std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
-}
-
 double SecondsLeft(Deadline d) {
   return std::chrono::duration<double>(d - std::chrono::steady_clock::now()).count();
 }

@@ -8,13 +8,13 @@
 #include <string>
 #include <vector>
 
+#include "core/deadline.h"
 #include "core/status.h"
 #include "transport/rendezvous/wire.h"
 
 namespace stria {
 
-using Deadline = std::chrono::steady_clock::time_point;
-Deadline DeadlineIn(double seconds);
+using Deadline = SteadyClock::time_point;  // from DeadlineAfter (core/deadline.h)
 double SecondsLeft(Deadline d);
 
 class Fd {

@@ -121,7 +121,7 @@ struct Conn {
 class Server {
  public:
   Server(const RendezvousId& id, int world, double timeout_s, const std::atomic<bool>* abort)
-      : id_(id), world_(world), timeout_s_(timeout_s), abort_(abort), deadline_(DeadlineIn(timeout_s)) {}
+      : id_(id), world_(world), timeout_s_(timeout_s), abort_(abort), deadline_(DeadlineAfter(timeout_s)) {}
 
   Status Run(int listener, const Bytes& own, std::vector<Bytes>* table) {
     blobs_.assign(static_cast<size_t>(world_), Bytes());
@@ -174,7 +174,7 @@ class Server {
       auto c = std::make_unique<Conn>();
       c->fd = std::move(fd);
       c->peer = PeerName(c->fd.get());
-      c->handshake_deadline = DeadlineIn(kHandshakeS);
+      c->handshake_deadline = DeadlineAfter(kHandshakeS);
       // Bound the number of connections that have not joined: a flood cannot exhaust memory.
       size_t pending = 0;
       for (auto& o : conns_) pending += o->rank < 0;
@@ -361,7 +361,7 @@ Status JoinRendezvous(const RendezvousId& id, int rank, int world_size, const By
                       const std::atomic<bool>* abort, std::vector<Bytes>* table) {
   // A little longer than rank 0's own wait: when a rank is missing, rank 0 gives up first and
   // tells everyone which rank it was, which is a better message than a bare timeout here.
-  const Deadline deadline = DeadlineIn(timeout_s + kClientGraceS);
+  const Deadline deadline = DeadlineAfter(timeout_s + kClientGraceS);
   const std::string root = Format("rank 0's rendezvous at %s:%u", id.host.c_str(), id.port);
   Fd fd;
   STRIA_RETURN_IF_ERROR(Connect(id.host, id.port, deadline, abort, &fd));

@@ -28,6 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/deadline.h"
 #include "transport/module_abi.h"
 #include "transport/rendezvous/rendezvous.h"
 
@@ -156,7 +157,7 @@ class UcxTransport final : public Transport {
       if (s.ok()) reqs.push_back(r);
     }
     // One deadline for the whole exchange; the first failure is the answer, the rest are dropped.
-    const auto deadline = Clock::now() + ToDuration(timeout_s);
+    const auto deadline = DeadlineAfter(timeout_s);
     for (RequestId r : reqs) {
       if (!s.ok()) {
         Forget(r);
@@ -196,7 +197,7 @@ class UcxTransport final : public Transport {
   }
 
   Status WaitLocked(std::unique_lock<std::mutex>& lock, RequestId id, double timeout_s, const char* what) {
-    const auto deadline = Clock::now() + ToDuration(timeout_s);
+    const auto deadline = DeadlineAfter(timeout_s);
     for (;;) {
       auto it = reqs_.find(id);
       if (it == reqs_.end()) return Error(STRIA_ERROR_INTERNAL, "unknown transport request %lld", (long long)id);
@@ -270,9 +271,6 @@ class UcxTransport final : public Transport {
     int rank;
   };
 
-  static std::chrono::steady_clock::duration ToDuration(double s) {
-    return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
-  }
   static Status UcxError(const char* call, ucs_status_t st) {
     return Error(STRIA_ERROR_TRANSPORT, "%s failed: %s", call, ucs_status_string(st));
   }
@@ -433,7 +431,7 @@ class UcxTransport final : public Transport {
 
   // Drives UCX requests to completion from the calling thread (used once the progress thread stopped).
   void ProgressUntil(void* ucp_request, double seconds) {
-    const auto deadline = Clock::now() + ToDuration(seconds);
+    const auto deadline = DeadlineAfter(seconds);
     while (ucp_request_check_status(ucp_request) == UCS_INPROGRESS && Clock::now() < deadline)
       ucp_worker_progress(worker_);
   }
