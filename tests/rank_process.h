@@ -30,6 +30,70 @@ inline int EnvInt(const char* a, const char* b) {
   return v ? std::atoi(v) : -1;
 }
 
+// The options both rank programs take; each sets its own defaults and parses its extra flags.
+// RANK / WORLD_SIZE (or Open MPI's OMPI_COMM_WORLD_*) give the rank and world unless --rank and
+// --world do.
+struct RankOptions {
+  int rank = -1, world = -1;
+  std::string id_file;  // rank 0 writes stria_get_unique_id's id here (hex), the others read it
+  stria_layout_t layout = STRIA_LAYOUT_STRIPED;
+  bool causal = true;
+  std::vector<Dt> dtypes{Dt::kF32};
+  int64_t L = 64, Hq = 4, Hkv = 2, D = 32;
+  int iters = 1;
+  double timeout = 30;
+  std::string fault;  // which fault the odd rank plays (each program names its own)
+  int fault_rank = -1, fault_delay_ms = 0;
+
+  void ReadEnvironment() {
+    rank = EnvInt("RANK", "OMPI_COMM_WORLD_RANK");
+    world = EnvInt("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE");
+  }
+  // Takes flag `k` with value `v` when it is one of the common ones.
+  bool Parse(const std::string& k, const std::string& v) {
+    if (k == "--rank")
+      rank = std::stoi(v);
+    else if (k == "--world")
+      world = std::stoi(v);
+    else if (k == "--id-file")
+      id_file = v;
+    else if (k == "--layout")
+      layout = v == "contiguous" ? STRIA_LAYOUT_CONTIGUOUS : v == "zigzag" ? STRIA_LAYOUT_ZIGZAG : STRIA_LAYOUT_STRIPED;
+    else if (k == "--causal")
+      causal = v != "0";
+    else if (k == "--dtypes") {  // a comma-separated list of f32, f16, bf16
+      dtypes.clear();
+      for (size_t at = 0; at <= v.size();) {
+        size_t comma = v.find(',', at);
+        if (comma == std::string::npos) comma = v.size();
+        const std::string d = v.substr(at, comma - at);
+        dtypes.push_back(d == "f16" ? Dt::kF16 : d == "bf16" ? Dt::kBF16 : Dt::kF32);
+        at = comma + 1;
+      }
+    } else if (k == "--L")
+      L = std::stoll(v);
+    else if (k == "--heads")
+      Hq = std::stoll(v);
+    else if (k == "--kv-heads")
+      Hkv = std::stoll(v);
+    else if (k == "--dim")
+      D = std::stoll(v);
+    else if (k == "--iters")
+      iters = std::stoi(v);
+    else if (k == "--timeout")
+      timeout = std::stod(v);
+    else if (k == "--fault")
+      fault = v;
+    else if (k == "--fault-rank")
+      fault_rank = std::stoi(v);
+    else if (k == "--fault-delay-ms")
+      fault_delay_ms = std::stoi(v);
+    else
+      return false;
+    return true;
+  }
+};
+
 // The last line of a rank (tests/ucx/launcher.h reads it): C is the stria_status_t of the first
 // failing call, SUCCESS when every call passed and matched.
 inline void PrintResult(int rank, stria_status_t s, double t0, const std::string& msg) {

@@ -24,67 +24,25 @@ using namespace stria_test;
 
 namespace {
 
-struct Options {
-  int rank = -1, world = -1, device = -1;
-  std::string id_file;  // rank 0 writes stria_get_unique_id's id here (hex), the others read it
-  stria_layout_t layout = STRIA_LAYOUT_STRIPED;
-  bool causal = true;
-  std::vector<Dt> dtypes{Dt::kBF16};
-  int64_t L = 128, Hq = 4, Hkv = 2, D = 64;
-  int iters = 1;
-  double timeout = 60;
-  std::string fault;  // kill | abort
-  int fault_rank = -1, fault_delay_ms = 0;
+struct Options : RankOptions {
+  int device = -1;  // LOCAL_RANK, --device, else rank % the number of visible GPUs
+  // Faults (kill | abort) are played in the last iteration.
+  Options() {
+    dtypes = {Dt::kBF16};
+    L = 128;
+    D = 64;
+    timeout = 60;
+  }
 };
 
 Options Parse(int argc, char** argv) {
   Options o;
-  o.rank = EnvInt("RANK", "OMPI_COMM_WORLD_RANK");
-  o.world = EnvInt("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE");
+  o.ReadEnvironment();
   o.device = EnvInt("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK");
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--rank")
-      o.rank = std::stoi(v);
-    else if (k == "--world")
-      o.world = std::stoi(v);
-    else if (k == "--device")
-      o.device = std::stoi(v);
-    else if (k == "--id-file")
-      o.id_file = v;
-    else if (k == "--layout")
-      o.layout = v == "contiguous" ? STRIA_LAYOUT_CONTIGUOUS
-                 : v == "zigzag"   ? STRIA_LAYOUT_ZIGZAG
-                                   : STRIA_LAYOUT_STRIPED;
-    else if (k == "--causal")
-      o.causal = v != "0";
-    else if (k == "--dtypes") {
-      o.dtypes.clear();
-      for (size_t at = 0; at <= v.size();) {
-        size_t comma = v.find(',', at);
-        if (comma == std::string::npos) comma = v.size();
-        const std::string d = v.substr(at, comma - at);
-        o.dtypes.push_back(d == "f32" ? Dt::kF32 : d == "f16" ? Dt::kF16 : Dt::kBF16);
-        at = comma + 1;
-      }
-    } else if (k == "--L")
-      o.L = std::stoll(v);
-    else if (k == "--heads")
-      o.Hq = std::stoll(v);
-    else if (k == "--kv-heads")
-      o.Hkv = std::stoll(v);
-    else if (k == "--dim")
-      o.D = std::stoll(v);
-    else if (k == "--iters")
-      o.iters = std::stoi(v);
-    else if (k == "--timeout")
-      o.timeout = std::stod(v);
-    else if (k == "--fault")
-      o.fault = v;
-    else if (k == "--fault-rank")
-      o.fault_rank = std::stoi(v);
-    else if (k == "--fault-delay-ms")
-      o.fault_delay_ms = std::stoi(v);
+    if (o.RankOptions::Parse(k, v)) continue;
+    if (k == "--device") o.device = std::stoi(v);
   }
   return o;
 }

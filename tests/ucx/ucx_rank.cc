@@ -24,77 +24,24 @@ using namespace stria_test;
 
 namespace {
 
-struct Options {
-  int rank = -1, world = -1;
-  std::string id_file;  // rank 0 writes stria_get_unique_id's id here (hex); others read it
-  stria_layout_t layout = STRIA_LAYOUT_STRIPED;
-  bool causal = true;
-  std::vector<Dt> dtypes{Dt::kF32};
-  int64_t L = 64, Hq = 4, Hkv = 2, D = 32;
-  int iters = 1;
-  double timeout = 30;
+struct Options : RankOptions {
   int threads = 1;
-  // Faults: which rank plays which at which iteration (-1: nobody).
-  int fault_rank = -1, fault_iter = 0, fault_delay_ms = 0;
-  std::string fault;  // kill | stop | abort | shape | late
+  // Faults (kill | stop | abort | shape | late) are played at iteration fault_iter.
+  int fault_iter = 0;
   int fault_hq = 0;   // for "shape": the odd rank's number of heads
   double late_s = 0;  // for "late": the odd rank sleeps this long before creating its context
 };
 
-Dt ParseDt(const std::string& s) {
-  return s == "f16" ? Dt::kF16 : s == "bf16" ? Dt::kBF16 : Dt::kF32;
-}
-
 Options Parse(int argc, char** argv) {
   Options o;
-
-  o.rank = EnvInt("RANK", "OMPI_COMM_WORLD_RANK");
-  o.world = EnvInt("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE");
+  o.ReadEnvironment();
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--rank")
-      o.rank = std::stoi(v);
-    else if (k == "--world")
-      o.world = std::stoi(v);
-    else if (k == "--id-file")
-      o.id_file = v;
-    else if (k == "--layout")
-      o.layout = v == "contiguous" ? STRIA_LAYOUT_CONTIGUOUS
-                 : v == "zigzag"   ? STRIA_LAYOUT_ZIGZAG
-                                   : STRIA_LAYOUT_STRIPED;
-    else if (k == "--causal")
-      o.causal = v != "0";
-    else if (k == "--dtypes") {
-      o.dtypes.clear();
-      size_t at = 0;
-      while (at <= v.size()) {
-        size_t comma = v.find(',', at);
-        if (comma == std::string::npos) comma = v.size();
-        o.dtypes.push_back(ParseDt(v.substr(at, comma - at)));
-        at = comma + 1;
-      }
-    } else if (k == "--L")
-      o.L = std::stoll(v);
-    else if (k == "--heads")
-      o.Hq = std::stoll(v);
-    else if (k == "--kv-heads")
-      o.Hkv = std::stoll(v);
-    else if (k == "--dim")
-      o.D = std::stoll(v);
-    else if (k == "--iters")
-      o.iters = std::stoi(v);
-    else if (k == "--timeout")
-      o.timeout = std::stod(v);
-    else if (k == "--threads")
+    if (o.RankOptions::Parse(k, v)) continue;
+    if (k == "--threads")
       o.threads = std::stoi(v);
-    else if (k == "--fault")
-      o.fault = v;
-    else if (k == "--fault-rank")
-      o.fault_rank = std::stoi(v);
     else if (k == "--fault-iter")
       o.fault_iter = std::stoi(v);
-    else if (k == "--fault-delay-ms")
-      o.fault_delay_ms = std::stoi(v);
     else if (k == "--fault-heads")
       o.fault_hq = std::stoi(v);
     else if (k == "--late-s")
