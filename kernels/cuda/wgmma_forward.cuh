@@ -101,7 +101,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p)
       wgmma_fence();
       STRIA_UNROLL
       for (int kk = 0; kk < D / 16; ++kk) {
-        // Column block kk / 4 (64 values, kRows x 128 bytes), then 32 bytes per 16 columns.
+        // Column block kk / 4 (64 values: kM or kN rows x 128 bytes), then 32 bytes per 16 columns.
         const uint32_t kcol = static_cast<uint32_t>((kk & 3) * 32);
         const uint64_t qa = SwizzledDesc(q_addr + (kk >> 2) * kM * kSwizzleBytes + 64 * group * kSwizzleBytes + kcol,
                                          16, kSwizzleAtomBytes);
