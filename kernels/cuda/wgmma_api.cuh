@@ -97,16 +97,21 @@ STRIA_DEVICE void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, 
 // of the 64) and B N-major in shared memory (the transposed-B form).
 template <typename T, int N>
 STRIA_DEVICE void wgmma_rs_tb(float (&d)[N / 2], const uint32_t a[4], uint64_t desc_b, bool accumulate);
+// The same with both operands MN-major in shared memory (transposed A and B): A is stored with
+// its K index as rows (dS^T for dQ = dS K), B with its K index as rows too (K for the same).
+template <typename T, int N>
+STRIA_DEVICE void wgmma_ss_tt(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate);
 
 // One specialisation per (dtype, N): N/2 accumulator operands come first, so the operand numbers
-// of the descriptors and the predicate depend on N (IA: A, IB: desc B, IP: accumulate).
-#define STRIA_WGMMA_SS(TYPE, TNAME, N, REGS, FLIST, IA, IB, IP)                                               \
+// of the descriptors and the predicate depend on N (IA: A, IB: desc B, IP: accumulate). NAME and
+// TRANS: the shared-shared forms differ only in their transpose immediates (A, B).
+#define STRIA_WGMMA_SS(NAME, TRANS, TYPE, TNAME, N, REGS, FLIST, IA, IB, IP)                                  \
   template <>                                                                                                 \
-  STRIA_DEVICE void wgmma_ss<TYPE, N>(float(&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {  \
+  STRIA_DEVICE void NAME<TYPE, N>(float(&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {      \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" IP                                                      \
                  ", 0;\n"                                                                                     \
                  "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TNAME "." TNAME " " REGS ", %" IA ", %" IB \
-                 ", p, 1, 1, 0, 0;\n}\n"                                                                      \
+                 ", p, 1, 1, " TRANS ";\n}\n"                                                                 \
                  : FLIST(d)                                                                                   \
                  : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate))                                \
                  : "memory");                                                                                 \
@@ -122,10 +127,12 @@ STRIA_DEVICE void wgmma_rs_tb(float (&d)[N / 2], const uint32_t a[4], uint64_t d
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate))       \
                  : "memory");                                                                                       \
   }
-STRIA_WGMMA_SS(Half, "f16", 64, STRIA_R32, STRIA_F32, "32", "33", "34")
-STRIA_WGMMA_SS(BFloat, "bf16", 64, STRIA_R32, STRIA_F32, "32", "33", "34")
-STRIA_WGMMA_SS(Half, "f16", 128, STRIA_R64, STRIA_F64, "64", "65", "66")
-STRIA_WGMMA_SS(BFloat, "bf16", 128, STRIA_R64, STRIA_F64, "64", "65", "66")
+STRIA_WGMMA_SS(wgmma_ss, "0, 0", Half, "f16", 64, STRIA_R32, STRIA_F32, "32", "33", "34")
+STRIA_WGMMA_SS(wgmma_ss, "0, 0", BFloat, "bf16", 64, STRIA_R32, STRIA_F32, "32", "33", "34")
+STRIA_WGMMA_SS(wgmma_ss, "0, 0", Half, "f16", 128, STRIA_R64, STRIA_F64, "64", "65", "66")
+STRIA_WGMMA_SS(wgmma_ss, "0, 0", BFloat, "bf16", 128, STRIA_R64, STRIA_F64, "64", "65", "66")
+STRIA_WGMMA_SS(wgmma_ss_tt, "1, 1", Half, "f16", 64, STRIA_R32, STRIA_F32, "32", "33", "34")
+STRIA_WGMMA_SS(wgmma_ss_tt, "1, 1", BFloat, "bf16", 64, STRIA_R32, STRIA_F32, "32", "33", "34")
 STRIA_WGMMA_RS_TB(Half, "f16", 64, STRIA_R32, STRIA_F32, "{%32,%33,%34,%35}", "36", "37")
 STRIA_WGMMA_RS_TB(BFloat, "bf16", 64, STRIA_R32, STRIA_F32, "{%32,%33,%34,%35}", "36", "37")
 STRIA_WGMMA_RS_TB(Half, "f16", 128, STRIA_R64, STRIA_F64, "{%64,%65,%66,%67}", "68", "69")

@@ -90,6 +90,7 @@ struct Thread {
   std::deque<std::vector<uint64_t>> wgmma_groups;
   bool wgmma_fenced = false;
   bool proxy_dirty = false;
+  bool proxy_fenced = false;  // a fence_proxy_async since the last barrier
 };
 
 constexpr int kWarpGroup = 128;
@@ -119,6 +120,12 @@ struct Block {
   uint64_t barrier_gen = 0;
   int done = 0;
   bool aborting = false;
+  // Shared memory as the async proxy (wgmma) may see it: a copy taken at each barrier that every
+  // thread reached with a fence_proxy_async since the barrier before. A byte wgmma reads that
+  // differs from it was written through the generic proxy (a store or cp.async) without that
+  // fence-then-barrier, or changed under an operation in flight. Conservative: the GPU needs the
+  // fence only in the threads that wrote; our kernels fence in every thread.
+  std::vector<unsigned char> async_view;
   std::string error;
   fiber::Context main;
   const std::function<void()>* body = nullptr;
@@ -477,8 +484,16 @@ uint16_t DescElement(Thread* t, uint64_t desc, bool k_major, int mn, int k) {
                 std::to_string(addr) + ", outside the " + std::to_string(bi.smem_bytes) +
                 "-byte dynamic shared memory");
   }
+  const size_t off = addr - detail::kSmemWindowBase;
+  if (std::memcmp(bi.smem + off, t->block->async_view.data() + off, 2) != 0) {
+    Fail(t, "wgmma descriptor: element (" + std::to_string(mn) + ", " + std::to_string(k) + ") at window address " +
+                std::to_string(addr) +
+                " changed after the last barrier that every thread reached with a fence_proxy_async since the one "
+                "before: a shared-memory store or cp.async not fenced for the async proxy, or a write racing the "
+                "wgmma");
+  }
   uint16_t v;
-  std::memcpy(&v, bi.smem + (addr - detail::kSmemWindowBase), 2);
+  std::memcpy(&v, bi.smem + off, 2);
   return v;
 }
 
@@ -490,8 +505,9 @@ void CompleteWgmma(Thread* t, const WgmmaOp& op, int me) {
   double A[2][16];
   for (int h = 0; h < 2; ++h) {
     const int row = 16 * w + gq + 8 * h;
-    if (op.kind == detail::WgmmaKind::kSS) {
-      for (int k = 0; k < 16; ++k) A[h][k] = val(DescElement(t, op.desc_a, true, row, k));
+    if (op.kind != detail::WgmmaKind::kRSTransB) {
+      const bool a_k_major = op.kind == detail::WgmmaKind::kSS;
+      for (int k = 0; k < 16; ++k) A[h][k] = val(DescElement(t, op.desc_a, a_k_major, row, k));
       continue;
     }
     // Lane 4g + tt of warp w holds row g in registers 0, 2 and row g + 8 in 1, 3: columns 2 tt
@@ -529,6 +545,12 @@ void BlockSync() {
   if (++b->barrier_arrived == b->n) {
     b->barrier_arrived = 0;
     ++b->barrier_gen;
+    bool all_fenced = true;
+    for (Thread& o : b->threads) {
+      all_fenced = all_fenced && o.proxy_fenced;
+      o.proxy_fenced = false;
+    }
+    if (all_fenced) std::memcpy(b->async_view.data(), b->info.smem, b->info.smem_bytes);
     return;
   }
   t->state = State::kBarrierWait;
@@ -617,14 +639,16 @@ void WgmmaFence() {
 }
 
 void FenceProxyAsync() {
-  Current()->proxy_dirty = false;
+  Thread* t = Current();
+  t->proxy_dirty = false;
+  t->proxy_fenced = true;
 }
 
 void Wgmma(WgmmaKind kind, bool bf16, int n, float* d, const uint32_t* a, uint64_t desc_a, uint64_t desc_b,
            bool accumulate) {
   Thread* t = Current();
   Block* b = t->block;
-  const char* name = kind == WgmmaKind::kSS ? "wgmma_ss" : "wgmma_rs_tb";
+  const char* name = kind == WgmmaKind::kSS ? "wgmma_ss" : kind == WgmmaKind::kSSTrans ? "wgmma_ss_tt" : "wgmma_rs_tb";
   if (b->n % kWarpGroup != 0)
     Fail(t, std::string(name) + ": the block is not a whole number of warpgroups (128 threads)");
   if (n % 8 != 0 || n < 8 || n > 256) Fail(t, std::string(name) + ": N must be a multiple of 8 in 8..256");
@@ -741,6 +765,7 @@ void Launch(Dim3 grid, Dim3 block, size_t dynamic_smem_bytes, const std::functio
           w.done = 0;
         }
         std::memset(b->info.smem, 0xff, dynamic_smem_bytes);
+        b->async_view.assign(b->info.smem, b->info.smem + dynamic_smem_bytes);
         for (int i = 0; i < b->n; ++i) {
           Thread& t = b->threads[i];
           const unsigned u = static_cast<unsigned>(i);
@@ -760,6 +785,7 @@ void Launch(Dim3 grid, Dim3 block, size_t dynamic_smem_bytes, const std::functio
           t.wgmma_groups.clear();
           t.wgmma_fenced = false;
           t.proxy_dirty = false;
+          t.proxy_fenced = false;
           fiber::Prepare(&t.ctx, stacks[i], &ThreadMain, &t);
         }
         // Runs the whole block: the fibers switch among themselves, the last one comes back.

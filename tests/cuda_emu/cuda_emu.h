@@ -142,8 +142,12 @@ void CpAsyncWait(int n);
 // themselves, as they must on the GPU. An mma_async records its operands; the products land in
 // each thread's accumulators only at the wgmma_wait that completes its group (reading them
 // earlier shows the stale values), and B (and a shared-memory A) is read from shared memory then.
+// Those reads must see shared memory as it stood at the last barrier that every thread reached
+// after a fence_proxy_async: anything written since, or not fenced before it, is reported.
 constexpr uint32_t kSmemWindowBase = 0x480;
-enum class WgmmaKind : uint8_t { kSS, kRSTransB };
+// kSS: A and B K-major in shared memory; kRSTransB: A in registers, B MN-major; kSSTrans: A and
+// B MN-major in shared memory.
+enum class WgmmaKind : uint8_t { kSS, kRSTransB, kSSTrans };
 uint32_t SmemAddr(const void* p);
 void WgmmaFence();
 void WgmmaCommit();
@@ -262,6 +266,11 @@ inline void fence_proxy_async() {
 template <typename T, int N>
 inline void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
   emu::detail::Wgmma(emu::detail::WgmmaKind::kSS, std::is_same<T, BFloat>::value, N, d, nullptr, desc_a, desc_b,
+                     accumulate);
+}
+template <typename T, int N>
+inline void wgmma_ss_tt(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  emu::detail::Wgmma(emu::detail::WgmmaKind::kSSTrans, std::is_same<T, BFloat>::value, N, d, nullptr, desc_a, desc_b,
                      accumulate);
 }
 template <typename T, int N>

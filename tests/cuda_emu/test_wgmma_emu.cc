@@ -88,7 +88,11 @@ double RunProduct(const Layout* la, const Layout& lb) {
     for (float& x : d) x = 1e30f;  // must be ignored: scale-d = 0
     wgmma_fence();
     const uint64_t db = Desc(smem_addr(b_base) + lb.start, lb);
-    if (la != nullptr) {
+    if (la != nullptr && !la->k_major) {  // both MN-major: the transposed form
+      const uint64_t da = Desc(smem_addr(a_base) + la->start, *la);
+      if (N == 16) wgmma_ss_tt<BFloat, 16>(*reinterpret_cast<float(*)[8]>(d), da, db, false);
+      if (N == 128) wgmma_ss_tt<BFloat, 128>(*reinterpret_cast<float(*)[64]>(d), da, db, false);
+    } else if (la != nullptr) {
       const uint64_t da = Desc(smem_addr(a_base) + la->start, *la);
       if (N == 16) wgmma_ss<BFloat, 16>(*reinterpret_cast<float(*)[8]>(d), da, db, false);
       if (N == 24) wgmma_ss<BFloat, 24>(*reinterpret_cast<float(*)[12]>(d), da, db, false);
@@ -159,6 +163,40 @@ TEST(EmuWgmma, NMajorExamplesOfThePtxIsa) {
   for (const Layout* l : {&none, &sw32, &sw64, &sw128}) EXPECT_LT(RunProduct(nullptr, *l), 1e-3) << l->name;
 }
 
+// A MN-major too (the transposed-A form, for dQ = dS K with dS^T stored): M = 64 rows laid out
+// like the N of the examples above, with B N-major. No swizzle ((T,1,8),(8,2)):((1,T,SBO),(T,LBO))
+// and 128B ((T,8,1),(8,2)):((1,T,LBO),(8T,SBO)).
+TEST(EmuWgmma, MnMajorA) {
+  const Layout a_none{
+      "a mn none", false,
+      64,          [](int m, int k) -> uint32_t { return m % 8 + 64 * (m / 8) + 8 * (k % 8) + 512 * (k / 8); },
+      0,           1024,
+      128};
+  const Layout b_none{
+      "b mn none", false,
+      16,          [](int n, int k) -> uint32_t { return n % 8 + 64 * (n / 8) + 8 * (k % 8) + 128 * (k / 8); },
+      0,           256,
+      128};
+  EXPECT_LT(RunProduct(&a_none, b_none), 1e-3) << "none";
+  const Layout a128{
+      "a mn 128B", false, 64,  [](int m, int k) -> uint32_t { return m % 64 + 64 * (k % 8) + 512 * (k / 8); },
+      128,         4096,  1024};
+  const Layout b128{
+      "b mn 128B", false,
+      128,         [](int n, int k) -> uint32_t { return n % 64 + 1024 * (n / 64) + 64 * (k % 8) + 512 * (k / 8); },
+      128,         2048,
+      1024};
+  EXPECT_LT(RunProduct(&a128, b128), 1e-3) << "128B";
+  // A transposed but decoded K-major (a wrong form for this layout) must not pass.
+  Layout wrong = a128;
+  wrong.k_major = true;
+  wrong.lbo = 16;
+  EXPECT_GT(RunProduct(&wrong, Layout{"b k 128B", true, 24,
+                                      [](int n, int k) -> uint32_t { return 64 * (n % 8) + 512 * (n / 8) + k; }, 128,
+                                      16, 1024}),
+            1e-1);
+}
+
 // A and B K-major: no swizzle ((8,m),(T,2)):((T,SBO),(1,LBO)) with core matrices 128 bytes apart
 // along K and 256 along M/N; the 32B and 128B swizzles ((8,m),(T,2)):((xT,SBO),(1,T)); and a
 // descriptor starting 32 bytes into a 128B-swizzled row (columns 16..31 of a 64-wide tile).
@@ -210,6 +248,7 @@ TEST(EmuWgmma, AccumulatorsLandAtTheWait) {
   OneWarpgroup([](unsigned char* base, uint64_t desc) {
     for (int i = static_cast<int>(threadIdx.x); i < 4096; i += 128) std::memset(base + 2 * i, 0, 2);
     if (threadIdx.x == 0) std::memcpy(base, "\x80\x3f", 2);  // A[0][0] = B[0][0] = 1 (bf16)
+    fence_proxy_async();
     block_sync();
     float d[8];
     for (float& x : d) x = 5.f;
@@ -245,6 +284,36 @@ TEST(EmuWgmma, ErrorsTheGpuWouldNotReport) {
   });
   EXPECT_NE(e.find("thread 7 has cp.async data landed in shared memory with no fence_proxy_async"), std::string::npos)
       << e;
+
+  // A plain shared-memory store wgmma reads: not fenced by its writer (thread 9), then fenced but
+  // written again after the barrier (a race with the operation).
+  e = ErrorOf([] {
+    OneWarpgroup([](unsigned char* base, uint64_t desc) {
+      if (threadIdx.x == 9) std::memset(base + 1024, 0, 2);
+      if (threadIdx.x != 9) fence_proxy_async();
+      block_sync();
+      float d[8] = {};
+      wgmma_fence();
+      wgmma_ss<BFloat, 16>(d, desc, desc, false);
+      wgmma_commit();
+      wgmma_wait<0>();
+    });
+  });
+  EXPECT_NE(e.find("not fenced for the async proxy"), std::string::npos) << e;
+  e = ErrorOf([] {
+    OneWarpgroup([](unsigned char* base, uint64_t desc) {
+      for (int i = static_cast<int>(threadIdx.x); i < 4096; i += 128) std::memset(base + 2 * i, 0, 2);
+      fence_proxy_async();
+      block_sync();
+      float d[8] = {};
+      wgmma_fence();
+      wgmma_ss<BFloat, 16>(d, desc, desc, false);
+      wgmma_commit();
+      if (threadIdx.x == 5) std::memset(base + 128, 0x11, 2);  // row 1 of A, before the wait
+      wgmma_wait<0>();
+    });
+  });
+  EXPECT_NE(e.find("a write racing the wgmma"), std::string::npos) << e;
 
   e = ErrorOf([] {
     OneWarpgroup([](unsigned char*, uint64_t desc) {
