@@ -195,7 +195,7 @@ struct BlockTimer {
     return TimeMs(stream, reps,
                   [&] { CHECK_CUDA(stria::cuda::LaunchForwardBlock(stria::cuda::Elem::kBF16, kernels, p, stream)); });
   }
-  double Backward(const stria::BlockMask& bm) {
+  double Backward(const stria::BlockMask& bm, stria::cuda::Kernels kernels = stria::cuda::Kernels::kMma) {
     if (bm.empty()) return 0.0;
     stria::cuda::BwdParams p{};
     p.dims = stria::cuda::Dims{1, static_cast<int>(L), static_cast<int>(H), static_cast<int>(H), static_cast<int>(D)};
@@ -212,12 +212,12 @@ struct BlockTimer {
     p.scale_log2 = p.scale * stria::cuda::kLog2e;
     p.mask = stria::cuda::MaskArgs{bm.q_begin, bm.q_end, bm.k_begin, bm.k_end, bm.diagonal ? 1 : 0, bm.offset};
     return TimeMs(stream, reps, [&] {
-      CHECK_CUDA(stria::cuda::LaunchBackwardBlock(stria::cuda::Elem::kBF16, stria::cuda::Kernels::kMma, p, stream));
+      CHECK_CUDA(stria::cuda::LaunchBackwardBlock(stria::cuda::Elem::kBF16, kernels, p, stream));
     });
   }
 };
 
-int Ring(int64_t S, int N, int64_t H, int64_t D, int reps, stria::cuda::Kernels fwd) {
+int Ring(int64_t S, int N, int64_t H, int64_t D, int reps, stria::cuda::Kernels kernels) {
   const int64_t L = S / N;
   const stria_layout_t layouts[] = {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG};
   double latency[2][3] = {};
@@ -232,7 +232,7 @@ int Ring(int64_t S, int N, int64_t H, int64_t D, int reps, stria::cuda::Kernels 
             const stria::BlockMask bm = stria::ClassifyBlock(layouts[li], true, N, L, r, (r - step + N) % N);
             const auto key = std::make_tuple(bm.q_begin, bm.q_end, bm.k_begin, bm.k_end, bm.diagonal, bm.offset);
             auto it = seen.find(key);
-            if (it == seen.end()) it = seen.emplace(key, dir == 0 ? t.Forward(bm, fwd) : t.Backward(bm)).first;
+            if (it == seen.end()) it = seen.emplace(key, dir == 0 ? t.Forward(bm, kernels) : t.Backward(bm, kernels)).first;
             slowest = std::max(slowest, it->second);
           }
           latency[dir][li] += slowest;
@@ -246,8 +246,8 @@ int Ring(int64_t S, int N, int64_t H, int64_t D, int reps, stria::cuda::Kernels 
     stria::BlockMask all;
     all.q_end = all.k_end = S;
     all.diagonal = true;
-    single[0] = whole.Forward(all, fwd);
-    single[1] = whole.Backward(all);
+    single[0] = whole.Forward(all, kernels);
+    single[1] = whole.Backward(all, kernels);
   }
   for (int dir = 0; dir < 2; ++dir)
     for (int li = 0; li < 3; ++li) {
@@ -261,7 +261,7 @@ int Ring(int64_t S, int N, int64_t H, int64_t D, int reps, stria::cuda::Kernels 
       std::printf(
           "ring kernels=%s dir=%s layout=%s seq=%lld world=%d heads=%lld dim=%lld latency_ms=%.3f ideal_ms=%.3f "
           "of_ideal=%.3f vs_contiguous=%.3f analytic_vs_contiguous=%.3f single_gpu_ms=%.3f\n",
-          stria::cuda::KernelsName(dir == 0 ? fwd : stria::cuda::Kernels::kMma), dir == 0 ? "fwd" : "bwd",
+          stria::cuda::KernelsName(kernels), dir == 0 ? "fwd" : "bwd",
           stria::LayoutName(layouts[li]), (long long)S, N, (long long)H, (long long)D, latency[dir][li], ideal,
           ideal / latency[dir][li], latency[dir][0] / latency[dir][li], cont.ring_latency / bal.ring_latency,
           single[dir]);
@@ -280,7 +280,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> dims{64, 128}, lens{1024, 2048, 4096, 8192, 16384, 32768};
   int64_t seq = 262144, heads = 16, dim = 128;
   int world = 8, reps = 10;
-  stria::cuda::Kernels fwd = stria::cuda::Kernels::kMma;
+  stria::cuda::Kernels kernels = stria::cuda::Kernels::kMma;
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     if (k == "--dims")
@@ -297,8 +297,8 @@ int main(int argc, char** argv) {
       heads = std::atoll(argv[i + 1]);
     else if (k == "--dim")
       dim = std::atoll(argv[i + 1]);
-    else if (k == "--kernels")  // the ring model's forward kernels: mma or wgmma (sm_90 only)
-      fwd = std::string(argv[i + 1]) == "wgmma" ? stria::cuda::Kernels::kWgmma : stria::cuda::Kernels::kMma;
+    else if (k == "--kernels")  // the ring model's kernel family: mma or wgmma (sm_90 only)
+      kernels = std::string(argv[i + 1]) == "wgmma" ? stria::cuda::Kernels::kWgmma : stria::cuda::Kernels::kMma;
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -310,7 +310,7 @@ int main(int argc, char** argv) {
     return 3;
   }
   if (mode == "kernels") return Kernels(dims, lens, reps);
-  if (mode == "ring") return Ring(seq, world, heads, dim, reps, fwd);
+  if (mode == "ring") return Ring(seq, world, heads, dim, reps, kernels);
   std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
   return 2;
 }

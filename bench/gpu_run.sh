@@ -2,7 +2,7 @@
 # The GPU benchmark, in one run on one GPU (the device machine: PyTorch is installed there):
 # builds stria with CUDA, runs the GPU tests (their output goes to docs/gpu_test_output.txt),
 # compute-sanitizer memcheck and racecheck on a small ring (mma.sync, SIMT and wgmma), then our
-# kernels (mma.sync, and on an H100/H200 the wgmma forward too) beside PyTorch's SDPA
+# kernels (mma.sync, and on an H100/H200 the wgmma family too) beside PyTorch's SDPA
 # (flash and cuDNN backends) on the same shapes, and the modelled N = 8 ring at 256k tokens.
 # Prints the tables of docs/performance.md's GPU section to bench/gpu_results.txt.
 #
@@ -32,7 +32,7 @@ fi
 if [ "${QUICK:-0}" = 1 ]; then dims=128 lens=4096,16384 seq=65536; else dims=64,128 lens=1024,2048,4096,8192,16384,32768 seq=262144; fi
 echo "== kernels: stria vs torch SDPA (flash, cuDNN), bf16" | tee -a "$out/gpu_results.txt"
 build-gpu/bench/stria-cuda-bench kernels --dims $dims --lens $lens | tee -a "$out/gpu_results.txt"
-# The Hopper wgmma forward (opt-in until this run shows it correct): same shapes.
+# The Hopper wgmma kernels (opt-in until this run shows them correct): same shapes.
 if nvidia-smi --query-gpu=compute_cap --format=csv,noheader | grep -q '^9\.0'; then
   STRIA_CUDA_KERNELS=wgmma build-gpu/bench/stria-cuda-bench kernels --dims $dims --lens $lens |
     tee -a "$out/gpu_results.txt"

@@ -7,6 +7,7 @@
 #include "cuda/flash_backward.cuh"
 #include "cuda/flash_forward.cuh"
 #include "cuda/smem_optin.cuh"
+#include "cuda/wgmma_backward.cuh"
 #include "cuda/wgmma_forward.cuh"
 
 namespace stria {
@@ -41,6 +42,18 @@ cudaError_t LaunchFlashBackward(const BwdParams& p, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>((p.dims.L + Tile::kN - 1) / Tile::kN),
                   static_cast<unsigned>(p.dims.B * p.dims.Hkv));
   FlashBackwardKernel<T, D><<<grid, Tile::kThreads, Tile::kSmemBytes, s>>>(p);
+  return cudaGetLastError();
+}
+
+// sm_90a only, like the wgmma forward: CTAs of WgmmaBwdTile::kN keys.
+template <typename T, int D>
+cudaError_t LaunchWgmmaBackward(const BwdParams& p, cudaStream_t s) {
+  using Tile = WgmmaBwdTile<D>;
+  const cudaError_t allowed = AllowSmem(WgmmaBackwardKernel<T, D>, Tile::kSmemBytes);
+  if (allowed != cudaSuccess) return allowed;
+  const dim3 grid(static_cast<unsigned>((p.dims.L + Tile::kN - 1) / Tile::kN),
+                  static_cast<unsigned>(p.dims.B * p.dims.Hkv));
+  WgmmaBackwardKernel<T, D><<<grid, Tile::kThreads, Tile::kSmemBytes, s>>>(p);
   return cudaGetLastError();
 }
 

@@ -17,6 +17,8 @@ cudaError_t FlashBackwardF16(int D, const BwdParams& p, cudaStream_t s);
 cudaError_t FlashBackwardBF16(int D, const BwdParams& p, cudaStream_t s);
 cudaError_t WgmmaForwardF16(int D, const FwdParams& p, cudaStream_t s);
 cudaError_t WgmmaForwardBF16(int D, const FwdParams& p, cudaStream_t s);
+cudaError_t WgmmaBackwardF16(int D, const BwdParams& p, cudaStream_t s);
+cudaError_t WgmmaBackwardBF16(int D, const BwdParams& p, cudaStream_t s);
 
 const char* KernelsName(Kernels k) {
   switch (k) {
@@ -87,9 +89,10 @@ cudaError_t LaunchForwardBlock(Elem e, Kernels k, const FwdParams& p, cudaStream
 }
 
 cudaError_t LaunchBackwardBlock(Elem e, Kernels k, const BwdParams& p, cudaStream_t s) {
-  const bool flash = k != Kernels::kSimt;  // the wgmma path's backward is mma.sync's
-  if (flash && e == Elem::kF16) return FlashBackwardF16(p.dims.D, p, s);
-  if (flash && e == Elem::kBF16) return FlashBackwardBF16(p.dims.D, p, s);
+  if (k == Kernels::kWgmma && e == Elem::kF16) return WgmmaBackwardF16(p.dims.D, p, s);
+  if (k == Kernels::kWgmma && e == Elem::kBF16) return WgmmaBackwardBF16(p.dims.D, p, s);
+  if (k == Kernels::kMma && e == Elem::kF16) return FlashBackwardF16(p.dims.D, p, s);
+  if (k == Kernels::kMma && e == Elem::kBF16) return FlashBackwardBF16(p.dims.D, p, s);
   switch (e) {
     case Elem::kF32:
       return SimtBackward<Float>(p, s);

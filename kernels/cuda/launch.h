@@ -15,8 +15,8 @@ enum class Elem { kF32, kF16, kBF16 };
 bool FlashHeadDim(int D);
 constexpr int kMaxHeadDim = 256;
 
-// The kernel family of a ring block. kMma (mma.sync, sm_80 on) and kWgmma (the wgmma forward,
-// sm_90a only; its backward is kMma's) need 16-bit dtypes, FlashHeadDim and 16-byte aligned rows,
+// The kernel family of a ring block. kMma (mma.sync, sm_80 on) and kWgmma (wgmma, sm_90a only)
+// need 16-bit dtypes, FlashHeadDim and 16-byte aligned rows,
 // and kWgmma a device of compute capability 9.0: the caller checks. kSimt runs everything.
 enum class Kernels { kSimt, kMma, kWgmma };
 const char* KernelsName(Kernels k);

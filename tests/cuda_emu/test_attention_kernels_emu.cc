@@ -16,6 +16,7 @@
 #include "cuda/elementwise.cuh"
 #include "cuda/flash_backward.cuh"
 #include "cuda/flash_forward.cuh"
+#include "cuda/wgmma_backward.cuh"
 #include "cuda/wgmma_forward.cuh"
 
 using namespace stria_test;
@@ -29,8 +30,7 @@ struct Block {
   uint64_t seed;
 };
 
-// Which kernels run: SIMT, the mma.sync forward and backward, or the wgmma forward (sm_90a)
-// with the mma.sync backward.
+// Which kernels run: SIMT, the mma.sync forward and backward, or the wgmma (sm_90a) ones.
 enum class Path { kSimt, kMma, kWgmma };
 
 struct Case {
@@ -60,6 +60,12 @@ template <typename T, int D>
 void FlashBackward(const sc::BwdParams& p) {
   emu::Launch(emu::Dim3{CeilDiv(p.dims.L, 64), static_cast<unsigned>(p.dims.B * p.dims.Hkv), 1}, emu::Dim3{128, 1, 1},
               sc::BwdTile<D>::kSmemBytes, [&] { sc::FlashBackwardKernel<T, D>(p); });
+}
+template <typename T, int D>
+void WgmmaBackward(const sc::BwdParams& p) {
+  using Tile = sc::WgmmaBwdTile<D>;
+  emu::Launch(emu::Dim3{CeilDiv(p.dims.L, Tile::kN), static_cast<unsigned>(p.dims.B * p.dims.Hkv), 1},
+              emu::Dim3{Tile::kThreads, 1, 1}, Tile::kSmemBytes, [&] { sc::WgmmaBackwardKernel<T, D>(p); });
 }
 template <typename T>
 void SimtForward(const sc::FwdParams& p) {
@@ -94,6 +100,8 @@ template <typename T>
 void Backward(Path path, const sc::BwdParams& p) {
   if (path == Path::kSimt) return SimtBackward<T>(p);
   if constexpr (!std::is_same<T, sc::Float>::value) {
+    if (path == Path::kWgmma && p.dims.D == 64) return WgmmaBackward<T, 64>(p);
+    if (path == Path::kWgmma && p.dims.D == 128) return WgmmaBackward<T, 128>(p);
     if (p.dims.D == 64) return FlashBackward<T, 64>(p);
     if (p.dims.D == 128) return FlashBackward<T, 128>(p);
   }
@@ -317,6 +325,10 @@ std::vector<Case> Cases() {
     cs.push_back(Case{"three_ctas_striped", Dt::kF16, path, 1, 290, 2, 1, 64, {{Diagonal(290, -1), 15}}});
   }
   cs.push_back(Case{"three_ctas_d128", Dt::kBF16, Path::kWgmma, 1, 300, 2, 2, 128, {{Diagonal(300, 3), 16}}});
+  // The wgmma backward's key warpgroups: under GQA each query head restarts the causal walk, so
+  // the second warpgroup of a key tile sits out the first query tile of every head (its dS^T
+  // in shared memory is the previous head's) while the first one works.
+  cs.push_back(Case{"gqa_restarts_d128", Dt::kF16, Path::kWgmma, 1, 200, 3, 1, 128, {{Diagonal(200, 0), 17}}});
   // SIMT only: float32 and head dims without tensor-core kernels.
   for (int D : {1, 24, 64, 100, 256})
     cs.push_back(Case{"simt_f32", Dt::kF32, Path::kSimt, 1, 37, 2, 1, D, {{Diagonal(37, 0), 12}, {Dense(37), 13}}});

@@ -138,7 +138,7 @@ std::vector<Case> TensorCoreSweep() {
   return cases;
 }
 
-// The Hopper wgmma forward (opt-in, STRIA_CUDA_KERNELS=wgmma; on other GPUs the variable is
+// The Hopper wgmma kernels (opt-in, STRIA_CUDA_KERNELS=wgmma; on other GPUs the variable is
 // ignored and these rerun mma.sync): rank counts, layouts, masks, dtypes, GQA, D 64 and 128, and
 // blocks of several 128-query tiles.
 std::vector<Case> WgmmaSweep() {

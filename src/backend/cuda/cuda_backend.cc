@@ -6,9 +6,9 @@
 // Kernel choice per call: the tensor-core kernels for float16/bfloat16 with D in {64, 128} when
 // q (and dO) rows are 16-byte aligned; the SIMT kernels otherwise (float32, other head dims,
 // odd strides). STRIA_CUDA_KERNELS picks among the families (tests and benchmarks compare them):
-// "simt" forces SIMT; "wgmma" takes the Hopper wgmma forward on compute capability 9.0 devices.
-// The default is mma.sync: the wgmma forward has passed only the emulator so far, and stays
-// opt-in until the GPU suite has run it on an H100 (docs/performance.md).
+// "simt" forces SIMT; "wgmma" takes the Hopper wgmma forward and backward on compute capability
+// 9.0 devices. The default is mma.sync: the wgmma kernels have passed only the emulator so far,
+// and stay opt-in until the GPU suite has run them on an H100 (docs/performance.md).
 #include "backend/cuda/cuda_backend.h"
 
 #include <cuda_runtime_api.h>

@@ -1,0 +1,216 @@
+// Hopper backward tile kernel (wgmma.mma_async, sm_90a): the same contract as flash_backward.cuh
+// (one ring block's dK/dV in fp32 and its dQ share added into dq_acc), with warpgroup MMAs.
+//
+// A CTA of two warpgroups owns 128 keys of one K/V head (64 per warpgroup, the M of every key-row
+// product) and walks the query tiles of every query head that shares it (GQA) and sees any of
+// them. Per query tile of kM rows, with P^T = exp2(K Q^T * scale_log2 - lse2):
+//   S^T = K Q^T, dP^T = V dO^T   both operands from shared memory (K-major descriptors);
+//   dS^T = P^T (dP^T - delta)    in registers, where the accumulators are the next A operand;
+//   dV += P^T dO, dK += dS^T Q   A from registers, B (dO, Q) MN-major from shared memory, with
+//                                dK/dV accumulating in registers for the whole walk;
+//   dQ = dS K                    dS^T goes to shared memory and is read back transposed (A
+//                                MN-major), K as MN-major B; each warpgroup computes a 64 x 64
+//                                quarter or half of the tile's dQ and adds it to dq_acc with
+//                                float atomics.
+// Q and dO tiles are double-buffered: the next tile's cp.async runs during this tile's products.
+// Every step runs the same straight-line sequence of products in both warpgroups, with no skip
+// for a warpgroup none of whose keys the tile's queries see (its masked P and dS are zero): such a
+// step happens at most once per key tile and head (on a causal diagonal), and branches around
+// wgmma make ptxas serialise them (warpgroup.arrive injection) on every step.
+#pragma once
+
+#include "cuda/flash_common.cuh"
+#include "cuda/wgmma_api.cuh"
+#include "cuda/wgmma_forward.cuh"  // LoadSwizzled
+
+namespace stria {
+namespace cuda {
+
+template <int D>
+struct WgmmaBwdTile {
+  static constexpr int kThreads = 256, kN = 128;  // keys per CTA: 64 per warpgroup
+  // Queries per step: S^T and dP^T (64 x kM per warpgroup) live in registers beside dK and dV
+  // (64 x D each), so the larger head dim takes the shorter step.
+  static constexpr int kM = D <= 64 ? 128 : 64;
+  static constexpr int kKvBytes = kN * D * 2, kQBytes = kM * D * 2, kDsBytes = kN * kM * 2;
+  // K, V; Q and dO in two stages; dS^T; lse2 and delta in two stages; the alignment slack.
+  static constexpr int kSmemBytes = 2 * kKvBytes + 4 * kQBytes + kDsBytes + 4 * kM * 4 + kSwizzleAtomBytes;
+};
+
+template <typename T, int D>
+STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaBackwardKernel(const BwdParams p) {
+#if STRIA_HAS_WGMMA
+  using Tile = WgmmaBwdTile<D>;
+  constexpr int kM = Tile::kM, kN = Tile::kN, kThreads = Tile::kThreads;
+  STRIA_DYNAMIC_SMEM(smem_raw);
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  unsigned char* ks = smem_raw + ((kSwizzleAtomBytes - raw_addr % kSwizzleAtomBytes) % kSwizzleAtomBytes);
+  unsigned char* vs = ks + Tile::kKvBytes;
+  unsigned char* qs = vs + Tile::kKvBytes;      // stage st at qs + st * kQBytes
+  unsigned char* dos = qs + 2 * Tile::kQBytes;  // likewise
+  unsigned char* dss = dos + 2 * Tile::kQBytes;
+  float* lse2s = reinterpret_cast<float*>(dss + Tile::kDsBytes);  // [2][kM]
+  float* deltas = lse2s + 2 * kM;                                 // [2][kM]
+  const uint32_t k_addr = smem_addr(ks), v_addr = smem_addr(vs), ds_addr = smem_addr(dss);
+
+  const Dims& d = p.dims;
+  const int tid = static_cast<int>(threadIdx.x), wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int bhk = static_cast<int>(blockIdx.y), b = bhk / d.Hkv, hk = bhk % d.Hkv;
+  const int group = d.Hq / d.Hkv;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kN;
+  int64_t q_lo, q_hi;
+  QueryRange(p.mask, j0, MinI(j0 + kN, d.L), &q_lo, &q_hi);
+  if (q_lo >= q_hi) return;  // the whole CTA, before any barrier
+  const int64_t i_first = (q_lo / kM) * kM;
+  const int q_tiles = static_cast<int>((q_hi - i_first + kM - 1) / kM), steps = q_tiles * group;
+
+  const int64_t kv_row = static_cast<int64_t>(d.Hkv) * D;
+  const uint16_t* kg = static_cast<const uint16_t*>(p.k) + (static_cast<int64_t>(b) * d.L * d.Hkv + hk) * D;
+  const uint16_t* vg = static_cast<const uint16_t*>(p.v) + (static_cast<int64_t>(b) * d.L * d.Hkv + hk) * D;
+  LoadSwizzled<D, kThreads>(ks, kg, kv_row, j0, kN, d.L);
+  LoadSwizzled<D, kThreads>(vs, vg, kv_row, j0, kN, d.L);
+
+  // Step `s` is query tile s % q_tiles of query head hk * group + s / q_tiles: its Q and dO rows
+  // into stage s & 1 (cp.async), and its lse2 and delta (plain stores, visible after a barrier).
+  auto load_step = [&](int s) {
+    const int h = hk * group + s / q_tiles, st = s & 1;
+    const int64_t i0 = i_first + static_cast<int64_t>(s % q_tiles) * kM;
+    const int64_t bh = static_cast<int64_t>(b) * d.Hq + h;
+    LoadSwizzled<D, kThreads>(qs + st * Tile::kQBytes, static_cast<const uint16_t*>(p.q.data) + b * p.q.sb + h * p.q.sh,
+                              p.q.sl, i0, kM, d.L);
+    LoadSwizzled<D, kThreads>(dos + st * Tile::kQBytes,
+                              static_cast<const uint16_t*>(p.dout.data) + b * p.dout.sb + h * p.dout.sh, p.dout.sl, i0,
+                              kM, d.L);
+    cp_async_commit();
+    for (int r = tid; r < kM; r += kThreads) {
+      const bool in = i0 + r < d.L;
+      // +inf makes exp2(s - lse2) = 0 for rows past the end.
+      lse2s[st * kM + r] = in ? p.lse2[bh * d.L + i0 + r] : PosInf();
+      deltas[st * kM + r] = in ? p.delta[bh * d.L + i0 + r] : 0.f;
+    }
+  };
+  load_step(0);
+
+  // This thread's keys (accumulator rows) and its dK/dV: element 4 i + c is row (c >> 1) * 8,
+  // column 8 i + 2 t4 + (c & 1) of the warp's 16 rows.
+  int64_t key[2];
+  for (int e = 0; e < 2; ++e) key[e] = j0 + 64 * wg + 16 * warp + g + 8 * e;
+  float dk[D / 2], dv[D / 2];
+  STRIA_UNROLL
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+
+  // dQ of a step: warpgroup wg takes query rows 64 qb.. and head-dim columns 64 cb.. of the tile.
+  const int qb = kM == 128 ? wg : 0, cb = kM == 128 ? 0 : wg;
+
+  for (int s = 0; s < steps; ++s) {
+    const int st = s & 1, h = hk * group + s / q_tiles;
+    const int64_t i0 = i_first + static_cast<int64_t>(s % q_tiles) * kM;
+    const int64_t bh = static_cast<int64_t>(b) * d.Hq + h;
+    cp_async_wait<0>();
+    fence_proxy_async();
+    block_sync();  // this step's tiles landed; every reader of the other stage and of dS^T is done
+    if (s + 1 < steps) load_step(s + 1);
+    const uint32_t q_addr = smem_addr(qs) + st * Tile::kQBytes, do_addr = smem_addr(dos) + st * Tile::kQBytes;
+    const float* lse2 = lse2s + st * kM;
+    const float* delta = deltas + st * kM;
+
+    float sT[kM / 2], dpT[kM / 2];
+    wgmma_fence();
+    STRIA_UNROLL
+    for (int kk = 0; kk < D / 16; ++kk) {
+      // Column block kk / 4 (64 values: rows x 128 bytes), then 32 bytes per 16 columns.
+      const uint32_t kcol = static_cast<uint32_t>((kk & 3) * 32);
+      const uint32_t kv_at = (kk >> 2) * kN * kSwizzleBytes + 64 * wg * kSwizzleBytes + kcol;
+      const uint32_t q_at = (kk >> 2) * kM * kSwizzleBytes + kcol;
+      wgmma_ss<T, kM>(sT, SwizzledDesc(k_addr + kv_at, 16, kSwizzleAtomBytes),
+                      SwizzledDesc(q_addr + q_at, 16, kSwizzleAtomBytes), kk > 0);
+      wgmma_ss<T, kM>(dpT, SwizzledDesc(v_addr + kv_at, 16, kSwizzleAtomBytes),
+                      SwizzledDesc(do_addr + q_at, 16, kSwizzleAtomBytes), kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+
+    // Per 16 queries (accumulator chunks 2 kq and 2 kq + 1): P^T and dS^T, dS^T into shared
+    // memory for dQ (rows: all 128 keys, columns: queries), and both as A fragments. One pass,
+    // so each chunk of S^T and dP^T dies as soon as it is packed.
+    const bool masked = !FullyVisible(p.mask, i0, i0 + kM, j0 + 64 * wg, j0 + 64 * wg + 64);
+    const int row0 = 64 * wg + 16 * warp + g;
+    uint32_t pa[kM / 16][4], sa[kM / 16][4];
+    STRIA_UNROLL
+    for (int kq = 0; kq < kM / 16; ++kq) {
+      STRIA_UNROLL
+      for (int i = 8 * kq; i < 8 * kq + 8; ++i) {
+        const int qi = 8 * (i >> 2) + 2 * t4 + (i & 1);
+        const bool vis = !masked || Visible(p.mask, i0 + qi, key[(i & 3) >> 1]);
+        const float pr = vis ? fast_exp2(sT[i] * p.scale_log2 - lse2[qi]) : 0.f;
+        sT[i] = pr;
+        dpT[i] = vis ? pr * (dpT[i] - delta[qi]) : 0.f;
+      }
+      STRIA_UNROLL
+      for (int i = 8 * kq; i < 8 * kq + 8; i += 2) {
+        const int col = 8 * (i >> 2) + 2 * t4, row = row0 + 8 * ((i & 3) >> 1);
+        *reinterpret_cast<uint32_t*>(dss + SwizzledOffset(kN, row, col)) = pack2<T>(dpT[i], dpT[i + 1]);
+      }
+      AccToA<T>(pa[kq], sT + 8 * kq, sT + 8 * kq + 4);
+      AccToA<T>(sa[kq], dpT + 8 * kq, dpT + 8 * kq + 4);
+    }
+    wgmma_fence();
+    STRIA_UNROLL
+    for (int kq = 0; kq < kM / 16; ++kq) {
+      // Queries 16 kq.. are rows 16 kq.. of Q and dO: 2048 bytes per 16 rows; LBO: the next
+      // 64 head-dim columns.
+      const uint32_t at = kq * 16 * kSwizzleBytes;
+      wgmma_rs_tb<T, D>(dv, pa[kq], SwizzledDesc(do_addr + at, kM * kSwizzleBytes, kSwizzleAtomBytes), true);
+      wgmma_rs_tb<T, D>(dk, sa[kq], SwizzledDesc(q_addr + at, kM * kSwizzleBytes, kSwizzleAtomBytes), true);
+    }
+    wgmma_commit();  // completes at the wait below, after dQ: pa and sa stay untouched till then
+    fence_proxy_async();
+    block_sync();  // dS^T of both warpgroups written and visible to wgmma
+
+    // dQ (64 x 64) = dS (rows 64 qb.., all kN keys) K (columns 64 cb..): A is dS^T's column block
+    // qb read MN-major, B is K's column block cb read MN-major.
+    float dq[32];
+    wgmma_fence();
+    STRIA_UNROLL
+    for (int kk = 0; kk < kN / 16; ++kk) {
+      const uint64_t da = SwizzledDesc(ds_addr + qb * kN * kSwizzleBytes + kk * 16 * kSwizzleBytes, kN * kSwizzleBytes,
+                                       kSwizzleAtomBytes);
+      const uint64_t db = SwizzledDesc(k_addr + cb * kN * kSwizzleBytes + kk * 16 * kSwizzleBytes, kN * kSwizzleBytes,
+                                       kSwizzleAtomBytes);
+      wgmma_ss_tt<T, 64>(dq, da, db, kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    STRIA_UNROLL
+    for (int e = 0; e < 2; ++e) {
+      const int64_t i = i0 + 64 * qb + 16 * warp + g + 8 * e;
+      if (i < p.mask.q_begin || i >= p.mask.q_end) continue;  // dS is 0 there
+      float* dst = p.dq_acc + (bh * d.L + i) * D + 64 * cb + 2 * t4;
+      STRIA_UNROLL
+      for (int nt = 0; nt < 8; ++nt) {
+        atomic_add(dst + 8 * nt, dq[4 * nt + 2 * e]);
+        atomic_add(dst + 8 * nt + 1, dq[4 * nt + 2 * e + 1]);
+      }
+    }
+  }
+
+  STRIA_UNROLL
+  for (int e = 0; e < 2; ++e) {
+    if (key[e] >= d.L) continue;
+    const int64_t off = ((static_cast<int64_t>(b) * d.L + key[e]) * d.Hkv + hk) * D + 2 * t4;
+    STRIA_UNROLL
+    for (int nt = 0; nt < D / 8; ++nt) {
+      p.dk[off + 8 * nt] = dk[4 * nt + 2 * e] * p.scale;
+      p.dk[off + 8 * nt + 1] = dk[4 * nt + 2 * e + 1] * p.scale;
+      p.dv[off + 8 * nt] = dv[4 * nt + 2 * e];
+      p.dv[off + 8 * nt + 1] = dv[4 * nt + 2 * e + 1];
+    }
+  }
+#else
+  (void)p;  // built for sm_90a only; the launcher never picks it elsewhere
+#endif
+}
+
+}  // namespace cuda
+}  // namespace stria
