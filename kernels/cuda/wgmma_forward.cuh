@@ -7,9 +7,16 @@
 //    the A-fragment layout, pairwise) and V from shared memory in the transposed-B form, so V
 //    needs no transpose either.
 // Two warpgroups (256 threads) own 64 query rows each and share the K and V tiles. Q, K and V sit
-// in shared memory in the 128-byte swizzle (wgmma_api.cuh), loaded by every thread with cp.async;
-// the K tile of step n+1 loads during P V of step n, the V tile of step n during Q K^T of step n.
-// A warpgroup skips key tiles none of its rows see (wgmma is warpgroup-wide, so the skip is too).
+// in shared memory in the 128-byte swizzle (wgmma_api.cuh), loaded by every thread with cp.async.
+//
+// Software pipeline (FlashAttention-3's intra-warpgroup overlap): iteration n issues
+// S(n+1) = Q K(n+1)^T and then O += P(n) V(n), waits for the first only, and runs the softmax of
+// tile n+1 on the CUDA cores while the tensor cores still work on P(n) V(n). K and V are
+// double-buffered and load one whole iteration ahead of their use (K(n+2) and V(n+1) during
+// iteration n). Every warpgroup runs every tile of the CTA's key range: the masked part of a
+// diagonal tile costs less than the branches around wgmma would (ptxas serialises the MMAs when
+// accumulators flow through control flow), and with 128-row and 128-key tiles aligned a
+// warpgroup almost never has a whole tile masked.
 //
 // Before wgmma reads shared memory that cp.async wrote, the writing threads fence the async proxy
 // (fence_proxy_async) and the block synchronises.
@@ -25,8 +32,9 @@ template <int D>
 struct WgmmaFwdTile {
   static constexpr int kGroups = 2, kThreads = 128 * kGroups, kM = 64 * kGroups, kN = 128;
   static constexpr int kQBytes = kM * D * 2, kKvBytes = kN * D * 2;
-  // + 1024: the dynamic shared memory's start need not be 1024-byte aligned; the kernel aligns.
-  static constexpr int kSmemBytes = kQBytes + 2 * kKvBytes + kSwizzleAtomBytes;
+  // Q, two K and two V buffers; + 1024: the dynamic shared memory's start need not be 1024-byte
+  // aligned, the kernel aligns.
+  static constexpr int kSmemBytes = kQBytes + 4 * kKvBytes + kSwizzleAtomBytes;
 };
 
 // Rows [r0, r0 + rows) of a [B, L, H, D] tensor for fixed (b, h) into the swizzled tile at `dst`
@@ -43,6 +51,36 @@ STRIA_DEVICE void LoadSwizzled(unsigned char* dst, const uint16_t* base, int64_t
   }
 }
 
+// The online softmax of one warpgroup's 64 x kN score tile, in the accumulator layout (element
+// i: row (i & 3) >> 1 of this thread's two, column 8 (i >> 2) + 2 t4 + (i & 1)): scales and masks
+// the scores, updates the running max and sum, turns `s` into the probabilities, and returns the
+// factors that rescale the old output rows.
+template <int kN>
+STRIA_DEVICE void WgmmaSoftmax(const FwdParams& p, float (&s)[kN / 2], bool masked, const int64_t row[2], int64_t j0,
+                               int t4, float m_run[2], float l_run[2], float alpha[2]) {
+  float mx[2] = {NegInf(), NegInf()};
+  STRIA_UNROLL
+  for (int i = 0; i < kN / 2; ++i) {
+    const int e = (i & 3) >> 1;
+    float v = s[i] * p.scale_log2;
+    if (masked && !Visible(p.mask, row[e], j0 + 8 * (i >> 2) + 2 * t4 + (i & 1))) v = NegInf();
+    s[i] = v;
+    mx[e] = fmaxf(mx[e], v);
+  }
+  float base[2];
+  STRIA_UNROLL
+  for (int e = 0; e < 2; ++e) alpha[e] = OnlineMaxStep(mx[e], &m_run[e], &base[e]);
+  float sum[2] = {0.f, 0.f};
+  STRIA_UNROLL
+  for (int i = 0; i < kN / 2; ++i) {
+    const int e = (i & 3) >> 1;
+    s[i] = fast_exp2(s[i] - base[e]);
+    sum[e] += s[i];
+  }
+  STRIA_UNROLL
+  for (int e = 0; e < 2; ++e) l_run[e] = l_run[e] * alpha[e] + sum[e];
+}
+
 template <typename T, int D>
 STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p) {
 #if STRIA_HAS_WGMMA
@@ -51,8 +89,8 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p)
   STRIA_DYNAMIC_SMEM(smem_raw);
   const uint32_t raw_addr = smem_addr(smem_raw);
   unsigned char* qs = smem_raw + ((kSwizzleAtomBytes - raw_addr % kSwizzleAtomBytes) % kSwizzleAtomBytes);
-  unsigned char* ks = qs + Tile::kQBytes;
-  unsigned char* vs = ks + Tile::kKvBytes;
+  unsigned char* ks = qs + Tile::kQBytes;  // buffer b at ks + b * kKvBytes
+  unsigned char* vs = ks + 2 * Tile::kKvBytes;
   const uint32_t q_addr = smem_addr(qs), k_addr = smem_addr(ks), v_addr = smem_addr(vs);
 
   const Dims& d = p.dims;
@@ -66,14 +104,25 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p)
   const int64_t j_first = (k_lo / kN) * kN;
   const int n_tiles = static_cast<int>((k_hi - j_first + kN - 1) / kN);
   const int64_t gi0 = i0 + 64 * group, gi1 = gi0 + 64;  // this warpgroup's rows
-  int64_t gk_lo, gk_hi;
-  KeyRange(p.mask, gi0, MinI(gi1, d.L), &gk_lo, &gk_hi);
 
   const HeadRows hr = ForwardHeadRows(p, bh);
-
-  LoadSwizzled<D, kThreads>(qs, hr.q, p.q.sl, i0, kM, d.L);
-  LoadSwizzled<D, kThreads>(ks, hr.k, hr.kv_row, j_first, kN, d.L);
-  cp_async_commit();
+  auto load_kv = [&](unsigned char* base, const uint16_t* src, int n) {
+    LoadSwizzled<D, kThreads>(base + (n & 1) * Tile::kKvBytes, src, hr.kv_row, j_first + int64_t{kN} * n, kN, d.L);
+  };
+  // S(n) = Q K(n)^T into s (not waited for).
+  auto issue_scores = [&](float(&s)[kN / 2], int n) {
+    STRIA_UNROLL
+    for (int kk = 0; kk < D / 16; ++kk) {
+      // Column block kk / 4 (64 values: kM or kN rows x 128 bytes), then 32 bytes per 16 columns.
+      const uint32_t kcol = static_cast<uint32_t>((kk & 3) * 32);
+      const uint64_t qa = SwizzledDesc(q_addr + (kk >> 2) * kM * kSwizzleBytes + 64 * group * kSwizzleBytes + kcol, 16,
+                                       kSwizzleAtomBytes);
+      const uint64_t kb = SwizzledDesc(k_addr + (n & 1) * Tile::kKvBytes + (kk >> 2) * kN * kSwizzleBytes + kcol, 16,
+                                       kSwizzleAtomBytes);
+      wgmma_ss<T, kN>(s, qa, kb, kk > 0);
+    }
+    wgmma_commit();
+  };
 
   // This thread's rows gi0 + 16 warp + g (+8) and its share of their running state, in the
   // accumulator layout: element 4 i + c is row (c >> 1) * 8, column 8 i + 2 t4 + (c & 1).
@@ -87,78 +136,69 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p)
     LoadRowState<D>(p, static_cast<int64_t>(bh) * d.L + row[e], t4, live[e], &m_run[e], &l_run[e], &o[2 * e]);
   }
 
-  for (int n = 0; n < n_tiles; ++n) {
-    const int64_t j0 = j_first + static_cast<int64_t>(n) * kN;
-    cp_async_wait<0>();
-    fence_proxy_async();
-    block_sync();  // K tile n (and Q) landed and visible to wgmma; V tile n-1 no longer read
-    LoadSwizzled<D, kThreads>(vs, hr.v, hr.kv_row, j0, kN, d.L);
-    cp_async_commit();
-    const bool active = j0 < gk_hi && j0 + kN > gk_lo;
+  // Prologue: Q and K(0); then V(0) and K(1) behind S(0) and its softmax.
+  LoadSwizzled<D, kThreads>(qs, hr.q, p.q.sl, i0, kM, d.L);
+  load_kv(ks, hr.k, 0);
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async();
+  block_sync();
+  load_kv(vs, hr.v, 0);
+  if (n_tiles > 1) load_kv(ks, hr.k, 1);
+  cp_async_commit();
+  float s[kN / 2];
+  float alpha[2];
+  wgmma_fence();
+  issue_scores(s, 0);
+  wgmma_wait<0>();
+  WgmmaSoftmax<kN>(p, s, !FullyVisible(p.mask, gi0, gi1, j_first, j_first + kN), row, j_first, t4, m_run, l_run, alpha);
+  uint32_t pa[kN / 16][4];  // P(n) as A fragments: keys 16 kk.. are accumulator chunks 2 kk, 2 kk + 1
+  STRIA_UNROLL
+  for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i & 3) >> 1];
+  STRIA_UNROLL
+  for (int kk = 0; kk < kN / 16; ++kk) AccToA<T>(pa[kk], s + 8 * kk, s + 8 * kk + 4);
 
-    float s[kN / 2];
-    if (active) {
-      wgmma_fence();
-      STRIA_UNROLL
-      for (int kk = 0; kk < D / 16; ++kk) {
-        // Column block kk / 4 (64 values: kM or kN rows x 128 bytes), then 32 bytes per 16 columns.
-        const uint32_t kcol = static_cast<uint32_t>((kk & 3) * 32);
-        const uint64_t qa = SwizzledDesc(q_addr + (kk >> 2) * kM * kSwizzleBytes + 64 * group * kSwizzleBytes + kcol,
-                                         16, kSwizzleAtomBytes);
-        const uint64_t kb = SwizzledDesc(k_addr + (kk >> 2) * kN * kSwizzleBytes + kcol, 16, kSwizzleAtomBytes);
-        wgmma_ss<T, kN>(s, qa, kb, kk > 0);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-
-      const bool masked = !FullyVisible(p.mask, gi0, gi1, j0, j0 + kN);
-      float mx[2] = {NegInf(), NegInf()};
-      STRIA_UNROLL
-      for (int i = 0; i < kN / 2; ++i) {
-        const int e = (i & 3) >> 1;
-        float v = s[i] * p.scale_log2;
-        if (masked && !Visible(p.mask, row[e], j0 + 8 * (i >> 2) + 2 * t4 + (i & 1))) v = NegInf();
-        s[i] = v;
-        mx[e] = fmaxf(mx[e], v);
-      }
-      float alpha[2], base[2];
-      STRIA_UNROLL
-      for (int e = 0; e < 2; ++e) alpha[e] = OnlineMaxStep(mx[e], &m_run[e], &base[e]);
-      float sum[2] = {0.f, 0.f};
-      STRIA_UNROLL
-      for (int i = 0; i < kN / 2; ++i) {
-        const int e = (i & 3) >> 1;
-        s[i] = fast_exp2(s[i] - base[e]);
-        sum[e] += s[i];
-      }
-      STRIA_UNROLL
-      for (int e = 0; e < 2; ++e) l_run[e] = l_run[e] * alpha[e] + sum[e];
-      STRIA_UNROLL
-      for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i & 3) >> 1];
-    }
-
-    cp_async_wait<0>();
-    fence_proxy_async();
-    block_sync();  // V tile n landed and visible; every warpgroup is done with K tile n
-    if (n + 1 < n_tiles) {
-      LoadSwizzled<D, kThreads>(ks, hr.k, hr.kv_row, j0 + kN, kN, d.L);
-      cp_async_commit();
-    }
-    if (!active) continue;
-    // P (16-bit) as A fragments: keys 16 kk .. 16 kk + 15 are accumulator chunks 2 kk, 2 kk + 1.
-    uint32_t pa[kN / 16][4];
-    STRIA_UNROLL
-    for (int kk = 0; kk < kN / 16; ++kk) AccToA<T>(pa[kk], s + 8 * kk, s + 8 * kk + 4);
-    wgmma_fence();
+  // O += P(n) V(n) (not waited for).
+  auto issue_pv = [&](int n) {
     STRIA_UNROLL
     for (int kk = 0; kk < kN / 16; ++kk) {
       // Keys 16 kk.. are rows 16 kk.. of V: 2048 bytes per 16 rows; LBO: the next 64 columns.
-      const uint64_t db = SwizzledDesc(v_addr + kk * 16 * kSwizzleBytes, kN * kSwizzleBytes, kSwizzleAtomBytes);
+      const uint64_t db = SwizzledDesc(v_addr + (n & 1) * Tile::kKvBytes + kk * 16 * kSwizzleBytes, kN * kSwizzleBytes,
+                                       kSwizzleAtomBytes);
       wgmma_rs_tb<T, D>(o, pa[kk], db, true);
     }
     wgmma_commit();
-    wgmma_wait<0>();
+  };
+  // V(n) and K(n+1) landed and visible to wgmma; every warpgroup is done with S(n), so K(n)'s
+  // buffer is free, and with P(n-1) V(n-1), so V(n-1)'s is.
+  auto tiles_ready = [] {
+    cp_async_wait<0>();
+    fence_proxy_async();
+    block_sync();
+  };
+
+  // Straight-line iterations (no wgmma under a branch): the last tile's P V is peeled off.
+  for (int n = 0; n + 1 < n_tiles; ++n) {
+    tiles_ready();
+    if (n + 2 < n_tiles) load_kv(ks, hr.k, n + 2);
+    load_kv(vs, hr.v, n + 1);
+    cp_async_commit();
+    wgmma_fence();
+    issue_scores(s, n + 1);
+    issue_pv(n);
+    wgmma_wait<1>();  // S(n+1) done; P(n) V(n) may still run
+    const int64_t j1 = j_first + int64_t{kN} * (n + 1);
+    WgmmaSoftmax<kN>(p, s, !FullyVisible(p.mask, gi0, gi1, j1, j1 + kN), row, j1, t4, m_run, l_run, alpha);
+    wgmma_wait<0>();  // P(n) V(n) done: o and pa are free
+    STRIA_UNROLL
+    for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i & 3) >> 1];
+    STRIA_UNROLL
+    for (int kk = 0; kk < kN / 16; ++kk) AccToA<T>(pa[kk], s + 8 * kk, s + 8 * kk + 4);
   }
+  tiles_ready();
+  wgmma_fence();
+  issue_pv(n_tiles - 1);
+  wgmma_wait<0>();
 
   STRIA_UNROLL
   for (int e = 0; e < 2; ++e)

@@ -325,6 +325,9 @@ std::vector<Case> Cases() {
     cs.push_back(Case{"three_ctas_striped", Dt::kF16, path, 1, 290, 2, 1, 64, {{Diagonal(290, -1), 15}}});
   }
   cs.push_back(Case{"three_ctas_d128", Dt::kBF16, Path::kWgmma, 1, 300, 2, 2, 128, {{Diagonal(300, 3), 16}}});
+  // Five key tiles per query tile: the wgmma forward's double-buffered K/V pipeline wraps around
+  // its buffers twice; the backward walks five query tiles per key tile.
+  cs.push_back(Case{"five_key_tiles", Dt::kBF16, Path::kWgmma, 1, 560, 1, 1, 64, {{Dense(560), 18}}});
   // The wgmma backward's key warpgroups: under GQA each query head restarts the causal walk, so
   // the second warpgroup of a key tile sits out the first query tile of every head (its dS^T
   // in shared memory is the previous head's) while the first one works.
