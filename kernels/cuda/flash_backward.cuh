@@ -163,10 +163,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashBackwardKernel(const BwdParams p
         if (i < p.mask.q_begin || i >= p.mask.q_end) continue;  // dS is 0 there
         float* dst = p.dq_acc + (bh * d.L + i) * D + cs * kQCols + 2 * t4;
         STRIA_UNROLL
-        for (int nt = 0; nt < kQCols / 8; ++nt) {
-          atomic_add(dst + nt * 8, dq[nt][2 * e]);
-          atomic_add(dst + nt * 8 + 1, dq[nt][2 * e + 1]);
-        }
+        for (int nt = 0; nt < kQCols / 8; ++nt) atomic_add2(dst + nt * 8, dq[nt][2 * e], dq[nt][2 * e + 1]);
       }
     }
   }

@@ -188,10 +188,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaBackwardKernel(const BwdParams p
       if (i < p.mask.q_begin || i >= p.mask.q_end) continue;  // dS is 0 there
       float* dst = p.dq_acc + (bh * d.L + i) * D + 64 * cb + 2 * t4;
       STRIA_UNROLL
-      for (int nt = 0; nt < 8; ++nt) {
-        atomic_add(dst + 8 * nt, dq[4 * nt + 2 * e]);
-        atomic_add(dst + 8 * nt + 1, dq[4 * nt + 2 * e + 1]);
-      }
+      for (int nt = 0; nt < 8; ++nt) atomic_add2(dst + 8 * nt, dq[4 * nt + 2 * e], dq[4 * nt + 2 * e + 1]);
     }
   }
 

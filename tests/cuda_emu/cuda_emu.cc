@@ -535,6 +535,12 @@ void CompleteWgmma(Thread* t, const WgmmaOp& op, int me) {
 
 namespace detail {
 
+void Misaligned(const char* what, const void* p, int bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  Fail(Current(), std::string(what) + ": address " + buf + " is not " + std::to_string(bytes) + "-byte aligned");
+}
+
 void NotInKernel() {
   throw std::logic_error("cuda emulator: a device primitive was called outside emu::Launch");
 }

@@ -121,6 +121,8 @@ struct ThreadInfo {
 inline thread_local ThreadInfo* tls_thread = nullptr;
 
 [[noreturn]] void NotInKernel();
+// Fails the launch: `what` got an address `p` that is not `bytes`-aligned.
+[[noreturn]] void Misaligned(const char* what, const void* p, int bytes);
 inline const ThreadInfo& Self() {
   const ThreadInfo* t = tls_thread;
   if (__builtin_expect(t == nullptr, 0)) NotInKernel();
@@ -188,6 +190,11 @@ inline float shfl(float v, int src_lane) {
 // Blocks and threads run one at a time on one OS thread: a plain add is atomic here.
 inline void atomic_add(float* p, float v) {
   *p += v;
+}
+inline void atomic_add2(float* p, float a, float b) {
+  if (reinterpret_cast<uintptr_t>(p) % 8 != 0) emu::detail::Misaligned("atomic_add2", p, 8);  // as the GPU faults
+  p[0] += a;
+  p[1] += b;
 }
 inline float fast_exp2(float x) {
   return std::exp2(x);

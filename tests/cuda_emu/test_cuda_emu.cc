@@ -493,6 +493,17 @@ TEST(EmuBlock, AtomicAddAcrossBlocks) {
   for (float p : per) EXPECT_EQ(p, 2016.f);
 }
 
+// The two-wide reduction adds both lanes and, like the GPU's, wants an 8-byte aligned address.
+TEST(EmuBlock, AtomicAdd2) {
+  alignas(8) float pair[3] = {0.f, 0.f, 0.f};
+  Launch(Dim3{2}, Dim3{32}, 0, [&] { atomic_add2(pair, 1.f, 2.f); });
+  EXPECT_EQ(pair[0], 64.f);
+  EXPECT_EQ(pair[1], 128.f);
+  const std::string e = ErrorOf([&] { Launch(Dim3{1}, Dim3{32}, 0, [&] { atomic_add2(pair + 1, 1.f, 1.f); }); });
+  EXPECT_NE(e.find("atomic_add2: address"), std::string::npos) << e;
+  EXPECT_NE(e.find("is not 8-byte aligned"), std::string::npos) << e;
+}
+
 TEST(EmuBlock, SharedMemoryIsPoisonedPerBlock) {
   std::vector<float> f(4);
   std::vector<uint16_t> h(4);
