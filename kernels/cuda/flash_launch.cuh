@@ -34,27 +34,27 @@ cudaError_t LaunchWgmmaForward(const FwdParams& p, cudaStream_t s) {
   return LaunchForwardTiles<WgmmaFwdTile<D>>(WgmmaForwardKernel<T, D>, p, s);
 }
 
-template <typename T, int D>
-cudaError_t LaunchFlashBackward(const BwdParams& p, cudaStream_t s) {
-  using Tile = BwdTile<D>;
-  const cudaError_t allowed = AllowSmem(FlashBackwardKernel<T, D>, Tile::kSmemBytes);
+// A backward tile kernel over the key tiles of the block (Tile: kN, kThreads, kSmemBytes), one
+// grid row per (batch, K/V head).
+template <typename Tile>
+cudaError_t LaunchKeyTiles(void (*kernel)(BwdParams), const BwdParams& p, cudaStream_t s) {
+  const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
   if (allowed != cudaSuccess) return allowed;
   const dim3 grid(static_cast<unsigned>((p.dims.L + Tile::kN - 1) / Tile::kN),
                   static_cast<unsigned>(p.dims.B * p.dims.Hkv));
-  FlashBackwardKernel<T, D><<<grid, Tile::kThreads, Tile::kSmemBytes, s>>>(p);
+  kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, s>>>(p);
   return cudaGetLastError();
 }
 
-// sm_90a only, like the wgmma forward: CTAs of WgmmaBwdTile::kN keys.
+template <typename T, int D>
+cudaError_t LaunchFlashBackward(const BwdParams& p, cudaStream_t s) {
+  return LaunchKeyTiles<BwdTile<D>>(FlashBackwardKernel<T, D>, p, s);
+}
+
+// sm_90a only, like the wgmma forward.
 template <typename T, int D>
 cudaError_t LaunchWgmmaBackward(const BwdParams& p, cudaStream_t s) {
-  using Tile = WgmmaBwdTile<D>;
-  const cudaError_t allowed = AllowSmem(WgmmaBackwardKernel<T, D>, Tile::kSmemBytes);
-  if (allowed != cudaSuccess) return allowed;
-  const dim3 grid(static_cast<unsigned>((p.dims.L + Tile::kN - 1) / Tile::kN),
-                  static_cast<unsigned>(p.dims.B * p.dims.Hkv));
-  WgmmaBackwardKernel<T, D><<<grid, Tile::kThreads, Tile::kSmemBytes, s>>>(p);
-  return cudaGetLastError();
+  return LaunchKeyTiles<WgmmaBwdTile<D>>(WgmmaBackwardKernel<T, D>, p, s);
 }
 
 }  // namespace cuda

@@ -143,3 +143,18 @@ STRIA_WGMMA_RS_TB(BFloat, "bf16", 128, STRIA_R64, STRIA_F64, "{%64,%65,%66,%67}"
 }  // namespace cuda
 }  // namespace stria
 #endif
+
+#if STRIA_HAS_WGMMA
+namespace stria {
+namespace cuda {
+
+// The first 1024-byte aligned shared-window address at or after `raw`, where swizzled tiles must
+// start (the dynamic shared memory's own start need not be aligned so far).
+STRIA_DEVICE unsigned char* AlignToSwizzleAtom(unsigned char* raw) {
+  const uint32_t a = smem_addr(raw);
+  return raw + (kSwizzleAtomBytes - a % kSwizzleAtomBytes) % kSwizzleAtomBytes;
+}
+
+}  // namespace cuda
+}  // namespace stria
+#endif

@@ -43,8 +43,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaBackwardKernel(const BwdParams p
   using Tile = WgmmaBwdTile<D>;
   constexpr int kM = Tile::kM, kN = Tile::kN, kThreads = Tile::kThreads;
   STRIA_DYNAMIC_SMEM(smem_raw);
-  const uint32_t raw_addr = smem_addr(smem_raw);
-  unsigned char* ks = smem_raw + ((kSwizzleAtomBytes - raw_addr % kSwizzleAtomBytes) % kSwizzleAtomBytes);
+  unsigned char* ks = AlignToSwizzleAtom(smem_raw);
   unsigned char* vs = ks + Tile::kKvBytes;
   unsigned char* qs = vs + Tile::kKvBytes;      // stage st at qs + st * kQBytes
   unsigned char* dos = qs + 2 * Tile::kQBytes;  // likewise

@@ -87,8 +87,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p)
   using Tile = WgmmaFwdTile<D>;
   constexpr int kM = Tile::kM, kN = Tile::kN, kThreads = Tile::kThreads;
   STRIA_DYNAMIC_SMEM(smem_raw);
-  const uint32_t raw_addr = smem_addr(smem_raw);
-  unsigned char* qs = smem_raw + ((kSwizzleAtomBytes - raw_addr % kSwizzleAtomBytes) % kSwizzleAtomBytes);
+  unsigned char* qs = AlignToSwizzleAtom(smem_raw);
   unsigned char* ks = qs + Tile::kQBytes;  // buffer b at ks + b * kKvBytes
   unsigned char* vs = ks + 2 * Tile::kKvBytes;
   const uint32_t q_addr = smem_addr(qs), k_addr = smem_addr(ks), v_addr = smem_addr(vs);
