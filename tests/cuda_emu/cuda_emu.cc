@@ -102,8 +102,9 @@ struct WgmmaOp {
   int n = 0, first = 0;
   uint64_t desc_a = 0, desc_b = 0;
   int arrived = 0, completed = 0;
-  uint32_t a[kWarpGroup][4];  // kRSTransB: every thread's A fragment, as issued
-  float* d[kWarpGroup];       // every thread's accumulators
+  uint32_t a[kWarpGroup][4];           // kRSTransB: every thread's A fragment, as issued
+  const uint32_t* a_regs[kWarpGroup];  // and where it lives: unchanged until the wait
+  float* d[kWarpGroup];                // every thread's accumulators
 };
 
 struct WarpGroup {
@@ -501,6 +502,13 @@ uint16_t DescElement(Thread* t, uint64_t desc, bool k_major, int mn, int k) {
 // and + 8, columns 8 i + 2 t and + 1 of every n8 chunk i (the m16n8 C layout per warp).
 void CompleteWgmma(Thread* t, const WgmmaOp& op, int me) {
   const int w = me / kWarp, lane = me % kWarp, gq = lane >> 2, t4 = lane & 3;
+  // The GPU reads register operands while the operation runs. Where a kernel reuses them before
+  // the wait, ptxas keeps them by waiting for the operation right there (a silent serialisation,
+  // warning C7517), so the emulator refuses it instead of modelling either outcome.
+  if (op.kind == detail::WgmmaKind::kRSTransB && std::memcmp(op.a_regs[me], op.a[me], 16) != 0)
+    Fail(t,
+         "wgmma_rs_tb: this thread's A fragment registers changed between the operation and the wgmma_wait "
+         "that completes it (ptxas would serialise the MMAs there)");
   auto val = [&](uint16_t x) -> double { return op.bf16 ? BFloatToFloat(x) : HalfToFloat(x); };
   double A[2][16];
   for (int h = 0; h < 2; ++h) {
@@ -687,7 +695,10 @@ void Wgmma(WgmmaKind kind, bool bf16, int n, float* d, const uint32_t* a, uint64
     Fail(t, std::string(name) + ": its shape, type, descriptors or scale-d differ from those thread " +
                 std::to_string(op.first) + " gave to the same warpgroup operation (they must be uniform)");
   }
-  if (kind == WgmmaKind::kRSTransB) std::memcpy(op.a[t->linear % kWarpGroup], a, 16);
+  if (kind == WgmmaKind::kRSTransB) {
+    std::memcpy(op.a[t->linear % kWarpGroup], a, 16);
+    op.a_regs[t->linear % kWarpGroup] = a;
+  }
   ++op.arrived;
   t->wgmma_open.push_back(seq);
   op.d[t->linear % kWarpGroup] = d;  // written at the wait that completes the operation

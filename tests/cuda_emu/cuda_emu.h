@@ -145,7 +145,8 @@ void CpAsyncWait(int n);
 // each thread's accumulators only at the wgmma_wait that completes its group (reading them
 // earlier shows the stale values), and B (and a shared-memory A) is read from shared memory then.
 // Those reads must see shared memory as it stood at the last barrier that every thread reached
-// after a fence_proxy_async: anything written since, or not fenced before it, is reported.
+// after a fence_proxy_async: anything written since, or not fenced before it, is reported. A
+// register A operand must stay unchanged until that wait too.
 constexpr uint32_t kSmemWindowBase = 0x480;
 // kSS: A and B K-major in shared memory; kRSTransB: A in registers, B MN-major; kSSTrans: A and
 // B MN-major in shared memory.

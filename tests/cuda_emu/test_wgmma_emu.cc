@@ -316,6 +316,23 @@ TEST(EmuWgmma, ErrorsTheGpuWouldNotReport) {
   EXPECT_NE(e.find("a write racing the wgmma"), std::string::npos) << e;
 
   e = ErrorOf([] {
+    OneWarpgroup([](unsigned char* base, uint64_t desc) {
+      for (int i = static_cast<int>(threadIdx.x); i < 4096; i += 128) std::memset(base + 2 * i, 0, 2);
+      fence_proxy_async();
+      block_sync();
+      float d[8] = {};
+      uint32_t a[4] = {};
+      wgmma_fence();
+      wgmma_rs_tb<BFloat, 16>(d, a, desc, false);
+      wgmma_commit();
+      if (threadIdx.x == 3) a[2] = 0x3f80u;  // still being read
+      wgmma_wait<0>();
+    });
+  });
+  EXPECT_NE(e.find("thread (3,0,0)"), std::string::npos) << e;
+  EXPECT_NE(e.find("A fragment registers changed"), std::string::npos) << e;
+
+  e = ErrorOf([] {
     OneWarpgroup([](unsigned char*, uint64_t desc) {
       float d[8] = {};
       wgmma_fence();
