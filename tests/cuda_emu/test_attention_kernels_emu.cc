@@ -34,7 +34,7 @@ struct Block {
 enum class Path { kSimt, kMma, kWgmma };
 
 struct Case {
-  const char* name;
+  std::string name;
   Dt dt;
   Path path;
   int B, L, Hq, Hkv, D;
@@ -348,6 +348,44 @@ std::string Name(const ::testing::TestParamInfo<Case>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Emulated, KernelsVsReference, ::testing::ValuesIn(Cases()), Name);
+
+// Random shapes and masks beyond the hand-picked ones, for both tensor-core families: lengths
+// that cut tiles anywhere, GQA groups of 1 to 3, and per block a random rectangle of queries and
+// keys with or without a diagonal at a random offset (empty blocks included), as no layout
+// produces them but the kernels' contract allows. Seeded, so a failure reproduces.
+std::vector<Case> RandomCases() {
+  std::vector<Case> cs;
+  std::mt19937_64 rng(20261123);
+  auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  for (Path path : {Path::kMma, Path::kWgmma})
+    for (int i = 0; i < 16; ++i) {
+      const int L = static_cast<int>(pick(1, 260)), Hkv = static_cast<int>(pick(1, 2));
+      const int Hq = Hkv * static_cast<int>(pick(1, 3)), B = static_cast<int>(pick(1, 2));
+      Case c{"random" + std::to_string(i),
+             pick(0, 1) ? Dt::kBF16 : Dt::kF16,
+             path,
+             B,
+             L,
+             Hq,
+             Hkv,
+             pick(0, 1) ? 64 : 128,
+             {}};
+      const int blocks = static_cast<int>(pick(1, 2));
+      for (int x = 0; x < blocks; ++x) {
+        sc::MaskArgs m{};
+        m.q_begin = pick(0, L - 1);
+        m.q_end = pick(m.q_begin + 1, L);
+        m.k_begin = pick(0, L - 1);
+        m.k_end = pick(m.k_begin + 1, L);
+        m.diagonal = static_cast<int>(pick(0, 1));
+        m.offset = m.diagonal ? pick(-L / 2, L / 2) : 0;
+        c.blocks.push_back(Block{m, static_cast<uint64_t>(100 + 10 * i + x)});
+      }
+      cs.push_back(c);
+    }
+  return cs;
+}
+INSTANTIATE_TEST_SUITE_P(Random, KernelsVsReference, ::testing::ValuesIn(RandomCases()), Name);
 
 // The shard kernel against the library's host shard/unshard, every layout, a strided full tensor
 // (seq_dim 1 of [2, S, 3, 5] viewed through a transposed-heads layout) and a compact local one.
