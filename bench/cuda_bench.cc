@@ -9,6 +9,14 @@
 //     (rank, step) block mask of each layout is timed on this GPU (identical masks once), the
 //     ring takes the sum over steps of the slowest rank; beside it the ideal (one GPU running the
 //     whole sequence, divided by N) and the analytical ratios of stria_analyze_balance.
+//   stria-cuda-bench hide [--lens 1024,...,32768] [--heads 16] [--dim 128] [--kernels mma|wgmma]
+//                         [--nvlink-gbs 450] [--ib-gbs 50]
+//     When does a ring step's transfer hide behind its compute? Times the block kernels of one
+//     step (a striped causal step, about half a block, and a dense step) per block length and
+//     sets them against the bytes the step moves (forward: K and V in bf16; backward: K and V
+//     plus the fp32 dK/dV partial travelling one hop behind) at the nominal one-way bandwidth of
+//     H100 NVLink (450 GB/s) and of 400 Gb/s InfiniBand (50 GB/s); prints the smallest measured
+//     length that hides on each.
 //
 // FLOP convention (flash-attention's): forward 4*B*H*S^2*D, halved when causal; backward 2.5x.
 #include <cuda_runtime.h>
@@ -211,9 +219,8 @@ struct BlockTimer {
     p.scale = 1.f / std::sqrt(static_cast<float>(D));
     p.scale_log2 = p.scale * stria::cuda::kLog2e;
     p.mask = stria::cuda::MaskArgs{bm.q_begin, bm.q_end, bm.k_begin, bm.k_end, bm.diagonal ? 1 : 0, bm.offset};
-    return TimeMs(stream, reps, [&] {
-      CHECK_CUDA(stria::cuda::LaunchBackwardBlock(stria::cuda::Elem::kBF16, kernels, p, stream));
-    });
+    return TimeMs(stream, reps,
+                  [&] { CHECK_CUDA(stria::cuda::LaunchBackwardBlock(stria::cuda::Elem::kBF16, kernels, p, stream)); });
   }
 };
 
@@ -232,7 +239,8 @@ int Ring(int64_t S, int N, int64_t H, int64_t D, int reps, stria::cuda::Kernels 
             const stria::BlockMask bm = stria::ClassifyBlock(layouts[li], true, N, L, r, (r - step + N) % N);
             const auto key = std::make_tuple(bm.q_begin, bm.q_end, bm.k_begin, bm.k_end, bm.diagonal, bm.offset);
             auto it = seen.find(key);
-            if (it == seen.end()) it = seen.emplace(key, dir == 0 ? t.Forward(bm, kernels) : t.Backward(bm, kernels)).first;
+            if (it == seen.end())
+              it = seen.emplace(key, dir == 0 ? t.Forward(bm, kernels) : t.Backward(bm, kernels)).first;
             slowest = std::max(slowest, it->second);
           }
           latency[dir][li] += slowest;
@@ -261,10 +269,48 @@ int Ring(int64_t S, int N, int64_t H, int64_t D, int reps, stria::cuda::Kernels 
       std::printf(
           "ring kernels=%s dir=%s layout=%s seq=%lld world=%d heads=%lld dim=%lld latency_ms=%.3f ideal_ms=%.3f "
           "of_ideal=%.3f vs_contiguous=%.3f analytic_vs_contiguous=%.3f single_gpu_ms=%.3f\n",
-          stria::cuda::KernelsName(kernels), dir == 0 ? "fwd" : "bwd",
-          stria::LayoutName(layouts[li]), (long long)S, N, (long long)H, (long long)D, latency[dir][li], ideal,
-          ideal / latency[dir][li], latency[dir][0] / latency[dir][li], cont.ring_latency / bal.ring_latency,
-          single[dir]);
+          stria::cuda::KernelsName(kernels), dir == 0 ? "fwd" : "bwd", stria::LayoutName(layouts[li]), (long long)S, N,
+          (long long)H, (long long)D, latency[dir][li], ideal, ideal / latency[dir][li],
+          latency[dir][0] / latency[dir][li], cont.ring_latency / bal.ring_latency, single[dir]);
+    }
+  return 0;
+}
+
+// Per block length: the step's kernel time against its transfer time on each link.
+int Hide(const std::vector<int64_t>& lens, int64_t H, int64_t D, int reps, stria::cuda::Kernels kernels,
+         double nvlink_gbs, double ib_gbs) {
+  struct Step {
+    const char* name;
+    stria_layout_t layout;
+    int q_rank, k_rank;  // of 8 ranks
+  };
+  // Rank 0 holding rank 1's block: striped, j <= i - 1 (about half); contiguous, a whole block.
+  const Step steps[] = {{"striped", STRIA_LAYOUT_STRIPED, 0, 1}, {"dense", STRIA_LAYOUT_CONTIGUOUS, 1, 0}};
+  const double links[2] = {nvlink_gbs * 1e9, ib_gbs * 1e9};
+  const char* link_names[2] = {"nvlink", "ib"};
+  for (int dir = 0; dir < 2; ++dir)
+    for (const Step& st : steps) {
+      int64_t smallest[2] = {-1, -1};
+      for (int64_t L : lens) {
+        BlockTimer t(L, H, D, reps);
+        const stria::BlockMask bm = stria::ClassifyBlock(st.layout, true, 8, L, st.q_rank, st.k_rank);
+        const double ms = dir == 0 ? t.Forward(bm, kernels) : t.Backward(bm, kernels);
+        const double kv = 2.0 * L * H * D * 2, bytes = dir == 0 ? kv : kv + 2.0 * L * H * D * 4;
+        double link_ms[2];
+        for (int k = 0; k < 2; ++k) {
+          link_ms[k] = bytes / links[k] * 1e3;
+          if (smallest[k] < 0 && link_ms[k] <= ms) smallest[k] = L;
+        }
+        std::printf(
+            "hide kernels=%s dir=%s step=%s len=%lld heads=%lld dim=%lld compute_ms=%.4f bytes=%.0f nvlink_ms=%.4f "
+            "ib_ms=%.4f hides_nvlink=%d hides_ib=%d\n",
+            stria::cuda::KernelsName(kernels), dir == 0 ? "fwd" : "bwd", st.name, (long long)L, (long long)H,
+            (long long)D, ms, bytes, link_ms[0], link_ms[1], link_ms[0] <= ms ? 1 : 0, link_ms[1] <= ms ? 1 : 0);
+      }
+      for (int k = 0; k < 2; ++k)
+        std::printf("hide_threshold kernels=%s dir=%s step=%s link=%s gbs=%.0f smallest_hiding_len=%lld\n",
+                    stria::cuda::KernelsName(kernels), dir == 0 ? "fwd" : "bwd", st.name, link_names[k],
+                    links[k] * 1e-9, (long long)smallest[k]);
     }
   return 0;
 }
@@ -273,13 +319,14 @@ int Ring(int64_t S, int N, int64_t H, int64_t D, int reps, stria::cuda::Kernels 
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s kernels|ring [options]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s kernels|ring|hide [options]\n", argv[0]);
     return 2;
   }
   const std::string mode = argv[1];
   std::vector<int64_t> dims{64, 128}, lens{1024, 2048, 4096, 8192, 16384, 32768};
   int64_t seq = 262144, heads = 16, dim = 128;
   int world = 8, reps = 10;
+  double nvlink_gbs = 450, ib_gbs = 50;
   stria::cuda::Kernels kernels = stria::cuda::Kernels::kMma;
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
@@ -297,6 +344,10 @@ int main(int argc, char** argv) {
       heads = std::atoll(argv[i + 1]);
     else if (k == "--dim")
       dim = std::atoll(argv[i + 1]);
+    else if (k == "--nvlink-gbs")
+      nvlink_gbs = std::atof(argv[i + 1]);
+    else if (k == "--ib-gbs")
+      ib_gbs = std::atof(argv[i + 1]);
     else if (k == "--kernels")  // the ring model's kernel family: mma or wgmma (sm_90 only)
       kernels = std::string(argv[i + 1]) == "wgmma" ? stria::cuda::Kernels::kWgmma : stria::cuda::Kernels::kMma;
     else {
@@ -311,6 +362,7 @@ int main(int argc, char** argv) {
   }
   if (mode == "kernels") return Kernels(dims, lens, reps);
   if (mode == "ring") return Ring(seq, world, heads, dim, reps, kernels);
+  if (mode == "hide") return Hide(lens, heads, dim, reps, kernels, nvlink_gbs, ib_gbs);
   std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
   return 2;
 }

@@ -3,7 +3,8 @@
 # builds stria with CUDA, runs the GPU tests (their output goes to docs/gpu_test_output.txt),
 # compute-sanitizer memcheck and racecheck on a small ring (mma.sync, SIMT and wgmma), then our
 # kernels (mma.sync, and on an H100/H200 the wgmma family too) beside PyTorch's SDPA
-# (flash and cuDNN backends) on the same shapes, and the modelled N = 8 ring at 256k tokens.
+# (flash and cuDNN backends) on the same shapes, the modelled N = 8 ring at 256k tokens, and the
+# block length above which a ring step's transfer hides behind its kernels (NVLink, 400 Gb/s IB).
 # Prints the tables of docs/performance.md's GPU section to bench/gpu_results.txt.
 #
 #   bench/gpu_run.sh             everything
@@ -43,5 +44,12 @@ echo "== ring model, N = 8" | tee -a "$out/gpu_results.txt"
 build-gpu/bench/stria-cuda-bench ring --seq $seq --world 8 --heads 16 --dim 128 | tee -a "$out/gpu_results.txt"
 if [ "${wgmma:-0}" = 1 ]; then
   build-gpu/bench/stria-cuda-bench ring --seq $seq --world 8 --heads 16 --dim 128 --kernels wgmma |
+    tee -a "$out/gpu_results.txt"
+fi
+echo "== transfer hiding: a ring step's kernels against its bytes on NVLink (450 GB/s) and 400 Gb/s IB" |
+  tee -a "$out/gpu_results.txt"
+build-gpu/bench/stria-cuda-bench hide --lens $lens --heads 16 --dim 128 | tee -a "$out/gpu_results.txt"
+if [ "${wgmma:-0}" = 1 ]; then
+  build-gpu/bench/stria-cuda-bench hide --lens $lens --heads 16 --dim 128 --kernels wgmma |
     tee -a "$out/gpu_results.txt"
 fi
