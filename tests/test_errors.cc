@@ -688,6 +688,37 @@ TEST(Modules, MissingModulesAreUnsupportedAndNamed) {
   EXPECT_STRNE(stria_get_last_error(), "");
 }
 
+#ifdef STRIA_HAVE_CUDA_MODULE
+// A misspelt STRIA_CUDA_KERNELS is refused when the context is made, GPU or not, rather than
+// quietly running (and timing, and testing) the default family; the accepted spellings pass that
+// check and then meet the machine as usual.
+TEST(Modules, CudaKernelFamilyIsChecked) {
+  stria_context_config_t cfg;
+  stria_context_config_init(&cfg);
+  cfg.device = DLDevice{kDLCUDA, 0};
+  stria_context_t ctx = reinterpret_cast<stria_context_t>(0x99);
+  for (const char* bad : {"wgmm", "tensor-cores", "simt "}) {
+    setenv("STRIA_CUDA_KERNELS", bad, 1);
+    EXPECT_EQ(stria_context_create(&cfg, &ctx), STRIA_ERROR_INVALID_ARGUMENT) << bad;
+    const std::string msg = stria_get_last_error();
+    EXPECT_NE(msg.find("STRIA_CUDA_KERNELS=\"" + std::string(bad) + "\""), std::string::npos) << msg;
+    EXPECT_NE(msg.find("simt, mma or wgmma"), std::string::npos) << msg;
+    EXPECT_EQ(ctx, nullptr);
+  }
+  unsetenv("STRIA_CUDA_KERNELS");
+  const bool gpu = CudaContextWorks();
+  for (const char* good : {"mma", "SIMT", "Wgmma", ""}) {
+    setenv("STRIA_CUDA_KERNELS", good, 1);
+    const stria_status_t st = stria_context_create(&cfg, &ctx);
+    EXPECT_EQ(st, gpu ? STRIA_SUCCESS : STRIA_ERROR_UNSUPPORTED) << good << ": " << stria_get_last_error();
+    if (st == STRIA_SUCCESS) {
+      EXPECT_EQ(stria_context_destroy(ctx), STRIA_SUCCESS);
+    }
+  }
+  unsetenv("STRIA_CUDA_KERNELS");
+}
+#endif
+
 // Handles are tokens: destroyed and made-up ones are rejected, never dereferenced.
 
 #ifdef STRIA_HAVE_UCX_MODULE

@@ -13,6 +13,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <strings.h>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -106,13 +107,30 @@ class CudaCopier final : public BufferCopier {
   std::vector<cudaStream_t> streams_;
 };
 
+// STRIA_CUDA_KERNELS: unset or empty (the default, mma.sync), "mma", "simt" or "wgmma", in any
+// case. Anything else is refused at context creation: a misspelt family must not quietly time
+// or test the default one.
+struct KernelChoice {
+  bool simt_only = false, want_wgmma = false;
+};
+Status ParseKernelChoice(const char* env, KernelChoice* out) {
+  *out = KernelChoice{};
+  if (env == nullptr || *env == '\0' || strcasecmp(env, "mma") == 0) return Status::Ok();
+  if (strcasecmp(env, "simt") == 0) {
+    out->simt_only = true;
+    return Status::Ok();
+  }
+  if (strcasecmp(env, "wgmma") == 0) {
+    out->want_wgmma = true;
+    return Status::Ok();
+  }
+  return Error(STRIA_ERROR_INVALID_ARGUMENT,
+               "STRIA_CUDA_KERNELS=\"%.64s\" is not a kernel family: use simt, mma or wgmma, or leave it unset", env);
+}
+
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device) : device_(device) {
-    const char* k = std::getenv("STRIA_CUDA_KERNELS");
-    simt_only_ = k != nullptr && std::strcmp(k, "simt") == 0;
-    want_wgmma_ = k != nullptr && std::strcmp(k, "wgmma") == 0;
-  }
+  CudaBackend(int device, KernelChoice k) : device_(device), simt_only_(k.simt_only), want_wgmma_(k.want_wgmma) {}
   ~CudaBackend() override {
     if (handoff_ == nullptr) return;
     DeviceScope scope(device_);
@@ -327,8 +345,8 @@ class CudaBackend final : public Backend {
   }
 
   const int device_;
-  bool simt_only_ = false;
-  bool want_wgmma_ = false;
+  const bool simt_only_;
+  const bool want_wgmma_;
   int cc_ = -1;  // compute capability 10 * major + minor, once asked
   cuda::Kernels kernels_ = cuda::Kernels::kSimt;
   bool used_ = false;              // a call has queued work on stream_
@@ -343,10 +361,12 @@ class CudaBackend final : public Backend {
 }  // namespace
 
 Status CreateCudaBackend(DLDevice device, Backend** out) {
+  KernelChoice kernels;  // the configuration first: its error does not depend on the machine
+  STRIA_RETURN_IF_ERROR(ParseKernelChoice(std::getenv("STRIA_CUDA_KERNELS"), &kernels));
   STRIA_RETURN_IF_ERROR(CheckCudaDevice(device.device_id));
   DeviceScope scope(device.device_id);
   STRIA_RETURN_IF_ERROR(scope.status());
-  *out = new CudaBackend(device.device_id);
+  *out = new CudaBackend(device.device_id, kernels);
   return Status::Ok();
 }
 
