@@ -688,6 +688,27 @@ TEST(Modules, MissingModulesAreUnsupportedAndNamed) {
   EXPECT_STRNE(stria_get_last_error(), "");
 }
 
+// STRIA_CPU_ISA must name a kernel build: a misspelt one is refused at context creation instead
+// of quietly running the default build; a valid one is used (generic runs everywhere).
+TEST(Config, CpuIsaIsChecked) {
+  stria_context_config_t cfg;
+  stria_context_config_init(&cfg);
+  stria_context_t ctx = reinterpret_cast<stria_context_t>(0x99);
+  setenv("STRIA_CPU_ISA", "avx-512", 1);
+  EXPECT_EQ(stria_context_create(&cfg, &ctx), STRIA_ERROR_INVALID_ARGUMENT);
+  const std::string msg = stria_get_last_error();
+  EXPECT_NE(msg.find("STRIA_CPU_ISA=\"avx-512\""), std::string::npos) << msg;
+  EXPECT_NE(msg.find("generic, avx2 or avx512"), std::string::npos) << msg;
+  EXPECT_EQ(ctx, nullptr);
+  stria_context_t group[2] = {nullptr, nullptr};
+  EXPECT_EQ(stria_context_create_local_group(&cfg, 2, group), STRIA_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(group[0], nullptr);
+  setenv("STRIA_CPU_ISA", "generic", 1);
+  ASSERT_EQ(stria_context_create(&cfg, &ctx), STRIA_SUCCESS) << stria_get_last_error();
+  EXPECT_EQ(stria_context_destroy(ctx), STRIA_SUCCESS);
+  unsetenv("STRIA_CPU_ISA");
+}
+
 #ifdef STRIA_HAVE_CUDA_MODULE
 // A misspelt STRIA_CUDA_KERNELS is refused when the context is made, GPU or not, rather than
 // quietly running (and timing, and testing) the default family; the accepted spellings pass that

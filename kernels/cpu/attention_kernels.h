@@ -77,6 +77,11 @@ struct KernelTable {
 // The best table this CPU runs (AVX-512 > AVX2 > generic); STRIA_CPU_ISA=generic|avx2|avx512
 // in the environment forces a lower one (for tests and benchmarks).
 const KernelTable& SelectKernels();
+// Whether STRIA_CPU_ISA can be honoured: unset, empty or runnable here (kOk), not a build's name
+// (kUnknown) or a build this CPU cannot run (kUnsupported); `why` gets the message for the last
+// two. Context creation refuses them, so a forced build is never quietly replaced by another.
+enum class ForcedIsa { kOk, kUnknown, kUnsupported };
+ForcedIsa CheckForcedIsa(char* why, int size);
 const KernelTable* KernelsFor(const char* isa);  // NULL if not built or not supported here
 
 }  // namespace cpu

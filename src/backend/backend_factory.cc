@@ -2,6 +2,7 @@
 #include "backend/backend.h"
 #include "backend/module_abi.h"
 #include "core/module.h"
+#include "cpu/attention_kernels.h"
 
 namespace stria {
 
@@ -22,11 +23,17 @@ Status LoadCudaModule(const BackendModuleV1** out) {
 Status CreateBackend(DLDevice device, int num_threads, std::unique_ptr<Backend>* out) {
   char name[32];
   switch (device.device_type) {
-    case kDLCPU:
+    case kDLCPU: {
       if (device.device_id != 0)
         return Error(STRIA_ERROR_INVALID_ARGUMENT, "CPU device id must be 0, got %d", device.device_id);
+      char why[160];
+      const cpu::ForcedIsa isa = cpu::CheckForcedIsa(why, sizeof why);
+      if (isa != cpu::ForcedIsa::kOk)
+        return Error(isa == cpu::ForcedIsa::kUnknown ? STRIA_ERROR_INVALID_ARGUMENT : STRIA_ERROR_UNSUPPORTED, "%s",
+                     why);
       *out = CreateCpuBackend(num_threads);
       return Status::Ok();
+    }
     case kDLCUDA: {
       if (device.device_id < 0)
         return Error(STRIA_ERROR_INVALID_ARGUMENT, "CUDA device ordinal %d is negative", device.device_id);

@@ -1,5 +1,6 @@
 // Picks the CPU kernel build for this machine once, on first use (never in a global
 // constructor: the library must be dlopen-safe).
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -34,6 +35,21 @@ const KernelTable* KernelsFor(const char* isa) {
   if (std::strcmp(isa, "avx512") == 0) return &avx512::kTable;
   if (std::strcmp(isa, "avx2") == 0) return &avx2::kTable;
   return &generic::kTable;
+}
+
+ForcedIsa CheckForcedIsa(char* why, int size) {
+  const char* forced = std::getenv("STRIA_CPU_ISA");
+  if (forced == nullptr || *forced == '\0') return ForcedIsa::kOk;
+  for (const char* isa : {"generic", "avx2", "avx512"}) {
+    if (std::strcmp(forced, isa) != 0) continue;
+    if (KernelsFor(isa) != nullptr) return ForcedIsa::kOk;
+    std::snprintf(why, static_cast<size_t>(size), "STRIA_CPU_ISA=%s: this CPU cannot run the %s kernels", isa, isa);
+    return ForcedIsa::kUnsupported;
+  }
+  std::snprintf(why, static_cast<size_t>(size),
+                "STRIA_CPU_ISA=\"%.32s\" is not a kernel build: use generic, avx2 or avx512, or leave it unset",
+                forced);
+  return ForcedIsa::kUnknown;
 }
 
 const KernelTable& SelectKernels() {
