@@ -14,6 +14,16 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRIA_WERROR=ON >/dev/
 ninja -C build -j"$jobs"
 (cd build && ctest -j"$jobs" --output-on-failure --no-tests=error)
 
+echo "== Configure with optional modules off (generate step only)"
+for opts in "-DSTRIA_WITH_CUDA=OFF" "-DSTRIA_WITH_CUDA=OFF -DSTRIA_WITH_NCCL=OFF -DSTRIA_WITH_UCX=OFF" \
+  "-DSTRIA_WITH_NCCL=OFF"; do
+  dir=$(mktemp -d)
+  # shellcheck disable=SC2086
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release $opts >"$dir.log" 2>&1 ||
+    { cat "$dir.log"; echo "configure failed with $opts"; exit 1; }
+  rm -rf "$dir" "$dir.log"
+done
+
 if [ "${BINDINGS:-1}" = 1 ]; then
   for lang in python rust julia; do
     [ -x "scripts/test-$lang.sh" ] || continue
