@@ -135,6 +135,39 @@ inline bool TileFull(const BlockMask& m, int64_t i0, int64_t j0) {
   return !m.diagonal || j0 + kBlockK - 1 <= i0 + m.offset;
 }
 
+void ApplyMask(const BlockMask& m, int64_t i0, int64_t j0, float* s);
+
+// The key columns [0, n) of tile (i0, j0) that rows r0 .. r0 + MR - 1 may see, n rounded up to
+// whole vectors: on a tile the diagonal crosses, a micro-tile row group computes only these
+// (about half the tile), instead of the whole tile and then masking it.
+inline int64_t GroupCols(const BlockMask& m, int64_t i0, int64_t r0, int64_t j0) {
+  int64_t hi = 0;
+  for (int64_t r = r0; r < r0 + MR; ++r) {
+    int64_t lo, h;
+    RowRange(m, i0 + r, &lo, &h);
+    if (h > lo) hi = std::max(hi, h - j0);
+  }
+  hi = std::min<int64_t>(hi, kBlockK);
+  return (hi + VL - 1) / VL * VL;
+}
+
+// S = Q·Kᵀ for a tile: whole, or on a masked tile per row group over its GroupCols (the columns
+// left out are set to -inf by ApplyMask, which follows). cols[g] gets group g's width.
+void TileScores(const BlockMask& mk, bool full, int64_t i0, int64_t j0, int64_t D, const float* q, int64_t Dp,
+                const float* kt_tile, float* s, int64_t* cols) {
+  if (full) {
+    Gemm<false>(kBlockQ, kBlockK, D, q, Dp, 1, kt_tile, kBlockK, s, kBlockK);
+    for (int64_t g = 0; g < kBlockQ / MR; ++g) cols[g] = kBlockK;
+    return;
+  }
+  for (int64_t g = 0; g < kBlockQ / MR; ++g) {
+    cols[g] = GroupCols(mk, i0, g * MR, j0);
+    if (cols[g] > 0)
+      Gemm<false>(MR, cols[g], D, q + g * MR * Dp, Dp, 1, kt_tile, kBlockK, s + g * MR * kBlockK, kBlockK);
+  }
+  ApplyMask(mk, i0, j0, s);
+}
+
 // Sets the scores of invisible pairs of a tile to -inf.
 void ApplyMask(const BlockMask& m, int64_t i0, int64_t j0, float* s) {
   for (int64_t r = 0; r < kBlockQ; ++r) {
@@ -166,14 +199,16 @@ void ForwardTile(const FwdTileArgs& a) {
   float* m = a.m + i0;
   float* l = a.l + i0;
   float* s = a.scratch;
+  int64_t cols[kBlockQ / MR];
   for (int64_t kt = k_lo / kBlockK; kt * kBlockK < k_hi; ++kt) {
     const int64_t j0 = kt * kBlockK;
-    Gemm<false>(kBlockQ, kBlockK, D, q, Dp, 1, a.kt + kt * Dp * kBlockK, kBlockK, s, kBlockK);
-    if (!TileFull(mk, i0, j0)) ApplyMask(mk, i0, j0, s);
+    const bool full = TileFull(mk, i0, j0);
+    TileScores(mk, full, i0, j0, D, q, Dp, a.kt + kt * Dp * kBlockK, s, cols);
     for (int64_t r = 0; r < kBlockQ; ++r) {
       float* row = s + r * kBlockK;
+      const int64_t n = cols[r / MR];  // columns past n are invisible and never read
       vf mx = Splat(kNegInf);
-      for (int64_t c = 0; c < kBlockK; c += VL) {
+      for (int64_t c = 0; c < n; c += VL) {
         vf x = Load(row + c);
         mx = (x > mx) | (x != x) ? x : mx;
       }
@@ -181,13 +216,13 @@ void ForwardTile(const FwdTileArgs& a) {
       const float row_max = HMax(mx);
       const float m_new = row_max != row_max ? row_max : std::max(m_old, row_max);
       if (m_new == kNegInf) {  // nothing visible yet: this row contributes nothing
-        std::memset(row, 0, sizeof(float) * kBlockK);
+        std::memset(row, 0, sizeof(float) * n);
         continue;
       }
       const float alpha = std::exp2(m_old - m_new);  // 0 when m_old is -inf
       vf sum = vf{};
       const vf mv = Splat(m_new);
-      for (int64_t c = 0; c < kBlockK; c += VL) {
+      for (int64_t c = 0; c < n; c += VL) {
         vf p = Exp2(Load(row + c) - mv);
         Store(row + c, p);
         sum += p;
@@ -200,7 +235,14 @@ void ForwardTile(const FwdTileArgs& a) {
         for (int64_t d = 0; d < Dp; d += VL) Store(o + d, Load(o + d) * av);
       }
     }
-    Gemm<true>(kBlockQ, Dp, kBlockK, s, kBlockK, 1, a.v + j0 * Dp, Dp, acc, Dp);
+    // O += P·V, on a masked tile per row group over the columns it computed.
+    if (full) {
+      Gemm<true>(kBlockQ, Dp, kBlockK, s, kBlockK, 1, a.v + j0 * Dp, Dp, acc, Dp);
+      continue;
+    }
+    for (int64_t g = 0; g < kBlockQ / MR; ++g)
+      if (cols[g] > 0)
+        Gemm<true>(MR, Dp, cols[g], s + g * MR * kBlockK, kBlockK, 1, a.v + j0 * Dp, Dp, acc + g * MR * Dp, Dp);
   }
 }
 
@@ -212,6 +254,7 @@ void BackwardItem(const BwdItemArgs& a) {
   float* dp = s + kBlockQ * kBlockK;       // dP, then dS
   float* dk_acc = dp + kBlockQ * kBlockK;  // [kBlockK][Dp]
   float* dv_acc = dk_acc + kBlockK * Dp;   // [kBlockK][Dp]
+  int64_t cols[kBlockQ / MR];
   for (int64_t kt = a.kt0; kt < a.kt_end; kt += a.kt_stride) {
     const int64_t j0 = kt * kBlockK;
     // Queries that see any key of this tile.
@@ -233,30 +276,40 @@ void BackwardItem(const BwdItemArgs& a) {
       for (int64_t i0 = (i_lo / kBlockQ) * kBlockQ; i0 < i_hi; i0 += kBlockQ) {
         const float* qt = q + i0 * Dp;
         const float* dot = dout + i0 * Dp;
-        Gemm<false>(kBlockQ, kBlockK, D, qt, Dp, 1, kt_tile, kBlockK, s, kBlockK);
-        if (!TileFull(mk, i0, j0)) ApplyMask(mk, i0, j0, s);
+        // S, dP, dS and dQ run per row group over the columns it may see (GroupCols) on a
+        // masked tile; P and dS are zeroed past them for the key-row products dV and dK.
+        const bool full = TileFull(mk, i0, j0);
+        TileScores(mk, full, i0, j0, D, qt, Dp, kt_tile, s, cols);
         for (int64_t r = 0; r < kBlockQ; ++r) {
           float* row = s + r * kBlockK;
+          const int64_t n = cols[r / MR];
           const float lse = lse2[i0 + r];
           if (lse == kNegInf) {  // a row that saw no key anywhere has no gradient
             std::memset(row, 0, sizeof(float) * kBlockK);
             continue;
           }
           const vf lv = Splat(lse);
-          for (int64_t c = 0; c < kBlockK; c += VL) Store(row + c, Exp2(Load(row + c) - lv));
+          for (int64_t c = 0; c < n; c += VL) Store(row + c, Exp2(Load(row + c) - lv));
+          std::memset(row + n, 0, sizeof(float) * (kBlockK - n));
         }
         // dV += Pᵀ·dO
         Gemm<true>(kBlockK, Dp, kBlockQ, s, 1, kBlockK, dot, Dp, dv_acc, Dp);
         // dP = dO·Vᵀ, then dS = P ∘ (dP − delta)
-        Gemm<false>(kBlockQ, kBlockK, D, dot, Dp, 1, vt_tile, kBlockK, dp, kBlockK);
+        for (int64_t g = 0; g < kBlockQ / MR; ++g)
+          if (cols[g] > 0)
+            Gemm<false>(MR, cols[g], D, dot + g * MR * Dp, Dp, 1, vt_tile, kBlockK, dp + g * MR * kBlockK, kBlockK);
         for (int64_t r = 0; r < kBlockQ; ++r) {
+          const int64_t n = cols[r / MR];
           const vf dl = Splat(delta[i0 + r]);
           float* prow = s + r * kBlockK;
           float* drow = dp + r * kBlockK;
-          for (int64_t c = 0; c < kBlockK; c += VL) Store(drow + c, Load(prow + c) * (Load(drow + c) - dl));
+          for (int64_t c = 0; c < n; c += VL) Store(drow + c, Load(prow + c) * (Load(drow + c) - dl));
+          std::memset(drow + n, 0, sizeof(float) * (kBlockK - n));
         }
         // dQ += dS·K ; dK += dSᵀ·Q
-        Gemm<true>(kBlockQ, Dp, kBlockK, dp, kBlockK, 1, k_rows, Dp, dq + i0 * Dp, Dp);
+        for (int64_t g = 0; g < kBlockQ / MR; ++g)
+          if (cols[g] > 0)
+            Gemm<true>(MR, Dp, cols[g], dp + g * MR * kBlockK, kBlockK, 1, k_rows, Dp, dq + (i0 + g * MR) * Dp, Dp);
         Gemm<true>(kBlockK, Dp, kBlockQ, dp, 1, kBlockK, qt, Dp, dk_acc, Dp);
       }
     }
