@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every test: the Release build (unit, ring-vs-reference, fault, multi-process UCX, fuzz, example
-# and install tests), the bindings' suites (Python, Rust, Julia generator) against that build,
+# and install tests), the same without CUDA (what a machine with no CUDA toolkit builds), the
+# bindings' suites (Python, Rust, Julia generator) against the first build,
 # then the C++ tests again under AddressSanitizer+UndefinedBehaviorSanitizer, and under
 # ThreadSanitizer. Installs what it needs. SANITIZERS=0 skips the sanitizer builds; BINDINGS=0
 # skips the bindings.
@@ -14,7 +15,13 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRIA_WERROR=ON >/dev/
 ninja -C build -j"$jobs"
 (cd build && ctest -j"$jobs" --output-on-failure --no-tests=error)
 
-echo "== Configure with optional modules off (generate step only)"
+echo "== Without CUDA: the build of a machine with no CUDA toolkit (build and ctest)"
+cmake -S . -B build-nocuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRIA_WERROR=ON -DSTRIA_WITH_CUDA=OFF \
+  -DSTRIA_WITH_NCCL=OFF -DSTRIA_BUILD_PYTHON=OFF >/dev/null
+ninja -C build-nocuda -j"$jobs"
+(cd build-nocuda && ctest -j"$jobs" --output-on-failure --no-tests=error)
+
+echo "== Configure with other optional modules off (generate step only)"
 for opts in "-DSTRIA_WITH_CUDA=OFF" "-DSTRIA_WITH_CUDA=OFF -DSTRIA_WITH_NCCL=OFF -DSTRIA_WITH_UCX=OFF" \
   "-DSTRIA_WITH_NCCL=OFF"; do
   dir=$(mktemp -d)
