@@ -10,8 +10,8 @@
 //                                dK/dV accumulating in registers for the whole walk;
 //   dQ = dS K                    dS^T goes to shared memory and is read back transposed (A
 //                                MN-major), K as MN-major B; each warpgroup computes a 64 x 64
-//                                quarter or half of the tile's dQ and adds it to dq_acc with
-//                                float atomics.
+//                                half of the tile's dQ (query rows at D 64, head-dim columns at
+//                                D 128) and adds it to dq_acc with float atomics.
 // Q and dO tiles are double-buffered: the next tile's cp.async runs during this tile's products.
 // Every step runs the same straight-line sequence of products in both warpgroups, with no skip
 // for a warpgroup none of whose keys the tile's queries see (its masked P and dS are zero): such a
