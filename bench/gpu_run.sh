@@ -7,14 +7,25 @@
 # block length above which a ring step's transfer hides behind its kernels (NVLink, 400 Gb/s IB).
 # Prints the tables of docs/performance.md's GPU section to bench/gpu_results.txt.
 #
+# On the lent GPU machine: run scripts/device-deps.sh here first and carry .device-deps.
+#
 #   bench/gpu_run.sh             everything
 #   QUICK=1 bench/gpu_run.sh     D = 128 at 4k and 16k only, ring at 64k tokens
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench}
 jobs=$(nproc)
+# The GPU machine's image has neither the DLPack header nor GoogleTest: scripts/device-deps.sh
+# gathers them into .device-deps (carried along). NCCL may come as PyTorch's pip wheel there.
+deps=()
+if [ -d .device-deps ]; then
+  deps+=(-DDLPACK_INCLUDE_DIR="$PWD/.device-deps/include" -DSTRIA_GTEST_SOURCE_DIR="$PWD/.device-deps/googletest")
+fi
+if [ -z "${NCCL_ROOT:-}" ] && nccl=$(python3 -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null); then
+  export NCCL_ROOT=$nccl
+fi
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRIA_WITH_CUDA=ON -DSTRIA_WITH_UCX=OFF \
-  -DSTRIA_BUILD_PYTHON=OFF >/dev/null
+  -DSTRIA_BUILD_PYTHON=OFF "${deps[@]}" >/dev/null
 ninja -C build-gpu -j"$jobs"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv | tee "$out/gpu_results.txt"
 
