@@ -43,10 +43,8 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashBackwardKernel(const BwdParams p
   const int bhk = static_cast<int>(blockIdx.y), b = bhk / d.Hkv, hk = bhk % d.Hkv;
   const int group = d.Hq / d.Hkv;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kN;
-  int64_t q_lo, q_hi;
-  QueryRange(p.mask, j0, MinI(j0 + kN, d.L), &q_lo, &q_hi);
-  if (q_lo >= q_hi) return;
-  const int64_t i_first = (q_lo / kM) * kM;
+  const TileRun queries = QueryTilesOf(p.mask, j0, MinI(j0 + kN, d.L), kM);
+  if (queries.count == 0) return;
 
   const int64_t kv_row = static_cast<int64_t>(d.Hkv) * D;
   const int64_t kv_off = (static_cast<int64_t>(b) * d.L * d.Hkv + hk) * D;
@@ -67,7 +65,8 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashBackwardKernel(const BwdParams p
     const int64_t bh = static_cast<int64_t>(b) * d.Hq + h;
     const uint16_t* qg = static_cast<const uint16_t*>(p.q.data) + b * p.q.sb + h * p.q.sh;
     const uint16_t* dog = static_cast<const uint16_t*>(p.dout.data) + b * p.dout.sb + h * p.dout.sh;
-    for (int64_t i0 = i_first; i0 < q_hi; i0 += kM) {
+    for (int qt = 0; qt < queries.count; ++qt) {
+      const int64_t i0 = queries.first + static_cast<int64_t>(qt) * kM;
       block_sync();  // the previous step's readers of qs/dos/dss/lse2s are done
       LoadRows<D, 128>(qs, qg, p.q.sl, i0, kM, d.L);
       LoadRows<D, 128>(dos, dog, p.dout.sl, i0, kM, d.L);

@@ -39,11 +39,10 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
   const int warp = warp_id(), lane = lane_id(), g = lane >> 2, t4 = lane & 3;
   const int bh = static_cast<int>(blockIdx.y);
   const int64_t i0 = QueryTileStart(p.mask, kM, blockIdx.x, gridDim.x);
-  int64_t k_lo, k_hi;
-  KeyRange(p.mask, i0, MinI(i0 + kM, d.L), &k_lo, &k_hi);
-  if (k_lo >= k_hi) return;  // the whole CTA, before any barrier
-  const int64_t j_first = (k_lo / kN) * kN;
-  const int n_tiles = static_cast<int>((k_hi - j_first + kN - 1) / kN);
+  const TileRun keys = KeyTilesOf(p.mask, i0, MinI(i0 + kM, d.L), kN);
+  if (keys.count == 0) return;  // the whole CTA, before any barrier
+  const int64_t j_first = keys.first;
+  const int n_tiles = keys.count;
   // This warp's rows and the keys they may see: on the diagonal a warp skips the key tiles that
   // only the CTA's later rows see (a warp-uniform branch; no warp waits on another's products).
   const int w0 = warp * Tile::kWarpRows;

@@ -265,9 +265,8 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDkvKernel(const BwdParams
   const int bhk = static_cast<int>(blockIdx.y), b = bhk / d.Hkv, hk = bhk % d.Hkv;
   const int group = d.Hq / d.Hkv;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kSimtRows;
-  int64_t q_lo, q_hi;
-  QueryRange(p.mask, j0, MinI(j0 + kSimtRows, d.L), &q_lo, &q_hi);
-  if (q_lo >= q_hi) return;
+  const TileRun queries = QueryTilesOf(p.mask, j0, MinI(j0 + kSimtRows, d.L), kSimtTile);
+  if (queries.count == 0) return;
   constexpr int kEb = ElemBytes<T>();
   const int64_t kv_row = static_cast<int64_t>(d.Hkv) * D;
   const int64_t kv_off = (static_cast<int64_t>(b) * d.L * d.Hkv + hk) * D;
@@ -282,7 +281,8 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDkvKernel(const BwdParams
   for (int gi = 0; gi < group; ++gi) {
     const int h = hk * group + gi;
     const int64_t bh = static_cast<int64_t>(b) * d.Hq + h;
-    for (int64_t i0 = (q_lo / kSimtTile) * kSimtTile; i0 < q_hi; i0 += kSimtTile) {
+    for (int qt = 0; qt < queries.count; ++qt) {
+      const int64_t i0 = queries.first + static_cast<int64_t>(qt) * kSimtTile;
       block_sync();
       LoadRowsF<T>(qs, D + 1, static_cast<const char*>(p.q.data) + (b * p.q.sb + h * p.q.sh) * kEb, p.q.sl, i0,
                    kSimtTile, d.L, D);

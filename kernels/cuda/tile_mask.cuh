@@ -60,6 +60,28 @@ STRIA_HD void QueryRange(const MaskArgs& m, int64_t j0, int64_t j1, int64_t* q_l
   if (*q_lo > *q_hi) *q_lo = *q_hi;
 }
 
+// The tiles of `size` a CTA walks: `count` of them from `first`, aligned to multiples of `size`.
+struct TileRun {
+  int64_t first;
+  int count;
+};
+// A forward CTA with query rows [i0, i1): the key tiles holding keys some row may see.
+STRIA_HD TileRun KeyTilesOf(const MaskArgs& m, int64_t i0, int64_t i1, int size) {
+  int64_t lo, hi;
+  KeyRange(m, i0, i1, &lo, &hi);
+  if (lo >= hi) return TileRun{lo, 0};
+  const int64_t first = (lo / size) * size;
+  return TileRun{first, static_cast<int>((hi - first + size - 1) / size)};
+}
+// A backward CTA with keys [j0, j1): the query tiles holding rows that may see some key.
+STRIA_HD TileRun QueryTilesOf(const MaskArgs& m, int64_t j0, int64_t j1, int size) {
+  int64_t lo, hi;
+  QueryRange(m, j0, j1, &lo, &hi);
+  if (lo >= hi) return TileRun{lo, 0};
+  const int64_t first = (lo / size) * size;
+  return TileRun{first, static_cast<int>((hi - first + size - 1) / size)};
+}
+
 // True when every pair of [i0, i1) x [j0, j1) is visible, so the tile skips the element mask.
 STRIA_HD bool FullyVisible(const MaskArgs& m, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
   if (i0 < m.q_begin || i1 > m.q_end || j0 < m.k_begin || j1 > m.k_end) return false;

@@ -38,6 +38,20 @@ STRIA_HD int SwizzledOffset(int rows, int row, int col) {
   return block * rows * kSwizzleBytes + row * kSwizzleBytes + ((chunk ^ (row & 7)) << 4) + ((col & 7) << 1);
 }
 
+// Rows [r0, r0 + rows) of a [B, L, H, D] tensor for fixed (b, h) into the swizzled tile at `dst`
+// (rows past `limit` zero-filled), by all kThreads threads with cp.async.
+template <int D, int kThreads>
+STRIA_DEVICE void LoadSwizzled(unsigned char* dst, const uint16_t* base, int64_t row_stride, int64_t r0, int rows,
+                               int64_t limit) {
+  constexpr int kChunks = D / 8;
+  for (int c = static_cast<int>(threadIdx.x); c < rows * kChunks; c += kThreads) {
+    const int r = c / kChunks, col = (c % kChunks) * 8;
+    const bool valid = r0 + r < limit;
+    const uint16_t* src = base + (valid ? (r0 + r) : r0) * row_stride + col;
+    cp_async_16(dst + SwizzledOffset(rows, r, col), src, valid);
+  }
+}
+
 // A descriptor of the 128B-swizzled layout; `smem_addr` is a shared-window address (smem_addr()).
 STRIA_HD uint64_t SwizzledDesc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
   return static_cast<uint64_t>((smem_addr & 0x3FFFFu) >> 4) |

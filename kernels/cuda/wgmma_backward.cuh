@@ -21,7 +21,6 @@
 
 #include "cuda/flash_common.cuh"
 #include "cuda/wgmma_api.cuh"
-#include "cuda/wgmma_forward.cuh"  // LoadSwizzled
 
 namespace stria {
 namespace cuda {
@@ -58,11 +57,10 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaBackwardKernel(const BwdParams p
   const int bhk = static_cast<int>(blockIdx.y), b = bhk / d.Hkv, hk = bhk % d.Hkv;
   const int group = d.Hq / d.Hkv;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kN;
-  int64_t q_lo, q_hi;
-  QueryRange(p.mask, j0, MinI(j0 + kN, d.L), &q_lo, &q_hi);
-  if (q_lo >= q_hi) return;  // the whole CTA, before any barrier
-  const int64_t i_first = (q_lo / kM) * kM;
-  const int q_tiles = static_cast<int>((q_hi - i_first + kM - 1) / kM), steps = q_tiles * group;
+  const TileRun queries = QueryTilesOf(p.mask, j0, MinI(j0 + kN, d.L), kM);
+  if (queries.count == 0) return;  // the whole CTA, before any barrier
+  const int64_t i_first = queries.first;
+  const int q_tiles = queries.count, steps = q_tiles * group;
 
   const int64_t kv_row = static_cast<int64_t>(d.Hkv) * D;
   const uint16_t* kg = static_cast<const uint16_t*>(p.k) + (static_cast<int64_t>(b) * d.L * d.Hkv + hk) * D;

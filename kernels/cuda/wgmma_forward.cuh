@@ -37,20 +37,6 @@ struct WgmmaFwdTile {
   static constexpr int kSmemBytes = kQBytes + 4 * kKvBytes + kSwizzleAtomBytes;
 };
 
-// Rows [r0, r0 + rows) of a [B, L, H, D] tensor for fixed (b, h) into the swizzled tile at `dst`
-// (rows past `limit` zero-filled), by all kThreads threads with cp.async.
-template <int D, int kThreads>
-STRIA_DEVICE void LoadSwizzled(unsigned char* dst, const uint16_t* base, int64_t row_stride, int64_t r0, int rows,
-                               int64_t limit) {
-  constexpr int kChunks = D / 8;
-  for (int c = static_cast<int>(threadIdx.x); c < rows * kChunks; c += kThreads) {
-    const int r = c / kChunks, col = (c % kChunks) * 8;
-    const bool valid = r0 + r < limit;
-    const uint16_t* src = base + (valid ? (r0 + r) : r0) * row_stride + col;
-    cp_async_16(dst + SwizzledOffset(rows, r, col), src, valid);
-  }
-}
-
 // The online softmax of one warpgroup's 64 x kN score tile, in the accumulator layout (element
 // i: row (i & 3) >> 1 of this thread's two, column 8 (i >> 2) + 2 t4 + (i & 1)): scales and masks
 // the scores, updates the running max and sum, turns `s` into the probabilities, and returns the
@@ -97,11 +83,10 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p)
   const int g = lane >> 2, t4 = lane & 3;
   const int bh = static_cast<int>(blockIdx.y);
   const int64_t i0 = QueryTileStart(p.mask, kM, blockIdx.x, gridDim.x);
-  int64_t k_lo, k_hi;
-  KeyRange(p.mask, i0, MinI(i0 + kM, d.L), &k_lo, &k_hi);
-  if (k_lo >= k_hi) return;  // the whole CTA, before any barrier
-  const int64_t j_first = (k_lo / kN) * kN;
-  const int n_tiles = static_cast<int>((k_hi - j_first + kN - 1) / kN);
+  const TileRun keys = KeyTilesOf(p.mask, i0, MinI(i0 + kM, d.L), kN);
+  if (keys.count == 0) return;  // the whole CTA, before any barrier
+  const int64_t j_first = keys.first;
+  const int n_tiles = keys.count;
   const int64_t gi0 = i0 + 64 * group, gi1 = gi0 + 64;  // this warpgroup's rows
 
   const HeadRows hr = ForwardHeadRows(p, bh);

@@ -244,6 +244,14 @@ void OneWarpgroup(Body body) {
   });
 }
 
+// Zeroes the operand tile of OneWarpgroup in every thread, then fences and synchronises, so
+// wgmma may read it.
+void ZeroOperands(unsigned char* base) {
+  for (int i = static_cast<int>(threadIdx.x); i < 4096; i += 128) std::memset(base + 2 * i, 0, 2);
+  fence_proxy_async();
+  block_sync();
+}
+
 TEST(EmuWgmma, AccumulatorsLandAtTheWait) {
   OneWarpgroup([](unsigned char* base, uint64_t desc) {
     for (int i = static_cast<int>(threadIdx.x); i < 4096; i += 128) std::memset(base + 2 * i, 0, 2);
@@ -302,9 +310,7 @@ TEST(EmuWgmma, ErrorsTheGpuWouldNotReport) {
   EXPECT_NE(e.find("not fenced for the async proxy"), std::string::npos) << e;
   e = ErrorOf([] {
     OneWarpgroup([](unsigned char* base, uint64_t desc) {
-      for (int i = static_cast<int>(threadIdx.x); i < 4096; i += 128) std::memset(base + 2 * i, 0, 2);
-      fence_proxy_async();
-      block_sync();
+      ZeroOperands(base);
       float d[8] = {};
       wgmma_fence();
       wgmma_ss<BFloat, 16>(d, desc, desc, false);
@@ -317,9 +323,7 @@ TEST(EmuWgmma, ErrorsTheGpuWouldNotReport) {
 
   e = ErrorOf([] {
     OneWarpgroup([](unsigned char* base, uint64_t desc) {
-      for (int i = static_cast<int>(threadIdx.x); i < 4096; i += 128) std::memset(base + 2 * i, 0, 2);
-      fence_proxy_async();
-      block_sync();
+      ZeroOperands(base);
       float d[8] = {};
       uint32_t a[4] = {};
       wgmma_fence();
