@@ -56,13 +56,15 @@ class GatheredResults {
     stria_unshard(layout_, world_, rank, 1, &dv.dl, &dv_.dl, nullptr);
   }
 
-  // Relative errors below `tol` (out, dq, dk, dv) and `lse_tol`; NaN never passes.
-  void ExpectMatches(const Reference& ref, double tol, double lse_tol) const {
+  // Relative errors below `tol` (out, and dq, dk, dv unless `grad_tol` is given) and `lse_tol`;
+  // NaN never passes.
+  void ExpectMatches(const Reference& ref, double tol, double lse_tol, double grad_tol = 0) const {
+    if (grad_tol <= 0) grad_tol = tol;
     EXPECT_LT(RelError(out_.ToDouble(), ref.out), tol) << "out";
     EXPECT_LT(RelError(lse_.ToDouble(), ref.lse), lse_tol) << "lse";
-    EXPECT_LT(RelError(dq_.ToDouble(), ref.dq), tol) << "dq";
-    EXPECT_LT(RelError(dk_.ToDouble(), ref.dk), tol) << "dk";
-    EXPECT_LT(RelError(dv_.ToDouble(), ref.dv), tol) << "dv";
+    EXPECT_LT(RelError(dq_.ToDouble(), ref.dq), grad_tol) << "dq";
+    EXPECT_LT(RelError(dk_.ToDouble(), ref.dk), grad_tol) << "dk";
+    EXPECT_LT(RelError(dv_.ToDouble(), ref.dv), grad_tol) << "dv";
   }
 
  private:

@@ -13,6 +13,10 @@
 
 #include "cpu/attention_kernels.h"
 
+#if defined(STRIA_ISA_avx512)
+#include <immintrin.h>
+#endif
+
 // Micro-tile: MR rows x NV vectors of accumulators. AVX-512 takes 4 x 4 (16 of its 32 registers):
 // per k step 4 vector loads and 4 broadcasts feed 16 FMAs, where 8 x 2 needed 2 + 8, and the
 // finer row groups compute less of each diagonal tile (about +7% forward on an Intel Xeon).
@@ -58,21 +62,55 @@ inline void Store(float* p, vf v) {
 inline vf Splat(float x) {
   return x * (vf{} + 1.0f);
 }
-// Maximum that propagates NaN (a NaN input must poison its row, never be skipped).
+// Lane-wise maximum, one vmaxps: a NaN in x is passed over (x > m is false). Scores are
+// reduced this way and a NaN score is caught by the exponential instead (see ForwardTile).
+inline vf Max(vf m, vf x) {
+  return x > m ? x : m;
+}
+// Horizontal reductions as a tree of log2(VL) shuffles, not VL - 1 scalar steps: they run once per
+// row and key tile, which makes them a noticeable share of the softmax.
+template <typename Op>
+inline float Reduce(vf v, Op op) {
+  for (int w = VL / 2; w >= 1; w /= 2) {
+    vi rot;
+    for (int i = 0; i < VL; ++i) rot[i] = (i + w) % VL;
+    v = op(v, __builtin_shuffle(v, rot));
+  }
+  return v[0];
+}
 inline float HMax(vf v) {
-  float m = v[0];
-  for (int i = 1; i < VL; ++i) m = (v[i] > m || v[i] != v[i]) ? v[i] : m;
-  return m;
+  return Reduce(v, [](vf a, vf b) { return Max(a, b); });
 }
 inline float HSum(vf v) {
-  float s = 0.f;
-  for (int i = 0; i < VL; ++i) s += v[i];
-  return s;
+  return Reduce(v, [](vf a, vf b) { return a + b; });
 }
 
-// 2^x for x <= 0 (scores minus a running maximum): exact 0 below -126 (and for -inf), NaN for
-// NaN, a degree-6 polynomial on the fraction, the integer part in the exponent bits. Relative
-// error ~2e-7.
+// 2^f on [-0.5, 0.5]: a degree-5 polynomial fitted for relative error (7.5e-8; 2.3e-7 evaluated
+// in float32, below what the fp32 bar of 1e-5 can notice).
+inline vf Exp2Fraction(vf f) {
+  vf p = Splat(1.327647196e-3f);
+  p = p * f + 9.675541503e-3f;
+  p = p * f + 5.550713275e-2f;
+  p = p * f + 2.402211972e-1f;
+  p = p * f + 6.931469671e-1f;
+  return p * f + 1.000000072f;
+}
+
+#if defined(STRIA_ISA_avx512)
+// 2^x for x <= 0 (scores minus a running maximum) in nine instructions, the softmax's inner loop:
+// vrndscaleps splits off the integer part, vscalefps puts it in the exponent. Below -126 (and for
+// -inf) the result is an exact 0 through the zeroing mask, so no denormal is ever produced; a NaN
+// stays NaN.
+inline vf Exp2(vf x) {
+  const __mmask16 keep = _mm512_cmp_ps_mask((__m512)x, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ);
+  // Lanes outside `keep` get n = 0 (their result is zeroed anyway); the masked form also avoids
+  // GCC 12's false -Wmaybe-uninitialized on _mm512_roundscale_ps.
+  const __m512 n = _mm512_maskz_roundscale_ps(keep, (__m512)x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  return (vf)_mm512_maskz_scalef_ps(keep, (__m512)Exp2Fraction(x - (vf)n), n);
+}
+#else
+// 2^x for x <= 0: exact 0 below -126 (and for -inf), NaN for NaN, the integer part added into the
+// exponent bits.
 inline vf Exp2(vf x) {
   vi keep = (x >= Splat(-126.0f)) | (x != x);
   x = x < Splat(-126.0f) ? Splat(-126.0f) : x;
@@ -80,19 +118,12 @@ inline vf Exp2(vf x) {
   const vf shifter = Splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
   vf t = x + shifter;
   vf n = t - shifter;
-  vf f = x - n;  // in [-0.5, 0.5]
   vi ni = (vi)t - 0x4B400000;
-  vf p = Splat(1.535336188319500e-4f);
-  p = p * f + 1.339887440266574e-3f;
-  p = p * f + 9.618437357674640e-3f;
-  p = p * f + 5.550332471162809e-2f;
-  p = p * f + 2.402264791363012e-1f;
-  p = p * f + 6.931472028550421e-1f;
-  p = p * f + 1.0f;
   vi scale_bits = (ni + 127) << 23;
-  vf r = p * (vf)scale_bits;
+  vf r = Exp2Fraction(x - n) * (vf)scale_bits;
   return (vf)((vi)r & keep);
 }
+#endif
 
 // C[M x NVV*VL] (+)= sum_k A[i*ars + k*acs] * B[k*ldb + j].
 template <int M, int NVV, bool kAccumulate>
@@ -115,10 +146,15 @@ inline void MicroKernel(int64_t K, const float* __restrict A, int64_t ars, int64
 }
 
 // C[M x N] (+)= A[M x K] · B[K x N]; M a multiple of MR, N of VL.
+// pf, when given: pf_floats of data the next step needs, prefetched into L2 a slice per row group
+// (see ForwardTile).
 template <bool kAccumulate>
 void Gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t ars, int64_t acs, const float* B, int64_t ldb,
-          float* C, int64_t ldc) {
+          float* C, int64_t ldc, const float* pf = nullptr, int64_t pf_floats = 0) {
+  const int64_t pf_slice = pf_floats / (M / MR);
   for (int64_t i = 0; i < M; i += MR) {
+    if (pf != nullptr)
+      for (int64_t f = 0; f < pf_slice; f += 64 / sizeof(float)) __builtin_prefetch(pf + i / MR * pf_slice + f, 0, 1);
     int64_t j = 0;
     for (; j + NV * VL <= N; j += NV * VL)
       MicroKernel<MR, NV, kAccumulate>(K, A + i * ars, ars, acs, B + j, ldb, C + i * ldc + j, ldc);
@@ -127,6 +163,25 @@ void Gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t ars, int64_t 
 }
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// How far a score may exceed the row's reference maximum before the row is rescaled: the
+// probabilities stay below 2^8, far from float32's range, and most tiles rescale nothing.
+constexpr float kRescaleSlack = 8.0f;
+
+// Whether any lane of v exceeds t (false for NaN lanes).
+inline bool AnyGreater(vf v, float t) {
+#if defined(STRIA_ISA_avx512)
+  return _mm512_cmp_ps_mask((__m512)v, _mm512_set1_ps(t), _CMP_GT_OQ) != 0;
+#else
+  return HMax(v) > t;
+#endif
+}
+
+inline bool HasNaN(const float* row, int64_t n) {
+  for (int64_t c = 0; c < n; ++c)
+    if (row[c] != row[c]) return true;
+  return false;
+}
 
 // Visible key columns [lo, hi) of local query row i (empty when the row is outside the mask).
 inline void RowRange(const BlockMask& m, int64_t i, int64_t* lo, int64_t* hi) {
@@ -164,9 +219,9 @@ inline int64_t GroupCols(const BlockMask& m, int64_t i0, int64_t r0, int64_t j0)
 // S = Q·Kᵀ for a tile: whole, or on a masked tile per row group over its GroupCols (the columns
 // left out are set to -inf by ApplyMask, which follows). cols[g] gets group g's width.
 void TileScores(const BlockMask& mk, bool full, int64_t i0, int64_t j0, int64_t D, const float* q, int64_t Dp,
-                const float* kt_tile, float* s, int64_t* cols) {
+                const float* kt_tile, float* s, int64_t* cols, const float* pf = nullptr, int64_t pf_floats = 0) {
   if (full) {
-    Gemm<false>(kBlockQ, kBlockK, D, q, Dp, 1, kt_tile, kBlockK, s, kBlockK);
+    Gemm<false>(kBlockQ, kBlockK, D, q, Dp, 1, kt_tile, kBlockK, s, kBlockK, pf, pf_floats);
     for (int64_t g = 0; g < kBlockQ / MR; ++g) cols[g] = kBlockK;
     return;
   }
@@ -210,50 +265,62 @@ void ForwardTile(const FwdTileArgs& a) {
   float* l = a.l + i0;
   float* s = a.scratch;
   int64_t cols[kBlockQ / MR];
+  vf lsum[kBlockQ] = {};  // per-lane partial row sums, added into l at the end
   for (int64_t kt = k_lo / kBlockK; kt * kBlockK < k_hi; ++kt) {
     const int64_t j0 = kt * kBlockK;
     const bool full = TileFull(mk, i0, j0);
-    TileScores(mk, full, i0, j0, D, q, Dp, a.kt + kt * Dp * kBlockK, s, cols);
+    // Each block of K and V comes from L3 or memory once per query tile: while the FMA units
+    // work on one operand, the next is prefetched into L2, V during S = Q·Kᵀ and the next Kᵀ
+    // tile during O += P·V (about +5% once a head's K and V outgrow L2).
+    const float* next_kt = (kt + 1) * kBlockK < k_hi ? a.kt + (kt + 1) * Dp * kBlockK : nullptr;
+    TileScores(mk, full, i0, j0, D, q, Dp, a.kt + kt * Dp * kBlockK, s, cols, a.v + j0 * Dp, Dp * kBlockK);
     for (int64_t r = 0; r < kBlockQ; ++r) {
       float* row = s + r * kBlockK;
       const int64_t n = cols[r / MR];  // columns past n are invisible and never read
       vf mx = Splat(kNegInf);
-      for (int64_t c = 0; c < n; c += VL) {
-        vf x = Load(row + c);
-        mx = (x > mx) | (x != x) ? x : mx;
+      for (int64_t c = 0; c < n; c += VL) mx = Max(mx, Load(row + c));
+      // The reference m only moves when a score exceeds it by more than kRescaleSlack (or on the
+      // row's first visible scores): the common tile skips the horizontal maximum, the exp2 of
+      // the correction and the rescaling of the output row.
+      if (m[r] == kNegInf || AnyGreater(mx, m[r] + kRescaleSlack)) {
+        const float m_old = m[r];
+        // Max passes over NaN scores: they turn into NaN probabilities below and poison the row
+        // sum and the output. Only a row with no finite score yet must look for them itself.
+        float m_new = std::max(m_old, HMax(mx));
+        if (m_new == kNegInf) {
+          if (!HasNaN(row, n)) {  // nothing visible yet: this row contributes nothing
+            std::memset(row, 0, sizeof(float) * n);
+            continue;
+          }
+          m_new = std::numeric_limits<float>::quiet_NaN();
+        }
+        const float alpha = std::exp2(m_old - m_new);  // 0 when m_old is -inf
+        l[r] = (l[r] + HSum(lsum[r])) * alpha;
+        lsum[r] = vf{};
+        m[r] = m_new;
+        float* o = acc + r * Dp;
+        const vf av = Splat(alpha);
+        for (int64_t d = 0; d < Dp; d += VL) Store(o + d, Load(o + d) * av);
       }
-      const float m_old = m[r];
-      const float row_max = HMax(mx);
-      const float m_new = row_max != row_max ? row_max : std::max(m_old, row_max);
-      if (m_new == kNegInf) {  // nothing visible yet: this row contributes nothing
-        std::memset(row, 0, sizeof(float) * n);
-        continue;
-      }
-      const float alpha = std::exp2(m_old - m_new);  // 0 when m_old is -inf
-      vf sum = vf{};
-      const vf mv = Splat(m_new);
+      const vf mv = Splat(m[r]);
+      vf sum = lsum[r];
       for (int64_t c = 0; c < n; c += VL) {
         vf p = Exp2(Load(row + c) - mv);
         Store(row + c, p);
         sum += p;
       }
-      l[r] = l[r] * alpha + HSum(sum);
-      m[r] = m_new;
-      if (alpha != 1.0f) {
-        float* o = acc + r * Dp;
-        const vf av = Splat(alpha);
-        for (int64_t d = 0; d < Dp; d += VL) Store(o + d, Load(o + d) * av);
-      }
+      lsum[r] = sum;
     }
     // O += P·V, on a masked tile per row group over the columns it computed.
     if (full) {
-      Gemm<true>(kBlockQ, Dp, kBlockK, s, kBlockK, 1, a.v + j0 * Dp, Dp, acc, Dp);
+      Gemm<true>(kBlockQ, Dp, kBlockK, s, kBlockK, 1, a.v + j0 * Dp, Dp, acc, Dp, next_kt, Dp * kBlockK);
       continue;
     }
     for (int64_t g = 0; g < kBlockQ / MR; ++g)
       if (cols[g] > 0)
         Gemm<true>(MR, Dp, cols[g], s + g * MR * kBlockK, kBlockK, 1, a.v + j0 * Dp, Dp, acc + g * MR * Dp, Dp);
   }
+  for (int64_t r = 0; r < kBlockQ; ++r) l[r] += HSum(lsum[r]);
 }
 
 void BackwardItem(const BwdItemArgs& a) {
