@@ -44,17 +44,22 @@ class Backend {
   // Memory for ring messages, reused across calls by the engine.
   virtual Status Allocate(size_t bytes, void** ptr) = 0;
   virtual void Free(void* ptr) = 0;
-  virtual Status PackKV(const AttentionShape& shape, const TensorView& k, const TensorView& v, void* wire) = 0;
+  // Packs this rank's K/V block into `wire`. `sent`: whether the engine sends the wire to another
+  // rank. When it does not (a world of 1), only this backend's own block call with `local` reads
+  // it, so a backend that stages its local block elsewhere (the CPU one) may leave it unwritten.
+  virtual Status PackKV(const AttentionShape& shape, const TensorView& k, const TensorView& v, void* wire,
+                        bool sent) = 0;
 
   // `stream`: the call's stream (a cudaStream_t on CUDA; NULL on the CPU), checked by CheckSupported.
   virtual Status ForwardBegin(const AttentionShape& shape, const TensorView& q, void* stream) = 0;
-  virtual Status ForwardBlock(const void* kv_wire, const BlockMask& mask) = 0;
+  // `local`: kv_wire is this rank's own block, packed by this call's PackKV (ring step 0).
+  virtual Status ForwardBlock(const void* kv_wire, const BlockMask& mask, bool local) = 0;
   virtual Status ForwardEnd(const TensorView& out, const TensorView& lse) = 0;
 
   virtual Status BackwardBegin(const AttentionShape& shape, const TensorView& q, const TensorView& out,
                                const TensorView& lse, const TensorView& dout, void* stream) = 0;
   // Zeroes `dkv` (a dK/dV message) and adds this rank's contribution for the block into it.
-  virtual Status BackwardBlock(const void* kv_wire, const BlockMask& mask, float* dkv) = 0;
+  virtual Status BackwardBlock(const void* kv_wire, const BlockMask& mask, float* dkv, bool local) = 0;
   // dst += src over a dK/dV message.
   virtual Status AccumulateDKV(float* dst, const float* src) = 0;
   virtual Status BackwardEnd(const TensorView& dq, const float* dkv, const TensorView& dk, const TensorView& dv) = 0;

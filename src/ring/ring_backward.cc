@@ -33,7 +33,7 @@ Status RingBackward(Context& ctx, const BackwardCall& call) {
     STRIA_RETURN_IF_ERROR(ctx.RingBuffer(4, dkv_bytes, &dkv_in));
   }
   STRIA_RETURN_IF_ERROR(be.BackwardBegin(s, c.q, c.out, c.lse, c.dout, c.stream));
-  STRIA_RETURN_IF_ERROR(be.PackKV(s, c.k, c.v, kv[0]));
+  STRIA_RETURN_IF_ERROR(be.PackKV(s, c.k, c.v, kv[0], n > 1));
 
   auto& times = ctx.step_times();
   times.assign(static_cast<size_t>(n), StepTime());
@@ -56,7 +56,7 @@ Status RingBackward(Context& ctx, const BackwardCall& call) {
     timer.ComputeBegin();
     float* mine = static_cast<float*>(dkv[step % 2]);
     const BlockMask mask = ClassifyBlock(c.layout, c.causal, n, s.L, r, holder);
-    st = be.BackwardBlock(kv[step % 2], mask, mine);
+    st = be.BackwardBlock(kv[step % 2], mask, mine, step == 0);
     if (!st.ok()) return ctx.Fail(st);
     timer.ComputeEnd();
 

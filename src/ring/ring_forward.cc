@@ -23,7 +23,7 @@ Status RingForward(Context& ctx, const ForwardCall& call) {
   STRIA_RETURN_IF_ERROR(ctx.RingBuffer(0, kv_bytes, &kv[0]));
   if (n > 1) STRIA_RETURN_IF_ERROR(ctx.RingBuffer(1, kv_bytes, &kv[1]));
   STRIA_RETURN_IF_ERROR(be.ForwardBegin(s, c.q, c.stream));
-  STRIA_RETURN_IF_ERROR(be.PackKV(s, c.k, c.v, kv[0]));
+  STRIA_RETURN_IF_ERROR(be.PackKV(s, c.k, c.v, kv[0], n > 1));
 
   auto& times = ctx.step_times();
   times.assign(static_cast<size_t>(n), StepTime());
@@ -43,7 +43,7 @@ Status RingForward(Context& ctx, const ForwardCall& call) {
     timer.ComputeBegin();
     const BlockMask mask = ClassifyBlock(c.layout, c.causal, n, s.L, r, holder);
     if (!mask.empty()) {
-      Status st = be.ForwardBlock(kv[step % 2], mask);
+      Status st = be.ForwardBlock(kv[step % 2], mask, step == 0);
       if (!st.ok()) return ctx.Fail(st);
     }
     timer.ComputeEnd();

@@ -106,19 +106,24 @@ class CpuBackend final : public Backend {
   }
   void Free(void* ptr) override { std::free(ptr); }
 
-  Status PackKV(const AttentionShape& s, const TensorView& k, const TensorView& v, void* wire) override {
-    const int64_t es = DTypeSize(s.dtype);
-    const int64_t row_bytes = s.D * es;
-    char* kd = static_cast<char*>(wire);
-    char* vd = kd + s.B * s.L * s.Hkv * row_bytes;
-    pool_.ParallelFor(s.B * s.L, [&](int64_t item, int) {
-      const int64_t b = item / s.L, i = item % s.L;
-      for (int64_t h = 0; h < s.Hkv; ++h) {
-        const int64_t off = ((b * s.L + i) * s.Hkv + h) * row_bytes;
-        std::memcpy(kd + off, Row4(k, b, i, h), static_cast<size_t>(row_bytes));
-        std::memcpy(vd + off, Row4(v, b, i, h), static_cast<size_t>(row_bytes));
-      }
-    });
+  // The wire only when it is sent; the local block is unpacked here straight from the caller's
+  // tensors, which saves a world of 1 a copy of K and V and a second pass over it.
+  Status PackKV(const AttentionShape& s, const TensorView& k, const TensorView& v, void* wire, bool sent) override {
+    if (sent) {
+      const int64_t row_bytes = s.D * DTypeSize(s.dtype);
+      char* kd = static_cast<char*>(wire);
+      char* vd = kd + s.B * s.L * s.Hkv * row_bytes;
+      pool_.ParallelFor(s.B * s.L, [&](int64_t item, int) {
+        const int64_t b = item / s.L, i = item % s.L;
+        for (int64_t h = 0; h < s.Hkv; ++h) {
+          const int64_t off = ((b * s.L + i) * s.Hkv + h) * row_bytes;
+          std::memcpy(kd + off, Row4(k, b, i, h), static_cast<size_t>(row_bytes));
+          std::memcpy(vd + off, Row4(v, b, i, h), static_cast<size_t>(row_bytes));
+        }
+      });
+    }
+    UnpackBlock([&](bool is_v, int64_t b, int64_t j, int64_t h) { return Row4(is_v ? v : k, b, j, h); });
+    local_staged_ = true;
     return Status::Ok();
   }
 
@@ -130,6 +135,8 @@ class CpuBackend final : public Backend {
     STRIA_RETURN_IF_ERROR(m_.Reserve(rows * 4, "row maxima"));
     STRIA_RETURN_IF_ERROR(l_.Reserve(rows * 4, "row sums"));
     STRIA_RETURN_IF_ERROR(ReserveBlock(false));
+    backward_ = false;
+    local_staged_ = false;
     PackQueries(q, s.scale * cpu::kLog2e, q32_.f32());
     std::memset(acc_.data(), 0, rows * ps_.Dp * 4);
     std::fill(m_.f32(), m_.f32() + rows, kNegInf);
@@ -137,8 +144,8 @@ class CpuBackend final : public Backend {
     return Status::Ok();
   }
 
-  Status ForwardBlock(const void* kv_wire, const BlockMask& mask) override {
-    UnpackBlock(kv_wire, false);
+  Status ForwardBlock(const void* kv_wire, const BlockMask& mask, bool local) override {
+    UnpackUnlessStaged(kv_wire, local);
     const int64_t nqt = ps_.Lqp / kBlockQ;
     const int64_t heads = s_.B * s_.Hq;
     const int64_t group = s_.Hq / s_.Hkv;
@@ -194,6 +201,8 @@ class CpuBackend final : public Backend {
     STRIA_RETURN_IF_ERROR(delta_.Reserve(rows * 4, "rowsum(dO*O)"));
     STRIA_RETURN_IF_ERROR(dq32_.Reserve(static_cast<size_t>(chunks_) * rows * ps_.Dp * 4, "dQ partials"));
     STRIA_RETURN_IF_ERROR(ReserveBlock(true));
+    backward_ = true;
+    local_staged_ = false;
     PackQueries(q, s.scale * cpu::kLog2e, q32_.f32());
     PackQueries(dout, 1.f, dout32_.f32());
     std::memset(dq32_.data(), 0, static_cast<size_t>(chunks_) * rows * ps_.Dp * 4);
@@ -218,11 +227,14 @@ class CpuBackend final : public Backend {
     return Status::Ok();
   }
 
-  Status BackwardBlock(const void* kv_wire, const BlockMask& mask, float* dkv) override {
+  Status BackwardBlock(const void* kv_wire, const BlockMask& mask, float* dkv, bool local) override {
     const int64_t per = s_.B * s_.L * s_.Hkv * s_.D;
     std::memset(dkv, 0, static_cast<size_t>(2 * per) * 4);
-    if (mask.empty()) return Status::Ok();
-    UnpackBlock(kv_wire, true);
+    if (mask.empty()) {
+      local_staged_ = false;
+      return Status::Ok();
+    }
+    UnpackUnlessStaged(kv_wire, local);
     const int64_t group = s_.Hq / s_.Hkv;
     const int64_t rows = s_.B * s_.Hq * ps_.Lqp;
     const int64_t nkt = ps_.Lkp / kBlockK;
@@ -336,46 +348,65 @@ class CpuBackend final : public Backend {
     });
   }
 
-  // A K/V ring message -> the packed layouts the kernels read: Kt tiles always; V rows for the
-  // forward; K rows and Vt tiles for the backward.
-  void UnpackBlock(const void* wire, bool backward) {
-    const int64_t es = DTypeSize(s_.dtype);
-    const char* kw = static_cast<const char*>(wire);
-    const char* vw = kw + s_.B * s_.L * s_.Hkv * s_.D * es;
+  // The block the kernels are about to read: the local one PackKV staged (ring step 0), or the
+  // ring message in kv_wire. Staging is good for one block call only.
+  void UnpackUnlessStaged(const void* kv_wire, bool local) {
+    if (!(local && local_staged_)) {
+      const int64_t row_bytes = s_.D * DTypeSize(s_.dtype);
+      const char* kw = static_cast<const char*>(kv_wire);
+      const char* vw = kw + s_.B * s_.L * s_.Hkv * row_bytes;
+      UnpackBlock([&](bool is_v, int64_t b, int64_t j, int64_t h) {
+        return (is_v ? vw : kw) + ((b * s_.L + j) * s_.Hkv + h) * row_bytes;
+      });
+    }
+    local_staged_ = false;
+  }
+
+  // A K/V block -> the packed layouts the kernels read: Kt tiles always; V rows for the forward;
+  // K rows and Vt tiles for the backward. row_of(is_v, b, j, h) points at key j's K or V row.
+  // A tile's rows are converted first and then transposed whole, so the transposed tiles are
+  // written in long runs instead of one float per 256-byte row.
+  template <typename RowOf>
+  void UnpackBlock(const RowOf& row_of) {
+    const bool backward = backward_;
+    const int64_t Dp = ps_.Dp, D = s_.D;
     const int64_t nkt = ps_.Lkp / kBlockK;
     pool_.ParallelFor(s_.B * s_.Hkv * nkt, [&](int64_t item, int tid) {
       const int64_t t = item % nkt, bk = item / nkt;
       const int64_t b = bk / s_.Hkv, h = bk % s_.Hkv;
-      const int64_t head_off = bk * ps_.Lkp * ps_.Dp;
-      float* kt = kt_.f32() + head_off + t * ps_.Dp * kBlockK;
-      float* rows_k = (backward ? k32_.f32() : v32_.f32()) + head_off;  // K rows (bwd) or V rows (fwd)
-      float* vt = backward ? vt_.f32() + head_off + t * ps_.Dp * kBlockK : nullptr;
-      float* tmp = scratch_.f32() + tid * scratch_floats_;  // one V row for the transpose
-      std::fill(kt, kt + ps_.Dp * kBlockK, 0.f);
-      if (vt) std::fill(vt, vt + ps_.Dp * kBlockK, 0.f);
+      const int64_t head_off = bk * ps_.Lkp * Dp;
+      float* tmp = scratch_.f32() + tid * scratch_floats_;  // kBlockK rows, for the transpose
+      float* rows = (backward ? k32_.f32() : v32_.f32()) + head_off + t * kBlockK * Dp;
+      float* k_rows = backward ? rows : tmp;  // K rows (backward) or V rows (forward) are kept
+      float* v_rows = backward ? tmp : rows;
       for (int64_t c = 0; c < kBlockK; ++c) {
         const int64_t j = t * kBlockK + c;
-        float* row = rows_k + j * ps_.Dp;
-        if (j >= s_.L) {
-          std::fill(row, row + ps_.Dp, 0.f);
-          continue;
-        }
-        const int64_t off = ((b * s_.L + j) * s_.Hkv + h) * s_.D * es;
-        if (backward) {
-          LoadRow(kw + off, s_.dtype, s_.D, 1.f, row);
-          LoadRow(vw + off, s_.dtype, s_.D, 1.f, tmp);
-          for (int64_t d = 0; d < s_.D; ++d) {
-            kt[d * kBlockK + c] = row[d];
-            vt[d * kBlockK + c] = tmp[d];
-          }
+        float* kr = k_rows + c * Dp;
+        float* vr = v_rows + c * Dp;
+        if (j < s_.L) {
+          LoadRow(row_of(false, b, j, h), s_.dtype, D, 1.f, kr);
+          LoadRow(row_of(true, b, j, h), s_.dtype, D, 1.f, vr);
+          std::fill(kr + D, kr + Dp, 0.f);
+          std::fill(vr + D, vr + Dp, 0.f);
         } else {
-          LoadRow(kw + off, s_.dtype, s_.D, 1.f, tmp);
-          for (int64_t d = 0; d < s_.D; ++d) kt[d * kBlockK + c] = tmp[d];
-          LoadRow(vw + off, s_.dtype, s_.D, 1.f, row);
+          std::fill(kr, kr + Dp, 0.f);
+          std::fill(vr, vr + Dp, 0.f);
         }
-        std::fill(row + s_.D, row + ps_.Dp, 0.f);
       }
+      TransposeTile(k_rows, Dp, kt_.f32() + head_off + t * Dp * kBlockK);
+      if (backward) TransposeTile(v_rows, Dp, vt_.f32() + head_off + t * Dp * kBlockK);
     });
+  }
+
+  // src [kBlockK][Dp] -> dst [Dp][kBlockK], in blocks of 16 x 16 that stay in L1.
+  static void TransposeTile(const float* src, int64_t Dp, float* dst) {
+    constexpr int64_t kB = 16;
+    for (int64_t d0 = 0; d0 < Dp; d0 += kB) {
+      const int64_t d1 = std::min(Dp, d0 + kB);
+      for (int64_t c0 = 0; c0 < kBlockK; c0 += kB)
+        for (int64_t d = d0; d < d1; ++d)
+          for (int64_t c = c0; c < c0 + kB; ++c) dst[d * kBlockK + c] = src[c * Dp + d];
+    }
   }
 
   ThreadPool pool_;
@@ -384,6 +415,8 @@ class CpuBackend final : public Backend {
   cpu::PackedShape ps_{};
   int64_t chunks_ = 1;
   int64_t scratch_floats_ = 0;
+  bool backward_ = false;      // the direction of the call in progress
+  bool local_staged_ = false;  // PackKV unpacked the local block for the next block call
   AlignedBuffer q32_, acc_, m_, l_, kt_, v32_, k32_, vt_, dout32_, lse2_, delta_, dq32_, scratch_;
 };
 

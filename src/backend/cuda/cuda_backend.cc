@@ -193,7 +193,8 @@ class CudaBackend final : public Backend {
 
   std::shared_ptr<BufferCopier> CreateLocalCopier() override { return std::make_shared<CudaCopier>(device_); }
 
-  Status PackKV(const AttentionShape& s, const TensorView& k, const TensorView& v, void* wire) override {
+  // The wire is always written: the block kernels read K/V from it, the local block included.
+  Status PackKV(const AttentionShape& s, const TensorView& k, const TensorView& v, void* wire, bool /*sent*/) override {
     DeviceScope scope(device_);
     STRIA_RETURN_IF_ERROR(scope.status());
     const int eb = static_cast<int>(DTypeSize(s.dtype));
@@ -221,7 +222,7 @@ class CudaBackend final : public Backend {
     return Status::Ok();
   }
 
-  Status ForwardBlock(const void* kv_wire, const BlockMask& mask) override {
+  Status ForwardBlock(const void* kv_wire, const BlockMask& mask, bool /*local*/) override {
     DeviceScope scope(device_);
     STRIA_RETURN_IF_ERROR(scope.status());
     cuda::FwdParams p{};
@@ -266,7 +267,7 @@ class CudaBackend final : public Backend {
     return Status::Ok();
   }
 
-  Status BackwardBlock(const void* kv_wire, const BlockMask& mask, float* dkv) override {
+  Status BackwardBlock(const void* kv_wire, const BlockMask& mask, float* dkv, bool /*local*/) override {
     DeviceScope scope(device_);
     STRIA_RETURN_IF_ERROR(scope.status());
     const size_t per = static_cast<size_t>(s_.B * s_.L * s_.Hkv * s_.D);
