@@ -12,118 +12,14 @@
 #include <limits>
 
 #include "cpu/attention_kernels.h"
-
-#if defined(STRIA_ISA_avx512)
-#include <immintrin.h>
-#endif
-
-// Micro-tile: MR rows x NV vectors of accumulators. AVX-512 takes 4 x 4 (16 of its 32 registers):
-// per k step 4 vector loads and 4 broadcasts feed 16 FMAs, where 8 x 2 needed 2 + 8, and the
-// finer row groups compute less of each diagonal tile (about +7% forward on an Intel Xeon).
-#if defined(STRIA_ISA_avx512)
-#define STRIA_VL 16
-#define STRIA_MR 4
-#define STRIA_NV 4
-#elif defined(STRIA_ISA_avx2)
-#define STRIA_VL 8
-#define STRIA_MR 4
-#define STRIA_NV 2
-#else
-#define STRIA_VL 4
-#define STRIA_MR 4
-#define STRIA_NV 2
-#endif
+#include "cpu/online_softmax.h"
+#include "cpu/simd.h"
+#include "cpu/tile_mask.h"
 
 namespace stria {
 namespace cpu {
 namespace STRIA_ISA_NAME {
 namespace {
-
-constexpr int VL = STRIA_VL;  // floats per vector
-constexpr int MR = STRIA_MR;  // rows per micro-tile
-constexpr int NV = STRIA_NV;  // vectors per micro-tile row
-static_assert(kBlockQ % MR == 0 && kBlockK % MR == 0, "tiles must be whole micro-tiles");
-static_assert(kBlockK % VL == 0, "key tiles must be whole vectors");
-
-typedef float vf __attribute__((vector_size(VL * 4)));
-typedef float vf_u __attribute__((vector_size(VL * 4), aligned(4)));  // unaligned access
-typedef int32_t vi __attribute__((vector_size(VL * 4)));
-
-inline vf Load(const float* p) {
-  return *reinterpret_cast<const vf_u*>(p);
-}
-inline void Store(float* p, vf v) {
-  *reinterpret_cast<vf_u*>(p) = v;
-}
-// Every lane x: x times a vector of ones, which GCC folds to a bare broadcast (x * 1 is exact, so
-// it may), one load-port vbroadcastss when x comes from memory. vf{} + x is not an identity
-// (0 + -0 is +0), so it compiles to a scalar add and a register broadcast, which on Intel take
-// the FMA ports and halve the GEMM loops.
-inline vf Splat(float x) {
-  return x * (vf{} + 1.0f);
-}
-// Lane-wise maximum, one vmaxps: a NaN in x is passed over (x > m is false). Scores are
-// reduced this way and a NaN score is caught by the exponential instead (see ForwardTile).
-inline vf Max(vf m, vf x) {
-  return x > m ? x : m;
-}
-// Horizontal reductions as a tree of log2(VL) shuffles, not VL - 1 scalar steps: they run once per
-// row and key tile, which makes them a noticeable share of the softmax.
-template <typename Op>
-inline float Reduce(vf v, Op op) {
-  for (int w = VL / 2; w >= 1; w /= 2) {
-    vi rot;
-    for (int i = 0; i < VL; ++i) rot[i] = (i + w) % VL;
-    v = op(v, __builtin_shuffle(v, rot));
-  }
-  return v[0];
-}
-inline float HMax(vf v) {
-  return Reduce(v, [](vf a, vf b) { return Max(a, b); });
-}
-inline float HSum(vf v) {
-  return Reduce(v, [](vf a, vf b) { return a + b; });
-}
-
-// 2^f on [-0.5, 0.5]: a degree-5 polynomial fitted for relative error (7.5e-8; 2.3e-7 evaluated
-// in float32, below what the fp32 bar of 1e-5 can notice).
-inline vf Exp2Fraction(vf f) {
-  vf p = Splat(1.327647196e-3f);
-  p = p * f + 9.675541503e-3f;
-  p = p * f + 5.550713275e-2f;
-  p = p * f + 2.402211972e-1f;
-  p = p * f + 6.931469671e-1f;
-  return p * f + 1.000000072f;
-}
-
-#if defined(STRIA_ISA_avx512)
-// 2^x for x <= 0 (scores minus a running maximum) in nine instructions, the softmax's inner loop:
-// vrndscaleps splits off the integer part, vscalefps puts it in the exponent. Below -126 (and for
-// -inf) the result is an exact 0 through the zeroing mask, so no denormal is ever produced; a NaN
-// stays NaN.
-inline vf Exp2(vf x) {
-  const __mmask16 keep = _mm512_cmp_ps_mask((__m512)x, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ);
-  // Lanes outside `keep` get n = 0 (their result is zeroed anyway); the masked form also avoids
-  // GCC 12's false -Wmaybe-uninitialized on _mm512_roundscale_ps.
-  const __m512 n = _mm512_maskz_roundscale_ps(keep, (__m512)x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  return (vf)_mm512_maskz_scalef_ps(keep, (__m512)Exp2Fraction(x - (vf)n), n);
-}
-#else
-// 2^x for x <= 0: exact 0 below -126 (and for -inf), NaN for NaN, the integer part added into the
-// exponent bits.
-inline vf Exp2(vf x) {
-  vi keep = (x >= Splat(-126.0f)) | (x != x);
-  x = x < Splat(-126.0f) ? Splat(-126.0f) : x;
-  x = x > Splat(127.0f) ? Splat(127.0f) : x;
-  const vf shifter = Splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
-  vf t = x + shifter;
-  vf n = t - shifter;
-  vi ni = (vi)t - 0x4B400000;
-  vi scale_bits = (ni + 127) << 23;
-  vf r = Exp2Fraction(x - n) * (vf)scale_bits;
-  return (vf)((vi)r & keep);
-}
-#endif
 
 // C[M x NVV*VL] (+)= sum_k A[i*ars + k*acs] * B[k*ldb + j].
 template <int M, int NVV, bool kAccumulate>
@@ -162,46 +58,6 @@ void Gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t ars, int64_t 
   }
 }
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// How far a score may exceed the row's reference maximum before the row is rescaled: the
-// probabilities stay below 2^8, far from float32's range, and most tiles rescale nothing.
-constexpr float kRescaleSlack = 8.0f;
-
-// Whether any lane of v exceeds t (false for NaN lanes).
-inline bool AnyGreater(vf v, float t) {
-#if defined(STRIA_ISA_avx512)
-  return _mm512_cmp_ps_mask((__m512)v, _mm512_set1_ps(t), _CMP_GT_OQ) != 0;
-#else
-  return HMax(v) > t;
-#endif
-}
-
-inline bool HasNaN(const float* row, int64_t n) {
-  for (int64_t c = 0; c < n; ++c)
-    if (row[c] != row[c]) return true;
-  return false;
-}
-
-// Visible key columns [lo, hi) of local query row i (empty when the row is outside the mask).
-inline void RowRange(const BlockMask& m, int64_t i, int64_t* lo, int64_t* hi) {
-  if (i < m.q_begin || i >= m.q_end) {
-    *lo = *hi = 0;
-    return;
-  }
-  *lo = m.k_begin;
-  *hi = m.diagonal ? std::min(m.k_end, i + m.offset + 1) : m.k_end;
-  if (*hi < *lo) *hi = *lo;
-}
-
-// True when every pair of the tile rows [i0, i0+kBlockQ) x cols [j0, j0+kBlockK) is visible.
-inline bool TileFull(const BlockMask& m, int64_t i0, int64_t j0) {
-  if (i0 < m.q_begin || i0 + kBlockQ > m.q_end || j0 < m.k_begin || j0 + kBlockK > m.k_end) return false;
-  return !m.diagonal || j0 + kBlockK - 1 <= i0 + m.offset;
-}
-
-void ApplyMask(const BlockMask& m, int64_t i0, int64_t j0, float* s);
-
 // The key columns [0, n) of tile (i0, j0) that rows r0 .. r0 + MR - 1 may see, n rounded up to
 // whole vectors: on a tile the diagonal crosses, a micro-tile row group computes only these
 // (about half the tile), instead of the whole tile and then masking it.
@@ -233,20 +89,6 @@ void TileScores(const BlockMask& mk, bool full, int64_t i0, int64_t j0, int64_t 
   ApplyMask(mk, i0, j0, s);
 }
 
-// Sets the scores of invisible pairs of a tile to -inf.
-void ApplyMask(const BlockMask& m, int64_t i0, int64_t j0, float* s) {
-  for (int64_t r = 0; r < kBlockQ; ++r) {
-    int64_t lo, hi;
-    RowRange(m, i0 + r, &lo, &hi);
-    float* row = s + r * kBlockK;
-    // Visible columns are one interval: fill what lies before and after it.
-    const int64_t c_lo = std::min<int64_t>(kBlockK, std::max<int64_t>(0, lo - j0));
-    const int64_t c_hi = std::max(c_lo, std::min<int64_t>(kBlockK, std::max<int64_t>(0, hi - j0)));
-    std::fill(row, row + c_lo, kNegInf);
-    std::fill(row + c_hi, row + kBlockK, kNegInf);
-  }
-}
-
 void ForwardTile(const FwdTileArgs& a) {
   const PackedShape& sh = *a.shape;
   const BlockMask& mk = *a.mask;
@@ -274,43 +116,7 @@ void ForwardTile(const FwdTileArgs& a) {
     // tile during O += P·V (about +5% once a head's K and V outgrow L2).
     const float* next_kt = (kt + 1) * kBlockK < k_hi ? a.kt + (kt + 1) * Dp * kBlockK : nullptr;
     TileScores(mk, full, i0, j0, D, q, Dp, a.kt + kt * Dp * kBlockK, s, cols, a.v + j0 * Dp, Dp * kBlockK);
-    for (int64_t r = 0; r < kBlockQ; ++r) {
-      float* row = s + r * kBlockK;
-      const int64_t n = cols[r / MR];  // columns past n are invisible and never read
-      vf mx = Splat(kNegInf);
-      for (int64_t c = 0; c < n; c += VL) mx = Max(mx, Load(row + c));
-      // The reference m only moves when a score exceeds it by more than kRescaleSlack (or on the
-      // row's first visible scores): the common tile skips the horizontal maximum, the exp2 of
-      // the correction and the rescaling of the output row.
-      if (m[r] == kNegInf || AnyGreater(mx, m[r] + kRescaleSlack)) {
-        const float m_old = m[r];
-        // Max passes over NaN scores: they turn into NaN probabilities below and poison the row
-        // sum and the output. Only a row with no finite score yet must look for them itself.
-        float m_new = std::max(m_old, HMax(mx));
-        if (m_new == kNegInf) {
-          if (!HasNaN(row, n)) {  // nothing visible yet: this row contributes nothing
-            std::memset(row, 0, sizeof(float) * n);
-            continue;
-          }
-          m_new = std::numeric_limits<float>::quiet_NaN();
-        }
-        const float alpha = std::exp2(m_old - m_new);  // 0 when m_old is -inf
-        l[r] = (l[r] + HSum(lsum[r])) * alpha;
-        lsum[r] = vf{};
-        m[r] = m_new;
-        float* o = acc + r * Dp;
-        const vf av = Splat(alpha);
-        for (int64_t d = 0; d < Dp; d += VL) Store(o + d, Load(o + d) * av);
-      }
-      const vf mv = Splat(m[r]);
-      vf sum = lsum[r];
-      for (int64_t c = 0; c < n; c += VL) {
-        vf p = Exp2(Load(row + c) - mv);
-        Store(row + c, p);
-        sum += p;
-      }
-      lsum[r] = sum;
-    }
+    SoftmaxTile(s, cols, MR, 1.0f, m, l, lsum, acc, Dp);
     // O += P·V, on a masked tile per row group over the columns it computed.
     if (full) {
       Gemm<true>(kBlockQ, Dp, kBlockK, s, kBlockK, 1, a.v + j0 * Dp, Dp, acc, Dp, next_kt, Dp * kBlockK);

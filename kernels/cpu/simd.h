@@ -1,0 +1,151 @@
+// Vector helpers of the CPU tile kernels, written once with GCC vector extensions and compiled
+// per instruction set (the including file is built once per ISA, see kernels/CMakeLists.txt):
+// vectors of 4 (generic x86-64), 8 (AVX2) or 16 floats (AVX-512, and the AMX build, which is
+// AVX-512 plus tile instructions).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "cpu/attention_kernels.h"
+
+#if defined(STRIA_ISA_avx512) || defined(STRIA_ISA_amx)
+#define STRIA_SIMD_AVX512 1
+#include <immintrin.h>
+#endif
+
+// Micro-tile: MR rows x NV vectors of accumulators. AVX-512 takes 4 x 4 (16 of its 32 registers):
+// per k step 4 vector loads and 4 broadcasts feed 16 FMAs, where 8 x 2 needed 2 + 8, and the
+// finer row groups compute less of each diagonal tile (about +7% forward on an Intel Xeon).
+#if defined(STRIA_SIMD_AVX512)
+#define STRIA_VL 16
+#define STRIA_MR 4
+#define STRIA_NV 4
+#elif defined(STRIA_ISA_avx2)
+#define STRIA_VL 8
+#define STRIA_MR 4
+#define STRIA_NV 2
+#else
+#define STRIA_VL 4
+#define STRIA_MR 4
+#define STRIA_NV 2
+#endif
+
+namespace stria {
+namespace cpu {
+namespace STRIA_ISA_NAME {
+namespace {
+
+constexpr int VL = STRIA_VL;  // floats per vector
+constexpr int MR = STRIA_MR;  // rows per micro-tile
+constexpr int NV = STRIA_NV;  // vectors per micro-tile row
+static_assert(kBlockQ % MR == 0 && kBlockK % MR == 0, "tiles must be whole micro-tiles");
+static_assert(kBlockK % VL == 0, "key tiles must be whole vectors");
+
+typedef float vf __attribute__((vector_size(VL * 4)));
+typedef float vf_u __attribute__((vector_size(VL * 4), aligned(4)));  // unaligned access
+typedef int32_t vi __attribute__((vector_size(VL * 4)));
+
+inline vf Load(const float* p) {
+  return *reinterpret_cast<const vf_u*>(p);
+}
+inline void Store(float* p, vf v) {
+  *reinterpret_cast<vf_u*>(p) = v;
+}
+// Every lane x: x times a vector of ones, which GCC folds to a bare broadcast (x * 1 is exact, so
+// it may), one load-port vbroadcastss when x comes from memory. vf{} + x is not an identity
+// (0 + -0 is +0), so it compiles to a scalar add and a register broadcast, which on Intel take
+// the FMA ports and halve the GEMM loops.
+inline vf Splat(float x) {
+  return x * (vf{} + 1.0f);
+}
+// Lane-wise maximum, one vmaxps: a NaN in x is passed over (x > m is false). Scores are
+// reduced this way and a NaN score is caught by the exponential instead (see ForwardTile).
+inline vf Max(vf m, vf x) {
+  return x > m ? x : m;
+}
+// Horizontal reductions as a tree of log2(VL) shuffles, not VL - 1 scalar steps: they run once per
+// row and key tile, which makes them a noticeable share of the softmax.
+template <typename Op>
+inline float Reduce(vf v, Op op) {
+  for (int w = VL / 2; w >= 1; w /= 2) {
+    vi rot;
+    for (int i = 0; i < VL; ++i) rot[i] = (i + w) % VL;
+    v = op(v, __builtin_shuffle(v, rot));
+  }
+  return v[0];
+}
+inline float HMax(vf v) {
+  return Reduce(v, [](vf a, vf b) { return Max(a, b); });
+}
+inline float HSum(vf v) {
+  return Reduce(v, [](vf a, vf b) { return a + b; });
+}
+
+// 2^f on [-0.5, 0.5]: a degree-5 polynomial fitted for relative error (7.5e-8; 2.3e-7 evaluated
+// in float32, below what the fp32 bar of 1e-5 can notice).
+inline vf Exp2Fraction(vf f) {
+  vf p = Splat(1.327647196e-3f);
+  p = p * f + 9.675541503e-3f;
+  p = p * f + 5.550713275e-2f;
+  p = p * f + 2.402211972e-1f;
+  p = p * f + 6.931469671e-1f;
+  return p * f + 1.000000072f;
+}
+
+#if defined(STRIA_SIMD_AVX512)
+// 2^x for x <= 0 (scores minus a running maximum) in nine instructions, the softmax's inner loop:
+// vrndscaleps splits off the integer part, vscalefps puts it in the exponent. Below -126 (and for
+// -inf) the result is an exact 0 through the zeroing mask, so no denormal is ever produced; a NaN
+// stays NaN.
+inline vf Exp2(vf x) {
+  const __mmask16 keep = _mm512_cmp_ps_mask((__m512)x, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ);
+  // Lanes outside `keep` get n = 0 (their result is zeroed anyway); the masked form also avoids
+  // GCC 12's false -Wmaybe-uninitialized on _mm512_roundscale_ps.
+  const __m512 n = _mm512_maskz_roundscale_ps(keep, (__m512)x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  return (vf)_mm512_maskz_scalef_ps(keep, (__m512)Exp2Fraction(x - (vf)n), n);
+}
+#else
+// 2^x for x <= 0: exact 0 below -126 (and for -inf), NaN for NaN, the integer part added into the
+// exponent bits.
+inline vf Exp2(vf x) {
+  vi keep = (x >= Splat(-126.0f)) | (x != x);
+  x = x < Splat(-126.0f) ? Splat(-126.0f) : x;
+  x = x > Splat(127.0f) ? Splat(127.0f) : x;
+  const vf shifter = Splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  vf t = x + shifter;
+  vf n = t - shifter;
+  vi ni = (vi)t - 0x4B400000;
+  vi scale_bits = (ni + 127) << 23;
+  vf r = Exp2Fraction(x - n) * (vf)scale_bits;
+  return (vf)((vi)r & keep);
+}
+#endif
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// How far a score may exceed the row's reference maximum before the row is rescaled: the
+// probabilities stay below 2^8, far from float32's range, and most tiles rescale nothing.
+constexpr float kRescaleSlack = 8.0f;
+
+// Whether any lane of v exceeds t (false for NaN lanes).
+inline bool AnyGreater(vf v, float t) {
+#if defined(STRIA_SIMD_AVX512)
+  return _mm512_cmp_ps_mask((__m512)v, _mm512_set1_ps(t), _CMP_GT_OQ) != 0;
+#else
+  return HMax(v) > t;
+#endif
+}
+
+inline bool HasNaN(const float* row, int64_t n) {
+  for (int64_t c = 0; c < n; ++c)
+    if (row[c] != row[c]) return true;
+  return false;
+}
+
+}  // namespace
+}  // namespace STRIA_ISA_NAME
+}  // namespace cpu
+}  // namespace stria

@@ -1,0 +1,48 @@
+// The block mask on one query tile x key tile of the CPU kernels: which pairs are visible.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cpu/simd.h"
+
+namespace stria {
+namespace cpu {
+namespace STRIA_ISA_NAME {
+namespace {
+
+// Visible key columns [lo, hi) of local query row i (empty when the row is outside the mask).
+inline void RowRange(const BlockMask& m, int64_t i, int64_t* lo, int64_t* hi) {
+  if (i < m.q_begin || i >= m.q_end) {
+    *lo = *hi = 0;
+    return;
+  }
+  *lo = m.k_begin;
+  *hi = m.diagonal ? std::min(m.k_end, i + m.offset + 1) : m.k_end;
+  if (*hi < *lo) *hi = *lo;
+}
+
+// True when every pair of the tile rows [i0, i0+kBlockQ) x cols [j0, j0+kBlockK) is visible.
+inline bool TileFull(const BlockMask& m, int64_t i0, int64_t j0) {
+  if (i0 < m.q_begin || i0 + kBlockQ > m.q_end || j0 < m.k_begin || j0 + kBlockK > m.k_end) return false;
+  return !m.diagonal || j0 + kBlockK - 1 <= i0 + m.offset;
+}
+
+// Sets the scores of invisible pairs of a tile to -inf.
+inline void ApplyMask(const BlockMask& m, int64_t i0, int64_t j0, float* s) {
+  for (int64_t r = 0; r < kBlockQ; ++r) {
+    int64_t lo, hi;
+    RowRange(m, i0 + r, &lo, &hi);
+    float* row = s + r * kBlockK;
+    // Visible columns are one interval: fill what lies before and after it.
+    const int64_t c_lo = std::min<int64_t>(kBlockK, std::max<int64_t>(0, lo - j0));
+    const int64_t c_hi = std::max(c_lo, std::min<int64_t>(kBlockK, std::max<int64_t>(0, hi - j0)));
+    std::fill(row, row + c_lo, kNegInf);
+    std::fill(row + c_hi, row + kBlockK, kNegInf);
+  }
+}
+
+}  // namespace
+}  // namespace STRIA_ISA_NAME
+}  // namespace cpu
+}  // namespace stria
