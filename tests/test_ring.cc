@@ -164,6 +164,12 @@ std::vector<Case> DtypesAndShapes() {
   Case scaled{4, STRIA_LAYOUT_STRIPED, true, Dt::kF32, 1, 12, 2, 1, 16};
   scaled.scale = 0.37f;
   cases.push_back(scaled);
+  // bf16 at lengths of several query tiles per rank (the AMX forward takes them in items of
+  // four), head dims that are not a multiple of its 32-wide tiles, and beyond 128.
+  for (int64_t d : {8, 72, 128, 256})
+    cases.push_back(Case{2, d == 72 ? STRIA_LAYOUT_ZIGZAG : STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 1,
+                         d > 128 ? 130 : 300, 4, 2, d});
+  cases.push_back(Case{3, STRIA_LAYOUT_CONTIGUOUS, false, Dt::kBF16, 1, 260, 2, 1, 64});
   // Sharp softmaxes: the running maximum of a row keeps moving (keys that grow along the sequence,
   // large scales), so the kernels rescale their partial rows often, by small and large factors.
   // At scale 4 the scores reach the hundreds and float32's rounding of a score alone moves a

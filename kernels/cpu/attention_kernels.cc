@@ -215,12 +215,15 @@ void BackwardItem(const BwdItemArgs& a) {
 
 #define STRIA_STR2(x) #x
 #define STRIA_STR(x) STRIA_STR2(x)
+#if defined(STRIA_ISA_amx)
+void ForwardTileBf16(const FwdTileArgsBf16& a);  // amx_forward.cc
+#define STRIA_FORWARD_BF16 ForwardTileBf16
+#else
+#define STRIA_FORWARD_BF16 nullptr
+#endif
 extern const KernelTable kTable;
 const KernelTable kTable = {
-    STRIA_STR(STRIA_ISA_NAME),
-    VL,
-    ForwardTile,
-    BackwardItem,
+    STRIA_STR(STRIA_ISA_NAME), VL, ForwardTile, BackwardItem, STRIA_FORWARD_BF16,
 };
 
 }  // namespace STRIA_ISA_NAME

@@ -1,9 +1,10 @@
 // CPU attention tile kernels: the interface between the CPU backend (src/backend/cpu), which
 // packs operands and schedules work items on its thread pool, and the per-ISA kernel builds
-// (attention_kernels.cc compiled for generic x86-64, AVX2 and AVX-512; picked at run time).
+// (attention_kernels.cc compiled for generic x86-64, AVX2, AVX-512 and AVX-512 + AMX, the last
+// with amx_forward.cc too; picked at run time).
 //
-// Every operand is float32 in a packed, zero-padded layout (see PackedShape): the kernels never
-// see strides, storage dtypes or edge cases other than the mask.
+// Every operand is float32 (bf16 for the AMX forward) in a packed, zero-padded layout (see
+// PackedShape): the kernels never see strides, storage dtypes or edge cases other than the mask.
 #pragma once
 
 #include <cstdint>
@@ -63,6 +64,31 @@ struct BwdItemArgs {
   float* scratch;  // BwdScratchFloats(Dp) floats, this thread's
 };
 
+// One forward work item of the bf16 path on AMX tiles: FwdTileArgs with the caller's bf16 values
+// (Dp a multiple of kBf16TileDim) in the layouts the tile products read.
+//   Qb: [B][Hq][Lqp][Dp], not scaled.
+//   Kb: per key tile [Dp/2][kBlockK][2]: Kᵀ with dims d, d+1 of a key side by side.
+//   Vb: per key tile [kBlockK/2][Dp][2]: V with keys j, j+1 of a dim side by side.
+struct FwdTileArgsBf16 {
+  const uint16_t* q;   // Qb rows of (b, h)
+  const uint16_t* kt;  // Kb tiles of (b, h / group)
+  const uint16_t* v;   // Vb tiles of (b, h / group)
+  float scale;         // softmax_scale * log2(e), applied to the float32 scores
+  float* acc;
+  float* m;
+  float* l;
+  int64_t q0;       // the first of q_tiles consecutive query tiles
+  int64_t q_tiles;  // 1 .. kBf16QueryTiles
+  const PackedShape* shape;
+  const BlockMask* mask;
+  float* scratch;  // kBlockQ * kBlockK floats, then as many bf16
+};
+constexpr int64_t kBf16TileDim = 32;
+// Query tiles per AMX work item: each K/V tile is read from memory once for all of them. With
+// tile products this fast, a K/V stream per query tile is bound by memory (a 4k-token head's
+// bf16 K and V already fill a core's L2).
+constexpr int kBf16QueryTiles = 4;
+
 inline int64_t BwdScratchFloats(int64_t dp) {
   return 2 * kBlockQ * kBlockK + 2 * kBlockK * dp;
 }
@@ -72,10 +98,11 @@ struct KernelTable {
   int vector_floats;  // Dp must be a multiple of this
   void (*forward_tile)(const FwdTileArgs&);
   void (*backward_item)(const BwdItemArgs&);
+  void (*forward_tile_bf16)(const FwdTileArgsBf16&);  // the AMX build only; NULL elsewhere
 };
 
-// The best table this CPU runs (AVX-512 > AVX2 > generic); STRIA_CPU_ISA=generic|avx2|avx512
-// in the environment forces a lower one (for tests and benchmarks).
+// The best table this CPU runs (AMX > AVX-512 > AVX2 > generic); STRIA_CPU_ISA=generic|avx2|
+// avx512|amx in the environment forces one (for tests and benchmarks).
 const KernelTable& SelectKernels();
 // Whether STRIA_CPU_ISA can be honoured: unset, empty or runnable here (kOk), not a build's name
 // (kUnknown) or a build this CPU cannot run (kUnsupported); `why` gets the message for the last

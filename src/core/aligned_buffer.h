@@ -31,6 +31,7 @@ class AlignedBuffer {
     return Status::Ok();
   }
   float* f32() const { return static_cast<float*>(data_); }
+  uint16_t* bf16() const { return static_cast<uint16_t*>(data_); }
   void* data() const { return data_; }
   size_t capacity() const { return capacity_; }
 

@@ -128,16 +128,25 @@ class CpuBackend final : public Backend {
   }
 
   Status ForwardBegin(const AttentionShape& s, const TensorView& q, void* /*stream: NULL, checked*/) override {
+    // bf16 inputs go to the AMX tile forward where this CPU has one; everything else computes
+    // in float32.
+    bf16_tiles_ = s.dtype == DType::kBF16 && kern_.forward_tile_bf16 != nullptr;
+    backward_ = false;
+    local_staged_ = false;
     STRIA_RETURN_IF_ERROR(SetShape(s));
     const size_t rows = static_cast<size_t>(s.B * s.Hq * ps_.Lqp);
-    STRIA_RETURN_IF_ERROR(q32_.Reserve(rows * ps_.Dp * 4, "packed queries"));
+    if (bf16_tiles_)
+      STRIA_RETURN_IF_ERROR(qb_.Reserve(rows * ps_.Dp * 2, "packed queries"));
+    else
+      STRIA_RETURN_IF_ERROR(q32_.Reserve(rows * ps_.Dp * 4, "packed queries"));
     STRIA_RETURN_IF_ERROR(acc_.Reserve(rows * ps_.Dp * 4, "the running output"));
     STRIA_RETURN_IF_ERROR(m_.Reserve(rows * 4, "row maxima"));
     STRIA_RETURN_IF_ERROR(l_.Reserve(rows * 4, "row sums"));
-    STRIA_RETURN_IF_ERROR(ReserveBlock(false));
-    backward_ = false;
-    local_staged_ = false;
-    PackQueries(q, s.scale * cpu::kLog2e, q32_.f32());
+    STRIA_RETURN_IF_ERROR(ReserveBlock());
+    if (bf16_tiles_)
+      PackQueriesBf16(q);
+    else
+      PackQueries(q, s.scale * cpu::kLog2e, q32_.f32());
     std::memset(acc_.data(), 0, rows * ps_.Dp * 4);
     std::fill(m_.f32(), m_.f32() + rows, kNegInf);
     std::memset(l_.data(), 0, rows * 4);
@@ -149,6 +158,30 @@ class CpuBackend final : public Backend {
     const int64_t nqt = ps_.Lqp / kBlockQ;
     const int64_t heads = s_.B * s_.Hq;
     const int64_t group = s_.Hq / s_.Hkv;
+    if (bf16_tiles_) {
+      // Items of kBf16QueryTiles query tiles; later ones (more keys when causal) first.
+      const int64_t items = (nqt + cpu::kBf16QueryTiles - 1) / cpu::kBf16QueryTiles;
+      pool_.ParallelFor(heads * items, [&](int64_t item, int tid) {
+        const int64_t first = (items - 1 - item / heads) * cpu::kBf16QueryTiles;
+        const int64_t bh = item % heads;
+        const int64_t b = bh / s_.Hq, h = bh % s_.Hq, hk = h / group;
+        cpu::FwdTileArgsBf16 a;
+        a.q = qb_.bf16() + bh * ps_.Lqp * ps_.Dp;
+        a.kt = kb_.bf16() + (b * s_.Hkv + hk) * ps_.Lkp * ps_.Dp;
+        a.v = vb_.bf16() + (b * s_.Hkv + hk) * ps_.Lkp * ps_.Dp;
+        a.scale = s_.scale * cpu::kLog2e;
+        a.acc = acc_.f32() + bh * ps_.Lqp * ps_.Dp;
+        a.m = m_.f32() + bh * ps_.Lqp;
+        a.l = l_.f32() + bh * ps_.Lqp;
+        a.q0 = first * kBlockQ;
+        a.q_tiles = std::min<int64_t>(cpu::kBf16QueryTiles, nqt - first);
+        a.shape = &ps_;
+        a.mask = &mask;
+        a.scratch = scratch_.f32() + tid * scratch_floats_;
+        kern_.forward_tile_bf16(a);
+      });
+      return Status::Ok();
+    }
     pool_.ParallelFor(heads * nqt, [&](int64_t item, int tid) {
       // Later query tiles see more keys under a causal mask: hand them out first.
       const int64_t qt = nqt - 1 - item / heads;
@@ -189,6 +222,7 @@ class CpuBackend final : public Backend {
 
   Status BackwardBegin(const AttentionShape& s, const TensorView& q, const TensorView& out, const TensorView& lse,
                        const TensorView& dout, void* /*stream: NULL, checked*/) override {
+    bf16_tiles_ = false;
     STRIA_RETURN_IF_ERROR(SetShape(s));
     const size_t rows = static_cast<size_t>(s.B * s.Hq * ps_.Lqp);
     // Enough chunks of key tiles that every thread has work even when B·Hkv is small.
@@ -200,9 +234,9 @@ class CpuBackend final : public Backend {
     STRIA_RETURN_IF_ERROR(lse2_.Reserve(rows * 4, "log-sum-exp rows"));
     STRIA_RETURN_IF_ERROR(delta_.Reserve(rows * 4, "rowsum(dO*O)"));
     STRIA_RETURN_IF_ERROR(dq32_.Reserve(static_cast<size_t>(chunks_) * rows * ps_.Dp * 4, "dQ partials"));
-    STRIA_RETURN_IF_ERROR(ReserveBlock(true));
     backward_ = true;
     local_staged_ = false;
+    STRIA_RETURN_IF_ERROR(ReserveBlock());
     PackQueries(q, s.scale * cpu::kLog2e, q32_.f32());
     PackQueries(dout, 1.f, dout32_.f32());
     std::memset(dq32_.data(), 0, static_cast<size_t>(chunks_) * rows * ps_.Dp * 4);
@@ -315,23 +349,25 @@ class CpuBackend final : public Backend {
     ps_.Hq = s.Hq;
     ps_.Hkv = s.Hkv;
     ps_.D = s.D;
-    ps_.Dp = RoundUp(s.D, kern_.vector_floats);
+    ps_.Dp = RoundUp(s.D, bf16_tiles_ ? cpu::kBf16TileDim : kern_.vector_floats);
     ps_.Lqp = RoundUp(std::max<int64_t>(s.L, 1), kBlockQ);
     ps_.Lkp = RoundUp(std::max<int64_t>(s.L, 1), kBlockK);
     scratch_floats_ = RoundUp(cpu::BwdScratchFloats(ps_.Dp), 16);
     return scratch_.Reserve(static_cast<size_t>(pool_.size() * scratch_floats_) * 4, "per-thread tiles");
   }
 
-  Status ReserveBlock(bool backward) {
+  Status ReserveBlock() {
     const size_t n = static_cast<size_t>(s_.B * s_.Hkv * ps_.Lkp * ps_.Dp) * 4;
-    STRIA_RETURN_IF_ERROR(kt_.Reserve(n, "packed keys"));
-    if (backward) {
-      STRIA_RETURN_IF_ERROR(k32_.Reserve(n, "packed keys"));
-      STRIA_RETURN_IF_ERROR(vt_.Reserve(n, "packed values"));
-    } else {
-      STRIA_RETURN_IF_ERROR(v32_.Reserve(n, "packed values"));
+    if (bf16_tiles_) {
+      STRIA_RETURN_IF_ERROR(kb_.Reserve(n / 2, "packed keys"));
+      return vb_.Reserve(n / 2, "packed values");
     }
-    return Status::Ok();
+    STRIA_RETURN_IF_ERROR(kt_.Reserve(n, "packed keys"));
+    if (backward_) {
+      STRIA_RETURN_IF_ERROR(k32_.Reserve(n, "packed keys"));
+      return vt_.Reserve(n, "packed values");
+    }
+    return v32_.Reserve(n, "packed values");
   }
 
   // q [B, L, Hq, D] -> [B][Hq][Lqp][Dp] float32, times `mul`, zero padding.
@@ -345,6 +381,19 @@ class CpuBackend final : public Backend {
         std::fill(row + s_.D, row + ps_.Dp, 0.f);
       }
       std::fill(base + s_.L * ps_.Dp, base + ps_.Lqp * ps_.Dp, 0.f);
+    });
+  }
+  // q [B, L, Hq, D] bf16 -> [B][Hq][Lqp][Dp] bf16, zero padding: the values as they are.
+  void PackQueriesBf16(const TensorView& q) {
+    pool_.ParallelFor(s_.B * s_.Hq, [&](int64_t bh, int) {
+      const int64_t b = bh / s_.Hq, h = bh % s_.Hq;
+      uint16_t* base = qb_.bf16() + bh * ps_.Lqp * ps_.Dp;
+      for (int64_t i = 0; i < s_.L; ++i) {
+        uint16_t* row = base + i * ps_.Dp;
+        std::memcpy(row, Row4(q, b, i, h), static_cast<size_t>(s_.D) * 2);
+        std::fill(row + s_.D, row + ps_.Dp, uint16_t{0});
+      }
+      std::fill(base + s_.L * ps_.Dp, base + ps_.Lqp * ps_.Dp, uint16_t{0});
     });
   }
 
@@ -368,6 +417,7 @@ class CpuBackend final : public Backend {
   // written in long runs instead of one float per 256-byte row.
   template <typename RowOf>
   void UnpackBlock(const RowOf& row_of) {
+    if (bf16_tiles_) return UnpackBlockBf16(row_of);
     const bool backward = backward_;
     const int64_t Dp = ps_.Dp, D = s_.D;
     const int64_t nkt = ps_.Lkp / kBlockK;
@@ -398,8 +448,44 @@ class CpuBackend final : public Backend {
     });
   }
 
+  // The AMX forward's layouts (FwdTileArgsBf16), straight from the bf16 rows: per key tile, Kb
+  // [Dp/2][kBlockK][2] and Vb [kBlockK/2][Dp][2]. Padding (dims past D, keys past L) is zero.
+  // Kb is the transpose of the tile's K rows read as pairs of bf16 (uint32), so it takes the
+  // float transpose; Vb interleaves the rows of each key pair.
+  template <typename RowOf>
+  void UnpackBlockBf16(const RowOf& row_of) {
+    const int64_t Dp = ps_.Dp, D = s_.D;
+    const int64_t nkt = ps_.Lkp / kBlockK;
+    pool_.ParallelFor(s_.B * s_.Hkv * nkt, [&](int64_t item, int tid) {
+      const int64_t t = item % nkt, bk = item / nkt;
+      const int64_t b = bk / s_.Hkv, h = bk % s_.Hkv;
+      uint16_t* kt = kb_.bf16() + bk * ps_.Lkp * Dp + t * Dp * kBlockK;
+      uint16_t* vt = vb_.bf16() + bk * ps_.Lkp * Dp + t * Dp * kBlockK;
+      uint16_t* rows = reinterpret_cast<uint16_t*>(scratch_.f32() + tid * scratch_floats_);  // [kBlockK][Dp]
+      for (int64_t c = 0; c < kBlockK; ++c) {
+        const int64_t j = t * kBlockK + c;
+        uint16_t* kr = rows + c * Dp;
+        if (j < s_.L) std::memcpy(kr, row_of(false, b, j, h), static_cast<size_t>(D) * 2);
+        std::fill(kr + (j < s_.L ? D : 0), kr + Dp, uint16_t{0});
+      }
+      TransposeTile(reinterpret_cast<const uint32_t*>(rows), Dp / 2, reinterpret_cast<uint32_t*>(kt));
+      for (int64_t c = 0; c < kBlockK; c += 2) {
+        uint16_t* out = vt + (c / 2) * Dp * 2;
+        const int64_t j = t * kBlockK + c;
+        const uint16_t* v0 = j < s_.L ? reinterpret_cast<const uint16_t*>(row_of(true, b, j, h)) : nullptr;
+        const uint16_t* v1 = j + 1 < s_.L ? reinterpret_cast<const uint16_t*>(row_of(true, b, j + 1, h)) : nullptr;
+        for (int64_t d = 0; d < D; ++d) {
+          out[2 * d] = v0 ? v0[d] : 0;
+          out[2 * d + 1] = v1 ? v1[d] : 0;
+        }
+        std::fill(out + 2 * D, out + 2 * Dp, uint16_t{0});
+      }
+    });
+  }
+
   // src [kBlockK][Dp] -> dst [Dp][kBlockK], in blocks of 16 x 16 that stay in L1.
-  static void TransposeTile(const float* src, int64_t Dp, float* dst) {
+  template <typename T>
+  static void TransposeTile(const T* src, int64_t Dp, T* dst) {
     constexpr int64_t kB = 16;
     for (int64_t d0 = 0; d0 < Dp; d0 += kB) {
       const int64_t d1 = std::min(Dp, d0 + kB);
@@ -417,7 +503,9 @@ class CpuBackend final : public Backend {
   int64_t scratch_floats_ = 0;
   bool backward_ = false;      // the direction of the call in progress
   bool local_staged_ = false;  // PackKV unpacked the local block for the next block call
+  bool bf16_tiles_ = false;    // this forward runs the AMX bf16 kernel (bf16 inputs, AMX here)
   AlignedBuffer q32_, acc_, m_, l_, kt_, v32_, k32_, vt_, dout32_, lse2_, delta_, dq32_, scratch_;
+  AlignedBuffer qb_, kb_, vb_;  // the AMX forward's bf16 operands
 };
 
 }  // namespace

@@ -1,5 +1,8 @@
 // Picks the CPU kernel build for this machine once, on first use (never in a global
 // constructor: the library must be dlopen-safe).
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,21 +20,40 @@ extern const KernelTable kTable;
 namespace avx512 {
 extern const KernelTable kTable;
 }
+namespace amx {
+extern const KernelTable kTable;
+}
+
+// Linux hands out AMX tile state only to a process that asks for it (arch_prctl
+// ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, process-wide, once); a refusal (an old kernel, or
+// a thread's alternate signal stack too small for the larger signal frame) means no AMX here.
+static bool AmxPermitted() {
+  static const bool permitted = [] {
+    constexpr long kArchReqXcompPerm = 0x1023;
+    constexpr long kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return permitted;
+}
 
 static bool Supports(const char* isa) {
   __builtin_cpu_init();
   if (std::strcmp(isa, "generic") == 0) return true;
   if (std::strcmp(isa, "avx2") == 0)
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-  if (std::strcmp(isa, "avx512") == 0)
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                      __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  if (std::strcmp(isa, "avx512") == 0) return avx512;
+  if (std::strcmp(isa, "amx") == 0)
+    return avx512 && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("amx-tile") &&
+           __builtin_cpu_supports("amx-bf16") && AmxPermitted();
   return false;
 }
 
 const KernelTable* KernelsFor(const char* isa) {
   if (isa == nullptr || !Supports(isa)) return nullptr;
+  if (std::strcmp(isa, "amx") == 0) return &amx::kTable;
   if (std::strcmp(isa, "avx512") == 0) return &avx512::kTable;
   if (std::strcmp(isa, "avx2") == 0) return &avx2::kTable;
   return &generic::kTable;
@@ -40,14 +62,14 @@ const KernelTable* KernelsFor(const char* isa) {
 ForcedIsa CheckForcedIsa(char* why, int size) {
   const char* forced = std::getenv("STRIA_CPU_ISA");
   if (forced == nullptr || *forced == '\0') return ForcedIsa::kOk;
-  for (const char* isa : {"generic", "avx2", "avx512"}) {
+  for (const char* isa : {"generic", "avx2", "avx512", "amx"}) {
     if (std::strcmp(forced, isa) != 0) continue;
     if (KernelsFor(isa) != nullptr) return ForcedIsa::kOk;
     std::snprintf(why, static_cast<size_t>(size), "STRIA_CPU_ISA=%s: this CPU cannot run the %s kernels", isa, isa);
     return ForcedIsa::kUnsupported;
   }
   std::snprintf(why, static_cast<size_t>(size),
-                "STRIA_CPU_ISA=\"%.32s\" is not a kernel build: use generic, avx2 or avx512, or leave it unset",
+                "STRIA_CPU_ISA=\"%.32s\" is not a kernel build: use generic, avx2, avx512 or amx, or leave it unset",
                 forced);
   return ForcedIsa::kUnknown;
 }
@@ -58,7 +80,7 @@ const KernelTable& SelectKernels() {
     if (forced && *forced) {
       if (const KernelTable* t = KernelsFor(forced)) return t;
     }
-    for (const char* isa : {"avx512", "avx2"}) {
+    for (const char* isa : {"amx", "avx512", "avx2"}) {
       if (const KernelTable* t = KernelsFor(isa)) return t;
     }
     return &generic::kTable;
