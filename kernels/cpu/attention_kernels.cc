@@ -216,14 +216,17 @@ void BackwardItem(const BwdItemArgs& a) {
 #define STRIA_STR2(x) #x
 #define STRIA_STR(x) STRIA_STR2(x)
 #if defined(STRIA_ISA_amx)
-void ForwardTileBf16(const FwdTileArgsBf16& a);  // amx_forward.cc
+void ForwardTileBf16(const FwdTileArgsBf16& a);   // amx_forward.cc
+void BackwardItemBf16(const BwdItemArgsBf16& a);  // amx_backward.cc
 #define STRIA_FORWARD_BF16 ForwardTileBf16
+#define STRIA_BACKWARD_BF16 BackwardItemBf16
 #else
 #define STRIA_FORWARD_BF16 nullptr
+#define STRIA_BACKWARD_BF16 nullptr
 #endif
 extern const KernelTable kTable;
 const KernelTable kTable = {
-    STRIA_STR(STRIA_ISA_NAME), VL, ForwardTile, BackwardItem, STRIA_FORWARD_BF16,
+    STRIA_STR(STRIA_ISA_NAME), VL, ForwardTile, BackwardItem, STRIA_FORWARD_BF16, STRIA_BACKWARD_BF16,
 };
 
 }  // namespace STRIA_ISA_NAME

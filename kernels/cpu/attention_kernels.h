@@ -89,8 +89,36 @@ constexpr int64_t kBf16TileDim = 32;
 // bf16 K and V already fill a core's L2).
 constexpr int kBf16QueryTiles = 4;
 
+// One backward work item of the bf16 path on AMX tiles: BwdItemArgs with the caller's bf16
+// values in the layouts the tile products read (amx_backward.cc). Q and dO come twice: as rows
+// [Lqp][Dp], and as their query tiles transposed, [Lqp/kBlockQ][Dp][kBlockQ].
+struct BwdItemArgsBf16 {
+  const uint16_t* q;      // Q rows of (b, first head of the group); heads head_stride apart
+  const uint16_t* qt;     // Q tiles transposed, same head stride
+  const uint16_t* dout;   // dO rows
+  const uint16_t* doutt;  // dO tiles transposed
+  const float* lse2;      // as in BwdItemArgs
+  const float* delta;
+  float* dq;                // float32 dQ partial [Lqp][Dp], unscaled: dQ = softmax_scale * dq
+  int64_t head_stride;      // elements between heads in q, qt, dout, doutt and dq
+  int64_t row_head_stride;  // floats between heads in lse2 / delta
+  int group;
+  const uint16_t* kt;  // Kb tiles of (b, hkv): Kᵀ paired along Dp, [Dp/2][kBlockK][2]
+  const uint16_t* kv;  // K tiles paired along keys, [kBlockK/2][Dp][2]
+  const uint16_t* vt;  // V tiles as Kb: Vᵀ paired along Dp
+  float scale;         // softmax_scale * log2(e)
+  float dk_scale;      // softmax_scale
+  float* dk;           // wire rows, as in BwdItemArgs
+  float* dv;
+  int64_t dkv_row_stride;
+  int64_t kt0, kt_end, kt_stride;
+  const PackedShape* shape;
+  const BlockMask* mask;
+  float* scratch;  // BwdScratchFloats(Dp) floats, this thread's
+};
+
 inline int64_t BwdScratchFloats(int64_t dp) {
-  return 2 * kBlockQ * kBlockK + 2 * kBlockK * dp;
+  return 4 * kBlockQ * kBlockK + 2 * kBlockK * dp;  // the AMX backward's need; float32 takes less
 }
 
 struct KernelTable {
@@ -98,7 +126,8 @@ struct KernelTable {
   int vector_floats;  // Dp must be a multiple of this
   void (*forward_tile)(const FwdTileArgs&);
   void (*backward_item)(const BwdItemArgs&);
-  void (*forward_tile_bf16)(const FwdTileArgsBf16&);  // the AMX build only; NULL elsewhere
+  void (*forward_tile_bf16)(const FwdTileArgsBf16&);   // the AMX build only; NULL elsewhere
+  void (*backward_item_bf16)(const BwdItemArgsBf16&);  // likewise
 };
 
 // The best table this CPU runs (AMX > AVX-512 > AVX2 > generic); STRIA_CPU_ISA=generic|avx2|

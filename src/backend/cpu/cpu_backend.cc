@@ -144,7 +144,7 @@ class CpuBackend final : public Backend {
     STRIA_RETURN_IF_ERROR(l_.Reserve(rows * 4, "row sums"));
     STRIA_RETURN_IF_ERROR(ReserveBlock());
     if (bf16_tiles_)
-      PackQueriesBf16(q);
+      PackRowsBf16(q, qb_.bf16(), nullptr);
     else
       PackQueries(q, s.scale * cpu::kLog2e, q32_.f32());
     std::memset(acc_.data(), 0, rows * ps_.Dp * 4);
@@ -222,35 +222,47 @@ class CpuBackend final : public Backend {
 
   Status BackwardBegin(const AttentionShape& s, const TensorView& q, const TensorView& out, const TensorView& lse,
                        const TensorView& dout, void* /*stream: NULL, checked*/) override {
-    bf16_tiles_ = false;
+    bf16_tiles_ = s.dtype == DType::kBF16 && kern_.backward_item_bf16 != nullptr;  // as in the forward
+    backward_ = true;
+    local_staged_ = false;
     STRIA_RETURN_IF_ERROR(SetShape(s));
     const size_t rows = static_cast<size_t>(s.B * s.Hq * ps_.Lqp);
     // Enough chunks of key tiles that every thread has work even when B·Hkv is small.
     const int64_t nkt = ps_.Lkp / kBlockK;
     const int64_t want = (2 * pool_.size() + s.B * s.Hkv - 1) / (s.B * s.Hkv);
     chunks_ = std::max<int64_t>(1, std::min(want, nkt));
-    STRIA_RETURN_IF_ERROR(q32_.Reserve(rows * ps_.Dp * 4, "packed queries"));
-    STRIA_RETURN_IF_ERROR(dout32_.Reserve(rows * ps_.Dp * 4, "packed output gradients"));
+    if (bf16_tiles_) {
+      STRIA_RETURN_IF_ERROR(qb_.Reserve(rows * ps_.Dp * 2, "packed queries"));
+      STRIA_RETURN_IF_ERROR(qtb_.Reserve(rows * ps_.Dp * 2, "transposed query tiles"));
+      STRIA_RETURN_IF_ERROR(dob_.Reserve(rows * ps_.Dp * 2, "packed output gradients"));
+      STRIA_RETURN_IF_ERROR(dotb_.Reserve(rows * ps_.Dp * 2, "transposed output gradient tiles"));
+    } else {
+      STRIA_RETURN_IF_ERROR(q32_.Reserve(rows * ps_.Dp * 4, "packed queries"));
+      STRIA_RETURN_IF_ERROR(dout32_.Reserve(rows * ps_.Dp * 4, "packed output gradients"));
+    }
     STRIA_RETURN_IF_ERROR(lse2_.Reserve(rows * 4, "log-sum-exp rows"));
     STRIA_RETURN_IF_ERROR(delta_.Reserve(rows * 4, "rowsum(dO*O)"));
     STRIA_RETURN_IF_ERROR(dq32_.Reserve(static_cast<size_t>(chunks_) * rows * ps_.Dp * 4, "dQ partials"));
-    backward_ = true;
-    local_staged_ = false;
     STRIA_RETURN_IF_ERROR(ReserveBlock());
-    PackQueries(q, s.scale * cpu::kLog2e, q32_.f32());
-    PackQueries(dout, 1.f, dout32_.f32());
+    if (bf16_tiles_) {
+      PackRowsBf16(q, qb_.bf16(), qtb_.bf16());
+      PackRowsBf16(dout, dob_.bf16(), dotb_.bf16());
+    } else {
+      PackQueries(q, s.scale * cpu::kLog2e, q32_.f32());
+      PackQueries(dout, 1.f, dout32_.f32());
+    }
     std::memset(dq32_.data(), 0, static_cast<size_t>(chunks_) * rows * ps_.Dp * 4);
     pool_.ParallelFor(s.B * s.Hq, [&](int64_t bh, int) {
       const int64_t b = bh / s_.Hq, h = bh % s_.Hq;
       float* lse2 = lse2_.f32() + bh * ps_.Lqp;
       float* delta = delta_.f32() + bh * ps_.Lqp;
-      std::vector<float> o(static_cast<size_t>(s_.D));
+      std::vector<float> o(static_cast<size_t>(s_.D)), d(static_cast<size_t>(s_.D));
       for (int64_t i = 0; i < s_.L; ++i) {
         lse2[i] = *Row3(lse, b, h, i) * cpu::kLog2e;
         LoadRow(Row4(out, b, i, h), s_.dtype, s_.D, 1.f, o.data());
-        const float* d = dout32_.f32() + (bh * ps_.Lqp + i) * ps_.Dp;
+        LoadRow(Row4(dout, b, i, h), s_.dtype, s_.D, 1.f, d.data());
         float acc = 0.f;
-        for (int64_t k = 0; k < s_.D; ++k) acc += d[k] * o[static_cast<size_t>(k)];
+        for (size_t k = 0; k < o.size(); ++k) acc += d[k] * o[k];
         delta[i] = acc;
       }
       for (int64_t i = s_.L; i < ps_.Lqp; ++i) {
@@ -277,6 +289,36 @@ class CpuBackend final : public Backend {
       const int64_t bk = item / chunks_;
       const int64_t b = bk / s_.Hkv, hk = bk % s_.Hkv;
       const int64_t bh0 = b * s_.Hq + hk * group;
+      if (bf16_tiles_) {
+        cpu::BwdItemArgsBf16 a;
+        const int64_t qoff = bh0 * ps_.Lqp * ps_.Dp;
+        a.q = qb_.bf16() + qoff;
+        a.qt = qtb_.bf16() + qoff;
+        a.dout = dob_.bf16() + qoff;
+        a.doutt = dotb_.bf16() + qoff;
+        a.lse2 = lse2_.f32() + bh0 * ps_.Lqp;
+        a.delta = delta_.f32() + bh0 * ps_.Lqp;
+        a.dq = dq32_.f32() + c * rows * ps_.Dp + qoff;
+        a.head_stride = ps_.Lqp * ps_.Dp;
+        a.row_head_stride = ps_.Lqp;
+        a.group = static_cast<int>(group);
+        a.kt = kb_.bf16() + bk * ps_.Lkp * ps_.Dp;
+        a.kv = vb_.bf16() + bk * ps_.Lkp * ps_.Dp;  // the backward keeps K paired along keys there
+        a.vt = vtb_.bf16() + bk * ps_.Lkp * ps_.Dp;
+        a.scale = s_.scale * cpu::kLog2e;
+        a.dk_scale = s_.scale;
+        a.dk = dkv + (b * s_.L * s_.Hkv + hk) * s_.D;
+        a.dv = a.dk + per;
+        a.dkv_row_stride = s_.Hkv * s_.D;
+        a.kt0 = c;
+        a.kt_end = nkt;
+        a.kt_stride = chunks_;
+        a.shape = &ps_;
+        a.mask = &mask;
+        a.scratch = scratch_.f32() + tid * scratch_floats_;
+        kern_.backward_item_bf16(a);
+        return;
+      }
       cpu::BwdItemArgs a;
       a.q = q32_.f32() + bh0 * ps_.Lqp * ps_.Dp;
       a.dout = dout32_.f32() + bh0 * ps_.Lqp * ps_.Dp;
@@ -360,7 +402,8 @@ class CpuBackend final : public Backend {
     const size_t n = static_cast<size_t>(s_.B * s_.Hkv * ps_.Lkp * ps_.Dp) * 4;
     if (bf16_tiles_) {
       STRIA_RETURN_IF_ERROR(kb_.Reserve(n / 2, "packed keys"));
-      return vb_.Reserve(n / 2, "packed values");
+      STRIA_RETURN_IF_ERROR(vb_.Reserve(n / 2, backward_ ? "packed keys" : "packed values"));
+      return backward_ ? vtb_.Reserve(n / 2, "packed values") : Status::Ok();
     }
     STRIA_RETURN_IF_ERROR(kt_.Reserve(n, "packed keys"));
     if (backward_) {
@@ -383,17 +426,21 @@ class CpuBackend final : public Backend {
       std::fill(base + s_.L * ps_.Dp, base + ps_.Lqp * ps_.Dp, 0.f);
     });
   }
-  // q [B, L, Hq, D] bf16 -> [B][Hq][Lqp][Dp] bf16, zero padding: the values as they are.
-  void PackQueriesBf16(const TensorView& q) {
+  // x [B, L, Hq, D] bf16 -> rows [B][Hq][Lqp][Dp] bf16, zero padding: the values as they are;
+  // and, when `tiles` is given, each query tile transposed, [B][Hq][Lqp/kBlockQ][Dp][kBlockQ].
+  void PackRowsBf16(const TensorView& x, uint16_t* rows, uint16_t* tiles) {
     pool_.ParallelFor(s_.B * s_.Hq, [&](int64_t bh, int) {
       const int64_t b = bh / s_.Hq, h = bh % s_.Hq;
-      uint16_t* base = qb_.bf16() + bh * ps_.Lqp * ps_.Dp;
+      uint16_t* base = rows + bh * ps_.Lqp * ps_.Dp;
       for (int64_t i = 0; i < s_.L; ++i) {
         uint16_t* row = base + i * ps_.Dp;
-        std::memcpy(row, Row4(q, b, i, h), static_cast<size_t>(s_.D) * 2);
+        std::memcpy(row, Row4(x, b, i, h), static_cast<size_t>(s_.D) * 2);
         std::fill(row + s_.D, row + ps_.Dp, uint16_t{0});
       }
       std::fill(base + s_.L * ps_.Dp, base + ps_.Lqp * ps_.Dp, uint16_t{0});
+      if (tiles == nullptr) return;
+      for (int64_t i0 = 0; i0 < ps_.Lqp; i0 += kBlockQ)
+        TransposeTile(base + i0 * ps_.Dp, ps_.Dp, tiles + bh * ps_.Lqp * ps_.Dp + i0 * ps_.Dp);
     });
   }
 
@@ -448,10 +495,12 @@ class CpuBackend final : public Backend {
     });
   }
 
-  // The AMX forward's layouts (FwdTileArgsBf16), straight from the bf16 rows: per key tile, Kb
-  // [Dp/2][kBlockK][2] and Vb [kBlockK/2][Dp][2]. Padding (dims past D, keys past L) is zero.
-  // Kb is the transpose of the tile's K rows read as pairs of bf16 (uint32), so it takes the
-  // float transpose; Vb interleaves the rows of each key pair.
+  // The AMX kernels' layouts, straight from the bf16 rows, per key tile: Kᵀ paired along Dp
+  // ([Dp/2][kBlockK][2], in kb_); V (forward) or K (backward) paired along keys
+  // ([kBlockK/2][Dp][2], in vb_); for the backward also Vᵀ paired along Dp (vtb_). Padding
+  // (dims past D, keys past L) is zero. Pairing along Dp is the transpose of the tile's rows
+  // read as pairs of bf16 (uint32), so it takes the float transpose; pairing along keys
+  // interleaves the rows of each key pair.
   template <typename RowOf>
   void UnpackBlockBf16(const RowOf& row_of) {
     const int64_t Dp = ps_.Dp, D = s_.D;
@@ -469,11 +518,23 @@ class CpuBackend final : public Backend {
         std::fill(kr + (j < s_.L ? D : 0), kr + Dp, uint16_t{0});
       }
       TransposeTile(reinterpret_cast<const uint32_t*>(rows), Dp / 2, reinterpret_cast<uint32_t*>(kt));
+      if (backward_) {  // Vᵀ paired along Dp, as Kᵀ
+        uint16_t* vdp = vtb_.bf16() + bk * ps_.Lkp * Dp + t * Dp * kBlockK;
+        for (int64_t c = 0; c < kBlockK; ++c) {
+          const int64_t j = t * kBlockK + c;
+          uint16_t* vr = rows + c * Dp;
+          if (j < s_.L) std::memcpy(vr, row_of(true, b, j, h), static_cast<size_t>(D) * 2);
+          std::fill(vr + (j < s_.L ? D : 0), vr + Dp, uint16_t{0});
+        }
+        TransposeTile(reinterpret_cast<const uint32_t*>(rows), Dp / 2, reinterpret_cast<uint32_t*>(vdp));
+      }
+      // Paired along keys: V for the forward's P·V, K for the backward's dS·K.
+      const bool keys_of_v = !backward_;
       for (int64_t c = 0; c < kBlockK; c += 2) {
         uint16_t* out = vt + (c / 2) * Dp * 2;
         const int64_t j = t * kBlockK + c;
-        const uint16_t* v0 = j < s_.L ? reinterpret_cast<const uint16_t*>(row_of(true, b, j, h)) : nullptr;
-        const uint16_t* v1 = j + 1 < s_.L ? reinterpret_cast<const uint16_t*>(row_of(true, b, j + 1, h)) : nullptr;
+        const uint16_t* v0 = j < s_.L ? reinterpret_cast<const uint16_t*>(row_of(keys_of_v, b, j, h)) : nullptr;
+        const uint16_t* v1 = j + 1 < s_.L ? reinterpret_cast<const uint16_t*>(row_of(keys_of_v, b, j + 1, h)) : nullptr;
         for (int64_t d = 0; d < D; ++d) {
           out[2 * d] = v0 ? v0[d] : 0;
           out[2 * d + 1] = v1 ? v1[d] : 0;
@@ -503,9 +564,10 @@ class CpuBackend final : public Backend {
   int64_t scratch_floats_ = 0;
   bool backward_ = false;      // the direction of the call in progress
   bool local_staged_ = false;  // PackKV unpacked the local block for the next block call
-  bool bf16_tiles_ = false;    // this forward runs the AMX bf16 kernel (bf16 inputs, AMX here)
+  bool bf16_tiles_ = false;    // this call runs the AMX bf16 kernels (bf16 inputs, AMX here)
   AlignedBuffer q32_, acc_, m_, l_, kt_, v32_, k32_, vt_, dout32_, lse2_, delta_, dq32_, scratch_;
-  AlignedBuffer qb_, kb_, vb_;  // the AMX forward's bf16 operands
+  AlignedBuffer qb_, kb_, vb_;            // the AMX kernels' bf16 operands (vb_: K in the backward)
+  AlignedBuffer qtb_, dob_, dotb_, vtb_;  // and the AMX backward's others
 };
 
 }  // namespace
