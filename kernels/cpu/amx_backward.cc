@@ -29,7 +29,7 @@ void BackwardItemBf16(const BwdItemArgsBf16& a) {
   const int64_t Dp = sh.Dp;
   constexpr int64_t kTile = kBlockQ * kBlockK;
   static_assert(kBlockQ == kBlockK, "query and key tiles swap roles in the key-side products");
-  float* s = a.scratch;  // S, then P
+  float* s = a.scratch;   // S, then P
   float* dp = s + kTile;  // dP, then dS
   uint16_t* p_pairs = reinterpret_cast<uint16_t*>(dp + kTile);
   uint16_t* ds_pairs = p_pairs + kTile;
@@ -40,12 +40,8 @@ void BackwardItemBf16(const BwdItemArgsBf16& a) {
   ConfigureTiles();
   for (int64_t kt = a.kt0; kt < a.kt_end; kt += a.kt_stride) {
     const int64_t j0 = kt * kBlockK;
-    // Queries that see any key of this tile.
-    const int64_t j_lo = std::max(j0, mk.k_begin), j_hi = std::min(j0 + kBlockK, mk.k_end);
-    if (j_lo >= j_hi) continue;
-    int64_t i_lo = mk.q_begin, i_hi = mk.q_end;
-    if (mk.diagonal) i_lo = std::max(i_lo, j_lo - mk.offset);
-    if (i_lo >= i_hi) continue;
+    int64_t i_lo, i_hi;
+    if (!QueriesOfKeyTile(mk, j0, &i_lo, &i_hi)) continue;
     std::memset(dkt, 0, sizeof(float) * 2 * Dp * kBlockK);
     const uint16_t* k_dp = a.kt + kt * Dp * kBlockK;    // Kᵀ paired along Dp
     const uint16_t* k_keys = a.kv + kt * Dp * kBlockK;  // K paired along keys

@@ -140,12 +140,8 @@ void BackwardItem(const BwdItemArgs& a) {
   int64_t cols[kBlockQ / MR];
   for (int64_t kt = a.kt0; kt < a.kt_end; kt += a.kt_stride) {
     const int64_t j0 = kt * kBlockK;
-    // Queries that see any key of this tile.
-    const int64_t j_lo = std::max(j0, mk.k_begin), j_hi = std::min(j0 + kBlockK, mk.k_end);
-    if (j_lo >= j_hi) continue;
-    int64_t i_lo = mk.q_begin, i_hi = mk.q_end;
-    if (mk.diagonal) i_lo = std::max(i_lo, j_lo - mk.offset);
-    if (i_lo >= i_hi) continue;
+    int64_t i_lo, i_hi;
+    if (!QueriesOfKeyTile(mk, j0, &i_lo, &i_hi)) continue;
     std::memset(dk_acc, 0, sizeof(float) * 2 * kBlockK * Dp);
     const float* kt_tile = a.kt + kt * Dp * kBlockK;
     const float* vt_tile = a.vt + kt * Dp * kBlockK;

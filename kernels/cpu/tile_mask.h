@@ -22,6 +22,16 @@ inline void RowRange(const BlockMask& m, int64_t i, int64_t* lo, int64_t* hi) {
   if (*hi < *lo) *hi = *lo;
 }
 
+// The query rows [*i_lo, *i_hi) that see any key of the key tile at j0; false when none do.
+inline bool QueriesOfKeyTile(const BlockMask& mk, int64_t j0, int64_t* i_lo, int64_t* i_hi) {
+  const int64_t j_lo = std::max(j0, mk.k_begin), j_hi = std::min(j0 + kBlockK, mk.k_end);
+  if (j_lo >= j_hi) return false;
+  *i_lo = mk.q_begin;
+  *i_hi = mk.q_end;
+  if (mk.diagonal) *i_lo = std::max(*i_lo, j_lo - mk.offset);
+  return *i_lo < *i_hi;
+}
+
 // True when every pair of the tile rows [i0, i0+kBlockQ) x cols [j0, j0+kBlockK) is visible.
 inline bool TileFull(const BlockMask& m, int64_t i0, int64_t j0) {
   if (i0 < m.q_begin || i0 + kBlockQ > m.q_end || j0 < m.k_begin || j0 + kBlockK > m.k_end) return false;

@@ -289,6 +289,24 @@ class CpuBackend final : public Backend {
       const int64_t bk = item / chunks_;
       const int64_t b = bk / s_.Hkv, hk = bk % s_.Hkv;
       const int64_t bh0 = b * s_.Hq + hk * group;
+      // What the float32 and the AMX work items share: rows, dQ partial, dK/dV rows, key tiles.
+      auto SetCommon = [&](auto* a) {
+        a->lse2 = lse2_.f32() + bh0 * ps_.Lqp;
+        a->delta = delta_.f32() + bh0 * ps_.Lqp;
+        a->dq = dq32_.f32() + (c * rows + bh0 * ps_.Lqp) * ps_.Dp;
+        a->head_stride = ps_.Lqp * ps_.Dp;
+        a->row_head_stride = ps_.Lqp;
+        a->group = static_cast<int>(group);
+        a->dk = dkv + (b * s_.L * s_.Hkv + hk) * s_.D;
+        a->dv = a->dk + per;
+        a->dkv_row_stride = s_.Hkv * s_.D;
+        a->kt0 = c;
+        a->kt_end = nkt;
+        a->kt_stride = chunks_;
+        a->shape = &ps_;
+        a->mask = &mask;
+        a->scratch = scratch_.f32() + tid * scratch_floats_;
+      };
       if (bf16_tiles_) {
         cpu::BwdItemArgsBf16 a;
         const int64_t qoff = bh0 * ps_.Lqp * ps_.Dp;
@@ -296,50 +314,22 @@ class CpuBackend final : public Backend {
         a.qt = qtb_.bf16() + qoff;
         a.dout = dob_.bf16() + qoff;
         a.doutt = dotb_.bf16() + qoff;
-        a.lse2 = lse2_.f32() + bh0 * ps_.Lqp;
-        a.delta = delta_.f32() + bh0 * ps_.Lqp;
-        a.dq = dq32_.f32() + c * rows * ps_.Dp + qoff;
-        a.head_stride = ps_.Lqp * ps_.Dp;
-        a.row_head_stride = ps_.Lqp;
-        a.group = static_cast<int>(group);
         a.kt = kb_.bf16() + bk * ps_.Lkp * ps_.Dp;
         a.kv = vb_.bf16() + bk * ps_.Lkp * ps_.Dp;  // the backward keeps K paired along keys there
         a.vt = vtb_.bf16() + bk * ps_.Lkp * ps_.Dp;
         a.scale = s_.scale * cpu::kLog2e;
         a.dk_scale = s_.scale;
-        a.dk = dkv + (b * s_.L * s_.Hkv + hk) * s_.D;
-        a.dv = a.dk + per;
-        a.dkv_row_stride = s_.Hkv * s_.D;
-        a.kt0 = c;
-        a.kt_end = nkt;
-        a.kt_stride = chunks_;
-        a.shape = &ps_;
-        a.mask = &mask;
-        a.scratch = scratch_.f32() + tid * scratch_floats_;
+        SetCommon(&a);
         kern_.backward_item_bf16(a);
         return;
       }
       cpu::BwdItemArgs a;
       a.q = q32_.f32() + bh0 * ps_.Lqp * ps_.Dp;
       a.dout = dout32_.f32() + bh0 * ps_.Lqp * ps_.Dp;
-      a.lse2 = lse2_.f32() + bh0 * ps_.Lqp;
-      a.delta = delta_.f32() + bh0 * ps_.Lqp;
-      a.dq = dq32_.f32() + (c * rows + bh0 * ps_.Lqp) * ps_.Dp;
-      a.head_stride = ps_.Lqp * ps_.Dp;
-      a.row_head_stride = ps_.Lqp;
-      a.group = static_cast<int>(group);
       a.kt = kt_.f32() + bk * ps_.Lkp * ps_.Dp;
       a.k = k32_.f32() + bk * ps_.Lkp * ps_.Dp;
       a.vt = vt_.f32() + bk * ps_.Lkp * ps_.Dp;
-      a.dk = dkv + (b * s_.L * s_.Hkv + hk) * s_.D;
-      a.dv = a.dk + per;
-      a.dkv_row_stride = s_.Hkv * s_.D;
-      a.kt0 = c;
-      a.kt_end = nkt;
-      a.kt_stride = chunks_;
-      a.shape = &ps_;
-      a.mask = &mask;
-      a.scratch = scratch_.f32() + tid * scratch_floats_;
+      SetCommon(&a);
       kern_.backward_item(a);
     });
     return Status::Ok();
@@ -511,23 +501,18 @@ class CpuBackend final : public Backend {
       uint16_t* kt = kb_.bf16() + bk * ps_.Lkp * Dp + t * Dp * kBlockK;
       uint16_t* vt = vb_.bf16() + bk * ps_.Lkp * Dp + t * Dp * kBlockK;
       uint16_t* rows = reinterpret_cast<uint16_t*>(scratch_.f32() + tid * scratch_floats_);  // [kBlockK][Dp]
-      for (int64_t c = 0; c < kBlockK; ++c) {
-        const int64_t j = t * kBlockK + c;
-        uint16_t* kr = rows + c * Dp;
-        if (j < s_.L) std::memcpy(kr, row_of(false, b, j, h), static_cast<size_t>(D) * 2);
-        std::fill(kr + (j < s_.L ? D : 0), kr + Dp, uint16_t{0});
-      }
-      TransposeTile(reinterpret_cast<const uint32_t*>(rows), Dp / 2, reinterpret_cast<uint32_t*>(kt));
-      if (backward_) {  // Vᵀ paired along Dp, as Kᵀ
-        uint16_t* vdp = vtb_.bf16() + bk * ps_.Lkp * Dp + t * Dp * kBlockK;
+      // The tile's K (or V) rows, paired along Dp into dst: a transpose of bf16 pairs.
+      auto pair_along_dp = [&](bool is_v, uint16_t* dst) {
         for (int64_t c = 0; c < kBlockK; ++c) {
           const int64_t j = t * kBlockK + c;
-          uint16_t* vr = rows + c * Dp;
-          if (j < s_.L) std::memcpy(vr, row_of(true, b, j, h), static_cast<size_t>(D) * 2);
-          std::fill(vr + (j < s_.L ? D : 0), vr + Dp, uint16_t{0});
+          uint16_t* row = rows + c * Dp;
+          if (j < s_.L) std::memcpy(row, row_of(is_v, b, j, h), static_cast<size_t>(D) * 2);
+          std::fill(row + (j < s_.L ? D : 0), row + Dp, uint16_t{0});
         }
-        TransposeTile(reinterpret_cast<const uint32_t*>(rows), Dp / 2, reinterpret_cast<uint32_t*>(vdp));
-      }
+        TransposeTile(reinterpret_cast<const uint32_t*>(rows), Dp / 2, reinterpret_cast<uint32_t*>(dst));
+      };
+      pair_along_dp(false, kt);
+      if (backward_) pair_along_dp(true, vtb_.bf16() + bk * ps_.Lkp * Dp + t * Dp * kBlockK);
       // Paired along keys: V for the forward's P·V, K for the backward's dS·K.
       const bool keys_of_v = !backward_;
       for (int64_t c = 0; c < kBlockK; c += 2) {
