@@ -1,5 +1,6 @@
 // Picks the CPU kernel build for this machine once, on first use (never in a global
 // constructor: the library must be dlopen-safe).
+#include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -24,6 +25,16 @@ namespace amx {
 extern const KernelTable kTable;
 }
 
+// CPUID leaf 7: AMX-BF16 (EDX bit 22) and AMX-TILE (EDX bit 24) in subleaf 0, AVX512-BF16 (EAX
+// bit 5) in subleaf 1. Read directly: not every compiler's __builtin_cpu_supports knows them.
+static bool CpuHasAmxBf16() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  const bool amx = (d >> 22 & 1) && (d >> 24 & 1);
+  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
+  return amx && (a >> 5 & 1);
+}
+
 // Linux hands out AMX tile state only to a process that asks for it (arch_prctl
 // ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, process-wide, once); a refusal (an old kernel, or
 // a thread's alternate signal stack too small for the larger signal frame) means no AMX here.
@@ -46,8 +57,7 @@ static bool Supports(const char* isa) {
                       __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   if (std::strcmp(isa, "avx512") == 0) return avx512;
   if (std::strcmp(isa, "amx") == 0)
-    return avx512 && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("amx-tile") &&
-           __builtin_cpu_supports("amx-bf16") && AmxPermitted();
+    return avx512 && CpuHasAmxBf16() && AmxPermitted();
   return false;
 }
 
