@@ -26,27 +26,6 @@ int64_t RoundUp(int64_t x, int64_t m) {
   return (x + m - 1) / m * m;
 }
 
-// dst[0..n) = src[0..n) * mul, converting from the storage dtype.
-void LoadRow(const void* src, DType t, int64_t n, float mul, float* dst) {
-  switch (t) {
-    case DType::kF32: {
-      const float* s = static_cast<const float*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = s[i] * mul;
-      break;
-    }
-    case DType::kF16: {
-      const uint16_t* s = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = F16ToF32(s[i]) * mul;
-      break;
-    }
-    case DType::kBF16: {
-      const uint16_t* s = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = BF16ToF32(s[i]) * mul;
-      break;
-    }
-  }
-}
-
 // dst[0..n) = src[0..n) * mul, converting to the storage dtype.
 void StoreRow(const float* src, int64_t n, float mul, DType t, void* dst) {
   switch (t) {
@@ -259,8 +238,8 @@ class CpuBackend final : public Backend {
       std::vector<float> o(static_cast<size_t>(s_.D)), d(static_cast<size_t>(s_.D));
       for (int64_t i = 0; i < s_.L; ++i) {
         lse2[i] = *Row3(lse, b, h, i) * cpu::kLog2e;
-        LoadRow(Row4(out, b, i, h), s_.dtype, s_.D, 1.f, o.data());
-        LoadRow(Row4(dout, b, i, h), s_.dtype, s_.D, 1.f, d.data());
+        kern_.load_row(Row4(out, b, i, h), static_cast<int>(s_.dtype), s_.D, 1.f, o.data());
+        kern_.load_row(Row4(dout, b, i, h), static_cast<int>(s_.dtype), s_.D, 1.f, d.data());
         float acc = 0.f;
         for (size_t k = 0; k < o.size(); ++k) acc += d[k] * o[k];
         delta[i] = acc;
@@ -410,7 +389,7 @@ class CpuBackend final : public Backend {
       float* base = dst + bh * ps_.Lqp * ps_.Dp;
       for (int64_t i = 0; i < s_.L; ++i) {
         float* row = base + i * ps_.Dp;
-        LoadRow(Row4(q, b, i, h), s_.dtype, s_.D, mul, row);
+        kern_.load_row(Row4(q, b, i, h), static_cast<int>(s_.dtype), s_.D, mul, row);
         std::fill(row + s_.D, row + ps_.Dp, 0.f);
       }
       std::fill(base + s_.L * ps_.Dp, base + ps_.Lqp * ps_.Dp, 0.f);
@@ -430,7 +409,7 @@ class CpuBackend final : public Backend {
       std::fill(base + s_.L * ps_.Dp, base + ps_.Lqp * ps_.Dp, uint16_t{0});
       if (tiles == nullptr) return;
       for (int64_t i0 = 0; i0 < ps_.Lqp; i0 += kBlockQ)
-        TransposeTile(base + i0 * ps_.Dp, ps_.Dp, tiles + bh * ps_.Lqp * ps_.Dp + i0 * ps_.Dp);
+        TransposeTile16(base + i0 * ps_.Dp, ps_.Dp, tiles + bh * ps_.Lqp * ps_.Dp + i0 * ps_.Dp);
     });
   }
 
@@ -471,8 +450,8 @@ class CpuBackend final : public Backend {
         float* kr = k_rows + c * Dp;
         float* vr = v_rows + c * Dp;
         if (j < s_.L) {
-          LoadRow(row_of(false, b, j, h), s_.dtype, D, 1.f, kr);
-          LoadRow(row_of(true, b, j, h), s_.dtype, D, 1.f, vr);
+          kern_.load_row(row_of(false, b, j, h), static_cast<int>(s_.dtype), D, 1.f, kr);
+          kern_.load_row(row_of(true, b, j, h), static_cast<int>(s_.dtype), D, 1.f, vr);
           std::fill(kr + D, kr + Dp, 0.f);
           std::fill(vr + D, vr + Dp, 0.f);
         } else {
@@ -480,8 +459,8 @@ class CpuBackend final : public Backend {
           std::fill(vr, vr + Dp, 0.f);
         }
       }
-      TransposeTile(k_rows, Dp, kt_.f32() + head_off + t * Dp * kBlockK);
-      if (backward) TransposeTile(v_rows, Dp, vt_.f32() + head_off + t * Dp * kBlockK);
+      TransposeTile32(k_rows, Dp, kt_.f32() + head_off + t * Dp * kBlockK);
+      if (backward) TransposeTile32(v_rows, Dp, vt_.f32() + head_off + t * Dp * kBlockK);
     });
   }
 
@@ -509,7 +488,7 @@ class CpuBackend final : public Backend {
           if (j < s_.L) std::memcpy(row, row_of(is_v, b, j, h), static_cast<size_t>(D) * 2);
           std::fill(row + (j < s_.L ? D : 0), row + Dp, uint16_t{0});
         }
-        TransposeTile(reinterpret_cast<const uint32_t*>(rows), Dp / 2, reinterpret_cast<uint32_t*>(dst));
+        kern_.transpose_tile(reinterpret_cast<const uint32_t*>(rows), Dp / 2, reinterpret_cast<uint32_t*>(dst));
       };
       pair_along_dp(false, kt);
       if (backward_) pair_along_dp(true, vtb_.bf16() + bk * ps_.Lkp * Dp + t * Dp * kBlockK);
@@ -529,9 +508,12 @@ class CpuBackend final : public Backend {
     });
   }
 
-  // src [kBlockK][Dp] -> dst [Dp][kBlockK], in blocks of 16 x 16 that stay in L1.
-  template <typename T>
-  static void TransposeTile(const T* src, int64_t Dp, T* dst) {
+  // src [kBlockK][Dp] -> dst [Dp][kBlockK], floats, by the kernel build's transpose.
+  void TransposeTile32(const float* src, int64_t Dp, float* dst) const {
+    kern_.transpose_tile(reinterpret_cast<const uint32_t*>(src), Dp, reinterpret_cast<uint32_t*>(dst));
+  }
+  // The same for 16-bit elements (the AMX backward's transposed query tiles; once per call).
+  static void TransposeTile16(const uint16_t* src, int64_t Dp, uint16_t* dst) {
     constexpr int64_t kB = 16;
     for (int64_t d0 = 0; d0 < Dp; d0 += kB) {
       const int64_t d1 = std::min(Dp, d0 + kB);

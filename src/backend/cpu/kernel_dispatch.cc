@@ -56,8 +56,7 @@ static bool Supports(const char* isa) {
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                       __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   if (std::strcmp(isa, "avx512") == 0) return avx512;
-  if (std::strcmp(isa, "amx") == 0)
-    return avx512 && CpuHasAmxBf16() && AmxPermitted();
+  if (std::strcmp(isa, "amx") == 0) return avx512 && CpuHasAmxBf16() && AmxPermitted();
   return false;
 }
 

@@ -1,0 +1,64 @@
+// Packing moves of the CPU backend, compiled per instruction set like the kernels (the backend
+// itself is built for baseline x86-64): the per-tile transposes of K and V, and the conversion
+// of the caller's rows to float32. They run once per ring step on every key and value, so their
+// cost is a fixed part of every step (more of a half-masked striped step than of a dense one).
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "core/dtype.h"
+#include "cpu/attention_kernels.h"
+#include "cpu/simd.h"
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+namespace stria {
+namespace cpu {
+namespace STRIA_ISA_NAME {
+
+// src [kBlockK][ld] -> dst [ld][kBlockK] (32-bit elements, moved as they are: floats or pairs of
+// bf16), in 16 x 16 blocks that stay in L1. (An AVX-512 in-register transpose measured 2.5x
+// faster on its own but no faster in the unpack, which is bound by memory.)
+void TransposeTile32(const uint32_t* __restrict src, int64_t ld, uint32_t* __restrict dst) {
+  constexpr int64_t kB = 16;
+  for (int64_t d0 = 0; d0 < ld; d0 += kB) {
+    const int64_t d1 = std::min(ld, d0 + kB);
+    for (int64_t c0 = 0; c0 < kBlockK; c0 += kB)
+      for (int64_t d = d0; d < d1; ++d)
+        for (int64_t c = c0; c < c0 + kB; ++c) dst[d * kBlockK + c] = src[c * ld + d];
+  }
+}
+
+// dst[0..n) = src[0..n) * mul, converted from the storage dtype to float32.
+void LoadRowF32(const void* src, int dtype, int64_t n, float mul, float* __restrict dst) {
+  switch (static_cast<DType>(dtype)) {
+    case DType::kF32: {
+      const float* s = static_cast<const float*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = s[i] * mul;
+      break;
+    }
+    case DType::kF16: {
+      const uint16_t* s = static_cast<const uint16_t*>(src);
+      int64_t i = 0;
+#if defined(__F16C__)  // the AVX2 and AVX-512 builds: VCVTPH2PS, exact like F16ToF32
+      const __m256 m = _mm256_set1_ps(mul);
+      for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i,
+                         _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))), m));
+#endif
+      for (; i < n; ++i) dst[i] = F16ToF32(s[i]) * mul;
+      break;
+    }
+    case DType::kBF16: {
+      const uint16_t* s = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = BF16ToF32(s[i]) * mul;
+      break;
+    }
+  }
+}
+
+}  // namespace STRIA_ISA_NAME
+}  // namespace cpu
+}  // namespace stria
