@@ -41,6 +41,16 @@ inline void MicroKernel(int64_t K, const float* __restrict A, int64_t ars, int64
     for (int v = 0; v < NVV; ++v) Store(C + i * ldc + v * VL, c[i][v]);
 }
 
+// MicroKernel<MR, v> for a run-time v in 1 .. V.
+template <int V, bool kAccumulate>
+inline void MicroKernelTail(int64_t v, int64_t K, const float* A, int64_t ars, int64_t acs, const float* B, int64_t ldb,
+                            float* C, int64_t ldc) {
+  if constexpr (V > 1) {
+    if (v < V) return MicroKernelTail<V - 1, kAccumulate>(v, K, A, ars, acs, B, ldb, C, ldc);
+  }
+  MicroKernel<MR, V, kAccumulate>(K, A, ars, acs, B, ldb, C, ldc);
+}
+
 // C[M x N] (+)= A[M x K] · B[K x N]; M a multiple of MR, N of VL.
 // pf, when given: pf_floats of data the next step needs, prefetched into L2 a slice per row group
 // (see ForwardTile).
@@ -54,7 +64,10 @@ void Gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t ars, int64_t 
     int64_t j = 0;
     for (; j + NV * VL <= N; j += NV * VL)
       MicroKernel<MR, NV, kAccumulate>(K, A + i * ars, ars, acs, B + j, ldb, C + i * ldc + j, ldc);
-    for (; j < N; j += VL) MicroKernel<MR, 1, kAccumulate>(K, A + i * ars, ars, acs, B + j, ldb, C + i * ldc + j, ldc);
+    // The last 1 .. NV - 1 vectors in one micro-tile, not one each: a row group of a diagonal
+    // tile computes only the columns it may see, and a 1-vector micro-tile is load-bound.
+    if (j < N)
+      MicroKernelTail<NV - 1, kAccumulate>((N - j) / VL, K, A + i * ars, ars, acs, B + j, ldb, C + i * ldc + j, ldc);
   }
 }
 
