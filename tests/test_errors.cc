@@ -898,21 +898,22 @@ TEST(Positions, BadArguments) {
 // must see its blow-up. The NaN sits in one element of token t of q, k or v.
 enum class Where { kQ, kK, kV };
 
-void CheckNaNPropagates(Where where, int world, stria_layout_t layout, bool causal) {
+void CheckNaNPropagates(Where where, int world, stria_layout_t layout, bool causal, Dt dt = Dt::kF32) {
   SCOPED_TRACE(::testing::Message() << "NaN in "
                                     << (where == Where::kQ   ? "q"
                                         : where == Where::kK ? "k"
                                                              : "v")
-                                    << ", world " << world << ", layout " << layout << (causal ? ", causal" : ""));
+                                    << ", world " << world << ", layout " << layout << (causal ? ", causal" : "")
+                                    << ", " << DtName(dt));
   const int64_t S = kL * world, t = 5;
   std::mt19937_64 rng(3);
-  Tensor q({kB, S, kHq, kD}, Dt::kF32), k({kB, S, kHkv, kD}, Dt::kF32), v({kB, S, kHkv, kD}, Dt::kF32);
+  Tensor q({kB, S, kHq, kD}, dt), k({kB, S, kHkv, kD}, dt), v({kB, S, kHkv, kD}, dt);
   q.FillRandom(rng);
   k.FillRandom(rng);
   v.FillRandom(rng);
   Tensor& bad = where == Where::kQ ? q : where == Where::kK ? k : v;
   bad.Set(((0 * S + t) * bad.shape[2] + 0) * kD + 3, NAN);  // token t, head 0, element 3
-  Tensor out_full({kB, S, kHq, kD}, Dt::kF32), lse_full({kB, kHq, S}, Dt::kF32);
+  Tensor out_full({kB, S, kHq, kD}, dt), lse_full({kB, kHq, S}, Dt::kF32);
   std::vector<stria_status_t> st(static_cast<size_t>(world));
   std::vector<std::string> err(static_cast<size_t>(world));
   std::mutex mu;
@@ -923,11 +924,11 @@ void CheckNaNPropagates(Where where, int world, stria_layout_t layout, bool caus
   params.layout = layout;
   params.causal = causal;
   RunRanks(world, [&](int r) {
-    Tensor ql({kB, kL, kHq, kD}, Dt::kF32), kl({kB, kL, kHkv, kD}, Dt::kF32), vl({kB, kL, kHkv, kD}, Dt::kF32);
+    Tensor ql({kB, kL, kHq, kD}, dt), kl({kB, kL, kHkv, kD}, dt), vl({kB, kL, kHkv, kD}, dt);
     stria_shard(layout, world, r, 1, &q.dl, &ql.dl, nullptr);
     stria_shard(layout, world, r, 1, &k.dl, &kl.dl, nullptr);
     stria_shard(layout, world, r, 1, &v.dl, &vl.dl, nullptr);
-    Tensor out({kB, kL, kHq, kD}, Dt::kF32), lse({kB, kHq, kL}, Dt::kF32);
+    Tensor out({kB, kL, kHq, kD}, dt), lse({kB, kHq, kL}, Dt::kF32);
     st[static_cast<size_t>(r)] = stria_attention_forward(g.ctx[static_cast<size_t>(r)], &params, &ql.dl, &kl.dl, &vl.dl,
                                                          &out.dl, &lse.dl, nullptr);
     err[static_cast<size_t>(r)] = stria_get_last_error();
@@ -979,6 +980,14 @@ TEST(NaNInputs, InKPropagates) {
 TEST(NaNInputs, InVPropagates) {
   CheckNaNPropagates(Where::kV, 1, STRIA_LAYOUT_STRIPED, true);
   CheckNaNPropagates(Where::kV, 2, STRIA_LAYOUT_STRIPED, false);
+}
+// The 16-bit paths: their own packing and conversions (and on AMX machines the tile kernels).
+TEST(NaNInputs, InHalfPrecisionPropagates) {
+  for (Dt dt : {Dt::kBF16, Dt::kF16}) {
+    CheckNaNPropagates(Where::kQ, 1, STRIA_LAYOUT_STRIPED, true, dt);
+    CheckNaNPropagates(Where::kK, 2, STRIA_LAYOUT_ZIGZAG, true, dt);
+    CheckNaNPropagates(Where::kV, 2, STRIA_LAYOUT_CONTIGUOUS, false, dt);
+  }
 }
 
 // The backward: a NaN in dO of query t reaches dQ of that query and dV of every key it sees.

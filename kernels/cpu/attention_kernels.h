@@ -129,9 +129,10 @@ struct KernelTable {
   void (*forward_tile_bf16)(const FwdTileArgsBf16&);   // the AMX build only; NULL elsewhere
   void (*backward_item_bf16)(const BwdItemArgsBf16&);  // likewise
   // Packing (pack.cc): src [kBlockK][ld] -> dst [ld][kBlockK], 32-bit elements moved as they are;
-  // and one row of n elements of `dtype` (a DType) times mul, to float32.
+  // one row of n elements of `dtype` (a DType) times mul, to float32;
   void (*transpose_tile)(const uint32_t* src, int64_t ld, uint32_t* dst);
   void (*load_row)(const void* src, int dtype, int64_t n, float mul, float* dst);
+  void (*store_row)(const float* src, int64_t n, float mul, int dtype, void* dst);  // and back
 };
 
 // The best table this CPU runs (AMX > AVX-512 > AVX2 > generic); STRIA_CPU_ISA=generic|avx2|

@@ -59,6 +59,43 @@ void LoadRowF32(const void* src, int dtype, int64_t n, float mul, float* __restr
   }
 }
 
+// dst[0..n) = src[0..n) * mul, converted from float32 to the storage dtype: round to nearest
+// even, NaN stays NaN (what F32ToBF16 / F32ToF16 do, element by element).
+void StoreRowF32(const float* __restrict src, int64_t n, float mul, int dtype, void* dst) {
+  switch (static_cast<DType>(dtype)) {
+    case DType::kF32: {
+      float* d = static_cast<float*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = src[i] * mul;
+      break;
+    }
+    case DType::kF16: {
+      uint16_t* d = static_cast<uint16_t*>(dst);
+      int64_t i = 0;
+#if defined(__F16C__)  // VCVTPS2PH, round to nearest even
+      const __m256 m = _mm256_set1_ps(mul);
+      for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
+                         _mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(src + i), m), _MM_FROUND_TO_NEAREST_INT));
+#endif
+      for (; i < n; ++i) d[i] = F32ToF16(src[i] * mul);
+      break;
+    }
+    case DType::kBF16: {
+      // F32ToBF16 written branch-free, so that it vectorizes.
+      uint16_t* d = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) {
+        const float f = src[i] * mul;
+        uint32_t bits;
+        std::memcpy(&bits, &f, 4);
+        const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+        const uint32_t nan = (bits >> 16) | 0x40u;
+        d[i] = static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+      }
+      break;
+    }
+  }
+}
+
 }  // namespace STRIA_ISA_NAME
 }  // namespace cpu
 }  // namespace stria

@@ -26,27 +26,6 @@ int64_t RoundUp(int64_t x, int64_t m) {
   return (x + m - 1) / m * m;
 }
 
-// dst[0..n) = src[0..n) * mul, converting to the storage dtype.
-void StoreRow(const float* src, int64_t n, float mul, DType t, void* dst) {
-  switch (t) {
-    case DType::kF32: {
-      float* d = static_cast<float*>(dst);
-      for (int64_t i = 0; i < n; ++i) d[i] = src[i] * mul;
-      break;
-    }
-    case DType::kF16: {
-      uint16_t* d = static_cast<uint16_t*>(dst);
-      for (int64_t i = 0; i < n; ++i) d[i] = F32ToF16(src[i] * mul);
-      break;
-    }
-    case DType::kBF16: {
-      uint16_t* d = static_cast<uint16_t*>(dst);
-      for (int64_t i = 0; i < n; ++i) d[i] = F32ToBF16(src[i] * mul);
-      break;
-    }
-  }
-}
-
 // Element (b, i, h, 0) of a [B, L, H, D] view.
 inline const char* Row4(const TensorView& v, int64_t b, int64_t i, int64_t h) {
   return static_cast<const char*>(v.data) + (b * v.strides[0] + i * v.strides[1] + h * v.strides[2]) * v.elem_bytes();
@@ -192,7 +171,7 @@ class CpuBackend final : public Backend {
         const float l = l_.f32()[row];
         const float m = m_.f32()[row];
         const float inv = l > 0.f ? 1.f / l : 0.f;  // a row with no key: output 0, lse -inf
-        StoreRow(acc_.f32() + row * ps_.Dp, s_.D, inv, s_.dtype, Row4(out, b, i, h));
+        kern_.store_row(acc_.f32() + row * ps_.Dp, s_.D, inv, static_cast<int>(s_.dtype), Row4(out, b, i, h));
         *Row3(lse, b, h, i) = l > 0.f ? (m + std::log2(l)) * cpu::kLn2 : kNegInf;
       }
     });
@@ -337,7 +316,7 @@ class CpuBackend final : public Backend {
           const float* p = dq32_.f32() + (c * rows + bh * ps_.Lqp + i) * ps_.Dp;
           for (int64_t d = 0; d < s_.D; ++d) sum[static_cast<size_t>(d)] += p[d];
         }
-        StoreRow(sum.data(), s_.D, s_.scale, s_.dtype, Row4(dq, b, i, h));
+        kern_.store_row(sum.data(), s_.D, s_.scale, static_cast<int>(s_.dtype), Row4(dq, b, i, h));
       }
     });
     const int64_t per = s_.B * s_.L * s_.Hkv * s_.D;
@@ -345,8 +324,8 @@ class CpuBackend final : public Backend {
       const int64_t b = item / s_.L, j = item % s_.L;
       for (int64_t h = 0; h < s_.Hkv; ++h) {
         const float* src = dkv + ((b * s_.L + j) * s_.Hkv + h) * s_.D;
-        StoreRow(src, s_.D, 1.f, s_.dtype, Row4(dk, b, j, h));
-        StoreRow(src + per, s_.D, 1.f, s_.dtype, Row4(dv, b, j, h));
+        kern_.store_row(src, s_.D, 1.f, static_cast<int>(s_.dtype), Row4(dk, b, j, h));
+        kern_.store_row(src + per, s_.D, 1.f, static_cast<int>(s_.dtype), Row4(dv, b, j, h));
       }
     });
     return Status::Ok();
