@@ -132,7 +132,9 @@ struct KernelTable {
   // one row of n elements of `dtype` (a DType) times mul, to float32;
   void (*transpose_tile)(const uint32_t* src, int64_t ld, uint32_t* dst);
   void (*load_row)(const void* src, int dtype, int64_t n, float mul, float* dst);
-  void (*store_row)(const float* src, int64_t n, float mul, int dtype, void* dst);  // and back
+  void (*store_row)(const float* src, int64_t n, float mul, int dtype, void* dst);  // and back;
+  // rows a and b of 16-bit elements interleaved, out[2d] = a[d], out[2d + 1] = b[d] (NULL: zeros).
+  void (*pair_rows)(const uint16_t* a, const uint16_t* b, int64_t n, uint16_t* out);
 };
 
 // The best table this CPU runs (AMX > AVX-512 > AVX2 > generic); STRIA_CPU_ISA=generic|avx2|

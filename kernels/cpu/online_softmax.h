@@ -15,7 +15,8 @@ namespace {
 // s [kBlockQ][kBlockK]: scores; scale * s is in the log2 domain. Row r reads columns
 // [0, cols[r / group_rows]) (the rest are invisible and left alone) and gets its probabilities
 // relative to m[r]. m, l: the rows' running reference maximum and sum; lsum: per-lane partial
-// sums not yet added into l; acc: the unnormalised output rows (stride Dp), rescaled when m moves.
+// sums not yet added into l; acc: the unnormalised output rows (stride Dp), rescaled when m moves
+// and meaningful only once m is no longer -inf (they need no clearing before the first tile).
 inline void SoftmaxTile(float* s, const int64_t* cols, int group_rows, float scale, float* m, float* l, vf* lsum,
                         float* acc, int64_t Dp) {
   const vf sv = Splat(scale);
@@ -43,9 +44,14 @@ inline void SoftmaxTile(float* s, const int64_t* cols, int group_rows, float sca
       l[r] = (l[r] + HSum(lsum[r])) * alpha;
       lsum[r] = vf{};
       m[r] = m_new;
+      // The output row is set, not scaled, at the row's first visible key: until then it holds
+      // whatever the buffer held (the backend does not clear it; see ForwardEnd there).
       float* o = acc + r * Dp;
       const vf av = Splat(alpha);
-      for (int64_t d = 0; d < Dp; d += VL) Store(o + d, Load(o + d) * av);
+      if (m_old == kNegInf)
+        for (int64_t d = 0; d < Dp; d += VL) Store(o + d, vf{});
+      else
+        for (int64_t d = 0; d < Dp; d += VL) Store(o + d, Load(o + d) * av);
     }
     const vf mv = Splat(m[r]);
     vf sum = lsum[r];

@@ -96,6 +96,19 @@ void StoreRowF32(const float* __restrict src, int64_t n, float mul, int dtype, v
   }
 }
 
+// out[2d] = a[d], out[2d + 1] = b[d] for d < n (16-bit elements; a NULL row reads as zeros):
+// two rows paired for a B operand of the AMX tile products.
+void PairRows16(const uint16_t* __restrict a, const uint16_t* __restrict b, int64_t n, uint16_t* __restrict out) {
+  uint32_t* o = reinterpret_cast<uint32_t*>(out);
+  if (a != nullptr && b != nullptr) {
+    for (int64_t d = 0; d < n; ++d) o[d] = uint32_t{a[d]} | uint32_t{b[d]} << 16;
+  } else if (a != nullptr) {
+    for (int64_t d = 0; d < n; ++d) o[d] = a[d];
+  } else {
+    std::memset(out, 0, static_cast<size_t>(n) * 4);
+  }
+}
+
 }  // namespace STRIA_ISA_NAME
 }  // namespace cpu
 }  // namespace stria
