@@ -64,8 +64,9 @@ class CpuBackend final : public Backend {
   }
   void Free(void* ptr) override { std::free(ptr); }
 
-  // The wire only when it is sent; the local block is unpacked here straight from the caller's
-  // tensors, which saves a world of 1 a copy of K and V and a second pass over it.
+  // The wire only when it is sent; the local block is unpacked straight from the caller's
+  // tensors (by the step-0 block call), which saves a world of 1 a copy of K and V and every
+  // world a second pass over its own block.
   Status PackKV(const AttentionShape& s, const TensorView& k, const TensorView& v, void* wire, bool sent) override {
     if (sent) {
       const int64_t row_bytes = s.D * DTypeSize(s.dtype);
@@ -80,8 +81,10 @@ class CpuBackend final : public Backend {
         }
       });
     }
-    UnpackBlock([&](bool is_v, int64_t b, int64_t j, int64_t h) { return Row4(is_v ? v : k, b, j, h); });
-    local_staged_ = true;
+    // The local block is unpacked by the step-0 block call, after the wire has gone out.
+    local_k_ = k;
+    local_v_ = v;
+    local_pending_ = true;
     return Status::Ok();
   }
 
@@ -90,7 +93,7 @@ class CpuBackend final : public Backend {
     // in float32.
     bf16_tiles_ = s.dtype == DType::kBF16 && kern_.forward_tile_bf16 != nullptr;
     backward_ = false;
-    local_staged_ = false;
+    local_pending_ = false;
     STRIA_RETURN_IF_ERROR(SetShape(s));
     const size_t rows = static_cast<size_t>(s.B * s.Hq * ps_.Lqp);
     if (bf16_tiles_)
@@ -117,7 +120,7 @@ class CpuBackend final : public Backend {
   }
 
   Status ForwardBlock(const void* kv_wire, const BlockMask& mask, bool local) override {
-    UnpackUnlessStaged(kv_wire, local);
+    UnpackBlockFor(kv_wire, local);
     const int64_t nqt = ps_.Lqp / kBlockQ;
     const int64_t heads = s_.B * s_.Hq;
     const int64_t group = s_.Hq / s_.Hkv;
@@ -189,7 +192,7 @@ class CpuBackend final : public Backend {
                        const TensorView& dout, void* /*stream: NULL, checked*/) override {
     bf16_tiles_ = s.dtype == DType::kBF16 && kern_.backward_item_bf16 != nullptr;  // as in the forward
     backward_ = true;
-    local_staged_ = false;
+    local_pending_ = false;
     STRIA_RETURN_IF_ERROR(SetShape(s));
     const size_t rows = static_cast<size_t>(s.B * s.Hq * ps_.Lqp);
     // Enough chunks of key tiles that every thread has work even when B·Hkv is small.
@@ -242,10 +245,10 @@ class CpuBackend final : public Backend {
     const int64_t per = s_.B * s_.L * s_.Hkv * s_.D;
     std::memset(dkv, 0, static_cast<size_t>(2 * per) * 4);
     if (mask.empty()) {
-      local_staged_ = false;
+      local_pending_ = false;
       return Status::Ok();
     }
-    UnpackUnlessStaged(kv_wire, local);
+    UnpackBlockFor(kv_wire, local);
     const int64_t group = s_.Hq / s_.Hkv;
     const int64_t rows = s_.B * s_.Hq * ps_.Lqp;
     const int64_t nkt = ps_.Lkp / kBlockK;
@@ -399,10 +402,13 @@ class CpuBackend final : public Backend {
     });
   }
 
-  // The block the kernels are about to read: the local one PackKV staged (ring step 0), or the
-  // ring message in kv_wire. Staging is good for one block call only.
-  void UnpackUnlessStaged(const void* kv_wire, bool local) {
-    if (!(local && local_staged_)) {
+  // The block the kernels are about to read: the local one (ring step 0) from the caller's
+  // tensors PackKV noted, else the ring message in kv_wire.
+  void UnpackBlockFor(const void* kv_wire, bool local) {
+    if (local && local_pending_) {
+      UnpackBlock(
+          [&](bool is_v, int64_t b, int64_t j, int64_t h) { return Row4(is_v ? local_v_ : local_k_, b, j, h); });
+    } else {
       const int64_t row_bytes = s_.D * DTypeSize(s_.dtype);
       const char* kw = static_cast<const char*>(kv_wire);
       const char* vw = kw + s_.B * s_.L * s_.Hkv * row_bytes;
@@ -410,7 +416,7 @@ class CpuBackend final : public Backend {
         return (is_v ? vw : kw) + ((b * s_.L + j) * s_.Hkv + h) * row_bytes;
       });
     }
-    local_staged_ = false;
+    local_pending_ = false;
   }
 
   // A K/V block -> the packed layouts the kernels read: Kt tiles always; V rows for the forward;
@@ -512,9 +518,10 @@ class CpuBackend final : public Backend {
   cpu::PackedShape ps_{};
   int64_t chunks_ = 1;
   int64_t scratch_floats_ = 0;
-  bool backward_ = false;      // the direction of the call in progress
-  bool local_staged_ = false;  // PackKV unpacked the local block for the next block call
-  bool bf16_tiles_ = false;    // this call runs the AMX bf16 kernels (bf16 inputs, AMX here)
+  bool backward_ = false;         // the direction of the call in progress
+  bool local_pending_ = false;    // the local block is local_k_/local_v_, not unpacked yet
+  TensorView local_k_, local_v_;  // the caller's K and V, valid for the call in progress
+  bool bf16_tiles_ = false;       // this call runs the AMX bf16 kernels (bf16 inputs, AMX here)
   AlignedBuffer q32_, acc_, m_, l_, kt_, v32_, k32_, vt_, dout32_, lse2_, delta_, dq32_, scratch_;
   AlignedBuffer qb_, kb_, vb_;            // the AMX kernels' bf16 operands (vb_: K in the backward)
   AlignedBuffer qtb_, dob_, dotb_, vtb_;  // and the AMX backward's others
