@@ -170,6 +170,9 @@ std::vector<Case> DtypesAndShapes() {
     cases.push_back(Case{2, d == 72 ? STRIA_LAYOUT_ZIGZAG : STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 1,
                          d > 128 ? 130 : 300, 4, 2, d});
   cases.push_back(Case{3, STRIA_LAYOUT_CONTIGUOUS, false, Dt::kBF16, 1, 260, 2, 1, 64});
+  // Few heads: items of three query tiles, and of one (one thread per rank here).
+  cases.push_back(Case{1, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 1, 160, 2, 1, 64});
+  cases.push_back(Case{2, STRIA_LAYOUT_ZIGZAG, true, Dt::kBF16, 1, 150, 1, 1, 32});
   // Sharp softmaxes: the running maximum of a row keeps moving (keys that grow along the sequence,
   // large scales), so the kernels rescale their partial rows often, by small and large factors.
   // At scale 4 the scores reach the hundreds and float32's rounding of a score alone moves a

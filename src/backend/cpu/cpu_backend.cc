@@ -125,10 +125,13 @@ class CpuBackend final : public Backend {
     const int64_t heads = s_.B * s_.Hq;
     const int64_t group = s_.Hq / s_.Hkv;
     if (bf16_tiles_) {
-      // Items of kBf16QueryTiles query tiles; later ones (more keys when causal) first.
-      const int64_t items = (nqt + cpu::kBf16QueryTiles - 1) / cpu::kBf16QueryTiles;
+      // Items of up to kBf16QueryTiles query tiles (fewer when that would leave threads with
+      // less than two items each); later ones (more keys when causal) first.
+      const int64_t per_item = std::max<int64_t>(
+          1, std::min<int64_t>(cpu::kBf16QueryTiles, heads * nqt / (2 * static_cast<int64_t>(pool_.size()))));
+      const int64_t items = (nqt + per_item - 1) / per_item;
       pool_.ParallelFor(heads * items, [&](int64_t item, int tid) {
-        const int64_t first = (items - 1 - item / heads) * cpu::kBf16QueryTiles;
+        const int64_t first = (items - 1 - item / heads) * per_item;
         const int64_t bh = item % heads;
         const int64_t b = bh / s_.Hq, h = bh % s_.Hq, hk = h / group;
         cpu::FwdTileArgsBf16 a;
@@ -140,7 +143,7 @@ class CpuBackend final : public Backend {
         a.m = m_.f32() + bh * ps_.Lqp;
         a.l = l_.f32() + bh * ps_.Lqp;
         a.q0 = first * kBlockQ;
-        a.q_tiles = std::min<int64_t>(cpu::kBf16QueryTiles, nqt - first);
+        a.q_tiles = std::min(per_item, nqt - first);
         a.shape = &ps_;
         a.mask = &mask;
         a.scratch = scratch_.f32() + tid * scratch_floats_;
