@@ -2,13 +2,13 @@
 // itself is built for baseline x86-64): the per-tile transposes of K and V, and the conversion
 // of the caller's rows to float32. They run once per ring step on every key and value, so their
 // cost is a fixed part of every step (more of a half-masked striped step than of a dense one).
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
 #include "core/dtype.h"
 #include "cpu/attention_kernels.h"
 #include "cpu/simd.h"
+#include "cpu/transpose.h"
 
 #if defined(__F16C__)
 #include <immintrin.h>
@@ -19,16 +19,10 @@ namespace cpu {
 namespace STRIA_ISA_NAME {
 
 // src [kBlockK][ld] -> dst [ld][kBlockK] (32-bit elements, moved as they are: floats or pairs of
-// bf16), in 16 x 16 blocks that stay in L1. (An AVX-512 in-register transpose measured 2.5x
-// faster on its own but no faster in the unpack, which is bound by memory.)
-void TransposeTile32(const uint32_t* __restrict src, int64_t ld, uint32_t* __restrict dst) {
-  constexpr int64_t kB = 16;
-  for (int64_t d0 = 0; d0 < ld; d0 += kB) {
-    const int64_t d1 = std::min(ld, d0 + kB);
-    for (int64_t c0 = 0; c0 < kBlockK; c0 += kB)
-      for (int64_t d = d0; d < d1; ++d)
-        for (int64_t c = c0; c < c0 + kB; ++c) dst[d * kBlockK + c] = src[c * ld + d];
-  }
+// bf16). (An AVX-512 in-register transpose measured 2.5x faster on its own but no faster in the
+// unpack, which is bound by memory.)
+void TransposeTile32(const uint32_t* src, int64_t ld, uint32_t* dst) {
+  BlockedTranspose(src, ld, dst);
 }
 
 // dst[0..n) = src[0..n) * mul, converted from the storage dtype to float32.

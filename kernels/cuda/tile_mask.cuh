@@ -65,21 +65,23 @@ struct TileRun {
   int64_t first;
   int count;
 };
+// The tiles of `size` that hold [lo, hi) (none when it is empty).
+STRIA_HD TileRun TilesCovering(int64_t lo, int64_t hi, int size) {
+  if (lo >= hi) return TileRun{lo, 0};
+  const int64_t first = (lo / size) * size;
+  return TileRun{first, static_cast<int>((hi - first + size - 1) / size)};
+}
 // A forward CTA with query rows [i0, i1): the key tiles holding keys some row may see.
 STRIA_HD TileRun KeyTilesOf(const MaskArgs& m, int64_t i0, int64_t i1, int size) {
   int64_t lo, hi;
   KeyRange(m, i0, i1, &lo, &hi);
-  if (lo >= hi) return TileRun{lo, 0};
-  const int64_t first = (lo / size) * size;
-  return TileRun{first, static_cast<int>((hi - first + size - 1) / size)};
+  return TilesCovering(lo, hi, size);
 }
 // A backward CTA with keys [j0, j1): the query tiles holding rows that may see some key.
 STRIA_HD TileRun QueryTilesOf(const MaskArgs& m, int64_t j0, int64_t j1, int size) {
   int64_t lo, hi;
   QueryRange(m, j0, j1, &lo, &hi);
-  if (lo >= hi) return TileRun{lo, 0};
-  const int64_t first = (lo / size) * size;
-  return TileRun{first, static_cast<int>((hi - first + size - 1) / size)};
+  return TilesCovering(lo, hi, size);
 }
 
 // True when every pair of [i0, i1) x [j0, j1) is visible, so the tile skips the element mask.

@@ -14,6 +14,7 @@
 #include "core/aligned_buffer.h"
 #include "core/thread_pool.h"
 #include "cpu/attention_kernels.h"
+#include "cpu/transpose.h"
 
 namespace stria {
 namespace {
@@ -124,6 +125,15 @@ class CpuBackend final : public Backend {
     const int64_t nqt = ps_.Lqp / kBlockQ;
     const int64_t heads = s_.B * s_.Hq;
     const int64_t group = s_.Hq / s_.Hkv;
+    // What the float32 and the AMX work items share: the running state of head bh, the tile.
+    auto set_common = [&](auto* a, int64_t bh, int tid) {
+      a->acc = acc_.f32() + bh * ps_.Lqp * ps_.Dp;
+      a->m = m_.f32() + bh * ps_.Lqp;
+      a->l = l_.f32() + bh * ps_.Lqp;
+      a->shape = &ps_;
+      a->mask = &mask;
+      a->scratch = scratch_.f32() + tid * scratch_floats_;
+    };
     if (bf16_tiles_) {
       // Items of up to kBf16QueryTiles query tiles (fewer when that would leave threads with
       // less than two items each); later ones (more keys when causal) first.
@@ -139,14 +149,9 @@ class CpuBackend final : public Backend {
         a.kt = kb_.bf16() + (b * s_.Hkv + hk) * ps_.Lkp * ps_.Dp;
         a.v = vb_.bf16() + (b * s_.Hkv + hk) * ps_.Lkp * ps_.Dp;
         a.scale = s_.scale * cpu::kLog2e;
-        a.acc = acc_.f32() + bh * ps_.Lqp * ps_.Dp;
-        a.m = m_.f32() + bh * ps_.Lqp;
-        a.l = l_.f32() + bh * ps_.Lqp;
         a.q0 = first * kBlockQ;
         a.q_tiles = std::min(per_item, nqt - first);
-        a.shape = &ps_;
-        a.mask = &mask;
-        a.scratch = scratch_.f32() + tid * scratch_floats_;
+        set_common(&a, bh, tid);
         kern_.forward_tile_bf16(a);
       });
       return Status::Ok();
@@ -160,13 +165,8 @@ class CpuBackend final : public Backend {
       a.q = q32_.f32() + bh * ps_.Lqp * ps_.Dp;
       a.kt = kt_.f32() + (b * s_.Hkv + hk) * ps_.Lkp * ps_.Dp;
       a.v = v32_.f32() + (b * s_.Hkv + hk) * ps_.Lkp * ps_.Dp;
-      a.acc = acc_.f32() + bh * ps_.Lqp * ps_.Dp;
-      a.m = m_.f32() + bh * ps_.Lqp;
-      a.l = l_.f32() + bh * ps_.Lqp;
       a.q0 = qt * kBlockQ;
-      a.shape = &ps_;
-      a.mask = &mask;
-      a.scratch = scratch_.f32() + tid * scratch_floats_;
+      set_common(&a, bh, tid);
       kern_.forward_tile(a);
     });
     return Status::Ok();
@@ -401,7 +401,8 @@ class CpuBackend final : public Backend {
       std::fill(base + s_.L * ps_.Dp, base + ps_.Lqp * ps_.Dp, uint16_t{0});
       if (tiles == nullptr) return;
       for (int64_t i0 = 0; i0 < ps_.Lqp; i0 += kBlockQ)
-        TransposeTile16(base + i0 * ps_.Dp, ps_.Dp, tiles + bh * ps_.Lqp * ps_.Dp + i0 * ps_.Dp);
+        cpu::BlockedTranspose(base + i0 * ps_.Dp, ps_.Dp,
+                              tiles + bh * ps_.Lqp * ps_.Dp + i0 * ps_.Dp);  // once per call
     });
   }
 
@@ -504,17 +505,6 @@ class CpuBackend final : public Backend {
   void TransposeTile32(const float* src, int64_t Dp, float* dst) const {
     kern_.transpose_tile(reinterpret_cast<const uint32_t*>(src), Dp, reinterpret_cast<uint32_t*>(dst));
   }
-  // The same for 16-bit elements (the AMX backward's transposed query tiles; once per call).
-  static void TransposeTile16(const uint16_t* src, int64_t Dp, uint16_t* dst) {
-    constexpr int64_t kB = 16;
-    for (int64_t d0 = 0; d0 < Dp; d0 += kB) {
-      const int64_t d1 = std::min(Dp, d0 + kB);
-      for (int64_t c0 = 0; c0 < kBlockK; c0 += kB)
-        for (int64_t d = d0; d < d1; ++d)
-          for (int64_t c = c0; c < c0 + kB; ++c) dst[d * kBlockK + c] = src[c * Dp + d];
-    }
-  }
-
   ThreadPool pool_;
   const cpu::KernelTable& kern_;
   AttentionShape s_;
