@@ -27,6 +27,27 @@ struct AttentionShape {
 inline size_t KVWireBytes(const AttentionShape& s) {
   return 2 * static_cast<size_t>(s.B * s.L * s.Hkv * s.D) * static_cast<size_t>(DTypeSize(s.dtype));
 }
+// How a backend lays out its K/V ring messages. Every rank of a ring must use the same one (the
+// call signature carries it), and it may depend only on the call, never on the machine: ranks in
+// different processes can run on different CPUs.
+enum class KVWireFormat : uint32_t {
+  kRows = 0,        // KVWireBytes: K then V, compact [B, L, Hkv, D], storage dtype
+  kCpuF32Tiles = 1  // the CPU kernels' float32 operands (backend/cpu/cpu_backend.cc)
+};
+inline const char* KVWireFormatName(KVWireFormat f) {
+  switch (f) {
+    case KVWireFormat::kRows:
+      return "rows";
+    case KVWireFormat::kCpuF32Tiles:
+      return "cpu-f32-tiles";
+  }
+  return "unknown";
+}
+struct KVWire {
+  KVWireFormat format = KVWireFormat::kRows;
+  size_t bytes = 0;
+};
+
 // Floats of one dK/dV ring message: dK then dV, each compact [B, L, Hkv, D] float32.
 inline size_t DKVWireFloats(const AttentionShape& s) {
   return 2 * static_cast<size_t>(s.B * s.L * s.Hkv * s.D);
@@ -44,7 +65,12 @@ class Backend {
   // Memory for ring messages, reused across calls by the engine.
   virtual Status Allocate(size_t bytes, void** ptr) = 0;
   virtual void Free(void* ptr) = 0;
-  // Packs this rank's K/V block into `wire`. `sent`: whether the engine sends the wire to another
+  // The K/V ring message of a call; the default is kRows.
+  virtual KVWire KVWireFor(const AttentionShape& shape, bool backward) const {
+    (void)backward;
+    return KVWire{KVWireFormat::kRows, KVWireBytes(shape)};
+  }
+  // Packs this rank's K/V block into `wire` (KVWireFor's format). `sent`: whether the engine sends the wire to another
   // rank. When it does not (a world of 1), only this backend's own block call with `local` reads
   // it, so a backend that stages its local block elsewhere (the CPU one) may leave it unwritten.
   virtual Status PackKV(const AttentionShape& shape, const TensorView& k, const TensorView& v, void* wire,

@@ -138,6 +138,9 @@ Status AgreeOnCall(Context& ctx, RingOp op, const Status& local, const Validated
     sig.Hq = c.shape.Hq;
     sig.Hkv = c.shape.Hkv;
     sig.D = c.shape.D;
+    // Ranks whose backends lay out K/V blocks differently (a CPU and a GPU rank, say) would
+    // exchange messages of different sizes and meanings: agree on the format too.
+    sig.kv_wire = static_cast<uint32_t>(ctx.backend().KVWireFor(c.shape, op == RingOp::kBackward).format);
   }
   std::vector<CallSignature> all(static_cast<size_t>(ctx.world_size()));
   const std::string what = Format("%s call #%llu", RingOpName(op), static_cast<unsigned long long>(*seq));

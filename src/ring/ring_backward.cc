@@ -20,7 +20,7 @@ Status RingBackward(Context& ctx, const BackwardCall& call) {
   Backend& be = ctx.backend();
   Transport& tr = ctx.transport();
   const AttentionShape& s = c.shape;
-  const size_t kv_bytes = KVWireBytes(s);
+  const size_t kv_bytes = be.KVWireFor(s, true).bytes;
   const size_t dkv_bytes = DKVWireFloats(s) * sizeof(float);
   void* kv[2] = {nullptr, nullptr};
   void* dkv[2] = {nullptr, nullptr};  // this rank's partials, alternating while one is in flight
@@ -33,7 +33,12 @@ Status RingBackward(Context& ctx, const BackwardCall& call) {
     STRIA_RETURN_IF_ERROR(ctx.RingBuffer(4, dkv_bytes, &dkv_in));
   }
   STRIA_RETURN_IF_ERROR(be.BackwardBegin(s, c.q, c.out, c.lse, c.dout, c.stream));
+  // Packing the local block is step 0's work (a backend may do some of it in the block call).
+  StepTimer pack_timer(be);
+  pack_timer.ComputeBegin();
   STRIA_RETURN_IF_ERROR(be.PackKV(s, c.k, c.v, kv[0], n > 1));
+  pack_timer.ComputeEnd();
+  const StepTime pack_time = pack_timer.Finish();
 
   auto& times = ctx.step_times();
   times.assign(static_cast<size_t>(n), StepTime());
@@ -80,6 +85,7 @@ Status RingBackward(Context& ctx, const BackwardCall& call) {
       if (!st.ok()) return ctx.Fail(st);
     }
     times[static_cast<size_t>(step)] = timer.Finish();
+    if (step == 0) AddCompute(pack_time, &times[0]);
   }
 
   const float* done = static_cast<const float*>(dkv[0]);

@@ -43,4 +43,10 @@ class StepTimer {
   double t0_ = 0, c0_ = 0, t1_ = 0;
 };
 
+// Counts `extra` (timed apart, such as the packing before step 0) as part of step *t's compute.
+inline void AddCompute(const StepTime& extra, StepTime* t) {
+  t->compute_s += extra.compute_s;
+  t->compute_cpu_s += extra.compute_cpu_s;
+}
+
 }  // namespace stria

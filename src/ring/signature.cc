@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "backend/backend.h"
 #include "core/dtype.h"
 #include "layout/layout.h"
 
@@ -28,16 +29,18 @@ void MarkInvalid(const Status& why, CallSignature* sig) {
 }
 
 static std::string Describe(const CallSignature& s) {
-  return Format("%s call #%llu: %s %s, causal %d, scale %g, q [%lld, %lld, %lld, %lld], kv heads %lld",
-                RingOpName(static_cast<RingOp>(s.op)), static_cast<unsigned long long>(s.seq),
-                DTypeName(static_cast<DType>(s.dtype)), LayoutName(static_cast<stria_layout_t>(s.layout)), s.causal,
-                static_cast<double>(s.scale), (long long)s.B, (long long)s.L, (long long)s.Hq, (long long)s.D,
-                (long long)s.Hkv);
+  return Format(
+      "%s call #%llu: %s %s, causal %d, scale %g, q [%lld, %lld, %lld, %lld], kv heads %lld, K/V blocks as %s",
+      RingOpName(static_cast<RingOp>(s.op)), static_cast<unsigned long long>(s.seq),
+      DTypeName(static_cast<DType>(s.dtype)), LayoutName(static_cast<stria_layout_t>(s.layout)), s.causal,
+      static_cast<double>(s.scale), (long long)s.B, (long long)s.L, (long long)s.Hq, (long long)s.D, (long long)s.Hkv,
+      KVWireFormatName(static_cast<KVWireFormat>(s.kv_wire)));
 }
 
 static bool Same(const CallSignature& a, const CallSignature& b) {
   return a.op == b.op && a.seq == b.seq && a.layout == b.layout && a.causal == b.causal && a.scale == b.scale &&
-         a.dtype == b.dtype && a.B == b.B && a.L == b.L && a.Hq == b.Hq && a.Hkv == b.Hkv && a.D == b.D;
+         a.dtype == b.dtype && a.B == b.B && a.L == b.L && a.Hq == b.Hq && a.Hkv == b.Hkv && a.D == b.D &&
+         a.kv_wire == b.kv_wire;
 }
 
 Status CheckAgreement(const CallSignature* all, int world_size, int self) {

@@ -21,7 +21,7 @@ struct CallSignature {
   int32_t causal;
   float scale;  // resolved (never 0)
   int32_t dtype;
-  int32_t reserved;
+  uint32_t kv_wire;  // KVWireFormat of the rank's backend for this call
   int64_t B, L, Hq, Hkv, D;
   char reason[112];
 };

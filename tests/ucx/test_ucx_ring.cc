@@ -76,6 +76,37 @@ std::string CaseName(const ::testing::TestParamInfo<RingCase>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, UcxRing, ::testing::ValuesIn(RingCases()), CaseName);
 
+// Ranks on different CPUs: each process forced onto another kernel build (vector width 4, 8 or
+// 16 floats, AMX or not), at a head dim that none of them pads alike on its own. The float32 K/V
+// blocks travel as packed operands, so their layout must not depend on the machine that packs
+// them; 16-bit blocks travel as rows, whichever kernels read them.
+TEST(UcxMixedCpus, RingMatchesReference) {
+  std::vector<std::string> isas{"generic"};
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) isas.push_back("avx2");
+  if (__builtin_cpu_supports("avx512f")) isas.push_back("avx512");
+  isas.push_back("");  // this machine's best
+  const std::string dir = TempDir("stria-ucx");
+  Launch launch(dir);
+  const int port = FreePort();
+  const int world = static_cast<int>(isas.size());
+  for (int r = 0; r < world; ++r) {
+    std::vector<std::string> env = Env(port);
+    if (!isas[static_cast<size_t>(r)].empty()) env.push_back("STRIA_CPU_ISA=" + isas[static_cast<size_t>(r)]);
+    launch.Start(r, STRIA_UCX_RANK,
+                 {"--rank", std::to_string(r), "--world", std::to_string(world), "--layout", "striped", "--causal", "1",
+                  "--dtypes", "f32,bf16,f16", "--L", "80", "--dim", "36"},
+                 env);
+  }
+  auto results = launch.Wait(120);
+  ASSERT_EQ(results.size(), static_cast<size_t>(world));
+  for (auto& [rank, r] : results) {
+    EXPECT_TRUE(r.exited && r.exit_code == 0) << Describe(results);
+    EXPECT_EQ(r.code, STRIA_SUCCESS) << "rank " << rank << " (" << isas[static_cast<size_t>(rank)] << "): " << r.message
+                                     << "\n"
+                                     << Describe(results);
+  }
+}
+
 // Starts a ring of `world` ranks with common arguments plus `extra`; `skip` ranks are not started.
 std::map<int, RankResult> RunFault(int world, const std::vector<std::string>& extra, double wait_s,
                                    const std::vector<int>& skip = {}, std::vector<int> ignore = {},

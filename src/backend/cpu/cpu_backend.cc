@@ -27,6 +27,32 @@ int64_t RoundUp(int64_t x, int64_t m) {
   return (x + m - 1) / m * m;
 }
 
+// The float32 kernels' head dim padding: a multiple of every build's vector width, so that the
+// packed K/V blocks ranks send each other (KVWireFormat::kCpuF32Tiles) are the same bytes
+// whichever CPU packed them and whichever reads them.
+constexpr int64_t kF32DimPad = 16;
+// Floats of one packed K/V operand ([B][Hkv][Lkp][Dp], or the same size as tiles).
+int64_t PackedKVFloats(const AttentionShape& s) {
+  return s.B * s.Hkv * RoundUp(std::max<int64_t>(s.L, 1), kBlockK) * RoundUp(s.D, kF32DimPad);
+}
+
+// Key j's K or V row of head h in batch b, through byte strides: the caller's tensors or a wire.
+struct KVRows {
+  const char *k, *v;
+  int64_t kb, kj, kh, vb, vj, vh;
+  const char* operator()(bool is_v, int64_t b, int64_t j, int64_t h) const {
+    return is_v ? v + b * vb + j * vj + h * vh : k + b * kb + j * kj + h * kh;
+  }
+};
+
+// Where the float32 kernels read one K/V block: Kᵀ tiles always; V rows for the forward, or K
+// rows and Vᵀ tiles for the backward (vt is then unused in the forward).
+struct F32Block {
+  float* kt = nullptr;
+  float* rows = nullptr;
+  float* vt = nullptr;
+};
+
 // Element (b, i, h, 0) of a [B, L, H, D] view.
 inline const char* Row4(const TensorView& v, int64_t b, int64_t i, int64_t h) {
   return static_cast<const char*>(v.data) + (b * v.strides[0] + i * v.strides[1] + h * v.strides[2]) * v.elem_bytes();
@@ -65,10 +91,31 @@ class CpuBackend final : public Backend {
   }
   void Free(void* ptr) override { std::free(ptr); }
 
-  // The wire only when it is sent; the local block is unpacked straight from the caller's
-  // tensors (by the step-0 block call), which saves a world of 1 a copy of K and V and every
-  // world a second pass over its own block.
+  // float32 blocks travel as the kernels' operands (kCpuF32Tiles: Kᵀ tiles and V rows for the
+  // forward, Kᵀ tiles, K rows and Vᵀ tiles for the backward, padded), so the sender packs its
+  // block once per call and no rank unpacks what it receives; a ring step is then only its
+  // kernels. The price is padding, and for the backward a message of 1.5 blocks. 16-bit blocks
+  // travel as rows (half the bytes of float32 operands; the AMX layouts exist only on some CPUs)
+  // and are unpacked at every step.
+  KVWire KVWireFor(const AttentionShape& s, bool backward) const override {
+    if (s.dtype != DType::kF32) return Backend::KVWireFor(s, backward);
+    return KVWire{KVWireFormat::kCpuF32Tiles, static_cast<size_t>((backward ? 3 : 2) * PackedKVFloats(s)) * 4};
+  }
+
+  // A sent float32 block is packed into the wire here. Otherwise the wire (rows) is written only
+  // when it is sent, and the local block is unpacked straight from the caller's tensors (by the
+  // step-0 block call), which saves a world of 1 a copy of K and V and every world a second pass
+  // over its own block.
   Status PackKV(const AttentionShape& s, const TensorView& k, const TensorView& v, void* wire, bool sent) override {
+    wire_tiles_ = KVWireFor(s, backward_).format == KVWireFormat::kCpuF32Tiles;
+    local_k_ = k;
+    local_v_ = v;
+    if (sent && wire_tiles_) {
+      UnpackBlock(CallerRows(), WireBlock(wire));
+      local_pending_ = false;
+      return Status::Ok();
+    }
+    STRIA_RETURN_IF_ERROR(ReserveBlock());
     if (sent) {
       const int64_t row_bytes = s.D * DTypeSize(s.dtype);
       char* kd = static_cast<char*>(wire);
@@ -83,8 +130,6 @@ class CpuBackend final : public Backend {
       });
     }
     // The local block is unpacked by the step-0 block call, after the wire has gone out.
-    local_k_ = k;
-    local_v_ = v;
     local_pending_ = true;
     return Status::Ok();
   }
@@ -104,7 +149,6 @@ class CpuBackend final : public Backend {
     STRIA_RETURN_IF_ERROR(acc_.Reserve(rows * ps_.Dp * 4, "the running output"));
     STRIA_RETURN_IF_ERROR(m_.Reserve(rows * 4, "row maxima"));
     STRIA_RETURN_IF_ERROR(l_.Reserve(rows * 4, "row sums"));
-    STRIA_RETURN_IF_ERROR(ReserveBlock());
     if (bf16_tiles_)
       PackRowsBf16(q, qb_.bf16(), nullptr);
     else
@@ -121,7 +165,7 @@ class CpuBackend final : public Backend {
   }
 
   Status ForwardBlock(const void* kv_wire, const BlockMask& mask, bool local) override {
-    UnpackBlockFor(kv_wire, local);
+    const F32Block blk = BlockFor(kv_wire, local);
     const int64_t nqt = ps_.Lqp / kBlockQ;
     const int64_t heads = s_.B * s_.Hq;
     const int64_t group = s_.Hq / s_.Hkv;
@@ -163,8 +207,8 @@ class CpuBackend final : public Backend {
       const int64_t b = bh / s_.Hq, h = bh % s_.Hq, hk = h / group;
       cpu::FwdTileArgs a;
       a.q = q32_.f32() + bh * ps_.Lqp * ps_.Dp;
-      a.kt = kt_.f32() + (b * s_.Hkv + hk) * ps_.Lkp * ps_.Dp;
-      a.v = v32_.f32() + (b * s_.Hkv + hk) * ps_.Lkp * ps_.Dp;
+      a.kt = blk.kt + (b * s_.Hkv + hk) * ps_.Lkp * ps_.Dp;
+      a.v = blk.rows + (b * s_.Hkv + hk) * ps_.Lkp * ps_.Dp;
       a.q0 = qt * kBlockQ;
       set_common(&a, bh, tid);
       kern_.forward_tile(a);
@@ -214,7 +258,6 @@ class CpuBackend final : public Backend {
     STRIA_RETURN_IF_ERROR(lse2_.Reserve(rows * 4, "log-sum-exp rows"));
     STRIA_RETURN_IF_ERROR(delta_.Reserve(rows * 4, "rowsum(dO*O)"));
     STRIA_RETURN_IF_ERROR(dq32_.Reserve(static_cast<size_t>(chunks_) * rows * ps_.Dp * 4, "dQ partials"));
-    STRIA_RETURN_IF_ERROR(ReserveBlock());
     if (bf16_tiles_) {
       PackRowsBf16(q, qb_.bf16(), qtb_.bf16());
       PackRowsBf16(dout, dob_.bf16(), dotb_.bf16());
@@ -251,7 +294,7 @@ class CpuBackend final : public Backend {
       local_pending_ = false;
       return Status::Ok();
     }
-    UnpackBlockFor(kv_wire, local);
+    const F32Block blk = BlockFor(kv_wire, local);
     const int64_t group = s_.Hq / s_.Hkv;
     const int64_t rows = s_.B * s_.Hq * ps_.Lqp;
     const int64_t nkt = ps_.Lkp / kBlockK;
@@ -297,9 +340,9 @@ class CpuBackend final : public Backend {
       cpu::BwdItemArgs a;
       a.q = q32_.f32() + bh0 * ps_.Lqp * ps_.Dp;
       a.dout = dout32_.f32() + bh0 * ps_.Lqp * ps_.Dp;
-      a.kt = kt_.f32() + bk * ps_.Lkp * ps_.Dp;
-      a.k = k32_.f32() + bk * ps_.Lkp * ps_.Dp;
-      a.vt = vt_.f32() + bk * ps_.Lkp * ps_.Dp;
+      a.kt = blk.kt + bk * ps_.Lkp * ps_.Dp;
+      a.k = blk.rows + bk * ps_.Lkp * ps_.Dp;
+      a.vt = blk.vt + bk * ps_.Lkp * ps_.Dp;
       SetCommon(&a);
       kern_.backward_item(a);
     });
@@ -352,9 +395,13 @@ class CpuBackend final : public Backend {
     ps_.Hq = s.Hq;
     ps_.Hkv = s.Hkv;
     ps_.D = s.D;
-    ps_.Dp = RoundUp(s.D, bf16_tiles_ ? cpu::kBf16TileDim : kern_.vector_floats);
+    static_assert(cpu::kBf16TileDim % kF32DimPad == 0, "PackedKVFloats bounds the AMX operands too");
+    ps_.Dp = RoundUp(s.D, bf16_tiles_ ? cpu::kBf16TileDim : kF32DimPad);
     ps_.Lqp = RoundUp(std::max<int64_t>(s.L, 1), kBlockQ);
     ps_.Lkp = RoundUp(std::max<int64_t>(s.L, 1), kBlockK);
+    if (kF32DimPad % kern_.vector_floats != 0)
+      return Error(STRIA_ERROR_INTERNAL, "the %s kernels' %d-float vectors do not divide the head dim padding",
+                   kern_.isa, kern_.vector_floats);
     scratch_floats_ = RoundUp(cpu::BwdScratchFloats(ps_.Dp), 16);
     return scratch_.Reserve(static_cast<size_t>(pool_.size() * scratch_floats_) * 4, "per-thread tiles");
   }
@@ -406,29 +453,54 @@ class CpuBackend final : public Backend {
     });
   }
 
-  // The block the kernels are about to read: the local one (ring step 0) from the caller's
-  // tensors PackKV noted, else the ring message in kv_wire.
-  void UnpackBlockFor(const void* kv_wire, bool local) {
-    if (local && local_pending_) {
-      UnpackBlock(
-          [&](bool is_v, int64_t b, int64_t j, int64_t h) { return Row4(is_v ? local_v_ : local_k_, b, j, h); });
-    } else {
-      const int64_t row_bytes = s_.D * DTypeSize(s_.dtype);
-      const char* kw = static_cast<const char*>(kv_wire);
-      const char* vw = kw + s_.B * s_.L * s_.Hkv * row_bytes;
-      UnpackBlock([&](bool is_v, int64_t b, int64_t j, int64_t h) {
-        return (is_v ? vw : kw) + ((b * s_.L + j) * s_.Hkv + h) * row_bytes;
-      });
-    }
-    local_pending_ = false;
+  // The caller's K and V rows (the local block), and the same in a rows wire.
+  KVRows CallerRows() const {
+    const int64_t e = local_k_.elem_bytes();
+    return KVRows{static_cast<const char*>(local_k_.data),
+                  static_cast<const char*>(local_v_.data),
+                  local_k_.strides[0] * e,
+                  local_k_.strides[1] * e,
+                  local_k_.strides[2] * e,
+                  local_v_.strides[0] * e,
+                  local_v_.strides[1] * e,
+                  local_v_.strides[2] * e};
+  }
+  KVRows WireRows(const void* kv_wire) const {
+    const int64_t row = s_.D * DTypeSize(s_.dtype);
+    const char* kw = static_cast<const char*>(kv_wire);
+    const int64_t sb = s_.L * s_.Hkv * row, sj = s_.Hkv * row;
+    return KVRows{kw, kw + s_.B * sb, sb, sj, row, sb, sj, row};
+  }
+  // The float32 operands inside a kCpuF32Tiles wire, and in this backend's own buffers.
+  F32Block WireBlock(const void* kv_wire) const {
+    float* base = static_cast<float*>(const_cast<void*>(kv_wire));  // read-only once packed
+    const int64_t n = PackedKVFloats(s_);
+    return backward_ ? F32Block{base, base + n, base + 2 * n} : F32Block{base, base + n, nullptr};
+  }
+  F32Block OwnBlock() {
+    return F32Block{kt_.f32(), backward_ ? k32_.f32() : v32_.f32(), vt_.f32()};
   }
 
-  // A K/V block -> the packed layouts the kernels read: Kt tiles always; V rows for the forward;
-  // K rows and Vt tiles for the backward. row_of(is_v, b, j, h) points at key j's K or V row.
+  // The operands of the block the kernels are about to read: the local one (ring step 0) from
+  // the caller's tensors PackKV noted, a packed float32 wire as it is, else the rows in kv_wire
+  // unpacked. (bf16 on AMX: unpacked into kb_, vb_, vtb_; the F32Block is unused.)
+  F32Block BlockFor(const void* kv_wire, bool local) {
+    if (local && local_pending_) {
+      local_pending_ = false;
+      UnpackBlock(CallerRows(), OwnBlock());
+      return OwnBlock();
+    }
+    if (wire_tiles_) return WireBlock(kv_wire);
+    UnpackBlock(WireRows(kv_wire), OwnBlock());
+    return OwnBlock();
+  }
+
+  // A K/V block -> the packed layouts the kernels read (dst): Kt tiles always; V rows for the
+  // forward; K rows and Vt tiles for the backward. row_of(is_v, b, j, h) points at key j's K or
+  // V row.
   // A tile's rows are converted first and then transposed whole, so the transposed tiles are
   // written in long runs instead of one float per 256-byte row.
-  template <typename RowOf>
-  void UnpackBlock(const RowOf& row_of) {
+  void UnpackBlock(const KVRows& row_of, const F32Block& dst) {
     if (bf16_tiles_) return UnpackBlockBf16(row_of);
     const bool backward = backward_;
     const int64_t Dp = ps_.Dp, D = s_.D;
@@ -438,7 +510,7 @@ class CpuBackend final : public Backend {
       const int64_t b = bk / s_.Hkv, h = bk % s_.Hkv;
       const int64_t head_off = bk * ps_.Lkp * Dp;
       float* tmp = scratch_.f32() + tid * scratch_floats_;  // kBlockK rows, for the transpose
-      float* rows = (backward ? k32_.f32() : v32_.f32()) + head_off + t * kBlockK * Dp;
+      float* rows = dst.rows + head_off + t * kBlockK * Dp;
       float* k_rows = backward ? rows : tmp;  // K rows (backward) or V rows (forward) are kept
       float* v_rows = backward ? tmp : rows;
       for (int64_t c = 0; c < kBlockK; ++c) {
@@ -455,8 +527,8 @@ class CpuBackend final : public Backend {
           std::fill(vr, vr + Dp, 0.f);
         }
       }
-      TransposeTile32(k_rows, Dp, kt_.f32() + head_off + t * Dp * kBlockK);
-      if (backward) TransposeTile32(v_rows, Dp, vt_.f32() + head_off + t * Dp * kBlockK);
+      TransposeTile32(k_rows, Dp, dst.kt + head_off + t * Dp * kBlockK);
+      if (backward) TransposeTile32(v_rows, Dp, dst.vt + head_off + t * Dp * kBlockK);
     });
   }
 
@@ -466,8 +538,7 @@ class CpuBackend final : public Backend {
   // (dims past D, keys past L) is zero. Pairing along Dp is the transpose of the tile's rows
   // read as pairs of bf16 (uint32), so it takes the float transpose; pairing along keys
   // interleaves the rows of each key pair.
-  template <typename RowOf>
-  void UnpackBlockBf16(const RowOf& row_of) {
+  void UnpackBlockBf16(const KVRows& row_of) {
     const int64_t Dp = ps_.Dp, D = s_.D;
     const int64_t nkt = ps_.Lkp / kBlockK;
     pool_.ParallelFor(s_.B * s_.Hkv * nkt, [&](int64_t item, int tid) {
@@ -515,6 +586,7 @@ class CpuBackend final : public Backend {
   bool local_pending_ = false;    // the local block is local_k_/local_v_, not unpacked yet
   TensorView local_k_, local_v_;  // the caller's K and V, valid for the call in progress
   bool bf16_tiles_ = false;       // this call runs the AMX bf16 kernels (bf16 inputs, AMX here)
+  bool wire_tiles_ = false;       // this call's K/V wire is kCpuF32Tiles
   AlignedBuffer q32_, acc_, m_, l_, kt_, v32_, k32_, vt_, dout32_, lse2_, delta_, dq32_, scratch_;
   AlignedBuffer qb_, kb_, vb_;            // the AMX kernels' bf16 operands (vb_: K in the backward)
   AlignedBuffer qtb_, dob_, dotb_, vtb_;  // and the AMX backward's others
