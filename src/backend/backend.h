@@ -31,8 +31,9 @@ inline size_t KVWireBytes(const AttentionShape& s) {
 // call signature carries it), and it may depend only on the call, never on the machine: ranks in
 // different processes can run on different CPUs.
 enum class KVWireFormat : uint32_t {
-  kRows = 0,        // KVWireBytes: K then V, compact [B, L, Hkv, D], storage dtype
-  kCpuF32Tiles = 1  // the CPU kernels' float32 operands (backend/cpu/cpu_backend.cc)
+  kRows = 0,         // KVWireBytes: K then V, compact [B, L, Hkv, D], storage dtype
+  kCpuF32Tiles = 1,  // the CPU kernels' float32 operands (backend/cpu/cpu_backend.cc)
+  kCpuBf16Tiles = 2  // the CPU AMX kernels' bf16 operands (likewise)
 };
 inline const char* KVWireFormatName(KVWireFormat f) {
   switch (f) {
@@ -40,6 +41,8 @@ inline const char* KVWireFormatName(KVWireFormat f) {
       return "rows";
     case KVWireFormat::kCpuF32Tiles:
       return "cpu-f32-tiles";
+    case KVWireFormat::kCpuBf16Tiles:
+      return "cpu-bf16-tiles";
   }
   return "unknown";
 }

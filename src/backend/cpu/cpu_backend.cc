@@ -31,9 +31,10 @@ int64_t RoundUp(int64_t x, int64_t m) {
 // packed K/V blocks ranks send each other (KVWireFormat::kCpuF32Tiles) are the same bytes
 // whichever CPU packed them and whichever reads them.
 constexpr int64_t kF32DimPad = 16;
-// Floats of one packed K/V operand ([B][Hkv][Lkp][Dp], or the same size as tiles).
-int64_t PackedKVFloats(const AttentionShape& s) {
-  return s.B * s.Hkv * RoundUp(std::max<int64_t>(s.L, 1), kBlockK) * RoundUp(s.D, kF32DimPad);
+// Elements of one packed K/V operand ([B][Hkv][Lkp][Dp], or the same size as tiles), the head dim
+// padded to dim_pad: kF32DimPad for the float32 kernels, cpu::kBf16TileDim for the AMX ones.
+int64_t PackedKVElems(const AttentionShape& s, int64_t dim_pad) {
+  return s.B * s.Hkv * RoundUp(std::max<int64_t>(s.L, 1), kBlockK) * RoundUp(s.D, dim_pad);
 }
 
 // Key j's K or V row of head h in batch b, through byte strides: the caller's tensors or a wire.
@@ -51,6 +52,18 @@ struct F32Block {
   float* kt = nullptr;
   float* rows = nullptr;
   float* vt = nullptr;
+};
+// Where the AMX kernels read one K/V block: Kᵀ paired along the head dim ([Dp/2][kBlockK][2] per
+// key tile); V (forward) or K (backward) paired along keys ([kBlockK/2][Dp][2]); for the
+// backward Vᵀ paired along the head dim.
+struct Bf16Block {
+  uint16_t* kt = nullptr;
+  uint16_t* kv = nullptr;
+  uint16_t* vt = nullptr;
+};
+struct BlockOperands {
+  F32Block f;
+  Bf16Block h;
 };
 
 // Element (b, i, h, 0) of a [B, L, H, D] view.
@@ -91,32 +104,41 @@ class CpuBackend final : public Backend {
   }
   void Free(void* ptr) override { std::free(ptr); }
 
-  // float32 blocks travel as the kernels' operands (kCpuF32Tiles: Kᵀ tiles and V rows for the
-  // forward, Kᵀ tiles, K rows and Vᵀ tiles for the backward, padded), so the sender packs its
-  // block once per call and no rank unpacks what it receives; a ring step is then only its
-  // kernels. The price is padding, and for the backward a message of 1.5 blocks. 16-bit blocks
-  // travel as rows (half the bytes of float32 operands; the AMX layouts exist only on some CPUs)
-  // and are unpacked at every step.
+  // Blocks travel as the kernels' operands, packed once by the sender and read in place by every
+  // receiver, so a ring step is only its kernels: float32 as the float32 kernels' (kCpuF32Tiles:
+  // Kᵀ tiles and V rows for the forward; Kᵀ tiles, K rows and Vᵀ tiles for the backward), bf16
+  // as the AMX kernels' (kCpuBf16Tiles: the three Bf16Block operands). The price is padding, and
+  // for the backward a message of 1.5 blocks. Both layouts depend only on the call, so ranks on
+  // different CPUs agree; a rank without AMX converts a bf16 block to float32 operands at each
+  // step (it converted rows before). float16 blocks travel as rows.
   KVWire KVWireFor(const AttentionShape& s, bool backward) const override {
-    if (s.dtype != DType::kF32) return Backend::KVWireFor(s, backward);
-    return KVWire{KVWireFormat::kCpuF32Tiles, static_cast<size_t>((backward ? 3 : 2) * PackedKVFloats(s)) * 4};
+    const int64_t operands = backward ? 3 : 2;
+    if (s.dtype == DType::kF32)
+      return KVWire{KVWireFormat::kCpuF32Tiles, static_cast<size_t>(operands * PackedKVElems(s, kF32DimPad)) * 4};
+    if (s.dtype == DType::kBF16)
+      return KVWire{KVWireFormat::kCpuBf16Tiles,
+                    static_cast<size_t>(operands * PackedKVElems(s, cpu::kBf16TileDim)) * 2};
+    return Backend::KVWireFor(s, backward);
   }
 
-  // A sent float32 block is packed into the wire here. Otherwise the wire (rows) is written only
-  // when it is sent, and the local block is unpacked straight from the caller's tensors (by the
-  // step-0 block call), which saves a world of 1 a copy of K and V and every world a second pass
-  // over its own block.
+  // A sent block is packed into the wire here (rows: copied). The local block is read from the
+  // wire where the kernels read it in place; else it is unpacked straight from the caller's
+  // tensors by the step-0 block call (after the send has started), which saves a world of 1 a
+  // copy of K and V.
   Status PackKV(const AttentionShape& s, const TensorView& k, const TensorView& v, void* wire, bool sent) override {
-    wire_tiles_ = KVWireFor(s, backward_).format == KVWireFormat::kCpuF32Tiles;
+    wire_format_ = KVWireFor(s, backward_).format;
     local_k_ = k;
     local_v_ = v;
-    if (sent && wire_tiles_) {
-      UnpackBlock(CallerRows(), WireBlock(wire));
-      local_pending_ = false;
-      return Status::Ok();
-    }
-    STRIA_RETURN_IF_ERROR(ReserveBlock());
-    if (sent) {
+    const bool in_place =
+        wire_format_ == KVWireFormat::kCpuF32Tiles || (wire_format_ == KVWireFormat::kCpuBf16Tiles && bf16_tiles_);
+    local_pending_ = !(sent && in_place);
+    if (local_pending_) STRIA_RETURN_IF_ERROR(ReserveBlock());  // this rank's own operands
+    if (!sent) return Status::Ok();
+    if (wire_format_ == KVWireFormat::kCpuF32Tiles) {
+      UnpackBlockF32(CallerRows(), WireF32(wire));
+    } else if (wire_format_ == KVWireFormat::kCpuBf16Tiles) {
+      UnpackBlockBf16(CallerRows(), WireBf16(wire));
+    } else {
       const int64_t row_bytes = s.D * DTypeSize(s.dtype);
       char* kd = static_cast<char*>(wire);
       char* vd = kd + s.B * s.L * s.Hkv * row_bytes;
@@ -129,8 +151,6 @@ class CpuBackend final : public Backend {
         }
       });
     }
-    // The local block is unpacked by the step-0 block call, after the wire has gone out.
-    local_pending_ = true;
     return Status::Ok();
   }
 
@@ -165,7 +185,7 @@ class CpuBackend final : public Backend {
   }
 
   Status ForwardBlock(const void* kv_wire, const BlockMask& mask, bool local) override {
-    const F32Block blk = BlockFor(kv_wire, local);
+    const BlockOperands blk = BlockFor(kv_wire, local);
     const int64_t nqt = ps_.Lqp / kBlockQ;
     const int64_t heads = s_.B * s_.Hq;
     const int64_t group = s_.Hq / s_.Hkv;
@@ -190,8 +210,8 @@ class CpuBackend final : public Backend {
         const int64_t b = bh / s_.Hq, h = bh % s_.Hq, hk = h / group;
         cpu::FwdTileArgsBf16 a;
         a.q = qb_.bf16() + bh * ps_.Lqp * ps_.Dp;
-        a.kt = kb_.bf16() + (b * s_.Hkv + hk) * ps_.Lkp * ps_.Dp;
-        a.v = vb_.bf16() + (b * s_.Hkv + hk) * ps_.Lkp * ps_.Dp;
+        a.kt = blk.h.kt + (b * s_.Hkv + hk) * ps_.Lkp * ps_.Dp;
+        a.v = blk.h.kv + (b * s_.Hkv + hk) * ps_.Lkp * ps_.Dp;
         a.scale = s_.scale * cpu::kLog2e;
         a.q0 = first * kBlockQ;
         a.q_tiles = std::min(per_item, nqt - first);
@@ -207,8 +227,8 @@ class CpuBackend final : public Backend {
       const int64_t b = bh / s_.Hq, h = bh % s_.Hq, hk = h / group;
       cpu::FwdTileArgs a;
       a.q = q32_.f32() + bh * ps_.Lqp * ps_.Dp;
-      a.kt = blk.kt + (b * s_.Hkv + hk) * ps_.Lkp * ps_.Dp;
-      a.v = blk.rows + (b * s_.Hkv + hk) * ps_.Lkp * ps_.Dp;
+      a.kt = blk.f.kt + (b * s_.Hkv + hk) * ps_.Lkp * ps_.Dp;
+      a.v = blk.f.rows + (b * s_.Hkv + hk) * ps_.Lkp * ps_.Dp;
       a.q0 = qt * kBlockQ;
       set_common(&a, bh, tid);
       kern_.forward_tile(a);
@@ -294,7 +314,7 @@ class CpuBackend final : public Backend {
       local_pending_ = false;
       return Status::Ok();
     }
-    const F32Block blk = BlockFor(kv_wire, local);
+    const BlockOperands blk = BlockFor(kv_wire, local);
     const int64_t group = s_.Hq / s_.Hkv;
     const int64_t rows = s_.B * s_.Hq * ps_.Lqp;
     const int64_t nkt = ps_.Lkp / kBlockK;
@@ -328,9 +348,9 @@ class CpuBackend final : public Backend {
         a.qt = qtb_.bf16() + qoff;
         a.dout = dob_.bf16() + qoff;
         a.doutt = dotb_.bf16() + qoff;
-        a.kt = kb_.bf16() + bk * ps_.Lkp * ps_.Dp;
-        a.kv = vb_.bf16() + bk * ps_.Lkp * ps_.Dp;  // the backward keeps K paired along keys there
-        a.vt = vtb_.bf16() + bk * ps_.Lkp * ps_.Dp;
+        a.kt = blk.h.kt + bk * ps_.Lkp * ps_.Dp;
+        a.kv = blk.h.kv + bk * ps_.Lkp * ps_.Dp;
+        a.vt = blk.h.vt + bk * ps_.Lkp * ps_.Dp;
         a.scale = s_.scale * cpu::kLog2e;
         a.dk_scale = s_.scale;
         SetCommon(&a);
@@ -340,9 +360,9 @@ class CpuBackend final : public Backend {
       cpu::BwdItemArgs a;
       a.q = q32_.f32() + bh0 * ps_.Lqp * ps_.Dp;
       a.dout = dout32_.f32() + bh0 * ps_.Lqp * ps_.Dp;
-      a.kt = blk.kt + bk * ps_.Lkp * ps_.Dp;
-      a.k = blk.rows + bk * ps_.Lkp * ps_.Dp;
-      a.vt = blk.vt + bk * ps_.Lkp * ps_.Dp;
+      a.kt = blk.f.kt + bk * ps_.Lkp * ps_.Dp;
+      a.k = blk.f.rows + bk * ps_.Lkp * ps_.Dp;
+      a.vt = blk.f.vt + bk * ps_.Lkp * ps_.Dp;
       SetCommon(&a);
       kern_.backward_item(a);
     });
@@ -410,7 +430,7 @@ class CpuBackend final : public Backend {
     const size_t n = static_cast<size_t>(s_.B * s_.Hkv * ps_.Lkp * ps_.Dp) * 4;
     if (bf16_tiles_) {
       STRIA_RETURN_IF_ERROR(kb_.Reserve(n / 2, "packed keys"));
-      STRIA_RETURN_IF_ERROR(vb_.Reserve(n / 2, backward_ ? "packed keys" : "packed values"));
+      STRIA_RETURN_IF_ERROR(vb_.Reserve(n / 2, backward_ ? "packed keys" : "packed values"));  // K or V
       return backward_ ? vtb_.Reserve(n / 2, "packed values") : Status::Ok();
     }
     STRIA_RETURN_IF_ERROR(kt_.Reserve(n, "packed keys"));
@@ -471,37 +491,58 @@ class CpuBackend final : public Backend {
     const int64_t sb = s_.L * s_.Hkv * row, sj = s_.Hkv * row;
     return KVRows{kw, kw + s_.B * sb, sb, sj, row, sb, sj, row};
   }
-  // The float32 operands inside a kCpuF32Tiles wire, and in this backend's own buffers.
-  F32Block WireBlock(const void* kv_wire) const {
+  // The operands inside a tiles wire, and in this backend's own buffers.
+  F32Block WireF32(const void* kv_wire) const {
     float* base = static_cast<float*>(const_cast<void*>(kv_wire));  // read-only once packed
-    const int64_t n = PackedKVFloats(s_);
-    return backward_ ? F32Block{base, base + n, base + 2 * n} : F32Block{base, base + n, nullptr};
+    const int64_t n = PackedKVElems(s_, kF32DimPad);
+    return F32Block{base, base + n, backward_ ? base + 2 * n : nullptr};
   }
-  F32Block OwnBlock() {
-    return F32Block{kt_.f32(), backward_ ? k32_.f32() : v32_.f32(), vt_.f32()};
+  Bf16Block WireBf16(const void* kv_wire) const {
+    uint16_t* base = static_cast<uint16_t*>(const_cast<void*>(kv_wire));
+    const int64_t n = PackedKVElems(s_, cpu::kBf16TileDim);
+    return Bf16Block{base, base + n, backward_ ? base + 2 * n : nullptr};
+  }
+  BlockOperands OwnBlock() {
+    return BlockOperands{F32Block{kt_.f32(), backward_ ? k32_.f32() : v32_.f32(), vt_.f32()},
+                         Bf16Block{kb_.bf16(), vb_.bf16(), vtb_.bf16()}};
   }
 
   // The operands of the block the kernels are about to read: the local one (ring step 0) from
-  // the caller's tensors PackKV noted, a packed float32 wire as it is, else the rows in kv_wire
-  // unpacked. (bf16 on AMX: unpacked into kb_, vb_, vtb_; the F32Block is unused.)
-  F32Block BlockFor(const void* kv_wire, bool local) {
+  // the caller's tensors PackKV noted, a tiles wire in place, else the wire converted.
+  BlockOperands BlockFor(const void* kv_wire, bool local) {
+    const BlockOperands own = OwnBlock();
     if (local && local_pending_) {
       local_pending_ = false;
-      UnpackBlock(CallerRows(), OwnBlock());
-      return OwnBlock();
+      UnpackBlock(CallerRows(), own);
+      return own;
     }
-    if (wire_tiles_) return WireBlock(kv_wire);
-    UnpackBlock(WireRows(kv_wire), OwnBlock());
-    return OwnBlock();
+    switch (wire_format_) {
+      case KVWireFormat::kCpuF32Tiles:
+        return BlockOperands{WireF32(kv_wire), Bf16Block{}};
+      case KVWireFormat::kCpuBf16Tiles:
+        if (bf16_tiles_) return BlockOperands{F32Block{}, WireBf16(kv_wire)};
+        Bf16TilesToF32(WireBf16(kv_wire), own.f);  // no AMX here
+        return own;
+      case KVWireFormat::kRows:
+        break;
+    }
+    UnpackBlock(WireRows(kv_wire), own);
+    return own;
   }
 
-  // A K/V block -> the packed layouts the kernels read (dst): Kt tiles always; V rows for the
-  // forward; K rows and Vt tiles for the backward. row_of(is_v, b, j, h) points at key j's K or
-  // V row.
+  // Rows -> the operands of the kernels this call runs.
+  void UnpackBlock(const KVRows& row_of, const BlockOperands& dst) {
+    if (bf16_tiles_)
+      UnpackBlockBf16(row_of, dst.h);
+    else
+      UnpackBlockF32(row_of, dst.f);
+  }
+
+  // A K/V block -> the float32 kernels' operands (dst): Kt tiles always; V rows for the forward;
+  // K rows and Vt tiles for the backward. row_of(is_v, b, j, h) points at key j's K or V row.
   // A tile's rows are converted first and then transposed whole, so the transposed tiles are
   // written in long runs instead of one float per 256-byte row.
-  void UnpackBlock(const KVRows& row_of, const F32Block& dst) {
-    if (bf16_tiles_) return UnpackBlockBf16(row_of);
+  void UnpackBlockF32(const KVRows& row_of, const F32Block& dst) {
     const bool backward = backward_;
     const int64_t Dp = ps_.Dp, D = s_.D;
     const int64_t nkt = ps_.Lkp / kBlockK;
@@ -532,20 +573,21 @@ class CpuBackend final : public Backend {
     });
   }
 
-  // The AMX kernels' layouts, straight from the bf16 rows, per key tile: Kᵀ paired along Dp
-  // ([Dp/2][kBlockK][2], in kb_); V (forward) or K (backward) paired along keys
-  // ([kBlockK/2][Dp][2], in vb_); for the backward also Vᵀ paired along Dp (vtb_). Padding
-  // (dims past D, keys past L) is zero. Pairing along Dp is the transpose of the tile's rows
-  // read as pairs of bf16 (uint32), so it takes the float transpose; pairing along keys
-  // interleaves the rows of each key pair.
-  void UnpackBlockBf16(const KVRows& row_of) {
-    const int64_t Dp = ps_.Dp, D = s_.D;
+  // The AMX kernels' layouts (dst), straight from the bf16 rows, per key tile: Kᵀ paired along Dp
+  // ([Dp/2][kBlockK][2]); V (forward) or K (backward) paired along keys ([kBlockK/2][Dp][2]); for
+  // the backward also Vᵀ paired along Dp. Padding (dims past D, keys past L) is zero. Pairing
+  // along Dp is the transpose of the tile's rows read as pairs of bf16 (uint32), so it takes the
+  // float transpose; pairing along keys interleaves the rows of each key pair. Every build runs
+  // it: a rank without AMX packs the same bf16 wire.
+  void UnpackBlockBf16(const KVRows& row_of, const Bf16Block& dst) {
+    const int64_t Dp = RoundUp(s_.D, cpu::kBf16TileDim), D = s_.D;  // ps_.Dp where AMX runs
     const int64_t nkt = ps_.Lkp / kBlockK;
     pool_.ParallelFor(s_.B * s_.Hkv * nkt, [&](int64_t item, int tid) {
       const int64_t t = item % nkt, bk = item / nkt;
       const int64_t b = bk / s_.Hkv, h = bk % s_.Hkv;
-      uint16_t* kt = kb_.bf16() + bk * ps_.Lkp * Dp + t * Dp * kBlockK;
-      uint16_t* vt = vb_.bf16() + bk * ps_.Lkp * Dp + t * Dp * kBlockK;
+      const int64_t tile_off = bk * ps_.Lkp * Dp + t * Dp * kBlockK;
+      uint16_t* kt = dst.kt + tile_off;
+      uint16_t* vt = dst.kv + tile_off;
       uint16_t* rows = reinterpret_cast<uint16_t*>(scratch_.f32() + tid * scratch_floats_);  // [kBlockK][Dp]
       // The tile's K (or V) rows, paired along Dp into dst: a transpose of bf16 pairs.
       auto pair_along_dp = [&](bool is_v, uint16_t* dst) {
@@ -558,7 +600,7 @@ class CpuBackend final : public Backend {
         kern_.transpose_tile(reinterpret_cast<const uint32_t*>(rows), Dp / 2, reinterpret_cast<uint32_t*>(dst));
       };
       pair_along_dp(false, kt);
-      if (backward_) pair_along_dp(true, vtb_.bf16() + bk * ps_.Lkp * Dp + t * Dp * kBlockK);
+      if (backward_) pair_along_dp(true, dst.vt + tile_off);
       // Paired along keys: V for the forward's P·V, K for the backward's dS·K.
       const bool keys_of_v = !backward_;
       for (int64_t c = 0; c < kBlockK; c += 2) {
@@ -572,6 +614,34 @@ class CpuBackend final : public Backend {
     });
   }
 
+  // A kCpuBf16Tiles block -> the float32 kernels' operands, on a CPU without AMX: each paired
+  // layout read back element by element (Kᵀ and Vᵀ paired along the head dim are already
+  // transposed; rows paired along keys are rows).
+  void Bf16TilesToF32(const Bf16Block& src, const F32Block& dst) {
+    const int64_t Dpb = RoundUp(s_.D, cpu::kBf16TileDim), Dp = ps_.Dp, D = s_.D;
+    const int64_t nkt = ps_.Lkp / kBlockK;
+    // [Dpb/2][kBlockK][2] -> [Dp][kBlockK]
+    auto along_dim = [&](const uint16_t* in, float* out) {
+      for (int64_t d = 0; d < Dp; ++d)
+        for (int64_t c = 0; c < kBlockK; ++c)
+          out[d * kBlockK + c] = d < D ? BF16ToF32(in[(d / 2) * kBlockK * 2 + c * 2 + (d & 1)]) : 0.f;
+    };
+    // [kBlockK/2][Dpb][2] -> [kBlockK][Dp]
+    auto along_keys = [&](const uint16_t* in, float* out) {
+      for (int64_t c = 0; c < kBlockK; ++c)
+        for (int64_t d = 0; d < Dp; ++d)
+          out[c * Dp + d] = d < D ? BF16ToF32(in[(c / 2) * Dpb * 2 + d * 2 + (c & 1)]) : 0.f;
+    };
+    pool_.ParallelFor(s_.B * s_.Hkv * nkt, [&](int64_t item, int) {
+      const int64_t t = item % nkt, bk = item / nkt;
+      const int64_t in_off = bk * ps_.Lkp * Dpb + t * Dpb * kBlockK;
+      const int64_t out_off = bk * ps_.Lkp * Dp + t * Dp * kBlockK;
+      along_dim(src.kt + in_off, dst.kt + out_off);
+      along_keys(src.kv + in_off, dst.rows + out_off);
+      if (backward_) along_dim(src.vt + in_off, dst.vt + out_off);
+    });
+  }
+
   // src [kBlockK][Dp] -> dst [Dp][kBlockK], floats, by the kernel build's transpose.
   void TransposeTile32(const float* src, int64_t Dp, float* dst) const {
     kern_.transpose_tile(reinterpret_cast<const uint32_t*>(src), Dp, reinterpret_cast<uint32_t*>(dst));
@@ -582,11 +652,11 @@ class CpuBackend final : public Backend {
   cpu::PackedShape ps_{};
   int64_t chunks_ = 1;
   int64_t scratch_floats_ = 0;
-  bool backward_ = false;         // the direction of the call in progress
-  bool local_pending_ = false;    // the local block is local_k_/local_v_, not unpacked yet
-  TensorView local_k_, local_v_;  // the caller's K and V, valid for the call in progress
-  bool bf16_tiles_ = false;       // this call runs the AMX bf16 kernels (bf16 inputs, AMX here)
-  bool wire_tiles_ = false;       // this call's K/V wire is kCpuF32Tiles
+  bool backward_ = false;                           // the direction of the call in progress
+  bool local_pending_ = false;                      // the local block is local_k_/local_v_, not unpacked yet
+  TensorView local_k_, local_v_;                    // the caller's K and V, valid for the call in progress
+  bool bf16_tiles_ = false;                         // this call runs the AMX bf16 kernels (bf16 inputs, AMX here)
+  KVWireFormat wire_format_ = KVWireFormat::kRows;  // this call's
   AlignedBuffer q32_, acc_, m_, l_, kt_, v32_, k32_, vt_, dout32_, lse2_, delta_, dq32_, scratch_;
   AlignedBuffer qb_, kb_, vb_;            // the AMX kernels' bf16 operands (vb_: K in the backward)
   AlignedBuffer qtb_, dob_, dotb_, vtb_;  // and the AMX backward's others
