@@ -1,9 +1,10 @@
 // The CPU backend: converts the caller's tensors (any strides, float32/float16/bfloat16) into the
-// packed float32 layouts of kernels/cpu once per call (queries) or once per ring step (the K/V
-// block), and runs the tile kernels on its thread pool.
+// packed layouts of kernels/cpu once per call (queries, and the K/V block it sends: float32 and
+// bf16 blocks travel packed, see KVWireFor), and runs the tile kernels on its thread pool.
 //
-// Memory is O(B·L·H·D) per rank: packed Q/dO, the running output, one packed K/V block, and
-// dQ partials for a few key-tile chunks (so backward work items never write the same dQ row).
+// Memory is O(B·L·H·D) per rank: packed Q/dO, the running output, one packed K/V block where
+// the kernels cannot read the ring message in place, and dQ partials for a few key-tile chunks
+// (so backward work items never write the same dQ row).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
