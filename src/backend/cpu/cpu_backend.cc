@@ -140,16 +140,14 @@ class CpuBackend final : public Backend {
     } else if (wire_format_ == KVWireFormat::kCpuBf16Tiles) {
       UnpackBlockBf16(CallerRows(), WireBf16(wire));
     } else {
-      const int64_t row_bytes = s.D * DTypeSize(s.dtype);
-      char* kd = static_cast<char*>(wire);
-      char* vd = kd + s.B * s.L * s.Hkv * row_bytes;
+      // The rows layout is WireRows's, the one the receivers read.
+      const KVRows from = CallerRows(), to = WireRows(wire);
+      const size_t row_bytes = static_cast<size_t>(s.D * DTypeSize(s.dtype));
       pool_.ParallelFor(s.B * s.L, [&](int64_t item, int) {
         const int64_t b = item / s.L, i = item % s.L;
-        for (int64_t h = 0; h < s.Hkv; ++h) {
-          const int64_t off = ((b * s.L + i) * s.Hkv + h) * row_bytes;
-          std::memcpy(kd + off, Row4(k, b, i, h), static_cast<size_t>(row_bytes));
-          std::memcpy(vd + off, Row4(v, b, i, h), static_cast<size_t>(row_bytes));
-        }
+        for (int64_t h = 0; h < s.Hkv; ++h)
+          for (bool is_v : {false, true})
+            std::memcpy(const_cast<char*>(to(is_v, b, i, h)), from(is_v, b, i, h), row_bytes);
       });
     }
     return Status::Ok();
