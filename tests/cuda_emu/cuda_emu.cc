@@ -1,5 +1,6 @@
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -7,6 +8,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/device_api.cuh"
@@ -130,7 +132,71 @@ struct Block {
   std::string error;
   fiber::Context main;
   const std::function<void()>* body = nullptr;
+  // The schedule (SetSchedule). Round robin: order is the identity, and the next thread to run is
+  // the next ready one after the current. The warp-serial schedules: order lists the threads by
+  // priority, and the next thread to run is the first ready one in it.
+  Schedule schedule = Schedule::kRoundRobin;
+  uint64_t rng = 0;
+  std::vector<int> order, pos;
 };
+
+uint64_t SplitMix(uint64_t* state) {
+  uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// order[0 .. n): units of `unit` consecutive indices (a warp's threads, or one block), in index
+// order, in reverse, or shuffled (Fisher-Yates) for the schedule; within a unit in index order.
+void DrawOrder(Schedule schedule, int unit, uint64_t* rng, std::vector<int>* order) {
+  const int units = static_cast<int>(order->size()) / unit;
+  std::vector<int> u(static_cast<size_t>(units));
+  for (int i = 0; i < units; ++i) u[i] = schedule == Schedule::kWarpsDescending ? units - 1 - i : i;
+  if (schedule == Schedule::kWarpsShuffled) {
+    for (int i = units - 1; i > 0; --i) std::swap(u[i], u[SplitMix(rng) % static_cast<uint64_t>(i + 1)]);
+  }
+  for (int i = 0; i < units; ++i)
+    for (int j = 0; j < unit; ++j) (*order)[i * unit + j] = u[i] * unit + j;
+}
+
+void DrawThreadOrder(Block* b) {
+  DrawOrder(b->schedule, kWarp, &b->rng, &b->order);
+  for (int k = 0; k < b->n; ++k) b->pos[b->order[k]] = k;
+}
+
+// SetSchedule's choice for this OS thread, if it made one.
+struct ScheduleChoice {
+  bool set = false;
+  Schedule schedule = Schedule::kRoundRobin;
+  uint64_t seed = 0;
+};
+thread_local ScheduleChoice tls_schedule;
+
+// The schedule of a launch: SetSchedule's, else STRIA_EMU_SCHEDULE's.
+ScheduleChoice CurrentSchedule() {
+  if (tls_schedule.set) return tls_schedule;
+  ScheduleChoice c;
+  const char* env = std::getenv("STRIA_EMU_SCHEDULE");
+  const std::string v = env != nullptr ? env : "";
+  const std::string shuffled = "warps-shuffled";
+  if (v.empty() || v == "round-robin") return c;
+  if (v == "warps-ascending" || v == "warps-descending") {
+    c.schedule = v == "warps-ascending" ? Schedule::kWarpsAscending : Schedule::kWarpsDescending;
+    return c;
+  }
+  if (v.compare(0, shuffled.size(), shuffled) == 0) {
+    c.schedule = Schedule::kWarpsShuffled;
+    if (v.size() == shuffled.size()) return c;
+    char* end = nullptr;
+    if (v[shuffled.size()] == ':' && v.size() > shuffled.size() + 1) {
+      c.seed = std::strtoull(v.c_str() + shuffled.size() + 1, &end, 10);
+      if (*end == '\0') return c;
+    }
+  }
+  throw std::invalid_argument("cuda emulator: STRIA_EMU_SCHEDULE=\"" + v +
+                              "\" is not round-robin, warps-ascending, warps-descending or warps-shuffled[:seed]");
+}
 
 // Thrown on a fiber to unwind it when the launch fails; never leaves the fiber.
 struct FiberAbort {};
@@ -178,11 +244,13 @@ bool Ready(const Block* b, const Thread* t) {
   return false;
 }
 
-// The next thread after `cur` in round-robin order that can run, other than `cur`.
+// The thread to run when `cur` waits or returns (not `cur`; null if none can run): round robin,
+// the next ready one after `cur`; otherwise the first ready one in the order of priority.
 Thread* PickNext(Block* b, const Thread* cur) {
-  for (int k = 1; k < b->n; ++k) {
-    Thread* t = &b->threads[(cur->linear + k) % b->n];
-    if (Ready(b, t)) return t;
+  const int start = b->schedule == Schedule::kRoundRobin ? b->pos[cur->linear] + 1 : 0;
+  for (int k = 0; k < b->n; ++k) {
+    Thread* t = &b->threads[b->order[(start + k) % b->n]];
+    if (t != cur && Ready(b, t)) return t;
   }
   return nullptr;
 }
@@ -565,6 +633,16 @@ void BlockSync() {
       o.proxy_fenced = false;
     }
     if (all_fenced) std::memcpy(b->async_view.data(), b->info.smem, b->info.smem_bytes);
+    if (b->schedule == Schedule::kWarpsShuffled) DrawThreadOrder(b);
+    // The last thread to arrive goes on; under strict priority it first lets the threads before
+    // it in the order run, so that the first warp runs the next interval alone.
+    if (b->schedule != Schedule::kRoundRobin) {
+      Thread* next = PickNext(b, t);
+      if (next != nullptr && b->pos[next->linear] < b->pos[t->linear]) {
+        SwitchTo(t, next);
+        if (b->aborting) throw FiberAbort{};
+      }
+    }
     return;
   }
   t->state = State::kBarrierWait;
@@ -764,55 +842,81 @@ void Launch(Dim3 grid, Dim3 block, size_t dynamic_smem_bytes, const std::functio
   b->info.grid = grid;
   b->info.smem = smem.get();
   b->info.smem_bytes = dynamic_smem_bytes;
+  const ScheduleChoice choice = CurrentSchedule();
+  b->schedule = choice.schedule;
+  b->rng = choice.seed;
+  b->order.resize(n);
+  b->pos.resize(n);
   fiber::InitMain(&b->main);
   std::vector<fiber::Stack> stacks(n);
   for (uint64_t i = 0; i < n; ++i) stacks[i] = fiber::PooledStack(i);
 
-  for (unsigned bz = 0; bz < grid.z; ++bz) {
-    for (unsigned by = 0; by < grid.y; ++by) {
-      for (unsigned bx = 0; bx < grid.x; ++bx) {
-        b->info.idx = Dim3{bx, by, bz};
-        b->barrier_arrived = 0;
-        b->barrier_gen = 0;
-        b->done = 0;
-        for (WarpGroup& g : b->groups) g.ops.clear();
-        for (Warp& w : b->warps) {
-          w.completed = 0;
-          w.arrived = 0;
-          w.done = 0;
-        }
-        std::memset(b->info.smem, 0xff, dynamic_smem_bytes);
-        b->async_view.assign(b->info.smem, b->info.smem + dynamic_smem_bytes);
-        for (int i = 0; i < b->n; ++i) {
-          Thread& t = b->threads[i];
-          const unsigned u = static_cast<unsigned>(i);
-          t.info.idx = Dim3{u % block.x, u / block.x % block.y, u / (block.x * block.y)};
-          t.info.lane = i % kWarp;
-          t.info.warp = i / kWarp;
-          t.info.block = &b->info;
-          t.info.impl = &t;
-          t.linear = i;
-          t.block = b.get();
-          t.state = State::kRunnable;
-          t.warp_seq = 0;
-          t.copies.clear();
-          t.group_ends.clear();
-          t.wgmma_seq = 0;
-          t.wgmma_open.clear();
-          t.wgmma_groups.clear();
-          t.wgmma_fenced = false;
-          t.proxy_dirty = false;
-          t.proxy_fenced = false;
-          fiber::Prepare(&t.ctx, stacks[i], &ThreadMain, &t);
-        }
-        // Runs the whole block: the fibers switch among themselves, the last one comes back.
-        detail::tls_thread = &b->threads[0].info;
-        fiber::Switch(&b->main, &b->threads[0].ctx);
-        detail::tls_thread = nullptr;
-        if (b->aborting) throw std::runtime_error(b->error);
-      }
+  // The blocks in the schedule's order (index order without a list for the default).
+  const uint64_t blocks = uint64_t{grid.x} * grid.y * grid.z;
+  std::vector<int> block_order;
+  if (choice.schedule != Schedule::kRoundRobin) {
+    if (blocks > (uint64_t{1} << 24)) {
+      throw std::invalid_argument("cuda emulator: a grid of " + std::to_string(blocks) +
+                                  " blocks is too large to run out of order");
     }
+    block_order.resize(blocks);
+    DrawOrder(choice.schedule, 1, &b->rng, &block_order);
   }
+  for (uint64_t k = 0; k < blocks; ++k) {
+    const uint64_t bi = block_order.empty() ? k : static_cast<uint64_t>(block_order[k]);
+    b->info.idx = Dim3{static_cast<unsigned>(bi % grid.x), static_cast<unsigned>(bi / grid.x % grid.y),
+                       static_cast<unsigned>(bi / (uint64_t{grid.x} * grid.y))};
+    b->barrier_arrived = 0;
+    b->barrier_gen = 0;
+    b->done = 0;
+    for (WarpGroup& g : b->groups) g.ops.clear();
+    for (Warp& w : b->warps) {
+      w.completed = 0;
+      w.arrived = 0;
+      w.done = 0;
+    }
+    std::memset(b->info.smem, 0xff, dynamic_smem_bytes);
+    b->async_view.assign(b->info.smem, b->info.smem + dynamic_smem_bytes);
+    for (int i = 0; i < b->n; ++i) {
+      Thread& t = b->threads[i];
+      const unsigned u = static_cast<unsigned>(i);
+      t.info.idx = Dim3{u % block.x, u / block.x % block.y, u / (block.x * block.y)};
+      t.info.lane = i % kWarp;
+      t.info.warp = i / kWarp;
+      t.info.block = &b->info;
+      t.info.impl = &t;
+      t.linear = i;
+      t.block = b.get();
+      t.state = State::kRunnable;
+      t.warp_seq = 0;
+      t.copies.clear();
+      t.group_ends.clear();
+      t.wgmma_seq = 0;
+      t.wgmma_open.clear();
+      t.wgmma_groups.clear();
+      t.wgmma_fenced = false;
+      t.proxy_dirty = false;
+      t.proxy_fenced = false;
+      fiber::Prepare(&t.ctx, stacks[i], &ThreadMain, &t);
+    }
+    // Runs the whole block: the fibers switch among themselves, the last one comes back.
+    DrawThreadOrder(b.get());
+    Thread* first = &b->threads[b->order[0]];
+    detail::tls_thread = &first->info;
+    fiber::Switch(&b->main, &first->ctx);
+    detail::tls_thread = nullptr;
+    if (b->aborting) throw std::runtime_error(b->error);
+  }
+}
+
+void SetSchedule(Schedule schedule, uint64_t seed) {
+  tls_schedule.set = true;
+  tls_schedule.schedule = schedule;
+  tls_schedule.seed = seed;
+}
+
+void ResetSchedule() {
+  tls_schedule = ScheduleChoice{};
 }
 
 }  // namespace emu

@@ -56,6 +56,32 @@ void Launch(Dim3 grid, Dim3 block, size_t dynamic_smem_bytes, void (*kernel)(Par
   Launch(grid, block, dynamic_smem_bytes, std::function<void()>([&] { kernel(args...); }));
 }
 
+// The order in which the emulator runs the threads of a block, and the blocks of a grid. A thread
+// runs until it waits (block_sync, a warp collective, wgmma_wait) or returns; then another takes
+// over. A kernel whose result depends on that order has a race: shared or global memory written
+// by one thread and read or written by another with no barrier between them. This emulator does
+// not see plain loads and stores (compute-sanitizer's racecheck tracks them on the GPU), so it
+// finds races by running a kernel under schedules that put one warp far ahead of another.
+//   kRoundRobin (the default): threads in index order, each in turn until it waits, so the warps
+//   of a block move from collective to collective nearly together, and the blocks in index order.
+//   A read of what another warp wrote a collective or more earlier, with no barrier between,
+//   passes here.
+//   kWarpsAscending: strict priority by warp index. The first warp runs alone until it waits at
+//   a barrier (or for the rest of its warpgroup), then the next, and so on: a warp reads shared
+//   memory before any higher warp wrote it in the same barrier interval, and overwrites what a
+//   higher warp has yet to read. Blocks in index order.
+//   kWarpsDescending: the same, warps and blocks in reverse index order. Between them, the two
+//   put every pair of warps in both orders.
+//   kWarpsShuffled: strict priority in a random order of the warps, drawn from `seed` at the
+//   start of a block and again at every block_sync; the blocks in a random order.
+enum class Schedule { kRoundRobin, kWarpsAscending, kWarpsDescending, kWarpsShuffled };
+// For this OS thread's launches from now on. Without a call, STRIA_EMU_SCHEDULE in the
+// environment decides: "round-robin", "warps-ascending", "warps-descending" or
+// "warps-shuffled[:seed]" (Launch throws std::invalid_argument for anything else).
+void SetSchedule(Schedule schedule, uint64_t seed = 0);
+// Back to STRIA_EMU_SCHEDULE's choice.
+void ResetSchedule();
+
 // 16-bit float conversions, round to nearest even; NaN in, NaN out (0x7fff, as the GPU's cvt).
 inline uint32_t FloatBits(float f) {
   uint32_t u;

@@ -4,11 +4,13 @@
 // computes "what does lane l hold".
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -531,6 +533,165 @@ TEST(EmuBlock, LaunchKernelPointer) {
   float out[4] = {0, 0, 0, 0};
   Launch(Dim3{2}, Dim3{32}, 0, &AddKernel, out, 0.5f);
   for (float x : out) EXPECT_EQ(x, 8.f);
+}
+
+// ---------------------------------------------------------------- schedules
+
+// Sets a schedule for one test and goes back to the environment's after it.
+struct ScopedSchedule {
+  ScopedSchedule(emu::Schedule s, uint64_t seed = 0) { emu::SetSchedule(s, seed); }
+  ~ScopedSchedule() { emu::ResetSchedule(); }
+};
+
+// Which block and warp ran, in order: each thread logs itself between warp collectives, three
+// times before a block_sync and three times after it.
+struct Event {
+  int block, warp, phase;
+};
+std::vector<Event> RunLog(emu::Schedule schedule, uint64_t seed = 0) {
+  ScopedSchedule scope(schedule, seed);
+  std::vector<Event> log;
+  Launch(Dim3{3}, Dim3{128}, 0, [&] {
+    for (int phase = 0; phase < 2; ++phase) {
+      for (int k = 0; k < 3; ++k) {
+        if (lane_id() == 0) log.push_back({static_cast<int>(blockIdx.x), warp_id(), phase});
+        warp_sync();
+      }
+      block_sync();
+    }
+  });
+  return log;
+}
+
+// The warps of each block and phase in the order they ran, each warp's three events together;
+// empty if a warp's events were interleaved with another's.
+std::vector<int> WarpOrder(const std::vector<Event>& log, int block, int phase) {
+  std::vector<int> order;
+  for (const Event& e : log) {
+    if (e.block != block || e.phase != phase) continue;
+    if (order.empty() || order.back() != e.warp) order.push_back(e.warp);
+  }
+  return order.size() == 4 ? order : std::vector<int>{};
+}
+
+std::vector<int> BlockOrder(const std::vector<Event>& log) {
+  std::vector<int> order;
+  for (const Event& e : log)
+    if (order.empty() || order.back() != e.block) order.push_back(e.block);
+  return order;
+}
+
+TEST(EmuSchedule, RoundRobinInterleavesWarps) {
+  const std::vector<Event> log = RunLog(emu::Schedule::kRoundRobin);
+  ASSERT_EQ(log.size(), 3u * 4 * 6);
+  EXPECT_EQ(BlockOrder(log), (std::vector<int>{0, 1, 2}));
+  // Every warp logs once before any logs again: the warps move together.
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(log[i].warp, static_cast<int>(i));
+  EXPECT_EQ(log[4].warp, 0);
+  EXPECT_TRUE(WarpOrder(log, 0, 0).empty());
+}
+
+TEST(EmuSchedule, WarpsRunAloneInPriorityOrder) {
+  const std::vector<Event> up = RunLog(emu::Schedule::kWarpsAscending);
+  const std::vector<Event> down = RunLog(emu::Schedule::kWarpsDescending);
+  EXPECT_EQ(BlockOrder(up), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(BlockOrder(down), (std::vector<int>{2, 1, 0}));
+  for (int b = 0; b < 3; ++b) {
+    for (int phase = 0; phase < 2; ++phase) {  // also after the barrier: the first warp goes first
+      EXPECT_EQ(WarpOrder(up, b, phase), (std::vector<int>{0, 1, 2, 3})) << b << " " << phase;
+      EXPECT_EQ(WarpOrder(down, b, phase), (std::vector<int>{3, 2, 1, 0})) << b << " " << phase;
+    }
+  }
+}
+
+TEST(EmuSchedule, ShuffledIsSeededAndRedrawnAtBarriers) {
+  const std::vector<Event> a = RunLog(emu::Schedule::kWarpsShuffled, 11);
+  std::set<std::vector<int>> warp_orders;
+  std::set<std::vector<int>> block_orders{BlockOrder(a)};
+  for (int b = 0; b < 3; ++b) {
+    for (int phase = 0; phase < 2; ++phase) {
+      std::vector<int> o = WarpOrder(a, b, phase);
+      ASSERT_FALSE(o.empty()) << "warps interleaved in block " << b << " phase " << phase;
+      warp_orders.insert(o);
+      std::sort(o.begin(), o.end());
+      EXPECT_EQ(o, (std::vector<int>{0, 1, 2, 3}));
+    }
+  }
+  EXPECT_GT(warp_orders.size(), 1u);  // six draws of 24 orders
+  for (uint64_t seed = 12; seed < 20; ++seed)
+    block_orders.insert(BlockOrder(RunLog(emu::Schedule::kWarpsShuffled, seed)));
+  EXPECT_GT(block_orders.size(), 1u);
+  // The same seed, the same run.
+  const std::vector<Event> again = RunLog(emu::Schedule::kWarpsShuffled, 11);
+  ASSERT_EQ(again.size(), a.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(again[i].warp + 10 * again[i].block, a[i].warp + 10 * a[i].block);
+}
+
+// Warp w writes its slot and, two collectives later, reads warp w + 1's: without a barrier
+// between, the round-robin order hides the race (every warp wrote by then) and the warp-serial
+// orders show it, as poison in one direction or the other.
+std::vector<float> ReadNeighbour(emu::Schedule schedule, bool barrier) {
+  ScopedSchedule scope(schedule);
+  std::vector<float> got(4);
+  Launch(Dim3{1}, Dim3{128}, 4 * sizeof(float), [&] {
+    STRIA_DYNAMIC_SMEM(smem);
+    float* s = reinterpret_cast<float*>(smem);
+    const int w = warp_id();
+    if (lane_id() == 0) s[w] = static_cast<float>(w);
+    warp_sync();
+    if (barrier) block_sync();
+    warp_sync();
+    if (lane_id() == 0) got[w] = s[(w + 1) % 4];
+  });
+  return got;
+}
+
+TEST(EmuSchedule, WarpSerialOrdersExposeAMissingBarrier) {
+  const std::vector<float> expected{1, 2, 3, 0};
+  for (auto s : {emu::Schedule::kRoundRobin, emu::Schedule::kWarpsAscending, emu::Schedule::kWarpsDescending}) {
+    EXPECT_EQ(ReadNeighbour(s, true), expected);
+  }
+  EXPECT_EQ(ReadNeighbour(emu::Schedule::kRoundRobin, false), expected);  // the race, hidden
+  const std::vector<float> up = ReadNeighbour(emu::Schedule::kWarpsAscending, false);
+  const std::vector<float> down = ReadNeighbour(emu::Schedule::kWarpsDescending, false);
+  for (int w = 0; w < 3; ++w) EXPECT_TRUE(std::isnan(up[w])) << w;  // read before warp w + 1 wrote
+  EXPECT_EQ(up[3], 0.f);
+  EXPECT_TRUE(std::isnan(down[3]));  // warp 3 read warp 0's slot first
+  for (int w = 0; w < 3; ++w) EXPECT_EQ(down[w], static_cast<float>(w + 1)) << w;
+}
+
+TEST(EmuSchedule, FromTheEnvironment) {
+  emu::ResetSchedule();
+  auto run = [](const char* value) {
+    setenv("STRIA_EMU_SCHEDULE", value, 1);
+    std::vector<int> blocks;
+    const std::string e = ErrorOf([&] {
+      Launch(Dim3{3}, Dim3{32}, 0, [&] {
+        if (threadIdx.x == 0) blocks.push_back(static_cast<int>(blockIdx.x));
+      });
+    });
+    unsetenv("STRIA_EMU_SCHEDULE");
+    return e.empty() ? std::to_string(blocks[0]) + std::to_string(blocks[1]) + std::to_string(blocks[2]) : e;
+  };
+  EXPECT_EQ(run("round-robin"), "012");
+  EXPECT_EQ(run("warps-ascending"), "012");
+  EXPECT_EQ(run("warps-descending"), "210");
+  EXPECT_EQ(run("warps-shuffled:5").size(), 3u);
+  EXPECT_EQ(run("warps-shuffled").size(), 3u);
+  for (const char* bad : {"reverse", "warps-shuffled:", "warps-shuffled:x", "warps-shuffled5"}) {
+    const std::string e = run(bad);
+    EXPECT_NE(e.find("is not round-robin, warps-ascending, warps-descending or warps-shuffled[:seed]"),
+              std::string::npos)
+        << bad << ": " << e;
+  }
+  // SetSchedule wins over the environment until ResetSchedule.
+  setenv("STRIA_EMU_SCHEDULE", "bogus", 1);
+  {
+    ScopedSchedule scope(emu::Schedule::kWarpsDescending);
+    EXPECT_NO_THROW(Launch(Dim3{1}, Dim3{32}, 0, [] {}));
+  }
+  EXPECT_THROW(Launch(Dim3{1}, Dim3{32}, 0, [] {}), std::invalid_argument);
+  unsetenv("STRIA_EMU_SCHEDULE");
 }
 
 // ---------------------------------------------------------------- cp.async
