@@ -21,13 +21,19 @@ struct Float {};   // float32 storage (the SIMT path only)
 }  // namespace cuda
 }  // namespace stria
 
+// A kernel launch: STRIA_LAUNCH(kernel, grid, block, smem_bytes, stream)(arguments...). On the
+// host it goes to the emulator's stream launcher, which a model of the CUDA runtime provides
+// (tests/cuda_host), so the launchers themselves run in tests without a GPU.
 #if defined(STRIA_CUDA_EMULATE)
 #define STRIA_LAUNCH_BOUNDS(threads)
 #define STRIA_UNROLL
+#define STRIA_LAUNCH(kernel, grid, block, smem, stream) \
+  ::stria::cuda::emu::StreamLaunch((kernel), (grid), (block), (smem), (stream))
 #include "cuda_emu.h"  // defines everything below for the host
 #else
 #define STRIA_LAUNCH_BOUNDS(threads) __launch_bounds__(threads)
 #define STRIA_UNROLL _Pragma("unroll")
+#define STRIA_LAUNCH(kernel, grid, block, smem, stream) kernel<<<(grid), (block), (smem), (stream)>>>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

@@ -19,7 +19,7 @@ cudaError_t LaunchForwardTiles(void (*kernel)(FwdParams), const FwdParams& p, cu
   const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
   if (allowed != cudaSuccess) return allowed;
   const dim3 grid(QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(p.dims.B * p.dims.Hq));
-  kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, s>>>(p);
+  STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(p);
   return cudaGetLastError();
 }
 
@@ -42,7 +42,7 @@ cudaError_t LaunchKeyTiles(void (*kernel)(BwdParams), const BwdParams& p, cudaSt
   if (allowed != cudaSuccess) return allowed;
   const dim3 grid(static_cast<unsigned>((p.dims.L + Tile::kN - 1) / Tile::kN),
                   static_cast<unsigned>(p.dims.B * p.dims.Hkv));
-  kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, s>>>(p);
+  STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(p);
   return cudaGetLastError();
 }
 

@@ -50,7 +50,7 @@ cudaError_t SimtForward(const FwdParams& p, cudaStream_t s) {
   cudaError_t e = AllowSmem(SimtForwardKernel<T>, bytes);
   if (e != cudaSuccess) return e;
   const dim3 grid(QueryTileCount(p.mask, kSimtRows), static_cast<unsigned>(p.dims.B * p.dims.Hq));
-  SimtForwardKernel<T><<<grid, 128, bytes, s>>>(p);
+  STRIA_LAUNCH(SimtForwardKernel<T>, grid, 128, bytes, s)(p);
   return cudaGetLastError();
 }
 
@@ -61,12 +61,12 @@ cudaError_t SimtBackward(const BwdParams& p, cudaStream_t s) {
   if (e == cudaSuccess) e = AllowSmem(SimtBackwardDkvKernel<T>, dkv_bytes);
   if (e != cudaSuccess) return e;
   const dim3 dq_grid(QueryTileCount(p.mask, kSimtRows), static_cast<unsigned>(p.dims.B * p.dims.Hq));
-  SimtBackwardDqKernel<T><<<dq_grid, 128, dq_bytes, s>>>(p);
+  STRIA_LAUNCH(SimtBackwardDqKernel<T>, dq_grid, 128, dq_bytes, s)(p);
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   const dim3 dkv_grid(static_cast<unsigned>((p.dims.L + kSimtRows - 1) / kSimtRows),
                       static_cast<unsigned>(p.dims.B * p.dims.Hkv));
-  SimtBackwardDkvKernel<T><<<dkv_grid, 128, dkv_bytes, s>>>(p);
+  STRIA_LAUNCH(SimtBackwardDkvKernel<T>, dkv_grid, 128, dkv_bytes, s)(p);
   return cudaGetLastError();
 }
 
@@ -108,21 +108,21 @@ cudaError_t LaunchPackRows(int elem_bytes, Dims d, int H, RowsArg src, void* dst
   const int64_t n = static_cast<int64_t>(d.B) * d.L * H * d.D;
   if (n == 0) return cudaSuccess;
   if (elem_bytes == 4)
-    PackRowsKernel<4><<<ElementGrid(n), 256, 0, s>>>(d, H, src, dst);
+    STRIA_LAUNCH(PackRowsKernel<4>, ElementGrid(n), 256, 0, s)(d, H, src, dst);
   else
-    PackRowsKernel<2><<<ElementGrid(n), 256, 0, s>>>(d, H, src, dst);
+    STRIA_LAUNCH(PackRowsKernel<2>, ElementGrid(n), 256, 0, s)(d, H, src, dst);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchFill(float* p, int64_t n, float v, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
-  FillKernel<<<ElementGrid(n), 256, 0, s>>>(p, n, v);
+  STRIA_LAUNCH(FillKernel, ElementGrid(n), 256, 0, s)(p, n, v);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchAccumulate(float* dst, const float* src, int64_t n, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
-  AccumulateKernel<<<ElementGrid(n), 256, 0, s>>>(dst, src, n);
+  STRIA_LAUNCH(AccumulateKernel, ElementGrid(n), 256, 0, s)(dst, src, n);
   return cudaGetLastError();
 }
 
@@ -133,13 +133,13 @@ cudaError_t LaunchForwardFinish(Elem e, Dims d, const float* acc, const float* m
   const dim3 g = ElementGrid(n);
   switch (e) {
     case Elem::kF32:
-      ForwardFinishKernel<Float><<<g, 256, 0, s>>>(d, acc, m, l, out, lse, lb, lh, li);
+      STRIA_LAUNCH(ForwardFinishKernel<Float>, g, 256, 0, s)(d, acc, m, l, out, lse, lb, lh, li);
       break;
     case Elem::kF16:
-      ForwardFinishKernel<Half><<<g, 256, 0, s>>>(d, acc, m, l, out, lse, lb, lh, li);
+      STRIA_LAUNCH(ForwardFinishKernel<Half>, g, 256, 0, s)(d, acc, m, l, out, lse, lb, lh, li);
       break;
     case Elem::kBF16:
-      ForwardFinishKernel<BFloat><<<g, 256, 0, s>>>(d, acc, m, l, out, lse, lb, lh, li);
+      STRIA_LAUNCH(ForwardFinishKernel<BFloat>, g, 256, 0, s)(d, acc, m, l, out, lse, lb, lh, li);
       break;
   }
   return cudaGetLastError();
@@ -152,13 +152,13 @@ cudaError_t LaunchBackwardPrep(Elem e, Dims d, RowsArg out, RowsArg dout, const 
   const dim3 g(static_cast<unsigned>(std::min<int64_t>((rows + 7) / 8, 8192)));
   switch (e) {
     case Elem::kF32:
-      BackwardPrepKernel<Float><<<g, 256, 0, s>>>(d, out, dout, lse, lb, lh, li, lse2, delta);
+      STRIA_LAUNCH(BackwardPrepKernel<Float>, g, 256, 0, s)(d, out, dout, lse, lb, lh, li, lse2, delta);
       break;
     case Elem::kF16:
-      BackwardPrepKernel<Half><<<g, 256, 0, s>>>(d, out, dout, lse, lb, lh, li, lse2, delta);
+      STRIA_LAUNCH(BackwardPrepKernel<Half>, g, 256, 0, s)(d, out, dout, lse, lb, lh, li, lse2, delta);
       break;
     case Elem::kBF16:
-      BackwardPrepKernel<BFloat><<<g, 256, 0, s>>>(d, out, dout, lse, lb, lh, li, lse2, delta);
+      STRIA_LAUNCH(BackwardPrepKernel<BFloat>, g, 256, 0, s)(d, out, dout, lse, lb, lh, li, lse2, delta);
       break;
   }
   return cudaGetLastError();
@@ -170,13 +170,13 @@ cudaError_t LaunchDqFinish(Elem e, Dims d, const float* dq_acc, float scale, Row
   const dim3 g = ElementGrid(n);
   switch (e) {
     case Elem::kF32:
-      DqFinishKernel<Float><<<g, 256, 0, s>>>(d, dq_acc, scale, dq);
+      STRIA_LAUNCH(DqFinishKernel<Float>, g, 256, 0, s)(d, dq_acc, scale, dq);
       break;
     case Elem::kF16:
-      DqFinishKernel<Half><<<g, 256, 0, s>>>(d, dq_acc, scale, dq);
+      STRIA_LAUNCH(DqFinishKernel<Half>, g, 256, 0, s)(d, dq_acc, scale, dq);
       break;
     case Elem::kBF16:
-      DqFinishKernel<BFloat><<<g, 256, 0, s>>>(d, dq_acc, scale, dq);
+      STRIA_LAUNCH(DqFinishKernel<BFloat>, g, 256, 0, s)(d, dq_acc, scale, dq);
       break;
   }
   return cudaGetLastError();
@@ -188,13 +188,13 @@ cudaError_t LaunchKvGradFinish(Elem e, Dims d, const float* src, RowsOut dst, cu
   const dim3 g = ElementGrid(n);
   switch (e) {
     case Elem::kF32:
-      KvGradFinishKernel<Float><<<g, 256, 0, s>>>(d, src, dst);
+      STRIA_LAUNCH(KvGradFinishKernel<Float>, g, 256, 0, s)(d, src, dst);
       break;
     case Elem::kF16:
-      KvGradFinishKernel<Half><<<g, 256, 0, s>>>(d, src, dst);
+      STRIA_LAUNCH(KvGradFinishKernel<Half>, g, 256, 0, s)(d, src, dst);
       break;
     case Elem::kBF16:
-      KvGradFinishKernel<BFloat><<<g, 256, 0, s>>>(d, src, dst);
+      STRIA_LAUNCH(KvGradFinishKernel<BFloat>, g, 256, 0, s)(d, src, dst);
       break;
   }
   return cudaGetLastError();
@@ -204,7 +204,7 @@ cudaError_t LaunchShard(const ShardArgs& a, cudaStream_t s) {
   int64_t n = 1;
   for (int k = 0; k < a.ndim; ++k) n *= a.shape[k];
   if (n == 0) return cudaSuccess;
-  ShardKernel<<<ElementGrid(n), 256, 0, s>>>(a);
+  STRIA_LAUNCH(ShardKernel, ElementGrid(n), 256, 0, s)(a);
   return cudaGetLastError();
 }
 

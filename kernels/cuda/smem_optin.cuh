@@ -12,7 +12,10 @@ namespace cuda {
 template <typename Kernel>
 cudaError_t AllowSmem(Kernel kernel, int bytes) {
   if (bytes <= 48 * 1024) return cudaSuccess;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  // The runtime's C entry point (the templated overload exists only for nvcc; the host build of
+  // the emulator's tests calls this one too).
+  return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              bytes);
 }
 
 }  // namespace cuda

@@ -611,6 +611,8 @@ void CompleteWgmma(Thread* t, const WgmmaOp& op, int me) {
 
 namespace detail {
 
+thread_local ThreadInfo* tls_thread = nullptr;
+
 void Misaligned(const char* what, const void* p, int bytes) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%p", p);

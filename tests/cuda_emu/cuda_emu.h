@@ -82,6 +82,41 @@ void SetSchedule(Schedule schedule, uint64_t seed = 0);
 // Back to STRIA_EMU_SCHEDULE's choice.
 void ResetSchedule();
 
+// Launches on a stream, for launchers compiled on the host (STRIA_LAUNCH in device_api.cuh).
+// LaunchOnStream queues `body` (one CUDA thread's call of the kernel) as a launch on `stream`
+// and returns at once, as the GPU does; a model of the CUDA runtime defines it (tests/cuda_host:
+// only what links that model may launch this way).
+void LaunchOnStream(void* stream, Dim3 grid, Dim3 block, size_t smem_bytes, std::function<void()> body);
+
+template <typename D>
+Dim3 ToDim3(const D& d) {
+  if constexpr (std::is_integral<D>::value) {
+    return Dim3{static_cast<unsigned>(d), 1, 1};
+  } else {
+    return Dim3{d.x, d.y, d.z};
+  }
+}
+
+// STRIA_LAUNCH(kernel, grid, block, smem, stream)(args...): the arguments are copied, as kernel
+// parameters are.
+template <typename... Params>
+struct StreamLauncher {
+  void (*kernel)(Params...);
+  Dim3 grid, block;
+  size_t smem;
+  void* stream;
+  template <typename... Args>
+  void operator()(Args... args) const {
+    auto k = kernel;
+    LaunchOnStream(stream, grid, block, smem, [k, args...] { k(args...); });
+  }
+};
+template <typename... Params, typename G, typename B, typename S>
+StreamLauncher<Params...> StreamLaunch(void (*kernel)(Params...), const G& grid, const B& block, size_t smem,
+                                       S* stream) {
+  return StreamLauncher<Params...>{kernel, ToDim3(grid), ToDim3(block), smem, static_cast<void*>(stream)};
+}
+
 // 16-bit float conversions, round to nearest even; NaN in, NaN out (0x7fff, as the GPU's cvt).
 inline uint32_t FloatBits(float f) {
   uint32_t u;
@@ -143,8 +178,9 @@ struct ThreadInfo {
   const BlockInfo* block;
   void* impl;
 };
-// The running emulated thread of this OS thread (null outside kernels).
-inline thread_local ThreadInfo* tls_thread = nullptr;
+// The running emulated thread of this OS thread (null outside kernels). Defined once, in
+// cuda_emu.cc: kernels in a module of their own (tests/cuda_host) must see the same variable.
+extern thread_local ThreadInfo* tls_thread;
 
 [[noreturn]] void NotInKernel();
 // Fails the launch: `what` got an address `p` that is not `bytes`-aligned.

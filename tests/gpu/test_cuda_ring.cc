@@ -34,6 +34,11 @@ std::string Name(const Case& c) {
   return os.str();
 }
 
+// What ctest shows beside a case's name (gtest_discover_tests): the case, not its bytes.
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << Name(c);
+}
+
 Tensor ShardHost(const Tensor& full, const Case& c, int rank) {
   Tensor local({full.shape[0], c.L, full.shape[2], full.shape[3]}, full.dt);
   EXPECT_EQ(stria_shard(c.layout, c.world, rank, 1, &full.dl, &local.dl, nullptr), STRIA_SUCCESS)

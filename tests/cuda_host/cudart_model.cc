@@ -1,0 +1,554 @@
+// A host model of the CUDA runtime: the part of its API that the CUDA backend module and the GPU
+// tests call, with every kernel run by the warp-level emulator (tests/cuda_emu). Linked instead
+// of libcudart, it lets the whole GPU stack — the module's launchers, workspaces, streams and
+// events, the ring engine with the local group's device-to-device copies, and the GPU tests
+// themselves — run on a machine without a GPU (CMakeLists.txt here says how it is put together).
+//
+// What it keeps of CUDA, and where it is stricter:
+// - a stream is a worker thread that runs its work in order; the legacy default stream (null) is
+//   one per device, shared by every thread of the process, as on the GPU; a launch, memset or
+//   copy on a stream returns at once and runs later, on that thread;
+// - an event completes when its stream has run everything queued before the record;
+//   cudaStreamWaitEvent holds the waiting stream there;
+// - device memory is host memory of exactly the requested size (so ASan sees overruns), filled
+//   with 0xFF bytes (NaN in every float dtype) at cudaMalloc: reading what nothing wrote shows;
+//   memsets and copies must fall inside one allocation where they touch device memory;
+// - a kernel that the emulator stops (an out-of-bounds ldmatrix, a divergent barrier...) is a
+//   sticky error of its device, as a fault is on the GPU: the synchronizing calls return
+//   cudaErrorLaunchFailure from then on, and the emulator's message goes to stderr;
+// - devices: STRIA_CUDA_MODEL_DEVICES (default 1) of compute capability STRIA_CUDA_MODEL_CC
+//   (default 90, so the Hopper kernels run too), 80 GiB each.
+// Streams are never freed (cudaStreamDestroy lets the worker end once its work is done): the
+// model is for tests, and a late use then finds a stopped stream, not freed memory.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <new>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda/device_api.cuh"
+
+struct CUstream_st {
+  int device = 0;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> work;
+  uint64_t queued = 0, done = 0;  // items ever queued, items finished
+  bool stopping = false;
+  std::thread worker;
+};
+
+struct CUevent_st {
+  std::mutex mu;
+  CUstream_st* stream = nullptr;  // the last record: complete once stream->done >= ticket
+  uint64_t ticket = 0;
+};
+
+namespace {
+
+constexpr size_t kDeviceBytes = size_t{80} << 30;
+constexpr int kMaxDynamicSmem = 232448;
+
+struct Allocation {
+  size_t bytes;
+  int device;
+};
+
+struct Device {
+  CUstream_st* null_stream = nullptr;
+  std::vector<CUstream_st*> streams;  // every stream of the device, the null one included
+  size_t allocated = 0;
+  cudaError_t sticky = cudaSuccess;
+};
+
+struct Model {
+  std::mutex mu;
+  std::vector<Device> devices;
+  std::map<uintptr_t, Allocation> allocations;  // by start address
+  int cc = 90;
+};
+
+int EnvInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
+}
+
+Model& M() {
+  static Model* m = [] {
+    auto* model = new Model();  // never destroyed: worker threads may outlive static destructors
+    model->devices.resize(static_cast<size_t>(std::max(0, EnvInt("STRIA_CUDA_MODEL_DEVICES", 1))));
+    model->cc = EnvInt("STRIA_CUDA_MODEL_CC", 90);
+    return model;
+  }();
+  return *m;
+}
+
+thread_local int tls_device = 0;
+thread_local cudaError_t tls_last = cudaSuccess;
+
+cudaError_t Set(cudaError_t e) {
+  if (e != cudaSuccess) tls_last = e;
+  return e;
+}
+
+void RunStream(CUstream_st* s) {
+  for (;;) {
+    std::function<void()> fn;
+    {
+      std::unique_lock<std::mutex> lock(s->mu);
+      s->cv.wait(lock, [&] { return !s->work.empty() || s->stopping; });
+      if (s->work.empty()) return;
+      fn = std::move(s->work.front());
+      s->work.pop_front();
+    }
+    fn();
+    {
+      std::lock_guard<std::mutex> lock(s->mu);
+      ++s->done;
+    }
+    s->cv.notify_all();
+  }
+}
+
+CUstream_st* NewStream(int device) {
+  auto* s = new CUstream_st();
+  s->device = device;
+  s->worker = std::thread(RunStream, s);
+  M().devices[static_cast<size_t>(device)].streams.push_back(s);
+  return s;
+}
+
+bool DeviceOk(int d) {
+  return d >= 0 && static_cast<size_t>(d) < M().devices.size();
+}
+
+// The stream a call names: null is the current device's legacy default stream.
+CUstream_st* Resolve(cudaStream_t s) {
+  if (s != nullptr) return s;
+  std::lock_guard<std::mutex> lock(M().mu);
+  Device& d = M().devices[static_cast<size_t>(tls_device)];
+  if (d.null_stream == nullptr) d.null_stream = NewStream(tls_device);
+  return d.null_stream;
+}
+
+uint64_t Enqueue(CUstream_st* s, std::function<void()> fn) {
+  uint64_t ticket;
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    s->work.push_back(std::move(fn));
+    ticket = ++s->queued;
+  }
+  s->cv.notify_all();
+  return ticket;
+}
+
+void WaitFor(CUstream_st* s, uint64_t ticket) {
+  std::unique_lock<std::mutex> lock(s->mu);
+  s->cv.wait(lock, [&] { return s->done >= ticket || (s->stopping && s->work.empty()); });
+}
+
+void Drain(CUstream_st* s) {
+  uint64_t queued;
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    queued = s->queued;
+  }
+  WaitFor(s, queued);
+}
+
+cudaError_t Sticky(int device) {
+  std::lock_guard<std::mutex> lock(M().mu);
+  return M().devices[static_cast<size_t>(device)].sticky;
+}
+
+void Fault(int device, const char* what) {
+  std::fprintf(stderr, "cuda model: device %d: %s\n", device, what);
+  std::lock_guard<std::mutex> lock(M().mu);
+  M().devices[static_cast<size_t>(device)].sticky = cudaErrorLaunchFailure;
+}
+
+// The allocation holding [p, p + bytes), if p is device memory; false if p is not; sets *bad
+// when p is device memory but the range runs past its allocation.
+bool Find(const void* p, size_t bytes, Allocation* out, bool* bad) {
+  std::lock_guard<std::mutex> lock(M().mu);
+  *bad = false;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  auto it = M().allocations.upper_bound(a);
+  if (it == M().allocations.begin()) return false;
+  --it;
+  if (a >= it->first + std::max<size_t>(it->second.bytes, 1)) return false;
+  *out = it->second;
+  *bad = a + bytes > it->first + it->second.bytes;
+  return true;
+}
+
+// Device ranges must stay inside their allocation; host ranges are the caller's business.
+cudaError_t CheckRange(const void* p, size_t bytes, bool must_be_device) {
+  Allocation al;
+  bool bad = false;
+  const bool device = Find(p, bytes, &al, &bad);
+  if (bad || (must_be_device && !device)) return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+
+// Gives an allocation back (cudaFree and cudaFreeAsync, once nothing may use it any more).
+void Release(void* p) {
+  std::lock_guard<std::mutex> lock(M().mu);
+  auto it = M().allocations.find(reinterpret_cast<uintptr_t>(p));
+  if (it == M().allocations.end()) return;
+  M().devices[static_cast<size_t>(it->second.device)].allocated -= it->second.bytes;
+  M().allocations.erase(it);
+  ::operator delete (p, std::align_val_t{256});
+}
+
+cudaError_t CheckKind(const void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  const bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  const bool src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  cudaError_t e = CheckRange(dst, bytes, dst_dev);
+  if (e == cudaSuccess) e = CheckRange(src, bytes, src_dev);
+  return e;
+}
+
+}  // namespace
+
+namespace stria {
+namespace cuda {
+namespace emu {
+
+void LaunchOnStream(void* stream, Dim3 grid, Dim3 block, size_t smem_bytes, std::function<void()> body) {
+  CUstream_st* s = Resolve(static_cast<cudaStream_t>(stream));
+  const int device = s->device;
+  Enqueue(s, [=] {
+    if (Sticky(device) != cudaSuccess) return;  // a faulted device runs nothing more
+    try {
+      Launch(grid, block, smem_bytes, body);
+    } catch (const std::exception& e) {
+      Fault(device, e.what());
+    }
+  });
+}
+
+}  // namespace emu
+}  // namespace cuda
+}  // namespace stria
+
+extern "C" {
+
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorNoDevice:
+      return "cudaErrorNoDevice";
+    case cudaErrorLaunchFailure:
+      return "cudaErrorLaunchFailure";
+    case cudaErrorInvalidResourceHandle:
+      return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady:
+      return "cudaErrorNotReady";
+    default:
+      return "cudaErrorUnknown";
+  }
+}
+
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal";
+    case cudaErrorNoDevice:
+      return "no CUDA-capable device is detected";
+    case cudaErrorLaunchFailure:
+      return "unspecified launch failure (the emulator's message is on stderr)";
+    case cudaErrorNotReady:
+      return "device not ready";
+    default:
+      return "unknown error";
+  }
+}
+
+cudaError_t cudaGetLastError(void) {
+  const cudaError_t e = tls_last;
+  tls_last = cudaSuccess;
+  return e;
+}
+
+cudaError_t cudaPeekAtLastError(void) {
+  return tls_last;
+}
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = static_cast<int>(M().devices.size());
+  return Set(*count == 0 ? cudaErrorNoDevice : cudaSuccess);
+}
+
+cudaError_t cudaGetDevice(int* device) {
+  *device = tls_device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+  if (!DeviceOk(device)) return Set(cudaErrorInvalidDevice);
+  tls_device = device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int device) {
+  if (!DeviceOk(device)) return Set(cudaErrorInvalidDevice);
+  switch (attr) {
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = M().cc / 10;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = M().cc % 10;
+      return cudaSuccess;
+    case cudaDevAttrMemoryPoolsSupported:
+      *value = 1;
+      return cudaSuccess;
+    default:
+      return Set(cudaErrorInvalidValue);  // not modelled: a new use must be added here
+  }
+}
+
+cudaError_t cudaFuncSetAttribute(const void* func, enum cudaFuncAttribute attr, int value) {
+  if (func == nullptr) return Set(cudaErrorInvalidValue);
+  if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize && (value < 0 || value > kMaxDynamicSmem))
+    return Set(cudaErrorInvalidValue);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  *p = nullptr;
+  if (!DeviceOk(tls_device)) return Set(cudaErrorInvalidDevice);
+  std::lock_guard<std::mutex> lock(M().mu);
+  Device& d = M().devices[static_cast<size_t>(tls_device)];
+  if (bytes > kDeviceBytes - d.allocated) return Set(cudaErrorMemoryAllocation);
+  void* mem = ::operator new (std::max<size_t>(bytes, 1), std::align_val_t{256});
+  std::memset(mem, 0xFF, bytes);
+  M().allocations[reinterpret_cast<uintptr_t>(mem)] = Allocation{bytes, tls_device};
+  d.allocated += bytes;
+  *p = mem;
+  return cudaSuccess;
+}
+
+// Stream-ordered allocation: the memory exists at once (the stream's earlier work cannot touch
+// it), and goes back when the stream reaches the free.
+cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t /*stream*/) {
+  return cudaMalloc(p, bytes);
+}
+
+cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
+  if (p == nullptr) return cudaSuccess;
+  {
+    std::lock_guard<std::mutex> lock(M().mu);
+    if (M().allocations.count(reinterpret_cast<uintptr_t>(p)) == 0) return Set(cudaErrorInvalidValue);
+  }
+  Enqueue(Resolve(stream), [p] { Release(p); });
+  return cudaSuccess;
+}
+
+// Like the GPU's, waits for the device's work first (the memory may still be in use).
+cudaError_t cudaFree(void* p) {
+  if (p == nullptr) return cudaSuccess;
+  std::vector<CUstream_st*> streams;
+  {
+    std::lock_guard<std::mutex> lock(M().mu);
+    auto it = M().allocations.find(reinterpret_cast<uintptr_t>(p));
+    if (it == M().allocations.end()) return Set(cudaErrorInvalidValue);
+    streams = M().devices[static_cast<size_t>(it->second.device)].streams;
+  }
+  for (CUstream_st* s : streams) Drain(s);
+  Release(p);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
+  std::lock_guard<std::mutex> lock(M().mu);
+  *total = kDeviceBytes;
+  *free_bytes = kDeviceBytes - M().devices[static_cast<size_t>(tls_device)].allocated;
+  return cudaSuccess;
+}
+
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* attr, const void* p) {
+  std::memset(attr, 0, sizeof(*attr));
+  Allocation al;
+  bool bad = false;
+  if (p != nullptr && Find(p, 1, &al, &bad)) {
+    attr->type = cudaMemoryTypeDevice;
+    attr->device = al.device;
+    attr->devicePointer = const_cast<void*>(p);
+  } else {
+    attr->type = cudaMemoryTypeUnregistered;
+    attr->device = -2;
+    attr->hostPointer = const_cast<void*>(p);
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int /*flags*/) {
+  // Only non-blocking streams are modelled faithfully: a blocking one would also order itself
+  // against the legacy default stream, which nothing here relies on.
+  std::lock_guard<std::mutex> lock(M().mu);
+  *s = NewStream(tls_device);
+  return cudaSuccess;
+}
+
+// Priorities are accepted and ignored: every stream of the model is a thread of its own anyway.
+cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+  *least = 0;
+  *greatest = -5;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int flags, int /*priority*/) {
+  return cudaStreamCreateWithFlags(s, flags);
+}
+
+// Returns at once, as the runtime does: the stream's worker runs what is queued, then ends (work
+// that never ends, such as a kernel of a dead peer's communication, keeps only that thread).
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  if (s == nullptr) return Set(cudaErrorInvalidResourceHandle);
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    s->stopping = true;
+  }
+  s->cv.notify_all();
+  if (s->worker.joinable()) s->worker.detach();
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  CUstream_st* s = Resolve(stream);
+  Drain(s);
+  return Set(Sticky(s->device));
+}
+
+// Like the runtime, not-ready is also left as the thread's last error (callers clear it).
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  CUstream_st* s = Resolve(stream);
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    if (s->done < s->queued) return Set(cudaErrorNotReady);
+  }
+  return Set(Sticky(s->device));
+}
+
+// `fn` runs on the stream's thread in stream order, and holds the stream until it returns (what
+// the model of NCCL uses as its communication kernels).
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_data) {
+  if (fn == nullptr) return Set(cudaErrorInvalidValue);
+  Enqueue(Resolve(stream), [fn, user_data] { fn(user_data); });
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void) {
+  std::vector<CUstream_st*> streams;
+  {
+    std::lock_guard<std::mutex> lock(M().mu);
+    streams = M().devices[static_cast<size_t>(tls_device)].streams;
+  }
+  for (CUstream_st* s : streams) Drain(s);
+  return Set(Sticky(tls_device));
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int /*flags*/) {
+  *e = new CUevent_st();
+  return cudaSuccess;
+}
+
+// Freed at once, as the runtime allows even with a record pending (a stream never refers to an
+// event: a record or a wait copies what it needs), so that a late use is a use after free.
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  if (e == nullptr) return Set(cudaErrorInvalidResourceHandle);
+  delete e;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
+  if (e == nullptr) return Set(cudaErrorInvalidResourceHandle);
+  CUstream_st* s = Resolve(stream);
+  std::lock_guard<std::mutex> lock(s->mu);
+  std::lock_guard<std::mutex> elock(e->mu);
+  e->stream = s;
+  e->ticket = s->queued;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  if (e == nullptr) return Set(cudaErrorInvalidResourceHandle);
+  CUstream_st* s;
+  uint64_t ticket;
+  {
+    std::lock_guard<std::mutex> lock(e->mu);
+    s = e->stream;
+    ticket = e->ticket;
+  }
+  if (s == nullptr) return cudaSuccess;  // never recorded
+  std::lock_guard<std::mutex> lock(s->mu);
+  return s->done >= ticket ? cudaSuccess : Set(cudaErrorNotReady);
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned int /*flags*/) {
+  if (e == nullptr) return Set(cudaErrorInvalidResourceHandle);
+  CUstream_st* waiter = Resolve(stream);
+  CUstream_st* target;
+  uint64_t ticket;
+  {
+    std::lock_guard<std::mutex> lock(e->mu);
+    target = e->stream;
+    ticket = e->ticket;
+  }
+  if (target == nullptr || target == waiter) return cudaSuccess;  // never recorded, or in order anyway
+  Enqueue(waiter, [target, ticket] { WaitFor(target, ticket); });
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return cudaSuccess;
+  const cudaError_t e = CheckRange(p, bytes, true);
+  if (e != cudaSuccess) return Set(e);
+  Enqueue(Resolve(stream), [=] { std::memset(p, value, bytes); });
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, enum cudaMemcpyKind kind, cudaStream_t stream) {
+  if (bytes == 0) return cudaSuccess;
+  const cudaError_t e = CheckKind(dst, src, bytes, kind);
+  if (e != cudaSuccess) return Set(e);
+  Enqueue(Resolve(stream), [=] { std::memmove(dst, src, bytes); });
+  return cudaSuccess;
+}
+
+// The synchronous forms: queued on the legacy default stream, then waited for.
+cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+  const cudaError_t e = cudaMemsetAsync(p, value, bytes, nullptr);
+  return e != cudaSuccess ? e : cudaStreamSynchronize(nullptr);
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, enum cudaMemcpyKind kind) {
+  const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
+  return e != cudaSuccess ? e : cudaStreamSynchronize(nullptr);
+}
+
+}  // extern "C"

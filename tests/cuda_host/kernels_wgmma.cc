@@ -1,0 +1,5 @@
+// The Hopper wgmma forward and backward entry points (kernels/cuda/wgmma_*.cu) for the emulator.
+#include "cuda/wgmma_bwd_bf16.cu"
+#include "cuda/wgmma_bwd_f16.cu"
+#include "cuda/wgmma_fwd_bf16.cu"
+#include "cuda/wgmma_fwd_f16.cu"
