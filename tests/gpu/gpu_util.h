@@ -25,14 +25,17 @@ inline std::string NoGpuReason() {
     if (!why_.empty()) GTEST_SKIP() << "GPU test skipped: " << why_; \
   } while (0)
 
-// A device copy of a host Tensor (same shape, dtype and strides), freed at scope exit.
+// A device copy of a host Tensor (same shape, dtype and strides) on the calling thread's current
+// device, freed at scope exit.
 struct DeviceTensor {
   void* ptr = nullptr;
   size_t bytes = 0;
   std::vector<int64_t> shape, strides;
   DLTensor dl{};
 
-  explicit DeviceTensor(const Tensor& host, int device = 0) : shape(host.shape), strides(host.strides) {
+  explicit DeviceTensor(const Tensor& host) : shape(host.shape), strides(host.strides) {
+    int device = 0;
+    EXPECT_EQ(cudaGetDevice(&device), cudaSuccess);
     bytes = host.storage.size();
     EXPECT_EQ(cudaMalloc(&ptr, bytes ? bytes : 16), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(ptr, host.storage.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);

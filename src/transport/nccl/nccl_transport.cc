@@ -540,10 +540,16 @@ class NcclTransport final : public Transport {
     cudaEvent_t ev = nullptr;
     STRIA_RETURN_IF_ERROR(TakeEventLocked(&ev));
     e = cudaEventRecord(ev, stream);
-    if (e != cudaSuccess) return FailLocked(CudaStatus(e, "cudaEventRecord"));
-    STRIA_RETURN_IF_ERROR(PollLocked(
-        lock, deadline, [&](bool* done) { return EventDone(ev, done); }, timeout));
+    if (e != cudaSuccess) {
+      free_events_.push_back(ev);
+      return FailLocked(CudaStatus(e, "cudaEventRecord"));
+    }
+    // Back to the pool whatever the outcome, so that Shutdown destroys it (a timed-out create
+    // leaked one event per attempt before).
+    const Status s = PollLocked(
+        lock, deadline, [&](bool* done) { return EventDone(ev, done); }, timeout);
     free_events_.push_back(ev);
+    STRIA_RETURN_IF_ERROR(s);
     foreign_work_ = false;
     e = cudaMemcpyAsync(ids, slot, sizeof *ids, cudaMemcpyDeviceToHost, stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(stream);

@@ -1,13 +1,14 @@
-// A host model of the parts of the CUDA runtime and of NCCL that the NCCL transport uses, so that
-// its logic (lanes, grouping, completion events, timeouts, aborts) runs in a test on a
-// machine without a GPU, with ranks as threads of one process. test_nccl_host_model links it with its
-// own build of src/transport/nccl/nccl_transport.cc instead of libcudart and libnccl.
+// A host model of the part of NCCL that the NCCL transport uses, on the host model of the CUDA
+// runtime (tests/cuda_host/cudart_model.cc), so that the transport's logic (lanes, grouping,
+// completion events, timeouts, aborts) and the whole GPU ring over NCCL run on a machine without
+// a GPU, with ranks as threads of one process. Built as a library of its own (the communicators
+// live in it, shared by a test and the module it loads); test_nccl_host_model and the NCCL module
+// of tests/cuda_host link it instead of libnccl.
 //
 // The model keeps what the transport relies on, and is stricter where that finds bugs:
-// - a stream is a thread that runs its work in order; an event completes when its stream
-//   reaches it; "device memory" is host memory;
-// - a group launch is one kernel on its stream that runs once the stream's earlier work is done,
-//   and only then offers its sends and receives to the peers;
+// - a group launch is one kernel on its stream (a host function of the runtime model: it runs
+//   once the stream's earlier work is done, and holds the stream until it ends), and only then
+//   offers its sends and receives to the peers;
 // - a send completes only when the matching receive is there (no eager buffering), and between
 //   two ranks of a communicator the k-th send pairs with the k-th receive, whatever their sizes
 //   (a size mismatch is recorded as a bug, see ModelSizeMismatches);
@@ -49,180 +50,6 @@ T* Keep(T* p) {
   return p;
 }
 
-}  // namespace
-
-struct CUstream_st {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<std::function<void()>> work;
-  bool running = false;
-  std::thread worker;
-
-  CUstream_st() {
-    worker = std::thread([this] {
-      std::unique_lock<std::mutex> lock(mu);
-      for (;;) {
-        cv.wait(lock, [&] { return !work.empty(); });
-        auto task = std::move(work.front());
-        work.pop_front();
-        running = true;
-        lock.unlock();
-        task();
-        lock.lock();
-        running = false;
-        cv.notify_all();
-      }
-    });
-    worker.detach();
-  }
-  void Enqueue(std::function<void()> f) {
-    std::lock_guard<std::mutex> lock(mu);
-    work.push_back(std::move(f));
-    cv.notify_all();
-  }
-  bool Idle() {
-    std::lock_guard<std::mutex> lock(mu);
-    return work.empty() && !running;
-  }
-  void Drain() {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return work.empty() && !running; });
-  }
-};
-
-struct CUevent_st {
-  std::atomic<uint64_t> recorded{0}, reached{0};
-};
-
-namespace {
-
-thread_local cudaError_t g_last = cudaSuccess;
-thread_local int g_device = 0;
-
-cudaError_t Set(cudaError_t e) {
-  if (e != cudaSuccess) g_last = e;
-  return e;
-}
-
-int Devices() {
-  const char* v = std::getenv("STRIA_MODEL_GPUS");
-  return v ? std::atoi(v) : 8;
-}
-
-}  // namespace
-
-extern "C" {
-
-const char* cudaGetErrorString(cudaError_t e) {
-  switch (e) {
-    case cudaSuccess:
-      return "no error";
-    case cudaErrorNotReady:
-      return "device not ready";
-    case cudaErrorNoDevice:
-      return "no CUDA-capable device is detected";
-    case cudaErrorInvalidDevice:
-      return "invalid device ordinal";
-    default:
-      return "host-model CUDA error";
-  }
-}
-const char* cudaGetErrorName(cudaError_t e) {
-  return e == cudaSuccess ? "cudaSuccess" : e == cudaErrorNotReady ? "cudaErrorNotReady" : "cudaErrorHostModel";
-}
-cudaError_t cudaPeekAtLastError(void) {
-  return g_last;
-}
-cudaError_t cudaGetLastError(void) {
-  const cudaError_t e = g_last;
-  g_last = cudaSuccess;
-  return e;
-}
-cudaError_t cudaGetDeviceCount(int* count) {
-  *count = Devices();
-  return *count > 0 ? cudaSuccess : Set(cudaErrorNoDevice);
-}
-cudaError_t cudaGetDevice(int* device) {
-  *device = g_device;
-  return cudaSuccess;
-}
-cudaError_t cudaSetDevice(int device) {
-  if (device < 0 || device >= Devices()) return Set(cudaErrorInvalidDevice);
-  g_device = device;
-  return cudaSuccess;
-}
-cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
-  *least = 0;
-  *greatest = -5;
-  return cudaSuccess;
-}
-cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr, int) {
-  *value = 1;
-  return cudaSuccess;
-}
-cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int, int) {
-  *s = Keep(new CUstream_st());
-  return cudaSuccess;
-}
-cudaError_t cudaStreamDestroy(cudaStream_t) {
-  return cudaSuccess;  // never freed (see the top)
-}
-cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-  s->Drain();
-  return cudaSuccess;
-}
-cudaError_t cudaStreamQuery(cudaStream_t s) {
-  return s->Idle() ? cudaSuccess : Set(cudaErrorNotReady);
-}
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* ev, unsigned int) {
-  *ev = Keep(new CUevent_st());
-  return cudaSuccess;
-}
-cudaError_t cudaEventDestroy(cudaEvent_t) {
-  return cudaSuccess;
-}
-cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s) {
-  const uint64_t n = ev->recorded.fetch_add(1) + 1;
-  s->Enqueue([ev, n] {
-    uint64_t seen = ev->reached.load();
-    while (seen < n && !ev->reached.compare_exchange_weak(seen, n)) {
-    }
-  });
-  return cudaSuccess;
-}
-cudaError_t cudaEventQuery(cudaEvent_t ev) {
-  return ev->reached.load() >= ev->recorded.load() ? cudaSuccess : Set(cudaErrorNotReady);
-}
-cudaError_t cudaMalloc(void** p, size_t bytes) {
-  *p = std::calloc(bytes ? bytes : 1, 1);
-  return cudaSuccess;
-}
-cudaError_t cudaFree(void* p) {
-  std::free(p);
-  return cudaSuccess;
-}
-cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) {
-  return cudaMalloc(p, bytes);
-}
-cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
-  s->Enqueue([p] { std::free(p); });
-  return cudaSuccess;
-}
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, enum cudaMemcpyKind, cudaStream_t s) {
-  // Host to device copies read the source at the call, as the runtime stages pageable memory.
-  auto staged = std::make_shared<std::vector<uint8_t>>(static_cast<const uint8_t*>(src),
-                                                       static_cast<const uint8_t*>(src) + bytes);
-  s->Enqueue([dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
-  return cudaSuccess;
-}
-
-}  // extern "C"
-
-// ---------------------------------------------------------------------------------------------
-// NCCL
-
-namespace {
-
 struct Clique;
 
 struct P2p {
@@ -234,7 +61,7 @@ struct P2p {
   ncclComm* owner = nullptr;
 };
 
-struct Gather {  // a rank's part of a collective (all-gather, or broadcast from rank 0)
+struct Gather {  // a rank's part of a collective (all-gather, broadcast from rank 0, float sum)
   const void* send;
   void* recv;
   size_t bytes;
@@ -294,7 +121,7 @@ void Match(Clique* c, int src, int dst) {
 }
 
 struct Op {
-  enum Kind { kSend, kRecv, kGather, kBcast } kind;
+  enum Kind { kSend, kRecv, kGather, kBcast, kSum } kind;
   ncclComm_t comm;
   cudaStream_t stream;
   void* buf;
@@ -311,15 +138,15 @@ void RunKernel(ncclComm_t comm, std::vector<Op> ops) {
   std::unique_lock<std::mutex> lock(g_mu);
   Clique* c = comm->clique;
   std::vector<std::unique_ptr<P2p>> mine;
-  std::vector<std::pair<int, bool>> gathers;  // collective rounds, and whether a broadcast
+  std::vector<std::pair<int, Op::Kind>> gathers;  // collective rounds, and their kinds
   for (const Op& op : ops) {
-    if (op.kind == Op::kGather || op.kind == Op::kBcast) {
+    if (op.kind == Op::kGather || op.kind == Op::kBcast || op.kind == Op::kSum) {
       const int round = ++comm->gathers;
       GatherRound& g = c->gathers[round];
       if (g.parts.empty()) g.parts.resize(static_cast<size_t>(c->n));
       g.parts[static_cast<size_t>(comm->rank)] = Gather{op.send_buf, op.buf, op.bytes};
       ++g.arrived;
-      gathers.push_back({round, op.kind == Op::kBcast});
+      gathers.push_back({round, op.kind});
       continue;
     }
     auto p = std::make_unique<P2p>(P2p{op.kind == Op::kSend, op.buf, op.bytes, op.peer});
@@ -331,10 +158,22 @@ void RunKernel(ncclComm_t comm, std::vector<Op> ops) {
     mine.push_back(std::move(p));
   }
   for (auto& p : mine) p->is_send ? Match(c, comm->rank, p->peer) : Match(c, p->peer, comm->rank);
-  for (auto [round, bcast] : gathers) {
+  for (auto [round, kind] : gathers) {
     GatherRound& g = c->gathers[round];
     if (g.arrived != c->n) continue;
     const size_t bytes = g.parts[0].bytes;
+    const bool bcast = kind == Op::kBcast;
+    if (kind == Op::kSum) {  // summed first, then written: the buffers may be the same
+      std::vector<float> sum(bytes / sizeof(float), 0.0f), x(sum.size());
+      for (const Gather& part : g.parts) {
+        std::memcpy(x.data(), part.send, bytes);
+        for (size_t i = 0; i < sum.size(); ++i) sum[i] += x[i];
+      }
+      for (const Gather& part : g.parts) std::memcpy(part.recv, sum.data(), bytes);
+      g.arrived = -1;
+      g_cv.notify_all();
+      continue;
+    }
     for (int q = 0; q < c->n; ++q) {
       auto* recv = static_cast<uint8_t*>(g.parts[static_cast<size_t>(q)].recv);
       if (bcast) {
@@ -352,8 +191,8 @@ void RunKernel(ncclComm_t comm, std::vector<Op> ops) {
     if (comm->aborted) return true;
     for (auto& p : mine)
       if (!p->done) return false;
-    for (auto [round, bcast] : gathers)
-      if (c->gathers[round].arrived != -1) return false;
+    for (auto round_kind : gathers)
+      if (c->gathers[round_kind.first].arrived != -1) return false;
     return true;
   });
   // Offers of an aborted kernel stay queued, never matched: its peers wait for their own abort.
@@ -371,18 +210,26 @@ ncclResult_t Launch(std::vector<Op> ops) {
       return ncclInvalidUsage;
     }
   if (comm->aborted) return ncclInvalidArgument;
-  auto enqueue = [comm, stream, ops] { stream->Enqueue([comm, ops] { RunKernel(comm, ops); }); };
-  if (comm->blocking) {
-    enqueue();
-    return ncclSuccess;
-  }
+  auto enqueue = [comm, stream, ops] {
+    auto* kernel = new std::function<void()>([comm, ops] { RunKernel(comm, ops); });
+    const cudaError_t e = cudaLaunchHostFunc(
+        stream,
+        [](void* k) {
+          auto* fn = static_cast<std::function<void()>*>(k);
+          (*fn)();
+          delete fn;
+        },
+        kernel);
+    if (e != cudaSuccess) delete kernel;
+    return e;
+  };
+  if (comm->blocking) return enqueue() == cudaSuccess ? ncclSuccess : ncclUnhandledCudaError;
   // Nonblocking: NCCL's thread launches a little later; the state says so meanwhile.
   comm->state = ncclInProgress;
   std::thread([comm, enqueue] {
     std::this_thread::sleep_for(std::chrono::microseconds(300));
-    enqueue();
     int expected = ncclInProgress;
-    comm->state.compare_exchange_strong(expected, ncclSuccess);
+    comm->state.compare_exchange_strong(expected, enqueue() == cudaSuccess ? ncclSuccess : ncclUnhandledCudaError);
   }).detach();
   return ncclInProgress;
 }
@@ -453,7 +300,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int n, ncclUniqueId id, int
   auto* comm = Keep(new ncclComm());
   comm->clique = c;
   comm->rank = rank;
-  comm->device = g_device;
+  (void)cudaGetDevice(&comm->device);
   comm->blocking = cfg == nullptr || cfg->blocking != 0;
   comm->state = ncclInProgress;
   c->members[static_cast<size_t>(rank)] = comm;
@@ -514,6 +361,12 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataT
                            cudaStream_t stream) {
   if (type != ncclUint8) return ncclInvalidArgument;
   return Add(Op{Op::kGather, comm, stream, recv, send, count, -1});
+}
+// Float sums only (what the tests use on a caller's communicator).
+ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                           ncclComm_t comm, cudaStream_t stream) {
+  if (type != ncclFloat || op != ncclSum) return ncclInvalidArgument;
+  return Add(Op{Op::kSum, comm, stream, recv, send, count * sizeof(float), -1});
 }
 ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int root, ncclComm_t comm,
                            cudaStream_t stream) {
