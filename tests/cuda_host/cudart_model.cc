@@ -17,7 +17,8 @@
 //   sticky error of its device, as a fault is on the GPU: the synchronizing calls return
 //   cudaErrorLaunchFailure from then on, and the emulator's message goes to stderr;
 // - devices: STRIA_CUDA_MODEL_DEVICES (default 1) of compute capability STRIA_CUDA_MODEL_CC
-//   (default 90, so the Hopper kernels run too), 80 GiB each.
+//   (default 90, so the Hopper kernels run too), STRIA_CUDA_MODEL_MEMORY_MB each (default 80 GiB;
+//   the host allocates only what is asked for).
 // Streams are never freed (cudaStreamDestroy lets the worker end once its work is done): the
 // model is for tests, and a late use then finds a stopped stream, not freed memory.
 #include <cuda_runtime_api.h>
@@ -56,7 +57,6 @@ struct CUevent_st {
 
 namespace {
 
-constexpr size_t kDeviceBytes = size_t{80} << 30;
 constexpr int kMaxDynamicSmem = 232448;
 
 struct Allocation {
@@ -76,6 +76,7 @@ struct Model {
   std::vector<Device> devices;
   std::map<uintptr_t, Allocation> allocations;  // by start address
   int cc = 90;
+  size_t device_bytes = size_t{80} << 30;  // each device's memory
 };
 
 int EnvInt(const char* name, int fallback) {
@@ -88,6 +89,8 @@ Model& M() {
     auto* model = new Model();  // never destroyed: worker threads may outlive static destructors
     model->devices.resize(static_cast<size_t>(std::max(0, EnvInt("STRIA_CUDA_MODEL_DEVICES", 1))));
     model->cc = EnvInt("STRIA_CUDA_MODEL_CC", 90);
+    const int mib = EnvInt("STRIA_CUDA_MODEL_MEMORY_MB", 0);
+    if (mib > 0) model->device_bytes = static_cast<size_t>(mib) << 20;
     return model;
   }();
   return *m;
@@ -343,7 +346,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   if (!DeviceOk(tls_device)) return Set(cudaErrorInvalidDevice);
   std::lock_guard<std::mutex> lock(M().mu);
   Device& d = M().devices[static_cast<size_t>(tls_device)];
-  if (bytes > kDeviceBytes - d.allocated) return Set(cudaErrorMemoryAllocation);
+  if (bytes > M().device_bytes - d.allocated) return Set(cudaErrorMemoryAllocation);
   void* mem = ::operator new (std::max<size_t>(bytes, 1), std::align_val_t{256});
   std::memset(mem, 0xFF, bytes);
   M().allocations[reinterpret_cast<uintptr_t>(mem)] = Allocation{bytes, tls_device};
@@ -385,8 +388,8 @@ cudaError_t cudaFree(void* p) {
 
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
   std::lock_guard<std::mutex> lock(M().mu);
-  *total = kDeviceBytes;
-  *free_bytes = kDeviceBytes - M().devices[static_cast<size_t>(tls_device)].allocated;
+  *total = M().device_bytes;
+  *free_bytes = M().device_bytes - M().devices[static_cast<size_t>(tls_device)].allocated;
   return cudaSuccess;
 }
 

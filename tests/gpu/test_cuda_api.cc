@@ -1,11 +1,14 @@
 // The CUDA backend's edges: device shard/unshard against the host one, bad inputs refused before
-// any rank communicates (host memory in a CUDA context, unsupported head dims), no device
+// any rank communicates (host memory in a CUDA context, unsupported head dims), a full device
+// (every rank fails, none hangs, the group recovers), no device
 // allocation per call once the workspace has grown, abort and timeout of a GPU ring, and NaN
 // propagation. Skips, saying why, where no GPU is present.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <memory>
 
 #include "gpu_util.h"
 
@@ -132,6 +135,52 @@ TEST(CudaErrors, OrdinalOutOfRange) {
 }
 
 // After the first call of a shape, calls allocate nothing on the device.
+// A device too full for the workspace (a long sequence meets a busy GPU): every rank fails with a
+// message, the one whose cudaMalloc failed with OUT_OF_MEMORY naming it; nobody hangs; and the
+// same contexts work once the memory is back.
+TEST(CudaErrors, OutOfDeviceMemoryFailsEveryRankAndTheGroupRecovers) {
+  STRIA_REQUIRE_GPU();
+  const int N = 2;
+  CudaGroup group(N, 0, 30.0);
+  ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
+  stria_attention_params_t p;
+  stria_attention_params_init(&p);
+  std::vector<std::unique_ptr<RankTensors>> t;  // the inputs exist before the device fills up
+  for (int r = 0; r < N; ++r) t.push_back(std::make_unique<RankTensors>(256, 128, Dt::kBF16, 5 + r));
+  std::vector<void*> hog;  // large pieces, then ever smaller ones, until nothing fits
+  for (size_t piece = size_t{1} << 30; piece >= (size_t{1} << 16); piece /= 4) {
+    void* ptr = nullptr;
+    while (cudaMalloc(&ptr, piece) == cudaSuccess) hog.push_back(ptr);
+  }
+  (void)cudaGetLastError();
+  std::vector<stria_status_t> st(N);
+  std::vector<std::string> msg(N);
+  const auto t0 = std::chrono::steady_clock::now();
+  RunRanks(N, [&](int r) {
+    st[r] = t[r]->Forward(group.ctx[r], &p);
+    msg[r] = stria_get_last_error();
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60));
+  for (void* ptr : hog) cudaFree(ptr);
+  bool named = false;
+  for (int r = 0; r < N; ++r) {
+    EXPECT_NE(st[r], STRIA_SUCCESS) << "rank " << r;
+    EXPECT_FALSE(msg[r].empty()) << "rank " << r;
+    named |= st[r] == STRIA_ERROR_OUT_OF_MEMORY && msg[r].find("cudaMalloc") != std::string::npos;
+  }
+  EXPECT_TRUE(named) << msg[0] << " | " << msg[1];
+  RunRanks(N, [&](int r) {
+    t[r]->out.Poison();
+    EXPECT_EQ(t[r]->Forward(group.ctx[r], &p), STRIA_SUCCESS) << "rank " << r << ": " << stria_get_last_error();
+    EXPECT_EQ(t[r]->Backward(group.ctx[r], &p), STRIA_SUCCESS) << "rank " << r << ": " << stria_get_last_error();
+  });
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  Tensor out({1, 256, 4, 128}, Dt::kBF16);
+  t[0]->out.CopyTo(&out);
+  for (int64_t i = 0; i < out.numel(); ++i)
+    ASSERT_FALSE(std::isnan(out.Get(i))) << "out[" << i << "] is still the poison";
+}
+
 TEST(CudaWorkspace, NoDeviceAllocationAfterTheFirstCall) {
   STRIA_REQUIRE_GPU();
   const int N = 2;
