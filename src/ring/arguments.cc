@@ -127,7 +127,7 @@ Status AgreeOnCall(Context& ctx, RingOp op, const Status& local, const Validated
   CallSignature sig;
   InitSignature(op, *seq, &sig);
   if (!local.ok()) {
-    MarkInvalid(local, &sig);
+    MarkFailed(local, &sig);
   } else {
     sig.layout = c.layout;
     sig.causal = c.causal ? 1 : 0;

@@ -18,8 +18,8 @@ struct ValidatedCall {
 Status ValidateForward(Context& ctx, const ForwardCall& call, ValidatedCall* out);
 Status ValidateBackward(Context& ctx, const BackwardCall& call, ValidatedCall* out);
 // Exchanges the signature of this call with every rank and checks that all agree. `local` is this
-// rank's own validation result: a rank with bad arguments still takes part, so its peers fail
-// with its reason instead of waiting for it.
+// rank's own result so far (its validation, then its workspace): a rank that failed still takes
+// part, so its peers fail with its reason instead of waiting for it.
 Status AgreeOnCall(Context& ctx, RingOp op, const Status& local, const ValidatedCall& call, uint64_t* seq);
 
 }  // namespace stria

@@ -11,32 +11,34 @@ namespace stria {
 Status RingBackward(Context& ctx, const BackwardCall& call) {
   STRIA_RETURN_IF_ERROR(ctx.Usable());
   ValidatedCall c;
-  const Status local = ValidateBackward(ctx, call, &c);
-  uint64_t seq = 0;
-  STRIA_RETURN_IF_ERROR(AgreeOnCall(ctx, RingOp::kBackward, local, c, &seq));
-
+  Status local = ValidateBackward(ctx, call, &c);
   const int n = ctx.world_size(), r = ctx.rank();
   const int next = (r + 1) % n, prev = (r - 1 + n) % n;
   Backend& be = ctx.backend();
   Transport& tr = ctx.transport();
   const AttentionShape& s = c.shape;
-  const size_t kv_bytes = be.KVWireFor(s, true).bytes;
-  const size_t dkv_bytes = DKVWireFloats(s) * sizeof(float);
+  // The workspace before the agreement, every later failure through ctx.Fail (as in the forward).
+  size_t kv_bytes = 0, dkv_bytes = 0;
   void* kv[2] = {nullptr, nullptr};
   void* dkv[2] = {nullptr, nullptr};  // this rank's partials, alternating while one is in flight
   void* dkv_in = nullptr;             // the partial arriving from the previous rank
-  STRIA_RETURN_IF_ERROR(ctx.RingBuffer(0, kv_bytes, &kv[0]));
-  STRIA_RETURN_IF_ERROR(ctx.RingBuffer(2, dkv_bytes, &dkv[0]));
-  if (n > 1) {
-    STRIA_RETURN_IF_ERROR(ctx.RingBuffer(1, kv_bytes, &kv[1]));
-    STRIA_RETURN_IF_ERROR(ctx.RingBuffer(3, dkv_bytes, &dkv[1]));
-    STRIA_RETURN_IF_ERROR(ctx.RingBuffer(4, dkv_bytes, &dkv_in));
+  if (local.ok()) {
+    kv_bytes = be.KVWireFor(s, true).bytes;
+    dkv_bytes = DKVWireFloats(s) * sizeof(float);
+    local = ctx.RingBuffer(0, kv_bytes, &kv[0]);
+    if (local.ok()) local = ctx.RingBuffer(2, dkv_bytes, &dkv[0]);
+    if (local.ok() && n > 1) local = ctx.RingBuffer(1, kv_bytes, &kv[1]);
+    if (local.ok() && n > 1) local = ctx.RingBuffer(3, dkv_bytes, &dkv[1]);
+    if (local.ok() && n > 1) local = ctx.RingBuffer(4, dkv_bytes, &dkv_in);
+    if (local.ok()) local = be.BackwardBegin(s, c.q, c.out, c.lse, c.dout, c.stream);
   }
-  STRIA_RETURN_IF_ERROR(be.BackwardBegin(s, c.q, c.out, c.lse, c.dout, c.stream));
+  uint64_t seq = 0;
+  STRIA_RETURN_IF_ERROR(AgreeOnCall(ctx, RingOp::kBackward, local, c, &seq));
+
   // Packing the local block is step 0's work (a backend may do some of it in the block call).
   StepTimer pack_timer(be);
   pack_timer.ComputeBegin();
-  STRIA_RETURN_IF_ERROR(be.PackKV(s, c.k, c.v, kv[0], n > 1));
+  if (Status st = be.PackKV(s, c.k, c.v, kv[0], n > 1); !st.ok()) return ctx.Fail(st);
   pack_timer.ComputeEnd();
   const StepTime pack_time = pack_timer.Finish();
 

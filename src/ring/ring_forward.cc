@@ -9,24 +9,31 @@ namespace stria {
 Status RingForward(Context& ctx, const ForwardCall& call) {
   STRIA_RETURN_IF_ERROR(ctx.Usable());
   ValidatedCall c;
-  const Status local = ValidateForward(ctx, call, &c);
-  uint64_t seq = 0;
-  STRIA_RETURN_IF_ERROR(AgreeOnCall(ctx, RingOp::kForward, local, c, &seq));
-
+  Status local = ValidateForward(ctx, call, &c);
   const int n = ctx.world_size(), r = ctx.rank();
   const int next = (r + 1) % n, prev = (r - 1 + n) % n;
   Backend& be = ctx.backend();
   Transport& tr = ctx.transport();
   const AttentionShape& s = c.shape;
-  const size_t kv_bytes = be.KVWireFor(s, false).bytes;
+  // What the call needs (ring buffers, the backend's state) is got before the agreement: a failure
+  // there (a full device) then reaches every rank in the signature, and the group stays usable.
+  // After the agreement every failure goes through ctx.Fail, which aborts this rank's transport,
+  // so that peers waiting for it fail at once rather than at their timeout.
   void* kv[2] = {nullptr, nullptr};
-  STRIA_RETURN_IF_ERROR(ctx.RingBuffer(0, kv_bytes, &kv[0]));
-  if (n > 1) STRIA_RETURN_IF_ERROR(ctx.RingBuffer(1, kv_bytes, &kv[1]));
-  STRIA_RETURN_IF_ERROR(be.ForwardBegin(s, c.q, c.stream));
+  size_t kv_bytes = 0;
+  if (local.ok()) {
+    kv_bytes = be.KVWireFor(s, false).bytes;
+    local = ctx.RingBuffer(0, kv_bytes, &kv[0]);
+    if (local.ok() && n > 1) local = ctx.RingBuffer(1, kv_bytes, &kv[1]);
+    if (local.ok()) local = be.ForwardBegin(s, c.q, c.stream);
+  }
+  uint64_t seq = 0;
+  STRIA_RETURN_IF_ERROR(AgreeOnCall(ctx, RingOp::kForward, local, c, &seq));
+
   // Packing the local block is step 0's work (a backend may do some of it in the block call).
   StepTimer pack_timer(be);
   pack_timer.ComputeBegin();
-  STRIA_RETURN_IF_ERROR(be.PackKV(s, c.k, c.v, kv[0], n > 1));
+  if (Status st = be.PackKV(s, c.k, c.v, kv[0], n > 1); !st.ok()) return ctx.Fail(st);
   pack_timer.ComputeEnd();
   const StepTime pack_time = pack_timer.Finish();
 

@@ -8,7 +8,9 @@
 
 namespace stria {
 
-constexpr uint32_t kSignatureMagic = 0x53545249;  // "STRI"
+// "STR2": the second form (a status in place of a valid flag), so that a rank of an older stria
+// in the ring is named as such instead of being misread.
+constexpr uint32_t kSignatureMagic = 0x53545232;
 
 const char* RingOpName(RingOp op) {
   return op == RingOp::kForward ? "stria_attention_forward" : "stria_attention_backward";
@@ -19,11 +21,11 @@ void InitSignature(RingOp op, uint64_t seq, CallSignature* sig) {
   sig->magic = kSignatureMagic;
   sig->op = static_cast<uint32_t>(op);
   sig->seq = seq;
-  sig->valid = 1;
+  sig->status = STRIA_SUCCESS;
 }
 
-void MarkInvalid(const Status& why, CallSignature* sig) {
-  sig->valid = 0;
+void MarkFailed(const Status& why, CallSignature* sig) {
+  sig->status = why.code();
   std::strncpy(sig->reason, why.message().c_str(), sizeof(sig->reason) - 1);
   sig->reason[sizeof(sig->reason) - 1] = '\0';
 }
@@ -46,12 +48,16 @@ static bool Same(const CallSignature& a, const CallSignature& b) {
 Status CheckAgreement(const CallSignature* all, int world_size, int self) {
   for (int r = 0; r < world_size; ++r) {
     if (all[r].magic != kSignatureMagic)
-      return Error(STRIA_ERROR_TRANSPORT, "rank %d sent a malformed call signature", r);
+      return Error(STRIA_ERROR_TRANSPORT,
+                   "rank %d sent a malformed call signature (is it running another version of stria?)", r);
   }
   for (int r = 0; r < world_size; ++r) {
-    if (!all[r].valid && r != self)
-      return Error(STRIA_ERROR_INVALID_ARGUMENT, "rank %d rejected its arguments to %s: %s", r,
-                   RingOpName(static_cast<RingOp>(all[r].op)), all[r].reason);
+    const auto code = static_cast<stria_status_t>(all[r].status);
+    if (code == STRIA_SUCCESS || r == self) continue;
+    const char* op = RingOpName(static_cast<RingOp>(all[r].op));
+    if (code == STRIA_ERROR_INVALID_ARGUMENT || code == STRIA_ERROR_UNSUPPORTED)
+      return Error(STRIA_ERROR_INVALID_ARGUMENT, "rank %d rejected its arguments to %s: %s", r, op, all[r].reason);
+    return Error(code, "rank %d could not start %s: %s", r, op, all[r].reason);
   }
   // The reference is the signature most ranks share (lowest rank on a tie), so the message names
   // the odd one out rather than whoever disagrees with rank 0.

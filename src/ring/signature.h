@@ -14,9 +14,9 @@ enum class RingOp : uint32_t { kForward = 1, kBackward = 2 };
 
 struct CallSignature {
   uint32_t magic;
-  uint32_t op;    // RingOp
-  uint64_t seq;   // calls made on this context so far
-  int32_t valid;  // 0: this rank rejected its own arguments (reason below)
+  uint32_t op;     // RingOp
+  uint64_t seq;    // calls made on this context so far
+  int32_t status;  // STRIA_SUCCESS, or why this rank cannot take part (reason below)
   int32_t layout;
   int32_t causal;
   float scale;  // resolved (never 0)
@@ -28,12 +28,15 @@ struct CallSignature {
 static_assert(sizeof(CallSignature) == 192, "the signature is exchanged as raw bytes");
 
 const char* RingOpName(RingOp op);
-// Zeroes *sig and stamps its magic, operation and sequence number; valid = 1.
+// Zeroes *sig and stamps its magic, operation and sequence number; status STRIA_SUCCESS.
 void InitSignature(RingOp op, uint64_t seq, CallSignature* sig);
-// Fills the signature of a rank whose arguments failed validation.
-void MarkInvalid(const Status& why, CallSignature* sig);
-// Compares every rank's signature; the error names the first rank that differs from rank 0
-// (or that rejected its arguments).
+// Fills the signature of a rank that cannot take part: its arguments failed validation, or it
+// could not get what the call needs (its workspace on a full device, say).
+void MarkFailed(const Status& why, CallSignature* sig);
+// Compares every rank's signature. A rank that cannot take part comes first: the others get
+// INVALID_ARGUMENT for its rejected arguments, and its own status for any other failure (every
+// rank then sees the same kind of failure: an out-of-memory everywhere, for instance). Otherwise
+// the error names the rank that differs from the signature most ranks share.
 Status CheckAgreement(const CallSignature* all, int world_size, int self);
 
 }  // namespace stria

@@ -135,50 +135,78 @@ TEST(CudaErrors, OrdinalOutOfRange) {
 }
 
 // After the first call of a shape, calls allocate nothing on the device.
-// A device too full for the workspace (a long sequence meets a busy GPU): every rank fails with a
-// message, the one whose cudaMalloc failed with OUT_OF_MEMORY naming it; nobody hangs; and the
-// same contexts work once the memory is back.
-TEST(CudaErrors, OutOfDeviceMemoryFailsEveryRankAndTheGroupRecovers) {
+// Fills the device in ever smaller pieces until at most `leave` bytes are free; returns them.
+std::vector<void*> FillDevice(size_t leave) {
+  std::vector<void*> hog;
+  for (size_t piece = size_t{1} << 30; piece >= (size_t{1} << 16); piece /= 4) {
+    for (;;) {
+      size_t free_bytes = 0, total = 0;
+      if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess || free_bytes < leave + piece) break;
+      void* ptr = nullptr;
+      if (cudaMalloc(&ptr, piece) != cudaSuccess) break;
+      hog.push_back(ptr);
+    }
+  }
+  (void)cudaGetLastError();
+  return hog;
+}
+
+// A device too full for the workspace (a long sequence meets a busy GPU), with no room at all or
+// with room for one rank's workspace of two: every rank fails at once with OUT_OF_MEMORY, the rank
+// whose cudaMalloc failed naming it and the others naming that rank, none waiting for its
+// timeout; and the same contexts work once the memory is back. The workspace is got before the
+// ranks agree on the call, so the failure travels with the agreement.
+TEST(CudaErrors, OutOfDeviceMemoryFailsEveryRankAtOnceAndTheGroupRecovers) {
   STRIA_REQUIRE_GPU();
   const int N = 2;
-  CudaGroup group(N, 0, 30.0);
-  ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
+  const int64_t L = 1024;
   stria_attention_params_t p;
   stria_attention_params_init(&p);
   std::vector<std::unique_ptr<RankTensors>> t;  // the inputs exist before the device fills up
-  for (int r = 0; r < N; ++r) t.push_back(std::make_unique<RankTensors>(256, 128, Dt::kBF16, 5 + r));
-  std::vector<void*> hog;  // large pieces, then ever smaller ones, until nothing fits
-  for (size_t piece = size_t{1} << 30; piece >= (size_t{1} << 16); piece /= 4) {
-    void* ptr = nullptr;
-    while (cudaMalloc(&ptr, piece) == cudaSuccess) hog.push_back(ptr);
+  for (int r = 0; r < N; ++r) t.push_back(std::make_unique<RankTensors>(L, 128, Dt::kBF16, 5 + r));
+  size_t workspace = 0;  // one rank's, measured on a group of its own
+  {
+    CudaGroup probe(N);
+    ASSERT_EQ(probe.status, STRIA_SUCCESS) << stria_get_last_error();
+    size_t before = 0, after = 0, total = 0;
+    ASSERT_EQ(cudaMemGetInfo(&before, &total), cudaSuccess);
+    RunRanks(N, [&](int r) { EXPECT_EQ(t[r]->Forward(probe.ctx[r], &p), STRIA_SUCCESS) << stria_get_last_error(); });
+    ASSERT_EQ(cudaMemGetInfo(&after, &total), cudaSuccess);
+    workspace = (before - after) / N;
   }
-  (void)cudaGetLastError();
-  std::vector<stria_status_t> st(N);
-  std::vector<std::string> msg(N);
-  const auto t0 = std::chrono::steady_clock::now();
-  RunRanks(N, [&](int r) {
-    st[r] = t[r]->Forward(group.ctx[r], &p);
-    msg[r] = stria_get_last_error();
-  });
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60));
-  for (void* ptr : hog) cudaFree(ptr);
-  bool named = false;
-  for (int r = 0; r < N; ++r) {
-    EXPECT_NE(st[r], STRIA_SUCCESS) << "rank " << r;
-    EXPECT_FALSE(msg[r].empty()) << "rank " << r;
-    named |= st[r] == STRIA_ERROR_OUT_OF_MEMORY && msg[r].find("cudaMalloc") != std::string::npos;
+  ASSERT_GT(workspace, 0u);
+  const double timeout_s = 30;
+  for (size_t leave : {size_t{0}, workspace + workspace / 2}) {
+    SCOPED_TRACE("free bytes left: " + std::to_string(leave) + ", a rank's workspace " + std::to_string(workspace));
+    CudaGroup group(N, 0, timeout_s);
+    ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
+    const std::vector<void*> hog = FillDevice(leave);
+    std::vector<stria_status_t> st(N);
+    std::vector<std::string> msg(N);
+    std::vector<double> seconds(N);
+    RunRanks(N, [&](int r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      st[r] = t[r]->Forward(group.ctx[r], &p);
+      msg[r] = stria_get_last_error();
+      seconds[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    });
+    for (void* ptr : hog) cudaFree(ptr);
+    for (int r = 0; r < N; ++r) {
+      EXPECT_EQ(st[r], STRIA_ERROR_OUT_OF_MEMORY) << "rank " << r << ": " << msg[r];
+      EXPECT_TRUE(msg[r].find("cudaMalloc") != std::string::npos || msg[r].find("could not start") != std::string::npos)
+          << "rank " << r << ": " << msg[r];
+      EXPECT_LT(seconds[r], timeout_s / 3) << "rank " << r << " waited for its timeout: " << msg[r];
+    }
+    RunRanks(N, [&](int r) {
+      t[r]->out.Poison();
+      EXPECT_EQ(t[r]->Forward(group.ctx[r], &p), STRIA_SUCCESS) << "rank " << r << ": " << stria_get_last_error();
+      EXPECT_EQ(t[r]->Backward(group.ctx[r], &p), STRIA_SUCCESS) << "rank " << r << ": " << stria_get_last_error();
+    });
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    Tensor out({1, L, 4, 128}, Dt::kBF16);
+    t[0]->out.CopyTo(&out);
+    for (int64_t i = 0; i < out.numel(); ++i) ASSERT_FALSE(std::isnan(out.Get(i))) << "out[" << i << "] is the poison";
   }
-  EXPECT_TRUE(named) << msg[0] << " | " << msg[1];
-  RunRanks(N, [&](int r) {
-    t[r]->out.Poison();
-    EXPECT_EQ(t[r]->Forward(group.ctx[r], &p), STRIA_SUCCESS) << "rank " << r << ": " << stria_get_last_error();
-    EXPECT_EQ(t[r]->Backward(group.ctx[r], &p), STRIA_SUCCESS) << "rank " << r << ": " << stria_get_last_error();
-  });
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  Tensor out({1, 256, 4, 128}, Dt::kBF16);
-  t[0]->out.CopyTo(&out);
-  for (int64_t i = 0; i < out.numel(); ++i)
-    ASSERT_FALSE(std::isnan(out.Get(i))) << "out[" << i << "] is still the poison";
 }
 
 TEST(CudaWorkspace, NoDeviceAllocationAfterTheFirstCall) {
