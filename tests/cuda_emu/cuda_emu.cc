@@ -17,6 +17,10 @@
 namespace stria {
 namespace cuda {
 namespace emu {
+namespace detail {
+// Written here only; read through CurrentThreadInfo (cuda_emu.h says why).
+thread_local ThreadInfo* tls_thread = nullptr;
+}  // namespace detail
 namespace {
 
 constexpr int kWarp = 32;
@@ -611,7 +615,9 @@ void CompleteWgmma(Thread* t, const WgmmaOp& op, int me) {
 
 namespace detail {
 
-thread_local ThreadInfo* tls_thread = nullptr;
+ThreadInfo* CurrentThreadInfo() {
+  return tls_thread;
+}
 
 void Misaligned(const char* what, const void* p, int bytes) {
   char buf[64];

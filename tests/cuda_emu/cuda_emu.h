@@ -178,15 +178,17 @@ struct ThreadInfo {
   const BlockInfo* block;
   void* impl;
 };
-// The running emulated thread of this OS thread (null outside kernels). Defined once, in
-// cuda_emu.cc: kernels in a module of their own (tests/cuda_host) must see the same variable.
-extern thread_local ThreadInfo* tls_thread;
+// The running emulated thread of this OS thread (null outside kernels). One thread_local in
+// cuda_emu.cc behind a function: kernels in a module of their own (tests/cuda_host) must see the
+// same variable, and GCC's UBSan takes a read of an extern thread_local in inline code for a load
+// through a null pointer.
+ThreadInfo* CurrentThreadInfo();
 
 [[noreturn]] void NotInKernel();
 // Fails the launch: `what` got an address `p` that is not `bytes`-aligned.
 [[noreturn]] void Misaligned(const char* what, const void* p, int bytes);
 inline const ThreadInfo& Self() {
-  const ThreadInfo* t = tls_thread;
+  const ThreadInfo* t = CurrentThreadInfo();
   if (__builtin_expect(t == nullptr, 0)) NotInKernel();
   return *t;
 }
