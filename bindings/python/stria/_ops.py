@@ -60,7 +60,10 @@ def attention_forward(
     A collective: every rank of ctx's group calls it with the same shapes and parameters (the
     ranks of a local group each from its own thread). Returns ``(out, lse)``: the objects passed
     in, or new ones like q (lse: float32 ``[B, Hq, L]``). Raises a StriaError subclass with the
-    library's message on failure.
+    library's message on failure. A rank that cannot start the call (bad arguments, no memory for
+    its workspace) makes every rank raise at once, the same subclass on every rank but for bad
+    arguments (InvalidArgumentError on the others); the context stays usable. After a failure in
+    the middle of the ring the context can only be closed.
     """
     if out is None:
         out = empty_like(q, shape_of(q))

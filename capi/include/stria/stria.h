@@ -109,7 +109,11 @@ typedef struct {
 STRIA_API stria_status_t stria_attention_params_init(stria_attention_params_t* params);
 
 /* q: [B, L, Hq, D]; k, v: [B, L, Hkv, D]; out like q; lse: [B, Hq, L] float32.
- * A collective: every rank of the context's ring calls it with the same shapes and params. */
+ * A collective: every rank of the context's ring calls it with the same shapes and params.
+ * A rank that cannot start the call (bad arguments, no memory for its workspace) makes every
+ * rank fail at once: with STRIA_ERROR_INVALID_ARGUMENT for bad arguments, with that rank's own
+ * status otherwise; the contexts stay usable. After a failure in the middle of the ring, every
+ * call on the contexts involved fails: they can only be destroyed. */
 STRIA_API stria_status_t stria_attention_forward(stria_context_t ctx, const stria_attention_params_t* params,
                                                  const DLTensor* q, const DLTensor* k, const DLTensor* v, DLTensor* out,
                                                  DLTensor* lse, void* stream);

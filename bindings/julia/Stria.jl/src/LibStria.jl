@@ -267,6 +267,10 @@ end
 
 # q: [B, L, Hq, D]; k, v: [B, L, Hkv, D]; out like q; lse: [B, Hq, L] float32.
 # A collective: every rank of the context's ring calls it with the same shapes and params.
+# A rank that cannot start the call (bad arguments, no memory for its workspace) makes every
+# rank fail at once: with STRIA_ERROR_INVALID_ARGUMENT for bad arguments, with that rank's own
+# status otherwise; the contexts stay usable. After a failure in the middle of the ring, every
+# call on the contexts involved fails: they can only be destroyed.
 function stria_attention_forward(ctx, params, q, k, v, out, lse, stream)
     ccall((:stria_attention_forward, libstria), stria_status_t,
           (stria_context_t, Ptr{stria_attention_params_t}, Ptr{DLTensor}, Ptr{DLTensor},
