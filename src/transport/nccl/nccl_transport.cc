@@ -302,22 +302,11 @@ class NcclTransport final : public Transport {
         ncclAllGather(base + static_cast<size_t>(rank_) * bytes, base, bytes, ncclUint8, comms_[kKvLane], stream);
     if (r != ncclSuccess && r != ncclInProgress) return FailLocked(NcclError("ncclAllGather", r, comms_[kKvLane]));
     if (r == ncclInProgress) STRIA_RETURN_IF_ERROR(AwaitCommLocked(lock, kKvLane, deadline, what));
-    cudaEvent_t ev = nullptr;
-    STRIA_RETURN_IF_ERROR(TakeEventLocked(&ev));
-    e = cudaEventRecord(ev, stream);
-    if (e != cudaSuccess) {
-      free_events_.push_back(ev);
-      return FailLocked(CudaStatus(e, "cudaEventRecord"));
-    }
-    Status s = PollLocked(
-        lock, deadline, [&](bool* done) { return EventDone(ev, done); },
-        [&] {
-          return Error(STRIA_ERROR_TIMEOUT,
-                       "timed out after %.3g s in the all-gather of %s: a rank has not called, or is stuck", timeout_s,
-                       what);
-        });
-    free_events_.push_back(ev);
-    if (!s.ok()) return s;
+    STRIA_RETURN_IF_ERROR(AwaitStreamLocked(lock, stream, deadline, [&] {
+      return Error(STRIA_ERROR_TIMEOUT,
+                   "timed out after %.3g s in the all-gather of %s: a rank has not called, or is stuck", timeout_s,
+                   what);
+    }));
     e = cudaMemcpyAsync(out, base, total, cudaMemcpyDeviceToHost, stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
     if (e != cudaSuccess) return FailLocked(CudaStatus(e, "cudaMemcpyAsync (all-gather result)"));
@@ -426,6 +415,24 @@ class NcclTransport final : public Transport {
       if (comm != nullptr) (void)ncclCommAbort(comm);
       comm = nullptr;
     }
+  }
+
+  // Waits, polling to `deadline`, until `stream` has run everything queued on it so far. The event
+  // goes back to the pool whatever the outcome, so that Shutdown destroys it: a timed-out set-up
+  // on a caller's communicator used to leak one per attempt.
+  template <typename OnTimeout>
+  Status AwaitStreamLocked(Lock& lock, cudaStream_t stream, Clock::time_point deadline, OnTimeout&& on_timeout) {
+    cudaEvent_t ev = nullptr;
+    STRIA_RETURN_IF_ERROR(TakeEventLocked(&ev));
+    const cudaError_t e = cudaEventRecord(ev, stream);
+    Status s;
+    if (e == cudaSuccess)
+      s = PollLocked(
+          lock, deadline, [&](bool* done) { return EventDone(ev, done); }, on_timeout);
+    else
+      s = FailLocked(CudaStatus(e, "cudaEventRecord"));
+    free_events_.push_back(ev);
+    return s;
   }
 
   // Polls ready() (under mu_) until it reports done, a failure, an NCCL error, an abort or the
@@ -537,19 +544,7 @@ class NcclTransport final : public Transport {
       r = ncclSuccess;
     }
     if (r != ncclSuccess) return FailLocked(NcclError("ncclBroadcast on config->nccl_comm", r, user));
-    cudaEvent_t ev = nullptr;
-    STRIA_RETURN_IF_ERROR(TakeEventLocked(&ev));
-    e = cudaEventRecord(ev, stream);
-    if (e != cudaSuccess) {
-      free_events_.push_back(ev);
-      return FailLocked(CudaStatus(e, "cudaEventRecord"));
-    }
-    // Back to the pool whatever the outcome, so that Shutdown destroys it (a timed-out create
-    // leaked one event per attempt before).
-    const Status s = PollLocked(
-        lock, deadline, [&](bool* done) { return EventDone(ev, done); }, timeout);
-    free_events_.push_back(ev);
-    STRIA_RETURN_IF_ERROR(s);
+    STRIA_RETURN_IF_ERROR(AwaitStreamLocked(lock, stream, deadline, timeout));
     foreign_work_ = false;
     e = cudaMemcpyAsync(ids, slot, sizeof *ids, cudaMemcpyDeviceToHost, stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
