@@ -247,6 +247,12 @@ void LaunchOnStream(void* stream, Dim3 grid, Dim3 block, size_t smem_bytes, std:
 
 extern "C" {
 
+// Not in the runtime: tests built for both (tests/gpu/gpu_util.h, OnRuntimeModel) find it through a
+// weak reference, to tell the model from a GPU.
+int stria_cuda_runtime_model(void) {
+  return 1;
+}
+
 const char* cudaGetErrorName(cudaError_t e) {
   switch (e) {
     case cudaSuccess:

@@ -25,6 +25,16 @@ inline std::string NoGpuReason() {
     if (!why_.empty()) GTEST_SKIP() << "GPU test skipped: " << why_; \
   } while (0)
 
+// Defined by tests/cuda_host's model of the CUDA runtime only.
+extern "C" __attribute__((weak)) int stria_cuda_runtime_model(void);
+
+// True when the suite runs on that model, where every kernel runs on the warp emulator, thousands
+// of times slower than a GPU: a test whose shape is long only to keep a real GPU busy uses a
+// shorter one there.
+inline bool OnRuntimeModel() {
+  return stria_cuda_runtime_model != nullptr;
+}
+
 // A device copy of a host Tensor (same shape, dtype and strides) on the calling thread's current
 // device, freed at scope exit.
 struct DeviceTensor {
