@@ -11,10 +11,17 @@
 #
 #   bench/gpu_run.sh             everything
 #   QUICK=1 bench/gpu_run.sh     D = 128 at 4k and 16k only, ring at 64k tokens
+#   STAGES="build tests" bench/gpu_run.sh, then STAGES="sanitizer kernels" ..., then
+#   STAGES="ring hide" ...: the same in parts (stages: build tests sanitizer kernels ring hide),
+#   for a device tool whose calls are limited to 10 minutes; the build directory stays between
+#   calls on a warm machine, and each stage appends to the results file. The whole run takes
+#   about 15 minutes on an H100.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench}
 jobs=$(nproc)
+stages=" ${STAGES:-build tests sanitizer kernels ring hide} "
+stage() { [[ "$stages" == *" $1 "* ]]; }
 # The GPU machine's image has neither the DLPack header nor GoogleTest: scripts/device-deps.sh
 # gathers them into .device-deps (carried along). NCCL may come as PyTorch's pip wheel there.
 deps=()
@@ -24,43 +31,55 @@ fi
 if [ -z "${NCCL_ROOT:-}" ] && nccl=$(python3 -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null); then
   export NCCL_ROOT=$nccl
 fi
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRIA_WITH_CUDA=ON -DSTRIA_WITH_UCX=OFF \
-  -DSTRIA_BUILD_PYTHON=OFF "${deps[@]}" >/dev/null
-ninja -C build-gpu -j"$jobs"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv | tee "$out/gpu_results.txt"
+if stage build; then
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRIA_WITH_CUDA=ON -DSTRIA_WITH_UCX=OFF \
+    -DSTRIA_BUILD_PYTHON=OFF "${deps[@]}" >/dev/null
+  ninja -C build-gpu -j"$jobs"
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv | tee -a "$out/gpu_results.txt"
+wgmma=0
+if nvidia-smi --query-gpu=compute_cap --format=csv,noheader | grep -q '^9\.0'; then wgmma=1; fi
 
-echo "== GPU tests" | tee -a "$out/gpu_results.txt"
-(cd build-gpu && ctest -L gpu --output-on-failure -j1) 2>&1 | tee "$out/gpu_test_output.txt" | tail -5
+if stage tests; then
+  echo "== GPU tests" | tee -a "$out/gpu_results.txt"
+  (cd build-gpu && ctest -L gpu --output-on-failure -j1) 2>&1 | tee "$out/gpu_test_output.txt" | tail -5
+fi
 
-if command -v compute-sanitizer >/dev/null; then
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+if stage sanitizer && [ -x "$sanitizer" ]; then
   echo "== compute-sanitizer (memcheck, racecheck) on a small ring" | tee -a "$out/gpu_results.txt"
   filter='TensorCores/CudaRingVsReference.ForwardAndBackward/N3_striped_causal_bf16*:Shapes/*N3_striped_causal_bf16_B2L136*:Shapes/*simt*:Wgmma/*N3_striped_causal_bf16_B2L264*'
   for tool in memcheck racecheck; do
-    compute-sanitizer --tool "$tool" --error-exitcode 9 build-gpu/tests/gpu/test_cuda_ring --gtest_filter="$filter" \
+    "$sanitizer" --tool "$tool" --error-exitcode 9 build-gpu/tests/gpu/test_cuda_ring --gtest_filter="$filter" \
       2>&1 | tail -3 | tee -a "$out/gpu_results.txt"
   done
 fi
 
 if [ "${QUICK:-0}" = 1 ]; then dims=128 lens=4096,16384 seq=65536; else dims=64,128 lens=1024,2048,4096,8192,16384,32768 seq=262144; fi
-echo "== kernels: stria vs torch SDPA (flash, cuDNN), bf16" | tee -a "$out/gpu_results.txt"
-build-gpu/bench/stria-cuda-bench kernels --dims $dims --lens $lens | tee -a "$out/gpu_results.txt"
-# The Hopper wgmma kernels (opt-in until this run shows them correct): same shapes.
-if nvidia-smi --query-gpu=compute_cap --format=csv,noheader | grep -q '^9\.0'; then
-  STRIA_CUDA_KERNELS=wgmma build-gpu/bench/stria-cuda-bench kernels --dims $dims --lens $lens |
-    tee -a "$out/gpu_results.txt"
-  wgmma=1
+if stage kernels; then
+  echo "== kernels: stria vs torch SDPA (flash, cuDNN), bf16" | tee -a "$out/gpu_results.txt"
+  build-gpu/bench/stria-cuda-bench kernels --dims $dims --lens $lens | tee -a "$out/gpu_results.txt"
+  # The Hopper wgmma kernels (opt-in until this run shows them correct): same shapes.
+  if [ "$wgmma" = 1 ]; then
+    STRIA_CUDA_KERNELS=wgmma build-gpu/bench/stria-cuda-bench kernels --dims $dims --lens $lens |
+      tee -a "$out/gpu_results.txt"
+  fi
+  python3 bench/torch_sdpa_gpu.py --dims $dims --lens $lens | tee -a "$out/gpu_results.txt"
 fi
-python3 bench/torch_sdpa_gpu.py --dims $dims --lens $lens | tee -a "$out/gpu_results.txt"
-echo "== ring model, N = 8" | tee -a "$out/gpu_results.txt"
-build-gpu/bench/stria-cuda-bench ring --seq $seq --world 8 --heads 16 --dim 128 | tee -a "$out/gpu_results.txt"
-if [ "${wgmma:-0}" = 1 ]; then
-  build-gpu/bench/stria-cuda-bench ring --seq $seq --world 8 --heads 16 --dim 128 --kernels wgmma |
-    tee -a "$out/gpu_results.txt"
+if stage ring; then
+  echo "== ring model, N = 8" | tee -a "$out/gpu_results.txt"
+  build-gpu/bench/stria-cuda-bench ring --seq $seq --world 8 --heads 16 --dim 128 | tee -a "$out/gpu_results.txt"
+  if [ "$wgmma" = 1 ]; then
+    build-gpu/bench/stria-cuda-bench ring --seq $seq --world 8 --heads 16 --dim 128 --kernels wgmma |
+      tee -a "$out/gpu_results.txt"
+  fi
 fi
-echo "== transfer hiding: a ring step's kernels against its bytes on NVLink (450 GB/s) and 400 Gb/s IB" |
-  tee -a "$out/gpu_results.txt"
-build-gpu/bench/stria-cuda-bench hide --lens $lens --heads 16 --dim 128 | tee -a "$out/gpu_results.txt"
-if [ "${wgmma:-0}" = 1 ]; then
-  build-gpu/bench/stria-cuda-bench hide --lens $lens --heads 16 --dim 128 --kernels wgmma |
+if stage hide; then
+  echo "== transfer hiding: a ring step's kernels against its bytes on NVLink (450 GB/s) and 400 Gb/s IB" |
     tee -a "$out/gpu_results.txt"
+  build-gpu/bench/stria-cuda-bench hide --lens $lens --heads 16 --dim 128 | tee -a "$out/gpu_results.txt"
+  if [ "$wgmma" = 1 ]; then
+    build-gpu/bench/stria-cuda-bench hide --lens $lens --heads 16 --dim 128 --kernels wgmma |
+      tee -a "$out/gpu_results.txt"
+  fi
 fi
