@@ -4,7 +4,8 @@
 # compute-sanitizer memcheck and racecheck on a small ring (mma.sync, SIMT and wgmma), then our
 # kernels (mma.sync, and on an H100/H200 the wgmma family too) beside PyTorch's SDPA
 # (flash and cuDNN backends) on the same shapes, the modelled N = 8 ring at 256k tokens, and the
-# block length above which a ring step's transfer hides behind its kernels (NVLink, 400 Gb/s IB).
+# block length above which a ring step's transfer hides behind its kernels (NVLink, 400 Gb/s IB),
+# and the NCCL transport at world 1 against the in-process transport (its overhead; issue 5).
 # Prints the tables of docs/performance.md's GPU section to bench/gpu_results.txt.
 #
 # On the lent GPU machine: run scripts/device-deps.sh here first and carry .device-deps.
@@ -12,7 +13,8 @@
 #   bench/gpu_run.sh             everything
 #   QUICK=1 bench/gpu_run.sh     D = 128 at 4k and 16k only, ring at 64k tokens
 #   STAGES="build tests" bench/gpu_run.sh, then STAGES="sanitizer kernels" ..., then
-#   STAGES="ring hide" ...: the same in parts (stages: build tests sanitizer kernels ring hide),
+#   STAGES="ring hide nccl1" ...: the same in parts (stages: build tests sanitizer kernels ring hide
+#   nccl1),
 #   for a device tool whose calls are limited to 10 minutes; the build directory stays between
 #   calls on a warm machine, and each stage appends to the results file. The whole run takes
 #   about 15 minutes on an H100.
@@ -20,7 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench}
 jobs=$(nproc)
-stages=" ${STAGES:-build tests sanitizer kernels ring hide} "
+stages=" ${STAGES:-build tests sanitizer kernels ring hide nccl1} "
 stage() { [[ "$stages" == *" $1 "* ]]; }
 # The GPU machine's image has neither the DLPack header nor GoogleTest: scripts/device-deps.sh
 # gathers them into .device-deps (carried along). NCCL may come as PyTorch's pip wheel there.
@@ -82,4 +84,35 @@ if stage hide; then
     build-gpu/bench/stria-cuda-bench hide --lens $lens --heads 16 --dim 128 --kernels wgmma |
       tee -a "$out/gpu_results.txt"
   fi
+fi
+bench=build-gpu/bench/stria-nccl-bench
+if stage nccl1 && [ -x "$bench" ]; then
+  echo "== NCCL transport at world 1 against the in-process transport (causal, H 16, D 128, bf16)" |
+    tee -a "$out/gpu_results.txt"
+  tmp=$(mktemp -d)
+  for L in 4096 16384; do
+    for mode in ring-local ring; do
+      RANK=0 WORLD_SIZE=1 STRIA_ROOT=127.0.0.1:$((20000 + RANDOM % 30000)) "$bench" "$mode" "$L" 16 128 10 \
+        >"$tmp/$mode.$L"
+    done
+  done
+  python3 - "$tmp" 4096 16384 <<'PY' | tee -a "$out/gpu_results.txt"
+import collections, statistics, sys
+tmp, lens = sys.argv[1], sys.argv[2:]
+print("| tokens | layout | pass | in-process ms | NCCL ms | NCCL / in-process |")
+print("|---|---|---|---|---|---|")
+for L in lens:
+    ms = {}
+    for mode in ("ring-local", "ring"):
+        calls = collections.defaultdict(list)
+        for line in open(f"{tmp}/{mode}.{L}"):
+            f = line.split()
+            if f and f[0] == "CALL":
+                calls[(f[1], f[2])].append((float(f[6]) - float(f[5])) * 1e3)
+        ms[mode] = {k: statistics.median(v) for k, v in calls.items()}
+    for key, local in ms["ring-local"].items():
+        nccl = ms["ring"][key]
+        print(f"| {L} | {key[0]} | {key[1]} | {local:.3f} | {nccl:.3f} | {nccl / local:.3f} |")
+PY
+  rm -rf "$tmp"
 fi

@@ -2,6 +2,8 @@
 //   ring:     the causal ring per layout on GPUs, forward and backward, bf16; prints each call's
 //             wall time (from the last rank's entry to the last rank's exit, CLOCK_MONOTONIC,
 //             which all processes of a host share), each after a device synchronisation.
+//   ring-local: the same at world 1 through the in-process transport (a local group of one),
+//             the anchor of the NCCL transport's overhead at world 1 (bench/gpu_run.sh).
 //   transfer: K/V-block-sized messages from rank 0 to rank 1 through the NCCL transport module
 //             itself, one at a time as the ring sends them (post, wait), and the same through
 //             plain NCCL (a blocking communicator of its own, ncclSend/ncclRecv, a stream
@@ -60,16 +62,24 @@ void* DeviceFilled(size_t bytes, unsigned seed) {
   return p;
 }
 
-int Ring(int rank, int world, int device, int64_t L, int64_t H, int64_t D, int reps) {
+// `local`: a local group of one context (the in-process transport's device-to-device copies), the
+// anchor of the NCCL transport's overhead at world 1.
+int Ring(int rank, int world, int device, int64_t L, int64_t H, int64_t D, int reps, bool local) {
   stria_context_config_t cfg;
   stria_context_config_init(&cfg);
   cfg.rank = rank;
   cfg.world_size = world;
-  cfg.transport = STRIA_TRANSPORT_NCCL;
+  cfg.transport = local ? STRIA_TRANSPORT_LOCAL : STRIA_TRANSPORT_NCCL;
   cfg.device = {kDLCUDA, device};
   cfg.timeout_s = 600;
   stria_context_t ctx;
-  if (stria_context_create(&cfg, &ctx) != STRIA_SUCCESS) {
+  if (local && world != 1) {
+    std::fprintf(stderr, "ring-local runs a world of 1\n");
+    return 2;
+  }
+  const stria_status_t created =
+      local ? stria_context_create_local_group(&cfg, 1, &ctx) : stria_context_create(&cfg, &ctx);
+  if (created != STRIA_SUCCESS) {
     std::fprintf(stderr, "rank %d: %s\n", rank, stria_get_last_error());
     return 1;
   }
@@ -210,12 +220,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   cudaSetDevice(device);
-  if (mode == "ring")
+  if (mode == "ring" || mode == "ring-local")
     return Ring(rank, world, device, argc > 2 ? std::atoll(argv[2]) : 8192, argc > 3 ? std::atoll(argv[3]) : 16,
-                argc > 4 ? std::atoll(argv[4]) : 128, argc > 5 ? std::atoi(argv[5]) : 5);
+                argc > 4 ? std::atoll(argv[4]) : 128, argc > 5 ? std::atoi(argv[5]) : 5, mode == "ring-local");
   if (mode == "transfer")
     return Transfer(rank, world, device, argc > 2 ? std::strtoull(argv[2], nullptr, 10) : (64u << 20),
                     argc > 3 ? std::atoi(argv[3]) : 50);
-  std::fprintf(stderr, "mode: ring | transfer\n");
+  std::fprintf(stderr, "mode: ring | ring-local | transfer\n");
   return 2;
 }
