@@ -5,6 +5,7 @@
 // validation must not consume state, poison the context, or desynchronise the group.
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -514,6 +515,10 @@ std::vector<ConfigCase> ConfigCases() {
       {"timeout_nan", kInv, "timeout", [](stria_context_config_t* c) { c->timeout_s = NAN; }},
       {"timeout_inf", kInv, "timeout", [](stria_context_config_t* c) { c->timeout_s = INFINITY; }},
       {"num_threads_negative", kInv, "num_threads", [](stria_context_config_t* c) { c->num_threads = -1; }},
+      // Each value would start that many threads: an error, not a process out of threads.
+      {"num_threads_1025", kInv, "num_threads", [](stria_context_config_t* c) { c->num_threads = 1025; }},
+      {"num_threads_100000", kInv, "num_threads", [](stria_context_config_t* c) { c->num_threads = 100000; }},
+      {"num_threads_int_max", kInv, "num_threads", [](stria_context_config_t* c) { c->num_threads = INT_MAX; }},
       {"transport_7", kInv, "transport",
        [](stria_context_config_t* c) { c->transport = static_cast<stria_transport_t>(7); }},
       {"transport_minus_1", kInv, "transport",
@@ -597,6 +602,12 @@ TEST(Config, RanksAndWorldSizes) {
     EXPECT_EQ(stria_context_create_local_group(&cfg, n, group), STRIA_ERROR_INVALID_ARGUMENT) << n;
     EXPECT_STRNE(stria_get_last_error(), "");
   }
+  // Threads per rank that are fine alone but too many for the group as a whole.
+  cfg.num_threads = 1024;
+  stria_context_t nine[9];
+  EXPECT_EQ(stria_context_create_local_group(&cfg, 9, nine), STRIA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(stria_get_last_error()).find("9216 threads"), std::string::npos) << stria_get_last_error();
+  cfg.num_threads = 0;
   // create_local_group ignores config->rank/world_size, even nonsense ones.
   cfg.rank = 17;
   cfg.world_size = -3;

@@ -59,6 +59,12 @@ Status Lookup(stria_context_t handle, std::shared_ptr<stria::Context>* out) {
   return Status::Ok();
 }
 
+// Threads of one context's CPU backend, and of a local group's as a whole: far more than any
+// machine's cores, small enough that a mistaken value is an error rather than a process that
+// exhausts the system's threads.
+constexpr int kMaxThreads = 1024, kMaxGroupThreads = 8192;
+constexpr int kMaxLocalGroup = 1024;
+
 Status CheckConfig(const stria_context_config_t* c) {
   if (c == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "config is NULL (use stria_context_config_init)");
   // nccl_comm came last: a caller built before it passes the size that ends where it begins (its
@@ -69,8 +75,9 @@ Status CheckConfig(const stria_context_config_t* c) {
   if (!std::isfinite(c->timeout_s) || c->timeout_s < 0)
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "config->timeout_s %g must be finite and >= 0 (0: default)",
                  c->timeout_s);
-  if (c->num_threads < 0)
-    return Error(STRIA_ERROR_INVALID_ARGUMENT, "config->num_threads %d is negative (0: all)", c->num_threads);
+  if (c->num_threads < 0 || c->num_threads > kMaxThreads)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "config->num_threads %d is out of range 0..%d (0: all)", c->num_threads,
+                 kMaxThreads);
   if (!stria::ValidTransport(stria::RawEnum(c->transport)))
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "config->transport %d is not a transport (0 local, 1 ucx, 2 nccl)",
                  stria::RawEnum(c->transport));
@@ -92,8 +99,6 @@ Status CheckLayoutArg(const stria_layout_t& layout) {
 double Timeout(const stria_context_config_t* c) {
   return c->timeout_s > 0 ? c->timeout_s : stria::kDefaultTimeoutS;
 }
-
-constexpr int kMaxLocalGroup = 1024;
 
 }  // namespace
 
@@ -191,6 +196,10 @@ STRIA_API stria_status_t stria_context_create_local_group(const stria_context_co
     // "All threads" is shared out among the group's ranks, which run concurrently.
     const int threads =
         config->num_threads > 0 ? config->num_threads : std::max(1, stria::HardwareThreads() / world_size);
+    if (static_cast<int64_t>(threads) * world_size > kMaxGroupThreads)
+      return Error(STRIA_ERROR_INVALID_ARGUMENT,
+                   "config->num_threads %d for each of %d ranks is %lld threads, more than a local group's %d", threads,
+                   world_size, static_cast<long long>(threads) * world_size, kMaxGroupThreads);
     std::vector<std::unique_ptr<stria::Backend>> backends(static_cast<size_t>(world_size));
     for (auto& backend : backends) STRIA_RETURN_IF_ERROR(stria::CreateBackend(config->device, threads, &backend));
     // Device memory needs the backend's copies between ranks (host memory: memcpy).

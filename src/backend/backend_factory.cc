@@ -1,4 +1,6 @@
 // Backend selection: the CPU backend is built in; GPU backends are modules loaded on first use.
+#include <system_error>
+
 #include "backend/backend.h"
 #include "backend/module_abi.h"
 #include "core/module.h"
@@ -31,7 +33,12 @@ Status CreateBackend(DLDevice device, int num_threads, std::unique_ptr<Backend>*
       if (isa != cpu::ForcedIsa::kOk)
         return Error(isa == cpu::ForcedIsa::kUnknown ? STRIA_ERROR_INVALID_ARGUMENT : STRIA_ERROR_UNSUPPORTED, "%s",
                      why);
-      *out = CreateCpuBackend(num_threads);
+      try {
+        *out = CreateCpuBackend(num_threads);
+      } catch (const std::system_error& e) {
+        return Error(STRIA_ERROR_OUT_OF_MEMORY, "could not start %d CPU backend threads: %s (config->num_threads)",
+                     num_threads, e.what());
+      }
       return Status::Ok();
     }
     case kDLCUDA: {

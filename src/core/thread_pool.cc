@@ -17,10 +17,21 @@ int HardwareThreads() {
 
 ThreadPool::ThreadPool(int num_threads) : num_threads_(num_threads < 1 ? 1 : num_threads) {
   workers_.reserve(static_cast<size_t>(num_threads_ - 1));
-  for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+  try {
+    for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+  } catch (...) {
+    // The system refused a thread (std::system_error): the workers already started must be
+    // joined before workers_ goes, or their std::thread destructors would terminate the process.
+    StopWorkers();
+    throw;
+  }
 }
 
 ThreadPool::~ThreadPool() {
+  StopWorkers();
+}
+
+void ThreadPool::StopWorkers() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;

@@ -15,6 +15,7 @@ namespace stria {
 
 class ThreadPool {
  public:
+  // Throws std::system_error when the system cannot start the threads (none is left running).
   explicit ThreadPool(int num_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -28,6 +29,7 @@ class ThreadPool {
   double cpu_seconds() const { return static_cast<double>(cpu_ns_.load()) * 1e-9; }
 
  private:
+  void StopWorkers();
   void WorkerLoop(int index);
   void RunShare(int index);
 

@@ -83,7 +83,7 @@ class Context:
         UCX and NCCL join ranks across processes: every rank passes rank 0's `unique_id`
         (get_unique_id() on rank 0, broadcast by the caller), or none (128 zero bytes) to
         rendezvous through the environment (see from_env). timeout_s 0 is the library's
-        default (300 s); num_threads 0 uses every core.
+        default (300 s); num_threads 0 uses every core (at most 1024).
         """
         self._handle = None
         handle = capi.stria_context_create(

@@ -76,7 +76,8 @@ typedef struct {
   stria_transport_t transport;
   stria_unique_id_t unique_id; /* UCX/NCCL: rank 0's id, handed to every rank by the caller */
   double timeout_s;            /* a wait longer than this fails with STRIA_ERROR_TIMEOUT; 0 = default (300 s) */
-  int num_threads;             /* CPU backend threads; 0 = all (a local group shares them out) */
+  int num_threads;             /* CPU backend threads; 0 = all (a local group shares them out); at most
+                                  1024, and 8192 for a local group's ranks together */
   void* nccl_comm;             /* STRIA_TRANSPORT_NCCL: an ncclComm_t the caller owns (NULL: stria creates one
                                   from unique_id); stria never destroys it */
 } stria_context_config_t;

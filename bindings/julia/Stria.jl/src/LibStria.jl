@@ -196,7 +196,9 @@ struct stria_context_config_t
     unique_id::stria_unique_id_t  # UCX/NCCL: rank 0's id, handed to every rank by the caller
     # a wait longer than this fails with STRIA_ERROR_TIMEOUT; 0 = default (300 s)
     timeout_s::Cdouble
-    num_threads::Cint  # CPU backend threads; 0 = all (a local group shares them out)
+    # CPU backend threads; 0 = all (a local group shares them out); at most
+    # 1024, and 8192 for a local group's ranks together
+    num_threads::Cint
     # STRIA_TRANSPORT_NCCL: an ncclComm_t the caller owns (NULL: stria creates one
     # from unique_id); stria never destroys it
     nccl_comm::Ptr{Cvoid}
