@@ -235,6 +235,42 @@ TEST(Abort, IdleSingleRankContext) {
   EXPECT_EQ(stria_context_abort(ctx), STRIA_ERROR_INVALID_ARGUMENT);
 }
 
+// (b') An abort that lands while the call computes, with nothing to wait for (a world of 1),
+// stops the compute and fails the call: an aborted call never reports SUCCESS. The call would
+// take seconds (16k tokens on two threads); the abort comes 100 ms into it.
+void ExpectAbortStopsTheCompute(bool backward) {
+  stria_context_config_t cfg;
+  stria_context_config_init(&cfg);
+  cfg.num_threads = 2;
+  stria_context_t ctx = nullptr;
+  ASSERT_EQ(stria_context_create(&cfg, &ctx), STRIA_SUCCESS) << stria_get_last_error();
+  AttentionTensors t(1, 16384, 8, 8, 64, Dt::kF32, 5);
+  const stria_attention_params_t p = DefaultParams();
+  Outcome o;
+  std::thread caller([&] {
+    o = Timed([&] {
+      return backward ? stria_attention_backward(ctx, &p, &t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl, &t.lse.dl, &t.dout.dl,
+                                                 &t.dq.dl, &t.dk.dl, &t.dv.dl, nullptr)
+                      : stria_attention_forward(ctx, &p, &t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl, &t.lse.dl, nullptr);
+    });
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(stria_context_abort(ctx), STRIA_SUCCESS);
+  caller.join();
+  EXPECT_EQ(o.status, STRIA_ERROR_ABORTED) << o.message;
+  EXPECT_TRUE(Contains(o.message, "abort")) << o.message;
+  EXPECT_LT(o.seconds, kPromptS) << "the compute stops at the abort";
+  EXPECT_EQ(stria_context_destroy(ctx), STRIA_SUCCESS);
+}
+
+TEST(Abort, StopsTheForwardComputeOfAWorldOfOne) {
+  ExpectAbortStopsTheCompute(false);
+}
+
+TEST(Abort, StopsTheBackwardComputeOfAWorldOfOne) {
+  ExpectAbortStopsTheCompute(true);
+}
+
 // (c) Aborting one rank makes the peers waiting for it fail fast with TRANSPORT.
 void ExpectPeersSeeRankLeave(int world, int victim, bool destroy) {
   SCOPED_TRACE(::testing::Message() << "world " << world << " victim " << victim

@@ -7,6 +7,7 @@
 // backend, so a GPU backend hands device memory to its transport.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
 
@@ -103,6 +104,10 @@ class Backend {
   virtual std::shared_ptr<BufferCopier> CreateLocalCopier() { return nullptr; }
 
   // CPU seconds the compute threads spent so far, and how many there are (for step profiles).
+  // The context's abort flag: a backend may stop its work early once it is true (the ring then
+  // fails the call, so unfinished outputs are never reported as a result). The CPU backend stops
+  // handing out work items; kernels already queued on a GPU run to their end.
+  virtual void SetCancelFlag(const std::atomic<bool>* /*flag*/) {}
   virtual double cpu_seconds() const = 0;
   virtual int num_threads() const = 0;
 };

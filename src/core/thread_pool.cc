@@ -43,6 +43,7 @@ void ThreadPool::StopWorkers() {
 void ThreadPool::RunShare(int index) {
   int64_t t0 = ThreadCpuNs();
   for (;;) {
+    if (Cancelled()) break;
     int64_t item = next_.fetch_add(1, std::memory_order_relaxed);
     if (item >= job_count_) break;
     (*job_)(item, index);
@@ -71,7 +72,7 @@ void ThreadPool::ParallelFor(int64_t count, const std::function<void(int64_t, in
   if (count <= 0) return;
   if (num_threads_ == 1 || count == 1) {
     int64_t t0 = ThreadCpuNs();
-    for (int64_t i = 0; i < count; ++i) fn(i, 0);
+    for (int64_t i = 0; i < count && !Cancelled(); ++i) fn(i, 0);
     cpu_ns_.fetch_add(ThreadCpuNs() - t0, std::memory_order_relaxed);
     return;
   }

@@ -22,6 +22,9 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const { return num_threads_; }
+  // Once *flag is true, ParallelFor stops handing out items (those running finish) and returns:
+  // how an aborted call stops computing. The flag outlives the pool; null (the default): never.
+  void set_cancel_flag(const std::atomic<bool>* flag) { cancel_ = flag; }
   // Calls fn(item, thread_index) for every item in [0, count); thread_index < size().
   // fn must not throw. Returns when all items are done.
   void ParallelFor(int64_t count, const std::function<void(int64_t, int)>& fn);
@@ -30,6 +33,7 @@ class ThreadPool {
 
  private:
   void StopWorkers();
+  bool Cancelled() const { return cancel_ != nullptr && cancel_->load(std::memory_order_relaxed); }
   void WorkerLoop(int index);
   void RunShare(int index);
 
@@ -44,6 +48,7 @@ class ThreadPool {
   int64_t job_count_ = 0;
   std::atomic<int64_t> next_{0};
   std::atomic<int64_t> cpu_ns_{0};
+  const std::atomic<bool>* cancel_ = nullptr;
 };
 
 int HardwareThreads();

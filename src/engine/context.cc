@@ -9,7 +9,9 @@ Context::Context(int rank, int world_size, DLDevice device, double timeout_s, st
       device_(device),
       timeout_s_(timeout_s),
       backend_(std::move(backend)),
-      transport_(std::move(transport)) {}
+      transport_(std::move(transport)) {
+  backend_->SetCancelFlag(&aborted_);
+}
 
 Context::~Context() {
   // The transport first: it waits until no transfer touches our buffers, then they can go.
@@ -37,6 +39,12 @@ Status Context::Fail(Status why) {
   std::lock_guard<std::mutex> lock(mu_);
   if (poison_.ok()) poison_ = why;
   return why;
+}
+
+Status Context::CheckNotAborted() const {
+  if (aborted_.load())
+    return Error(STRIA_ERROR_ABORTED, "rank %d was aborted (stria_context_abort) during the call", rank_);
+  return Status::Ok();
 }
 
 void Context::Abort() {

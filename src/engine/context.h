@@ -40,6 +40,10 @@ class Context {
   // context unless the failure left the ring consistent.
   Status Fail(Status why);
   void Abort();  // any thread
+  // Between the steps of a call: ABORTED if stria_context_abort came during it. The backend may
+  // have stopped computing early then, so the call must fail (through Fail) whatever else
+  // happened.
+  Status CheckNotAborted() const;
 
   // A ring buffer of at least `bytes`, slot `index`; reused across calls.
   Status RingBuffer(int index, size_t bytes, void** out);

@@ -38,7 +38,9 @@ Status RingBackward(Context& ctx, const BackwardCall& call) {
   // Packing the local block is step 0's work (a backend may do some of it in the block call).
   StepTimer pack_timer(be);
   pack_timer.ComputeBegin();
-  if (Status st = be.PackKV(s, c.k, c.v, kv[0], n > 1); !st.ok()) return ctx.Fail(st);
+  Status packed = be.PackKV(s, c.k, c.v, kv[0], n > 1);
+  if (packed.ok()) packed = ctx.CheckNotAborted();  // an abort may cut the packing short: send none of it
+  if (!packed.ok()) return ctx.Fail(packed);
   pack_timer.ComputeEnd();
   const StepTime pack_time = pack_timer.Finish();
 
@@ -64,6 +66,7 @@ Status RingBackward(Context& ctx, const BackwardCall& call) {
     float* mine = static_cast<float*>(dkv[step % 2]);
     const BlockMask mask = ClassifyBlock(c.layout, c.causal, n, s.L, r, holder);
     st = be.BackwardBlock(kv[step % 2], mask, mine, step == 0);
+    if (st.ok()) st = ctx.CheckNotAborted();
     if (!st.ok()) return ctx.Fail(st);
     timer.ComputeEnd();
 
@@ -76,7 +79,9 @@ Status RingBackward(Context& ctx, const BackwardCall& call) {
       if (!st.ok()) return ctx.Fail(st);
     }
     if (n > 1) {
-      st = be.FenceBuffers();  // the partial we send is complete
+      // The partial we send must be complete, and not cut short by an abort.
+      st = be.FenceBuffers();
+      if (st.ok()) st = ctx.CheckNotAborted();
       if (st.ok()) st = tr.Isend(next, RingTag(seq, step + 1, MessageKind::kDKV), mine, dkv_bytes, &dkv_send);
       if (!st.ok()) return ctx.Fail(st);
     }
@@ -101,6 +106,7 @@ Status RingBackward(Context& ctx, const BackwardCall& call) {
     done = static_cast<const float*>(dkv_in);
   }
   Status st = be.BackwardEnd(c.dq, done, c.dk, c.dv);
+  if (st.ok()) st = ctx.CheckNotAborted();
   return st.ok() ? st : ctx.Fail(st);
 }
 

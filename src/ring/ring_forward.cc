@@ -33,7 +33,9 @@ Status RingForward(Context& ctx, const ForwardCall& call) {
   // Packing the local block is step 0's work (a backend may do some of it in the block call).
   StepTimer pack_timer(be);
   pack_timer.ComputeBegin();
-  if (Status st = be.PackKV(s, c.k, c.v, kv[0], n > 1); !st.ok()) return ctx.Fail(st);
+  Status packed = be.PackKV(s, c.k, c.v, kv[0], n > 1);
+  if (packed.ok()) packed = ctx.CheckNotAborted();  // an abort may cut the packing short: send none of it
+  if (!packed.ok()) return ctx.Fail(packed);
   pack_timer.ComputeEnd();
   const StepTime pack_time = pack_timer.Finish();
 
@@ -56,6 +58,7 @@ Status RingForward(Context& ctx, const ForwardCall& call) {
     const BlockMask mask = ClassifyBlock(c.layout, c.causal, n, s.L, r, holder);
     if (!mask.empty()) {
       Status st = be.ForwardBlock(kv[step % 2], mask, step == 0);
+      if (st.ok()) st = ctx.CheckNotAborted();
       if (!st.ok()) return ctx.Fail(st);
     }
     timer.ComputeEnd();
@@ -69,6 +72,7 @@ Status RingForward(Context& ctx, const ForwardCall& call) {
     if (step == 0) AddCompute(pack_time, &times[0]);
   }
   Status st = be.ForwardEnd(c.out, c.lse);
+  if (st.ok()) st = ctx.CheckNotAborted();
   return st.ok() ? st : ctx.Fail(st);
 }
 

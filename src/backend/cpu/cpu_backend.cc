@@ -84,6 +84,7 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(int num_threads) : pool_(num_threads), kern_(cpu::SelectKernels()) {}
 
   const char* name() const override { return "cpu"; }
+  void SetCancelFlag(const std::atomic<bool>* flag) override { pool_.set_cancel_flag(flag); }
   double cpu_seconds() const override { return pool_.cpu_seconds(); }
   int num_threads() const override { return pool_.size(); }
 
