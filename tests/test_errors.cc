@@ -165,6 +165,39 @@ std::vector<BadCall> BadCalls() {
     a.k.strides = nullptr;
   });
 
+  // Shapes and strides whose element count or span overflows int64 (or passes 2^50 bytes): they
+  // used to wrap into small workspaces that the backend then overran.
+  both("q_count_overflows", kInv, "too large", [](Call& a) {
+    static int64_t s[4] = {int64_t{1} << 62, kL, kHq, kD};
+    a.q.shape = s;
+    a.q.strides = nullptr;
+  });
+  both("q_B_and_L_2_40", kInv, "too large", [](Call& a) {
+    static int64_t s[4] = {int64_t{1} << 40, int64_t{1} << 40, kHq, kD};
+    a.q.shape = s;
+    a.q.strides = nullptr;
+  });
+  both("k_heads_2_61", kInv, "too large", [](Call& a) {
+    static int64_t s[4] = {kB, kL, int64_t{1} << 61, kD};
+    a.k.shape = s;
+    a.k.strides = nullptr;
+  });
+  both("q_stride_wraps", kInv, "too large", [](Call& a) {
+    static int64_t s[4] = {2, kL, kHq, kD}, st[4] = {INT64_MAX / 2, kHq * kD, kD, 1};
+    a.q.shape = s;
+    a.q.strides = st;
+  });
+  both("out_stride_int64_min", kInv, "too large", [](Call& a) {
+    static int64_t s[4] = {2, kL, kHq, kD}, st[4] = {INT64_MIN, kHq * kD, kD, 1};
+    a.out.shape = s;
+    a.out.strides = st;
+  });
+  bwd("dq_stride_huge_negative_bwd", kInv, "too large", [](Call& a) {
+    static int64_t s[4] = {2, kL, kHq, kD}, st[4] = {-(int64_t{1} << 60), kHq * kD, kD, 1};
+    a.dq.shape = s;
+    a.dq.strides = st;
+  });
+
   // Mismatched shapes (views of the same storage, smaller than it, so nothing reads past it).
   both("k_L_differs", kInv, "k has shape", [](Call& a) {
     static int64_t s[4] = {kB, kL / 2, kHkv, kD};

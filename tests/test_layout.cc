@@ -449,6 +449,12 @@ TEST(Shard, BadArguments) {
     DLTensor c = local.dl;
     c.device = DLDevice{kDLCUDA, 0};
     ExpectBoth(kInv, kS, 2, 0, 0, &full, &local, &full.dl, &c, nullptr, "local on another device than full");
+    EXPECT_NE(std::string(stria_get_last_error()).find("full's device"), std::string::npos) << stria_get_last_error();
+    DLTensor h = full.dl;
+    int64_t huge_shape[2] = {int64_t{1} << 62, 4};
+    h.shape = huge_shape;
+    ExpectBoth(kInv, kS, 2, 0, 0, &full, &local, &h, &local.dl, nullptr, "full's element count overflows");
+    EXPECT_NE(std::string(stria_get_last_error()).find("too large"), std::string::npos) << stria_get_last_error();
     DLTensor cf = full.dl, cl = local.dl;
     cf.device = cl.device = DLDevice{kDLCUDA, 0};
     // Host memory labelled cuda: no module or no GPU is UNSUPPORTED; with a GPU the module sees

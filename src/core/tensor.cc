@@ -1,5 +1,6 @@
 #include "core/tensor.h"
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
@@ -57,7 +58,42 @@ const char* DeviceName(DLDevice d, char* buf, int buflen) {
   return buf;
 }
 
-Status ViewOf(const DLTensor* t, const char* name, DLDevice device, TensorView* out) {
+namespace {
+
+// No tensor may hold or span more than this many bytes (a pebibyte: beyond any machine's
+// memory). Below it, every size and offset computed from shapes and strides later on (element
+// counts, workspaces of a few times a tensor, packing loops) fits int64 without a check.
+constexpr int64_t kMaxTensorBytes = int64_t{1} << 50;
+
+// The element count and the farthest element the strides reach, both in bytes and without
+// overflow: shapes like [2^62, 4, 2, 8] or a stride of 2^62 would otherwise wrap to small sizes
+// and let the backend read and write past the caller's buffers.
+Status CheckExtent(const TensorView& v, const char* name) {
+  for (int i = 0; i < v.ndim; ++i)
+    if (v.shape[i] == 0) return Status::Ok();  // empty: no element is ever addressed
+  int64_t count = 1, reach = 0;                // reach: the largest |offset| of an element, in elements
+  bool overflow = false;
+  for (int i = 0; i < v.ndim && !overflow; ++i) {
+    const int64_t stride = v.strides[i];
+    int64_t span = 0;
+    overflow = __builtin_mul_overflow(count, v.shape[i], &count) || stride == INT64_MIN ||
+               __builtin_mul_overflow(v.shape[i] - 1, stride < 0 ? -stride : stride, &span) ||
+               __builtin_add_overflow(reach, span, &reach);
+  }
+  const int64_t elem = v.elem_bytes();
+  int64_t count_bytes = 0, reach_bytes = 0;
+  overflow = overflow || __builtin_mul_overflow(count, elem, &count_bytes) ||
+             __builtin_mul_overflow(reach + 1, elem, &reach_bytes);
+  if (overflow || count_bytes > kMaxTensorBytes || reach_bytes > kMaxTensorBytes)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT,
+                 "%s with shape %s is too large: its elements or the memory its strides span exceed 2^50 bytes", name,
+                 ShapeString(v).c_str());
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ViewOf(const DLTensor* t, const char* name, DLDevice device, TensorView* out, const char* whose_device) {
   if (t == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s is NULL", name);
   if (t->ndim < 1 || t->ndim > kMaxDims)
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s has ndim %d (expected 1..%d)", name, t->ndim, kMaxDims);
@@ -69,8 +105,8 @@ Status ViewOf(const DLTensor* t, const char* name, DLDevice device, TensorView* 
   }
   if (t->device.device_type != device.device_type || t->device.device_id != device.device_id) {
     char a[32], b[32];
-    return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s is on %s but must be on %s (the context's device)", name,
-                 DeviceName(t->device, a, sizeof a), DeviceName(device, b, sizeof b));
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s is on %s but must be on %s (%s)", name,
+                 DeviceName(t->device, a, sizeof a), DeviceName(device, b, sizeof b), whose_device);
   }
   TensorView v;
   v.dl_dtype = t->dtype;
@@ -80,9 +116,11 @@ Status ViewOf(const DLTensor* t, const char* name, DLDevice device, TensorView* 
     if (t->shape[i] < 0) return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s has negative dimension %d", name, i);
     v.shape[i] = t->shape[i];
     v.strides[i] = t->strides ? t->strides[i] : expect;
-    expect *= t->shape[i] > 0 ? t->shape[i] : 1;
+    // May wrap for absurd shapes; CheckExtent then rejects the tensor (its count overflows too).
+    (void)__builtin_mul_overflow(expect, t->shape[i] > 0 ? t->shape[i] : 1, &expect);
   }
   int64_t elem = v.elem_bytes();
+  STRIA_RETURN_IF_ERROR(CheckExtent(v, name));
   if (t->data == nullptr && v.numel() != 0) return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s has NULL data", name);
   v.data = static_cast<char*>(t->data) + t->byte_offset;
   int64_t align = elem >= 8 ? 8 : elem;

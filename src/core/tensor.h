@@ -28,8 +28,10 @@ struct TensorView {
 };
 
 // Generic checks shared by every entry point: non-NULL, 1..kMaxDims dims, non-negative shape,
-// whole-byte element type, aligned data, a device equal to `device`.
-Status ViewOf(const DLTensor* t, const char* name, DLDevice device, TensorView* out);
+// whole-byte element type, aligned data, a device equal to `device` (`whose_device` names where
+// that device comes from, for the message).
+Status ViewOf(const DLTensor* t, const char* name, DLDevice device, TensorView* out,
+              const char* whose_device = "the context's device");
 
 // ViewOf plus: exactly `ndim` dims, a float32/float16/bfloat16 dtype (or exactly float32 if
 // `float32_only`), and a contiguous last dimension.
