@@ -251,9 +251,12 @@ STRIA_API stria_status_t stria_context_destroy(stria_context_t ctx) {
     if (!c)
       return Error(STRIA_ERROR_INVALID_ARGUMENT, "ctx %p is not a live context (destroyed already?)",
                    static_cast<void*>(ctx));
-    // A call still running on another thread (misuse, but survivable) is unblocked; it holds its
-    // own reference, and the context goes when that call returns.
-    c->Abort();
+    // A call still running on another thread (misuse, but survivable) holds its own reference:
+    // it is aborted, and the context goes when that call returns. Otherwise the context closes
+    // without an abort: its transport lets its last sends leave, and peers still finishing the
+    // call this rank has finished get everything it sent (an abort would tell them this rank
+    // left mid-call, and a UCX peer waiting for this rank's last dK/dV partial would fail).
+    if (c.use_count() > 1) c->Abort();
     return Status::Ok();
   });
 }

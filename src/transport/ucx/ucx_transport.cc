@@ -171,14 +171,14 @@ class UcxTransport final : public Transport {
 
   Status Isend(int peer, int64_t tag, const void* buf, size_t bytes, RequestId* req) override {
     std::lock_guard<std::mutex> lock(mu_);
-    Status s = CheckPost(peer);
+    Status s = CheckPost(peer, true);
     if (s.ok()) s = PostLocked(peer, true, WireTag(rank_, tag), const_cast<void*>(buf), bytes, req);
     return NoteErrorLocked(std::move(s));
   }
 
   Status Irecv(int peer, int64_t tag, void* buf, size_t bytes, RequestId* req) override {
     std::lock_guard<std::mutex> lock(mu_);
-    Status s = CheckPost(peer);
+    Status s = CheckPost(peer, false);
     if (s.ok()) s = PostLocked(peer, false, WireTag(peer, tag), buf, bytes, req);
     return NoteErrorLocked(std::move(s));
   }
@@ -198,6 +198,7 @@ class UcxTransport final : public Transport {
 
   Status WaitLocked(std::unique_lock<std::mutex>& lock, RequestId id, double timeout_s, const char* what) {
     const auto deadline = DeadlineAfter(timeout_s);
+    bool drained = false;
     for (;;) {
       auto it = reqs_.find(id);
       if (it == reqs_.end()) return Error(STRIA_ERROR_INTERNAL, "unknown transport request %lld", (long long)id);
@@ -224,9 +225,18 @@ class UcxTransport final : public Transport {
         return s;
       }
       if (aborted_.load()) return Aborted();
-      if (!gone_[static_cast<size_t>(r.peer)].empty())
+      if (!gone_[static_cast<size_t>(r.peer)].empty()) {
+        // A receive may still be matched by what the peer sent before it left (CheckPost): let
+        // UCX complete it, from this thread (every UCX call is under mu_), before giving up.
+        if (!r.is_send && !drained) {
+          drained = true;
+          while (ucp_worker_progress(worker_) != 0) {
+          }
+          continue;
+        }
         return Error(STRIA_ERROR_TRANSPORT, "rank %d %s (%s)", r.peer, gone_[static_cast<size_t>(r.peer)].c_str(),
                      what);
+      }
       if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && Clock::now() >= deadline) {
         auto again = reqs_.find(id);
         if (again != reqs_.end() && again->second->state == State::kPending)
@@ -283,11 +293,15 @@ class UcxTransport final : public Transport {
     return false;
   }
 
-  Status CheckPost(int peer) const {
+  // A receive from a peer that has left is still posted: what it sent before leaving may be here
+  // already (an eager message waits in UCX's unexpected queue until a receive matches it; UCX
+  // keeps a peer's messages in order, so it came before the bye or the closed connection) and
+  // then completes at once. If it is not, the wait fails at once (WaitLocked).
+  Status CheckPost(int peer, bool is_send) const {
     if (aborted_.load()) return Aborted();
     if (peer < 0 || peer >= world_)
       return Error(STRIA_ERROR_INTERNAL, "peer %d out of range for world_size %d", peer, world_);
-    if (!gone_[static_cast<size_t>(peer)].empty())
+    if (is_send && !gone_[static_cast<size_t>(peer)].empty())
       return Error(STRIA_ERROR_TRANSPORT, "rank %d %s", peer, gone_[static_cast<size_t>(peer)].c_str());
     return Status::Ok();
   }
