@@ -97,6 +97,9 @@ STRIA_API stria_status_t stria_context_get_world_size(stria_context_t ctx, int* 
 /* Makes a call in progress on ctx (on another thread) return STRIA_ERROR_ABORTED, and every
  * later call too: an aborted context can only be destroyed. Its peers see it leave. */
 STRIA_API stria_status_t stria_context_abort(stria_context_t ctx); /* from any thread */
+/* Frees ctx and leaves its group. After a finished call this is no abort: peers still finishing
+ * that call get everything this rank sent; a later call of theirs fails (the rank left). A call
+ * still running on ctx in another thread (a misuse) is aborted first. */
 STRIA_API stria_status_t stria_context_destroy(stria_context_t ctx);
 
 typedef struct {

@@ -249,6 +249,9 @@ function stria_context_abort(ctx)
     ccall((:stria_context_abort, libstria), stria_status_t, (stria_context_t,), ctx)
 end
 
+# Frees ctx and leaves its group. After a finished call this is no abort: peers still finishing
+# that call get everything this rank sent; a later call of theirs fails (the rank left). A call
+# still running on ctx in another thread (a misuse) is aborted first.
 function stria_context_destroy(ctx)
     ccall((:stria_context_destroy, libstria), stria_status_t, (stria_context_t,), ctx)
 end
