@@ -198,6 +198,24 @@ std::vector<BadCall> BadCalls() {
     a.dq.strides = st;
   });
 
+  // Outputs that are broadcast views (stride 0 over a dimension of size > 1): rows would collide.
+  add("out_broadcast_over_L_fwd", kInv, "must not overlap", [](stria_context_t c, RankTensors& t) {
+    static int64_t st[4] = {kL * kHq * kD, 0, kD, 1};
+    Call a(t);
+    a.out.strides = st;
+    return a.Forward(c);
+  });
+  add("lse_broadcast_over_heads_fwd", kInv, "must not overlap", [](stria_context_t c, RankTensors& t) {
+    static int64_t st[3] = {kHq * kL, 0, 1};
+    Call a(t);
+    a.lse.strides = st;
+    return a.Forward(c);
+  });
+  bwd("dk_broadcast_over_L_bwd", kInv, "must not overlap", [](Call& a) {
+    static int64_t st[4] = {kL * kHkv * kD, 0, kD, 1};
+    a.dk.strides = st;
+  });
+
   // Mismatched shapes (views of the same storage, smaller than it, so nothing reads past it).
   both("k_L_differs", kInv, "k has shape", [](Call& a) {
     static int64_t s[4] = {kB, kL / 2, kHkv, kD};

@@ -87,15 +87,32 @@ Status CheckQKV(Context& ctx, const DLTensor* q, const DLTensor* k, const DLTens
   return Status::Ok();
 }
 
-Status CheckLse(Context& ctx, const DLTensor* t, const char* name, const AttentionShape& s, TensorView* out) {
+// What the call writes may not be a broadcast view (stride 0 along a dimension of size > 1, as
+// torch's expand makes): several rows would land on one element, and the result would be
+// whichever was written last. Refused rather than silently wrong.
+enum class Role { kInput, kOutput };
+Status CheckWritable(const TensorView& v, const char* name, Role role) {
+  if (role == Role::kInput) return Status::Ok();
+  for (int i = 0; i < v.ndim; ++i)
+    if (v.shape[i] > 1 && v.strides[i] == 0)
+      return Error(STRIA_ERROR_INVALID_ARGUMENT,
+                   "%s has stride 0 in dimension %d (of size %lld): the elements of an output must not overlap", name,
+                   i, static_cast<long long>(v.shape[i]));
+  return Status::Ok();
+}
+
+Status CheckLse(Context& ctx, const DLTensor* t, const char* name, const AttentionShape& s, Role role,
+                TensorView* out) {
   STRIA_RETURN_IF_ERROR(AttentionTensor(t, name, 3, ctx.device(), true, out));
+  STRIA_RETURN_IF_ERROR(CheckWritable(*out, name, role));
   STRIA_RETURN_IF_ERROR(ctx.backend().CheckMemory(out->data, name));
   return ExpectShape(*out, name, {s.B, s.Hq, s.L}, "[B, Hq, L] float32");
 }
 
 Status CheckLike(Context& ctx, const DLTensor* t, const char* name, const TensorView& like, const char* like_name,
-                 TensorView* out) {
+                 Role role, TensorView* out) {
   STRIA_RETURN_IF_ERROR(AttentionTensor(t, name, 4, ctx.device(), false, out));
+  STRIA_RETURN_IF_ERROR(CheckWritable(*out, name, role));
   STRIA_RETURN_IF_ERROR(ctx.backend().CheckMemory(out->data, name));
   std::string what = std::string("like ") + like_name;
   STRIA_RETURN_IF_ERROR(
@@ -107,18 +124,18 @@ Status CheckLike(Context& ctx, const DLTensor* t, const char* name, const Tensor
 
 Status ValidateForward(Context& ctx, const ForwardCall& call, ValidatedCall* c) {
   STRIA_RETURN_IF_ERROR(CheckQKV(ctx, call.q, call.k, call.v, call.params, call.stream, c));
-  STRIA_RETURN_IF_ERROR(CheckLike(ctx, call.out, "out", c->q, "q", &c->out));
-  return CheckLse(ctx, call.lse, "lse", c->shape, &c->lse);
+  STRIA_RETURN_IF_ERROR(CheckLike(ctx, call.out, "out", c->q, "q", Role::kOutput, &c->out));
+  return CheckLse(ctx, call.lse, "lse", c->shape, Role::kOutput, &c->lse);
 }
 
 Status ValidateBackward(Context& ctx, const BackwardCall& call, ValidatedCall* c) {
   STRIA_RETURN_IF_ERROR(CheckQKV(ctx, call.q, call.k, call.v, call.params, call.stream, c));
-  STRIA_RETURN_IF_ERROR(CheckLike(ctx, call.out, "out", c->q, "q", &c->out));
-  STRIA_RETURN_IF_ERROR(CheckLse(ctx, call.lse, "lse", c->shape, &c->lse));
-  STRIA_RETURN_IF_ERROR(CheckLike(ctx, call.dout, "dout", c->q, "q", &c->dout));
-  STRIA_RETURN_IF_ERROR(CheckLike(ctx, call.dq, "dq", c->q, "q", &c->dq));
-  STRIA_RETURN_IF_ERROR(CheckLike(ctx, call.dk, "dk", c->k, "k", &c->dk));
-  return CheckLike(ctx, call.dv, "dv", c->k, "k", &c->dv);
+  STRIA_RETURN_IF_ERROR(CheckLike(ctx, call.out, "out", c->q, "q", Role::kInput, &c->out));
+  STRIA_RETURN_IF_ERROR(CheckLse(ctx, call.lse, "lse", c->shape, Role::kInput, &c->lse));
+  STRIA_RETURN_IF_ERROR(CheckLike(ctx, call.dout, "dout", c->q, "q", Role::kInput, &c->dout));
+  STRIA_RETURN_IF_ERROR(CheckLike(ctx, call.dq, "dq", c->q, "q", Role::kOutput, &c->dq));
+  STRIA_RETURN_IF_ERROR(CheckLike(ctx, call.dk, "dk", c->k, "k", Role::kOutput, &c->dk));
+  return CheckLike(ctx, call.dv, "dv", c->k, "k", Role::kOutput, &c->dv);
 }
 
 Status AgreeOnCall(Context& ctx, RingOp op, const Status& local, const ValidatedCall& c, uint64_t* seq) {
