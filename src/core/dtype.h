@@ -18,7 +18,7 @@ inline int DTypeSize(DType t) {
 const char* DTypeName(DType t);
 // Maps a DLPack dtype to ours; false for anything else (ints, float64, lanes != 1).
 bool DTypeFromDL(DLDataType dt, DType* out);
-// Any DLPack dtype rendered for messages, e.g. "int32", "float16x4".
+// Any DLPack dtype rendered for messages, e.g. "int32", "float16x4", "bool8", "float8_e4m3fn".
 const char* DLDataTypeName(DLDataType dt, char* buf, int buflen);
 
 inline float BF16ToF32(uint16_t h) {

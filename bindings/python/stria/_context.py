@@ -3,6 +3,7 @@ environment, or as an in-process local group whose ranks are driven by threads."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -57,6 +58,58 @@ def _config(
     config.timeout_s = float(timeout_s)
     config.num_threads = num_threads
     return config
+
+
+# The variables the library itself reads (getenv) while creating a context whose unique id is all
+# zero: Context.from_env(environ=...) must show it the mapping's values, not the process's.
+_LIBRARY_ENV_VARS = ("STRIA_ROOT", "STRIA_SECRET")
+
+
+class _LibraryEnviron:
+    """Sets the library's variables in the process environment for the duration of a context
+    creation and restores them afterwards (absent ones stay absent).
+
+    Creations that want the same values share one setting: the ranks of a job created by threads
+    of one process wait for each other inside the create, so they must not be serialised.
+    Creations that want other values wait until the current ones are restored.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._values: dict[str, str | None] | None = None  # what is set now, while _holders > 0
+        self._saved: dict[str, str | None] = {}
+        self._holders = 0
+
+    @staticmethod
+    def _put(values: Mapping[str, str | None]) -> None:
+        for name, value in values.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+    @contextlib.contextmanager
+    def __call__(self, values: dict[str, str | None]) -> Iterator[None]:
+        with self._cond:
+            while self._holders and self._values != values:
+                self._cond.wait()
+            if not self._holders:
+                self._saved = {name: os.environ.get(name) for name in values}
+                self._put(values)
+                self._values = values
+            self._holders += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._holders -= 1
+                if not self._holders:
+                    self._put(self._saved)
+                    self._values = None
+                    self._cond.notify_all()
+
+
+_library_environ = _LibraryEnviron()
 
 
 class Context:
@@ -122,6 +175,13 @@ class Context:
         OMPI_COMM_WORLD_LOCAL_RANK). The ranks meet at STRIA_ROOT=host:port (rank 0 listens
         there, the others connect), authenticated with STRIA_SECRET (hex) when set: the unique id
         is left all zero, which tells the transport to rendezvous from the environment.
+
+        `environ` (default os.environ) is where all of these are read. The library reads
+        STRIA_ROOT and STRIA_SECRET itself (getenv) while it creates the context, so with a
+        mapping they are briefly set in the process environment (os.environ) to the mapping's
+        values, or removed where the mapping has none, and restored afterwards, absence included.
+        Meanwhile other threads see those values; from_env calls that need different ones wait
+        for each other (calls with the same values, e.g. ranks created by threads, run together).
         """
         env = os.environ if environ is None else environ
         if "RANK" in env and "WORLD_SIZE" in env:
@@ -153,15 +213,22 @@ class Context:
         dev = parse_device(device)
         if dev[0] == capi.kDLCUDA and ":" not in str(device):
             dev = (capi.kDLCUDA, local_rank)
-        return cls(
-            rank,
-            world_size,
-            device=dev,
-            transport=transport,
-            unique_id=None,
-            timeout_s=timeout_s,
-            num_threads=num_threads,
-        )
+
+        def create() -> Context:
+            return cls(
+                rank,
+                world_size,
+                device=dev,
+                transport=transport,
+                unique_id=None,
+                timeout_s=timeout_s,
+                num_threads=num_threads,
+            )
+
+        if environ is None or environ is os.environ:
+            return create()
+        with _library_environ({name: env.get(name) for name in _LIBRARY_ENV_VARS}):
+            return create()
 
     # ---- properties --------------------------------------------------------------------
     @property

@@ -37,7 +37,7 @@ def attention_params(
 
 
 def _lse_shape(q: Tensor) -> tuple[int, ...]:
-    shape = shape_of(q)
+    shape = shape_of(q, "attention_forward", "q")
     # A q of another rank is the library's to reject (with its message): give it any lse.
     return (shape[0], shape[2], shape[1]) if len(shape) == 4 else (1,)
 
@@ -66,9 +66,9 @@ def attention_forward(
     the middle of the ring the context can only be closed.
     """
     if out is None:
-        out = empty_like(q, shape_of(q))
+        out = empty_like(q, shape_of(q, "attention_forward", "q"), name="q")
     if lse is None:
-        lse = empty_like(q, _lse_shape(q), dtype="float32")
+        lse = empty_like(q, _lse_shape(q), dtype="float32", name="q")
     if stream is None:
         stream = default_stream(q)
     capi.stria_attention_forward(
@@ -107,11 +107,11 @@ def attention_backward(
     with the same parameters.
     """
     if dq is None:
-        dq = empty_like(q, shape_of(q))
+        dq = empty_like(q, shape_of(q, "attention_backward", "q"), name="q")
     if dk is None:
-        dk = empty_like(k, shape_of(k))
+        dk = empty_like(k, shape_of(k, "attention_backward", "k"), name="k")
     if dv is None:
-        dv = empty_like(v, shape_of(v))
+        dv = empty_like(v, shape_of(v, "attention_backward", "v"), name="v")
     if stream is None:
         stream = default_stream(q)
     capi.stria_attention_backward(
@@ -161,8 +161,8 @@ def shard(
     """This rank's tokens of a full-sequence tensor (along seq_dim; negative counts from the end),
     copied into out (or a new tensor like full) in the order of the layout."""
     if out is None:
-        shape = _resized(shape_of(full), seq_dim, 1, world_size) or shape_of(full)
-        out = empty_like(full, shape)
+        full_shape = shape_of(full, "shard", "full")
+        out = empty_like(full, _resized(full_shape, seq_dim, 1, world_size) or full_shape, name="full")
     if stream is None:
         stream = default_stream(full)
     capi.stria_shard(Layout.of(layout), world_size, rank, seq_dim, for_dlpack(full), for_dlpack(out), stream)
@@ -185,8 +185,9 @@ def unshard(
     everywhere but this rank's positions.
     """
     if out is None:
-        shape = _resized(shape_of(local), seq_dim, world_size, 1) or shape_of(local)
-        out = empty_like(local, shape, zero=True)
+        local_shape = shape_of(local, "unshard", "local")
+        shape = _resized(local_shape, seq_dim, world_size, 1) or local_shape
+        out = empty_like(local, shape, zero=True, name="local")
     if stream is None:
         stream = default_stream(local)
     capi.stria_unshard(Layout.of(layout), world_size, rank, seq_dim, for_dlpack(local), for_dlpack(out), stream)

@@ -42,9 +42,11 @@ def default_stream(*tensors: Any) -> int | None:
     return None
 
 
-def empty_like(x: Any, shape: Sequence[int], dtype: str | None = None, zero: bool = False) -> Any:
+def empty_like(
+    x: Any, shape: Sequence[int], dtype: str | None = None, zero: bool = False, name: str | None = None
+) -> Any:
     """A new tensor of `shape` in x's framework and on x's device, with x's dtype or `dtype`
-    ("float32"). `zero` fills it with zeros."""
+    ("float32"). `zero` fills it with zeros. `name`: x's argument name, for the error."""
     shape = tuple(int(s) for s in shape)
     torch = _torch_module(x)
     if torch is not None:
@@ -65,14 +67,20 @@ def empty_like(x: Any, shape: Sequence[int], dtype: str | None = None, zero: boo
         if device is not None:
             kwargs["device"] = device
         return (xp.zeros if zero else xp.empty)(shape, **kwargs)
+    what = f"{type(x).__module__}.{type(x).__name__}"
+    like = f"argument '{name}' (a {what})" if name else f"a {what}"
     raise TypeError(
-        f"stria cannot allocate an output like a {type(x).__module__}.{type(x).__name__}: "
+        f"stria cannot allocate an output like {like}: "
         "pass the outputs explicitly (writable objects implementing __dlpack__, e.g. numpy arrays on CPU)"
     )
 
 
-def shape_of(x: Any) -> tuple:
+def shape_of(x: Any, func: str, name: str) -> tuple:
+    """x's shape; a TypeError naming the argument (`name` of `func`) if x has none."""
     shape = getattr(x, "shape", None)
     if shape is None:
-        raise TypeError(f"expected a tensor with a shape, got {type(x).__name__}")
+        raise TypeError(
+            f"{func}(): argument '{name}' must be a tensor (an object with a shape implementing __dlpack__: "
+            f"numpy, torch, cupy, jax, ...), not {type(x).__name__}"
+        )
     return tuple(int(s) for s in shape)

@@ -30,6 +30,13 @@ from ._enums import Layout, LayoutLike
 __all__ = ["RingAttentionFunction", "ring_attention", "scaled_dot_product_attention"]
 
 
+def _check_tensor(func: str, name: str, x: Any) -> None:
+    """A TypeError naming the argument for anything but a torch tensor (which these functions
+    would otherwise fail on with an AttributeError)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{func}(): argument '{name}' must be a torch.Tensor, not {type(x).__name__}")
+
+
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     """x itself when stria can take its strides (unit stride in the last dim), else a copy."""
     return x if x.stride(-1) == 1 or x.size(-1) == 1 else x.contiguous()
@@ -91,6 +98,8 @@ def ring_attention(
     """Attention of this rank's q ``[B, L, Hq, D]`` over the whole sequence's k, v
     ``[B, L, Hkv, D]`` (each rank holds its L tokens in `layout`); returns ``[B, L, Hq, D]``.
     softmax_scale None is 1/sqrt(D); causal masks on global positions."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_tensor("ring_attention", name, x)
     return RingAttentionFunction.apply(q, k, v, context, Layout.of(layout), bool(causal), softmax_scale)
 
 
@@ -114,14 +123,25 @@ def scaled_dot_product_attention(
     is_causal masks on global positions. Grouped-query attention (Hq a multiple of Hkv) is
     always accepted (enable_gqa is taken for compatibility). attn_mask and dropout are not
     supported.
+
+    scale: None is 1/sqrt(D), as in torch; otherwise it must be positive. A zero or negative
+    scale, which torch takes literally, raises ValueError rather than computing something else:
+    stria's C ABI reserves 0 for its default 1/sqrt(D) and takes only positive scales.
     """
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        _check_tensor("scaled_dot_product_attention", name, x)
+        if x.dim() != 4:
+            raise ValueError(f"{name} must be [B, H, L, D], got shape {tuple(x.shape)}")
     if attn_mask is not None:
         raise NotImplementedError("stria's attention takes no attn_mask: use is_causal (on global positions)")
     if dropout_p != 0.0:
         raise NotImplementedError("stria's attention has no dropout: pass dropout_p=0.0")
-    for name, x in (("query", query), ("key", key), ("value", value)):
-        if x.dim() != 4:
-            raise ValueError(f"{name} must be [B, H, L, D], got shape {tuple(x.shape)}")
+    if scale is not None and not float(scale) > 0:  # NaN too
+        raise ValueError(
+            f"stria's scaled_dot_product_attention takes scale=None (1/sqrt(D)) or a positive scale, not {scale!r}: "
+            "stria's C ABI reserves 0 for its default 1/sqrt(D) and supports only positive scales, so torch's "
+            "literal zero or negative scale cannot be passed through"
+        )
     del enable_gqa
     out = ring_attention(
         query.transpose(1, 2),

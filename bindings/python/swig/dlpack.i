@@ -16,7 +16,7 @@
  * Read-only inputs: numpy refuses to export a read-only array through DLPack 0.x (which cannot
  * flag read-only memory). For the const DLTensor* inputs only, such an object is borrowed through
  * the buffer protocol instead (still zero-copy); outputs must be writable and get the producer's
- * error. */
+ * error, as do inputs refused for another reason (a writable array in a foreign byte order). */
 
 %{
 /* A DLTensor that views a Py_buffer: lives in a capsule so that it is released like the others. */
@@ -34,11 +34,14 @@ static void stria_py_buffer_tensor_free(PyObject* capsule) {
   PyMem_Free(b);
 }
 
-/* The DLPack dtype of a struct-module format character (native byte order only); 0 if none. */
+/* The DLPack dtype of a struct-module format character (native byte order only): 1, or 0 if it
+ * is not a plain number type, or -1 if its byte order is not the native one. */
 static int stria_py_buffer_dtype(const char* format, Py_ssize_t itemsize, DLDataType* dtype) {
   if (!format) format = "B";
   if (*format == '@' || *format == '=' || (*format == '<' && PY_LITTLE_ENDIAN) || (*format == '>' && PY_BIG_ENDIAN))
     ++format;
+  else if (*format == '<' || *format == '>' || *format == '!')
+    return -1;
   if (format[0] == '\0' || format[1] != '\0') return 0;
   dtype->lanes = 1;
   dtype->bits = (uint8_t)(itemsize * 8);
@@ -59,9 +62,10 @@ static PyObject* stria_py_buffer_capsule(PyObject* obj, const char* func, const 
     return NULL;
   }
   const char* problem = NULL;
+  const int dtype = stria_py_buffer_dtype(b->view.format, b->view.itemsize, &b->tensor.dtype);
   if (b->view.ndim > 64) problem = "it has more than 64 dimensions";
-  else if (!stria_py_buffer_dtype(b->view.format, b->view.itemsize, &b->tensor.dtype))
-    problem = "its buffer format is not a plain number type";
+  else if (dtype < 0) problem = "its items are not in native byte order";
+  else if (dtype == 0) problem = "its buffer format is not a plain number type";
   for (int i = 0; !problem && i < b->view.ndim; ++i) {
     if (b->view.strides[i] % b->view.itemsize != 0) problem = "its strides are not a multiple of its item size";
     b->shape[i] = b->view.shape[i];
@@ -121,6 +125,29 @@ static void stria_py_prefix_error(const char* func, const char* arg) {
   Py_DECREF(replacement);
 }
 
+/* Whether obj exports a read-only buffer. Keeps the pending exception. */
+static int stria_py_buffer_is_read_only(PyObject* obj) {
+#if PY_VERSION_HEX >= 0x030C0000
+  PyObject* pending = PyErr_GetRaisedException();
+#else
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+#endif
+  Py_buffer view;
+  int read_only = 0;
+  if (PyObject_GetBuffer(obj, &view, PyBUF_RECORDS_RO) == 0) {
+    read_only = view.readonly;
+    PyBuffer_Release(&view);
+  }
+  PyErr_Clear();
+#if PY_VERSION_HEX >= 0x030C0000
+  PyErr_SetRaisedException(pending);
+#else
+  PyErr_Restore(type, value, traceback);
+#endif
+  return read_only;
+}
+
 /* Borrows the DLTensor behind obj. On success returns it and stores in *keep a new reference
  * that holds the memory alive until the caller releases it after the call; on failure returns
  * NULL with a Python exception set. `writable`: the library writes through it. */
@@ -147,8 +174,11 @@ static DLTensor* stria_py_dltensor(PyObject* obj, int writable, const char* func
     Py_XDECREF(kwargs);
     Py_DECREF(method);
     if (!capsule) {
-      if (!writable && PyErr_ExceptionMatches(PyExc_BufferError) && PyObject_CheckBuffer(obj)) {
-        PyErr_Clear(); /* a read-only array: borrow its buffer instead */
+      /* A read-only array: borrow its buffer instead. A writable one was refused for another
+       * reason (byte order, dtype), which is the producer's to tell. */
+      if (!writable && PyErr_ExceptionMatches(PyExc_BufferError) && PyObject_CheckBuffer(obj) &&
+          stria_py_buffer_is_read_only(obj)) {
+        PyErr_Clear();
         *keep = stria_py_buffer_capsule(obj, func, arg);
         return *keep ? &((stria_py_buffer_tensor*)PyCapsule_GetPointer(*keep, "stria.buffer_tensor"))->tensor : NULL;
       }

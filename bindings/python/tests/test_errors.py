@@ -5,6 +5,9 @@ for objects that cannot be tensors; nothing crashes."""
 from __future__ import annotations
 
 import builtins
+import os
+import socket
+import threading
 
 import numpy as np
 import pytest
@@ -126,6 +129,36 @@ def test_not_a_tensor(ctx):
         ctx.attention_forward(q, k, [[1.0]])
 
 
+@pytest.mark.parametrize(
+    "call, where",
+    [
+        (lambda c, x: c.attention_forward(None, x, x), r"attention_forward\(\): argument 'q'"),
+        (lambda c, x: c.attention_forward([[1.0]], x, x), r"attention_forward\(\): argument 'q'"),
+        (lambda c, x: c.attention_backward(x, x, None, x, x, x), r"attention_backward\(\): argument 'v'"),
+        (lambda c, x: stria.shard(None, 2, 0), r"shard\(\): argument 'full'"),
+        (lambda c, x: stria.unshard(None, 2, 0), r"unshard\(\): argument 'local'"),
+    ],
+    ids=["forward_q_none", "forward_q_list", "backward_v_none", "shard", "unshard"],
+)
+def test_non_tensor_arguments_are_named(ctx, call, where):
+    """Also where the package needs the argument's shape (to allocate an output like it)."""
+    with pytest.raises(TypeError, match=where + r" must be a tensor .*, not (NoneType|list)$"):
+        call(ctx, tensors()[0])
+
+
+def test_foreign_byte_order_input(ctx):
+    """A writable big-endian array gets numpy's own reason; only a read-only one is borrowed
+    through the buffer protocol, whose refusal says the same."""
+    q, k, v = tensors()
+    with pytest.raises(BufferError, match=r"argument 'q': .*native byte order") as info:
+        ctx.attention_forward(q.astype(">f4"), k, v)
+    assert "read-only" not in str(info.value)
+    frozen = q.astype(">f4")
+    frozen.flags.writeable = False
+    with pytest.raises(TypeError, match=r"argument 'q' \(read-only numpy.ndarray\).*not in native byte order"):
+        ctx.attention_forward(frozen, k, v)
+
+
 def test_read_only_output(ctx):
     q, k, v = tensors()
     out = np.empty_like(q)
@@ -239,6 +272,77 @@ def test_from_env_needs_stria_root(env):
 def test_from_env_rejects_non_integers():
     with pytest.raises(stria.InvalidArgumentError, match="integers"):
         stria.Context.from_env(environ={"RANK": "zero", "WORLD_SIZE": "2", "STRIA_ROOT": "127.0.0.1:1"})
+
+
+@pytest.fixture
+def ucx(monkeypatch):
+    """Skips where this build has no UCX transport. The process environment has no STRIA_ROOT or
+    STRIA_SECRET of its own unless a test sets them."""
+    monkeypatch.setenv("STRIA_ROOT", "127.0.0.1:1")  # a world of 1 listens nowhere
+    try:
+        stria.Context(transport="ucx", timeout_s=TIMEOUT_S).close()
+    except stria.UnsupportedError as e:
+        pytest.skip(f"no UCX transport: {e}")
+    monkeypatch.delenv("STRIA_ROOT")
+    monkeypatch.delenv("STRIA_SECRET", raising=False)
+
+
+def refusing_port():
+    """A bound socket that does not listen (connections to it are refused), and its port."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    return s, s.getsockname()[1]
+
+
+def test_from_env_gives_the_library_the_mapping_s_root(ucx):
+    env = {"RANK": "0", "WORLD_SIZE": "1", "STRIA_ROOT": "127.0.0.1:1"}
+    with stria.Context.from_env(environ=env, timeout_s=TIMEOUT_S) as c:
+        assert (c.rank, c.world_size) == (0, 1)
+    assert "STRIA_ROOT" not in os.environ  # put back as it was: absent
+
+
+def test_from_env_connects_where_the_mapping_says(ucx, monkeypatch):
+    """Rank 1 goes to the mapping's STRIA_ROOT, not the process's, and says why it failed there."""
+    held, port = refusing_port()
+    monkeypatch.setenv("STRIA_ROOT", "127.0.0.1:2")
+    env = {"RANK": "1", "WORLD_SIZE": "2", "STRIA_ROOT": f"127.0.0.1:{port}"}
+    with held, pytest.raises(stria.TimeoutError, match=rf"127\.0\.0\.1:{port} \(last error: Connection refused\)"):
+        stria.Context.from_env(environ=env, timeout_s=1.0)
+    assert os.environ["STRIA_ROOT"] == "127.0.0.1:2"
+
+
+def test_from_env_gives_the_library_the_mapping_s_secret(ucx, monkeypatch):
+    env = {"RANK": "0", "WORLD_SIZE": "1", "STRIA_ROOT": "127.0.0.1:1"}
+    monkeypatch.setenv("STRIA_SECRET", "not hex")  # hidden from the library: the mapping has none
+    stria.Context.from_env(environ=env, timeout_s=TIMEOUT_S).close()
+    assert os.environ["STRIA_SECRET"] == "not hex"
+    with pytest.raises(stria.InvalidArgumentError, match="STRIA_SECRET is not hexadecimal"):
+        stria.Context.from_env(environ=dict(env, STRIA_SECRET="zz" * 16), timeout_s=TIMEOUT_S)
+    assert os.environ["STRIA_SECRET"] == "not hex"
+
+
+def test_from_env_ranks_in_threads(ucx):
+    """Ranks of one job created from mappings by threads of one process: the creates wait for each
+    other, so their (equal) settings of the environment must not exclude each other."""
+    held, port = refusing_port()
+    held.close()  # free for rank 0 to listen on
+    results = [None, None]
+
+    def rank(r):
+        env = {"RANK": str(r), "WORLD_SIZE": "2", "STRIA_ROOT": f"127.0.0.1:{port}", "STRIA_SECRET": "ab" * 16}
+        try:
+            with stria.Context.from_env(environ=env, timeout_s=TIMEOUT_S, num_threads=1) as c:
+                results[r] = (c.rank, c.world_size)
+        except Exception as e:  # noqa: BLE001 - reported below
+            results[r] = e
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [(0, 2), (1, 2)]
+    assert "STRIA_ROOT" not in os.environ and "STRIA_SECRET" not in os.environ
 
 
 def test_no_error_left_after_success(ctx):

@@ -169,6 +169,44 @@ def test_sdpa_refuses_what_it_cannot_do():
             stria_torch.ring_attention(q, q[:, :1], q, ctx)
 
 
+def test_sdpa_scale_none_or_positive_like_torch():
+    """scale=None is torch's 1/sqrt(D); a positive scale is taken as given."""
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 8, D, generator=gen) for _ in range(3))
+    with stria.Context(timeout_s=TIMEOUT_S) as ctx:
+        for scale in (None, 0.3, 2.0):
+            out = stria_torch.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, context=ctx)
+            ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True, scale=scale)
+            assert rel_err(out.numpy(), ref.numpy()) < 1e-5, scale
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.5, math.nan])
+def test_sdpa_refuses_a_scale_it_cannot_honour(scale):
+    """torch takes a zero or negative scale literally; stria's ABI reads 0 as 1/sqrt(D) and takes
+    only positive scales, so such a scale raises instead of computing something else."""
+    q = torch.randn(1, 2, 8, D)
+    with stria.Context() as ctx, pytest.raises(ValueError, match=r"positive scale.*reserves 0 for its default"):
+        stria_torch.scaled_dot_product_attention(q, q, q, scale=scale, context=ctx)
+
+
+def test_non_tensor_arguments_are_named():
+    q = torch.randn(1, 2, 8, D)
+    with stria.Context() as ctx:
+        with pytest.raises(TypeError, match=r"attention\(\): argument 'key' must be a torch\.Tensor, not NoneType"):
+            stria_torch.scaled_dot_product_attention(q, None, q, context=ctx)
+        with pytest.raises(TypeError, match=r"ring_attention\(\): argument 'q' must be a torch\.Tensor, not list"):
+            stria_torch.ring_attention([[1.0]], q, q, ctx)
+
+
+def test_bool_dtype_is_named():
+    """torch's bool (DLPack's kDLBool, newer than the DLPack header the library is built with)."""
+    flags = torch.zeros(1, 8, 2, D, dtype=torch.bool)
+    with stria.Context() as ctx, pytest.raises(stria.UnsupportedError, match="q has dtype bool8;"):
+        ctx.attention_forward(flags, flags, flags)
+    with pytest.raises(stria.InvalidArgumentError, match="full is bool8 but local is int8"):
+        stria.shard(flags, 2, 0, out=torch.zeros(1, 4, 2, D, dtype=torch.int8))
+
+
 def test_torch_errors_carry_the_library_message():
     q = torch.randn(1, 8, 2, D)
     with stria.Context() as ctx:

@@ -120,6 +120,7 @@ Status Listen(const std::string& host, uint16_t port, Fd* out, uint16_t* bound) 
 Status Connect(const std::string& host, uint16_t port, Deadline deadline, const std::atomic<bool>* abort, Fd* out) {
   const std::string what = Format("connecting to rank 0's rendezvous at %s:%u", host.c_str(), port);
   std::string last = "no address";
+  bool have_reason = false;  // `last` says why an attempt failed
   int backoff_ms = 10;
   for (;;) {
     if (Aborted(abort)) return AbortedError(what.c_str());
@@ -129,28 +130,32 @@ Status Connect(const std::string& host, uint16_t port, Deadline deadline, const 
       for (const addrinfo* a = ai; a != nullptr; a = a->ai_next) {
         Fd fd(socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol));
         if (!fd.valid()) continue;
-        int rc = connect(fd.get(), a->ai_addr, a->ai_addrlen);
-        if (rc != 0 && errno == EINPROGRESS) {
-          if (WaitReady(fd.get(), POLLOUT, deadline, abort, what.c_str()).ok()) {
-            int err = 0;
-            socklen_t len = sizeof err;
-            getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
-            rc = err == 0 ? 0 : -1;
-            errno = err;
+        int err = connect(fd.get(), a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
+        if (err == EINPROGRESS) {
+          if (!WaitReady(fd.get(), POLLOUT, deadline, abort, what.c_str()).ok()) {
+            // Out of time (or aborted) with this connect still pending. EINPROGRESS is no reason:
+            // keep the one an earlier attempt gave (e.g. "Connection refused").
+            if (!have_reason) last = "no answer before the deadline";
+            continue;
           }
+          // The connect completed: its outcome is the socket's pending error.
+          socklen_t len = sizeof err;
+          if (getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
         }
-        if (rc == 0) {
+        if (err == 0) {
           const int one = 1;
           setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
           freeaddrinfo(ai);
           *out = std::move(fd);
           return Status::Ok();
         }
-        last = strerror(errno);
+        last = strerror(err);
+        have_reason = true;
       }
       freeaddrinfo(ai);
     } else {
       last = r.message();
+      have_reason = true;
     }
     if (SecondsLeft(deadline) <= 0)
       return Error(STRIA_ERROR_TIMEOUT, "timed out %s (last error: %s); is rank 0 running?", what.c_str(),
