@@ -1,4 +1,4 @@
-// AMX tile building blocks of the bf16 CPU kernels (the "amx" kernel build): 32 x 32 float32
+// The bf16 products of the "amx" kernel build (bf16_tiles.h has their contract): 32 x 32 float32
 // blocks accumulated from bf16 operands by TDPBF16PS, each a 16 x 16 x 32 product.
 //
 // Eight tile registers, each 16 rows x 64 bytes: 0-3 accumulate a 32 x 32 float32 block, 4-5
@@ -30,7 +30,8 @@ struct alignas(64) TileConfig {
   uint8_t rows[16];
 };
 
-inline void ConfigureTiles() {
+// Before a work item's products: the tile registers' shapes (LDTILECFG).
+inline void BeginTileProducts() {
   TileConfig cfg;
   std::memset(&cfg, 0, sizeof(cfg));
   cfg.palette_id = 1;
@@ -67,11 +68,11 @@ inline void MultiplyBlock(const void* a0, const void* a1, int64_t lda, const voi
   _tile_dpbf16ps(3, 5, 7);
 }
 
-// C[M][N] (+)= A[M][K] · B[K][N] in float32, M, N and K multiples of 32. A: bf16 rows, lda
-// elements apart. B: pre-paired along K, pair row p (rows 2p and 2p + 1, element n of each side
-// by side) at B + p * ldb. C: float32 rows, ldc apart, loaded first when `accumulate`.
-//   S = Q·Kᵀ:  A = Q rows, B = Kᵀ paired along the head dim ([Dp/2][keys][2], ldb = 2 * keys).
-//   O += P·V:  A = P rows, B = V paired along keys ([keys/2][Dp][2], ldb = 2 * Dp).
+// After them: the thread's tile state back to init, so no AMX context is saved on a switch.
+inline void EndTileProducts() {
+  _tile_release();
+}
+
 inline void TileGemm(const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float* C, int64_t ldc, int64_t M,
                      int64_t N, int64_t K, bool accumulate) {
   for (int64_t bi = 0; bi < M; bi += 32)
@@ -89,29 +90,6 @@ inline void TileGemm(const uint16_t* A, int64_t lda, const uint16_t* B, int64_t 
         MultiplyBlock(A + bi * lda + k, A + (bi + 16) * lda + k, lda * 2, b + bj * 2, b + (bj + 16) * 2, ldb * 2);
       }
       StoreBlock(C + bi * ldc + bj, ldc);
-    }
-}
-
-// A 64 x 64 float32 tile to bf16, round to nearest even (VCVTNE2PS2BF16).
-inline void RoundTile(const float* s, uint16_t* p) {
-  for (int64_t i = 0; i < kBlockQ * kBlockK; i += 32) {
-    const __m512bh two = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(s + i + 16), _mm512_loadu_ps(s + i));
-    _mm512_storeu_si512(p + i, (__m512i)two);
-  }
-}
-
-// A 64 x 64 float32 tile to bf16 paired along its rows, [32][64][2] (a B operand whose K runs
-// down the tile's rows: P or dS for the key-side products of the backward).
-inline void PairRows(const float* s, uint16_t* p) {
-  // [a0 .. a15, b0 .. b15] -> [a0, b0, a1, b1, ...]
-  alignas(64) static const uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
-                                                       8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  const __m512i idx = _mm512_load_si512(kInterleave);
-  for (int64_t r = 0; r < kBlockQ; r += 2)
-    for (int64_t n = 0; n < kBlockK; n += 16) {
-      const __m512bh two =
-          _mm512_cvtne2ps_pbh(_mm512_loadu_ps(s + (r + 1) * kBlockK + n), _mm512_loadu_ps(s + r * kBlockK + n));
-      _mm512_storeu_si512(p + ((r / 2) * kBlockK + n) * 2, _mm512_permutexvar_epi16(idx, (__m512i)two));
     }
 }
 

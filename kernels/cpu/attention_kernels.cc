@@ -224,9 +224,9 @@ void BackwardItem(const BwdItemArgs& a) {
 
 #define STRIA_STR2(x) #x
 #define STRIA_STR(x) STRIA_STR2(x)
-#if defined(STRIA_ISA_amx)
-void ForwardTileBf16(const FwdTileArgsBf16& a);   // amx_forward.cc
-void BackwardItemBf16(const BwdItemArgsBf16& a);  // amx_backward.cc
+#if defined(STRIA_ISA_amx) || defined(STRIA_ISA_avx512bf16)
+void ForwardTileBf16(const FwdTileArgsBf16& a);   // bf16_forward.cc
+void BackwardItemBf16(const BwdItemArgsBf16& a);  // bf16_backward.cc
 #define STRIA_FORWARD_BF16 ForwardTileBf16
 #define STRIA_BACKWARD_BF16 BackwardItemBf16
 #else

@@ -1,9 +1,9 @@
 // CPU attention tile kernels: the interface between the CPU backend (src/backend/cpu), which
 // packs operands and schedules work items on its thread pool, and the per-ISA kernel builds
-// (attention_kernels.cc compiled for generic x86-64, AVX2, AVX-512 and AVX-512 + AMX, the last
-// with amx_forward.cc too; picked at run time).
+// (attention_kernels.cc compiled for generic x86-64, AVX2, AVX-512, AVX-512 + AVX512-BF16 and
+// AVX-512 + AMX, the last two with the bf16 kernels bf16_*.cc too; picked at run time).
 //
-// Every operand is float32 (bf16 for the AMX forward) in a packed, zero-padded layout (see
+// Every operand is float32 (bf16 for the bf16 kernels) in a packed, zero-padded layout (see
 // PackedShape): the kernels never see strides, storage dtypes or edge cases other than the mask.
 #pragma once
 
@@ -64,7 +64,7 @@ struct BwdItemArgs {
   float* scratch;  // BwdScratchFloats(Dp) floats, this thread's
 };
 
-// One forward work item of the bf16 path on AMX tiles: FwdTileArgs with the caller's bf16 values
+// One forward work item of the bf16 path (AMX tiles or AVX512-BF16): FwdTileArgs with the caller's bf16 values
 // (Dp a multiple of kBf16TileDim) in the layouts the tile products read.
 //   Qb: [B][Hq][Lqp][Dp], not scaled.
 //   Kb: per key tile [Dp/2][kBlockK][2]: Kᵀ with dims d, d+1 of a key side by side.
@@ -84,13 +84,13 @@ struct FwdTileArgsBf16 {
   float* scratch;  // kBlockQ * kBlockK floats, then as many bf16
 };
 constexpr int64_t kBf16TileDim = 32;
-// Query tiles per AMX work item: each K/V tile is read from memory once for all of them. With
+// Query tiles per bf16 work item: each K/V tile is read from memory once for all of them. With
 // tile products this fast, a K/V stream per query tile is bound by memory (a 4k-token head's
 // bf16 K and V already fill a core's L2).
 constexpr int kBf16QueryTiles = 4;
 
-// One backward work item of the bf16 path on AMX tiles: BwdItemArgs with the caller's bf16
-// values in the layouts the tile products read (amx_backward.cc). Q and dO come twice: as rows
+// One backward work item of the bf16 path: BwdItemArgs with the caller's bf16
+// values in the layouts the tile products read (bf16_backward.cc). Q and dO come twice: as rows
 // [Lqp][Dp], and as their query tiles transposed, [Lqp/kBlockQ][Dp][kBlockQ].
 struct BwdItemArgsBf16 {
   const uint16_t* q;      // Q rows of (b, first head of the group); heads head_stride apart
@@ -118,7 +118,7 @@ struct BwdItemArgsBf16 {
 };
 
 inline int64_t BwdScratchFloats(int64_t dp) {
-  return 4 * kBlockQ * kBlockK + 2 * kBlockK * dp;  // the AMX backward's need; float32 takes less
+  return 4 * kBlockQ * kBlockK + 2 * kBlockK * dp;  // the bf16 backward's need; float32 takes less
 }
 
 struct KernelTable {
@@ -126,7 +126,7 @@ struct KernelTable {
   int vector_floats;  // Dp must be a multiple of this
   void (*forward_tile)(const FwdTileArgs&);
   void (*backward_item)(const BwdItemArgs&);
-  void (*forward_tile_bf16)(const FwdTileArgsBf16&);   // the AMX build only; NULL elsewhere
+  void (*forward_tile_bf16)(const FwdTileArgsBf16&);   // the amx and avx512bf16 builds; NULL elsewhere
   void (*backward_item_bf16)(const BwdItemArgsBf16&);  // likewise
   // Packing (pack.cc): src [kBlockK][ld] -> dst [ld][kBlockK], 32-bit elements moved as they are;
   // one row of n elements of `dtype` (a DType) times mul, to float32;
@@ -137,8 +137,9 @@ struct KernelTable {
   void (*pair_rows)(const uint16_t* a, const uint16_t* b, int64_t n, uint16_t* out);
 };
 
-// The best table this CPU runs (AMX > AVX-512 > AVX2 > generic); STRIA_CPU_ISA=generic|avx2|
-// avx512|amx in the environment forces one (for tests and benchmarks).
+// The best table this CPU runs (AMX > AVX512-BF16 > AVX-512 > AVX2 > generic);
+// STRIA_CPU_ISA=generic|avx2|avx512|avx512bf16|amx in the environment forces one (for tests and
+// benchmarks).
 const KernelTable& SelectKernels();
 // Whether STRIA_CPU_ISA can be honoured: unset, empty or runnable here (kOk), not a build's name
 // (kUnknown) or a build this CPU cannot run (kUnsupported); `why` gets the message for the last

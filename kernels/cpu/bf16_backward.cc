@@ -1,6 +1,6 @@
-// The bf16 backward on AMX tiles, part of the "amx" kernel build: one work item is a range of
-// key tiles of one kv head (as in the float32 BackwardItem), against every query tile of its
-// query heads. All five products run on the tile unit (amx_tiles.h):
+// The bf16 backward, part of the "amx" and "avx512bf16" kernel builds: one work item is a range
+// of key tiles of one kv head (as in the float32 BackwardItem), against every query tile of its
+// query heads. All five are bf16 products into float32 (bf16_tiles.h):
 //
 //   S  = Q·Kᵀ, dP = dO·Vᵀ        query rows x keys; B operands Kᵀ and Vᵀ paired along Dp
 //   dQ += dS·K                    query rows x Dp; B = K paired along keys
@@ -14,8 +14,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "cpu/amx_tiles.h"
 #include "cpu/attention_kernels.h"
+#include "cpu/bf16_tiles.h"
 #include "cpu/simd.h"
 #include "cpu/tile_mask.h"
 
@@ -37,7 +37,7 @@ void BackwardItemBf16(const BwdItemArgsBf16& a) {
   float* dkt = reinterpret_cast<float*>(ds_rows + kTile);  // dKᵀ [Dp][kBlockK]
   float* dvt = dkt + Dp * kBlockK;                         // dVᵀ [Dp][kBlockK]
   const vf sv = Splat(a.scale);
-  ConfigureTiles();
+  BeginTileProducts();
   for (int64_t kt = a.kt0; kt < a.kt_end; kt += a.kt_stride) {
     const int64_t j0 = kt * kBlockK;
     int64_t i_lo, i_hi;
@@ -91,7 +91,7 @@ void BackwardItemBf16(const BwdItemArgsBf16& a) {
         a.dv[(j0 + r) * a.dkv_row_stride + d] += dvt[d * kBlockK + r];
       }
   }
-  _tile_release();
+  EndTileProducts();
 }
 
 }  // namespace STRIA_ISA_NAME

@@ -1,15 +1,15 @@
-// The bf16 forward tile on AMX (Intel Sapphire Rapids and later), part of the "amx" kernel build.
+// The bf16 forward tile, part of the "amx" kernel build (Intel Sapphire Rapids and later) and
+// of the "avx512bf16" one (AMD Zen 4 and 5, Intel Cooper Lake).
 //
-// Both products run on the tile unit, S = Q·Kᵀ and O += P·V, each TDPBF16PS a 16 x 16 x 32
-// product into float32; the online softmax between them is the float32 one of the other
+// Both products, S = Q·Kᵀ and O += P·V, are bf16 products into float32 (bf16_tiles.h: TDPBF16PS
+// on AMX tiles, or VDPBF16PS); the online softmax between them is the float32 one of the other
 // forward kernels (online_softmax.h), and P is rounded to bf16 for its product with V, as GPU
 // flash kernels do. Q and K stay exactly the caller's bf16 values: the scale is applied to the
-// float32 scores inside the softmax, not to Q before rounding. The tile products are in
-// amx_tiles.h.
+// float32 scores inside the softmax, not to Q before rounding.
 #include <cstdint>
 
-#include "cpu/amx_tiles.h"
 #include "cpu/attention_kernels.h"
+#include "cpu/bf16_tiles.h"
 #include "cpu/online_softmax.h"
 #include "cpu/simd.h"
 #include "cpu/tile_mask.h"
@@ -45,7 +45,7 @@ void ForwardTileBf16(const FwdTileArgsBf16& a) {
   uint16_t* p = reinterpret_cast<uint16_t*>(s + kBlockQ * kBlockK);
   const int64_t cols[1] = {kBlockK};  // every row: the whole tile, masked pairs set to -inf
   vf lsum[kBf16QueryTiles][kBlockQ] = {};
-  ConfigureTiles();
+  BeginTileProducts();
   for (int64_t kt = item_lo / kBlockK; kt * kBlockK < item_hi; ++kt) {
     const int64_t j0 = kt * kBlockK;
     for (int g = 0; g < kBf16QueryTiles; ++g) {
@@ -59,7 +59,7 @@ void ForwardTileBf16(const FwdTileArgsBf16& a) {
       TileGemm(p, kBlockK, a.v + kt * Dp * kBlockK, 2 * Dp, acc, Dp, kBlockQ, Dp, kBlockK, true);
     }
   }
-  _tile_release();  // the thread's tile state back to init: no AMX context to save on a switch
+  EndTileProducts();
   for (int g = 0; g < a.q_tiles; ++g)
     for (int64_t r = 0; r < kBlockQ; ++r) a.l[a.q0 + g * kBlockQ + r] += HSum(lsum[g][r]);
 }

@@ -11,7 +11,7 @@
 
 #include "cpu/attention_kernels.h"
 
-#if defined(STRIA_ISA_avx512) || defined(STRIA_ISA_amx)
+#if defined(STRIA_ISA_avx512) || defined(STRIA_ISA_avx512bf16) || defined(STRIA_ISA_amx)
 #define STRIA_SIMD_AVX512 1
 #include <immintrin.h>
 #endif

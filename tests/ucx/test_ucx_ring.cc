@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "launcher.h"
@@ -80,11 +81,21 @@ INSTANTIATE_TEST_SUITE_P(Layouts, UcxRing, ::testing::ValuesIn(RingCases()), Cas
 // 16 floats, AMX or not), at a head dim that none of them pads alike on its own. The float32 K/V
 // blocks travel as packed operands, so their layout must not depend on the machine that packs
 // them; 16-bit blocks travel as rows, whichever kernels read them.
+// Whether /proc/cpuinfo lists `flag` (GCC's __builtin_cpu_supports does not know every flag).
+bool CpuInfoHas(const std::string& flag) {
+  std::ifstream in("/proc/cpuinfo");
+  std::string word;
+  while (in >> word)
+    if (word == flag) return true;
+  return false;
+}
+
 TEST(UcxMixedCpus, RingMatchesReference) {
   std::vector<std::string> isas{"generic"};
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) isas.push_back("avx2");
   if (__builtin_cpu_supports("avx512f")) isas.push_back("avx512");
-  isas.push_back("");  // this machine's best
+  if (CpuInfoHas("avx512_bf16")) isas.push_back("avx512bf16");  // the bf16 kernels without AMX
+  isas.push_back("");                                           // this machine's best
   const std::string dir = TempDir("stria-ucx");
   Launch launch(dir);
   const int port = FreePort();

@@ -33,7 +33,7 @@ int64_t RoundUp(int64_t x, int64_t m) {
 // whichever CPU packed them and whichever reads them.
 constexpr int64_t kF32DimPad = 16;
 // Elements of one packed K/V operand ([B][Hkv][Lkp][Dp], or the same size as tiles), the head dim
-// padded to dim_pad: kF32DimPad for the float32 kernels, cpu::kBf16TileDim for the AMX ones.
+// padded to dim_pad: kF32DimPad for the float32 kernels, cpu::kBf16TileDim for the bf16 ones.
 int64_t PackedKVElems(const AttentionShape& s, int64_t dim_pad) {
   return s.B * s.Hkv * RoundUp(std::max<int64_t>(s.L, 1), kBlockK) * RoundUp(s.D, dim_pad);
 }
@@ -54,7 +54,7 @@ struct F32Block {
   float* rows = nullptr;
   float* vt = nullptr;
 };
-// Where the AMX kernels read one K/V block: Kᵀ paired along the head dim ([Dp/2][kBlockK][2] per
+// Where the bf16 kernels read one K/V block: Kᵀ paired along the head dim ([Dp/2][kBlockK][2] per
 // key tile); V (forward) or K (backward) paired along keys ([kBlockK/2][Dp][2]); for the
 // backward Vᵀ paired along the head dim.
 struct Bf16Block {
@@ -109,9 +109,9 @@ class CpuBackend final : public Backend {
   // Blocks travel as the kernels' operands, packed once by the sender and read in place by every
   // receiver, so a ring step is only its kernels: float32 as the float32 kernels' (kCpuF32Tiles:
   // Kᵀ tiles and V rows for the forward; Kᵀ tiles, K rows and Vᵀ tiles for the backward), bf16
-  // as the AMX kernels' (kCpuBf16Tiles: the three Bf16Block operands). The price is padding, and
+  // as the bf16 kernels' (kCpuBf16Tiles: the three Bf16Block operands). The price is padding, and
   // for the backward a message of 1.5 blocks. Both layouts depend only on the call, so ranks on
-  // different CPUs agree; a rank without AMX converts a bf16 block to float32 operands at each
+  // different CPUs agree; a rank without bf16 kernels converts a bf16 block to float32 operands at each
   // step (it converted rows before). float16 blocks travel as rows.
   KVWire KVWireFor(const AttentionShape& s, bool backward) const override {
     const int64_t operands = backward ? 3 : 2;
@@ -155,8 +155,8 @@ class CpuBackend final : public Backend {
   }
 
   Status ForwardBegin(const AttentionShape& s, const TensorView& q, void* /*stream: NULL, checked*/) override {
-    // bf16 inputs go to the AMX tile forward where this CPU has one; everything else computes
-    // in float32.
+    // bf16 inputs go to the bf16 tile forward where this CPU has one (AMX or AVX512-BF16);
+    // everything else computes in float32.
     bf16_tiles_ = s.dtype == DType::kBF16 && kern_.forward_tile_bf16 != nullptr;
     backward_ = false;
     local_pending_ = false;
@@ -189,7 +189,7 @@ class CpuBackend final : public Backend {
     const int64_t nqt = ps_.Lqp / kBlockQ;
     const int64_t heads = s_.B * s_.Hq;
     const int64_t group = s_.Hq / s_.Hkv;
-    // What the float32 and the AMX work items share: the running state of head bh, the tile.
+    // What the float32 and the bf16 work items share: the running state of head bh, the tile.
     auto set_common = [&](auto* a, int64_t bh, int tid) {
       a->acc = acc_.f32() + bh * ps_.Lqp * ps_.Dp;
       a->m = m_.f32() + bh * ps_.Lqp;
@@ -323,7 +323,7 @@ class CpuBackend final : public Backend {
       const int64_t bk = item / chunks_;
       const int64_t b = bk / s_.Hkv, hk = bk % s_.Hkv;
       const int64_t bh0 = b * s_.Hq + hk * group;
-      // What the float32 and the AMX work items share: rows, dQ partial, dK/dV rows, key tiles.
+      // What the float32 and the bf16 work items share: rows, dQ partial, dK/dV rows, key tiles.
       auto SetCommon = [&](auto* a) {
         a->lse2 = lse2_.f32() + bh0 * ps_.Lqp;
         a->delta = delta_.f32() + bh0 * ps_.Lqp;
@@ -415,7 +415,7 @@ class CpuBackend final : public Backend {
     ps_.Hq = s.Hq;
     ps_.Hkv = s.Hkv;
     ps_.D = s.D;
-    static_assert(cpu::kBf16TileDim % kF32DimPad == 0, "PackedKVFloats bounds the AMX operands too");
+    static_assert(cpu::kBf16TileDim % kF32DimPad == 0, "PackedKVFloats bounds the bf16 operands too");
     ps_.Dp = RoundUp(s.D, bf16_tiles_ ? cpu::kBf16TileDim : kF32DimPad);
     ps_.Lqp = RoundUp(std::max<int64_t>(s.L, 1), kBlockQ);
     ps_.Lkp = RoundUp(std::max<int64_t>(s.L, 1), kBlockK);
@@ -521,7 +521,7 @@ class CpuBackend final : public Backend {
         return BlockOperands{WireF32(kv_wire), Bf16Block{}};
       case KVWireFormat::kCpuBf16Tiles:
         if (bf16_tiles_) return BlockOperands{F32Block{}, WireBf16(kv_wire)};
-        Bf16TilesToF32(WireBf16(kv_wire), own.f);  // no AMX here
+        Bf16TilesToF32(WireBf16(kv_wire), own.f);  // no bf16 kernels here
         return own;
       case KVWireFormat::kRows:
         break;
@@ -573,14 +573,14 @@ class CpuBackend final : public Backend {
     });
   }
 
-  // The AMX kernels' layouts (dst), straight from the bf16 rows, per key tile: Kᵀ paired along Dp
+  // The bf16 kernels' layouts (dst), straight from the bf16 rows, per key tile: Kᵀ paired along Dp
   // ([Dp/2][kBlockK][2]); V (forward) or K (backward) paired along keys ([kBlockK/2][Dp][2]); for
   // the backward also Vᵀ paired along Dp. Padding (dims past D, keys past L) is zero. Pairing
   // along Dp is the transpose of the tile's rows read as pairs of bf16 (uint32), so it takes the
   // float transpose; pairing along keys interleaves the rows of each key pair. Every build runs
-  // it: a rank without AMX packs the same bf16 wire.
+  // it: a rank without bf16 kernels packs the same bf16 wire.
   void UnpackBlockBf16(const KVRows& row_of, const Bf16Block& dst) {
-    const int64_t Dp = RoundUp(s_.D, cpu::kBf16TileDim), D = s_.D;  // ps_.Dp where AMX runs
+    const int64_t Dp = RoundUp(s_.D, cpu::kBf16TileDim), D = s_.D;  // ps_.Dp where the bf16 kernels run
     const int64_t nkt = ps_.Lkp / kBlockK;
     pool_.ParallelFor(s_.B * s_.Hkv * nkt, [&](int64_t item, int tid) {
       const int64_t t = item % nkt, bk = item / nkt;
@@ -614,7 +614,7 @@ class CpuBackend final : public Backend {
     });
   }
 
-  // A kCpuBf16Tiles block -> the float32 kernels' operands, on a CPU without AMX: each paired
+  // A kCpuBf16Tiles block -> the float32 kernels' operands, on a CPU without bf16 kernels: each paired
   // layout read back element by element (Kᵀ and Vᵀ paired along the head dim are already
   // transposed; rows paired along keys are rows).
   void Bf16TilesToF32(const Bf16Block& src, const F32Block& dst) {
@@ -652,14 +652,14 @@ class CpuBackend final : public Backend {
   cpu::PackedShape ps_{};
   int64_t chunks_ = 1;
   int64_t scratch_floats_ = 0;
-  bool backward_ = false;                           // the direction of the call in progress
-  bool local_pending_ = false;                      // the local block is local_k_/local_v_, not unpacked yet
-  TensorView local_k_, local_v_;                    // the caller's K and V, valid for the call in progress
-  bool bf16_tiles_ = false;                         // this call runs the AMX bf16 kernels (bf16 inputs, AMX here)
+  bool backward_ = false;         // the direction of the call in progress
+  bool local_pending_ = false;    // the local block is local_k_/local_v_, not unpacked yet
+  TensorView local_k_, local_v_;  // the caller's K and V, valid for the call in progress
+  bool bf16_tiles_ = false;       // this call runs the bf16 kernels (bf16 inputs, AMX or AVX512-BF16 here)
   KVWireFormat wire_format_ = KVWireFormat::kRows;  // this call's
   AlignedBuffer q32_, acc_, m_, l_, kt_, v32_, k32_, vt_, dout32_, lse2_, delta_, dq32_, scratch_;
-  AlignedBuffer qb_, kb_, vb_;            // the AMX kernels' bf16 operands (vb_: K in the backward)
-  AlignedBuffer qtb_, dob_, dotb_, vtb_;  // and the AMX backward's others
+  AlignedBuffer qb_, kb_, vb_;            // the bf16 kernels' operands (vb_: K in the backward)
+  AlignedBuffer qtb_, dob_, dotb_, vtb_;  // and the bf16 backward's others
 };
 
 }  // namespace

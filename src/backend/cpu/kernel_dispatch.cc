@@ -21,18 +21,23 @@ extern const KernelTable kTable;
 namespace avx512 {
 extern const KernelTable kTable;
 }
+namespace avx512bf16 {
+extern const KernelTable kTable;
+}
 namespace amx {
 extern const KernelTable kTable;
 }
 
 // CPUID leaf 7: AMX-BF16 (EDX bit 22) and AMX-TILE (EDX bit 24) in subleaf 0, AVX512-BF16 (EAX
 // bit 5) in subleaf 1. Read directly: not every compiler's __builtin_cpu_supports knows them.
+static bool CpuHasAvx512Bf16() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 5 & 1);
+}
 static bool CpuHasAmxBf16() {
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  const bool amx = (d >> 22 & 1) && (d >> 24 & 1);
-  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
-  return amx && (a >> 5 & 1);
+  return (d >> 22 & 1) && (d >> 24 & 1) && CpuHasAvx512Bf16();
 }
 
 // Linux hands out AMX tile state only to a process that asks for it (arch_prctl
@@ -56,6 +61,7 @@ static bool Supports(const char* isa) {
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                       __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   if (std::strcmp(isa, "avx512") == 0) return avx512;
+  if (std::strcmp(isa, "avx512bf16") == 0) return avx512 && CpuHasAvx512Bf16();
   if (std::strcmp(isa, "amx") == 0) return avx512 && CpuHasAmxBf16() && AmxPermitted();
   return false;
 }
@@ -63,6 +69,7 @@ static bool Supports(const char* isa) {
 const KernelTable* KernelsFor(const char* isa) {
   if (isa == nullptr || !Supports(isa)) return nullptr;
   if (std::strcmp(isa, "amx") == 0) return &amx::kTable;
+  if (std::strcmp(isa, "avx512bf16") == 0) return &avx512bf16::kTable;
   if (std::strcmp(isa, "avx512") == 0) return &avx512::kTable;
   if (std::strcmp(isa, "avx2") == 0) return &avx2::kTable;
   return &generic::kTable;
@@ -71,14 +78,15 @@ const KernelTable* KernelsFor(const char* isa) {
 ForcedIsa CheckForcedIsa(char* why, int size) {
   const char* forced = std::getenv("STRIA_CPU_ISA");
   if (forced == nullptr || *forced == '\0') return ForcedIsa::kOk;
-  for (const char* isa : {"generic", "avx2", "avx512", "amx"}) {
+  for (const char* isa : {"generic", "avx2", "avx512", "avx512bf16", "amx"}) {
     if (std::strcmp(forced, isa) != 0) continue;
     if (KernelsFor(isa) != nullptr) return ForcedIsa::kOk;
     std::snprintf(why, static_cast<size_t>(size), "STRIA_CPU_ISA=%s: this CPU cannot run the %s kernels", isa, isa);
     return ForcedIsa::kUnsupported;
   }
   std::snprintf(why, static_cast<size_t>(size),
-                "STRIA_CPU_ISA=\"%.32s\" is not a kernel build: use generic, avx2, avx512 or amx, or leave it unset",
+                "STRIA_CPU_ISA=\"%.32s\" is not a kernel build: use generic, avx2, avx512, avx512bf16 or amx, or "
+                "leave it unset",
                 forced);
   return ForcedIsa::kUnknown;
 }
@@ -89,7 +97,7 @@ const KernelTable& SelectKernels() {
     if (forced && *forced) {
       if (const KernelTable* t = KernelsFor(forced)) return t;
     }
-    for (const char* isa : {"amx", "avx512", "avx2"}) {
+    for (const char* isa : {"amx", "avx512bf16", "avx512", "avx2"}) {
       if (const KernelTable* t = KernelsFor(isa)) return t;
     }
     return &generic::kTable;
