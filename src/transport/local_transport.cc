@@ -81,9 +81,11 @@ class LocalGroup {
         return Error(STRIA_ERROR_TRANSPORT, "rank %d left the group (aborted or destroyed) before joining %s", left,
                      what);
       if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && Clock::now() >= deadline) {
+        // The last rank may have joined just as the deadline passed: a complete gather is no timeout.
         std::string who;
         for (int q = 0; q < n_; ++q)
           if (posted_round_[static_cast<size_t>(q)] < round) who += (who.empty() ? "" : ", ") + std::to_string(q);
+        if (who.empty()) break;
         return Error(STRIA_ERROR_TIMEOUT, "timed out after %.3g s waiting for rank(s) %s to join %s", timeout_s,
                      who.c_str(), what);
       }
