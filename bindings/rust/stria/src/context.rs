@@ -8,6 +8,7 @@ use std::time::Duration;
 use stria_sys as sys;
 
 use crate::error::{check, invalid, Error, Result, Status};
+use crate::launch::Launch;
 use crate::tensor::Device;
 
 /// How ranks exchange K/V blocks.
@@ -92,6 +93,25 @@ impl Config {
     /// The defaults.
     pub fn new() -> Config {
         Config::default()
+    }
+
+    /// This process's configuration in a job started by torchrun or mpirun: its rank and world
+    /// size from the launcher's variables ([`Launch::from_env`]) and the UCX transport without a
+    /// [`UniqueId`], so the ranks meet at STRIA_ROOT=host:port (rank 0 listens there, the others
+    /// connect), authenticated with STRIA_SECRET (hex) when set; the library reads both. For a
+    /// GPU, add `.device(Device::Cuda(Launch::from_env()?.local_rank))`.
+    pub fn from_env() -> Result<Config> {
+        let launch = Launch::from_env()?;
+        if std::env::var_os("STRIA_ROOT").map_or(true, |v| v.is_empty()) {
+            return Err(invalid(
+                "STRIA_ROOT is not set: export STRIA_ROOT=host:port on every rank (rank 0 listens \
+                 there and the others connect; under torchrun e.g. STRIA_ROOT=$MASTER_ADDR:29600), \
+                 and optionally STRIA_SECRET=<hex> to authenticate the peers",
+            ));
+        }
+        Ok(Config::new()
+            .rank(launch.rank, launch.world_size)
+            .transport(Transport::Ucx, None))
     }
 
     /// This process's rank and the ring's size ([`Context::new`]; a [`LocalGroup`] sets them).

@@ -7,7 +7,8 @@
 //! sequence for its tokens.
 //!
 //! - [`LocalGroup`]: N contexts in this process, one thread each ([`LocalGroup::run`]);
-//!   [`Context::new`] for one rank of a multi-process ring.
+//!   [`Context::new`] for one rank of a multi-process ring, with [`Config::from_env`] under
+//!   torchrun or mpirun ([`Launch`]).
 //! - Tensors: [`Tensor`] (owned), [`TensorView`]/[`TensorViewMut`] (borrowed slices, optional
 //!   strides), or any DLPack `DLTensor` through `from_raw`; elements `f32`, [`half::f16`],
 //!   [`half::bf16`].
@@ -41,6 +42,7 @@
 mod attention;
 mod context;
 mod error;
+mod launch;
 mod layout;
 mod tensor;
 
@@ -48,6 +50,7 @@ pub use attention::AttentionParams;
 pub use context::{AbortHandle, Config, Context, LocalGroup, StepTime, Transport, UniqueId};
 pub use error::{Error, Result, Status};
 pub use half;
+pub use launch::Launch;
 pub use layout::{analyze_balance, balance_steps, shard, unshard, Balance, Layout};
 pub use stria_sys as sys;
 pub use tensor::{DType, Device, Element, Input, Output, Tensor, TensorView, TensorViewMut};
