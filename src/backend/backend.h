@@ -103,11 +103,12 @@ class Backend {
   // means plain memcpy (host memory).
   virtual std::shared_ptr<BufferCopier> CreateLocalCopier() { return nullptr; }
 
-  // CPU seconds the compute threads spent so far, and how many there are (for step profiles).
   // The context's abort flag: a backend may stop its work early once it is true (the ring then
   // fails the call, so unfinished outputs are never reported as a result). The CPU backend stops
   // handing out work items; kernels already queued on a GPU run to their end.
   virtual void SetCancelFlag(const std::atomic<bool>* /*flag*/) {}
+
+  // CPU seconds the compute threads spent so far, and how many there are (for step profiles).
   virtual double cpu_seconds() const = 0;
   virtual int num_threads() const = 0;
 };
