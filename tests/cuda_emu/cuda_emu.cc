@@ -1,3 +1,4 @@
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "cuda/device_api.cuh"
+#include "cuda/tma_api.cuh"
 #include "fiber.h"
 
 namespace stria {
@@ -66,13 +68,50 @@ struct Warp {
   Slot slots[2][kWarp];
 };
 
-enum class State : uint8_t { kRunnable, kWarpWait, kBarrierWait, kWgmmaWait, kDone };
+enum class State : uint8_t { kRunnable, kWarpWait, kBarrierWait, kWgmmaWait, kMbarWait, kNamedWait, kDone };
 
 struct Copy {
   unsigned char* dst;
   const unsigned char* src;
   bool valid;
 };
+
+// A tensor map as EncodeRowsMap lays it out in TensorMap::opaque: a 16-bit tensor of 4
+// dimensions, innermost first, and the box a load copies.
+struct TmaMapFields {
+  uint64_t magic;
+  const unsigned char* base;
+  int64_t dim[4];
+  int64_t stride[4];  // bytes; stride[0] is the element size
+  int32_t box[4];     // box[0] * 2 = 128 bytes: one swizzled row
+};
+static_assert(sizeof(TmaMapFields) <= sizeof(TensorMap), "the fields must fit in a TensorMap");
+constexpr uint64_t kTensorMapMagic = 0x53545249415f544dull;  // "STRIA_TM"
+
+// One tma_load_4d, issued and not yet landed: the map as it was at issue (the kernel's copy of
+// it may be gone by the time the copy lands: a producer thread returns after issuing).
+struct TmaCopy {
+  size_t dst;  // shared-memory offset
+  TmaMapFields map;
+  int64_t coord[4];
+  uint32_t bytes;
+};
+
+struct Mbarrier {
+  int count = 0, pending = 0;  // arrivals per phase, and still to come in the current one
+  int64_t tx = 0;              // transaction bytes announced and not yet retired (may dip below 0)
+  uint64_t phase = 0;
+  std::vector<TmaCopy> copies;  // queued on this barrier, in issue order
+};
+// What MbarInit writes into the barrier's own 8 bytes, checked at every use: a kernel whose store
+// or copy overwrites a live mbarrier corrupts it on the GPU.
+constexpr uint64_t kMbarrierTag = 0x4d42415252494552ull;
+
+struct NamedBarrierState {
+  int expected = 0, arrived = 0;  // expected: fixed by the generation's first arrival
+  uint64_t gen = 0;
+};
+constexpr int kNamedBarriers = 16;
 
 struct Block;
 
@@ -83,8 +122,12 @@ struct Thread {
   fiber::Context ctx;
   State state = State::kRunnable;
   Op waiting_at = Op::kWarpSync;  // for messages
-  uint64_t wait_for = 0;          // kWarpWait: collective number; kBarrierWait: barrier generation; kWgmmaWait: op
-  uint64_t warp_seq = 0;          // warp collectives this lane entered
+  // kWarpWait: collective number; kBarrierWait, kNamedWait: barrier generation; kWgmmaWait: op;
+  // kMbarWait: the barrier's shared-memory offset (for messages; `mbar` is the barrier).
+  uint64_t wait_for = 0;
+  int wait_id = 0;  // kMbarWait: the parity waited for; kNamedWait: the barrier id
+  const Mbarrier* mbar = nullptr;
+  uint64_t warp_seq = 0;  // warp collectives this lane entered
   // cp.async copies not yet landed, in issue order; group_ends[i]: end of committed group i.
   std::vector<Copy> copies;
   std::vector<size_t> group_ends;
@@ -133,6 +176,10 @@ struct Block {
   // fence-then-barrier, or changed under an operation in flight. Conservative: the GPU needs the
   // fence only in the threads that wrote; our kernels fence in every thread.
   std::vector<unsigned char> async_view;
+  // mbarriers by shared-memory offset (node addresses are stable: waiting threads point at them),
+  // and the named barriers by id (0, block_sync's, unused).
+  std::map<size_t, Mbarrier> mbarriers;
+  NamedBarrierState named[kNamedBarriers];
   std::string error;
   fiber::Context main;
   const std::function<void()>* body = nullptr;
@@ -244,6 +291,12 @@ bool Ready(const Block* b, const Thread* t) {
       const auto it = g.ops.find(t->wait_for);
       return it != g.ops.end() && it->second.arrived == kWarpGroup;
     }
+    case State::kMbarWait:
+      // Queued copies wake a waiter too: they land only in a wait (MbarWait), and may complete
+      // the phase.
+      return b->aborting || static_cast<int>(t->mbar->phase & 1) != t->wait_id || !t->mbar->copies.empty();
+    case State::kNamedWait:
+      return b->aborting || b->named[t->wait_id].gen > t->wait_for;
   }
   return false;
 }
@@ -277,6 +330,18 @@ std::string DescribeThreads(const Block* b) {
         return std::string("wait at ") + OpName(t.waiting_at);
       case State::kWgmmaWait:
         return "wait at wgmma_wait for an mma_async the rest of their warpgroup never issued";
+      case State::kMbarWait: {
+        const Mbarrier& m = *t.mbar;
+        return "wait at mbar_wait for parity " + std::to_string(t.wait_id) +
+               " on the mbarrier at shared-memory offset " + std::to_string(t.wait_for) + " (its phase " +
+               std::to_string(m.phase) + " has " + std::to_string(m.pending) + " of " + std::to_string(m.count) +
+               " arrivals and " + std::to_string(m.tx) + " transaction bytes outstanding)";
+      }
+      case State::kNamedWait: {
+        const NamedBarrierState& nb = b->named[t.wait_id];
+        return "wait at named barrier " + std::to_string(t.wait_id) + " (" + std::to_string(nb.arrived) + " of " +
+               std::to_string(nb.expected) + " threads arrived)";
+      }
       case State::kRunnable:
         return "are runnable";
     }
@@ -297,25 +362,43 @@ std::string DescribeThreads(const Block* b) {
 
 // No thread can run and not all returned: a GPU would hang here.
 void RecordDeadlock(Block* b) {
-  int at_barrier = 0, at_warp = 0;
+  int at_barrier = 0, at_warp = 0, at_mbar = 0, at_named = 0;
   bool warp_with_exited_lane = false;
   for (const Thread& t : b->threads) {
     at_barrier += t.state == State::kBarrierWait;
+    at_mbar += t.state == State::kMbarWait;
+    at_named += t.state == State::kNamedWait;
     if (t.state == State::kWarpWait) {
       ++at_warp;
       warp_with_exited_lane |= b->warps[t.info.warp].done > 0;
     }
   }
   std::string why;
-  if (at_barrier > 0 && b->done > 0 && at_warp == 0) {
+  if (at_barrier > 0 && b->done > 0 && at_barrier + b->done == b->n) {
     why = "block_sync never completes: " + std::to_string(at_barrier) + " of " + std::to_string(b->n) +
           " threads reached it, the others returned (all threads of a block must reach every block_sync)";
   } else if (warp_with_exited_lane) {
     why = "a warp collective never completes: lanes of the warp returned (all 32 lanes must take part)";
+  } else if (at_mbar + at_named > 0 && at_mbar + at_named + b->done == b->n) {
+    why = at_named == 0  ? "deadlock: an mbarrier phase that threads wait for never completes (arrivals or TMA bytes "
+                           "missing, or the wrong parity)"
+          : at_mbar == 0 ? "deadlock: a named barrier never completes (fewer threads arrive than its count)"
+                         : "deadlock: mbarrier phases and named barriers that threads wait for never complete";
   } else {
     why = "deadlock: threads wait at different barriers or collectives";
   }
   Record(b, "block " + DimStr(b->info.idx) + ": " + why + ". Threads: " + DescribeThreads(b));
+}
+
+// Under the strict-priority schedules, `t`, which just completed a barrier, first lets the ready
+// threads before it in the order run, so that the first warp runs the next interval alone.
+void YieldToPriority(Block* b, Thread* t) {
+  if (b->schedule == Schedule::kRoundRobin) return;
+  Thread* next = PickNext(b, t);
+  if (next != nullptr && b->pos[next->linear] < b->pos[t->linear]) {
+    SwitchTo(t, next);
+    if (b->aborting) throw FiberAbort{};
+  }
 }
 
 // Suspends `t` (whose state says what it waits for) until it can go on.
@@ -611,6 +694,102 @@ void CompleteWgmma(Thread* t, const WgmmaOp& op, int me) {
   }
 }
 
+// The shared-memory offset of the mbarrier `bar` that primitive `what` got: 8 bytes in the dynamic
+// shared memory, 8-byte aligned, as the GPU requires.
+size_t MbarrierOffset(Thread* t, const std::string& what, const void* bar) {
+  const detail::BlockInfo& bi = t->block->info;
+  const intptr_t off = reinterpret_cast<intptr_t>(bar) - reinterpret_cast<intptr_t>(bi.smem);
+  if (off < 0 || static_cast<size_t>(off) + 8 > bi.smem_bytes) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%p", bar);
+    Fail(t, what + ": the mbarrier at " + buf + " is not in the " + std::to_string(bi.smem_bytes) +
+                "-byte dynamic shared memory");
+  }
+  if (off % 8 != 0) {
+    Fail(t, what + ": the mbarrier at shared-memory offset " + std::to_string(off) + " is not 8-byte aligned");
+  }
+  return static_cast<size_t>(off);
+}
+
+// The mbarrier `bar` points at, initialised and intact; its offset into `*offset`.
+Mbarrier& BarrierAt(Thread* t, const std::string& what, const void* bar, size_t* offset) {
+  Block* b = t->block;
+  const size_t off = MbarrierOffset(t, what, bar);
+  const auto it = b->mbarriers.find(off);
+  if (it == b->mbarriers.end()) {
+    Fail(t, what + ": the mbarrier at shared-memory offset " + std::to_string(off) +
+                " was never initialised (mbar_init, then fence_barrier_init and a block_sync before other threads "
+                "use it)");
+  }
+  uint64_t tag;
+  std::memcpy(&tag, b->info.smem + off, 8);
+  if (tag != kMbarrierTag) {
+    Fail(t, what + ": the 8 bytes of the mbarrier at shared-memory offset " + std::to_string(off) +
+                " were overwritten since its mbar_init (a store or copy into a live barrier)");
+  }
+  *offset = off;
+  return it->second;
+}
+
+// Completes the current phase of `m` if nothing more is outstanding in it; whether it did.
+bool CompletePhaseIfDone(Mbarrier* m) {
+  if (m->pending != 0 || m->tx != 0) return false;
+  ++m->phase;
+  m->pending = m->count;
+  return true;
+}
+
+// Lands TMA copy `c` (PTX cp.async.bulk.tensor, tile mode, 128-byte swizzle, zero fill): row r of
+// the box (its dimensions 1..3, innermost first) to bytes [128 r, 128 r + 128) of the
+// destination, the row's 16-byte chunk j to chunk j ^ (bits 7..9 of the row's shared-window
+// address), elements outside the tensor as zeros; in shared memory and the async proxy's view
+// alike, since TMA writes through the async proxy that wgmma reads through.
+void LandTma(Block* b, const TmaCopy& c) {
+  const TmaMapFields& m = c.map;
+  const size_t row_bytes = 2 * static_cast<size_t>(m.box[0]);
+  size_t row = c.dst;
+  for (int i3 = 0; i3 < m.box[3]; ++i3)
+    for (int i2 = 0; i2 < m.box[2]; ++i2)
+      for (int i1 = 0; i1 < m.box[1]; ++i1, row += row_bytes) {
+        const int64_t x[4] = {0, c.coord[1] + i1, c.coord[2] + i2, c.coord[3] + i3};
+        bool inside = true;
+        for (int k = 1; k < 4; ++k) inside = inside && x[k] >= 0 && x[k] < m.dim[k];
+        const unsigned char* src = nullptr;
+        if (inside) src = m.base + x[1] * m.stride[1] + x[2] * m.stride[2] + x[3] * m.stride[3];
+        const size_t pattern = ((detail::kSmemWindowBase + row) >> 7) & 7;
+        for (int j = 0; j < m.box[0]; ++j) {
+          const int64_t col = c.coord[0] + j;
+          uint16_t v = 0;
+          if (src != nullptr && col >= 0 && col < m.dim[0]) std::memcpy(&v, src + 2 * col, 2);
+          const size_t at = row + ((static_cast<size_t>(j >> 3) ^ pattern) << 4) + 2 * static_cast<size_t>(j & 7);
+          std::memcpy(b->info.smem + at, &v, 2);
+          std::memcpy(b->async_view.data() + at, &v, 2);
+        }
+      }
+}
+
+// After a block: TMA work it left undone (recorded as the launch's error). On the GPU a copy
+// nobody waits for may still be writing when the next block reuses the shared memory.
+void CheckTmaSettled(Block* b) {
+  for (const auto& [off, m] : b->mbarriers) {
+    if (!m.copies.empty()) {
+      uint64_t bytes = 0;
+      for (const TmaCopy& c : m.copies) bytes += c.bytes;
+      Record(b, "block " + DimStr(b->info.idx) + ": TMA copy never waited for: " + std::to_string(m.copies.size()) +
+                    " tma_load_4d (" + std::to_string(bytes) + " bytes) on the mbarrier at shared-memory offset " +
+                    std::to_string(off) + " with no mbar_wait on that barrier after them");
+      return;
+    }
+    if (m.tx != 0) {
+      Record(b, "block " + DimStr(b->info.idx) + ": the mbarrier at shared-memory offset " + std::to_string(off) +
+                    " ended its phase " + std::to_string(m.phase) + " with " + std::to_string(m.tx) +
+                    " transaction bytes announced (mbar_arrive_expect_tx) and never retired by a TMA copy" +
+                    (m.tx < 0 ? " (negative: copies retired more than was announced)" : ""));
+      return;
+    }
+  }
+}
+
 }  // namespace
 
 namespace detail {
@@ -642,15 +821,7 @@ void BlockSync() {
     }
     if (all_fenced) std::memcpy(b->async_view.data(), b->info.smem, b->info.smem_bytes);
     if (b->schedule == Schedule::kWarpsShuffled) DrawThreadOrder(b);
-    // The last thread to arrive goes on; under strict priority it first lets the threads before
-    // it in the order run, so that the first warp runs the next interval alone.
-    if (b->schedule != Schedule::kRoundRobin) {
-      Thread* next = PickNext(b, t);
-      if (next != nullptr && b->pos[next->linear] < b->pos[t->linear]) {
-        SwitchTo(t, next);
-        if (b->aborting) throw FiberAbort{};
-      }
-    }
+    YieldToPriority(b, t);  // the last thread to arrive goes on, after those before it
     return;
   }
   t->state = State::kBarrierWait;
@@ -817,6 +988,146 @@ void WgmmaCommit() {
   t->wgmma_open.clear();
 }
 
+void MbarInit(uint64_t* bar, int count) {
+  Thread* t = Current();
+  Block* b = t->block;
+  const size_t off = MbarrierOffset(t, "mbar_init", bar);
+  if (count < 1 || count > (1 << 20) - 1) {
+    Fail(t, "mbar_init: count " + std::to_string(count) + " is outside 1..2^20-1");
+  }
+  const auto it = b->mbarriers.find(off);
+  if (it != b->mbarriers.end()) {
+    const Mbarrier& m = it->second;
+    if (!m.copies.empty() || m.pending != m.count || m.tx != 0) {
+      Fail(t, "mbar_init: the mbarrier at shared-memory offset " + std::to_string(off) +
+                  " initialised again in the middle of its phase " + std::to_string(m.phase) +
+                  " (arrivals or TMA copies under way: only one thread should initialise it)");
+    }
+  }
+  Mbarrier& m = b->mbarriers[off];
+  m = Mbarrier{};
+  m.count = count;
+  m.pending = count;
+  std::memcpy(b->info.smem + off, &kMbarrierTag, 8);
+}
+
+void MbarArrive(uint64_t* bar, uint32_t tx_bytes) {
+  Thread* t = Current();
+  const std::string what = tx_bytes == 0 ? "mbar_arrive" : "mbar_arrive_expect_tx";
+  size_t off;
+  Mbarrier& m = BarrierAt(t, what, bar, &off);
+  // The GPU would count the arrival into the next phase only once this one completed; here the
+  // phase still waits for bytes, so the arrival is one more than the kernel planned for.
+  if (m.pending == 0) {
+    Fail(t, what + ": more arrivals than its count (" + std::to_string(m.count) + ") in phase " +
+                std::to_string(m.phase) + " of the mbarrier at shared-memory offset " + std::to_string(off) +
+                ", which waits for " + std::to_string(m.tx) + " transaction bytes only");
+  }
+  m.tx += tx_bytes;
+  if (m.tx > (1 << 20) - 1) {
+    Fail(t, what + ": more than 2^20-1 transaction bytes outstanding on the mbarrier at shared-memory offset " +
+                std::to_string(off) + " (" + std::to_string(m.tx) + ")");
+  }
+  --m.pending;
+  if (CompletePhaseIfDone(&m)) YieldToPriority(t->block, t);
+}
+
+void MbarWait(uint64_t* bar, int parity) {
+  Thread* t = Current();
+  if (parity != 0 && parity != 1) Fail(t, "mbar_wait: parity " + std::to_string(parity) + " is not 0 or 1");
+  size_t off;
+  Mbarrier& m = BarrierAt(t, "mbar_wait", bar, &off);
+  for (;;) {
+    if (static_cast<int>(m.phase & 1) != parity) return;
+    if (!m.copies.empty()) {
+      // As late as the GPU may land them: only now, in issue order, each retiring its bytes (a
+      // copy after one that completes the phase counts into the next).
+      const std::vector<TmaCopy> copies = std::move(m.copies);
+      m.copies.clear();
+      for (const TmaCopy& c : copies) {
+        LandTma(t->block, c);
+        m.tx -= c.bytes;
+        CompletePhaseIfDone(&m);
+      }
+      continue;
+    }
+    t->state = State::kMbarWait;
+    t->wait_for = off;
+    t->wait_id = parity;
+    t->mbar = &m;
+    Wait(t);
+  }
+}
+
+void TmaLoad4d(void* smem_dst, const TensorMap* map, int c0, int c1, int c2, int c3, uint64_t* bar) {
+  Thread* t = Current();
+  Block* b = t->block;
+  if (map == nullptr) Fail(t, "tma_load_4d: the tensor map is null");
+  TmaMapFields f;
+  std::memcpy(&f, map->opaque, sizeof f);
+  if (f.magic != kTensorMapMagic) Fail(t, "tma_load_4d: the tensor map was not made by EncodeRowsMap");
+  size_t bar_off;
+  Mbarrier& m = BarrierAt(t, "tma_load_4d", bar, &bar_off);
+  const uint32_t bytes = 2u * static_cast<uint32_t>(f.box[0] * f.box[1] * f.box[2] * f.box[3]);
+  const detail::BlockInfo& bi = b->info;
+  const intptr_t off = reinterpret_cast<intptr_t>(smem_dst) - reinterpret_cast<intptr_t>(bi.smem);
+  if (off < 0 || static_cast<size_t>(off) + bytes > bi.smem_bytes) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%p", smem_dst);
+    Fail(t, "tma_load_4d: the " + std::to_string(bytes) + "-byte box at " + buf + " is not inside the " +
+                std::to_string(bi.smem_bytes) + "-byte dynamic shared memory");
+  }
+  const size_t dst = static_cast<size_t>(off);
+  if ((detail::kSmemWindowBase + dst) % 128 != 0) {
+    Fail(t, "tma_load_4d: the destination, shared-window address " + std::to_string(detail::kSmemWindowBase + dst) +
+                ", is not 128-byte aligned");
+  }
+  for (const auto& [other, unused] : b->mbarriers) {
+    if (other + 8 > dst && other < dst + bytes) {
+      Fail(t, "tma_load_4d: the box at shared-memory offset " + std::to_string(dst) + " (" + std::to_string(bytes) +
+                  " bytes) covers the mbarrier at offset " + std::to_string(other));
+    }
+  }
+  // Poisoned from the issue until the copy lands (in a wait on `bar`): a read in between, through
+  // either proxy, sees NaN.
+  std::memset(bi.smem + dst, 0xff, bytes);
+  std::memset(b->async_view.data() + dst, 0xff, bytes);
+  m.copies.push_back(TmaCopy{dst, f, {c0, c1, c2, c3}, bytes});
+}
+
+void NamedBarrier(int id, int threads, bool wait) {
+  Thread* t = Current();
+  Block* b = t->block;
+  const std::string what = wait ? "named_barrier_sync" : "named_barrier_arrive";
+  if (id < 1 || id >= kNamedBarriers) {
+    Fail(t, what + ": barrier id " + std::to_string(id) + " is outside 1..15 (0 is block_sync's)");
+  }
+  if (threads < kWarp || threads % kWarp != 0 || threads > b->n) {
+    Fail(t, what + ": thread count " + std::to_string(threads) + " is not a positive multiple of 32 up to the " +
+                std::to_string(b->n) + " threads of the block");
+  }
+  NamedBarrierState& nb = b->named[id];
+  if (nb.arrived == 0) {
+    nb.expected = threads;
+  } else if (threads != nb.expected) {
+    Fail(t, what + ": thread count " + std::to_string(threads) + " for named barrier " + std::to_string(id) +
+                ", where " + std::to_string(nb.arrived) + " threads already arrived with a count of " +
+                std::to_string(nb.expected) + " (every arrival of a generation must give the same count)");
+  }
+  const uint64_t gen = nb.gen;
+  if (++nb.arrived == nb.expected) {
+    nb.arrived = 0;
+    ++nb.gen;
+    YieldToPriority(b, t);
+    return;
+  }
+  if (!wait) return;
+  t->state = State::kNamedWait;
+  t->wait_for = gen;
+  t->wait_id = id;
+  Wait(t);
+}
+
 }  // namespace detail
 
 void Launch(Dim3 grid, Dim3 block, size_t dynamic_smem_bytes, const std::function<void()>& body) {
@@ -877,6 +1188,8 @@ void Launch(Dim3 grid, Dim3 block, size_t dynamic_smem_bytes, const std::functio
     b->barrier_arrived = 0;
     b->barrier_gen = 0;
     b->done = 0;
+    b->mbarriers.clear();
+    for (NamedBarrierState& nb : b->named) nb = NamedBarrierState{};
     for (WarpGroup& g : b->groups) g.ops.clear();
     for (Warp& w : b->warps) {
       w.completed = 0;
@@ -913,6 +1226,7 @@ void Launch(Dim3 grid, Dim3 block, size_t dynamic_smem_bytes, const std::functio
     detail::tls_thread = &first->info;
     fiber::Switch(&b->main, &first->ctx);
     detail::tls_thread = nullptr;
+    if (!b->aborting) CheckTmaSettled(b.get());
     if (b->aborting) throw std::runtime_error(b->error);
   }
 }
@@ -928,5 +1242,57 @@ void ResetSchedule() {
 }
 
 }  // namespace emu
+
+// The emulator's tensor maps: refused where cuTensorMapEncodeTiled would refuse them (the GPU
+// build's EncodeRowsMap is kernels/cuda/tensor_map.cu, which this follows), else the fields
+// TmaLoad4d reads, in the opaque bytes.
+namespace {
+std::atomic<uint64_t> tma_map_failures{0};
+
+bool EncodeMap(TensorMap* map, const void* base, int B, int L, int H, int D, int64_t sb, int64_t sl, int64_t sh,
+               int box_rows) {
+  if (map == nullptr || base == nullptr) return false;
+  if (D < 64 || D % 64 != 0 || box_rows < 1 || box_rows > 256 || B < 1 || L < 1 || H < 1) return false;
+  if (reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
+  constexpr int64_t kStrideLimit = int64_t{1} << 40;  // byte strides must stay below it
+  // Innermost first: columns, heads, rows, batch. A dimension of extent 1 is never stepped along,
+  // so its stride is the caller's to leave arbitrary (0, say): it gets the compact value instead
+  // (saturated, so that absurd extents cannot overflow: they are refused).
+  const int64_t dims[4] = {D, H, L, B};
+  const int64_t given[3] = {sh, sl, sb};
+  emu::TmaMapFields f{};
+  f.magic = emu::kTensorMapMagic;
+  f.base = static_cast<const unsigned char*>(base);
+  f.stride[0] = 2;
+  int64_t compact = int64_t{2} * D;
+  for (int i = 0; i < 3; ++i) {
+    const int64_t g = given[i];
+    const int64_t s = dims[i + 1] == 1 ? compact : (g > 0 && g < kStrideLimit / 2) ? 2 * g : -1;
+    if (s <= 0 || s % 16 != 0 || s >= kStrideLimit) return false;
+    f.stride[i + 1] = s;
+    compact = compact > kStrideLimit / dims[i + 1] ? kStrideLimit : compact * dims[i + 1];
+  }
+  for (int i = 0; i < 4; ++i) f.dim[i] = dims[i];
+  f.box[0] = 64;
+  f.box[1] = 1;
+  f.box[2] = box_rows;
+  f.box[3] = 1;
+  std::memset(map->opaque, 0, sizeof map->opaque);
+  std::memcpy(map->opaque, &f, sizeof f);
+  return true;
+}
+}  // namespace
+
+bool EncodeRowsMap(TensorMap* map, const void* base, int B, int L, int H, int D, int64_t sb, int64_t sl, int64_t sh,
+                   int box_rows) {
+  const bool ok = EncodeMap(map, base, B, L, H, D, sb, sl, sh, box_rows);
+  if (!ok) tma_map_failures.fetch_add(1, std::memory_order_relaxed);
+  return ok;
+}
+
+uint64_t TmaMapFailures() {
+  return tma_map_failures.load(std::memory_order_relaxed);
+}
+
 }  // namespace cuda
 }  // namespace stria

@@ -16,7 +16,8 @@
 // never reach. Launch then throws std::runtime_error naming block, thread and what happened.
 // Shared memory starts every block as 0xFF bytes (NaN in f16, bf16 and f32), so reading what no
 // thread wrote shows up, and cp.async copies land only at cp_async_wait, so reading before the
-// wait does too. Under ASan, plain loads and stores past the end of shared memory are caught.
+// wait does too (TMA copies, likewise, only at an mbarrier wait). Under ASan, plain loads and
+// stores past the end of shared memory are caught.
 #pragma once
 
 #include <cmath>
@@ -35,6 +36,7 @@ namespace cuda {
 
 struct Half;  // tags, defined in device_api.cuh
 struct BFloat;
+struct TensorMap;  // tma_api.cuh
 
 namespace emu {
 
@@ -57,11 +59,12 @@ void Launch(Dim3 grid, Dim3 block, size_t dynamic_smem_bytes, void (*kernel)(Par
 }
 
 // The order in which the emulator runs the threads of a block, and the blocks of a grid. A thread
-// runs until it waits (block_sync, a warp collective, wgmma_wait) or returns; then another takes
-// over. A kernel whose result depends on that order has a race: shared or global memory written
-// by one thread and read or written by another with no barrier between them. This emulator does
-// not see plain loads and stores (compute-sanitizer's racecheck tracks them on the GPU), so it
-// finds races by running a kernel under schedules that put one warp far ahead of another.
+// runs until it waits (block_sync, a named barrier, mbar_wait, a warp collective, wgmma_wait) or
+// returns; then another takes over. A kernel whose result depends on that order has a race:
+// shared or global memory written by one thread and read or written by another with no barrier
+// between them. This emulator does not see plain loads and stores (compute-sanitizer's racecheck
+// tracks them on the GPU), so it finds races by running a kernel under schedules that put one
+// warp far ahead of another.
 //   kRoundRobin (the default): threads in index order, each in turn until it waits, so the warps
 //   of a block move from collective to collective nearly together, and the blocks in index order.
 //   A read of what another warp wrote a collective or more earlier, with no barrier between,
@@ -69,7 +72,9 @@ void Launch(Dim3 grid, Dim3 block, size_t dynamic_smem_bytes, void (*kernel)(Par
 //   kWarpsAscending: strict priority by warp index. The first warp runs alone until it waits at
 //   a barrier (or for the rest of its warpgroup), then the next, and so on: a warp reads shared
 //   memory before any higher warp wrote it in the same barrier interval, and overwrites what a
-//   higher warp has yet to read. Blocks in index order.
+//   higher warp has yet to read. The thread that completes a block_sync, a named barrier or an
+//   mbarrier phase by its arrival first lets the waiters before it in the order run. Blocks in
+//   index order.
 //   kWarpsDescending: the same, warps and blocks in reverse index order. Between them, the two
 //   put every pair of warps in both orders.
 //   kWarpsShuffled: strict priority in a random order of the warps, drawn from `seed` at the
@@ -222,6 +227,29 @@ void WgmmaWait(int n);
 void FenceProxyAsync();
 void Wgmma(WgmmaKind kind, bool bf16, int n, float* d, const uint32_t* a, uint64_t desc_a, uint64_t desc_b,
            bool accumulate);
+
+// Hopper mbarriers, TMA loads and named barriers (cuda/tma_api.cuh). An mbarrier (8 bytes of the
+// dynamic shared memory, 8-byte aligned) is kept in a table of the block by its offset: phase
+// number, arrivals pending (`count` at every phase start), transaction bytes outstanding. Its
+// phase completes when no arrival is pending and no byte is outstanding. MbarArrive with
+// `tx_bytes` > 0 is arrive.expect_tx: the bytes are announced, then the thread arrives.
+// MbarWait returns once the phase of parity `parity` has completed, i.e. the current phase's
+// parity differs. A TMA copy poisons its destination (0xFF) at issue, in shared memory and in
+// the async proxy's view, and is queued on its mbarrier; the queued copies land, and retire
+// their bytes, only when a thread waits on that barrier for a phase not yet complete, so a read
+// before the wait shows poison. A block that ends with copies queued or bytes announced and never
+// retired fails. Reported also: barriers used before mbar_init, more arrivals in a phase than its
+// count, a destination that is misaligned or outside shared memory, a map not from
+// EncodeRowsMap, and an mbarrier's 8 bytes overwritten since its init.
+void MbarInit(uint64_t* bar, int count);
+void MbarArrive(uint64_t* bar, uint32_t tx_bytes);
+void MbarWait(uint64_t* bar, int parity);
+void TmaLoad4d(void* smem_dst, const TensorMap* map, int c0, int c1, int c2, int c3, uint64_t* bar);
+// bar.sync (`wait`) or bar.arrive on barrier `id` (1..15) of `threads` threads (a multiple of 32).
+// Counted per thread: the GPU counts warps, the same for kernels whose warps arrive whole (a
+// warp with lanes missing waits forever here, and shows as a deadlock). The first arrival of a
+// generation fixes its thread count; an arrival giving another one fails.
+void NamedBarrier(int id, int threads, bool wait);
 
 }  // namespace detail
 }  // namespace emu

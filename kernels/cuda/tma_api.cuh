@@ -1,0 +1,148 @@
+// Hopper (sm_90a) asynchronous loads and the barriers that order them: the tensor memory
+// accelerator (TMA: cp.async.bulk.tensor), shared-memory transaction barriers (mbarrier) and
+// warpgroup register reallocation (setmaxnreg), behind the two-way scheme of device_api.cuh and
+// wgmma_api.cuh (inline PTX for nvcc; the warp emulator of tests/cuda_emu with
+// STRIA_CUDA_EMULATE). Device code using them sits under STRIA_HAS_WGMMA.
+//
+// A TMA load copies a box of a global tensor, described by a 128-byte tensor map that the host
+// encodes (EncodeRowsMap), into shared memory, writing it in the 128-byte swizzle that wgmma's
+// descriptors read (wgmma_api.cuh), with rows outside the tensor zero-filled. Its completion is
+// counted in bytes on an mbarrier: the waiting side announces the bytes (mbar_arrive_expect_tx),
+// the copy retires them, and the barrier's phase completes when every expected arrival came and
+// no byte is outstanding. A waiter names the parity of the phase it waits for; phases alternate,
+// so a ring of buffers flips its parity bit each time around.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/wgmma_api.cuh"
+
+namespace stria {
+namespace cuda {
+
+// CUtensorMap's size and alignment (cuda.h of CUDA 13; the driver needs 64); opaque to the
+// kernels. A kernel parameter holding one must be __grid_constant__ (STRIA_GRID_CONSTANT) so that
+// TMA reads it from parameter space.
+struct alignas(128) TensorMap {
+  uint64_t opaque[16];
+};
+
+// Host: encodes `map` for TMA loads of boxes of `box_rows` rows x 64 columns of one (b, h) of a
+// 16-bit [B, L, H, D] tensor at `base` (strides in elements, the last dimension contiguous),
+// 128-byte swizzle, zero fill out of bounds. D is a multiple of 64. False when TMA cannot
+// address the tensor (base not 16-byte aligned, a stride not a multiple of 16 bytes or not below
+// 2^40 bytes, or the driver refuses): the caller then takes a kernel that loads with cp.async.
+bool EncodeRowsMap(TensorMap* map, const void* base, int B, int L, int H, int D, int64_t sb, int64_t sl, int64_t sh,
+                   int box_rows);
+// How many EncodeRowsMap calls failed in this process: a benchmark of the TMA family reports it, so
+// a silent fallback cannot pass for a TMA measurement.
+uint64_t TmaMapFailures();
+
+}  // namespace cuda
+}  // namespace stria
+
+#if defined(STRIA_CUDA_EMULATE)
+#define STRIA_GRID_CONSTANT
+namespace stria {
+namespace cuda {
+
+inline void mbar_init(uint64_t* bar, int count) {
+  emu::detail::MbarInit(bar, count);
+}
+inline void fence_barrier_init() {}
+inline void mbar_arrive(uint64_t* bar) {
+  emu::detail::MbarArrive(bar, 0);
+}
+inline void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  emu::detail::MbarArrive(bar, bytes);
+}
+inline void mbar_wait(uint64_t* bar, int parity) {
+  emu::detail::MbarWait(bar, parity);
+}
+inline void tma_load_4d(void* smem_dst, const TensorMap* map, int c0, int c1, int c2, int c3, uint64_t* bar) {
+  emu::detail::TmaLoad4d(smem_dst, map, c0, c1, c2, c3, bar);
+}
+inline void prefetch_tensor_map(const TensorMap*) {}
+template <int kRegs>
+inline void setmaxnreg_inc() {}
+template <int kRegs>
+inline void setmaxnreg_dec() {}
+inline void named_barrier_sync(int id, int threads) {
+  emu::detail::NamedBarrier(id, threads, true);
+}
+inline void named_barrier_arrive(int id, int threads) {
+  emu::detail::NamedBarrier(id, threads, false);
+}
+
+}  // namespace cuda
+}  // namespace stria
+
+#elif STRIA_HAS_WGMMA
+#define STRIA_GRID_CONSTANT __grid_constant__
+namespace stria {
+namespace cuda {
+
+// `count` arrivals complete a phase (plus the transaction bytes announced in it).
+STRIA_DEVICE void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+// Makes the initialisations above visible to the async proxy (TMA) before the block barrier
+// that publishes them.
+STRIA_DEVICE void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+STRIA_DEVICE void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// One arrival that also announces `bytes` of TMA transactions for the current phase.
+STRIA_DEVICE void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+// Returns once the phase of parity `parity` has completed (its writes are then visible).
+STRIA_DEVICE void mbar_wait(uint64_t* bar, int parity) {
+  const uint32_t a = smem_addr(bar);
+  uint32_t done = 0;
+  do {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(a), "r"(parity)
+                 : "memory");
+  } while (done == 0);
+}
+// The box at coordinates (c0 = column, c1, c2, c3) of `map` into `smem_dst` (1024-byte aligned
+// for the swizzle), its bytes retired on `bar`.
+STRIA_DEVICE void tma_load_4d(void* smem_dst, const TensorMap* map, int c0, int c1, int c2, int c3, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(smem_addr(smem_dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
+      : "memory");
+}
+STRIA_DEVICE void prefetch_tensor_map(const TensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+// Every thread of the warpgroup: raise (consumers) or lower (the producer) its register limit.
+template <int kRegs>
+STRIA_DEVICE void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+STRIA_DEVICE void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+// Barrier `id` (1..15; 0 is block_sync's) of `threads` threads (a multiple of 32): sync waits
+// until that many have arrived, arrive counts this thread's warp and goes on. What two consumer
+// warpgroups take turns with.
+STRIA_DEVICE void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+STRIA_DEVICE void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+}  // namespace cuda
+}  // namespace stria
+
+#else
+#define STRIA_GRID_CONSTANT __grid_constant__
+#endif
