@@ -102,13 +102,18 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashBackwardKernel(const BwdParams p
         }
       }
 
-      const bool masked = !FullyVisible(p.mask, i0, i0 + kM, j0, j0 + kN);
+      // The queries of this tile that see each of this thread's two keys (all of them unless the
+      // tile needs the element mask): one window per key, two comparisons per element.
+      Window seen[2] = {Window{0, kM}, Window{0, kM}};
+      if (!FullyVisible(p.mask, i0, i0 + kM, j0, j0 + kN)) {
+        for (int e = 0; e < 2; ++e) seen[e] = SeeingQueries(p.mask, key[e], i0, kM);
+      }
       STRIA_UNROLL
       for (int nt = 0; nt < kQTiles; ++nt) {
         STRIA_UNROLL
         for (int c = 0; c < 4; ++c) {
           const int qi = nt * 8 + 2 * t4 + (c & 1);
-          const bool vis = !masked || Visible(p.mask, i0 + qi, key[c >> 1]);
+          const bool vis = In(seen[c >> 1], qi);
           const float pr = vis ? fast_exp2(st[nt][c] * p.scale_log2 - lse2s[qi]) : 0.f;
           st[nt][c] = pr;
           dpt[nt][c] = vis ? pr * (dpt[nt][c] - deltas[qi]) : 0.f;

@@ -103,7 +103,33 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
         }
       }
 
-      const bool masked = !FullyVisible(p.mask, wi0, wi1, j0, j0 + kN);
+      // Scaled scores; the element mask only in tiles that need it, each row's visible keys as
+      // one window (tile_mask.cuh), in a loop of its own so the other tiles pay nothing for it.
+      if (!FullyVisible(p.mask, wi0, wi1, j0, j0 + kN)) {
+        Window w[kR];
+        STRIA_UNROLL
+        for (int r = 0; r < kR; ++r) w[r] = VisibleKeys(p.mask, row[r], j0, kN);
+        STRIA_UNROLL
+        for (int mt = 0; mt < kMT; ++mt) {
+          STRIA_UNROLL
+          for (int nt = 0; nt < kNTiles; ++nt) {
+            STRIA_UNROLL
+            for (int c = 0; c < 4; ++c) {
+              const bool vis = In(w[2 * mt + (c >> 1)], nt * 8 + 2 * t4 + (c & 1));
+              s[mt][nt][c] = vis ? s[mt][nt][c] * p.scale_log2 : NegInf();
+            }
+          }
+        }
+      } else {
+        STRIA_UNROLL
+        for (int mt = 0; mt < kMT; ++mt) {
+          STRIA_UNROLL
+          for (int nt = 0; nt < kNTiles; ++nt) {
+            STRIA_UNROLL
+            for (int c = 0; c < 4; ++c) s[mt][nt][c] *= p.scale_log2;
+          }
+        }
+      }
       float mx[kR];
       STRIA_UNROLL
       for (int r = 0; r < kR; ++r) mx[r] = NegInf();
@@ -112,13 +138,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
         STRIA_UNROLL
         for (int nt = 0; nt < kNTiles; ++nt) {
           STRIA_UNROLL
-          for (int c = 0; c < 4; ++c) {
-            const int r = 2 * mt + (c >> 1);
-            float v = s[mt][nt][c] * p.scale_log2;
-            if (masked && !Visible(p.mask, row[r], j0 + nt * 8 + 2 * t4 + (c & 1))) v = NegInf();
-            s[mt][nt][c] = v;
-            mx[r] = fmaxf(mx[r], v);
-          }
+          for (int c = 0; c < 4; ++c) mx[2 * mt + (c >> 1)] = fmaxf(mx[2 * mt + (c >> 1)], s[mt][nt][c]);
         }
       }
       float alpha[kR], base[kR];

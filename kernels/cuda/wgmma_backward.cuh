@@ -131,7 +131,12 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaBackwardKernel(const BwdParams p
     // Per 16 queries (accumulator chunks 2 kq and 2 kq + 1): P^T and dS^T, dS^T into shared
     // memory for dQ (rows: all 128 keys, columns: queries), and both as A fragments. One pass,
     // so each chunk of S^T and dP^T dies as soon as it is packed.
-    const bool masked = !FullyVisible(p.mask, i0, i0 + kM, j0 + 64 * wg, j0 + 64 * wg + 64);
+    // The queries of this tile that see each of this thread's two keys (all of them unless the
+    // tile needs the element mask): one window per key, two comparisons per element.
+    Window seen[2] = {Window{0, kM}, Window{0, kM}};
+    if (!FullyVisible(p.mask, i0, i0 + kM, j0 + 64 * wg, j0 + 64 * wg + 64)) {
+      for (int e = 0; e < 2; ++e) seen[e] = SeeingQueries(p.mask, key[e], i0, kM);
+    }
     const int row0 = 64 * wg + 16 * warp + g;
     uint32_t pa[kM / 16][4], sa[kM / 16][4];
     STRIA_UNROLL
@@ -139,7 +144,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaBackwardKernel(const BwdParams p
       STRIA_UNROLL
       for (int i = 8 * kq; i < 8 * kq + 8; ++i) {
         const int qi = 8 * (i >> 2) + 2 * t4 + (i & 1);
-        const bool vis = !masked || Visible(p.mask, i0 + qi, key[(i & 3) >> 1]);
+        const bool vis = In(seen[(i & 3) >> 1], qi);
         const float pr = vis ? fast_exp2(sT[i] * p.scale_log2 - lse2[qi]) : 0.f;
         sT[i] = pr;
         dpT[i] = vis ? pr * (dpT[i] - delta[qi]) : 0.f;

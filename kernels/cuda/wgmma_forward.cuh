@@ -44,15 +44,20 @@ struct WgmmaFwdTile {
 template <int kN>
 STRIA_DEVICE void WgmmaSoftmax(const FwdParams& p, float (&s)[kN / 2], bool masked, const int64_t row[2], int64_t j0,
                                int t4, float m_run[2], float l_run[2], float alpha[2]) {
+  // Two straight-line loops rather than one with a test per element: the unmasked tiles (nearly
+  // all of them) then pay nothing for the mask.
+  if (masked) {
+    const Window w[2] = {VisibleKeys(p.mask, row[0], j0, kN), VisibleKeys(p.mask, row[1], j0, kN)};
+    STRIA_UNROLL
+    for (int i = 0; i < kN / 2; ++i)
+      s[i] = In(w[(i & 3) >> 1], 8 * (i >> 2) + 2 * t4 + (i & 1)) ? s[i] * p.scale_log2 : NegInf();
+  } else {
+    STRIA_UNROLL
+    for (int i = 0; i < kN / 2; ++i) s[i] *= p.scale_log2;
+  }
   float mx[2] = {NegInf(), NegInf()};
   STRIA_UNROLL
-  for (int i = 0; i < kN / 2; ++i) {
-    const int e = (i & 3) >> 1;
-    float v = s[i] * p.scale_log2;
-    if (masked && !Visible(p.mask, row[e], j0 + 8 * (i >> 2) + 2 * t4 + (i & 1))) v = NegInf();
-    s[i] = v;
-    mx[e] = fmaxf(mx[e], v);
-  }
+  for (int i = 0; i < kN / 2; ++i) mx[(i & 3) >> 1] = fmaxf(mx[(i & 3) >> 1], s[i]);
   float base[2];
   STRIA_UNROLL
   for (int e = 0; e < 2; ++e) alpha[e] = OnlineMaxStep(mx[e], &m_run[e], &base[e]);
@@ -66,6 +71,48 @@ STRIA_DEVICE void WgmmaSoftmax(const FwdParams& p, float (&s)[kN / 2], bool mask
   STRIA_UNROLL
   for (int e = 0; e < 2; ++e) l_run[e] = l_run[e] * alpha[e] + sum[e];
 }
+
+#if STRIA_HAS_WGMMA  // the helpers below issue wgmma: sm_90a (and the emulator) only
+// S = Q K^T for one warpgroup into s (issued and committed, not waited for): Q's kM-row tile at
+// `q_addr` (this warpgroup's 64 rows from row 64 `group`) and a kN-row K tile at `k_addr`, both
+// in the 128-byte swizzle.
+template <typename T, int D, int kM, int kN>
+STRIA_DEVICE void IssueScores(float (&s)[kN / 2], uint32_t q_addr, uint32_t k_addr, int group) {
+  STRIA_UNROLL
+  for (int kk = 0; kk < D / 16; ++kk) {
+    // Column block kk / 4 (64 values: kM or kN rows x 128 bytes), then 32 bytes per 16 columns.
+    const uint32_t kcol = static_cast<uint32_t>((kk & 3) * 32);
+    const uint64_t qa = SwizzledDesc(q_addr + (kk >> 2) * kM * kSwizzleBytes + 64 * group * kSwizzleBytes + kcol, 16,
+                                     kSwizzleAtomBytes);
+    const uint64_t kb = SwizzledDesc(k_addr + (kk >> 2) * kN * kSwizzleBytes + kcol, 16, kSwizzleAtomBytes);
+    wgmma_ss<T, kN>(s, qa, kb, kk > 0);
+  }
+  wgmma_commit();
+}
+
+// O += P V (issued and committed, not waited for): P as A fragments (keys 16 kk.. in pa[kk]), the
+// kN-row V tile at `v_addr` in the 128-byte swizzle, read in the transposed-B form.
+template <typename T, int D, int kN>
+STRIA_DEVICE void IssuePV(float (&o)[D / 2], const uint32_t (&pa)[kN / 16][4], uint32_t v_addr) {
+  STRIA_UNROLL
+  for (int kk = 0; kk < kN / 16; ++kk) {
+    // Keys 16 kk.. are rows 16 kk.. of V: 2048 bytes per 16 rows; LBO: the next 64 columns.
+    const uint64_t db = SwizzledDesc(v_addr + kk * 16 * kSwizzleBytes, kN * kSwizzleBytes, kSwizzleAtomBytes);
+    wgmma_rs_tb<T, D>(o, pa[kk], db, true);
+  }
+  wgmma_commit();
+}
+
+// After a tile's softmax: the old output rows scaled by alpha, and P (in s) as A fragments.
+template <typename T, int D, int kN>
+STRIA_DEVICE void RescaleAndPack(float (&o)[D / 2], const float alpha[2], const float (&s)[kN / 2],
+                                 uint32_t (&pa)[kN / 16][4]) {
+  STRIA_UNROLL
+  for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i & 3) >> 1];
+  STRIA_UNROLL
+  for (int kk = 0; kk < kN / 16; ++kk) AccToA<T>(pa[kk], s + 8 * kk, s + 8 * kk + 4);
+}
+#endif
 
 template <typename T, int D>
 STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p) {
@@ -95,17 +142,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p)
   };
   // S(n) = Q K(n)^T into s (not waited for).
   auto issue_scores = [&](float(&s)[kN / 2], int n) {
-    STRIA_UNROLL
-    for (int kk = 0; kk < D / 16; ++kk) {
-      // Column block kk / 4 (64 values: kM or kN rows x 128 bytes), then 32 bytes per 16 columns.
-      const uint32_t kcol = static_cast<uint32_t>((kk & 3) * 32);
-      const uint64_t qa = SwizzledDesc(q_addr + (kk >> 2) * kM * kSwizzleBytes + 64 * group * kSwizzleBytes + kcol, 16,
-                                       kSwizzleAtomBytes);
-      const uint64_t kb = SwizzledDesc(k_addr + (n & 1) * Tile::kKvBytes + (kk >> 2) * kN * kSwizzleBytes + kcol, 16,
-                                       kSwizzleAtomBytes);
-      wgmma_ss<T, kN>(s, qa, kb, kk > 0);
-    }
-    wgmma_commit();
+    IssueScores<T, D, kM, kN>(s, q_addr, k_addr + (n & 1) * Tile::kKvBytes, group);
   };
 
   // This thread's rows gi0 + 16 warp + g (+8) and its share of their running state, in the
@@ -137,22 +174,10 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p)
   wgmma_wait<0>();
   WgmmaSoftmax<kN>(p, s, !FullyVisible(p.mask, gi0, gi1, j_first, j_first + kN), row, j_first, t4, m_run, l_run, alpha);
   uint32_t pa[kN / 16][4];  // P(n) as A fragments: keys 16 kk.. are accumulator chunks 2 kk, 2 kk + 1
-  STRIA_UNROLL
-  for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i & 3) >> 1];
-  STRIA_UNROLL
-  for (int kk = 0; kk < kN / 16; ++kk) AccToA<T>(pa[kk], s + 8 * kk, s + 8 * kk + 4);
+  RescaleAndPack<T, D, kN>(o, alpha, s, pa);
 
   // O += P(n) V(n) (not waited for).
-  auto issue_pv = [&](int n) {
-    STRIA_UNROLL
-    for (int kk = 0; kk < kN / 16; ++kk) {
-      // Keys 16 kk.. are rows 16 kk.. of V: 2048 bytes per 16 rows; LBO: the next 64 columns.
-      const uint64_t db = SwizzledDesc(v_addr + (n & 1) * Tile::kKvBytes + kk * 16 * kSwizzleBytes, kN * kSwizzleBytes,
-                                       kSwizzleAtomBytes);
-      wgmma_rs_tb<T, D>(o, pa[kk], db, true);
-    }
-    wgmma_commit();
-  };
+  auto issue_pv = [&](int n) { IssuePV<T, D, kN>(o, pa, v_addr + (n & 1) * Tile::kKvBytes); };
   // V(n) and K(n+1) landed and visible to wgmma; every warpgroup is done with S(n), so K(n)'s
   // buffer is free, and with P(n-1) V(n-1), so V(n-1)'s is.
   auto tiles_ready = [] {
@@ -174,10 +199,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p)
     const int64_t j1 = j_first + int64_t{kN} * (n + 1);
     WgmmaSoftmax<kN>(p, s, !FullyVisible(p.mask, gi0, gi1, j1, j1 + kN), row, j1, t4, m_run, l_run, alpha);
     wgmma_wait<0>();  // P(n) V(n) done: o and pa are free
-    STRIA_UNROLL
-    for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i & 3) >> 1];
-    STRIA_UNROLL
-    for (int kk = 0; kk < kN / 16; ++kk) AccToA<T>(pa[kk], s + 8 * kk, s + 8 * kk + 4);
+    RescaleAndPack<T, D, kN>(o, alpha, s, pa);
   }
   tiles_ready();
   wgmma_fence();
