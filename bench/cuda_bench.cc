@@ -9,7 +9,7 @@
 //     (rank, step) block mask of each layout is timed on this GPU (identical masks once), the
 //     ring takes the sum over steps of the slowest rank; beside it the ideal (one GPU running the
 //     whole sequence, divided by N) and the analytical ratios of stria_analyze_balance.
-//   stria-cuda-bench hide [--lens 1024,...,32768] [--heads 16] [--dim 128] [--kernels mma|wgmma]
+//   stria-cuda-bench hide [--lens 1024,...,32768] [--heads 16] [--dim 128] [--kernels mma|wgmma|tma]
 //                         [--nvlink-gbs 450] [--ib-gbs 50]
 //     When does a ring step's transfer hide behind its compute? Times the block kernels of one
 //     step (a striped causal step, about half a block, and a dense step) per block length and
@@ -348,9 +348,16 @@ int main(int argc, char** argv) {
       nvlink_gbs = std::atof(argv[i + 1]);
     else if (k == "--ib-gbs")
       ib_gbs = std::atof(argv[i + 1]);
-    else if (k == "--kernels")  // the ring model's kernel family: mma or wgmma (sm_90 only)
-      kernels = std::string(argv[i + 1]) == "wgmma" ? stria::cuda::Kernels::kWgmma : stria::cuda::Kernels::kMma;
-    else {
+    else if (k == "--kernels") {  // the ring model's kernel family: mma, or wgmma or tma (sm_90 only)
+      const std::string v = argv[i + 1];
+      if (v != "mma" && v != "wgmma" && v != "tma") {
+        std::fprintf(stderr, "--kernels %s: use mma, wgmma or tma\n", v.c_str());
+        return 2;
+      }
+      kernels = v == "wgmma" ? stria::cuda::Kernels::kWgmma
+                : v == "tma" ? stria::cuda::Kernels::kTma
+                             : stria::cuda::Kernels::kMma;
+    } else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
     }
@@ -361,8 +368,15 @@ int main(int argc, char** argv) {
     return 3;
   }
   if (mode == "kernels") return Kernels(dims, lens, reps);
-  if (mode == "ring") return Ring(seq, world, heads, dim, reps, kernels);
-  if (mode == "hide") return Hide(lens, heads, dim, reps, kernels, nvlink_gbs, ib_gbs);
+  int rc = 2;
+  if (mode == "ring") rc = Ring(seq, world, heads, dim, reps, kernels);
+  if (mode == "hide") rc = Hide(lens, heads, dim, reps, kernels, nvlink_gbs, ib_gbs);
+  if (mode == "ring" || mode == "hide") {
+    // Blocks of the TMA family that fell back to cp.async: their times are not TMA's.
+    if (kernels == stria::cuda::Kernels::kTma)
+      std::printf("tma_map_failures=%llu\n", static_cast<unsigned long long>(stria::cuda::TmaMapFailures()));
+    return rc;
+  }
   std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
   return 2;
 }

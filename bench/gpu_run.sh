@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU benchmark, in one run on one GPU (the device machine: PyTorch is installed there):
 # builds stria with CUDA, runs the GPU tests (their output goes to docs/gpu_test_output.txt),
-# compute-sanitizer memcheck and racecheck on a small ring (mma.sync, SIMT and wgmma), then our
-# kernels (mma.sync, and on an H100/H200 the wgmma family too) beside PyTorch's SDPA
+# compute-sanitizer memcheck and racecheck on a small ring (mma.sync, SIMT, wgmma and TMA), then our
+# kernels (mma.sync, and on an H100/H200 the wgmma and TMA families too) beside PyTorch's SDPA
 # (flash and cuDNN backends) on the same shapes, the modelled N = 8 ring at 256k tokens, and the
 # block length above which a ring step's transfer hides behind its kernels (NVLink, 400 Gb/s IB),
 # and the NCCL transport at world 1 against the in-process transport (its overhead; issue 5).
@@ -50,7 +50,7 @@ fi
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 if stage sanitizer && [ -x "$sanitizer" ]; then
   echo "== compute-sanitizer (memcheck, racecheck) on a small ring" | tee -a "$out/gpu_results.txt"
-  filter='TensorCores/CudaRingVsReference.ForwardAndBackward/N3_striped_causal_bf16*:Shapes/*N3_striped_causal_bf16_B2L136*:Shapes/*simt*:Wgmma/*N3_striped_causal_bf16_B2L264*'
+  filter='TensorCores/CudaRingVsReference.ForwardAndBackward/N3_striped_causal_bf16*:Shapes/*N3_striped_causal_bf16_B2L136*:Shapes/*simt*:Wgmma/*N3_striped_causal_bf16_B2L264*:Tma/*N3_striped_causal_bf16_B2L264*'
   for tool in memcheck racecheck; do
     "$sanitizer" --tool "$tool" --error-exitcode 9 build-gpu/tests/gpu/test_cuda_ring --gtest_filter="$filter" \
       2>&1 | tail -3 | tee -a "$out/gpu_results.txt"
@@ -63,8 +63,10 @@ if stage kernels; then
   build-gpu/bench/stria-cuda-bench kernels --dims $dims --lens $lens | tee -a "$out/gpu_results.txt"
   # The Hopper wgmma kernels (opt-in until this run shows them correct): same shapes.
   if [ "$wgmma" = 1 ]; then
-    STRIA_CUDA_KERNELS=wgmma build-gpu/bench/stria-cuda-bench kernels --dims $dims --lens $lens |
-      tee -a "$out/gpu_results.txt"
+    for family in wgmma tma; do
+      STRIA_CUDA_KERNELS=$family build-gpu/bench/stria-cuda-bench kernels --dims $dims --lens $lens |
+        tee -a "$out/gpu_results.txt"
+    done
   fi
   python3 bench/torch_sdpa_gpu.py --dims $dims --lens $lens | tee -a "$out/gpu_results.txt"
 fi
@@ -72,8 +74,10 @@ if stage ring; then
   echo "== ring model, N = 8" | tee -a "$out/gpu_results.txt"
   build-gpu/bench/stria-cuda-bench ring --seq $seq --world 8 --heads 16 --dim 128 | tee -a "$out/gpu_results.txt"
   if [ "$wgmma" = 1 ]; then
-    build-gpu/bench/stria-cuda-bench ring --seq $seq --world 8 --heads 16 --dim 128 --kernels wgmma |
-      tee -a "$out/gpu_results.txt"
+    for family in wgmma tma; do
+      build-gpu/bench/stria-cuda-bench ring --seq $seq --world 8 --heads 16 --dim 128 --kernels $family |
+        tee -a "$out/gpu_results.txt"
+    done
   fi
 fi
 if stage hide; then
@@ -81,8 +85,10 @@ if stage hide; then
     tee -a "$out/gpu_results.txt"
   build-gpu/bench/stria-cuda-bench hide --lens $lens --heads 16 --dim 128 | tee -a "$out/gpu_results.txt"
   if [ "$wgmma" = 1 ]; then
-    build-gpu/bench/stria-cuda-bench hide --lens $lens --heads 16 --dim 128 --kernels wgmma |
-      tee -a "$out/gpu_results.txt"
+    for family in wgmma tma; do
+      build-gpu/bench/stria-cuda-bench hide --lens $lens --heads 16 --dim 128 --kernels $family |
+        tee -a "$out/gpu_results.txt"
+    done
   fi
 fi
 bench=build-gpu/bench/stria-nccl-bench

@@ -785,12 +785,12 @@ TEST(Modules, CudaKernelFamilyIsChecked) {
     EXPECT_EQ(stria_context_create(&cfg, &ctx), STRIA_ERROR_INVALID_ARGUMENT) << bad;
     const std::string msg = stria_get_last_error();
     EXPECT_NE(msg.find("STRIA_CUDA_KERNELS=\"" + std::string(bad) + "\""), std::string::npos) << msg;
-    EXPECT_NE(msg.find("simt, mma or wgmma"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("simt, mma, wgmma or tma"), std::string::npos) << msg;
     EXPECT_EQ(ctx, nullptr);
   }
   unsetenv("STRIA_CUDA_KERNELS");
   const bool gpu = CudaContextWorks();
-  for (const char* good : {"mma", "SIMT", "Wgmma", ""}) {
+  for (const char* good : {"mma", "SIMT", "Wgmma", "tma", ""}) {
     setenv("STRIA_CUDA_KERNELS", good, 1);
     const stria_status_t st = stria_context_create(&cfg, &ctx);
     EXPECT_EQ(st, gpu ? STRIA_SUCCESS : STRIA_ERROR_UNSUPPORTED) << good << ": " << stria_get_last_error();

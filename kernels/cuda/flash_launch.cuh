@@ -7,6 +7,7 @@
 #include "cuda/flash_backward.cuh"
 #include "cuda/flash_forward.cuh"
 #include "cuda/smem_optin.cuh"
+#include "cuda/tma_forward.cuh"
 #include "cuda/wgmma_backward.cuh"
 #include "cuda/wgmma_forward.cuh"
 
@@ -32,6 +33,27 @@ cudaError_t LaunchFlashForward(const FwdParams& p, cudaStream_t s) {
 template <typename T, int D>
 cudaError_t LaunchWgmmaForward(const FwdParams& p, cudaStream_t s) {
   return LaunchForwardTiles<WgmmaFwdTile<D>>(WgmmaForwardKernel<T, D>, p, s);
+}
+
+// sm_90a only, like the wgmma forward. TMA needs what EncodeRowsMap checks (16-byte aligned
+// strides); a view it cannot describe takes the wgmma kernel that loads with cp.async instead.
+template <typename T, int D>
+cudaError_t LaunchTmaForward(const FwdParams& p, cudaStream_t s) {
+  using Tile = TmaFwdTile<D>;
+  TmaFwdParams tp{};
+  tp.p = p;
+  const Dims& d = p.dims;
+  const int64_t kv_sl = int64_t{d.Hkv} * d.D, kv_sb = kv_sl * d.L;
+  const bool mapped = EncodeRowsMap(&tp.q_map, p.q.data, d.B, d.L, d.Hq, d.D, p.q.sb, p.q.sl, p.q.sh, Tile::kM) &&
+                      EncodeRowsMap(&tp.k_map, p.k, d.B, d.L, d.Hkv, d.D, kv_sb, kv_sl, d.D, Tile::kN) &&
+                      EncodeRowsMap(&tp.v_map, p.v, d.B, d.L, d.Hkv, d.D, kv_sb, kv_sl, d.D, Tile::kN);
+  if (!mapped) return LaunchWgmmaForward<T, D>(p, s);
+  void (*kernel)(TmaFwdParams) = WgmmaTmaForwardKernel<T, D>;
+  const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
+  if (allowed != cudaSuccess) return allowed;
+  const dim3 grid(QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(d.B * d.Hq));
+  STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(tp);
+  return cudaGetLastError();
 }
 
 // A backward tile kernel over the key tiles of the block (Tile: kN, kThreads, kSmemBytes), one

@@ -17,6 +17,8 @@ cudaError_t FlashBackwardF16(int D, const BwdParams& p, cudaStream_t s);
 cudaError_t FlashBackwardBF16(int D, const BwdParams& p, cudaStream_t s);
 cudaError_t WgmmaForwardF16(int D, const FwdParams& p, cudaStream_t s);
 cudaError_t WgmmaForwardBF16(int D, const FwdParams& p, cudaStream_t s);
+cudaError_t TmaForwardF16(int D, const FwdParams& p, cudaStream_t s);
+cudaError_t TmaForwardBF16(int D, const FwdParams& p, cudaStream_t s);
 cudaError_t WgmmaBackwardF16(int D, const BwdParams& p, cudaStream_t s);
 cudaError_t WgmmaBackwardBF16(int D, const BwdParams& p, cudaStream_t s);
 
@@ -28,6 +30,8 @@ const char* KernelsName(Kernels k) {
       return "mma";
     case Kernels::kWgmma:
       return "wgmma";
+    case Kernels::kTma:
+      return "tma";
   }
   return "?";
 }
@@ -73,6 +77,8 @@ cudaError_t SimtBackward(const BwdParams& p, cudaStream_t s) {
 }  // namespace
 
 cudaError_t LaunchForwardBlock(Elem e, Kernels k, const FwdParams& p, cudaStream_t s) {
+  if (k == Kernels::kTma && e == Elem::kF16) return TmaForwardF16(p.dims.D, p, s);
+  if (k == Kernels::kTma && e == Elem::kBF16) return TmaForwardBF16(p.dims.D, p, s);
   if (k == Kernels::kWgmma && e == Elem::kF16) return WgmmaForwardF16(p.dims.D, p, s);
   if (k == Kernels::kWgmma && e == Elem::kBF16) return WgmmaForwardBF16(p.dims.D, p, s);
   if (k == Kernels::kMma && e == Elem::kF16) return FlashForwardF16(p.dims.D, p, s);
@@ -89,8 +95,10 @@ cudaError_t LaunchForwardBlock(Elem e, Kernels k, const FwdParams& p, cudaStream
 }
 
 cudaError_t LaunchBackwardBlock(Elem e, Kernels k, const BwdParams& p, cudaStream_t s) {
-  if (k == Kernels::kWgmma && e == Elem::kF16) return WgmmaBackwardF16(p.dims.D, p, s);
-  if (k == Kernels::kWgmma && e == Elem::kBF16) return WgmmaBackwardBF16(p.dims.D, p, s);
+  // kTma's backward is kWgmma's (TMA changes only the forward's loads so far).
+  const bool wgmma = k == Kernels::kWgmma || k == Kernels::kTma;
+  if (wgmma && e == Elem::kF16) return WgmmaBackwardF16(p.dims.D, p, s);
+  if (wgmma && e == Elem::kBF16) return WgmmaBackwardBF16(p.dims.D, p, s);
   if (k == Kernels::kMma && e == Elem::kF16) return FlashBackwardF16(p.dims.D, p, s);
   if (k == Kernels::kMma && e == Elem::kBF16) return FlashBackwardBF16(p.dims.D, p, s);
   switch (e) {

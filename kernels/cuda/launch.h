@@ -15,13 +15,17 @@ enum class Elem { kF32, kF16, kBF16 };
 bool FlashHeadDim(int D);
 constexpr int kMaxHeadDim = 256;
 
-// The kernel family of a ring block. kMma (mma.sync, sm_80 on) and kWgmma (wgmma, sm_90a only)
-// need 16-bit dtypes, FlashHeadDim and 16-byte aligned rows,
-// and kWgmma a device of compute capability 9.0: the caller checks. kSimt runs everything.
-enum class Kernels { kSimt, kMma, kWgmma };
+// The kernel family of a ring block. kMma (mma.sync, sm_80 on), kWgmma (wgmma, sm_90a only) and
+// kTma (kWgmma with the forward's loads by TMA in warp-specialised CTAs) need 16-bit dtypes,
+// FlashHeadDim and 16-byte aligned rows, and kWgmma and kTma a device of compute capability 9.0:
+// the caller checks. kSimt runs everything.
+enum class Kernels { kSimt, kMma, kWgmma, kTma };
 const char* KernelsName(Kernels k);
 
 cudaError_t LaunchForwardBlock(Elem e, Kernels k, const FwdParams& p, cudaStream_t s);
+// kTma blocks that took the cp.async wgmma forward because their tensor maps could not be made
+// (tma_api.cuh, EncodeRowsMap), in this process: what a TMA benchmark must show is zero.
+uint64_t TmaMapFailures();
 cudaError_t LaunchBackwardBlock(Elem e, Kernels k, const BwdParams& p, cudaStream_t s);
 
 cudaError_t LaunchPackRows(int elem_bytes, Dims d, int H, RowsArg src, void* dst, cudaStream_t s);

@@ -16,6 +16,7 @@
 #include "cuda/elementwise.cuh"
 #include "cuda/flash_backward.cuh"
 #include "cuda/flash_forward.cuh"
+#include "cuda/tma_forward.cuh"
 #include "cuda/wgmma_backward.cuh"
 #include "cuda/wgmma_forward.cuh"
 
@@ -30,8 +31,9 @@ struct Block {
   uint64_t seed;
 };
 
-// Which kernels run: SIMT, the mma.sync forward and backward, or the wgmma (sm_90a) ones.
-enum class Path { kSimt, kMma, kWgmma };
+// Which kernels run: SIMT, the mma.sync forward and backward, the wgmma (sm_90a) ones, or the
+// TMA warp-specialised forward (whose family's backward is the wgmma one, tested as kWgmma).
+enum class Path { kSimt, kMma, kWgmma, kTma };
 
 struct Case {
   std::string name;
@@ -67,6 +69,20 @@ void WgmmaBackward(const sc::BwdParams& p) {
   emu::Launch(emu::Dim3{CeilDiv(p.dims.L, Tile::kN), static_cast<unsigned>(p.dims.B * p.dims.Hkv), 1},
               emu::Dim3{Tile::kThreads, 1, 1}, Tile::kSmemBytes, [&] { sc::WgmmaBackwardKernel<T, D>(p); });
 }
+// The TMA forward, as LaunchTmaForward runs it: maps of the compact K/V block and of Q.
+template <typename T, int D>
+void TmaForward(const sc::FwdParams& p) {
+  using Tile = sc::TmaFwdTile<D>;
+  const sc::Dims& d = p.dims;
+  sc::TmaFwdParams tp{};
+  tp.p = p;
+  const int64_t kv_sl = int64_t{d.Hkv} * D, kv_sb = kv_sl * d.L;
+  ASSERT_TRUE(sc::EncodeRowsMap(&tp.q_map, p.q.data, d.B, d.L, d.Hq, D, p.q.sb, p.q.sl, p.q.sh, Tile::kM));
+  ASSERT_TRUE(sc::EncodeRowsMap(&tp.k_map, p.k, d.B, d.L, d.Hkv, D, kv_sb, kv_sl, D, Tile::kN));
+  ASSERT_TRUE(sc::EncodeRowsMap(&tp.v_map, p.v, d.B, d.L, d.Hkv, D, kv_sb, kv_sl, D, Tile::kN));
+  emu::Launch(emu::Dim3{sc::QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(d.B * d.Hq), 1},
+              emu::Dim3{Tile::kThreads, 1, 1}, Tile::kSmemBytes, [&] { sc::WgmmaTmaForwardKernel<T, D>(tp); });
+}
 template <typename T>
 void SimtForward(const sc::FwdParams& p) {
   emu::Launch(emu::Dim3{sc::QueryTileCount(p.mask, sc::kSimtRows), static_cast<unsigned>(p.dims.B * p.dims.Hq), 1},
@@ -87,6 +103,8 @@ template <typename T>
 void Forward(Path path, const sc::FwdParams& p) {
   if (path == Path::kSimt) return SimtForward<T>(p);
   if constexpr (!std::is_same<T, sc::Float>::value) {
+    if (path == Path::kTma && p.dims.D == 64) return TmaForward<T, 64>(p);
+    if (path == Path::kTma && p.dims.D == 128) return TmaForward<T, 128>(p);
     if (path == Path::kWgmma && p.dims.D == 64)
       return ForwardTiles<sc::WgmmaFwdTile<64>>(p, sc::WgmmaForwardKernel<T, 64>);
     if (path == Path::kWgmma && p.dims.D == 128)
@@ -225,6 +243,7 @@ void RunCase(const Case& c) {
   EXPECT_LT(RelError(lse.ToDouble(), lse_ref), c.dt == Dt::kF32 ? 1e-5 : 1e-3) << "lse";
 
   // Backward from the reference's own output and LSE (as the ring's backward gets the forward's).
+  if (c.path == Path::kTma) return;  // the wgmma backward, which the kWgmma cases run
   Tensor o_in({B, L, Hq, D}, c.dt), lse_in({B, Hq, L}, Dt::kF32);
   for (int64_t x = 0; x < o_in.numel(); ++x) o_in.Set(x, out_ref[static_cast<size_t>(x)]);
   for (int64_t x = 0; x < lse_in.numel(); ++x) lse_in.Set(x, lse_ref[static_cast<size_t>(x)]);
@@ -294,7 +313,7 @@ sc::MaskArgs Diagonal(int64_t L, int64_t offset) {
 
 std::vector<Case> Cases() {
   std::vector<Case> cs;
-  for (Path path : {Path::kMma, Path::kWgmma, Path::kSimt})
+  for (Path path : {Path::kMma, Path::kWgmma, Path::kTma, Path::kSimt})
     for (Dt dt : {Dt::kBF16, Dt::kF16})
       for (int D : {64, 128}) {
         // The own block of a causal striped/contiguous rank, and the dense block before it.
@@ -314,7 +333,7 @@ std::vector<Case> Cases() {
                           {{sc::MaskArgs{0, 96, 0, 48, 0, 0}, 4}, {sc::MaskArgs{48, 96, 0, 96, 0, 0}, 5}}});
       }
   // Shapes the tiles cut unevenly: 1 and 2 tokens, 130 (three 64-wide tiles), GQA 4:1, D 128.
-  for (Path path : {Path::kMma, Path::kWgmma}) {
+  for (Path path : {Path::kMma, Path::kWgmma, Path::kTma}) {
     cs.push_back(Case{"one_token", Dt::kBF16, path, 1, 1, 2, 1, 64, {{Diagonal(1, 0), 6}}});
     cs.push_back(Case{"two_tokens_offset", Dt::kF16, path, 1, 2, 2, 2, 128, {{Diagonal(2, -1), 7}, {Dense(2), 8}}});
     cs.push_back(Case{"three_tiles_gqa", Dt::kBF16, path, 1, 130, 4, 1, 64, {{Diagonal(130, 0), 9}}});
@@ -324,10 +343,13 @@ std::vector<Case> Cases() {
     // skips the key tiles only the CTA's later rows see; the last CTA is mostly past the end.
     cs.push_back(Case{"three_ctas_striped", Dt::kF16, path, 1, 290, 2, 1, 64, {{Diagonal(290, -1), 15}}});
   }
-  cs.push_back(Case{"three_ctas_d128", Dt::kBF16, Path::kWgmma, 1, 300, 2, 2, 128, {{Diagonal(300, 3), 16}}});
   // Five key tiles per query tile: the wgmma forward's double-buffered K/V pipeline wraps around
-  // its buffers twice; the backward walks five query tiles per key tile.
-  cs.push_back(Case{"five_key_tiles", Dt::kBF16, Path::kWgmma, 1, 560, 1, 1, 64, {{Dense(560), 18}}});
+  // its buffers twice (the TMA forward's stages flip their barrier parities twice); the backward
+  // walks five query tiles per key tile.
+  for (Path path : {Path::kWgmma, Path::kTma}) {
+    cs.push_back(Case{"three_ctas_d128", Dt::kBF16, path, 1, 300, 2, 2, 128, {{Diagonal(300, 3), 16}}});
+    cs.push_back(Case{"five_key_tiles", Dt::kBF16, path, 1, 560, 1, 1, 64, {{Dense(560), 18}}});
+  }
   // The wgmma backward's key warpgroups: under GQA each query head restarts the causal walk, so
   // the second warpgroup of a key tile sits out the first query tile of every head (its dS^T
   // in shared memory is the previous head's) while the first one works.
@@ -342,7 +364,10 @@ std::vector<Case> Cases() {
 std::string Name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
   std::ostringstream os;
-  const char* path = c.path == Path::kSimt ? "_simt" : c.path == Path::kMma ? "_tc" : "_wgmma";
+  const char* path = c.path == Path::kSimt  ? "_simt"
+                     : c.path == Path::kMma ? "_tc"
+                     : c.path == Path::kTma ? "_tma"
+                                            : "_wgmma";
   os << c.name << "_" << DtName(c.dt) << path << "_L" << c.L << "_D" << c.D;
   return os.str();
 }
@@ -357,8 +382,8 @@ std::vector<Case> RandomCases() {
   std::vector<Case> cs;
   std::mt19937_64 rng(20261123);
   auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
-  for (Path path : {Path::kMma, Path::kWgmma})
-    for (int i = 0; i < 16; ++i) {
+  for (Path path : {Path::kMma, Path::kWgmma, Path::kTma})
+    for (int i = 0; i < (path == Path::kTma ? 8 : 16); ++i) {
       const int L = static_cast<int>(pick(1, 260)), Hkv = static_cast<int>(pick(1, 2));
       const int Hq = Hkv * static_cast<int>(pick(1, 3)), B = static_cast<int>(pick(1, 2));
       Case c{"random" + std::to_string(i),

@@ -21,7 +21,7 @@ struct Case {
   bool causal;
   Dt dt;
   int64_t B, L, Hq, Hkv, D;
-  const char* kernels = nullptr;  // STRIA_CUDA_KERNELS for the run: "simt", "wgmma" (sm_90 only)
+  const char* kernels = nullptr;  // STRIA_CUDA_KERNELS for the run: "simt", "wgmma" or "tma" (sm_90 only)
   bool stream = false;            // run on a stream of our own instead of the default stream
   bool strided = false;           // q/k/v as head views of one packed [B, L, Hq + 2 Hkv, D] tensor
 };
@@ -165,6 +165,30 @@ std::vector<Case> WgmmaSweep() {
   return cases;
 }
 
+// The TMA forward (STRIA_CUDA_KERNELS=tma, sm_90 only like wgmma; its backward is the wgmma one):
+// rank counts, layouts, masks, dtypes, GQA, D 64 and 128, several key tiles per query tile, and
+// q as a head view of a packed QKV tensor (the tensor map's strides are the view's).
+std::vector<Case> TmaSweep() {
+  std::vector<Case> cases;
+  for (int n : {1, 2, 3, 8})
+    for (stria_layout_t lay : {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG})
+      for (bool causal : {true, false}) {
+        Case c{n, lay, causal, causal ? Dt::kBF16 : Dt::kF16, 1, 80, 4, 2, 64};
+        c.kernels = "tma";
+        cases.push_back(c);
+      }
+  for (int n : {1, 3}) {
+    Case c{n, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 2, 264, 4, 1, 128};
+    c.kernels = "tma";
+    cases.push_back(c);
+  }
+  Case packed{3, STRIA_LAYOUT_ZIGZAG, true, Dt::kBF16, 2, 48, 4, 2, 64};
+  packed.kernels = "tma";
+  packed.strided = true;
+  cases.push_back(packed);
+  return cases;
+}
+
 std::vector<Case> ShapesAndPaths() {
   std::vector<Case> cases;
   // D = 128 (32-query backward tiles), MQA and MHA, batch 2, several tiles per block.
@@ -205,5 +229,6 @@ std::string ParamName(const ::testing::TestParamInfo<Case>& info) {
 INSTANTIATE_TEST_SUITE_P(TensorCores, CudaRingVsReference, ::testing::ValuesIn(TensorCoreSweep()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaRingVsReference, ::testing::ValuesIn(ShapesAndPaths()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Wgmma, CudaRingVsReference, ::testing::ValuesIn(WgmmaSweep()), ParamName);
+INSTANTIATE_TEST_SUITE_P(Tma, CudaRingVsReference, ::testing::ValuesIn(TmaSweep()), ParamName);
 
 }  // namespace

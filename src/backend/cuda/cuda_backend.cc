@@ -7,8 +7,9 @@
 // q (and dO) rows are 16-byte aligned; the SIMT kernels otherwise (float32, other head dims,
 // odd strides). STRIA_CUDA_KERNELS picks among the families (tests and benchmarks compare them):
 // "simt" forces SIMT; "wgmma" takes the Hopper wgmma forward and backward on compute capability
-// 9.0 devices. The default is mma.sync: the wgmma kernels have passed only the emulator so far,
-// and stay opt-in until the GPU suite has run them on an H100 (docs/performance.md).
+// 9.0 devices, and "tma" the same with the forward's loads by TMA in warp-specialised CTAs. The
+// default is mma.sync: the wgmma kernels have passed only the emulator so far, and stay opt-in
+// until the GPU suite has run them on an H100 (docs/performance.md).
 #include "backend/cuda/cuda_backend.h"
 
 #include <cuda_runtime_api.h>
@@ -107,30 +108,26 @@ class CudaCopier final : public BufferCopier {
   std::vector<cudaStream_t> streams_;
 };
 
-// STRIA_CUDA_KERNELS: unset or empty (the default, mma.sync), "mma", "simt" or "wgmma", in any
-// case. Anything else is refused at context creation: a misspelt family must not quietly time
-// or test the default one.
-struct KernelChoice {
-  bool simt_only = false, want_wgmma = false;
-};
-Status ParseKernelChoice(const char* env, KernelChoice* out) {
-  *out = KernelChoice{};
-  if (env == nullptr || *env == '\0' || strcasecmp(env, "mma") == 0) return Status::Ok();
-  if (strcasecmp(env, "simt") == 0) {
-    out->simt_only = true;
-    return Status::Ok();
-  }
-  if (strcasecmp(env, "wgmma") == 0) {
-    out->want_wgmma = true;
-    return Status::Ok();
+// STRIA_CUDA_KERNELS: unset or empty (the default, mma.sync), "mma", "simt", "wgmma" or "tma", in
+// any case. Anything else is refused at context creation: a misspelt family must not quietly
+// time or test the default one.
+Status ParseKernelChoice(const char* env, cuda::Kernels* out) {
+  *out = cuda::Kernels::kMma;
+  if (env == nullptr || *env == '\0') return Status::Ok();
+  for (cuda::Kernels k : {cuda::Kernels::kMma, cuda::Kernels::kSimt, cuda::Kernels::kWgmma, cuda::Kernels::kTma}) {
+    if (strcasecmp(env, cuda::KernelsName(k)) == 0) {
+      *out = k;
+      return Status::Ok();
+    }
   }
   return Error(STRIA_ERROR_INVALID_ARGUMENT,
-               "STRIA_CUDA_KERNELS=\"%.64s\" is not a kernel family: use simt, mma or wgmma, or leave it unset", env);
+               "STRIA_CUDA_KERNELS=\"%.64s\" is not a kernel family: use simt, mma, wgmma or tma, or leave it unset",
+               env);
 }
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, KernelChoice k) : device_(device), simt_only_(k.simt_only), want_wgmma_(k.want_wgmma) {}
+  CudaBackend(int device, cuda::Kernels want) : device_(device), want_(want) {}
   ~CudaBackend() override {
     if (handoff_ == nullptr) return;
     DeviceScope scope(device_);
@@ -330,25 +327,26 @@ class CudaBackend final : public Backend {
 
   // The kernel family of this call (see the top of the file). Needs the device current.
   Status Choose(const AttentionShape& s, bool rows_aligned) {
-    if (simt_only_ || s.dtype == DType::kF32 || !cuda::FlashHeadDim(static_cast<int>(s.D)) || !rows_aligned) {
+    if (want_ == cuda::Kernels::kSimt || s.dtype == DType::kF32 || !cuda::FlashHeadDim(static_cast<int>(s.D)) ||
+        !rows_aligned) {
       kernels_ = cuda::Kernels::kSimt;
       return Status::Ok();
     }
-    if (want_wgmma_ && cc_ < 0) {
+    const bool hopper_family = want_ == cuda::Kernels::kWgmma || want_ == cuda::Kernels::kTma;
+    if (hopper_family && cc_ < 0) {
       int major = 0, minor = 0;
       STRIA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
       STRIA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_));
       cc_ = 10 * major + minor;
     }
     // sm_90a code runs on compute capability 9.0 only (not on later majors).
-    kernels_ = want_wgmma_ && cc_ == 90 ? cuda::Kernels::kWgmma : cuda::Kernels::kMma;
+    kernels_ = hopper_family && cc_ == 90 ? want_ : cuda::Kernels::kMma;
     return Status::Ok();
   }
 
   const int device_;
-  const bool simt_only_;
-  const bool want_wgmma_;
-  int cc_ = -1;  // compute capability 10 * major + minor, once asked
+  const cuda::Kernels want_;  // STRIA_CUDA_KERNELS
+  int cc_ = -1;               // compute capability 10 * major + minor, once asked
   cuda::Kernels kernels_ = cuda::Kernels::kSimt;
   bool used_ = false;              // a call has queued work on stream_
   cudaEvent_t handoff_ = nullptr;  // orders a new stream after the previous one
@@ -362,7 +360,7 @@ class CudaBackend final : public Backend {
 }  // namespace
 
 Status CreateCudaBackend(DLDevice device, Backend** out) {
-  KernelChoice kernels;  // the configuration first: its error does not depend on the machine
+  cuda::Kernels kernels;  // the configuration first: its error does not depend on the machine
   STRIA_RETURN_IF_ERROR(ParseKernelChoice(std::getenv("STRIA_CUDA_KERNELS"), &kernels));
   STRIA_RETURN_IF_ERROR(CheckCudaDevice(device.device_id));
   DeviceScope scope(device.device_id);
