@@ -54,6 +54,9 @@ if stage sanitizer && [ -x "$sanitizer" ]; then
   for tool in memcheck racecheck; do
     "$sanitizer" --tool "$tool" --error-exitcode 9 build-gpu/tests/gpu/test_cuda_ring --gtest_filter="$filter" \
       2>&1 | tail -3 | tee -a "$out/gpu_results.txt"
+    # The Hopper primitives one by one (TMA, mbarriers, wgmma): seconds.
+    "$sanitizer" --tool "$tool" --error-exitcode 9 build-gpu/tests/gpu/test_hopper_primitives 2>&1 | tail -3 |
+      tee -a "$out/gpu_results.txt"
   done
 fi
 

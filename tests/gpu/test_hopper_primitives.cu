@@ -1,0 +1,341 @@
+// The Hopper primitives that the wgmma and TMA kernels are built from, one at a time on the GPU
+// (compute capability 9.0; skipped elsewhere, saying why). The emulator models each of them from
+// the PTX ISA and the kernels pass there; this suite checks the same uses against the hardware,
+// so that a first GPU run which fails in the attention suites says which primitive the emulator
+// misreads rather than only that some output is wrong:
+//  - a TMA box from a tensor map that EncodeRowsMap made (the driver's encoder), completing on
+//    an mbarrier, lands where SwizzledOffset says, zero-filled past the tensor;
+//  - S = Q K^T through the forward's own IssueScores (both operands K-major by descriptor);
+//  - O += P V through the forward's own IssuePV (P in registers, V in the transposed-B form);
+//  - dQ = dS K with both operands MN-major, with the backward's descriptors (wgmma_ss_tt).
+// Each product is checked element by element, in the accumulator layout the kernels assume,
+// against a double-precision product of the same bf16 values.
+//
+// The same source also runs on the host model of the CUDA runtime (tests/cuda_host), where the
+// kernels run on the emulator: that checks the checks, so that a failure on the GPU is the GPU's.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/tma_api.cuh"
+#include "cuda/wgmma_forward.cuh"
+
+namespace sc = stria::cuda;
+
+namespace {
+
+// Empty when this GPU runs sm_90a code; otherwise why the test skips.
+std::string NoHopperReason() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    return "no usable CUDA device";
+  }
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  if (major != 9 || minor != 0)
+    return "device 0 has compute capability " + std::to_string(major) + "." + std::to_string(minor) +
+           "; sm_90a code (wgmma, TMA) runs on 9.0 only";
+  return "";
+}
+
+#define REQUIRE_HOPPER()                                             \
+  do {                                                               \
+    const std::string why_ = NoHopperReason();                       \
+    if (!why_.empty()) GTEST_SKIP() << "GPU test skipped: " << why_; \
+  } while (0)
+
+const cudaStream_t kDefaultStream = nullptr;
+
+template <typename Kernel>
+cudaError_t AllowSmem(Kernel kernel, int bytes) {
+  return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              bytes);
+}
+
+#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call << ": " << cudaGetErrorString(cudaGetLastError())
+
+uint16_t ToBf16(float f) {  // round to nearest even
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+double FromBf16(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+std::vector<uint16_t> RandomBf16(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-2.f, 2.f);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = ToBf16(u(rng));
+  return v;
+}
+
+// A device buffer holding a copy of `host` (or `n` zero bytes), freed at scope exit.
+struct Dev {
+  void* p = nullptr;
+  template <typename T>
+  explicit Dev(const std::vector<T>& host) {
+    EXPECT_EQ(cudaMalloc(&p, host.size() * sizeof(T)), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  explicit Dev(size_t bytes) {
+    EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
+    EXPECT_EQ(cudaMemset(p, 0xFF, bytes), cudaSuccess);  // poison: NaN as bf16 and as float
+  }
+  ~Dev() { cudaFree(p); }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+
+template <typename T>
+std::vector<T> ToHost(const Dev& d, size_t n) {
+  std::vector<T> h(n);
+  EXPECT_EQ(cudaMemcpy(h.data(), d.p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return h;
+}
+
+// Row and column of accumulator element i of thread `tid` in a 64 x N wgmma result.
+STRIA_HD int AccRow(int tid, int i) {
+  return 16 * (tid >> 5) + ((tid & 31) >> 2) + 8 * ((i & 3) >> 1);
+}
+STRIA_HD int AccCol(int tid, int i) {
+  return 8 * (i >> 2) + 2 * (tid & 3) + (i & 1);
+}
+
+// `rows` x `cols` 16-bit values, row-major in global memory, into a swizzled shared tile.
+STRIA_DEVICE void StoreSwizzled(unsigned char* tile, const uint16_t* src, int rows, int cols) {
+  for (int x = static_cast<int>(threadIdx.x); x < rows * cols; x += static_cast<int>(blockDim.x)) {
+    const int r = x / cols, c = x % cols;
+    *reinterpret_cast<uint16_t*>(tile + sc::SwizzledOffset(rows, r, c)) = src[x];
+  }
+}
+
+constexpr int kBoxRows = 64;
+
+STRIA_GLOBAL void TmaBoxKernel(const STRIA_GRID_CONSTANT sc::TensorMap map, int h, int row0, int b, uint16_t* out) {
+#if STRIA_HAS_WGMMA
+  STRIA_DYNAMIC_SMEM(smem_raw);
+  unsigned char* tile = sc::AlignToSwizzleAtom(smem_raw);
+  uint64_t* bar = reinterpret_cast<uint64_t*>(tile + 2 * kBoxRows * sc::kSwizzleBytes);
+  if (threadIdx.x == 0) {
+    sc::mbar_init(bar, 1);
+    sc::fence_barrier_init();
+  }
+  sc::block_sync();
+  if (threadIdx.x == 0) {
+    sc::mbar_arrive_expect_tx(bar, 2 * kBoxRows * sc::kSwizzleBytes);
+    for (int cb = 0; cb < 2; ++cb)
+      sc::tma_load_4d(tile + cb * kBoxRows * sc::kSwizzleBytes, &map, 64 * cb, h, row0, b, bar);
+  }
+  sc::mbar_wait(bar, 0);
+  for (int x = static_cast<int>(threadIdx.x); x < 2 * kBoxRows * 64; x += static_cast<int>(blockDim.x))
+    out[x] = reinterpret_cast<const uint16_t*>(tile)[x];
+#endif
+}
+
+// S (64 x kN) = Q (64 x D) K^T, as the forward issues it.
+template <int D, int kN>
+STRIA_GLOBAL void ScoresKernel(const uint16_t* q, const uint16_t* k, float* s_out) {
+#if STRIA_HAS_WGMMA
+  STRIA_DYNAMIC_SMEM(smem_raw);
+  unsigned char* qs = sc::AlignToSwizzleAtom(smem_raw);
+  unsigned char* ks = qs + 64 * D * 2;
+  StoreSwizzled(qs, q, 64, D);
+  StoreSwizzled(ks, k, kN, D);
+  sc::fence_proxy_async();
+  sc::block_sync();
+  float s[kN / 2];
+  sc::wgmma_fence();
+  sc::IssueScores<sc::BFloat, D, 64, kN>(s, sc::smem_addr(qs), sc::smem_addr(ks), 0);
+  sc::wgmma_wait<0>();
+  const int tid = static_cast<int>(threadIdx.x);
+  for (int i = 0; i < kN / 2; ++i) s_out[AccRow(tid, i) * kN + AccCol(tid, i)] = s[i];
+#endif
+}
+
+// O (64 x D) = P (64 x kN, from registers) V (kN x D), as the forward issues it.
+template <int D, int kN>
+STRIA_GLOBAL void PVKernel(const float* p_in, const uint16_t* v, float* o_out) {
+#if STRIA_HAS_WGMMA
+  STRIA_DYNAMIC_SMEM(smem_raw);
+  unsigned char* vs = sc::AlignToSwizzleAtom(smem_raw);
+  StoreSwizzled(vs, v, kN, D);
+  sc::fence_proxy_async();
+  sc::block_sync();
+  const int tid = static_cast<int>(threadIdx.x);
+  float s[kN / 2], o[D / 2], alpha[2] = {0.f, 0.f};
+  for (int i = 0; i < kN / 2; ++i) s[i] = p_in[AccRow(tid, i) * kN + AccCol(tid, i)];
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  uint32_t pa[kN / 16][4];
+  sc::RescaleAndPack<sc::BFloat, D, kN>(o, alpha, s, pa);
+  sc::wgmma_fence();
+  sc::IssuePV<sc::BFloat, D, kN>(o, pa, sc::smem_addr(vs));
+  sc::wgmma_wait<0>();
+  for (int i = 0; i < D / 2; ++i) o_out[AccRow(tid, i) * D + AccCol(tid, i)] = o[i];
+#endif
+}
+
+// dQ block (qb, cb) (64 x 64) = dS (queries 64 qb.., kN keys) K (kN keys, columns 64 cb..), with
+// dS^T and K in shared memory as the backward keeps them (rows: keys), read MN-major.
+constexpr int kDqKeys = 128, kDqQueries = 128, kDqDim = 128;
+STRIA_GLOBAL void DqKernel(const uint16_t* ds_t, const uint16_t* k, int qb, int cb, float* dq_out) {
+#if STRIA_HAS_WGMMA
+  constexpr int kN = kDqKeys;
+  STRIA_DYNAMIC_SMEM(smem_raw);
+  unsigned char* dss = sc::AlignToSwizzleAtom(smem_raw);
+  unsigned char* ks = dss + kN * kDqQueries * 2;
+  StoreSwizzled(dss, ds_t, kN, kDqQueries);
+  StoreSwizzled(ks, k, kN, kDqDim);
+  sc::fence_proxy_async();
+  sc::block_sync();
+  const uint32_t ds_addr = sc::smem_addr(dss), k_addr = sc::smem_addr(ks);
+  float dq[32];
+  sc::wgmma_fence();
+  for (int kk = 0; kk < kN / 16; ++kk) {  // the backward's descriptors (wgmma_backward.cuh)
+    const uint64_t da = sc::SwizzledDesc(ds_addr + qb * kN * sc::kSwizzleBytes + kk * 16 * sc::kSwizzleBytes,
+                                         kN * sc::kSwizzleBytes, sc::kSwizzleAtomBytes);
+    const uint64_t db = sc::SwizzledDesc(k_addr + cb * kN * sc::kSwizzleBytes + kk * 16 * sc::kSwizzleBytes,
+                                         kN * sc::kSwizzleBytes, sc::kSwizzleAtomBytes);
+    sc::wgmma_ss_tt<sc::BFloat, 64>(dq, da, db, kk > 0);
+  }
+  sc::wgmma_commit();
+  sc::wgmma_wait<0>();
+  const int tid = static_cast<int>(threadIdx.x);
+  for (int i = 0; i < 32; ++i) dq_out[AccRow(tid, i) * 64 + AccCol(tid, i)] = dq[i];
+#endif
+}
+
+// Largest |got - want| / (1 + |want|) over a row-major result, and where.
+std::string Compare(const std::vector<float>& got, const std::vector<double>& want, int cols, double* worst) {
+  *worst = 0;
+  std::string where = "nowhere";
+  for (size_t x = 0; x < want.size(); ++x) {
+    const double err = std::isnan(got[x]) ? INFINITY : std::fabs(got[x] - want[x]) / (1 + std::fabs(want[x]));
+    if (err > *worst) {
+      *worst = err;
+      where = "row " + std::to_string(x / cols) + " col " + std::to_string(x % cols) + ": got " +
+              std::to_string(got[x]) + ", want " + std::to_string(want[x]);
+    }
+  }
+  return where;
+}
+
+// A box of 64 rows x 128 columns of head 2 of a strided [B, L, H, D] view (the heads 1..3 of a
+// packed [2, 100, 5, 128] tensor), rows 64..127 of batch 1: rows past L = 100 come back zero.
+TEST(HopperTma, BoxLandsInTheSwizzleAndZeroFillsPastTheEnd) {
+  REQUIRE_HOPPER();
+  const int B = 2, L = 100, Hp = 5, H = 3, D = 128, h0 = 1, h = 2, row0 = 64, b = 1;
+  const std::vector<uint16_t> full = RandomBf16(static_cast<size_t>(B) * L * Hp * D, 1);
+  Dev dfull(full);
+  sc::TensorMap map;
+  ASSERT_TRUE(sc::EncodeRowsMap(&map, dfull.as<uint16_t>() + h0 * D, B, L, H, D, int64_t{L} * Hp * D, int64_t{Hp} * D,
+                                D, kBoxRows))
+      << "the driver refused the tensor map";
+  Dev out(size_t{2} * kBoxRows * 64 * 2);
+  const int smem = 2 * kBoxRows * sc::kSwizzleBytes + 8 + sc::kSwizzleAtomBytes;
+  STRIA_LAUNCH(TmaBoxKernel, 1, 128, smem, kDefaultStream)(map, h, row0, b, out.as<uint16_t>());
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<uint16_t> got = ToHost<uint16_t>(out, size_t{2} * kBoxRows * 64);
+  int bad = 0;
+  for (int r = 0; r < kBoxRows; ++r)
+    for (int c = 0; c < D; ++c) {
+      const int i = row0 + r;
+      const uint16_t want = i < L ? full[((static_cast<size_t>(b) * L + i) * Hp + h0 + h) * D + c] : 0;
+      const uint16_t at = got[static_cast<size_t>(sc::SwizzledOffset(kBoxRows, r, c) / 2)];
+      if (at != want && ++bad <= 5) ADD_FAILURE() << "row " << r << " col " << c << ": " << at << " != " << want;
+    }
+  EXPECT_EQ(bad, 0);
+}
+
+template <int D, int kN>
+void CheckScores() {
+  const std::vector<uint16_t> q = RandomBf16(64 * D, 2 + D), k = RandomBf16(kN * D, 3 + kN);
+  Dev dq(q), dk(k), out(size_t{64} * kN * 4);
+  const int smem = (64 + kN) * D * 2 + sc::kSwizzleAtomBytes;
+  void (*kernel)(const uint16_t*, const uint16_t*, float*) = ScoresKernel<D, kN>;
+  CUDA_OK(AllowSmem(kernel, smem));
+  STRIA_LAUNCH(kernel, 1, 128, smem, kDefaultStream)(dq.as<uint16_t>(), dk.as<uint16_t>(), out.as<float>());
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<double> want(size_t{64} * kN, 0);
+  for (int i = 0; i < 64; ++i)
+    for (int j = 0; j < kN; ++j)
+      for (int d = 0; d < D; ++d) want[i * kN + j] += FromBf16(q[i * D + d]) * FromBf16(k[j * D + d]);
+  double worst;
+  const std::string where = Compare(ToHost<float>(out, want.size()), want, kN, &worst);
+  EXPECT_LT(worst, 1e-4) << "D " << D << ", worst at " << where;
+}
+TEST(HopperWgmma, ScoresAsTheForwardIssuesThem) {
+  REQUIRE_HOPPER();
+  CheckScores<64, 128>();
+  CheckScores<128, 128>();
+}
+
+template <int D, int kN>
+void CheckPV() {
+  std::mt19937_64 rng(4 + D);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  std::vector<float> p(size_t{64} * kN);
+  for (auto& x : p) x = u(rng);
+  const std::vector<uint16_t> v = RandomBf16(kN * D, 5 + D);
+  Dev dp(p), dv(v), out(size_t{64} * D * 4);
+  const int smem = kN * D * 2 + sc::kSwizzleAtomBytes;
+  void (*kernel)(const float*, const uint16_t*, float*) = PVKernel<D, kN>;
+  CUDA_OK(AllowSmem(kernel, smem));
+  STRIA_LAUNCH(kernel, 1, 128, smem, kDefaultStream)(dp.as<float>(), dv.as<uint16_t>(), out.as<float>());
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<double> want(size_t{64} * D, 0);  // P as the kernel packs it: rounded to bf16
+  for (int i = 0; i < 64; ++i)
+    for (int j = 0; j < kN; ++j)
+      for (int d = 0; d < D; ++d) want[i * D + d] += FromBf16(ToBf16(p[i * kN + j])) * FromBf16(v[j * D + d]);
+  double worst;
+  const std::string where = Compare(ToHost<float>(out, want.size()), want, D, &worst);
+  EXPECT_LT(worst, 1e-4) << "D " << D << ", worst at " << where;
+}
+TEST(HopperWgmma, PTimesVAsTheForwardIssuesIt) {
+  REQUIRE_HOPPER();
+  CheckPV<64, 128>();
+  CheckPV<128, 128>();
+}
+
+TEST(HopperWgmma, DqFromTransposedOperandsAsTheBackwardIssuesIt) {
+  REQUIRE_HOPPER();
+  const std::vector<uint16_t> ds_t = RandomBf16(size_t{kDqKeys} * kDqQueries, 6),
+                              k = RandomBf16(size_t{kDqKeys} * kDqDim, 7);
+  Dev dds(ds_t), dk(k), out(size_t{64} * 64 * 4);
+  const int smem = kDqKeys * (kDqQueries + kDqDim) * 2 + sc::kSwizzleAtomBytes;
+  CUDA_OK(AllowSmem(DqKernel, smem));
+  for (int qb = 0; qb < 2; ++qb)
+    for (int cb = 0; cb < 2; ++cb) {
+      STRIA_LAUNCH(DqKernel, 1, 128, smem, kDefaultStream)
+      (dds.as<uint16_t>(), dk.as<uint16_t>(), qb, cb, out.as<float>());
+      CUDA_OK(cudaGetLastError());
+      CUDA_OK(cudaDeviceSynchronize());
+      std::vector<double> want(size_t{64} * 64, 0);
+      for (int i = 0; i < 64; ++i)
+        for (int n = 0; n < 64; ++n)
+          for (int j = 0; j < kDqKeys; ++j)
+            want[i * 64 + n] += FromBf16(ds_t[j * kDqQueries + 64 * qb + i]) * FromBf16(k[j * kDqDim + 64 * cb + n]);
+      double worst;
+      const std::string where = Compare(ToHost<float>(out, want.size()), want, 64, &worst);
+      EXPECT_LT(worst, 1e-4) << "block (" << qb << ", " << cb << "), worst at " << where;
+    }
+}
+
+}  // namespace
