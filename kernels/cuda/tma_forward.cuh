@@ -121,11 +121,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaForwardKernel(const STRIA_GRI
   bool live[2];
   float m_run[2], l_run[2];
   float o[D / 2];
-  for (int e = 0; e < 2; ++e) {
-    row[e] = gi0 + 16 * warp + g + 8 * e;
-    live[e] = row[e] >= p.mask.q_begin && row[e] < p.mask.q_end;
-    LoadRowState<D>(p, static_cast<int64_t>(bh) * d.L + row[e], t4, live[e], &m_run[e], &l_run[e], &o[2 * e]);
-  }
+  LoadWarpgroupRows<D>(p, bh, gi0, warp, g, t4, row, live, m_run, l_run, o);
 
   // Barrier 1 + group opens this warpgroup's turn: 128 of its threads sync on it, the other
   // warpgroup's 128 arrive once their own products are issued. Warpgroup 0 starts. Both take
@@ -187,9 +183,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaForwardKernel(const STRIA_GRI
   your_turn();  // the last turn of warpgroup 1 opens one that nobody takes: harmless at exit
   wgmma_wait<0>();
 
-  STRIA_UNROLL
-  for (int e = 0; e < 2; ++e)
-    StoreRowState<D>(p, static_cast<int64_t>(bh) * d.L + row[e], t4, live[e], m_run[e], l_run[e], &o[2 * e]);
+  StoreWarpgroupRows<D>(p, bh, t4, row, live, m_run, l_run, o);
 #else
   (void)tp;  // built for sm_90a only; the launcher never picks it elsewhere
 #endif

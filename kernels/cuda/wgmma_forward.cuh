@@ -72,6 +72,25 @@ STRIA_DEVICE void WgmmaSoftmax(const FwdParams& p, float (&s)[kN / 2], bool mask
   for (int e = 0; e < 2; ++e) l_run[e] = l_run[e] * alpha[e] + sum[e];
 }
 
+// This thread's rows gi0 + 16 warp + g and + 8 of a warpgroup's 64 and their running state, in
+// the accumulator layout (element 4 i + c: row (c >> 1) * 8, column 8 i + 2 t4 + (c & 1)).
+template <int D>
+STRIA_DEVICE void LoadWarpgroupRows(const FwdParams& p, int bh, int64_t gi0, int warp, int g, int t4, int64_t row[2],
+                                    bool live[2], float m_run[2], float l_run[2], float (&o)[D / 2]) {
+  for (int e = 0; e < 2; ++e) {
+    row[e] = gi0 + 16 * warp + g + 8 * e;
+    live[e] = row[e] >= p.mask.q_begin && row[e] < p.mask.q_end;
+    LoadRowState<D>(p, static_cast<int64_t>(bh) * p.dims.L + row[e], t4, live[e], &m_run[e], &l_run[e], &o[2 * e]);
+  }
+}
+template <int D>
+STRIA_DEVICE void StoreWarpgroupRows(const FwdParams& p, int bh, int t4, const int64_t row[2], const bool live[2],
+                                     const float m_run[2], const float l_run[2], const float (&o)[D / 2]) {
+  STRIA_UNROLL
+  for (int e = 0; e < 2; ++e)
+    StoreRowState<D>(p, static_cast<int64_t>(bh) * p.dims.L + row[e], t4, live[e], m_run[e], l_run[e], &o[2 * e]);
+}
+
 #if STRIA_HAS_WGMMA  // the helpers below issue wgmma: sm_90a (and the emulator) only
 // S = Q K^T for one warpgroup into s (issued and committed, not waited for): Q's kM-row tile at
 // `q_addr` (this warpgroup's 64 rows from row 64 `group`) and a kN-row K tile at `k_addr`, both
@@ -145,17 +164,12 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p)
     IssueScores<T, D, kM, kN>(s, q_addr, k_addr + (n & 1) * Tile::kKvBytes, group);
   };
 
-  // This thread's rows gi0 + 16 warp + g (+8) and its share of their running state, in the
-  // accumulator layout: element 4 i + c is row (c >> 1) * 8, column 8 i + 2 t4 + (c & 1).
+  // This thread's rows and its share of their running state.
   int64_t row[2];
   bool live[2];
   float m_run[2], l_run[2];
   float o[D / 2];
-  for (int e = 0; e < 2; ++e) {
-    row[e] = gi0 + 16 * warp + g + 8 * e;
-    live[e] = row[e] >= p.mask.q_begin && row[e] < p.mask.q_end;
-    LoadRowState<D>(p, static_cast<int64_t>(bh) * d.L + row[e], t4, live[e], &m_run[e], &l_run[e], &o[2 * e]);
-  }
+  LoadWarpgroupRows<D>(p, bh, gi0, warp, g, t4, row, live, m_run, l_run, o);
 
   // Prologue: Q and K(0); then V(0) and K(1) behind S(0) and its softmax.
   LoadSwizzled<D, kThreads>(qs, hr.q, p.q.sl, i0, kM, d.L);
@@ -206,9 +220,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p)
   issue_pv(n_tiles - 1);
   wgmma_wait<0>();
 
-  STRIA_UNROLL
-  for (int e = 0; e < 2; ++e)
-    StoreRowState<D>(p, static_cast<int64_t>(bh) * d.L + row[e], t4, live[e], m_run[e], l_run[e], &o[2 * e]);
+  StoreWarpgroupRows<D>(p, bh, t4, row, live, m_run, l_run, o);
 #else
   (void)p;  // built for sm_90a only; the launcher never picks it elsewhere
 #endif
