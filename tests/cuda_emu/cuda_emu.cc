@@ -110,6 +110,7 @@ constexpr uint64_t kMbarrierTag = 0x4d42415252494552ull;
 struct NamedBarrierState {
   int expected = 0, arrived = 0;  // expected: fixed by the generation's first arrival
   uint64_t gen = 0;
+  std::vector<int> members;  // the threads that arrived in this generation
 };
 constexpr int kNamedBarriers = 16;
 
@@ -1115,9 +1116,20 @@ void NamedBarrier(int id, int threads, bool wait) {
                 std::to_string(nb.expected) + " (every arrival of a generation must give the same count)");
   }
   const uint64_t gen = nb.gen;
+  nb.members.push_back(t->linear);
   if (++nb.arrived == nb.expected) {
     nb.arrived = 0;
     ++nb.gen;
+    // As at block_sync, for the threads of this barrier: when every one of them fenced the async
+    // proxy since its last barrier, what they stored is what wgmma may now read (conservative in
+    // the same way: the whole of shared memory is taken).
+    bool all_fenced = true;
+    for (int m : nb.members) {
+      all_fenced = all_fenced && b->threads[static_cast<size_t>(m)].proxy_fenced;
+      b->threads[static_cast<size_t>(m)].proxy_fenced = false;
+    }
+    nb.members.clear();
+    if (all_fenced) std::memcpy(b->async_view.data(), b->info.smem, b->info.smem_bytes);
     YieldToPriority(b, t);
     return;
   }

@@ -608,6 +608,47 @@ TEST(EmuTma, WgmmaReadsTmaLoadedOperands) {
 
 // ---------------------------------------------------------------- named barriers
 
+// Warpgroups that publish plain stores to each other for wgmma through a named barrier (the TMA
+// backward's dS^T, with the producer warpgroup elsewhere): each writer fences the async proxy
+// first; without the fence the read is reported, as at block_sync.
+TEST(EmuNamedBarrier, PublishesFencedStoresToWgmma) {
+  auto run = [&](bool fence, std::vector<float>* out) {
+    return ErrorOf([&] {
+      Launch(Dim3{1}, Dim3{384}, 2 * 8192 + 1024, [&] {
+        STRIA_DYNAMIC_SMEM(smem);
+        unsigned char* a_tile = AlignToSwizzleAtom(smem);
+        unsigned char* b_tile = a_tile + 8192;
+        const int tid = static_cast<int>(threadIdx.x);
+        if (tid < 128) return;    // the "producer" warpgroup takes no part
+        const int c = tid - 128;  // 256 consumer threads write A = 1 and B = the identity
+        for (int x = c; x < 64 * 64; x += 256) {
+          const int r = x / 64, k = x % 64;
+          const uint16_t one = emu::FloatToBFloat(1.f), zero = 0;
+          std::memcpy(a_tile + SwizzledOffset(64, r, k), &one, 2);
+          std::memcpy(b_tile + SwizzledOffset(64, r, k), r == k ? &one : &zero, 2);
+        }
+        if (fence) fence_proxy_async();
+        named_barrier_sync(1, 256);
+        if (tid >= 256) return;  // one warpgroup multiplies
+        float d[32];
+        wgmma_fence();
+        for (int kk = 0; kk < 4; ++kk) {
+          wgmma_ss<BFloat, 64>(d, SwizzledDesc(smem_addr(a_tile) + 32 * kk, 16, 1024),
+                               SwizzledDesc(smem_addr(b_tile) + 32 * kk, 16, 1024), kk > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        for (int i = 0; i < 32; ++i) (*out)[static_cast<size_t>(c * 32 + i)] = d[i];
+      });
+    });
+  };
+  std::vector<float> got(128 * 32, NAN);
+  ASSERT_EQ(run(true, &got), "(no error)");
+  for (float v : got) ASSERT_EQ(v, 1.f);  // (all ones) x identity
+  const std::string e = run(false, &got);
+  EXPECT_NE(e.find("not fenced for the async proxy"), std::string::npos) << e;
+}
+
 // Two groups of two warps take turns, as two consumer warpgroups do: group A waits on barrier 1
 // (its turn), works, and hands the turn to B on barrier 2, and back; the 128-thread count is
 // met by one group's sync and the other's arrive. The turns alternate under every schedule.
