@@ -7,6 +7,7 @@
 #include "cuda/flash_backward.cuh"
 #include "cuda/flash_forward.cuh"
 #include "cuda/smem_optin.cuh"
+#include "cuda/tma_backward.cuh"
 #include "cuda/tma_forward.cuh"
 #include "cuda/wgmma_backward.cuh"
 #include "cuda/wgmma_forward.cuh"
@@ -77,6 +78,28 @@ cudaError_t LaunchFlashBackward(const BwdParams& p, cudaStream_t s) {
 template <typename T, int D>
 cudaError_t LaunchWgmmaBackward(const BwdParams& p, cudaStream_t s) {
   return LaunchKeyTiles<WgmmaBwdTile<D>>(WgmmaBackwardKernel<T, D>, p, s);
+}
+
+// sm_90a only; like the TMA forward, a view TMA cannot describe takes the cp.async wgmma kernel.
+template <typename T, int D>
+cudaError_t LaunchTmaBackward(const BwdParams& p, cudaStream_t s) {
+  using Tile = TmaBwdTile<D>;
+  TmaBwdParams tp{};
+  tp.p = p;
+  const Dims& d = p.dims;
+  const int64_t kv_sl = int64_t{d.Hkv} * d.D, kv_sb = kv_sl * d.L;
+  const bool mapped =
+      EncodeRowsMap(&tp.q_map, p.q.data, d.B, d.L, d.Hq, d.D, p.q.sb, p.q.sl, p.q.sh, Tile::kM) &&
+      EncodeRowsMap(&tp.do_map, p.dout.data, d.B, d.L, d.Hq, d.D, p.dout.sb, p.dout.sl, p.dout.sh, Tile::kM) &&
+      EncodeRowsMap(&tp.k_map, p.k, d.B, d.L, d.Hkv, d.D, kv_sb, kv_sl, d.D, Tile::kN) &&
+      EncodeRowsMap(&tp.v_map, p.v, d.B, d.L, d.Hkv, d.D, kv_sb, kv_sl, d.D, Tile::kN);
+  if (!mapped) return LaunchWgmmaBackward<T, D>(p, s);
+  void (*kernel)(TmaBwdParams) = WgmmaTmaBackwardKernel<T, D>;
+  const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
+  if (allowed != cudaSuccess) return allowed;
+  const dim3 grid(static_cast<unsigned>((d.L + Tile::kN - 1) / Tile::kN), static_cast<unsigned>(d.B * d.Hkv));
+  STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(tp);
+  return cudaGetLastError();
 }
 
 }  // namespace cuda

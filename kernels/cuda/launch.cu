@@ -19,6 +19,8 @@ cudaError_t WgmmaForwardF16(int D, const FwdParams& p, cudaStream_t s);
 cudaError_t WgmmaForwardBF16(int D, const FwdParams& p, cudaStream_t s);
 cudaError_t TmaForwardF16(int D, const FwdParams& p, cudaStream_t s);
 cudaError_t TmaForwardBF16(int D, const FwdParams& p, cudaStream_t s);
+cudaError_t TmaBackwardF16(int D, const BwdParams& p, cudaStream_t s);
+cudaError_t TmaBackwardBF16(int D, const BwdParams& p, cudaStream_t s);
 cudaError_t WgmmaBackwardF16(int D, const BwdParams& p, cudaStream_t s);
 cudaError_t WgmmaBackwardBF16(int D, const BwdParams& p, cudaStream_t s);
 
@@ -95,10 +97,10 @@ cudaError_t LaunchForwardBlock(Elem e, Kernels k, const FwdParams& p, cudaStream
 }
 
 cudaError_t LaunchBackwardBlock(Elem e, Kernels k, const BwdParams& p, cudaStream_t s) {
-  // kTma's backward is kWgmma's (TMA changes only the forward's loads so far).
-  const bool wgmma = k == Kernels::kWgmma || k == Kernels::kTma;
-  if (wgmma && e == Elem::kF16) return WgmmaBackwardF16(p.dims.D, p, s);
-  if (wgmma && e == Elem::kBF16) return WgmmaBackwardBF16(p.dims.D, p, s);
+  if (k == Kernels::kTma && e == Elem::kF16) return TmaBackwardF16(p.dims.D, p, s);
+  if (k == Kernels::kTma && e == Elem::kBF16) return TmaBackwardBF16(p.dims.D, p, s);
+  if (k == Kernels::kWgmma && e == Elem::kF16) return WgmmaBackwardF16(p.dims.D, p, s);
+  if (k == Kernels::kWgmma && e == Elem::kBF16) return WgmmaBackwardBF16(p.dims.D, p, s);
   if (k == Kernels::kMma && e == Elem::kF16) return FlashBackwardF16(p.dims.D, p, s);
   if (k == Kernels::kMma && e == Elem::kBF16) return FlashBackwardBF16(p.dims.D, p, s);
   switch (e) {

@@ -16,7 +16,7 @@ bool FlashHeadDim(int D);
 constexpr int kMaxHeadDim = 256;
 
 // The kernel family of a ring block. kMma (mma.sync, sm_80 on), kWgmma (wgmma, sm_90a only) and
-// kTma (kWgmma with the forward's loads by TMA in warp-specialised CTAs) need 16-bit dtypes,
+// kTma (kWgmma's products with their loads by TMA in warp-specialised CTAs) need 16-bit dtypes,
 // FlashHeadDim and 16-byte aligned rows, and kWgmma and kTma a device of compute capability 9.0:
 // the caller checks. kSimt runs everything.
 enum class Kernels { kSimt, kMma, kWgmma, kTma };

@@ -36,6 +36,131 @@ struct WgmmaBwdTile {
   static constexpr int kSmemBytes = 2 * kKvBytes + 4 * kQBytes + kDsBytes + 4 * kM * 4 + kSwizzleAtomBytes;
 };
 
+// A thread's dK (times the softmax scale) and dV rows, from the accumulator layout, into the
+// block's fp32 [B, L, Hkv, D] partials.
+template <int D>
+STRIA_DEVICE void StoreKeyGrads(const BwdParams& p, int b, int hk, const int64_t key[2], int t4,
+                                const float (&dk)[D / 2], const float (&dv)[D / 2]) {
+  const Dims& d = p.dims;
+  STRIA_UNROLL
+  for (int e = 0; e < 2; ++e) {
+    if (key[e] >= d.L) continue;
+    const int64_t off = ((static_cast<int64_t>(b) * d.L + key[e]) * d.Hkv + hk) * D + 2 * t4;
+    STRIA_UNROLL
+    for (int nt = 0; nt < D / 8; ++nt) {
+      p.dk[off + 8 * nt] = dk[4 * nt + 2 * e] * p.scale;
+      p.dk[off + 8 * nt + 1] = dk[4 * nt + 2 * e + 1] * p.scale;
+      p.dv[off + 8 * nt] = dv[4 * nt + 2 * e];
+      p.dv[off + 8 * nt + 1] = dv[4 * nt + 2 * e + 1];
+    }
+  }
+}
+
+#if STRIA_HAS_WGMMA  // BackwardStep issues wgmma: sm_90a (and the emulator) only
+// One query tile of a backward CTA, for warpgroup `wg` (keys j0 + 64 wg ..): S^T and dP^T, P^T and
+// dS^T in registers, dS^T to shared memory (`dss`) for dQ, dV += P^T dO and dK += dS^T Q, then
+// dQ = dS K added to dq_acc with atomics. The tiles are in shared memory at the given window
+// addresses (K, V: kN rows; Q, dO: kM rows), the tile's lse2 and delta rows at `lse2`, `delta`.
+// The CTA's synchronisation comes from the caller: `before_ds` runs before this warpgroup writes
+// dS^T (the other warpgroup's dQ products of the previous tile must be done reading it),
+// `published` after (every warpgroup's dS^T written and fenced for wgmma), `done` once every
+// product of the tile, the last readers of Q and dO, has completed.
+template <typename T, int D, int kM, int kN, typename BeforeDs, typename Published, typename Done>
+STRIA_DEVICE void BackwardStep(const BwdParams& p, int64_t j0, int wg, int64_t i0, int64_t bh, uint32_t k_addr,
+                               uint32_t v_addr, uint32_t q_addr, uint32_t do_addr, unsigned char* dss,
+                               const float* lse2, const float* delta, const int64_t key[2], float (&dk)[D / 2],
+                               float (&dv)[D / 2], BeforeDs before_ds, Published published, Done done) {
+  const Dims& d = p.dims;
+  const int warp = (static_cast<int>(threadIdx.x) >> 5) & 3, lane = static_cast<int>(threadIdx.x) & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  const uint32_t ds_addr = smem_addr(dss);
+  // dQ: warpgroup wg takes query rows 64 qb.. and head-dim columns 64 cb.. of the tile.
+  const int qb = kM == 128 ? wg : 0, cb = kM == 128 ? 0 : wg;
+  float sT[kM / 2], dpT[kM / 2];
+  wgmma_fence();
+  STRIA_UNROLL
+  for (int kk = 0; kk < D / 16; ++kk) {
+    // Column block kk / 4 (64 values: rows x 128 bytes), then 32 bytes per 16 columns.
+    const uint32_t kcol = static_cast<uint32_t>((kk & 3) * 32);
+    const uint32_t kv_at = (kk >> 2) * kN * kSwizzleBytes + 64 * wg * kSwizzleBytes + kcol;
+    const uint32_t q_at = (kk >> 2) * kM * kSwizzleBytes + kcol;
+    wgmma_ss<T, kM>(sT, SwizzledDesc(k_addr + kv_at, 16, kSwizzleAtomBytes),
+                    SwizzledDesc(q_addr + q_at, 16, kSwizzleAtomBytes), kk > 0);
+    wgmma_ss<T, kM>(dpT, SwizzledDesc(v_addr + kv_at, 16, kSwizzleAtomBytes),
+                    SwizzledDesc(do_addr + q_at, 16, kSwizzleAtomBytes), kk > 0);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+
+  // Per 16 queries (accumulator chunks 2 kq and 2 kq + 1): P^T and dS^T, dS^T into shared
+  // memory for dQ (rows: all 128 keys, columns: queries), and both as A fragments. One pass,
+  // so each chunk of S^T and dP^T dies as soon as it is packed.
+  // The queries of this tile that see each of this thread's two keys (all of them unless the
+  // tile needs the element mask): one window per key, two comparisons per element.
+  Window seen[2] = {Window{0, kM}, Window{0, kM}};
+  if (!FullyVisible(p.mask, i0, i0 + kM, j0 + 64 * wg, j0 + 64 * wg + 64)) {
+    for (int e = 0; e < 2; ++e) seen[e] = SeeingQueries(p.mask, key[e], i0, kM);
+  }
+  before_ds();
+  const int row0 = 64 * wg + 16 * warp + g;
+  uint32_t pa[kM / 16][4], sa[kM / 16][4];
+  STRIA_UNROLL
+  for (int kq = 0; kq < kM / 16; ++kq) {
+    STRIA_UNROLL
+    for (int i = 8 * kq; i < 8 * kq + 8; ++i) {
+      const int qi = 8 * (i >> 2) + 2 * t4 + (i & 1);
+      const bool vis = In(seen[(i & 3) >> 1], qi);
+      const float pr = vis ? fast_exp2(sT[i] * p.scale_log2 - lse2[qi]) : 0.f;
+      sT[i] = pr;
+      dpT[i] = vis ? pr * (dpT[i] - delta[qi]) : 0.f;
+    }
+    STRIA_UNROLL
+    for (int i = 8 * kq; i < 8 * kq + 8; i += 2) {
+      const int col = 8 * (i >> 2) + 2 * t4, row = row0 + 8 * ((i & 3) >> 1);
+      *reinterpret_cast<uint32_t*>(dss + SwizzledOffset(kN, row, col)) = pack2<T>(dpT[i], dpT[i + 1]);
+    }
+    AccToA<T>(pa[kq], sT + 8 * kq, sT + 8 * kq + 4);
+    AccToA<T>(sa[kq], dpT + 8 * kq, dpT + 8 * kq + 4);
+  }
+  wgmma_fence();
+  STRIA_UNROLL
+  for (int kq = 0; kq < kM / 16; ++kq) {
+    // Queries 16 kq.. are rows 16 kq.. of Q and dO: 2048 bytes per 16 rows; LBO: the next
+    // 64 head-dim columns.
+    const uint32_t at = kq * 16 * kSwizzleBytes;
+    wgmma_rs_tb<T, D>(dv, pa[kq], SwizzledDesc(do_addr + at, kM * kSwizzleBytes, kSwizzleAtomBytes), true);
+    wgmma_rs_tb<T, D>(dk, sa[kq], SwizzledDesc(q_addr + at, kM * kSwizzleBytes, kSwizzleAtomBytes), true);
+  }
+  wgmma_commit();  // completes at the wait below, after dQ: pa and sa stay untouched till then
+  published();
+
+  // dQ (64 x 64) = dS (rows 64 qb.., all kN keys) K (columns 64 cb..): A is dS^T's column block
+  // qb read MN-major, B is K's column block cb read MN-major.
+  float dq[32];
+  wgmma_fence();
+  STRIA_UNROLL
+  for (int kk = 0; kk < kN / 16; ++kk) {
+    const uint64_t da = SwizzledDesc(ds_addr + qb * kN * kSwizzleBytes + kk * 16 * kSwizzleBytes, kN * kSwizzleBytes,
+                                     kSwizzleAtomBytes);
+    const uint64_t db =
+        SwizzledDesc(k_addr + cb * kN * kSwizzleBytes + kk * 16 * kSwizzleBytes, kN * kSwizzleBytes, kSwizzleAtomBytes);
+    wgmma_ss_tt<T, 64>(dq, da, db, kk > 0);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  done();
+  STRIA_UNROLL
+  for (int e = 0; e < 2; ++e) {
+    const int64_t i = i0 + 64 * qb + 16 * warp + g + 8 * e;
+    if (i < p.mask.q_begin || i >= p.mask.q_end) continue;  // dS is 0 there
+    float* dst = p.dq_acc + (bh * d.L + i) * D + 64 * cb + 2 * t4;
+    STRIA_UNROLL
+    for (int nt = 0; nt < 8; ++nt) atomic_add2(dst + 8 * nt, dq[4 * nt + 2 * e], dq[4 * nt + 2 * e + 1]);
+  }
+}
+
+#endif
+
 template <typename T, int D>
 STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaBackwardKernel(const BwdParams p) {
 #if STRIA_HAS_WGMMA
@@ -49,7 +174,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaBackwardKernel(const BwdParams p
   unsigned char* dss = dos + 2 * Tile::kQBytes;
   float* lse2s = reinterpret_cast<float*>(dss + Tile::kDsBytes);  // [2][kM]
   float* deltas = lse2s + 2 * kM;                                 // [2][kM]
-  const uint32_t k_addr = smem_addr(ks), v_addr = smem_addr(vs), ds_addr = smem_addr(dss);
+  const uint32_t k_addr = smem_addr(ks), v_addr = smem_addr(vs);
 
   const Dims& d = p.dims;
   const int tid = static_cast<int>(threadIdx.x), wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
@@ -97,9 +222,6 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaBackwardKernel(const BwdParams p
   STRIA_UNROLL
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
 
-  // dQ of a step: warpgroup wg takes query rows 64 qb.. and head-dim columns 64 cb.. of the tile.
-  const int qb = kM == 128 ? wg : 0, cb = kM == 128 ? 0 : wg;
-
   for (int s = 0; s < steps; ++s) {
     const int st = s & 1, h = hk * group + s / q_tiles;
     const int64_t i0 = i_first + static_cast<int64_t>(s % q_tiles) * kM;
@@ -112,100 +234,16 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaBackwardKernel(const BwdParams p
     const float* lse2 = lse2s + st * kM;
     const float* delta = deltas + st * kM;
 
-    float sT[kM / 2], dpT[kM / 2];
-    wgmma_fence();
-    STRIA_UNROLL
-    for (int kk = 0; kk < D / 16; ++kk) {
-      // Column block kk / 4 (64 values: rows x 128 bytes), then 32 bytes per 16 columns.
-      const uint32_t kcol = static_cast<uint32_t>((kk & 3) * 32);
-      const uint32_t kv_at = (kk >> 2) * kN * kSwizzleBytes + 64 * wg * kSwizzleBytes + kcol;
-      const uint32_t q_at = (kk >> 2) * kM * kSwizzleBytes + kcol;
-      wgmma_ss<T, kM>(sT, SwizzledDesc(k_addr + kv_at, 16, kSwizzleAtomBytes),
-                      SwizzledDesc(q_addr + q_at, 16, kSwizzleAtomBytes), kk > 0);
-      wgmma_ss<T, kM>(dpT, SwizzledDesc(v_addr + kv_at, 16, kSwizzleAtomBytes),
-                      SwizzledDesc(do_addr + q_at, 16, kSwizzleAtomBytes), kk > 0);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-
-    // Per 16 queries (accumulator chunks 2 kq and 2 kq + 1): P^T and dS^T, dS^T into shared
-    // memory for dQ (rows: all 128 keys, columns: queries), and both as A fragments. One pass,
-    // so each chunk of S^T and dP^T dies as soon as it is packed.
-    // The queries of this tile that see each of this thread's two keys (all of them unless the
-    // tile needs the element mask): one window per key, two comparisons per element.
-    Window seen[2] = {Window{0, kM}, Window{0, kM}};
-    if (!FullyVisible(p.mask, i0, i0 + kM, j0 + 64 * wg, j0 + 64 * wg + 64)) {
-      for (int e = 0; e < 2; ++e) seen[e] = SeeingQueries(p.mask, key[e], i0, kM);
-    }
-    const int row0 = 64 * wg + 16 * warp + g;
-    uint32_t pa[kM / 16][4], sa[kM / 16][4];
-    STRIA_UNROLL
-    for (int kq = 0; kq < kM / 16; ++kq) {
-      STRIA_UNROLL
-      for (int i = 8 * kq; i < 8 * kq + 8; ++i) {
-        const int qi = 8 * (i >> 2) + 2 * t4 + (i & 1);
-        const bool vis = In(seen[(i & 3) >> 1], qi);
-        const float pr = vis ? fast_exp2(sT[i] * p.scale_log2 - lse2[qi]) : 0.f;
-        sT[i] = pr;
-        dpT[i] = vis ? pr * (dpT[i] - delta[qi]) : 0.f;
-      }
-      STRIA_UNROLL
-      for (int i = 8 * kq; i < 8 * kq + 8; i += 2) {
-        const int col = 8 * (i >> 2) + 2 * t4, row = row0 + 8 * ((i & 3) >> 1);
-        *reinterpret_cast<uint32_t*>(dss + SwizzledOffset(kN, row, col)) = pack2<T>(dpT[i], dpT[i + 1]);
-      }
-      AccToA<T>(pa[kq], sT + 8 * kq, sT + 8 * kq + 4);
-      AccToA<T>(sa[kq], dpT + 8 * kq, dpT + 8 * kq + 4);
-    }
-    wgmma_fence();
-    STRIA_UNROLL
-    for (int kq = 0; kq < kM / 16; ++kq) {
-      // Queries 16 kq.. are rows 16 kq.. of Q and dO: 2048 bytes per 16 rows; LBO: the next
-      // 64 head-dim columns.
-      const uint32_t at = kq * 16 * kSwizzleBytes;
-      wgmma_rs_tb<T, D>(dv, pa[kq], SwizzledDesc(do_addr + at, kM * kSwizzleBytes, kSwizzleAtomBytes), true);
-      wgmma_rs_tb<T, D>(dk, sa[kq], SwizzledDesc(q_addr + at, kM * kSwizzleBytes, kSwizzleAtomBytes), true);
-    }
-    wgmma_commit();  // completes at the wait below, after dQ: pa and sa stay untouched till then
-    fence_proxy_async();
-    block_sync();  // dS^T of both warpgroups written and visible to wgmma
-
-    // dQ (64 x 64) = dS (rows 64 qb.., all kN keys) K (columns 64 cb..): A is dS^T's column block
-    // qb read MN-major, B is K's column block cb read MN-major.
-    float dq[32];
-    wgmma_fence();
-    STRIA_UNROLL
-    for (int kk = 0; kk < kN / 16; ++kk) {
-      const uint64_t da = SwizzledDesc(ds_addr + qb * kN * kSwizzleBytes + kk * 16 * kSwizzleBytes, kN * kSwizzleBytes,
-                                       kSwizzleAtomBytes);
-      const uint64_t db = SwizzledDesc(k_addr + cb * kN * kSwizzleBytes + kk * 16 * kSwizzleBytes, kN * kSwizzleBytes,
-                                       kSwizzleAtomBytes);
-      wgmma_ss_tt<T, 64>(dq, da, db, kk > 0);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    STRIA_UNROLL
-    for (int e = 0; e < 2; ++e) {
-      const int64_t i = i0 + 64 * qb + 16 * warp + g + 8 * e;
-      if (i < p.mask.q_begin || i >= p.mask.q_end) continue;  // dS is 0 there
-      float* dst = p.dq_acc + (bh * d.L + i) * D + 64 * cb + 2 * t4;
-      STRIA_UNROLL
-      for (int nt = 0; nt < 8; ++nt) atomic_add2(dst + 8 * nt, dq[4 * nt + 2 * e], dq[4 * nt + 2 * e + 1]);
-    }
+    BackwardStep<T, D, kM, kN>(
+        p, j0, wg, i0, bh, k_addr, v_addr, q_addr, do_addr, dss, lse2, delta, key, dk, dv, [] {},
+        [] {
+          fence_proxy_async();
+          block_sync();  // dS^T of both warpgroups written and visible to wgmma
+        },
+        [] {});
   }
 
-  STRIA_UNROLL
-  for (int e = 0; e < 2; ++e) {
-    if (key[e] >= d.L) continue;
-    const int64_t off = ((static_cast<int64_t>(b) * d.L + key[e]) * d.Hkv + hk) * D + 2 * t4;
-    STRIA_UNROLL
-    for (int nt = 0; nt < D / 8; ++nt) {
-      p.dk[off + 8 * nt] = dk[4 * nt + 2 * e] * p.scale;
-      p.dk[off + 8 * nt + 1] = dk[4 * nt + 2 * e + 1] * p.scale;
-      p.dv[off + 8 * nt] = dv[4 * nt + 2 * e];
-      p.dv[off + 8 * nt + 1] = dv[4 * nt + 2 * e + 1];
-    }
-  }
+  StoreKeyGrads<D>(p, b, hk, key, t4, dk, dv);
 #else
   (void)p;  // built for sm_90a only; the launcher never picks it elsewhere
 #endif

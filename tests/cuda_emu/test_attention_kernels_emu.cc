@@ -16,6 +16,7 @@
 #include "cuda/elementwise.cuh"
 #include "cuda/flash_backward.cuh"
 #include "cuda/flash_forward.cuh"
+#include "cuda/tma_backward.cuh"
 #include "cuda/tma_forward.cuh"
 #include "cuda/wgmma_backward.cuh"
 #include "cuda/wgmma_forward.cuh"
@@ -31,8 +32,8 @@ struct Block {
   uint64_t seed;
 };
 
-// Which kernels run: SIMT, the mma.sync forward and backward, the wgmma (sm_90a) ones, or the
-// TMA warp-specialised forward (whose family's backward is the wgmma one, tested as kWgmma).
+// Which kernels run: SIMT, the mma.sync forward and backward, the wgmma (sm_90a) ones, or the TMA
+// warp-specialised ones (sm_90a).
 enum class Path { kSimt, kMma, kWgmma, kTma };
 
 struct Case {
@@ -83,6 +84,21 @@ void TmaForward(const sc::FwdParams& p) {
   emu::Launch(emu::Dim3{sc::QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(d.B * d.Hq), 1},
               emu::Dim3{Tile::kThreads, 1, 1}, Tile::kSmemBytes, [&] { sc::WgmmaTmaForwardKernel<T, D>(tp); });
 }
+// The TMA backward, as LaunchTmaBackward runs it.
+template <typename T, int D>
+void TmaBackward(const sc::BwdParams& p) {
+  using Tile = sc::TmaBwdTile<D>;
+  const sc::Dims& d = p.dims;
+  sc::TmaBwdParams tp{};
+  tp.p = p;
+  const int64_t kv_sl = int64_t{d.Hkv} * D, kv_sb = kv_sl * d.L;
+  ASSERT_TRUE(sc::EncodeRowsMap(&tp.q_map, p.q.data, d.B, d.L, d.Hq, D, p.q.sb, p.q.sl, p.q.sh, Tile::kM));
+  ASSERT_TRUE(sc::EncodeRowsMap(&tp.do_map, p.dout.data, d.B, d.L, d.Hq, D, p.dout.sb, p.dout.sl, p.dout.sh, Tile::kM));
+  ASSERT_TRUE(sc::EncodeRowsMap(&tp.k_map, p.k, d.B, d.L, d.Hkv, D, kv_sb, kv_sl, D, Tile::kN));
+  ASSERT_TRUE(sc::EncodeRowsMap(&tp.v_map, p.v, d.B, d.L, d.Hkv, D, kv_sb, kv_sl, D, Tile::kN));
+  emu::Launch(emu::Dim3{CeilDiv(d.L, Tile::kN), static_cast<unsigned>(d.B * d.Hkv), 1}, emu::Dim3{Tile::kThreads, 1, 1},
+              Tile::kSmemBytes, [&] { sc::WgmmaTmaBackwardKernel<T, D>(tp); });
+}
 template <typename T>
 void SimtForward(const sc::FwdParams& p) {
   emu::Launch(emu::Dim3{sc::QueryTileCount(p.mask, sc::kSimtRows), static_cast<unsigned>(p.dims.B * p.dims.Hq), 1},
@@ -118,6 +134,8 @@ template <typename T>
 void Backward(Path path, const sc::BwdParams& p) {
   if (path == Path::kSimt) return SimtBackward<T>(p);
   if constexpr (!std::is_same<T, sc::Float>::value) {
+    if (path == Path::kTma && p.dims.D == 64) return TmaBackward<T, 64>(p);
+    if (path == Path::kTma && p.dims.D == 128) return TmaBackward<T, 128>(p);
     if (path == Path::kWgmma && p.dims.D == 64) return WgmmaBackward<T, 64>(p);
     if (path == Path::kWgmma && p.dims.D == 128) return WgmmaBackward<T, 128>(p);
     if (p.dims.D == 64) return FlashBackward<T, 64>(p);
@@ -243,7 +261,6 @@ void RunCase(const Case& c) {
   EXPECT_LT(RelError(lse.ToDouble(), lse_ref), c.dt == Dt::kF32 ? 1e-5 : 1e-3) << "lse";
 
   // Backward from the reference's own output and LSE (as the ring's backward gets the forward's).
-  if (c.path == Path::kTma) return;  // the wgmma backward, which the kWgmma cases run
   Tensor o_in({B, L, Hq, D}, c.dt), lse_in({B, Hq, L}, Dt::kF32);
   for (int64_t x = 0; x < o_in.numel(); ++x) o_in.Set(x, out_ref[static_cast<size_t>(x)]);
   for (int64_t x = 0; x < lse_in.numel(); ++x) lse_in.Set(x, lse_ref[static_cast<size_t>(x)]);
@@ -344,7 +361,7 @@ std::vector<Case> Cases() {
     cs.push_back(Case{"three_ctas_striped", Dt::kF16, path, 1, 290, 2, 1, 64, {{Diagonal(290, -1), 15}}});
   }
   // Five key tiles per query tile: the wgmma forward's double-buffered K/V pipeline wraps around
-  // its buffers twice (the TMA forward's stages flip their barrier parities twice); the backward
+  // its buffers twice (the TMA kernels' stages flip their barrier parities twice); the backward
   // walks five query tiles per key tile.
   for (Path path : {Path::kWgmma, Path::kTma}) {
     cs.push_back(Case{"three_ctas_d128", Dt::kBF16, path, 1, 300, 2, 2, 128, {{Diagonal(300, 3), 16}}});
@@ -353,7 +370,8 @@ std::vector<Case> Cases() {
   // The wgmma backward's key warpgroups: under GQA each query head restarts the causal walk, so
   // the second warpgroup of a key tile sits out the first query tile of every head (its dS^T
   // in shared memory is the previous head's) while the first one works.
-  cs.push_back(Case{"gqa_restarts_d128", Dt::kF16, Path::kWgmma, 1, 200, 3, 1, 128, {{Diagonal(200, 0), 17}}});
+  for (Path path : {Path::kWgmma, Path::kTma})
+    cs.push_back(Case{"gqa_restarts_d128", Dt::kF16, path, 1, 200, 3, 1, 128, {{Diagonal(200, 0), 17}}});
   // SIMT only: float32 and head dims without tensor-core kernels.
   for (int D : {1, 24, 64, 100, 256})
     cs.push_back(Case{"simt_f32", Dt::kF32, Path::kSimt, 1, 37, 2, 1, D, {{Diagonal(37, 0), 12}, {Dense(37), 13}}});

@@ -165,9 +165,9 @@ std::vector<Case> WgmmaSweep() {
   return cases;
 }
 
-// The TMA forward (STRIA_CUDA_KERNELS=tma, sm_90 only like wgmma; its backward is the wgmma one):
-// rank counts, layouts, masks, dtypes, GQA, D 64 and 128, several key tiles per query tile, and
-// q as a head view of a packed QKV tensor (the tensor map's strides are the view's).
+// The TMA kernels (STRIA_CUDA_KERNELS=tma, sm_90 only like wgmma): rank counts, layouts, masks,
+// dtypes, GQA, D 64 and 128, several tiles per CTA, and q/k/v as head views of a packed QKV
+// tensor (the tensor maps' strides are the views').
 std::vector<Case> TmaSweep() {
   std::vector<Case> cases;
   for (int n : {1, 2, 3, 8})

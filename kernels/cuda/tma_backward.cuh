@@ -1,0 +1,157 @@
+// Hopper backward tile kernel with TMA loads and warp specialisation, sm_90a: wgmma_backward.cuh's
+// contract and products (a CTA owns 128 keys of one K/V head, 64 per consumer warpgroup, and
+// walks the query tiles of every query head of its GQA group), with the loads moved to a
+// producer warp as in the TMA forward (tma_forward.cuh):
+//  - K and V arrive once by TMA; each step's Q and dO tiles by TMA into two stages, with the
+//    step's lse2 and delta rows stored beside them by the producer warp's 32 lanes, all of it
+//    published by the stage's "full" mbarrier (32 arrivals, one of them announcing the TMA
+//    bytes); the consumers release a stage on its "empty" mbarrier once their dK and dV products,
+//    the last readers of Q and dO, have completed;
+//  - the two consumer warpgroups meet only where they exchange dS^T (a 256-thread named barrier
+//    before writing it, so the previous step's dQ products are done reading it, and one after, so
+//    both halves are in), never with the producer.
+// The products, masks and dQ atomics are wgmma_backward.cuh's, step for step.
+#pragma once
+
+#include "cuda/tma_api.cuh"
+#include "cuda/wgmma_backward.cuh"
+
+namespace stria {
+namespace cuda {
+
+template <int D>
+struct TmaBwdTile {
+  static constexpr int kConsumers = 2, kThreads = 128 * (kConsumers + 1), kN = 128;
+  static constexpr int kM = WgmmaBwdTile<D>::kM, kStages = 2;
+  static constexpr int kKvBytes = kN * D * 2, kQBytes = kM * D * 2, kDsBytes = kN * kM * 2;
+  // K/V full, then per stage Q/dO full and empty.
+  static constexpr int kBarriers = 1 + 2 * kStages;
+  // K, V; Q and dO per stage; dS^T; lse2 and delta per stage; the barriers; the alignment slack.
+  static constexpr int kSmemBytes =
+      2 * kKvBytes + 2 * kStages * kQBytes + kDsBytes + 2 * kStages * kM * 4 + 8 * kBarriers + kSwizzleAtomBytes;
+};
+
+// The block's parameters and the TMA maps of the caller's Q and dO (boxes of kM rows) and of the
+// compact K and V of the ring block (boxes of kN rows).
+struct TmaBwdParams {
+  BwdParams p;
+  TensorMap q_map, do_map, k_map, v_map;
+};
+
+template <typename T, int D>
+STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaBackwardKernel(const STRIA_GRID_CONSTANT TmaBwdParams tp) {
+#if STRIA_HAS_WGMMA
+  using Tile = TmaBwdTile<D>;
+  constexpr int kM = Tile::kM, kN = Tile::kN, kStages = Tile::kStages, kConsumerThreads = 128 * Tile::kConsumers;
+  const BwdParams& p = tp.p;
+  STRIA_DYNAMIC_SMEM(smem_raw);
+  unsigned char* ks = AlignToSwizzleAtom(smem_raw);
+  unsigned char* vs = ks + Tile::kKvBytes;
+  unsigned char* qs = vs + Tile::kKvBytes;            // stage st at qs + st * kQBytes
+  unsigned char* dos = qs + kStages * Tile::kQBytes;  // likewise
+  unsigned char* dss = dos + kStages * Tile::kQBytes;
+  float* lse2s = reinterpret_cast<float*>(dss + Tile::kDsBytes);  // [kStages][kM]
+  float* deltas = lse2s + kStages * kM;                           // [kStages][kM]
+  uint64_t* kv_full = reinterpret_cast<uint64_t*>(deltas + kStages * kM);
+  uint64_t* q_full = kv_full + 1;
+  uint64_t* q_empty = q_full + kStages;
+
+  const Dims& d = p.dims;
+  const int tid = static_cast<int>(threadIdx.x), wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+  const int bhk = static_cast<int>(blockIdx.y), b = bhk / d.Hkv, hk = bhk % d.Hkv;
+  const int group = d.Hq / d.Hkv;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kN;
+  const TileRun queries = QueryTilesOf(p.mask, j0, MinI(j0 + kN, d.L), kM);
+  if (queries.count == 0) return;  // the whole CTA, before any barrier
+  const int64_t i_first = queries.first;
+  const int q_tiles = queries.count, steps = q_tiles * group;
+  // Step s is query tile s % q_tiles of query head hk * group + s / q_tiles, in stage s % kStages.
+  auto head_of = [&](int s) { return hk * group + s / q_tiles; };
+  auto rows_of = [&](int s) { return i_first + static_cast<int64_t>(s % q_tiles) * kM; };
+
+  if (tid == 0) {
+    mbar_init(kv_full, 1);
+    for (int st = 0; st < kStages; ++st) {
+      mbar_init(&q_full[st], 32);
+      mbar_init(&q_empty[st], kConsumerThreads);
+    }
+    fence_barrier_init();
+  }
+  block_sync();  // the last block-wide barrier
+
+  if (wg == 0) {
+    // The producer: warp 0 (lane 0 issues the copies, all 32 lanes store lse2 and delta).
+    setmaxnreg_dec<24>();
+    if (warp != 0) return;
+    if (lane == 0) {
+      prefetch_tensor_map(&tp.q_map);
+      prefetch_tensor_map(&tp.do_map);
+      mbar_arrive_expect_tx(kv_full, 2 * Tile::kKvBytes);
+      for (int cb = 0; cb < D / 64; ++cb) {
+        tma_load_4d(ks + cb * kN * kSwizzleBytes, &tp.k_map, 64 * cb, hk, static_cast<int>(j0), b, kv_full);
+        tma_load_4d(vs + cb * kN * kSwizzleBytes, &tp.v_map, 64 * cb, hk, static_cast<int>(j0), b, kv_full);
+      }
+    }
+    for (int s = 0; s < steps; ++s) {
+      const int st = s % kStages, h = head_of(s);
+      const int64_t i0 = rows_of(s), bh = static_cast<int64_t>(b) * d.Hq + h;
+      mbar_wait(&q_empty[st], ((s / kStages) & 1) ^ 1);  // the first use of a stage does not wait
+      for (int r = lane; r < kM; r += 32) {
+        const bool in = i0 + r < d.L;
+        // +inf makes exp2(s - lse2) = 0 for rows past the end.
+        lse2s[st * kM + r] = in ? p.lse2[bh * d.L + i0 + r] : PosInf();
+        deltas[st * kM + r] = in ? p.delta[bh * d.L + i0 + r] : 0.f;
+      }
+      if (lane != 0) {
+        mbar_arrive(&q_full[st]);  // after this lane's stores: the arrival releases them
+        continue;
+      }
+      mbar_arrive_expect_tx(&q_full[st], 2 * Tile::kQBytes);
+      for (int cb = 0; cb < D / 64; ++cb) {
+        tma_load_4d(qs + st * Tile::kQBytes + cb * kM * kSwizzleBytes, &tp.q_map, 64 * cb, h, static_cast<int>(i0), b,
+                    &q_full[st]);
+        tma_load_4d(dos + st * Tile::kQBytes + cb * kM * kSwizzleBytes, &tp.do_map, 64 * cb, h, static_cast<int>(i0), b,
+                    &q_full[st]);
+      }
+    }
+    return;
+  }
+
+  // A consumer: warpgroup cw owns keys j0 + 64 cw .. + 63.
+  setmaxnreg_inc<240>();
+  const int cw = wg - 1, g = lane >> 2, t4 = lane & 3;
+  const uint32_t k_addr = smem_addr(ks), v_addr = smem_addr(vs);
+  auto consumers_sync = [] { named_barrier_sync(1, kConsumerThreads); };
+  int64_t key[2];
+  for (int e = 0; e < 2; ++e) key[e] = j0 + 64 * cw + 16 * warp + g + 8 * e;
+  float dk[D / 2], dv[D / 2];
+  STRIA_UNROLL
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+
+  mbar_wait(kv_full, 0);
+  for (int s = 0; s < steps; ++s) {
+    const int st = s % kStages;
+    const int64_t i0 = rows_of(s), bh = static_cast<int64_t>(b) * d.Hq + head_of(s);
+    mbar_wait(&q_full[st], (s / kStages) & 1);
+    const uint32_t q_addr = smem_addr(qs) + st * Tile::kQBytes, do_addr = smem_addr(dos) + st * Tile::kQBytes;
+    const float* lse2 = lse2s + st * kM;
+    const float* delta = deltas + st * kM;
+
+    BackwardStep<T, D, kM, kN>(
+        p, j0, cw, i0, bh, k_addr, v_addr, q_addr, do_addr, dss, lse2, delta, key, dk, dv,
+        consumers_sync,  // both warpgroups' dQ products of the previous step are done reading dS^T
+        [&] {
+          fence_proxy_async();
+          consumers_sync();  // dS^T of both warpgroups written and visible to wgmma
+        },
+        [&] { mbar_arrive(&q_empty[st]); });  // this stage's Q, dO, lse2 and delta have been read
+  }
+
+  StoreKeyGrads<D>(p, b, hk, key, t4, dk, dv);
+#else
+  (void)tp;  // built for sm_90a only; the launcher never picks it elsewhere
+#endif
+}
+
+}  // namespace cuda
+}  // namespace stria

@@ -1,0 +1,2 @@
+#include "cuda/flash_launch.cuh"
+STRIA_FLASH_ENTRY(TmaBackwardBF16, LaunchTmaBackward, BFloat, BwdParams)
