@@ -7,7 +7,7 @@
 // q (and dO) rows are 16-byte aligned; the SIMT kernels otherwise (float32, other head dims,
 // odd strides). STRIA_CUDA_KERNELS picks among the families (tests and benchmarks compare them):
 // "simt" forces SIMT; "wgmma" takes the Hopper wgmma forward and backward on compute capability
-// 9.0 devices, and "tma" the same with the forward's loads by TMA in warp-specialised CTAs. The
+// 9.0 devices, and "tma" the same products with their loads by TMA in warp-specialised CTAs. The
 // default is mma.sync: the wgmma kernels have passed only the emulator so far, and stay opt-in
 // until the GPU suite has run them on an H100 (docs/performance.md).
 #include "backend/cuda/cuda_backend.h"
