@@ -44,10 +44,8 @@ cudaError_t LaunchTmaForward(const FwdParams& p, cudaStream_t s) {
   TmaFwdParams tp{};
   tp.p = p;
   const Dims& d = p.dims;
-  const int64_t kv_sl = int64_t{d.Hkv} * d.D, kv_sb = kv_sl * d.L;
-  const bool mapped = EncodeRowsMap(&tp.q_map, p.q.data, d.B, d.L, d.Hq, d.D, p.q.sb, p.q.sl, p.q.sh, Tile::kM) &&
-                      EncodeRowsMap(&tp.k_map, p.k, d.B, d.L, d.Hkv, d.D, kv_sb, kv_sl, d.D, Tile::kN) &&
-                      EncodeRowsMap(&tp.v_map, p.v, d.B, d.L, d.Hkv, d.D, kv_sb, kv_sl, d.D, Tile::kN);
+  const bool mapped =
+      EncodeViewMap(&tp.q_map, p.q, d, d.Hq, Tile::kM) && EncodeBlockMaps(&tp.k_map, &tp.v_map, p.k, p.v, d, Tile::kN);
   if (!mapped) return LaunchWgmmaForward<T, D>(p, s);
   void (*kernel)(TmaFwdParams) = WgmmaTmaForwardKernel<T, D>;
   const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
@@ -87,12 +85,9 @@ cudaError_t LaunchTmaBackward(const BwdParams& p, cudaStream_t s) {
   TmaBwdParams tp{};
   tp.p = p;
   const Dims& d = p.dims;
-  const int64_t kv_sl = int64_t{d.Hkv} * d.D, kv_sb = kv_sl * d.L;
-  const bool mapped =
-      EncodeRowsMap(&tp.q_map, p.q.data, d.B, d.L, d.Hq, d.D, p.q.sb, p.q.sl, p.q.sh, Tile::kM) &&
-      EncodeRowsMap(&tp.do_map, p.dout.data, d.B, d.L, d.Hq, d.D, p.dout.sb, p.dout.sl, p.dout.sh, Tile::kM) &&
-      EncodeRowsMap(&tp.k_map, p.k, d.B, d.L, d.Hkv, d.D, kv_sb, kv_sl, d.D, Tile::kN) &&
-      EncodeRowsMap(&tp.v_map, p.v, d.B, d.L, d.Hkv, d.D, kv_sb, kv_sl, d.D, Tile::kN);
+  const bool mapped = EncodeViewMap(&tp.q_map, p.q, d, d.Hq, Tile::kM) &&
+                      EncodeViewMap(&tp.do_map, p.dout, d, d.Hq, Tile::kM) &&
+                      EncodeBlockMaps(&tp.k_map, &tp.v_map, p.k, p.v, d, Tile::kN);
   if (!mapped) return LaunchWgmmaBackward<T, D>(p, s);
   void (*kernel)(TmaBwdParams) = WgmmaTmaBackwardKernel<T, D>;
   const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 
+#include "cuda/params.h"
 #include "cuda/wgmma_api.cuh"
 
 namespace stria {
@@ -34,6 +35,17 @@ struct alignas(128) TensorMap {
 // 2^40 bytes, or the driver refuses): the caller then takes a kernel that loads with cp.async.
 bool EncodeRowsMap(TensorMap* map, const void* base, int B, int L, int H, int D, int64_t sb, int64_t sl, int64_t sh,
                    int box_rows);
+// The maps the TMA kernels take, as their launchers (and the emulated tests) make them: a
+// caller's [B, L, H, D] view, and a ring block's compact K and V ([B, L, Hkv, D]).
+inline bool EncodeViewMap(TensorMap* map, const RowsArg& view, const Dims& d, int H, int box_rows) {
+  return EncodeRowsMap(map, view.data, d.B, d.L, H, d.D, view.sb, view.sl, view.sh, box_rows);
+}
+inline bool EncodeBlockMaps(TensorMap* k_map, TensorMap* v_map, const void* k, const void* v, const Dims& d,
+                            int box_rows) {
+  const int64_t sl = int64_t{d.Hkv} * d.D, sb = sl * d.L;
+  return EncodeRowsMap(k_map, k, d.B, d.L, d.Hkv, d.D, sb, sl, d.D, box_rows) &&
+         EncodeRowsMap(v_map, v, d.B, d.L, d.Hkv, d.D, sb, sl, d.D, box_rows);
+}
 // How many EncodeRowsMap calls failed in this process: a benchmark of the TMA family reports it, so
 // a silent fallback cannot pass for a TMA measurement.
 uint64_t TmaMapFailures();

@@ -77,10 +77,8 @@ void TmaForward(const sc::FwdParams& p) {
   const sc::Dims& d = p.dims;
   sc::TmaFwdParams tp{};
   tp.p = p;
-  const int64_t kv_sl = int64_t{d.Hkv} * D, kv_sb = kv_sl * d.L;
-  ASSERT_TRUE(sc::EncodeRowsMap(&tp.q_map, p.q.data, d.B, d.L, d.Hq, D, p.q.sb, p.q.sl, p.q.sh, Tile::kM));
-  ASSERT_TRUE(sc::EncodeRowsMap(&tp.k_map, p.k, d.B, d.L, d.Hkv, D, kv_sb, kv_sl, D, Tile::kN));
-  ASSERT_TRUE(sc::EncodeRowsMap(&tp.v_map, p.v, d.B, d.L, d.Hkv, D, kv_sb, kv_sl, D, Tile::kN));
+  ASSERT_TRUE(sc::EncodeViewMap(&tp.q_map, p.q, d, d.Hq, Tile::kM));
+  ASSERT_TRUE(sc::EncodeBlockMaps(&tp.k_map, &tp.v_map, p.k, p.v, d, Tile::kN));
   emu::Launch(emu::Dim3{sc::QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(d.B * d.Hq), 1},
               emu::Dim3{Tile::kThreads, 1, 1}, Tile::kSmemBytes, [&] { sc::WgmmaTmaForwardKernel<T, D>(tp); });
 }
@@ -91,11 +89,9 @@ void TmaBackward(const sc::BwdParams& p) {
   const sc::Dims& d = p.dims;
   sc::TmaBwdParams tp{};
   tp.p = p;
-  const int64_t kv_sl = int64_t{d.Hkv} * D, kv_sb = kv_sl * d.L;
-  ASSERT_TRUE(sc::EncodeRowsMap(&tp.q_map, p.q.data, d.B, d.L, d.Hq, D, p.q.sb, p.q.sl, p.q.sh, Tile::kM));
-  ASSERT_TRUE(sc::EncodeRowsMap(&tp.do_map, p.dout.data, d.B, d.L, d.Hq, D, p.dout.sb, p.dout.sl, p.dout.sh, Tile::kM));
-  ASSERT_TRUE(sc::EncodeRowsMap(&tp.k_map, p.k, d.B, d.L, d.Hkv, D, kv_sb, kv_sl, D, Tile::kN));
-  ASSERT_TRUE(sc::EncodeRowsMap(&tp.v_map, p.v, d.B, d.L, d.Hkv, D, kv_sb, kv_sl, D, Tile::kN));
+  ASSERT_TRUE(sc::EncodeViewMap(&tp.q_map, p.q, d, d.Hq, Tile::kM));
+  ASSERT_TRUE(sc::EncodeViewMap(&tp.do_map, p.dout, d, d.Hq, Tile::kM));
+  ASSERT_TRUE(sc::EncodeBlockMaps(&tp.k_map, &tp.v_map, p.k, p.v, d, Tile::kN));
   emu::Launch(emu::Dim3{CeilDiv(d.L, Tile::kN), static_cast<unsigned>(d.B * d.Hkv), 1}, emu::Dim3{Tile::kThreads, 1, 1},
               Tile::kSmemBytes, [&] { sc::WgmmaTmaBackwardKernel<T, D>(tp); });
 }
