@@ -106,7 +106,8 @@ typedef struct {
   size_t struct_size;
   stria_layout_t layout;
   int causal;
-  float softmax_scale; /* 0 means 1/sqrt(D) */
+  float softmax_scale; /* 0 means 1/sqrt(D); otherwise finite and > 0, or the call fails with
+                          STRIA_ERROR_INVALID_ARGUMENT */
 } stria_attention_params_t;
 
 /* Fills the defaults: striped, causal, scale 1/sqrt(D). */

@@ -260,7 +260,9 @@ struct stria_attention_params_t
     struct_size::Csize_t
     layout::stria_layout_t
     causal::Cint
-    softmax_scale::Cfloat  # 0 means 1/sqrt(D)
+    # 0 means 1/sqrt(D); otherwise finite and > 0, or the call fails with
+    # STRIA_ERROR_INVALID_ARGUMENT
+    softmax_scale::Cfloat
 end
 
 # Fills the defaults: striped, causal, scale 1/sqrt(D).
