@@ -169,7 +169,7 @@ int Transfer(int rank, int world, int device, size_t bytes, int iters) {
     std::fprintf(stderr, "%s\n", dlerror());
     return 1;
   }
-  auto* module = static_cast<const stria::TransportModuleV1*>(dlsym(lib, "stria_nccl_module_v1"));
+  auto* module = static_cast<const stria::TransportModule*>(dlsym(lib, "stria_nccl_module_v2"));
   stria_context_config_t cfg;
   stria_context_config_init(&cfg);
   cfg.rank = rank;
@@ -177,7 +177,7 @@ int Transfer(int rank, int world, int device, size_t bytes, int iters) {
   cfg.transport = STRIA_TRANSPORT_NCCL;
   cfg.device = {kDLCUDA, device};
   stria::Transport* t = nullptr;
-  stria::Status s = module->create(cfg, 600, &t);
+  stria::Status s = module->create(cfg, nullptr, 600, &t);
   if (!s.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, s.message().c_str());
     return 1;

@@ -105,14 +105,14 @@ int Transfer(int rank, int world, size_t bytes, int iters) {
     std::fprintf(stderr, "%s\n", dlerror());
     return 1;
   }
-  auto* module = static_cast<const stria::TransportModuleV1*>(dlsym(lib, "stria_ucx_module_v1"));
+  auto* module = static_cast<const stria::TransportModule*>(dlsym(lib, "stria_ucx_module_v2"));
   stria_context_config_t cfg;
   stria_context_config_init(&cfg);
   cfg.rank = rank;
   cfg.world_size = world;
   cfg.transport = STRIA_TRANSPORT_UCX;
   stria::Transport* t = nullptr;
-  stria::Status s = module->create(cfg, 600, &t);
+  stria::Status s = module->create(cfg, nullptr, 600, &t);
   if (!s.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, s.message().c_str());
     return 1;

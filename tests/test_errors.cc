@@ -673,6 +673,66 @@ TEST(Config, RanksAndWorldSizes) {
   }
 }
 
+// The config struct is DESIGN.md's, field for field: a caller that declares it from the design
+// (ctypes, another language's FFI) gets the same bytes, and stria_context_config_init, which cannot
+// know its caller's size, writes exactly those and not one more.
+TEST(Config, StructIsTheDesignsAndInitWritesOnlyIt) {
+  EXPECT_EQ(offsetof(stria_context_config_t, struct_size), 0u);
+  EXPECT_EQ(offsetof(stria_context_config_t, rank), sizeof(size_t));
+  EXPECT_EQ(offsetof(stria_context_config_t, world_size), sizeof(size_t) + sizeof(int));
+  EXPECT_EQ(offsetof(stria_context_config_t, device), sizeof(size_t) + 2 * sizeof(int));
+  EXPECT_EQ(offsetof(stria_context_config_t, transport), offsetof(stria_context_config_t, device) + sizeof(DLDevice));
+  EXPECT_EQ(offsetof(stria_context_config_t, unique_id), offsetof(stria_context_config_t, transport) + sizeof(int));
+  const size_t after_id = offsetof(stria_context_config_t, unique_id) + sizeof(stria_unique_id_t);
+  EXPECT_EQ(offsetof(stria_context_config_t, timeout_s),
+            (after_id + alignof(double) - 1) / alignof(double) * alignof(double));
+  EXPECT_EQ(offsetof(stria_context_config_t, num_threads),
+            offsetof(stria_context_config_t, timeout_s) + sizeof(double));
+  const size_t end = offsetof(stria_context_config_t, num_threads) + sizeof(int);
+  EXPECT_EQ(sizeof(stria_context_config_t), (end + alignof(stria_context_config_t) - 1) /
+                                                alignof(stria_context_config_t) * alignof(stria_context_config_t))
+      << "a field was added: callers that declare the design's struct would be written past its end";
+  unsigned char buffer[sizeof(stria_context_config_t) + 64];
+  std::memset(buffer, 0xAB, sizeof buffer);
+  ASSERT_EQ(stria_context_config_init(reinterpret_cast<stria_context_config_t*>(buffer)), STRIA_SUCCESS);
+  for (size_t i = sizeof(stria_context_config_t); i < sizeof buffer; ++i)
+    ASSERT_EQ(buffer[i], 0xAB) << "byte " << i << " past the struct was written";
+  stria_context_config_t cfg;
+  std::memcpy(&cfg, buffer, sizeof cfg);
+  EXPECT_EQ(cfg.struct_size, sizeof(stria_context_config_t));
+  // The same for the attention parameters.
+  unsigned char pbuf[sizeof(stria_attention_params_t) + 64];
+  std::memset(pbuf, 0xAB, sizeof pbuf);
+  ASSERT_EQ(stria_attention_params_init(reinterpret_cast<stria_attention_params_t*>(pbuf)), STRIA_SUCCESS);
+  for (size_t i = sizeof(stria_attention_params_t); i < sizeof pbuf; ++i)
+    ASSERT_EQ(pbuf[i], 0xAB) << "byte " << i << " past the params struct was written";
+}
+
+// A caller's NCCL communicator comes through its own function, and only with the NCCL transport.
+TEST(Config, NcclCommunicatorOnlyWithTheNcclTransport) {
+  int fake = 0;  // never dereferenced: the checks come first
+  for (stria_transport_t t : {STRIA_TRANSPORT_LOCAL, STRIA_TRANSPORT_UCX}) {
+    stria_context_config_t cfg;
+    stria_context_config_init(&cfg);
+    cfg.transport = t;
+    stria_context_t ctx = reinterpret_cast<stria_context_t>(0x99);
+    EXPECT_EQ(stria_context_create_with_nccl_comm(&cfg, &fake, &ctx), STRIA_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(stria_get_last_error()).find("STRIA_TRANSPORT_NCCL"), std::string::npos)
+        << stria_get_last_error();
+    EXPECT_EQ(ctx, nullptr);
+  }
+  stria_context_config_t cfg;
+  stria_context_config_init(&cfg);
+  cfg.transport = STRIA_TRANSPORT_NCCL;
+  stria_context_t ctx = reinterpret_cast<stria_context_t>(0x99);
+  EXPECT_EQ(stria_context_create_with_nccl_comm(&cfg, nullptr, &ctx), STRIA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(stria_get_last_error()).find("nccl_comm is NULL"), std::string::npos) << stria_get_last_error();
+  EXPECT_EQ(ctx, nullptr);
+  EXPECT_EQ(stria_context_create_with_nccl_comm(nullptr, &fake, &ctx), STRIA_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(stria_context_create_with_nccl_comm(&cfg, &fake, nullptr), STRIA_ERROR_INVALID_ARGUMENT);
+  EXPECT_STRNE(stria_get_last_error(), "");
+}
+
 TEST(Config, NewerStructSize) {
   struct {
     stria_context_config_t c;

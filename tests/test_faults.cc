@@ -360,6 +360,34 @@ TEST(Abort, AbortedBeforePeerArrives) {
   }
 }
 
+// Aborting a rank that already waits for a missing one (ranks 0 and 1 call, rank 2 never does):
+// rank 1 must learn that rank 0 left, not wait for rank 2 until its timeout.
+TEST(Abort, WaitingRankAbortedWhileAThirdIsMissing) {
+  for (const int victim : {0, 1}) {
+    SCOPED_TRACE(::testing::Message() << "victim " << victim);
+    LocalGroup g(3, kLongTimeoutS, 1);
+    ASSERT_EQ(g.status, STRIA_SUCCESS);
+    const stria_attention_params_t p = DefaultParams();
+    std::vector<Outcome> res(2);
+    std::thread callers([&] {
+      RunRanks(2, [&](int r) {
+        Rank t;
+        res[static_cast<size_t>(r)] = Timed([&] { return t.Forward(g.ctx[static_cast<size_t>(r)], p); });
+      });
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_EQ(stria_context_abort(g.ctx[static_cast<size_t>(victim)]), STRIA_SUCCESS);
+    callers.join();
+    const Outcome& aborted = res[static_cast<size_t>(victim)];
+    const Outcome& peer = res[static_cast<size_t>(1 - victim)];
+    EXPECT_EQ(aborted.status, STRIA_ERROR_ABORTED) << aborted.message;
+    EXPECT_EQ(peer.status, STRIA_ERROR_TRANSPORT) << peer.message;
+    EXPECT_TRUE(Contains(peer.message, "rank " + std::to_string(victim)) && Contains(peer.message, "left"))
+        << peer.message;
+    EXPECT_LT(peer.seconds, kPromptS) << peer.message;
+  }
+}
+
 // (f) Destroying a context while its peer waits.
 TEST(Destroy, PeerOfDestroyedRankFailsFast) {
   ExpectPeersSeeRankLeave(2, 0, true);

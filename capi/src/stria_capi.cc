@@ -67,11 +67,8 @@ constexpr int kMaxLocalGroup = 1024;
 
 Status CheckConfig(const stria_context_config_t* c) {
   if (c == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "config is NULL (use stria_context_config_init)");
-  // nccl_comm came last: a caller built before it passes the size that ends where it begins (its
-  // value is then NULL: CreateTransport reads the caller's struct_size bytes only).
-  const size_t full = sizeof(stria_context_config_t), before_nccl_comm = offsetof(stria_context_config_t, nccl_comm);
-  STRIA_RETURN_IF_ERROR(stria::CheckStructSize(c, c->struct_size, c->struct_size < full ? before_nccl_comm : full,
-                                               "config", "stria_context_config_init"));
+  STRIA_RETURN_IF_ERROR(
+      stria::CheckStructSize(c, c->struct_size, sizeof(stria_context_config_t), "config", "stria_context_config_init"));
   if (!std::isfinite(c->timeout_s) || c->timeout_s < 0)
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "config->timeout_s %g must be finite and >= 0 (0: default)",
                  c->timeout_s);
@@ -81,11 +78,35 @@ Status CheckConfig(const stria_context_config_t* c) {
   if (!stria::ValidTransport(stria::RawEnum(c->transport)))
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "config->transport %d is not a transport (0 local, 1 ucx, 2 nccl)",
                  stria::RawEnum(c->transport));
-  if (c->struct_size >= full && c->nccl_comm != nullptr && stria::RawEnum(c->transport) != STRIA_TRANSPORT_NCCL)
+  return Status::Ok();
+}
+
+double Timeout(const stria_context_config_t* c) {
+  return c->timeout_s > 0 ? c->timeout_s : stria::kDefaultTimeoutS;
+}
+
+// stria_context_create and stria_context_create_with_nccl_comm (nccl_comm NULL for the first).
+Status CreateContext(const stria_context_config_t* config, void* nccl_comm, stria_context_t* ctx) {
+  if (ctx == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "ctx (the output) is NULL");
+  *ctx = nullptr;
+  STRIA_RETURN_IF_ERROR(CheckConfig(config));
+  if (nccl_comm != nullptr && stria::RawEnum(config->transport) != STRIA_TRANSPORT_NCCL)
     return Error(STRIA_ERROR_INVALID_ARGUMENT,
-                 "config->nccl_comm is set but config->transport is %d: a caller's NCCL communicator goes with "
-                 "STRIA_TRANSPORT_NCCL (2)",
-                 stria::RawEnum(c->transport));
+                 "config->transport is %d: a caller's NCCL communicator goes with STRIA_TRANSPORT_NCCL (2)",
+                 stria::RawEnum(config->transport));
+  if (config->world_size < 1)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "config->world_size %d is not positive", config->world_size);
+  if (config->rank < 0 || config->rank >= config->world_size)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "config->rank %d is out of range for world_size %d", config->rank,
+                 config->world_size);
+  const int threads = config->num_threads > 0 ? config->num_threads : stria::HardwareThreads();
+  std::unique_ptr<stria::Backend> backend;
+  STRIA_RETURN_IF_ERROR(stria::CreateBackend(config->device, threads, &backend));
+  std::unique_ptr<stria::Transport> transport;
+  STRIA_RETURN_IF_ERROR(stria::CreateTransport(*config, nccl_comm, Timeout(config), &transport));
+  auto c = std::make_shared<stria::Context>(config->rank, config->world_size, config->device, Timeout(config),
+                                            std::move(backend), std::move(transport));
+  *ctx = stria::RegisterContext(std::move(c));
   return Status::Ok();
 }
 
@@ -94,10 +115,6 @@ Status CheckLayoutArg(const stria_layout_t& layout) {
   if (!stria::ValidLayout(v))
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "unknown layout %d (expected 0 contiguous, 1 striped, 2 zigzag)", v);
   return Status::Ok();
-}
-
-double Timeout(const stria_context_config_t* c) {
-  return c->timeout_s > 0 ? c->timeout_s : stria::kDefaultTimeoutS;
 }
 
 }  // namespace
@@ -161,24 +178,17 @@ STRIA_API stria_status_t stria_get_unique_id(stria_unique_id_t* id) {
 }
 
 STRIA_API stria_status_t stria_context_create(const stria_context_config_t* config, stria_context_t* ctx) {
+  return Guard([&] { return CreateContext(config, nullptr, ctx); });
+}
+
+STRIA_API stria_status_t stria_context_create_with_nccl_comm(const stria_context_config_t* config, void* nccl_comm,
+                                                             stria_context_t* ctx) {
   return Guard([&] {
-    if (ctx == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "ctx (the output) is NULL");
-    *ctx = nullptr;
-    STRIA_RETURN_IF_ERROR(CheckConfig(config));
-    if (config->world_size < 1)
-      return Error(STRIA_ERROR_INVALID_ARGUMENT, "config->world_size %d is not positive", config->world_size);
-    if (config->rank < 0 || config->rank >= config->world_size)
-      return Error(STRIA_ERROR_INVALID_ARGUMENT, "config->rank %d is out of range for world_size %d", config->rank,
-                   config->world_size);
-    const int threads = config->num_threads > 0 ? config->num_threads : stria::HardwareThreads();
-    std::unique_ptr<stria::Backend> backend;
-    STRIA_RETURN_IF_ERROR(stria::CreateBackend(config->device, threads, &backend));
-    std::unique_ptr<stria::Transport> transport;
-    STRIA_RETURN_IF_ERROR(stria::CreateTransport(*config, Timeout(config), &transport));
-    auto c = std::make_shared<stria::Context>(config->rank, config->world_size, config->device, Timeout(config),
-                                              std::move(backend), std::move(transport));
-    *ctx = stria::RegisterContext(std::move(c));
-    return Status::Ok();
+    if (ctx != nullptr) *ctx = nullptr;
+    if (nccl_comm == nullptr)
+      return Error(STRIA_ERROR_INVALID_ARGUMENT,
+                   "nccl_comm is NULL (stria_context_create makes stria's own communicators from unique_id)");
+    return CreateContext(config, nccl_comm, ctx);
   });
 }
 

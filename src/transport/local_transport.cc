@@ -69,17 +69,24 @@ class LocalGroup {
     auto deadline = DeadlineAfter(timeout_s);
     for (;;) {
       if (gone_[static_cast<size_t>(rank)]) return Aborted(rank);
-      int missing = -1, left = -1;
+      // A rank that left before posting can never complete the gather; one that posted and then
+      // left (aborted while it waited here too) could, but the call it gathers for would only fail
+      // at its first transfer with that rank, after the missing ranks had come, or at the timeout
+      // if they never do: either way its peers learn now.
+      int missing = -1, left_before = -1, left_after = -1;
       for (int q = 0; q < n_; ++q) {
-        if (posted_round_[static_cast<size_t>(q)] < round) {
-          if (missing < 0) missing = q;
-          if (gone_[static_cast<size_t>(q)] && left < 0) left = q;
-        }
+        const bool posted = posted_round_[static_cast<size_t>(q)] >= round;
+        if (!posted && missing < 0) missing = q;
+        if (gone_[static_cast<size_t>(q)]) (posted ? left_after : left_before) = q;
       }
       if (missing < 0) break;
-      if (left >= 0)
-        return Error(STRIA_ERROR_TRANSPORT, "rank %d left the group (aborted or destroyed) before joining %s", left,
-                     what);
+      if (left_before >= 0)
+        return Error(STRIA_ERROR_TRANSPORT, "rank %d left the group (aborted or destroyed) before joining %s",
+                     left_before, what);
+      if (left_after >= 0)
+        return Error(STRIA_ERROR_TRANSPORT,
+                     "rank %d left the group (aborted or destroyed) while waiting for rank %d to join %s", left_after,
+                     missing, what);
       if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && Clock::now() >= deadline) {
         // The last rank may have joined just as the deadline passed: a complete gather is no timeout.
         std::string who;

@@ -1,14 +1,11 @@
 // Transport selection: the in-process transport is built in; UCX and NCCL are modules.
-#include <algorithm>
-#include <cstring>
-
 #include "core/module.h"
 #include "transport/module_abi.h"
 
 namespace stria {
 namespace {
 
-Status LoadTransportModule(stria_transport_t kind, const TransportModuleV1** out) {
+Status LoadTransportModule(stria_transport_t kind, const TransportModule** out) {
   const char* name = kind == STRIA_TRANSPORT_UCX ? "ucx" : "nccl";
   const char* hint = kind == STRIA_TRANSPORT_UCX
                          ? "The UCX transport needs it beside libstria.so and UCX's libraries (Debian: libucx0); "
@@ -18,7 +15,7 @@ Status LoadTransportModule(stria_transport_t kind, const TransportModuleV1** out
   const std::string symbol = Format("stria_%s_module_v%d", name, kTransportModuleAbiVersion);
   void* sym = nullptr;
   STRIA_RETURN_IF_ERROR(LoadModuleSymbol(name, symbol.c_str(), hint, &sym));
-  const auto* module = static_cast<const TransportModuleV1*>(sym);
+  const auto* module = static_cast<const TransportModule*>(sym);
   if (module->abi_version != kTransportModuleAbiVersion)
     return Error(STRIA_ERROR_UNSUPPORTED, "the %s module speaks module ABI %d, this libstria %d", name,
                  module->abi_version, kTransportModuleAbiVersion);
@@ -28,7 +25,8 @@ Status LoadTransportModule(stria_transport_t kind, const TransportModuleV1** out
 
 }  // namespace
 
-Status CreateTransport(const stria_context_config_t& config, double timeout_s, std::unique_ptr<Transport>* out) {
+Status CreateTransport(const stria_context_config_t& config, void* nccl_comm, double timeout_s,
+                       std::unique_ptr<Transport>* out) {
   switch (config.transport) {
     case STRIA_TRANSPORT_LOCAL: {
       if (config.world_size != 1)
@@ -42,15 +40,10 @@ Status CreateTransport(const stria_context_config_t& config, double timeout_s, s
     }
     case STRIA_TRANSPORT_UCX:
     case STRIA_TRANSPORT_NCCL: {
-      const TransportModuleV1* module = nullptr;
+      const TransportModule* module = nullptr;
       STRIA_RETURN_IF_ERROR(LoadTransportModule(config.transport, &module));
-      // The module reads every field of this header's config; a caller built against an older
-      // header passed fewer bytes (checked by the C layer), and the fields it lacks are zero.
-      stria_context_config_t full;
-      std::memset(&full, 0, sizeof full);
-      std::memcpy(&full, &config, std::min(config.struct_size, sizeof full));
       Transport* t = nullptr;
-      STRIA_RETURN_IF_ERROR(module->create(full, timeout_s, &t));
+      STRIA_RETURN_IF_ERROR(module->create(config, nccl_comm, timeout_s, &t));
       out->reset(t);
       return Status::Ok();
     }
@@ -63,7 +56,7 @@ Status GetUniqueId(stria_unique_id_t* id) {
   // Either module serves the rendezvous, and the id works for both transports (a module that did
   // not open the id's listener takes it over from the one that did): UCX where it is installed,
   // else NCCL.
-  const TransportModuleV1* module = nullptr;
+  const TransportModule* module = nullptr;
   Status ucx = LoadTransportModule(STRIA_TRANSPORT_UCX, &module);
   if (!ucx.ok()) {
     Status nccl = LoadTransportModule(STRIA_TRANSPORT_NCCL, &module);

@@ -1,6 +1,6 @@
 // The NCCL transport where no GPU is needed: the module loads and exports its table; it refuses
 // what it cannot do (a CPU device, a machine without a usable GPU) at once and with a message,
-// before any rank waits on the network; the C API's checks of config->nccl_comm; and the
+// before any rank waits on the network; the checks of a caller's communicator; and the
 // rendezvous listener that one module hands to another (stria_get_unique_id is served by the UCX
 // module where it is built, the NCCL module's rank 0 takes its listener over).
 #include <dlfcn.h>
@@ -29,10 +29,10 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
 }
 
 // The module's table, loaded straight from the build tree.
-const TransportModuleV1* Module() {
+const TransportModule* Module() {
   static void* handle = dlopen(STRIA_NCCL_MODULE, RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) return nullptr;
-  return static_cast<const TransportModuleV1*>(dlsym(handle, "stria_nccl_module_v1"));
+  return static_cast<const TransportModule*>(dlsym(handle, "stria_nccl_module_v2"));
 }
 
 stria_context_config_t NcclConfig(int rank, int world) {
@@ -47,7 +47,7 @@ stria_context_config_t NcclConfig(int rank, int world) {
 }
 
 TEST(NcclModule, LoadsAndExportsItsTable) {
-  const TransportModuleV1* m = Module();
+  const TransportModule* m = Module();
   ASSERT_NE(m, nullptr) << dlerror();
   EXPECT_EQ(m->abi_version, kTransportModuleAbiVersion);
   EXPECT_STREQ(m->name, "nccl");
@@ -56,50 +56,6 @@ TEST(NcclModule, LoadsAndExportsItsTable) {
   ASSERT_NE(handle, nullptr);
   EXPECT_EQ(dlsym(handle, "_ZN5stria5ErrorE14stria_status_tPKcz"), nullptr);
   dlclose(handle);
-}
-
-// The core refuses a caller's communicator anywhere but with the NCCL transport, and reads the
-// field only from callers whose struct has it.
-TEST(NcclConfig, CommunicatorOnlyWithTheNcclTransport) {
-  int fake = 0;  // never dereferenced: the check comes first
-  for (stria_transport_t t : {STRIA_TRANSPORT_LOCAL, STRIA_TRANSPORT_UCX}) {
-    stria_context_config_t cfg;
-    stria_context_config_init(&cfg);
-    cfg.transport = t;
-    cfg.nccl_comm = &fake;
-    stria_context_t ctx = reinterpret_cast<stria_context_t>(0x99);
-    EXPECT_EQ(stria_context_create(&cfg, &ctx), STRIA_ERROR_INVALID_ARGUMENT);
-    EXPECT_NE(std::string(stria_get_last_error()).find("nccl_comm"), std::string::npos) << stria_get_last_error();
-    EXPECT_EQ(ctx, nullptr);
-    stria_context_t group[2] = {nullptr, nullptr};
-    EXPECT_EQ(stria_context_create_local_group(&cfg, 2, group), STRIA_ERROR_INVALID_ARGUMENT);
-    EXPECT_NE(std::string(stria_get_last_error()).find("nccl_comm"), std::string::npos) << stria_get_last_error();
-  }
-}
-
-TEST(NcclConfig, CallersBuiltBeforeTheFieldStillWork) {
-  // struct_size as a caller compiled against the header before nccl_comm passes it; the bytes
-  // beyond are not the caller's and must not be read (garbage here).
-  stria_context_config_t cfg;
-  std::memset(&cfg, 0xAB, sizeof cfg);
-  stria_context_config_init(&cfg);
-  std::memset(&cfg.nccl_comm, 0xAB, sizeof cfg.nccl_comm);
-  cfg.struct_size = offsetof(stria_context_config_t, nccl_comm);
-  cfg.num_threads = 1;
-  stria_context_t ctx = nullptr;
-  ASSERT_EQ(stria_context_create(&cfg, &ctx), STRIA_SUCCESS) << stria_get_last_error();
-  EXPECT_EQ(stria_context_destroy(ctx), STRIA_SUCCESS);
-  // Shorter than that is still refused.
-  cfg.struct_size = offsetof(stria_context_config_t, nccl_comm) - 1;
-  EXPECT_EQ(stria_context_create(&cfg, &ctx), STRIA_ERROR_INVALID_ARGUMENT);
-  // An old-size caller asking for the NCCL transport gets the NCCL module's own answers (no
-  // stray nccl_comm read from beyond its struct).
-  cfg.struct_size = offsetof(stria_context_config_t, nccl_comm);
-  cfg.transport = STRIA_TRANSPORT_NCCL;
-  cfg.device = DLDevice{kDLCPU, 0};
-  EXPECT_EQ(stria_context_create(&cfg, &ctx), STRIA_ERROR_UNSUPPORTED);
-  EXPECT_NE(std::string(stria_get_last_error()).find("CUDA device memory"), std::string::npos)
-      << stria_get_last_error();
 }
 
 TEST(NcclConfig, CpuDeviceIsRefused) {
@@ -117,7 +73,7 @@ TEST(NcclConfig, CpuDeviceIsRefused) {
 // rendezvous first would make rank 0 wait out its timeout.
 TEST(NcclNoGpu, CreateFailsAtOnceWithAMessage) {
   if (::stria_test::NoGpuReason().empty()) GTEST_SKIP() << "a GPU is here: tests/nccl/test_nccl_gpu.cc covers it";
-  const TransportModuleV1* m = Module();
+  const TransportModule* m = Module();
   ASSERT_NE(m, nullptr);
   stria_unique_id_t id;
   ASSERT_TRUE(m->get_unique_id(&id).ok()) << "the rendezvous needs no GPU";
@@ -127,7 +83,7 @@ TEST(NcclNoGpu, CreateFailsAtOnceWithAMessage) {
       cfg.unique_id = id;
       Transport* t = nullptr;
       const auto t0 = std::chrono::steady_clock::now();
-      Status s = m->create(cfg, 30, &t);
+      Status s = m->create(cfg, nullptr, 30, &t);
       EXPECT_LT(SecondsSince(t0), 5) << "rank " << rank << " of " << world << " waited";
       EXPECT_EQ(s.code(), STRIA_ERROR_UNSUPPORTED) << s.message();
       EXPECT_NE(s.message().find("needs a CUDA GPU"), std::string::npos) << s.message();
@@ -138,9 +94,12 @@ TEST(NcclNoGpu, CreateFailsAtOnceWithAMessage) {
   // The caller's-communicator path refuses the same way, before touching the (here fake) pointer.
   int fake = 0;
   stria_context_config_t cfg = NcclConfig(0, 1);
-  cfg.nccl_comm = &fake;
   Transport* t = nullptr;
-  EXPECT_EQ(m->create(cfg, 30, &t).code(), STRIA_ERROR_UNSUPPORTED);
+  EXPECT_EQ(m->create(cfg, &fake, 30, &t).code(), STRIA_ERROR_UNSUPPORTED);
+  stria_context_t ctx = reinterpret_cast<stria_context_t>(0x99);
+  EXPECT_EQ(stria_context_create_with_nccl_comm(&cfg, &fake, &ctx), STRIA_ERROR_UNSUPPORTED);
+  EXPECT_STRNE(stria_get_last_error(), "");
+  EXPECT_EQ(ctx, nullptr);
 }
 
 // Through the C API: the CUDA backend comes first and refuses (no module or no GPU); either way a
@@ -176,7 +135,7 @@ TEST(NcclRendezvous, IdCarriesItsListener) {
   EXPECT_EQ(back.listener, id.listener);
   EXPECT_EQ(back.port, id.port);
   // The NCCL module issues the same kind of id (it serves stria_get_unique_id without UCX).
-  const TransportModuleV1* m = Module();
+  const TransportModule* m = Module();
   ASSERT_NE(m, nullptr);
   ASSERT_TRUE(m->get_unique_id(&raw).ok());
   ASSERT_TRUE(DecodeId(raw, &back).ok());

@@ -47,9 +47,9 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-const stria::TransportModuleV1* Module() {
+const stria::TransportModule* Module() {
   static void* handle = dlopen(STRIA_NCCL_MODULE, RTLD_NOW | RTLD_LOCAL);
-  return handle ? static_cast<const stria::TransportModuleV1*>(dlsym(handle, "stria_nccl_module_v1")) : nullptr;
+  return handle ? static_cast<const stria::TransportModule*>(dlsym(handle, "stria_nccl_module_v2")) : nullptr;
 }
 
 stria_context_config_t NcclConfig(int rank, int world, int device, double timeout_s = 60) {
@@ -66,7 +66,7 @@ stria_context_config_t NcclConfig(int rank, int world, int device, double timeou
 // The module's transport itself, as the engine sees it.
 std::unique_ptr<Transport> Direct(const stria_context_config_t& cfg, Status* s) {
   Transport* t = nullptr;
-  *s = Module()->create(cfg, cfg.timeout_s, &t);
+  *s = Module()->create(cfg, nullptr, cfg.timeout_s, &t);
   return std::unique_ptr<Transport>(t);
 }
 
@@ -312,9 +312,8 @@ TEST(NcclContext, CallersCommunicator) {
     ASSERT_EQ(state, ncclSuccess) << ncclGetErrorString(state);
 
     stria_context_config_t cfg = NcclConfig(0, 1, 0);
-    cfg.nccl_comm = comm;
     stria_context_t ctx = nullptr;
-    ASSERT_EQ(stria_context_create(&cfg, &ctx), STRIA_SUCCESS) << stria_get_last_error();
+    ASSERT_EQ(stria_context_create_with_nccl_comm(&cfg, comm, &ctx), STRIA_SUCCESS) << stria_get_last_error();
     AttentionTensors h(1, 64, 2, 2, 64, Dt::kBF16, 11);
     DeviceTensor q(h.q), k(h.k), v(h.v), out(h.out), lse(h.lse);
     stria_attention_params_t p;
@@ -325,18 +324,15 @@ TEST(NcclContext, CallersCommunicator) {
 
     // A config that does not describe the communicator.
     cfg = NcclConfig(0, 2, 0);
-    cfg.nccl_comm = comm;
     ctx = reinterpret_cast<stria_context_t>(0x99);
-    EXPECT_EQ(stria_context_create(&cfg, &ctx), STRIA_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(stria_context_create_with_nccl_comm(&cfg, comm, &ctx), STRIA_ERROR_INVALID_ARGUMENT);
     EXPECT_NE(std::string(stria_get_last_error()).find("has 1 ranks"), std::string::npos) << stria_get_last_error();
     EXPECT_EQ(ctx, nullptr);
     cfg = NcclConfig(1, 2, 0);
-    cfg.nccl_comm = comm;
-    EXPECT_EQ(stria_context_create(&cfg, &ctx), STRIA_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(stria_context_create_with_nccl_comm(&cfg, comm, &ctx), STRIA_ERROR_INVALID_ARGUMENT);
     if (GpuCount() > 1) {
       cfg = NcclConfig(0, 1, 1);
-      cfg.nccl_comm = comm;
-      EXPECT_EQ(stria_context_create(&cfg, &ctx), STRIA_ERROR_INVALID_ARGUMENT);
+      EXPECT_EQ(stria_context_create_with_nccl_comm(&cfg, comm, &ctx), STRIA_ERROR_INVALID_ARGUMENT);
       EXPECT_NE(std::string(stria_get_last_error()).find("device"), std::string::npos) << stria_get_last_error();
     }
 

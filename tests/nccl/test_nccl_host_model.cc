@@ -20,7 +20,7 @@
 #include "transport/module_abi.h"
 #include "transport/rendezvous/rendezvous.h"
 
-extern "C" const stria::TransportModuleV1 stria_nccl_module_v1;
+extern "C" const stria::TransportModule stria_nccl_module_v2;
 int ModelSizeMismatches();
 
 namespace stria {
@@ -48,18 +48,21 @@ struct Ranks {
   std::vector<std::unique_ptr<Transport>> t;
   std::vector<Status> s;
   uint64_t next_call = 1;  // the engine's call sequence number: tags grow from call to call
-  Ranks(int world, double timeout_s, const std::function<void(int, stria_context_config_t*)>& edit = nullptr)
+  // edit may change a rank's config and give it a communicator of the caller's (*comm).
+  Ranks(int world, double timeout_s,
+        const std::function<void(int, stria_context_config_t*, void** comm)>& edit = nullptr)
       : t(static_cast<size_t>(world)), s(static_cast<size_t>(world)) {
     unsetenv("STRIA_ROOT");
     stria_unique_id_t id;
-    EXPECT_TRUE(stria_nccl_module_v1.get_unique_id(&id).ok());
+    EXPECT_TRUE(stria_nccl_module_v2.get_unique_id(&id).ok());
     Run(world, [&](int r) {
       cudaSetDevice(r);
       stria_context_config_t cfg = Config(r, world, timeout_s);
       cfg.unique_id = id;
-      if (edit) edit(r, &cfg);
+      void* comm = nullptr;
+      if (edit) edit(r, &cfg, &comm);
       Transport* made = nullptr;
-      s[static_cast<size_t>(r)] = stria_nccl_module_v1.create(cfg, timeout_s, &made);
+      s[static_cast<size_t>(r)] = stria_nccl_module_v2.create(cfg, comm, timeout_s, &made);
       t[static_cast<size_t>(r)].reset(made);
     });
   }
@@ -243,8 +246,8 @@ TEST(NcclHostModel, CallersCommunicatorIsUsedAndLeftAlone) {
     const int world = 3;
     const std::vector<ncclComm_t> user = CallerComms(world, blocking);
     {
-      Ranks ranks(world, 30, [&](int r, stria_context_config_t* cfg) {
-        cfg->nccl_comm = user[static_cast<size_t>(r)];
+      Ranks ranks(world, 30, [&](int r, stria_context_config_t* cfg, void** comm) {
+        *comm = user[static_cast<size_t>(r)];
         std::memset(cfg->unique_id.internal, 0, sizeof cfg->unique_id.internal);  // not needed
       });
       ranks.ExpectAllOk();
@@ -259,20 +262,17 @@ TEST(NcclHostModel, CallersCommunicatorIsUsedAndLeftAlone) {
     }
     // Configs that do not describe the communicator are refused before any collective.
     stria_context_config_t cfg = Config(1, world, 5);
-    cfg.nccl_comm = user[0];
     cudaSetDevice(1);
     Transport* t = nullptr;
-    Status s = stria_nccl_module_v1.create(cfg, 5, &t);
+    Status s = stria_nccl_module_v2.create(cfg, user[0], 5, &t);
     EXPECT_EQ(s.code(), STRIA_ERROR_INVALID_ARGUMENT);
     EXPECT_NE(s.message().find("rank 0 of its communicator but config->rank is 1"), std::string::npos) << s.message();
     cfg = Config(0, 2, 5);
-    cfg.nccl_comm = user[0];
-    s = stria_nccl_module_v1.create(cfg, 5, &t);
+    s = stria_nccl_module_v2.create(cfg, user[0], 5, &t);
     EXPECT_NE(s.message().find("has 3 ranks but config->world_size is 2"), std::string::npos) << s.message();
     cfg = Config(0, world, 5);
     cfg.device.device_id = 4;
-    cfg.nccl_comm = user[0];
-    s = stria_nccl_module_v1.create(cfg, 5, &t);
+    s = stria_nccl_module_v2.create(cfg, user[0], 5, &t);
     EXPECT_NE(s.message().find("device 0 but config->device names device 4"), std::string::npos) << s.message();
     EXPECT_EQ(t, nullptr);
     for (ncclComm_t c : user) ncclCommDestroy(c);
@@ -288,10 +288,9 @@ TEST(NcclHostModel, CallersCommunicatorTimesOutWhenARankNeverCreates) {
     const std::vector<ncclComm_t> user = CallerComms(world, blocking);
     cudaSetDevice(0);
     stria_context_config_t cfg = Config(0, world, 0.5);
-    cfg.nccl_comm = user[0];
     Transport* t = nullptr;
     const auto t0 = std::chrono::steady_clock::now();
-    Status s = stria_nccl_module_v1.create(cfg, 0.5, &t);
+    Status s = stria_nccl_module_v2.create(cfg, user[0], 0.5, &t);
     EXPECT_EQ(s.code(), STRIA_ERROR_TIMEOUT) << s.message();
     EXPECT_NE(s.message().find("its owner should abort"), std::string::npos) << s.message();
     EXPECT_LT(SecondsSince(t0), 5) << "neither the wait nor the cleanup may block";
@@ -441,7 +440,7 @@ TEST(NcclHostModel, LoneRequestsGoOutWhenWaitedOn) {
 TEST(NcclHostModel, SetupTimesOutWhenARankNeverGetsToNccl) {
   unsetenv("STRIA_ROOT");
   stria_unique_id_t raw;
-  ASSERT_TRUE(stria_nccl_module_v1.get_unique_id(&raw).ok());
+  ASSERT_TRUE(stria_nccl_module_v2.get_unique_id(&raw).ok());
   RendezvousId id;
   ASSERT_TRUE(DecodeId(raw, &id).ok());
   std::thread impostor([&] {
@@ -457,7 +456,7 @@ TEST(NcclHostModel, SetupTimesOutWhenARankNeverGetsToNccl) {
   cfg.unique_id = raw;
   Transport* t = nullptr;
   const auto start = std::chrono::steady_clock::now();
-  Status s = stria_nccl_module_v1.create(cfg, 0.5, &t);
+  Status s = stria_nccl_module_v2.create(cfg, nullptr, 0.5, &t);
   impostor.join();
   EXPECT_EQ(s.code(), STRIA_ERROR_TIMEOUT) << s.message();
   EXPECT_NE(s.message().find("ncclCommInitRankConfig"), std::string::npos) << s.message();
@@ -468,7 +467,7 @@ TEST(NcclHostModel, SetupTimesOutWhenARankNeverGetsToNccl) {
 TEST(NcclHostModel, AnotherTransportInTheRendezvousIsNamed) {
   unsetenv("STRIA_ROOT");
   stria_unique_id_t raw;
-  ASSERT_TRUE(stria_nccl_module_v1.get_unique_id(&raw).ok());
+  ASSERT_TRUE(stria_nccl_module_v2.get_unique_id(&raw).ok());
   RendezvousId id;
   ASSERT_TRUE(DecodeId(raw, &id).ok());
   std::thread ucx_rank([&] {
@@ -479,14 +478,14 @@ TEST(NcclHostModel, AnotherTransportInTheRendezvousIsNamed) {
   stria_context_config_t cfg = Config(0, 2, 5);
   cfg.unique_id = raw;
   Transport* t = nullptr;
-  Status s = stria_nccl_module_v1.create(cfg, 5, &t);
+  Status s = stria_nccl_module_v2.create(cfg, nullptr, 5, &t);
   ucx_rank.join();
   EXPECT_EQ(s.code(), STRIA_ERROR_TRANSPORT) << s.message();
   EXPECT_NE(s.message().find("rank 1 joined this rendezvous with another transport"), std::string::npos) << s.message();
 }
 
 TEST(NcclHostModel, TwoRanksOnOneGpuAreRefused) {
-  Ranks ranks(2, 5, [](int, stria_context_config_t* cfg) {
+  Ranks ranks(2, 5, [](int, stria_context_config_t* cfg, void**) {
     cfg->device.device_id = 0;
     cudaSetDevice(0);
   });

@@ -242,6 +242,21 @@ TEST(UcxFaults, AbortFromAnotherThread) {
   EXPECT_EQ(results[1].message.find("BUG"), std::string::npos);
 }
 
+TEST(UcxFaults, AbortWhileAThirdRankIsLate) {
+  // Ranks 0 and 1 wait in the call's agreement for rank 2, which comes only after the timeout;
+  // rank 0 aborts itself 300 ms in. Rank 1 must fail then, because rank 0 left, rather than wait
+  // for rank 2 until its timeout.
+  auto results = RunFault(3,
+                          {"--fault", "abort", "--fault-rank", "0", "--fault-iter", "0", "--fault-delay-ms", "300",
+                           "--slow-call-rank", "2", "--slow-call-s", std::to_string(kTimeout + 2)},
+                          kTimeout * 3 + 20);
+  ASSERT_EQ(results.count(1), 1u) << Describe(results);
+  EXPECT_EQ(results[0].code, STRIA_ERROR_ABORTED) << Describe(results);
+  EXPECT_EQ(results[1].code, STRIA_ERROR_TRANSPORT) << Describe(results);
+  EXPECT_NE(results[1].message.find("rank 0"), std::string::npos) << Describe(results);
+  EXPECT_LT(results[1].seconds, kTimeout / 2) << "rank 1 waited for the late rank\n" << Describe(results);
+}
+
 TEST(UcxFaults, ShapesDisagree) {
   auto results = RunFault(3, {"--fault", "shape", "--fault-rank", "1", "--fault-heads", "8"}, kTimeout * 3 + 20);
   for (auto& [rank, r] : results) {

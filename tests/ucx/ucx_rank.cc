@@ -30,6 +30,10 @@ struct Options : RankOptions {
   int fault_iter = 0;
   int fault_hq = 0;   // for "shape": the odd rank's number of heads
   double late_s = 0;  // for "late": the odd rank sleeps this long before creating its context
+  // A second rank that is late: it sleeps slow_call_s before its call at fault_iter (a rank
+  // still busy elsewhere while the others wait for it, and something happens to one of them).
+  int slow_call_rank = -1;
+  double slow_call_s = 0;
   // Destroy the context as soon as the last call returns, then check the results: how a job
   // ends, with slower ranks possibly still finishing that call.
   bool close_first = false;
@@ -49,6 +53,10 @@ Options Parse(int argc, char** argv) {
       o.fault_hq = std::stoi(v);
     else if (k == "--late-s")
       o.late_s = std::stod(v);
+    else if (k == "--slow-call-rank")
+      o.slow_call_rank = std::stoi(v);
+    else if (k == "--slow-call-s")
+      o.slow_call_s = std::stod(v);
     else if (k == "--close-first")
       o.close_first = v == "1";
   }
@@ -124,6 +132,8 @@ int main(int argc, char** argv) {
       }
       if (odd && it == o.fault_iter && o.fault == "abort")
         fault = AfterDelay(o.fault_delay_ms, [ctx] { stria_context_abort(ctx); });
+      if (o.rank == o.slow_call_rank && it == o.fault_iter)
+        std::this_thread::sleep_for(std::chrono::duration<double>(o.slow_call_s));
       s = stria_attention_forward(ctx, &params, &ql.dl, &kl.dl, &vl.dl, &out.dl, &lse.dl, nullptr);
       if (s == STRIA_SUCCESS)
         s = stria_attention_backward(ctx, &params, &ql.dl, &kl.dl, &vl.dl, &out.dl, &lse.dl, &dol.dl, &dq.dl, &dk.dl,

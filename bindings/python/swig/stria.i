@@ -34,6 +34,7 @@
 %enddef
 STRIA_RELEASE_GIL(stria_get_unique_id)
 STRIA_RELEASE_GIL(stria_context_create)
+STRIA_RELEASE_GIL(stria_context_create_with_nccl_comm)
 STRIA_RELEASE_GIL(stria_context_create_local_group)
 STRIA_RELEASE_GIL(stria_context_abort)
 STRIA_RELEASE_GIL(stria_context_destroy)
@@ -63,6 +64,17 @@ STRIA_RELEASE_GIL(stria_analyze_balance_steps)
                  Py_TYPE($input)->tp_name);
     SWIG_fail;
   }
+}
+
+/* stria_context_create_with_nccl_comm: the caller's ncclComm_t as an int (its address). */
+%typemap(in) void* nccl_comm {
+  if (!PyLong_Check($input)) {
+    PyErr_Format(PyExc_TypeError, "$symname(): nccl_comm must be an int (an ncclComm_t's address), not %.100s",
+                 Py_TYPE($input)->tp_name);
+    SWIG_fail;
+  }
+  $1 = PyLong_AsVoidPtr($input);
+  if (!$1 && PyErr_Occurred()) SWIG_fail;
 }
 
 /* stria_context_create: the new context handle is returned. */

@@ -78,15 +78,23 @@ typedef struct {
   double timeout_s;            /* a wait longer than this fails with STRIA_ERROR_TIMEOUT; 0 = default (300 s) */
   int num_threads;             /* CPU backend threads; 0 = all (a local group shares them out); at most
                                   1024, and 8192 for a local group's ranks together */
-  void* nccl_comm;             /* STRIA_TRANSPORT_NCCL: an ncclComm_t the caller owns (NULL: stria creates one
-                                  from unique_id); stria never destroys it */
 } stria_context_config_t;
+/* The struct is exactly DESIGN.md's, and stays so: stria_context_config_init cannot know how large
+ * its caller's struct is, so options added later come as functions, not fields (an older caller's
+ * struct would be written past its end). */
 
 /* Fills the defaults: rank 0 of 1, CPU, local transport, default timeout, all threads. */
 STRIA_API stria_status_t stria_context_config_init(stria_context_config_t* config);
 /* Opens rank 0's rendezvous and describes it in *id (UCX and NCCL transports). */
 STRIA_API stria_status_t stria_get_unique_id(stria_unique_id_t* id);
 STRIA_API stria_status_t stria_context_create(const stria_context_config_t* config, stria_context_t* ctx);
+/* stria_context_create for STRIA_TRANSPORT_NCCL on a communicator the caller already has: nccl_comm
+ * is an ncclComm_t (void* here, so that this header needs no NCCL), whose rank, size and device
+ * must be config->rank, config->world_size and config->device; config->unique_id is not used.
+ * Every rank calls it (stria forms its own communicators with one broadcast over the caller's).
+ * stria never aborts or destroys nccl_comm. */
+STRIA_API stria_status_t stria_context_create_with_nccl_comm(const stria_context_config_t* config, void* nccl_comm,
+                                                             stria_context_t* ctx);
 /* world_size contexts in this process joined by the in-process transport;
    config->rank/world_size are ignored; each context is then driven by its own thread.
    On failure no context is left behind and ctxs[] is set to NULL. */
@@ -95,7 +103,8 @@ STRIA_API stria_status_t stria_context_create_local_group(const stria_context_co
 STRIA_API stria_status_t stria_context_get_rank(stria_context_t ctx, int* rank);
 STRIA_API stria_status_t stria_context_get_world_size(stria_context_t ctx, int* world_size);
 /* Makes a call in progress on ctx (on another thread) return STRIA_ERROR_ABORTED, and every
- * later call too: an aborted context can only be destroyed. Its peers see it leave. */
+ * later call too: an aborted context can only be destroyed (the queries get_rank, get_world_size
+ * and get_step_times still answer). Its peers see it leave. */
 STRIA_API stria_status_t stria_context_abort(stria_context_t ctx); /* from any thread */
 /* Frees ctx and leaves its group. After a finished call this is no abort: peers still finishing
  * that call get everything this rank sent; a later call of theirs fails (the rank left). A call

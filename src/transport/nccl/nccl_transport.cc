@@ -5,7 +5,7 @@
 // Joining. Every context forms communicators of its own from NCCL ids that rank 0 makes
 // (ncclGetUniqueId) and hands to every rank: through the rendezvous of src/transport/rendezvous,
 // as rank 0's entry of the ring table (so the one 128-byte stria id serves UCX and NCCL alike),
-// or, when the caller passes a communicator of its own (config->nccl_comm), by one broadcast over
+// or, when the caller passes a communicator of its own (nccl_comm), by one broadcast over
 // that communicator. stria never splits the caller's communicator: a split may share its parent's
 // resources and abort flag (splitShare), and aborting stria's communicator on a timeout must never
 // touch the caller's, which stria never destroys either.
@@ -228,23 +228,22 @@ class NcclTransport final : public Transport {
     if (r != ncclSuccess) return BadComm("ncclCommGetAsyncError", r, user);
     if (state == ncclInProgress)
       return Error(STRIA_ERROR_INVALID_ARGUMENT,
-                   "config->nccl_comm is still being set up (ncclCommGetAsyncError reports ncclInProgress): wait "
+                   "nccl_comm is still being set up (ncclCommGetAsyncError reports ncclInProgress): wait "
                    "until it reports ncclSuccess");
     if (state != ncclSuccess)
-      return Error(STRIA_ERROR_INVALID_ARGUMENT, "config->nccl_comm has failed: %s", NcclText(state, user).c_str());
+      return Error(STRIA_ERROR_INVALID_ARGUMENT, "nccl_comm has failed: %s", NcclText(state, user).c_str());
     int count = 0, rank = 0, device = 0;
     if ((r = ncclCommCount(user, &count)) != ncclSuccess) return BadComm("ncclCommCount", r, user);
     if ((r = ncclCommUserRank(user, &rank)) != ncclSuccess) return BadComm("ncclCommUserRank", r, user);
     if ((r = ncclCommCuDevice(user, &device)) != ncclSuccess) return BadComm("ncclCommCuDevice", r, user);
     if (count != world_)
-      return Error(STRIA_ERROR_INVALID_ARGUMENT, "config->nccl_comm has %d ranks but config->world_size is %d", count,
-                   world_);
+      return Error(STRIA_ERROR_INVALID_ARGUMENT, "nccl_comm has %d ranks but config->world_size is %d", count, world_);
     if (rank != rank_)
-      return Error(STRIA_ERROR_INVALID_ARGUMENT,
-                   "config->nccl_comm is rank %d of its communicator but config->rank is %d", rank, rank_);
+      return Error(STRIA_ERROR_INVALID_ARGUMENT, "nccl_comm is rank %d of its communicator but config->rank is %d",
+                   rank, rank_);
     if (device != device_)
-      return Error(STRIA_ERROR_INVALID_ARGUMENT,
-                   "config->nccl_comm works on CUDA device %d but config->device names device %d", device, device_);
+      return Error(STRIA_ERROR_INVALID_ARGUMENT, "nccl_comm works on CUDA device %d but config->device names device %d",
+                   device, device_);
     // stria's communicators are its own, made from an NCCL id that rank 0 broadcasts over the
     // caller's communicator. Not split off it: a split shares the parent's resources, abort flag
     // included, whenever the parent was made with splitShare (or NCCL_COMM_SPLIT_SHARE_RESOURCES
@@ -380,8 +379,8 @@ class NcclTransport final : public Transport {
   }
 
   static Status BadComm(const char* call, ncclResult_t r, ncclComm_t comm) {
-    return Error(STRIA_ERROR_INVALID_ARGUMENT, "config->nccl_comm is not a usable NCCL communicator: %s failed: %s",
-                 call, NcclText(r, comm).c_str());
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "nccl_comm is not a usable NCCL communicator: %s failed: %s", call,
+                 NcclText(r, comm).c_str());
   }
 
   static void Backoff(int polls) {
@@ -521,7 +520,7 @@ class NcclTransport final : public Transport {
     ncclResult_t r = ncclBroadcast(slot, slot, sizeof *ids, ncclUint8, 0, user, stream);
     auto timeout = [&] {
       return Error(STRIA_ERROR_TIMEOUT,
-                   "timed out after %.3g s waiting for every rank to create its context on config->nccl_comm (rank 0 "
+                   "timed out after %.3g s waiting for every rank to create its context on nccl_comm (rank 0 "
                    "broadcasts stria's NCCL ids over it, a collective); that broadcast is still pending in the "
                    "caller's communicator, which its owner should abort",
                    timeout_s_);
@@ -533,17 +532,16 @@ class NcclTransport final : public Transport {
           [&](bool* done) {
             ncclResult_t state = ncclSuccess;
             r = ncclCommGetAsyncError(user, &state);
-            if (r != ncclSuccess) return NcclError("ncclCommGetAsyncError on config->nccl_comm", r, user);
+            if (r != ncclSuccess) return NcclError("ncclCommGetAsyncError on nccl_comm", r, user);
             if (state != ncclSuccess && state != ncclInProgress)
-              return Status(STRIA_ERROR_TRANSPORT,
-                            "ncclBroadcast on config->nccl_comm failed: " + NcclText(state, user));
+              return Status(STRIA_ERROR_TRANSPORT, "ncclBroadcast on nccl_comm failed: " + NcclText(state, user));
             *done = state == ncclSuccess;
             return Status::Ok();
           },
           timeout));
       r = ncclSuccess;
     }
-    if (r != ncclSuccess) return FailLocked(NcclError("ncclBroadcast on config->nccl_comm", r, user));
+    if (r != ncclSuccess) return FailLocked(NcclError("ncclBroadcast on nccl_comm", r, user));
     STRIA_RETURN_IF_ERROR(AwaitStreamLocked(lock, stream, deadline, timeout));
     foreign_work_ = false;
     e = cudaMemcpyAsync(ids, slot, sizeof *ids, cudaMemcpyDeviceToHost, stream);
@@ -782,7 +780,7 @@ Status NcclGetUniqueId(stria_unique_id_t* out) {
   return Status::Ok();
 }
 
-Status NcclCreate(const stria_context_config_t& config, double timeout_s, Transport** out) {
+Status NcclCreate(const stria_context_config_t& config, void* nccl_comm, double timeout_s, Transport** out) {
   if (config.device.device_type != kDLCUDA)
     return Error(STRIA_ERROR_UNSUPPORTED,
                  "the NCCL transport moves CUDA device memory: set config->device to {kDLCUDA, ordinal} (CPU "
@@ -790,8 +788,8 @@ Status NcclCreate(const stria_context_config_t& config, double timeout_s, Transp
   STRIA_RETURN_IF_ERROR(CheckDevice(config.device.device_id));
   auto t = std::make_unique<NcclTransport>(config.rank, config.world_size, config.device.device_id, timeout_s);
   STRIA_RETURN_IF_ERROR(t->CreateStreams());
-  if (config.nccl_comm != nullptr) {
-    STRIA_RETURN_IF_ERROR(t->InitFromComm(static_cast<ncclComm_t>(config.nccl_comm)));
+  if (nccl_comm != nullptr) {
+    STRIA_RETURN_IF_ERROR(t->InitFromComm(static_cast<ncclComm_t>(nccl_comm)));
   } else {
     NcclIds ids;
     STRIA_RETURN_IF_ERROR(ExchangeNcclIds(config, timeout_s, &ids));
@@ -805,5 +803,5 @@ Status NcclCreate(const stria_context_config_t& config, double timeout_s, Transp
 }  // namespace
 }  // namespace stria
 
-extern "C" __attribute__((visibility("default"))) const stria::TransportModuleV1 stria_nccl_module_v1 = {
+extern "C" __attribute__((visibility("default"))) const stria::TransportModule stria_nccl_module_v2 = {
     stria::kTransportModuleAbiVersion, "nccl", &stria::NcclGetUniqueId, &stria::NcclCreate};

@@ -164,7 +164,8 @@ class UcxTransport final : public Transport {
         continue;
       }
       const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
-      s = Wait(r, left > 0 ? left : 0, what);
+      std::unique_lock<std::mutex> lock(mu_);
+      s = NoteErrorLocked(WaitLocked(lock, r, left > 0 ? left : 0, what, /*any_peer_gone_fails=*/true));
     }
     return s;
   }
@@ -196,7 +197,12 @@ class UcxTransport final : public Transport {
     return s;
   }
 
-  Status WaitLocked(std::unique_lock<std::mutex>& lock, RequestId id, double timeout_s, const char* what) {
+  // any_peer_gone_fails: the wait is part of a collective (the call's agreement), which no rank
+  // completes once any rank has left, whichever peer this request is with. A peer that leaves
+  // normally (destroy after its call) has passed the agreement long before: every rank's ring
+  // needs every other rank to have passed it first.
+  Status WaitLocked(std::unique_lock<std::mutex>& lock, RequestId id, double timeout_s, const char* what,
+                    bool any_peer_gone_fails = false) {
     const auto deadline = DeadlineAfter(timeout_s);
     bool drained = false;
     for (;;) {
@@ -236,6 +242,11 @@ class UcxTransport final : public Transport {
         }
         return Error(STRIA_ERROR_TRANSPORT, "rank %d %s (%s)", r.peer, gone_[static_cast<size_t>(r.peer)].c_str(),
                      what);
+      }
+      for (int q = 0; any_peer_gone_fails && q < world_; ++q) {
+        if (q != rank_ && !gone_[static_cast<size_t>(q)].empty())
+          return Error(STRIA_ERROR_TRANSPORT, "rank %d %s (%s, while waiting for rank %d)", q,
+                       gone_[static_cast<size_t>(q)].c_str(), what, r.peer);
       }
       if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && Clock::now() >= deadline) {
         auto again = reqs_.find(id);
@@ -526,7 +537,8 @@ Status UcxGetUniqueId(stria_unique_id_t* out) {
   return Status::Ok();
 }
 
-Status UcxCreate(const stria_context_config_t& config, double timeout_s, Transport** out) {
+Status UcxCreate(const stria_context_config_t& config, void* /*nccl_comm: always NULL here*/, double timeout_s,
+                 Transport** out) {
   if (config.device.device_type != kDLCPU)
     return Error(STRIA_ERROR_UNSUPPORTED,
                  "the UCX transport carries host memory; GPU contexts across processes use STRIA_TRANSPORT_NCCL");
@@ -551,5 +563,5 @@ Status UcxCreate(const stria_context_config_t& config, double timeout_s, Transpo
 }  // namespace
 }  // namespace stria
 
-extern "C" __attribute__((visibility("default"))) const stria::TransportModuleV1 stria_ucx_module_v1 = {
+extern "C" __attribute__((visibility("default"))) const stria::TransportModule stria_ucx_module_v2 = {
     stria::kTransportModuleAbiVersion, "ucx", &stria::UcxGetUniqueId, &stria::UcxCreate};

@@ -199,9 +199,6 @@ struct stria_context_config_t
     # CPU backend threads; 0 = all (a local group shares them out); at most
     # 1024, and 8192 for a local group's ranks together
     num_threads::Cint
-    # STRIA_TRANSPORT_NCCL: an ncclComm_t the caller owns (NULL: stria creates one
-    # from unique_id); stria never destroys it
-    nccl_comm::Ptr{Cvoid}
 end
 
 # Fills the defaults: rank 0 of 1, CPU, local transport, default timeout, all threads.
@@ -220,6 +217,17 @@ function stria_context_create(config, ctx)
     ccall((:stria_context_create, libstria), stria_status_t,
           (Ptr{stria_context_config_t}, Ptr{stria_context_t}),
           config, ctx)
+end
+
+# stria_context_create for STRIA_TRANSPORT_NCCL on a communicator the caller already has: nccl_comm
+# is an ncclComm_t (void* here, so that this header needs no NCCL), whose rank, size and device
+# must be config->rank, config->world_size and config->device; config->unique_id is not used.
+# Every rank calls it (stria forms its own communicators with one broadcast over the caller's).
+# stria never aborts or destroys nccl_comm.
+function stria_context_create_with_nccl_comm(config, nccl_comm, ctx)
+    ccall((:stria_context_create_with_nccl_comm, libstria), stria_status_t,
+          (Ptr{stria_context_config_t}, Ptr{Cvoid}, Ptr{stria_context_t}),
+          config, nccl_comm, ctx)
 end
 
 # world_size contexts in this process joined by the in-process transport;
@@ -244,7 +252,8 @@ function stria_context_get_world_size(ctx, world_size)
 end
 
 # Makes a call in progress on ctx (on another thread) return STRIA_ERROR_ABORTED, and every
-# later call too: an aborted context can only be destroyed. Its peers see it leave.
+# later call too: an aborted context can only be destroyed (the queries get_rank, get_world_size
+# and get_step_times still answer). Its peers see it leave.
 function stria_context_abort(ctx)
     ccall((:stria_context_abort, libstria), stria_status_t, (stria_context_t,), ctx)
 end
@@ -370,10 +379,11 @@ export STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG, stria_transport_t, STRIA_TRANS
 export STRIA_TRANSPORT_UCX, STRIA_TRANSPORT_NCCL, stria_context_t, stria_unique_id_t
 export stria_get_version, stria_status_string, stria_get_last_error, stria_context_config_t
 export stria_context_config_init, stria_get_unique_id, stria_context_create
-export stria_context_create_local_group, stria_context_get_rank, stria_context_get_world_size
-export stria_context_abort, stria_context_destroy, stria_attention_params_t
-export stria_attention_params_init, stria_attention_forward, stria_attention_backward
-export stria_layout_positions, stria_shard, stria_unshard, stria_balance_t, stria_analyze_balance
-export stria_analyze_balance_steps, stria_step_time_t, stria_context_get_step_times
+export stria_context_create_with_nccl_comm, stria_context_create_local_group
+export stria_context_get_rank, stria_context_get_world_size, stria_context_abort
+export stria_context_destroy, stria_attention_params_t, stria_attention_params_init
+export stria_attention_forward, stria_attention_backward, stria_layout_positions, stria_shard
+export stria_unshard, stria_balance_t, stria_analyze_balance, stria_analyze_balance_steps
+export stria_step_time_t, stria_context_get_step_times
 
 end # module LibStria
