@@ -31,7 +31,7 @@ Status Context::Usable() const {
 Status Context::Fail(Status why) {
   // Leave the group as well: a peer that calls later must fail at once ("rank r left"), not
   // match our stale signature and wait out its timeout for blocks we will never send.
-  transport_->Abort();
+  transport_->LeaveAfterError();
   transport_->CancelAll();
   if (aborted_.load() && why.code() != STRIA_ERROR_ABORTED)
     why = Error(STRIA_ERROR_ABORTED, "rank %d was aborted (stria_context_abort) during the call: %s", rank_,

@@ -44,7 +44,12 @@ struct CopyJob {
 class LocalGroup {
  public:
   LocalGroup(int n, std::shared_ptr<BufferCopier> copier)
-      : n_(n), copier_(std::move(copier)), gone_(n, false), posted_round_(n, 0), copy_queues_(n) {
+      : n_(n),
+        copier_(std::move(copier)),
+        gone_(n, false),
+        gone_after_error_(n, false),
+        posted_round_(n, 0),
+        copy_queues_(n) {
     for (auto& slot : board_) slot.resize(static_cast<size_t>(n));
     for (int r = 0; r < n; ++r) copiers_.emplace_back([this, r] { CopyLoop(r); });
   }
@@ -69,15 +74,19 @@ class LocalGroup {
     auto deadline = DeadlineAfter(timeout_s);
     for (;;) {
       if (gone_[static_cast<size_t>(rank)]) return Aborted(rank);
-      // A rank that left before posting can never complete the gather; one that posted and then
-      // left (aborted while it waited here too) could, but the call it gathers for would only fail
-      // at its first transfer with that rank, after the missing ranks had come, or at the timeout
-      // if they never do: either way its peers learn now.
+      // A rank that left before posting can never complete the gather. One that posted and then
+      // was aborted or destroyed while it waited here too could, but the call it gathers for
+      // would only fail at its first transfer with that rank, after the missing ranks had come,
+      // or at the timeout if they never do: either way its peers learn now. One that posted and
+      // left after its own failure (its wait timed out) most likely waited for the same missing
+      // ranks as this one, whose own deadline, close by, names them.
       int missing = -1, left_before = -1, left_after = -1;
       for (int q = 0; q < n_; ++q) {
-        const bool posted = posted_round_[static_cast<size_t>(q)] >= round;
+        const size_t i = static_cast<size_t>(q);
+        const bool posted = posted_round_[i] >= round;
         if (!posted && missing < 0) missing = q;
-        if (gone_[static_cast<size_t>(q)]) (posted ? left_after : left_before) = q;
+        if (gone_[i] && !posted) left_before = q;
+        if (gone_[i] && posted && !gone_after_error_[i]) left_after = q;
       }
       if (missing < 0) break;
       if (left_before >= 0)
@@ -190,9 +199,10 @@ class LocalGroup {
     }
   }
 
-  void Leave(int rank) {
+  void Leave(int rank, bool after_error = false) {
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (!gone_[static_cast<size_t>(rank)]) gone_after_error_[static_cast<size_t>(rank)] = after_error;
       gone_[static_cast<size_t>(rank)] = true;
     }
     cv_.notify_all();
@@ -251,6 +261,7 @@ class LocalGroup {
   std::condition_variable cv_;       // request completion, arrivals, departures
   std::condition_variable copy_cv_;  // work for the copy threads
   std::vector<bool> gone_;
+  std::vector<bool> gone_after_error_;  // left by LeaveAfterError (its own call failed), not abort or destroy
   std::vector<uint64_t> posted_round_;
   std::vector<std::vector<char>> board_[2];
   std::unordered_map<RequestId, Request> requests_;
@@ -287,6 +298,7 @@ class LocalTransport final : public Transport {
   }
   void CancelAll() override { group_->CancelAll(rank_); }
   void Abort() override { group_->Leave(rank_); }
+  void LeaveAfterError() override { group_->Leave(rank_, /*after_error=*/true); }
 
  private:
   std::shared_ptr<LocalGroup> group_;

@@ -38,6 +38,11 @@ class Transport {
   // Thread-safe: makes current and future waits of this rank fail with STRIA_ERROR_ABORTED and
   // tells the peers that this rank has left.
   virtual void Abort() = 0;
+  // Abort, when this rank leaves because its own call failed (a timeout, say) rather than by the
+  // caller's abort or destroy. Peers waiting in the same agreement then keep to their own deadline
+  // (they are most likely waiting for the same missing rank, and their own timeout names it)
+  // instead of failing at once because this rank left.
+  virtual void LeaveAfterError() { Abort(); }
 };
 
 // Moves the bytes of a matched message between two ring buffers of a local group. The CUDA module

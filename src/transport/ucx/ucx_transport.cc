@@ -46,6 +46,7 @@ constexpr uint64_t kFullMask = ~uint64_t{0};
 constexpr uint64_t kAllGatherKind = 3;
 constexpr uint64_t kByeTag = 0;
 constexpr size_t kByeBytes = 256;  // a bye carries why the rank left, so peers can say what happened
+constexpr const char* kByeAfterError = "after an error: ";  // a bye of a rank whose own call failed
 constexpr size_t kMaxWorld = size_t{1} << 16;
 
 uint64_t WireTag(int sender, int64_t tag) {
@@ -67,7 +68,8 @@ struct Req {
 
 class UcxTransport final : public Transport {
  public:
-  UcxTransport(int rank, int world) : rank_(rank), world_(world), gone_(static_cast<size_t>(world)) {}
+  UcxTransport(int rank, int world)
+      : rank_(rank), world_(world), gone_(static_cast<size_t>(world)), gone_after_error_(static_cast<size_t>(world)) {}
   ~UcxTransport() override { Shutdown(); }
 
   const char* name() const override { return "ucx"; }
@@ -244,7 +246,9 @@ class UcxTransport final : public Transport {
                      what);
       }
       for (int q = 0; any_peer_gone_fails && q < world_; ++q) {
-        if (q != rank_ && !gone_[static_cast<size_t>(q)].empty())
+        // A peer that left after its own failure (a timeout in this same agreement, most likely)
+        // does not end the wait: this rank's own deadline, close by, names the missing ranks.
+        if (q != rank_ && !gone_[static_cast<size_t>(q)].empty() && !gone_after_error_[static_cast<size_t>(q)])
           return Error(STRIA_ERROR_TRANSPORT, "rank %d %s (%s, while waiting for rank %d)", q,
                        gone_[static_cast<size_t>(q)].c_str(), what, r.peer);
       }
@@ -399,6 +403,7 @@ class UcxTransport final : public Transport {
             text += in[i] >= ' ' && in[i] < 127 ? in[i] : '?';
           why =
               "left the group (" + (text.empty() ? std::string("it failed, was aborted or was destroyed") : text) + ")";
+          gone_after_error_[static_cast<size_t>(r->peer)] = text.rfind(kByeAfterError, 0) == 0;
         }
       }
     }
@@ -407,7 +412,7 @@ class UcxTransport final : public Transport {
   void SayByeLocked() {
     if (said_bye_ || eps_.empty()) return;
     said_bye_ = true;
-    bye_text_ = !first_error_.empty() ? "after an error: " + first_error_
+    bye_text_ = !first_error_.empty() ? kByeAfterError + first_error_
                 : aborted_.load()     ? std::string("stria_context_abort")
                                       : std::string("its context was destroyed");
     if (bye_text_.size() >= kByeBytes) bye_text_.resize(kByeBytes - 1);
@@ -523,6 +528,8 @@ class UcxTransport final : public Transport {
   std::vector<std::array<char, kByeBytes>> bye_in_;
   std::string bye_text_, first_error_;
   std::vector<std::string> gone_;  // why each peer is gone; empty while it is fine
+  // Peers whose bye said they left after an error of their own call (see Transport::LeaveAfterError).
+  std::vector<char> gone_after_error_;
   std::atomic<bool> aborted_{false};
   bool said_bye_ = false, stop_ = false;
   RequestId next_id_ = 1;
