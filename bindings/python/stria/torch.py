@@ -42,6 +42,36 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 or x.size(-1) == 1 else x.contiguous()
 
 
+class _NoSecondOrder(torch.autograd.Function):
+    """Passes first-order gradients through; differentiating them again raises. stria's backward
+    is not itself differentiable, so a second-order gradient (create_graph=True, then a gradient
+    penalty, say) must fail rather than come out as zero."""
+
+    @staticmethod
+    def forward(fctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(g.clone() for g in grads)
+
+    @staticmethod
+    def backward(fctx: Any, *unused: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        raise RuntimeError(
+            "stria.torch: second-order gradients are not supported (the gradients of "
+            "ring attention were differentiated again, e.g. after backward with create_graph=True)"
+        )
+
+
+def _guard_second_order(grads: tuple[torch.Tensor, ...], *sources: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The gradients, made to raise if differentiated, when this backward runs in a graph-building
+    mode (create_graph=True) and they depend on something that requires grad: the saved inputs
+    (q, k, v) or the incoming gradient. torch's own once_differentiable looks at the incoming
+    gradient only, and so lets a penalty on dq pass as zero."""
+    if not torch.is_grad_enabled() or not any(x.requires_grad for x in sources):
+        return grads
+    # At least one input of the guard must require grad for its outputs to get its backward:
+    # detached aliases that do (the gradients themselves carry no graph, computed under no_grad).
+    aliases = [g.detach().requires_grad_() for g in grads]
+    return _NoSecondOrder.apply(*aliases)
+
+
 class RingAttentionFunction(torch.autograd.Function):
     """Exact attention over the sharded sequence; forward and backward are stria collectives.
 
@@ -66,22 +96,23 @@ class RingAttentionFunction(torch.autograd.Function):
         return out
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(fctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, out, lse = fctx.saved_tensors
         context, layout, causal, softmax_scale = fctx.stria_args
-        dq, dk, dv = _ops.attention_backward(
-            context,
-            q,
-            k,
-            v,
-            out,
-            lse,
-            _last_dim_contiguous(dout),
-            layout=layout,
-            causal=causal,
-            softmax_scale=softmax_scale,
-        )
+        with torch.no_grad():
+            dq, dk, dv = _ops.attention_backward(
+                context,
+                q,
+                k,
+                v,
+                out,
+                lse,
+                _last_dim_contiguous(dout),
+                layout=layout,
+                causal=causal,
+                softmax_scale=softmax_scale,
+            )
+        dq, dk, dv = _guard_second_order((dq, dk, dv), q, k, v, dout)
         return dq, dk, dv, None, None, None, None
 
 

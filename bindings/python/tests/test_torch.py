@@ -189,6 +189,27 @@ def test_sdpa_refuses_a_scale_it_cannot_honour(scale):
         stria_torch.scaled_dot_product_attention(q, q, q, scale=scale, context=ctx)
 
 
+def test_second_order_gradients_raise_instead_of_vanishing():
+    """A gradient penalty differentiates dq again; stria's backward is not differentiable, so
+    that must raise, not contribute zero. First-order gradients with create_graph=True still
+    match the plain ones."""
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 8, 2, D, generator=gen).requires_grad_() for _ in range(3))
+    with stria.Context() as ctx:
+        out = stria_torch.ring_attention(q, k, v, ctx)
+        (gq,) = torch.autograd.grad(out.sum(), q, create_graph=True)
+        out_plain = stria_torch.ring_attention(q, k, v, ctx)
+        (gq_plain,) = torch.autograd.grad(out_plain.sum(), q)
+        assert torch.equal(gq.detach(), gq_plain)
+        assert gq.requires_grad
+        with pytest.raises(RuntimeError, match="second-order gradients are not supported"):
+            gq.pow(2).sum().backward()
+        # Without create_graph nothing is guarded: the gradient is a plain tensor.
+        out = stria_torch.ring_attention(q, k, v, ctx)
+        (gq,) = torch.autograd.grad(out.sum(), q)
+        assert not gq.requires_grad
+
+
 def test_non_tensor_arguments_are_named():
     q = torch.randn(1, 2, 8, D)
     with stria.Context() as ctx:
