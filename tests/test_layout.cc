@@ -421,6 +421,21 @@ TEST(Shard, BadArguments) {
     Host lo(f32, {8, 5}, Mem::kCompact);
     ExpectBoth(kInv, kS, 2, 0, 0, &full, &lo, &full.dl, &lo.dl, nullptr, "other dimension differs");
   }
+  {
+    // Broadcast views (stride 0 over a dimension of size > 1, torch's expand): refused as what a
+    // call writes (several tokens would land on one element), accepted as what it reads.
+    int64_t bstrides[2] = {0, 1};
+    DLTensor fb = full.dl, lb = local.dl;
+    fb.strides = bstrides;
+    lb.strides = bstrides;
+    ExpectBoth(kInv, kS, 2, 0, 0, &full, &local, &fb, &lb, nullptr, "broadcast output");
+    EXPECT_NE(std::string(stria_get_last_error()).find("must not overlap"), std::string::npos)
+        << stria_get_last_error();
+    ASSERT_EQ(stria_shard(kS, 2, 1, 0, &fb, &local.dl, nullptr), STRIA_SUCCESS) << stria_get_last_error();
+    for (int64_t i = 0; i < local.numel(); ++i)
+      EXPECT_EQ(std::memcmp(local.At(i), full.At(i % 4), static_cast<size_t>(f32.bytes)), 0) << "element " << i;
+    std::fill(local.bytes.begin(), local.bytes.end(), kSentinel);
+  }
   for (int sd : {2, 3, -3, -100, 1000})
     ExpectBoth(kInv, kS, 2, 0, sd, &full, &local, &full.dl, &local.dl, nullptr, "seq_dim out of range");
   ExpectBoth(kInv, kS, 2, 2, 0, &full, &local, &full.dl, &local.dl, nullptr, "rank = world_size");

@@ -18,6 +18,15 @@ char* TensorView::at(const int64_t* index) const {
   return static_cast<char*>(data) + off * elem_bytes();
 }
 
+Status CheckNoBroadcast(const TensorView& v, const char* name) {
+  for (int i = 0; i < v.ndim; ++i)
+    if (v.shape[i] > 1 && v.strides[i] == 0)
+      return Error(STRIA_ERROR_INVALID_ARGUMENT,
+                   "%s has stride 0 in dimension %d (of size %lld): the elements of an output must not overlap", name,
+                   i, static_cast<long long>(v.shape[i]));
+  return Status::Ok();
+}
+
 std::string ShapeString(const TensorView& v) {
   std::string s = "[";
   for (int i = 0; i < v.ndim; ++i) {

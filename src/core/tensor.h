@@ -38,6 +38,11 @@ Status ViewOf(const DLTensor* t, const char* name, DLDevice device, TensorView* 
 Status AttentionTensor(const DLTensor* t, const char* name, int ndim, DLDevice device, bool float32_only,
                        TensorView* out);
 
+// What a call writes may not be a broadcast view (stride 0 along a dimension of size > 1, as
+// torch's expand makes): several elements would land on one, and the result would be whichever
+// was written last. Refused rather than silently wrong. (Other overlapping strides are as rare
+// as they are costly to detect exactly, and are not looked for, as in PyTorch.)
+Status CheckNoBroadcast(const TensorView& v, const char* name);
 std::string ShapeString(const TensorView& v);
 const char* DeviceName(DLDevice d, char* buf, int buflen);
 

@@ -59,6 +59,7 @@ Status ShardCopy(stria_layout_t layout, int world_size, int rank, int seq_dim, c
   TensorView full, local;
   STRIA_RETURN_IF_ERROR(ViewOf(full_t, "full", dev, &full));
   STRIA_RETURN_IF_ERROR(ViewOf(local_t, "local", dev, &local, "full's device: both tensors of a copy on one device"));
+  STRIA_RETURN_IF_ERROR(to_local ? CheckNoBroadcast(local, "local") : CheckNoBroadcast(full, "full"));
   if (full.ndim != local.ndim)
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "full has %d dimensions but local %d", full.ndim, local.ndim);
   if (full.dl_dtype.code != local.dl_dtype.code || full.dl_dtype.bits != local.dl_dtype.bits ||

@@ -366,3 +366,19 @@ def test_device_and_enum_spellings():
         stria.Transport.of("carrier-pigeon")
     with stria.Context(device="cpu:0") as c:
         assert c.device == (cpu, 0) and c.rank == 0 and c.world_size == 1
+
+
+def test_shard_refuses_a_broadcast_output():
+    """An output with stride 0 (torch's expand; numpy's as_strided) would have several tokens
+    land on one element: refused, as for the attention outputs; as an input it is fine."""
+    full = np.arange(2 * 8 * 3, dtype=np.float32).reshape(2, 8, 3)
+
+    def broadcast(a):  # a writable [1, ...] array viewed as [2, ...] with batch stride 0
+        return np.lib.stride_tricks.as_strided(a, shape=(2,) + a.shape[1:], strides=(0,) + a.strides[1:])
+
+    with pytest.raises(stria.InvalidArgumentError, match="must not overlap"):
+        stria.shard(full, 2, 0, out=broadcast(np.zeros((1, 4, 3), np.float32)))
+    with pytest.raises(stria.InvalidArgumentError, match="must not overlap"):
+        stria.unshard(np.zeros((2, 4, 3), np.float32), 2, 0, out=broadcast(np.zeros((1, 8, 3), np.float32)))
+    local = stria.shard(broadcast(full[:1].copy()), 2, 1)
+    assert np.array_equal(local, np.concatenate([full[:1, 1::2]] * 2))
