@@ -3,6 +3,7 @@
 // world_size-1 context (stria_context_create) and on a local group of 2 where both ranks get the
 // same bad input, and is followed by a correct forward checked against the float64 reference:
 // validation must not consume state, poison the context, or desynchronise the group.
+#include <dirent.h>
 #include <gtest/gtest.h>
 
 #include <climits>
@@ -891,6 +892,36 @@ TEST(Modules, UcxConfigWithoutRendezvous) {
   cfg.unique_id = id;
   EXPECT_NE(stria_context_create(&cfg, &ctx), STRIA_SUCCESS);
   EXPECT_EQ(ctx, nullptr);
+}
+
+int OpenDescriptors() {
+  int n = 0;
+  if (DIR* dir = opendir("/proc/self/fd")) {
+    while (readdir(dir) != nullptr) ++n;
+    closedir(dir);
+  }
+  return n;
+}
+
+// A world of one needs no rendezvous, but an id from stria_get_unique_id is used up by it all the
+// same: its listening socket must close, or a job making such a context per step leaks one each.
+TEST(Modules, UcxWorldOfOneClosesItsRendezvousListener) {
+  unsetenv("STRIA_ROOT");
+  auto cycle = [] {
+    stria_context_config_t cfg;
+    stria_context_config_init(&cfg);
+    cfg.transport = STRIA_TRANSPORT_UCX;
+    cfg.num_threads = 1;
+    ASSERT_EQ(stria_get_unique_id(&cfg.unique_id), STRIA_SUCCESS) << stria_get_last_error();
+    stria_context_t ctx = nullptr;
+    ASSERT_EQ(stria_context_create(&cfg, &ctx), STRIA_SUCCESS) << stria_get_last_error();
+    ExpectCorrectForward({ctx});
+    EXPECT_EQ(stria_context_destroy(ctx), STRIA_SUCCESS) << stria_get_last_error();
+  };
+  cycle();  // UCX's own first-use descriptors stay open for the process
+  const int before = OpenDescriptors();
+  for (int i = 0; i < 4; ++i) cycle();
+  EXPECT_EQ(OpenDescriptors(), before);
 }
 #endif
 TEST(Handles, DestroyedAndForgedHandles) {

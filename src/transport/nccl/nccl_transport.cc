@@ -725,6 +725,7 @@ class NcclTransport final : public Transport {
 // one needs no rendezvous (nor a stria id).
 Status ExchangeNcclIds(const stria_context_config_t& config, double timeout_s, NcclIds* ids) {
   if (config.world_size == 1) {
+    ReleaseUnusedRendezvous(config.unique_id);  // an id from stria_get_unique_id is used up
     for (ncclUniqueId& id : ids->lane) {
       const ncclResult_t r = ncclGetUniqueId(&id);
       if (r != ncclSuccess) return NcclError("ncclGetUniqueId", r, nullptr);

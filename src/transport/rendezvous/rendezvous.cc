@@ -340,9 +340,27 @@ Status ResolveId(const stria_unique_id_t& given, int world_size, RendezvousId* o
   return DecodeId(given, out);
 }
 
+// Closes this process's listener for id, if it has one: the registry's, or another module's
+// (stopped through a duplicate, which shuts the socket down for both holders).
+void ReleaseListener(const RendezvousId& id) {
+  {
+    ListenerRegistry& reg = Listeners();
+    std::lock_guard<std::mutex> lock(reg.mu);
+    if (reg.open.erase(Key(id)) > 0) return;
+  }
+  Fd adopted;
+  if (AdoptListener(id.listener, &adopted)) shutdown(adopted.get(), SHUT_RDWR);
+}
+
+void ReleaseUnusedRendezvous(const stria_unique_id_t& given) {
+  RendezvousId id;
+  if (!IsZeroId(given) && DecodeId(given, &id).ok()) ReleaseListener(id);
+}
+
 Status ServeRendezvous(const RendezvousId& id, int world_size, const Bytes& own, double timeout_s,
                        const std::atomic<bool>* abort, std::vector<Bytes>* table) {
   if (world_size == 1) {
+    ReleaseListener(id);
     *table = {own};
     return Status::Ok();
   }

@@ -26,6 +26,11 @@ Status ResolveId(const stria_unique_id_t& given, int world_size, RendezvousId* o
 Status ServeRendezvous(const RendezvousId& id, int world_size, const Bytes& own, double timeout_s,
                        const std::atomic<bool>* abort, std::vector<Bytes>* table);
 
+// A world of one needs no rendezvous, but its id is used up all the same: closes the listener
+// that stria_get_unique_id opened in this process for `given`, if any (nothing for an all-zero
+// id, the environment's, or an id of another process).
+void ReleaseUnusedRendezvous(const stria_unique_id_t& given);
+
 // Ranks 1..N-1.
 Status JoinRendezvous(const RendezvousId& id, int rank, int world_size, const Bytes& blob, double timeout_s,
                       const std::atomic<bool>* abort, std::vector<Bytes>* table);
