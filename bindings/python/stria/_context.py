@@ -4,6 +4,7 @@ environment, or as an in-process local group whose ranks are driven by threads."
 from __future__ import annotations
 
 import contextlib
+import operator
 import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -49,15 +50,26 @@ def _config(
 ) -> capi.stria_context_config_t:
     config = capi.stria_context_config_t()
     capi.stria_context_config_init(config)
-    config.rank = rank
-    config.world_size = world_size
+    config.rank = _c_int("rank", rank)
+    config.world_size = _c_int("world_size", world_size)
     config.device = parse_device(device)
     config.transport = Transport.of(transport)
     if unique_id is not None:
+        if isinstance(unique_id, str):
+            raise TypeError("unique_id must be the 128 bytes of get_unique_id() (bytes), not str")
         config.unique_id.internal = bytes(unique_id)  # raises unless exactly 128 bytes
     config.timeout_s = float(timeout_s)
-    config.num_threads = num_threads
+    config.num_threads = _c_int("num_threads", num_threads)
     return config
+
+
+def _c_int(name: str, value: int) -> int:
+    """value as the C int the config holds: the library's own range checks then apply, and a
+    value no C int can hold is an InvalidArgumentError naming the field, not SWIG's overflow."""
+    v = operator.index(value)
+    if not -(2**31) <= v < 2**31:
+        raise capi.InvalidArgumentError(f"config {name} {v} does not fit the C int it is passed as")
+    return v
 
 
 # The variables the library itself reads (getenv) while creating a context whose unique id is all
@@ -370,21 +382,24 @@ class LocalGroup(Sequence[Context]):
 
         If a rank raises, the group is aborted (abort_on_error) so that the other ranks, which
         may be waiting for it inside a collective, fail at once instead of at the timeout; the
-        first error that is not the resulting AbortedError is re-raised. An aborted group can
-        only be closed.
+        first error raised, in time, that is not an AbortedError is re-raised (the ranks that the
+        abort ends fail after it, with AbortedError or a TransportError naming a rank that left).
+        An aborted group can only be closed.
         """
         n = len(self._contexts)
         for args in per_rank_args:
             if len(args) != n:
                 raise ValueError(f"LocalGroup.run: each per-rank argument needs {n} entries, got {len(args)}")
         results: list[Any] = [None] * n
-        errors: list[BaseException | None] = [None] * n
+        failures: list[BaseException] = []  # in the order they were raised
+        lock = threading.Lock()
 
         def body(rank: int) -> None:
             try:
                 results[rank] = fn(self._contexts[rank], *(args[rank] for args in per_rank_args))
             except BaseException as e:  # noqa: BLE001 - handed to the calling thread
-                errors[rank] = e
+                with lock:
+                    failures.append(e)
                 if abort_on_error:
                     self.abort()
 
@@ -393,7 +408,6 @@ class LocalGroup(Sequence[Context]):
             t.start()
         for t in threads:
             t.join()
-        failures = [e for e in errors if e is not None]
         if failures:
             primary = [e for e in failures if not isinstance(e, AbortedError)]
             raise (primary or failures)[0]

@@ -42,6 +42,15 @@ def _lse_shape(q: Tensor) -> tuple[int, ...]:
     return (shape[0], shape[2], shape[1]) if len(shape) == 4 else (1,)
 
 
+def _handle(ctx: Context, func: str) -> Any:
+    """ctx's library handle; a TypeError naming the argument for anything but a Context."""
+    from ._context import Context  # noqa: PLC0415 - _context imports this module
+
+    if not isinstance(ctx, Context):
+        raise TypeError(f"{func}(): argument 'ctx' must be a stria.Context, not {type(ctx).__name__}")
+    return ctx.handle
+
+
 def attention_forward(
     ctx: Context,
     q: Tensor,
@@ -72,7 +81,7 @@ def attention_forward(
     if stream is None:
         stream = default_stream(q)
     capi.stria_attention_forward(
-        ctx.handle,
+        _handle(ctx, "attention_forward"),
         attention_params(layout, causal, softmax_scale),
         for_dlpack(q),
         for_dlpack(k),
@@ -115,7 +124,7 @@ def attention_backward(
     if stream is None:
         stream = default_stream(q)
     capi.stria_attention_backward(
-        ctx.handle,
+        _handle(ctx, "attention_backward"),
         attention_params(layout, causal, softmax_scale),
         for_dlpack(q),
         for_dlpack(k),

@@ -382,3 +382,18 @@ def test_shard_refuses_a_broadcast_output():
         stria.unshard(np.zeros((2, 4, 3), np.float32), 2, 0, out=broadcast(np.zeros((1, 8, 3), np.float32)))
     local = stria.shard(broadcast(full[:1].copy()), 2, 1)
     assert np.array_equal(local, np.concatenate([full[:1, 1::2]] * 2))
+
+
+def test_python_side_argument_errors_are_named():
+    """What never reaches the library still fails with a message naming the argument."""
+    q, k, v = tensors()
+    with pytest.raises(TypeError, match=r"attention_forward\(\): argument 'ctx' must be a stria\.Context, not NoneType"):
+        stria.attention_forward(None, q, k, v)
+    with pytest.raises(TypeError, match=r"attention_backward\(\): argument 'ctx' must be a stria\.Context, not int"):
+        stria.attention_backward(3, q, k, v, q, np.zeros((1, 2, 8), np.float32), q)
+    with pytest.raises(TypeError, match="unique_id must be the 128 bytes"):
+        stria.Context(unique_id="x" * 128)
+    with pytest.raises(stria.InvalidArgumentError, match="num_threads 1099511627776 does not fit"):
+        stria.Context(num_threads=2**40)
+    with pytest.raises(stria.InvalidArgumentError, match="out of range"):
+        stria.Context(num_threads=2**20)  # fits a C int: the library's own check
