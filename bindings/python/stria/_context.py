@@ -141,6 +141,7 @@ class Context:
         unique_id: bytes | None = None,
         timeout_s: float = 0.0,
         num_threads: int = 0,
+        nccl_comm: int | None = None,
     ):
         """Creates rank `rank` of `world_size` (stria_context_create).
 
@@ -149,11 +150,17 @@ class Context:
         (get_unique_id() on rank 0, broadcast by the caller), or none (128 zero bytes) to
         rendezvous through the environment (see from_env). timeout_s 0 is the library's
         default (300 s); num_threads 0 uses every core (at most 1024).
+
+        nccl_comm: with transport NCCL, an ncclComm_t the caller already has, as its address (an
+        int), whose rank, size and device match (stria_context_create_with_nccl_comm); stria
+        never destroys it.
         """
         self._handle = None
-        handle = capi.stria_context_create(
-            _config(rank, world_size, device, transport, unique_id, timeout_s, num_threads)
-        )
+        config = _config(rank, world_size, device, transport, unique_id, timeout_s, num_threads)
+        if nccl_comm is None:
+            handle = capi.stria_context_create(config)
+        else:
+            handle = capi.stria_context_create_with_nccl_comm(config, operator.index(nccl_comm))
         self._adopt(handle, parse_device(device))
 
     @classmethod

@@ -397,3 +397,16 @@ def test_python_side_argument_errors_are_named():
         stria.Context(num_threads=2**40)
     with pytest.raises(stria.InvalidArgumentError, match="out of range"):
         stria.Context(num_threads=2**20)  # fits a C int: the library's own check
+
+
+def test_nccl_comm_goes_with_the_nccl_transport():
+    """A caller's communicator (stria_context_create_with_nccl_comm) is refused before it is
+    touched: with another transport, and (no GPU or a CPU device) by the NCCL module."""
+    with pytest.raises(stria.InvalidArgumentError, match="STRIA_TRANSPORT_NCCL"):
+        stria.Context(nccl_comm=0x1234)
+    with pytest.raises(stria.InvalidArgumentError, match="nccl_comm is NULL"):
+        stria.Context(transport="nccl", nccl_comm=0)
+    with pytest.raises(TypeError):
+        stria.Context(transport="nccl", nccl_comm="0x1234")
+    with pytest.raises(stria.StriaError):
+        stria.Context(transport="nccl", nccl_comm=0x1234)  # CPU device: the module refuses it
