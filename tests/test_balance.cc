@@ -238,6 +238,44 @@ TEST(Balance, MillionTokensIsFast) {
   EXPECT_LT(seconds, 1.0);
 }
 
+TEST(Balance, TrillionTokensIsFastToo) {
+  // Every block's work is a closed form: 2^40 tokens at exact granularity (half an hour when
+  // counted per tile-row) answers at once, and the causal total is still the triangle.
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t seq_len = int64_t{1} << 40;
+  const double triangle = static_cast<double>(seq_len) * static_cast<double>(seq_len + 1) / 2;
+  for (stria_layout_t layout : kLayouts) {
+    for (int64_t tile : {int64_t{1}, int64_t{3}, int64_t{128}}) {
+      const stria_balance_t b = Analyze(layout, true, seq_len, 8, tile);
+      EXPECT_GE(b.total_work, triangle * (1 - 1e-12)) << LayoutName(layout) << " tile " << tile;
+      if (tile == 1) {
+        EXPECT_NEAR(b.total_work / triangle, 1.0, 1e-12) << LayoutName(layout);
+      }
+    }
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 1.0);
+}
+
+// Tile-rows that reach a cut last key tile, odd offsets and tiles that do not divide L: the
+// closed form against the brute force on lengths that are not multiples of the tile.
+TEST(Balance, ClosedFormAtRaggedEdges) {
+  for (stria_layout_t layout : kLayouts) {
+    for (int n : {1, 2, 3, 5}) {
+      for (int64_t m : {7, 11, 13}) {
+        const int64_t seq_len = Unit(layout, n) * m;
+        for (int64_t tile : {int64_t{2}, int64_t{4}, int64_t{5}, int64_t{6}, int64_t{9}}) {
+          const std::vector<double> expected = BruteForceSteps(layout, true, seq_len, n, tile);
+          const std::vector<double> got = Steps(layout, true, seq_len, n, tile);
+          for (size_t c = 0; c < got.size(); ++c)
+            EXPECT_EQ(got[c], expected[c])
+                << LayoutName(layout) << " S=" << seq_len << " N=" << n << " tile=" << tile << " cell " << c;
+        }
+      }
+    }
+  }
+}
+
 TEST(Balance, LargestWorldSize) {
   stria_balance_t b = Analyze(STRIA_LAYOUT_STRIPED, true, int64_t{65536} * 4, 65536, 1);
   EXPECT_GT(b.speedup, 0.0);

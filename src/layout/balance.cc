@@ -6,6 +6,12 @@ namespace stria {
 
 namespace {
 
+// a / b rounded down (b != 0), for negative a too (C++ division truncates toward zero).
+int64_t FloorDiv(int64_t a, int64_t b) {
+  const int64_t q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+
 // Width of the run of whole tiles (tile boundaries at multiples of `tile`, the last tile cut at
 // `len`) that covers [begin, end); begin < end <= len. Written without begin + tile so that a
 // huge tile cannot overflow.
@@ -31,7 +37,7 @@ Status CheckBalanceArgs(stria_layout_t layout, int64_t seq_len, int world_size, 
 // The work of a block depends only on how the key owner k compares with the query owner r:
 // DESIGN.md ("The ring", normative) defines every layout's visible set by k < r, k = r, k > r
 // alone. So three block works describe the whole ring, and the analysis costs
-// O(L / tile) + O(N) (O(N²) only to fill the per-step table) instead of O(N² · L / tile).
+// O(N) (O(N²) only to fill the per-step table) instead of O(N² · L / tile).
 // The masks still come from ClassifyBlock, the one place that knows the layouts.
 struct RelationWork {
   double same = 0.0;    // k == r: the step-0 block of every rank
@@ -53,7 +59,7 @@ RelationWork ComputeRelationWork(stria_layout_t layout, bool causal, int64_t seq
 }  // namespace
 
 double BlockWork(const BlockMask& mask, int64_t local_len, int64_t tile) {
-  const int64_t len = local_len;
+  const int64_t len = local_len, T = tile;
   const int64_t qb = std::max<int64_t>(mask.q_begin, 0), qe = std::min(mask.q_end, len);
   const int64_t kb = std::max<int64_t>(mask.k_begin, 0), ke = std::min(mask.k_end, len);
   if (qb >= qe || kb >= ke) return 0.0;
@@ -61,18 +67,40 @@ double BlockWork(const BlockMask& mask, int64_t local_len, int64_t tile) {
   // (far beyond any real sequence), where int64 products of L x L could overflow first.
   if (!mask.diagonal) {
     // A dense rectangle: every tile it touches is computed whole.
-    return static_cast<double>(TileSpan(qb, qe, len, tile)) * static_cast<double>(TileSpan(kb, ke, len, tile));
+    return static_cast<double>(TileSpan(qb, qe, len, T)) * static_cast<double>(TileSpan(kb, ke, len, T));
   }
-  double total = 0.0;
-  // Walk the tile-rows that meet [qb, qe). Under "j <= i + offset" every query row sees a
-  // prefix [kb, hi) of the key range, growing with i, so the keys a tile-row touches are the
-  // prefix of its last masked row: one O(1) closed form per tile-row, no loop over pairs.
-  for (int64_t row = qb / tile * tile; row < qe;) {
-    const int64_t height = std::min(tile, len - row);
+  // Under "j <= i + offset" every query row sees a prefix [kb, hi) of the key range, growing with
+  // i, so the keys a tile-row touches are the prefix of its last masked row. Tile-row m (rows
+  // [mT, mT + T)) costs T x TileSpan(kb, hi(m)); RowWork is that, for any m.
+  const int64_t offset = mask.offset;
+  auto row_work = [&](int64_t m) {
+    const int64_t row = m * T, height = std::min(T, len - row);
     const int64_t last_row = std::min(row + height, qe) - 1;
-    const int64_t hi = std::min(ke, last_row + mask.offset + 1);
-    if (hi > kb) total += static_cast<double>(height) * static_cast<double>(TileSpan(kb, hi, len, tile));
-    row += height;
+    const int64_t hi = std::min(ke, last_row + offset + 1);
+    return hi > kb ? static_cast<double>(height) * static_cast<double>(TileSpan(kb, hi, len, T)) : 0.0;
+  };
+  const int64_t m_first = qb / T, m_last = (qe - 1) / T;
+  double total = row_work(m_last);  // the one tile-row the query range may cut short
+  // The others, m in [m_first, m_last), are whole: hi(m) = min(ke, mT + T + offset). By hi they
+  // fall into three runs, each summed in closed form, so that the cost does not grow with L
+  // (2^40 tokens at exact-pair granularity took half an hour row by row): rows that see no key,
+  // rows whose prefix still grows (its last key tile starts at mT + c: an arithmetic series),
+  // and rows that see all of [kb, ke) (a constant).
+  const int64_t a = m_first, b = m_last;
+  if (a < b) {
+    auto clamp = [](int64_t x, int64_t lo, int64_t hi) { return std::min(std::max(x, lo), hi); };
+    const int64_t m_visible = FloorDiv(kb - T - offset, T) + 1;  // first m with hi(m) > kb
+    const int64_t m_saturated = -FloorDiv(ke - T - offset, -T);  // first m with hi(m) >= ke
+    const int64_t u0 = clamp(m_visible, a, b), u1 = clamp(m_saturated, u0, b);
+    // Growing rows: TileSpan = last + min(T, len - last) - first, with last = mT + c, linear in m
+    // while the last key tile is whole (last + T <= len); at most one row reaches a cut one.
+    const int64_t first = kb / T * T, c = FloorDiv(T + offset - 1, T) * T;
+    const int64_t l1 = clamp(FloorDiv(len - T - c, T) + 1, u0, u1);
+    const __int128 count = l1 - u0, sum_m = (static_cast<__int128>(u0) + l1 - 1) * count / 2;
+    total += static_cast<double>(T) * (static_cast<double>(T) * static_cast<double>(sum_m) +
+                                       static_cast<double>(c + T - first) * static_cast<double>(count));
+    for (int64_t m = l1; m < u1; ++m) total += row_work(m);
+    total += static_cast<double>(T) * static_cast<double>(TileSpan(kb, ke, len, T)) * static_cast<double>(b - u1);
   }
   return total;
 }

@@ -16,8 +16,8 @@ constexpr int kMaxBalanceWorldSize = 65536;
 
 // Work of one L x L block (L = local_len) under `mask`, cut into tile x tile tiles (edge tiles
 // smaller when L % tile != 0): a tile counts its full area when any pair in it is visible, so
-// tile = 1 gives the exact number of visible pairs. O(L / tile) for a diagonal mask, O(1) for a
-// dense one. Expects local_len >= 1 and tile >= 1.
+// tile = 1 gives the exact number of visible pairs. O(1) for any mask and length. Expects
+// local_len >= 1 and tile >= 1.
 double BlockWork(const BlockMask& mask, int64_t local_len, int64_t tile);
 
 // work[s * world_size + r] = work of rank r at ring step s, where at step s rank r holds the
