@@ -75,7 +75,9 @@ typedef struct {
   DLDevice device; /* {kDLCPU,0} or {kDLCUDA,ordinal} */
   stria_transport_t transport;
   stria_unique_id_t unique_id; /* UCX/NCCL: rank 0's id, handed to every rank by the caller */
-  double timeout_s;            /* a wait longer than this fails with STRIA_ERROR_TIMEOUT; 0 = default (300 s) */
+  double timeout_s;            /* a wait longer than this fails with STRIA_ERROR_TIMEOUT; 0 = default (300 s).
+                                  Ranks joining a rendezvous wait 2 s longer, so that rank 0, giving up
+                                  first, can tell them which rank never came */
   int num_threads;             /* CPU backend threads; 0 = all (a local group shares them out); at most
                                   1024, and 8192 for a local group's ranks together */
 } stria_context_config_t;

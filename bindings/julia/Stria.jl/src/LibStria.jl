@@ -194,7 +194,9 @@ struct stria_context_config_t
     device::DLDevice  # {kDLCPU,0} or {kDLCUDA,ordinal}
     transport::stria_transport_t
     unique_id::stria_unique_id_t  # UCX/NCCL: rank 0's id, handed to every rank by the caller
-    # a wait longer than this fails with STRIA_ERROR_TIMEOUT; 0 = default (300 s)
+    # a wait longer than this fails with STRIA_ERROR_TIMEOUT; 0 = default (300 s).
+    # Ranks joining a rendezvous wait 2 s longer, so that rank 0, giving up
+    # first, can tell them which rank never came
     timeout_s::Cdouble
     # CPU backend threads; 0 = all (a local group shares them out); at most
     # 1024, and 8192 for a local group's ranks together

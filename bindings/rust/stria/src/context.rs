@@ -211,6 +211,28 @@ impl Context {
         unsafe { Context::adopt(raw) }
     }
 
+    /// A context for one rank of an NCCL ring on a communicator the caller already has
+    /// (`stria_context_create_with_nccl_comm`): `config` says `Transport::Nccl`, a CUDA device,
+    /// and the communicator's rank and size; its unique id is not used. stria never destroys
+    /// the communicator.
+    ///
+    /// # Safety
+    /// `nccl_comm` is a live `ncclComm_t` that outlives the context.
+    ///
+    /// ```
+    /// // Refused before the (here made-up) communicator is touched: not the NCCL transport.
+    /// let err = unsafe { stria::Context::with_nccl_comm(&stria::Config::new(), 0x1234 as *mut _) };
+    /// assert_eq!(err.unwrap_err().status(), stria::Status::InvalidArgument);
+    /// ```
+    pub unsafe fn with_nccl_comm(config: &Config, nccl_comm: *mut std::ffi::c_void) -> Result<Context> {
+        let raw_config = config.raw()?;
+        let mut raw: sys::stria_context_t = std::ptr::null_mut();
+        // SAFETY: a complete config, the caller's communicator and a place for the handle.
+        check(sys::stria_context_create_with_nccl_comm(&raw_config, nccl_comm, &mut raw))?;
+        // SAFETY: `raw` is a live context that nothing else owns.
+        Context::adopt(raw)
+    }
+
     /// Takes ownership of a live handle; destroys it if its rank cannot be read.
     ///
     /// # Safety
