@@ -185,6 +185,16 @@ TEST(NcclTransport, SetupTimesOutWhenARankNeverGetsToNccl) {
 }
 
 // The world-1 ring through the C API: NCCL context, CUDA backend, against float64.
+// Under ThreadSanitizer (where the runtime model runs the kernels some ten times slower) the
+// reference suites below take one configuration: what TSan judges, the threads of the transport,
+// the engine and the ranks, is the same for every layout, dtype and mask, and the other builds
+// check the numbers of every configuration.
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kThreadSanitizer = true;
+#else
+constexpr bool kThreadSanitizer = false;
+#endif
+
 TEST(NcclContext, WorldOfOneMatchesReference) {
   STRIA_REQUIRE_GPU();
   cudaSetDevice(0);
@@ -193,6 +203,7 @@ TEST(NcclContext, WorldOfOneMatchesReference) {
   ASSERT_EQ(stria_context_create(&cfg, &ctx), STRIA_SUCCESS) << stria_get_last_error();
   for (Dt dt : {Dt::kBF16, Dt::kF32})
     for (bool causal : {true, false}) {
+      if (kThreadSanitizer && !(dt == Dt::kBF16 && causal)) continue;
       SCOPED_TRACE(std::string(DtName(dt)) + (causal ? " causal" : " full"));
       const int64_t B = 1, L = 96, Hq = 4, Hkv = 2, D = 64;
       AttentionTensors h(B, L, Hq, Hkv, D, dt, causal ? 5 : 6);
@@ -247,6 +258,7 @@ TEST(NcclContext, RingOfThreadsMatchesReference) {
   const int64_t B = 1, L = 96, Hq = 4, Hkv = 2, D = 64, S = L * world;
   for (stria_layout_t layout : {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG})
     for (bool causal : {true, false}) {
+      if (kThreadSanitizer && !(layout == STRIA_LAYOUT_STRIPED && causal)) continue;
       SCOPED_TRACE(std::string(LayoutName(layout)) + (causal ? " causal" : " full"));
       std::mt19937_64 rng(11 + static_cast<int>(layout) * 2 + (causal ? 1 : 0));
       Tensor q({B, S, Hq, D}, Dt::kBF16), k({B, S, Hkv, D}, Dt::kBF16), v({B, S, Hkv, D}, Dt::kBF16);
