@@ -1196,3 +1196,101 @@ TEST(NaNInputs, InKPropagatesThroughBackward) {
 }
 
 }  // namespace
+
+// Descriptors a fuzzer of the C ABI found to reach undefined behaviour or a hang (each was legal
+// or should have been refused; the memory each describes exists). Under UBSan any of them fails.
+namespace fuzzed {
+
+DLTensor Describe(void* data, int ndim, int64_t* shape, int64_t* strides, uint64_t byte_offset = 0) {
+  DLTensor t{};
+  t.data = data;
+  t.device = DLDevice{kDLCPU, 0};
+  t.ndim = ndim;
+  t.dtype = DLDataType{kDLFloat, 32, 1};
+  t.shape = shape;
+  t.strides = strides;
+  t.byte_offset = byte_offset;
+  return t;
+}
+
+TEST(FuzzedArguments, EmptyTensorsWithHugeOtherDimensions) {
+  // [INT64_MAX, 2, 0]: empty, so no extent check applies, but its element count must not be
+  // computed by multiplying the other dimensions; [2^40, 0] must not loop over 2^40 tokens.
+  int64_t huge[3] = {INT64_MAX, 2, 0};
+  DLTensor full = Describe(nullptr, 3, huge, nullptr), local = full;
+  EXPECT_EQ(stria_shard(STRIA_LAYOUT_CONTIGUOUS, 1, 0, 1, &full, &local, nullptr), STRIA_SUCCESS)
+      << stria_get_last_error();
+  EXPECT_EQ(stria_shard(STRIA_LAYOUT_CONTIGUOUS, 1, 0, 2, &full, &local, nullptr), STRIA_ERROR_INVALID_ARGUMENT)
+      << "a sequence of 0 tokens";
+  float cell = 0;
+  int64_t long_empty[2] = {int64_t{1} << 40, 0};
+  full = Describe(&cell, 2, long_empty, nullptr);
+  local = full;
+  EXPECT_EQ(stria_shard(STRIA_LAYOUT_CONTIGUOUS, 1, 0, 0, &full, &local, nullptr), STRIA_SUCCESS)
+      << stria_get_last_error();
+  EXPECT_EQ(stria_unshard(STRIA_LAYOUT_CONTIGUOUS, 1, 0, 0, &local, &full, nullptr), STRIA_SUCCESS)
+      << stria_get_last_error();
+  int64_t rows_of_nothing[2] = {2, 0};  // NULL data: no memcpy may see it
+  full = Describe(nullptr, 2, rows_of_nothing, nullptr);
+  local = full;
+  EXPECT_EQ(stria_shard(STRIA_LAYOUT_STRIPED, 1, 0, 0, &full, &local, nullptr), STRIA_SUCCESS)
+      << stria_get_last_error();
+}
+
+TEST(FuzzedArguments, ByteOffsetsThatWrap) {
+  // Empty: the offset is never applied (NULL + offset would be undefined).
+  int64_t empty[2] = {2, 0};
+  DLTensor full = Describe(nullptr, 2, empty, nullptr, ~uint64_t{0} - 63), local = full;
+  EXPECT_EQ(stria_shard(STRIA_LAYOUT_CONTIGUOUS, 1, 0, 0, &full, &local, nullptr), STRIA_SUCCESS)
+      << stria_get_last_error();
+  // Not empty: an offset that wraps around the address space is refused.
+  float cells[4] = {};
+  int64_t four[1] = {4};
+  full = Describe(cells, 1, four, nullptr, ~uint64_t{0} - 3);
+  DLTensor good = Describe(cells, 1, four, nullptr);
+  EXPECT_EQ(stria_shard(STRIA_LAYOUT_CONTIGUOUS, 1, 0, 0, &full, &good, nullptr), STRIA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(stria_get_last_error()).find("wraps around"), std::string::npos) << stria_get_last_error();
+}
+
+TEST(FuzzedArguments, AnyStrideOnADimensionOfSizeOne) {
+  // DLPack allows any stride on a dimension of size 1 (it never moves); k and v with a batch
+  // stride of INT64_MAX - 1 must give the same result as compact ones.
+  stria_context_t ctx = CreateSingle();
+  ASSERT_NE(ctx, nullptr);
+  RankTensors t;
+  ASSERT_EQ(kB, 1);
+  Call compact(t);
+  ASSERT_EQ(compact.Forward(ctx), STRIA_SUCCESS) << stria_get_last_error();
+  const std::vector<double> want = t.out.ToDouble();
+  t.out.Poison();
+  Call odd(t);
+  int64_t kv_strides[4] = {INT64_MAX - 1, kHkv * kD, kD, 1};
+  odd.k.strides = kv_strides;
+  odd.v.strides = kv_strides;
+  ASSERT_EQ(odd.Forward(ctx), STRIA_SUCCESS) << stria_get_last_error();
+  EXPECT_EQ(t.out.ToDouble(), want);
+  EXPECT_EQ(stria_context_destroy(ctx), STRIA_SUCCESS);
+}
+
+TEST(FuzzedArguments, DeviceTypeOutsideTheEnum) {
+  stria_context_config_t cfg;
+  stria_context_config_init(&cfg);
+  const int seventeen = 17;  // no DLDeviceType: read as a raw int, never as the enum
+  std::memcpy(&cfg.device.device_type, &seventeen, sizeof seventeen);
+  stria_context_t ctx = reinterpret_cast<stria_context_t>(0x99);
+  EXPECT_NE(stria_context_create(&cfg, &ctx), STRIA_SUCCESS);
+  EXPECT_STRNE(stria_get_last_error(), "");
+  EXPECT_EQ(ctx, nullptr);
+  stria_context_t group[2] = {nullptr, nullptr};
+  EXPECT_NE(stria_context_create_local_group(&cfg, 2, group), STRIA_SUCCESS);
+  EXPECT_STRNE(stria_get_last_error(), "");
+  float cells[4] = {};
+  int64_t four[1] = {4};
+  DLTensor full = Describe(cells, 1, four, nullptr), local = full;
+  std::memcpy(&full.device.device_type, &seventeen, sizeof seventeen);
+  std::memcpy(&local.device.device_type, &seventeen, sizeof seventeen);
+  EXPECT_EQ(stria_shard(STRIA_LAYOUT_CONTIGUOUS, 1, 0, 0, &full, &local, nullptr), STRIA_ERROR_UNSUPPORTED);
+  EXPECT_STRNE(stria_get_last_error(), "");
+}
+
+}  // namespace fuzzed

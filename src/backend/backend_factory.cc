@@ -4,6 +4,7 @@
 #include "backend/backend.h"
 #include "backend/module_abi.h"
 #include "core/module.h"
+#include "core/raw_enum.h"
 #include "cpu/attention_kernels.h"
 
 namespace stria {
@@ -24,7 +25,7 @@ Status LoadCudaModule(const BackendModuleV1** out) {
 
 Status CreateBackend(DLDevice device, int num_threads, std::unique_ptr<Backend>* out) {
   char name[32];
-  switch (device.device_type) {
+  switch (RawEnum(device.device_type)) {  // any int may come through the C ABI
     case kDLCPU: {
       if (device.device_id != 0)
         return Error(STRIA_ERROR_INVALID_ARGUMENT, "CPU device id must be 0, got %d", device.device_id);

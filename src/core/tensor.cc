@@ -4,9 +4,15 @@
 #include <cstdio>
 #include <string>
 
+#include "core/raw_enum.h"
+
 namespace stria {
 
 int64_t TensorView::numel() const {
+  // An empty tensor may have other dimensions too large to multiply (CheckExtent bounds only the
+  // non-empty ones): zero first.
+  for (int i = 0; i < ndim; ++i)
+    if (shape[i] == 0) return 0;
   int64_t n = 1;
   for (int i = 0; i < ndim; ++i) n *= shape[i];
   return n;
@@ -38,7 +44,7 @@ std::string ShapeString(const TensorView& v) {
 
 const char* DeviceName(DLDevice d, char* buf, int buflen) {
   const char* kind = "device";
-  switch (d.device_type) {
+  switch (RawEnum(d.device_type)) {
     case kDLCPU:
       kind = "cpu";
       break;
@@ -60,8 +66,9 @@ const char* DeviceName(DLDevice d, char* buf, int buflen) {
     case kDLMetal:
       kind = "metal";
       break;
-    default:
-      break;
+    default:  // not one stria knows: its number
+      std::snprintf(buf, static_cast<size_t>(buflen), "device type %d:%d", RawEnum(d.device_type), d.device_id);
+      return buf;
   }
   std::snprintf(buf, static_cast<size_t>(buflen), "%s:%d", kind, d.device_id);
   return buf;
@@ -112,7 +119,7 @@ Status ViewOf(const DLTensor* t, const char* name, DLDevice device, TensorView* 
     return Error(STRIA_ERROR_UNSUPPORTED, "%s has dtype %s, which is not a whole number of bytes", name,
                  DLDataTypeName(t->dtype, b, sizeof b));
   }
-  if (t->device.device_type != device.device_type || t->device.device_id != device.device_id) {
+  if (RawEnum(t->device.device_type) != RawEnum(device.device_type) || t->device.device_id != device.device_id) {
     char a[32], b[32];
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s is on %s but must be on %s (%s)", name,
                  DeviceName(t->device, a, sizeof a), DeviceName(device, b, sizeof b), whose_device);
@@ -124,14 +131,26 @@ Status ViewOf(const DLTensor* t, const char* name, DLDevice device, TensorView* 
   for (int i = t->ndim - 1; i >= 0; --i) {
     if (t->shape[i] < 0) return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s has negative dimension %d", name, i);
     v.shape[i] = t->shape[i];
-    v.strides[i] = t->strides ? t->strides[i] : expect;
+    // The stride of a dimension of size 1 never moves to another element, and DLPack lets it
+    // be anything (torch gives views such strides): the compact value instead, so that no
+    // offset computed from it (a batch row's byte stride, say) can overflow.
+    v.strides[i] = t->strides && t->shape[i] != 1 ? t->strides[i] : expect;
     // May wrap for absurd shapes; CheckExtent then rejects the tensor (its count overflows too).
     (void)__builtin_mul_overflow(expect, t->shape[i] > 0 ? t->shape[i] : 1, &expect);
   }
   int64_t elem = v.elem_bytes();
   STRIA_RETURN_IF_ERROR(CheckExtent(v, name));
-  if (t->data == nullptr && v.numel() != 0) return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s has NULL data", name);
-  v.data = static_cast<char*>(t->data) + t->byte_offset;
+  if (v.numel() == 0) {
+    v.data = t->data;  // addresses nothing: byte_offset may be anything, data NULL
+    *out = v;
+    return Status::Ok();
+  }
+  if (t->data == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s has NULL data", name);
+  const uintptr_t base = reinterpret_cast<uintptr_t>(t->data);
+  if (t->byte_offset > UINTPTR_MAX - base)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s: data + byte_offset %llu wraps around the address space", name,
+                 static_cast<unsigned long long>(t->byte_offset));
+  v.data = reinterpret_cast<char*>(base + t->byte_offset);
   int64_t align = elem >= 8 ? 8 : elem;
   if (v.numel() != 0 && reinterpret_cast<uintptr_t>(v.data) % static_cast<uintptr_t>(align) != 0)
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s data (with byte_offset %llu) is not aligned to %lld bytes", name,

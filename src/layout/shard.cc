@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "backend/module_abi.h"
+#include "core/raw_enum.h"
 #include "core/tensor.h"
 #include "layout/layout.h"
 
@@ -49,8 +50,9 @@ Status ShardCopy(stria_layout_t layout, int world_size, int rank, int seq_dim, c
   if (full_t == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "full is NULL");
   if (local_t == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "local is NULL");
   const DLDevice dev = full_t->device;
-  const bool on_gpu = dev.device_type == kDLCUDA;
-  if (!on_gpu && dev.device_type != kDLCPU && dev.device_type != kDLCUDAHost) {
+  const int dev_type = RawEnum(dev.device_type);  // any int may come through the C ABI
+  const bool on_gpu = dev_type == kDLCUDA;
+  if (!on_gpu && dev_type != kDLCPU && dev_type != kDLCUDAHost) {
     char b[32];
     return Error(STRIA_ERROR_UNSUPPORTED, "shard/unshard supports host tensors (cpu, cuda_host) and cuda, not %s",
                  DeviceName(dev, b, sizeof b));
@@ -82,6 +84,7 @@ Status ShardCopy(stria_layout_t layout, int world_size, int rank, int seq_dim, c
                    "seq_len / world_size = %lld tokens",
                    ShapeString(local).c_str(), ShapeString(full).c_str(), dim, static_cast<long long>(L));
   }
+  if (local.numel() == 0) return Status::Ok();  // nothing to copy (and other dimensions may be huge)
   if (on_gpu) {
     const BackendModuleV1* module = nullptr;
     STRIA_RETURN_IF_ERROR(LoadCudaModule(&module));

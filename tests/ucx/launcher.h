@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -26,18 +27,26 @@ extern char** environ;
 
 namespace stria_test {
 
-// A port free on loopback right now (the kernel hands out ephemeral ports in turn, so it stays
-// free long enough for a test).
+// A port free on loopback right now, for a rank 0 to listen on a moment later. Drawn below the
+// kernel's ephemeral range (32768 and up by default): a port the kernel handed out and took back
+// may go next to any socket bound to port 0 in a parallel test (a stria_get_unique_id listener,
+// UCX's own sockets), and a rank would then knock on a stranger's door. Here only another
+// FreePort can clash, one chance in thousands.
 inline int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
+  static std::mt19937 rng(static_cast<unsigned>(getpid()) * 2654435761u ^
+                          static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count()));
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int port = 20000 + static_cast<int>(rng() % 12000);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    close(fd);
+    if (free) return port;
+  }
+  return 0;  // none found: the caller's rendezvous then fails with a message
 }
 
 // A fresh directory for one test's rank outputs and id files: $TMPDIR/<prefix>-XXXXXX.

@@ -65,6 +65,7 @@
 #include <vector>
 
 #include "core/deadline.h"
+#include "core/raw_enum.h"
 #include "cuda_common/cuda_status.h"
 #include "cuda_common/device_scope.h"
 #include "transport/module_abi.h"
@@ -782,7 +783,7 @@ Status NcclGetUniqueId(stria_unique_id_t* out) {
 }
 
 Status NcclCreate(const stria_context_config_t& config, void* nccl_comm, double timeout_s, Transport** out) {
-  if (config.device.device_type != kDLCUDA)
+  if (RawEnum(config.device.device_type) != kDLCUDA)
     return Error(STRIA_ERROR_UNSUPPORTED,
                  "the NCCL transport moves CUDA device memory: set config->device to {kDLCUDA, ordinal} (CPU "
                  "contexts across processes use STRIA_TRANSPORT_UCX)");

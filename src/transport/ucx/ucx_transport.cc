@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "core/deadline.h"
+#include "core/raw_enum.h"
 #include "transport/module_abi.h"
 #include "transport/rendezvous/rendezvous.h"
 
@@ -546,7 +547,7 @@ Status UcxGetUniqueId(stria_unique_id_t* out) {
 
 Status UcxCreate(const stria_context_config_t& config, void* /*nccl_comm: always NULL here*/, double timeout_s,
                  Transport** out) {
-  if (config.device.device_type != kDLCPU)
+  if (RawEnum(config.device.device_type) != kDLCPU)
     return Error(STRIA_ERROR_UNSUPPORTED,
                  "the UCX transport carries host memory; GPU contexts across processes use STRIA_TRANSPORT_NCCL");
   if (static_cast<size_t>(config.world_size) > kMaxWorld)
