@@ -152,7 +152,7 @@ Status ViewOf(const DLTensor* t, const char* name, DLDevice device, TensorView* 
                  static_cast<unsigned long long>(t->byte_offset));
   v.data = reinterpret_cast<char*>(base + t->byte_offset);
   int64_t align = elem >= 8 ? 8 : elem;
-  if (v.numel() != 0 && reinterpret_cast<uintptr_t>(v.data) % static_cast<uintptr_t>(align) != 0)
+  if (reinterpret_cast<uintptr_t>(v.data) % static_cast<uintptr_t>(align) != 0)
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s data (with byte_offset %llu) is not aligned to %lld bytes", name,
                  static_cast<unsigned long long>(t->byte_offset), static_cast<long long>(align));
   *out = v;

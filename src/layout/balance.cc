@@ -11,6 +11,9 @@ int64_t FloorDiv(int64_t a, int64_t b) {
   const int64_t q = a / b;
   return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
+int64_t CeilDiv(int64_t a, int64_t b) {
+  return -FloorDiv(-a, b);
+}
 
 // Width of the run of whole tiles (tile boundaries at multiples of `tile`, the last tile cut at
 // `len`) that covers [begin, end); begin < end <= len. Written without begin + tile so that a
@@ -71,7 +74,7 @@ double BlockWork(const BlockMask& mask, int64_t local_len, int64_t tile) {
   }
   // Under "j <= i + offset" every query row sees a prefix [kb, hi) of the key range, growing with
   // i, so the keys a tile-row touches are the prefix of its last masked row. Tile-row m (rows
-  // [mT, mT + T)) costs T x TileSpan(kb, hi(m)); RowWork is that, for any m.
+  // [mT, mT + T)) costs T x TileSpan(kb, hi(m)); row_work is that, for any m.
   const int64_t offset = mask.offset;
   auto row_work = [&](int64_t m) {
     const int64_t row = m * T, height = std::min(T, len - row);
@@ -88,14 +91,13 @@ double BlockWork(const BlockMask& mask, int64_t local_len, int64_t tile) {
   // and rows that see all of [kb, ke) (a constant).
   const int64_t a = m_first, b = m_last;
   if (a < b) {
-    auto clamp = [](int64_t x, int64_t lo, int64_t hi) { return std::min(std::max(x, lo), hi); };
     const int64_t m_visible = FloorDiv(kb - T - offset, T) + 1;  // first m with hi(m) > kb
-    const int64_t m_saturated = -FloorDiv(ke - T - offset, -T);  // first m with hi(m) >= ke
-    const int64_t u0 = clamp(m_visible, a, b), u1 = clamp(m_saturated, u0, b);
+    const int64_t m_saturated = CeilDiv(ke - T - offset, T);     // first m with hi(m) >= ke
+    const int64_t u0 = std::clamp(m_visible, a, b), u1 = std::clamp(m_saturated, u0, b);
     // Growing rows: TileSpan = last + min(T, len - last) - first, with last = mT + c, linear in m
     // while the last key tile is whole (last + T <= len); at most one row reaches a cut one.
     const int64_t first = kb / T * T, c = FloorDiv(T + offset - 1, T) * T;
-    const int64_t l1 = clamp(FloorDiv(len - T - c, T) + 1, u0, u1);
+    const int64_t l1 = std::clamp(FloorDiv(len - T - c, T) + 1, u0, u1);
     const __int128 count = l1 - u0, sum_m = (static_cast<__int128>(u0) + l1 - 1) * count / 2;
     total += static_cast<double>(T) * (static_cast<double>(T) * static_cast<double>(sum_m) +
                                        static_cast<double>(c + T - first) * static_cast<double>(count));
