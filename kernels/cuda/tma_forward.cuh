@@ -144,6 +144,12 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaForwardKernel(const STRIA_GRI
   float s[kN / 2];
   float alpha[2];
   uint32_t pa[kN / 16][4];  // P(n) as A fragments
+  // The registers P V reads and writes, pinned before the fence that orders them before it and
+  // after the wait that completes it (wgmma_fence_operand).
+  auto pin_pv_operands = [&] {
+    wgmma_fence_operand(o);
+    wgmma_fence_operand(pa);
+  };
   mbar_wait(q_full, 0);
   mbar_wait(&k_full[0], 0);
   my_turn();
@@ -151,6 +157,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaForwardKernel(const STRIA_GRI
   IssueScores<T, D, kM, kN>(s, q_addr, k_addr, group);
   your_turn();
   wgmma_wait<0>();
+  wgmma_fence_operand(s);
   mbar_arrive(&k_empty[0]);
   WgmmaSoftmax<kN>(p, s, !FullyVisible(p.mask, gi0, gi1, j_first, j_first + kN), row, j_first, t4, m_run, l_run, alpha);
   RescaleAndPack<T, D, kN>(o, alpha, s, pa);
@@ -163,25 +170,30 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaForwardKernel(const STRIA_GRI
     mbar_wait(&k_full[kst], parity_of(n + 1));
     mbar_wait(&v_full[vst], parity_of(n));
     my_turn();
+    pin_pv_operands();
     wgmma_fence();
     IssueScores<T, D, kM, kN>(s, q_addr, k_addr + kst * Tile::kKvBytes, group);
     IssuePV<T, D, kN>(o, pa, v_addr + vst * Tile::kKvBytes);
     your_turn();
     wgmma_wait<1>();  // S(n+1) done: its K stage is free; P(n) V(n) may still run
+    wgmma_fence_operand(s);
     mbar_arrive(&k_empty[kst]);
     const int64_t j1 = j_first + int64_t{kN} * (n + 1);
     WgmmaSoftmax<kN>(p, s, !FullyVisible(p.mask, gi0, gi1, j1, j1 + kN), row, j1, t4, m_run, l_run, alpha);
     wgmma_wait<0>();  // P(n) V(n) done: its V stage, o and pa are free
+    pin_pv_operands();
     mbar_arrive(&v_empty[vst]);
     RescaleAndPack<T, D, kN>(o, alpha, s, pa);
   }
   const int vst = stage_of(n_tiles - 1);
   mbar_wait(&v_full[vst], parity_of(n_tiles - 1));
   my_turn();
+  pin_pv_operands();
   wgmma_fence();
   IssuePV<T, D, kN>(o, pa, v_addr + vst * Tile::kKvBytes);
   your_turn();  // the last turn of warpgroup 1 opens one that nobody takes: harmless at exit
   wgmma_wait<0>();
+  wgmma_fence_operand(o);
 
   StoreWarpgroupRows<D>(p, bh, t4, row, live, m_run, l_run, o);
 #else

@@ -97,6 +97,25 @@ template <int N>
 STRIA_DEVICE void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
+// Pins register array `r` at this point of the program. wgmma_fence and wgmma_wait order the
+// warpgroup's MMAs against memory only: their asm names no register, so without a pin the
+// compiler could move arithmetic on an accumulator (or an A fragment) across them, reading it
+// before the MMA that writes it has completed, or writing it after the fence that orders it
+// before the MMA reads it. Every kernel pins what it touches right after each wait and right
+// before each fence; an empty asm that reads and writes the registers costs no instruction.
+template <int N>
+STRIA_DEVICE void wgmma_fence_operand(float (&r)[N]) {
+  STRIA_UNROLL
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N, int M>
+STRIA_DEVICE void wgmma_fence_operand(uint32_t (&r)[N][M]) {
+  STRIA_UNROLL
+  for (int i = 0; i < N; ++i) {
+    STRIA_UNROLL
+    for (int j = 0; j < M; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+  }
+}
 // Makes this thread's generic-proxy shared-memory writes (st.shared, cp.async) visible to the
 // async proxy that wgmma reads shared memory through.
 STRIA_DEVICE void fence_proxy_async() {

@@ -91,6 +91,8 @@ STRIA_DEVICE void BackwardStep(const BwdParams& p, int64_t j0, int wg, int64_t i
   }
   wgmma_commit();
   wgmma_wait<0>();
+  wgmma_fence_operand(sT);
+  wgmma_fence_operand(dpT);
 
   // Per 16 queries (accumulator chunks 2 kq and 2 kq + 1): P^T and dS^T, dS^T into shared
   // memory for dQ (rows: all 128 keys, columns: queries), and both as A fragments. One pass,
@@ -122,6 +124,10 @@ STRIA_DEVICE void BackwardStep(const BwdParams& p, int64_t j0, int wg, int64_t i
     AccToA<T>(pa[kq], sT + 8 * kq, sT + 8 * kq + 4);
     AccToA<T>(sa[kq], dpT + 8 * kq, dpT + 8 * kq + 4);
   }
+  wgmma_fence_operand(pa);
+  wgmma_fence_operand(sa);
+  wgmma_fence_operand(dv);
+  wgmma_fence_operand(dk);
   wgmma_fence();
   STRIA_UNROLL
   for (int kq = 0; kq < kM / 16; ++kq) {
@@ -148,6 +154,9 @@ STRIA_DEVICE void BackwardStep(const BwdParams& p, int64_t j0, int wg, int64_t i
   }
   wgmma_commit();
   wgmma_wait<0>();
+  wgmma_fence_operand(dq);
+  wgmma_fence_operand(dv);
+  wgmma_fence_operand(dk);
   done();
   STRIA_UNROLL
   for (int e = 0; e < 2; ++e) {

@@ -186,12 +186,19 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p)
   wgmma_fence();
   issue_scores(s, 0);
   wgmma_wait<0>();
+  wgmma_fence_operand(s);
   WgmmaSoftmax<kN>(p, s, !FullyVisible(p.mask, gi0, gi1, j_first, j_first + kN), row, j_first, t4, m_run, l_run, alpha);
   uint32_t pa[kN / 16][4];  // P(n) as A fragments: keys 16 kk.. are accumulator chunks 2 kk, 2 kk + 1
   RescaleAndPack<T, D, kN>(o, alpha, s, pa);
 
   // O += P(n) V(n) (not waited for).
   auto issue_pv = [&](int n) { IssuePV<T, D, kN>(o, pa, v_addr + (n & 1) * Tile::kKvBytes); };
+  // The registers P V reads and writes, pinned before the fence that orders them before it and
+  // after the wait that completes it (wgmma_fence_operand).
+  auto pin_pv_operands = [&] {
+    wgmma_fence_operand(o);
+    wgmma_fence_operand(pa);
+  };
   // V(n) and K(n+1) landed and visible to wgmma; every warpgroup is done with S(n), so K(n)'s
   // buffer is free, and with P(n-1) V(n-1), so V(n-1)'s is.
   auto tiles_ready = [] {
@@ -206,19 +213,24 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p)
     if (n + 2 < n_tiles) load_kv(ks, hr.k, n + 2);
     load_kv(vs, hr.v, n + 1);
     cp_async_commit();
+    pin_pv_operands();
     wgmma_fence();
     issue_scores(s, n + 1);
     issue_pv(n);
     wgmma_wait<1>();  // S(n+1) done; P(n) V(n) may still run
+    wgmma_fence_operand(s);
     const int64_t j1 = j_first + int64_t{kN} * (n + 1);
     WgmmaSoftmax<kN>(p, s, !FullyVisible(p.mask, gi0, gi1, j1, j1 + kN), row, j1, t4, m_run, l_run, alpha);
     wgmma_wait<0>();  // P(n) V(n) done: o and pa are free
+    pin_pv_operands();
     RescaleAndPack<T, D, kN>(o, alpha, s, pa);
   }
   tiles_ready();
+  pin_pv_operands();
   wgmma_fence();
   issue_pv(n_tiles - 1);
   wgmma_wait<0>();
+  wgmma_fence_operand(o);
 
   StoreWarpgroupRows<D>(p, bh, t4, row, live, m_run, l_run, o);
 #else

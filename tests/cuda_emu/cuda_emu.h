@@ -363,6 +363,11 @@ inline void wgmma_wait() {
 inline void fence_proxy_async() {
   emu::detail::FenceProxyAsync();
 }
+// Compiler-only on the GPU (no instruction); the emulator runs the kernel's statements in order.
+template <int N>
+inline void wgmma_fence_operand(float (&)[N]) {}
+template <int N, int M>
+inline void wgmma_fence_operand(uint32_t (&)[N][M]) {}
 template <typename T, int N>
 inline void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
   emu::detail::Wgmma(emu::detail::WgmmaKind::kSS, std::is_same<T, BFloat>::value, N, d, nullptr, desc_a, desc_b,

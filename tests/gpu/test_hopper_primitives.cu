@@ -162,6 +162,7 @@ STRIA_GLOBAL void ScoresKernel(const uint16_t* q, const uint16_t* k, float* s_ou
   sc::wgmma_fence();
   sc::IssueScores<sc::BFloat, D, 64, kN>(s, sc::smem_addr(qs), sc::smem_addr(ks), 0);
   sc::wgmma_wait<0>();
+  sc::wgmma_fence_operand(s);
   const int tid = static_cast<int>(threadIdx.x);
   for (int i = 0; i < kN / 2; ++i) s_out[AccRow(tid, i) * kN + AccCol(tid, i)] = s[i];
 #endif
@@ -182,9 +183,12 @@ STRIA_GLOBAL void PVKernel(const float* p_in, const uint16_t* v, float* o_out) {
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
   uint32_t pa[kN / 16][4];
   sc::RescaleAndPack<sc::BFloat, D, kN>(o, alpha, s, pa);
+  sc::wgmma_fence_operand(o);
+  sc::wgmma_fence_operand(pa);
   sc::wgmma_fence();
   sc::IssuePV<sc::BFloat, D, kN>(o, pa, sc::smem_addr(vs));
   sc::wgmma_wait<0>();
+  sc::wgmma_fence_operand(o);
   for (int i = 0; i < D / 2; ++i) o_out[AccRow(tid, i) * D + AccCol(tid, i)] = o[i];
 #endif
 }
@@ -214,6 +218,7 @@ STRIA_GLOBAL void DqKernel(const uint16_t* ds_t, const uint16_t* k, int qb, int 
   }
   sc::wgmma_commit();
   sc::wgmma_wait<0>();
+  sc::wgmma_fence_operand(dq);
   const int tid = static_cast<int>(threadIdx.x);
   for (int i = 0; i < 32; ++i) dq_out[AccRow(tid, i) * 64 + AccCol(tid, i)] = dq[i];
 #endif

@@ -1,0 +1,42 @@
+#!/bin/sh
+# Static checks of the sm_90a kernels that need the compiler, not a GPU:
+#  - no register of an in-flight wgmma is touched before its wait (check_wgmma_operands.py, on
+#    the PTX that nvcc emits for each kernel translation unit);
+#  - ptxas neither serialises the wgmma pipeline (its C7510-C7520 "Potential Performance Loss"
+#    notes) nor drops a setmaxnreg (C7508): the first silently costs the overlap the kernels are
+#    built around, the second the TMA kernels' 24/240 register split;
+#  - every TMA kernel starts with exactly 168 registers per thread: its producer warpgroup gives
+#    168 - 24 back and its two consumer warpgroups take 240 - 168 each, which balances only at
+#    168 (ptxas drops the setmaxnreg pair silently in some cases where it does not).
+# Usage: check_sm90_kernels.sh NVCC KERNELS_DIR PYTHON
+set -eu
+nvcc=$1 kernels=$2 python=$3
+here=$(cd "$(dirname "$0")" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+"$python" "$here/check_wgmma_operands.py" --self-test
+status=0
+for tu in wgmma_fwd wgmma_bwd tma_fwd tma_bwd; do
+  for type in bf16 f16; do
+    src="$kernels/cuda/${tu}_${type}.cu"
+    # The flags of the module's sm_90a pass (src/backend/cuda/CMakeLists.txt), less the host ones.
+    flags="-I$kernels -O3 -DNDEBUG -std=c++17"
+    echo "$src:"
+    "$nvcc" $flags -arch=sm_90a -ptx "$src" -o "$work/k.ptx"
+    "$python" "$here/check_wgmma_operands.py" "$work/k.ptx" || status=1
+    "$nvcc" $flags -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -cubin "$src" -o "$work/k.cubin" 2>"$work/ptxas.log"
+    if grep -E "C75(0[89]|1[0-9]|20)|setmaxnreg|serializ" "$work/ptxas.log"; then
+      echo "$src: ptxas reports the lines above"
+      status=1
+    fi
+    awk '/Compiling entry function .*Tma/ { tma = 1; name = $0; next }
+         /Compiling entry function/ { tma = 0 }
+         tma && /Used [0-9]+ registers/ {
+           match($0, /Used [0-9]+ registers/); n = substr($0, RSTART + 5, RLENGTH - 15) + 0
+           if (n != 168) { print name ": " n " registers at entry, not 168"; bad = 1 }
+           tma = 0
+         }
+         END { exit bad }' "$work/ptxas.log" || status=1
+  done
+done
+exit $status
