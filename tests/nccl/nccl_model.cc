@@ -15,7 +15,12 @@
 // - nonblocking communicators report ncclInProgress after set-up and launches, and a launch
 //   reaches its stream only a little later, from another thread;
 // - ncclCommAbort ends the communicator's kernels; a peer's kernels then wait until their own
-//   communicator is aborted; two ranks on one device are refused, as NCCL does.
+//   communicator is aborted; two ranks on one device are refused, as NCCL does;
+// - freeing an aborted communicator waits, as cudaFree and cuMemUnmap do on a GPU, for every
+//   NCCL kernel on its device: at once outside a group, at the group's end inside one (where NCCL
+//   frees). A kernel that never ends there (another communicator's, nobody aborted it) would hang
+//   the GPU; the model gives up after 20 s and counts a stall (ModelAbortStalls);
+// - ncclCommFinalize reports ncclInProgress until the communicator's kernels have ended.
 // Objects are never freed (they stay reachable, for the leak checker): a late access is harmless
 // here (the real libraries are the judge of lifetimes on a GPU).
 #include <cuda_runtime_api.h>
@@ -76,6 +81,8 @@ struct ncclComm {
   std::atomic<int> state{ncclSuccess};
   std::atomic<bool> aborted{false};
   int gathers = 0;
+  int running = 0;  // launches queued or running on a stream (under g_mu)
+  bool finalized = false;
 };
 
 namespace {
@@ -86,6 +93,8 @@ std::mutex& g_mu = *new std::mutex();  // the whole model: cliques, channels, co
 std::condition_variable& g_cv = *new std::condition_variable();
 std::map<std::string, Clique*>& g_cliques = *new std::map<std::string, Clique*>();  // by unique id
 std::atomic<int> g_mismatches{0};
+std::atomic<int> g_abort_stalls{0};
+std::atomic<int> g_finalize_calls{0};
 char g_last_nccl[256];  // what ncclGetLastError returns (written rarely, under g_mu)
 
 struct GatherRound {
@@ -198,7 +207,29 @@ void RunKernel(ncclComm_t comm, std::vector<Op> ops) {
   // Offers of an aborted kernel stay queued, never matched: its peers wait for their own abort.
   for (auto& p : mine)
     if (!p->done) Keep(p.release());
+  --comm->running;
+  g_cv.notify_all();
 }
+
+// Frees aborted `comm` as NCCL does on a GPU: after every NCCL kernel on its device has ended.
+void FreeOnDevice(ncclComm* comm) {
+  std::unique_lock<std::mutex> lock(g_mu);
+  auto quiet = [&] {
+    for (const auto& [key, c] : g_cliques)
+      for (const ncclComm* m : c->members)
+        if (m != nullptr && m->device == comm->device && m->running > 0) return false;
+    return true;
+  };
+  if (!g_cv.wait_for(lock, std::chrono::seconds(20), quiet)) {
+    ++g_abort_stalls;
+    std::fprintf(stderr,
+                 "nccl model: freeing an aborted communicator on device %d waited 20 s for another "
+                 "communicator's kernel there (a hang on a GPU)\n",
+                 comm->device);
+  }
+}
+
+thread_local std::vector<ncclComm*> g_aborted_in_group;  // freed at the group's end
 
 ncclResult_t Launch(std::vector<Op> ops) {
   if (ops.empty()) return ncclSuccess;
@@ -211,6 +242,10 @@ ncclResult_t Launch(std::vector<Op> ops) {
     }
   if (comm->aborted) return ncclInvalidArgument;
   auto enqueue = [comm, stream, ops] {
+    {
+      std::lock_guard<std::mutex> lock(g_mu);
+      ++comm->running;
+    }
     auto* kernel = new std::function<void()>([comm, ops] { RunKernel(comm, ops); });
     const cudaError_t e = cudaLaunchHostFunc(
         stream,
@@ -220,7 +255,12 @@ ncclResult_t Launch(std::vector<Op> ops) {
           delete fn;
         },
         kernel);
-    if (e != cudaSuccess) delete kernel;
+    if (e != cudaSuccess) {
+      delete kernel;
+      std::lock_guard<std::mutex> lock(g_mu);
+      --comm->running;
+      g_cv.notify_all();
+    }
     return e;
   };
   if (comm->blocking) return enqueue() == cudaSuccess ? ncclSuccess : ncclUnhandledCudaError;
@@ -259,6 +299,13 @@ void Complete(Clique* c) {
 // The number of messages whose sizes differed between sender and receiver (a schedule bug).
 int ModelSizeMismatches() {
   return g_mismatches.load();
+}
+// How often freeing an aborted communicator would have hung on a GPU.
+int ModelAbortStalls() {
+  return g_abort_stalls.load();
+}
+int ModelFinalizeCalls() {
+  return g_finalize_calls.load();
 }
 
 extern "C" {
@@ -329,13 +376,45 @@ ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
 }
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
   if (comm == nullptr) return ncclSuccess;
-  std::lock_guard<std::mutex> lock(g_mu);
-  comm->aborted = true;
-  g_cv.notify_all();
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    comm->aborted = true;  // the flag goes up at once, in a group or not
+    g_cv.notify_all();
+  }
+  if (g_depth > 0)
+    g_aborted_in_group.push_back(comm);
+  else
+    FreeOnDevice(comm);
   return ncclSuccess;
 }
+// Flushes: done (ncclSuccess) once the communicator's kernels have ended.
+ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+  if (comm == nullptr) return ncclSuccess;
+  std::unique_lock<std::mutex> lock(g_mu);
+  if (comm->aborted || comm->finalized) return ncclInvalidArgument;
+  comm->finalized = true;
+  ++g_finalize_calls;
+  comm->state = ncclInProgress;
+  auto flush = [comm] {
+    std::unique_lock<std::mutex> l(g_mu);
+    g_cv.wait(l, [&] { return comm->running == 0 || comm->aborted; });
+    if (!comm->aborted) comm->state = ncclSuccess;
+  };
+  if (comm->blocking) {
+    lock.unlock();
+    flush();
+    return ncclSuccess;
+  }
+  std::thread(flush).detach();
+  return ncclInProgress;
+}
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
-  return ncclCommAbort(comm);
+  if (comm == nullptr) return ncclSuccess;
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (comm->aborted) return ncclInvalidArgument;  // freed already
+  comm->aborted = true;                           // freed: the model keeps the object
+  g_cv.notify_all();
+  return ncclSuccess;
 }
 ncclResult_t ncclGroupStart() {
   ++g_depth;
@@ -344,6 +423,9 @@ ncclResult_t ncclGroupStart() {
 ncclResult_t ncclGroupEnd() {
   if (g_depth == 0) return ncclInvalidUsage;
   if (--g_depth > 0) return ncclSuccess;
+  std::vector<ncclComm*> aborted;
+  aborted.swap(g_aborted_in_group);
+  for (ncclComm* comm : aborted) FreeOnDevice(comm);
   std::vector<Op> ops;
   ops.swap(g_ops);
   return Launch(std::move(ops));

@@ -22,6 +22,8 @@
 
 extern "C" const stria::TransportModule stria_nccl_module_v2;
 int ModelSizeMismatches();
+int ModelAbortStalls();
+int ModelFinalizeCalls();
 
 namespace stria {
 namespace {
@@ -279,10 +281,12 @@ TEST(NcclHostModel, CallersCommunicatorIsUsedAndLeftAlone) {
   }
 }
 
-// A caller's communicator on which one rank never creates its context: the others give up at
-// their timeout (blocking communicator or not) and leave the communicator to its owner.
+// A caller's nonblocking communicator on which one rank never creates its context: the others
+// give up at their timeout and leave the communicator to its owner. (On a blocking one, NCCL may
+// block the broadcast's caller until every rank is there, since it connects a communicator's
+// peers at its first collective: stria.h says so; the model does not block.)
 TEST(NcclHostModel, CallersCommunicatorTimesOutWhenARankNeverCreates) {
-  for (int blocking : {0, 1}) {
+  for (int blocking : {0}) {
     SCOPED_TRACE(blocking ? "blocking" : "nonblocking");
     const int world = 2;
     const std::vector<ncclComm_t> user = CallerComms(world, blocking);
@@ -327,6 +331,92 @@ TEST(NcclHostModel, WaitTimesOutAndPoisons) {
   ranks.t[0].reset();
   ranks.t[1].reset();
   EXPECT_LT(SecondsSince(end), 3);
+}
+
+// Both lanes have a launch in flight towards a rank that never answers (as in a backward step):
+// the timeout aborts both communicators in one group. One after the other, freeing the first
+// would wait on a GPU for the second's kernel, which nobody told to quit: a hang (the model
+// counts it as a stall after 20 s).
+TEST(NcclHostModel, TimeoutWithBothLanesBusyAbortsThemTogether) {
+  Ranks ranks(2, 30);
+  ranks.ExpectAllOk();
+  ASSERT_FALSE(HasFailure());
+  const int stalls = ModelAbortStalls();
+  cudaSetDevice(0);
+  Transport& t0 = *ranks.t[0];
+  std::vector<uint8_t> a(1000), b(1000), c(1000), d(1000);
+  RequestId kv_recv = 0, kv_send = 0, dkv_recv = 0, dkv_send = 0;
+  ASSERT_TRUE(t0.Irecv(1, Tag(1, 0, 1), b.data(), b.size(), &kv_recv).ok());
+  ASSERT_TRUE(t0.Isend(1, Tag(1, 0, 1), a.data(), a.size(), &kv_send).ok());
+  ASSERT_TRUE(t0.Irecv(1, Tag(1, 0, 2), d.data(), d.size(), &dkv_recv).ok());
+  ASSERT_TRUE(t0.Isend(1, Tag(1, 0, 2), c.data(), c.size(), &dkv_send).ok());
+  const auto start = std::chrono::steady_clock::now();
+  Status s = t0.Wait(kv_recv, 0.3, "K/V block of ring step 0");  // rank 1 posts nothing
+  EXPECT_EQ(s.code(), STRIA_ERROR_TIMEOUT) << s.message();
+  EXPECT_LT(SecondsSince(start), 5) << "the abort after the timeout waited";
+  EXPECT_EQ(ModelAbortStalls(), stalls) << "an aborted lane waited for the other lane's kernel";
+  t0.CancelAll();
+  for (auto& t : ranks.t) t.reset();
+  EXPECT_EQ(ModelAbortStalls(), stalls);
+}
+
+// A healthy end flushes each lane (ncclCommFinalize) before it frees it; an end after a failure
+// aborts instead, which the timeout already did.
+TEST(NcclHostModel, HealthyEndFinalizesAndAFailedOneAborts) {
+  {
+    Ranks ranks(2, 30);
+    ranks.ExpectAllOk();
+    ASSERT_FALSE(HasFailure());
+    RunCalls(ranks, 1, 2048, 512);
+    const int before = ModelFinalizeCalls();
+    const auto start = std::chrono::steady_clock::now();
+    Ranks::Run(2, [&](int r) {
+      cudaSetDevice(r);
+      ranks.t[static_cast<size_t>(r)].reset();
+    });
+    EXPECT_EQ(ModelFinalizeCalls() - before, 4) << "2 ranks x 2 lanes";
+    EXPECT_LT(SecondsSince(start), 5);
+  }
+  Ranks ranks(2, 30);
+  ranks.ExpectAllOk();
+  ASSERT_FALSE(HasFailure());
+  cudaSetDevice(0);
+  std::vector<uint8_t> b(64);
+  RequestId r = 0;
+  ASSERT_TRUE(ranks.t[0]->Irecv(1, Tag(1, 0, 1), b.data(), b.size(), &r).ok());
+  EXPECT_EQ(ranks.t[0]->Wait(r, 0.2, "x").code(), STRIA_ERROR_TIMEOUT);
+  const int before = ModelFinalizeCalls();
+  ranks.t[0].reset();
+  EXPECT_EQ(ModelFinalizeCalls(), before) << "a failed transport flushed";
+  cudaSetDevice(1);
+  ranks.t[1].reset();  // healthy: it flushes
+  EXPECT_EQ(ModelFinalizeCalls() - before, 2);
+}
+
+// NCCL settings that would take away the timeouts, or the transport's two communicators, are
+// refused on every rank with their name, before anything waits.
+TEST(NcclHostModel, EnvironmentThatBreaksTheTransportIsRefused) {
+  const std::pair<const char*, const char*> settings[] = {{"NCCL_COMM_BLOCKING", "1"},
+                                                          {"NCCL_COMM_ID", "127.0.0.1:29999"}};
+  for (const auto& [name, value] : settings) {
+    SCOPED_TRACE(name);
+    setenv(name, value, 1);
+    cudaSetDevice(0);
+    stria_context_config_t cfg = Config(0, 1, 5);
+    Transport* t = nullptr;
+    Status s = stria_nccl_module_v2.create(cfg, nullptr, 5, &t);
+    unsetenv(name);
+    EXPECT_EQ(s.code(), STRIA_ERROR_UNSUPPORTED) << s.message();
+    EXPECT_NE(s.message().find(name), std::string::npos) << s.message();
+    EXPECT_EQ(t, nullptr);
+  }
+  setenv("NCCL_COMM_BLOCKING", "0", 1);  // what stria asks for anyway
+  stria_context_config_t cfg = Config(0, 1, 5);
+  Transport* t = nullptr;
+  Status s = stria_nccl_module_v2.create(cfg, nullptr, 5, &t);
+  unsetenv("NCCL_COMM_BLOCKING");
+  EXPECT_TRUE(s.ok()) << s.message();
+  delete t;
 }
 
 TEST(NcclHostModel, AllGatherTimesOut) {

@@ -94,7 +94,11 @@ STRIA_API stria_status_t stria_context_create(const stria_context_config_t* conf
  * is an ncclComm_t (void* here, so that this header needs no NCCL), whose rank, size and device
  * must be config->rank, config->world_size and config->device; config->unique_id is not used.
  * Every rank calls it (stria forms its own communicators with one broadcast over the caller's).
- * stria never aborts or destroys nccl_comm. */
+ * stria never aborts or destroys nccl_comm. timeout_s bounds that broadcast on a nonblocking
+ * nccl_comm; on a blocking one NCCL may wait inside it for every rank (it connects a communicator
+ * at its first collective). NCCL contexts refuse NCCL_COMM_BLOCKING=1 and NCCL_COMM_ID in the
+ * environment (STRIA_ERROR_UNSUPPORTED): the first would take away the timeouts, the second the
+ * distinct ids of stria's two communicators. */
 STRIA_API stria_status_t stria_context_create_with_nccl_comm(const stria_context_config_t* config, void* nccl_comm,
                                                              stria_context_t* ctx);
 /* world_size contexts in this process joined by the in-process transport;

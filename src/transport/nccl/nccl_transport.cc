@@ -40,20 +40,26 @@
 //
 // Faults. stria's communicators are nonblocking (ncclConfig_t::blocking = 0), so no NCCL call on
 // them can hang a rank: launches and set-up are polled with ncclCommGetAsyncError under the
-// timeout. A timeout, an asynchronous NCCL error or an abort calls ncclCommAbort on them, which
-// stops their kernels and frees them: the transport is then poisoned (every call fails with
-// the first error, or ABORTED) and nothing it launched touches the ring buffers any more. All NCCL
-// calls happen under one mutex that no wait holds while it sleeps, so stria_context_abort from
-// another thread gets in at once. Peers learn of it from their own timeout, or earlier where NCCL
-// reports the broken connection. A context's end always aborts its communicators rather than
-// destroying them: ncclCommDestroy waits for the other local ranks, which a failed peer never
-// joins, and after a completed call no transfer is in flight, so nothing is lost.
+// timeout (NCCL_COMM_BLOCKING=1 would override that, so it is refused). A timeout, an
+// asynchronous NCCL error or an abort calls ncclCommAbort on both lanes in one group, which stops
+// their kernels and frees them: the transport is then poisoned (every call fails with the first
+// error, or ABORTED) and nothing it launched touches the ring buffers any more. All NCCL calls
+// happen under one mutex that no wait holds while it sleeps, so stria_context_abort from another
+// thread gets in at once. Peers learn of it from their own timeout, or earlier where NCCL reports
+// the broken connection.
+//
+// The end. A healthy context flushes before it frees: a send whose kernel has completed may still
+// have bytes in NCCL's proxy on their way to another node, which an abort would drop for a peer
+// still in the call. So its end calls ncclCommFinalize (polled, bounded by kDrainS), then
+// ncclCommDestroy, which frees locally without blocking once finalized. A context that failed,
+// was aborted, has a transfer it never waited for, or whose flush does not end in time aborts.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -85,7 +91,7 @@ constexpr int kLanes = 2;
 constexpr int kKvLane = 0, kDkvLane = 1;
 const char* const kLaneName[kLanes] = {"K/V", "dK/dV"};
 constexpr uint64_t kDkvKind = 2;  // MessageKind::kDKV in ring_common.h
-constexpr double kDrainS = 10;    // how long CancelAll and the destructor wait for aborted kernels to exit
+constexpr double kDrainS = 10;    // the bound on draining aborted kernels, and on a healthy end's flush
 constexpr size_t kScratchMin = 4096;
 constexpr size_t kIdOffset = 1024;  // where the NCCL ids are broadcast within the scratch buffer
 
@@ -407,12 +413,41 @@ class NcclTransport final : public Transport {
     return why;
   }
 
+  // Both lanes in one group. ncclCommAbort raises its communicator's abort flag at once but frees
+  // its memory (cudaFree, cuMemUnmap: they wait for every kernel on the device) only at the end of
+  // its group. One abort after the other, the first would wait for the other lane's kernel, still
+  // spinning on a dead peer with its flag down: a hang. In one group both flags are up before
+  // anything is freed, and NCCL frees the two concurrently.
   void AbortCommsLocked() {
-    if (comms_aborted_) return;
-    comms_aborted_ = true;
+    if (comms_closed_) return;
+    comms_closed_ = true;
     DeviceScope dev(device_);
-    for (ncclComm_t& comm : comms_) {
+    (void)ncclGroupStart();
+    for (ncclComm_t comm : comms_)
       if (comm != nullptr) (void)ncclCommAbort(comm);
+    (void)ncclGroupEnd();
+    for (ncclComm_t& comm : comms_) comm = nullptr;
+  }
+
+  // The end of a healthy transport (see the top): flush, then free; anything else aborts.
+  void CloseCommsLocked(Lock& lock) {
+    if (comms_closed_) return;
+    if (!failure_.ok() || aborted_.load() || !ops_.empty()) return AbortCommsLocked();
+    DeviceScope dev(device_);
+    if (!dev.status().ok()) return AbortCommsLocked();
+    for (ncclComm_t comm : comms_) {
+      const ncclResult_t r = comm == nullptr ? ncclSuccess : ncclCommFinalize(comm);
+      if (r != ncclSuccess && r != ncclInProgress) return AbortCommsLocked();
+    }
+    const auto deadline = DeadlineAfter(std::min(timeout_s_, kDrainS));
+    for (int lane = 0; lane < kLanes; ++lane) {
+      if (comms_[lane] == nullptr) continue;
+      const std::string what = Format("NCCL to flush the %s communicator (ncclCommFinalize)", kLaneName[lane]);
+      if (!AwaitCommLocked(lock, lane, deadline, what.c_str()).ok()) return;  // failed: aborted there
+    }
+    comms_closed_ = true;
+    for (ncclComm_t& comm : comms_) {
+      if (comm != nullptr) (void)ncclCommDestroy(comm);
       comm = nullptr;
     }
   }
@@ -685,7 +720,7 @@ class NcclTransport final : public Transport {
   void Shutdown() {
     {
       Lock lock(mu_);
-      AbortCommsLocked();
+      CloseCommsLocked(lock);
     }
     DrainStreams();
     DeviceScope dev(device_);
@@ -705,7 +740,7 @@ class NcclTransport final : public Transport {
   const double timeout_s_;
   std::mutex mu_;  // every NCCL call and all of the state below
   ncclComm_t comms_[kLanes] = {nullptr, nullptr};
-  bool comms_aborted_ = false;
+  bool comms_closed_ = false;  // aborted, or finalized and destroyed
   cudaStream_t streams_[kLanes] = {nullptr, nullptr};
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
@@ -782,11 +817,32 @@ Status NcclGetUniqueId(stria_unique_id_t* out) {
   return Status::Ok();
 }
 
+// NCCL settings from the environment that would break the transport, refused on every rank with
+// the reason (before anything waits on a peer).
+Status CheckEnvironment() {
+  // It overrides ncclConfig_t::blocking: set-up and launches would then block the calling thread,
+  // with no stria timeout and no way in for stria_context_abort.
+  const char* blocking = std::getenv("NCCL_COMM_BLOCKING");
+  if (blocking != nullptr && std::strtol(blocking, nullptr, 10) == 1)
+    return Error(STRIA_ERROR_UNSUPPORTED,
+                 "NCCL_COMM_BLOCKING=1 makes NCCL block the calling thread, which takes away stria's timeouts "
+                 "and stria_context_abort: unset it for the processes that use stria's NCCL transport");
+  // It makes every ncclGetUniqueId return the same id, and stria forms one communicator per lane.
+  const char* comm_id = std::getenv("NCCL_COMM_ID");
+  if (comm_id != nullptr && *comm_id != '\0')
+    return Error(STRIA_ERROR_UNSUPPORTED,
+                 "NCCL_COMM_ID is set (%s): NCCL then gives every communicator the same id, and stria forms "
+                 "two of its own; unset it for the processes that use stria's NCCL transport",
+                 comm_id);
+  return Status::Ok();
+}
+
 Status NcclCreate(const stria_context_config_t& config, void* nccl_comm, double timeout_s, Transport** out) {
   if (RawEnum(config.device.device_type) != kDLCUDA)
     return Error(STRIA_ERROR_UNSUPPORTED,
                  "the NCCL transport moves CUDA device memory: set config->device to {kDLCUDA, ordinal} (CPU "
                  "contexts across processes use STRIA_TRANSPORT_UCX)");
+  STRIA_RETURN_IF_ERROR(CheckEnvironment());
   STRIA_RETURN_IF_ERROR(CheckDevice(config.device.device_id));
   auto t = std::make_unique<NcclTransport>(config.rank, config.world_size, config.device.device_id, timeout_s);
   STRIA_RETURN_IF_ERROR(t->CreateStreams());
