@@ -16,7 +16,8 @@
 // - a kernel that the emulator stops (an out-of-bounds ldmatrix, a divergent barrier...) is a
 //   sticky error of its device, as a fault is on the GPU: the synchronizing calls return
 //   cudaErrorLaunchFailure from then on, and the emulator's message goes to stderr;
-// - devices: STRIA_CUDA_MODEL_DEVICES (default 1) of compute capability STRIA_CUDA_MODEL_CC
+// - devices: STRIA_CUDA_MODEL_DEVICES (default 2, so that tests of a second device run) of compute
+//   capability STRIA_CUDA_MODEL_CC
 //   (default 90, so the Hopper kernels run too), STRIA_CUDA_MODEL_MEMORY_MB each (default 80 GiB;
 //   the host allocates only what is asked for).
 // Streams are never freed (cudaStreamDestroy lets the worker end once its work is done): the
@@ -24,7 +25,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -87,7 +90,7 @@ int EnvInt(const char* name, int fallback) {
 Model& M() {
   static Model* m = [] {
     auto* model = new Model();  // never destroyed: worker threads may outlive static destructors
-    model->devices.resize(static_cast<size_t>(std::max(0, EnvInt("STRIA_CUDA_MODEL_DEVICES", 1))));
+    model->devices.resize(static_cast<size_t>(std::max(0, EnvInt("STRIA_CUDA_MODEL_DEVICES", 2))));
     model->cc = EnvInt("STRIA_CUDA_MODEL_CC", 90);
     const int mib = EnvInt("STRIA_CUDA_MODEL_MEMORY_MB", 0);
     if (mib > 0) model->device_bytes = static_cast<size_t>(mib) << 20;
@@ -98,6 +101,33 @@ Model& M() {
 
 thread_local int tls_device = 0;
 thread_local cudaError_t tls_last = cudaSuccess;
+// The device whose primary context is current on this thread (-1: none yet), and the devices
+// whose primary context exists. As with CUDA 12 and later: cudaSetDevice makes the device's
+// context current (creating it), and a call that works on the current device does the same for
+// tls_device on a thread that has none.
+thread_local int tls_context = -1;
+std::atomic<bool> g_primary[64];
+
+void MakeCurrent(int device) {
+  tls_context = device;
+  if (device >= 0 && device < 64) g_primary[device] = true;
+}
+void Touch() {
+  if (tls_context < 0) MakeCurrent(tls_device);
+}
+
+// The two driver functions the modules and tests look up through the runtime (CUresult 0 is
+// CUDA_SUCCESS; a context is represented by its device + 1).
+int ModelCtxGetCurrent(void** ctx) {
+  *ctx = tls_context < 0 ? nullptr : reinterpret_cast<void*>(static_cast<intptr_t>(tls_context + 1));
+  return 0;
+}
+int ModelPrimaryCtxGetState(int device, unsigned int* flags, int* active) {
+  if (device < 0 || device >= 64) return 101;  // CUDA_ERROR_INVALID_DEVICE
+  *flags = 0;
+  *active = g_primary[device] ? 1 : 0;
+  return 0;
+}
 
 cudaError_t Set(cudaError_t e) {
   if (e != cudaSuccess) tls_last = e;
@@ -320,6 +350,17 @@ cudaError_t cudaGetDevice(int* device) {
 cudaError_t cudaSetDevice(int device) {
   if (!DeviceOk(device)) return Set(cudaErrorInvalidDevice);
   tls_device = device;
+  MakeCurrent(device);
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int /*version*/,
+                                             unsigned long long /*flags*/, cudaDriverEntryPointQueryResult* status) {
+  const std::string name = symbol;
+  *fn = name == "cuCtxGetCurrent"              ? reinterpret_cast<void*>(&ModelCtxGetCurrent)
+        : name == "cuDevicePrimaryCtxGetState" ? reinterpret_cast<void*>(&ModelPrimaryCtxGetState)
+                                               : nullptr;
+  if (status != nullptr) *status = *fn != nullptr ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
   return cudaSuccess;
 }
 
@@ -341,6 +382,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int dev
 }
 
 cudaError_t cudaFuncSetAttribute(const void* func, enum cudaFuncAttribute attr, int value) {
+  Touch();
   if (func == nullptr) return Set(cudaErrorInvalidValue);
   if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize && (value < 0 || value > kMaxDynamicSmem))
     return Set(cudaErrorInvalidValue);
@@ -348,6 +390,7 @@ cudaError_t cudaFuncSetAttribute(const void* func, enum cudaFuncAttribute attr, 
 }
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
+  Touch();
   *p = nullptr;
   if (!DeviceOk(tls_device)) return Set(cudaErrorInvalidDevice);
   std::lock_guard<std::mutex> lock(M().mu);
@@ -379,6 +422,7 @@ cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
 
 // Like the GPU's, waits for the device's work first (the memory may still be in use).
 cudaError_t cudaFree(void* p) {
+  Touch();
   if (p == nullptr) return cudaSuccess;
   std::vector<CUstream_st*> streams;
   {
@@ -393,6 +437,7 @@ cudaError_t cudaFree(void* p) {
 }
 
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
+  Touch();
   std::lock_guard<std::mutex> lock(M().mu);
   *total = M().device_bytes;
   *free_bytes = M().device_bytes - M().devices[static_cast<size_t>(tls_device)].allocated;
@@ -416,6 +461,7 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* attr, const v
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int /*flags*/) {
+  Touch();
   // Only non-blocking streams are modelled faithfully: a blocking one would also order itself
   // against the legacy default stream, which nothing here relies on.
   std::lock_guard<std::mutex> lock(M().mu);
@@ -431,6 +477,7 @@ cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
 }
 
 cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int flags, int /*priority*/) {
+  Touch();
   return cudaStreamCreateWithFlags(s, flags);
 }
 
@@ -472,6 +519,7 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
+  Touch();
   std::vector<CUstream_st*> streams;
   {
     std::lock_guard<std::mutex> lock(M().mu);
@@ -482,6 +530,7 @@ cudaError_t cudaDeviceSynchronize(void) {
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int /*flags*/) {
+  Touch();
   *e = new CUevent_st();
   return cudaSuccess;
 }
@@ -551,11 +600,13 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, enum cudaM
 
 // The synchronous forms: queued on the legacy default stream, then waited for.
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+  Touch();
   const cudaError_t e = cudaMemsetAsync(p, value, bytes, nullptr);
   return e != cudaSuccess ? e : cudaStreamSynchronize(nullptr);
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, enum cudaMemcpyKind kind) {
+  Touch();
   const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
   return e != cudaSuccess ? e : cudaStreamSynchronize(nullptr);
 }

@@ -123,6 +123,45 @@ TEST(CudaErrors, HeadDimAbove256IsUnsupported) {
   EXPECT_NE(std::string(stria_get_last_error()).find("1..256"), std::string::npos) << stria_get_last_error();
 }
 
+// Whether device `ordinal`'s primary context exists in this process (the driver's
+// cuDevicePrimaryCtxGetState, through the runtime); -1 where that cannot be told.
+int PrimaryContextActive(int ordinal) {
+  using GetState = int (*)(int, unsigned int*, int*);
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &fn, 12000, cudaEnableDefault, &found) !=
+          cudaSuccess ||
+      found != cudaDriverEntryPointSuccess)
+    return -1;
+  unsigned int flags = 0;
+  int active = 0;
+  return reinterpret_cast<GetState>(fn)(ordinal, &flags, &active) == 0 ? active : -1;
+}
+
+// A thread that never chose a device creates, runs and destroys contexts on device 1. Giving it
+// "its" device 0 back afterwards would create device 0's primary context, memory on a GPU this
+// process never asked for (in a multi-GPU job, on every process).
+TEST(CudaDevices, AThreadWithoutADeviceLeavesDeviceZeroAlone) {
+  STRIA_REQUIRE_GPU();
+  int n = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&n), cudaSuccess);
+  if (n < 2) GTEST_SKIP() << "needs two CUDA devices, " << n << " here";
+  const int before = PrimaryContextActive(0);
+  if (before != 0) GTEST_SKIP() << "device 0's primary context is already there (or cannot be queried)";
+  std::thread fresh([] {
+    stria_context_config_t cfg;
+    stria_context_config_init(&cfg);
+    cfg.device = DLDevice{kDLCUDA, 1};
+    stria_context_t ctx[2] = {nullptr, nullptr};
+    ASSERT_EQ(stria_context_create_local_group(&cfg, 2, ctx), STRIA_SUCCESS) << stria_get_last_error();
+    EXPECT_EQ(stria_context_abort(ctx[0]), STRIA_SUCCESS);
+    EXPECT_EQ(stria_context_destroy(ctx[0]), STRIA_SUCCESS);
+    EXPECT_EQ(stria_context_destroy(ctx[1]), STRIA_SUCCESS);
+  });
+  fresh.join();
+  EXPECT_EQ(PrimaryContextActive(0), 0) << "stria made device 0's context current on a thread that had none";
+}
+
 TEST(CudaErrors, OrdinalOutOfRange) {
   STRIA_REQUIRE_GPU();
   int n = 0;
