@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -138,6 +139,13 @@ struct Thread {
   uint64_t wgmma_seq = 0;
   std::vector<uint64_t> wgmma_open;
   std::deque<std::vector<uint64_t>> wgmma_groups;
+  // Accumulator arrays that pending operations own: what they held at the first issue (or the
+  // last completion), while the registers themselves hold kAccPoison (see Wgmma).
+  struct OwnedAccumulators {
+    std::vector<float> held;
+    int pending = 0;
+  };
+  std::map<float*, OwnedAccumulators> owned_acc;
   bool wgmma_fenced = false;
   bool proxy_dirty = false;
   bool proxy_fenced = false;  // a fence_proxy_async since the last barrier
@@ -656,6 +664,52 @@ uint16_t DescElement(Thread* t, uint64_t desc, bool k_major, int mn, int k) {
 
 // Thread `me` (of its warpgroup) of a completed operation: its accumulators, rows 16 * warp + g
 // and + 8, columns 8 i + 2 t and + 1 of every n8 chunk i (the m16n8 C layout per warp).
+// While a wgmma owns a thread's accumulators (from its issue to the wait that completes it), the
+// GPU may write them at any moment, and reading or writing them is undefined. The emulator fills
+// them with a NaN of its own at the issue and keeps their values aside: an early read sees NaN, an
+// early write is reported at the wait (ptxas would have serialised the MMAs there, or the compiler
+// moved code across the wait).
+constexpr uint32_t kAccPoison = 0x7FC0ACC0u;
+
+void PoisonAccumulators(float* d, int n) {
+  for (int i = 0; i < n; ++i) std::memcpy(&d[i], &kAccPoison, 4);
+}
+
+// At the issue of an operation on `d` (n floats).
+void OwnAccumulators(Thread* t, float* d, int n) {
+  Thread::OwnedAccumulators& o = t->owned_acc[d];
+  if (o.pending++ > 0) return;  // a chain on the same accumulators: they are owned already
+  o.held.assign(d, d + n);
+  PoisonAccumulators(d, n);
+}
+
+// Before an operation on `d` completes: the registers must still hold the poison; their values
+// come back for the product.
+void TakeBackAccumulators(Thread* t, float* d, int n) {
+  const auto it = t->owned_acc.find(d);
+  if (it == t->owned_acc.end()) return;
+  for (int i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &d[i], 4);
+    if (bits != kAccPoison)
+      Fail(t, "wgmma: accumulator " + std::to_string(i) +
+                  " of this thread was written between the operation and the wgmma_wait that completes it");
+  }
+  std::copy(it->second.held.begin(), it->second.held.end(), d);
+}
+
+// After it completed: owned again (and poisoned) while later operations on `d` are pending.
+void HandBackAccumulators(Thread* t, float* d, int n) {
+  const auto it = t->owned_acc.find(d);
+  if (it == t->owned_acc.end()) return;
+  if (--it->second.pending == 0) {
+    t->owned_acc.erase(it);
+    return;
+  }
+  it->second.held.assign(d, d + n);
+  PoisonAccumulators(d, n);
+}
+
 void CompleteWgmma(Thread* t, const WgmmaOp& op, int me) {
   const int w = me / kWarp, lane = me % kWarp, gq = lane >> 2, t4 = lane & 3;
   // The GPU reads register operands while the operation runs. Where a kernel reuses them before
@@ -687,12 +741,14 @@ void CompleteWgmma(Thread* t, const WgmmaOp& op, int me) {
   }
   const bool b_k_major = op.kind == detail::WgmmaKind::kSS;
   float* d = op.d[me];
+  TakeBackAccumulators(t, d, op.n / 2);
   for (int i = 0; i < op.n / 2; ++i) {
     const int c = i & 3, h = c >> 1, col = 8 * (i >> 2) + 2 * t4 + (c & 1);
     double acc = op.accumulate ? d[i] : 0.0;
     for (int k = 0; k < 16; ++k) acc += A[h][k] * val(DescElement(t, op.desc_b, b_k_major, col, k));
     d[i] = static_cast<float>(acc);
   }
+  HandBackAccumulators(t, d, op.n / 2);
 }
 
 // The shared-memory offset of the mbarrier `bar` that primitive `what` got: 8 bytes in the dynamic
@@ -960,6 +1016,7 @@ void Wgmma(WgmmaKind kind, bool bf16, int n, float* d, const uint32_t* a, uint64
   ++op.arrived;
   t->wgmma_open.push_back(seq);
   op.d[t->linear % kWarpGroup] = d;  // written at the wait that completes the operation
+  OwnAccumulators(t, d, n / 2);
 }
 
 void WgmmaWait(int n) {

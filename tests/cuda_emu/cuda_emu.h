@@ -211,8 +211,9 @@ void CpAsyncWait(int n);
 // Hopper warpgroup MMA (cuda/wgmma_api.cuh). Shared memory is seen at window addresses starting
 // at kSmemWindowBase, deliberately not 1024-byte aligned: kernels must align their swizzled tiles
 // themselves, as they must on the GPU. An mma_async records its operands; the products land in
-// each thread's accumulators only at the wgmma_wait that completes its group (reading them
-// earlier shows the stale values), and B (and a shared-memory A) is read from shared memory then.
+// each thread's accumulators only at the wgmma_wait that completes its group (until then they
+// hold a NaN of the emulator's: reading them shows NaN, writing them is reported at the wait),
+// and B (and a shared-memory A) is read from shared memory then.
 // Those reads must see shared memory as it stood at the last barrier that every thread reached
 // after a fence_proxy_async: anything written since, or not fenced before it, is reported. A
 // register A operand must stay unchanged until that wait too.

@@ -263,7 +263,7 @@ TEST(EmuWgmma, AccumulatorsLandAtTheWait) {
     wgmma_fence();
     wgmma_ss<BFloat, 16>(d, desc, desc, true);
     wgmma_commit();
-    EXPECT_EQ(d[0], 5.f);  // not yet: reading before the wait sees the old value
+    EXPECT_TRUE(std::isnan(d[0]));  // owned by the operation: reading before the wait sees NaN
     wgmma_wait<0>();
     EXPECT_EQ(d[0], threadIdx.x == 0 ? 6.f : 5.f);  // row 0, column 0 is thread 0's element 0
   });
@@ -335,6 +335,24 @@ TEST(EmuWgmma, ErrorsTheGpuWouldNotReport) {
   });
   EXPECT_NE(e.find("thread (3,0,0)"), std::string::npos) << e;
   EXPECT_NE(e.find("A fragment registers changed"), std::string::npos) << e;
+
+  // An accumulator written while a chain of two operations owns it, between their completions.
+  e = ErrorOf([] {
+    OneWarpgroup([](unsigned char* base, uint64_t desc) {
+      ZeroOperands(base);
+      float d[8] = {};
+      wgmma_fence();
+      wgmma_ss<BFloat, 16>(d, desc, desc, false);
+      wgmma_commit();
+      wgmma_ss<BFloat, 16>(d, desc, desc, true);
+      wgmma_commit();
+      wgmma_wait<1>();
+      if (threadIdx.x == 6) d[2] = 1.f;  // the second operation still owns it
+      wgmma_wait<0>();
+    });
+  });
+  EXPECT_NE(e.find("thread (6,0,0)"), std::string::npos) << e;
+  EXPECT_NE(e.find("accumulator 2 of this thread was written"), std::string::npos) << e;
 
   e = ErrorOf([] {
     OneWarpgroup([](unsigned char*, uint64_t desc) {
