@@ -5,7 +5,8 @@
 // misreads rather than only that some output is wrong:
 //  - a TMA box from a tensor map that EncodeRowsMap made (the driver's encoder), completing on
 //    an mbarrier, lands where SwizzledOffset says, zero-filled past the tensor;
-//  - S = Q K^T through the forward's own IssueScores (both operands K-major by descriptor);
+//  - S = Q K^T through the forward's own IssueScores (both operands K-major by descriptor), for one
+//    warpgroup and for the second of a 128-row tile;
 //  - O += P V through the forward's own IssuePV (P in registers, V in the transposed-B form);
 //  - dQ = dS K with both operands MN-major, with the backward's descriptors (wgmma_ss_tt).
 // Each product is checked element by element, in the accumulator layout the kernels assume,
@@ -147,24 +148,25 @@ STRIA_GLOBAL void TmaBoxKernel(const STRIA_GRID_CONSTANT sc::TensorMap map, int 
 #endif
 }
 
-// S (64 x kN) = Q (64 x D) K^T, as the forward issues it.
-template <int D, int kN>
+// S (kM x kN) = Q (kM x D) K^T, as the forward issues it: one warpgroup per 64 rows of the Q
+// tile (kM 128: the second warpgroup reads rows 64.. of each column block, as in the kernels).
+template <int D, int kM, int kN>
 STRIA_GLOBAL void ScoresKernel(const uint16_t* q, const uint16_t* k, float* s_out) {
 #if STRIA_HAS_WGMMA
   STRIA_DYNAMIC_SMEM(smem_raw);
   unsigned char* qs = sc::AlignToSwizzleAtom(smem_raw);
-  unsigned char* ks = qs + 64 * D * 2;
-  StoreSwizzled(qs, q, 64, D);
+  unsigned char* ks = qs + kM * D * 2;
+  StoreSwizzled(qs, q, kM, D);
   StoreSwizzled(ks, k, kN, D);
   sc::fence_proxy_async();
   sc::block_sync();
+  const int tid = static_cast<int>(threadIdx.x), group = tid >> 7;
   float s[kN / 2];
   sc::wgmma_fence();
-  sc::IssueScores<sc::BFloat, D, 64, kN>(s, sc::smem_addr(qs), sc::smem_addr(ks), 0);
+  sc::IssueScores<sc::BFloat, D, kM, kN>(s, sc::smem_addr(qs), sc::smem_addr(ks), group);
   sc::wgmma_wait<0>();
   sc::wgmma_fence_operand(s);
-  const int tid = static_cast<int>(threadIdx.x);
-  for (int i = 0; i < kN / 2; ++i) s_out[AccRow(tid, i) * kN + AccCol(tid, i)] = s[i];
+  for (int i = 0; i < kN / 2; ++i) s_out[(64 * group + AccRow(tid & 127, i)) * kN + AccCol(tid & 127, i)] = s[i];
 #endif
 }
 
@@ -267,28 +269,29 @@ TEST(HopperTma, BoxLandsInTheSwizzleAndZeroFillsPastTheEnd) {
   EXPECT_EQ(bad, 0);
 }
 
-template <int D, int kN>
+template <int D, int kM, int kN>
 void CheckScores() {
-  const std::vector<uint16_t> q = RandomBf16(64 * D, 2 + D), k = RandomBf16(kN * D, 3 + kN);
-  Dev dq(q), dk(k), out(size_t{64} * kN * 4);
-  const int smem = (64 + kN) * D * 2 + sc::kSwizzleAtomBytes;
-  void (*kernel)(const uint16_t*, const uint16_t*, float*) = ScoresKernel<D, kN>;
+  const std::vector<uint16_t> q = RandomBf16(kM * D, 2 + D), k = RandomBf16(kN * D, 3 + kN);
+  Dev dq(q), dk(k), out(size_t{kM} * kN * 4);
+  const int smem = (kM + kN) * D * 2 + sc::kSwizzleAtomBytes;
+  void (*kernel)(const uint16_t*, const uint16_t*, float*) = ScoresKernel<D, kM, kN>;
   CUDA_OK(AllowSmem(kernel, smem));
-  STRIA_LAUNCH(kernel, 1, 128, smem, kDefaultStream)(dq.as<uint16_t>(), dk.as<uint16_t>(), out.as<float>());
+  STRIA_LAUNCH(kernel, 1, 2 * kM, smem, kDefaultStream)(dq.as<uint16_t>(), dk.as<uint16_t>(), out.as<float>());
   CUDA_OK(cudaGetLastError());
   CUDA_OK(cudaDeviceSynchronize());
-  std::vector<double> want(size_t{64} * kN, 0);
-  for (int i = 0; i < 64; ++i)
+  std::vector<double> want(size_t{kM} * kN, 0);
+  for (int i = 0; i < kM; ++i)
     for (int j = 0; j < kN; ++j)
       for (int d = 0; d < D; ++d) want[i * kN + j] += FromBf16(q[i * D + d]) * FromBf16(k[j * D + d]);
   double worst;
   const std::string where = Compare(ToHost<float>(out, want.size()), want, kN, &worst);
-  EXPECT_LT(worst, 1e-4) << "D " << D << ", worst at " << where;
+  EXPECT_LT(worst, 1e-4) << "D " << D << ", kM " << kM << ", worst at " << where;
 }
 TEST(HopperWgmma, ScoresAsTheForwardIssuesThem) {
   REQUIRE_HOPPER();
-  CheckScores<64, 128>();
-  CheckScores<128, 128>();
+  CheckScores<64, 64, 128>();
+  CheckScores<128, 64, 128>();
+  CheckScores<128, 128, 128>();  // the forward's tile: two warpgroups, the second at row 64
 }
 
 template <int D, int kN>
@@ -317,6 +320,7 @@ TEST(HopperWgmma, PTimesVAsTheForwardIssuesIt) {
   REQUIRE_HOPPER();
   CheckPV<64, 128>();
   CheckPV<128, 128>();
+  CheckPV<128, 64>();  // 64 keys: the next 64 columns 8 KiB on, as dV and dK read dO and Q
 }
 
 TEST(HopperWgmma, DqFromTransposedOperandsAsTheBackwardIssuesIt) {
