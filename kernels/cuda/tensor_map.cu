@@ -25,12 +25,12 @@ PFN_cuTensorMapEncodeTiled_v12000 Encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
     void* f = nullptr;
     cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();  // not this call's failure to report
-      f = nullptr;
-    }
+    const cudaError_t e =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found);
+    // The lookup's own error is not one to report later; a symbol not found sets none, and then a
+    // CUDA error the caller left pending stays the caller's.
+    if (e != cudaSuccess) (void)cudaGetLastError();
+    if (e != cudaSuccess || found != cudaDriverEntryPointSuccess) f = nullptr;
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
   }();
   return fn;

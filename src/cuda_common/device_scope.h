@@ -22,11 +22,9 @@ inline bool ThreadHasCudaContext() {
   static const GetCurrent get_current = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();  // this lookup's own failure, not an error to report later
-      fn = nullptr;
-    }
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &found);
+    if (e != cudaSuccess) (void)cudaGetLastError();  // this lookup's own error (see tensor_map.cu)
+    if (e != cudaSuccess || found != cudaDriverEntryPointSuccess) fn = nullptr;
     return reinterpret_cast<GetCurrent>(fn);
   }();
   void* ctx = nullptr;
