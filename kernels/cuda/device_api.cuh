@@ -21,21 +21,58 @@ struct Float {};   // float32 storage (the SIMT path only)
 }  // namespace cuda
 }  // namespace stria
 
-// A kernel launch: STRIA_LAUNCH(kernel, grid, block, smem_bytes, stream)(arguments...). On the
+// A kernel launch: STRIA_LAUNCH(kernel, grid, block, smem_bytes, stream)(arguments...) returns
+// the launch's own cudaError_t. Not `<<<>>>`: that reports a failed launch only through
+// cudaGetLastError, which also returns (and clears) an error the caller left pending on its thread,
+// so a caller's stale error would fail a stria call and vanish from the caller's view. On the
 // host it goes to the emulator's stream launcher, which a model of the CUDA runtime provides
 // (tests/cuda_host), so the launchers themselves run in tests without a GPU.
 #if defined(STRIA_CUDA_EMULATE)
 #define STRIA_LAUNCH_BOUNDS(threads)
 #define STRIA_UNROLL
 #define STRIA_LAUNCH(kernel, grid, block, smem, stream) \
-  ::stria::cuda::emu::StreamLaunch((kernel), (grid), (block), (smem), (stream))
+  ::stria::cuda::emu::StreamLaunch<cudaError_t>((kernel), (grid), (block), (smem), (stream))
 #include "cuda_emu.h"  // defines everything below for the host
 #else
 #define STRIA_LAUNCH_BOUNDS(threads) __launch_bounds__(threads)
 #define STRIA_UNROLL _Pragma("unroll")
-#define STRIA_LAUNCH(kernel, grid, block, smem, stream) kernel<<<(grid), (block), (smem), (stream)>>>
+#define STRIA_LAUNCH(kernel, grid, block, smem, stream) \
+  ::stria::cuda::KernelLaunchOf((kernel), (grid), (block), (smem), (stream))
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <utility>
+
+namespace stria {
+namespace cuda {
+
+// What STRIA_LAUNCH builds: a launch through cudaLaunchKernelEx, whose status is the launch's alone
+// (on failure the runtime also records it as the thread's last error; CudaStatus clears that).
+template <typename... Params>
+struct KernelLaunch {
+  void (*kernel)(Params...);
+  dim3 grid, block;
+  size_t smem;
+  cudaStream_t stream;
+  template <typename... Args>
+  cudaError_t operator()(Args&&... args) const {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  }
+};
+template <typename... Params>
+KernelLaunch<Params...> KernelLaunchOf(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                       cudaStream_t stream) {
+  return KernelLaunch<Params...>{kernel, grid, block, smem, stream};
+}
+
+}  // namespace cuda
+}  // namespace stria
 
 #define STRIA_DEVICE __device__ __forceinline__
 #define STRIA_GLOBAL __global__

@@ -21,8 +21,7 @@ cudaError_t LaunchForwardTiles(void (*kernel)(FwdParams), const FwdParams& p, cu
   const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
   if (allowed != cudaSuccess) return allowed;
   const dim3 grid(QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(p.dims.B * p.dims.Hq));
-  STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(p);
-  return cudaGetLastError();
+  return STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(p);
 }
 
 template <typename T, int D>
@@ -51,8 +50,7 @@ cudaError_t LaunchTmaForward(const FwdParams& p, cudaStream_t s) {
   const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
   if (allowed != cudaSuccess) return allowed;
   const dim3 grid(QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(d.B * d.Hq));
-  STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(tp);
-  return cudaGetLastError();
+  return STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(tp);
 }
 
 // A backward tile kernel over the key tiles of the block (Tile: kN, kThreads, kSmemBytes), one
@@ -63,8 +61,7 @@ cudaError_t LaunchKeyTiles(void (*kernel)(BwdParams), const BwdParams& p, cudaSt
   if (allowed != cudaSuccess) return allowed;
   const dim3 grid(static_cast<unsigned>((p.dims.L + Tile::kN - 1) / Tile::kN),
                   static_cast<unsigned>(p.dims.B * p.dims.Hkv));
-  STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(p);
-  return cudaGetLastError();
+  return STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(p);
 }
 
 template <typename T, int D>
@@ -93,8 +90,7 @@ cudaError_t LaunchTmaBackward(const BwdParams& p, cudaStream_t s) {
   const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
   if (allowed != cudaSuccess) return allowed;
   const dim3 grid(static_cast<unsigned>((d.L + Tile::kN - 1) / Tile::kN), static_cast<unsigned>(d.B * d.Hkv));
-  STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(tp);
-  return cudaGetLastError();
+  return STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(tp);
 }
 
 }  // namespace cuda

@@ -56,8 +56,7 @@ cudaError_t SimtForward(const FwdParams& p, cudaStream_t s) {
   cudaError_t e = AllowSmem(SimtForwardKernel<T>, bytes);
   if (e != cudaSuccess) return e;
   const dim3 grid(QueryTileCount(p.mask, kSimtRows), static_cast<unsigned>(p.dims.B * p.dims.Hq));
-  STRIA_LAUNCH(SimtForwardKernel<T>, grid, 128, bytes, s)(p);
-  return cudaGetLastError();
+  return STRIA_LAUNCH(SimtForwardKernel<T>, grid, 128, bytes, s)(p);
 }
 
 template <typename T>
@@ -67,13 +66,11 @@ cudaError_t SimtBackward(const BwdParams& p, cudaStream_t s) {
   if (e == cudaSuccess) e = AllowSmem(SimtBackwardDkvKernel<T>, dkv_bytes);
   if (e != cudaSuccess) return e;
   const dim3 dq_grid(QueryTileCount(p.mask, kSimtRows), static_cast<unsigned>(p.dims.B * p.dims.Hq));
-  STRIA_LAUNCH(SimtBackwardDqKernel<T>, dq_grid, 128, dq_bytes, s)(p);
-  e = cudaGetLastError();
+  e = STRIA_LAUNCH(SimtBackwardDqKernel<T>, dq_grid, 128, dq_bytes, s)(p);
   if (e != cudaSuccess) return e;
   const dim3 dkv_grid(static_cast<unsigned>((p.dims.L + kSimtRows - 1) / kSimtRows),
                       static_cast<unsigned>(p.dims.B * p.dims.Hkv));
-  STRIA_LAUNCH(SimtBackwardDkvKernel<T>, dkv_grid, 128, dkv_bytes, s)(p);
-  return cudaGetLastError();
+  return STRIA_LAUNCH(SimtBackwardDkvKernel<T>, dkv_grid, 128, dkv_bytes, s)(p);
 }
 
 }  // namespace
@@ -117,23 +114,18 @@ cudaError_t LaunchBackwardBlock(Elem e, Kernels k, const BwdParams& p, cudaStrea
 cudaError_t LaunchPackRows(int elem_bytes, Dims d, int H, RowsArg src, void* dst, cudaStream_t s) {
   const int64_t n = static_cast<int64_t>(d.B) * d.L * H * d.D;
   if (n == 0) return cudaSuccess;
-  if (elem_bytes == 4)
-    STRIA_LAUNCH(PackRowsKernel<4>, ElementGrid(n), 256, 0, s)(d, H, src, dst);
-  else
-    STRIA_LAUNCH(PackRowsKernel<2>, ElementGrid(n), 256, 0, s)(d, H, src, dst);
-  return cudaGetLastError();
+  if (elem_bytes == 4) return STRIA_LAUNCH(PackRowsKernel<4>, ElementGrid(n), 256, 0, s)(d, H, src, dst);
+  return STRIA_LAUNCH(PackRowsKernel<2>, ElementGrid(n), 256, 0, s)(d, H, src, dst);
 }
 
 cudaError_t LaunchFill(float* p, int64_t n, float v, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
-  STRIA_LAUNCH(FillKernel, ElementGrid(n), 256, 0, s)(p, n, v);
-  return cudaGetLastError();
+  return STRIA_LAUNCH(FillKernel, ElementGrid(n), 256, 0, s)(p, n, v);
 }
 
 cudaError_t LaunchAccumulate(float* dst, const float* src, int64_t n, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
-  STRIA_LAUNCH(AccumulateKernel, ElementGrid(n), 256, 0, s)(dst, src, n);
-  return cudaGetLastError();
+  return STRIA_LAUNCH(AccumulateKernel, ElementGrid(n), 256, 0, s)(dst, src, n);
 }
 
 cudaError_t LaunchForwardFinish(Elem e, Dims d, const float* acc, const float* m, const float* l, RowsOut out,
@@ -143,16 +135,13 @@ cudaError_t LaunchForwardFinish(Elem e, Dims d, const float* acc, const float* m
   const dim3 g = ElementGrid(n);
   switch (e) {
     case Elem::kF32:
-      STRIA_LAUNCH(ForwardFinishKernel<Float>, g, 256, 0, s)(d, acc, m, l, out, lse, lb, lh, li);
-      break;
+      return STRIA_LAUNCH(ForwardFinishKernel<Float>, g, 256, 0, s)(d, acc, m, l, out, lse, lb, lh, li);
     case Elem::kF16:
-      STRIA_LAUNCH(ForwardFinishKernel<Half>, g, 256, 0, s)(d, acc, m, l, out, lse, lb, lh, li);
-      break;
+      return STRIA_LAUNCH(ForwardFinishKernel<Half>, g, 256, 0, s)(d, acc, m, l, out, lse, lb, lh, li);
     case Elem::kBF16:
-      STRIA_LAUNCH(ForwardFinishKernel<BFloat>, g, 256, 0, s)(d, acc, m, l, out, lse, lb, lh, li);
-      break;
+      return STRIA_LAUNCH(ForwardFinishKernel<BFloat>, g, 256, 0, s)(d, acc, m, l, out, lse, lb, lh, li);
   }
-  return cudaGetLastError();
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t LaunchBackwardPrep(Elem e, Dims d, RowsArg out, RowsArg dout, const float* lse, int64_t lb, int64_t lh,
@@ -162,16 +151,13 @@ cudaError_t LaunchBackwardPrep(Elem e, Dims d, RowsArg out, RowsArg dout, const 
   const dim3 g(static_cast<unsigned>(std::min<int64_t>((rows + 7) / 8, 8192)));
   switch (e) {
     case Elem::kF32:
-      STRIA_LAUNCH(BackwardPrepKernel<Float>, g, 256, 0, s)(d, out, dout, lse, lb, lh, li, lse2, delta);
-      break;
+      return STRIA_LAUNCH(BackwardPrepKernel<Float>, g, 256, 0, s)(d, out, dout, lse, lb, lh, li, lse2, delta);
     case Elem::kF16:
-      STRIA_LAUNCH(BackwardPrepKernel<Half>, g, 256, 0, s)(d, out, dout, lse, lb, lh, li, lse2, delta);
-      break;
+      return STRIA_LAUNCH(BackwardPrepKernel<Half>, g, 256, 0, s)(d, out, dout, lse, lb, lh, li, lse2, delta);
     case Elem::kBF16:
-      STRIA_LAUNCH(BackwardPrepKernel<BFloat>, g, 256, 0, s)(d, out, dout, lse, lb, lh, li, lse2, delta);
-      break;
+      return STRIA_LAUNCH(BackwardPrepKernel<BFloat>, g, 256, 0, s)(d, out, dout, lse, lb, lh, li, lse2, delta);
   }
-  return cudaGetLastError();
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t LaunchDqFinish(Elem e, Dims d, const float* dq_acc, float scale, RowsOut dq, cudaStream_t s) {
@@ -180,16 +166,13 @@ cudaError_t LaunchDqFinish(Elem e, Dims d, const float* dq_acc, float scale, Row
   const dim3 g = ElementGrid(n);
   switch (e) {
     case Elem::kF32:
-      STRIA_LAUNCH(DqFinishKernel<Float>, g, 256, 0, s)(d, dq_acc, scale, dq);
-      break;
+      return STRIA_LAUNCH(DqFinishKernel<Float>, g, 256, 0, s)(d, dq_acc, scale, dq);
     case Elem::kF16:
-      STRIA_LAUNCH(DqFinishKernel<Half>, g, 256, 0, s)(d, dq_acc, scale, dq);
-      break;
+      return STRIA_LAUNCH(DqFinishKernel<Half>, g, 256, 0, s)(d, dq_acc, scale, dq);
     case Elem::kBF16:
-      STRIA_LAUNCH(DqFinishKernel<BFloat>, g, 256, 0, s)(d, dq_acc, scale, dq);
-      break;
+      return STRIA_LAUNCH(DqFinishKernel<BFloat>, g, 256, 0, s)(d, dq_acc, scale, dq);
   }
-  return cudaGetLastError();
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t LaunchKvGradFinish(Elem e, Dims d, const float* src, RowsOut dst, cudaStream_t s) {
@@ -198,24 +181,20 @@ cudaError_t LaunchKvGradFinish(Elem e, Dims d, const float* src, RowsOut dst, cu
   const dim3 g = ElementGrid(n);
   switch (e) {
     case Elem::kF32:
-      STRIA_LAUNCH(KvGradFinishKernel<Float>, g, 256, 0, s)(d, src, dst);
-      break;
+      return STRIA_LAUNCH(KvGradFinishKernel<Float>, g, 256, 0, s)(d, src, dst);
     case Elem::kF16:
-      STRIA_LAUNCH(KvGradFinishKernel<Half>, g, 256, 0, s)(d, src, dst);
-      break;
+      return STRIA_LAUNCH(KvGradFinishKernel<Half>, g, 256, 0, s)(d, src, dst);
     case Elem::kBF16:
-      STRIA_LAUNCH(KvGradFinishKernel<BFloat>, g, 256, 0, s)(d, src, dst);
-      break;
+      return STRIA_LAUNCH(KvGradFinishKernel<BFloat>, g, 256, 0, s)(d, src, dst);
   }
-  return cudaGetLastError();
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t LaunchShard(const ShardArgs& a, cudaStream_t s) {
   int64_t n = 1;
   for (int k = 0; k < a.ndim; ++k) n *= a.shape[k];
   if (n == 0) return cudaSuccess;
-  STRIA_LAUNCH(ShardKernel, ElementGrid(n), 256, 0, s)(a);
-  return cudaGetLastError();
+  return STRIA_LAUNCH(ShardKernel, ElementGrid(n), 256, 0, s)(a);
 }
 
 }  // namespace cuda

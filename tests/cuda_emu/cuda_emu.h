@@ -88,10 +88,12 @@ void SetSchedule(Schedule schedule, uint64_t seed = 0);
 void ResetSchedule();
 
 // Launches on a stream, for launchers compiled on the host (STRIA_LAUNCH in device_api.cuh).
-// LaunchOnStream queues `body` (one CUDA thread's call of the kernel) as a launch on `stream`
-// and returns at once, as the GPU does; a model of the CUDA runtime defines it (tests/cuda_host:
-// only what links that model may launch this way).
-void LaunchOnStream(void* stream, Dim3 grid, Dim3 block, size_t smem_bytes, std::function<void()> body);
+// LaunchOnStream checks the launch as the runtime does, then queues `body` (one CUDA thread's call
+// of the kernel) as a launch on `stream` and returns at once, as the GPU does; it returns the
+// launch's cudaError_t as an int (this header does without the CUDA headers). A model of the CUDA
+// runtime defines it (tests/cuda_host: only what links that model may launch this way).
+int LaunchOnStream(const void* kernel, void* stream, Dim3 grid, Dim3 block, size_t smem_bytes,
+                   std::function<void()> body);
 
 template <typename D>
 Dim3 ToDim3(const D& d) {
@@ -103,23 +105,24 @@ Dim3 ToDim3(const D& d) {
 }
 
 // STRIA_LAUNCH(kernel, grid, block, smem, stream)(args...): the arguments are copied, as kernel
-// parameters are.
-template <typename... Params>
+// parameters are; the call returns the launch's status as a Result (cudaError_t).
+template <typename Result, typename... Params>
 struct StreamLauncher {
   void (*kernel)(Params...);
   Dim3 grid, block;
   size_t smem;
   void* stream;
   template <typename... Args>
-  void operator()(Args... args) const {
+  Result operator()(Args... args) const {
     auto k = kernel;
-    LaunchOnStream(stream, grid, block, smem, [k, args...] { k(args...); });
+    return static_cast<Result>(
+        LaunchOnStream(reinterpret_cast<const void*>(k), stream, grid, block, smem, [k, args...] { k(args...); }));
   }
 };
-template <typename... Params, typename G, typename B, typename S>
-StreamLauncher<Params...> StreamLaunch(void (*kernel)(Params...), const G& grid, const B& block, size_t smem,
-                                       S* stream) {
-  return StreamLauncher<Params...>{kernel, ToDim3(grid), ToDim3(block), smem, static_cast<void*>(stream)};
+template <typename Result, typename... Params, typename G, typename B, typename S>
+StreamLauncher<Result, Params...> StreamLaunch(void (*kernel)(Params...), const G& grid, const B& block, size_t smem,
+                                               S* stream) {
+  return StreamLauncher<Result, Params...>{kernel, ToDim3(grid), ToDim3(block), smem, static_cast<void*>(stream)};
 }
 
 // 16-bit float conversions, round to nearest even; NaN in, NaN out (0x7fff, as the GPU's cvt).

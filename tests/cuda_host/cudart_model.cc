@@ -72,6 +72,7 @@ struct Device {
   std::vector<CUstream_st*> streams;  // every stream of the device, the null one included
   size_t allocated = 0;
   cudaError_t sticky = cudaSuccess;
+  std::map<const void*, int> smem_limit;  // per kernel: cudaFuncAttributeMaxDynamicSharedMemorySize
 };
 
 struct Model {
@@ -258,9 +259,28 @@ namespace stria {
 namespace cuda {
 namespace emu {
 
-void LaunchOnStream(void* stream, Dim3 grid, Dim3 block, size_t smem_bytes, std::function<void()> body) {
+int LaunchOnStream(const void* kernel, void* stream, Dim3 grid, Dim3 block, size_t smem_bytes,
+                   std::function<void()> body) {
+  Touch();
+  if (!DeviceOk(tls_device)) return Set(cudaErrorInvalidDevice);
   CUstream_st* s = Resolve(static_cast<cudaStream_t>(stream));
   const int device = s->device;
+  // What the runtime refuses at the launch, with its codes: a fault before, a stream of another
+  // device, a shape outside the hardware's limits, more dynamic shared memory than the kernel's
+  // attribute allows on this device (48 KB unless raised; the attribute is per device).
+  if (const cudaError_t sticky = Sticky(tls_device)) return Set(sticky);
+  if (device != tls_device) return Set(cudaErrorInvalidResourceHandle);
+  const uint64_t threads = uint64_t{block.x} * block.y * block.z;
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535 ||
+      threads == 0 || threads > 1024 || block.z > 64)
+    return Set(cudaErrorInvalidConfiguration);
+  {
+    std::lock_guard<std::mutex> lock(M().mu);
+    const auto& limits = M().devices[static_cast<size_t>(device)].smem_limit;
+    const auto it = limits.find(kernel);
+    if (smem_bytes > static_cast<size_t>(it == limits.end() ? 48 * 1024 : it->second))
+      return Set(cudaErrorInvalidValue);
+  }
   Enqueue(s, [=] {
     if (Sticky(device) != cudaSuccess) return;  // a faulted device runs nothing more
     try {
@@ -269,6 +289,7 @@ void LaunchOnStream(void* stream, Dim3 grid, Dim3 block, size_t smem_bytes, std:
       Fault(device, e.what());
     }
   });
+  return cudaSuccess;
 }
 
 }  // namespace emu
@@ -301,6 +322,8 @@ const char* cudaGetErrorName(cudaError_t e) {
       return "cudaErrorInvalidResourceHandle";
     case cudaErrorNotReady:
       return "cudaErrorNotReady";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
     default:
       return "cudaErrorUnknown";
   }
@@ -322,6 +345,8 @@ const char* cudaGetErrorString(cudaError_t e) {
       return "unspecified launch failure (the emulator's message is on stderr)";
     case cudaErrorNotReady:
       return "device not ready";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
     default:
       return "unknown error";
   }
@@ -384,8 +409,11 @@ cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int dev
 cudaError_t cudaFuncSetAttribute(const void* func, enum cudaFuncAttribute attr, int value) {
   Touch();
   if (func == nullptr) return Set(cudaErrorInvalidValue);
-  if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize && (value < 0 || value > kMaxDynamicSmem))
-    return Set(cudaErrorInvalidValue);
+  if (!DeviceOk(tls_device)) return Set(cudaErrorInvalidDevice);
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return Set(cudaErrorInvalidValue);  // not modelled
+  if (value < 0 || value > kMaxDynamicSmem) return Set(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(M().mu);
+  M().devices[static_cast<size_t>(tls_device)].smem_limit[func] = value;
   return cudaSuccess;
 }
 

@@ -123,6 +123,26 @@ TEST(CudaErrors, HeadDimAbove256IsUnsupported) {
   EXPECT_NE(std::string(stria_get_last_error()).find("1..256"), std::string::npos) << stria_get_last_error();
 }
 
+// An error the caller left pending on its thread (a failed cudaSetDevice: not sticky) is the
+// caller's: stria's launches must neither fail on it nor consume it. With launches checked by
+// cudaGetLastError, every call below failed with "invalid device ordinal" and cleared it.
+TEST(CudaErrors, ACallersPendingErrorIsNeitherReportedNorCleared) {
+  STRIA_REQUIRE_GPU();
+  CudaGroup group(1);
+  ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
+  stria_attention_params_t p;
+  stria_attention_params_init(&p);
+  for (const Dt dt : {Dt::kBF16, Dt::kF32}) {  // the tensor-core kernels, and the SIMT ones
+    SCOPED_TRACE(dt == Dt::kBF16 ? "bf16" : "f32");
+    RankTensors t(64, 64, dt, 21);
+    ASSERT_EQ(cudaSetDevice(-1), cudaErrorInvalidDevice);
+    EXPECT_EQ(t.Forward(group.ctx[0], &p), STRIA_SUCCESS) << stria_get_last_error();
+    EXPECT_EQ(t.Backward(group.ctx[0], &p), STRIA_SUCCESS) << stria_get_last_error();
+    EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidDevice) << "stria consumed the caller's pending error";
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+}
+
 // Whether device `ordinal`'s primary context exists in this process (the driver's
 // cuDevicePrimaryCtxGetState, through the runtime); -1 where that cannot be told.
 int PrimaryContextActive(int ordinal) {

@@ -254,8 +254,7 @@ TEST(HopperTma, BoxLandsInTheSwizzleAndZeroFillsPastTheEnd) {
       << "the driver refused the tensor map";
   Dev out(size_t{2} * kBoxRows * 64 * 2);
   const int smem = 2 * kBoxRows * sc::kSwizzleBytes + 8 + sc::kSwizzleAtomBytes;
-  STRIA_LAUNCH(TmaBoxKernel, 1, 128, smem, kDefaultStream)(map, h, row0, b, out.as<uint16_t>());
-  CUDA_OK(cudaGetLastError());
+  CUDA_OK(STRIA_LAUNCH(TmaBoxKernel, 1, 128, smem, kDefaultStream)(map, h, row0, b, out.as<uint16_t>()));
   CUDA_OK(cudaDeviceSynchronize());
   const std::vector<uint16_t> got = ToHost<uint16_t>(out, size_t{2} * kBoxRows * 64);
   int bad = 0;
@@ -276,8 +275,7 @@ void CheckScores() {
   const int smem = (kM + kN) * D * 2 + sc::kSwizzleAtomBytes;
   void (*kernel)(const uint16_t*, const uint16_t*, float*) = ScoresKernel<D, kM, kN>;
   CUDA_OK(AllowSmem(kernel, smem));
-  STRIA_LAUNCH(kernel, 1, 2 * kM, smem, kDefaultStream)(dq.as<uint16_t>(), dk.as<uint16_t>(), out.as<float>());
-  CUDA_OK(cudaGetLastError());
+  CUDA_OK(STRIA_LAUNCH(kernel, 1, 2 * kM, smem, kDefaultStream)(dq.as<uint16_t>(), dk.as<uint16_t>(), out.as<float>()));
   CUDA_OK(cudaDeviceSynchronize());
   std::vector<double> want(size_t{kM} * kN, 0);
   for (int i = 0; i < kM; ++i)
@@ -305,8 +303,7 @@ void CheckPV() {
   const int smem = kN * D * 2 + sc::kSwizzleAtomBytes;
   void (*kernel)(const float*, const uint16_t*, float*) = PVKernel<D, kN>;
   CUDA_OK(AllowSmem(kernel, smem));
-  STRIA_LAUNCH(kernel, 1, 128, smem, kDefaultStream)(dp.as<float>(), dv.as<uint16_t>(), out.as<float>());
-  CUDA_OK(cudaGetLastError());
+  CUDA_OK(STRIA_LAUNCH(kernel, 1, 128, smem, kDefaultStream)(dp.as<float>(), dv.as<uint16_t>(), out.as<float>()));
   CUDA_OK(cudaDeviceSynchronize());
   std::vector<double> want(size_t{64} * D, 0);  // P as the kernel packs it: rounded to bf16
   for (int i = 0; i < 64; ++i)
@@ -332,9 +329,8 @@ TEST(HopperWgmma, DqFromTransposedOperandsAsTheBackwardIssuesIt) {
   CUDA_OK(AllowSmem(DqKernel, smem));
   for (int qb = 0; qb < 2; ++qb)
     for (int cb = 0; cb < 2; ++cb) {
-      STRIA_LAUNCH(DqKernel, 1, 128, smem, kDefaultStream)
-      (dds.as<uint16_t>(), dk.as<uint16_t>(), qb, cb, out.as<float>());
-      CUDA_OK(cudaGetLastError());
+      CUDA_OK(STRIA_LAUNCH(DqKernel, 1, 128, smem, kDefaultStream)(dds.as<uint16_t>(), dk.as<uint16_t>(), qb, cb,
+                                                                   out.as<float>()));
       CUDA_OK(cudaDeviceSynchronize());
       std::vector<double> want(size_t{64} * 64, 0);
       for (int i = 0; i < 64; ++i)
