@@ -39,6 +39,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -95,6 +96,9 @@ std::map<std::string, Clique*>& g_cliques = *new std::map<std::string, Clique*>(
 std::atomic<int> g_mismatches{0};
 std::atomic<int> g_abort_stalls{0};
 std::atomic<int> g_finalize_calls{0};
+// The ids whose root would still be running in NCCL: made, and not yet checked in by every rank
+// of a communicator (NCCL's root thread waits for them with no timeout). Under g_mu.
+std::set<std::string> g_open_roots;
 char g_last_nccl[256];  // what ncclGetLastError returns (written rarely, under g_mu)
 
 struct GatherRound {
@@ -307,6 +311,11 @@ int ModelAbortStalls() {
 int ModelFinalizeCalls() {
   return g_finalize_calls.load();
 }
+// How many NCCL ids still have a root thread waiting for ranks that never came.
+int ModelOpenRoots() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return static_cast<int>(g_open_roots.size());
+}
 
 extern "C" {
 
@@ -335,6 +344,7 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
   static std::mt19937_64 rng(std::random_device{}());
   std::lock_guard<std::mutex> lock(g_mu);
   for (char& c : id->internal) c = static_cast<char>(rng());
+  g_open_roots.insert(std::string(id->internal, sizeof id->internal));
   return ncclSuccess;
 }
 ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int n, ncclUniqueId id, int rank, ncclConfig_t* cfg) {
@@ -352,7 +362,10 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int n, ncclUniqueId id, int
   comm->state = ncclInProgress;
   c->members[static_cast<size_t>(rank)] = comm;
   *out = comm;
-  if (++c->joined == n) Complete(c);
+  if (++c->joined == n) {
+    g_open_roots.erase(key);
+    Complete(c);
+  }
   if (!comm->blocking) return comm->state.load() == ncclInProgress ? ncclInProgress : ncclSuccess;
   g_cv.wait(lock, [&] { return comm->state.load() != ncclInProgress || comm->aborted; });
   return static_cast<ncclResult_t>(comm->state.load());

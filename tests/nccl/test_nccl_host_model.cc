@@ -24,6 +24,7 @@ extern "C" const stria::TransportModule stria_nccl_module_v2;
 int ModelSizeMismatches();
 int ModelAbortStalls();
 int ModelFinalizeCalls();
+int ModelOpenRoots();
 
 namespace stria {
 namespace {
@@ -560,18 +561,43 @@ TEST(NcclHostModel, AnotherTransportInTheRendezvousIsNamed) {
   ASSERT_TRUE(stria_nccl_module_v2.get_unique_id(&raw).ok());
   RendezvousId id;
   ASSERT_TRUE(DecodeId(raw, &id).ok());
+  Status joined;
   std::thread ucx_rank([&] {
     std::vector<Bytes> table;
-    (void)JoinRendezvous(id, 1, 2, Bytes{'u', 'c', 'x'}, 20, nullptr, &table);
+    joined = JoinRendezvous(id, 1, 2, Bytes{'u', 'c', 'x'}, 20, nullptr, &table);
   });
   cudaSetDevice(0);
   stria_context_config_t cfg = Config(0, 2, 5);
   cfg.unique_id = raw;
   Transport* t = nullptr;
+  const int roots = ModelOpenRoots();
   Status s = stria_nccl_module_v2.create(cfg, nullptr, 5, &t);
   ucx_rank.join();
   EXPECT_EQ(s.code(), STRIA_ERROR_TRANSPORT) << s.message();
-  EXPECT_NE(s.message().find("rank 1 joined this rendezvous with another transport"), std::string::npos) << s.message();
+  const std::string why = "rank 1 joined this rendezvous with another transport";
+  EXPECT_NE(s.message().find(why), std::string::npos) << s.message();
+  // Rank 0 refuses the ring before it hands out a table, so the other rank hears why, and no
+  // NCCL id (a root thread that would wait for that rank for ever) was made.
+  EXPECT_NE(joined.message().find(why), std::string::npos) << joined.message();
+  EXPECT_EQ(ModelOpenRoots(), roots);
+}
+
+// NCCL's ids each start a root thread (in rank 0's process) that waits without a timeout for
+// every rank of the communicator. Rank 0 makes them once the rendezvous is complete: before,
+// every create that timed out waiting for a rank left two such threads behind.
+TEST(NcclHostModel, ARingThatNeverFormsLeavesNoNcclRootBehind) {
+  unsetenv("STRIA_ROOT");
+  stria_unique_id_t raw;
+  ASSERT_TRUE(stria_nccl_module_v2.get_unique_id(&raw).ok());
+  cudaSetDevice(0);
+  stria_context_config_t cfg = Config(0, 2, 0.5);
+  cfg.unique_id = raw;
+  Transport* t = nullptr;
+  const int roots = ModelOpenRoots();
+  const Status s = stria_nccl_module_v2.create(cfg, nullptr, 0.5, &t);  // rank 1 never comes
+  EXPECT_EQ(s.code(), STRIA_ERROR_TIMEOUT) << s.message();
+  EXPECT_EQ(t, nullptr);
+  EXPECT_EQ(ModelOpenRoots(), roots) << "rank 0 made NCCL ids for a ring that never formed";
 }
 
 TEST(NcclHostModel, TwoRanksOnOneGpuAreRefused) {

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <future>
@@ -288,6 +289,59 @@ TEST_F(LiveRendezvous, MissingRankTimesOutWithItsNumber) {
   // The joined rank hears rank 0's reason rather than timing out on its own.
   EXPECT_EQ(s1.code(), STRIA_ERROR_TRANSPORT) << s1.message();
   EXPECT_NE(s1.message().find("rank(s) 2 "), std::string::npos) << s1.message();
+}
+
+// Rank 0's last look: it runs once everyone has joined (never on a failed rendezvous), sees every
+// blob, completes rank 0's own before the table goes out, and its refusal reaches every rank.
+TEST_F(LiveRendezvous, RankZeroCompletesItsEntryOnlyOnceEveryRankJoined) {
+  std::atomic<int> calls{0};  // the server's thread runs it
+  auto complete = [&](std::vector<Bytes>* table) {
+    ++calls;
+    EXPECT_EQ(table->size(), 3u);
+    if ((*table)[2] == Bytes{'b', 'a', 'd'}) return Error(STRIA_ERROR_UNSUPPORTED, "rank 2 brought a bad entry");
+    (*table)[0].push_back('z');
+    return Status::Ok();
+  };
+  for (const bool bad : {false, true}) {
+    SCOPED_TRACE(bad ? "refused" : "completed");
+    if (bad) {
+      unsetenv("STRIA_ROOT");
+      ASSERT_TRUE(OpenRendezvous(&id_).ok());
+      id_.host = "127.0.0.1";
+    }
+    calls = 0;
+    auto server = std::async(std::launch::async, [&] {
+      std::vector<Bytes> table;
+      Status s = ServeRendezvous(id_, 3, Bytes{'r', '0'}, complete, 20, nullptr, &table);
+      return std::make_pair(s, table);
+    });
+    std::vector<Bytes> t1, t2;
+    Status s1, s2;
+    std::thread r1([&] { s1 = Join(id_, 1, 3, &t1); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_EQ(calls, 0) << "ran before rank 2 joined";
+    s2 = JoinRendezvous(id_, 2, 3, bad ? Bytes{'b', 'a', 'd'} : Bytes{'r', '2'}, 10, nullptr, &t2);
+    r1.join();
+    auto [s, table] = server.get();
+    EXPECT_EQ(calls, 1);
+    if (!bad) {
+      ASSERT_TRUE(s.ok()) << s.message();
+      EXPECT_EQ(table[0], (Bytes{'r', '0', 'z'}));
+      EXPECT_EQ(t1, table);
+      EXPECT_EQ(t2, table);
+      continue;
+    }
+    EXPECT_EQ(s.code(), STRIA_ERROR_UNSUPPORTED) << s.message();
+    for (const Status* other : {&s1, &s2})
+      EXPECT_NE(other->message().find("rank 2 brought a bad entry"), std::string::npos) << other->message();
+  }
+  // A rendezvous that fails never gets there.
+  unsetenv("STRIA_ROOT");
+  ASSERT_TRUE(OpenRendezvous(&id_).ok());
+  calls = 0;
+  std::vector<Bytes> table;
+  EXPECT_EQ(ServeRendezvous(id_, 2, Bytes{'r', '0'}, complete, 0.3, nullptr, &table).code(), STRIA_ERROR_TIMEOUT);
+  EXPECT_EQ(calls, 0);
 }
 
 TEST(Rendezvous, NoRankZero) {

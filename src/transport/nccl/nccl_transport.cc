@@ -4,7 +4,8 @@
 //
 // Joining. Every context forms communicators of its own from NCCL ids that rank 0 makes
 // (ncclGetUniqueId) and hands to every rank: through the rendezvous of src/transport/rendezvous,
-// as rank 0's entry of the ring table (so the one 128-byte stria id serves UCX and NCCL alike),
+// in rank 0's entry of the ring table, made once every rank has joined (so the one 128-byte stria
+// id serves UCX and NCCL alike),
 // or, when the caller passes a communicator of its own (nccl_comm), by one broadcast over
 // that communicator. stria never splits the caller's communicator: a split may share its parent's
 // resources and abort flag (splitShare), and aborting stria's communicator on a timeout must never
@@ -757,6 +758,23 @@ class NcclTransport final : public Transport {
   int64_t next_group_ = 1;
 };
 
+// Every rank's rendezvous entry must come from this transport and the same NCCL version as `mine`.
+Status CheckNcclEntries(const std::vector<Bytes>& table, int my_rank, int mine) {
+  for (size_t q = 0; q < table.size(); ++q) {
+    const Bytes& b = table[q];
+    if (b.size() < kBlobHeader || std::memcmp(b.data(), kBlobMagic, 4) != 0)
+      return Error(STRIA_ERROR_TRANSPORT,
+                   "rank %zu joined this rendezvous with another transport: every rank of a ring must use "
+                   "STRIA_TRANSPORT_NCCL",
+                   q);
+    const int theirs = static_cast<int>((uint32_t{b[4]} << 24) | (uint32_t{b[5]} << 16) | (uint32_t{b[6]} << 8) | b[7]);
+    if (theirs != mine)
+      return Error(STRIA_ERROR_UNSUPPORTED, "rank %zu runs NCCL %s and rank %d NCCL %s: every rank needs the same NCCL",
+                   q, VersionText(theirs).c_str(), my_rank, VersionText(mine).c_str());
+  }
+  return Status::Ok();
+}
+
 // Forms the ring table of the rendezvous; every rank gets rank 0's NCCL ids out of it. A world of
 // one needs no rendezvous (nor a stria id).
 Status ExchangeNcclIds(const stria_context_config_t& config, double timeout_s, NcclIds* ids) {
@@ -779,29 +797,27 @@ Status ExchangeNcclIds(const stria_context_config_t& config, double timeout_s, N
   Bytes blob(kBlobMagic, kBlobMagic + 4);
   for (int shift = 24; shift >= 0; shift -= 8)
     blob.push_back(static_cast<uint8_t>(static_cast<uint32_t>(version) >> shift));
-  if (config.rank == 0) {
-    NcclIds mine;
-    for (ncclUniqueId& id : mine.lane)
-      if ((r = ncclGetUniqueId(&id)) != ncclSuccess) return NcclError("ncclGetUniqueId", r, nullptr);
-    const auto* bytes = reinterpret_cast<const uint8_t*>(&mine);
-    blob.insert(blob.end(), bytes, bytes + sizeof mine);
-  }
   std::vector<Bytes> table;
-  if (config.rank == 0)
-    STRIA_RETURN_IF_ERROR(ServeRendezvous(id, config.world_size, blob, timeout_s, nullptr, &table));
-  else
+  if (config.rank == 0) {
+    // Each NCCL id starts a root thread in this process that waits, with no timeout, until every
+    // rank of its communicator has checked in. So rank 0 makes them only once every rank has
+    // joined with a usable entry: a ring that never forms, or one with a rank on another
+    // transport or NCCL version, leaves no such thread behind (and every rank hears why).
+    auto check_and_add_ids = [&](std::vector<Bytes>* joined) {
+      STRIA_RETURN_IF_ERROR(CheckNcclEntries(*joined, 0, version));
+      NcclIds mine;
+      for (ncclUniqueId& nid : mine.lane) {
+        const ncclResult_t made = ncclGetUniqueId(&nid);
+        if (made != ncclSuccess) return NcclError("rank 0: ncclGetUniqueId", made, nullptr);
+      }
+      const auto* bytes = reinterpret_cast<const uint8_t*>(&mine);
+      (*joined)[0].insert((*joined)[0].end(), bytes, bytes + sizeof mine);
+      return Status::Ok();
+    };
+    STRIA_RETURN_IF_ERROR(ServeRendezvous(id, config.world_size, blob, check_and_add_ids, timeout_s, nullptr, &table));
+  } else {
     STRIA_RETURN_IF_ERROR(JoinRendezvous(id, config.rank, config.world_size, blob, timeout_s, nullptr, &table));
-  for (int q = 0; q < config.world_size; ++q) {
-    const Bytes& b = table[static_cast<size_t>(q)];
-    if (b.size() < kBlobHeader || std::memcmp(b.data(), kBlobMagic, 4) != 0)
-      return Error(STRIA_ERROR_TRANSPORT,
-                   "rank %d joined this rendezvous with another transport: every rank of a ring must use "
-                   "STRIA_TRANSPORT_NCCL",
-                   q);
-    const int theirs = static_cast<int>((uint32_t{b[4]} << 24) | (uint32_t{b[5]} << 16) | (uint32_t{b[6]} << 8) | b[7]);
-    if (theirs != version)
-      return Error(STRIA_ERROR_UNSUPPORTED, "rank %d runs NCCL %s and rank %d NCCL %s: every rank needs the same NCCL",
-                   q, VersionText(theirs).c_str(), config.rank, VersionText(version).c_str());
+    STRIA_RETURN_IF_ERROR(CheckNcclEntries(table, config.rank, version));
   }
   const Bytes& root = table[0];
   if (root.size() != kBlobHeader + sizeof *ids)

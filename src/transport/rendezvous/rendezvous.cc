@@ -123,10 +123,11 @@ class Server {
   Server(const RendezvousId& id, int world, double timeout_s, const std::atomic<bool>* abort)
       : id_(id), world_(world), timeout_s_(timeout_s), abort_(abort), deadline_(DeadlineAfter(timeout_s)) {}
 
-  Status Run(int listener, const Bytes& own, std::vector<Bytes>* table) {
+  Status Run(int listener, Bytes own, const std::function<Status(std::vector<Bytes>*)>& complete,
+             std::vector<Bytes>* table) {
     blobs_.assign(static_cast<size_t>(world_), Bytes());
     holder_.assign(static_cast<size_t>(world_), nullptr);
-    blobs_[0] = own;
+    blobs_[0] = std::move(own);
     int joined = 1;
     while (joined < world_) {
       if (abort_ != nullptr && abort_->load())
@@ -155,6 +156,10 @@ class Server {
       }
       joined = 1;
       for (int q = 1; q < world_; ++q) joined += holder_[static_cast<size_t>(q)] != nullptr;
+    }
+    if (complete) {
+      const Status s = complete(&blobs_);
+      if (!s.ok()) return FailAll(s);
     }
     for (int q = 1; q < world_; ++q) {
       Conn& c = *holder_[static_cast<size_t>(q)];
@@ -359,16 +364,22 @@ void ReleaseUnusedRendezvous(const stria_unique_id_t& given) {
 
 Status ServeRendezvous(const RendezvousId& id, int world_size, const Bytes& own, double timeout_s,
                        const std::atomic<bool>* abort, std::vector<Bytes>* table) {
+  return ServeRendezvous(id, world_size, own, nullptr, timeout_s, abort, table);
+}
+
+Status ServeRendezvous(const RendezvousId& id, int world_size, Bytes own,
+                       const std::function<Status(std::vector<Bytes>* table)>& complete, double timeout_s,
+                       const std::atomic<bool>* abort, std::vector<Bytes>* table) {
   if (world_size == 1) {
     ReleaseListener(id);
-    *table = {own};
-    return Status::Ok();
+    *table = {std::move(own)};
+    return complete ? complete(table) : Status::Ok();
   }
   Fd listener;
   bool shared = false;
   STRIA_RETURN_IF_ERROR(TakeListener(id, &listener, &shared));
   Server server(id, world_size, timeout_s, abort);
-  Status s = server.Run(listener.get(), own, table);
+  Status s = server.Run(listener.get(), std::move(own), complete, table);
   // The id is used up. A listener shared with another module would stay open (and queue
   // connections nobody answers) until that module's table goes: stop it for both.
   if (shared) shutdown(listener.get(), SHUT_RDWR);

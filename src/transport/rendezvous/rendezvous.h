@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <vector>
 
 #include "transport/rendezvous/net.h"
@@ -24,6 +25,15 @@ Status ResolveId(const stria_unique_id_t& given, int world_size, RendezvousId* o
 // Rank 0: serves the rendezvous until all world_size - 1 other ranks joined; table[r] is rank
 // r's blob (table[0] = own).
 Status ServeRendezvous(const RendezvousId& id, int world_size, const Bytes& own, double timeout_s,
+                       const std::atomic<bool>* abort, std::vector<Bytes>* table);
+
+// The same, with a last look before the table goes out: once every rank has joined (never when
+// the rendezvous fails), `complete(table)` may check the others' blobs and complete rank 0's own
+// ((*table)[0]); a failure it returns goes to every rank. For what rank 0 should make only when
+// the whole ring is known to be there and able (NCCL's ids: each starts a thread that waits,
+// without a timeout, for every rank of its communicator).
+Status ServeRendezvous(const RendezvousId& id, int world_size, Bytes own,
+                       const std::function<Status(std::vector<Bytes>* table)>& complete, double timeout_s,
                        const std::atomic<bool>* abort, std::vector<Bytes>* table);
 
 // A world of one needs no rendezvous, but its id is used up all the same: closes the listener
