@@ -20,7 +20,9 @@
 //   NCCL kernel on its device: at once outside a group, at the group's end inside one (where NCCL
 //   frees). A kernel that never ends there (another communicator's, nobody aborted it) would hang
 //   the GPU; the model gives up after 20 s and counts a stall (ModelAbortStalls);
-// - ncclCommFinalize reports ncclInProgress until the communicator's kernels have ended.
+// - ncclCommFinalize reports ncclInProgress until the communicator's kernels have ended;
+// - two threads issuing to communicators of one device at once (NCCL: unsafe) are counted, see
+//   ModelConcurrentIssues; so are NCCL ids whose root still waits for ranks (ModelOpenRoots).
 // Objects are never freed (they stay reachable, for the leak checker): a late access is harmless
 // here (the real libraries are the judge of lifetimes on a GPU).
 #include <cuda_runtime_api.h>
@@ -99,6 +101,17 @@ std::atomic<int> g_finalize_calls{0};
 // The ids whose root would still be running in NCCL: made, and not yet checked in by every rank
 // of a communicator (NCCL's root thread waits for them with no timeout). Under g_mu.
 std::set<std::string> g_open_roots;
+// Issue windows per device: from the first operation of a group (or a lone operation) until
+// its launch has been enqueued (for a nonblocking communicator, when its state leaves
+// ncclInProgress). NCCL documents that issuing to independent communicators of one device from
+// several threads at once is unsafe; windows of two threads that overlap on a device are counted
+// (ModelConcurrentIssues). Under g_mu.
+struct IssueWindow {
+  int open = 0;
+  std::thread::id owner;
+};
+std::map<int, IssueWindow>& g_issuing = *new std::map<int, IssueWindow>();
+std::atomic<int> g_concurrent_issues{0};
 char g_last_nccl[256];  // what ncclGetLastError returns (written rarely, under g_mu)
 
 struct GatherRound {
@@ -145,6 +158,18 @@ struct Op {
 
 thread_local int g_depth = 0;
 thread_local std::vector<Op> g_ops;
+
+void OpenIssue(int device) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  IssueWindow& w = g_issuing[device];
+  if (w.open > 0 && w.owner != std::this_thread::get_id()) ++g_concurrent_issues;
+  ++w.open;
+  w.owner = std::this_thread::get_id();
+}
+void CloseIssue(int device) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  --g_issuing[device].open;
+}
 
 // The kernel of one launch, run by its stream's thread.
 void RunKernel(ncclComm_t comm, std::vector<Op> ops) {
@@ -235,16 +260,22 @@ void FreeOnDevice(ncclComm* comm) {
 
 thread_local std::vector<ncclComm*> g_aborted_in_group;  // freed at the group's end
 
+// Enqueues a group's kernel and closes the group's issue window (opened by its first Add).
 ncclResult_t Launch(std::vector<Op> ops) {
   if (ops.empty()) return ncclSuccess;
   ncclComm_t comm = ops[0].comm;
   cudaStream_t stream = ops[0].stream;
+  const int device = comm->device;
   for (const Op& op : ops)
     if (op.comm != comm || op.stream != stream) {
       std::snprintf(g_last_nccl, sizeof g_last_nccl, "the host model takes one communicator and stream per group");
+      CloseIssue(device);
       return ncclInvalidUsage;
     }
-  if (comm->aborted) return ncclInvalidArgument;
+  if (comm->aborted) {
+    CloseIssue(device);
+    return ncclInvalidArgument;
+  }
   auto enqueue = [comm, stream, ops] {
     {
       std::lock_guard<std::mutex> lock(g_mu);
@@ -267,19 +298,26 @@ ncclResult_t Launch(std::vector<Op> ops) {
     }
     return e;
   };
-  if (comm->blocking) return enqueue() == cudaSuccess ? ncclSuccess : ncclUnhandledCudaError;
+  if (comm->blocking) {
+    const cudaError_t e = enqueue();
+    CloseIssue(device);
+    return e == cudaSuccess ? ncclSuccess : ncclUnhandledCudaError;
+  }
   // Nonblocking: NCCL's thread launches a little later; the state says so meanwhile.
   comm->state = ncclInProgress;
-  std::thread([comm, enqueue] {
+  std::thread([comm, enqueue, device] {
     std::this_thread::sleep_for(std::chrono::microseconds(300));
+    const cudaError_t e = enqueue();
+    CloseIssue(device);  // before the state tells the issuing thread that it is over
     int expected = ncclInProgress;
-    comm->state.compare_exchange_strong(expected, enqueue() == cudaSuccess ? ncclSuccess : ncclUnhandledCudaError);
+    comm->state.compare_exchange_strong(expected, e == cudaSuccess ? ncclSuccess : ncclUnhandledCudaError);
   }).detach();
   return ncclInProgress;
 }
 
 ncclResult_t Add(Op op) {
   if (op.comm == nullptr || op.comm->aborted) return ncclInvalidArgument;
+  if (g_ops.empty()) OpenIssue(op.comm->device);
   g_ops.push_back(op);
   if (g_depth > 0) return ncclSuccess;
   std::vector<Op> ops;
@@ -310,6 +348,10 @@ int ModelAbortStalls() {
 }
 int ModelFinalizeCalls() {
   return g_finalize_calls.load();
+}
+// How often two threads issued to communicators of one device at once.
+int ModelConcurrentIssues() {
+  return g_concurrent_issues.load();
 }
 // How many NCCL ids still have a root thread waiting for ranks that never came.
 int ModelOpenRoots() {

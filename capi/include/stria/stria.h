@@ -98,7 +98,9 @@ STRIA_API stria_status_t stria_context_create(const stria_context_config_t* conf
  * nccl_comm; on a blocking one NCCL may wait inside it for every rank (it connects a communicator
  * at its first collective). NCCL contexts refuse NCCL_COMM_BLOCKING=1 and NCCL_COMM_ID in the
  * environment (STRIA_ERROR_UNSUPPORTED): the first would take away the timeouts, the second the
- * distinct ids of stria's two communicators. */
+ * distinct ids of stria's two communicators. Several NCCL contexts of one process on one GPU may be
+ * driven by different threads: their launches take turns (NCCL forbids issuing to two communicators
+ * of a device at once), a wait for the turn counting against timeout_s. */
 STRIA_API stria_status_t stria_context_create_with_nccl_comm(const stria_context_config_t* config, void* nccl_comm,
                                                              stria_context_t* ctx);
 /* world_size contexts in this process joined by the in-process transport;

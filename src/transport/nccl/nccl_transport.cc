@@ -49,6 +49,15 @@
 // thread gets in at once. Peers learn of it from their own timeout, or earlier where NCCL reports
 // the broken connection.
 //
+// One device, several contexts. NCCL documents that issuing operations to independent
+// communicators of one device from several threads at once is unsafe. Two stria contexts on one
+// GPU may be driven by two threads, so every launch (group start to group end, and until a
+// nonblocking end has finished enqueuing) holds a process-wide lock of its device. A context
+// waits for that lock without holding its own mutex (stria_context_abort still gets in at once)
+// and under its timeout; aborts, set-up and the end take no such lock, as they must not wait for
+// a launch that waits on a dead peer. Nor does the broadcast of the ids over a caller's
+// communicator: issuing on that one is for its owner to serialise with the owner's other work.
+//
 // The end. A healthy context flushes before it frees: a send whose kernel has completed may still
 // have bytes in NCCL's proxy on their way to another node, which an abort would drop for a peer
 // still in the call. So its end calls ncclCommFinalize (polled, bounded by kDrainS), then
@@ -142,6 +151,14 @@ Status NcclError(const char* call, ncclResult_t r, ncclComm_t comm) {
 std::string VersionText(int code) {
   return code >= 10000 ? Format("%d.%d.%d", code / 10000, code / 100 % 100, code % 100)
                        : Format("%d.%d.%d", code / 1000, code / 100 % 10, code % 100);
+}
+
+// The issue lock of each device (see the top), shared by every NCCL context of the process; never
+// destroyed, so a context ending during exit still finds it.
+std::timed_mutex& IssueMutex(int device) {
+  static constexpr int kDevices = 256;  // more than any node has; beyond it, devices share one
+  static auto* locks = new std::timed_mutex[kDevices];
+  return locks[static_cast<unsigned>(device) % kDevices];
 }
 
 // A GPU must exist before anything waits on the network.
@@ -305,10 +322,13 @@ class NcclTransport final : public Transport {
         cudaMemcpyAsync(base + static_cast<size_t>(rank_) * bytes, mine, bytes, cudaMemcpyHostToDevice, stream);
     if (e != cudaSuccess) return FailLocked(CudaStatus(e, "cudaMemcpyAsync"));
     const auto deadline = DeadlineAfter(timeout_s);
+    std::unique_lock<std::timed_mutex> issue;
+    STRIA_RETURN_IF_ERROR(AcquireIssueLocked(lock, &issue, deadline, what));
     const ncclResult_t r =
         ncclAllGather(base + static_cast<size_t>(rank_) * bytes, base, bytes, ncclUint8, comms_[kKvLane], stream);
     if (r != ncclSuccess && r != ncclInProgress) return FailLocked(NcclError("ncclAllGather", r, comms_[kKvLane]));
     if (r == ncclInProgress) STRIA_RETURN_IF_ERROR(AwaitCommLocked(lock, kKvLane, deadline, what));
+    issue.unlock();
     STRIA_RETURN_IF_ERROR(AwaitStreamLocked(lock, stream, deadline, [&] {
       return Error(STRIA_ERROR_TIMEOUT,
                    "timed out after %.3g s in the all-gather of %s: a rank has not called, or is stuck", timeout_s,
@@ -623,8 +643,33 @@ class NcclTransport final : public Transport {
     return Status::Ok();
   }
 
+  // Takes the device's issue lock into *issue, polling to `deadline`; mu_ is released while it
+  // waits, and the transport may have been failed or aborted meanwhile (checked on return).
+  Status AcquireIssueLocked(Lock& lock, std::unique_lock<std::timed_mutex>* issue, Clock::time_point deadline,
+                            const char* what) {
+    std::timed_mutex& m = IssueMutex(device_);
+    const double budget = std::chrono::duration<double>(deadline - Clock::now()).count();
+    while (!m.try_lock()) {
+      STRIA_RETURN_IF_ERROR(UsableLocked());
+      if (Clock::now() >= deadline)
+        return FailLocked(Error(STRIA_ERROR_TIMEOUT,
+                                "timed out after %.3g s waiting to issue NCCL work for %s: another NCCL context on "
+                                "CUDA device %d kept issuing (NCCL forbids issuing to two communicators of one "
+                                "device at once, so stria serialises it; is that context waiting on a dead peer?)",
+                                std::max(budget, 0.0), what, device_));
+      lock.unlock();
+      const bool got = m.try_lock_for(std::chrono::milliseconds(1));
+      lock.lock();
+      if (got) break;
+    }
+    *issue = std::unique_lock<std::timed_mutex>(m, std::adopt_lock);
+    return UsableLocked();
+  }
+
   // Launches everything the lane holds as one group and records its completion event.
   Status LaunchLocked(Lock& lock, int lane, Clock::time_point deadline, const char* what) {
+    std::unique_lock<std::timed_mutex> issue;
+    STRIA_RETURN_IF_ERROR(AcquireIssueLocked(lock, &issue, deadline, what));
     DeviceScope dev(device_);
     if (!dev.status().ok()) return FailLocked(dev.status());
     ncclComm_t comm = comms_[lane];
@@ -648,6 +693,7 @@ class NcclTransport final : public Transport {
     if (!first.ok()) return FailLocked(first);
     if (r != ncclSuccess && r != ncclInProgress) return FailLocked(NcclError("ncclGroupEnd", r, comm));
     if (r == ncclInProgress) STRIA_RETURN_IF_ERROR(AwaitCommLocked(lock, lane, deadline, what));
+    issue.unlock();  // enqueued: what follows is stria's own
     cudaEvent_t ev = nullptr;
     STRIA_RETURN_IF_ERROR(TakeEventLocked(&ev));
     const cudaError_t e = cudaEventRecord(ev, stream);
