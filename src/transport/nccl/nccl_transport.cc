@@ -137,10 +137,12 @@ stria_status_t NcclCode(ncclResult_t r) {
   }
 }
 
+// NCCL keeps one "last error" string for the whole process (ncclGetLastError ignores its
+// argument), so it may tell of another communicator's trouble: it is quoted as a hint, by name.
 std::string NcclText(ncclResult_t r, ncclComm_t comm) {
   std::string text = ncclGetErrorString(r);
   const char* last = ncclGetLastError(comm);
-  if (last != nullptr && *last != '\0') text += Format(" (NCCL's last message: %s)", last);
+  if (last != nullptr && *last != '\0') text += Format(" (NCCL's last warning in this process: %s)", last);
   return text;
 }
 
