@@ -6,11 +6,13 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <set>
 #include <string>
@@ -971,6 +973,49 @@ TEST(Handles, DestroyOneRankOfAGroupLeavesTheOthersAddressable) {
   EXPECT_EQ(stria_context_get_rank(g.ctx[2], &r), STRIA_SUCCESS);
   EXPECT_EQ(r, 2);
   g.ctx[1] = nullptr;  // the helper must not destroy it again
+}
+
+// A context is driven by one thread at a time. Two threads calling on one context at once would
+// race on its ring buffers, its call sequence and its transport's message order: the second is
+// refused at once, and the call in progress goes on unharmed.
+TEST(Handles, ASecondThreadsCallOnABusyContextIsRefused) {
+  LocalGroup g(2, 10.0, 1);
+  ASSERT_EQ(g.status, STRIA_SUCCESS);
+  RankTensors ta, tb, t1;
+  Call a(ta), b(tb), r1(t1);
+  std::string msg_a, msg_b;
+  // Both on rank 0, whose call then waits for rank 1, which has not called yet.
+  auto fa = std::async(std::launch::async, [&] {
+    const stria_status_t s = a.Forward(g.ctx[0]);
+    msg_a = stria_get_last_error();
+    return s;
+  });
+  auto fb = std::async(std::launch::async, [&] {
+    const stria_status_t s = b.Forward(g.ctx[0]);
+    msg_b = stria_get_last_error();
+    return s;
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  bool a_done = false, b_done = false;
+  while (!a_done && !b_done && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5)) {
+    a_done = fa.wait_for(std::chrono::milliseconds(5)) == std::future_status::ready;
+    b_done = fb.wait_for(std::chrono::milliseconds(5)) == std::future_status::ready;
+  }
+  ASSERT_TRUE(a_done != b_done) << "exactly one of the two calls must be refused at once";
+  auto& refused = a_done ? fa : fb;
+  auto& admitted = a_done ? fb : fa;
+  EXPECT_EQ(refused.get(), STRIA_ERROR_INVALID_ARGUMENT);
+  const std::string& why = a_done ? msg_a : msg_b;
+  EXPECT_NE(why.find("in stria_attention_forward on another thread"), std::string::npos) << why;
+  // The step times are being written by the running call: not read under it.
+  int num = -1;
+  EXPECT_EQ(stria_context_get_step_times(g.ctx[0], nullptr, 0, &num), STRIA_ERROR_INVALID_ARGUMENT);
+  // Rank 1 comes, and the admitted call completes.
+  EXPECT_EQ(r1.Forward(g.ctx[1]), STRIA_SUCCESS) << stria_get_last_error();
+  EXPECT_EQ(admitted.get(), STRIA_SUCCESS) << (a_done ? msg_b : msg_a);
+  EXPECT_EQ(stria_context_get_step_times(g.ctx[0], nullptr, 0, &num), STRIA_SUCCESS);
+  EXPECT_EQ(num, 2);
+  ExpectCorrectForward(g.ctx);  // nothing the refused call did is left in the group
 }
 
 TEST(Status, StringsVersionAndLastError) {

@@ -289,6 +289,8 @@ STRIA_API stria_status_t stria_attention_forward(stria_context_t ctx, const stri
   return Guard([&] {
     std::shared_ptr<stria::Context> c;
     STRIA_RETURN_IF_ERROR(Lookup(ctx, &c));
+    stria::CallScope call(*c, "stria_attention_forward");
+    STRIA_RETURN_IF_ERROR(call.status());
     return stria::RingForward(*c, stria::ForwardCall{params, q, k, v, out, lse, stream});
   });
 }
@@ -300,6 +302,8 @@ STRIA_API stria_status_t stria_attention_backward(stria_context_t ctx, const str
   return Guard([&] {
     std::shared_ptr<stria::Context> c;
     STRIA_RETURN_IF_ERROR(Lookup(ctx, &c));
+    stria::CallScope call(*c, "stria_attention_backward");
+    STRIA_RETURN_IF_ERROR(call.status());
     return stria::RingBackward(*c, stria::BackwardCall{params, q, k, v, out, lse, dout, dq, dk, dv, stream});
   });
 }
@@ -360,6 +364,8 @@ STRIA_API stria_status_t stria_context_get_step_times(stria_context_t ctx, stria
     if (num_steps == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "num_steps is NULL");
     if (capacity < 0) return Error(STRIA_ERROR_INVALID_ARGUMENT, "capacity %d is negative", capacity);
     if (capacity > 0 && steps == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "steps is NULL");
+    stria::CallScope call(*c, "stria_context_get_step_times");  // the times are written by the calls
+    STRIA_RETURN_IF_ERROR(call.status());
     const auto& t = c->step_times();
     *num_steps = static_cast<int>(t.size());
     for (int i = 0; i < capacity && i < static_cast<int>(t.size()); ++i) {

@@ -19,6 +19,19 @@ Context::~Context() {
   for (Buffer& b : buffers_) backend_->Free(b.ptr);
 }
 
+Status Context::BeginCall(const char* what) {
+  const char* none = nullptr;
+  if (running_.compare_exchange_strong(none, what, std::memory_order_acquire)) return Status::Ok();
+  return Error(STRIA_ERROR_INVALID_ARGUMENT,
+               "rank %d's context is in %s on another thread: a context is driven by one thread at a time "
+               "(%s was refused; it changed nothing)",
+               rank_, none != nullptr ? none : "a call", what);
+}
+
+void Context::EndCall() {
+  running_.store(nullptr, std::memory_order_release);
+}
+
 Status Context::Usable() const {
   if (aborted_.load())
     return Error(STRIA_ERROR_ABORTED, "rank %d was aborted (stria_context_abort); it can only be destroyed", rank_);

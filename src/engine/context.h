@@ -45,6 +45,13 @@ class Context {
   // happened.
   Status CheckNotAborted() const;
 
+  // One call at a time: a context is driven by one thread at a time (DESIGN.md), and a second
+  // thread's call while one runs would race on the ring buffers, the call sequence and the
+  // transport's message order. BeginCall refuses it with a message naming the running call;
+  // EndCall ends a call that BeginCall admitted. CallScope pairs them.
+  Status BeginCall(const char* what);
+  void EndCall();
+
   // A ring buffer of at least `bytes`, slot `index`; reused across calls.
   Status RingBuffer(int index, size_t bytes, void** out);
 
@@ -58,7 +65,8 @@ class Context {
   std::unique_ptr<Transport> transport_;
   uint64_t call_seq_ = 0;
   std::atomic<bool> aborted_{false};
-  mutable std::mutex mu_;  // guards poison_
+  std::atomic<const char*> running_{nullptr};  // the call in progress (a string literal), if any
+  mutable std::mutex mu_;                      // guards poison_
   Status poison_;
   struct Buffer {
     void* ptr = nullptr;
@@ -66,6 +74,22 @@ class Context {
   };
   std::vector<Buffer> buffers_;
   std::vector<StepTime> step_times_;
+};
+
+// Admits a call on a context for the scope's lifetime; status() says why not.
+class CallScope {
+ public:
+  CallScope(Context& c, const char* what) : c_(c), status_(c.BeginCall(what)) {}
+  ~CallScope() {
+    if (status_.ok()) c_.EndCall();
+  }
+  CallScope(const CallScope&) = delete;
+  CallScope& operator=(const CallScope&) = delete;
+  const Status& status() const { return status_; }
+
+ private:
+  Context& c_;
+  Status status_;
 };
 
 }  // namespace stria

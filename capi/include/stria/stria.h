@@ -7,6 +7,11 @@
  * validates its arguments and returns a status; on failure it leaves a message for
  * stria_get_last_error() on the calling thread. Nothing aborts, exits or throws.
  *
+ * A context is driven by one thread at a time; different contexts may run concurrently, and
+ * stria_context_abort/stria_context_destroy may come from any thread. A call on a context that
+ * is in a call on another thread (an attention call, or stria_context_get_step_times during one)
+ * is refused with STRIA_ERROR_INVALID_ARGUMENT and changes nothing; the running call goes on.
+ *
  * The bindings (Python/SWIG, Rust/bindgen, Julia) are generated from this file: keep it free of
  * function-like macros in declarations, and add fields to the structs only at their end.
  */
