@@ -157,9 +157,9 @@ std::string VersionText(int code) {
 
 // The issue lock of each device (see the top), shared by every NCCL context of the process; never
 // destroyed, so a context ending during exit still finds it.
-std::timed_mutex& IssueMutex(int device) {
+std::mutex& IssueMutex(int device) {
   static constexpr int kDevices = 256;  // more than any node has; beyond it, devices share one
-  static auto* locks = new std::timed_mutex[kDevices];
+  static auto* locks = new std::mutex[kDevices];
   return locks[static_cast<unsigned>(device) % kDevices];
 }
 
@@ -324,7 +324,7 @@ class NcclTransport final : public Transport {
         cudaMemcpyAsync(base + static_cast<size_t>(rank_) * bytes, mine, bytes, cudaMemcpyHostToDevice, stream);
     if (e != cudaSuccess) return FailLocked(CudaStatus(e, "cudaMemcpyAsync"));
     const auto deadline = DeadlineAfter(timeout_s);
-    std::unique_lock<std::timed_mutex> issue;
+    std::unique_lock<std::mutex> issue;
     STRIA_RETURN_IF_ERROR(AcquireIssueLocked(lock, &issue, deadline, what));
     const ncclResult_t r =
         ncclAllGather(base + static_cast<size_t>(rank_) * bytes, base, bytes, ncclUint8, comms_[kKvLane], stream);
@@ -647,11 +647,11 @@ class NcclTransport final : public Transport {
 
   // Takes the device's issue lock into *issue, polling to `deadline`; mu_ is released while it
   // waits, and the transport may have been failed or aborted meanwhile (checked on return).
-  Status AcquireIssueLocked(Lock& lock, std::unique_lock<std::timed_mutex>* issue, Clock::time_point deadline,
+  Status AcquireIssueLocked(Lock& lock, std::unique_lock<std::mutex>* issue, Clock::time_point deadline,
                             const char* what) {
-    std::timed_mutex& m = IssueMutex(device_);
+    std::mutex& m = IssueMutex(device_);
     const double budget = std::chrono::duration<double>(deadline - Clock::now()).count();
-    while (!m.try_lock()) {
+    for (int polls = 0; !m.try_lock(); ++polls) {
       STRIA_RETURN_IF_ERROR(UsableLocked());
       if (Clock::now() >= deadline)
         return FailLocked(Error(STRIA_ERROR_TIMEOUT,
@@ -660,17 +660,16 @@ class NcclTransport final : public Transport {
                                 "device at once, so stria serialises it; is that context waiting on a dead peer?)",
                                 std::max(budget, 0.0), what, device_));
       lock.unlock();
-      const bool got = m.try_lock_for(std::chrono::milliseconds(1));
+      Backoff(polls);
       lock.lock();
-      if (got) break;
     }
-    *issue = std::unique_lock<std::timed_mutex>(m, std::adopt_lock);
+    *issue = std::unique_lock<std::mutex>(m, std::adopt_lock);
     return UsableLocked();
   }
 
   // Launches everything the lane holds as one group and records its completion event.
   Status LaunchLocked(Lock& lock, int lane, Clock::time_point deadline, const char* what) {
-    std::unique_lock<std::timed_mutex> issue;
+    std::unique_lock<std::mutex> issue;
     STRIA_RETURN_IF_ERROR(AcquireIssueLocked(lock, &issue, deadline, what));
     DeviceScope dev(device_);
     if (!dev.status().ok()) return FailLocked(dev.status());
