@@ -510,6 +510,13 @@ TEST(NullPointers, EveryOtherFunction) {
   EXPECT_EQ(group[0], nullptr);
   EXPECT_EQ(group[1], nullptr);
   expect_invalid(stria_context_create_local_group(&cfg, 2, nullptr), "create_local_group(NULL ctxs)");
+  const DLDevice cpus[2] = {{kDLCPU, 0}, {kDLCPU, 0}};
+  group[0] = group[1] = reinterpret_cast<stria_context_t>(0x99);
+  expect_invalid(stria_context_create_local_group_on_devices(&cfg, nullptr, 2, group), "on_devices(NULL devices)");
+  EXPECT_EQ(group[0], nullptr);
+  EXPECT_EQ(group[1], nullptr);
+  expect_invalid(stria_context_create_local_group_on_devices(nullptr, cpus, 2, group), "on_devices(NULL config)");
+  expect_invalid(stria_context_create_local_group_on_devices(&cfg, cpus, 2, nullptr), "on_devices(NULL ctxs)");
   expect_invalid(stria_context_get_rank(ctx, nullptr), "get_rank(NULL)");
   expect_invalid(stria_context_get_world_size(ctx, nullptr), "get_world_size(NULL)");
   int n = 0;
@@ -926,6 +933,41 @@ TEST(Modules, UcxWorldOfOneClosesItsRendezvousListener) {
   EXPECT_EQ(OpenDescriptors(), before);
 }
 #endif
+// stria_context_create_local_group_on_devices: rank r on devices[r]. On the CPU every rank is cpu:0,
+// and the group is an ordinary local group; ranks of different kinds, or a device a rank cannot
+// have, are refused with the rank's index, and nothing is left behind.
+TEST(Config, LocalGroupOnDevices) {
+  stria_context_config_t cfg;
+  stria_context_config_init(&cfg);
+  cfg.num_threads = 1;
+  cfg.timeout_s = kGroupTimeoutS;
+  cfg.device = DLDevice{kDLCUDA, 7};  // not used: the devices array decides
+  std::vector<stria_context_t> ctx(3, reinterpret_cast<stria_context_t>(0x99));
+  struct Bad {
+    std::vector<DLDevice> devices;
+    const char* message;
+  };
+  const Bad bad[] = {
+      {{{kDLCPU, 0}, {kDLCUDA, 0}, {kDLCPU, 0}}, "devices[1] is cuda:0 but devices[0] is cpu:0"},
+      {{{kDLCPU, 0}, {kDLCPU, 0}, {kDLCPU, 1}}, "devices[2]: CPU device id must be 0"},
+      {{{kDLCPU, 0}, {kDLCPU, 0}, {static_cast<DLDeviceType>(999), 0}}, "devices[2] is"},
+  };
+  for (const Bad& b : bad) {
+    SCOPED_TRACE(b.message);
+    EXPECT_EQ(stria_context_create_local_group_on_devices(&cfg, b.devices.data(), 3, ctx.data()),
+              STRIA_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(stria_get_last_error()).find(b.message), std::string::npos) << stria_get_last_error();
+    for (stria_context_t c : ctx) EXPECT_EQ(c, nullptr);
+  }
+  const DLDevice one[1] = {{kDLCPU, 0}};
+  EXPECT_EQ(stria_context_create_local_group_on_devices(&cfg, one, 0, ctx.data()), STRIA_ERROR_INVALID_ARGUMENT);
+  const DLDevice cpus[3] = {{kDLCPU, 0}, {kDLCPU, 0}, {kDLCPU, 0}};
+  ASSERT_EQ(stria_context_create_local_group_on_devices(&cfg, cpus, 3, ctx.data()), STRIA_SUCCESS)
+      << stria_get_last_error();
+  ExpectCorrectForward(ctx);
+  for (stria_context_t c : ctx) EXPECT_EQ(stria_context_destroy(c), STRIA_SUCCESS);
+}
+
 TEST(Handles, DestroyedAndForgedHandles) {
   stria_context_t ctx = CreateSingle();
   ASSERT_NE(ctx, nullptr);

@@ -117,6 +117,58 @@ Status CheckLayoutArg(const stria_layout_t& layout) {
   return Status::Ok();
 }
 
+// A local group: rank r on devices[r], or every rank on config->device (devices == NULL).
+Status MakeLocalGroup(const stria_context_config_t* config, const DLDevice* devices, int world_size,
+                      stria_context_t* ctxs) {
+  if (ctxs == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "ctxs (the output array) is NULL");
+  if (world_size < 1 || world_size > kMaxLocalGroup)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "world_size %d is out of range 1..%d", world_size, kMaxLocalGroup);
+  for (int i = 0; i < world_size; ++i) ctxs[i] = nullptr;
+  STRIA_RETURN_IF_ERROR(CheckConfig(config));
+  if (stria::RawEnum(config->transport) != STRIA_TRANSPORT_LOCAL)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "a local group uses the local transport (config->transport = %d)",
+                 stria::RawEnum(config->transport));
+  std::vector<DLDevice> device(static_cast<size_t>(world_size), config->device);
+  if (devices != nullptr) {
+    for (int r = 0; r < world_size; ++r) {
+      device[static_cast<size_t>(r)] = devices[r];
+      // One ring moves one wire format between like backends: all CPU ranks, or all CUDA ranks.
+      if (stria::RawEnum(devices[r].device_type) != stria::RawEnum(devices[0].device_type)) {
+        char a[32], b[32];
+        return Error(STRIA_ERROR_INVALID_ARGUMENT,
+                     "devices[%d] is %s but devices[0] is %s: the ranks of a local group are all CPU or all CUDA", r,
+                     stria::DeviceName(devices[r], a, sizeof a), stria::DeviceName(devices[0], b, sizeof b));
+      }
+    }
+  }
+  // "All threads" is shared out among the group's ranks, which run concurrently.
+  const int threads =
+      config->num_threads > 0 ? config->num_threads : std::max(1, stria::HardwareThreads() / world_size);
+  if (static_cast<int64_t>(threads) * world_size > kMaxGroupThreads)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT,
+                 "config->num_threads %d for each of %d ranks is %lld threads, more than a local group's %d", threads,
+                 world_size, static_cast<long long>(threads) * world_size, kMaxGroupThreads);
+  std::vector<std::unique_ptr<stria::Backend>> backends(static_cast<size_t>(world_size));
+  for (int r = 0; r < world_size; ++r) {
+    const Status made =
+        stria::CreateBackend(device[static_cast<size_t>(r)], threads, &backends[static_cast<size_t>(r)]);
+    if (!made.ok() && devices != nullptr)
+      return Status(made.code(), stria::Format("devices[%d]: ", r) + made.message());
+    STRIA_RETURN_IF_ERROR(made);
+  }
+  // Device memory needs the backend's copies between ranks (host memory: memcpy); the copier
+  // serves ranks on any of the process's GPUs.
+  auto transports = stria::CreateLocalGroup(world_size, backends[0]->CreateLocalCopier());
+  std::vector<std::shared_ptr<stria::Context>> made;
+  for (int r = 0; r < world_size; ++r) {
+    made.push_back(std::make_shared<stria::Context>(r, world_size, device[static_cast<size_t>(r)], Timeout(config),
+                                                    std::move(backends[static_cast<size_t>(r)]),
+                                                    std::move(transports[static_cast<size_t>(r)])));
+  }
+  for (int r = 0; r < world_size; ++r) ctxs[r] = stria::RegisterContext(made[static_cast<size_t>(r)]);
+  return Status::Ok();
+}
+
 }  // namespace
 
 extern "C" {
@@ -194,34 +246,17 @@ STRIA_API stria_status_t stria_context_create_with_nccl_comm(const stria_context
 
 STRIA_API stria_status_t stria_context_create_local_group(const stria_context_config_t* config, int world_size,
                                                           stria_context_t* ctxs) {
+  return Guard([&] { return MakeLocalGroup(config, nullptr, world_size, ctxs); });
+}
+
+STRIA_API stria_status_t stria_context_create_local_group_on_devices(const stria_context_config_t* config,
+                                                                     const DLDevice* devices, int world_size,
+                                                                     stria_context_t* ctxs) {
   return Guard([&] {
-    if (ctxs == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "ctxs (the output array) is NULL");
-    if (world_size < 1 || world_size > kMaxLocalGroup)
-      return Error(STRIA_ERROR_INVALID_ARGUMENT, "world_size %d is out of range 1..%d", world_size, kMaxLocalGroup);
-    for (int i = 0; i < world_size; ++i) ctxs[i] = nullptr;
-    STRIA_RETURN_IF_ERROR(CheckConfig(config));
-    if (stria::RawEnum(config->transport) != STRIA_TRANSPORT_LOCAL)
-      return Error(STRIA_ERROR_INVALID_ARGUMENT, "a local group uses the local transport (config->transport = %d)",
-                   stria::RawEnum(config->transport));
-    // "All threads" is shared out among the group's ranks, which run concurrently.
-    const int threads =
-        config->num_threads > 0 ? config->num_threads : std::max(1, stria::HardwareThreads() / world_size);
-    if (static_cast<int64_t>(threads) * world_size > kMaxGroupThreads)
-      return Error(STRIA_ERROR_INVALID_ARGUMENT,
-                   "config->num_threads %d for each of %d ranks is %lld threads, more than a local group's %d", threads,
-                   world_size, static_cast<long long>(threads) * world_size, kMaxGroupThreads);
-    std::vector<std::unique_ptr<stria::Backend>> backends(static_cast<size_t>(world_size));
-    for (auto& backend : backends) STRIA_RETURN_IF_ERROR(stria::CreateBackend(config->device, threads, &backend));
-    // Device memory needs the backend's copies between ranks (host memory: memcpy).
-    auto transports = stria::CreateLocalGroup(world_size, backends[0]->CreateLocalCopier());
-    std::vector<std::shared_ptr<stria::Context>> made;
-    for (int r = 0; r < world_size; ++r) {
-      made.push_back(std::make_shared<stria::Context>(r, world_size, config->device, Timeout(config),
-                                                      std::move(backends[static_cast<size_t>(r)]),
-                                                      std::move(transports[static_cast<size_t>(r)])));
-    }
-    for (int r = 0; r < world_size; ++r) ctxs[r] = stria::RegisterContext(made[static_cast<size_t>(r)]);
-    return Status::Ok();
+    if (ctxs != nullptr && world_size >= 1 && world_size <= kMaxLocalGroup)
+      for (int i = 0; i < world_size; ++i) ctxs[i] = nullptr;
+    if (devices == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "devices (one per rank) is NULL");
+    return MakeLocalGroup(config, devices, world_size, ctxs);
   });
 }
 

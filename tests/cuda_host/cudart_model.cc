@@ -16,6 +16,8 @@
 // - a kernel that the emulator stops (an out-of-bounds ldmatrix, a divergent barrier...) is a
 //   sticky error of its device, as a fault is on the GPU: the synchronizing calls return
 //   cudaErrorLaunchFailure from then on, and the emulator's message goes to stderr;
+// - launches are checked as the runtime checks them (limits, the stream's device, the kernel's
+//   dynamic shared memory attribute on that device); peer access between devices is recorded;
 // - devices: STRIA_CUDA_MODEL_DEVICES (default 2, so that tests of a second device run) of compute
 //   capability STRIA_CUDA_MODEL_CC
 //   (default 90, so the Hopper kernels run too), STRIA_CUDA_MODEL_MEMORY_MB each (default 80 GiB;
@@ -36,6 +38,7 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -79,6 +82,7 @@ struct Model {
   std::mutex mu;
   std::vector<Device> devices;
   std::map<uintptr_t, Allocation> allocations;  // by start address
+  std::set<std::pair<int, int>> peer_access;    // (device, peer) pairs enabled
   int cc = 90;
   size_t device_bytes = size_t{80} << 30;  // each device's memory
 };
@@ -324,6 +328,8 @@ const char* cudaGetErrorName(cudaError_t e) {
       return "cudaErrorNotReady";
     case cudaErrorInvalidConfiguration:
       return "cudaErrorInvalidConfiguration";
+    case cudaErrorPeerAccessAlreadyEnabled:
+      return "cudaErrorPeerAccessAlreadyEnabled";
     default:
       return "cudaErrorUnknown";
   }
@@ -347,6 +353,8 @@ const char* cudaGetErrorString(cudaError_t e) {
       return "device not ready";
     case cudaErrorInvalidConfiguration:
       return "invalid configuration argument";
+    case cudaErrorPeerAccessAlreadyEnabled:
+      return "peer access is already enabled";
     default:
       return "unknown error";
   }
@@ -485,6 +493,24 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* attr, const v
     attr->device = -2;
     attr->hostPointer = const_cast<void*>(p);
   }
+  return cudaSuccess;
+}
+
+// Peer access: every pair of distinct model devices may enable it, once (a second time is the
+// runtime's cudaErrorPeerAccessAlreadyEnabled). Copies between devices work either way, as
+// cudaMemcpyDefault's do on GPUs.
+cudaError_t cudaDeviceCanAccessPeer(int* can, int device, int peer) {
+  if (!DeviceOk(device) || !DeviceOk(peer)) return Set(cudaErrorInvalidDevice);
+  *can = device != peer ? 1 : 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
+  Touch();
+  if (!DeviceOk(peer) || peer == tls_device) return Set(cudaErrorInvalidDevice);
+  if (flags != 0) return Set(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(M().mu);
+  if (!M().peer_access.insert({tls_device, peer}).second) return Set(cudaErrorPeerAccessAlreadyEnabled);
   return cudaSuccess;
 }
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "test_util.h"
 
@@ -77,6 +78,16 @@ struct CudaGroup {
     cfg.device = DLDevice{kDLCUDA, device};
     cfg.timeout_s = timeout_s;
     status = stria_context_create_local_group(&cfg, n, ctx.data());
+  }
+  // Rank r on CUDA device ordinals[r] (stria_context_create_local_group_on_devices).
+  explicit CudaGroup(const std::vector<int>& ordinals, double timeout_s = 120.0) : ctx(ordinals.size(), nullptr) {
+    stria_context_config_t cfg;
+    stria_context_config_init(&cfg);
+    cfg.timeout_s = timeout_s;
+    std::vector<DLDevice> devices;
+    for (int d : ordinals) devices.push_back(DLDevice{kDLCUDA, d});
+    status =
+        stria_context_create_local_group_on_devices(&cfg, devices.data(), static_cast<int>(devices.size()), ctx.data());
   }
   ~CudaGroup() {
     for (auto c : ctx)

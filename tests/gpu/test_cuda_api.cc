@@ -192,6 +192,62 @@ TEST(CudaErrors, OrdinalOutOfRange) {
   stria_context_t ctx = nullptr;
   EXPECT_EQ(stria_context_create(&cfg, &ctx), STRIA_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(stria_get_last_error()).find("out of range"), std::string::npos) << stria_get_last_error();
+  // The same in a group on devices, named by its rank.
+  CudaGroup group(std::vector<int>{0, n});
+  EXPECT_EQ(group.status, STRIA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(stria_get_last_error()).find("devices[1]: CUDA device ordinal"), std::string::npos)
+      << stria_get_last_error();
+  for (stria_context_t c : group.ctx) EXPECT_EQ(c, nullptr);
+}
+
+// In a group on two GPUs, each rank's tensors must be on its own GPU: a rank handing in memory of
+// the other GPU is refused by name, and every rank fails at once.
+TEST(CudaDevices, EachRankOfAGroupOnDevicesChecksItsOwnGpu) {
+  STRIA_REQUIRE_GPU();
+  int n = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&n), cudaSuccess);
+  if (n < 2) GTEST_SKIP() << "needs two CUDA devices, " << n << " here";
+  CudaGroup group(std::vector<int>{0, 1}, 30.0);
+  ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
+  stria_attention_params_t p;
+  stria_attention_params_init(&p);
+  std::vector<stria_status_t> st(2);
+  std::vector<std::string> msg(2);
+  // Rank 1's tensors on GPU 0: said so by their DLPack device, or only by where the memory is.
+  for (const bool lie : {false, true}) {
+    SCOPED_TRACE(lie ? "q says cuda:1" : "q says cuda:0");
+    RunRanks(2, [&](int r) {
+      cudaSetDevice(0);
+      RankTensors t(64, 64, Dt::kBF16, 31 + r);
+      DLTensor* all[] = {&t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl, &t.lse.dl};
+      if (lie)
+        for (DLTensor* x : all) x->device = DLDevice{kDLCUDA, r};
+      st[static_cast<size_t>(r)] = t.Forward(group.ctx[static_cast<size_t>(r)], &p);
+      msg[static_cast<size_t>(r)] = stria_get_last_error();
+    });
+    for (int r = 0; r < 2; ++r) EXPECT_EQ(st[static_cast<size_t>(r)], STRIA_ERROR_INVALID_ARGUMENT) << msg[r];
+    const char* why =
+        lie ? "is memory of cuda:0, but the context is on cuda:1" : "q is on cuda:0 but must be on cuda:1";
+    EXPECT_NE(msg[1].find(why), std::string::npos) << msg[1];
+    EXPECT_NE(msg[0].find("rank 1 rejected its arguments"), std::string::npos) << msg[0];
+  }
+  // Each rank on its own GPU: the group works.
+  RunRanks(2, [&](int r) {
+    cudaSetDevice(r);
+    RankTensors t(64, 64, Dt::kBF16, 31 + r);
+    EXPECT_EQ(t.Forward(group.ctx[static_cast<size_t>(r)], &p), STRIA_SUCCESS) << stria_get_last_error();
+    EXPECT_EQ(t.Backward(group.ctx[static_cast<size_t>(r)], &p), STRIA_SUCCESS) << stria_get_last_error();
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  });
+  // The blocks went GPU to GPU: stria enabled peer access where the pair has it.
+  int can = 0;
+  ASSERT_EQ(cudaDeviceCanAccessPeer(&can, 1, 0), cudaSuccess);
+  if (can) {
+    ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+    EXPECT_EQ(cudaDeviceEnablePeerAccess(0, 0), cudaErrorPeerAccessAlreadyEnabled);
+    (void)cudaGetLastError();
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  }
 }
 
 // After the first call of a shape, calls allocate nothing on the device.

@@ -1,5 +1,5 @@
 // The GPU ring against the float64 dense reference of the whole sequence: N = 1..8 CUDA ranks on
-// one GPU (a local group passing blocks device to device), every layout, causal and not, float16
+// one GPU (a local group passing blocks device to device) or spread over two, every layout, causal and not, float16
 // and bfloat16 on the tensor-core kernels (D = 64 and 128, GQA, partial tiles), float32 and other
 // head dims on the SIMT kernels, packed-QKV views, the caller's own stream. Device outputs are
 // poisoned (NaN) before each run. Skips, saying why, where no GPU is present.
@@ -24,13 +24,15 @@ struct Case {
   const char* kernels = nullptr;  // STRIA_CUDA_KERNELS for the run: "simt", "wgmma" or "tma" (sm_90 only)
   bool stream = false;            // run on a stream of our own instead of the default stream
   bool strided = false;           // q/k/v as head views of one packed [B, L, Hq + 2 Hkv, D] tensor
+  bool spread = false;            // rank r on GPU r % 2 (stria_context_create_local_group_on_devices)
 };
 
 std::string Name(const Case& c) {
   std::ostringstream os;
   os << "N" << c.world << "_" << LayoutName(c.layout) << (c.causal ? "_causal" : "_full") << "_" << DtName(c.dt) << "_B"
      << c.B << "L" << c.L << "H" << c.Hq << "x" << c.Hkv << "D" << c.D
-     << (c.kernels ? std::string("_") + c.kernels : "") << (c.stream ? "_stream" : "") << (c.strided ? "_strided" : "");
+     << (c.kernels ? std::string("_") + c.kernels : "") << (c.stream ? "_stream" : "") << (c.strided ? "_strided" : "")
+     << (c.spread ? "_2gpus" : "");
   return os.str();
 }
 
@@ -72,7 +74,14 @@ void RunCase(const Case& c) {
 
   GatheredResults full(c.layout, c.world, c.B, S, c.Hq, c.Hkv, c.D, c.dt);
 
-  CudaGroup group(c.world);
+  std::vector<int> ordinals(static_cast<size_t>(c.world), 0);
+  if (c.spread) {
+    int gpus = 0;
+    ASSERT_EQ(cudaGetDeviceCount(&gpus), cudaSuccess);
+    if (gpus < 2) GTEST_SKIP() << "needs two CUDA devices, " << gpus << " here";
+    for (int r = 0; r < c.world; ++r) ordinals[static_cast<size_t>(r)] = r % 2;
+  }
+  CudaGroup group = c.spread ? CudaGroup(ordinals) : CudaGroup(c.world);
   ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
   stria_attention_params_t params;
   stria_attention_params_init(&params);
@@ -82,7 +91,7 @@ void RunCase(const Case& c) {
   std::vector<stria_status_t> fwd(static_cast<size_t>(c.world)), bwd(static_cast<size_t>(c.world));
   std::vector<std::string> errors(static_cast<size_t>(c.world));
   RunRanks(c.world, [&](int r) {
-    cudaSetDevice(0);
+    cudaSetDevice(ordinals[static_cast<size_t>(r)]);  // the rank's tensors and stream live there
     Tensor ql = ShardHost(q, c, r), kl = ShardHost(k, c, r), vl = ShardHost(v, c, r), dol = ShardHost(dout, c, r);
     Tensor out({c.B, c.L, c.Hq, c.D}, c.dt), lse({c.B, c.Hq, c.L}, Dt::kF32);
     Tensor dq({c.B, c.L, c.Hq, c.D}, c.dt), dk({c.B, c.L, c.Hkv, c.D}, c.dt), dv({c.B, c.L, c.Hkv, c.D}, c.dt);
@@ -222,6 +231,26 @@ std::vector<Case> ShapesAndPaths() {
   return cases;
 }
 
+// Local groups over two GPUs (rank r on GPU r % 2: blocks cross between the GPUs at every step,
+// and pass within one where the ring wraps with an odd N): tensor cores and SIMT, both layouts that
+// balance, the caller's stream. Skipped where fewer than two GPUs are visible.
+std::vector<Case> TwoGpus() {
+  std::vector<Case> cases;
+  for (int n : {2, 3, 4}) {
+    Case c{n, n == 3 ? STRIA_LAYOUT_ZIGZAG : STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 1, 80, 4, 2, 64};
+    c.spread = true;
+    cases.push_back(c);
+  }
+  Case simt{3, STRIA_LAYOUT_STRIPED, false, Dt::kF32, 1, 40, 4, 2, 64};
+  simt.spread = true;
+  cases.push_back(simt);
+  Case on_stream{4, STRIA_LAYOUT_ZIGZAG, true, Dt::kF16, 1, 48, 2, 1, 128};
+  on_stream.spread = true;
+  on_stream.stream = true;
+  cases.push_back(on_stream);
+  return cases;
+}
+
 std::string ParamName(const ::testing::TestParamInfo<Case>& info) {
   return Name(info.param);
 }
@@ -230,5 +259,6 @@ INSTANTIATE_TEST_SUITE_P(TensorCores, CudaRingVsReference, ::testing::ValuesIn(T
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaRingVsReference, ::testing::ValuesIn(ShapesAndPaths()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Wgmma, CudaRingVsReference, ::testing::ValuesIn(WgmmaSweep()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Tma, CudaRingVsReference, ::testing::ValuesIn(TmaSweep()), ParamName);
+INSTANTIATE_TEST_SUITE_P(Devices, CudaRingVsReference, ::testing::ValuesIn(TwoGpus()), ParamName);
 
 }  // namespace

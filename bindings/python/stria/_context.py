@@ -369,10 +369,27 @@ class LocalGroup(Sequence[Context]):
     from its own thread: run() does that. Use it as a context manager, or close() it.
     """
 
-    def __init__(self, world_size: int, *, device: DeviceLike = "cpu", timeout_s: float = 0.0, num_threads: int = 0):
+    def __init__(
+        self,
+        world_size: int,
+        *,
+        device: DeviceLike = "cpu",
+        devices: Sequence[DeviceLike] | None = None,
+        timeout_s: float = 0.0,
+        num_threads: int = 0,
+    ):
         config = _config(0, 1, device, Transport.LOCAL, None, timeout_s, num_threads)
-        handles = capi.stria_context_create_local_group(config, world_size)
-        self._contexts = [Context._from_handle(h, parse_device(device)) for h in handles]
+        if devices is None:
+            handles = capi.stria_context_create_local_group(config, world_size)
+            placed = [parse_device(device)] * len(handles)
+        else:
+            # Rank r on devices[r] (stria_context_create_local_group_on_devices): e.g. a ring over
+            # the GPUs of this process, ["cuda:0", "cuda:1", ...].
+            placed = [parse_device(d) for d in devices]
+            if len(placed) != world_size:
+                raise ValueError(f"LocalGroup: {len(placed)} devices for world_size {world_size}: one per rank")
+            handles = capi.stria_context_create_local_group_on_devices(config, placed)
+        self._contexts = [Context._from_handle(h, dev) for h, dev in zip(handles, placed)]
 
     def __len__(self) -> int:
         return len(self._contexts)
@@ -444,7 +461,13 @@ class LocalGroup(Sequence[Context]):
 
 
 def local_group(
-    world_size: int, *, device: DeviceLike = "cpu", timeout_s: float = 0.0, num_threads: int = 0
+    world_size: int,
+    *,
+    device: DeviceLike = "cpu",
+    devices: Sequence[DeviceLike] | None = None,
+    timeout_s: float = 0.0,
+    num_threads: int = 0,
 ) -> LocalGroup:
-    """world_size ranks in this process (stria_context_create_local_group); see LocalGroup."""
-    return LocalGroup(world_size, device=device, timeout_s=timeout_s, num_threads=num_threads)
+    """world_size ranks in this process (stria_context_create_local_group), all on ``device``, or
+    rank r on ``devices[r]``; see LocalGroup."""
+    return LocalGroup(world_size, device=device, devices=devices, timeout_s=timeout_s, num_threads=num_threads)

@@ -227,6 +227,11 @@ static DLTensor* stria_py_dltensor(PyObject* obj, int writable, const char* func
 }
 %typemap(in) DLDevice {
   int type = 0, id = 0;
+  if (!PyTuple_Check($input)) {
+    PyErr_Format(PyExc_TypeError, "a device is a (device_type, device_id) tuple of ints, not %.100s",
+                 Py_TYPE($input)->tp_name);
+    SWIG_fail;
+  }
   if (!PyArg_ParseTuple($input, "ii;a device is a (device_type, device_id) tuple of ints", &type, &id)) SWIG_fail;
   $1.device_type = (DLDeviceType)type;
   $1.device_id = id;

@@ -36,6 +36,7 @@ STRIA_RELEASE_GIL(stria_get_unique_id)
 STRIA_RELEASE_GIL(stria_context_create)
 STRIA_RELEASE_GIL(stria_context_create_with_nccl_comm)
 STRIA_RELEASE_GIL(stria_context_create_local_group)
+STRIA_RELEASE_GIL(stria_context_create_local_group_on_devices)
 STRIA_RELEASE_GIL(stria_context_abort)
 STRIA_RELEASE_GIL(stria_context_destroy)
 STRIA_RELEASE_GIL(stria_attention_forward)
@@ -104,6 +105,57 @@ STRIA_RELEASE_GIL(stria_analyze_balance_steps)
   $result = SWIG_Python_AppendOutput($result, list);
 }
 %typemap(freearg) (int world_size, stria_context_t* ctxs) {
+  free(handles$argnum);
+}
+
+/* stria_context_create_local_group_on_devices: takes one (device_type, device_id) per rank (the
+ * sequence's length is world_size), returns the list of the group's handles. */
+%typemap(in) (const DLDevice* devices, int world_size, stria_context_t* ctxs)
+    (DLDevice* devs = NULL, stria_context_t* handles = NULL) {
+  PyObject* seq = PySequence_Fast($input, "$symname(): devices must be a sequence of (device_type, device_id)");
+  if (!seq) SWIG_fail;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  if (n > 1 << 20) {
+    Py_DECREF(seq);
+    PyErr_Format(PyExc_ValueError, "$symname(): %zd devices are too many", n);
+    SWIG_fail;
+  }
+  devs = (DLDevice*)calloc(n > 0 ? (size_t)n : 1, sizeof *devs);
+  handles = (stria_context_t*)calloc(n > 0 ? (size_t)n : 1, sizeof *handles);
+  if (!devs || !handles) {
+    Py_DECREF(seq);
+    PyErr_NoMemory();
+    SWIG_fail;
+  }
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    int type = 0, id = 0;
+    PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
+    if (!PyTuple_Check(item)) {
+      PyErr_Format(PyExc_TypeError, "$symname(): devices[%zd] must be a (device_type, device_id) tuple, not %.100s", i,
+                   Py_TYPE(item)->tp_name);
+      Py_DECREF(seq);
+      SWIG_fail;
+    }
+    if (!PyArg_ParseTuple(item, "ii;a device is a (device_type, device_id) tuple of ints", &type, &id)) {
+      Py_DECREF(seq);
+      SWIG_fail;
+    }
+    devs[i].device_type = (DLDeviceType)type;
+    devs[i].device_id = id;
+  }
+  Py_DECREF(seq);
+  $1 = devs;
+  $2 = (int)n;
+  $3 = handles;
+}
+%typemap(argout) (const DLDevice* devices, int world_size, stria_context_t* ctxs) {
+  PyObject* list = PyList_New($2);
+  if (!list) SWIG_fail;
+  for (int i = 0; i < $2; ++i) PyList_SET_ITEM(list, i, SWIG_NewPointerObj($3[i], $descriptor(stria_context_t), 0));
+  $result = SWIG_Python_AppendOutput($result, list);
+}
+%typemap(freearg) (const DLDevice* devices, int world_size, stria_context_t* ctxs) {
+  free(devs$argnum);
   free(handles$argnum);
 }
 

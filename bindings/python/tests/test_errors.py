@@ -192,6 +192,29 @@ def test_local_group_size(n):
     raises_library_error(stria.InvalidArgumentError, stria.local_group, n)
 
 
+def test_local_group_on_devices():
+    """Rank r on devices[r]: all CPU here (an ordinary local group); kinds mixed in one ring, or a
+    count that is not world_size, are refused."""
+    raises_library_error(
+        stria.InvalidArgumentError,
+        stria.local_group,
+        2,
+        devices=["cpu", "cuda:0"],
+        match=r"devices\[1\] is cuda:0 but devices\[0\] is cpu:0",
+    )
+    with pytest.raises(ValueError, match="one per rank"):
+        stria.local_group(3, devices=["cpu", "cpu"])
+    with pytest.raises(TypeError, match="device_type, device_id"):
+        capi.stria_context_create_local_group_on_devices(capi.stria_context_config_t(), [(1, 0), "cpu"])
+    q = np.random.default_rng(5).standard_normal((1, 8, 2, D)).astype(np.float32)
+    with stria.local_group(2, devices=["cpu", (capi.kDLCPU, 0)], timeout_s=TIMEOUT_S) as group:
+        outs = group.run(lambda c, x: c.attention_forward(x, x, x, causal=False)[0], [q, q])
+    with stria.local_group(2, timeout_s=TIMEOUT_S) as group:
+        want = group.run(lambda c, x: c.attention_forward(x, x, x, causal=False)[0], [q, q])
+    for got, ref in zip(outs, want):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(ref))
+
+
 def test_bad_config_values():
     raises_library_error(stria.InvalidArgumentError, stria.Context, timeout_s=-1.0, match="timeout")
     raises_library_error(stria.InvalidArgumentError, stria.Context, num_threads=-2, match="num_threads")

@@ -49,6 +49,9 @@ fn main() {
         .map(|d| d.join("stria/stria.h"))
         .find(|h| h.is_file())
         .unwrap_or_else(|| panic!("stria/stria.h is not under {:?}", found.include_dirs));
+    // Printing rerun-if-env-changed above ends Cargo's default of rerunning on any change in
+    // this package, so the header has to be named: a new function in it must reach bindgen.
+    println!("cargo:rerun-if-changed={}", header.display());
     println!("cargo:include={}", header.parent().unwrap().parent().unwrap().display());
     if let Some(lib_dir) = &found.lib_dir {
         println!("cargo:lib_dir={}", lib_dir.display());

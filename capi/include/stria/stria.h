@@ -113,6 +113,14 @@ STRIA_API stria_status_t stria_context_create_with_nccl_comm(const stria_context
    On failure no context is left behind and ctxs[] is set to NULL. */
 STRIA_API stria_status_t stria_context_create_local_group(const stria_context_config_t* config, int world_size,
                                                           stria_context_t* ctxs);
+/* stria_context_create_local_group with rank r on devices[r] (world_size entries, all {kDLCUDA,
+   ordinal} or all {kDLCPU, 0}; ordinals may repeat): a ring over the GPUs of one process, without
+   NCCL. config->device is not used. Blocks move by device-to-device copies, over peer access
+   (NVLink, PCIe) where the GPUs allow it, which stria enables for the pairs it copies between.
+   Rank r's tensors and stream are on devices[r]. (An extension of DESIGN.md.) */
+STRIA_API stria_status_t stria_context_create_local_group_on_devices(const stria_context_config_t* config,
+                                                                     const DLDevice* devices, int world_size,
+                                                                     stria_context_t* ctxs);
 STRIA_API stria_status_t stria_context_get_rank(stria_context_t ctx, int* rank);
 STRIA_API stria_status_t stria_context_get_world_size(stria_context_t ctx, int* world_size);
 /* Makes a call in progress on ctx (on another thread) return STRIA_ERROR_ABORTED, and every

@@ -18,6 +18,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <set>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/device_buffer.h"
@@ -75,37 +77,83 @@ cuda::MaskArgs MaskOf(const BlockMask& m) {
   return cuda::MaskArgs{m.q_begin, m.q_end, m.k_begin, m.k_end, m.diagonal ? 1 : 0, m.offset};
 }
 
-// Copies ring messages between the ranks of a local group on one or several GPUs: on a
-// non-blocking stream per receiving rank, so a transfer overlaps the compute of both ranks.
+// Copies ring messages between the ranks of a local group on one or several GPUs of the process:
+// on a non-blocking stream per receiving rank, on that rank's GPU (the device of the destination
+// buffer, learnt at its first copy), so a transfer overlaps the compute of both ranks. Between two
+// GPUs it first enables peer access where the pair allows it, so the copy runs GPU to GPU over
+// NVLink or PCIe rather than staged through host memory (cudaMemcpyDefault works either way).
 class CudaCopier final : public BufferCopier {
  public:
-  explicit CudaCopier(int device) : device_(device) {}
+  CudaCopier() = default;
   ~CudaCopier() override {
-    DeviceScope scope(device_);
-    for (cudaStream_t s : streams_)
-      if (s) cudaStreamDestroy(s);
+    for (const Lane& lane : lanes_) {
+      if (lane.stream == nullptr) continue;
+      DeviceScope scope(lane.device);
+      cudaStreamDestroy(lane.stream);
+    }
   }
   Status Copy(int dst_rank, void* dst, const void* src, size_t bytes) override {
-    DeviceScope scope(device_);
+    Lane lane;
+    STRIA_RETURN_IF_ERROR(LaneFor(dst_rank, dst, src, &lane));
+    DeviceScope scope(lane.device);
     STRIA_RETURN_IF_ERROR(scope.status());
-    cudaStream_t stream = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (streams_.size() <= static_cast<size_t>(dst_rank)) streams_.resize(static_cast<size_t>(dst_rank) + 1);
-      cudaStream_t& s = streams_[static_cast<size_t>(dst_rank)];
-      if (s == nullptr) STRIA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-      stream = s;
-    }
-    // cudaMemcpyDefault: the ranks' buffers may sit on different GPUs (unified addressing).
-    STRIA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
-    STRIA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    STRIA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, lane.stream));
+    STRIA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(lane.stream));
     return Status::Ok();
   }
 
  private:
-  const int device_;
+  struct Lane {
+    int device = -1;
+    cudaStream_t stream = nullptr;
+  };
+
+  static Status DeviceOf(const void* p, const char* what, int* device) {
+    cudaPointerAttributes attr;
+    STRIA_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attr, p));
+    if (attr.type != cudaMemoryTypeDevice)
+      return Error(STRIA_ERROR_INTERNAL, "a local group's %s ring buffer %p is not device memory", what, p);
+    *device = attr.device;
+    return Status::Ok();
+  }
+
+  // The receiving rank's stream (made on its first copy), and peer access from its GPU to the
+  // sender's (once per pair).
+  Status LaneFor(int dst_rank, const void* dst, const void* src, Lane* out) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (lanes_.size() <= static_cast<size_t>(dst_rank)) lanes_.resize(static_cast<size_t>(dst_rank) + 1);
+    Lane& lane = lanes_[static_cast<size_t>(dst_rank)];
+    if (lane.stream == nullptr) {
+      int device = 0;
+      STRIA_RETURN_IF_ERROR(DeviceOf(dst, "receiving", &device));
+      DeviceScope scope(device);
+      STRIA_RETURN_IF_ERROR(scope.status());
+      STRIA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&lane.stream, cudaStreamNonBlocking));
+      lane.device = device;
+    }
+    int from = 0;
+    STRIA_RETURN_IF_ERROR(DeviceOf(src, "sending", &from));
+    if (from != lane.device && peers_.insert({lane.device, from}).second) EnablePeerAccess(lane.device, from);
+    *out = lane;
+    return Status::Ok();
+  }
+
+  // Best effort: a pair without peer access (or with too many peers) still copies, staged.
+  static void EnablePeerAccess(int device, int peer) {
+    int can = 0;
+    if (cudaDeviceCanAccessPeer(&can, device, peer) != cudaSuccess || !can) {
+      (void)cudaGetLastError();
+      return;
+    }
+    DeviceScope scope(device);
+    if (!scope.status().ok()) return;
+    const cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+    if (e != cudaSuccess && cudaPeekAtLastError() == e) (void)cudaGetLastError();  // already on, or refused
+  }
+
   std::mutex mu_;
-  std::vector<cudaStream_t> streams_;
+  std::vector<Lane> lanes_;              // by receiving rank
+  std::set<std::pair<int, int>> peers_;  // (device, peer) pairs already seen
 };
 
 // STRIA_CUDA_KERNELS: unset or empty (the default, mma.sync), "mma", "simt", "wgmma" or "tma", in
@@ -188,7 +236,7 @@ class CudaBackend final : public Backend {
     return Status::Ok();
   }
 
-  std::shared_ptr<BufferCopier> CreateLocalCopier() override { return std::make_shared<CudaCopier>(device_); }
+  std::shared_ptr<BufferCopier> CreateLocalCopier() override { return std::make_shared<CudaCopier>(); }
 
   // The wire is always written: the block kernels read K/V from it, the local block included.
   Status PackKV(const AttentionShape& s, const TensorView& k, const TensorView& v, void* wire, bool /*sent*/) override {

@@ -247,6 +247,17 @@ function stria_context_create_local_group(config, world_size, ctxs)
           config, world_size, ctxs)
 end
 
+# stria_context_create_local_group with rank r on devices[r] (world_size entries, all {kDLCUDA,
+# ordinal} or all {kDLCPU, 0}; ordinals may repeat): a ring over the GPUs of one process, without
+# NCCL. config->device is not used. Blocks move by device-to-device copies, over peer access
+# (NVLink, PCIe) where the GPUs allow it, which stria enables for the pairs it copies between.
+# Rank r's tensors and stream are on devices[r]. (An extension of DESIGN.md.)
+function stria_context_create_local_group_on_devices(config, devices, world_size, ctxs)
+    ccall((:stria_context_create_local_group_on_devices, libstria), stria_status_t,
+          (Ptr{stria_context_config_t}, Ptr{DLDevice}, Cint, Ptr{stria_context_t}),
+          config, devices, world_size, ctxs)
+end
+
 function stria_context_get_rank(ctx, rank)
     ccall((:stria_context_get_rank, libstria), stria_status_t,
           (stria_context_t, Ptr{Cint}),
@@ -388,10 +399,11 @@ export STRIA_TRANSPORT_UCX, STRIA_TRANSPORT_NCCL, stria_context_t, stria_unique_
 export stria_get_version, stria_status_string, stria_get_last_error, stria_context_config_t
 export stria_context_config_init, stria_get_unique_id, stria_context_create
 export stria_context_create_with_nccl_comm, stria_context_create_local_group
-export stria_context_get_rank, stria_context_get_world_size, stria_context_abort
-export stria_context_destroy, stria_attention_params_t, stria_attention_params_init
-export stria_attention_forward, stria_attention_backward, stria_layout_positions, stria_shard
-export stria_unshard, stria_balance_t, stria_analyze_balance, stria_analyze_balance_steps
-export stria_step_time_t, stria_context_get_step_times
+export stria_context_create_local_group_on_devices, stria_context_get_rank
+export stria_context_get_world_size, stria_context_abort, stria_context_destroy
+export stria_attention_params_t, stria_attention_params_init, stria_attention_forward
+export stria_attention_backward, stria_layout_positions, stria_shard, stria_unshard
+export stria_balance_t, stria_analyze_balance, stria_analyze_balance_steps, stria_step_time_t
+export stria_context_get_step_times
 
 end # module LibStria

@@ -136,6 +136,23 @@ function local_group(n::Integer; kw...)
     return [Context(h) for h in handles]
 end
 
+"""
+    local_group(devices; num_threads = 0, timeout_s = 0.0) -> Vector{Context}
+
+A local group with rank `r` on `devices[r + 1]`, each a `(device, device_id)` pair such as
+`(:cuda, 1)` (`stria_context_create_local_group_on_devices`): a ring over the GPUs of one process,
+each rank on its own. The ranks are all `:cpu` or all `:cuda`.
+"""
+function local_group(devices::AbstractVector; kw...)
+    _check_library()
+    config = Ref(_config(; kw...))
+    dl = [LibStria.DLDevice(_device_type(device), id) for (device, id) in devices]
+    handles = fill(C_NULL, length(dl))
+    _call(() -> LibStria.stria_context_create_local_group_on_devices(config, dl, length(dl), handles),
+          :stria_context_create_local_group_on_devices)
+    return [Context(h) for h in handles]
+end
+
 _destroy_quietly(ctx::Context) = _destroy(ctx, false)
 
 function _destroy(ctx::Context, throw_errors::Bool)

@@ -172,6 +172,11 @@ end
         @test stria_error(() -> positions(:zigzag, 6, 2, 0)).status == LibStria.STRIA_ERROR_INVALID_ARGUMENT
         @test stria_error(() -> positions(:striped, 16, 2, 2)).status == LibStria.STRIA_ERROR_INVALID_ARGUMENT
         @test !isempty(stria_error(() -> local_group(0)).message)
+        mixed = stria_error(() -> local_group([(:cpu, 0), (:cuda, 0)]))
+        @test mixed.status == LibStria.STRIA_ERROR_INVALID_ARGUMENT && occursin("devices[1]", mixed.message)
+        on_cpus = local_group([(:cpu, 0), (:cpu, 0)]; num_threads = 1)
+        @test [c.rank for c in on_cpus] == [0, 1]
+        foreach(close, on_cpus)
 
         ctx = only(local_group(1; num_threads = 1))
         D, H, L, B = 8, 2, 4, 1

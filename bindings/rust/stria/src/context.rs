@@ -418,12 +418,37 @@ impl LocalGroup {
     pub fn new(world_size: usize, config: &Config) -> Result<LocalGroup> {
         let raw_config = config.raw()?;
         let n = c_int::try_from(world_size).map_err(|_| invalid(format!("world_size {world_size} is too large")))?;
+        // SAFETY: the callee writes at most world_size handles into `out`.
+        Self::create(world_size, |out| unsafe { sys::stria_context_create_local_group(&raw_config, n, out) })
+    }
+
+    /// Creates the group with rank `r` on `devices[r]`: a ring over the GPUs of this process, each
+    /// rank on its own (`config`'s device, rank, world size and transport are not used). The ranks
+    /// are all CPU or all CUDA; blocks move GPU to GPU.
+    pub fn on_devices(devices: &[Device], config: &Config) -> Result<LocalGroup> {
+        let raw_config = config.raw()?;
+        let world_size = devices.len();
+        let n = c_int::try_from(world_size).map_err(|_| invalid(format!("{world_size} devices are too many")))?;
+        let raw_devices: Vec<sys::DLDevice> = devices.iter().map(|d| d.dl()).collect();
+        Self::create(world_size, |out| {
+            // SAFETY: one device per rank, and room for as many handles.
+            unsafe {
+                sys::stria_context_create_local_group_on_devices(&raw_config, raw_devices.as_ptr(), n, out)
+            }
+        })
+    }
+
+    // Calls `create` with room for world_size handles (at least one, which a rejected call may
+    // clear) and adopts what it made.
+    fn create(
+        world_size: usize,
+        create: impl FnOnce(*mut sys::stria_context_t) -> sys::stria_status_t,
+    ) -> Result<LocalGroup> {
         let mut raw = Vec::new();
         raw.try_reserve_exact(world_size.max(1))
             .map_err(|_| Error::new(Status::OutOfMemory, format!("cannot allocate {world_size} handles")))?;
         raw.resize(world_size.max(1), std::ptr::null_mut());
-        // SAFETY: room for world_size handles (at least one, which a rejected call may clear).
-        check(unsafe { sys::stria_context_create_local_group(&raw_config, n, raw.as_mut_ptr()) })?;
+        check(create(raw.as_mut_ptr()))?;
         raw.truncate(world_size);
         // Adopt every handle even after a failure, so that none leaks.
         let adopted: Vec<Result<Context>> = raw

@@ -293,6 +293,14 @@ fn ranks_that_disagree_all_fail_then_agree() {
 }
 
 #[test]
+fn a_group_on_devices_is_a_local_group() {
+    let config = Config::new().num_threads(1).timeout(Duration::from_secs(20));
+    let mut group = LocalGroup::on_devices(&[Device::Cpu; 3], &config).unwrap();
+    assert_eq!(group.world_size(), 3);
+    expect_correct_forward(group.contexts_mut());
+}
+
+#[test]
 fn bad_contexts() {
     expect_err(
         LocalGroup::new(0, &Config::new()),
@@ -308,6 +316,16 @@ fn bad_contexts() {
         LocalGroup::new(2, &Config::new().transport(Transport::Ucx, None)),
         Status::InvalidArgument,
         "local transport",
+    );
+    expect_err(
+        LocalGroup::on_devices(&[Device::Cpu, Device::Cuda(0)], &Config::new()),
+        Status::InvalidArgument,
+        "devices[1] is cuda:0 but devices[0] is cpu:0",
+    );
+    expect_err(
+        LocalGroup::on_devices(&[], &Config::new()),
+        Status::InvalidArgument,
+        "world_size 0",
     );
     expect_err(
         Context::new(&Config::new().rank(2, 2)),
