@@ -4,6 +4,8 @@
 //             which all processes of a host share), each after a device synchronisation.
 //   ring-local: the same at world 1 through the in-process transport (a local group of one),
 //             the anchor of the NCCL transport's overhead at world 1 (bench/gpu_run.sh).
+//   ring-gpus: the same ring over WORLD_SIZE GPUs in one process (run with RANK=0): a local group
+//             with rank r on GPU r, blocks copied peer to peer; the anchor of the NCCL ring.
 //   transfer: K/V-block-sized messages from rank 0 to rank 1 through the NCCL transport module
 //             itself, one at a time as the ring sends them (post, wait), and the same through
 //             plain NCCL (a blocking communicator of its own, ncclSend/ncclRecv, a stream
@@ -62,8 +64,54 @@ void* DeviceFilled(size_t bytes, unsigned seed) {
   return p;
 }
 
-// `local`: a local group of one context (the in-process transport's device-to-device copies), the
-// anchor of the NCCL transport's overhead at world 1.
+// Times the causal ring per layout on one rank's context: forward and backward, bf16, after a
+// warm-up call; prints one CALL line per call (start and end on CLOCK_MONOTONIC).
+int TimeCalls(stria_context_t ctx, int rank, int device, int64_t L, int64_t H, int64_t D, int reps) {
+  const size_t n = static_cast<size_t>(L * H * D), bytes = n * 2;
+  void* buf[8];
+  for (int i = 0; i < 8; ++i) buf[i] = DeviceFilled(bytes, static_cast<unsigned>(rank * 8 + i));
+  float* lse = nullptr;
+  cudaMalloc(&lse, static_cast<size_t>(H * L) * sizeof(float));
+  int64_t shape[4] = {1, L, H, D}, lse_shape[3] = {1, H, L};
+  const DLDataType bf16 = {kDLBfloat, 16, 1}, f32 = {kDLFloat, 32, 1};
+  DLTensor tq = Tensor(buf[0], 4, shape, bf16, device), tk = Tensor(buf[1], 4, shape, bf16, device),
+           tv = Tensor(buf[2], 4, shape, bf16, device), to = Tensor(buf[3], 4, shape, bf16, device),
+           tdo = Tensor(buf[4], 4, shape, bf16, device), tdq = Tensor(buf[5], 4, shape, bf16, device),
+           tdk = Tensor(buf[6], 4, shape, bf16, device), tdv = Tensor(buf[7], 4, shape, bf16, device),
+           tl = Tensor(lse, 3, lse_shape, f32, device);
+  const stria_layout_t layouts[3] = {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_ZIGZAG, STRIA_LAYOUT_STRIPED};
+  const char* names[3] = {"contiguous", "zigzag", "striped"};
+  int rc = 0;
+  for (int li = 0; li < 3 && rc == 0; ++li) {
+    stria_attention_params_t p;
+    stria_attention_params_init(&p);
+    p.layout = layouts[li];
+    p.causal = 1;
+    for (int rep = -1; rep < reps && rc == 0; ++rep) {  // rep -1 warms up
+      for (int pass = 0; pass < 2; ++pass) {
+        const double t0 = Now();
+        stria_status_t s =
+            pass == 0 ? stria_attention_forward(ctx, &p, &tq, &tk, &tv, &to, &tl, nullptr)
+                      : stria_attention_backward(ctx, &p, &tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk, &tdv, nullptr);
+        if (s == STRIA_SUCCESS && cudaDeviceSynchronize() != cudaSuccess) s = STRIA_ERROR_CUDA;
+        const double t1 = Now();
+        if (s != STRIA_SUCCESS) {
+          std::fprintf(stderr, "rank %d: %s\n", rank, stria_get_last_error());
+          rc = 1;
+          break;
+        }
+        if (rep >= 0)
+          std::printf("CALL %s %s %d %d %.6f %.6f\n", names[li], pass == 0 ? "fwd" : "bwd", rep, rank, t0, t1);
+      }
+    }
+  }
+  for (void* b : buf) cudaFree(b);
+  cudaFree(lse);
+  return rc;
+}
+
+// One rank of a ring over NCCL, or (`local`) a local group of one context: the in-process
+// transport's device-to-device copies, the anchor of the NCCL transport's overhead at world 1.
 int Ring(int rank, int world, int device, int64_t L, int64_t H, int64_t D, int reps, bool local) {
   stria_context_config_t cfg;
   stria_context_config_init(&cfg);
@@ -83,45 +131,36 @@ int Ring(int rank, int world, int device, int64_t L, int64_t H, int64_t D, int r
     std::fprintf(stderr, "rank %d: %s\n", rank, stria_get_last_error());
     return 1;
   }
-  const size_t n = static_cast<size_t>(L * H * D), bytes = n * 2;
-  void* buf[8];
-  for (int i = 0; i < 8; ++i) buf[i] = DeviceFilled(bytes, static_cast<unsigned>(rank * 8 + i));
-  float* lse = nullptr;
-  cudaMalloc(&lse, static_cast<size_t>(H * L) * sizeof(float));
-  int64_t shape[4] = {1, L, H, D}, lse_shape[3] = {1, H, L};
-  const DLDataType bf16 = {kDLBfloat, 16, 1}, f32 = {kDLFloat, 32, 1};
-  DLTensor tq = Tensor(buf[0], 4, shape, bf16, device), tk = Tensor(buf[1], 4, shape, bf16, device),
-           tv = Tensor(buf[2], 4, shape, bf16, device), to = Tensor(buf[3], 4, shape, bf16, device),
-           tdo = Tensor(buf[4], 4, shape, bf16, device), tdq = Tensor(buf[5], 4, shape, bf16, device),
-           tdk = Tensor(buf[6], 4, shape, bf16, device), tdv = Tensor(buf[7], 4, shape, bf16, device),
-           tl = Tensor(lse, 3, lse_shape, f32, device);
-  const stria_layout_t layouts[3] = {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_ZIGZAG, STRIA_LAYOUT_STRIPED};
-  const char* names[3] = {"contiguous", "zigzag", "striped"};
-  for (int li = 0; li < 3; ++li) {
-    stria_attention_params_t p;
-    stria_attention_params_init(&p);
-    p.layout = layouts[li];
-    p.causal = 1;
-    for (int rep = -1; rep < reps; ++rep) {  // rep -1 warms up
-      for (int pass = 0; pass < 2; ++pass) {
-        const double t0 = Now();
-        stria_status_t s =
-            pass == 0 ? stria_attention_forward(ctx, &p, &tq, &tk, &tv, &to, &tl, nullptr)
-                      : stria_attention_backward(ctx, &p, &tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk, &tdv, nullptr);
-        if (s == STRIA_SUCCESS && cudaDeviceSynchronize() != cudaSuccess) s = STRIA_ERROR_CUDA;
-        const double t1 = Now();
-        if (s != STRIA_SUCCESS) {
-          std::fprintf(stderr, "rank %d: %s\n", rank, stria_get_last_error());
-          return 1;
-        }
-        if (rep >= 0)
-          std::printf("CALL %s %s %d %d %.6f %.6f\n", names[li], pass == 0 ? "fwd" : "bwd", rep, rank, t0, t1);
-      }
-    }
-  }
+  const int rc = TimeCalls(ctx, rank, device, L, H, D, reps);
   stria_context_destroy(ctx);
-  for (void* b : buf) cudaFree(b);
-  cudaFree(lse);
+  return rc;
+}
+
+// The same ring over `gpus` GPUs in this one process, without NCCL: a local group with rank r on
+// GPU r (stria_context_create_local_group_on_devices, peer-to-peer copies), each rank driven by
+// its own thread. The anchor of the multi-process NCCL ring on the same GPUs.
+int RingOnDevices(int gpus, int64_t L, int64_t H, int64_t D, int reps) {
+  stria_context_config_t cfg;
+  stria_context_config_init(&cfg);
+  cfg.timeout_s = 600;
+  std::vector<DLDevice> devices;
+  for (int r = 0; r < gpus; ++r) devices.push_back({kDLCUDA, r});
+  std::vector<stria_context_t> ctx(static_cast<size_t>(gpus), nullptr);
+  if (stria_context_create_local_group_on_devices(&cfg, devices.data(), gpus, ctx.data()) != STRIA_SUCCESS) {
+    std::fprintf(stderr, "%s\n", stria_get_last_error());
+    return 1;
+  }
+  std::vector<int> rc(static_cast<size_t>(gpus), 0);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < gpus; ++r)
+    ranks.emplace_back([&, r] {
+      cudaSetDevice(r);
+      rc[static_cast<size_t>(r)] = TimeCalls(ctx[static_cast<size_t>(r)], r, r, L, H, D, reps);
+    });
+  for (auto& t : ranks) t.join();
+  for (stria_context_t c : ctx) stria_context_destroy(c);
+  for (int v : rc)
+    if (v != 0) return v;
   return 0;
 }
 
@@ -220,12 +259,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   cudaSetDevice(device);
+  if (mode == "ring-gpus")
+    return RingOnDevices(world, argc > 2 ? std::atoll(argv[2]) : 8192, argc > 3 ? std::atoll(argv[3]) : 16,
+                         argc > 4 ? std::atoll(argv[4]) : 128, argc > 5 ? std::atoi(argv[5]) : 5);
   if (mode == "ring" || mode == "ring-local")
     return Ring(rank, world, device, argc > 2 ? std::atoll(argv[2]) : 8192, argc > 3 ? std::atoll(argv[3]) : 16,
                 argc > 4 ? std::atoll(argv[4]) : 128, argc > 5 ? std::atoi(argv[5]) : 5, mode == "ring-local");
   if (mode == "transfer")
     return Transfer(rank, world, device, argc > 2 ? std::strtoull(argv[2], nullptr, 10) : (64u << 20),
                     argc > 3 ? std::atoi(argv[3]) : 50);
-  std::fprintf(stderr, "mode: ring | ring-local | transfer\n");
+  std::fprintf(stderr, "mode: ring | ring-local | ring-gpus | transfer\n");
   return 2;
 }

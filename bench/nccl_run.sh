@@ -3,7 +3,9 @@
 # available to this project's NCCL work; docs/performance.md gets their numbers once it is).
 #   (1) K/V-block-sized transfers GPU 0 -> GPU 1 through stria's NCCL transport (post, wait: as
 #       the ring sends them) against plain NCCL ncclSend/ncclRecv at the same size (the anchor);
-#   (2) the causal ring per layout on N GPUs, one process each, bf16: wall time per call.
+#   (2) the causal ring per layout on N GPUs, one process each, bf16: wall time per call, beside
+#       the same ring in one process without NCCL (a local group on the N GPUs, peer-to-peer
+#       copies: stria-nccl-bench ring-gpus), the anchor.
 # Usage: bench/nccl_run.sh [build dir] [N GPUs (default: all visible)] [L tokens per rank...]
 set -euo pipefail
 build=${1:-build}
@@ -48,22 +50,37 @@ PY
 done
 
 echo
-echo "## Causal ring over NCCL, $gpus GPUs, H=$H, D=$D, bf16 (median of 5 calls, ms)"
-for L in "${sizes[@]}"; do job "ring$L" "$gpus" ring "$L" $H $D 5; done
+echo "## Causal ring over NCCL, $gpus GPUs, H=$H, D=$D, bf16 (median of 5 calls, ms), and the same ring in"
+echo "## one process over the same GPUs without NCCL (local group on devices, peer copies)"
+for L in "${sizes[@]}"; do
+  job "ring$L" "$gpus" ring "$L" $H $D 5
+  RANK=0 LOCAL_RANK=0 WORLD_SIZE=$gpus "$bin" ring-gpus "$L" $H $D 5 >"$out/gpus$L.0" 2>&1
+done
 python3 - "$out" "$gpus" "${sizes[@]}" <<'PY'
 import collections, statistics, sys
 out, n, sizes = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-print("| tokens per rank | layout | pass | wall ms |")
-print("|---|---|---|---|")
-for L in sizes:
+
+def walls(files):
+    """Median wall per (layout, pass): from the last rank's entry to the last rank's exit."""
     calls = collections.defaultdict(lambda: collections.defaultdict(dict))
-    for r in range(n):
-        for line in open(f"{out}/ring{L}.{r}"):
+    for path in files:
+        for line in open(path):
             f = line.split()
-            if f[0] != "CALL": continue
-            calls[(f[1], f[2])][int(f[3])][r] = (float(f[5]), float(f[6]))
-    for (layout, p), reps in calls.items():
-        walls = [max(e for _, e in d.values()) - max(s for s, _ in d.values()) for d in reps.values()]
-        print(f"| {L} | {layout} | {p} | {statistics.median(walls) * 1e3:.2f} |")
+            if not f or f[0] != "CALL":
+                continue
+            calls[(f[1], f[2])][int(f[3])][int(f[4])] = (float(f[5]), float(f[6]))
+    return {key: statistics.median(max(e for _, e in d.values()) - max(s for s, _ in d.values())
+                                   for d in reps.values()) for key, reps in calls.items()}
+
+print("| tokens per rank | layout | pass | NCCL ring ms | in-process ring ms | NCCL / in-process |")
+print("|---|---|---|---|---|---|")
+for L in sizes:
+    nccl = walls([f"{out}/ring{L}.{r}" for r in range(n)])
+    local = walls([f"{out}/gpus{L}.0"])
+    for key, ms in nccl.items():
+        other = local.get(key)
+        ratio = f"{ms / other:.3f}" if other else "-"
+        other_ms = f"{other * 1e3:.2f}" if other else "-"
+        print(f"| {L} | {key[0]} | {key[1]} | {ms * 1e3:.2f} | {other_ms} | {ratio} |")
 PY
 rm -rf "$out"
