@@ -363,7 +363,9 @@ class Context:
 
 
 class LocalGroup(Sequence[Context]):
-    """world_size contexts in this process joined by the in-process transport.
+    """world_size contexts in this process joined by the in-process transport, all on ``device``,
+    or rank r on ``devices[r]`` (e.g. ``["cuda:0", "cuda:1"]``: a ring over this process's GPUs,
+    blocks copied GPU to GPU; each rank's tensors live on its own device).
 
     Every collective (attention_forward/backward) must be called by all ranks at once, each
     from its own thread: run() does that. Use it as a context manager, or close() it.
