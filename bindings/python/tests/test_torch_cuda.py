@@ -70,3 +70,37 @@ def test_cpu_tensors_on_a_cuda_context_are_refused():
         q = torch.randn(1, 8, 2, D)
         with pytest.raises(stria.StriaError):
             group.run(lambda ctx: stria_torch.ring_attention(q, q[:, :, :1], q[:, :, :1], ctx))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_ring_over_two_gpus_matches_reference():
+    """local_group(devices=...): rank r on GPU r % 2, its tensors there; the autograd result
+    against the float64 reference."""
+    n, layout, causal = 4, "striped", True
+    gen = torch.Generator().manual_seed(7)
+    q, k, v, dout = (torch.randn(B, S, h, D, generator=gen).to(torch.bfloat16) for h in (4, 2, 2, 4))
+
+    def rank_fn(ctx):
+        gpu = f"cuda:{ctx.rank % 2}"
+        torch.cuda.set_device(gpu)
+        pos = torch.from_numpy(positions_ref(layout, S, n, ctx.rank))
+        ql, kl, vl = (x[:, pos].to(gpu).requires_grad_() for x in (q, k, v))
+        out = stria_torch.ring_attention(ql, kl, vl, ctx, layout=layout, causal=causal)
+        out.backward(dout[:, pos].to(gpu))
+        torch.cuda.synchronize(gpu)
+        return pos.numpy(), out, ql.grad
+
+    devices = [f"cuda:{r % 2}" for r in range(n)]
+    with stria.local_group(n, devices=devices, timeout_s=TIMEOUT_S) as group:
+        results = group.run(rank_fn)
+    got = []
+    for i in (1, 2):
+        full = np.full((B, S, 4, D), np.nan)
+        for r in results:
+            full[:, r[0]] = as_f64(r[i])
+        got.append(full)
+    scale = 1.0 / math.sqrt(D)
+    want_out = attention_ref(as_f64(q), as_f64(k), as_f64(v), causal, scale)[0]
+    want_dq = attention_backward_ref(as_f64(q), as_f64(k), as_f64(v), as_f64(dout), causal, scale)[0]
+    assert rel_err(got[0], want_out) < TOLERANCE["bfloat16"]
+    assert rel_err(got[1], want_dq) < TOLERANCE["bfloat16"]
