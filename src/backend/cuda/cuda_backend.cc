@@ -194,7 +194,11 @@ class CudaBackend final : public Backend {
     if (s.B * s.Hq > 65535)
       return Error(STRIA_ERROR_UNSUPPORTED, "B*Hq = %lld exceeds the CUDA backend's 65535 (batch x heads per launch)",
                    static_cast<long long>(s.B * s.Hq));
-    if (s.L > (int64_t{1} << 31) / 2 || s.B * s.L * s.Hq * s.D > (int64_t{1} << 40))
+    // The kernels index global memory in 64 bits throughout; what stays 32-bit is bounded by these
+    // caps: L (an int in Dims, and grid arithmetic L + kN - 1) and, through the product cap, the
+    // Hopper backward's step count q_tiles * (Hq / Hkv) (below 2^27). Relaxing either cap means
+    // widening those first.
+    if (s.L > (int64_t{1} << 30) || s.B * s.L * s.Hq * s.D > (int64_t{1} << 40))
       return Error(STRIA_ERROR_UNSUPPORTED, "tensors of %lld tokens per rank are too large for the CUDA backend",
                    static_cast<long long>(s.L));
     return Status::Ok();
