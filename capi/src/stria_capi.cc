@@ -117,13 +117,19 @@ Status CheckLayoutArg(const stria_layout_t& layout) {
   return Status::Ok();
 }
 
-// A local group: rank r on devices[r], or every rank on config->device (devices == NULL).
-Status MakeLocalGroup(const stria_context_config_t* config, const DLDevice* devices, int world_size,
-                      stria_context_t* ctxs) {
+// A local group's output array: checked, and cleared so that a failure leaves no handle in it.
+Status ClearGroupOutput(int world_size, stria_context_t* ctxs) {
   if (ctxs == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "ctxs (the output array) is NULL");
   if (world_size < 1 || world_size > kMaxLocalGroup)
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "world_size %d is out of range 1..%d", world_size, kMaxLocalGroup);
   for (int i = 0; i < world_size; ++i) ctxs[i] = nullptr;
+  return Status::Ok();
+}
+
+// A local group into ctxs (cleared already): rank r on devices[r], or every rank on
+// config->device (devices == NULL).
+Status MakeLocalGroup(const stria_context_config_t* config, const DLDevice* devices, int world_size,
+                      stria_context_t* ctxs) {
   STRIA_RETURN_IF_ERROR(CheckConfig(config));
   if (stria::RawEnum(config->transport) != STRIA_TRANSPORT_LOCAL)
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "a local group uses the local transport (config->transport = %d)",
@@ -246,15 +252,17 @@ STRIA_API stria_status_t stria_context_create_with_nccl_comm(const stria_context
 
 STRIA_API stria_status_t stria_context_create_local_group(const stria_context_config_t* config, int world_size,
                                                           stria_context_t* ctxs) {
-  return Guard([&] { return MakeLocalGroup(config, nullptr, world_size, ctxs); });
+  return Guard([&] {
+    STRIA_RETURN_IF_ERROR(ClearGroupOutput(world_size, ctxs));
+    return MakeLocalGroup(config, nullptr, world_size, ctxs);
+  });
 }
 
 STRIA_API stria_status_t stria_context_create_local_group_on_devices(const stria_context_config_t* config,
                                                                      const DLDevice* devices, int world_size,
                                                                      stria_context_t* ctxs) {
   return Guard([&] {
-    if (ctxs != nullptr && world_size >= 1 && world_size <= kMaxLocalGroup)
-      for (int i = 0; i < world_size; ++i) ctxs[i] = nullptr;
+    STRIA_RETURN_IF_ERROR(ClearGroupOutput(world_size, ctxs));
     if (devices == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "devices (one per rank) is NULL");
     return MakeLocalGroup(config, devices, world_size, ctxs);
   });

@@ -7,12 +7,17 @@
 
 namespace stria {
 
-// A failed runtime call also records its error as the thread's last error; stria reports it in its
-// own status, so it clears that record (where the failed call is still the last one) rather than
+// A failed runtime call also records its error as the thread's last error. Where stria handles the
+// failure itself, it clears that record (if the failed call is still the last one) rather than
 // leave it for the caller's next cudaGetLastError to misattribute. Sticky errors stay regardless.
+inline void ForgetError(cudaError_t e) {
+  if (e != cudaSuccess && cudaPeekAtLastError() == e) (void)cudaGetLastError();
+}
+
+// e as a stria status; the runtime's record of it is cleared (ForgetError).
 inline Status CudaStatus(cudaError_t e, const char* call) {
   if (e == cudaSuccess) return Status::Ok();
-  if (cudaPeekAtLastError() == e) (void)cudaGetLastError();
+  ForgetError(e);
   return Error(STRIA_ERROR_CUDA, "%s failed: %s (%s)", call, cudaGetErrorString(e), cudaGetErrorName(e));
 }
 

@@ -141,14 +141,12 @@ class CudaCopier final : public BufferCopier {
   // Best effort: a pair without peer access (or with too many peers) still copies, staged.
   static void EnablePeerAccess(int device, int peer) {
     int can = 0;
-    if (cudaDeviceCanAccessPeer(&can, device, peer) != cudaSuccess || !can) {
-      (void)cudaGetLastError();
-      return;
-    }
+    const cudaError_t asked = cudaDeviceCanAccessPeer(&can, device, peer);
+    ForgetError(asked);
+    if (asked != cudaSuccess || !can) return;
     DeviceScope scope(device);
     if (!scope.status().ok()) return;
-    const cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
-    if (e != cudaSuccess && cudaPeekAtLastError() == e) (void)cudaGetLastError();  // already on, or refused
+    ForgetError(cudaDeviceEnablePeerAccess(peer, 0));  // already on, or refused: copies are staged then
   }
 
   std::mutex mu_;

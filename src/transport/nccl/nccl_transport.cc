@@ -121,7 +121,7 @@ int LaneOf(int64_t tag) {
 // cudaEventQuery and cudaStreamQuery leave cudaErrorNotReady as the thread's last error; the
 // engine's own CUDA error checks must not take it for theirs.
 void ClearNotReady() {
-  if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
+  ForgetError(cudaErrorNotReady);
 }
 
 stria_status_t NcclCode(ncclResult_t r) {
