@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The Python bindings' tests: builds libstria and the SWIG extension, runs the pytest suite
-# (bindings/python/tests: numpy and torch against float64 references, errors, threads, a training
+# (bindings/python/tests: numpy, torch and JAX against float64 references, errors, threads, a training
 # step) and the training example, then builds a wheel, installs it and runs the suite again
 # against the installed package. Installs what it needs: Debian packages only when missing, and
-# numpy, pytest, torch (from PyPI) into a virtual environment in the repository.
+# numpy, pytest, torch and jax (from PyPI) into a virtual environment in the repository.
 #
 # Environment:
 #   STRIA_PYTHON_BUILD_DIR  build directory (default: STRIA_BUILD_DIR, else build-python); an
@@ -49,8 +49,16 @@ if ! "$py" -c 'import torch' 2>/dev/null; then
   echo "torch installed in $((SECONDS - t0)) s"
 fi
 
+if ! "$py" -c 'import jax' 2>/dev/null; then
+  # JAX's CPU wheels (jax, jaxlib): stria.jax's tests, and the FFI headers its handlers build against.
+  t0=$SECONDS
+  "$py" -m pip install -q jax
+  echo "jax installed in $((SECONDS - t0)) s"
+fi
+jax_include=$("$py" -c 'import jax.ffi; print(jax.ffi.include_dir())')
+
 echo "== build ($build_dir)"
-configure=(-DSTRIA_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$py")
+configure=(-DSTRIA_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$py" -DSTRIA_JAX_INCLUDE_DIR="$jax_include")
 if [ ! -f "$build_dir/CMakeCache.txt" ]; then
   # A new build directory builds only the library and the bindings; an existing one keeps its options.
   configure+=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRIA_BUILD_TESTS=OFF -DSTRIA_BUILD_EXAMPLES=OFF
@@ -60,7 +68,7 @@ cmake -S . -B "$build_dir" "${configure[@]}" >/dev/null
 cmake --build "$build_dir" --target stria_python -j "$(nproc)"
 package_dir=$(cd "$build_dir/bindings/python" && pwd)
 
-export STRIA_REQUIRE_TORCH=1
+export STRIA_REQUIRE_TORCH=1 STRIA_REQUIRE_JAX=1
 echo "== pytest against the build tree"
 PYTHONPATH=$package_dir STRIA_EXPECT_PACKAGE_DIR=$package_dir/stria \
   timeout 900 "$py" -m pytest -q -p no:cacheprovider bindings/python/tests
@@ -74,7 +82,8 @@ if [ "${STRIA_PYTHON_WHEEL:-1}" = 1 ]; then
   echo "== wheel: build, install, pytest against the installed package"
   wheel_dir=$(mktemp -d)
   trap 'rm -rf "$wheel_dir"' EXIT
-  timeout 900 "$py" -m pip wheel -q --no-deps -w "$wheel_dir" .
+  # The build runs in pip's isolated environment, without jax: it is told where jaxlib's headers are.
+  timeout 900 "$py" -m pip wheel -q --no-deps -w "$wheel_dir" -C cmake.define.STRIA_JAX_INCLUDE_DIR="$jax_include" .
   "$py" -m pip install -q --no-deps --force-reinstall "$wheel_dir"/stria-*.whl
   installed=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')/stria
   tests=$(pwd)/bindings/python/tests

@@ -12,6 +12,7 @@ over the whole sequence by passing K/V blocks around a ring. Tensors are any obj
         results = group.run(rank_fn, qs, ks, vs)   # qs[r]: rank r's [B, L, H, D] shard
 
 stria.torch has an autograd function and a drop-in for torch's scaled_dot_product_attention.
+stria.jax has ring attention for JAX: differentiable and usable under jax.jit (XLA custom calls).
 The low-level SWIG module, generated from stria.h, is stria.capi.
 """
 

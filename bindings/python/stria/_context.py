@@ -174,6 +174,7 @@ class Context:
         self._handle = handle
         self._device = device
         self._lock = threading.Lock()
+        self._close_hooks: list[Callable[[], None]] = []
         self._rank = capi.stria_context_get_rank(handle)
         self._world_size = capi.stria_context_get_world_size(handle)
 
@@ -345,8 +346,19 @@ class Context:
         """Destroys the context (idempotent)."""
         with self._lock:
             handle, self._handle = self._handle, None
+            hooks, self._close_hooks = self._close_hooks, []
         if handle is not None:
+            # What refers to the handle elsewhere (stria.jax's binding) lets go of it first.
+            for hook in hooks:
+                hook()
             capi.stria_context_destroy(handle)
+
+    def _on_close(self, hook: Callable[[], None]) -> None:
+        """Runs hook() when the context closes, before its handle is destroyed."""
+        with self._lock:
+            if self._handle is None:
+                raise ValueError("the stria context is closed")
+            self._close_hooks.append(hook)
 
     def __enter__(self) -> Context:
         return self

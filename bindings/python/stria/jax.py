@@ -1,0 +1,184 @@
+"""JAX integration: ring attention as a differentiable, jit-compatible JAX function.
+
+- ``ring_attention(q, k, v, context)``: stria's layout, q ``[B, L, Hq, D]``, k/v ``[B, L, Hkv, D]``;
+  differentiable (``jax.grad``, ``jax.vjp``) and usable under ``jax.jit``.
+- ``attention_forward`` / ``attention_backward``: the two collectives themselves, returning
+  ``(out, lse)`` and ``(dq, dk, dv)``, for a framework's own autograd.
+
+They run as XLA custom calls (XLA's FFI): XLA hands stria its own buffers, and on a GPU its
+stream, so nothing is copied and nothing leaves the device. On CPU the context is a CPU one; on a
+GPU a CUDA context on the device that holds the arrays.
+
+Every rank of the context's group calls these with its own shard of the sequence, in the same
+order: each call is a collective. Two stria calls of one jitted function with no data dependency
+between them may run in either order (XLA schedules them), so give each rank's program the same
+dependencies, as a stack of layers does by itself. Calls on one context from concurrent XLA
+threads wait for each other. A failure raises JAX's runtime error (from some of XLA's execution paths a
+ValueError) with stria's status and message (``INVALID_ARGUMENT: stria attention_forward: ...``);
+a call on a context that has since been closed fails likewise instead of touching it.
+
+The handlers are the module ``stria/_xla_ffi.so``, built with the package where jaxlib's FFI
+headers are found (``pip install jax`` before building stria's Python bindings).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import threading
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._context import Context
+from ._enums import Layout, LayoutLike
+
+__all__ = ["attention_backward", "attention_forward", "ring_attention"]
+
+_FFI_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_xla_ffi.so")
+if not os.path.exists(_FFI_PATH):
+    raise ImportError(
+        f"stria.jax needs stria's XLA FFI handlers ({_FFI_PATH}), which are built only where jaxlib's FFI "
+        "headers are found: pip install jax, then rebuild stria's Python bindings (or set STRIA_JAX_INCLUDE_DIR)"
+    )
+_lib = ctypes.CDLL(_FFI_PATH)
+_lib.stria_jax_bind.argtypes = [ctypes.c_void_p]
+_lib.stria_jax_bind.restype = ctypes.c_int64
+_lib.stria_jax_unbind.argtypes = [ctypes.c_int64]
+_lib.stria_jax_unbind.restype = None
+
+_FORWARD, _BACKWARD = "stria_attention_forward", "stria_attention_backward"
+for _name, _symbol in ((_FORWARD, "stria_jax_forward"), (_BACKWARD, "stria_jax_backward")):
+    jax.ffi.register_ffi_target(_name, jax.ffi.pycapsule(getattr(_lib, _symbol + "_cpu")), platform="cpu")
+    jax.ffi.register_ffi_target(_name, jax.ffi.pycapsule(getattr(_lib, _symbol + "_cuda")), platform="CUDA")
+
+_keys_lock = threading.Lock()
+_keys: dict[int, int] = {}  # id(context) -> its key in the handlers' registry, while it is open
+
+
+def _key(context: Any, func: str) -> int:
+    """The handlers' key of an open context (bound on first use, unbound when it closes)."""
+    if not isinstance(context, Context):
+        raise TypeError(f"{func}(): argument 'context' must be a stria.Context, not {type(context).__name__}")
+    handle = context.handle  # raises for a closed context
+    with _keys_lock:
+        key = _keys.get(id(context))
+        if key is None:
+            key = _lib.stria_jax_bind(int(handle))
+            ident = id(context)
+
+            def unbind() -> None:
+                with _keys_lock:
+                    _keys.pop(ident, None)
+                _lib.stria_jax_unbind(key)
+
+            context._on_close(unbind)
+            _keys[ident] = key
+    return key
+
+
+def _attrs(context: Context, func: str, layout: LayoutLike, causal: bool, softmax_scale: float | None) -> dict:
+    """The custom call's attributes: the context's key (and device on CUDA) and the parameters."""
+    if softmax_scale is not None and not float(softmax_scale) > 0:  # NaN too
+        raise ValueError(f"{func}(): softmax_scale must be None (1/sqrt(D)) or positive, not {softmax_scale!r}")
+    attrs = {
+        "context": np.int64(_key(context, func)),
+        "layout": np.int32(Layout.of(layout)),
+        "causal": bool(causal),
+        "softmax_scale": np.float32(0.0 if softmax_scale is None else softmax_scale),
+    }
+    kind, ordinal = context.device
+    if kind != 1:  # kDLCPU: the CPU handlers take no device
+        attrs["device_id"] = np.int32(ordinal)
+    return attrs
+
+
+def _check_4d(func: str, **arrays: Any) -> None:
+    for name, x in arrays.items():
+        if np.ndim(x) != 4:
+            raise ValueError(f"{func}(): {name} must be [B, L, H, D], got shape {tuple(np.shape(x))}")
+
+
+def _like(x: Any, shape: tuple[int, ...] | None = None, dtype: Any = None) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(tuple(np.shape(x)) if shape is None else shape, dtype or jnp.result_type(x))
+
+
+def attention_forward(
+    context: Context,
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    layout: LayoutLike = Layout.STRIPED,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """This rank's attention output ``[B, L, Hq, D]`` (q's dtype) and its log-sum-exp
+    ``[B, Hq, L]`` (float32) over the whole sharded sequence: stria_attention_forward."""
+    _check_4d("attention_forward", q=q, k=k, v=v)
+    b, l, hq, _ = np.shape(q)
+    call = jax.ffi.ffi_call(_FORWARD, (_like(q), _like(q, (b, hq, l), jnp.float32)))
+    return call(q, k, v, **_attrs(context, "attention_forward", layout, causal, softmax_scale))
+
+
+def attention_backward(
+    context: Context,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    dout: Any,
+    *,
+    layout: LayoutLike = Layout.STRIPED,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The gradients ``(dq, dk, dv)`` of attention_forward's output for this rank's q, k, v, given
+    the forward's out and lse and the gradient dout of out: stria_attention_backward."""
+    _check_4d("attention_backward", q=q, k=k, v=v, out=out, dout=dout)
+    call = jax.ffi.ffi_call(_BACKWARD, (_like(q), _like(k), _like(v)))
+    return call(q, k, v, out, lse, dout, **_attrs(context, "attention_backward", layout, causal, softmax_scale))
+
+
+# The parameters after q, k, v are static (nondiff_argnums): a context is hashed by identity.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _ring(q: Any, k: Any, v: Any, context: Context, layout: int, causal: bool, scale: float | None) -> jax.Array:
+    return attention_forward(context, q, k, v, layout=layout, causal=causal, softmax_scale=scale)[0]
+
+
+def _ring_fwd(q, k, v, context, layout, causal, scale):  # noqa: ANN001, ANN202 - custom_vjp's rule
+    out, lse = attention_forward(context, q, k, v, layout=layout, causal=causal, softmax_scale=scale)
+    return out, (q, k, v, out, lse)
+
+
+def _ring_bwd(context, layout, causal, scale, residuals, dout):  # noqa: ANN001, ANN202 - custom_vjp's rule
+    q, k, v, out, lse = residuals
+    dout = dout.astype(out.dtype)
+    return attention_backward(context, q, k, v, out, lse, dout, layout=layout, causal=causal, softmax_scale=scale)
+
+
+_ring.defvjp(_ring_fwd, _ring_bwd)
+
+
+def ring_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    context: Context,
+    *,
+    layout: LayoutLike = Layout.STRIPED,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+) -> jax.Array:
+    """Attention of this rank's q ``[B, L, Hq, D]`` over the whole sequence's k, v
+    ``[B, L, Hkv, D]`` (each rank holds its L tokens in `layout`); returns ``[B, L, Hq, D]``.
+    Differentiable in q, k and v (first order); softmax_scale None is 1/sqrt(D); causal masks on
+    global positions."""
+    if not isinstance(context, Context):
+        raise TypeError(f"ring_attention(): argument 'context' must be a stria.Context, not {type(context).__name__}")
+    scale = None if softmax_scale is None else float(softmax_scale)
+    return _ring(q, k, v, context, int(Layout.of(layout)), bool(causal), scale)

@@ -1,0 +1,239 @@
+"""stria.jax (XLA FFI custom calls) against the float64 reference: a world of one in this process,
+rings of threads (a local group) and of processes (UCX) in subprocesses (jax_ring.py), every
+layout, causal and not, GQA, float32/bfloat16/float16, forward and gradients; and its errors."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import stria
+from conftest import TIMEOUT_S
+from reference import LAYOUTS, attention_backward_ref, attention_ref, rel_err
+
+
+def _jax_or_skip():
+    """jax, or a skip where it is missing, unless STRIA_REQUIRE_JAX=1 (the test script sets it)."""
+    try:
+        import jax  # noqa: F401
+    except ImportError:
+        if os.environ.get("STRIA_REQUIRE_JAX") == "1":
+            raise
+        pytest.skip("jax is not installed")
+
+
+_jax_or_skip()
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+if os.environ.get("STRIA_REQUIRE_JAX") == "1":
+    import stria.jax as sj  # noqa: E402
+else:
+    sj = pytest.importorskip("stria.jax")  # built only where jaxlib's FFI headers were found
+# What a failed custom call raises: JAX's runtime error, or ValueError on some of XLA's execution
+# paths (its status-to-exception mapping), with stria's status and message either way.
+XLA_ERRORS = (jax.errors.JaxRuntimeError, ValueError)
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-2}
+
+
+def rounded(x: np.ndarray, dtype: str) -> np.ndarray:
+    """x as the kernels see it: rounded to dtype, then exactly in float64."""
+    return np.asarray(jnp.asarray(x, dtype=dtype).astype(jnp.float32), dtype=np.float64)
+
+
+@pytest.fixture
+def ctx():
+    with stria.Context(0, 1, timeout_s=TIMEOUT_S) as c:
+        yield c
+
+
+def inputs(rng, b=2, seq=40, hq=4, hkv=2, d=32):
+    q = rng.standard_normal((b, seq, hq, d), dtype=np.float32)
+    k = rng.standard_normal((b, seq, hkv, d), dtype=np.float32)
+    v = rng.standard_normal((b, seq, hkv, d), dtype=np.float32)
+    return q, k, v
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_world_of_one_matches_reference(ctx, rng, dtype, causal):
+    """Forward (out, lse) and the gradients of a weighted sum, under jit, against float64."""
+    q, k, v = inputs(rng)
+    w = rng.standard_normal(q.shape, dtype=np.float32)
+    qj, kj, vj = (jnp.asarray(x, dtype=dtype) for x in (q, k, v))
+    scale = 1 / np.sqrt(q.shape[-1])
+
+    def loss(q, k, v):
+        return jnp.sum(sj.ring_attention(q, k, v, ctx, causal=causal).astype(jnp.float32) * w)
+
+    _, grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(qj, kj, vj)
+    out, lse = jax.jit(lambda q, k, v: sj.attention_forward(ctx, q, k, v, causal=causal))(qj, kj, vj)
+    assert out.dtype == jnp.dtype(dtype) and lse.dtype == jnp.float32 and lse.shape == (2, 4, 40)
+    qr, kr, vr = (rounded(x, dtype) for x in (q, k, v))
+    out_ref, lse_ref = attention_ref(qr, kr, vr, causal, scale)
+    grads_ref = attention_backward_ref(qr, kr, vr, w, causal, scale)
+    tol = TOLERANCE[dtype]
+    assert rel_err(out, out_ref) < tol
+    assert rel_err(lse, lse_ref) < 1e-5
+    for got, ref in zip(grads, grads_ref):
+        assert got.dtype == jnp.dtype(dtype)
+        assert rel_err(got, ref) < tol
+
+
+def test_backward_by_itself_and_an_explicit_scale(ctx, rng):
+    q, k, v = inputs(rng, hq=2, hkv=2)
+    dout = rng.standard_normal(q.shape, dtype=np.float32)
+    out, lse = sj.attention_forward(ctx, q, k, v, causal=True, softmax_scale=0.3)
+    dq, dk, dv = sj.attention_backward(ctx, q, k, v, out, lse, dout, causal=True, softmax_scale=0.3)
+    for got, ref in zip((dq, dk, dv), attention_backward_ref(q, k, v, dout, True, 0.3)):
+        assert rel_err(got, ref) < 1e-5
+    assert rel_err(out, attention_ref(q, k, v, True, 0.3)[0]) < 1e-5
+
+
+def run_ring(mode: str, n: int, layout: str, causal: bool, dtype: str, tmp_path) -> dict[str, np.ndarray]:
+    """Every rank's results from jax_ring.py (see there), one dict of arrays named <what><rank>."""
+    path = str(tmp_path / "ring.npz")
+    base = [sys.executable, os.path.join(HERE, "jax_ring.py"), mode, str(n), layout, "1" if causal else "0", dtype, path]
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    if mode == "local":
+        procs = [subprocess.Popen(base, env=env)]
+    else:
+        with socket.socket() as s:  # a free port for rank 0 to listen on
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        procs = [subprocess.Popen([*base, str(r), str(port)], env=env) for r in range(n)]
+    try:
+        codes = [p.wait(timeout=2 * TIMEOUT_S) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert codes == [0] * len(procs)
+    files = [path] if mode == "local" else [path.replace(".npz", f".rank{r}.npz") for r in range(n)]
+    results: dict[str, np.ndarray] = {}
+    for f in files:
+        with np.load(f) as data:
+            results.update({name: data[name] for name in data.files})
+    return results
+
+
+def check_ring(results, n: int, layout: str, causal: bool, dtype: str) -> None:
+    sys.path.insert(0, HERE)
+    import jax_ring
+
+    q, k, v, w = jax_ring.full_inputs()
+    q, k, v = (rounded(x, dtype) for x in (q, k, v))
+    scale = 1 / np.sqrt(q.shape[-1])
+    out, lse = attention_ref(q, k, v, causal, scale)
+    dq, dk, dv = attention_backward_ref(q, k, v, w, causal, scale)
+    tol = TOLERANCE[dtype]
+    seq = q.shape[1]
+    for r in range(n):
+        pos = stria.positions(layout, seq, n, r)
+        assert rel_err(results[f"out{r}"], out[:, pos]) < tol, r
+        assert rel_err(results[f"lse{r}"], lse[:, :, pos]) < 1e-5, r
+        for name, ref in (("dq", dq), ("dk", dk), ("dv", dv)):
+            assert rel_err(results[f"{name}{r}"], ref[:, pos]) < tol, (name, r)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("causal", [True, False])
+def test_local_group_of_three_threads(tmp_path, layout, causal):
+    check_ring(run_ring("local", 3, layout, causal, "float32", tmp_path), 3, layout, causal, "float32")
+
+
+def test_local_group_bfloat16(tmp_path):
+    check_ring(run_ring("local", 4, "striped", True, "bfloat16", tmp_path), 4, "striped", True, "bfloat16")
+
+
+def test_ring_of_three_processes_over_ucx(tmp_path, monkeypatch):
+    """The production shape: one rank per process, a transport between processes."""
+    with monkeypatch.context() as m:
+        m.setenv("STRIA_ROOT", "127.0.0.1:1")  # a world of 1 listens nowhere
+        try:
+            stria.Context(transport="ucx", timeout_s=TIMEOUT_S).close()
+        except stria.UnsupportedError as e:
+            pytest.skip(f"no UCX transport: {e}")
+    check_ring(run_ring("ucx", 3, "striped", True, "float32", tmp_path), 3, "striped", True, "float32")
+
+
+def test_on_a_gpu_with_xla_s_stream(rng):
+    """The CUDA handlers: XLA's device buffers and stream, bfloat16, forward and gradients."""
+    try:
+        device = jax.devices("cuda")[0]
+    except RuntimeError:
+        pytest.skip("JAX has no CUDA device here")
+    try:
+        ctx = stria.Context(0, 1, device=f"cuda:{device.id}", timeout_s=TIMEOUT_S)
+    except (stria.UnsupportedError, stria.CudaError) as e:
+        pytest.skip(f"stria has no CUDA backend here: {e}")
+    q, k, v = inputs(rng, seq=256, d=64)
+    w = rng.standard_normal(q.shape, dtype=np.float32)
+    with ctx:
+        qj, kj, vj = (jax.device_put(jnp.asarray(x, dtype=jnp.bfloat16), device) for x in (q, k, v))
+
+        def loss(q, k, v):
+            return jnp.sum(sj.ring_attention(q, k, v, ctx).astype(jnp.float32) * w)
+
+        out = jax.jit(lambda q, k, v: sj.ring_attention(q, k, v, ctx))(qj, kj, vj)
+        grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(qj, kj, vj)
+        qr, kr, vr = (rounded(x, "bfloat16") for x in (q, k, v))
+        scale = 1 / np.sqrt(q.shape[-1])
+        assert rel_err(np.asarray(out.astype(jnp.float32)), attention_ref(qr, kr, vr, True, scale)[0]) < 2e-2
+        for got, ref in zip(grads, attention_backward_ref(qr, kr, vr, w, True, scale)):
+            assert rel_err(np.asarray(got.astype(jnp.float32)), ref) < 2e-2
+
+
+# ---- errors ----------------------------------------------------------------------------------
+
+
+def test_the_library_s_message_reaches_the_caller(ctx, rng):
+    q, k, v = inputs(rng, hq=3, hkv=2)  # 3 query heads over 2 K/V heads
+    with pytest.raises(XLA_ERRORS, match=r"INVALID_ARGUMENT: stria attention_forward: .*head"):
+        jax.block_until_ready(sj.attention_forward(ctx, q, k, v))
+
+
+def test_an_unsupported_dtype_is_named(ctx, rng):
+    q, k, v = (x.astype(np.int32) for x in inputs(rng))
+    with pytest.raises(XLA_ERRORS, match=r"stria attention_forward: .*(dtype|float)"):
+        jax.block_until_ready(sj.attention_forward(ctx, q, k, v))
+
+
+def test_a_closed_context_is_not_touched(rng):
+    q, k, v = inputs(rng)
+    c = stria.Context(0, 1, timeout_s=TIMEOUT_S)
+    f = jax.jit(lambda q, k, v: sj.ring_attention(q, k, v, c))
+    jax.block_until_ready(f(q, k, v))
+    c.close()
+    with pytest.raises(XLA_ERRORS, match="FAILED_PRECONDITION: stria: the context .* is closed"):
+        jax.block_until_ready(f(q, k, v))  # the cached executable, with the closed context's key
+    with pytest.raises(ValueError, match="closed"):
+        sj.ring_attention(q, k, v, c)  # a new trace
+
+
+def test_python_side_checks(ctx, rng):
+    q, k, v = inputs(rng)
+    with pytest.raises(TypeError, match="stria.Context"):
+        sj.ring_attention(q, k, v, "ctx")
+    with pytest.raises(ValueError, match=r"q must be \[B, L, H, D\]"):
+        sj.attention_forward(ctx, q[0], k, v)
+    with pytest.raises(ValueError, match="softmax_scale"):
+        sj.ring_attention(q, k, v, ctx, softmax_scale=-1.0)
+    with pytest.raises(ValueError):
+        sj.ring_attention(q, k, v, ctx, layout="diagonal")
+
+
+def test_second_order_gradients_raise(ctx, rng):
+    """stria's backward is not itself differentiable: differentiating it must fail, not give 0."""
+    q, k, v = inputs(rng)
+
+    def grad_norm(q):
+        g = jax.grad(lambda q: jnp.sum(sj.ring_attention(q, k, v, ctx) ** 2))(q)
+        return jnp.sum(g**2)
+
+    with pytest.raises(Exception, match="(?i)differentiat|jvp|transpose"):
+        jax.grad(grad_norm)(q)
