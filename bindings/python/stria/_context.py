@@ -175,6 +175,7 @@ class Context:
         self._device = device
         self._lock = threading.Lock()
         self._close_hooks: list[Callable[[], None]] = []
+        self._in_local_group = False  # ranks that are threads of this process (LocalGroup sets it)
         self._rank = capi.stria_context_get_rank(handle)
         self._world_size = capi.stria_context_get_world_size(handle)
 
@@ -404,6 +405,8 @@ class LocalGroup(Sequence[Context]):
                 raise ValueError(f"LocalGroup: {len(placed)} devices for world_size {world_size}: one per rank")
             handles = capi.stria_context_create_local_group_on_devices(config, placed)
         self._contexts = [Context._from_handle(h, dev) for h, dev in zip(handles, placed)]
+        for c in self._contexts:
+            c._in_local_group = True
 
     def __len__(self) -> int:
         return len(self._contexts)

@@ -80,6 +80,13 @@ def _key(context: Any, func: str) -> int:
     return key
 
 
+def _cpu_dispatch_is_async() -> bool:
+    try:
+        return bool(jax.config.read("jax_cpu_enable_async_dispatch"))
+    except (AttributeError, KeyError):  # a JAX without the option
+        return False
+
+
 def _attrs(context: Context, func: str, layout: LayoutLike, causal: bool, softmax_scale: float | None) -> dict:
     """The custom call's attributes: the context's key (and device on CUDA) and the parameters."""
     if softmax_scale is not None and not float(softmax_scale) > 0:  # NaN too
@@ -91,6 +98,13 @@ def _attrs(context: Context, func: str, layout: LayoutLike, causal: bool, softma
         "softmax_scale": np.float32(0.0 if softmax_scale is None else softmax_scale),
     }
     kind, ordinal = context.device
+    if kind == 1 and context._in_local_group and context.world_size > 1 and _cpu_dispatch_is_async():
+        raise ValueError(
+            f"{func}(): the ranks of a local group are threads of this process, and JAX dispatches CPU "
+            "programs asynchronously to a pool of its own, where ranks beyond the pool's size would wait for a "
+            "thread until their timeout: set jax.config.update('jax_cpu_enable_async_dispatch', False) before "
+            "JAX's first computation (or run one rank per process)"
+        )
     if kind != 1:  # kDLCPU: the CPU handlers take no device
         attrs["device_id"] = np.int32(ordinal)
     return attrs

@@ -215,6 +215,15 @@ def test_a_closed_context_is_not_touched(rng):
         sj.ring_attention(q, k, v, c)  # a new trace
 
 
+def test_a_local_group_needs_synchronous_dispatch(rng):
+    """Under JAX's default asynchronous CPU dispatch, a local group's ranks would queue on XLA's
+    pool and time out: refused at once, with the setting to change (jax_ring.py runs them)."""
+    q, k, v = inputs(rng)
+    with stria.local_group(2, timeout_s=TIMEOUT_S) as group:
+        with pytest.raises(ValueError, match="jax_cpu_enable_async_dispatch"):
+            sj.ring_attention(q, k, v, group[0])
+
+
 def test_python_side_checks(ctx, rng):
     q, k, v = inputs(rng)
     with pytest.raises(TypeError, match="stria.Context"):
