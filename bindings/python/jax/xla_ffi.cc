@@ -15,6 +15,7 @@
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "stria/stria.h"
 #include "xla/ffi/api/ffi.h"
@@ -23,17 +24,29 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-// One bound context. `calls` serialises this handler's calls on it: XLA may run two independent
-// custom calls of one program at once, and a stria context takes one call at a time (a second
-// would be refused as busy).
-struct Bound {
-  stria_context_t ctx;
-  std::shared_ptr<std::mutex> calls;
+// A context's calls through this module: `mutex` serialises them (XLA may run two independent
+// custom calls of one program at once, and a stria context takes one call at a time: a second
+// would be refused as busy), and `bound` turns false under it when the context is unbound, so a
+// call that found the context just before cannot start on it after.
+struct Calls {
+  std::mutex mutex;
+  bool bound = true;
 };
+// One context of a binding: the XLA device whose programs it serves (-1: any), and the DLPack
+// device its tensors are on.
+struct Member {
+  int32_t xla_device;
+  DLDevice device;
+  stria_context_t ctx;
+  std::shared_ptr<Calls> calls;
+};
+// A binding: one context (for every device), or the ranks of a local group, rank r serving the
+// XLA device that runs rank r's shard of a shard_map.
+using Binding = std::vector<Member>;
 
 std::mutex g_registry_mutex;
-std::unordered_map<int64_t, Bound>& Registry() {
-  static auto* registry = new std::unordered_map<int64_t, Bound>();  // outlives every handler call
+std::unordered_map<int64_t, Binding>& Registry() {
+  static auto* registry = new std::unordered_map<int64_t, Binding>();  // outlives every handler call
   return *registry;
 }
 int64_t g_next_key = 1;  // keys are never reused, so a stale one stays stale
@@ -90,18 +103,28 @@ struct View {
   }
 };
 
-bool Lookup(int64_t key, Bound* out) {
-  std::lock_guard<std::mutex> lock(g_registry_mutex);
-  const auto it = Registry().find(key);
-  if (it == Registry().end()) return false;
-  *out = it->second;
-  return true;
-}
-
 ffi::Error Closed(int64_t key) {
   return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
                     "stria: the context this computation was compiled for (key " + std::to_string(key) +
                         ") is closed; call the function again with an open context");
+}
+
+// The member of binding `key` that serves XLA device `xla_device`, or an error saying why none.
+ffi::Error Find(int64_t key, int32_t xla_device, Member* out) {
+  std::lock_guard<std::mutex> lock(g_registry_mutex);
+  const auto it = Registry().find(key);
+  if (it == Registry().end()) return Closed(key);
+  for (const Member& m : it->second) {
+    if (m.xla_device == -1 || m.xla_device == xla_device) {
+      *out = m;
+      return ffi::Error::Success();
+    }
+  }
+  std::string devices;
+  for (const Member& m : it->second) devices += (devices.empty() ? "" : ", ") + std::to_string(m.xla_device);
+  return ffi::Error(ffi::ErrorCode::kInvalidArgument, "stria: no rank of the local group serves XLA device " +
+                                                          std::to_string(xla_device) + " (its ranks serve devices " +
+                                                          devices + ", rank r the r-th)");
 }
 
 stria_attention_params_t Params(int32_t layout, bool causal, float softmax_scale) {
@@ -113,56 +136,45 @@ stria_attention_params_t Params(int32_t layout, bool causal, float softmax_scale
   return params;
 }
 
-ffi::Error Forward(void* stream, DLDevice device, int64_t key, int32_t layout, bool causal, float softmax_scale,
+ffi::Error Forward(void* stream, int32_t xla_device, int64_t key, int32_t layout, bool causal, float softmax_scale,
                    ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> out,
                    ffi::Result<ffi::AnyBuffer> lse) {
-  Bound bound;
-  if (!Lookup(key, &bound)) return Closed(key);
-  View vq(q, device), vk(k, device), vv(v, device), vo(*out, device), vl(*lse, device);
+  Member m;
+  if (ffi::Error e = Find(key, xla_device, &m); e.failure()) return e;
+  View vq(q, m.device), vk(k, m.device), vv(v, m.device), vo(*out, m.device), vl(*lse, m.device);
   const stria_attention_params_t params = Params(layout, causal, softmax_scale);
-  std::lock_guard<std::mutex> serial(*bound.calls);
-  const stria_status_t s = stria_attention_forward(bound.ctx, &params, &vq.t, &vk.t, &vv.t, &vo.t, &vl.t, stream);
+  std::lock_guard<std::mutex> serial(m.calls->mutex);
+  if (!m.calls->bound) return Closed(key);
+  const stria_status_t s = stria_attention_forward(m.ctx, &params, &vq.t, &vk.t, &vv.t, &vo.t, &vl.t, stream);
   return s == STRIA_SUCCESS ? ffi::Error::Success() : Failure("attention_forward", s);
 }
 
-ffi::Error Backward(void* stream, DLDevice device, int64_t key, int32_t layout, bool causal, float softmax_scale,
+ffi::Error Backward(void* stream, int32_t xla_device, int64_t key, int32_t layout, bool causal, float softmax_scale,
                     ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
                     ffi::AnyBuffer dout, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                     ffi::Result<ffi::AnyBuffer> dv) {
-  Bound bound;
-  if (!Lookup(key, &bound)) return Closed(key);
-  View vq(q, device), vk(k, device), vv(v, device), vo(out, device), vl(lse, device), vdo(dout, device);
-  View vdq(*dq, device), vdk(*dk, device), vdv(*dv, device);
+  Member m;
+  if (ffi::Error e = Find(key, xla_device, &m); e.failure()) return e;
+  const DLDevice d = m.device;
+  View vq(q, d), vk(k, d), vv(v, d), vo(out, d), vl(lse, d), vdo(dout, d), vdq(*dq, d), vdk(*dk, d), vdv(*dv, d);
   const stria_attention_params_t params = Params(layout, causal, softmax_scale);
-  std::lock_guard<std::mutex> serial(*bound.calls);
-  const stria_status_t s = stria_attention_backward(bound.ctx, &params, &vq.t, &vk.t, &vv.t, &vo.t, &vl.t, &vdo.t,
-                                                    &vdq.t, &vdk.t, &vdv.t, stream);
+  std::lock_guard<std::mutex> serial(m.calls->mutex);
+  if (!m.calls->bound) return Closed(key);
+  const stria_status_t s = stria_attention_backward(m.ctx, &params, &vq.t, &vk.t, &vv.t, &vo.t, &vl.t, &vdo.t, &vdq.t,
+                                                    &vdk.t, &vdv.t, stream);
   return s == STRIA_SUCCESS ? ffi::Error::Success() : Failure("attention_backward", s);
 }
 
-ffi::Error ForwardCpu(int64_t key, int32_t layout, bool causal, float scale, ffi::AnyBuffer q, ffi::AnyBuffer k,
-                      ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse) {
-  return Forward(nullptr, DLDevice{kDLCPU, 0}, key, layout, causal, scale, q, k, v, out, lse);
+ffi::Error ForwardCpu(int32_t xla_device, int64_t key, int32_t layout, bool causal, float scale, ffi::AnyBuffer q,
+                      ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> out,
+                      ffi::Result<ffi::AnyBuffer> lse) {
+  return Forward(nullptr, xla_device, key, layout, causal, scale, q, k, v, out, lse);
 }
 
-ffi::Error ForwardCuda(void* stream, int64_t key, int32_t device_id, int32_t layout, bool causal, float scale,
-                       ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> out,
-                       ffi::Result<ffi::AnyBuffer> lse) {
-  return Forward(stream, DLDevice{kDLCUDA, device_id}, key, layout, causal, scale, q, k, v, out, lse);
-}
-
-ffi::Error BackwardCpu(int64_t key, int32_t layout, bool causal, float scale, ffi::AnyBuffer q, ffi::AnyBuffer k,
-                       ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::AnyBuffer dout,
+ffi::Error BackwardCpu(int32_t xla_device, int64_t key, int32_t layout, bool causal, float scale, ffi::AnyBuffer q,
+                       ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::AnyBuffer dout,
                        ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv) {
-  return Backward(nullptr, DLDevice{kDLCPU, 0}, key, layout, causal, scale, q, k, v, out, lse, dout, dq, dk, dv);
-}
-
-ffi::Error BackwardCuda(void* stream, int64_t key, int32_t device_id, int32_t layout, bool causal, float scale,
-                        ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
-                        ffi::AnyBuffer dout, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
-                        ffi::Result<ffi::AnyBuffer> dv) {
-  return Backward(stream, DLDevice{kDLCUDA, device_id}, key, layout, causal, scale, q, k, v, out, lse, dout, dq, dk,
-                  dv);
+  return Backward(nullptr, xla_device, key, layout, causal, scale, q, k, v, out, lse, dout, dq, dk, dv);
 }
 
 // The attributes every handler takes, in the order stria.jax passes them.
@@ -179,38 +191,53 @@ auto CallAttrs(Binding binding) {
 #pragma GCC visibility push(default)
 extern "C" {
 
-// Binds a context (a stria_context_t) to a new key; 0 for a null context.
-int64_t stria_jax_bind(void* ctx) {
-  if (ctx == nullptr) return 0;
+// Binds n contexts to a new key: context i serves XLA device xla_devices[i] (-1: every device)
+// and its tensors are on DLPack device (device_types[i], device_ids[i]). 0 for a bad argument.
+int64_t stria_jax_bind(int n, void* const* ctxs, const int32_t* xla_devices, const int32_t* device_types,
+                       const int32_t* device_ids) {
+  if (n <= 0 || ctxs == nullptr || xla_devices == nullptr || device_types == nullptr || device_ids == nullptr) return 0;
+  Binding binding;
+  for (int i = 0; i < n; ++i) {
+    if (ctxs[i] == nullptr) return 0;
+    binding.push_back(Member{xla_devices[i], DLDevice{static_cast<DLDeviceType>(device_types[i]), device_ids[i]},
+                             static_cast<stria_context_t>(ctxs[i]), std::make_shared<Calls>()});
+  }
   std::lock_guard<std::mutex> lock(g_registry_mutex);
   const int64_t key = g_next_key++;
-  Registry().emplace(key, Bound{static_cast<stria_context_t>(ctx), std::make_shared<std::mutex>()});
+  Registry().emplace(key, std::move(binding));
   return key;
 }
 
-// Unbinds a key, after any call running on it has returned (so the caller may then destroy the
-// context). Unknown keys are ignored.
+// Unbinds a key, after any call running on one of its contexts has returned (so the caller may
+// then destroy them). Unknown keys are ignored.
 void stria_jax_unbind(int64_t key) {
-  Bound bound;
-  if (!Lookup(key, &bound)) return;
-  std::lock_guard<std::mutex> serial(*bound.calls);
-  std::lock_guard<std::mutex> lock(g_registry_mutex);
-  Registry().erase(key);
+  Binding binding;
+  {
+    std::lock_guard<std::mutex> lock(g_registry_mutex);
+    const auto it = Registry().find(key);
+    if (it == Registry().end()) return;
+    binding = std::move(it->second);
+    Registry().erase(it);  // no new call finds it
+  }
+  for (const Member& m : binding) {  // waits for a running call; a call about to start will not
+    std::lock_guard<std::mutex> serial(m.calls->mutex);
+    m.calls->bound = false;
+  }
 }
 
 }  // extern "C"
 
-// The handlers, by platform: the CPU ones take no stream, the CUDA ones XLA's stream and the
-// context's device ordinal (the DLTensors name it; stria checks the buffers are on it).
+// The handlers, by platform: the CUDA ones take XLA's stream, the CPU ones none; both the ordinal
+// of the XLA device running the program (which rank of a local group serves it).
 XLA_FFI_DEFINE_HANDLER_SYMBOL(stria_jax_forward_cpu, ForwardCpu,
-                              CallAttrs(ffi::Ffi::Bind().Attr<int64_t>("context"))
+                              CallAttrs(ffi::Ffi::Bind().Ctx<ffi::DeviceOrdinal>().Attr<int64_t>("context"))
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(stria_jax_backward_cpu, BackwardCpu,
-                              CallAttrs(ffi::Ffi::Bind().Attr<int64_t>("context"))
+                              CallAttrs(ffi::Ffi::Bind().Ctx<ffi::DeviceOrdinal>().Attr<int64_t>("context"))
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
@@ -221,16 +248,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(stria_jax_backward_cpu, BackwardCpu,
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    stria_jax_forward_cuda, ForwardCuda,
-    CallAttrs(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>().Attr<int64_t>("context").Attr<int32_t>("device_id"))
+    stria_jax_forward_cuda, Forward,
+    CallAttrs(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>().Ctx<ffi::DeviceOrdinal>().Attr<int64_t>("context"))
         .Arg<ffi::AnyBuffer>()
         .Arg<ffi::AnyBuffer>()
         .Arg<ffi::AnyBuffer>()
         .Ret<ffi::AnyBuffer>()
         .Ret<ffi::AnyBuffer>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    stria_jax_backward_cuda, BackwardCuda,
-    CallAttrs(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>().Attr<int64_t>("context").Attr<int32_t>("device_id"))
+    stria_jax_backward_cuda, Backward,
+    CallAttrs(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>().Ctx<ffi::DeviceOrdinal>().Attr<int64_t>("context"))
         .Arg<ffi::AnyBuffer>()
         .Arg<ffi::AnyBuffer>()
         .Arg<ffi::AnyBuffer>()

@@ -9,6 +9,12 @@ They run as XLA custom calls (XLA's FFI): XLA hands stria its own buffers, and o
 stream, so nothing is copied and nothing leaves the device. On CPU the context is a CPU one; on a
 GPU a CUDA context on the device that holds the arrays.
 
+``context`` is a Context (one rank per process: UCX, NCCL), or a whole LocalGroup called inside
+``jax.shard_map`` over a mesh axis of its size: rank r computes the shard of the JAX device of
+local ordinal r (on CPU, JAX's r-th CPU device; on GPUs, the ordinal of rank r's GPU, as in
+``local_group(n, devices=["cuda:0", ...])``), so device r's chunk of the sequence axis must hold
+rank r's tokens in the layout's order.
+
 Every rank of the context's group calls these with its own shard of the sequence, in the same
 order: each call is a collective. Two stria calls of one jitted function with no data dependency
 between them may run in either order (XLA schedules them), so give each rank's program the same
@@ -33,7 +39,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._context import Context
+from . import capi
+from ._context import Context, LocalGroup
 from ._enums import Layout, LayoutLike
 
 __all__ = ["attention_backward", "attention_forward", "ring_attention"]
@@ -45,7 +52,8 @@ if not os.path.exists(_FFI_PATH):
         "headers are found: pip install jax, then rebuild stria's Python bindings (or set STRIA_JAX_INCLUDE_DIR)"
     )
 _lib = ctypes.CDLL(_FFI_PATH)
-_lib.stria_jax_bind.argtypes = [ctypes.c_void_p]
+_int32s = ctypes.POINTER(ctypes.c_int32)
+_lib.stria_jax_bind.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), _int32s, _int32s, _int32s]
 _lib.stria_jax_bind.restype = ctypes.c_int64
 _lib.stria_jax_unbind.argtypes = [ctypes.c_int64]
 _lib.stria_jax_unbind.restype = None
@@ -56,27 +64,51 @@ for _name, _symbol in ((_FORWARD, "stria_jax_forward"), (_BACKWARD, "stria_jax_b
     jax.ffi.register_ffi_target(_name, jax.ffi.pycapsule(getattr(_lib, _symbol + "_cuda")), platform="CUDA")
 
 _keys_lock = threading.Lock()
-_keys: dict[int, int] = {}  # id(context) -> its key in the handlers' registry, while it is open
+_keys: dict[int, int] = {}  # id(context or group) -> its key in the handlers' registry, while open
+
+
+def _members(context: Any, func: str) -> list[tuple[Context, int]]:
+    """The contexts to bind and the XLA device each serves (-1: every device): a Context serves
+    the device its program runs on; rank r of a LocalGroup the XLA device of local ordinal r on
+    CPU (JAX's CPU devices), and its own GPU's ordinal on CUDA."""
+    if isinstance(context, Context):
+        return [(context, -1)]
+    if isinstance(context, LocalGroup):
+        return [(c, c.device[1] if c.device[0] == capi.kDLCUDA else r) for r, c in enumerate(context)]
+    raise TypeError(
+        f"{func}(): argument 'context' must be a stria.Context or stria.LocalGroup, not {type(context).__name__}"
+    )
 
 
 def _key(context: Any, func: str) -> int:
-    """The handlers' key of an open context (bound on first use, unbound when it closes)."""
-    if not isinstance(context, Context):
-        raise TypeError(f"{func}(): argument 'context' must be a stria.Context, not {type(context).__name__}")
-    handle = context.handle  # raises for a closed context
+    """The handlers' key of an open context or group (bound on first use, unbound when one of its
+    contexts closes)."""
+    members = _members(context, func)
+    handles = [c.handle for c, _ in members]  # raises for a closed context
     with _keys_lock:
         key = _keys.get(id(context))
-        if key is None:
-            key = _lib.stria_jax_bind(int(handle))
-            ident = id(context)
+        if key is not None:
+            return key
+        n = len(members)
+        key = _lib.stria_jax_bind(
+            n,
+            (ctypes.c_void_p * n)(*(int(h) for h in handles)),
+            (ctypes.c_int32 * n)(*(d for _, d in members)),
+            (ctypes.c_int32 * n)(*(c.device[0] for c, _ in members)),
+            (ctypes.c_int32 * n)(*(c.device[1] for c, _ in members)),
+        )
+        if key == 0:
+            raise ValueError(f"{func}(): could not bind the stria context")
+        ident = id(context)
 
-            def unbind() -> None:
-                with _keys_lock:
-                    _keys.pop(ident, None)
-                _lib.stria_jax_unbind(key)
+        def unbind() -> None:
+            with _keys_lock:
+                _keys.pop(ident, None)
+            _lib.stria_jax_unbind(key)  # idempotent: the group's first close unbinds it
 
-            context._on_close(unbind)
-            _keys[ident] = key
+        for c, _ in members:
+            c._on_close(unbind)
+        _keys[ident] = key
     return key
 
 
@@ -87,27 +119,30 @@ def _cpu_dispatch_is_async() -> bool:
         return False
 
 
-def _attrs(context: Context, func: str, layout: LayoutLike, causal: bool, softmax_scale: float | None) -> dict:
-    """The custom call's attributes: the context's key (and device on CUDA) and the parameters."""
+def _attrs(context: Any, func: str, layout: LayoutLike, causal: bool, softmax_scale: float | None) -> dict:
+    """The custom call's attributes: the key of the context (or group) and the parameters."""
     if softmax_scale is not None and not float(softmax_scale) > 0:  # NaN too
         raise ValueError(f"{func}(): softmax_scale must be None (1/sqrt(D)) or positive, not {softmax_scale!r}")
-    attrs = {
-        "context": np.int64(_key(context, func)),
-        "layout": np.int32(Layout.of(layout)),
-        "causal": bool(causal),
-        "softmax_scale": np.float32(0.0 if softmax_scale is None else softmax_scale),
-    }
-    kind, ordinal = context.device
-    if kind == 1 and context._in_local_group and context.world_size > 1 and _cpu_dispatch_is_async():
+    key = _key(context, func)
+    if (
+        isinstance(context, Context)
+        and context.device[0] == capi.kDLCPU
+        and context._in_local_group
+        and context.world_size > 1
+        and _cpu_dispatch_is_async()
+    ):
         raise ValueError(
             f"{func}(): the ranks of a local group are threads of this process, and JAX dispatches CPU "
             "programs asynchronously to a pool of its own, where ranks beyond the pool's size would wait for a "
             "thread until their timeout: set jax.config.update('jax_cpu_enable_async_dispatch', False) before "
-            "JAX's first computation (or run one rank per process)"
+            "JAX's first computation, pass the whole LocalGroup under shard_map, or run one rank per process"
         )
-    if kind != 1:  # kDLCPU: the CPU handlers take no device
-        attrs["device_id"] = np.int32(ordinal)
-    return attrs
+    return {
+        "context": np.int64(key),
+        "layout": np.int32(Layout.of(layout)),
+        "causal": bool(causal),
+        "softmax_scale": np.float32(0.0 if softmax_scale is None else softmax_scale),
+    }
 
 
 def _check_4d(func: str, **arrays: Any) -> None:
@@ -116,8 +151,16 @@ def _check_4d(func: str, **arrays: Any) -> None:
             raise ValueError(f"{func}(): {name} must be [B, L, H, D], got shape {tuple(np.shape(x))}")
 
 
-def _like(x: Any, shape: tuple[int, ...] | None = None, dtype: Any = None) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(tuple(np.shape(x)) if shape is None else shape, dtype or jnp.result_type(x))
+def _like(x: Any, shape: tuple[int, ...] | None = None, dtype: Any = None) -> Any:
+    """The type of a result shaped `shape` (default x's) of `dtype` (default x's)."""
+    shape = tuple(np.shape(x)) if shape is None else shape
+    dtype = jnp.dtype(dtype or jnp.result_type(x))
+    if hasattr(jax, "typeof"):
+        # x's own type, reshaped: inside shard_map it names the mesh axes x varies over, and the
+        # results vary alike (custom_vjp requires dq to have q's type); update() fits its sharding
+        # spec to the new rank.
+        return jax.typeof(x).update(shape=shape, dtype=dtype, weak_type=False)
+    return jax.ShapeDtypeStruct(shape, dtype)
 
 
 def attention_forward(
@@ -192,7 +235,6 @@ def ring_attention(
     ``[B, L, Hkv, D]`` (each rank holds its L tokens in `layout`); returns ``[B, L, Hq, D]``.
     Differentiable in q, k and v (first order); softmax_scale None is 1/sqrt(D); causal masks on
     global positions."""
-    if not isinstance(context, Context):
-        raise TypeError(f"ring_attention(): argument 'context' must be a stria.Context, not {type(context).__name__}")
+    _members(context, "ring_attention")  # a TypeError for anything else
     scale = None if softmax_scale is None else float(softmax_scale)
     return _ring(q, k, v, context, int(Layout.of(layout)), bool(causal), scale)

@@ -6,6 +6,9 @@ against the float64 reference. Run in its own process, so that JAX is set up as 
     python jax_ring.py local N LAYOUT CAUSAL DTYPE OUT.npz
         N ranks as threads of this process (a local group); JAX runs each program on the
         calling thread (jax_cpu_enable_async_dispatch off), which an in-process ring needs.
+    python jax_ring.py shard_map N LAYOUT CAUSAL DTYPE OUT.npz
+        a local group of N ranks passed whole to shard_map over N JAX CPU devices (XLA's forced
+        host device count): JAX's own SPMD, rank r computing on device r.
     python jax_ring.py ucx N LAYOUT CAUSAL DTYPE OUT.npz RANK PORT
         rank RANK of N processes joined by the UCX transport at 127.0.0.1:PORT; writes
         OUT.npz with the rank in its name (OUT.rank<R>.npz).
@@ -52,9 +55,56 @@ def run_rank(ctx, layout: str, causal: bool, dtype: str) -> dict[str, np.ndarray
             (("out", out), ("lse", lse), ("dq", dq), ("dk", dk), ("dv", dv))}
 
 
+def run_shard_map(group, layout: str, causal: bool, dtype: str) -> list[dict[str, np.ndarray]]:
+    """The whole sequence through shard_map: device r holds rank r's tokens (in layout order) as
+    the r-th chunk of the sequence axis."""
+    import jax
+    import jax.numpy as jnp
+    import stria
+    import stria.jax as sj
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    shard_map = getattr(jax, "shard_map", None)
+    if shard_map is None:  # JAX before 0.7
+        from jax.experimental.shard_map import shard_map
+
+    n = len(group)
+    mesh = Mesh(np.array(jax.devices()[:n]), ("ring",))
+    seq_spec, lse_spec = P(None, "ring"), P(None, None, "ring")
+    q, k, v, w = full_inputs()
+    order = np.concatenate([stria.positions(layout, q.shape[1], n, r) for r in range(n)])
+    q, k, v = (jnp.asarray(x[:, order], dtype=dtype) for x in (q, k, v))
+    w = jnp.asarray(w[:, order])
+
+    def attention(q, k, v):
+        return sj.ring_attention(q, k, v, group, layout=layout, causal=causal)
+
+    def loss(q, k, v):
+        out = shard_map(attention, mesh=mesh, in_specs=(seq_spec,) * 3, out_specs=seq_spec)(q, k, v)
+        return jnp.sum(out.astype(jnp.float32) * w)
+
+    def forward(q, k, v):
+        return sj.attention_forward(group, q, k, v, layout=layout, causal=causal)
+
+    dq, dk, dv = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+    out, lse = jax.jit(shard_map(forward, mesh=mesh, in_specs=(seq_spec,) * 3, out_specs=(seq_spec, lse_spec)))(q, k, v)
+    local = q.shape[1] // n
+    results = []
+    for r in range(n):
+        chunk = slice(r * local, (r + 1) * local)
+        got = {"out": out[:, chunk], "lse": lse[:, :, chunk], "dq": dq[:, chunk], "dk": dk[:, chunk], "dv": dv[:, chunk]}
+        results.append({name: np.asarray(x.astype(jnp.float32)) for name, x in got.items()})
+    return results
+
+
 def main(argv: list[str]) -> None:
     mode, n, layout, causal, dtype, path = argv[:6]
     n, causal = int(n), causal == "1"
+    if mode == "shard_map":
+        import os
+
+        os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n}"  # before JAX starts
     import jax
 
     jax.config.update("jax_cpu_enable_async_dispatch", False)  # before JAX's first computation
@@ -63,6 +113,10 @@ def main(argv: list[str]) -> None:
     if mode == "local":
         with stria.local_group(n, timeout_s=TIMEOUT_S, num_threads=1) as group:
             results = group.run(lambda ctx: run_rank(ctx, layout, causal, dtype))
+        np.savez(path, **{f"{name}{r}": x for r, res in enumerate(results) for name, x in res.items()})
+    elif mode == "shard_map":
+        with stria.local_group(n, timeout_s=TIMEOUT_S, num_threads=1) as group:
+            results = run_shard_map(group, layout, causal, dtype)
         np.savez(path, **{f"{name}{r}": x for r, res in enumerate(results) for name, x in res.items()})
     elif mode == "ucx":
         rank, port = int(argv[6]), int(argv[7])

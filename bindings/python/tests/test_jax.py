@@ -100,7 +100,7 @@ def run_ring(mode: str, n: int, layout: str, causal: bool, dtype: str, tmp_path)
     path = str(tmp_path / "ring.npz")
     base = [sys.executable, os.path.join(HERE, "jax_ring.py"), mode, str(n), layout, "1" if causal else "0", dtype, path]
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    if mode == "local":
+    if mode in ("local", "shard_map"):
         procs = [subprocess.Popen(base, env=env)]
     else:
         with socket.socket() as s:  # a free port for rank 0 to listen on
@@ -113,7 +113,7 @@ def run_ring(mode: str, n: int, layout: str, causal: bool, dtype: str, tmp_path)
         for p in procs:
             p.kill()
     assert codes == [0] * len(procs)
-    files = [path] if mode == "local" else [path.replace(".npz", f".rank{r}.npz") for r in range(n)]
+    files = [path] if mode in ("local", "shard_map") else [path.replace(".npz", f".rank{r}.npz") for r in range(n)]
     results: dict[str, np.ndarray] = {}
     for f in files:
         with np.load(f) as data:
@@ -148,6 +148,16 @@ def test_local_group_of_three_threads(tmp_path, layout, causal):
 
 def test_local_group_bfloat16(tmp_path):
     check_ring(run_ring("local", 4, "striped", True, "bfloat16", tmp_path), 4, "striped", True, "bfloat16")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_shard_map_over_jax_devices(tmp_path, layout):
+    """A whole LocalGroup under shard_map, rank r on JAX device r: JAX's own SPMD over a mesh."""
+    check_ring(run_ring("shard_map", 3, layout, True, "float32", tmp_path), 3, layout, True, "float32")
+
+
+def test_shard_map_of_eight_devices_bfloat16(tmp_path):
+    check_ring(run_ring("shard_map", 8, "zigzag", False, "bfloat16", tmp_path), 8, "zigzag", False, "bfloat16")
 
 
 def test_ring_of_three_processes_over_ucx(tmp_path, monkeypatch):
