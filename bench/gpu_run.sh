@@ -5,7 +5,8 @@
 # kernels (mma.sync, and on an H100/H200 the wgmma and TMA families too) beside PyTorch's SDPA
 # (flash and cuDNN backends) on the same shapes, the modelled N = 8 ring at 256k tokens, and the
 # block length above which a ring step's transfer hides behind its kernels (NVLink, 400 Gb/s IB),
-# and the NCCL transport at world 1 against the in-process transport (its overhead; issue 5).
+# the NCCL transport at world 1 against the in-process transport (its overhead; issue 5), and the
+# Python bindings' GPU tests (torch CUDA tensors, stria.jax's CUDA handlers).
 # Prints the tables of docs/performance.md's GPU section to bench/gpu_results.txt.
 #
 # On the lent GPU machine: run scripts/device-deps.sh here first and carry .device-deps.
@@ -13,8 +14,8 @@
 #   bench/gpu_run.sh             everything
 #   QUICK=1 bench/gpu_run.sh     D = 128 at 4k and 16k only, ring at 64k tokens
 #   STAGES="build tests" bench/gpu_run.sh, then STAGES="sanitizer kernels" ..., then
-#   STAGES="ring hide nccl1" ...: the same in parts (stages: build tests sanitizer kernels ring hide
-#   nccl1),
+#   STAGES="ring hide nccl1 python" ...: the same in parts (stages: build tests sanitizer kernels ring
+#   hide nccl1 python),
 #   for a device tool whose calls are limited to 10 minutes; the build directory stays between
 #   calls on a warm machine, and each stage appends to the results file. The whole run takes
 #   about 15 minutes on an H100.
@@ -22,7 +23,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench}
 jobs=$(nproc)
-stages=" ${STAGES:-build tests sanitizer kernels ring hide nccl1} "
+stages=" ${STAGES:-build tests sanitizer kernels ring hide nccl1 python} "
 stage() { [[ "$stages" == *" $1 "* ]]; }
 # The GPU machine's image has neither the DLPack header nor GoogleTest: scripts/device-deps.sh
 # gathers them into .device-deps (carried along). NCCL may come as PyTorch's pip wheel there.
@@ -131,4 +132,23 @@ for L in lens:
         print(f"| {L} | {key[0]} | {key[1]} | {local:.3f} | {nccl:.3f} | {nccl / local:.3f} |")
 PY
   rm -rf "$tmp"
+fi
+
+# The Python bindings on the GPU: torch CUDA tensors and stria.jax's CUDA handlers (XLA's buffers
+# and stream) against the float64 reference. The image has PyTorch and JAX but no SWIG: scripts/
+# device-deps.sh carries Debian's.
+if stage python; then
+  echo "== Python on the GPU: stria.torch (CUDA tensors) and stria.jax (XLA FFI, CUDA)" | tee -a "$out/gpu_results.txt"
+  swig=()
+  if [ -x .device-deps/swig/bin/swig ]; then
+    export SWIG_LIB=$PWD/.device-deps/swig/share
+    swig=(-DSWIG_EXECUTABLE="$PWD/.device-deps/swig/bin/swig")
+  fi
+  # An existing build-gpu (the build stage's) keeps its options and gains the bindings.
+  [ -f build-gpu/CMakeCache.txt ] || swig+=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRIA_WITH_UCX=OFF "${deps[@]}")
+  cmake -S . -B build-gpu -DSTRIA_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$(command -v python3)" "${swig[@]}" >/dev/null
+  ninja -C build-gpu -j"$jobs" stria_python
+  PYTHONPATH=build-gpu/bindings/python STRIA_REQUIRE_TORCH=1 STRIA_REQUIRE_JAX=1 timeout 300 python3 -m pytest -q \
+    -p no:cacheprovider -rs bindings/python/tests/test_torch_cuda.py bindings/python/tests/test_jax.py 2>&1 |
+    tee "$out/gpu_python_output.txt" | tail -15 | tee -a "$out/gpu_results.txt" || true
 fi

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Gathers, into .device-deps/ (git-ignored), what a build on the lent GPU machine needs and its
-# image lacks: the DLPack header and GoogleTest's sources (built there in-tree). Run it here, then
+# image lacks: the DLPack header, GoogleTest's sources (built there in-tree), and SWIG (its
+# binary and library, for the Python bindings' GPU tests). Run it here, then
 # name .device-deps in the device call's `carry`; bench/gpu_run.sh picks it up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,4 +10,9 @@ rm -rf .device-deps
 mkdir -p .device-deps/include
 cp -r /usr/include/dlpack .device-deps/include/
 cp -r /usr/src/googletest .device-deps/googletest
+if command -v swig >/dev/null; then
+  mkdir -p .device-deps/swig/bin
+  cp "$(readlink -f "$(command -v swig)")" .device-deps/swig/bin/swig
+  cp -r "$(swig -swiglib)" .device-deps/swig/share
+fi
 du -sh .device-deps
