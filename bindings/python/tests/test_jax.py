@@ -256,3 +256,10 @@ def test_second_order_gradients_raise(ctx, rng):
 
     with pytest.raises(Exception, match="(?i)differentiat|jvp|transpose"):
         jax.grad(grad_norm)(q)
+
+
+def test_vmap_raises(ctx, rng):
+    """Not one collective per mapped element behind the caller's back: vmap is refused."""
+    q = rng.standard_normal((3, 1, 8, 2, 16), dtype=np.float32)
+    with pytest.raises(NotImplementedError, match="vmap"):
+        jax.vmap(lambda x: sj.ring_attention(x, x, x, ctx))(q)
