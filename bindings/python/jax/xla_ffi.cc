@@ -177,11 +177,38 @@ ffi::Error BackwardCpu(int32_t xla_device, int64_t key, int32_t layout, bool cau
   return Backward(nullptr, xla_device, key, layout, causal, scale, q, k, v, out, lse, dout, dq, dk, dv);
 }
 
-// The attributes every handler takes, in the order stria.jax passes them.
+// What every handler takes after its context (stream, device ordinal), in the order stria.jax
+// passes it: the binding's key and the attention parameters.
 template <typename Binding>
 auto CallAttrs(Binding binding) {
-  return std::move(binding).template Attr<int32_t>("layout").template Attr<bool>("causal").template Attr<float>(
-      "softmax_scale");
+  return std::move(binding)
+      .template Attr<int64_t>("context")
+      .template Attr<int32_t>("layout")
+      .template Attr<bool>("causal")
+      .template Attr<float>("softmax_scale");
+}
+
+// Then n buffer arguments (forward: q, k, v; backward: q, k, v, out, lse, dout)...
+template <int n, typename Binding>
+auto Args(Binding binding) {
+  // Only prvalues: a Binding cannot be copied or moved from outside the chain (its constructors
+  // are private), so neither this parameter nor a local may be returned as it is.
+  if constexpr (n == 1) {
+    return std::move(binding).template Arg<ffi::AnyBuffer>();
+  } else {
+    return Args<n - 1>(std::move(binding).template Arg<ffi::AnyBuffer>());
+  }
+}
+
+// ... and n results (forward: out, lse; backward: dq, dk, dv).
+template <int n, typename Binding>
+auto Rets(Binding binding) {
+  // Only prvalues, as in Args.
+  if constexpr (n == 1) {
+    return std::move(binding).template Ret<ffi::AnyBuffer>();
+  } else {
+    return Rets<n - 1>(std::move(binding).template Ret<ffi::AnyBuffer>());
+  }
 }
 
 }  // namespace
@@ -230,41 +257,13 @@ void stria_jax_unbind(int64_t key) {
 // The handlers, by platform: the CUDA ones take XLA's stream, the CPU ones none; both the ordinal
 // of the XLA device running the program (which rank of a local group serves it).
 XLA_FFI_DEFINE_HANDLER_SYMBOL(stria_jax_forward_cpu, ForwardCpu,
-                              CallAttrs(ffi::Ffi::Bind().Ctx<ffi::DeviceOrdinal>().Attr<int64_t>("context"))
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>());
+                              Rets<2>(Args<3>(CallAttrs(ffi::Ffi::Bind().Ctx<ffi::DeviceOrdinal>()))));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(stria_jax_backward_cpu, BackwardCpu,
-                              CallAttrs(ffi::Ffi::Bind().Ctx<ffi::DeviceOrdinal>().Attr<int64_t>("context"))
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>());
+                              Rets<3>(Args<6>(CallAttrs(ffi::Ffi::Bind().Ctx<ffi::DeviceOrdinal>()))));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     stria_jax_forward_cuda, Forward,
-    CallAttrs(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>().Ctx<ffi::DeviceOrdinal>().Attr<int64_t>("context"))
-        .Arg<ffi::AnyBuffer>()
-        .Arg<ffi::AnyBuffer>()
-        .Arg<ffi::AnyBuffer>()
-        .Ret<ffi::AnyBuffer>()
-        .Ret<ffi::AnyBuffer>());
+    Rets<2>(Args<3>(CallAttrs(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>().Ctx<ffi::DeviceOrdinal>()))));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     stria_jax_backward_cuda, Backward,
-    CallAttrs(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>().Ctx<ffi::DeviceOrdinal>().Attr<int64_t>("context"))
-        .Arg<ffi::AnyBuffer>()
-        .Arg<ffi::AnyBuffer>()
-        .Arg<ffi::AnyBuffer>()
-        .Arg<ffi::AnyBuffer>()
-        .Arg<ffi::AnyBuffer>()
-        .Arg<ffi::AnyBuffer>()
-        .Ret<ffi::AnyBuffer>()
-        .Ret<ffi::AnyBuffer>()
-        .Ret<ffi::AnyBuffer>());
+    Rets<3>(Args<6>(CallAttrs(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>().Ctx<ffi::DeviceOrdinal>()))));
 #pragma GCC visibility pop
