@@ -69,9 +69,12 @@ def empty_like(
         return (xp.zeros if zero else xp.empty)(shape, **kwargs)
     what = f"{type(x).__module__}.{type(x).__name__}"
     like = f"argument '{name}' (a {what})" if name else f"a {what}"
+    hint = ""
+    if type(x).__module__.split(".")[0] in ("jax", "jaxlib"):
+        hint = "; for attention on JAX arrays, stria.jax runs it inside JAX (jit, grad, shard_map)"
     raise TypeError(
         f"stria cannot allocate an output like {like}: "
-        "pass the outputs explicitly (writable objects implementing __dlpack__, e.g. numpy arrays on CPU)"
+        f"pass the outputs explicitly (writable objects implementing __dlpack__, e.g. numpy arrays on CPU){hint}"
     )
 
 

@@ -263,3 +263,24 @@ def test_vmap_raises(ctx, rng):
     q = rng.standard_normal((3, 1, 8, 2, 16), dtype=np.float32)
     with pytest.raises(NotImplementedError, match="vmap"):
         jax.vmap(lambda x: sj.ring_attention(x, x, x, ctx))(q)
+
+
+def test_the_plain_api_points_jax_arrays_to_stria_jax(ctx):
+    """JAX arrays are immutable: the plain API cannot write its outputs into new ones, and says
+    where attention on them belongs."""
+    q = jnp.ones((1, 8, 2, 16))
+    with pytest.raises(TypeError, match=r"pass the outputs explicitly .*stria\.jax"):
+        ctx.attention_forward(q, q, q)
+
+
+def test_under_jax_checkpoint(ctx, rng):
+    """jax.checkpoint runs the forward again in the backward pass: the same gradients."""
+    q, k, v = inputs(rng)
+
+    def loss(q, k, v):
+        return jnp.sum(sj.ring_attention(q, k, v, ctx) ** 2)
+
+    plain = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+    remat = jax.jit(jax.grad(jax.checkpoint(loss), argnums=(0, 1, 2)))(q, k, v)
+    for a, b in zip(plain, remat):
+        assert rel_err(b, a) < 1e-6
