@@ -198,6 +198,27 @@ def test_on_a_gpu_with_xla_s_stream(rng):
             assert rel_err(np.asarray(got.astype(jnp.float32)), ref) < 2e-2
 
 
+def test_shard_map_over_two_gpus():
+    """A local group on two GPUs under shard_map: the CUDA handlers find each device's rank."""
+    try:
+        gpus = jax.devices("cuda")
+    except RuntimeError:
+        pytest.skip("JAX has no CUDA device here")
+    if len(gpus) < 2:
+        pytest.skip("needs two CUDA devices")
+    try:
+        group = stria.local_group(2, devices=[f"cuda:{d.id}" for d in gpus[:2]], timeout_s=TIMEOUT_S)
+    except (stria.UnsupportedError, stria.CudaError) as e:
+        pytest.skip(f"stria has no CUDA backend here: {e}")
+    sys.path.insert(0, HERE)
+    import jax_ring
+
+    with group:
+        results = jax_ring.run_shard_map(group, "striped", True, "bfloat16")
+    merged = {f"{name}{r}": x for r, res in enumerate(results) for name, x in res.items()}
+    check_ring(merged, 2, "striped", True, "bfloat16")
+
+
 # ---- errors ----------------------------------------------------------------------------------
 
 
