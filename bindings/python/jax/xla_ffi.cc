@@ -76,9 +76,9 @@ ffi::Error Failure(const char* call, stria_status_t s) {
                     std::string("stria ") + call + ": " + stria_status_string(s) + ": " + stria_get_last_error());
 }
 
-// A DLTensor over an XLA buffer: compact row-major (strides NULL), on `device`. The DLPack dtype
-// of an element type stria does not take is left invalid (code 255), for stria to reject with its
-// own message naming the supported dtypes.
+// A DLTensor over an XLA buffer: compact row-major (strides NULL), on `device`. Element types
+// stria does not take still get their DLPack type where there is one (integers, float64), so
+// that stria's refusal names them; the rest are left invalid (code 255).
 struct View {
   DLTensor t{};
   explicit View(const ffi::AnyBuffer& b, DLDevice device) {
@@ -96,6 +96,21 @@ struct View {
         break;
       case ffi::DataType::BF16:
         t.dtype = DLDataType{kDLBfloat, 16, 1};
+        break;
+      case ffi::DataType::F64:
+        t.dtype = DLDataType{kDLFloat, 64, 1};
+        break;
+      case ffi::DataType::S8:
+      case ffi::DataType::S16:
+      case ffi::DataType::S32:
+      case ffi::DataType::S64:
+        t.dtype = DLDataType{kDLInt, static_cast<uint8_t>(8 * ffi::ByteWidth(b.element_type())), 1};
+        break;
+      case ffi::DataType::U8:
+      case ffi::DataType::U16:
+      case ffi::DataType::U32:
+      case ffi::DataType::U64:
+        t.dtype = DLDataType{kDLUInt, static_cast<uint8_t>(8 * ffi::ByteWidth(b.element_type())), 1};
         break;
       default:
         t.dtype = DLDataType{255, static_cast<uint8_t>(8 * ffi::ByteWidth(b.element_type())), 1};
