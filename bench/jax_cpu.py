@@ -45,7 +45,10 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=5)
     a = p.parse_args()
     rng = np.random.default_rng(0)
-    print("| dtype | L | pass | stria C API ms | stria.jax ms | stria.jax / C API | jax.nn.dot_product_attention ms | stria.jax / jax |")
+    print(
+        "| dtype | L | pass | stria C API ms | stria.jax ms | stria.jax / C API "
+        "| jax.nn.dot_product_attention ms | stria.jax / jax |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     with stria.Context(0, 1) as ctx:
         for dtype in a.dtypes.split(","):

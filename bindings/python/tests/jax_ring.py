@@ -93,7 +93,8 @@ def run_shard_map(group, layout: str, causal: bool, dtype: str) -> list[dict[str
     results = []
     for r in range(n):
         chunk = slice(r * local, (r + 1) * local)
-        got = {"out": out[:, chunk], "lse": lse[:, :, chunk], "dq": dq[:, chunk], "dk": dk[:, chunk], "dv": dv[:, chunk]}
+        got = {"out": out[:, chunk], "lse": lse[:, :, chunk]}
+        got.update({name: x[:, chunk] for name, x in (("dq", dq), ("dk", dk), ("dv", dv))})
         results.append({name: np.asarray(x.astype(jnp.float32)) for name, x in got.items()})
     return results
 

@@ -98,7 +98,8 @@ def test_backward_by_itself_and_an_explicit_scale(ctx, rng):
 def run_ring(mode: str, n: int, layout: str, causal: bool, dtype: str, tmp_path) -> dict[str, np.ndarray]:
     """Every rank's results from jax_ring.py (see there), one dict of arrays named <what><rank>."""
     path = str(tmp_path / "ring.npz")
-    base = [sys.executable, os.path.join(HERE, "jax_ring.py"), mode, str(n), layout, "1" if causal else "0", dtype, path]
+    flag = "1" if causal else "0"
+    base = [sys.executable, os.path.join(HERE, "jax_ring.py"), mode, str(n), layout, flag, dtype, path]
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     if mode in ("local", "shard_map"):
         procs = [subprocess.Popen(base, env=env)]
@@ -230,7 +231,8 @@ def test_the_library_s_message_reaches_the_caller(ctx, rng):
 
 def test_an_unsupported_dtype_is_named(ctx, rng):
     q, k, v = (x.astype(np.int32) for x in inputs(rng))
-    with pytest.raises(XLA_ERRORS, match=r"UNIMPLEMENTED: stria attention_forward: .*q has dtype int32; supported: float32"):
+    message = r"UNIMPLEMENTED: stria attention_forward: .*q has dtype int32; supported: float32"
+    with pytest.raises(XLA_ERRORS, match=message):
         jax.block_until_ready(sj.attention_forward(ctx, q, k, v))
 
 
