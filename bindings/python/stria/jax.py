@@ -16,10 +16,11 @@ local ordinal r (on CPU, JAX's r-th CPU device; on GPUs, the ordinal of rank r's
 rank r's tokens in the layout's order.
 
 Every rank of the context's group calls these with its own shard of the sequence, in the same
-order: each call is a collective. Two stria calls of one jitted function with no data dependency
-between them may run in either order (XLA schedules them), so give each rank's program the same
-dependencies, as a stack of layers does by itself. Calls on one context from concurrent XLA
-threads wait for each other. A failure raises JAX's runtime error (from some of XLA's execution paths a
+order: each call is a collective, and the ranks' calls pair up in the order they run. XLA orders
+calls by their data only: two stria calls of one jitted function with no dependency between them
+may run in either order, differently on different ranks. So make each call depend on the one
+before, as a stack of layers does by itself. Calls on one context from concurrent XLA threads
+wait for each other. A failure raises JAX's runtime error (from some of XLA's execution paths a
 ValueError) with stria's status and message (``INVALID_ARGUMENT: stria attention_forward: ...``);
 a call on a context that has since been closed fails likewise instead of touching it.
 
