@@ -120,11 +120,10 @@ def _cpu_dispatch_is_async() -> bool:
         return False
 
 
-def _attrs(context: Any, func: str, layout: LayoutLike, causal: bool, softmax_scale: float | None) -> dict:
+def _attrs(context: Context | LocalGroup, func: str, layout: LayoutLike, causal: bool, softmax_scale: float | None) -> dict:
     """The custom call's attributes: the key of the context (or group) and the parameters."""
     if softmax_scale is not None and not float(softmax_scale) > 0:  # NaN too
         raise ValueError(f"{func}(): softmax_scale must be None (1/sqrt(D)) or positive, not {softmax_scale!r}")
-    key = _key(context, func)
     if (
         isinstance(context, Context)
         and context.device[0] == capi.kDLCPU
@@ -139,7 +138,7 @@ def _attrs(context: Any, func: str, layout: LayoutLike, causal: bool, softmax_sc
             "JAX's first computation, pass the whole LocalGroup under shard_map, or run one rank per process"
         )
     return {
-        "context": np.int64(key),
+        "context": np.int64(_key(context, func)),
         "layout": np.int32(Layout.of(layout)),
         "causal": bool(causal),
         "softmax_scale": np.float32(0.0 if softmax_scale is None else softmax_scale),
@@ -165,7 +164,7 @@ def _like(x: Any, shape: tuple[int, ...] | None = None, dtype: Any = None) -> An
 
 
 def attention_forward(
-    context: Context,
+    context: Context | LocalGroup,
     q: Any,
     k: Any,
     v: Any,
@@ -183,7 +182,7 @@ def attention_forward(
 
 
 def attention_backward(
-    context: Context,
+    context: Context | LocalGroup,
     q: Any,
     k: Any,
     v: Any,
@@ -204,7 +203,7 @@ def attention_backward(
 
 # The parameters after q, k, v are static (nondiff_argnums): a context is hashed by identity.
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
-def _ring(q: Any, k: Any, v: Any, context: Context, layout: int, causal: bool, scale: float | None) -> jax.Array:
+def _ring(q: Any, k: Any, v: Any, context: Context | LocalGroup, layout: int, causal: bool, scale: float | None) -> jax.Array:
     return attention_forward(context, q, k, v, layout=layout, causal=causal, softmax_scale=scale)[0]
 
 
@@ -226,7 +225,7 @@ def ring_attention(
     q: Any,
     k: Any,
     v: Any,
-    context: Context,
+    context: Context | LocalGroup,
     *,
     layout: LayoutLike = Layout.STRIPED,
     causal: bool = True,
