@@ -528,6 +528,7 @@ TEST(NullPointers, EveryOtherFunction) {
   expect_invalid(stria_analyze_balance(STRIA_LAYOUT_STRIPED, 1, 64, 4, 1, nullptr), "analyze_balance(NULL)");
   expect_invalid(stria_analyze_balance_steps(STRIA_LAYOUT_STRIPED, 1, 64, 4, 1, nullptr), "balance_steps(NULL)");
   stria_step_time_t steps[2];
+  expect_invalid(stria_context_set_call_tag(nullptr, 1), "set_call_tag(NULL ctx)");
   expect_invalid(stria_context_get_step_times(ctx, steps, 2, nullptr), "get_step_times(NULL num_steps)");
   expect_invalid(stria_context_get_step_times(ctx, nullptr, 2, &n), "get_step_times(NULL steps)");
   expect_invalid(stria_context_get_step_times(ctx, steps, -1, &n), "get_step_times(capacity -1)");
@@ -992,6 +993,8 @@ TEST(Handles, DestroyedAndForgedHandles) {
     int num = -1;
     EXPECT_EQ(stria_context_get_step_times(h, nullptr, 0, &num), STRIA_ERROR_INVALID_ARGUMENT);
     EXPECT_STRNE(stria_get_last_error(), "");
+    EXPECT_EQ(stria_context_set_call_tag(h, 1), STRIA_ERROR_INVALID_ARGUMENT);
+    EXPECT_STRNE(stria_get_last_error(), "");
     EXPECT_EQ(stria_context_abort(h), STRIA_ERROR_INVALID_ARGUMENT);
     EXPECT_STRNE(stria_get_last_error(), "");
     EXPECT_EQ(stria_context_destroy(h), STRIA_ERROR_INVALID_ARGUMENT);
@@ -1049,7 +1052,9 @@ TEST(Handles, ASecondThreadsCallOnABusyContextIsRefused) {
   EXPECT_EQ(refused.get(), STRIA_ERROR_INVALID_ARGUMENT);
   const std::string& why = a_done ? msg_a : msg_b;
   EXPECT_NE(why.find("in stria_attention_forward on another thread"), std::string::npos) << why;
-  // The step times are being written by the running call: not read under it.
+  // The step times are being written by the running call: not read under it; and a tag set now
+  // would name that call or the next one, depending on timing.
+  EXPECT_EQ(stria_context_set_call_tag(g.ctx[0], 3), STRIA_ERROR_INVALID_ARGUMENT);
   int num = -1;
   EXPECT_EQ(stria_context_get_step_times(g.ctx[0], nullptr, 0, &num), STRIA_ERROR_INVALID_ARGUMENT);
   // Rank 1 comes, and the admitted call completes.

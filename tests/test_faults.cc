@@ -444,6 +444,11 @@ std::vector<Disagreement> Disagreements() {
       {"causal", with([](stria_attention_params_t* p) { p->causal = 0; })},
       {"scale", with([](stria_attention_params_t* p) { p->softmax_scale = 0.3f; })},
       {"backward", [](stria_context_t c) { return Rank().Backward(c, DefaultParams()); }},
+      {"tag",
+       [](stria_context_t c) {
+         const stria_status_t s = stria_context_set_call_tag(c, 7);
+         return s != STRIA_SUCCESS ? s : Rank().Forward(c, DefaultParams());
+       }},
   };
 }
 
@@ -512,6 +517,81 @@ TEST(Disagree, RepeatedThenForwardAndBackward) {
   EXPECT_EQ(st[0], STRIA_SUCCESS);
   EXPECT_EQ(st[1], STRIA_SUCCESS);
   ExpectCorrectForward(g.ctx);
+}
+
+// Two independent calls of the same shapes, made in different orders on different ranks: each
+// rank's first call pairs with another site's. Untagged they would exchange blocks of different
+// calls (wrong numbers, and no error); tagged by call site, both pairings fail on every rank
+// before any block moves, naming both tags, and the group stays usable.
+TEST(CallTags, CallsInDifferentOrdersFailInsteadOfPairing) {
+  LocalGroup g(2, 2.0, 1);
+  ASSERT_EQ(g.status, STRIA_SUCCESS);
+  std::vector<Outcome> res(4);
+  RunRanks(2, [&](int r) {
+    stria_context_t c = g.ctx[static_cast<size_t>(r)];
+    const uint64_t order[2][2] = {{0xA1, 0xB2}, {0xB2, 0xA1}};
+    for (int i = 0; i < 2; ++i) {
+      res[static_cast<size_t>(2 * r + i)] = Timed([&] {
+        const stria_status_t s = stria_context_set_call_tag(c, order[r][i]);
+        return s != STRIA_SUCCESS ? s : Rank().Forward(c, DefaultParams());
+      });
+    }
+  });
+  for (const Outcome& o : res) {
+    EXPECT_EQ(o.status, STRIA_ERROR_INVALID_ARGUMENT) << o.message;
+    EXPECT_TRUE(Contains(o.message, "paired different calls")) << o.message;
+    EXPECT_TRUE(Contains(o.message, "0xa1") && Contains(o.message, "0xb2")) << o.message;
+    EXPECT_LT(o.seconds, kPromptS);
+  }
+  ExpectCorrectForward(g.ctx);
+}
+
+// Equal tags pair as untagged calls do, and a tag names one call only: the next call is untagged
+// (0) whether the tagged one succeeded or was refused.
+TEST(CallTags, MatchingTagsRunAndATagNamesOneCall) {
+  LocalGroup g(2, 2.0, 1);
+  ASSERT_EQ(g.status, STRIA_SUCCESS);
+  std::vector<stria_status_t> st(2);
+  auto both = [&](const std::function<stria_status_t(int, stria_context_t)>& call) {
+    RunRanks(2, [&](int r) { st[static_cast<size_t>(r)] = call(r, g.ctx[static_cast<size_t>(r)]); });
+  };
+  both([](int, stria_context_t c) {
+    EXPECT_EQ(stria_context_set_call_tag(c, 42), STRIA_SUCCESS);
+    return Rank().Forward(c, DefaultParams());
+  });
+  EXPECT_EQ(st[0], STRIA_SUCCESS);
+  EXPECT_EQ(st[1], STRIA_SUCCESS);
+  // Rank 1 tags its call 0 explicitly; rank 0's is 0 only if its tag 42 was taken by the last call.
+  both([](int r, stria_context_t c) {
+    if (r == 1) {
+      EXPECT_EQ(stria_context_set_call_tag(c, 0), STRIA_SUCCESS);
+    }
+    return Rank().Backward(c, DefaultParams());
+  });
+  EXPECT_EQ(st[0], STRIA_SUCCESS) << "the tag outlived its call";
+  EXPECT_EQ(st[1], STRIA_SUCCESS);
+  // A tagged call that fails (a disagreement) takes its tag too.
+  both([](int r, stria_context_t c) {
+    EXPECT_EQ(stria_context_set_call_tag(c, 9), STRIA_SUCCESS);
+    stria_attention_params_t p = DefaultParams();
+    p.causal = r;
+    return Rank().Forward(c, p);
+  });
+  EXPECT_EQ(st[0], STRIA_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(st[1], STRIA_ERROR_INVALID_ARGUMENT);
+  both([](int, stria_context_t c) { return Rank().Forward(c, DefaultParams()); });
+  EXPECT_EQ(st[0], STRIA_SUCCESS);
+  EXPECT_EQ(st[1], STRIA_SUCCESS);
+  ExpectCorrectForward(g.ctx);
+}
+
+// An aborted context takes no tag: it can only be destroyed.
+TEST(CallTags, AnAbortedContextRefusesATag) {
+  LocalGroup g(2, 2.0, 1);
+  ASSERT_EQ(g.status, STRIA_SUCCESS);
+  ASSERT_EQ(stria_context_abort(g.ctx[0]), STRIA_SUCCESS);
+  EXPECT_EQ(stria_context_set_call_tag(g.ctx[0], 1), STRIA_ERROR_ABORTED);
+  EXPECT_TRUE(Contains(stria_get_last_error(), "aborted")) << stria_get_last_error();
 }
 
 // (e) One rank rejects its own arguments: it reports its own reason, the others name it.

@@ -351,6 +351,20 @@ STRIA_API stria_status_t stria_attention_backward(stria_context_t ctx, const str
   });
 }
 
+STRIA_API stria_status_t stria_context_set_call_tag(stria_context_t ctx, uint64_t tag) {
+  return Guard([&] {
+    std::shared_ptr<stria::Context> c;
+    STRIA_RETURN_IF_ERROR(Lookup(ctx, &c));
+    // Under the call guard: a tag set while another thread's call runs would name that call, or
+    // the one after it, depending on timing.
+    stria::CallScope call(*c, "stria_context_set_call_tag");
+    STRIA_RETURN_IF_ERROR(call.status());
+    STRIA_RETURN_IF_ERROR(c->Usable());
+    c->SetCallTag(tag);
+    return Status::Ok();
+  });
+}
+
 STRIA_API stria_status_t stria_layout_positions(stria_layout_t layout, int64_t seq_len, int world_size, int rank,
                                                 int64_t* positions) {
   return Guard([&] {

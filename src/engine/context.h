@@ -7,6 +7,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -33,6 +34,10 @@ class Context {
   Backend& backend() { return *backend_; }
   Transport& transport() { return *transport_; }
   uint64_t NextCallSeq() { return ++call_seq_; }
+  // The caller's tag of the next call (stria_context_set_call_tag): part of its signature, and
+  // taken by it, so that it names one call only.
+  void SetCallTag(uint64_t tag) { call_tag_ = tag; }
+  uint64_t TakeCallTag() { return std::exchange(call_tag_, 0); }
 
   // OK, or why this context can no longer run collectives.
   Status Usable() const;
@@ -64,6 +69,7 @@ class Context {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Transport> transport_;
   uint64_t call_seq_ = 0;
+  uint64_t call_tag_ = 0;
   std::atomic<bool> aborted_{false};
   std::atomic<const char*> running_{nullptr};  // the call in progress (a string literal), if any
   mutable std::mutex mu_;                      // guards poison_

@@ -131,9 +131,10 @@ Status ValidateBackward(Context& ctx, const BackwardCall& call, ValidatedCall* c
 
 Status AgreeOnCall(Context& ctx, RingOp op, const Status& local, const ValidatedCall& c, uint64_t* seq) {
   *seq = ctx.NextCallSeq();
+  const uint64_t tag = ctx.TakeCallTag();
   if (ctx.world_size() == 1) return local;
   CallSignature sig;
-  InitSignature(op, *seq, &sig);
+  InitSignature(op, *seq, tag, &sig);
   if (!local.ok()) {
     MarkFailed(local, &sig);
   } else {

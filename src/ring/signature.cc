@@ -8,19 +8,20 @@
 
 namespace stria {
 
-// "STR2": the second form (a status in place of a valid flag), so that a rank of an older stria
-// in the ring is named as such instead of being misread.
-constexpr uint32_t kSignatureMagic = 0x53545232;
+// "STR3": the third form (the caller's tag; before it, a status in place of a valid flag), so that
+// a rank of an older stria in the ring is named as such instead of being misread.
+constexpr uint32_t kSignatureMagic = 0x53545233;
 
 const char* RingOpName(RingOp op) {
   return op == RingOp::kForward ? "stria_attention_forward" : "stria_attention_backward";
 }
 
-void InitSignature(RingOp op, uint64_t seq, CallSignature* sig) {
+void InitSignature(RingOp op, uint64_t seq, uint64_t tag, CallSignature* sig) {
   std::memset(sig, 0, sizeof(*sig));
   sig->magic = kSignatureMagic;
   sig->op = static_cast<uint32_t>(op);
   sig->seq = seq;
+  sig->tag = tag;
   sig->status = STRIA_SUCCESS;
 }
 
@@ -32,17 +33,23 @@ void MarkFailed(const Status& why, CallSignature* sig) {
 
 static std::string Describe(const CallSignature& s) {
   return Format(
-      "%s call #%llu: %s %s, causal %d, scale %g, q [%lld, %lld, %lld, %lld], kv heads %lld, K/V blocks as %s",
+      "%s call #%llu (tag %#llx): %s %s, causal %d, scale %g, q [%lld, %lld, %lld, %lld], kv heads %lld, K/V blocks "
+      "as %s",
       RingOpName(static_cast<RingOp>(s.op)), static_cast<unsigned long long>(s.seq),
-      DTypeName(static_cast<DType>(s.dtype)), LayoutName(static_cast<stria_layout_t>(s.layout)), s.causal,
-      static_cast<double>(s.scale), (long long)s.B, (long long)s.L, (long long)s.Hq, (long long)s.D, (long long)s.Hkv,
+      static_cast<unsigned long long>(s.tag), DTypeName(static_cast<DType>(s.dtype)),
+      LayoutName(static_cast<stria_layout_t>(s.layout)), s.causal, static_cast<double>(s.scale), (long long)s.B,
+      (long long)s.L, (long long)s.Hq, (long long)s.D, (long long)s.Hkv,
       KVWireFormatName(static_cast<KVWireFormat>(s.kv_wire)));
 }
 
-static bool Same(const CallSignature& a, const CallSignature& b) {
+static bool SameButTag(const CallSignature& a, const CallSignature& b) {
   return a.op == b.op && a.seq == b.seq && a.layout == b.layout && a.causal == b.causal && a.scale == b.scale &&
          a.dtype == b.dtype && a.B == b.B && a.L == b.L && a.Hq == b.Hq && a.Hkv == b.Hkv && a.D == b.D &&
          a.kv_wire == b.kv_wire;
+}
+
+static bool Same(const CallSignature& a, const CallSignature& b) {
+  return SameButTag(a, b) && a.tag == b.tag;
 }
 
 Status CheckAgreement(const CallSignature* all, int world_size, int self) {
@@ -71,6 +78,15 @@ Status CheckAgreement(const CallSignature* all, int world_size, int self) {
     }
   }
   for (int r = 0; r < world_size; ++r) {
+    if (SameButTag(all[r], all[ref]) && all[r].tag != all[ref].tag)
+      return Error(STRIA_ERROR_INVALID_ARGUMENT,
+                   "ranks paired different calls: %s call #%llu is tagged %#llx on rank %d but %#llx on rank %d (and "
+                   "%d of the %d ranks): the ranks made these calls from different places of their programs, or in "
+                   "different orders; no block was exchanged (in a compiled program, make each call depend on the "
+                   "one before)",
+                   RingOpName(static_cast<RingOp>(all[r].op)), static_cast<unsigned long long>(all[r].seq),
+                   static_cast<unsigned long long>(all[r].tag), r, static_cast<unsigned long long>(all[ref].tag), ref,
+                   ref_votes, world_size);
     if (!Same(all[r], all[ref]))
       return Error(STRIA_ERROR_INVALID_ARGUMENT,
                    "ranks disagree: rank %d made %s; rank %d (and %d rank(s) in all) made %s", r,

@@ -1,7 +1,8 @@
 // The per-call signature every rank shares before any data moves. Ranks that were handed
 // different shapes, dtypes, layouts or masks — or called different operations, or the same one
 // out of order — then all fail with a message naming the rank that differs, instead of exchanging
-// mismatched blocks (garbage) or waiting for messages that never come (a hang).
+// mismatched blocks (garbage) or waiting for messages that never come (a hang). The caller's tag
+// (stria_context_set_call_tag) tells apart calls whose shapes alone would match.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,7 @@ struct CallSignature {
   uint32_t magic;
   uint32_t op;     // RingOp
   uint64_t seq;    // calls made on this context so far
+  uint64_t tag;    // the caller's name for the call (0: none)
   int32_t status;  // STRIA_SUCCESS, or why this rank cannot take part (reason below)
   int32_t layout;
   int32_t causal;
@@ -23,13 +25,13 @@ struct CallSignature {
   int32_t dtype;
   uint32_t kv_wire;  // KVWireFormat of the rank's backend for this call
   int64_t B, L, Hq, Hkv, D;
-  char reason[112];
+  char reason[104];
 };
 static_assert(sizeof(CallSignature) == 192, "the signature is exchanged as raw bytes");
 
 const char* RingOpName(RingOp op);
-// Zeroes *sig and stamps its magic, operation and sequence number; status STRIA_SUCCESS.
-void InitSignature(RingOp op, uint64_t seq, CallSignature* sig);
+// Zeroes *sig and stamps its magic, operation, sequence number and tag; status STRIA_SUCCESS.
+void InitSignature(RingOp op, uint64_t seq, uint64_t tag, CallSignature* sig);
 // Fills the signature of a rank that cannot take part: its arguments failed validation, or it
 // could not get what the call needs (its workspace on a full device, say).
 void MarkFailed(const Status& why, CallSignature* sig);

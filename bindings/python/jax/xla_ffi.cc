@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -22,7 +23,31 @@
 
 namespace ffi = xla::ffi;
 
+namespace stria_jax {
+
+// What stria.jax passes every call (its custom call's attributes): the binding's key, the
+// attention parameters, and the call's tag (stria_context_set_call_tag) and site ("model.py:12
+// (attend)", empty if none), which errors name.
+struct CallAttributes {
+  int64_t context;
+  int32_t layout;
+  bool causal;
+  float softmax_scale;
+  uint64_t tag;
+  std::string_view site;
+};
+
+}  // namespace stria_jax
+
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(stria_jax::CallAttributes, xla::ffi::StructMember<int64_t>("context"),
+                                      xla::ffi::StructMember<int32_t>("layout"), xla::ffi::StructMember<bool>("causal"),
+                                      xla::ffi::StructMember<float>("softmax_scale"),
+                                      xla::ffi::StructMember<uint64_t>("tag"),
+                                      xla::ffi::StructMember<std::string_view>("site"));
+
 namespace {
+
+using stria_jax::CallAttributes;
 
 // A context's calls through this module: `mutex` serialises them (XLA may run two independent
 // custom calls of one program at once, and a stria context takes one call at a time: a second
@@ -70,10 +95,12 @@ ffi::ErrorCode CodeOf(stria_status_t s) {
   }
 }
 
-// The failed call's status and message, as JAX will raise them ("<CODE>: stria ...").
-ffi::Error Failure(const char* call, stria_status_t s) {
-  return ffi::Error(CodeOf(s),
-                    std::string("stria ") + call + ": " + stria_status_string(s) + ": " + stria_get_last_error());
+// The failed call's status and message, as JAX will raise them ("<CODE>: stria ...", then the
+// call site if stria.jax found one).
+ffi::Error Failure(const char* call, stria_status_t s, std::string_view site) {
+  std::string message = std::string("stria ") + call + ": " + stria_status_string(s) + ": " + stria_get_last_error();
+  if (!site.empty()) message += " [called at " + std::string(site) + "]";
+  return ffi::Error(CodeOf(s), std::move(message));
 }
 
 // A DLTensor over an XLA buffer: compact row-major (strides NULL), on `device`. Element types
@@ -142,65 +169,65 @@ ffi::Error Find(int64_t key, int32_t xla_device, Member* out) {
                                                           devices + ", rank r the r-th)");
 }
 
-stria_attention_params_t Params(int32_t layout, bool causal, float softmax_scale) {
+stria_attention_params_t Params(const CallAttributes& a) {
   stria_attention_params_t params;
   stria_attention_params_init(&params);
-  params.layout = static_cast<stria_layout_t>(layout);
-  params.causal = causal ? 1 : 0;
-  params.softmax_scale = softmax_scale;
+  params.layout = static_cast<stria_layout_t>(a.layout);
+  params.causal = a.causal ? 1 : 0;
+  params.softmax_scale = a.softmax_scale;
   return params;
 }
 
-ffi::Error Forward(void* stream, int32_t xla_device, int64_t key, int32_t layout, bool causal, float softmax_scale,
-                   ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> out,
-                   ffi::Result<ffi::AnyBuffer> lse) {
-  Member m;
-  if (ffi::Error e = Find(key, xla_device, &m); e.failure()) return e;
-  View vq(q, m.device), vk(k, m.device), vv(v, m.device), vo(*out, m.device), vl(*lse, m.device);
-  const stria_attention_params_t params = Params(layout, causal, softmax_scale);
+// Under the binding's lock (the tag names the call that follows it on this thread): tags the call,
+// then makes it.
+template <typename Call>
+ffi::Error Run(const Member& m, const CallAttributes& a, const char* name, Call call) {
   std::lock_guard<std::mutex> serial(m.calls->mutex);
-  if (!m.calls->bound) return Closed(key);
-  const stria_status_t s = stria_attention_forward(m.ctx, &params, &vq.t, &vk.t, &vv.t, &vo.t, &vl.t, stream);
-  return s == STRIA_SUCCESS ? ffi::Error::Success() : Failure("attention_forward", s);
+  if (!m.calls->bound) return Closed(a.context);
+  stria_status_t s = stria_context_set_call_tag(m.ctx, a.tag);
+  if (s == STRIA_SUCCESS) s = call();
+  return s == STRIA_SUCCESS ? ffi::Error::Success() : Failure(name, s, a.site);
 }
 
-ffi::Error Backward(void* stream, int32_t xla_device, int64_t key, int32_t layout, bool causal, float softmax_scale,
-                    ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
-                    ffi::AnyBuffer dout, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
-                    ffi::Result<ffi::AnyBuffer> dv) {
+ffi::Error Forward(void* stream, int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                   ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse) {
   Member m;
-  if (ffi::Error e = Find(key, xla_device, &m); e.failure()) return e;
+  if (ffi::Error e = Find(a.context, xla_device, &m); e.failure()) return e;
+  View vq(q, m.device), vk(k, m.device), vv(v, m.device), vo(*out, m.device), vl(*lse, m.device);
+  const stria_attention_params_t params = Params(a);
+  return Run(m, a, "attention_forward",
+             [&] { return stria_attention_forward(m.ctx, &params, &vq.t, &vk.t, &vv.t, &vo.t, &vl.t, stream); });
+}
+
+ffi::Error Backward(void* stream, int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                    ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::AnyBuffer dout,
+                    ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv) {
+  Member m;
+  if (ffi::Error e = Find(a.context, xla_device, &m); e.failure()) return e;
   const DLDevice d = m.device;
   View vq(q, d), vk(k, d), vv(v, d), vo(out, d), vl(lse, d), vdo(dout, d), vdq(*dq, d), vdk(*dk, d), vdv(*dv, d);
-  const stria_attention_params_t params = Params(layout, causal, softmax_scale);
-  std::lock_guard<std::mutex> serial(m.calls->mutex);
-  if (!m.calls->bound) return Closed(key);
-  const stria_status_t s = stria_attention_backward(m.ctx, &params, &vq.t, &vk.t, &vv.t, &vo.t, &vl.t, &vdo.t, &vdq.t,
-                                                    &vdk.t, &vdv.t, stream);
-  return s == STRIA_SUCCESS ? ffi::Error::Success() : Failure("attention_backward", s);
+  const stria_attention_params_t params = Params(a);
+  return Run(m, a, "attention_backward", [&] {
+    return stria_attention_backward(m.ctx, &params, &vq.t, &vk.t, &vv.t, &vo.t, &vl.t, &vdo.t, &vdq.t, &vdk.t, &vdv.t,
+                                    stream);
+  });
 }
 
-ffi::Error ForwardCpu(int32_t xla_device, int64_t key, int32_t layout, bool causal, float scale, ffi::AnyBuffer q,
-                      ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> out,
-                      ffi::Result<ffi::AnyBuffer> lse) {
-  return Forward(nullptr, xla_device, key, layout, causal, scale, q, k, v, out, lse);
+ffi::Error ForwardCpu(int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                      ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse) {
+  return Forward(nullptr, xla_device, a, q, k, v, out, lse);
 }
 
-ffi::Error BackwardCpu(int32_t xla_device, int64_t key, int32_t layout, bool causal, float scale, ffi::AnyBuffer q,
-                       ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::AnyBuffer dout,
+ffi::Error BackwardCpu(int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                       ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::AnyBuffer dout,
                        ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv) {
-  return Backward(nullptr, xla_device, key, layout, causal, scale, q, k, v, out, lse, dout, dq, dk, dv);
+  return Backward(nullptr, xla_device, a, q, k, v, out, lse, dout, dq, dk, dv);
 }
 
-// What every handler takes after its context (stream, device ordinal), in the order stria.jax
-// passes it: the binding's key and the attention parameters.
+// What every handler takes after its context (stream, device ordinal): the call's attributes.
 template <typename Binding>
 auto CallAttrs(Binding binding) {
-  return std::move(binding)
-      .template Attr<int64_t>("context")
-      .template Attr<int32_t>("layout")
-      .template Attr<bool>("causal")
-      .template Attr<float>("softmax_scale");
+  return std::move(binding).template Attrs<CallAttributes>();
 }
 
 // Then n buffer arguments (forward: q, k, v; backward: q, k, v, out, lse, dout)...

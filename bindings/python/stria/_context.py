@@ -293,10 +293,21 @@ class Context:
         causal: bool = True,
         softmax_scale: float | None = None,
         stream: int | None = None,
+        call_tag: int = 0,
     ) -> tuple[Any, Any]:
         """stria.attention_forward on this context."""
         return _ops.attention_forward(
-            self, q, k, v, out, lse, layout=layout, causal=causal, softmax_scale=softmax_scale, stream=stream
+            self,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            layout=layout,
+            causal=causal,
+            softmax_scale=softmax_scale,
+            stream=stream,
+            call_tag=call_tag,
         )
 
     def attention_backward(
@@ -315,6 +326,7 @@ class Context:
         causal: bool = True,
         softmax_scale: float | None = None,
         stream: int | None = None,
+        call_tag: int = 0,
     ) -> tuple[Any, Any, Any]:
         """stria.attention_backward on this context."""
         return _ops.attention_backward(
@@ -332,6 +344,7 @@ class Context:
             causal=causal,
             softmax_scale=softmax_scale,
             stream=stream,
+            call_tag=call_tag,
         )
 
     def step_times(self) -> list[_ops.StepTime]:

@@ -36,6 +36,14 @@ def attention_params(
     return params
 
 
+def _set_call_tag(handle: Any, call_tag: int, func: str) -> None:
+    """Tags the next call on the context (stria_context_set_call_tag); 0 leaves it untagged."""
+    if isinstance(call_tag, bool) or not isinstance(call_tag, (int, np.integer)) or not 0 <= call_tag < 2**64:
+        raise ValueError(f"{func}(): call_tag must be an integer in [0, 2**64), not {call_tag!r}")
+    if call_tag:
+        capi.stria_context_set_call_tag(handle, int(call_tag))
+
+
 def _lse_shape(q: Tensor) -> tuple[int, ...]:
     shape = shape_of(q, "attention_forward", "q")
     # A q of another rank is the library's to reject (with its message): give it any lse.
@@ -63,6 +71,7 @@ def attention_forward(
     causal: bool = True,
     softmax_scale: float | None = None,
     stream: int | None = None,
+    call_tag: int = 0,
 ) -> tuple[Tensor, Tensor]:
     """Exact attention of this rank's queries over the whole (sharded) sequence.
 
@@ -73,6 +82,11 @@ def attention_forward(
     its workspace) makes every rank raise at once, the same subclass on every rank but for bad
     arguments (InvalidArgumentError on the others); the context stays usable. After a failure in
     the middle of the ring the context can only be closed.
+
+    call_tag (nonzero) names the call for the ranks' pairing (stria_context_set_call_tag): ranks
+    whose calls pair up with different tags all raise InvalidArgumentError instead of exchanging
+    blocks of different calls. For callers that may make independent calls in different orders
+    on different ranks.
     """
     if out is None:
         out = empty_like(q, shape_of(q, "attention_forward", "q"), name="q")
@@ -80,16 +94,11 @@ def attention_forward(
         lse = empty_like(q, _lse_shape(q), dtype="float32", name="q")
     if stream is None:
         stream = default_stream(q)
-    capi.stria_attention_forward(
-        _handle(ctx, "attention_forward"),
-        attention_params(layout, causal, softmax_scale),
-        for_dlpack(q),
-        for_dlpack(k),
-        for_dlpack(v),
-        for_dlpack(out),
-        for_dlpack(lse),
-        stream,
-    )
+    handle = _handle(ctx, "attention_forward")
+    params = attention_params(layout, causal, softmax_scale)
+    tensors = [for_dlpack(x) for x in (q, k, v, out, lse)]
+    _set_call_tag(handle, call_tag, "attention_forward")  # last: nothing between it and its call can fail
+    capi.stria_attention_forward(handle, params, *tensors, stream)
     return out, lse
 
 
@@ -109,11 +118,12 @@ def attention_backward(
     causal: bool = True,
     softmax_scale: float | None = None,
     stream: int | None = None,
+    call_tag: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of attention_forward: returns ``(dq, dk, dv)`` for this rank's q, k, v.
 
     out and lse are the forward's; dout is the gradient of out. A collective like the forward,
-    with the same parameters.
+    with the same parameters (call_tag as there).
     """
     if dq is None:
         dq = empty_like(q, shape_of(q, "attention_backward", "q"), name="q")
@@ -123,20 +133,11 @@ def attention_backward(
         dv = empty_like(v, shape_of(v, "attention_backward", "v"), name="v")
     if stream is None:
         stream = default_stream(q)
-    capi.stria_attention_backward(
-        _handle(ctx, "attention_backward"),
-        attention_params(layout, causal, softmax_scale),
-        for_dlpack(q),
-        for_dlpack(k),
-        for_dlpack(v),
-        for_dlpack(out),
-        for_dlpack(lse),
-        for_dlpack(dout),
-        for_dlpack(dq),
-        for_dlpack(dk),
-        for_dlpack(dv),
-        stream,
-    )
+    handle = _handle(ctx, "attention_backward")
+    params = attention_params(layout, causal, softmax_scale)
+    tensors = [for_dlpack(x) for x in (q, k, v, out, lse, dout, dq, dk, dv)]
+    _set_call_tag(handle, call_tag, "attention_backward")  # last, as in attention_forward
+    capi.stria_attention_backward(handle, params, *tensors, stream)
     return dq, dk, dv
 
 

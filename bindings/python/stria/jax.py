@@ -19,10 +19,14 @@ Every rank of the context's group calls these with its own shard of the sequence
 order: each call is a collective, and the ranks' calls pair up in the order they run. XLA orders
 calls by their data only: two stria calls of one jitted function with no dependency between them
 may run in either order, differently on different ranks. So make each call depend on the one
-before, as a stack of layers does by itself. Calls on one context from concurrent XLA threads
-wait for each other. A failure raises JAX's runtime error (from some of XLA's execution paths a
-ValueError) with stria's status and message (``INVALID_ARGUMENT: stria attention_forward: ...``);
-a call on a context that has since been closed fails likewise instead of touching it.
+before, as a stack of layers does by itself. Where that is not so, the ranks fail instead of
+computing garbage: every traced call carries its call site's tag (``tag=None``; see
+``_call_site``), and calls of different sites that meet fail on every rank, before any block
+moves. Calls on one context from concurrent XLA threads wait for each other. A failure raises
+JAX's runtime error (from some of XLA's execution paths a ValueError) with stria's status and
+message and the call site (``INVALID_ARGUMENT: stria attention_forward: ... [called at
+model.py:42 (attend)]``); a call on a context that has since been closed fails likewise instead
+of touching it.
 
 The handlers are the module ``stria/_xla_ffi.so``, built with the package where jaxlib's FFI
 headers are found (``pip install jax`` before building stria's Python bindings).
@@ -32,12 +36,16 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 import os
+import sys
+import sysconfig
 import threading
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import jaxlib
 import numpy as np
 
 from . import capi
@@ -63,6 +71,59 @@ _FORWARD, _BACKWARD = "stria_attention_forward", "stria_attention_backward"
 for _name, _symbol in ((_FORWARD, "stria_jax_forward"), (_BACKWARD, "stria_jax_backward")):
     jax.ffi.register_ffi_target(_name, jax.ffi.pycapsule(getattr(_lib, _symbol + "_cpu")), platform="cpu")
     jax.ffi.register_ffi_target(_name, jax.ffi.pycapsule(getattr(_lib, _symbol + "_cuda")), platform="CUDA")
+
+# Whose frames a call site's stack leaves out: stria's, and the standard library's (which may
+# differ between the Python versions of different hosts); and where it ends: at JAX's own, the
+# transformation (jit, grad, shard_map, scan...) that traced the caller's function.
+_STRIA_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_JAX_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (jax, jaxlib))
+_STDLIB_DIR = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
+_PACKAGE_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[p]) + os.sep for p in ("purelib", "platlib")})
+_NO_TAG = (0, "")
+_TAG_LIMIT = 2**63  # XLA's attributes take an unsigned 64-bit integer only below 2**63
+
+
+def _call_site() -> tuple[int, str]:
+    """The tag of the call site that called into stria.jax, and where it is ("model.py:12 (attend)").
+
+    The ranks' calls pair up in the order each rank runs them, and a compiled program orders
+    independent calls as it likes; so every traced call carries its site's tag, and calls of
+    different sites that meet fail instead of exchanging blocks (stria_context_set_call_tag).
+    Every process that runs the same program must get the same tag, so it hashes what is the same
+    there: the caller's frames up to JAX's (the trace of the caller's function), innermost first,
+    each as file name without its directory, line and function. A stack of layers is one site
+    (each call depends on the one before, so they cannot be reordered); the two branches of a
+    model that calls one attention function from two places are two."""
+    digest = hashlib.blake2b(digest_size=8)
+    site = ""
+    frame = sys._getframe(1)
+    for _ in range(256):
+        if frame is None:
+            break
+        path = os.path.abspath(frame.f_code.co_filename)
+        if path.startswith(_JAX_DIRS):
+            break
+        own = path.startswith(_STRIA_DIR) or (path.startswith(_STDLIB_DIR) and not path.startswith(_PACKAGE_DIRS))
+        if not own:
+            where = f"{os.path.basename(path)}:{frame.f_lineno} ({frame.f_code.co_name})"
+            site = site or where
+            digest.update(where.encode() + b"\0")
+        frame = frame.f_back
+    return int.from_bytes(digest.digest(), "little") % _TAG_LIMIT or 1, site
+
+
+def _tag_of(func: str, tag: int | None, arrays: tuple) -> tuple[int, str]:
+    """The (tag, site) of a call: `tag` as given (0: untagged), or, for None, its call site's
+    under a trace (jit, grad, shard_map...), and none outside one, where JAX runs the calls one
+    by one in the order the program makes them."""
+    if tag is not None:
+        if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or not 0 <= int(tag) < _TAG_LIMIT:
+            raise ValueError(f"{func}(): tag must be None (the call site's) or an integer in [0, 2**63), not {tag!r}")
+        return int(tag), ""
+    if not any(isinstance(x, jax.core.Tracer) for x in arrays):
+        return _NO_TAG
+    return _call_site()
+
 
 _keys_lock = threading.Lock()
 _keys: dict[int, int] = {}  # id(context or group) -> its key in the handlers' registry, while open
@@ -120,8 +181,16 @@ def _cpu_dispatch_is_async() -> bool:
         return False
 
 
-def _attrs(context: Context | LocalGroup, func: str, layout: LayoutLike, causal: bool, softmax_scale: float | None) -> dict:
-    """The custom call's attributes: the key of the context (or group) and the parameters."""
+def _attrs(
+    context: Context | LocalGroup,
+    func: str,
+    layout: LayoutLike,
+    causal: bool,
+    softmax_scale: float | None,
+    call: tuple[int, str],
+) -> dict:
+    """The custom call's attributes: the key of the context (or group), the parameters, and the
+    call's tag and site."""
     if softmax_scale is not None and not float(softmax_scale) > 0:  # NaN too
         raise ValueError(f"{func}(): softmax_scale must be None (1/sqrt(D)) or positive, not {softmax_scale!r}")
     if (
@@ -142,6 +211,8 @@ def _attrs(context: Context | LocalGroup, func: str, layout: LayoutLike, causal:
         "layout": np.int32(Layout.of(layout)),
         "causal": bool(causal),
         "softmax_scale": np.float32(0.0 if softmax_scale is None else softmax_scale),
+        "tag": np.uint64(call[0]),
+        "site": call[1],
     }
 
 
@@ -163,6 +234,18 @@ def _like(x: Any, shape: tuple[int, ...] | None = None, dtype: Any = None) -> An
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
+def _forward(context, q, k, v, layout, causal, softmax_scale, call):  # noqa: ANN001, ANN202
+    b, l, hq, _ = np.shape(q)
+    ffi = jax.ffi.ffi_call(_FORWARD, (_like(q), _like(q, (b, hq, l), jnp.float32)))
+    return ffi(q, k, v, **_attrs(context, "attention_forward", layout, causal, softmax_scale, call))
+
+
+def _backward(context, q, k, v, out, lse, dout, layout, causal, softmax_scale, call):  # noqa: ANN001, ANN202
+    ffi = jax.ffi.ffi_call(_BACKWARD, (_like(q), _like(k), _like(v)))
+    attrs = _attrs(context, "attention_backward", layout, causal, softmax_scale, call)
+    return ffi(q, k, v, out, lse, dout, **attrs)
+
+
 def attention_forward(
     context: Context | LocalGroup,
     q: Any,
@@ -172,13 +255,17 @@ def attention_forward(
     layout: LayoutLike = Layout.STRIPED,
     causal: bool = True,
     softmax_scale: float | None = None,
+    tag: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """This rank's attention output ``[B, L, Hq, D]`` (q's dtype) and its log-sum-exp
-    ``[B, Hq, L]`` (float32) over the whole sharded sequence: stria_attention_forward."""
+    ``[B, Hq, L]`` (float32) over the whole sharded sequence: stria_attention_forward.
+
+    tag names the call for the ranks' pairing (stria_context_set_call_tag): None, its call site's
+    under a trace (jit, grad, shard_map...); 0, none; or a tag of the caller's choosing, the same
+    on every rank."""
     _check_4d("attention_forward", q=q, k=k, v=v)
-    b, l, hq, _ = np.shape(q)
-    call = jax.ffi.ffi_call(_FORWARD, (_like(q), _like(q, (b, hq, l), jnp.float32)))
-    return call(q, k, v, **_attrs(context, "attention_forward", layout, causal, softmax_scale))
+    call = _tag_of("attention_forward", tag, (q, k, v))
+    return _forward(context, q, k, v, layout, causal, softmax_scale, call)
 
 
 def attention_backward(
@@ -193,29 +280,33 @@ def attention_backward(
     layout: LayoutLike = Layout.STRIPED,
     causal: bool = True,
     softmax_scale: float | None = None,
+    tag: int | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The gradients ``(dq, dk, dv)`` of attention_forward's output for this rank's q, k, v, given
-    the forward's out and lse and the gradient dout of out: stria_attention_backward."""
+    the forward's out and lse and the gradient dout of out: stria_attention_backward. tag as in
+    attention_forward."""
     _check_4d("attention_backward", q=q, k=k, v=v, out=out, dout=dout)
-    call = jax.ffi.ffi_call(_BACKWARD, (_like(q), _like(k), _like(v)))
-    return call(q, k, v, out, lse, dout, **_attrs(context, "attention_backward", layout, causal, softmax_scale))
+    call = _tag_of("attention_backward", tag, (q, k, v, out, lse, dout))
+    return _backward(context, q, k, v, out, lse, dout, layout, causal, softmax_scale, call)
 
 
-# The parameters after q, k, v are static (nondiff_argnums): a context is hashed by identity.
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
-def _ring(q: Any, k: Any, v: Any, context: Context | LocalGroup, layout: int, causal: bool, scale: float | None) -> jax.Array:
-    return attention_forward(context, q, k, v, layout=layout, causal=causal, softmax_scale=scale)[0]
+# The parameters after q, k, v are static (nondiff_argnums): a context is hashed by identity. The
+# call's (tag, site) is ring_attention's caller's: the rules run under JAX's frames, where no site
+# of the caller's is to be found.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7))
+def _ring(q: Any, k: Any, v: Any, context: Context | LocalGroup, layout: int, causal: bool, scale: float | None,
+          call: tuple[int, str]) -> jax.Array:
+    return _forward(context, q, k, v, layout, causal, scale, call)[0]
 
 
-def _ring_fwd(q, k, v, context, layout, causal, scale):  # noqa: ANN001, ANN202 - custom_vjp's rule
-    out, lse = attention_forward(context, q, k, v, layout=layout, causal=causal, softmax_scale=scale)
+def _ring_fwd(q, k, v, context, layout, causal, scale, call):  # noqa: ANN001, ANN202 - custom_vjp's rule
+    out, lse = _forward(context, q, k, v, layout, causal, scale, call)
     return out, (q, k, v, out, lse)
 
 
-def _ring_bwd(context, layout, causal, scale, residuals, dout):  # noqa: ANN001, ANN202 - custom_vjp's rule
+def _ring_bwd(context, layout, causal, scale, call, residuals, dout):  # noqa: ANN001, ANN202 - custom_vjp's rule
     q, k, v, out, lse = residuals
-    dout = dout.astype(out.dtype)
-    return attention_backward(context, q, k, v, out, lse, dout, layout=layout, causal=causal, softmax_scale=scale)
+    return _backward(context, q, k, v, out, lse, dout.astype(out.dtype), layout, causal, scale, call)
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)
@@ -230,11 +321,13 @@ def ring_attention(
     layout: LayoutLike = Layout.STRIPED,
     causal: bool = True,
     softmax_scale: float | None = None,
+    tag: int | None = None,
 ) -> jax.Array:
     """Attention of this rank's q ``[B, L, Hq, D]`` over the whole sequence's k, v
     ``[B, L, Hkv, D]`` (each rank holds its L tokens in `layout`); returns ``[B, L, Hq, D]``.
     Differentiable in q, k and v (first order); softmax_scale None is 1/sqrt(D); causal masks on
-    global positions."""
+    global positions; tag as in attention_forward (forward and backward share it)."""
     _members(context, "ring_attention")  # a TypeError for anything else
     scale = None if softmax_scale is None else float(softmax_scale)
-    return _ring(q, k, v, context, int(Layout.of(layout)), bool(causal), scale)
+    call = _tag_of("ring_attention", tag, (q, k, v))
+    return _ring(q, k, v, context, int(Layout.of(layout)), bool(causal), scale, call)

@@ -9,6 +9,11 @@ against the float64 reference. Run in its own process, so that JAX is set up as 
     python jax_ring.py shard_map N LAYOUT CAUSAL DTYPE OUT.npz
         a local group of N ranks passed whole to shard_map over N JAX CPU devices (XLA's forced
         host device count): JAX's own SPMD, rank r computing on device r.
+    python jax_ring.py mispaired N LAYOUT CAUSAL DTYPE OUT.json
+        N ranks as threads, where rank 0 calls ring attention from one place of its program and
+        the others from another: the calls of different sites meet, and must fail on every rank
+        (stria.jax tags each call with its site); then all call from one site, which must work.
+        Writes each rank's two outcomes (an error message, or "ok") to OUT.json.
     python jax_ring.py ucx N LAYOUT CAUSAL DTYPE OUT.npz RANK PORT
         rank RANK of N processes joined by the UCX transport at 127.0.0.1:PORT; writes
         OUT.npz with the rank in its name (OUT.rank<R>.npz).
@@ -53,6 +58,31 @@ def run_rank(ctx, layout: str, causal: bool, dtype: str) -> dict[str, np.ndarray
     out, lse = jax.jit(lambda q, k, v: sj.attention_forward(ctx, q, k, v, layout=layout, causal=causal))(q, k, v)
     return {name: np.asarray(x.astype(jnp.float32)) for name, x in
             (("out", out), ("lse", lse), ("dq", dq), ("dk", dk), ("dv", dv))}
+
+
+def run_mispaired(ctx, layout: str, causal: bool, dtype: str) -> list[str]:
+    import jax
+    import jax.numpy as jnp
+    import stria
+    import stria.jax as sj
+
+    n, r = ctx.world_size, ctx.rank
+    q, k, v, _ = (jnp.asarray(stria.shard(x, n, r, layout=layout), dtype=dtype) for x in full_inputs())
+
+    def site_a(q, k, v):
+        return sj.ring_attention(q, k, v, ctx, layout=layout, causal=causal)
+
+    def site_b(q, k, v):
+        return sj.ring_attention(q, k, v, ctx, layout=layout, causal=causal)
+
+    outcomes = []
+    for f in (site_a if r == 0 else site_b, site_a):
+        try:
+            jax.block_until_ready(jax.jit(f)(q, k, v))
+            outcomes.append("ok")
+        except Exception as e:  # noqa: BLE001 - the test reads the message
+            outcomes.append(f"{type(e).__name__}: {e}")
+    return outcomes
 
 
 def run_shard_map(group, layout: str, causal: bool, dtype: str) -> list[dict[str, np.ndarray]]:
@@ -115,6 +145,13 @@ def main(argv: list[str]) -> None:
         with stria.local_group(n, timeout_s=TIMEOUT_S, num_threads=1) as group:
             results = group.run(lambda ctx: run_rank(ctx, layout, causal, dtype))
         np.savez(path, **{f"{name}{r}": x for r, res in enumerate(results) for name, x in res.items()})
+    elif mode == "mispaired":
+        import json
+
+        with stria.local_group(n, timeout_s=TIMEOUT_S, num_threads=1) as group:
+            results = group.run(lambda ctx: run_mispaired(ctx, layout, causal, dtype))
+        with open(path, "w") as f:
+            json.dump(results, f)
     elif mode == "shard_map":
         with stria.local_group(n, timeout_s=TIMEOUT_S, num_threads=1) as group:
             results = run_shard_map(group, layout, causal, dtype)

@@ -220,6 +220,71 @@ def test_shard_map_over_two_gpus():
     check_ring(merged, 2, "striped", True, "bfloat16")
 
 
+# ---- call tags ---------------------------------------------------------------------------------
+
+
+def _tags(lowered) -> list[int]:
+    """The tag attributes of a lowered program's stria calls, in program order."""
+    import re
+
+    return [int(t) for t in re.findall(r"tag = (\d+) : ui64", lowered.as_text())]
+
+
+def test_each_call_site_has_its_own_tag(ctx, rng):
+    """Two sites in one program get two tags; a site traced again, or a stack of layers calling
+    one site, the same; ring_attention's forward and backward share theirs."""
+    q, k, v = inputs(rng)
+
+    def two_sites(q, k, v):
+        a = sj.ring_attention(q, k, v, ctx)
+        b = sj.ring_attention(q, k, v, ctx)
+        return a + b
+
+    def layers(q, k, v):
+        for _ in range(3):
+            q = sj.ring_attention(q, k, v, ctx)
+        return q
+
+    a, b = _tags(jax.jit(two_sites).lower(q, k, v))
+    assert a != b and a > 0 and b > 0
+    assert _tags(jax.jit(two_sites).lower(q, k, v)) == [a, b]
+    assert len(set(_tags(jax.jit(layers).lower(q, k, v)))) == 1
+    grad = jax.jit(jax.grad(lambda q, k, v: jnp.sum(sj.ring_attention(q, k, v, ctx)), argnums=(0, 1, 2)))
+    forward_tag, backward_tag = _tags(grad.lower(q, k, v))
+    assert forward_tag == backward_tag > 0
+    explicit = jax.jit(lambda q, k, v: sj.attention_forward(ctx, q, k, v, tag=12345)[0])
+    assert _tags(explicit.lower(q, k, v)) == [12345]
+    untagged = jax.jit(lambda q, k, v: sj.attention_forward(ctx, q, k, v, tag=0)[0])
+    assert _tags(untagged.lower(q, k, v)) == [0]
+
+
+def test_calls_of_different_sites_fail_instead_of_pairing(tmp_path):
+    """Rank 0 calls from one site, the others from another: every rank raises, naming its own
+    site and both tags, and no block moves; then a call from one site works on every rank."""
+    import json
+
+    path = str(tmp_path / "outcomes.json")
+    script = os.path.join(HERE, "jax_ring.py")
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    subprocess.run([sys.executable, script, "mispaired", "3", "striped", "1", "float32", path], env=env,
+                   check=True, timeout=2 * TIMEOUT_S)
+    with open(path) as f:
+        outcomes = json.load(f)
+    assert len(outcomes) == 3
+    for rank, (first, second) in enumerate(outcomes):
+        assert "INVALID_ARGUMENT" in first and "paired different calls" in first, (rank, first)
+        site = "site_a" if rank == 0 else "site_b"
+        assert "[called at jax_ring.py:" in first and f"({site})" in first, (rank, first)
+        assert second == "ok", (rank, second)
+
+
+def test_a_tag_must_fit_xla_s_attribute(ctx, rng):
+    q, k, v = inputs(rng)
+    for bad in (-1, 2**63, True, 1.5):
+        with pytest.raises(ValueError, match="tag must be"):
+            sj.ring_attention(q, k, v, ctx, tag=bad)
+
+
 # ---- errors ----------------------------------------------------------------------------------
 
 

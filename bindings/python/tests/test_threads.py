@@ -105,6 +105,29 @@ def test_ranks_that_disagree_all_fail():
     assert len(seen) == 2 and all(isinstance(e, stria.InvalidArgumentError) for e in seen), seen
 
 
+def test_call_tags_tell_apart_calls_of_the_same_shapes():
+    """Calls tagged alike run; calls tagged differently fail on every rank, before any block
+    moves, and the group stays usable; a tag names one call only."""
+    qs = shards(2, 32, d=16)
+    seen = []
+
+    def rank_fn(ctx, q):
+        ctx.attention_forward(q, q, q, call_tag=7)  # alike
+        try:
+            ctx.attention_forward(q, q, q, call_tag=1 + ctx.rank)
+        except stria.InvalidArgumentError as e:
+            seen.append(str(e))
+        out, lse = ctx.attention_forward(q, q, q)  # untagged on both: the 7 and the 1 or 2 are spent
+        ctx.attention_backward(q, q, q, out, lse, q, call_tag=2**64 - 1)
+        return out
+
+    with stria.local_group(2, timeout_s=TIMEOUT_S) as group:
+        group.run(rank_fn, qs)
+        with pytest.raises(ValueError, match="call_tag must be"):
+            group[0].attention_forward(qs[0], qs[0], qs[0], call_tag=-1)
+    assert len(seen) == 2 and all("paired different calls" in m and "0x1" in m and "0x2" in m for m in seen), seen
+
+
 def test_run_reraises_the_first_real_failure_quickly():
     """A rank that fails before the collective makes run() abort the others instead of letting
     them wait for the timeout, and the original error is the one raised."""

@@ -158,6 +158,17 @@ STRIA_API stria_status_t stria_attention_backward(stria_context_t ctx, const str
                                                   const DLTensor* out, const DLTensor* lse, const DLTensor* dout,
                                                   DLTensor* dq, DLTensor* dk, DLTensor* dv, void* stream);
 
+/* Extension: tags this context's next stria_attention_forward or stria_attention_backward, which
+ * consumes the tag whatever its outcome (an untagged call has tag 0). The ranks' calls pair up in
+ * the order each rank makes them, and calls whose signatures match (same operation, shapes and
+ * params) would pair up even if they came from different places of the caller's program: ranks
+ * that made independent calls in different orders would exchange blocks of different calls and
+ * get wrong numbers. With a tag per call site, such a pairing fails on every rank with
+ * STRIA_ERROR_INVALID_ARGUMENT naming both tags, before any block moves; the contexts stay usable.
+ * For callers whose calls may run in an order they do not control (a compiled XLA program: see
+ * stria.jax). Driven by the thread that drives the context, like the calls. */
+STRIA_API stria_status_t stria_context_set_call_tag(stria_context_t ctx, uint64_t tag);
+
 /* positions[i] = global position of local token i (for RoPE ids and labels); seq_len/world_size
  * entries. */
 STRIA_API stria_status_t stria_layout_positions(stria_layout_t layout, int64_t seq_len, int world_size, int rank,

@@ -322,6 +322,21 @@ function stria_attention_backward(ctx, params, q, k, v, out, lse, dout, dq, dk, 
           ctx, params, q, k, v, out, lse, dout, dq, dk, dv, stream)
 end
 
+# Extension: tags this context's next stria_attention_forward or stria_attention_backward, which
+# consumes the tag whatever its outcome (an untagged call has tag 0). The ranks' calls pair up in
+# the order each rank makes them, and calls whose signatures match (same operation, shapes and
+# params) would pair up even if they came from different places of the caller's program: ranks
+# that made independent calls in different orders would exchange blocks of different calls and
+# get wrong numbers. With a tag per call site, such a pairing fails on every rank with
+# STRIA_ERROR_INVALID_ARGUMENT naming both tags, before any block moves; the contexts stay usable.
+# For callers whose calls may run in an order they do not control (a compiled XLA program: see
+# stria.jax). Driven by the thread that drives the context, like the calls.
+function stria_context_set_call_tag(ctx, tag)
+    ccall((:stria_context_set_call_tag, libstria), stria_status_t,
+          (stria_context_t, UInt64),
+          ctx, tag)
+end
+
 # positions[i] = global position of local token i (for RoPE ids and labels); seq_len/world_size
 # entries.
 function stria_layout_positions(layout, seq_len, world_size, rank, positions)
@@ -402,8 +417,8 @@ export stria_context_create_with_nccl_comm, stria_context_create_local_group
 export stria_context_create_local_group_on_devices, stria_context_get_rank
 export stria_context_get_world_size, stria_context_abort, stria_context_destroy
 export stria_attention_params_t, stria_attention_params_init, stria_attention_forward
-export stria_attention_backward, stria_layout_positions, stria_shard, stria_unshard
-export stria_balance_t, stria_analyze_balance, stria_analyze_balance_steps, stria_step_time_t
-export stria_context_get_step_times
+export stria_attention_backward, stria_context_set_call_tag, stria_layout_positions, stria_shard
+export stria_unshard, stria_balance_t, stria_analyze_balance, stria_analyze_balance_steps
+export stria_step_time_t, stria_context_get_step_times
 
 end # module LibStria

@@ -221,6 +221,21 @@ function run_ranks(f, contexts::AbstractVector{Context})
 end
 
 """
+    set_call_tag!(ctx, tag::Integer) -> ctx
+
+Tags the context's next attention call, which takes the tag whatever its outcome (an untagged
+call's is 0): ranks whose calls pair up with different tags all throw a `StriaError`
+(`STRIA_ERROR_INVALID_ARGUMENT`) before any block moves, instead of exchanging blocks of
+different calls (`stria_context_set_call_tag`).
+"""
+function set_call_tag!(ctx::Context, tag::Integer)
+    0 <= tag <= typemax(UInt64) || throw(ArgumentError("tag must be in 0:typemax(UInt64), not $tag"))
+    GC.@preserve ctx _call(() -> LibStria.stria_context_set_call_tag(ctx.handle, UInt64(tag)),
+                           :stria_context_set_call_tag)
+    return ctx
+end
+
+"""
     step_times(ctx) -> Vector{NamedTuple}
 
 Where the time of the context's last attention call went, one entry per ring step:

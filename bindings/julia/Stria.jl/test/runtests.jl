@@ -251,6 +251,25 @@ end
             @test all(length(r[3]) == n for r in results)
         end
 
+        @testset "calls tagged differently fail instead of pairing" begin
+            contexts = local_group(2; num_threads = 1, timeout_s = 60)
+            q = rand(Float32, 8, 2, 4, 1)
+            outcomes = run_ranks(contexts) do ctx
+                set_call_tag!(ctx, 5)
+                attention_forward(ctx, q, q, q)  # alike: runs
+                set_call_tag!(ctx, ctx.rank == 0 ? 0xa1 : 0xb2)
+                e = stria_error(() -> attention_forward(ctx, q, q, q))
+                attention_forward(ctx, q, q, q)  # untagged on both: the failed call took its tag
+                e
+            end
+            for e in outcomes
+                @test e.status == LibStria.STRIA_ERROR_INVALID_ARGUMENT
+                @test occursin("paired different calls", e.message) && occursin("0xa1", e.message)
+            end
+            @test_throws ArgumentError set_call_tag!(contexts[1], -1)
+            foreach(close, contexts)
+        end
+
         @testset "a rank that throws aborts its peers" begin
             contexts = local_group(2; num_threads = 1, timeout_s = 60)
             q = rand(Float32, 8, 2, 4, 1)

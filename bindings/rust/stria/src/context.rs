@@ -273,6 +273,16 @@ impl Context {
         }
     }
 
+    /// Tags this context's next [`forward`](Context::forward) or [`backward`](Context::backward),
+    /// which takes the tag whatever its outcome (an untagged call's is 0). Ranks whose calls pair
+    /// up with different tags all fail with `InvalidArgument` before any block moves, instead of
+    /// exchanging blocks of different calls: for callers whose ranks may make independent calls
+    /// of the same shapes in different orders (`stria_context_set_call_tag`).
+    pub fn set_call_tag(&mut self, tag: u64) -> Result<()> {
+        // SAFETY: a live handle; `&mut self` keeps this context's calls on one thread.
+        check(unsafe { sys::stria_context_set_call_tag(self.raw, tag) })
+    }
+
     /// Where the time of this context's last attention call went, one entry per ring step.
     pub fn step_times(&mut self) -> Result<Vec<StepTime>> {
         let mut steps: c_int = 0;

@@ -293,6 +293,31 @@ fn ranks_that_disagree_all_fail_then_agree() {
 }
 
 #[test]
+fn calls_tagged_differently_fail_instead_of_pairing() {
+    let config = Config::new().num_threads(1).timeout(Duration::from_secs(20));
+    let mut group = LocalGroup::new(2, &config).unwrap();
+    let params = AttentionParams::default();
+    // Alike, then rank 1 tags its call 0xb2 and rank 0 0xa1: both fail, naming both tags.
+    let results = group.run(0..2, |ctx, r| {
+        ctx.set_call_tag(5)?;
+        Rank::new(r as u64).forward(ctx, &params)?;
+        ctx.set_call_tag(if r == 0 { 0xa1 } else { 0xb2 })?;
+        Rank::new(r as u64).forward(ctx, &params)
+    });
+    for (r, res) in results.into_iter().enumerate() {
+        expect_err(
+            res.map_err(|e| {
+                assert!(e.message().contains("0xa1") && e.message().contains("0xb2"), "rank {r}: {e}");
+                e
+            }),
+            Status::InvalidArgument,
+            "paired different calls",
+        );
+    }
+    expect_correct_forward(group.contexts_mut()); // untagged: the failed calls took their tags
+}
+
+#[test]
 fn a_group_on_devices_is_a_local_group() {
     let config = Config::new().num_threads(1).timeout(Duration::from_secs(20));
     let mut group = LocalGroup::on_devices(&[Device::Cpu; 3], &config).unwrap();
