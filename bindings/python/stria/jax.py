@@ -41,6 +41,7 @@ import os
 import sys
 import sysconfig
 import threading
+import weakref
 from typing import Any
 
 import jax
@@ -83,6 +84,38 @@ _NO_TAG = (0, "")
 _TAG_LIMIT = 2**63  # XLA's attributes take an unsigned 64-bit integer only below 2**63
 
 
+def _current_trace() -> Any:
+    """The trace being built (jit's, grad's...), or None where this JAX does not say."""
+    try:
+        from jax._src import core  # noqa: PLC0415 - JAX's internals, looked up only when needed
+
+        return core.trace_ctx.trace
+    except (ImportError, AttributeError):
+        return None
+
+
+# How many calls each site has made in each trace under way, so that the k-th call of a site in
+# a trace (a Python loop calling one line) gets a tag of its own. Keyed weakly: a finished trace
+# takes its counts with it, and the next trace of the same function counts from 0 again.
+_site_counts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_site_counts_lock = threading.Lock()
+
+
+def _occurrence(site_digest: bytes) -> int:
+    """The number of calls of this site before this one in the current trace."""
+    trace = _current_trace()
+    if trace is None:
+        return 0
+    with _site_counts_lock:
+        try:
+            counts = _site_counts.setdefault(trace, {})
+        except TypeError:  # a trace that takes no weak reference
+            return 0
+        k = counts.get(site_digest, 0)
+        counts[site_digest] = k + 1
+    return k
+
+
 def _call_site() -> tuple[int, str]:
     """The tag of the call site that called into stria.jax, and where it is ("model.py:12 (attend)").
 
@@ -91,9 +124,9 @@ def _call_site() -> tuple[int, str]:
     different sites that meet fail instead of exchanging blocks (stria_context_set_call_tag).
     Every process that runs the same program must get the same tag, so it hashes what is the same
     there: the caller's frames up to JAX's (the trace of the caller's function), innermost first,
-    each as file name without its directory, line and function. A stack of layers is one site
-    (each call depends on the one before, so they cannot be reordered); the two branches of a
-    model that calls one attention function from two places are two."""
+    each as file name without its directory, line and function, and how many calls that stack
+    made before in the same trace. So the two branches of a model that calls one attention
+    function from two places get two tags, and so do the calls of a Python loop over one line."""
     digest = hashlib.blake2b(digest_size=8)
     site = ""
     frame = sys._getframe(1)
@@ -109,6 +142,7 @@ def _call_site() -> tuple[int, str]:
             site = site or where
             digest.update(where.encode() + b"\0")
         frame = frame.f_back
+    digest.update(b"#%d" % _occurrence(digest.digest()))
     return int.from_bytes(digest.digest(), "little") % _TAG_LIMIT or 1, site
 
 

@@ -231,8 +231,8 @@ def _tags(lowered) -> list[int]:
 
 
 def test_each_call_site_has_its_own_tag(ctx, rng):
-    """Two sites in one program get two tags; a site traced again, or a stack of layers calling
-    one site, the same; ring_attention's forward and backward share theirs."""
+    """Two sites in one program get two tags, and so do two calls of one site in a loop; tracing
+    again gives the same tags; ring_attention's forward and backward share theirs."""
     q, k, v = inputs(rng)
 
     def two_sites(q, k, v):
@@ -248,7 +248,9 @@ def test_each_call_site_has_its_own_tag(ctx, rng):
     a, b = _tags(jax.jit(two_sites).lower(q, k, v))
     assert a != b and a > 0 and b > 0
     assert _tags(jax.jit(two_sites).lower(q, k, v)) == [a, b]
-    assert len(set(_tags(jax.jit(layers).lower(q, k, v)))) == 1
+    loop = _tags(jax.jit(layers).lower(q, k, v))
+    assert len(set(loop)) == 3 and a not in loop and b not in loop
+    assert _tags(jax.jit(layers).lower(q, k, v)) == loop
     grad = jax.jit(jax.grad(lambda q, k, v: jnp.sum(sj.ring_attention(q, k, v, ctx)), argnums=(0, 1, 2)))
     forward_tag, backward_tag = _tags(grad.lower(q, k, v))
     assert forward_tag == backward_tag > 0
