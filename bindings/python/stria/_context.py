@@ -4,9 +4,11 @@ environment, or as an in-process local group whose ranks are driven by threads."
 from __future__ import annotations
 
 import contextlib
+import itertools
 import operator
 import os
 import threading
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Callable, Union
 
@@ -123,6 +125,24 @@ class _LibraryEnviron:
 
 _library_environ = _LibraryEnviron()
 
+# Every context's key, for code that can carry only numbers to where the context is used (a
+# compiled torch graph's custom op): a key is never reused, so a stale one finds nothing.
+_next_key = itertools.count(1)
+_by_key: weakref.WeakValueDictionary[int, Context] = weakref.WeakValueDictionary()
+_by_key_lock = threading.Lock()
+
+
+def context_of_key(key: int, func: str) -> Context:
+    """The open context of `key` (Context._key), or a ValueError naming func."""
+    with _by_key_lock:
+        ctx = _by_key.get(key)
+    if ctx is None or ctx.closed:
+        raise ValueError(
+            f"{func}(): the stria context this computation was made for (key {key}) is closed: call the "
+            "function again with an open context"
+        )
+    return ctx
+
 
 class Context:
     """One rank of a ring. Close it (or use ``with``) to free it; it is closed when collected.
@@ -176,6 +196,9 @@ class Context:
         self._lock = threading.Lock()
         self._close_hooks: list[Callable[[], None]] = []
         self._in_local_group = False  # ranks that are threads of this process (LocalGroup sets it)
+        with _by_key_lock:
+            self._key = next(_next_key)
+            _by_key[self._key] = self
         self._rank = capi.stria_context_get_rank(handle)
         self._world_size = capi.stria_context_get_world_size(handle)
 

@@ -15,6 +15,12 @@ weights shared across ranks (sum them: a shared module in threads does that by i
 CPU tensors on a CPU context; CUDA tensors on a CUDA context (the current stream is used). On
 CUDA, torch runs backward on one thread per device, so the ranks of a local group need a GPU
 each there.
+
+The two collectives are torch custom operators (``torch.ops.stria.attention_forward`` and
+``attention_backward``, with shape-only fake implementations), so ``torch.compile`` puts them in
+its graph, ``fullgraph=True`` included, instead of breaking the graph around them. The context
+reaches the operator as its key (a number), looked up when the operator runs: a compiled graph
+made for a context that has since closed raises instead of touching it.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from typing import Any
 import torch
 
 from . import _ops
-from ._context import Context
+from ._context import Context, context_of_key
 from ._enums import Layout, LayoutLike
 
 __all__ = ["RingAttentionFunction", "ring_attention", "scaled_dot_product_attention"]
@@ -40,6 +46,76 @@ def _check_tensor(func: str, name: str, x: Any) -> None:
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     """x itself when stria can take its strides (unit stride in the last dim), else a copy."""
     return x if x.stride(-1) == 1 or x.size(-1) == 1 else x.contiguous()
+
+
+def _op_args(func: str, context: Any, layout: LayoutLike, causal: bool, softmax_scale: float | None) -> tuple:
+    """The operators' arguments after their tensors: the context's key and the parameters."""
+    if not isinstance(context, Context):
+        raise TypeError(f"{func}(): argument 'context' must be a stria.Context, not {type(context).__name__}")
+    return (context._key, int(Layout.of(layout)), bool(causal), 0.0 if softmax_scale is None else float(softmax_scale))
+
+
+def _custom_op(name: str) -> Any:
+    """torch.library.custom_op("stria::<name>") where torch has it (2.4 and later), else the
+    function itself, which eager mode calls all the same."""
+    if hasattr(torch.library, "custom_op"):
+        return torch.library.custom_op(f"stria::{name}", mutates_args=())
+    return lambda f: f
+
+
+def _lse_shape(q: torch.Tensor, func: str) -> tuple[int, int, int]:
+    if q.dim() != 4:
+        raise ValueError(f"{func}(): q must be [B, L, Hq, D], got shape {tuple(q.shape)}")
+    return (q.shape[0], q.shape[2], q.shape[1])
+
+
+@_custom_op("attention_forward")
+def _forward_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: int, layout: int, causal: bool, softmax_scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """stria_attention_forward on the context of key `context`: (out, lse), new and compact.
+    softmax_scale 0 is 1/sqrt(D)."""
+    ctx = context_of_key(context, "stria.torch attention_forward")
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(_lse_shape(q, "attention_forward"), dtype=torch.float32, device=q.device)
+    _ops.attention_forward(ctx, q, k, v, out, lse, layout=layout, causal=causal, softmax_scale=softmax_scale)
+    return out, lse
+
+
+@_custom_op("attention_backward")
+def _backward_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    dout: torch.Tensor,
+    context: int,
+    layout: int,
+    causal: bool,
+    softmax_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """stria_attention_backward on the context of key `context`: (dq, dk, dv), new and compact."""
+    ctx = context_of_key(context, "stria.torch attention_backward")
+    dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+    _ops.attention_backward(
+        ctx, q, k, v, out, lse, dout, dq, dk, dv, layout=layout, causal=causal, softmax_scale=softmax_scale
+    )
+    return dq, dk, dv
+
+
+if hasattr(_forward_op, "register_fake"):
+    # What torch.compile traces with: the results' shapes, dtypes and devices, as the real
+    # operators make them (compact).
+
+    @_forward_op.register_fake
+    def _forward_fake(q, k, v, context, layout, causal, softmax_scale):  # noqa: ANN001, ANN202
+        lse = q.new_empty(_lse_shape(q, "attention_forward"), dtype=torch.float32)
+        return q.new_empty(q.shape), lse
+
+    @_backward_op.register_fake
+    def _backward_fake(q, k, v, out, lse, dout, context, layout, causal, softmax_scale):  # noqa: ANN001, ANN202
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 class _NoSecondOrder(torch.autograd.Function):
@@ -90,30 +166,41 @@ class RingAttentionFunction(torch.autograd.Function):
         softmax_scale: float | None,
     ) -> torch.Tensor:
         q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
-        out, lse = _ops.attention_forward(context, q, k, v, layout=layout, causal=causal, softmax_scale=softmax_scale)
+        args = _op_args("RingAttentionFunction", context, layout, causal, softmax_scale)
+        out, lse = _forward_op(q, k, v, *args)
         fctx.save_for_backward(q, k, v, out, lse)
-        fctx.stria_args = (context, layout, causal, softmax_scale)
+        fctx.stria_args = args
         return out
 
     @staticmethod
     def backward(fctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        q, k, v, out, lse = fctx.saved_tensors
-        context, layout, causal, softmax_scale = fctx.stria_args
-        with torch.no_grad():
-            dq, dk, dv = _ops.attention_backward(
-                context,
-                q,
-                k,
-                v,
-                out,
-                lse,
-                _last_dim_contiguous(dout),
-                layout=layout,
-                causal=causal,
-                softmax_scale=softmax_scale,
-            )
-        dq, dk, dv = _guard_second_order((dq, dk, dv), q, k, v, dout)
-        return dq, dk, dv, None, None, None, None
+        return (*_gradients(*fctx.saved_tensors, dout, fctx.stria_args), None, None, None, None)
+
+
+def _gradients(q, k, v, out, lse, dout, args) -> tuple[torch.Tensor, ...]:  # noqa: ANN001
+    """dq, dk, dv of the forward that saved (q, k, v, out, lse) for the operator arguments args."""
+    with torch.no_grad():
+        grads = _backward_op(q, k, v, out, lse, _last_dim_contiguous(dout), *args)
+    return _guard_second_order(grads, q, k, v, dout)
+
+
+def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+    q, k, v, *args = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.stria_args = tuple(args)
+    ctx.mark_non_differentiable(lse)  # no gradient flows back through the log-sum-exp
+
+
+def _op_backward(ctx: Any, dout: torch.Tensor, dlse: Any) -> tuple[torch.Tensor | None, ...]:
+    return (*_gradients(*ctx.saved_tensors, dout, ctx.stria_args), None, None, None, None)
+
+
+# torch.compile traces through an operator's registered autograd; it refuses an
+# autograd.Function given one tensor twice (self-attention with k is v, say).
+_HAS_OP_AUTOGRAD = hasattr(_forward_op, "register_autograd")
+if _HAS_OP_AUTOGRAD:
+    _forward_op.register_autograd(_op_backward, setup_context=_setup_context)
 
 
 def ring_attention(
@@ -131,7 +218,11 @@ def ring_attention(
     softmax_scale None is 1/sqrt(D); causal masks on global positions."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_tensor("ring_attention", name, x)
-    return RingAttentionFunction.apply(q, k, v, context, Layout.of(layout), bool(causal), softmax_scale)
+    if not _HAS_OP_AUTOGRAD:
+        return RingAttentionFunction.apply(q, k, v, context, Layout.of(layout), bool(causal), softmax_scale)
+    args = _op_args("ring_attention", context, layout, causal, softmax_scale)
+    q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
+    return _forward_op(q, k, v, *args)[0]
 
 
 def scaled_dot_product_attention(
