@@ -106,14 +106,28 @@ ffi::Error Failure(const char* call, stria_status_t s, std::string_view site) {
 // A DLTensor over an XLA buffer: compact row-major (strides NULL), on `device`. Element types
 // stria does not take still get their DLPack type where there is one (integers, float64), so
 // that stria's refusal names them; the rest are left invalid (code 255).
+//
+// Under jax.vmap XLA hands the handler every mapped element at once, with the mapped axes in
+// front (stria.jax asks for that: vmap_method "broadcast_all"). Attention is independent across
+// the batch, so those axes fold into B: a buffer of more than `rank` dimensions (4, or 3 for
+// lse) is viewed with its leading ones merged, which its compact layout allows without a copy.
 struct View {
   DLTensor t{};
-  explicit View(const ffi::AnyBuffer& b, DLDevice device) {
+  int64_t merged[4] = {};
+  View(const ffi::AnyBuffer& b, DLDevice device, size_t rank = 4) {
     t.data = b.untyped_data();
     t.device = device;
     const auto dims = b.dimensions();
     t.ndim = static_cast<int32_t>(dims.size());
     t.shape = const_cast<int64_t*>(dims.begin());
+    if (dims.size() > rank && rank <= 4) {
+      const size_t lead = dims.size() - rank + 1;  // the mapped axes and B
+      merged[0] = 1;
+      for (size_t i = 0; i < lead; ++i) merged[0] *= dims[i];
+      for (size_t i = 1; i < rank; ++i) merged[i] = dims[lead + i - 1];
+      t.ndim = static_cast<int32_t>(rank);
+      t.shape = merged;
+    }
     switch (b.element_type()) {
       case ffi::DataType::F32:
         t.dtype = DLDataType{kDLFloat, 32, 1};
@@ -193,7 +207,7 @@ ffi::Error Forward(void* stream, int32_t xla_device, const CallAttributes& a, ff
                    ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse) {
   Member m;
   if (ffi::Error e = Find(a.context, xla_device, &m); e.failure()) return e;
-  View vq(q, m.device), vk(k, m.device), vv(v, m.device), vo(*out, m.device), vl(*lse, m.device);
+  View vq(q, m.device), vk(k, m.device), vv(v, m.device), vo(*out, m.device), vl(*lse, m.device, 3);
   const stria_attention_params_t params = Params(a);
   return Run(m, a, "attention_forward",
              [&] { return stria_attention_forward(m.ctx, &params, &vq.t, &vk.t, &vv.t, &vo.t, &vl.t, stream); });
@@ -205,7 +219,7 @@ ffi::Error Backward(void* stream, int32_t xla_device, const CallAttributes& a, f
   Member m;
   if (ffi::Error e = Find(a.context, xla_device, &m); e.failure()) return e;
   const DLDevice d = m.device;
-  View vq(q, d), vk(k, d), vv(v, d), vo(out, d), vl(lse, d), vdo(dout, d), vdq(*dq, d), vdk(*dk, d), vdv(*dv, d);
+  View vq(q, d), vk(k, d), vv(v, d), vo(out, d), vl(lse, d, 3), vdo(dout, d), vdq(*dq, d), vdk(*dk, d), vdv(*dv, d);
   const stria_attention_params_t params = Params(a);
   return Run(m, a, "attention_backward", [&] {
     return stria_attention_backward(m.ctx, &params, &vq.t, &vk.t, &vv.t, &vo.t, &vl.t, &vdo.t, &vdq.t, &vdk.t, &vdv.t,

@@ -1,7 +1,8 @@
 """JAX integration: ring attention as a differentiable, jit-compatible JAX function.
 
 - ``ring_attention(q, k, v, context)``: stria's layout, q ``[B, L, Hq, D]``, k/v ``[B, L, Hkv, D]``;
-  differentiable (``jax.grad``, ``jax.vjp``) and usable under ``jax.jit``.
+  differentiable (``jax.grad``, ``jax.vjp``) and usable under ``jax.jit`` and ``jax.vmap`` (the
+  mapped axes fold into B: one call for every mapped element).
 - ``attention_forward`` / ``attention_backward``: the two collectives themselves, returning
   ``(out, lse)`` and ``(dq, dk, dv)``, for a framework's own autograd.
 
@@ -268,14 +269,20 @@ def _like(x: Any, shape: tuple[int, ...] | None = None, dtype: Any = None) -> An
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
+# Under jax.vmap: one call for all the mapped elements, the mapped axes in front of every operand
+# (broadcast where an operand is not mapped), which the handlers fold into B. One collective per
+# call, as without vmap, rather than one per element.
+_VMAP = "broadcast_all"
+
+
 def _forward(context, q, k, v, layout, causal, softmax_scale, call):  # noqa: ANN001, ANN202
     b, l, hq, _ = np.shape(q)
-    ffi = jax.ffi.ffi_call(_FORWARD, (_like(q), _like(q, (b, hq, l), jnp.float32)))
+    ffi = jax.ffi.ffi_call(_FORWARD, (_like(q), _like(q, (b, hq, l), jnp.float32)), vmap_method=_VMAP)
     return ffi(q, k, v, **_attrs(context, "attention_forward", layout, causal, softmax_scale, call))
 
 
 def _backward(context, q, k, v, out, lse, dout, layout, causal, softmax_scale, call):  # noqa: ANN001, ANN202
-    ffi = jax.ffi.ffi_call(_BACKWARD, (_like(q), _like(k), _like(v)))
+    ffi = jax.ffi.ffi_call(_BACKWARD, (_like(q), _like(k), _like(v)), vmap_method=_VMAP)
     attrs = _attrs(context, "attention_backward", layout, causal, softmax_scale, call)
     return ffi(q, k, v, out, lse, dout, **attrs)
 

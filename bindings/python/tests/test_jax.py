@@ -348,11 +348,35 @@ def test_second_order_gradients_raise(ctx, rng):
         jax.grad(grad_norm)(q)
 
 
-def test_vmap_raises(ctx, rng):
-    """Not one collective per mapped element behind the caller's back: vmap is refused."""
-    q = rng.standard_normal((3, 1, 8, 2, 16), dtype=np.float32)
-    with pytest.raises(NotImplementedError, match="vmap"):
-        jax.vmap(lambda x: sj.ring_attention(x, x, x, ctx))(q)
+def test_vmap_folds_the_mapped_axes_into_the_batch(ctx, rng):
+    """vmap (twice nested; over q alone, k and v shared) and per-example gradients (vmap of
+    grad): one call for all mapped elements, against the reference element by element."""
+    q = rng.standard_normal((2, 3, 1, 16, 4, 8), dtype=np.float32)  # two mapped axes, then [B, L, Hq, D]
+    k = rng.standard_normal((2, 3, 1, 16, 2, 8), dtype=np.float32)
+    v = rng.standard_normal((2, 3, 1, 16, 2, 8), dtype=np.float32)
+    w = rng.standard_normal(q.shape[2:], dtype=np.float32)
+    scale = 1 / np.sqrt(q.shape[-1])
+
+    def attend(q, k, v):
+        return sj.attention_forward(ctx, q, k, v)
+
+    out, lse = jax.jit(jax.vmap(jax.vmap(attend)))(q, k, v)
+    assert out.shape == q.shape and lse.shape == (2, 3, 1, 4, 16)
+    shared = jax.jit(jax.vmap(lambda q: sj.ring_attention(q, k[0, 0], v[0, 0], ctx)))(q[0])
+
+    def loss(q, k, v):
+        return jnp.sum(sj.ring_attention(q, k, v, ctx) * w)
+
+    grads = jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1, 2))))(q[1], k[1], v[1])
+    for i in range(2):
+        for j in range(3):
+            ref_out, ref_lse = attention_ref(q[i, j], k[i, j], v[i, j], True, scale)
+            assert rel_err(out[i, j], ref_out) < 1e-5 and rel_err(lse[i, j], ref_lse) < 1e-5, (i, j)
+    for j in range(3):
+        assert rel_err(shared[j], attention_ref(q[0, j], k[0, 0], v[0, 0], True, scale)[0]) < 1e-5, j
+        ref_grads = attention_backward_ref(q[1, j], k[1, j], v[1, j], w, True, scale)
+        for got, ref in zip(grads, ref_grads):
+            assert rel_err(got[j], ref) < 1e-5, j
 
 
 def test_the_plain_api_points_jax_arrays_to_stria_jax(ctx):
