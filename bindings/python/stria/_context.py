@@ -14,7 +14,7 @@ from typing import Any, Callable, Union
 
 from . import _ops, capi
 from ._enums import Layout, LayoutLike, Transport, TransportLike
-from .capi import AbortedError, InvalidArgumentError
+from .capi import AbortedError, InvalidArgumentError, StriaError
 
 DeviceLike = Union[str, int, tuple[int, int], Any]  # "cpu", "cuda", "cuda:1", 1, (type, id), torch.device
 
@@ -201,6 +201,56 @@ class Context:
             _by_key[self._key] = self
         self._rank = capi.stria_context_get_rank(handle)
         self._world_size = capi.stria_context_get_world_size(handle)
+
+    @classmethod
+    def join(
+        cls,
+        rank: int,
+        world_size: int,
+        share: Callable[[Any], Any],
+        *,
+        device: DeviceLike = "cpu",
+        transport: TransportLike = Transport.UCX,
+        timeout_s: float = 0.0,
+        num_threads: int = 0,
+    ) -> Context:
+        """Rank `rank` of `world_size` processes that meet through a broadcast the caller has.
+
+        share(payload) is a broadcast from rank 0 that every rank calls: rank 0 passes its
+        payload, the others None, and every rank gets rank 0's payload back (a framework's
+        object broadcast, an MPI bcast, a key-value store). Rank 0 opens the rendezvous
+        (get_unique_id) and shares its id; if that fails, it shares the failure instead, and
+        every rank raises it (the same StriaError subclass) rather than wait for an id. A world
+        of one needs no rendezvous and does not call share.
+        """
+        if world_size == 1:
+            return cls(rank, 1, device=device, transport=transport, timeout_s=timeout_s, num_threads=num_threads)
+        payload = None
+        failure: StriaError | None = None
+        if rank == 0:
+            try:
+                payload = ("id", get_unique_id())
+            except StriaError as e:
+                failure = e
+                payload = ("error", type(e).__name__, str(e))
+        got = share(payload)
+        if failure is not None:
+            raise failure
+        if not (isinstance(got, tuple) and got and got[0] in ("id", "error")):
+            raise InvalidArgumentError(f"Context.join: share() returned {type(got).__name__}, not rank 0's payload")
+        if got[0] == "error":
+            kind = getattr(capi, got[1], StriaError)
+            kind = kind if isinstance(kind, type) and issubclass(kind, StriaError) else StriaError
+            raise kind(f"Context.join: rank 0 could not open the rendezvous: {got[2]}")
+        return cls(
+            rank,
+            world_size,
+            device=device,
+            transport=transport,
+            unique_id=got[1],
+            timeout_s=timeout_s,
+            num_threads=num_threads,
+        )
 
     @classmethod
     def from_env(

@@ -16,6 +16,9 @@ CPU tensors on a CPU context; CUDA tensors on a CUDA context (the current stream
 CUDA, torch runs backward on one thread per device, so the ranks of a local group need a GPU
 each there.
 
+``context_from_group(group)`` makes this process's Context from a torch.distributed process
+group, the unique id broadcast over the group.
+
 The two collectives are torch custom operators (``torch.ops.stria.attention_forward`` and
 ``attention_backward``, with shape-only fake implementations), so ``torch.compile`` puts them in
 its graph, ``fullgraph=True`` included, instead of breaking the graph around them. The context
@@ -29,11 +32,11 @@ from typing import Any
 
 import torch
 
-from . import _ops
-from ._context import Context, context_of_key
-from ._enums import Layout, LayoutLike
+from . import _ops, capi
+from ._context import Context, DeviceLike, context_of_key, parse_device
+from ._enums import Layout, LayoutLike, Transport, TransportLike
 
-__all__ = ["RingAttentionFunction", "ring_attention", "scaled_dot_product_attention"]
+__all__ = ["RingAttentionFunction", "context_from_group", "ring_attention", "scaled_dot_product_attention"]
 
 
 def _check_tensor(func: str, name: str, x: Any) -> None:
@@ -275,3 +278,46 @@ def scaled_dot_product_attention(
         softmax_scale=scale,
     )
     return out.transpose(1, 2)
+
+
+def context_from_group(
+    group: Any = None,
+    *,
+    device: DeviceLike | None = None,
+    transport: TransportLike | None = None,
+    timeout_s: float = 0.0,
+    num_threads: int = 0,
+) -> Context:
+    """This process's rank of a torch.distributed process group (default: the world) as a stria
+    Context, the unique id shared over the group itself: no STRIA_ROOT, no port of its own to
+    choose. Every rank of the group calls it (a collective).
+
+    device: None is this process's current GPU where the group's backend is NCCL, else the CPU;
+    "cuda" is the current GPU. transport: None is NCCL on a GPU and UCX on the CPU (the
+    in-process transport for a group of one).
+    """
+    import torch.distributed as dist  # noqa: PLC0415 - only this function needs it
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("context_from_group(): torch.distributed is not initialised: call init_process_group first")
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    if rank < 0:
+        raise ValueError("context_from_group(): this process is not a member of the group")
+    if device is None:
+        device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
+    if device == "cuda" or (isinstance(device, torch.device) and device.type == "cuda" and device.index is None):
+        device = f"cuda:{torch.cuda.current_device()}"
+    dev = parse_device(device)
+    if transport is None:
+        on_gpu = dev[0] == capi.kDLCUDA
+        transport = Transport.LOCAL if world_size == 1 else Transport.NCCL if on_gpu else Transport.UCX
+    src = 0 if group is None else dist.get_global_rank(group, 0)
+
+    def share(payload: Any) -> Any:
+        box = [payload]
+        dist.broadcast_object_list(box, src=src, group=group)
+        return box[0]
+
+    return Context.join(
+        rank, world_size, share, device=dev, transport=transport, timeout_s=timeout_s, num_threads=num_threads
+    )

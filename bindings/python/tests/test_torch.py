@@ -313,3 +313,84 @@ def test_training_step_gradients_match_full_sequence_sdpa(n, layout):
     assert sum(losses) == pytest.approx(ref_loss.item(), rel=1e-5)
     for (name, p), p_ref in zip(model.named_parameters(), reference.parameters()):
         assert rel_err(p.grad.numpy(), p_ref.grad.numpy()) < 1e-5, name
+
+
+# ---- contexts from torch.distributed ----------------------------------------------------------
+
+
+def test_context_from_a_gloo_group_of_three_processes(tmp_path, monkeypatch):
+    """Three processes in a torch.distributed group get their contexts from it (the unique id
+    over the group, K/V blocks over UCX) and train: out and gradients against the reference."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with monkeypatch.context() as m:
+        m.setenv("STRIA_ROOT", "127.0.0.1:1")  # a world of 1 listens nowhere
+        try:
+            stria.Context(transport="ucx", timeout_s=TIMEOUT_S).close()
+        except stria.UnsupportedError as e:
+            pytest.skip(f"no UCX transport: {e}")
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, here)
+    import torch_ring
+
+    n, layout = 3, "zigzag"
+    path = str(tmp_path / "ring.npz")
+    with socket.socket() as s:  # a free port for the process group's store
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = os.path.join(here, "torch_ring.py")
+    procs = [subprocess.Popen([sys.executable, script, str(n), layout, path, str(r), str(port)]) for r in range(n)]
+    try:
+        codes = [p.wait(timeout=2 * TIMEOUT_S) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert codes == [0] * n
+    q, k, v, w = (x.astype(np.float64) for x in torch_ring.full_inputs())
+    scale = 1 / math.sqrt(q.shape[-1])
+    out_ref, _ = attention_ref(q, k, v, True, scale)
+    grads_ref = attention_backward_ref(q, k, v, w, True, scale)
+    for r in range(n):
+        pos = positions_ref(layout, q.shape[1], n, r)
+        with np.load(path.replace(".npz", f".rank{r}.npz")) as got:
+            assert rel_err(got[f"out{r}"], out_ref[:, pos]) < 1e-5, r
+            for name, ref in zip(("dq", "dk", "dv"), grads_ref):
+                assert rel_err(got[f"{name}{r}"], ref[:, pos]) < 1e-5, (name, r)
+
+
+def test_context_from_a_group_of_one_and_without_a_group():
+    import torch.distributed as dist
+
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        stria_torch.context_from_group()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with stria_torch.context_from_group(timeout_s=TIMEOUT_S) as ctx:
+            assert (ctx.rank, ctx.world_size, ctx.device) == (0, 1, (stria.capi.kDLCPU, 0))
+            q = torch.randn(1, 8, 2, D)
+            out = stria_torch.ring_attention(q, q, q, ctx)
+            ref = F.scaled_dot_product_attention(*(q.transpose(1, 2).double(),) * 3, is_causal=True)
+            assert rel_err(out.numpy(), ref.transpose(1, 2).numpy()) < 1e-5
+    finally:
+        dist.destroy_process_group()
+
+
+def test_join_makes_every_rank_raise_rank_zero_s_failure(monkeypatch):
+    """Rank 0 could not open the rendezvous: it raises its own error, and the others, which got
+    the failure through share() instead of an id, raise the same kind of error."""
+    from stria import _context
+
+    def no_listener():
+        raise stria.TransportError("no interface to listen on")
+
+    monkeypatch.setattr(_context, "get_unique_id", no_listener)
+    shared = []
+    with pytest.raises(stria.TransportError, match="no interface"):
+        stria.Context.join(0, 2, lambda payload: shared.append(payload) or payload)
+    with pytest.raises(stria.TransportError, match="rank 0 could not open the rendezvous: no interface"):
+        stria.Context.join(1, 2, lambda payload: shared[0])
+    with pytest.raises(stria.InvalidArgumentError, match="share"):
+        stria.Context.join(1, 2, lambda payload: "not a payload")
