@@ -10,6 +10,8 @@ They run as XLA custom calls (XLA's FFI): XLA hands stria its own buffers, and o
 stream, so nothing is copied and nothing leaves the device. On CPU the context is a CPU one; on a
 GPU a CUDA context on the device that holds the arrays.
 
+``context_from_distributed()`` makes a multi-process JAX job's contexts, one rank per process.
+
 ``context`` is a Context (one rank per process: UCX, NCCL), or a whole LocalGroup called inside
 ``jax.shard_map`` over a mesh axis of its size: rank r computes the shard of the JAX device of
 local ordinal r (on CPU, JAX's r-th CPU device; on GPUs, the ordinal of rank r's GPU, as in
@@ -38,6 +40,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import itertools
 import os
 import sys
 import sysconfig
@@ -51,10 +54,10 @@ import jaxlib
 import numpy as np
 
 from . import capi
-from ._context import Context, LocalGroup
-from ._enums import Layout, LayoutLike
+from ._context import Context, DeviceLike, LocalGroup, parse_device
+from ._enums import Layout, LayoutLike, Transport, TransportLike
 
-__all__ = ["attention_backward", "attention_forward", "ring_attention"]
+__all__ = ["attention_backward", "attention_forward", "context_from_distributed", "ring_attention"]
 
 _FFI_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_xla_ffi.so")
 if not os.path.exists(_FFI_PATH):
@@ -372,3 +375,53 @@ def ring_attention(
     scale = None if softmax_scale is None else float(softmax_scale)
     call = _tag_of("ring_attention", tag, (q, k, v))
     return _ring(q, k, v, context, int(Layout.of(layout)), bool(causal), scale, call)
+
+
+_joins = itertools.count()  # context_from_distributed calls so far: every process makes the same ones
+
+
+def context_from_distributed(
+    *,
+    device: DeviceLike | None = None,
+    transport: TransportLike | None = None,
+    timeout_s: float = 0.0,
+    num_threads: int = 0,
+) -> Context:
+    """This process's rank of a multi-process JAX job (``jax.distributed.initialize``) as a stria
+    Context: rank ``jax.process_index()`` of ``jax.process_count()``, the unique id shared through
+    the job's own coordination service (no STRIA_ROOT, no port of its own). Every process calls
+    it, the same number of times.
+
+    device: None is this process's first local device (its GPU, or the CPU). transport: None is
+    NCCL on a GPU and UCX on the CPU (the in-process transport for a job of one process).
+    """
+    from jax._src import distributed  # noqa: PLC0415 - the coordination service's client
+
+    client = getattr(distributed.global_state, "client", None)
+    if client is None:
+        raise RuntimeError("context_from_distributed(): call jax.distributed.initialize() first")
+    rank, world_size = jax.process_index(), jax.process_count()
+    if device is None:
+        local = jax.local_devices()[0]
+        device = f"cuda:{local.local_hardware_id}" if local.platform == "gpu" else "cpu"
+    device = parse_device(device)
+    if transport is None:
+        on_gpu = device[0] == capi.kDLCUDA
+        transport = Transport.LOCAL if world_size == 1 else Transport.NCCL if on_gpu else Transport.UCX
+    key = f"stria/unique_id/{next(_joins)}"
+    wait_ms = int(1000 * (timeout_s or 300.0))
+
+    def share(payload: Any) -> Any:
+        # Rank 0's id (or failure) as bytes under a key of this call; the others wait for it.
+        if payload is not None:
+            value = b"id:" + payload[1] if payload[0] == "id" else f"error:{payload[1]}:{payload[2]}".encode()
+            client.key_value_set_bytes(key, value)
+        value = bytes(client.blocking_key_value_get_bytes(key, wait_ms))
+        if value.startswith(b"id:"):
+            return ("id", value[3:])
+        _, kind, message = value.decode(errors="replace").split(":", 2)
+        return ("error", kind, message)
+
+    return Context.join(
+        rank, world_size, share, device=device, transport=transport, timeout_s=timeout_s, num_threads=num_threads
+    )

@@ -17,6 +17,9 @@ against the float64 reference. Run in its own process, so that JAX is set up as 
     python jax_ring.py ucx N LAYOUT CAUSAL DTYPE OUT.npz RANK PORT
         rank RANK of N processes joined by the UCX transport at 127.0.0.1:PORT; writes
         OUT.npz with the rank in its name (OUT.rank<R>.npz).
+    python jax_ring.py distributed N LAYOUT CAUSAL DTYPE OUT.npz RANK PORT
+        the same, the processes being a JAX multi-process job (jax.distributed, its coordinator
+        at 127.0.0.1:PORT) whose contexts come from stria.jax.context_from_distributed.
 """
 
 from __future__ import annotations
@@ -162,6 +165,18 @@ def main(argv: list[str]) -> None:
         with stria.Context.from_env(environ=env, timeout_s=TIMEOUT_S, num_threads=1) as ctx:
             res = run_rank(ctx, layout, causal, dtype)
         np.savez(path.replace(".npz", f".rank{rank}.npz"), **{f"{name}{rank}": x for name, x in res.items()})
+    elif mode == "distributed":
+        import stria.jax as sj
+
+        rank, port = int(argv[6]), int(argv[7])
+        jax.distributed.initialize(
+            coordinator_address=f"127.0.0.1:{port}", num_processes=n, process_id=rank, initialization_timeout=60
+        )
+        with sj.context_from_distributed(timeout_s=TIMEOUT_S, num_threads=1) as ctx:
+            assert (ctx.rank, ctx.world_size) == (rank, n)
+            res = run_rank(ctx, layout, causal, dtype)
+        np.savez(path.replace(".npz", f".rank{rank}.npz"), **{f"{name}{rank}": x for name, x in res.items()})
+        jax.distributed.shutdown()
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

@@ -172,6 +172,23 @@ def test_ring_of_three_processes_over_ucx(tmp_path, monkeypatch):
     check_ring(run_ring("ucx", 3, "striped", True, "float32", tmp_path), 3, "striped", True, "float32")
 
 
+def test_ring_of_three_processes_of_a_jax_distributed_job(tmp_path, monkeypatch):
+    """A JAX multi-process job: the contexts come from jax.distributed's coordination service
+    (stria.jax.context_from_distributed), the blocks travel over UCX."""
+    with monkeypatch.context() as m:
+        m.setenv("STRIA_ROOT", "127.0.0.1:1")  # a world of 1 listens nowhere
+        try:
+            stria.Context(transport="ucx", timeout_s=TIMEOUT_S).close()
+        except stria.UnsupportedError as e:
+            pytest.skip(f"no UCX transport: {e}")
+    check_ring(run_ring("distributed", 3, "zigzag", True, "float32", tmp_path), 3, "zigzag", True, "float32")
+
+
+def test_context_from_distributed_needs_a_job():
+    with pytest.raises(RuntimeError, match="jax.distributed.initialize"):
+        sj.context_from_distributed()
+
+
 def test_on_a_gpu_with_xla_s_stream(rng):
     """The CUDA handlers: XLA's device buffers and stream, bfloat16, forward and gradients."""
     try:
