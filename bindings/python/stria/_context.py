@@ -7,6 +7,7 @@ import contextlib
 import itertools
 import operator
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
@@ -142,6 +143,17 @@ def context_of_key(key: int, func: str) -> Context:
             "function again with an open context"
         )
     return ctx
+
+
+def _rank_thread_scope() -> contextlib.AbstractContextManager:
+    """What a rank's thread in LocalGroup.run runs under: where torch is loaded, its autograd
+    backward on the calling thread. By default torch runs a backward's CUDA work on one worker
+    thread per device, shared by every thread that calls backward: ranks on one GPU would queue
+    their backward collectives there one behind the other, the first waiting for peers queued
+    behind it until its timeout."""
+    torch = sys.modules.get("torch")
+    setter = getattr(getattr(torch, "autograd", None), "set_multithreading_enabled", None)
+    return setter(False) if setter is not None else contextlib.nullcontext()
 
 
 class Context:
@@ -523,7 +535,8 @@ class LocalGroup(Sequence[Context]):
 
         def body(rank: int) -> None:
             try:
-                results[rank] = fn(self._contexts[rank], *(args[rank] for args in per_rank_args))
+                with _rank_thread_scope():
+                    results[rank] = fn(self._contexts[rank], *(args[rank] for args in per_rank_args))
             except BaseException as e:  # noqa: BLE001 - handed to the calling thread
                 with lock:
                     failures.append(e)

@@ -13,8 +13,10 @@ flow to q, k and v; a loss over a rank's tokens gives that rank's share of the g
 weights shared across ranks (sum them: a shared module in threads does that by itself).
 
 CPU tensors on a CPU context; CUDA tensors on a CUDA context (the current stream is used). On
-CUDA, torch runs backward on one thread per device, so the ranks of a local group need a GPU
-each there.
+CUDA, torch runs backward on a worker thread per device, shared by all threads, where ranks on
+one GPU would wait for each other in turn: LocalGroup.run runs its rank threads' backward on
+the calling thread instead (torch.autograd.set_multithreading_enabled(False)); threads of your
+own need the same.
 
 ``context_from_group(group)`` makes this process's Context from a torch.distributed process
 group, the unique id broadcast over the group.

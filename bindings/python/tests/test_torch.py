@@ -394,3 +394,13 @@ def test_join_makes_every_rank_raise_rank_zero_s_failure(monkeypatch):
         stria.Context.join(1, 2, lambda payload: shared[0])
     with pytest.raises(stria.InvalidArgumentError, match="share"):
         stria.Context.join(1, 2, lambda payload: "not a payload")
+
+
+def test_rank_threads_run_backward_on_themselves():
+    """LocalGroup.run turns off autograd's per-device worker threads in its rank threads, where
+    ranks sharing a GPU would otherwise queue their backward collectives on one thread (the GPU
+    suite's rings on one GPU rely on it); the caller's thread keeps its setting."""
+    with stria.local_group(2, timeout_s=TIMEOUT_S) as group:
+        flags = group.run(lambda ctx: torch._C._is_multithreading_enabled())
+    assert flags == [False, False]
+    assert torch._C._is_multithreading_enabled()
