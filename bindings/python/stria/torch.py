@@ -30,6 +30,7 @@ made for a context that has since closed raises instead of touching it.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -62,10 +63,17 @@ def _op_args(func: str, context: Any, layout: LayoutLike, causal: bool, softmax_
 
 def _custom_op(name: str) -> Any:
     """torch.library.custom_op("stria::<name>") where torch has it (2.4 and later), else the
-    function itself, which eager mode calls all the same."""
-    if hasattr(torch.library, "custom_op"):
-        return torch.library.custom_op(f"stria::{name}", mutates_args=())
-    return lambda f: f
+    function itself, which eager mode calls all the same.
+
+    Tagged cudagraph_unsafe where torch knows the tag: a collective waits on the host for its
+    peers' blocks, which a CUDA graph's replay would not do (torch.compile's "reduce-overhead"
+    mode then leaves the operator out of its graphs)."""
+    if not hasattr(torch.library, "custom_op"):
+        return lambda f: f
+    unsafe = getattr(torch.Tag, "cudagraph_unsafe", None)
+    if unsafe is not None and "tags" in inspect.signature(torch.library.custom_op).parameters:
+        return torch.library.custom_op(f"stria::{name}", mutates_args=(), tags=(unsafe,))
+    return torch.library.custom_op(f"stria::{name}", mutates_args=())
 
 
 def _lse_shape(q: torch.Tensor, func: str) -> tuple[int, int, int]:
@@ -81,6 +89,7 @@ def _forward_op(
     """stria_attention_forward on the context of key `context`: (out, lse), new and compact.
     softmax_scale 0 is 1/sqrt(D)."""
     ctx = context_of_key(context, "stria.torch attention_forward")
+    q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))  # as a compiled graph may lay them out
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(_lse_shape(q, "attention_forward"), dtype=torch.float32, device=q.device)
     _ops.attention_forward(ctx, q, k, v, out, lse, layout=layout, causal=causal, softmax_scale=softmax_scale)
@@ -102,6 +111,7 @@ def _backward_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """stria_attention_backward on the context of key `context`: (dq, dk, dv), new and compact."""
     ctx = context_of_key(context, "stria.torch attention_backward")
+    q, k, v, out, dout = (_last_dim_contiguous(x) for x in (q, k, v, out, dout))
     dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
     _ops.attention_backward(
         ctx, q, k, v, out, lse, dout, dq, dk, dv, layout=layout, causal=causal, softmax_scale=softmax_scale

@@ -45,6 +45,14 @@ def test_opcheck_holds_the_operators_to_torch_s_rules():
         torch.library.opcheck(torch.ops.stria.attention_backward.default, (q, k, v, out, lse, dout, *args))
 
 
+def test_operators_stay_out_of_cuda_graphs():
+    """A collective waits on the host for its peers: a CUDA graph's replay would skip that."""
+    if not hasattr(torch.Tag, "cudagraph_unsafe"):
+        pytest.skip("this torch has no cudagraph_unsafe tag")
+    for op in (torch.ops.stria.attention_forward.default, torch.ops.stria.attention_backward.default):
+        assert torch.Tag.cudagraph_unsafe in op.tags
+
+
 def test_fullgraph_compile_matches_eager_and_the_reference():
     """k and v one tensor (an autograd.Function would refuse it under compile), causal, GQA."""
     q, k, _, w = inputs(2)
