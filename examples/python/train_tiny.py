@@ -13,6 +13,11 @@ so the next token follows from the two before it, which attention has to find.
 
     python examples/python/train_tiny.py --ranks 4 --steps 60
     python examples/python/train_tiny.py --steps 8 --check   # exits 1 unless the loss fell
+    python examples/python/train_tiny.py --compile           # the model under torch.compile
+
+With --compile the model runs under torch.compile(fullgraph=True): stria's collectives are
+torch custom operators, so the whole forward and backward, ring attention included, is one
+compiled graph per rank (dynamo guards on each rank's context).
 """
 
 from __future__ import annotations
@@ -82,24 +87,34 @@ def main(argv=None) -> int:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--check", action="store_true", help="exit 1 unless the loss fell")
+    parser.add_argument("--compile", action="store_true", help="run the model under torch.compile(fullgraph=True)")
     args = parser.parse_args(argv)
 
     torch.manual_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
     model = TinyTransformer(args.vocab, args.seq)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    forward = torch.compile(model, fullgraph=True) if args.compile else model
     tokens_per_batch = args.batch * args.seq
+    attentions = {}  # rank -> its attention function, made once (a compiled graph guards on it)
+
+    def attention_of(ctx: stria.Context):
+        if ctx.rank not in attentions:
+
+            def attention(q, k, v):
+                return stria_torch.scaled_dot_product_attention(
+                    q, k, v, is_causal=True, context=ctx, layout=args.layout
+                )
+
+            attentions[ctx.rank] = attention
+        return attentions[ctx.rank]
 
     def rank_step(ctx: stria.Context, inputs: torch.Tensor, labels: torch.Tensor) -> float:
         # This rank's tokens and labels in the layout, and their global positions.
         my_inputs = stria.shard(inputs, ctx.world_size, ctx.rank, layout=args.layout, seq_dim=1)
         my_labels = stria.shard(labels, ctx.world_size, ctx.rank, layout=args.layout, seq_dim=1)
         positions = torch.from_numpy(stria.positions(args.layout, args.seq, ctx.world_size, ctx.rank))
-
-        def attention(q, k, v):
-            return stria_torch.scaled_dot_product_attention(q, k, v, is_causal=True, context=ctx, layout=args.layout)
-
-        logits = model(my_inputs, positions, attention)
+        logits = forward(my_inputs, positions, attention_of(ctx))
         # This rank's share of the mean over the whole batch: the shares sum to the full loss.
         loss = (
             F.cross_entropy(logits.reshape(-1, args.vocab), my_labels.reshape(-1), reduction="sum") / tokens_per_batch
