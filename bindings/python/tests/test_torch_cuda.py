@@ -1,7 +1,7 @@
 """PyTorch on the GPU: the autograd function with CUDA tensors on N ranks of one GPU, against the
 float64 reference of the whole sequence (every layout, causal and not, float16/bfloat16 on the
-tensor cores at D = 64, float32 on the SIMT kernels), and the kernels queued on torch's current
-stream. Skipped where torch sees no GPU."""
+tensor cores at D = 64, float32 on the SIMT kernels), the kernels queued on torch's current
+stream, and the same under torch.compile. Skipped where torch sees no GPU."""
 
 from __future__ import annotations
 
@@ -104,3 +104,30 @@ def test_ring_over_two_gpus_matches_reference():
     want_dq = attention_backward_ref(as_f64(q), as_f64(k), as_f64(v), as_f64(dout), causal, scale)[0]
     assert rel_err(got[0], want_out) < TOLERANCE["bfloat16"]
     assert rel_err(got[1], want_dq) < TOLERANCE["bfloat16"]
+
+
+@pytest.mark.skipif(not hasattr(torch.library, "custom_op"), reason="torch before 2.4 has no custom operators")
+def test_compiled_on_the_gpu_matches_reference():
+    """torch.compile(fullgraph=True) with CUDA tensors, two ranks on one GPU: the operators stay
+    in the graph and run on torch's stream; out and dq against the float64 reference."""
+    n, layout = 2, "zigzag"
+    gen = torch.Generator().manual_seed(9)
+    q, k, v, dout = (torch.randn(B, S, h, D, generator=gen).to(torch.bfloat16) for h in (4, 2, 2, 4))
+
+    def rank_fn(ctx):
+        pos = torch.from_numpy(positions_ref(layout, S, n, ctx.rank))
+        ql, kl, vl = (x[:, pos].cuda().requires_grad_() for x in (q, k, v))
+        attend = torch.compile(lambda q, k, v: stria_torch.ring_attention(q, k, v, ctx, layout=layout), fullgraph=True)
+        out = attend(ql, kl, vl)
+        out.backward(dout[:, pos].cuda())
+        torch.cuda.synchronize()
+        return pos.numpy(), out, ql.grad
+
+    with stria.local_group(n, device="cuda", timeout_s=TIMEOUT_S) as group:
+        results = group.run(rank_fn)
+    scale = 1.0 / math.sqrt(D)
+    want_out = attention_ref(as_f64(q), as_f64(k), as_f64(v), True, scale)[0]
+    want_dq = attention_backward_ref(as_f64(q), as_f64(k), as_f64(v), as_f64(dout), True, scale)[0]
+    for pos, out, dq in results:
+        assert rel_err(as_f64(out), want_out[:, pos]) < TOLERANCE["bfloat16"]
+        assert rel_err(as_f64(dq), want_dq[:, pos]) < TOLERANCE["bfloat16"]
