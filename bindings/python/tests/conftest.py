@@ -30,6 +30,19 @@ def rng():
     return np.random.default_rng(1234)
 
 
+@pytest.fixture
+def ucx(monkeypatch):
+    """Skips where this build has no UCX transport. The process environment has no STRIA_ROOT or
+    STRIA_SECRET of its own unless a test sets them."""
+    monkeypatch.setenv("STRIA_ROOT", "127.0.0.1:1")  # a world of 1 listens nowhere
+    try:
+        stria.Context(transport="ucx", timeout_s=TIMEOUT_S).close()
+    except stria.UnsupportedError as e:
+        pytest.skip(f"no UCX transport: {e}")
+    monkeypatch.delenv("STRIA_ROOT")
+    monkeypatch.delenv("STRIA_SECRET", raising=False)
+
+
 def torch_or_skip():
     """torch, or a skip when it is not installed, unless STRIA_REQUIRE_TORCH=1 (the test script
     sets it: there a missing torch is a failure, not a skip)."""

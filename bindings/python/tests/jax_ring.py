@@ -27,6 +27,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
+from reference import random_inputs
 
 SHAPE = {"batch": 2, "seq": 48, "hq": 4, "hkv": 2, "dim": 32}  # GQA: two query heads per K/V head
 SEED = 7
@@ -35,13 +36,7 @@ TIMEOUT_S = 60.0
 
 def full_inputs():
     """q, k, v and the output weights w of the whole sequence, float32 [B, S, H, D]."""
-    b, s, hq, hkv, d = (SHAPE[x] for x in ("batch", "seq", "hq", "hkv", "dim"))
-    rng = np.random.default_rng(SEED)
-    q = rng.standard_normal((b, s, hq, d), dtype=np.float32)
-    k = rng.standard_normal((b, s, hkv, d), dtype=np.float32)
-    v = rng.standard_normal((b, s, hkv, d), dtype=np.float32)
-    w = rng.standard_normal((b, s, hq, d), dtype=np.float32)
-    return q, k, v, w
+    return random_inputs(*(SHAPE[x] for x in ("batch", "seq", "hq", "hkv", "dim")), SEED)
 
 
 def run_rank(ctx, layout: str, causal: bool, dtype: str) -> dict[str, np.ndarray]:

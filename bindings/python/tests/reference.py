@@ -79,3 +79,14 @@ def rel_err(x, ref) -> float:
 
 
 TOLERANCE = {"float32": 1e-5, "float16": 2e-2, "bfloat16": 2e-2}
+
+
+def random_inputs(b: int, s: int, hq: int, hkv: int, d: int, seed: int):
+    """q, k, v and output weights w of a whole sequence, float32 [B, S, H, D], from `seed`: what
+    the ranks of a test's ring (in processes of their own) and the test itself agree on."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((b, s, hq, d), dtype=np.float32)
+    k = rng.standard_normal((b, s, hkv, d), dtype=np.float32)
+    v = rng.standard_normal((b, s, hkv, d), dtype=np.float32)
+    w = rng.standard_normal((b, s, hq, d), dtype=np.float32)
+    return q, k, v, w

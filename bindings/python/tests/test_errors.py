@@ -297,19 +297,6 @@ def test_from_env_rejects_non_integers():
         stria.Context.from_env(environ={"RANK": "zero", "WORLD_SIZE": "2", "STRIA_ROOT": "127.0.0.1:1"})
 
 
-@pytest.fixture
-def ucx(monkeypatch):
-    """Skips where this build has no UCX transport. The process environment has no STRIA_ROOT or
-    STRIA_SECRET of its own unless a test sets them."""
-    monkeypatch.setenv("STRIA_ROOT", "127.0.0.1:1")  # a world of 1 listens nowhere
-    try:
-        stria.Context(transport="ucx", timeout_s=TIMEOUT_S).close()
-    except stria.UnsupportedError as e:
-        pytest.skip(f"no UCX transport: {e}")
-    monkeypatch.delenv("STRIA_ROOT")
-    monkeypatch.delenv("STRIA_SECRET", raising=False)
-
-
 def refusing_port():
     """A bound socket that does not listen (connections to it are refused), and its port."""
     s = socket.socket()

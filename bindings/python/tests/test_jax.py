@@ -161,26 +161,14 @@ def test_shard_map_of_eight_devices_bfloat16(tmp_path):
     check_ring(run_ring("shard_map", 8, "zigzag", False, "bfloat16", tmp_path), 8, "zigzag", False, "bfloat16")
 
 
-def test_ring_of_three_processes_over_ucx(tmp_path, monkeypatch):
+def test_ring_of_three_processes_over_ucx(tmp_path, ucx):
     """The production shape: one rank per process, a transport between processes."""
-    with monkeypatch.context() as m:
-        m.setenv("STRIA_ROOT", "127.0.0.1:1")  # a world of 1 listens nowhere
-        try:
-            stria.Context(transport="ucx", timeout_s=TIMEOUT_S).close()
-        except stria.UnsupportedError as e:
-            pytest.skip(f"no UCX transport: {e}")
     check_ring(run_ring("ucx", 3, "striped", True, "float32", tmp_path), 3, "striped", True, "float32")
 
 
-def test_ring_of_three_processes_of_a_jax_distributed_job(tmp_path, monkeypatch):
+def test_ring_of_three_processes_of_a_jax_distributed_job(tmp_path, ucx):
     """A JAX multi-process job: the contexts come from jax.distributed's coordination service
     (stria.jax.context_from_distributed), the blocks travel over UCX."""
-    with monkeypatch.context() as m:
-        m.setenv("STRIA_ROOT", "127.0.0.1:1")  # a world of 1 listens nowhere
-        try:
-            stria.Context(transport="ucx", timeout_s=TIMEOUT_S).close()
-        except stria.UnsupportedError as e:
-            pytest.skip(f"no UCX transport: {e}")
     check_ring(run_ring("distributed", 3, "zigzag", True, "float32", tmp_path), 3, "zigzag", True, "float32")
 
 

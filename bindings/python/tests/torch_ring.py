@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
+from reference import random_inputs
 
 SHAPE = (2, 36, 4, 2, 16)  # batch, seq, query heads, K/V heads, head dim
 SEED = 11
@@ -20,13 +21,7 @@ TIMEOUT_S = 60.0
 
 def full_inputs():
     """q, k, v and the output weights w of the whole sequence, float32 [B, S, H, D]."""
-    b, s, hq, hkv, d = SHAPE
-    rng = np.random.default_rng(SEED)
-    q = rng.standard_normal((b, s, hq, d), dtype=np.float32)
-    k = rng.standard_normal((b, s, hkv, d), dtype=np.float32)
-    v = rng.standard_normal((b, s, hkv, d), dtype=np.float32)
-    w = rng.standard_normal((b, s, hq, d), dtype=np.float32)
-    return q, k, v, w
+    return random_inputs(*SHAPE, SEED)
 
 
 def main(argv: list[str]) -> None:
