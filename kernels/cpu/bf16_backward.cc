@@ -11,6 +11,9 @@
 // for dQ) and paired along their rows (P and dS, for dVᵀ and dKᵀ). dKᵀ and dVᵀ are transposed
 // once per key tile, when added to the ring's dK/dV message. P and dS are float32 until they
 // are rounded, as in GPU flash kernels; Q, K, V and dO are the caller's bf16 values.
+#include <immintrin.h>
+
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -22,6 +25,61 @@
 namespace stria {
 namespace cpu {
 namespace STRIA_ISA_NAME {
+
+namespace {
+
+// t[i] = row i of a 16 x 16 matrix in, t[j] = its column j out. (The zero-masking forms with every
+// lane kept are the plain instructions; they avoid GCC 12's false -Wmaybe-uninitialized on the
+// unmasked intrinsics.)
+inline void Transpose16x16(__m512 t[16]) {
+  constexpr __mmask16 kAll = 0xFFFF;
+  __m512 u[16];
+  for (int i = 0; i < 16; i += 2) {  // per 128-bit lane: a0 b0 a1 b1 and a2 b2 a3 b3
+    u[i] = _mm512_maskz_unpacklo_ps(kAll, t[i], t[i + 1]);
+    u[i + 1] = _mm512_maskz_unpackhi_ps(kAll, t[i], t[i + 1]);
+  }
+  for (int g = 0; g < 16; g += 4) {  // rows 4g'..4g'+3: lane L of t[g + k] holds their column 4L + k
+    t[g] = _mm512_maskz_shuffle_ps(kAll, u[g], u[g + 2], 0x44);
+    t[g + 1] = _mm512_maskz_shuffle_ps(kAll, u[g], u[g + 2], 0xEE);
+    t[g + 2] = _mm512_maskz_shuffle_ps(kAll, u[g + 1], u[g + 3], 0x44);
+    t[g + 3] = _mm512_maskz_shuffle_ps(kAll, u[g + 1], u[g + 3], 0xEE);
+  }
+  for (int k = 0; k < 4; ++k) {  // gather lane L of the four row groups: column 4L + k
+    const __m512 x = _mm512_maskz_shuffle_f32x4(kAll, t[k], t[4 + k], 0x88),
+                 y = _mm512_maskz_shuffle_f32x4(kAll, t[k], t[4 + k], 0xDD);
+    const __m512 z = _mm512_maskz_shuffle_f32x4(kAll, t[8 + k], t[12 + k], 0x88),
+                 w = _mm512_maskz_shuffle_f32x4(kAll, t[8 + k], t[12 + k], 0xDD);
+    u[k] = _mm512_maskz_shuffle_f32x4(kAll, x, z, 0x88);
+    u[8 + k] = _mm512_maskz_shuffle_f32x4(kAll, x, z, 0xDD);
+    u[4 + k] = _mm512_maskz_shuffle_f32x4(kAll, y, w, 0x88);
+    u[12 + k] = _mm512_maskz_shuffle_f32x4(kAll, y, w, 0xDD);
+  }
+  for (int i = 0; i < 16; ++i) t[i] = u[i];
+}
+
+// dst[j * ld + d] += mul * src[d * kBlockK + j] for j < rows, d < D: a key tile's dKᵀ or dVᵀ
+// added to its rows of the ring's dK/dV message, 16 x 16 blocks transposed in registers. The
+// message rows are Hkv·D floats apart, often a multiple of 4 KiB, so a column-wise scalar walk
+// met the same few L1 sets on every row and took half a short block's backward.
+void AddTransposed(const float* src, int64_t D, int64_t rows, float mul, float* dst, int64_t ld) {
+  const __m512 m = _mm512_set1_ps(mul);
+  for (int64_t j0 = 0; j0 < rows; j0 += 16) {
+    const int64_t nj = std::min<int64_t>(16, rows - j0);
+    for (int64_t d0 = 0; d0 < D; d0 += 16) {
+      const int64_t nd = std::min<int64_t>(16, D - d0);
+      const __mmask16 dmask = static_cast<__mmask16>((1u << nd) - 1);
+      __m512 t[16];
+      for (int i = 0; i < 16; ++i) t[i] = i < nd ? _mm512_loadu_ps(src + (d0 + i) * kBlockK + j0) : _mm512_setzero_ps();
+      Transpose16x16(t);
+      for (int64_t j = 0; j < nj; ++j) {
+        float* row = dst + (j0 + j) * ld + d0;
+        _mm512_mask_storeu_ps(row, dmask, _mm512_fmadd_ps(t[j], m, _mm512_maskz_loadu_ps(dmask, row)));
+      }
+    }
+  }
+}
+
+}  // namespace
 
 void BackwardItemBf16(const BwdItemArgsBf16& a) {
   const PackedShape& sh = *a.shape;
@@ -85,11 +143,8 @@ void BackwardItemBf16(const BwdItemArgsBf16& a) {
       }
     }
     const int64_t rows = std::min(kBlockK, sh.Lk - j0);
-    for (int64_t d = 0; d < sh.D; ++d)
-      for (int64_t r = 0; r < rows; ++r) {
-        a.dk[(j0 + r) * a.dkv_row_stride + d] += dkt[d * kBlockK + r] * a.dk_scale;
-        a.dv[(j0 + r) * a.dkv_row_stride + d] += dvt[d * kBlockK + r];
-      }
+    AddTransposed(dkt, sh.D, rows, a.dk_scale, a.dk + j0 * a.dkv_row_stride, a.dkv_row_stride);
+    AddTransposed(dvt, sh.D, rows, 1.f, a.dv + j0 * a.dkv_row_stride, a.dkv_row_stride);
   }
   EndTileProducts();
 }
