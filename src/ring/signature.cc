@@ -52,19 +52,38 @@ static bool Same(const CallSignature& a, const CallSignature& b) {
   return SameButTag(a, b) && a.tag == b.tag;
 }
 
+// A peer's fields are read only after this: values outside their enums (a corrupted or foreign
+// signature with the right magic) would otherwise reach the messages and the returned status.
+static bool WellFormed(const CallSignature& s) {
+  return s.magic == kSignatureMagic &&
+         (s.op == static_cast<uint32_t>(RingOp::kForward) || s.op == static_cast<uint32_t>(RingOp::kBackward)) &&
+         s.status >= STRIA_SUCCESS && s.status <= STRIA_ERROR_INTERNAL && s.layout >= STRIA_LAYOUT_CONTIGUOUS &&
+         s.layout <= STRIA_LAYOUT_ZIGZAG && s.dtype >= static_cast<int32_t>(DType::kF32) &&
+         s.dtype <= static_cast<int32_t>(DType::kBF16) &&
+         s.kv_wire <= static_cast<uint32_t>(KVWireFormat::kCpuBf16Tiles);
+}
+
+// A tag as the messages print it.
+static std::string TagText(uint64_t tag) {
+  return tag == 0 ? std::string("untagged") : Format("tagged %#llx", static_cast<unsigned long long>(tag));
+}
+
 Status CheckAgreement(const CallSignature* all, int world_size, int self) {
   for (int r = 0; r < world_size; ++r) {
-    if (all[r].magic != kSignatureMagic)
+    if (!WellFormed(all[r]))
       return Error(STRIA_ERROR_TRANSPORT,
                    "rank %d sent a malformed call signature (is it running another version of stria?)", r);
   }
+  // The reason is a peer's bytes: printed with its bound, whether or not it ends in a NUL.
+  const int reason_max = static_cast<int>(sizeof(all[0].reason));
   for (int r = 0; r < world_size; ++r) {
     const auto code = static_cast<stria_status_t>(all[r].status);
     if (code == STRIA_SUCCESS || r == self) continue;
     const char* op = RingOpName(static_cast<RingOp>(all[r].op));
     if (code == STRIA_ERROR_INVALID_ARGUMENT || code == STRIA_ERROR_UNSUPPORTED)
-      return Error(STRIA_ERROR_INVALID_ARGUMENT, "rank %d rejected its arguments to %s: %s", r, op, all[r].reason);
-    return Error(code, "rank %d could not start %s: %s", r, op, all[r].reason);
+      return Error(STRIA_ERROR_INVALID_ARGUMENT, "rank %d rejected its arguments to %s: %.*s", r, op, reason_max,
+                   all[r].reason);
+    return Error(code, "rank %d could not start %s: %.*s", r, op, reason_max, all[r].reason);
   }
   // The reference is the signature most ranks share (lowest rank on a tie), so the message names
   // the odd one out rather than whoever disagrees with rank 0.
@@ -80,13 +99,12 @@ Status CheckAgreement(const CallSignature* all, int world_size, int self) {
   for (int r = 0; r < world_size; ++r) {
     if (SameButTag(all[r], all[ref]) && all[r].tag != all[ref].tag)
       return Error(STRIA_ERROR_INVALID_ARGUMENT,
-                   "ranks paired different calls: %s call #%llu is tagged %#llx on rank %d but %#llx on rank %d (and "
-                   "%d of the %d ranks): the ranks made these calls from different places of their programs, or in "
-                   "different orders; no block was exchanged (in a compiled program, make each call depend on the "
-                   "one before)",
+                   "ranks paired different calls: %s call #%llu is %s on rank %d but %s on rank %d (%d of the %d "
+                   "ranks made that one): the ranks made these calls from different places of their programs, or in "
+                   "different orders, or one set no tag; no block was exchanged (in a compiled program, make each "
+                   "call depend on the one before)",
                    RingOpName(static_cast<RingOp>(all[r].op)), static_cast<unsigned long long>(all[r].seq),
-                   static_cast<unsigned long long>(all[r].tag), r, static_cast<unsigned long long>(all[ref].tag), ref,
-                   ref_votes, world_size);
+                   TagText(all[r].tag).c_str(), r, TagText(all[ref].tag).c_str(), ref, ref_votes, world_size);
     if (!Same(all[r], all[ref]))
       return Error(STRIA_ERROR_INVALID_ARGUMENT,
                    "ranks disagree: rank %d made %s; rank %d (and %d rank(s) in all) made %s", r,

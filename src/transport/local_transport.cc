@@ -80,18 +80,27 @@ class LocalGroup {
       // or at the timeout if they never do: either way its peers learn now. One that posted and
       // left after its own failure (its wait timed out) most likely waited for the same missing
       // ranks as this one, whose own deadline, close by, names them.
-      int missing = -1, left_before = -1, left_after = -1;
+      // Once every rank has posted, one that then left after its own failure can only have
+      // timed out waiting for this one (or failed early in the call itself): its stale
+      // contribution must not pass for a live rank's, so the gather fails naming it.
+      int missing = -1, left_before = -1, left_after = -1, failed_after = -1;
       for (int q = 0; q < n_; ++q) {
         const size_t i = static_cast<size_t>(q);
         const bool posted = posted_round_[i] >= round;
         if (!posted && missing < 0) missing = q;
         if (gone_[i] && !posted) left_before = q;
         if (gone_[i] && posted && !gone_after_error_[i]) left_after = q;
+        if (gone_[i] && posted && gone_after_error_[i]) failed_after = q;
       }
+      if (missing < 0 && failed_after >= 0)
+        return Error(STRIA_ERROR_TRANSPORT,
+                     "rank %d had joined %s but then left the group after a failure of its own (most likely it "
+                     "timed out waiting for this rank; its own error says)",
+                     failed_after, what);
       if (missing < 0) break;
       if (left_before >= 0)
-        return Error(STRIA_ERROR_TRANSPORT, "rank %d left the group (aborted or destroyed) before joining %s",
-                     left_before, what);
+        return Error(STRIA_ERROR_TRANSPORT, "rank %d left the group (%s) before joining %s", left_before,
+                     HowLeft(left_before), what);
       if (left_after >= 0)
         return Error(STRIA_ERROR_TRANSPORT,
                      "rank %d left the group (aborted or destroyed) while waiting for rank %d to join %s", left_after,
@@ -178,7 +187,7 @@ class LocalGroup {
       }
       if (gone_[static_cast<size_t>(rank)]) return Aborted(rank);
       if (req.state == ReqState::kPosted && gone_[static_cast<size_t>(req.peer)])
-        return Error(STRIA_ERROR_TRANSPORT, "rank %d left the group (aborted or destroyed) during %s", req.peer, what);
+        return Error(STRIA_ERROR_TRANSPORT, "rank %d left the group (%s) during %s", req.peer, HowLeft(req.peer), what);
       if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && Clock::now() >= deadline &&
           requests_[id].state == ReqState::kPosted) {
         return Error(STRIA_ERROR_TIMEOUT, "timed out after %.3g s waiting for rank %d to %s (%s)", timeout_s, req.peer,
@@ -209,6 +218,10 @@ class LocalGroup {
   }
 
  private:
+  // Why rank q is gone, for messages; mu_ held.
+  const char* HowLeft(int q) const {
+    return gone_after_error_[static_cast<size_t>(q)] ? "after a failure of its own" : "aborted or destroyed";
+  }
   static Status Aborted(int rank) {
     return Error(STRIA_ERROR_ABORTED, "rank %d was aborted (stria_context_abort) and can only be destroyed", rank);
   }

@@ -170,6 +170,13 @@ class UcxTransport final : public Transport {
       std::unique_lock<std::mutex> lock(mu_);
       s = NoteErrorLocked(WaitLocked(lock, r, left > 0 ? left : 0, what, /*any_peer_gone_fails=*/true));
     }
+    // A peer's contribution may be what it sent before giving up (its own wait in this gather
+    // timed out while this rank was late, most likely): it is not a live rank's call to pair with.
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int q = 0; s.ok() && q < world_; ++q)
+      if (q != rank_ && gone_after_error_[static_cast<size_t>(q)])
+        s = NoteErrorLocked(Error(STRIA_ERROR_TRANSPORT, "rank %d had joined %s but then %s", q, what,
+                                  gone_[static_cast<size_t>(q)].c_str()));
     return s;
   }
 
