@@ -133,6 +133,12 @@ _by_key: weakref.WeakValueDictionary[int, Context] = weakref.WeakValueDictionary
 _by_key_lock = threading.Lock()
 
 
+def context_or_none(key: int) -> Context | None:
+    """The context of `key` while it is alive (open or not), else None."""
+    with _by_key_lock:
+        return _by_key.get(key)
+
+
 def context_of_key(key: int, func: str) -> Context:
     """The open context of `key` (Context._key), or a ValueError naming func."""
     with _by_key_lock:

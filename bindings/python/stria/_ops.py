@@ -37,11 +37,15 @@ def attention_params(
 
 
 def _set_call_tag(handle: Any, call_tag: int, func: str) -> None:
-    """Tags the next call on the context (stria_context_set_call_tag); 0 leaves it untagged."""
+    """Tags the next call on the context (stria_context_set_call_tag); 0 leaves it untagged.
+
+    Set on every call, 0 included: the wrapper of the call itself can still raise before the
+    library takes the tag (a stream of the wrong type, an interrupt), and a tag left behind would
+    otherwise name the context's next call, tagged or not.
+    """
     if isinstance(call_tag, bool) or not isinstance(call_tag, (int, np.integer)) or not 0 <= call_tag < 2**64:
         raise ValueError(f"{func}(): call_tag must be an integer in [0, 2**64), not {call_tag!r}")
-    if call_tag:
-        capi.stria_context_set_call_tag(handle, int(call_tag))
+    capi.stria_context_set_call_tag(handle, int(call_tag))
 
 
 def _lse_shape(q: Tensor) -> tuple[int, ...]:
@@ -97,7 +101,7 @@ def attention_forward(
     handle = _handle(ctx, "attention_forward")
     params = attention_params(layout, causal, softmax_scale)
     tensors = [for_dlpack(x) for x in (q, k, v, out, lse)]
-    _set_call_tag(handle, call_tag, "attention_forward")  # last: nothing between it and its call can fail
+    _set_call_tag(handle, call_tag, "attention_forward")  # last, so that little can fail in between
     capi.stria_attention_forward(handle, params, *tensors, stream)
     return out, lse
 

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from . import _ops, capi
-from ._context import Context, DeviceLike, context_of_key, parse_device
+from ._context import Context, DeviceLike, context_of_key, context_or_none, parse_device
 from ._enums import Layout, LayoutLike, Transport, TransportLike
 
 __all__ = ["RingAttentionFunction", "context_from_group", "ring_attention", "scaled_dot_product_attention"]
@@ -185,6 +185,7 @@ class RingAttentionFunction(torch.autograd.Function):
         out, lse = _forward_op(q, k, v, *args)
         fctx.save_for_backward(q, k, v, out, lse)
         fctx.stria_args = args
+        fctx.stria_context = context  # alive until the backward (see _setup_context)
         return out
 
     @staticmethod
@@ -204,6 +205,12 @@ def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.stria_args = tuple(args)
+    # The graph holds the context as long as it can run its backward: the registry holds contexts
+    # weakly, so a caller that dropped its own reference after the forward (a context made per
+    # call, say) would otherwise find it collected, and closed, at the backward. A key that is not
+    # a plain int (torch.compile tracing with a symbolic one) has no context to hold here.
+    if isinstance(args[0], int):
+        ctx.stria_context = context_or_none(args[0])
     ctx.mark_non_differentiable(lse)  # no gradient flows back through the log-sum-exp
 
 
@@ -218,6 +225,26 @@ if _HAS_OP_AUTOGRAD:
     _forward_op.register_autograd(_op_backward, setup_context=_setup_context)
 
 
+def _autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The dtype of the autocast region enabled on `device_type`, or None."""
+    try:
+        if not torch.is_autocast_enabled(device_type):
+            return None
+        return torch.get_autocast_dtype(device_type)
+    except (TypeError, AttributeError, RuntimeError):  # a torch without per-device autocast queries
+        return None
+
+
+def _autocast(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """xs cast to the autocast dtype where autocast is on for their device (attention runs in the
+    lower precision, as torch's scaled_dot_product_attention does under autocast), else as they
+    are. The casts are autograd's: gradients come back in each input's own dtype."""
+    dtype = _autocast_dtype(xs[0].device.type)
+    if dtype is None:
+        return xs
+    return tuple(x.to(dtype) if x.is_floating_point() else x for x in xs)
+
+
 def ring_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -230,9 +257,12 @@ def ring_attention(
 ) -> torch.Tensor:
     """Attention of this rank's q ``[B, L, Hq, D]`` over the whole sequence's k, v
     ``[B, L, Hkv, D]`` (each rank holds its L tokens in `layout`); returns ``[B, L, Hq, D]``.
-    softmax_scale None is 1/sqrt(D); causal masks on global positions."""
+    softmax_scale None (or 0, as in the C ABI) is 1/sqrt(D); causal masks on global positions.
+    Under torch.autocast, floating-point q, k and v are cast to the autocast dtype first, as
+    torch's own attention is."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_tensor("ring_attention", name, x)
+    q, k, v = _autocast(q, k, v)
     if not _HAS_OP_AUTOGRAD:
         return RingAttentionFunction.apply(q, k, v, context, Layout.of(layout), bool(causal), softmax_scale)
     args = _op_args("ring_attention", context, layout, causal, softmax_scale)
@@ -269,6 +299,19 @@ def scaled_dot_product_attention(
         _check_tensor("scaled_dot_product_attention", name, x)
         if x.dim() != 4:
             raise ValueError(f"{name} must be [B, H, L, D], got shape {tuple(x.shape)}")
+    # In the caller's terms: past here the library sees the [B, L, H, D] views, and its messages
+    # would name shapes the caller never passed.
+    b, hq, lq, d = query.shape
+    for name, x in (("key", key), ("value", value)):
+        if x.shape[0] != b or x.shape[2] != lq or x.shape[3] != d or x.shape[1] != key.shape[1]:
+            raise ValueError(
+                f"{name} has shape {tuple(x.shape)}: key and value must be [B, Hkv, L, D] with query's B, L and D "
+                f"(query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)})"
+            )
+    if key.shape[1] == 0 or hq % key.shape[1] != 0:
+        raise ValueError(
+            f"query's {hq} heads are not a multiple of key's {key.shape[1]} (grouped-query attention needs Hq % Hkv == 0)"
+        )
     if attn_mask is not None:
         raise NotImplementedError("stria's attention takes no attn_mask: use is_causal (on global positions)")
     if dropout_p != 0.0:

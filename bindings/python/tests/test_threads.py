@@ -128,6 +128,22 @@ def test_call_tags_tell_apart_calls_of_the_same_shapes():
     assert len(seen) == 2 and all("paired different calls" in m and "0x1" in m and "0x2" in m for m in seen), seen
 
 
+def test_a_tag_whose_call_never_ran_names_no_later_call():
+    """A tagged call that raises before it reaches the library (here its stream argument) leaves
+    no tag behind: the rank's next, untagged call pairs with its peer's untagged one."""
+    qs = shards(2, 32, d=16)
+
+    def rank_fn(ctx, q):
+        if ctx.rank == 0:
+            with pytest.raises(TypeError, match="stream"):
+                ctx.attention_forward(q, q, q, call_tag=0x1234, stream="not a stream")
+        return ctx.attention_forward(q, q, q)[0]
+
+    with stria.local_group(2, timeout_s=TIMEOUT_S) as group:
+        outs = group.run(rank_fn, qs)
+    assert all(np.isfinite(o).all() for o in outs)
+
+
 def test_run_reraises_the_first_real_failure_quickly():
     """A rank that fails before the collective makes run() abort the others instead of letting
     them wait for the timeout, and the original error is the one raised."""

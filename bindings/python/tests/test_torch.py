@@ -6,6 +6,7 @@ gradients, summed over the ranks' threads, match the full-sequence model's."""
 from __future__ import annotations
 
 import copy
+import gc
 import math
 
 import numpy as np
@@ -167,6 +168,55 @@ def test_sdpa_refuses_what_it_cannot_do():
             stria_torch.scaled_dot_product_attention(q[0], q[0], q[0], context=ctx)
         with pytest.raises(stria.InvalidArgumentError):
             stria_torch.ring_attention(q, q[:, :1], q, ctx)
+
+
+def test_sdpa_names_the_shapes_the_caller_passed():
+    """Shape errors of the SDPA-shaped function describe its [B, H, L, D] arguments, not the
+    [B, L, H, D] views it hands the library."""
+    q, k = torch.randn(1, 2, 8, D), torch.randn(1, 2, 4, D)
+    with stria.Context() as ctx:
+        with pytest.raises(ValueError, match=r"key has shape \(1, 2, 4, 16\).*query \(1, 2, 8, 16\)"):
+            stria_torch.scaled_dot_product_attention(q, k, k, context=ctx)
+        with pytest.raises(ValueError, match="query's 3 heads are not a multiple of key's 2"):
+            stria_torch.scaled_dot_product_attention(torch.randn(1, 3, 8, D), q, q, context=ctx)
+
+
+def test_backward_keeps_its_context_alive():
+    """A context the caller drops after the forward (one made per call) stays open for as long
+    as the graph can run its backward, through the operator and RingAttentionFunction alike."""
+    gen = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(1, 8, 2, D, generator=gen, requires_grad=True) for _ in range(3))
+    for attend in (
+        lambda: stria_torch.ring_attention(q, k, v, stria.Context(timeout_s=TIMEOUT_S)),
+        lambda: stria_torch.RingAttentionFunction.apply(q, k, v, stria.Context(timeout_s=TIMEOUT_S), "striped", True, None),
+    ):
+        out = attend()
+        gc.collect()
+        out.sum().backward()
+        qd, kd, vd = (x.detach().double().numpy() for x in (q, k, v))
+        ref = attention_backward_ref(qd, kd, vd, np.ones(out.shape), True, 1 / math.sqrt(D))
+        assert rel_err(q.grad.numpy(), ref[0]) < 1e-5 and rel_err(v.grad.numpy(), ref[2]) < 1e-5
+        for x in (q, k, v):
+            x.grad = None
+
+
+@pytest.mark.parametrize("device_dtype", [torch.bfloat16, torch.float16])
+def test_autocast_runs_attention_in_the_lower_precision_like_torch(device_dtype):
+    """Under torch.autocast, inputs of mixed dtypes (a float32 rotary embedding beside bf16
+    projections) are cast to the autocast dtype, as torch's SDPA does; the output has that dtype,
+    and gradients come back in each input's own dtype."""
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(1, 2, 8, D, generator=gen, requires_grad=True)
+    k = torch.randn(1, 2, 8, D, generator=gen, requires_grad=True)
+    v = torch.randn(1, 2, 8, D, generator=gen).to(torch.bfloat16).requires_grad_()
+    with torch.autocast("cpu", dtype=device_dtype), stria.Context(timeout_s=TIMEOUT_S) as ctx:
+        out = stria_torch.scaled_dot_product_attention(q, k, v, is_causal=True, context=ctx)
+        want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        assert out.dtype == want.dtype == device_dtype
+        out.float().sum().backward()
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    assert rel_err(out.detach().double().numpy(), ref.detach().numpy()) < 2e-2
+    assert (q.grad.dtype, k.grad.dtype, v.grad.dtype) == (torch.float32, torch.float32, torch.bfloat16)
 
 
 def test_sdpa_scale_none_or_positive_like_torch():
