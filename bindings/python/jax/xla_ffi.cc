@@ -56,6 +56,7 @@ using stria_jax::CallAttributes;
 struct Calls {
   std::mutex mutex;
   bool bound = true;
+  int32_t xla_device = -1;  // a lone context of a world > 1: the XLA device it serves, once known
 };
 // One context of a binding: the XLA device whose programs it serves (-1: any), and the DLPack
 // device its tensors are on.
@@ -192,12 +193,43 @@ stria_attention_params_t Params(const CallAttributes& a) {
   return params;
 }
 
+// Whether a lone context (bound for every device) may serve a call from `xla_device`; calls->mutex
+// held. On a GPU it serves its own GPU only: a buffer of another would reach stria labelled as on
+// the context's. A context of a world of more than one serves one device: programs that call it
+// from two (a shard_map or pmap over several devices of this process) would make its calls in
+// whatever order XLA runs the devices' shards, and pair them with the peers' calls for other
+// shards: wrong numbers, no error. The first device to call claims it. A world of one has no
+// peers to pair with: any device of its platform.
+ffi::Error CheckDevice(const Member& m, int32_t xla_device, std::string_view site) {
+  const std::string where = site.empty() ? "" : " [called at " + std::string(site) + "]";
+  if (m.device.device_type == kDLCUDA && xla_device != m.device.device_id)
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "stria: this program runs on XLA device " + std::to_string(xla_device) +
+                          " but its stria context is on cuda:" + std::to_string(m.device.device_id) +
+                          ": use a context on that GPU, or a stria.LocalGroup with one rank per device" + where);
+  int world = 1;
+  if (stria_context_get_world_size(m.ctx, &world) != STRIA_SUCCESS || world == 1) return ffi::Error::Success();
+  if (m.calls->xla_device < 0) m.calls->xla_device = xla_device;
+  if (m.calls->xla_device == xla_device) return ffi::Error::Success();
+  return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                    "stria: a Context of a world of " + std::to_string(world) +
+                        " serves one XLA device, and it was first called from device " +
+                        std::to_string(m.calls->xla_device) + ", now from device " + std::to_string(xla_device) +
+                        " (several devices of this process under shard_map or pmap?): their calls would pair with "
+                        "the other ranks' in any order; give each device its own rank (a stria.LocalGroup under "
+                        "shard_map, or one device per process)" +
+                        where);
+}
+
 // Under the binding's lock (the tag names the call that follows it on this thread): tags the call,
 // then makes it.
 template <typename Call>
-ffi::Error Run(const Member& m, const CallAttributes& a, const char* name, Call call) {
+ffi::Error Run(const Member& m, int32_t xla_device, const CallAttributes& a, const char* name, Call call) {
   std::lock_guard<std::mutex> serial(m.calls->mutex);
   if (!m.calls->bound) return Closed(a.context);
+  if (m.xla_device == -1) {
+    if (ffi::Error e = CheckDevice(m, xla_device, a.site); e.failure()) return e;
+  }
   stria_status_t s = stria_context_set_call_tag(m.ctx, a.tag);
   if (s == STRIA_SUCCESS) s = call();
   return s == STRIA_SUCCESS ? ffi::Error::Success() : Failure(name, s, a.site);
@@ -209,7 +241,7 @@ ffi::Error Forward(void* stream, int32_t xla_device, const CallAttributes& a, ff
   if (ffi::Error e = Find(a.context, xla_device, &m); e.failure()) return e;
   View vq(q, m.device), vk(k, m.device), vv(v, m.device), vo(*out, m.device), vl(*lse, m.device, 3);
   const stria_attention_params_t params = Params(a);
-  return Run(m, a, "attention_forward",
+  return Run(m, xla_device, a, "attention_forward",
              [&] { return stria_attention_forward(m.ctx, &params, &vq.t, &vk.t, &vv.t, &vo.t, &vl.t, stream); });
 }
 
@@ -221,7 +253,7 @@ ffi::Error Backward(void* stream, int32_t xla_device, const CallAttributes& a, f
   const DLDevice d = m.device;
   View vq(q, d), vk(k, d), vv(v, d), vo(out, d), vl(lse, d, 3), vdo(dout, d), vdq(*dq, d), vdk(*dk, d), vdv(*dv, d);
   const stria_attention_params_t params = Params(a);
-  return Run(m, a, "attention_backward", [&] {
+  return Run(m, xla_device, a, "attention_backward", [&] {
     return stria_attention_backward(m.ctx, &params, &vq.t, &vk.t, &vv.t, &vo.t, &vl.t, &vdo.t, &vdq.t, &vdk.t, &vdv.t,
                                     stream);
   });

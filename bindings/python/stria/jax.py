@@ -25,7 +25,8 @@ may run in either order, differently on different ranks. So make each call depen
 before, as a stack of layers does by itself. Where that is not so, the ranks fail instead of
 computing garbage: every traced call carries its call site's tag (``tag=None``; see
 ``_call_site``), and calls of different sites that meet fail on every rank, before any block
-moves. Calls on one context from concurrent XLA threads wait for each other. A failure raises
+moves. Calls on one context from concurrent XLA threads wait for each other; a Context of a ring
+serves one JAX device (a second device's calls fail: they would pair in any order). A failure raises
 JAX's runtime error (from some of XLA's execution paths a ValueError) with stria's status and
 message and the call site (``INVALID_ARGUMENT: stria attention_forward: ... [called at
 model.py:42 (attend)]``); a call on a context that has since been closed fails likewise instead
@@ -105,11 +106,28 @@ _site_counts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _site_counts_lock = threading.Lock()
 
 
+def _outermost_trace(trace: Any) -> Any:
+    """The staging trace that `trace` is nested in (jit's, under a grad or vmap inside it), or
+    `trace` itself where this JAX does not link them."""
+    from jax._src import core  # noqa: PLC0415 - as in _current_trace
+
+    for _ in range(64):
+        parent = getattr(trace, "parent_trace", None)
+        if parent is None or isinstance(parent, core.EvalTrace):
+            break
+        trace = parent
+    return trace
+
+
 def _occurrence(site_digest: bytes) -> int:
-    """The number of calls of this site before this one in the current trace."""
+    """The number of calls of this site before this one in the outermost trace under way: the
+    program being built. Counted there and not in the innermost trace, since every jax.grad or
+    jax.vmap inside it traces its function afresh (a grad in a Python loop would count 0 each
+    time)."""
     trace = _current_trace()
     if trace is None:
         return 0
+    trace = _outermost_trace(trace)
     with _site_counts_lock:
         try:
             counts = _site_counts.setdefault(trace, {})
@@ -127,25 +145,31 @@ def _call_site() -> tuple[int, str]:
     independent calls as it likes; so every traced call carries its site's tag, and calls of
     different sites that meet fail instead of exchanging blocks (stria_context_set_call_tag).
     Every process that runs the same program must get the same tag, so it hashes what is the same
-    there: the caller's frames up to JAX's (the trace of the caller's function), innermost first,
-    each as file name without its directory, line and function, and how many calls that stack
-    made before in the same trace. So the two branches of a model that calls one attention
-    function from two places get two tags, and so do the calls of a Python loop over one line."""
+    there: the caller's frames inside the outermost JAX transformation under way (the jit that
+    builds the program; JAX's own frames, the standard library's and stria's left out, and the
+    eager code above it too, which may differ between processes), innermost first, each as file
+    name without its directory, line and function, and how many calls that stack made before in
+    the program. So the two branches of a model that calls one attention function from two
+    places get two tags, and so do the calls of a Python loop over one line, a loop over
+    jax.grad included. A function that JAX traces once and then reuses (an inner jax.jit called
+    at two places, a scan body) has one tag per site inside it, whatever calls it."""
     digest = hashlib.blake2b(digest_size=8)
-    site = ""
+    frames: list[str] = []  # the caller's, innermost first; None marks a frame of JAX's
     frame = sys._getframe(1)
-    for _ in range(256):
+    for _ in range(512):
         if frame is None:
             break
         path = os.path.abspath(frame.f_code.co_filename)
         if path.startswith(_JAX_DIRS):
-            break
-        own = path.startswith(_STRIA_DIR) or (path.startswith(_STDLIB_DIR) and not path.startswith(_PACKAGE_DIRS))
-        if not own:
-            where = f"{os.path.basename(path)}:{frame.f_lineno} ({frame.f_code.co_name})"
-            site = site or where
-            digest.update(where.encode() + b"\0")
+            frames.append(None)
+        elif not (path.startswith(_STRIA_DIR) or (path.startswith(_STDLIB_DIR) and not path.startswith(_PACKAGE_DIRS))):
+            frames.append(f"{os.path.basename(path)}:{frame.f_lineno} ({frame.f_code.co_name})")
         frame = frame.f_back
+    outermost_jax = max((i for i, f in enumerate(frames) if f is None), default=len(frames))
+    site = next((f for f in frames if f is not None), "")
+    for where in frames[:outermost_jax]:
+        if where is not None:
+            digest.update(where.encode() + b"\0")
     digest.update(b"#%d" % _occurrence(digest.digest()))
     return int.from_bytes(digest.digest(), "little") % _TAG_LIMIT or 1, site
 
@@ -158,13 +182,23 @@ def _tag_of(func: str, tag: int | None, arrays: tuple) -> tuple[int, str]:
         if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or not 0 <= int(tag) < _TAG_LIMIT:
             raise ValueError(f"{func}(): tag must be None (the call site's) or an integer in [0, 2**63), not {tag!r}")
         return int(tag), ""
-    if not any(isinstance(x, jax.core.Tracer) for x in arrays):
+    trace = _current_trace()
+    if trace is not None:
+        # Staged whenever the trace is not JAX's eager one, constants closed over included.
+        from jax._src import core  # noqa: PLC0415 - JAX's internals, as in _current_trace
+
+        if isinstance(trace, core.EvalTrace):
+            return _NO_TAG
+    elif not any(isinstance(x, jax.core.Tracer) for x in arrays):
         return _NO_TAG
     return _call_site()
 
 
 _keys_lock = threading.Lock()
-_keys: dict[int, int] = {}  # id(context or group) -> its key in the handlers' registry, while open
+# Context or group -> its key in the handlers' registry, while open. Weakly keyed, not by id(): a
+# group collected while its contexts stay open would leave its id to a new object, which would
+# then be served by the old group's contexts.
+_keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _members(context: Any, func: str) -> list[tuple[Context, int]]:
@@ -186,7 +220,7 @@ def _key(context: Any, func: str) -> int:
     members = _members(context, func)
     handles = [c.handle for c, _ in members]  # raises for a closed context
     with _keys_lock:
-        key = _keys.get(id(context))
+        key = _keys.get(context)
         if key is not None:
             return key
         n = len(members)
@@ -199,17 +233,44 @@ def _key(context: Any, func: str) -> int:
         )
         if key == 0:
             raise ValueError(f"{func}(): could not bind the stria context")
-        ident = id(context)
+        owner = weakref.ref(context)
 
         def unbind() -> None:
             with _keys_lock:
-                _keys.pop(ident, None)
+                obj = owner()
+                if obj is not None:
+                    _keys.pop(obj, None)
             _lib.stria_jax_unbind(key)  # idempotent: the group's first close unbinds it
 
         for c, _ in members:
             c._on_close(unbind)
-        _keys[ident] = key
+        _keys[context] = key
     return key
+
+
+def _manual_shards() -> int | None:
+    """How many shards the enclosing shard_map runs (the product of its manual mesh axes' sizes;
+    1 outside one), or None where this JAX does not say."""
+    try:
+        mesh = jax.sharding.get_abstract_mesh()
+        return int(np.prod([mesh.shape[a] for a in mesh.manual_axes], dtype=np.int64))
+    except (AttributeError, KeyError, TypeError):
+        return None
+
+
+def _check_group_shards(context: Any, func: str) -> None:
+    """A LocalGroup of n ranks serves a shard_map of n shards, rank r the r-th device's: with any
+    other number some rank is never called, and the called ones would wait for it until their
+    timeout."""
+    if not isinstance(context, LocalGroup) or len(context) == 1:
+        return
+    shards = _manual_shards()
+    if shards is not None and shards != len(context):
+        where = f"a shard_map of {shards} shards" if shards > 1 else "no shard_map"
+        raise ValueError(
+            f"{func}(): a LocalGroup of {len(context)} ranks is called under {where}: call it inside shard_map over "
+            f"a mesh of {len(context)} devices (rank r computes device r's shard), or use one Context per process"
+        )
 
 
 def _cpu_dispatch_is_async() -> bool:
@@ -229,8 +290,15 @@ def _attrs(
 ) -> dict:
     """The custom call's attributes: the key of the context (or group), the parameters, and the
     call's tag and site."""
-    if softmax_scale is not None and not float(softmax_scale) > 0:  # NaN too
-        raise ValueError(f"{func}(): softmax_scale must be None (1/sqrt(D)) or positive, not {softmax_scale!r}")
+    # Checked as the float32 the call carries: a positive value below float32's range would round
+    # to 0, which stria reads as 1/sqrt(D).
+    with np.errstate(over="ignore"):  # a value beyond float32's range is refused below, as inf
+        scale32 = None if softmax_scale is None else np.float32(softmax_scale)
+    if scale32 is not None and not 0 < scale32 < np.inf:  # NaN too
+        raise ValueError(
+            f"{func}(): softmax_scale must be None (1/sqrt(D)) or positive and finite in float32, not {softmax_scale!r}"
+        )
+    _check_group_shards(context, func)
     if (
         isinstance(context, Context)
         and context.device[0] == capi.kDLCPU
@@ -248,16 +316,23 @@ def _attrs(
         "context": np.int64(_key(context, func)),
         "layout": np.int32(Layout.of(layout)),
         "causal": bool(causal),
-        "softmax_scale": np.float32(0.0 if softmax_scale is None else softmax_scale),
+        "softmax_scale": np.float32(0.0) if scale32 is None else scale32,
         "tag": np.uint64(call[0]),
         "site": call[1],
     }
+
+
+_DTYPES = ("float32", "float16", "bfloat16")
 
 
 def _check_4d(func: str, **arrays: Any) -> None:
     for name, x in arrays.items():
         if np.ndim(x) != 4:
             raise ValueError(f"{func}(): {name} must be [B, L, H, D], got shape {tuple(np.shape(x))}")
+        # Named here, in JAX's terms: the handler sees only XLA's element type.
+        dtype = jnp.result_type(x)
+        if dtype.name not in _DTYPES:
+            raise ValueError(f"{func}(): {name} has dtype {dtype.name}; stria takes {', '.join(_DTYPES)}")
 
 
 def _like(x: Any, shape: tuple[int, ...] | None = None, dtype: Any = None) -> Any:
@@ -372,6 +447,7 @@ def ring_attention(
     Differentiable in q, k and v (first order); softmax_scale None is 1/sqrt(D); causal masks on
     global positions; tag as in attention_forward (forward and backward share it)."""
     _members(context, "ring_attention")  # a TypeError for anything else
+    _check_4d("ring_attention", q=q, k=k, v=v)
     scale = None if softmax_scale is None else float(softmax_scale)
     call = _tag_of("ring_attention", tag, (q, k, v))
     return _ring(q, k, v, context, int(Layout.of(layout)), bool(causal), scale, call)

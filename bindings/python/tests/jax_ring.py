@@ -17,6 +17,11 @@ against the float64 reference. Run in its own process, so that JAX is set up as 
     python jax_ring.py ucx N LAYOUT CAUSAL DTYPE OUT.npz RANK PORT
         rank RANK of N processes joined by the UCX transport at 127.0.0.1:PORT; writes
         OUT.npz with the rank in its name (OUT.rank<R>.npz).
+    python jax_ring.py two_devices N LAYOUT CAUSAL DTYPE OUT.json RANK PORT
+        rank RANK of N UCX processes as in ucx, each with two JAX CPU devices, calling its one
+        Context from both under a data-parallel shard_map: which must fail (a Context of a ring
+        serves one device), not pair the two devices' calls with the peers' in any order. Writes
+        the outcomes of three tries to OUT.rank<R>.json.
     python jax_ring.py distributed N LAYOUT CAUSAL DTYPE OUT.npz RANK PORT
         the same, the processes being a JAX multi-process job (jax.distributed, its coordinator
         at 127.0.0.1:PORT) whose contexts come from stria.jax.context_from_distributed.
@@ -127,13 +132,41 @@ def run_shard_map(group, layout: str, causal: bool, dtype: str) -> list[dict[str
     return results
 
 
+def run_two_devices(ctx, layout: str, causal: bool, dtype: str) -> list[str]:
+    import jax
+    import jax.numpy as jnp
+    import stria
+    import stria.jax as sj
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    n, r = ctx.world_size, ctx.rank
+    q = jnp.asarray(stria.shard(full_inputs()[0], n, r, layout=layout), dtype=dtype)  # B = 2: one per device
+    mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+    attend = jax.shard_map(
+        lambda q: sj.ring_attention(q, q, q, ctx, layout=layout, causal=causal),
+        mesh=mesh,
+        in_specs=P("data"),
+        out_specs=P("data"),
+    )
+    outcomes = []
+    for _ in range(3):
+        try:
+            jax.block_until_ready(jax.jit(attend)(q))
+            outcomes.append("ok")
+        except Exception as e:  # noqa: BLE001 - the test reads the message
+            outcomes.append(f"{type(e).__name__}: {e}")
+    return outcomes
+
+
 def main(argv: list[str]) -> None:
     mode, n, layout, causal, dtype, path = argv[:6]
     n, causal = int(n), causal == "1"
-    if mode == "shard_map":
+    if mode in ("shard_map", "two_devices"):
         import os
 
-        os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n}"  # before JAX starts
+        devices = n if mode == "shard_map" else 2
+        os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"  # before JAX starts
     import jax
 
     jax.config.update("jax_cpu_enable_async_dispatch", False)  # before JAX's first computation
@@ -160,6 +193,15 @@ def main(argv: list[str]) -> None:
         with stria.Context.from_env(environ=env, timeout_s=TIMEOUT_S, num_threads=1) as ctx:
             res = run_rank(ctx, layout, causal, dtype)
         np.savez(path.replace(".npz", f".rank{rank}.npz"), **{f"{name}{rank}": x for name, x in res.items()})
+    elif mode == "two_devices":
+        import json
+
+        rank, port = int(argv[6]), int(argv[7])
+        env = {"RANK": str(rank), "WORLD_SIZE": str(n), "STRIA_ROOT": f"127.0.0.1:{port}"}
+        with stria.Context.from_env(environ=env, timeout_s=TIMEOUT_S, num_threads=1) as ctx:
+            outcomes = run_two_devices(ctx, layout, causal, dtype)
+        with open(path.replace(".json", f".rank{rank}.json"), "w") as f:
+            json.dump(outcomes, f)
     elif mode == "distributed":
         import stria.jax as sj
 

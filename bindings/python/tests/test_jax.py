@@ -4,6 +4,7 @@ layout, causal and not, GQA, float32/bfloat16/float16, forward and gradients; an
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -161,6 +162,31 @@ def test_shard_map_of_eight_devices_bfloat16(tmp_path):
     check_ring(run_ring("shard_map", 8, "zigzag", False, "bfloat16", tmp_path), 8, "zigzag", False, "bfloat16")
 
 
+def test_a_context_of_a_ring_serves_one_device(tmp_path, ucx):
+    """Two UCX processes of two JAX devices each, each calling its one Context from both devices
+    (data parallel over B): the second device's calls would pair with the peer's calls for other
+    batch shards in any order, so they fail, naming the devices, rather than return wrong numbers."""
+    path = str(tmp_path / "two.json")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = [sys.executable, os.path.join(HERE, "jax_ring.py"), "two_devices", "2", "striped", "1", "float32", path]
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    procs = [subprocess.Popen([*base, str(r), str(port)], env=env) for r in range(2)]
+    try:
+        codes = [p.wait(timeout=2 * TIMEOUT_S) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert codes == [0, 0]
+    for r in range(2):
+        with open(path.replace(".json", f".rank{r}.json")) as f:
+            outcomes = json.load(f)
+        assert len(outcomes) == 3
+        for o in outcomes:
+            assert "serves one XLA device" in o and "now from device" in o, o
+
+
 def test_ring_of_three_processes_over_ucx(tmp_path, ucx):
     """The production shape: one rank per process, a transport between processes."""
     check_ring(run_ring("ucx", 3, "striped", True, "float32", tmp_path), 3, "striped", True, "float32")
@@ -265,6 +291,35 @@ def test_each_call_site_has_its_own_tag(ctx, rng):
     assert _tags(untagged.lower(q, k, v)) == [0]
 
 
+def test_tags_through_nested_transformations(ctx, rng):
+    """jax.grad or jax.vmap traces its function afresh each time it is called: calls at two
+    places, or in a loop, still get tags of their own (counted in the program being built, the
+    caller's frames hashed up to the outermost jit); and a call on constants inside jit is
+    staged, so it is tagged too."""
+    q, k, v = inputs(rng)
+
+    def loss(q):
+        return jnp.sum(sj.ring_attention(q, k, v, ctx))
+
+    def grads_in_a_loop(q):
+        for _ in range(3):
+            q = q + jax.grad(loss)(q)
+        return q
+
+    def vmaps_at_two_places(q):
+        a = jax.vmap(lambda x: sj.ring_attention(x, k, v, ctx))(q[None])
+        b = jax.vmap(lambda x: sj.ring_attention(x, k, v, ctx))(q[None])
+        return a + b
+
+    loop = _tags(jax.jit(grads_in_a_loop).lower(q))  # a forward and a backward per grad
+    assert len(loop) == 6 and len(set(loop)) == 3 and all(t > 0 for t in loop), loop
+    assert _tags(jax.jit(grads_in_a_loop).lower(q)) == loop
+    a, b = _tags(jax.jit(vmaps_at_two_places).lower(q))
+    assert a != b and a > 0 and b > 0
+    constants = _tags(jax.jit(lambda: sj.attention_forward(ctx, q, k, v)[0]).lower())
+    assert len(constants) == 1 and constants[0] > 0
+
+
 def test_calls_of_different_sites_fail_instead_of_pairing(tmp_path):
     """Rank 0 calls from one site, the others from another: every rank raises, naming its own
     site and both tags, and no block moves; then a call from one site works on every rank."""
@@ -285,6 +340,44 @@ def test_calls_of_different_sites_fail_instead_of_pairing(tmp_path):
         assert second == "ok", (rank, second)
 
 
+def test_a_scale_below_float32_s_range_is_refused(ctx, rng):
+    """The call carries the scale as a float32: a positive one that would round to 0 (which
+    stria reads as 1/sqrt(D)) raises instead of silently meaning the default."""
+    q, k, v = inputs(rng)
+    for bad in (1e-46, 1e39, 0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="softmax_scale must be"):
+            sj.ring_attention(q, k, v, ctx, softmax_scale=bad)
+
+
+def test_a_local_group_needs_a_shard_map_of_its_size(rng):
+    """A LocalGroup of n ranks outside a shard_map of n shards would leave some rank uncalled and
+    the others waiting for it until their timeout: refused when traced."""
+    q, k, v = inputs(rng)
+    with stria.local_group(2, timeout_s=TIMEOUT_S) as group:
+        with pytest.raises(ValueError, match="LocalGroup of 2 ranks is called under no shard_map"):
+            jax.jit(lambda q: sj.ring_attention(q, k, v, group))(q)
+
+
+def test_a_collected_group_leaves_no_binding_behind(rng):
+    """Bindings are keyed by the object, weakly: a group collected while its contexts stay open
+    takes its entry with it (keyed by id(), a new object given the same id was served by the old
+    group's contexts, and waited for their peers until its timeout)."""
+    import gc
+
+    group = stria.local_group(2, timeout_s=TIMEOUT_S)
+    contexts = list(group)
+    try:
+        sj._key(group, "test")
+        assert group in sj._keys
+        before = len(sj._keys)
+        del group
+        gc.collect()
+        assert len(sj._keys) == before - 1
+    finally:
+        for c in contexts:
+            c.close()
+
+
 def test_a_tag_must_fit_xla_s_attribute(ctx, rng):
     q, k, v = inputs(rng)
     for bad in (-1, 2**63, True, 1.5):
@@ -301,11 +394,14 @@ def test_the_library_s_message_reaches_the_caller(ctx, rng):
         jax.block_until_ready(sj.attention_forward(ctx, q, k, v))
 
 
-def test_an_unsupported_dtype_is_named(ctx, rng):
-    q, k, v = (x.astype(np.int32) for x in inputs(rng))
-    message = r"UNIMPLEMENTED: stria attention_forward: .*q has dtype int32; supported: float32"
-    with pytest.raises(XLA_ERRORS, match=message):
-        jax.block_until_ready(sj.attention_forward(ctx, q, k, v))
+@pytest.mark.parametrize("dtype", ["int32", "bool", "float8_e4m3fn", "complex64"])
+def test_an_unsupported_dtype_is_named(ctx, rng, dtype):
+    """Refused when traced, in JAX's own names (the handler sees only XLA's element types, and
+    used to call most of them unknown)."""
+    q, k, v = (jnp.asarray(x).astype(dtype) for x in inputs(rng))
+    for call in (lambda: sj.attention_forward(ctx, q, k, v), lambda: sj.ring_attention(q, k, v, ctx)):
+        with pytest.raises(ValueError, match=rf"q has dtype {dtype}; stria takes float32, float16, bfloat16"):
+            jax.jit(call)()
 
 
 def test_a_closed_context_is_not_touched(rng):
