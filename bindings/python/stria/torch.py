@@ -347,7 +347,8 @@ def context_from_group(
     Context, the unique id shared over the group itself: no STRIA_ROOT, no port of its own to
     choose. Every rank of the group calls it (a collective).
 
-    device: None is this process's current GPU where the group's backend is NCCL, else the CPU;
+    device: None is this process's current GPU where the group's backend is or includes NCCL (a
+    group made without naming a backend, where torch sees a GPU), else the CPU;
     "cuda" is the current GPU. transport: None is NCCL on a GPU and UCX on the CPU (the
     in-process transport for a group of one).
     """
@@ -359,7 +360,11 @@ def context_from_group(
     if rank < 0:
         raise ValueError("context_from_group(): this process is not a member of the group")
     if device is None:
-        device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
+        # "nccl", or a backend per device ("cpu:gloo,cuda:nccl"), or "undefined": what
+        # init_process_group() without a backend reports, with NCCL for CUDA where there is a GPU.
+        backend = str(dist.get_backend(group))
+        on_gpu = "nccl" in backend or (backend == "undefined" and torch.cuda.is_available())
+        device = "cuda" if on_gpu else "cpu"
     if device == "cuda" or (isinstance(device, torch.device) and device.type == "cuda" and device.index is None):
         device = f"cuda:{torch.cuda.current_device()}"
     dev = parse_device(device)
