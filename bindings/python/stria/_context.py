@@ -529,7 +529,8 @@ class LocalGroup(Sequence[Context]):
         may be waiting for it inside a collective, fail at once instead of at the timeout; the
         first error raised, in time, that is not an AbortedError is re-raised (the ranks that the
         abort ends fail after it, with AbortedError or a TransportError naming a rank that left).
-        An aborted group can only be closed.
+        An aborted group can only be closed. An interrupt of the calling thread while it waits
+        (KeyboardInterrupt) aborts the group too, and is re-raised once the ranks have returned.
         """
         n = len(self._contexts)
         for args in per_rank_args:
@@ -549,11 +550,19 @@ class LocalGroup(Sequence[Context]):
                 if abort_on_error:
                     self.abort()
 
-        threads = [threading.Thread(target=body, args=(r,), name=f"stria-rank-{r}") for r in range(n)]
+        # Daemon threads, and an interrupt of this thread (Ctrl-C) aborts the group: a rank left
+        # waiting in a collective would otherwise hold the interpreter's exit until its timeout.
+        threads = [threading.Thread(target=body, args=(r,), name=f"stria-rank-{r}", daemon=True) for r in range(n)]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
+        try:
+            for t in threads:
+                t.join()
+        except BaseException:
+            self.abort()
+            for t in threads:
+                t.join(timeout=5.0)  # the aborted calls return at once; the caller's own code may not
+            raise
         if failures:
             primary = [e for e in failures if not isinstance(e, AbortedError)]
             raise (primary or failures)[0]

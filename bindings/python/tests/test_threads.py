@@ -4,6 +4,10 @@ timeouts and disagreeing ranks end in errors, and LocalGroup.run fails fast."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -142,6 +146,42 @@ def test_a_tag_whose_call_never_ran_names_no_later_call():
     with stria.local_group(2, timeout_s=TIMEOUT_S) as group:
         outs = group.run(rank_fn, qs)
     assert all(np.isfinite(o).all() for o in outs)
+
+
+def test_an_interrupt_of_run_aborts_the_group(tmp_path):
+    """Ctrl-C while run() waits (a notebook's interrupt, which the session survives): the group is
+    aborted, so a rank waiting in a collective for a peer that never comes returns at once
+    instead of at its timeout, and KeyboardInterrupt reaches the caller."""
+    script = tmp_path / "interrupted.py"
+    script.write_text(
+        "import stria, threading, time\n"
+        "import numpy as np\n"
+        "q = np.zeros((1, 16, 2, 8), np.float32)\n"
+        "def rank_fn(ctx):\n"
+        "    if ctx.rank == 0:\n"
+        "        threading.Timer(0.3, lambda: print('waiting', flush=True)).start()\n"
+        "        ctx.attention_forward(q, q, q)  # rank 1 never calls\n"
+        "group = stria.local_group(2, timeout_s=60)\n"
+        "try:\n"
+        "    group.run(rank_fn)\n"
+        "except KeyboardInterrupt:\n"
+        "    start = time.monotonic()\n"
+        "    while any(t.name.startswith('stria-rank') for t in threading.enumerate()):\n"
+        "        time.sleep(0.01)\n"
+        "    print(f'ranks done {time.monotonic() - start:.3f}', flush=True)\n"
+        "group.close()\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "waiting"
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=90)
+    finally:
+        proc.kill()
+    line = proc.stdout.read().strip()
+    assert proc.returncode == 0 and line.startswith("ranks done"), (proc.returncode, line)
+    assert float(line.split()[-1]) < 5.0, line
 
 
 def test_run_reraises_the_first_real_failure_quickly():
