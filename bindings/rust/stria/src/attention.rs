@@ -33,13 +33,15 @@ impl Default for AttentionParams {
 
 impl AttentionParams {
     fn raw(&self) -> Result<sys::stria_attention_params_t> {
-        // SAFETY: plain numbers; stria_attention_params_init then fills every field.
-        let mut raw: sys::stria_attention_params_t = unsafe { std::mem::zeroed() };
-        check(unsafe { sys::stria_attention_params_init(&mut raw) })?;
-        raw.layout = self.layout.raw();
-        raw.causal = c_int::from(self.causal);
-        raw.softmax_scale = self.softmax_scale.unwrap_or(0.0);
-        Ok(raw)
+        // Every field set here, struct_size from this crate's own struct: stria_attention_params_init
+        // writes the loaded library's sizeof, and a newer library's struct may have grown past
+        // this one (stria.h lets it), so it would write, and then read, past the end.
+        Ok(sys::stria_attention_params_t {
+            struct_size: std::mem::size_of::<sys::stria_attention_params_t>(),
+            layout: self.layout.raw(),
+            causal: c_int::from(self.causal),
+            softmax_scale: self.softmax_scale.unwrap_or(0.0),
+        })
     }
 }
 

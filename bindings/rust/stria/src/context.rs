@@ -228,7 +228,11 @@ impl Context {
         let raw_config = config.raw()?;
         let mut raw: sys::stria_context_t = std::ptr::null_mut();
         // SAFETY: a complete config, the caller's communicator and a place for the handle.
-        check(sys::stria_context_create_with_nccl_comm(&raw_config, nccl_comm, &mut raw))?;
+        check(sys::stria_context_create_with_nccl_comm(
+            &raw_config,
+            nccl_comm,
+            &mut raw,
+        ))?;
         // SAFETY: `raw` is a live context that nothing else owns.
         Context::adopt(raw)
     }
@@ -424,16 +428,20 @@ pub struct LocalGroup {
 }
 
 impl LocalGroup {
-    /// Creates the group (`config`'s rank, world size and transport are not used).
+    /// Creates the group (`config`'s rank and world size are not used; its transport must be
+    /// [`Transport::Local`], the default).
     pub fn new(world_size: usize, config: &Config) -> Result<LocalGroup> {
         let raw_config = config.raw()?;
         let n = c_int::try_from(world_size).map_err(|_| invalid(format!("world_size {world_size} is too large")))?;
         // SAFETY: the callee writes at most world_size handles into `out`.
-        Self::create(world_size, |out| unsafe { sys::stria_context_create_local_group(&raw_config, n, out) })
+        Self::create(world_size, |out| unsafe {
+            sys::stria_context_create_local_group(&raw_config, n, out)
+        })
     }
 
     /// Creates the group with rank `r` on `devices[r]`: a ring over the GPUs of this process, each
-    /// rank on its own (`config`'s device, rank, world size and transport are not used). The ranks
+    /// rank on its own (`config`'s device, rank and world size are not used; its transport must
+    /// be [`Transport::Local`]). The ranks
     /// are all CPU or all CUDA; blocks move GPU to GPU.
     pub fn on_devices(devices: &[Device], config: &Config) -> Result<LocalGroup> {
         let raw_config = config.raw()?;
@@ -442,9 +450,7 @@ impl LocalGroup {
         let raw_devices: Vec<sys::DLDevice> = devices.iter().map(|d| d.dl()).collect();
         Self::create(world_size, |out| {
             // SAFETY: one device per rank, and room for as many handles.
-            unsafe {
-                sys::stria_context_create_local_group_on_devices(&raw_config, raw_devices.as_ptr(), n, out)
-            }
+            unsafe { sys::stria_context_create_local_group_on_devices(&raw_config, raw_devices.as_ptr(), n, out) }
         })
     }
 
@@ -494,7 +500,10 @@ impl LocalGroup {
     /// results in rank order; `per_rank` gives one input per rank (rank r gets the r-th).
     ///
     /// If `f` panics on a rank, that rank's context is aborted, so ranks waiting for it in a
-    /// collective fail instead of waiting out the timeout; the panic then resumes here.
+    /// collective fail instead of waiting out the timeout; the panic then resumes here. A rank
+    /// that returns early without the collective its peers make (an `Err` before the call) leaves
+    /// them waiting until their timeout: abort its context first (`ctx.abort_handle().abort()`), or
+    /// panic.
     ///
     /// # Panics
     /// If `per_rank` does not yield exactly one input per rank, or `f` panics.

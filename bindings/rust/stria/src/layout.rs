@@ -51,7 +51,16 @@ impl Layout {
     /// assert_eq!(Layout::Contiguous.positions(8, 2, 1).unwrap(), [4, 5, 6, 7]);
     /// ```
     pub fn positions(self, seq_len: i64, world_size: i32, rank: i32) -> Result<Vec<i64>> {
-        // Sized for valid arguments; invalid ones are rejected before anything is written.
+        // Arguments first, before any allocation (a huge seq_len with a rank out of range is that
+        // error, not an out-of-memory): the library checks them before its destination, so a call
+        // with none fails for what is wrong with them, or else only for the missing destination.
+        // SAFETY: a NULL destination, refused before anything is written.
+        let probe = unsafe { sys::stria_layout_positions(self.raw(), seq_len, world_size, rank, std::ptr::null_mut()) };
+        if let Err(err) = check(probe) {
+            if err.message() != "positions is NULL" {
+                return Err(err);
+            }
+        }
         let n = if world_size > 0 && seq_len > 0 {
             (seq_len / i64::from(world_size)) as usize
         } else {

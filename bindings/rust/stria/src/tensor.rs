@@ -16,7 +16,7 @@ use std::os::raw::c_void;
 use half::{bf16, f16};
 use stria_sys as sys;
 
-use crate::error::{invalid, Result};
+use crate::error::{invalid, Error, Result, Status};
 use crate::layout::Layout;
 
 mod sealed {
@@ -139,6 +139,8 @@ struct Raw {
     shape: Vec<i64>,
     strides: Option<Vec<i64>>,
     byte_offset: u64,
+    /// from_raw of a DLTensor with a NULL shape and this ndim (not 0): passed on as it came.
+    null_shape: Option<i32>,
 }
 
 impl Raw {
@@ -150,6 +152,7 @@ impl Raw {
             shape: shape.to_vec(),
             strides: strides.map(<[i64]>::to_vec),
             byte_offset: 0,
+            null_shape: None,
         }
     }
 
@@ -164,19 +167,25 @@ impl Raw {
             data: dl.data,
             device: dl.device,
             dtype: dl.dtype,
+            // A NULL shape stays NULL (see dl()), for the library to refuse by name.
             shape: copy(dl.shape).unwrap_or_default(),
+            null_shape: (dl.shape.is_null() && dl.ndim != 0).then_some(dl.ndim),
             strides: copy(dl.strides),
             byte_offset: dl.byte_offset,
         }
     }
 
     fn dl(&self) -> sys::DLTensor {
+        let (ndim, shape) = match self.null_shape {
+            Some(ndim) => (ndim, std::ptr::null_mut()),
+            None => (self.shape.len() as i32, self.shape.as_ptr() as *mut i64),
+        };
         sys::DLTensor {
             data: self.data,
             device: self.device,
-            ndim: self.shape.len() as i32,
+            ndim,
             dtype: self.dtype,
-            shape: self.shape.as_ptr() as *mut i64,
+            shape,
             strides: self
                 .strides
                 .as_ref()
@@ -189,6 +198,12 @@ impl Raw {
 /// The number of elements of `shape`, checking that no dimension is negative and nothing
 /// overflows.
 fn numel(shape: &[i64]) -> Result<usize> {
+    if shape.iter().any(|&d| d < 0) {
+        return Err(invalid(format!("shape {shape:?} has a negative dimension")));
+    }
+    if shape.contains(&0) {
+        return Ok(0); // empty, whatever the other dimensions (as the library counts it)
+    }
     shape.iter().try_fold(1usize, |n, &d| {
         let d = usize::try_from(d).map_err(|_| invalid(format!("shape {shape:?} has a negative dimension")))?;
         n.checked_mul(d)
@@ -219,6 +234,9 @@ fn check_strided(len: usize, shape: &[i64], strides: &[i64]) -> Result<()> {
     }
     let mut last = 0usize; // offset of the last element
     for (&d, &s) in shape.iter().zip(strides) {
+        if d == 1 {
+            continue; // a stride that never moves, whatever its sign (DLPack and torch give such)
+        }
         let s = usize::try_from(s).map_err(|_| {
             invalid(format!(
                 "strides {strides:?}: a view of a slice takes no negative stride (use from_raw)"
@@ -290,7 +308,7 @@ impl<'a> TensorView<'a> {
         Ok(Self::wrap(Raw::from_slice(data.as_ptr() as *mut T, shape, None)))
     }
 
-    /// `shape` with `strides` counted in elements (not bytes, as in DLPack); every addressed
+    /// `shape` with `strides` counted in elements (not bytes), as in DLPack; every addressed
     /// element must lie in `data`. The library wants the last stride to be 1.
     pub fn with_strides<T: Element>(data: &'a [T], shape: &[i64], strides: &[i64]) -> Result<Self> {
         check_strided(data.len(), shape, strides)?;
@@ -306,7 +324,9 @@ impl<'a> TensorView<'a> {
     /// # Safety
     /// `dl.shape` (and `dl.strides` unless NULL) must point to `dl.ndim` values, and the memory
     /// the tensor describes must stay valid and unwritten by others for `'a`, on its device,
-    /// from any thread that uses the view.
+    /// from any thread that uses the view. On a GPU, stria queues its kernels on the stream
+    /// (here the default stream) and returns before they finish: the memory must stay valid
+    /// until that work completes (synchronize the device or the stream), not only for `'a`.
     pub unsafe fn from_raw(dl: &sys::DLTensor) -> Self {
         Self::wrap(Raw::from_dl(dl))
     }
@@ -440,9 +460,19 @@ impl<T: Element> Tensor<T> {
         Self::new(data.to_vec(), shape)
     }
 
-    /// Every element `value`.
+    /// Every element `value`. Memory that cannot be had is an [`Status::OutOfMemory`] error,
+    /// not an abort.
     pub fn full(shape: &[i64], value: T) -> Result<Self> {
-        Self::new(vec![value; numel(shape)?], shape)
+        let n = numel(shape)?;
+        let mut data = Vec::new();
+        data.try_reserve_exact(n).map_err(|_| {
+            Error::new(
+                Status::OutOfMemory,
+                format!("cannot allocate a tensor of shape {shape:?}"),
+            )
+        })?;
+        data.resize(n, value);
+        Self::new(data, shape)
     }
 
     /// Every element zero.

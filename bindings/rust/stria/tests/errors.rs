@@ -307,7 +307,10 @@ fn calls_tagged_differently_fail_instead_of_pairing() {
     for (r, res) in results.into_iter().enumerate() {
         expect_err(
             res.map_err(|e| {
-                assert!(e.message().contains("0xa1") && e.message().contains("0xb2"), "rank {r}: {e}");
+                assert!(
+                    e.message().contains("0xa1") && e.message().contains("0xb2"),
+                    "rank {r}: {e}"
+                );
                 e
             }),
             Status::InvalidArgument,
@@ -427,6 +430,9 @@ fn bad_layout_arguments() {
         Status::InvalidArgument,
         "divisible",
     );
+    // The arguments are checked before the positions are allocated: a huge length with a rank
+    // out of range is that error, not an out-of-memory one.
+    expect_err(Striped.positions(1 << 40, 1, 5), Status::InvalidArgument, "rank 5");
     // A huge ring is refused before its world_size² table is allocated.
     expect_err(
         balance_steps(Striped, true, 1 << 40, 1 << 20, 1),
@@ -476,4 +482,45 @@ fn views_that_do_not_fit_their_slice() {
     assert!(TensorView::with_strides(&data[..0], &[0, 4], &[4, 1]).is_ok());
     assert!(TensorViewMut::with_strides(&mut data, &[4, 3], &[6, 2]).is_ok());
     expect_err(Tensor::new(vec![0.0f32; 5], &[2, 3]), Status::InvalidArgument, "5");
+    // An empty shape is empty whatever the order of its dimensions.
+    assert!(TensorView::new(&data[..0], &[1 << 62, 1 << 62, 0]).is_ok());
+    assert!(TensorView::new(&data[..0], &[0, 1 << 62, 1 << 62]).is_ok());
+    // A stride of a size-1 dimension never moves, whatever its sign (torch gives such views).
+    assert!(TensorView::with_strides(&data, &[1, 8], &[-8, 1]).is_ok());
+}
+
+#[test]
+fn allocations_too_large_are_errors_not_aborts() {
+    expect_err(Tensor::<f32>::zeros(&[1 << 44]), Status::OutOfMemory, "cannot allocate");
+    expect_err(Tensor::<f32>::zeros(&[1 << 62]), Status::OutOfMemory, "cannot allocate");
+    expect_err(Tensor::<f32>::zeros(&[1 << 62, 8]), Status::InvalidArgument, "too many");
+}
+
+#[test]
+fn a_raw_view_without_a_shape_is_refused_by_the_library() {
+    let mut full = tensor::<f32>(&[2, 4]);
+    let raw = stria::sys::DLTensor {
+        data: full.as_mut_slice().as_mut_ptr().cast(),
+        device: stria::sys::DLDevice {
+            device_type: stria::sys::kDLCPU,
+            device_id: 0,
+        },
+        ndim: 2,
+        dtype: stria::sys::DLDataType {
+            code: stria::sys::kDLFloat as u8,
+            bits: 32,
+            lanes: 1,
+        },
+        shape: std::ptr::null_mut(),
+        strides: std::ptr::null_mut(),
+        byte_offset: 0,
+    };
+    // SAFETY: a NULL shape (which from_raw passes on); the data is valid for the call.
+    let view = unsafe { TensorView::from_raw(&raw) };
+    let mut local = tensor::<f32>(&[2, 2]);
+    expect_err(
+        stria::shard(Layout::Striped, 2, 0, 1, &view, &mut local),
+        Status::InvalidArgument,
+        "has a NULL shape",
+    );
 }
