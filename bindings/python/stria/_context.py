@@ -195,6 +195,13 @@ class Context:
         """
         self._handle = None
         config = _config(rank, world_size, device, transport, unique_id, timeout_s, num_threads)
+        if config.transport == capi.STRIA_TRANSPORT_LOCAL and config.world_size > 1:
+            # The library's message names its C function; in Python terms:
+            raise InvalidArgumentError(
+                f"Context(world_size={world_size}) with the local transport: the local transport joins ranks of one "
+                f"process, made together by stria.local_group({world_size}); across processes use transport='ucx' "
+                "(or 'nccl') with rank 0's unique_id, or Context.from_env() under a launcher"
+            )
         if nccl_comm is None:
             handle = capi.stria_context_create(config)
         else:
@@ -286,7 +293,8 @@ class Context:
         OMPI_COMM_WORLD_SIZE (mpirun). device "cuda" uses the GPU LOCAL_RANK (or
         OMPI_COMM_WORLD_LOCAL_RANK). The ranks meet at STRIA_ROOT=host:port (rank 0 listens
         there, the others connect), authenticated with STRIA_SECRET (hex) when set: the unique id
-        is left all zero, which tells the transport to rendezvous from the environment.
+        is left all zero, which tells the transport to rendezvous from the environment. A world
+        of one needs no STRIA_ROOT (it meets no peer).
 
         `environ` (default os.environ) is where all of these are read. The library reads
         STRIA_ROOT and STRIA_SECRET itself (getenv) while it creates the context, so with a
@@ -309,7 +317,7 @@ class Context:
                 "Context.from_env: no launcher environment found: set RANK and WORLD_SIZE (torchrun does) or "
                 "OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE (mpirun does)"
             )
-        if not env.get("STRIA_ROOT"):
+        if not env.get("STRIA_ROOT") and env.get(size_var) != "1":
             raise InvalidArgumentError(
                 "Context.from_env: STRIA_ROOT is not set: export STRIA_ROOT=host:port on every rank (rank 0 "
                 "listens there and the others connect; under torchrun e.g. STRIA_ROOT=$MASTER_ADDR:29600), and "
@@ -325,6 +333,9 @@ class Context:
         dev = parse_device(device)
         if dev[0] == capi.kDLCUDA and ":" not in str(device):
             dev = (capi.kDLCUDA, local_rank)
+        if world_size == 1 and not env.get("STRIA_ROOT"):
+            # A launcher's world of one (torchrun --nproc-per-node 1): no peer to meet.
+            return cls(rank, 1, device=dev, transport=Transport.LOCAL, timeout_s=timeout_s, num_threads=num_threads)
 
         def create() -> Context:
             return cls(
