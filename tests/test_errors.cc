@@ -11,8 +11,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <future>
+#include <iterator>
 #include <mutex>
 #include <set>
 #include <string>
@@ -840,6 +842,39 @@ TEST(Config, CpuIsaIsChecked) {
   ASSERT_EQ(stria_context_create(&cfg, &ctx), STRIA_SUCCESS) << stria_get_last_error();
   EXPECT_EQ(stria_context_destroy(ctx), STRIA_SUCCESS);
   unsetenv("STRIA_CPU_ISA");
+}
+
+// STRIA_CPU_ISA is read when each context is created, not once per process: a context forced
+// onto the generic build after one on the default build runs the generic kernels (its vectors of
+// 4 floats sum in another order than AVX2's 8 or AVX-512's 16, so the outputs differ in their
+// last bits), and a later default context runs the default build again. The choice used to be
+// latched by the first context of the process, and later ones were silently given it.
+TEST(Config, CpuIsaIsReadForEachContext) {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  const std::string flags((std::istreambuf_iterator<char>(cpuinfo)), std::istreambuf_iterator<char>());
+  if (flags.find(" avx2") == std::string::npos) GTEST_SKIP() << "no AVX2 here: the default build is generic";
+  auto forward = [](const char* isa) {
+    if (isa != nullptr)
+      setenv("STRIA_CPU_ISA", isa, 1);
+    else
+      unsetenv("STRIA_CPU_ISA");
+    stria_context_config_t cfg;
+    stria_context_config_init(&cfg);
+    stria_context_t ctx = nullptr;
+    EXPECT_EQ(stria_context_create(&cfg, &ctx), STRIA_SUCCESS) << stria_get_last_error();
+    unsetenv("STRIA_CPU_ISA");
+    AttentionTensors t(1, 96, 2, 2, 64, Dt::kF32, 5);
+    stria_attention_params_t p;
+    stria_attention_params_init(&p);
+    EXPECT_EQ(stria_attention_forward(ctx, &p, &t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl, &t.lse.dl, nullptr), STRIA_SUCCESS)
+        << stria_get_last_error();
+    EXPECT_EQ(stria_context_destroy(ctx), STRIA_SUCCESS);
+    return t.out.ToDouble();
+  };
+  const std::vector<double> best = forward(nullptr), generic = forward("generic"), again = forward(nullptr);
+  EXPECT_NE(best, generic) << "the generic context ran the first context's build";
+  EXPECT_EQ(best, again) << "the default build did not come back";
+  EXPECT_LT(RelError(generic, best), 1e-5);
 }
 
 #ifdef STRIA_HAVE_CUDA_MODULE

@@ -139,7 +139,7 @@ struct KernelTable {
 
 // The best table this CPU runs (AMX > AVX512-BF16 > AVX-512 > AVX2 > generic);
 // STRIA_CPU_ISA=generic|avx2|avx512|avx512bf16|amx in the environment forces one (for tests and
-// benchmarks).
+// benchmarks), as it is when each context is created.
 const KernelTable& SelectKernels();
 // Whether STRIA_CPU_ISA can be honoured: unset, empty or runnable here (kOk), not a build's name
 // (kUnknown) or a build this CPU cannot run (kUnsupported); `why` gets the message for the last

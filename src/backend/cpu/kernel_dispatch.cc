@@ -1,5 +1,5 @@
-// Picks the CPU kernel build for this machine once, on first use (never in a global
-// constructor: the library must be dlopen-safe).
+// Picks the CPU kernel build for a context when it is created (never in a global constructor:
+// the library must be dlopen-safe).
 #include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -91,18 +91,19 @@ ForcedIsa CheckForcedIsa(char* why, int size) {
   return ForcedIsa::kUnknown;
 }
 
+// Read at every context's creation, as CheckForcedIsa is: a choice made once per process would
+// keep the first context's build for every later one, so a program (a test, a benchmark) that
+// forces another build later would silently run the first. CPUID and getenv cost nothing next
+// to a context.
 const KernelTable& SelectKernels() {
-  static const KernelTable* chosen = [] {
-    const char* forced = std::getenv("STRIA_CPU_ISA");
-    if (forced && *forced) {
-      if (const KernelTable* t = KernelsFor(forced)) return t;
-    }
-    for (const char* isa : {"amx", "avx512bf16", "avx512", "avx2"}) {
-      if (const KernelTable* t = KernelsFor(isa)) return t;
-    }
-    return &generic::kTable;
-  }();
-  return *chosen;
+  const char* forced = std::getenv("STRIA_CPU_ISA");
+  if (forced && *forced) {
+    if (const KernelTable* t = KernelsFor(forced)) return *t;
+  }
+  for (const char* isa : {"amx", "avx512bf16", "avx512", "avx2"}) {
+    if (const KernelTable* t = KernelsFor(isa)) return *t;
+  }
+  return generic::kTable;
 }
 
 }  // namespace cpu
