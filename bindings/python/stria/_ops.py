@@ -28,6 +28,9 @@ def attention_params(
     layout: LayoutLike = Layout.STRIPED, causal: bool = True, softmax_scale: float | None = None
 ) -> capi.stria_attention_params_t:
     """A stria_attention_params_t; softmax_scale None (or 0) means 1/sqrt(D)."""
+    if not isinstance(causal, (bool, int, np.bool_, np.integer)):
+        # A string or None would pass by its truth value ("no" is causal); say so instead.
+        raise TypeError(f"causal must be a bool, not {type(causal).__name__} ({causal!r})")
     params = capi.stria_attention_params_t()
     capi.stria_attention_params_init(params)
     params.layout = Layout.of(layout)

@@ -294,6 +294,13 @@ def test_from_env_needs_stria_root(env):
         stria.Context.from_env(environ=env)
 
 
+@pytest.mark.parametrize("causal", ["no", None, 1.0])
+def test_causal_must_be_a_bool(causal):
+    q = np.zeros((1, 8, 2, 16), np.float32)
+    with stria.Context() as c, pytest.raises(TypeError, match="causal must be a bool"):
+        c.attention_forward(q, q, q, causal=causal)
+
+
 def test_from_env_world_of_one_needs_no_root():
     """torchrun --nproc-per-node 1 sets RANK and WORLD_SIZE but no peer is there to meet: a
     world of one runs without STRIA_ROOT."""
