@@ -154,7 +154,7 @@ def _call_site() -> tuple[int, str]:
     jax.grad included. A function that JAX traces once and then reuses (an inner jax.jit called
     at two places, a scan body) has one tag per site inside it, whatever calls it."""
     digest = hashlib.blake2b(digest_size=8)
-    frames: list[str] = []  # the caller's, innermost first; None marks a frame of JAX's
+    frames: list[str | None] = []  # the caller's, innermost first; None marks a frame of JAX's
     frame = sys._getframe(1)
     for _ in range(512):
         if frame is None:
