@@ -93,17 +93,32 @@ double TimeMs(cudaStream_t stream, int reps, Fn fn) {
 
 struct Dev {
   void* p = nullptr;
+  // random: small bf16 values of either sign (the bits of a bf16 in [-2, 2) are enough for
+  // timing), drawn for the first 4 MiB and repeated on the device: a 256k-token block is GiBs,
+  // and drawing all of it on the host cost seconds of a GPU lease per buffer. Else zeros.
   explicit Dev(size_t bytes, bool random = true) {
     CHECK_CUDA(cudaMalloc(&p, bytes));
-    // Small values of either sign; the bits of a bf16 in [-2, 2) are enough for timing.
-    std::vector<uint16_t> h(bytes / 2);
+    if (!random) {
+      CHECK_CUDA(cudaMemset(p, 0, bytes));
+      return;
+    }
+    std::vector<uint16_t> h(std::min<size_t>(bytes, size_t{4} << 20) / 2);
     uint32_t x = 12345;
     for (auto& e : h) {
       x = x * 1664525u + 1013904223u;
-      e = random ? static_cast<uint16_t>(0x3c00u | ((x >> 16) & 0x007fu) | ((x >> 8) & 0x8000u)) : 0;
+      e = static_cast<uint16_t>(0x3c00u | ((x >> 16) & 0x007fu) | ((x >> 8) & 0x8000u));
     }
-    CHECK_CUDA(cudaMemcpy(p, h.data(), bytes, cudaMemcpyHostToDevice));
+    const size_t seed = h.size() * 2;
+    CHECK_CUDA(cudaMemset(p, 0, bytes));
+    if (seed == 0) return;
+    CHECK_CUDA(cudaMemcpy(p, h.data(), seed, cudaMemcpyHostToDevice));
+    auto* bytes_p = static_cast<char*>(p);
+    for (size_t done = seed; done + 1 < bytes; done *= 2)  // an odd last byte stays zero
+      CHECK_CUDA(
+          cudaMemcpy(bytes_p + done, bytes_p, std::min(done, (bytes - done) & ~size_t{1}), cudaMemcpyDeviceToDevice));
   }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
   ~Dev() { cudaFree(p); }
 };
 
@@ -126,13 +141,18 @@ int Kernels(const std::vector<int64_t>& dims, const std::vector<int64_t>& lens, 
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const DLDataType bf16{kDLBfloat, 16, 1}, f32{kDLFloat, 32, 1};
+  // Every shape has H*D = 2048 and B*S = max(16k, S) tokens: one set of buffers for the largest.
+  int64_t tokens = 0;
+  for (int64_t S : lens) tokens = std::max(tokens, std::max<int64_t>(1, 16384 / S) * S);
+  const size_t n = static_cast<size_t>(tokens) * 2048 * 2;
+  Dev q(n), k(n), v(n), o(n, false), dout(n), dq(n, false), dk(n, false), dv(n, false);
+  int64_t heads = 1;
+  for (int64_t D : dims) heads = std::max(heads, 2048 / D);
+  Dev lse(static_cast<size_t>(tokens * heads) * 4, false);  // B*H*S floats
   for (int64_t D : dims)
     for (int64_t S : lens)
       for (int causal : {0, 1}) {
         const int64_t B = std::max<int64_t>(1, 16384 / S), H = 2048 / D;
-        const size_t n = static_cast<size_t>(B * S * H * D) * 2;
-        Dev q(n), k(n), v(n), o(n, false), dout(n), dq(n, false), dk(n, false), dv(n, false);
-        Dev lse(static_cast<size_t>(B * H * S) * 4, false);
         int64_t shape[4] = {B, S, H, D}, lshape[3] = {B, H, S};
         DLTensor tq = View(q.p, shape, 4, bf16), tk = View(k.p, shape, 4, bf16), tv = View(v.p, shape, 4, bf16);
         DLTensor to = View(o.p, shape, 4, bf16), tdo = View(dout.p, shape, 4, bf16);
@@ -361,6 +381,15 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
     }
+  }
+  for (int64_t D : dims)
+    if (D <= 0 || 2048 % D != 0) {  // the kernels mode keeps H*D = 2048
+      std::fprintf(stderr, "--dims: %lld does not divide 2048\n", static_cast<long long>(D));
+      return 2;
+    }
+  if (lens.empty() || dims.empty() || *std::min_element(lens.begin(), lens.end()) <= 0 || reps <= 0) {
+    std::fprintf(stderr, "--lens, --dims and --reps take positive numbers\n");
+    return 2;
   }
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {

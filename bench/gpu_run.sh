@@ -1,119 +1,197 @@
 #!/usr/bin/env bash
-# The GPU benchmark, in one run on one GPU (the device machine: PyTorch is installed there):
-# builds stria with CUDA, runs the GPU tests (their output goes to docs/gpu_test_output.txt),
-# compute-sanitizer memcheck and racecheck on a small ring (mma.sync, SIMT, wgmma and TMA), then our
-# kernels (mma.sync, and on an H100/H200 the wgmma and TMA families too) beside PyTorch's SDPA
-# (flash and cuDNN backends) on the same shapes, the modelled N = 8 ring at 256k tokens, and the
-# block length above which a ring step's transfer hides behind its kernels (NVLink, 400 Gb/s IB),
-# the NCCL transport at world 1 against the in-process transport (its overhead; issue 5), and the
-# Python bindings' GPU tests (torch CUDA tensors, stria.jax's CUDA handlers).
-# Prints the tables of docs/performance.md's GPU section to bench/gpu_results.txt.
+# Every check of issues 4 and 5 that needs a GPU, in one call of the device tool, within a time
+# budget: a session that is lent a GPU has 15 minutes of device time in all (the machine's start
+# included) and 10 minutes a call, so the run is ordered by what a failure would cost us most not
+# to know, and each stage starts only if its usual time still fits in what is left of BUDGET_S.
+# What did not fit is named at the end with the STAGES= line that runs it next.
 #
-# On the lent GPU machine: run scripts/device-deps.sh here first and carry .device-deps.
+#   stages, in order     what                                                    usual time, H100
+#   build                the GPU targets only (no emulator, no host models)     ~1 min on 16 cores
+#   primitives           test_hopper_primitives: TMA, mbarriers, wgmma forms     seconds
+#   tests                test_cuda_ring's mma.sync and SIMT cases in SHARDS      ~1-2 min (the float64
+#                        parallel processes (the float64 reference runs on the   reference dominates)
+#                        CPU), then test_cuda_api and test_nccl_gpu alone (they
+#                        fill the device or measure its free memory)
+#   wgmma, tma           test_cuda_ring's Hopper cases, a family at a time and   < 1 min each
+#                        after the others: their kernels wait on mbarriers, so a
+#                        misread phase hangs rather than fails
+#   kernels              stria's kernel families beside torch SDPA's flash and    ~2-3 min
+#                        cuDNN backends, the same shapes (mma, and wgmma and tma
+#                        on sm_90 where their tests passed in this call)
+#   ring                 the modelled N = 8 ring at 256k tokens, per family      ~1 min
+#   nccl1                the NCCL transport at world 1 against the in-process     < 1 min
+#   hide                 the block length above which a step's transfer hides     < 1 min
+#   sanitizer            compute-sanitizer memcheck and racecheck, small ring     ~2-4 min
+#   python               torch CUDA tensors and stria.jax's CUDA handlers          ~2-3 min
 #
-#   bench/gpu_run.sh             everything
-#   QUICK=1 bench/gpu_run.sh     D = 128 at 4k and 16k only, ring at 64k tokens
-#   STAGES="build tests" bench/gpu_run.sh, then STAGES="sanitizer kernels" ..., then
-#   STAGES="ring hide nccl1 python" ...: the same in parts (stages: build tests sanitizer kernels ring
-#   hide nccl1 python),
-#   for a device tool whose calls are limited to 10 minutes; the build directory stays between
-#   calls on a warm machine, and each stage appends to the results file. The whole run takes
-#   about 15 minutes on an H100.
-set -euo pipefail
+# On the lent machine: run scripts/device-deps.sh here first, carry .device-deps, and call
+#   bench/gpu_run.sh                       (docs/gpu-runbook.md: the whole procedure)
+# Options (environment): STAGES="kernels ring" (a subset; build is added when build-gpu lacks the
+# binaries), BUDGET_S (default 540: a 600 s call less a margin), QUICK=1 (D 128 at 4k and 16k,
+# ring at 64k), SHARDS (default: cores / 2, at most 8), FAMILIES="mma wgmma tma" (the kernel
+# families to time, for a call that does not run their tests).
+# Output: $OUT (or bench/) gets gpu_results.txt (the tables and the summaries),
+# gpu_test_output.txt (every test's log), gpu_python_output.txt.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench}
+mkdir -p "$out"
+results=$out/gpu_results.txt
+budget=${BUDGET_S:-540}
 jobs=$(nproc)
-stages=" ${STAGES:-build tests sanitizer kernels ring hide nccl1 python} "
-stage() { [[ "$stages" == *" $1 "* ]]; }
+shards=${SHARDS:-$((jobs / 2 > 8 ? 8 : (jobs / 2 < 1 ? 1 : jobs / 2)))}
+all="build primitives tests wgmma tma kernels ring nccl1 hide sanitizer python"
+stages=" ${STAGES:-$all} "
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+skipped=()
+failed=()
+
+say() { echo "$*" | tee -a "$results"; }
+left() { echo $((budget - SECONDS)); }
+# stage NAME SECONDS: whether to run stage NAME, which usually takes SECONDS: it was asked for and
+# that much of the budget is left. A stage asked for that does not fit is named for the next call.
+stage() {
+  [[ "$stages" == *" $1 "* ]] || return 1
+  if [ "$(left)" -lt "$2" ]; then
+    say "== $1: skipped, $(left) s of the budget left and it usually takes $2 s"
+    skipped+=("$1")
+    return 1
+  fi
+  say "== $1 (at ${SECONDS} s of ${budget} s)"
+  return 0
+}
+# cap SECONDS: a time limit for one command, never past the end of the budget.
+cap() {
+  local l
+  l=$(left)
+  echo $(($1 < l ? $1 : (l > 5 ? l : 5)))
+}
+# note_failure STAGE: remembered for the closing line; the run goes on.
+note_failure() { [[ " ${failed[*]} " == *" $1 "* ]] || failed+=("$1"); }
+
 # The GPU machine's image has neither the DLPack header nor GoogleTest: scripts/device-deps.sh
-# gathers them into .device-deps (carried along). NCCL may come as PyTorch's pip wheel there.
+# gathers them into .device-deps (carried along). NCCL comes as PyTorch's pip wheel there.
 deps=()
 if [ -d .device-deps ]; then
   deps+=(-DDLPACK_INCLUDE_DIR="$PWD/.device-deps/include" -DSTRIA_GTEST_SOURCE_DIR="$PWD/.device-deps/googletest")
 fi
 if [ -z "${NCCL_ROOT:-}" ] && nccl=$(python3 -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null); then
   export NCCL_ROOT=$nccl
-fi
-if stage build; then
-  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRIA_WITH_CUDA=ON -DSTRIA_WITH_UCX=OFF \
-    -DSTRIA_BUILD_PYTHON=OFF "${deps[@]}" >/dev/null
-  ninja -C build-gpu -j"$jobs"
-fi
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv | tee -a "$out/gpu_results.txt"
-wgmma=0
-if nvidia-smi --query-gpu=compute_cap --format=csv,noheader | grep -q '^9\.0'; then wgmma=1; fi
-
-# Nothing below may hang past the device tool's 10-minute calls. On a GPU every test case takes
-# about a second, so 60 s means a hung kernel; the TMA kernels are the ones that wait on
-# mbarriers and named barriers (a misread phase would deadlock them), so their suite runs last
-# and stops at its first failure, and their benchmarks run under a time limit.
-if stage tests; then
-  echo "== GPU tests" | tee -a "$out/gpu_results.txt"
-  (cd build-gpu && ctest -L gpu -E '^Tma/' --timeout 60 --output-on-failure -j1 &&
-    ctest -L gpu -R '^Tma/' --timeout 60 --stop-on-failure --output-on-failure -j1) 2>&1 |
-    tee "$out/gpu_test_output.txt" | grep -E 'tests passed|tests failed|Failed|Timeout|Not Run' | tail -40 ||
-    true  # failures are in the output file; the benchmarks below still run
+  export LD_LIBRARY_PATH=$nccl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 
-sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-if stage sanitizer && [ -x "$sanitizer" ]; then
-  echo "== compute-sanitizer (memcheck, racecheck) on a small ring" | tee -a "$out/gpu_results.txt"
-  filter='TensorCores/CudaRingVsReference.ForwardAndBackward/N3_striped_causal_bf16*:Shapes/*N3_striped_causal_bf16_B2L136*:Shapes/*simt*:Wgmma/*N3_striped_causal_bf16_B2L264*:Tma/*N3_striped_causal_bf16_B2L264*'
-  for tool in memcheck racecheck; do
-    timeout 240 "$sanitizer" --tool "$tool" --error-exitcode 9 build-gpu/tests/gpu/test_cuda_ring \
-      --gtest_filter="$filter" 2>&1 | tail -3 | tee -a "$out/gpu_results.txt"
-    # The Hopper primitives one by one (TMA, mbarriers, wgmma): seconds.
-    timeout 120 "$sanitizer" --tool "$tool" --error-exitcode 9 build-gpu/tests/gpu/test_hopper_primitives 2>&1 |
-      tail -3 | tee -a "$out/gpu_results.txt"
+bin=build-gpu
+targets=(stria stria-cuda stria-nccl test_cuda_ring test_cuda_api test_hopper_primitives test_nccl_gpu stria-nccl-rank
+  stria-cuda-bench stria-nccl-bench)
+# A later call on a machine that is no longer warm starts bare: rebuild whatever stages it runs.
+[ -x $bin/tests/gpu/test_cuda_ring ] || stages+="build "
+if stage build 60; then
+  cmake -S . -B $bin -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRIA_WITH_CUDA=ON -DSTRIA_WITH_UCX=OFF \
+    -DSTRIA_BUILD_PYTHON=OFF -DSTRIA_BUILD_EXAMPLES=OFF "${deps[@]}" >"$tmp/configure.log" 2>&1 &&
+    ninja -C $bin -j"$jobs" "${targets[@]}" >"$tmp/build.log" 2>&1
+  rc=$?
+  if [ $rc -ne 0 ]; then
+    cat "$tmp/configure.log" "$tmp/build.log" | tail -40 | tee -a "$results"
+    say "build failed: nothing else can run"
+    exit 1
+  fi
+  say "built in ${SECONDS} s"
+fi
+
+gpu=$(nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.max.sm,memory.total --format=csv,noheader \
+  2>/dev/null | head -1)
+[ -n "$gpu" ] || gpu="none found by nvidia-smi"
+say "GPU: $gpu; $jobs cores"
+hopper=0
+[[ "$gpu" == *", 9.0,"* ]] && hopper=1
+families=(mma)  # the Hopper families join once their tests pass (below)
+
+# Test logs: one per process, all appended to gpu_test_output.txt; gtest_summary.py says per suite
+# what passed, failed, or started and never ended (the case a time limit or a crash stopped).
+testlog=$out/gpu_test_output.txt
+summarize() {  # summarize LABEL LOG...
+  cat "${@:2}" >>"$testlog"
+  python3 bench/gtest_summary.py "$@" | tee -a "$results"
+  return "${PIPESTATUS[0]}"
+}
+# sharded NAME LIMIT BINARY FILTER: the binary's cases in $shards processes at once.
+sharded() {
+  local name=$1 limit=$2 binary=$3 filter=$4 i logs=()
+  for ((i = 0; i < shards; ++i)); do
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "$limit" "$binary" --gtest_filter="$filter" \
+      >"$tmp/$name.$i.log" 2>&1 &
+    logs+=("$tmp/$name.$i.log")
+  done
+  wait
+  summarize "$name" "${logs[@]}"
+}
+# alone NAME LIMIT BINARY [ARGS...]: one process.
+alone() {
+  local name=$1 limit=$2
+  timeout "$limit" "${@:3}" >"$tmp/$name.log" 2>&1
+  summarize "$name" "$tmp/$name.log"
+}
+
+if stage primitives 20; then
+  alone hopper_primitives "$(cap 60)" $bin/tests/gpu/test_hopper_primitives || note_failure primitives
+fi
+# The families apart, so that a kernel that hangs (every case of its family would, in every shard)
+# costs its own family's time limit and hides no other family's results; the Hopper families, whose
+# kernels wait on mbarriers, after the others. A family whose tests fail is not timed below.
+if stage tests 90; then
+  sharded cuda_ring "$(cap 200)" $bin/tests/gpu/test_cuda_ring 'TensorCores/*:Shapes/*:Devices/*' ||
+    note_failure tests
+  alone cuda_api "$(cap 150)" $bin/tests/gpu/test_cuda_api || note_failure tests
+  alone nccl_gpu "$(cap 120)" $bin/tests/nccl/test_nccl_gpu || note_failure tests
+fi
+for family in wgmma tma; do
+  if stage "$family" 30; then
+    suite=$([ $family = wgmma ] && echo Wgmma || echo Tma)
+    if sharded "cuda_ring_$family" "$(cap 120)" $bin/tests/gpu/test_cuda_ring "$suite/*"; then
+      [ $hopper = 1 ] && families+=("$family")
+    else
+      note_failure "$family"
+    fi
+  fi
+done
+# FAMILIES: a later call's choice, from the tests of an earlier one.
+[ -n "${FAMILIES:-}" ] && read -r -a families <<<"$FAMILIES"
+say "kernel families to time: ${families[*]} (wgmma and tma on sm_90 once their tests pass, or FAMILIES=)"
+
+if [ "${QUICK:-0}" = 1 ]; then
+  dims=128 lens=4096,16384 seq=65536
+else
+  dims=64,128 lens=1024,2048,4096,8192,16384,32768 seq=262144
+fi
+if stage kernels 90; then
+  say "-- stria's kernels beside torch SDPA (flash, cuDNN), bf16, the same shapes"
+  for family in "${families[@]}"; do
+    STRIA_CUDA_KERNELS=$([ "$family" = mma ] || echo "$family") timeout "$(cap 240)" \
+      $bin/bench/stria-cuda-bench kernels --dims $dims --lens $lens 2>&1 | tee -a "$results" ||
+      { say "stria_$family kernels: failed or timed out"; note_failure kernels; }
+  done
+  timeout "$(cap 240)" python3 bench/torch_sdpa_gpu.py --dims $dims --lens $lens 2>&1 | tee -a "$results" ||
+    { say "torch SDPA: failed or timed out"; note_failure kernels; }
+fi
+if stage ring 45; then
+  for family in "${families[@]}"; do
+    timeout "$(cap 200)" $bin/bench/stria-cuda-bench ring --seq $seq --world 8 --heads 16 --dim 128 \
+      --kernels "$family" 2>&1 | tee -a "$results" || { say "ring $family: failed or timed out"; note_failure ring; }
   done
 fi
-
-if [ "${QUICK:-0}" = 1 ]; then dims=128 lens=4096,16384 seq=65536; else dims=64,128 lens=1024,2048,4096,8192,16384,32768 seq=262144; fi
-if stage kernels; then
-  echo "== kernels: stria vs torch SDPA (flash, cuDNN), bf16" | tee -a "$out/gpu_results.txt"
-  build-gpu/bench/stria-cuda-bench kernels --dims $dims --lens $lens | tee -a "$out/gpu_results.txt"
-  # The Hopper wgmma kernels (opt-in until this run shows them correct): same shapes.
-  if [ "$wgmma" = 1 ]; then
-    for family in wgmma tma; do
-      STRIA_CUDA_KERNELS=$family timeout 300 build-gpu/bench/stria-cuda-bench kernels --dims $dims --lens $lens |
-        tee -a "$out/gpu_results.txt" || echo "stria_$family kernels: failed or timed out" | tee -a "$out/gpu_results.txt"
-    done
-  fi
-  python3 bench/torch_sdpa_gpu.py --dims $dims --lens $lens | tee -a "$out/gpu_results.txt"
-fi
-if stage ring; then
-  echo "== ring model, N = 8" | tee -a "$out/gpu_results.txt"
-  build-gpu/bench/stria-cuda-bench ring --seq $seq --world 8 --heads 16 --dim 128 | tee -a "$out/gpu_results.txt"
-  if [ "$wgmma" = 1 ]; then
-    for family in wgmma tma; do
-      timeout 240 build-gpu/bench/stria-cuda-bench ring --seq $seq --world 8 --heads 16 --dim 128 --kernels $family |
-        tee -a "$out/gpu_results.txt" || echo "ring $family: failed or timed out" | tee -a "$out/gpu_results.txt"
-    done
-  fi
-fi
-if stage hide; then
-  echo "== transfer hiding: a ring step's kernels against its bytes on NVLink (450 GB/s) and 400 Gb/s IB" |
-    tee -a "$out/gpu_results.txt"
-  build-gpu/bench/stria-cuda-bench hide --lens $lens --heads 16 --dim 128 | tee -a "$out/gpu_results.txt"
-  if [ "$wgmma" = 1 ]; then
-    for family in wgmma tma; do
-      timeout 180 build-gpu/bench/stria-cuda-bench hide --lens $lens --heads 16 --dim 128 --kernels $family |
-        tee -a "$out/gpu_results.txt" || echo "hide $family: failed or timed out" | tee -a "$out/gpu_results.txt"
-    done
-  fi
-fi
-bench=build-gpu/bench/stria-nccl-bench
-if stage nccl1 && [ -x "$bench" ]; then
-  echo "== NCCL transport at world 1 against the in-process transport (causal, H 16, D 128, bf16)" |
-    tee -a "$out/gpu_results.txt"
-  tmp=$(mktemp -d)
+if stage nccl1 25; then
+  say "-- NCCL transport at world 1 against the in-process transport (causal, H 16, D 128, bf16)"
+  nccl_ok=1
   for L in 4096 16384; do
     for mode in ring-local ring; do
-      RANK=0 WORLD_SIZE=1 STRIA_ROOT=127.0.0.1:$((20000 + RANDOM % 30000)) "$bench" "$mode" "$L" 16 128 10 \
-        >"$tmp/$mode.$L"
+      RANK=0 WORLD_SIZE=1 STRIA_ROOT=127.0.0.1:$((20000 + RANDOM % 30000)) timeout "$(cap 90)" \
+        $bin/bench/stria-nccl-bench "$mode" "$L" 16 128 10 >"$tmp/$mode.$L" 2>&1 ||
+        { cat "$tmp/$mode.$L" | tail -5 | tee -a "$results"; nccl_ok=0; }
     done
   done
-  python3 - "$tmp" 4096 16384 <<'PY' | tee -a "$out/gpu_results.txt"
+  if [ $nccl_ok = 1 ]; then
+    python3 - "$tmp" 4096 16384 <<'PY' 2>&1 | tee -a "$results"
 import collections, statistics, sys
 tmp, lens = sys.argv[1], sys.argv[2:]
 print("| tokens | layout | pass | in-process ms | NCCL ms | NCCL / in-process |")
@@ -131,24 +209,72 @@ for L in lens:
         nccl = ms["ring"][key]
         print(f"| {L} | {key[0]} | {key[1]} | {local:.3f} | {nccl:.3f} | {nccl / local:.3f} |")
 PY
-  rm -rf "$tmp"
+  else
+    note_failure nccl1
+  fi
+fi
+if stage hide 30; then
+  say "-- transfer hiding: a ring step's kernels against its bytes on NVLink (450 GB/s) and 400 Gb/s IB"
+  for family in "${families[@]}"; do
+    timeout "$(cap 120)" $bin/bench/stria-cuda-bench hide --lens $lens --heads 16 --dim 128 --kernels "$family" 2>&1 |
+      tee -a "$results" || { say "hide $family: failed or timed out"; note_failure hide; }
+  done
+fi
+
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+if stage sanitizer 90; then
+  # A small ring of each family whose tests passed, and the Hopper primitives one by one; each
+  # run under its own limit, so that a slow racecheck leaves the others their turn.
+  filter='TensorCores/*N3_striped_causal_bf16*:Shapes/*N3_striped_causal_bf16_B2L136*:Shapes/*simt*'
+  [[ " ${families[*]} " == *" wgmma "* ]] && filter+=':Wgmma/*N3_striped_causal_bf16_B2L264*'
+  [[ " ${families[*]} " == *" tma "* ]] && filter+=':Tma/*N3_striped_causal_bf16_B2L264*'
+  if [ ! -x "$sanitizer" ]; then
+    say "compute-sanitizer not found"
+    note_failure sanitizer
+  else
+    for tool in memcheck racecheck; do
+      for what in ring primitives; do
+        if [ $what = ring ]; then
+          args=($bin/tests/gpu/test_cuda_ring --gtest_filter="$filter") limit=150
+        else
+          args=($bin/tests/gpu/test_hopper_primitives) limit=60
+        fi
+        timeout "$(cap $limit)" "$sanitizer" --tool "$tool" --error-exitcode 9 "${args[@]}" >"$tmp/san.log" 2>&1
+        rc=$?
+        cat "$tmp/san.log" >>"$testlog"
+        say "$tool $what: exit $rc ($([ $rc = 124 ] && echo 'time limit' || echo '0 is clean')); $(grep -E \
+          'ERROR SUMMARY|RACECHECK SUMMARY' "$tmp/san.log" | tail -1)"
+        [ $rc = 0 ] || note_failure sanitizer
+      done
+    done
+  fi
 fi
 
 # The Python bindings on the GPU: torch CUDA tensors and stria.jax's CUDA handlers (XLA's buffers
 # and stream) against the float64 reference. The image has PyTorch and JAX but no SWIG: scripts/
 # device-deps.sh carries Debian's.
-if stage python; then
-  echo "== Python on the GPU: stria.torch (CUDA tensors) and stria.jax (XLA FFI, CUDA)" | tee -a "$out/gpu_results.txt"
+if stage python 120; then
   swig=()
   if [ -x .device-deps/swig/bin/swig ]; then
     export SWIG_LIB=$PWD/.device-deps/swig/share
+    export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$PWD/.device-deps/swig/lib  # after the image's own
     swig=(-DSWIG_EXECUTABLE="$PWD/.device-deps/swig/bin/swig")
   fi
-  # An existing build-gpu (the build stage's) keeps its options and gains the bindings.
-  [ -f build-gpu/CMakeCache.txt ] || swig+=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRIA_WITH_UCX=OFF "${deps[@]}")
-  cmake -S . -B build-gpu -DSTRIA_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$(command -v python3)" "${swig[@]}" >/dev/null
-  ninja -C build-gpu -j"$jobs" stria_python
-  PYTHONPATH=build-gpu/bindings/python STRIA_REQUIRE_TORCH=1 STRIA_REQUIRE_JAX=1 timeout 300 python3 -m pytest -q \
-    -p no:cacheprovider -rs bindings/python/tests/test_torch_cuda.py bindings/python/tests/test_jax.py 2>&1 |
-    tee "$out/gpu_python_output.txt" | tail -15 | tee -a "$out/gpu_results.txt" || true
+  cmake -S . -B $bin -DSTRIA_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$(command -v python3)" "${swig[@]}" \
+    >"$tmp/py-configure.log" 2>&1 && ninja -C $bin -j"$jobs" stria_python >"$tmp/py-build.log" 2>&1
+  if [ $? -ne 0 ]; then
+    cat "$tmp/py-configure.log" "$tmp/py-build.log" | tail -30 | tee -a "$results"
+    note_failure python
+  else
+    PYTHONPATH=$bin/bindings/python STRIA_REQUIRE_TORCH=1 STRIA_REQUIRE_JAX=1 timeout "$(cap 300)" python3 -m pytest \
+      -q -p no:cacheprovider -rs bindings/python/tests/test_torch_cuda.py bindings/python/tests/test_jax.py \
+      >"$out/gpu_python_output.txt" 2>&1 || note_failure python
+    tail -15 "$out/gpu_python_output.txt" | tee -a "$results"
+  fi
 fi
+
+say "== done in ${SECONDS} s of ${budget} s; stages with a failure: ${failed[*]:-none}"
+if [ ${#skipped[@]} -gt 0 ]; then
+  say "not run (the budget): next call STAGES=\"${skipped[*]}\" bench/gpu_run.sh"
+fi
+[ ${#failed[@]} -eq 0 ]

@@ -6,6 +6,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -f /usr/include/dlpack/dlpack.h ] && [ -f /usr/src/googletest/CMakeLists.txt ] || scripts/install-deps.sh --tests
+if ! command -v swig >/dev/null; then  # for gpu_run.sh's python stage
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq swig >/dev/null
+fi
 rm -rf .device-deps
 mkdir -p .device-deps/include
 cp -r /usr/include/dlpack .device-deps/include/
@@ -14,5 +19,8 @@ if command -v swig >/dev/null; then
   mkdir -p .device-deps/swig/bin
   cp "$(readlink -f "$(command -v swig)")" .device-deps/swig/bin/swig
   cp -r "$(swig -swiglib)" .device-deps/swig/share
+  # Its one library beyond the C and C++ runtimes, in case the image lacks it.
+  mkdir -p .device-deps/swig/lib
+  cp -L "$(ldd "$(command -v swig)" | awk '/libpcre2-8/ {print $3}')" .device-deps/swig/lib/
 fi
 du -sh .device-deps
