@@ -160,9 +160,10 @@ struct WgmmaOp {
   int n = 0, first = 0;
   uint64_t desc_a = 0, desc_b = 0;
   int arrived = 0, completed = 0;
-  uint32_t a[kWarpGroup][4];           // kRSTransB: every thread's A fragment, as issued
-  const uint32_t* a_regs[kWarpGroup];  // and where it lives: unchanged until the wait
-  float* d[kWarpGroup];                // every thread's accumulators
+  uint32_t a[kWarpGroup][4];                   // kRSTransB: every thread's A fragment, as issued
+  const uint32_t* a_regs[kWarpGroup];          // and where it lives: unchanged until the wait
+  float* d[kWarpGroup];                        // every thread's accumulators
+  std::vector<uint32_t> a_offsets, b_offsets;  // where each operand element is (DescOffsets)
 };
 
 struct WarpGroup {
@@ -179,6 +180,7 @@ struct Block {
   uint64_t barrier_gen = 0;
   int done = 0;
   bool aborting = false;
+  int proxy_dirty_threads = 0;  // threads whose proxy_dirty is set (SetProxyDirty keeps it)
   // Shared memory as the async proxy (wgmma) may see it: a copy taken at each barrier that every
   // thread reached with a fence_proxy_async since the barrier before. A byte wgmma reads that
   // differs from it was written through the generic proxy (a store or cp.async) without that
@@ -313,9 +315,10 @@ bool Ready(const Block* b, const Thread* t) {
 // The thread to run when `cur` waits or returns (not `cur`; null if none can run): round robin,
 // the next ready one after `cur`; otherwise the first ready one in the order of priority.
 Thread* PickNext(Block* b, const Thread* cur) {
-  const int start = b->schedule == Schedule::kRoundRobin ? b->pos[cur->linear] + 1 : 0;
-  for (int k = 0; k < b->n; ++k) {
-    Thread* t = &b->threads[b->order[(start + k) % b->n]];
+  int i = b->schedule == Schedule::kRoundRobin ? b->pos[cur->linear] + 1 : 0;
+  for (int k = 0; k < b->n; ++k, ++i) {  // no division per step: this loop is the scheduler's hot path
+    if (i == b->n) i = 0;
+    Thread* t = &b->threads[b->order[i]];
     if (t != cur && Ready(b, t)) return t;
   }
   return nullptr;
@@ -625,34 +628,48 @@ void Land(const Copy& c) {
 // K-major:  none ((8,m),(T,2k)):((T,SBO),(1,LBO));  W-byte swizzle ((8,m),(T,2k)):((W/2,SBO),(1,T))
 // MN-major: none ((T,1,m),(8,k)):((1,T,SBO),(T,LBO)); W-byte swizzle ((W/2,m),(8,k)):((1,LBO),(W/2,SBO))
 // then the swizzle XORs address bits [4, 4 + log2(W/16)) with the bits from 7 up.
-uint16_t DescElement(Thread* t, uint64_t desc, bool k_major, int mn, int k) {
+// The shared-memory offsets of the elements (mn, k), mn < rows, k < 16, at [mn * 16 + k]: the
+// address arithmetic once per operation, not once per element that each of its 128 threads reads.
+std::vector<uint32_t> DescOffsets(Thread* t, uint64_t desc, bool k_major, int rows) {
   const uint32_t start = static_cast<uint32_t>(desc & 0x3FFFu) << 4;
   const uint32_t lbo = static_cast<uint32_t>((desc >> 16) & 0x3FFFu) << 4;
   const uint32_t sbo = static_cast<uint32_t>((desc >> 32) & 0x3FFFu) << 4;
   const int base_offset = static_cast<int>((desc >> 49) & 7u), mode = static_cast<int>(desc >> 62);
   if (base_offset != 0) Fail(t, "wgmma descriptor: a non-zero matrix base offset is not emulated");
   const uint32_t width = mode == 0 ? 0u : mode == 1 ? 128u : mode == 2 ? 64u : 32u;
-  const uint32_t umn = static_cast<uint32_t>(mn), uk = static_cast<uint32_t>(k);
-  uint32_t addr = start;
-  if (k_major) {
-    addr +=
-        (umn / 8) * sbo + (width == 0 ? (umn % 8) * 16 + (uk % 8) * 2 + (uk / 8) * lbo : (umn % 8) * width + uk * 2);
-  } else if (width == 0) {
-    addr += (umn % 8) * 2 + (umn / 8) * sbo + (uk % 8) * 16 + (uk / 8) * lbo;
-  } else {
-    addr += (umn % (width / 2)) * 2 + (umn / (width / 2)) * lbo + (uk % 8) * width + (uk / 8) * sbo;
-  }
-  if (width != 0) addr ^= ((addr >> 7) & (width / 16 - 1)) << 4;
   const detail::BlockInfo& bi = t->block->info;
-  if (addr < detail::kSmemWindowBase || addr - detail::kSmemWindowBase + 2 > bi.smem_bytes) {
-    Fail(t, "wgmma descriptor: element (" + std::to_string(mn) + ", " + std::to_string(k) + ") is at window address " +
-                std::to_string(addr) + ", outside the " + std::to_string(bi.smem_bytes) +
-                "-byte dynamic shared memory");
-  }
-  const size_t off = addr - detail::kSmemWindowBase;
+  std::vector<uint32_t> offsets(static_cast<size_t>(rows) * 16);
+  for (int mn = 0; mn < rows; ++mn)
+    for (int k = 0; k < 16; ++k) {
+      const uint32_t umn = static_cast<uint32_t>(mn), uk = static_cast<uint32_t>(k);
+      uint32_t addr = start;
+      if (k_major) {
+        addr += (umn / 8) * sbo +
+                (width == 0 ? (umn % 8) * 16 + (uk % 8) * 2 + (uk / 8) * lbo : (umn % 8) * width + uk * 2);
+      } else if (width == 0) {
+        addr += (umn % 8) * 2 + (umn / 8) * sbo + (uk % 8) * 16 + (uk / 8) * lbo;
+      } else {
+        addr += (umn % (width / 2)) * 2 + (umn / (width / 2)) * lbo + (uk % 8) * width + (uk / 8) * sbo;
+      }
+      if (width != 0) addr ^= ((addr >> 7) & (width / 16 - 1)) << 4;
+      if (addr < detail::kSmemWindowBase || addr - detail::kSmemWindowBase + 2 > bi.smem_bytes) {
+        Fail(t, "wgmma descriptor: element (" + std::to_string(mn) + ", " + std::to_string(k) +
+                    ") is at window address " + std::to_string(addr) + ", outside the " +
+                    std::to_string(bi.smem_bytes) + "-byte dynamic shared memory");
+      }
+      offsets[static_cast<size_t>(mn) * 16 + static_cast<size_t>(k)] = addr - detail::kSmemWindowBase;
+    }
+  return offsets;
+}
+
+// The 16-bit element (mn, k) as this thread's read sees it now, at the offset DescOffsets found;
+// an element that differs from the async proxy's view fails (a write not fenced, or a race).
+uint16_t DescElement(Thread* t, const std::vector<uint32_t>& offsets, int mn, int k) {
+  const detail::BlockInfo& bi = t->block->info;
+  const size_t off = offsets[static_cast<size_t>(mn) * 16 + static_cast<size_t>(k)];
   if (std::memcmp(bi.smem + off, t->block->async_view.data() + off, 2) != 0) {
     Fail(t, "wgmma descriptor: element (" + std::to_string(mn) + ", " + std::to_string(k) + ") at window address " +
-                std::to_string(addr) +
+                std::to_string(off + detail::kSmemWindowBase) +
                 " changed after the last barrier that every thread reached with a fence_proxy_async since the one "
                 "before: a shared-memory store or cp.async not fenced for the async proxy, or a write racing the "
                 "wgmma");
@@ -710,7 +727,7 @@ void HandBackAccumulators(Thread* t, float* d, int n) {
   PoisonAccumulators(d, n);
 }
 
-void CompleteWgmma(Thread* t, const WgmmaOp& op, int me) {
+void CompleteWgmma(Thread* t, WgmmaOp& op, int me) {
   const int w = me / kWarp, lane = me % kWarp, gq = lane >> 2, t4 = lane & 3;
   // The GPU reads register operands while the operation runs. Where a kernel reuses them before
   // the wait, ptxas keeps them by waiting for the operation right there (a silent serialisation,
@@ -720,12 +737,15 @@ void CompleteWgmma(Thread* t, const WgmmaOp& op, int me) {
          "wgmma_rs_tb: this thread's A fragment registers changed between the operation and the wgmma_wait "
          "that completes it (ptxas would serialise the MMAs there)");
   auto val = [&](uint16_t x) -> double { return op.bf16 ? BFloatToFloat(x) : HalfToFloat(x); };
+  // The operands' element offsets, the first time a thread completes the operation.
+  if (op.kind != detail::WgmmaKind::kRSTransB && op.a_offsets.empty())
+    op.a_offsets = DescOffsets(t, op.desc_a, op.kind == detail::WgmmaKind::kSS, 64);
+  if (op.b_offsets.empty()) op.b_offsets = DescOffsets(t, op.desc_b, op.kind == detail::WgmmaKind::kSS, op.n);
   double A[2][16];
   for (int h = 0; h < 2; ++h) {
     const int row = 16 * w + gq + 8 * h;
     if (op.kind != detail::WgmmaKind::kRSTransB) {
-      const bool a_k_major = op.kind == detail::WgmmaKind::kSS;
-      for (int k = 0; k < 16; ++k) A[h][k] = val(DescElement(t, op.desc_a, a_k_major, row, k));
+      for (int k = 0; k < 16; ++k) A[h][k] = val(DescElement(t, op.a_offsets, row, k));
       continue;
     }
     // Lane 4g + tt of warp w holds row g in registers 0, 2 and row g + 8 in 1, 3: columns 2 tt
@@ -739,15 +759,22 @@ void CompleteWgmma(Thread* t, const WgmmaOp& op, int me) {
       }
     }
   }
-  const bool b_k_major = op.kind == detail::WgmmaKind::kSS;
   float* d = op.d[me];
   TakeBackAccumulators(t, d, op.n / 2);
-  for (int i = 0; i < op.n / 2; ++i) {
-    const int c = i & 3, h = c >> 1, col = 8 * (i >> 2) + 2 * t4 + (c & 1);
-    double acc = op.accumulate ? d[i] : 0.0;
-    for (int k = 0; k < 16; ++k) acc += A[h][k] * val(DescElement(t, op.desc_b, b_k_major, col, k));
-    d[i] = static_cast<float>(acc);
-  }
+  // Accumulator i = 4 j + c: column 8 j + 2 t4 + (c & 1), row half c >> 1. Each column is read
+  // once for both of its row halves.
+  for (int i0 = 0; i0 < op.n / 2; i0 += 4)
+    for (int lo = 0; lo < 2; ++lo) {
+      const int col = 8 * (i0 >> 2) + 2 * t4 + lo;
+      double B[16];
+      for (int k = 0; k < 16; ++k) B[k] = val(DescElement(t, op.b_offsets, col, k));
+      for (int h = 0; h < 2; ++h) {
+        const int i = i0 + 2 * h + lo;
+        double acc = op.accumulate ? d[i] : 0.0;
+        for (int k = 0; k < 16; ++k) acc += A[h][k] * B[k];
+        d[i] = static_cast<float>(acc);
+      }
+    }
   HandBackAccumulators(t, d, op.n / 2);
 }
 
@@ -940,6 +967,14 @@ void CpAsyncCommit() {
   t->group_ends.push_back(t->copies.size());
 }
 
+// Every wgmma issue asks whether any thread of the block has unfenced cp.async data: a count
+// kept here answers that without a scan of the block's threads per issuing thread.
+void SetProxyDirty(Thread* t, bool dirty) {
+  if (t->proxy_dirty == dirty) return;
+  t->proxy_dirty = dirty;
+  t->block->proxy_dirty_threads += dirty ? 1 : -1;
+}
+
 void CpAsyncWait(int n) {
   Thread* t = Current();
   // Copies land only now (as late as the GPU may land them), so reading before the wait shows.
@@ -948,7 +983,7 @@ void CpAsyncWait(int n) {
   const size_t finish = groups - static_cast<size_t>(n);  // the oldest groups
   const size_t end = t->group_ends[finish - 1];
   for (size_t i = 0; i < end; ++i) Land(t->copies[i]);
-  if (end > 0) t->proxy_dirty = true;
+  if (end > 0) SetProxyDirty(t, true);
   t->copies.erase(t->copies.begin(), t->copies.begin() + static_cast<std::ptrdiff_t>(end));
   t->group_ends.erase(t->group_ends.begin(), t->group_ends.begin() + static_cast<std::ptrdiff_t>(finish));
   for (size_t& e : t->group_ends) e -= end;
@@ -968,7 +1003,7 @@ void WgmmaFence() {
 
 void FenceProxyAsync() {
   Thread* t = Current();
-  t->proxy_dirty = false;
+  SetProxyDirty(t, false);
   t->proxy_fenced = true;
 }
 
@@ -985,11 +1020,13 @@ void Wgmma(WgmmaKind kind, bool bf16, int n, float* d, const uint32_t* a, uint64
                 ": no wgmma_fence since this thread's last wgmma_wait (or ever): the registers and "
                 "shared memory the operation reads are not ordered before it");
   }
-  for (const Thread& o : b->threads) {
-    if (o.proxy_dirty) {
-      Fail(t, std::string(name) + ": thread " + std::to_string(o.linear) +
-                  " has cp.async data landed in shared memory with no fence_proxy_async since; wgmma reads shared "
-                  "memory through the async proxy and may not see it");
+  if (b->proxy_dirty_threads > 0) {
+    for (const Thread& o : b->threads) {
+      if (o.proxy_dirty) {
+        Fail(t, std::string(name) + ": thread " + std::to_string(o.linear) +
+                    " has cp.async data landed in shared memory with no fence_proxy_async since; wgmma reads shared "
+                    "memory through the async proxy and may not see it");
+      }
     }
   }
   WarpGroup& g = b->groups[static_cast<size_t>(t->linear / kWarpGroup)];
@@ -1257,6 +1294,7 @@ void Launch(Dim3 grid, Dim3 block, size_t dynamic_smem_bytes, const std::functio
     b->barrier_arrived = 0;
     b->barrier_gen = 0;
     b->done = 0;
+    b->proxy_dirty_threads = 0;
     b->mbarriers.clear();
     for (NamedBarrierState& nb : b->named) nb = NamedBarrierState{};
     for (WarpGroup& g : b->groups) g.ops.clear();
