@@ -29,8 +29,9 @@
 # binaries), BUDGET_S (default 570: a 600 s call less a margin), QUICK=1 (D 128 at 4k and 16k,
 # ring at 64k), SHARDS (default: cores / 2, at most 8), FAMILIES="mma wgmma tma" (the kernel
 # families to time, for a call that does not run their tests).
-# Output: $OUT (or bench/) gets gpu_results.txt (the tables and the summaries),
-# gpu_test_output.txt (every test's log), gpu_python_output.txt.
+# Output: $OUT (or bench/) gets gpu_results.txt (the summaries and the benchmarks' lines),
+# gpu_report.md (those as docs/performance.md's tables, with issue 4's bars judged: bench/
+# gpu_report.py), gpu_test_output.txt (every test's log), gpu_python_output.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench}
@@ -284,6 +285,10 @@ if stage python 90; then
   fi
 fi
 
+# The tables of docs/performance.md and issue 4's bars, from what this call measured.
+if grep -q -E '^(impl=|ring |hide_threshold )' "$results"; then
+  python3 bench/gpu_report.py "$results" >"$out/gpu_report.md" && cat "$out/gpu_report.md"
+fi
 say "== done in ${SECONDS} s of ${budget} s; stages with a failure: ${failed[*]:-none}"
 if [ ${#skipped[@]} -gt 0 ]; then
   say "not run (the budget): next call STAGES=\"${skipped[*]}\" bench/gpu_run.sh"

@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""The GPU run's tables for docs/performance.md, with issue 4's bars checked.
+
+Usage: gpu_report.py gpu_results.txt > gpu_report.md
+
+Reads the key=value lines that bench/gpu_run.sh collects (stria-cuda-bench's `impl=`, `ring`,
+`hide_threshold` lines and bench/torch_sdpa_gpu.py's `impl=torch_*` lines; everything else is
+skipped) and prints, in markdown: forward and backward TFLOP/s of every stria kernel family beside
+torch SDPA's flash and cuDNN backends on the same shapes; the modelled N-rank ring against the
+ideal and the analytic ratio; the block lengths from which a step's transfer hides; and a last
+table of the bars:
+  causal forward, D 128, 4k tokens and more: the best stria family >= 1.0x torch's flash backend;
+  causal backward, the same shapes: >= 0.9x;
+  the modelled striped ring (N 8, 256k tokens): >= 95% of ideal and >= 1.75x contiguous.
+A bar is judged on every shape it covers that the run measured; "not measured" where none.
+"""
+import math
+import shlex
+import sys
+
+
+def fields(line):
+    try:
+        words = shlex.split(line)
+    except ValueError:
+        return None, {}
+    if not words:
+        return None, {}
+    head = words[0] if "=" not in words[0] else ""
+    return head, dict(w.split("=", 1) for w in words if "=" in w)
+
+
+def fmt(x, spec=".0f"):
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def kernels_tables(kern, out):
+    impls = sorted({i for (_, _, _, _, i) in kern if i.startswith("stria_")},
+                   key=lambda i: ("stria_mma", "stria_wgmma", "stria_tma").index(i)
+                   if i in ("stria_mma", "stria_wgmma", "stria_tma") else 9)
+    shapes = sorted({(d, c, s) for (_, d, c, s, _) in kern})
+    for direction, title in (("fwd", "Forward"), ("bwd", "Backward")):
+        out.append(f"{title}, bf16, TFLOP/s (B·S = 16k tokens, H·D = 2048):\n")
+        cols = [i.replace("stria_", "stria ") for i in impls] + ["torch flash", "torch cuDNN", "best stria / flash"]
+        out.append("| D | causal | S | " + " | ".join(cols) + " |")
+        out.append("|" + "---|" * (3 + len(cols)))
+        for d, c, s in shapes:
+            ours = [kern.get((direction, d, c, s, i)) for i in impls]
+            flash = kern.get((direction, d, c, s, "torch_flash"))
+            cudnn = kern.get((direction, d, c, s, "torch_cudnn"))
+            best = max((x for x in ours if x is not None), default=None)
+            ratio = best / flash if best is not None and flash else None
+            cells = [fmt(x) for x in ours] + [fmt(flash), fmt(cudnn), fmt(ratio, ".2f") + ("x" if ratio else "")]
+            out.append(f"| {d} | {'yes' if c else 'no'} | {s} | " + " | ".join(cells) + " |")
+        out.append("")
+
+
+def main(argv):
+    if len(argv) != 2:
+        sys.exit(__doc__)
+    kern, ring, hide = {}, [], []
+    with open(argv[1], errors="replace") as f:
+        for line in f:
+            head, kv = fields(line.strip())
+            try:
+                if "impl" in kv and "tflops" in kv:
+                    key = (kv["dir"], int(kv["dim"]), int(kv["causal"]), int(kv["len"]), kv["impl"])
+                    kern[key] = float(kv["tflops"])
+                elif head == "ring" and "of_ideal" in kv:
+                    ring.append(kv)
+                elif head == "hide_threshold":
+                    hide.append(kv)
+            except (KeyError, ValueError):
+                continue  # a line cut short (a time limit): left out
+    out = []
+    bars = []
+    if kern:
+        kernels_tables(kern, out)
+    for direction, need in (("fwd", 1.0), ("bwd", 0.9)):
+        worst = None  # the bar holds on its worst shape
+        for d, c, s in {(d, c, s) for (dr, d, c, s, _) in kern if dr == direction and d == 128 and c and s >= 4096}:
+            best = max((t for (dr, d2, c2, s2, i), t in kern.items()
+                        if (dr, d2, c2, s2) == (direction, d, c, s) and i.startswith("stria_")), default=None)
+            flash = kern.get((direction, d, c, s, "torch_flash"))
+            if best is not None and flash:
+                worst = best / flash if worst is None else min(worst, best / flash)
+        what = f"causal {'forward' if direction == 'fwd' else 'backward'}, D 128, 4k+ tokens: best stria / flash"
+        bars.append((what, f">= {need:.1f}x", worst, None if worst is None else worst >= need))
+    if ring:
+        out.append("Modelled ring (causal, bf16; latency = Σ over steps of the slowest rank's block kernels):\n")
+        out.append("| kernels | pass | layout | N | tokens | latency ms | ideal ms | of ideal | contiguous / layout | "
+                   "analytic |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|")
+        for r in ring:
+            out.append(f"| {r['kernels']} | {r['dir']} | {r['layout']} | {r['world']} | {r['seq']} | "
+                       f"{float(r['latency_ms']):.1f} | {float(r['ideal_ms']):.1f} | {float(r['of_ideal']):.3f} | "
+                       f"{float(r['vs_contiguous']):.2f}x | {float(r['analytic_vs_contiguous']):.2f}x |")
+        out.append("")
+        for r in ring:
+            if r["layout"] != "striped" or r["world"] != "8" or int(r["seq"]) < 262144:
+                continue
+            who = f"striped ring, N 8, 256k, {r['kernels']} {r['dir']}"
+            of, vs = float(r["of_ideal"]), float(r["vs_contiguous"])
+            bars.append((who + ": of ideal", ">= 0.95", of, of >= 0.95))
+            bars.append((who + ": contiguous / striped", ">= 1.75x", vs, vs >= 1.75))
+    if hide:
+        out.append("Smallest block length (tokens per rank) whose step kernels hide the step's transfer:\n")
+        out.append("| kernels | pass | step | link | GB/s | from L |")
+        out.append("|---|---|---|---|---|---|")
+        for h in hide:
+            length = h["smallest_hiding_len"]
+            out.append(f"| {h['kernels']} | {h['dir']} | {h['step']} | {h['link']} | {h['gbs']} | "
+                       f"{'none measured' if length == '-1' else length} |")
+        out.append("")
+    if not any(b[0].startswith("striped ring") for b in bars):
+        bars.append(("striped ring, N 8, 256k tokens", ">= 0.95 of ideal, >= 1.75x contiguous", None, None))
+    out.append("| bar (issue 4) | needs | measured (worst shape) | |")
+    out.append("|---|---|---|---|")
+    for what, need, got, ok in bars:
+        verdict = "not measured" if ok is None else ("met" if ok else "missed")
+        out.append(f"| {what} | {need} | {fmt(got, '.3f')} | {verdict} |")
+    print("\n".join(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

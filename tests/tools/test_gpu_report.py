@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""bench/gpu_report.py, which turns the GPU run's results into docs/performance.md's tables and
+judges issue 4's bars, on lines in the formats stria-cuda-bench and bench/torch_sdpa_gpu.py print
+(one of them cut short, as a time limit leaves it), and on a run that measured nothing.
+
+Usage: test_gpu_report.py GPU_REPORT_PY
+"""
+import subprocess
+import sys
+import tempfile
+
+LINES = """\
+== kernels (at 100 s of 570 s)
+impl=stria_mma dir=fwd dim=128 causal=1 len=4096 batch=4 heads=16 ms=0.5000 tflops=280.0
+impl=stria_mma dir=bwd dim=128 causal=1 len=4096 batch=4 heads=16 ms=1.5000 tflops=190.0
+impl=stria_wgmma dir=fwd dim=128 causal=1 len=4096 batch=4 heads=16 ms=0.3000 tflops=450.0
+impl=stria_wgmma dir=bwd dim=128 causal=1 len=4096 batch=4 heads=16 ms=1.0000 tflops=300.0
+impl=stria_mma dir=fwd dim=128 causal=1 len=8192 batch=2 heads=16 ms=0.5000 tflops=300.0
+impl=stria_mma dir=bwd dim=128 causal=1 len=8192 batch=2 heads=16 ms=1.5000 tflops=200.0
+impl=stria_mma dir=fwd dim=128 causal=1 len=2048 batch=8 heads=16 ms=0.5000 tflops=100.0
+impl=torch_flash dir=fwd dim=128 causal=1 len=2048 batch=8 heads=16 ms=0.4000 tflops=300.0
+impl=torch_flash dir=fwd dim=128 causal=1 len=4096 batch=4 heads=16 ms=0.4000 tflops=350.0
+impl=torch_flash dir=bwd dim=128 causal=1 len=4096 batch=4 heads=16 ms=1.4000 tflops=250.0
+impl=torch_cudnn dir=fwd dim=128 causal=1 len=4096 batch=4 heads=16 ms=0.3000 tflops=480.0
+impl=torch_flash dir=fwd dim=128 causal=1 len=8192 batch=2 heads=16 ms=0.4000 tflops=330.0
+impl=torch_flash dir=bwd dim=128 causal=1 len=8192 batch=2 heads=16 ms=1.4000 tflops=230.0
+# cudnn d=64 s=1024 causal=0: No available kernel
+impl=stria_tma dir=fwd dim=128 causal=1 len=8192 batch=2 he
+ring kernels=mma dir=fwd layout=contiguous seq=262144 world=8 heads=16 dim=128 latency_ms=900.000 ideal_ms=500.000 \
+of_ideal=0.556 vs_contiguous=1.000 analytic_vs_contiguous=1.000 single_gpu_ms=4000.000
+ring kernels=mma dir=fwd layout=striped seq=262144 world=8 heads=16 dim=128 latency_ms=510.000 ideal_ms=500.000 \
+of_ideal=0.980 vs_contiguous=1.765 analytic_vs_contiguous=1.870 single_gpu_ms=4000.000
+hide_threshold kernels=mma dir=fwd step=striped link=nvlink gbs=450 smallest_hiding_len=2048
+hide_threshold kernels=mma dir=fwd step=striped link=ib gbs=50 smallest_hiding_len=-1
+""".replace("\\\n", "")
+
+
+def report(script, text):
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as f:
+        f.write(text)
+        f.flush()
+        return subprocess.run([sys.executable, script, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def main(script):
+    failures = []
+    out = report(script, LINES)
+    expected = [
+        # every family and both anchors on one row; the best family against flash
+        "| 128 | yes | 4096 | 280 | 450 | 350 | 480 | 1.29x |",
+        "| 128 | yes | 8192 | 300 | – | 330 | – | 0.91x |",
+        # the bars on their worst shape (2k tokens is below the forward bar's range)
+        "| causal forward, D 128, 4k+ tokens: best stria / flash | >= 1.0x | 0.909 | missed |",
+        "| causal backward, D 128, 4k+ tokens: best stria / flash | >= 0.9x | 0.870 | missed |",
+        "| striped ring, N 8, 256k, mma fwd: of ideal | >= 0.95 | 0.980 | met |",
+        "| striped ring, N 8, 256k, mma fwd: contiguous / striped | >= 1.75x | 1.765 | met |",
+        "| mma | fwd | striped | 8 | 262144 | 510.0 | 500.0 | 0.980 | 1.76x | 1.87x |",
+        "| mma | fwd | striped | ib | 50 | none measured |",
+    ]
+    for line in expected:
+        if line not in out.splitlines():
+            failures.append(f"missing: {line}")
+    if "stria tma" in out:
+        failures.append("a line cut short was read")
+    empty = report(script, "== build failed: nothing else can run\n")
+    if empty.count("| not measured |") != 3:
+        failures.append(f"a run that measured nothing: {empty!r}")
+    for f in failures:
+        print("FAIL:", f)
+    if failures:
+        print(out)
+    print("gpu_report: " + ("ok" if not failures else f"{len(failures)} checks failed"))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    sys.exit(main(sys.argv[1]))
