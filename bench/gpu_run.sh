@@ -81,6 +81,24 @@ if [ -z "${NCCL_ROOT:-}" ] && nccl=$(python3 -c 'import nvidia.nccl; print(list(
   export LD_LIBRARY_PATH=$nccl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 
+# What the machine has, in one line each, before anything is built: a stage that fails later for
+# want of one of these is then explained by the first lines of the results.
+say "tools: $(cmake --version 2>/dev/null | head -1); $(nvcc --version 2>/dev/null | tail -1); $(c++ --version |
+  head -1); $(python3 --version 2>&1)"
+say "python: $(python3 - <<'PY' 2>&1 | tail -1
+import importlib.metadata as m, os, sysconfig
+def v(p):
+    try:
+        return m.version(p)
+    except m.PackageNotFoundError:
+        return "none"
+h = os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
+print(f"torch {v('torch')}, jax {v('jax')}, jaxlib {v('jaxlib')}, pytest {v('pytest')}; Python.h {'yes' if h else 'no'}")
+PY
+)"
+say "NCCL: ${NCCL_ROOT:-not found as a pip wheel}; compute-sanitizer: $(command -v compute-sanitizer ||
+  ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || echo no)"
+
 bin=build-gpu
 targets=(stria stria-cuda test_cuda_ring test_cuda_api test_hopper_primitives stria-cuda-bench)
 nccl_targets=(stria-nccl test_nccl_gpu stria-nccl-rank stria-nccl-bench)
