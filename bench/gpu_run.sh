@@ -21,6 +21,7 @@
 #   nccl1        the NCCL transport at world 1 against the in-process one      20 s
 #   hide         the block length above which a step's transfer hides         10 s a family
 #   sanitizer    compute-sanitizer memcheck and racecheck, small rings         2 min
+#   profile      ncu speed of light and occupancy, causal D 128 8k, a family    30 s a family
 #   python       torch CUDA tensors and stria.jax's CUDA handlers              1.5 min
 #
 # On the lent machine: run scripts/device-deps.sh here first, carry .device-deps, and call
@@ -31,7 +32,7 @@
 # families to time, for a call that does not run their tests).
 # Output: $OUT (or bench/) gets gpu_results.txt (the summaries and the benchmarks' lines),
 # gpu_report.md (those as docs/performance.md's tables, with issue 4's bars judged: bench/
-# gpu_report.py), gpu_test_output.txt (every test's log), gpu_python_output.txt.
+# gpu_report.py), gpu_test_output.txt (every test's log), gpu_profile.txt (ncu), gpu_python_output.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench}
@@ -40,7 +41,7 @@ results=$out/gpu_results.txt
 budget=${BUDGET_S:-570}
 jobs=$(nproc)
 shards=${SHARDS:-$((jobs / 2 > 8 ? 8 : (jobs / 2 < 1 ? 1 : jobs / 2)))}
-all="build primitives tests wgmma tma kernels ring nccl1 hide sanitizer python"
+all="build primitives tests wgmma tma kernels ring nccl1 hide sanitizer profile python"
 stages=" ${STAGES:-$all} "
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -277,6 +278,25 @@ if stage sanitizer 120; then
         [ $rc = 0 ] || note_failure sanitizer
       done
     done
+  fi
+fi
+
+# Where a family's time goes, for the next step if a bar is missed: Nsight Compute's speed-of-light
+# and occupancy sections of the causal forward and backward kernels at D 128, 8k tokens (the
+# benchmark's shape; the first four calls are the non-causal ones). Clocks as found: ncu's
+# default clock control has not been tried on these machines.
+ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+if stage profile $((30 * nf)); then
+  if [ -z "$ncu" ]; then
+    say "ncu not found"
+  else
+    for family in "${families[@]}"; do
+      STRIA_CUDA_KERNELS=$([ "$family" = mma ] || echo "$family") timeout "$(cap 120)" "$ncu" --clock-control none \
+        --kernel-name regex:'(Forward|Backward)Kernel' --launch-skip 4 --launch-count 4 --section SpeedOfLight \
+        --section Occupancy $bin/bench/stria-cuda-bench kernels --dims 128 --lens 8192 --reps 1 \
+        >>"$out/gpu_profile.txt" 2>&1 || { say "profile $family: failed or timed out"; note_failure profile; }
+    done
+    say "profile: $(grep -c ', Context [0-9]*, Stream ' "$out/gpu_profile.txt" 2>/dev/null) kernel reports in gpu_profile.txt"
   fi
 fi
 
