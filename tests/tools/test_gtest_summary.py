@@ -25,7 +25,8 @@ def main(script, binary):
             failures.append(what)
 
     with tempfile.TemporaryDirectory() as tmp:
-        # The binary's own cases, in two shards as gpu_run.sh runs them: every case counted once.
+        # The binary's own cases (parameterised ones among them, as in the GPU suite), in two shards as
+        # gpu_run.sh runs them: every case counted once.
         listed = subprocess.run([binary, "--gtest_list_tests"], capture_output=True, text=True, check=True).stdout
         cases = sum(1 for line in listed.splitlines() if line.startswith("  "))
         logs = []
