@@ -623,13 +623,13 @@ void Land(const Copy& c) {
   }
 }
 
-// The 16-bit element (mn, k) of the matrix a wgmma descriptor describes (PTX ISA, canonical
-// layouts, with T = 8 elements per 16 bytes): mn is the M or N index, k the K index (0..15).
+// Where the 16-bit elements (mn, k) of the matrix a wgmma descriptor describes are: shared-memory
+// offsets at [mn * 16 + k], mn < rows the M or N index, k the K index (0..15). PTX ISA, canonical
+// layouts, with T = 8 elements per 16 bytes:
 // K-major:  none ((8,m),(T,2k)):((T,SBO),(1,LBO));  W-byte swizzle ((8,m),(T,2k)):((W/2,SBO),(1,T))
 // MN-major: none ((T,1,m),(8,k)):((1,T,SBO),(T,LBO)); W-byte swizzle ((W/2,m),(8,k)):((1,LBO),(W/2,SBO))
-// then the swizzle XORs address bits [4, 4 + log2(W/16)) with the bits from 7 up.
-// The shared-memory offsets of the elements (mn, k), mn < rows, k < 16, at [mn * 16 + k]: the
-// address arithmetic once per operation, not once per element that each of its 128 threads reads.
+// then the swizzle XORs address bits [4, 4 + log2(W/16)) with the bits from 7 up. Computed once
+// per operation, not once per element that each of its 128 threads reads.
 std::vector<uint32_t> DescOffsets(Thread* t, uint64_t desc, bool k_major, int rows) {
   const uint32_t start = static_cast<uint32_t>(desc & 0x3FFFu) << 4;
   const uint32_t lbo = static_cast<uint32_t>((desc >> 16) & 0x3FFFu) << 4;
