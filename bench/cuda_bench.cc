@@ -108,14 +108,13 @@ struct Dev {
       x = x * 1664525u + 1013904223u;
       e = static_cast<uint16_t>(0x3c00u | ((x >> 16) & 0x007fu) | ((x >> 8) & 0x8000u));
     }
-    const size_t seed = h.size() * 2;
-    CHECK_CUDA(cudaMemset(p, 0, bytes));
+    const size_t seed = h.size() * 2, even = bytes & ~size_t{1};          // seed <= even
+    if (seed == 0 || even != bytes) CHECK_CUDA(cudaMemset(p, 0, bytes));  // a 1-byte buffer, an odd last byte
     if (seed == 0) return;
     CHECK_CUDA(cudaMemcpy(p, h.data(), seed, cudaMemcpyHostToDevice));
-    auto* bytes_p = static_cast<char*>(p);
-    for (size_t done = seed; done + 1 < bytes; done *= 2)  // an odd last byte stays zero
-      CHECK_CUDA(
-          cudaMemcpy(bytes_p + done, bytes_p, std::min(done, (bytes - done) & ~size_t{1}), cudaMemcpyDeviceToDevice));
+    auto* base = static_cast<char*>(p);
+    for (size_t done = seed; done < even; done *= 2)
+      CHECK_CUDA(cudaMemcpy(base + done, base, std::min(done, even - done), cudaMemcpyDeviceToDevice));
   }
   Dev(const Dev&) = delete;
   Dev& operator=(const Dev&) = delete;
