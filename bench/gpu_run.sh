@@ -17,7 +17,7 @@
 #                hangs rather than fails
 #   kernels      each family whose tests passed (mma; wgmma and tma on sm_90)  20 s + 20 s a family
 #                beside torch SDPA's flash and cuDNN backends, same shapes
-#   ring         the modelled N = 8 ring at 256k tokens, per family            35 s a family
+#   ring         the modelled N = 8 ring at 256k tokens, per family            25 s a family
 #   nccl1        the NCCL transport at world 1 against the in-process one      20 s
 #   hide         the block length above which a step's transfer hides         10 s a family
 #   sanitizer    compute-sanitizer memcheck and racecheck, small rings         2 min
@@ -205,7 +205,7 @@ if stage kernels $((20 + 20 * nf)); then
   timeout "$(cap 240)" python3 bench/torch_sdpa_gpu.py --dims $dims --lens $lens 2>&1 | tee -a "$results" ||
     { say "torch SDPA: failed or timed out"; note_failure kernels; }
 fi
-if stage ring $((35 * nf)); then
+if stage ring $((25 * nf)); then
   for family in "${families[@]}"; do
     timeout "$(cap 200)" $bin/bench/stria-cuda-bench ring --seq $seq --world 8 --heads 16 --dim 128 \
       --kernels "$family" 2>&1 | tee -a "$results" || { say "ring $family: failed or timed out"; note_failure ring; }
