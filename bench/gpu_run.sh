@@ -100,7 +100,7 @@ PY
 say "NCCL: ${NCCL_ROOT:-not found as a pip wheel}; compute-sanitizer: $(command -v compute-sanitizer ||
   ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || echo no)"
 
-bin=build-gpu
+bin=${STRIA_GPU_BUILD_DIR:-build-gpu}  # another build with the GPU targets: CI's dry run of this script
 targets=(stria stria-cuda test_cuda_ring test_cuda_api test_hopper_primitives stria-cuda-bench)
 nccl_targets=(stria-nccl test_nccl_gpu stria-nccl-rank stria-nccl-bench)
 # A later call on a machine that is no longer warm starts bare: rebuild whatever stages it runs.
@@ -324,7 +324,7 @@ if stage python 90; then
 fi
 
 # The tables of docs/performance.md and issue 4's bars, from what this call measured.
-if grep -q -E '^(impl=|ring |hide_threshold )' "$results"; then
+if grep -q -E '^(impl=|ring kernels=|hide_threshold )' "$results"; then
   python3 bench/gpu_report.py "$results" >"$out/gpu_report.md" && cat "$out/gpu_report.md"
 fi
 say "== done in ${SECONDS} s of ${budget} s; stages with a failure: ${failed[*]:-none}"
