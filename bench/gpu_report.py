@@ -58,9 +58,13 @@ def kernels_tables(kern, out):
 def main(argv):
     if len(argv) != 2:
         sys.exit(__doc__)
-    kern, ring, hide = {}, [], []
+    kern, ring, hide, nccl = {}, [], [], []
     with open(argv[1], errors="replace") as f:
         for line in f:
+            # The nccl1 stage prints its own markdown table (NCCL at world 1 against in-process).
+            if line.startswith("| tokens | layout | pass |") or (nccl and line.startswith("|")):
+                nccl.append(line.rstrip("\n"))
+                continue
             head, kv = fields(line.strip())
             try:
                 if "impl" in kv and "tflops" in kv:
@@ -111,6 +115,10 @@ def main(argv):
             length = h["smallest_hiding_len"]
             out.append(f"| {h['kernels']} | {h['dir']} | {h['step']} | {h['link']} | {h['gbs']} | "
                        f"{'none measured' if length == '-1' else length} |")
+        out.append("")
+    if nccl:
+        out.append("The NCCL transport at world 1 against the in-process transport (causal, H 16, D 128, bf16):\n")
+        out.extend(nccl)
         out.append("")
     if not any(b[0].startswith("striped ring") for b in bars):
         bars.append(("striped ring, N 8, 256k tokens", ">= 0.95 of ideal, >= 1.75x contiguous", None, None))

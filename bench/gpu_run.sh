@@ -324,7 +324,7 @@ if stage python 90; then
 fi
 
 # The tables of docs/performance.md and issue 4's bars, from what this call measured.
-if grep -q -E '^(impl=|ring kernels=|hide_threshold )' "$results"; then
+if grep -q -E '^(impl=|ring kernels=|hide_threshold |\| tokens \| layout )' "$results"; then
   python3 bench/gpu_report.py "$results" >"$out/gpu_report.md" && cat "$out/gpu_report.md"
 fi
 say "== done in ${SECONDS} s of ${budget} s; stages with a failure: ${failed[*]:-none}"
