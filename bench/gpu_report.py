@@ -34,10 +34,20 @@ def fmt(x, spec=".0f"):
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
+FAMILIES = ("stria_mma", "stria_wgmma", "stria_tma")
+
+
+def vs_flash(kern, direction, d, c, s):
+    """The best stria family's TFLOP/s on a shape, over torch's flash backend's (None if either is missing)."""
+    best = max((t for (dr, d2, c2, s2, i), t in kern.items()
+                if (dr, d2, c2, s2) == (direction, d, c, s) and i.startswith("stria_")), default=None)
+    flash = kern.get((direction, d, c, s, "torch_flash"))
+    return best / flash if best is not None and flash else None
+
+
 def kernels_tables(kern, out):
-    impls = sorted({i for (_, _, _, _, i) in kern if i.startswith("stria_")},
-                   key=lambda i: ("stria_mma", "stria_wgmma", "stria_tma").index(i)
-                   if i in ("stria_mma", "stria_wgmma", "stria_tma") else 9)
+    measured = {i for (_, _, _, _, i) in kern if i.startswith("stria_")}
+    impls = [i for i in FAMILIES if i in measured] + sorted(measured - set(FAMILIES))
     shapes = sorted({(d, c, s) for (_, d, c, s, _) in kern})
     for direction, title in (("fwd", "Forward"), ("bwd", "Backward")):
         out.append(f"{title}, bf16, TFLOP/s (B·S = 16k tokens, H·D = 2048):\n")
@@ -46,11 +56,10 @@ def kernels_tables(kern, out):
         out.append("|" + "---|" * (3 + len(cols)))
         for d, c, s in shapes:
             ours = [kern.get((direction, d, c, s, i)) for i in impls]
-            flash = kern.get((direction, d, c, s, "torch_flash"))
-            cudnn = kern.get((direction, d, c, s, "torch_cudnn"))
-            best = max((x for x in ours if x is not None), default=None)
-            ratio = best / flash if best is not None and flash else None
-            cells = [fmt(x) for x in ours] + [fmt(flash), fmt(cudnn), fmt(ratio, ".2f") + ("x" if ratio else "")]
+            ratio = vs_flash(kern, direction, d, c, s)
+            cells = [fmt(x) for x in ours] + [fmt(kern.get((direction, d, c, s, "torch_flash"))),
+                                              fmt(kern.get((direction, d, c, s, "torch_cudnn"))),
+                                              fmt(ratio, ".2f") + ("x" if ratio else "")]
             out.append(f"| {d} | {'yes' if c else 'no'} | {s} | " + " | ".join(cells) + " |")
         out.append("")
 
@@ -81,13 +90,10 @@ def main(argv):
     if kern:
         kernels_tables(kern, out)
     for direction, need in (("fwd", 1.0), ("bwd", 0.9)):
-        worst = None  # the bar holds on its worst shape
-        for d, c, s in {(d, c, s) for (dr, d, c, s, _) in kern if dr == direction and d == 128 and c and s >= 4096}:
-            best = max((t for (dr, d2, c2, s2, i), t in kern.items()
-                        if (dr, d2, c2, s2) == (direction, d, c, s) and i.startswith("stria_")), default=None)
-            flash = kern.get((direction, d, c, s, "torch_flash"))
-            if best is not None and flash:
-                worst = best / flash if worst is None else min(worst, best / flash)
+        ratios = [vs_flash(kern, direction, d, c, s)
+                  for d, c, s in {(d, c, s) for (dr, d, c, s, _) in kern if dr == direction and d == 128 and c
+                                  and s >= 4096}]
+        worst = min((r for r in ratios if r is not None), default=None)  # the bar holds on its worst shape
         what = f"causal {'forward' if direction == 'fwd' else 'backward'}, D 128, 4k+ tokens: best stria / flash"
         bars.append((what, f">= {need:.1f}x", worst, None if worst is None else worst >= need))
     if ring:

@@ -5,12 +5,7 @@
 # name .device-deps in the device call's `carry`; bench/gpu_run.sh picks it up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -f /usr/include/dlpack/dlpack.h ] && [ -f /usr/src/googletest/CMakeLists.txt ] || scripts/install-deps.sh --tests
-if ! command -v swig >/dev/null; then  # for gpu_run.sh's python stage
-  SUDO=""
-  [ "$(id -u)" = 0 ] || SUDO=sudo
-  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq swig >/dev/null
-fi
+scripts/install-deps.sh --tests --swig  # skips what is there
 rm -rf .device-deps
 mkdir -p .device-deps/include
 cp -r /usr/include/dlpack .device-deps/include/

@@ -10,7 +10,18 @@ command -v pkg-config >/dev/null || need+=(pkg-config)
 [ -f /usr/include/dlpack/dlpack.h ] || need+=(libdlpack-dev)
 # The UCX transport module is built where UCX is found; the tests and benchmarks want it.
 [ -f /usr/include/ucp/api/ucp.h ] || need+=(libucx-dev)
-if [ "${1:-}" = "--tests" ]; then
+# --tests: what the test run needs too; --swig: SWIG (scripts/device-deps.sh carries it to the GPU
+# machine for the Python bindings there).
+tests=0 swig=0
+for arg in "$@"; do
+  case $arg in
+    --tests) tests=1 ;;
+    --swig) swig=1 ;;
+    *) echo "install-deps.sh: unknown option $arg (use --tests, --swig)" >&2; exit 2 ;;
+  esac
+done
+[ $swig = 0 ] || command -v swig >/dev/null || need+=(swig)
+if [ $tests = 1 ]; then
   [ -f /usr/include/gtest/gtest.h ] || need+=(libgtest-dev)
   command -v nm >/dev/null || need+=(binutils)
   command -v ucx_perftest >/dev/null || need+=(ucx-utils)     # the UCX benchmark's anchor
