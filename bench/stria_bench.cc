@@ -1,8 +1,11 @@
 // CPU benchmark of stria through its public API.
 //
 //   stria-bench kernel --dim D --len L --heads H [--causal 0|1] [--dtype f32|bf16] [--threads T]
+//                      [--docs n]
 //       one block (world_size 1): forward and backward median time and GFLOP/s, counted like
-//       FlashAttention (forward 4·L²·H·D, halved when causal; backward 2.5x the forward).
+//       FlashAttention (forward 4·L²·H·D, halved when causal; backward 2.5x the forward). With
+//       --docs, through stria_attention_*_documents with n documents of equal length (the rate
+//       still counts the whole block's FLOPs: the time is what to compare).
 //   stria-bench ring --world N --len L --heads H --dim D [--threads-per-rank T]
 //       a local group per layout: wall time of the ring against the slowest rank's compute, and
 //       the ring latency modelled from per-step compute (sum over steps of the slowest rank).
@@ -27,6 +30,7 @@ struct Args {
   std::string mode;
   int64_t dim = 128, len = 4096, heads = 8, world = 2;
   int causal = 1, threads = 0, reps = 5;
+  int64_t docs = 0;  // kernel mode: > 0 runs the document-mask entry points with this many documents
   bool bf16 = false;
 };
 
@@ -88,14 +92,23 @@ int Kernel(const Args& a) {
   Buf q({1, L, H, D}, a.bf16), k({1, L, H, D}, a.bf16), v({1, L, H, D}, a.bf16), o({1, L, H, D}, a.bf16),
       lse({1, H, L}, a.bf16, true), dout({1, L, H, D}, a.bf16), dq({1, L, H, D}, a.bf16), dk({1, L, H, D}, a.bf16),
       dv({1, L, H, D}, a.bf16);
+  std::vector<int64_t> cu;  // --docs: n documents of (nearly) equal length
+  for (int64_t d = 0; d <= a.docs; ++d) cu.push_back(d * L / a.docs);
   std::vector<double> tf, tb;
   for (int rep = 0; rep < a.reps + 1; ++rep) {
     double t0 = Now();
-    if (stria_attention_forward(ctx, &p, &q.dl, &k.dl, &v.dl, &o.dl, &lse.dl, nullptr) != STRIA_SUCCESS) Die("forward");
+    const stria_status_t fs = a.docs > 0
+                                  ? stria_attention_forward_documents(ctx, &p, cu.data(), a.docs, &q.dl, &k.dl, &v.dl,
+                                                                      &o.dl, &lse.dl, nullptr)
+                                  : stria_attention_forward(ctx, &p, &q.dl, &k.dl, &v.dl, &o.dl, &lse.dl, nullptr);
+    if (fs != STRIA_SUCCESS) Die("forward");
     double t1 = Now();
-    if (stria_attention_backward(ctx, &p, &q.dl, &k.dl, &v.dl, &o.dl, &lse.dl, &dout.dl, &dq.dl, &dk.dl, &dv.dl,
-                                 nullptr) != STRIA_SUCCESS)
-      Die("backward");
+    const stria_status_t bs =
+        a.docs > 0 ? stria_attention_backward_documents(ctx, &p, cu.data(), a.docs, &q.dl, &k.dl, &v.dl, &o.dl, &lse.dl,
+                                                        &dout.dl, &dq.dl, &dk.dl, &dv.dl, nullptr)
+                   : stria_attention_backward(ctx, &p, &q.dl, &k.dl, &v.dl, &o.dl, &lse.dl, &dout.dl, &dq.dl, &dk.dl,
+                                              &dv.dl, nullptr);
+    if (bs != STRIA_SUCCESS) Die("backward");
     double t2 = Now();
     if (rep > 0) {  // the first call sizes the workspaces
       tf.push_back(t1 - t0);
@@ -105,10 +118,10 @@ int Kernel(const Args& a) {
   const double flops = 4.0 * L * L * H * D * (a.causal ? 0.5 : 1.0);
   const double mf = Median(tf), mb = Median(tb);
   std::printf(
-      "kernel impl=stria dtype=%s causal=%d D=%lld L=%lld H=%lld threads=%d fwd_s=%.6f bwd_s=%.6f "
+      "kernel impl=stria dtype=%s causal=%d D=%lld L=%lld H=%lld threads=%d docs=%lld fwd_s=%.6f bwd_s=%.6f "
       "fwd_gflops=%.1f bwd_gflops=%.1f\n",
-      a.bf16 ? "bf16" : "f32", a.causal, (long long)D, (long long)L, (long long)H, a.threads, mf, mb, flops / mf / 1e9,
-      2.5 * flops / mb / 1e9);
+      a.bf16 ? "bf16" : "f32", a.causal, (long long)D, (long long)L, (long long)H, a.threads, (long long)a.docs, mf, mb,
+      flops / mf / 1e9, 2.5 * flops / mb / 1e9);
   stria_context_destroy(ctx);
   return 0;
 }
@@ -193,7 +206,7 @@ int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: stria-bench kernel|ring [--dim D] [--len L] [--heads H] [--causal 0|1] "
-                 "[--dtype f32|bf16] [--threads T] [--world N] [--reps R]\n");
+                 "[--dtype f32|bf16] [--threads T] [--world N] [--reps R] [--docs n]\n");
     return 2;
   }
   a.mode = argv[1];
@@ -216,6 +229,8 @@ int main(int argc, char** argv) {
       a.world = std::atoll(v);
     else if (k == "--reps")
       a.reps = std::atoi(v);
+    else if (k == "--docs")
+      a.docs = std::atoll(v);
   }
   if (a.mode == "kernel") return Kernel(a);
   if (a.mode == "ring") return Ring(a);

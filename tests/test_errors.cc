@@ -46,6 +46,9 @@ struct Call {
   const DLTensor *qp = &q, *kp = &k, *vp = &v, *doutp = &dout;
   DLTensor *outp = &out, *lsep = &lse, *dqp = &dq, *dkp = &dk, *dvp = &dv;
   void* stream = nullptr;
+  bool documents = false;  // through the _documents entry points, with these boundaries
+  const int64_t* cu_seqlens = nullptr;
+  int64_t num_seqs = 0;
 
   explicit Call(RankTensors& t)
       : q(t.q.dl),
@@ -62,9 +65,20 @@ struct Call {
   Call(const Call&) = delete;
   Call& operator=(const Call&) = delete;
 
-  stria_status_t Forward(stria_context_t c) { return stria_attention_forward(c, p, qp, kp, vp, outp, lsep, stream); }
+  stria_status_t Forward(stria_context_t c) {
+    if (documents) return stria_attention_forward_documents(c, p, cu_seqlens, num_seqs, qp, kp, vp, outp, lsep, stream);
+    return stria_attention_forward(c, p, qp, kp, vp, outp, lsep, stream);
+  }
   stria_status_t Backward(stria_context_t c) {
+    if (documents)
+      return stria_attention_backward_documents(c, p, cu_seqlens, num_seqs, qp, kp, vp, outp, lsep, doutp, dqp, dkp,
+                                                dvp, stream);
     return stria_attention_backward(c, p, qp, kp, vp, outp, lsep, doutp, dqp, dkp, dvp, stream);
+  }
+  void Documents(const int64_t* cu, int64_t n) {
+    documents = true;
+    cu_seqlens = cu;
+    num_seqs = n;
   }
 };
 
@@ -359,6 +373,27 @@ std::vector<BadCall> BadCalls() {
     Call a(t);
     a.p = &big.p;
     return a.Forward(c);
+  });
+  // Document boundaries (S is kL on one rank, 2·kL on two: these are wrong for both).
+  static const int64_t docs_from_1[3] = {1, 4, kL};
+  static const int64_t docs_decrease[4] = {0, 5, 3, kL};
+  static const int64_t docs_end_short[2] = {0, kL / 2};
+  static const int64_t docs_end_long[2] = {0, 4 * kL};
+  both("documents_start_at_1", kInv, "starts at 1", [](Call& a) { a.Documents(docs_from_1, 2); });
+  both("documents_decrease", kInv, "decreases", [](Call& a) { a.Documents(docs_decrease, 3); });
+  both("documents_end_short", kInv, "sequence length", [](Call& a) { a.Documents(docs_end_short, 1); });
+  both("documents_end_long", kInv, "sequence length", [](Call& a) { a.Documents(docs_end_long, 1); });
+  both("documents_null", kInv, "cu_seqlens is NULL", [](Call& a) { a.Documents(nullptr, 2); });
+  both("documents_num_seqs_0", kInv, "num_seqs 0", [](Call& a) { a.Documents(docs_end_short, 0); });
+  both("documents_num_seqs_negative", kInv, "num_seqs -1", [](Call& a) { a.Documents(docs_end_short, -1); });
+  both("documents_num_seqs_huge", kInv, "num_seqs", [](Call& a) { a.Documents(docs_end_short, INT64_MAX); });
+  both("documents_params_null", kInv, "params", [](Call& a) {
+    a.Documents(docs_end_short, 1);
+    a.p = nullptr;
+  });
+  both("documents_q_null", kInv, "q is NULL", [](Call& a) {
+    a.Documents(docs_end_short, 1);
+    a.qp = nullptr;
   });
   both("scale_nan", kInv, "softmax_scale", [](Call& a) { a.params.softmax_scale = NAN; });
   both("scale_negative", kInv, "softmax_scale", [](Call& a) { a.params.softmax_scale = -0.5f; });

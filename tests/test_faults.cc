@@ -454,6 +454,16 @@ std::vector<Disagreement> Disagreements() {
       {"layout", with([](stria_attention_params_t* p) { p->layout = STRIA_LAYOUT_CONTIGUOUS; })},
       {"causal", with([](stria_attention_params_t* p) { p->causal = 0; })},
       {"scale", with([](stria_attention_params_t* p) { p->softmax_scale = 0.3f; })},
+      {"documents",
+       [](stria_context_t c) {  // the others attend over one sequence; this rank cuts it in two
+         int world = 0;
+         stria_context_get_world_size(c, &world);
+         const int64_t cu[3] = {0, 1, kL * world};
+         Rank t;
+         const stria_attention_params_t p = DefaultParams();
+         return stria_attention_forward_documents(c, &p, cu, 2, &t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl, &t.lse.dl,
+                                                  nullptr);
+       }},
       {"backward", [](stria_context_t c) { return Rank().Backward(c, DefaultParams()); }},
       {"tag",
        [](stria_context_t c) {

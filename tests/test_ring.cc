@@ -4,6 +4,7 @@
 // layouts' position maps are checked end to end too. Outputs are poisoned (NaN) before each run.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "ring_results.h"
@@ -23,6 +24,8 @@ struct Case {
   bool strided = false;  // q/k/v as views into one packed [B, L, Hq + 2·Hkv, D] tensor
   double key_ramp = 0;   // key j of S scaled by 1 + key_ramp·j/S: scores that keep rising
   double grad_tol = 0;   // when > 0, the bar for dq, dk, dv (see the sharp cases)
+  int docs = 0;          // > 0: a document mask of this many documents per batch row (random cuts)
+  int64_t doc_len = 0;   // > 0: instead, documents of this many tokens (the last one shorter)
 };
 
 std::string Name(const Case& c) {
@@ -30,8 +33,36 @@ std::string Name(const Case& c) {
   os << "N" << c.world << "_" << LayoutName(c.layout) << (c.causal ? "_causal" : "_full") << "_" << DtName(c.dt) << "_B"
      << c.B << "L" << c.L << "H" << c.Hq << "x" << c.Hkv << "D" << c.D << (c.strided ? "_strided" : "")
      << (c.scale > 0 ? "_scale" + std::to_string(static_cast<int>(c.scale * 100)) : "")
-     << (c.key_ramp > 0 ? "_ramp" : "");
+     << (c.key_ramp > 0 ? "_ramp" : "") << (c.docs > 0 ? "_docs" + std::to_string(c.docs) : "")
+     << (c.doc_len > 0 ? "_doclen" + std::to_string(c.doc_len) : "");
   return os.str();
+}
+
+// The case's document boundaries, [B][n + 1] as params->cu_seqlens (empty: no document mask).
+// Random cuts may coincide (empty documents); odd batch rows get fewer documents than even ones
+// and repeat their end, as a caller pads rows with fewer documents.
+std::vector<int64_t> MakeDocuments(const Case& c, int64_t S, std::mt19937_64& rng, int64_t* num_seqs) {
+  std::vector<int64_t> cu;
+  *num_seqs = 0;
+  if (c.doc_len > 0) {
+    *num_seqs = (S + c.doc_len - 1) / c.doc_len;
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t d = 0; d <= *num_seqs; ++d) cu.push_back(std::min(S, d * c.doc_len));
+    return cu;
+  }
+  if (c.docs <= 0) return cu;
+  *num_seqs = c.docs;
+  for (int64_t b = 0; b < c.B; ++b) {
+    const int64_t used = b % 2 == 1 ? std::max(1, c.docs / 2) : c.docs;
+    std::vector<int64_t> cuts;
+    std::uniform_int_distribution<int64_t> pos(0, S);
+    for (int64_t d = 1; d < used; ++d) cuts.push_back(pos(rng));
+    std::sort(cuts.begin(), cuts.end());
+    cu.push_back(0);
+    cu.insert(cu.end(), cuts.begin(), cuts.end());
+    while (static_cast<int64_t>(cu.size()) % (c.docs + 1) != 0) cu.push_back(S);
+  }
+  return cu;
 }
 
 double Tolerance(Dt dt) {
@@ -71,7 +102,10 @@ void RunCase(const Case& c) {
   dout.FillRandom(rng);
   const double scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt(static_cast<double>(c.D));
   const auto qd = q.ToDouble(), kd = k.ToDouble(), vd = v.ToDouble(), dod = dout.ToDouble();
-  const Reference ref = DenseAttention(qd, kd, vd, &dod, c.B, S, c.Hq, c.Hkv, c.D, c.causal, scale);
+  int64_t num_seqs = 0;
+  const std::vector<int64_t> documents = MakeDocuments(c, S, rng, &num_seqs);
+  const Reference ref =
+      DenseAttention(qd, kd, vd, &dod, c.B, S, c.Hq, c.Hkv, c.D, c.causal, scale, num_seqs > 0 ? &documents : nullptr);
 
   GatheredResults full(c.layout, c.world, c.B, S, c.Hq, c.Hkv, c.D, c.dt);
 
@@ -100,10 +134,19 @@ void RunCase(const Case& c) {
     Tensor dq({c.B, c.L, c.Hq, c.D}, c.dt), dk({c.B, c.L, c.Hkv, c.D}, c.dt), dv({c.B, c.L, c.Hkv, c.D}, c.dt);
     for (Tensor* t : {&out, &lse, &dq, &dk, &dv}) t->Poison();
     stria_context_t ctx = group.ctx[static_cast<size_t>(r)];
-    fwd[static_cast<size_t>(r)] = stria_attention_forward(ctx, &params, &qv, &kv, &vv, &out.dl, &lse.dl, nullptr);
+    if (num_seqs > 0)
+      fwd[static_cast<size_t>(r)] = stria_attention_forward_documents(ctx, &params, documents.data(), num_seqs, &qv,
+                                                                      &kv, &vv, &out.dl, &lse.dl, nullptr);
+    else
+      fwd[static_cast<size_t>(r)] = stria_attention_forward(ctx, &params, &qv, &kv, &vv, &out.dl, &lse.dl, nullptr);
     std::string err = stria_get_last_error();
-    bwd[static_cast<size_t>(r)] = stria_attention_backward(ctx, &params, &qv, &kv, &vv, &out.dl, &lse.dl, &dol.dl,
-                                                           &dq.dl, &dk.dl, &dv.dl, nullptr);
+    if (num_seqs > 0)
+      bwd[static_cast<size_t>(r)] =
+          stria_attention_backward_documents(ctx, &params, documents.data(), num_seqs, &qv, &kv, &vv, &out.dl, &lse.dl,
+                                             &dol.dl, &dq.dl, &dk.dl, &dv.dl, nullptr);
+    else
+      bwd[static_cast<size_t>(r)] = stria_attention_backward(ctx, &params, &qv, &kv, &vv, &out.dl, &lse.dl, &dol.dl,
+                                                             &dq.dl, &dk.dl, &dv.dl, nullptr);
     err += stria_get_last_error();
     errors[static_cast<size_t>(r)] = err;
     full.Gather(r, out, lse, dq, dk, dv);
@@ -201,11 +244,54 @@ std::vector<Case> DtypesAndShapes() {
   return cases;
 }
 
+// Document masks: every layout and rank count at short blocks (documents of one to a few tokens
+// per rank), then blocks of several tiles, where whole tiles fall outside every document, tiles
+// are full inside one, and boundaries cut tiles; every dtype, GQA, causal and not.
+std::vector<Case> Documents() {
+  std::vector<Case> cases;
+  for (int n = 1; n <= 8; ++n)
+    for (stria_layout_t lay : {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG})
+      for (bool causal : {true, false}) {
+        Case c{n, lay, causal, Dt::kF32, 2, 6, 4, 2, 16};
+        c.docs = 3 + n % 3;
+        cases.push_back(c);
+      }
+  for (Dt dt : {Dt::kF32, Dt::kF16, Dt::kBF16})
+    for (stria_layout_t lay : {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG})
+      for (bool causal : {true, false}) {
+        Case c{3, lay, causal, dt, 2, 200, 4, 2, 32};
+        c.docs = 7;
+        cases.push_back(c);
+      }
+  // Documents of exactly two tiles, and of a tile and a half, across ranks.
+  for (int64_t len : {128, 96}) {
+    Case c{2, STRIA_LAYOUT_CONTIGUOUS, true, Dt::kF32, 1, 320, 2, 1, 64};
+    c.doc_len = len;
+    cases.push_back(c);
+    c.layout = STRIA_LAYOUT_STRIPED;
+    c.dt = Dt::kBF16;
+    cases.push_back(c);
+  }
+  // One document per batch row (the same numbers as no mask), MQA, head dims off the vector width.
+  Case one{4, STRIA_LAYOUT_ZIGZAG, true, Dt::kF32, 2, 70, 4, 1, 72};
+  one.docs = 1;
+  cases.push_back(one);
+  Case many{5, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 1, 130, 2, 1, 128};
+  many.docs = 40;
+  cases.push_back(many);
+  Case packed{3, STRIA_LAYOUT_ZIGZAG, false, Dt::kF32, 2, 66, 4, 2, 16};
+  packed.strided = true;
+  packed.docs = 5;
+  cases.push_back(packed);
+  return cases;
+}
+
 std::string ParamName(const ::testing::TestParamInfo<Case>& info) {
   return Name(info.param);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, RingVsReference, ::testing::ValuesIn(AllLayoutsAndRankCounts()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Shapes, RingVsReference, ::testing::ValuesIn(DtypesAndShapes()), ParamName);
+INSTANTIATE_TEST_SUITE_P(Documents, RingVsReference, ::testing::ValuesIn(Documents()), ParamName);
 
 }  // namespace

@@ -204,14 +204,16 @@ inline double RelError(const std::vector<double>& a, const std::vector<double>& 
 }
 
 // float64 dense attention over the full sequence. q [B,S,Hq,D], k/v [B,S,Hkv,D]; causal by global
-// position. Outputs: out [B,S,Hq,D], lse [B,Hq,S]; with dout given, dq/dk/dv.
+// position. Outputs: out [B,S,Hq,D], lse [B,Hq,S]; with dout given, dq/dk/dv. With documents
+// ([B][n + 1] boundaries, as params->cu_seqlens) a query sees only its own document's keys.
 struct Reference {
   std::vector<double> out, lse, dq, dk, dv;
 };
 
 inline Reference DenseAttention(const std::vector<double>& q, const std::vector<double>& k,
                                 const std::vector<double>& v, const std::vector<double>* dout, int64_t B, int64_t S,
-                                int64_t Hq, int64_t Hkv, int64_t D, bool causal, double scale) {
+                                int64_t Hq, int64_t Hkv, int64_t D, bool causal, double scale,
+                                const std::vector<int64_t>* documents = nullptr) {
   Reference r;
   r.out.assign(static_cast<size_t>(B * S * Hq * D), 0.0);
   r.lse.assign(static_cast<size_t>(B * Hq * S), 0.0);
@@ -229,20 +231,28 @@ inline Reference DenseAttention(const std::vector<double>& q, const std::vector<
     for (int64_t h = 0; h < Hq; ++h) {
       const int64_t hk = h / group;
       for (int64_t i = 0; i < S; ++i) {
-        const int64_t n = causal ? i + 1 : S;
+        int64_t j0 = 0, n = causal ? i + 1 : S;  // the keys [j0, n) of query i
+        if (documents != nullptr) {
+          const size_t per_row = documents->size() / static_cast<size_t>(B);
+          const int64_t* cu = documents->data() + static_cast<size_t>(b) * per_row;
+          size_t d = 0;
+          while (cu[d + 1] <= i) ++d;
+          j0 = cu[d];
+          n = std::min(n, cu[d + 1]);
+        }
         double mx = -INFINITY;
-        for (int64_t j = 0; j < n; ++j) {
+        for (int64_t j = j0; j < n; ++j) {
           double s = 0;
           for (int64_t d = 0; d < D; ++d) s += Q(b, i, h)[d] * K(b, j, hk)[d];
           p[static_cast<size_t>(j)] = s * scale;
           mx = std::max(mx, p[static_cast<size_t>(j)]);
         }
         double sum = 0;
-        for (int64_t j = 0; j < n; ++j) sum += std::exp(p[static_cast<size_t>(j)] - mx);
+        for (int64_t j = j0; j < n; ++j) sum += std::exp(p[static_cast<size_t>(j)] - mx);
         const double lse = mx + std::log(sum);
         r.lse[static_cast<size_t>((b * Hq + h) * S + i)] = lse;
         double* o = &r.out[static_cast<size_t>(((b * S + i) * Hq + h) * D)];
-        for (int64_t j = 0; j < n; ++j) {
+        for (int64_t j = j0; j < n; ++j) {
           p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - lse);
           for (int64_t d = 0; d < D; ++d) o[d] += p[static_cast<size_t>(j)] * V(b, j, hk)[d];
         }
@@ -250,7 +260,7 @@ inline Reference DenseAttention(const std::vector<double>& q, const std::vector<
         const double* g = &(*dout)[static_cast<size_t>(((b * S + i) * Hq + h) * D)];
         double delta = 0;
         for (int64_t d = 0; d < D; ++d) delta += g[d] * o[d];
-        for (int64_t j = 0; j < n; ++j) {
+        for (int64_t j = j0; j < n; ++j) {
           double dpj = 0;
           for (int64_t d = 0; d < D; ++d) dpj += g[d] * V(b, j, hk)[d];
           const double ds = p[static_cast<size_t>(j)] * (dpj - delta) * scale;

@@ -186,7 +186,7 @@ fn run_layout<T: Float>(
     let params = AttentionParams {
         layout,
         causal: true,
-        softmax_scale: None,
+        ..Default::default()
     };
     let started = Instant::now();
     let runs = group.run(0..n, |ctx, rank| -> stria::Result<RankRun<T>> {

@@ -112,6 +112,7 @@ void ForwardTile(const FwdTileArgs& a) {
   if (row_lo >= row_hi) return;
   int64_t k_lo = mk.k_begin, k_hi = mk.k_end;
   if (mk.diagonal) k_hi = std::min(k_hi, row_hi - 1 + mk.offset + 1);
+  DocumentKeyRange(mk, row_lo, row_hi, &k_lo, &k_hi);
   if (k_hi <= k_lo) return;
 
   const float* q = a.q + i0 * Dp;

@@ -32,6 +32,7 @@ void ForwardTileBf16(const FwdTileArgsBf16& a) {
     k_lo[g] = mk.k_begin;
     k_hi[g] = mk.k_end;
     if (mk.diagonal) k_hi[g] = std::min(k_hi[g], row_hi - 1 + mk.offset + 1);
+    if (g < a.q_tiles) DocumentKeyRange(mk, row_lo, row_hi, &k_lo[g], &k_hi[g]);
     if (g >= a.q_tiles || row_lo >= row_hi || k_hi[g] <= k_lo[g]) {
       k_hi[g] = k_lo[g];  // nothing to do for this query tile
       continue;
@@ -49,7 +50,7 @@ void ForwardTileBf16(const FwdTileArgsBf16& a) {
   for (int64_t kt = item_lo / kBlockK; kt * kBlockK < item_hi; ++kt) {
     const int64_t j0 = kt * kBlockK;
     for (int g = 0; g < kBf16QueryTiles; ++g) {
-      if (j0 + kBlockK <= k_lo[g] || j0 >= k_hi[g]) continue;
+      if (k_hi[g] <= k_lo[g] || j0 + kBlockK <= k_lo[g] || j0 >= k_hi[g]) continue;
       const int64_t i0 = a.q0 + g * kBlockQ;
       float* acc = a.acc + i0 * Dp;
       TileGemm(a.q + i0 * Dp, Dp, a.kt + kt * Dp * kBlockK, 2 * kBlockK, s, kBlockK, kBlockQ, kBlockK, Dp, false);

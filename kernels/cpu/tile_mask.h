@@ -19,7 +19,19 @@ inline void RowRange(const BlockMask& m, int64_t i, int64_t* lo, int64_t* hi) {
   }
   *lo = m.k_begin;
   *hi = m.diagonal ? std::min(m.k_end, i + m.offset + 1) : m.k_end;
+  if (m.doc_lo != nullptr) {
+    *lo = std::max(*lo, m.doc_lo[i]);
+    *hi = std::min(*hi, m.doc_hi[i]);
+  }
   if (*hi < *lo) *hi = *lo;
+}
+
+// Cuts [*k_lo, *k_hi), the keys the rows [row_lo, row_hi) of the mask may see, to their documents.
+// The bounds never decrease along the rows, so the first row has the lowest, the last the highest.
+inline void DocumentKeyRange(const BlockMask& m, int64_t row_lo, int64_t row_hi, int64_t* k_lo, int64_t* k_hi) {
+  if (m.doc_lo == nullptr || row_lo >= row_hi) return;
+  *k_lo = std::max(*k_lo, m.doc_lo[row_lo]);
+  *k_hi = std::min(*k_hi, m.doc_hi[row_hi - 1]);
 }
 
 // The query rows [*i_lo, *i_hi) that see any key of the key tile at j0; false when none do.
@@ -29,12 +41,24 @@ inline bool QueriesOfKeyTile(const BlockMask& mk, int64_t j0, int64_t* i_lo, int
   *i_lo = mk.q_begin;
   *i_hi = mk.q_end;
   if (mk.diagonal) *i_lo = std::max(*i_lo, j_lo - mk.offset);
+  if (mk.doc_lo != nullptr && *i_lo < *i_hi) {
+    // Rows whose document meets [j_lo, j_hi): doc_hi[i] > j_lo and doc_lo[i] < j_hi. Both bounds
+    // never decrease, so those rows are one run, found by two binary searches.
+    const int64_t* first =
+        std::partition_point(mk.doc_hi + *i_lo, mk.doc_hi + *i_hi, [j_lo](int64_t hi) { return hi <= j_lo; });
+    const int64_t* last =
+        std::partition_point(mk.doc_lo + *i_lo, mk.doc_lo + *i_hi, [j_hi](int64_t lo) { return lo < j_hi; });
+    const int64_t i_first = first - mk.doc_hi, i_last = last - mk.doc_lo;
+    *i_lo = i_first;
+    *i_hi = i_last;
+  }
   return *i_lo < *i_hi;
 }
 
 // True when every pair of the tile rows [i0, i0+kBlockQ) x cols [j0, j0+kBlockK) is visible.
 inline bool TileFull(const BlockMask& m, int64_t i0, int64_t j0) {
   if (i0 < m.q_begin || i0 + kBlockQ > m.q_end || j0 < m.k_begin || j0 + kBlockK > m.k_end) return false;
+  if (m.doc_lo != nullptr && (m.doc_lo[i0 + kBlockQ - 1] > j0 || m.doc_hi[i0] < j0 + kBlockK)) return false;
   return !m.diagonal || j0 + kBlockK - 1 <= i0 + m.offset;
 }
 

@@ -7,7 +7,7 @@
 
 namespace stria {
 
-constexpr int kBackendModuleAbiVersion = 2;
+constexpr int kBackendModuleAbiVersion = 3;  // 3: AttentionShape::documents, BlockMask::doc_*
 
 struct BackendModuleV1 {
   int abi_version;  // kBackendModuleAbiVersion

@@ -45,6 +45,24 @@ int64_t GlobalPosition(stria_layout_t layout, int64_t local_len, int world_size,
   return -1;
 }
 
+int64_t LocalCountBelow(stria_layout_t layout, int64_t local_len, int world_size, int rank, int64_t pos) {
+  auto clamp = [](int64_t x, int64_t hi) { return std::min(std::max<int64_t>(x, 0), hi); };
+  switch (layout) {
+    case STRIA_LAYOUT_CONTIGUOUS:
+      return clamp(pos - rank * local_len, local_len);
+    case STRIA_LAYOUT_STRIPED:
+      // Local token i sits at i·N + rank < pos  <=>  i < (pos - rank) / N, rounded up.
+      return pos <= rank ? 0 : clamp((pos - rank + world_size - 1) / world_size, local_len);
+    case STRIA_LAYOUT_ZIGZAG: {
+      // The early chunk [rank·C, rank·C + C), then the late one, which lies after it.
+      const int64_t c = local_len / 2;
+      const int64_t late = (2 * static_cast<int64_t>(world_size) - 1 - rank) * c;
+      return clamp(pos - rank * c, c) + clamp(pos - late, c);
+    }
+  }
+  return 0;
+}
+
 bool BlockMask::empty() const {
   if (q_begin >= q_end || k_begin >= k_end) return true;
   // The last query sees the most keys under a diagonal.
@@ -57,11 +75,15 @@ int64_t BlockMask::CountVisible(int64_t i0, int64_t i1, int64_t j0, int64_t j1) 
   j0 = std::max(j0, k_begin);
   j1 = std::min(j1, k_end);
   if (i0 >= i1 || j0 >= j1) return 0;
-  if (!diagonal) return (i1 - i0) * (j1 - j0);
+  if (!diagonal && doc_lo == nullptr) return (i1 - i0) * (j1 - j0);
   int64_t total = 0;
   for (int64_t i = i0; i < i1; ++i) {
-    int64_t hi = std::min(j1, i + offset + 1);  // exclusive bound of visible keys for row i
-    if (hi > j0) total += hi - j0;
+    int64_t lo = j0, hi = diagonal ? std::min(j1, i + offset + 1) : j1;  // row i's visible keys
+    if (doc_lo != nullptr) {
+      lo = std::max(lo, doc_lo[i]);
+      hi = std::min(hi, doc_hi[i]);
+    }
+    if (hi > lo) total += hi - lo;
   }
   return total;
 }

@@ -52,7 +52,7 @@ Status ExpectDType(const TensorView& v, const char* name, DType want) {
 
 // The shapes shared by forward and backward: q, k, v and the derived attention shape.
 Status CheckQKV(Context& ctx, const DLTensor* q, const DLTensor* k, const DLTensor* v,
-                const stria_attention_params_t* p, void* stream, ValidatedCall* c) {
+                const stria_attention_params_t* p, const DocumentsArg& documents, void* stream, ValidatedCall* c) {
   const DLDevice dev = ctx.device();
   STRIA_RETURN_IF_ERROR(CheckParams(p, c));
   STRIA_RETURN_IF_ERROR(AttentionTensor(q, "q", 4, dev, false, &c->q));
@@ -68,6 +68,7 @@ Status CheckQKV(Context& ctx, const DLTensor* q, const DLTensor* k, const DLTens
   s.D = c->q.shape[3];
   s.Hkv = c->k.shape[2];
   s.dtype = c->q.dtype;
+  s.documents = documents.given;
   // D is the backend's to judge (UNSUPPORTED naming what it supports); the others must be >= 1.
   if (s.B < 1 || s.L < 1 || s.Hq < 1)
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "q has shape %s: B, L and Hq of [B, L, Hq, D] must be >= 1",
@@ -83,6 +84,7 @@ Status CheckQKV(Context& ctx, const DLTensor* q, const DLTensor* k, const DLTens
   STRIA_RETURN_IF_ERROR(ExpectDType(c->v, "v", s.dtype));
   const int64_t seq_len = s.L * ctx.world_size();
   STRIA_RETURN_IF_ERROR(CheckLayout(c->layout, seq_len, ctx.world_size(), ctx.rank()));
+  if (documents.given) STRIA_RETURN_IF_ERROR(c->documents.Set(documents.cu_seqlens, documents.num_seqs, s.B, seq_len));
   s.scale = p->softmax_scale > 0.f ? p->softmax_scale : 1.0f / std::sqrt(static_cast<float>(s.D));
   return Status::Ok();
 }
@@ -113,14 +115,20 @@ Status CheckLike(Context& ctx, const DLTensor* t, const char* name, const Tensor
 
 }  // namespace
 
+BlockMask MaskOfBlock(const ValidatedCall& c, int world_size, int q_rank, int k_rank, Documents::Bounds* bounds) {
+  BlockMask mask = ClassifyBlock(c.layout, c.causal, world_size, c.shape.L, q_rank, k_rank);
+  if (!mask.empty()) c.documents.Apply(c.layout, world_size, c.shape.L, q_rank, k_rank, bounds, &mask);
+  return mask;
+}
+
 Status ValidateForward(Context& ctx, const ForwardCall& call, ValidatedCall* c) {
-  STRIA_RETURN_IF_ERROR(CheckQKV(ctx, call.q, call.k, call.v, call.params, call.stream, c));
+  STRIA_RETURN_IF_ERROR(CheckQKV(ctx, call.q, call.k, call.v, call.params, call.documents, call.stream, c));
   STRIA_RETURN_IF_ERROR(CheckLike(ctx, call.out, "out", c->q, "q", Role::kOutput, &c->out));
   return CheckLse(ctx, call.lse, "lse", c->shape, Role::kOutput, &c->lse);
 }
 
 Status ValidateBackward(Context& ctx, const BackwardCall& call, ValidatedCall* c) {
-  STRIA_RETURN_IF_ERROR(CheckQKV(ctx, call.q, call.k, call.v, call.params, call.stream, c));
+  STRIA_RETURN_IF_ERROR(CheckQKV(ctx, call.q, call.k, call.v, call.params, call.documents, call.stream, c));
   STRIA_RETURN_IF_ERROR(CheckLike(ctx, call.out, "out", c->q, "q", Role::kInput, &c->out));
   STRIA_RETURN_IF_ERROR(CheckLse(ctx, call.lse, "lse", c->shape, Role::kInput, &c->lse));
   STRIA_RETURN_IF_ERROR(CheckLike(ctx, call.dout, "dout", c->q, "q", Role::kInput, &c->dout));
@@ -150,6 +158,7 @@ Status AgreeOnCall(Context& ctx, RingOp op, const Status& local, const Validated
     // Ranks whose backends lay out K/V blocks differently (a CPU and a GPU rank, say) would
     // exchange messages of different sizes and meanings: agree on the format too.
     sig.kv_wire = static_cast<uint32_t>(ctx.backend().KVWireFor(c.shape, op == RingOp::kBackward).format);
+    sig.documents = c.documents.Hash();
   }
   std::vector<CallSignature> all(static_cast<size_t>(ctx.world_size()));
   const std::string what = Format("%s call #%llu", RingOpName(op), static_cast<unsigned long long>(*seq));

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "backend/backend.h"
+#include "layout/documents.h"
 #include "ring/ring.h"
 #include "ring/signature.h"
 
@@ -11,9 +12,14 @@ struct ValidatedCall {
   AttentionShape shape;
   stria_layout_t layout = STRIA_LAYOUT_STRIPED;
   bool causal = true;
+  Documents documents;  // the document mask (packed sequences), if any
   TensorView q, k, v, out, lse, dout, dq, dk, dv;
   void* stream = nullptr;
 };
+
+// The mask of rank q_rank's queries against rank k_rank's block in this call: the layout's, cut
+// by the call's documents (whose per-query bounds go into *bounds, which must outlive the mask).
+BlockMask MaskOfBlock(const ValidatedCall& c, int world_size, int q_rank, int k_rank, Documents::Bounds* bounds);
 
 Status ValidateForward(Context& ctx, const ForwardCall& call, ValidatedCall* out);
 Status ValidateBackward(Context& ctx, const BackwardCall& call, ValidatedCall* out);

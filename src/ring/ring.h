@@ -8,11 +8,19 @@
 
 namespace stria {
 
+// The document boundaries of a call of the _documents entry points (stria.h), unchecked.
+struct DocumentsArg {
+  bool given = false;  // false: the plain call, one document per batch row
+  const int64_t* cu_seqlens = nullptr;
+  int64_t num_seqs = 0;
+};
+
 struct ForwardCall {
   const stria_attention_params_t* params;
   const DLTensor *q, *k, *v;
   DLTensor *out, *lse;
   void* stream;
+  DocumentsArg documents{};
 };
 
 struct BackwardCall {
@@ -20,6 +28,7 @@ struct BackwardCall {
   const DLTensor *q, *k, *v, *out, *lse, *dout;
   DLTensor *dq, *dk, *dv;
   void* stream;
+  DocumentsArg documents{};
 };
 
 Status RingForward(Context& ctx, const ForwardCall& call);

@@ -44,6 +44,7 @@ Status RingBackward(Context& ctx, const BackwardCall& call) {
   pack_timer.ComputeEnd();
   const StepTime pack_time = pack_timer.Finish();
 
+  Documents::Bounds bounds;  // the document mask of the block at hand, if the call has one
   auto& times = ctx.step_times();
   times.assign(static_cast<size_t>(n), StepTime());
   RequestId dkv_send = 0;  // the partial sent at the previous step
@@ -64,7 +65,7 @@ Status RingBackward(Context& ctx, const BackwardCall& call) {
     StepTimer timer(be);
     timer.ComputeBegin();
     float* mine = static_cast<float*>(dkv[step % 2]);
-    const BlockMask mask = ClassifyBlock(c.layout, c.causal, n, s.L, r, holder);
+    const BlockMask mask = MaskOfBlock(c, n, r, holder, &bounds);
     st = be.BackwardBlock(kv[step % 2], mask, mine, step == 0);
     if (st.ok()) st = ctx.CheckNotAborted();
     if (!st.ok()) return ctx.Fail(st);

@@ -39,6 +39,7 @@ Status RingForward(Context& ctx, const ForwardCall& call) {
   pack_timer.ComputeEnd();
   const StepTime pack_time = pack_timer.Finish();
 
+  Documents::Bounds bounds;  // the document mask of the block at hand, if the call has one
   auto& times = ctx.step_times();
   times.assign(static_cast<size_t>(n), StepTime());
   for (int step = 0; step < n; ++step) {
@@ -55,7 +56,7 @@ Status RingForward(Context& ctx, const ForwardCall& call) {
     }
     StepTimer timer(be);
     timer.ComputeBegin();
-    const BlockMask mask = ClassifyBlock(c.layout, c.causal, n, s.L, r, holder);
+    const BlockMask mask = MaskOfBlock(c, n, r, holder, &bounds);
     if (!mask.empty()) {
       Status st = be.ForwardBlock(kv[step % 2], mask, step == 0);
       if (st.ok()) st = ctx.CheckNotAborted();

@@ -8,9 +8,10 @@
 
 namespace stria {
 
-// "STR3": the third form (the caller's tag; before it, a status in place of a valid flag), so that
-// a rank of an older stria in the ring is named as such instead of being misread.
-constexpr uint32_t kSignatureMagic = 0x53545233;
+// "STR4": the fourth form (the document mask's hash; before it the caller's tag, and a status in
+// place of a valid flag), so that a rank of an older stria in the ring is named as such instead of
+// being misread.
+constexpr uint32_t kSignatureMagic = 0x53545234;
 
 const char* RingOpName(RingOp op) {
   return op == RingOp::kForward ? "stria_attention_forward" : "stria_attention_backward";
@@ -34,18 +35,21 @@ void MarkFailed(const Status& why, CallSignature* sig) {
 static std::string Describe(const CallSignature& s) {
   return Format(
       "%s call #%llu (tag %#llx): %s %s, causal %d, scale %g, q [%lld, %lld, %lld, %lld], kv heads %lld, K/V blocks "
-      "as %s",
+      "as %s, %s",
       RingOpName(static_cast<RingOp>(s.op)), static_cast<unsigned long long>(s.seq),
       static_cast<unsigned long long>(s.tag), DTypeName(static_cast<DType>(s.dtype)),
       LayoutName(static_cast<stria_layout_t>(s.layout)), s.causal, static_cast<double>(s.scale), (long long)s.B,
       (long long)s.L, (long long)s.Hq, (long long)s.D, (long long)s.Hkv,
-      KVWireFormatName(static_cast<KVWireFormat>(s.kv_wire)));
+      KVWireFormatName(static_cast<KVWireFormat>(s.kv_wire)),
+      s.documents == 0
+          ? "no document mask"
+          : Format("document boundaries hashed %#llx", static_cast<unsigned long long>(s.documents)).c_str());
 }
 
 static bool SameButTag(const CallSignature& a, const CallSignature& b) {
   return a.op == b.op && a.seq == b.seq && a.layout == b.layout && a.causal == b.causal && a.scale == b.scale &&
          a.dtype == b.dtype && a.B == b.B && a.L == b.L && a.Hq == b.Hq && a.Hkv == b.Hkv && a.D == b.D &&
-         a.kv_wire == b.kv_wire;
+         a.kv_wire == b.kv_wire && a.documents == b.documents;
 }
 
 static bool Same(const CallSignature& a, const CallSignature& b) {

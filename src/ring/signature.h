@@ -25,7 +25,8 @@ struct CallSignature {
   int32_t dtype;
   uint32_t kv_wire;  // KVWireFormat of the rank's backend for this call
   int64_t B, L, Hq, Hkv, D;
-  char reason[104];
+  uint64_t documents;  // Documents::Hash of the call's document mask (0: none)
+  char reason[96];
 };
 static_assert(sizeof(CallSignature) == 192, "the signature is exchanged as raw bytes");
 

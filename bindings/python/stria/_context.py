@@ -394,6 +394,7 @@ class Context:
         layout: LayoutLike = Layout.STRIPED,
         causal: bool = True,
         softmax_scale: float | None = None,
+        cu_seqlens: Any = None,
         stream: int | None = None,
         call_tag: int = 0,
     ) -> tuple[Any, Any]:
@@ -408,6 +409,7 @@ class Context:
             layout=layout,
             causal=causal,
             softmax_scale=softmax_scale,
+            cu_seqlens=cu_seqlens,
             stream=stream,
             call_tag=call_tag,
         )
@@ -427,6 +429,7 @@ class Context:
         layout: LayoutLike = Layout.STRIPED,
         causal: bool = True,
         softmax_scale: float | None = None,
+        cu_seqlens: Any = None,
         stream: int | None = None,
         call_tag: int = 0,
     ) -> tuple[Any, Any, Any]:
@@ -445,6 +448,7 @@ class Context:
             layout=layout,
             causal=causal,
             softmax_scale=softmax_scale,
+            cu_seqlens=cu_seqlens,
             stream=stream,
             call_tag=call_tag,
         )

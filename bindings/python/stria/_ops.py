@@ -39,6 +39,40 @@ def attention_params(
     return params
 
 
+def document_boundaries(cu_seqlens: Any, batch: int, func: str = "attention_forward") -> np.ndarray:
+    """cu_seqlens as the library reads it: a C-contiguous int64 array of ``batch`` rows.
+
+    cu_seqlens holds the global positions where documents start, and the sequence length last:
+    ``[0, s1, s2, ..., S]`` for every batch row (a 1-D sequence), or one such row per batch row
+    (2-D, ``[B, n + 1]``; rows with fewer documents repeat S). Anything ``np.asarray`` reads,
+    or a torch tensor (copied to the host). Integer values only.
+    """
+    if hasattr(cu_seqlens, "detach") and hasattr(cu_seqlens, "cpu"):  # a torch tensor, on any device
+        cu_seqlens = cu_seqlens.detach().cpu().numpy()
+    arr = np.asarray(cu_seqlens)
+    if arr.dtype.kind not in "iu" or arr.dtype == np.uint64:
+        raise TypeError(f"{func}(): cu_seqlens must hold integers (int64 positions), not {arr.dtype}")
+    if arr.ndim == 1:
+        arr = np.broadcast_to(arr, (batch, arr.shape[0]))
+    if arr.ndim != 2 or arr.shape[0] != batch or arr.shape[1] < 2:
+        raise ValueError(
+            f"{func}(): cu_seqlens must be [n + 1] or [B, n + 1] document boundaries with n >= 1 and B = {batch} "
+            f"(q's batch), not of shape {tuple(np.shape(cu_seqlens))}"
+        )
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def _documents_for(cu_seqlens: Any, q: Tensor, func: str) -> np.ndarray | None:
+    """cu_seqlens as document_boundaries gives it for q's batch; None without documents, or for a
+    q the library will reject anyway (it names the problem)."""
+    if cu_seqlens is None:
+        return None
+    shape = shape_of(q, func, "q")
+    if len(shape) != 4:
+        return np.ascontiguousarray(np.atleast_2d(np.asarray(cu_seqlens)), dtype=np.int64)
+    return document_boundaries(cu_seqlens, shape[0], func)
+
+
 def _set_call_tag(handle: Any, call_tag: int, func: str) -> None:
     """Tags the next call on the context (stria_context_set_call_tag); 0 leaves it untagged.
 
@@ -77,6 +111,7 @@ def attention_forward(
     layout: LayoutLike = Layout.STRIPED,
     causal: bool = True,
     softmax_scale: float | None = None,
+    cu_seqlens: Any = None,
     stream: int | None = None,
     call_tag: int = 0,
 ) -> tuple[Tensor, Tensor]:
@@ -94,6 +129,11 @@ def attention_forward(
     whose calls pair up with different tags all raise InvalidArgumentError instead of exchanging
     blocks of different calls. For callers that may make independent calls in different orders
     on different ranks.
+
+    cu_seqlens (optional) packs several documents into the sequence: a query then sees only the
+    keys of its own document. Global positions ``[0, s1, ..., S]`` (S = L * world size), the same
+    on every rank, for every batch row or one row per batch row (see document_boundaries). CPU
+    contexts only so far.
     """
     if out is None:
         out = empty_like(q, shape_of(q, "attention_forward", "q"), name="q")
@@ -103,9 +143,13 @@ def attention_forward(
         stream = default_stream(q)
     handle = _handle(ctx, "attention_forward")
     params = attention_params(layout, causal, softmax_scale)
+    docs = _documents_for(cu_seqlens, q, "attention_forward")
     tensors = [for_dlpack(x) for x in (q, k, v, out, lse)]
     _set_call_tag(handle, call_tag, "attention_forward")  # last, so that little can fail in between
-    capi.stria_attention_forward(handle, params, *tensors, stream)
+    if docs is None:
+        capi.stria_attention_forward(handle, params, *tensors, stream)
+    else:
+        capi.stria_attention_forward_documents(handle, params, docs, *tensors, stream)
     return out, lse
 
 
@@ -124,13 +168,14 @@ def attention_backward(
     layout: LayoutLike = Layout.STRIPED,
     causal: bool = True,
     softmax_scale: float | None = None,
+    cu_seqlens: Any = None,
     stream: int | None = None,
     call_tag: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of attention_forward: returns ``(dq, dk, dv)`` for this rank's q, k, v.
 
     out and lse are the forward's; dout is the gradient of out. A collective like the forward,
-    with the same parameters (call_tag as there).
+    with the same parameters (call_tag and cu_seqlens as there).
     """
     if dq is None:
         dq = empty_like(q, shape_of(q, "attention_backward", "q"), name="q")
@@ -142,9 +187,13 @@ def attention_backward(
         stream = default_stream(q)
     handle = _handle(ctx, "attention_backward")
     params = attention_params(layout, causal, softmax_scale)
+    docs = _documents_for(cu_seqlens, q, "attention_backward")
     tensors = [for_dlpack(x) for x in (q, k, v, out, lse, dout, dq, dk, dv)]
     _set_call_tag(handle, call_tag, "attention_backward")  # last, as in attention_forward
-    capi.stria_attention_backward(handle, params, *tensors, stream)
+    if docs is None:
+        capi.stria_attention_backward(handle, params, *tensors, stream)
+    else:
+        capi.stria_attention_backward_documents(handle, params, docs, *tensors, stream)
     return dq, dk, dv
 
 

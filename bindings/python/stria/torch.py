@@ -31,8 +31,9 @@ made for a context that has since closed raises instead of touching it.
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, Optional
 
+import numpy as np
 import torch
 
 from . import _ops, capi
@@ -54,11 +55,23 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 or x.size(-1) == 1 else x.contiguous()
 
 
-def _op_args(func: str, context: Any, layout: LayoutLike, causal: bool, softmax_scale: float | None) -> tuple:
-    """The operators' arguments after their tensors: the context's key and the parameters."""
+def _op_args(
+    func: str, context: Any, layout: LayoutLike, causal: bool, softmax_scale: float | None, cu_seqlens: Any = None
+) -> tuple:
+    """The operators' arguments after their tensors: the context's key, the parameters and the
+    document boundaries (an int64 CPU tensor, or None)."""
     if not isinstance(context, Context):
         raise TypeError(f"{func}(): argument 'context' must be a stria.Context, not {type(context).__name__}")
-    return (context._key, int(Layout.of(layout)), bool(causal), 0.0 if softmax_scale is None else float(softmax_scale))
+    if cu_seqlens is not None:
+        # As an int64 CPU tensor, which the operators' schema takes; its shape is checked against
+        # q's batch when the operator runs (stria.document_boundaries).
+        if not isinstance(cu_seqlens, torch.Tensor):
+            cu_seqlens = torch.as_tensor(np.asarray(cu_seqlens))
+        if cu_seqlens.is_floating_point() or cu_seqlens.is_complex() or cu_seqlens.dtype == torch.bool:
+            raise TypeError(f"{func}(): cu_seqlens must hold integers (int64 positions), not {cu_seqlens.dtype}")
+        cu_seqlens = cu_seqlens.detach().to(device="cpu", dtype=torch.int64)
+    scale = 0.0 if softmax_scale is None else float(softmax_scale)
+    return (context._key, int(Layout.of(layout)), bool(causal), scale, cu_seqlens)
 
 
 def _custom_op(name: str) -> Any:
@@ -84,15 +97,24 @@ def _lse_shape(q: torch.Tensor, func: str) -> tuple[int, int, int]:
 
 @_custom_op("attention_forward")
 def _forward_op(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: int, layout: int, causal: bool, softmax_scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    context: int,
+    layout: int,
+    causal: bool,
+    softmax_scale: float,
+    cu_seqlens: Optional[torch.Tensor] = None,  # noqa: UP045 - torch's schema inference reads Optional
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """stria_attention_forward on the context of key `context`: (out, lse), new and compact.
-    softmax_scale 0 is 1/sqrt(D)."""
+    softmax_scale 0 is 1/sqrt(D); cu_seqlens: the document boundaries (int64, CPU) or None."""
     ctx = context_of_key(context, "stria.torch attention_forward")
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))  # as a compiled graph may lay them out
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(_lse_shape(q, "attention_forward"), dtype=torch.float32, device=q.device)
-    _ops.attention_forward(ctx, q, k, v, out, lse, layout=layout, causal=causal, softmax_scale=softmax_scale)
+    _ops.attention_forward(
+        ctx, q, k, v, out, lse, layout=layout, causal=causal, softmax_scale=softmax_scale, cu_seqlens=cu_seqlens
+    )
     return out, lse
 
 
@@ -108,13 +130,27 @@ def _backward_op(
     layout: int,
     causal: bool,
     softmax_scale: float,
+    cu_seqlens: Optional[torch.Tensor] = None,  # noqa: UP045 - as in _forward_op
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """stria_attention_backward on the context of key `context`: (dq, dk, dv), new and compact."""
     ctx = context_of_key(context, "stria.torch attention_backward")
     q, k, v, out, dout = (_last_dim_contiguous(x) for x in (q, k, v, out, dout))
     dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
     _ops.attention_backward(
-        ctx, q, k, v, out, lse, dout, dq, dk, dv, layout=layout, causal=causal, softmax_scale=softmax_scale
+        ctx,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        dout,
+        dq,
+        dk,
+        dv,
+        layout=layout,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        cu_seqlens=cu_seqlens,
     )
     return dq, dk, dv
 
@@ -124,12 +160,12 @@ if hasattr(_forward_op, "register_fake"):
     # operators make them (compact).
 
     @_forward_op.register_fake
-    def _forward_fake(q, k, v, context, layout, causal, softmax_scale):  # noqa: ANN001, ANN202
+    def _forward_fake(q, k, v, context, layout, causal, softmax_scale, cu_seqlens=None):  # noqa: ANN001, ANN202
         lse = q.new_empty(_lse_shape(q, "attention_forward"), dtype=torch.float32)
         return q.new_empty(q.shape), lse
 
     @_backward_op.register_fake
-    def _backward_fake(q, k, v, out, lse, dout, context, layout, causal, softmax_scale):  # noqa: ANN001, ANN202
+    def _backward_fake(q, k, v, out, lse, dout, context, layout, causal, softmax_scale, cu_seqlens=None):  # noqa: ANN001, ANN202
         return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -166,7 +202,7 @@ def _guard_second_order(grads: tuple[torch.Tensor, ...], *sources: torch.Tensor)
 class RingAttentionFunction(torch.autograd.Function):
     """Exact attention over the sharded sequence; forward and backward are stria collectives.
 
-    apply(q, k, v, context, layout, causal, softmax_scale) -> out, in stria's [B, L, H, D].
+    apply(q, k, v, context, layout, causal, softmax_scale, cu_seqlens=None) -> out, in stria's [B, L, H, D].
     """
 
     @staticmethod
@@ -179,9 +215,10 @@ class RingAttentionFunction(torch.autograd.Function):
         layout: LayoutLike,
         causal: bool,
         softmax_scale: float | None,
+        cu_seqlens: Any = None,
     ) -> torch.Tensor:
         q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
-        args = _op_args("RingAttentionFunction", context, layout, causal, softmax_scale)
+        args = _op_args("RingAttentionFunction", context, layout, causal, softmax_scale, cu_seqlens)
         out, lse = _forward_op(q, k, v, *args)
         fctx.save_for_backward(q, k, v, out, lse)
         fctx.stria_args = args
@@ -190,7 +227,7 @@ class RingAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(fctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        return (*_gradients(*fctx.saved_tensors, dout, fctx.stria_args), None, None, None, None)
+        return (*_gradients(*fctx.saved_tensors, dout, fctx.stria_args), None, None, None, None, None)
 
 
 def _gradients(q, k, v, out, lse, dout, args) -> tuple[torch.Tensor, ...]:  # noqa: ANN001
@@ -215,7 +252,7 @@ def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
 
 
 def _op_backward(ctx: Any, dout: torch.Tensor, dlse: Any) -> tuple[torch.Tensor | None, ...]:
-    return (*_gradients(*ctx.saved_tensors, dout, ctx.stria_args), None, None, None, None)
+    return (*_gradients(*ctx.saved_tensors, dout, ctx.stria_args), None, None, None, None, None)
 
 
 # torch.compile traces through an operator's registered autograd; it refuses an
@@ -254,18 +291,23 @@ def ring_attention(
     layout: LayoutLike = Layout.STRIPED,
     causal: bool = True,
     softmax_scale: float | None = None,
+    cu_seqlens: Any = None,
 ) -> torch.Tensor:
     """Attention of this rank's q ``[B, L, Hq, D]`` over the whole sequence's k, v
     ``[B, L, Hkv, D]`` (each rank holds its L tokens in `layout`); returns ``[B, L, Hq, D]``.
     softmax_scale None (or 0, as in the C ABI) is 1/sqrt(D); causal masks on global positions.
-    Under torch.autocast, floating-point q, k and v are cast to the autocast dtype first, as
-    torch's own attention is."""
+    cu_seqlens: packed documents, ``[0, s1, ..., S]`` in global positions (per batch row, or one
+    row for all), the same on every rank; a query sees only its own document (see
+    stria.document_boundaries). Under torch.autocast, floating-point q, k and v are cast to the
+    autocast dtype first, as torch's own attention is."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_tensor("ring_attention", name, x)
     q, k, v = _autocast(q, k, v)
     if not _HAS_OP_AUTOGRAD:
-        return RingAttentionFunction.apply(q, k, v, context, Layout.of(layout), bool(causal), softmax_scale)
-    args = _op_args("ring_attention", context, layout, causal, softmax_scale)
+        return RingAttentionFunction.apply(
+            q, k, v, context, Layout.of(layout), bool(causal), softmax_scale, cu_seqlens
+        )
+    args = _op_args("ring_attention", context, layout, causal, softmax_scale, cu_seqlens)
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
     return _forward_op(q, k, v, *args)[0]
 
@@ -282,6 +324,7 @@ def scaled_dot_product_attention(
     *,
     context: Context,
     layout: LayoutLike = Layout.STRIPED,
+    cu_seqlens: Any = None,
 ) -> torch.Tensor:
     """torch.nn.functional.scaled_dot_product_attention over a sequence sharded across the ranks
     of `context`: query ``[B, Hq, L, D]``, key/value ``[B, Hkv, L, D]`` hold this rank's L tokens
@@ -294,6 +337,8 @@ def scaled_dot_product_attention(
     scale: None is 1/sqrt(D), as in torch; otherwise it must be positive. A zero or negative
     scale, which torch takes literally, raises ValueError rather than computing something else:
     stria's C ABI reserves 0 for its default 1/sqrt(D) and takes only positive scales.
+
+    cu_seqlens: packed documents, as in ring_attention.
     """
     for name, x in (("query", query), ("key", key), ("value", value)):
         _check_tensor("scaled_dot_product_attention", name, x)
@@ -331,6 +376,7 @@ def scaled_dot_product_attention(
         layout=layout,
         causal=is_causal,
         softmax_scale=scale,
+        cu_seqlens=cu_seqlens,
     )
     return out.transpose(1, 2)
 

@@ -22,21 +22,34 @@ def positions_ref(layout: str, seq_len: int, world_size: int, rank: int) -> np.n
     raise ValueError(layout)
 
 
-def _scores(q: np.ndarray, k: np.ndarray, causal: bool, scale: float) -> np.ndarray:
-    """Masked scaled scores [B, H, S, S] (q: [B, S, Hq, D], k: [B, S, Hkv, D], GQA by repeat)."""
+def document_ids(cu_seqlens, batch: int, seq: int) -> np.ndarray:
+    """[B, S]: the document of each position, from boundaries [0, s1, ..., S] (one row for every
+    batch row, or a row each)."""
+    cu = np.broadcast_to(np.asarray(cu_seqlens, dtype=np.int64), (batch, np.shape(cu_seqlens)[-1]))
+    pos = np.arange(seq)
+    return np.stack([np.searchsorted(row, pos, side="right") - 1 for row in cu])
+
+
+def _scores(q: np.ndarray, k: np.ndarray, causal: bool, scale: float, cu_seqlens=None) -> np.ndarray:
+    """Masked scaled scores [B, H, S, S] (q: [B, S, Hq, D], k: [B, S, Hkv, D], GQA by repeat);
+    with cu_seqlens, a query sees only keys of its own document."""
     group = q.shape[2] // k.shape[2]
     kk = np.repeat(k, group, axis=2)
     s = np.einsum("bihd,bjhd->bhij", q, kk) * scale
+    seq = q.shape[1]
     if causal:
-        seq = q.shape[1]
         s = np.where(np.tril(np.ones((seq, seq), dtype=bool)), s, -np.inf)
+    if cu_seqlens is not None:
+        doc = document_ids(cu_seqlens, q.shape[0], seq)
+        same = doc[:, None, :, None] == doc[:, None, None, :]
+        s = np.where(same, s, -np.inf)
     return s
 
 
-def attention_ref(q, k, v, causal: bool, scale: float) -> tuple[np.ndarray, np.ndarray]:
+def attention_ref(q, k, v, causal: bool, scale: float, cu_seqlens=None) -> tuple[np.ndarray, np.ndarray]:
     """out [B, S, Hq, D] and lse [B, Hq, S] of softmax(scale * q k^T + mask) v, in float64."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
-    s = _scores(q, k, causal, scale)
+    s = _scores(q, k, causal, scale, cu_seqlens)
     m = s.max(axis=-1, keepdims=True)
     p = np.exp(s - m)
     denom = p.sum(axis=-1, keepdims=True)
@@ -47,12 +60,12 @@ def attention_ref(q, k, v, causal: bool, scale: float) -> tuple[np.ndarray, np.n
     return out, lse
 
 
-def attention_backward_ref(q, k, v, dout, causal: bool, scale: float):
+def attention_backward_ref(q, k, v, dout, causal: bool, scale: float, cu_seqlens=None):
     """dq, dk, dv of attention_ref for the output gradient dout, in float64."""
     q, k, v, dout = (np.asarray(x, dtype=np.float64) for x in (q, k, v, dout))
     group = q.shape[2] // k.shape[2]
     kk, vv = np.repeat(k, group, axis=2), np.repeat(v, group, axis=2)
-    s = _scores(q, k, causal, scale)
+    s = _scores(q, k, causal, scale, cu_seqlens)
     p = np.exp(s - s.max(axis=-1, keepdims=True))
     p /= p.sum(axis=-1, keepdims=True)
     dp = np.einsum("bihd,bjhd->bhij", dout, vv)

@@ -13,7 +13,7 @@ from reference import LAYOUTS, TOLERANCE, attention_backward_ref, attention_ref,
 B, S, D = 2, 24, 16  # S divisible by 2N for N = 1..4, as zigzag needs
 
 
-def run_ring(n, layout, causal, q, k, v, dout, scale=None):
+def run_ring(n, layout, causal, q, k, v, dout, scale=None, cu_seqlens=None):
     """Runs forward and backward on a local group of n ranks (one thread each) with NaN-poisoned
     outputs; returns the full-sequence out, lse, dq, dk, dv assembled by global position."""
     seq = q.shape[1]
@@ -24,12 +24,13 @@ def run_ring(n, layout, causal, q, k, v, dout, scale=None):
         out = np.full_like(ql, np.nan)
         lse = np.full((ql.shape[0], ql.shape[2], ql.shape[1]), np.nan, dtype=np.float32)
         got_out, got_lse = ctx.attention_forward(
-            ql, kl, vl, out, lse, layout=layout, causal=causal, softmax_scale=scale
+            ql, kl, vl, out, lse, layout=layout, causal=causal, softmax_scale=scale, cu_seqlens=cu_seqlens
         )
         assert got_out is out and got_lse is lse
         dq, dk, dv = np.full_like(ql, np.nan), np.full_like(kl, np.nan), np.full_like(vl, np.nan)
         got = ctx.attention_backward(
-            ql, kl, vl, out, lse, dl, dq, dk, dv, layout=layout, causal=causal, softmax_scale=scale
+            ql, kl, vl, out, lse, dl, dq, dk, dv, layout=layout, causal=causal, softmax_scale=scale,
+            cu_seqlens=cu_seqlens,
         )
         assert all(a is b for a, b in zip(got, (dq, dk, dv)))
         return pos, out, lse, dq, dk, dv
@@ -45,12 +46,12 @@ def run_ring(n, layout, causal, q, k, v, dout, scale=None):
     return full[0], lse_full, full[1], full[2], full[3]
 
 
-def check_against_reference(n, layout, causal, hq, hkv, dtype, rng, scale=None):
+def check_against_reference(n, layout, causal, hq, hkv, dtype, rng, scale=None, cu_seqlens=None):
     q, k, v, dout = (rng.standard_normal((B, S, h, D)).astype(dtype) for h in (hq, hkv, hkv, hq))
     ref_scale = 1.0 / np.sqrt(D) if scale is None else scale
-    ref_out, ref_lse = attention_ref(q, k, v, causal, ref_scale)
-    ref_grads = attention_backward_ref(q, k, v, dout, causal, ref_scale)
-    out, lse, *grads = run_ring(n, layout, causal, q, k, v, dout, scale)
+    ref_out, ref_lse = attention_ref(q, k, v, causal, ref_scale, cu_seqlens)
+    ref_grads = attention_backward_ref(q, k, v, dout, causal, ref_scale, cu_seqlens)
+    out, lse, *grads = run_ring(n, layout, causal, q, k, v, dout, scale, cu_seqlens)
     tol = TOLERANCE[np.dtype(dtype).name]
     errors = {"out": rel_err(out, ref_out), "lse": rel_err(lse, ref_lse)}
     errors.update({name: rel_err(g, r) for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads)})
@@ -71,6 +72,43 @@ def test_float32_matches_reference(n, layout, causal, heads, rng):
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 def test_float16_matches_reference(n, layout, causal, rng):
     check_against_reference(n, layout, causal, 4, 2, np.float16, rng)
+
+
+# Packed documents: the same boundaries for both batch rows, and a row each (the second with
+# fewer documents, padded by repeating S, one of them empty).
+DOCUMENTS = {"shared": [0, 5, 13, 24], "per_row": [[0, 7, 7, 20, 24], [0, 11, 24, 24, 24]]}
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("docs", list(DOCUMENTS), ids=list(DOCUMENTS))
+def test_documents_match_reference(n, layout, causal, docs, rng):
+    check_against_reference(n, layout, causal, 4, 2, np.float32, rng, cu_seqlens=DOCUMENTS[docs])
+
+
+def test_documents_float16_and_numpy_boundaries(rng):
+    check_against_reference(3, "striped", True, 2, 1, np.float16, rng, cu_seqlens=np.array([0, 9, 24], np.int32))
+
+
+@pytest.mark.parametrize(
+    ("cu_seqlens", "error", "needle"),
+    [
+        ([0.0, 24.0], TypeError, "integers"),
+        ([[0, 24]], ValueError, "B = 2"),
+        ([[[0, 24]]], ValueError, "shape"),
+        ([24], ValueError, "n >= 1"),
+        ([0, 12], stria.InvalidArgumentError, "sequence length"),
+        ([0, 13, 12, 24], stria.InvalidArgumentError, "decreases"),
+    ],
+)
+def test_bad_documents_raise(cu_seqlens, error, needle):
+    q = np.zeros((B, S, 2, D), np.float32)
+    with stria.local_group(1, timeout_s=TIMEOUT_S) as group:
+        ctx = group[0]
+        with pytest.raises(error, match=needle):
+            ctx.attention_forward(q, q, q, cu_seqlens=cu_seqlens)
+        ctx.attention_forward(q, q, q, cu_seqlens=[0, 1, 24])  # still usable
 
 
 def test_explicit_softmax_scale(rng):

@@ -70,6 +70,50 @@ def test_autograd_matches_reference(n, layout, causal, dtype):
     assert all(r[1].dtype == DTYPES[dtype] and r[2].dtype == DTYPES[dtype] for r in results)
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_documents_autograd_matches_reference(n, layout, dtype):
+    """Packed documents, a row each (a torch tensor), the second row padded with an empty one."""
+    cu_seqlens = torch.tensor([[0, 7, 16, 24], [0, 11, 24, 24]])
+    gen = torch.Generator().manual_seed(n * 10 + len(layout))
+    q, k, v, dout = (torch.randn(B, S, h, D, generator=gen).to(DTYPES[dtype]) for h in (4, 2, 2, 4))
+
+    def rank_fn(ctx):
+        pos = torch.from_numpy(positions_ref(layout, S, n, ctx.rank))
+        ql, kl, vl = (x[:, pos].clone().requires_grad_() for x in (q, k, v))
+        out = stria_torch.ring_attention(ql, kl, vl, ctx, layout=layout, cu_seqlens=cu_seqlens)
+        out.backward(dout[:, pos])
+        return pos.numpy(), out, ql.grad, kl.grad, vl.grad
+
+    with stria.local_group(n, timeout_s=TIMEOUT_S) as group:
+        results = group.run(rank_fn)
+    got = [assemble([(r[0], r[i]) for r in results], S, 1) for i in range(1, 5)]
+    scale = 1.0 / math.sqrt(D)
+    docs = cu_seqlens.numpy()
+    ref = [
+        attention_ref(as_f64(q), as_f64(k), as_f64(v), True, scale, docs)[0],
+        *attention_backward_ref(as_f64(q), as_f64(k), as_f64(v), as_f64(dout), True, scale, docs),
+    ]
+    errors = {name: rel_err(g, r) for name, g, r in zip(("out", "dq", "dk", "dv"), got, ref)}
+    assert all(e < TOLERANCE[dtype] for e in errors.values()), errors
+
+
+def test_documents_are_integers_of_q_s_batch():
+    q = torch.zeros(B, S, 2, D)
+    with stria.Context(timeout_s=TIMEOUT_S) as ctx:
+        with pytest.raises(TypeError, match="integers"):
+            stria_torch.ring_attention(q, q, q, ctx, cu_seqlens=torch.tensor([0.0, 24.0]))
+        with pytest.raises(ValueError, match="B = 2"):
+            stria_torch.ring_attention(q, q, q, ctx, cu_seqlens=[[0, 24]] * 3)
+        with pytest.raises(stria.InvalidArgumentError, match="sequence length"):
+            stria_torch.ring_attention(q, q, q, ctx, cu_seqlens=[0, 12])
+        out = stria_torch.scaled_dot_product_attention(
+            q.transpose(1, 2), q.transpose(1, 2), q.transpose(1, 2), is_causal=True, context=ctx, cu_seqlens=[0, 5, 24]
+        )
+        assert out.shape == (B, 2, S, D)
+
+
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_preallocated_outputs_are_written_in_place(dtype):
     """The torch tensors passed as outputs (NaN-poisoned) are the ones written and returned."""

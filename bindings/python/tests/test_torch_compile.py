@@ -45,6 +45,34 @@ def test_opcheck_holds_the_operators_to_torch_s_rules():
         torch.library.opcheck(torch.ops.stria.attention_backward.default, (q, k, v, out, lse, dout, *args))
 
 
+def test_opcheck_with_documents():
+    q, k, v, _ = inputs(3)
+    with stria.Context(timeout_s=TIMEOUT_S) as ctx:
+        args = (ctx._key, int(stria.Layout.STRIPED), True, 0.0, torch.tensor([0, 9, 24]))
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        torch.library.opcheck(torch.ops.stria.attention_forward.default, (*leaves, *args))
+        out, lse = torch.ops.stria.attention_forward(q, k, v, *args)
+        torch.library.opcheck(torch.ops.stria.attention_backward.default, (q, k, v, out, lse, torch.randn_like(out), *args))
+
+
+def test_fullgraph_compile_with_documents_matches_the_reference():
+    q, k, v, w = inputs(4)
+    q.requires_grad_()
+    cu_seqlens = torch.tensor([[0, 10, 24], [0, 3, 24]])
+    with stria.Context(timeout_s=TIMEOUT_S) as ctx:
+
+        def loss(q):
+            out = stria_torch.ring_attention(q, k, v, ctx, causal=False, cu_seqlens=cu_seqlens)
+            return (out * w).sum(), out
+
+        value, out = torch.compile(loss, fullgraph=True)(q)
+        (dq,) = torch.autograd.grad(value, (q,))
+    scale = 1 / np.sqrt(D)
+    docs = cu_seqlens.numpy()
+    assert rel_err(f64(out), attention_ref(f64(q), f64(k), f64(v), False, scale, docs)[0]) < 1e-5
+    assert rel_err(f64(dq), attention_backward_ref(f64(q), f64(k), f64(v), f64(w), False, scale, docs)[0]) < 1e-5
+
+
 def test_operators_stay_out_of_cuda_graphs():
     """A collective waits on the host for its peers: a CUDA graph's replay would skip that."""
     if not hasattr(torch.Tag, "cudagraph_unsafe"):

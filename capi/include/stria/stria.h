@@ -158,6 +158,26 @@ STRIA_API stria_status_t stria_attention_backward(stria_context_t ctx, const str
                                                   const DLTensor* out, const DLTensor* lse, const DLTensor* dout,
                                                   DLTensor* dq, DLTensor* dk, DLTensor* dv, void* stream);
 
+/* Extension: document masks for packed sequences. The same calls as stria_attention_forward and
+ * stria_attention_backward, for a sequence that packs several documents: a query sees only the
+ * keys of its own document (when causal, those at or before it). cu_seqlens holds B rows of
+ * num_seqs + 1 global positions in host memory, the same on every rank: batch row b packs the
+ * documents [cu_seqlens[b*(num_seqs+1) + d], cu_seqlens[b*(num_seqs+1) + d + 1]), d < num_seqs.
+ * Each row starts at 0, never decreases (a row with fewer documents repeats its end) and ends at
+ * the global sequence length S = L * world_size; num_seqs >= 1 (1: one document, the plain call).
+ * Read during the call only. The backward takes the forward's boundaries. CPU contexts; CUDA
+ * contexts answer STRIA_ERROR_UNSUPPORTED. */
+STRIA_API stria_status_t stria_attention_forward_documents(stria_context_t ctx, const stria_attention_params_t* params,
+                                                           const int64_t* cu_seqlens, int64_t num_seqs,
+                                                           const DLTensor* q, const DLTensor* k, const DLTensor* v,
+                                                           DLTensor* out, DLTensor* lse, void* stream);
+STRIA_API stria_status_t stria_attention_backward_documents(stria_context_t ctx, const stria_attention_params_t* params,
+                                                            const int64_t* cu_seqlens, int64_t num_seqs,
+                                                            const DLTensor* q, const DLTensor* k, const DLTensor* v,
+                                                            const DLTensor* out, const DLTensor* lse,
+                                                            const DLTensor* dout, DLTensor* dq, DLTensor* dk,
+                                                            DLTensor* dv, void* stream);
+
 /* Extension: tags this context's next stria_attention_forward or stria_attention_backward, which
  * consumes the tag whatever its outcome (an untagged call has tag 0). The ranks' calls pair up in
  * the order each rank makes them, and calls whose signatures match (same operation, shapes and

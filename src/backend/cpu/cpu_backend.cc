@@ -186,6 +186,7 @@ class CpuBackend final : public Backend {
 
   Status ForwardBlock(const void* kv_wire, const BlockMask& mask, bool local) override {
     const BlockOperands blk = BlockFor(kv_wire, local);
+    SetBatchMasks(mask);
     const int64_t nqt = ps_.Lqp / kBlockQ;
     const int64_t heads = s_.B * s_.Hq;
     const int64_t group = s_.Hq / s_.Hkv;
@@ -195,7 +196,7 @@ class CpuBackend final : public Backend {
       a->m = m_.f32() + bh * ps_.Lqp;
       a->l = l_.f32() + bh * ps_.Lqp;
       a->shape = &ps_;
-      a->mask = &mask;
+      a->mask = &batch_masks_[static_cast<size_t>(bh / s_.Hq)];
       a->scratch = scratch_.f32() + tid * scratch_floats_;
     };
     if (bf16_tiles_) {
@@ -315,6 +316,7 @@ class CpuBackend final : public Backend {
       return Status::Ok();
     }
     const BlockOperands blk = BlockFor(kv_wire, local);
+    SetBatchMasks(mask);
     const int64_t group = s_.Hq / s_.Hkv;
     const int64_t rows = s_.B * s_.Hq * ps_.Lqp;
     const int64_t nkt = ps_.Lkp / kBlockK;
@@ -338,7 +340,7 @@ class CpuBackend final : public Backend {
         a->kt_end = nkt;
         a->kt_stride = chunks_;
         a->shape = &ps_;
-        a->mask = &mask;
+        a->mask = &batch_masks_[static_cast<size_t>(b)];
         a->scratch = scratch_.f32() + tid * scratch_floats_;
       };
       if (bf16_tiles_) {
@@ -408,6 +410,12 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // The block's mask for each batch row (their document bounds differ).
+  void SetBatchMasks(const BlockMask& mask) {
+    batch_masks_.resize(static_cast<size_t>(s_.B));
+    for (int64_t b = 0; b < s_.B; ++b) batch_masks_[static_cast<size_t>(b)] = mask.ForBatch(b);
+  }
+
   Status SetShape(const AttentionShape& s) {
     s_ = s;
     ps_.B = s.B;
@@ -649,6 +657,7 @@ class CpuBackend final : public Backend {
   ThreadPool pool_;
   const cpu::KernelTable& kern_;
   AttentionShape s_;
+  std::vector<BlockMask> batch_masks_;  // SetBatchMasks
   cpu::PackedShape ps_{};
   int64_t chunks_ = 1;
   int64_t scratch_floats_ = 0;

@@ -189,6 +189,10 @@ class CudaBackend final : public Backend {
                    "head dim %lld is not supported by the CUDA backend (supported: 1..%d; the tensor-core kernels "
                    "take 64 and 128 in float16/bfloat16, the others run on CUDA cores)",
                    static_cast<long long>(s.D), cuda::kMaxHeadDim);
+    if (s.documents)
+      return Error(STRIA_ERROR_UNSUPPORTED,
+                   "document masks (params->cu_seqlens) run on CPU contexts only so far: the CUDA kernels' tile mask "
+                   "has no per-query document bounds yet");
     if (s.B * s.Hq > 65535)
       return Error(STRIA_ERROR_UNSUPPORTED, "B*Hq = %lld exceeds the CUDA backend's 65535 (batch x heads per launch)",
                    static_cast<long long>(s.B * s.Hq));
@@ -270,6 +274,8 @@ class CudaBackend final : public Backend {
   }
 
   Status ForwardBlock(const void* kv_wire, const BlockMask& mask, bool /*local*/) override {
+    if (mask.doc_lo != nullptr)  // CheckSupported refused the call: never computed without its documents
+      return Error(STRIA_ERROR_INTERNAL, "a document mask reached the CUDA backend");
     DeviceScope scope(device_);
     STRIA_RETURN_IF_ERROR(scope.status());
     cuda::FwdParams p{};
@@ -315,6 +321,8 @@ class CudaBackend final : public Backend {
   }
 
   Status BackwardBlock(const void* kv_wire, const BlockMask& mask, float* dkv, bool /*local*/) override {
+    if (mask.doc_lo != nullptr)  // CheckSupported refused the call: never computed without its documents
+      return Error(STRIA_ERROR_INTERNAL, "a document mask reached the CUDA backend");
     DeviceScope scope(device_);
     STRIA_RETURN_IF_ERROR(scope.status());
     const size_t per = static_cast<size_t>(s_.B * s_.L * s_.Hkv * s_.D);

@@ -322,6 +322,30 @@ function stria_attention_backward(ctx, params, q, k, v, out, lse, dout, dq, dk, 
           ctx, params, q, k, v, out, lse, dout, dq, dk, dv, stream)
 end
 
+# Extension: document masks for packed sequences. The same calls as stria_attention_forward and
+# stria_attention_backward, for a sequence that packs several documents: a query sees only the
+# keys of its own document (when causal, those at or before it). cu_seqlens holds B rows of
+# num_seqs + 1 global positions in host memory, the same on every rank: batch row b packs the
+# documents [cu_seqlens[b*(num_seqs+1) + d], cu_seqlens[b*(num_seqs+1) + d + 1]), d < num_seqs.
+# Each row starts at 0, never decreases (a row with fewer documents repeats its end) and ends at
+# the global sequence length S = L * world_size; num_seqs >= 1 (1: one document, the plain call).
+# Read during the call only. The backward takes the forward's boundaries. CPU contexts; CUDA
+# contexts answer STRIA_ERROR_UNSUPPORTED.
+function stria_attention_forward_documents(ctx, params, cu_seqlens, num_seqs, q, k, v, out, lse, stream)
+    ccall((:stria_attention_forward_documents, libstria), stria_status_t,
+          (stria_context_t, Ptr{stria_attention_params_t}, Ptr{Int64}, Int64, Ptr{DLTensor},
+           Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{Cvoid}),
+          ctx, params, cu_seqlens, num_seqs, q, k, v, out, lse, stream)
+end
+
+function stria_attention_backward_documents(ctx, params, cu_seqlens, num_seqs, q, k, v, out, lse, dout, dq, dk, dv, stream)
+    ccall((:stria_attention_backward_documents, libstria), stria_status_t,
+          (stria_context_t, Ptr{stria_attention_params_t}, Ptr{Int64}, Int64, Ptr{DLTensor},
+           Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor},
+           Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{Cvoid}),
+          ctx, params, cu_seqlens, num_seqs, q, k, v, out, lse, dout, dq, dk, dv, stream)
+end
+
 # Extension: tags this context's next stria_attention_forward or stria_attention_backward, which
 # consumes the tag whatever its outcome (an untagged call has tag 0). The ranks' calls pair up in
 # the order each rank makes them, and calls whose signatures match (same operation, shapes and
@@ -417,8 +441,9 @@ export stria_context_create_with_nccl_comm, stria_context_create_local_group
 export stria_context_create_local_group_on_devices, stria_context_get_rank
 export stria_context_get_world_size, stria_context_abort, stria_context_destroy
 export stria_attention_params_t, stria_attention_params_init, stria_attention_forward
-export stria_attention_backward, stria_context_set_call_tag, stria_layout_positions, stria_shard
-export stria_unshard, stria_balance_t, stria_analyze_balance, stria_analyze_balance_steps
-export stria_step_time_t, stria_context_get_step_times
+export stria_attention_backward, stria_attention_forward_documents
+export stria_attention_backward_documents, stria_context_set_call_tag, stria_layout_positions
+export stria_shard, stria_unshard, stria_balance_t, stria_analyze_balance
+export stria_analyze_balance_steps, stria_step_time_t, stria_context_get_step_times
 
 end # module LibStria

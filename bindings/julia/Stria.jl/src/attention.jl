@@ -6,8 +6,31 @@ function _params(layout, causal::Bool, softmax_scale::Real)
     return Ref(_replace(base; layout = _layout(layout), causal = causal ? 1 : 0, softmax_scale = softmax_scale))
 end
 
+# Document boundaries as the library reads them (B rows of n + 1, in a row-major C array) for a
+# q of `batch` batch rows, and n: a vector [0, s1, ..., S] is every batch row's; a matrix
+# (n + 1, B) gives each batch row its own column. `nothing`: no document mask.
+function _documents(cu_seqlens, batch::Integer)
+    cu_seqlens === nothing && return Int64[], 0
+    if cu_seqlens isa AbstractVector{<:Integer}
+        per = length(cu_seqlens)
+        docs = repeat(Vector{Int64}(cu_seqlens), batch)
+    elseif cu_seqlens isa AbstractMatrix{<:Integer}
+        size(cu_seqlens, 2) == batch ||
+            throw(ArgumentError("cu_seqlens is $(size(cu_seqlens)): a matrix must be (n + 1, B) with B = $batch"))
+        per = size(cu_seqlens, 1)
+        docs = vec(Matrix{Int64}(cu_seqlens))  # column-major: column b is batch row b's boundaries
+    else
+        throw(ArgumentError("cu_seqlens must be integer boundaries [0, s1, ..., S] (a vector or an (n + 1, B) matrix)"))
+    end
+    per >= 2 || throw(ArgumentError("cu_seqlens needs at least two boundaries per batch row ([0, S] is one document)"))
+    return docs, per - 1
+end
+
+_batch(q::AbstractArray) = ndims(q) == 4 ? size(q, 4) : 1
+
 """
-    attention_forward!(ctx, out, lse, q, k, v; layout = :striped, causal = true, softmax_scale = 0)
+    attention_forward!(ctx, out, lse, q, k, v; layout = :striped, causal = true, softmax_scale = 0,
+                       cu_seqlens = nothing)
 
 Exact attention of this rank's queries over the whole sequence, into `out` (like q) and `lse`
 (Float32, `(L, Hq, B)`: the natural log of each row's softmax denominator, -Inf for a row that
@@ -15,17 +38,31 @@ sees no key). Arrays are column-major: q `(D, Hq, L, B)`, k and v `(D, Hkv, L, B
 multiple of Hkv, holding this rank's L tokens in `layout` (see `shard`). Element types Float32,
 Float16 or BFloat16, the same for all but lse. `softmax_scale = 0` means `1/sqrt(D)`.
 
+`cu_seqlens` packs documents into the sequence: a query sees only the keys of its own document.
+Global positions `[0, s1, ..., S]` (S = L * world size) for every batch row, or an `(n + 1, B)`
+matrix with a column per batch row (a column with fewer documents repeats S), the same on every
+rank. CPU contexts only so far.
+
 A collective: every rank of the ring calls it at the same time with the same shapes and
 parameters (see `run_ranks`). Throws a `StriaError` on bad arguments, on every rank.
 """
 function attention_forward!(ctx::Context, out::AbstractArray, lse::AbstractArray, q::AbstractArray,
                             k::AbstractArray, v::AbstractArray; layout = :striped, causal::Bool = true,
-                            softmax_scale::Real = 0)
+                            softmax_scale::Real = 0, cu_seqlens = nothing)
+    docs, num_seqs = _documents(cu_seqlens, _batch(q))
     params = _params(layout, causal, softmax_scale)
     tq, tk, tv, tout, tlse = TensorRef(q), TensorRef(k), TensorRef(v), TensorRef(out), TensorRef(lse)
-    GC.@preserve ctx tq tk tv tout tlse begin
-        _call(:stria_attention_forward) do
-            LibStria.stria_attention_forward(ctx.handle, params, tq.ref, tk.ref, tv.ref, tout.ref, tlse.ref, C_NULL)
+    GC.@preserve ctx docs tq tk tv tout tlse begin
+        if num_seqs == 0
+            _call(:stria_attention_forward) do
+                LibStria.stria_attention_forward(ctx.handle, params, tq.ref, tk.ref, tv.ref, tout.ref, tlse.ref,
+                                                 C_NULL)
+            end
+        else
+            _call(:stria_attention_forward_documents) do
+                LibStria.stria_attention_forward_documents(ctx.handle, params, pointer(docs), num_seqs, tq.ref,
+                                                           tk.ref, tv.ref, tout.ref, tlse.ref, C_NULL)
+            end
         end
     end
     return out, lse
@@ -52,23 +89,33 @@ _lse_like(q::AbstractArray) =
 
 """
     attention_backward!(ctx, dq, dk, dv, q, k, v, out, lse, dout; layout = :striped, causal = true,
-                        softmax_scale = 0)
+                        softmax_scale = 0, cu_seqlens = nothing)
 
 Gradients of the forward's `out` for `dout` (like out): `dq` like q, `dk` and `dv` like k.
-`out` and `lse` are the forward's. The same parameters as the forward; a collective too.
+`out` and `lse` are the forward's. The same parameters as the forward (`cu_seqlens` included);
+a collective too.
 """
 function attention_backward!(ctx::Context, dq::AbstractArray, dk::AbstractArray, dv::AbstractArray,
                              q::AbstractArray, k::AbstractArray, v::AbstractArray, out::AbstractArray,
                              lse::AbstractArray, dout::AbstractArray; layout = :striped, causal::Bool = true,
-                             softmax_scale::Real = 0)
+                             softmax_scale::Real = 0, cu_seqlens = nothing)
+    docs, num_seqs = _documents(cu_seqlens, _batch(q))
     params = _params(layout, causal, softmax_scale)
     tq, tk, tv, tout, tlse, tdout = TensorRef(q), TensorRef(k), TensorRef(v), TensorRef(out), TensorRef(lse),
                                     TensorRef(dout)
     tdq, tdk, tdv = TensorRef(dq), TensorRef(dk), TensorRef(dv)
-    GC.@preserve ctx tq tk tv tout tlse tdout tdq tdk tdv begin
-        _call(:stria_attention_backward) do
-            LibStria.stria_attention_backward(ctx.handle, params, tq.ref, tk.ref, tv.ref, tout.ref, tlse.ref,
-                                              tdout.ref, tdq.ref, tdk.ref, tdv.ref, C_NULL)
+    GC.@preserve ctx docs tq tk tv tout tlse tdout tdq tdk tdv begin
+        if num_seqs == 0
+            _call(:stria_attention_backward) do
+                LibStria.stria_attention_backward(ctx.handle, params, tq.ref, tk.ref, tv.ref, tout.ref, tlse.ref,
+                                                  tdout.ref, tdq.ref, tdk.ref, tdv.ref, C_NULL)
+            end
+        else
+            _call(:stria_attention_backward_documents) do
+                LibStria.stria_attention_backward_documents(ctx.handle, params, pointer(docs), num_seqs, tq.ref,
+                                                            tk.ref, tv.ref, tout.ref, tlse.ref, tdout.ref, tdq.ref,
+                                                            tdk.ref, tdv.ref, C_NULL)
+            end
         end
     end
     return dq, dk, dv

@@ -2,15 +2,23 @@
 # the definition (independent of the library). Arrays are column-major as in Stria.jl:
 # q (D, Hq, S, B), k and v (D, Hkv, S, B), lse (S, Hq, B). Query head h reads key/value head
 # (h - 1) ÷ (Hq ÷ Hkv) + 1; causal means key j is visible to query i iff j <= i (global
-# positions: the full sequence is in order here).
+# positions: the full sequence is in order here). With document boundaries `cu_seqlens` (a vector
+# [0, s1, ..., S] for every batch column, or an (n + 1, B) matrix), a query sees only keys of its
+# own document.
 
 # The softmax probabilities P[j, i] (key j, query i) of one (head, batch) and their lse.
-function _probabilities(Q, K, causal::Bool, scale::Float64)
+function _probabilities(Q, K, causal::Bool, scale::Float64, bounds = nothing)
     scores = scale .* (transpose(K) * Q)
     S = size(scores, 2)
     if causal
         for i in 1:S, j in (i + 1):size(scores, 1)
             scores[j, i] = -Inf
+        end
+    end
+    if bounds !== nothing
+        doc = p -> searchsortedlast(bounds, p - 1)  # the document of 1-based position p
+        for i in 1:S, j in 1:size(scores, 1)
+            doc(j) == doc(i) || (scores[j, i] = -Inf)
         end
     end
     m = maximum(scores; dims = 1)
@@ -21,14 +29,19 @@ end
 
 _heads(q, k) = (size(q, 2), size(q, 2) ÷ size(k, 2))
 
-function reference_forward(q, k, v; causal::Bool, scale::Float64)
+# Batch column b's boundaries, or nothing.
+_bounds(cu_seqlens, b) = cu_seqlens === nothing ? nothing :
+                         cu_seqlens isa AbstractVector ? cu_seqlens : cu_seqlens[:, b]
+
+function reference_forward(q, k, v; causal::Bool, scale::Float64, cu_seqlens = nothing)
     D, Hq, S, B = size(q)
     _, group = _heads(q, k)
     out = zeros(Float64, D, Hq, S, B)
     lse = zeros(Float64, S, Hq, B)
     for b in 1:B, h in 1:Hq
         g = (h - 1) ÷ group + 1
-        P, l = _probabilities(Float64.(q[:, h, :, b]), Float64.(k[:, g, :, b]), causal, scale)
+        P, l = _probabilities(Float64.(q[:, h, :, b]), Float64.(k[:, g, :, b]), causal, scale,
+                              _bounds(cu_seqlens, b))
         out[:, h, :, b] = Float64.(v[:, g, :, b]) * P
         lse[:, h, b] = l
     end
@@ -38,7 +51,7 @@ end
 # Gradients for dout of out = V P with P = softmax(scale K'Q): dV = dO P', dP = V' dO,
 # dS = P .* (dP .- rowsum(dO .* O)), dQ = scale K dS, dK = scale Q dS'. The key/value heads
 # sum the gradients of every query head that reads them.
-function reference_backward(q, k, v, dout; causal::Bool, scale::Float64)
+function reference_backward(q, k, v, dout; causal::Bool, scale::Float64, cu_seqlens = nothing)
     D, Hq, S, B = size(q)
     _, group = _heads(q, k)
     dq = zeros(Float64, size(q))
@@ -48,7 +61,7 @@ function reference_backward(q, k, v, dout; causal::Bool, scale::Float64)
         g = (h - 1) ÷ group + 1
         Q, K, V = Float64.(q[:, h, :, b]), Float64.(k[:, g, :, b]), Float64.(v[:, g, :, b])
         dO = Float64.(dout[:, h, :, b])
-        P, _ = _probabilities(Q, K, causal, scale)
+        P, _ = _probabilities(Q, K, causal, scale, _bounds(cu_seqlens, b))
         O = V * P
         dv[:, g, :, b] .+= dO * transpose(P)
         dP = transpose(V) * dO

@@ -38,7 +38,7 @@ poisoned(a) = fill!(similar(a), NaN)
 
 # One ring run: shard random inputs, forward and backward on n ranks (one thread each), gather,
 # compare with the dense reference of the whole sequence.
-function check_ring(n, layout, causal, T, Hq, Hkv; B = 2, S = 24, D = 16, seed = 1)
+function check_ring(n, layout, causal, T, Hq, Hkv; B = 2, S = 24, D = 16, seed = 1, cu_seqlens = nothing)
     rng = MersenneTwister(seed)
     q = T.(randn(rng, Float32, D, Hq, S, B))
     k = T.(randn(rng, Float32, D, Hkv, S, B))
@@ -51,18 +51,20 @@ function check_ring(n, layout, causal, T, Hq, Hkv; B = 2, S = 24, D = 16, seed =
     results = run_ranks(contexts) do ctx
         r = ctx.rank + 1
         out, lse = poisoned(qs[r]), fill(NaN32, L, Hq, B)
-        attention_forward!(ctx, out, lse, qs[r], ks[r], vs[r]; layout = layout, causal = causal)
+        attention_forward!(ctx, out, lse, qs[r], ks[r], vs[r]; layout = layout, causal = causal,
+                           cu_seqlens = cu_seqlens)
         dq, dk, dv = poisoned(qs[r]), poisoned(ks[r]), poisoned(vs[r])
         attention_backward!(ctx, dq, dk, dv, qs[r], ks[r], vs[r], out, lse, douts[r]; layout = layout,
-                            causal = causal)
+                            causal = causal, cu_seqlens = cu_seqlens)
         (out, lse, dq, dk, dv)
     end
     foreach(close, contexts)
 
     gathered = [unshard(layout, [res[i] for res in results]; dims = i == 2 ? 1 : 3) for i in 1:5]
     scale = 1 / sqrt(D)
-    ref_out, ref_lse = reference_forward(q, k, v; causal = causal, scale = scale)
-    ref_dq, ref_dk, ref_dv = reference_backward(q, k, v, dout; causal = causal, scale = scale)
+    ref_out, ref_lse = reference_forward(q, k, v; causal = causal, scale = scale, cu_seqlens = cu_seqlens)
+    ref_dq, ref_dk, ref_dv = reference_backward(q, k, v, dout; causal = causal, scale = scale,
+                                                cu_seqlens = cu_seqlens)
     tolerance = TOLERANCE[T]
     for (name, got, want) in zip(("out", "lse", "dq", "dk", "dv"), gathered, (ref_out, ref_lse, ref_dq, ref_dk, ref_dv))
         err = relative_error(got, want)
@@ -218,6 +220,22 @@ end
         @test e.status == LibStria.STRIA_ERROR_ABORTED && !isempty(e.message)
         close(a)
         close(b)
+    end
+
+    @testset "packed documents: $n ranks" for n in RANK_COUNTS
+        shared = [0, 5, 5, 13, 24]            # every batch column; one document empty
+        per_column = [0 0; 7 3; 24 11; 24 24]  # a column per batch row, the second padded
+        seed = 100
+        for layout in (:contiguous, :striped, :zigzag), causal in (true, false), docs in (shared, per_column)
+            seed += 1
+            check_ring(n, layout, causal, Float32, 4, 2; seed = seed, cu_seqlens = docs)
+        end
+        ctx = Context()
+        q = zeros(Float32, 16, 2, 8, 1)
+        @test_throws ArgumentError attention_forward(ctx, q, q, q; cu_seqlens = [8])
+        @test_throws ArgumentError attention_forward(ctx, q, q, q; cu_seqlens = [0 0; 8 8])
+        @test occursin("decreases", stria_error(() -> attention_forward(ctx, q, q, q; cu_seqlens = [0, 5, 3, 8])).message)
+        close(ctx)
     end
 
     @testset "ring vs dense reference: $n ranks" for n in RANK_COUNTS

@@ -5,43 +5,118 @@ use std::os::raw::{c_int, c_void};
 use stria_sys as sys;
 
 use crate::context::Context;
-use crate::error::{check, Result};
+use crate::error::{check, invalid, Result};
 use crate::layout::Layout;
 use crate::tensor::{Input, Output};
 
+/// Packed documents (a document mask): several documents share the sequence, and a query sees
+/// only the keys of its own document (when causal, those at or before it). Boundaries are global
+/// positions, the same on every rank: `[0, s1, …, S]` with S = L·N, never decreasing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Documents<'a> {
+    boundaries: &'a [i64],
+    per_row: bool,
+}
+
+impl<'a> Documents<'a> {
+    /// The same documents in every batch row: `[0, s1, …, S]`.
+    pub fn shared(boundaries: &'a [i64]) -> Self {
+        Documents {
+            boundaries,
+            per_row: false,
+        }
+    }
+
+    /// Each batch row's own documents: B rows of `n + 1` positions back to back (a row with
+    /// fewer documents repeats S at its end).
+    pub fn per_row(boundaries: &'a [i64]) -> Self {
+        Documents {
+            boundaries,
+            per_row: true,
+        }
+    }
+
+    /// The library's form for `batch` rows: B rows of n + 1, and n.
+    fn rows(&self, batch: usize) -> Result<(Vec<i64>, i64)> {
+        let len = self.boundaries.len();
+        let per = if self.per_row {
+            if batch == 0 || len % batch != 0 {
+                return Err(invalid(format!(
+                    "Documents::per_row has {len} boundaries: not a whole row of n + 1 for each of q's {batch} batch rows"
+                )));
+            }
+            len / batch
+        } else {
+            len
+        };
+        if per < 2 {
+            return Err(invalid(format!(
+                "documents need at least two boundaries per batch row ([0, S] is one document), got {per}"
+            )));
+        }
+        let rows = if self.per_row {
+            self.boundaries.to_vec()
+        } else {
+            self.boundaries.repeat(batch)
+        };
+        Ok((rows, (per - 1) as i64))
+    }
+}
+
 /// The settings every rank of a call must share.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AttentionParams {
+pub struct AttentionParams<'a> {
     /// How the sequence is spread over the ranks (must match how the tensors were sharded).
     pub layout: Layout,
     /// Causal masking on global positions: a query at p sees keys at p' ≤ p.
     pub causal: bool,
     /// The factor on QKᵀ; `None` is 1/√D. (`Some(0.0)` also means 1/√D to the library.)
     pub softmax_scale: Option<f32>,
+    /// Packed documents; `None` attends over the whole sequence. CPU contexts only so far.
+    pub documents: Option<Documents<'a>>,
 }
 
-impl Default for AttentionParams {
-    /// The library's defaults: striped, causal, 1/√D.
+impl Default for AttentionParams<'_> {
+    /// The library's defaults: striped, causal, 1/√D, one document.
     fn default() -> Self {
         AttentionParams {
             layout: Layout::Striped,
             causal: true,
             softmax_scale: None,
+            documents: None,
         }
     }
 }
 
-impl AttentionParams {
-    fn raw(&self) -> Result<sys::stria_attention_params_t> {
+impl AttentionParams<'_> {
+    fn raw(&self) -> sys::stria_attention_params_t {
         // Every field set here, struct_size from this crate's own struct: stria_attention_params_init
         // writes the loaded library's sizeof, and a newer library's struct may have grown past
         // this one (stria.h lets it), so it would write, and then read, past the end.
-        Ok(sys::stria_attention_params_t {
+        sys::stria_attention_params_t {
             struct_size: std::mem::size_of::<sys::stria_attention_params_t>(),
             layout: self.layout.raw(),
             causal: c_int::from(self.causal),
             softmax_scale: self.softmax_scale.unwrap_or(0.0),
-        })
+        }
+    }
+
+    /// The document boundaries as the library reads them for a call whose q is `q` (B rows of
+    /// n + 1, and n), or `None` for the plain call.
+    fn documents_for(&self, q: &sys::DLTensor) -> Result<Option<(Vec<i64>, i64)>> {
+        let docs = match &self.documents {
+            Some(docs) => docs,
+            None => return Ok(None),
+        };
+        // The library reads B rows: B comes from q, checked here because the library cannot
+        // know how long the slice is.
+        let batch = if q.ndim == 4 && !q.shape.is_null() {
+            // SAFETY: a 4-dimensional DLTensor of this crate points at its 4 sizes.
+            usize::try_from(unsafe { *q.shape }).unwrap_or(0)
+        } else {
+            0
+        };
+        docs.rows(batch).map(Some)
     }
 }
 
@@ -104,21 +179,27 @@ impl Context {
         lse: &mut impl Output,
         stream: *mut c_void,
     ) -> Result<()> {
-        let params = params.raw()?;
         let (q, k, v) = (q.dl_tensor(), k.dl_tensor(), v.dl_tensor());
+        let documents = params.documents_for(&q)?;
+        let params = params.raw();
         let (mut out, mut lse) = (out.dl_tensor_mut(), lse.dl_tensor_mut());
         // The DLTensors describe memory borrowed for this call: inputs read, outputs written
         // (distinct from the inputs, or the borrows would not have compiled).
-        check(sys::stria_attention_forward(
-            self.raw(),
-            &params,
-            &q,
-            &k,
-            &v,
-            &mut out,
-            &mut lse,
-            stream,
-        ))
+        check(match &documents {
+            None => sys::stria_attention_forward(self.raw(), &params, &q, &k, &v, &mut out, &mut lse, stream),
+            Some((rows, n)) => sys::stria_attention_forward_documents(
+                self.raw(),
+                &params,
+                rows.as_ptr(),
+                *n,
+                &q,
+                &k,
+                &v,
+                &mut out,
+                &mut lse,
+                stream,
+            ),
+        })
     }
 
     /// The backward pass, collectively: from the forward's `q`, `k`, `v`, `out`, `lse` and the
@@ -160,23 +241,42 @@ impl Context {
         dv: &mut impl Output,
         stream: *mut c_void,
     ) -> Result<()> {
-        let params = params.raw()?;
         let (q, k, v) = (q.dl_tensor(), k.dl_tensor(), v.dl_tensor());
+        let documents = params.documents_for(&q)?;
+        let params = params.raw();
         let (out, lse, dout) = (out.dl_tensor(), lse.dl_tensor(), dout.dl_tensor());
         let (mut dq, mut dk, mut dv) = (dq.dl_tensor_mut(), dk.dl_tensor_mut(), dv.dl_tensor_mut());
-        check(sys::stria_attention_backward(
-            self.raw(),
-            &params,
-            &q,
-            &k,
-            &v,
-            &out,
-            &lse,
-            &dout,
-            &mut dq,
-            &mut dk,
-            &mut dv,
-            stream,
-        ))
+        check(match &documents {
+            None => sys::stria_attention_backward(
+                self.raw(),
+                &params,
+                &q,
+                &k,
+                &v,
+                &out,
+                &lse,
+                &dout,
+                &mut dq,
+                &mut dk,
+                &mut dv,
+                stream,
+            ),
+            Some((rows, n)) => sys::stria_attention_backward_documents(
+                self.raw(),
+                &params,
+                rows.as_ptr(),
+                *n,
+                &q,
+                &k,
+                &v,
+                &out,
+                &lse,
+                &dout,
+                &mut dq,
+                &mut dk,
+                &mut dv,
+                stream,
+            ),
+        })
     }
 }

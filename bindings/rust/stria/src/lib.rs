@@ -22,7 +22,7 @@
 //! let shape = [1, s, 2, 8]; // [batch, tokens, heads, head dim]
 //! let x: Vec<f32> = (0..32 * 8).map(|i| (i as f32).cos()).collect();
 //! let q = Tensor::new(x, &shape).unwrap();
-//! let params = AttentionParams { layout: Layout::Striped, causal: true, softmax_scale: None };
+//! let params = AttentionParams { layout: Layout::Striped, causal: true, ..Default::default() };
 //!
 //! let mut group = LocalGroup::new(n as usize, &stria::Config::new()).unwrap();
 //! let outs = group.run(0..n, |ctx, rank| -> stria::Result<Tensor<f32>> {
@@ -46,7 +46,7 @@ mod launch;
 mod layout;
 mod tensor;
 
-pub use attention::AttentionParams;
+pub use attention::{AttentionParams, Documents};
 pub use context::{AbortHandle, Config, Context, LocalGroup, StepTime, Transport, UniqueId};
 pub use error::{Error, Result, Status};
 pub use half;

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use common::*;
 use stria::half::f16;
 use stria::{
-    analyze_balance, balance_steps, AttentionParams, Config, Context, Device, Layout, LocalGroup, Status, Tensor,
-    TensorView, TensorViewMut, Transport,
+    analyze_balance, balance_steps, AttentionParams, Config, Context, Device, Documents, Layout, LocalGroup, Status,
+    Tensor, TensorView, TensorViewMut, Transport,
 };
 
 /// Asserts `r` failed with `status` and a message containing `needle`.
@@ -523,4 +523,37 @@ fn a_raw_view_without_a_shape_is_refused_by_the_library() {
         Status::InvalidArgument,
         "has a NULL shape",
     );
+}
+
+#[test]
+fn bad_documents() {
+    // A ring of one rank: S = L. The crate checks what the library cannot (whole rows of the
+    // slice); the library checks the boundaries themselves.
+    const ONE: &[i64] = &[L];
+    const SHORT: &[i64] = &[0, L - 1];
+    const DOWN: &[i64] = &[0, 3, 2, L];
+    const GOOD: &[i64] = &[0, 2, L];
+    let mut ctx = Context::new(&Config::new().num_threads(1)).unwrap();
+    let mut rank = Rank::new(5);
+    let with = |docs: Documents<'static>| AttentionParams {
+        documents: Some(docs),
+        ..Default::default()
+    };
+    expect_err(
+        rank.forward(&mut ctx, &with(Documents::shared(ONE))),
+        Status::InvalidArgument,
+        "two boundaries",
+    );
+    expect_err(
+        rank.forward(&mut ctx, &with(Documents::shared(SHORT))),
+        Status::InvalidArgument,
+        "sequence length",
+    );
+    expect_err(
+        rank.forward(&mut ctx, &with(Documents::per_row(DOWN))),
+        Status::InvalidArgument,
+        "decreases",
+    );
+    // The context stays usable.
+    rank.forward(&mut ctx, &with(Documents::shared(GOOD))).unwrap();
 }

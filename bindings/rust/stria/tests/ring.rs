@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::*;
 use stria::half::{bf16, f16};
-use stria::{AttentionParams, Config, Layout, LocalGroup, TensorView, TensorViewMut};
+use stria::{AttentionParams, Config, Documents, Layout, LocalGroup, TensorView, TensorViewMut};
 
 /// One ring to check.
 #[derive(Debug, Clone, Copy)]
@@ -23,6 +23,8 @@ struct Case {
     scale: Option<f32>,
     strided: bool,
     seed: u64,
+    /// Packed documents: boundaries, and whether they are a row per batch row (else shared).
+    docs: Option<(&'static [i64], bool)>,
 }
 
 /// A rank's tensor of logical `shape` stored with `pad` extra elements after every last-dim
@@ -178,7 +180,10 @@ fn run_case<T: Float>(c: Case) -> Result<(), String> {
     let v = quantize::<T>(&rng.normals(b * s * hkv * d));
     let dout = quantize::<T>(&rng.normals(b * s * hq * d));
     let scale = c.scale.map_or(1.0 / (d as f64).sqrt(), f64::from);
-    let want = dense_attention(&q, &k, &v, &dout, c.dims, c.causal, scale);
+    let doc_rows: Option<Vec<i64>> = c
+        .docs
+        .map(|(x, per_row)| if per_row { x.to_vec() } else { x.repeat(b) });
+    let want = dense_attention_documents(&q, &k, &v, &dout, c.dims, c.causal, scale, doc_rows.as_deref());
 
     let split = Split { layout, world: n, b, s };
     let pad = if c.strided { 3 } else { 0 };
@@ -202,6 +207,13 @@ fn run_case<T: Float>(c: Case) -> Result<(), String> {
         layout,
         causal: c.causal,
         softmax_scale: c.scale,
+        documents: c.docs.map(|(x, per_row)| {
+            if per_row {
+                Documents::per_row(x)
+            } else {
+                Documents::shared(x)
+            }
+        }),
     };
     let config = Config::new().num_threads(1).timeout(Duration::from_secs(60));
     let mut group = LocalGroup::new(n, &config).map_err(|e| e.to_string())?;
@@ -306,6 +318,7 @@ fn matrix(strided: bool, seed: u64) -> Vec<Case> {
                     scale: None,
                     strided,
                     seed: seed + i as u64,
+                    docs: None,
                 });
             }
         }
@@ -367,8 +380,32 @@ fn longer_sequence_custom_scale_and_batch() {
             scale: Some(0.3),
             strided: false,
             seed: 500 + i as u64,
+            docs: None,
         });
     }
     run_all::<f32>(&cases);
     run_all::<f16>(&cases);
+}
+
+/// Packed documents: the whole matrix with the same documents in every batch row (one empty),
+/// then rows of their own.
+#[test]
+fn documents_match_reference() {
+    const SHARED: &[i64] = &[0, 5, 5, 13, 24];
+    let mut cases = matrix(false, 600);
+    for c in cases.iter_mut() {
+        c.docs = Some((SHARED, false));
+    }
+    run_all::<f32>(&cases);
+    run_all::<bf16>(&cases[..12]);
+    const PER_ROW: &[i64] = &[0, 7, 24, 24, 0, 3, 11, 24];
+    let per_row: Vec<Case> = matrix(true, 700)
+        .into_iter()
+        .filter(|c| c.dims.b == 2)
+        .map(|c| Case {
+            docs: Some((PER_ROW, true)),
+            ..c
+        })
+        .collect();
+    run_all::<f32>(&per_row);
 }

@@ -169,6 +169,22 @@ pub struct Reference {
 /// softmax(scale·QKᵀ + mask)·V, the log-sum-exp, and the gradients for `dout`; causal on global
 /// positions (query p sees keys p' ≤ p).
 pub fn dense_attention(q: &[f64], k: &[f64], v: &[f64], dout: &[f64], dm: Dims, causal: bool, scale: f64) -> Reference {
+    dense_attention_documents(q, k, v, dout, dm, causal, scale, None)
+}
+
+/// dense_attention with packed documents: `docs` holds B rows of n + 1 boundaries, and a query
+/// sees only keys of its own document.
+#[allow(clippy::too_many_arguments)]
+pub fn dense_attention_documents(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    dout: &[f64],
+    dm: Dims,
+    causal: bool,
+    scale: f64,
+    docs: Option<&[i64]>,
+) -> Reference {
     let Dims { b, s, hq, hkv, d } = dm;
     let group = hq / hkv;
     let qi = |bi: usize, i: usize, h: usize| ((bi * s + i) * hq + h) * d;
@@ -186,11 +202,18 @@ pub fn dense_attention(q: &[f64], k: &[f64], v: &[f64], dout: &[f64], dm: Dims, 
         for h in 0..hq {
             let hk = h / group;
             for i in 0..s {
-                let n = if causal { i + 1 } else { s };
-                let p = &mut p[..n];
+                let mut n = if causal { i + 1 } else { s };
+                let mut j0 = 0;
+                if let Some(docs) = docs {
+                    let row = &docs[bi * (docs.len() / b)..][..docs.len() / b];
+                    let doc = row.iter().rposition(|&x| x as usize <= i).unwrap();
+                    j0 = row[doc] as usize;
+                    n = n.min(row[doc + 1] as usize);
+                }
+                let p = &mut p[j0..n];
                 let qrow = &q[qi(bi, i, h)..][..d];
-                for (j, x) in p.iter_mut().enumerate() {
-                    *x = scale * dot(qrow, &k[ki(bi, j, hk)..][..d]);
+                for (jj, x) in p.iter_mut().enumerate() {
+                    *x = scale * dot(qrow, &k[ki(bi, j0 + jj, hk)..][..d]);
                 }
                 let mx = p.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let lse = mx + p.iter().map(|x| (x - mx).exp()).sum::<f64>().ln();
@@ -199,17 +222,17 @@ pub fn dense_attention(q: &[f64], k: &[f64], v: &[f64], dout: &[f64], dm: Dims, 
                     *x = (*x - lse).exp();
                 }
                 let o = qi(bi, i, h);
-                for (j, &pj) in p.iter().enumerate() {
+                for (jj, &pj) in p.iter().enumerate() {
                     for e in 0..d {
-                        r.out[o + e] += pj * v[ki(bi, j, hk) + e];
+                        r.out[o + e] += pj * v[ki(bi, j0 + jj, hk) + e];
                     }
                 }
                 // Backward: dP = dO·Vᵀ, dS = P ∘ (dP − rowsum(dO ∘ O)), dQ = scale·dS·K,
                 // dK = scale·dSᵀ·Q, dV = Pᵀ·dO.
                 let g = &dout[o..][..d];
                 let delta = dot(g, &r.out[o..][..d]);
-                for (j, &pj) in p.iter().enumerate() {
-                    let kj = ki(bi, j, hk);
+                for (jj, &pj) in p.iter().enumerate() {
+                    let kj = ki(bi, j0 + jj, hk);
                     let ds = pj * (dot(g, &v[kj..][..d]) - delta);
                     for e in 0..d {
                         r.dq[o + e] += scale * ds * k[kj + e];
