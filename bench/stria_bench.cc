@@ -93,7 +93,7 @@ int Kernel(const Args& a) {
       lse({1, H, L}, a.bf16, true), dout({1, L, H, D}, a.bf16), dq({1, L, H, D}, a.bf16), dk({1, L, H, D}, a.bf16),
       dv({1, L, H, D}, a.bf16);
   std::vector<int64_t> cu;  // --docs: n documents of (nearly) equal length
-  for (int64_t d = 0; d <= a.docs; ++d) cu.push_back(d * L / a.docs);
+  for (int64_t d = 0; a.docs > 0 && d <= a.docs; ++d) cu.push_back(d * L / a.docs);
   std::vector<double> tf, tb;
   for (int rep = 0; rep < a.reps + 1; ++rep) {
     double t0 = Now();
