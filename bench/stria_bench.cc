@@ -6,9 +6,11 @@
 //       FlashAttention (forward 4·L²·H·D, halved when causal; backward 2.5x the forward). With
 //       --docs, through stria_attention_*_documents with n documents of equal length (the rate
 //       still counts the whole block's FLOPs: the time is what to compare).
-//   stria-bench ring --world N --len L --heads H --dim D [--threads-per-rank T]
+//   stria-bench ring --world N --len L --heads H --dim D [--threads-per-rank T] [--docs n]
 //       a local group per layout: wall time of the ring against the slowest rank's compute, and
-//       the ring latency modelled from per-step compute (sum over steps of the slowest rank).
+//       the ring latency modelled from per-step compute (sum over steps of the slowest rank), with
+//       the imbalance (that latency over the mean rank's compute). With --docs, the forward of n
+//       documents of random lengths (fixed cuts, the same for every layout).
 //
 // Prints one "key=value" line per measurement so bench/run.sh can tabulate them.
 #include <stria/stria.h>
@@ -131,6 +133,15 @@ int Ring(const Args& a) {
   const int64_t L = a.len, H = a.heads, D = a.dim;
   const stria_layout_t layouts[] = {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_ZIGZAG, STRIA_LAYOUT_STRIPED};
   const char* names[] = {"contiguous", "zigzag", "striped"};
+  std::vector<int64_t> cu;  // --docs: n documents, cut at fixed random positions
+  if (a.docs > 0) {
+    std::mt19937_64 rng(12345);
+    std::uniform_int_distribution<int64_t> pos(0, L * n);
+    cu.push_back(0);
+    for (int64_t d = 1; d < a.docs; ++d) cu.push_back(pos(rng));
+    cu.push_back(L * n);
+    std::sort(cu.begin(), cu.end());
+  }
   for (int li = 0; li < 3; ++li) {
     stria_context_config_t cfg;
     stria_context_config_init(&cfg);
@@ -157,9 +168,12 @@ int Ring(const Args& a) {
       for (int r = 0; r < n; ++r)
         ts.emplace_back([&, r] {
           RankBufs& b = *bufs[static_cast<size_t>(r)];
-          if (stria_attention_forward(ctx[static_cast<size_t>(r)], &p, &b.q.dl, &b.k.dl, &b.v.dl, &b.o.dl, &b.lse.dl,
-                                      nullptr) != STRIA_SUCCESS)
-            Die("ring forward");
+          const stria_status_t st =
+              a.docs > 0 ? stria_attention_forward_documents(ctx[static_cast<size_t>(r)], &p, cu.data(), a.docs,
+                                                             &b.q.dl, &b.k.dl, &b.v.dl, &b.o.dl, &b.lse.dl, nullptr)
+                         : stria_attention_forward(ctx[static_cast<size_t>(r)], &p, &b.q.dl, &b.k.dl, &b.v.dl, &b.o.dl,
+                                                   &b.lse.dl, nullptr);
+          if (st != STRIA_SUCCESS) Die("ring forward");
           int count = 0;
           stria_context_get_step_times(ctx[static_cast<size_t>(r)], steps[static_cast<size_t>(r)].data(), n, &count);
           double c = 0;
@@ -179,20 +193,23 @@ int Ring(const Args& a) {
           b = b == 0 ? t : std::min(b, t);
         }
     }
-    double model = 0;  // sum over steps of the slowest rank
+    double model = 0, total = 0;  // sum over steps of the slowest rank; all ranks' compute
     for (int s = 0; s < n; ++s) {
       double mx = 0;
-      for (int r = 0; r < n; ++r) mx = std::max(mx, best[static_cast<size_t>(r * n + s)]);
+      for (int r = 0; r < n; ++r) {
+        mx = std::max(mx, best[static_cast<size_t>(r * n + s)]);
+        total += best[static_cast<size_t>(r * n + s)];
+      }
       model += mx;
     }
     stria_balance_t bal;
     bal.struct_size = sizeof bal;
     stria_analyze_balance(layouts[li], 1, L * n, n, 64, &bal);
     std::printf(
-        "ring layout=%s N=%d L=%lld H=%lld D=%lld threads_per_rank=%d wall_s=%.6f slowest_compute_s=%.6f "
-        "overhead=%.3f model_latency_s=%.6f analytic_latency_pairs=%.0f\n",
-        names[li], n, (long long)L, (long long)H, (long long)D, cfg.num_threads, Median(walls), Median(slowest),
-        Median(walls) / Median(slowest) - 1.0, model, bal.ring_latency);
+        "ring layout=%s N=%d L=%lld H=%lld D=%lld threads_per_rank=%d docs=%lld wall_s=%.6f slowest_compute_s=%.6f "
+        "overhead=%.3f model_latency_s=%.6f imbalance=%.3f analytic_latency_pairs=%.0f\n",
+        names[li], n, (long long)L, (long long)H, (long long)D, cfg.num_threads, (long long)a.docs, Median(walls),
+        Median(slowest), Median(walls) / Median(slowest) - 1.0, model, model / (total / n), bal.ring_latency);
     for (auto* b : bufs) delete b;
     for (auto c : ctx) stria_context_destroy(c);
   }

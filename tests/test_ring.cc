@@ -38,9 +38,8 @@ std::string Name(const Case& c) {
   return os.str();
 }
 
-// The case's document boundaries, [B][n + 1] as params->cu_seqlens (empty: no document mask).
-// Random cuts may coincide (empty documents); odd batch rows get fewer documents than even ones
-// and repeat their end, as a caller pads rows with fewer documents.
+// The case's document boundaries, [B][n + 1] as cu_seqlens (empty: no document mask): random
+// (RandomDocuments), or documents of doc_len tokens.
 std::vector<int64_t> MakeDocuments(const Case& c, int64_t S, std::mt19937_64& rng, int64_t* num_seqs) {
   std::vector<int64_t> cu;
   *num_seqs = 0;
@@ -52,17 +51,7 @@ std::vector<int64_t> MakeDocuments(const Case& c, int64_t S, std::mt19937_64& rn
   }
   if (c.docs <= 0) return cu;
   *num_seqs = c.docs;
-  for (int64_t b = 0; b < c.B; ++b) {
-    const int64_t used = b % 2 == 1 ? std::max(1, c.docs / 2) : c.docs;
-    std::vector<int64_t> cuts;
-    std::uniform_int_distribution<int64_t> pos(0, S);
-    for (int64_t d = 1; d < used; ++d) cuts.push_back(pos(rng));
-    std::sort(cuts.begin(), cuts.end());
-    cu.push_back(0);
-    cu.insert(cu.end(), cuts.begin(), cuts.end());
-    while (static_cast<int64_t>(cu.size()) % (c.docs + 1) != 0) cu.push_back(S);
-  }
-  return cu;
+  return RandomDocuments(c.B, S, c.docs, rng);
 }
 
 double Tolerance(Dt dt) {

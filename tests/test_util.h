@@ -5,6 +5,7 @@
 
 #include <stria/stria.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -276,6 +277,24 @@ inline Reference DenseAttention(const std::vector<double>& q, const std::vector<
       }
     }
   return r;
+}
+
+// Document boundaries for B rows of S tokens, [B][docs + 1] as cu_seqlens takes them: docs - 1
+// random cuts per row (cuts may coincide: empty documents); odd rows get half as many documents
+// and repeat S at their end, as a caller pads rows with fewer documents.
+inline std::vector<int64_t> RandomDocuments(int64_t B, int64_t S, int docs, std::mt19937_64& rng) {
+  std::vector<int64_t> cu;
+  std::uniform_int_distribution<int64_t> pos(0, S);
+  for (int64_t b = 0; b < B; ++b) {
+    const int used = b % 2 == 1 ? std::max(1, docs / 2) : docs;
+    std::vector<int64_t> cuts;
+    for (int d = 1; d < used; ++d) cuts.push_back(pos(rng));
+    std::sort(cuts.begin(), cuts.end());
+    cu.push_back(0);
+    cu.insert(cu.end(), cuts.begin(), cuts.end());
+    while (static_cast<int64_t>(cu.size()) % (docs + 1) != 0) cu.push_back(S);
+  }
+  return cu;
 }
 
 // True where a CUDA context can be created (the CUDA module is built and a GPU is present): tests

@@ -43,7 +43,8 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashBackwardKernel(const BwdParams p
   const int bhk = static_cast<int>(blockIdx.y), b = bhk / d.Hkv, hk = bhk % d.Hkv;
   const int group = d.Hq / d.Hkv;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kN;
-  const TileRun queries = QueryTilesOf(p.mask, j0, MinI(j0 + kN, d.L), kM);
+  const MaskArgs mask = BatchMask(p.mask, b);
+  const TileRun queries = QueryTilesOf(mask, j0, MinI(j0 + kN, d.L), kM);
   if (queries.count == 0) return;
 
   const int64_t kv_row = static_cast<int64_t>(d.Hkv) * D;
@@ -105,8 +106,8 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashBackwardKernel(const BwdParams p
       // The queries of this tile that see each of this thread's two keys (all of them unless the
       // tile needs the element mask): one window per key, two comparisons per element.
       Window seen[2] = {Window{0, kM}, Window{0, kM}};
-      if (!FullyVisible(p.mask, i0, i0 + kM, j0, j0 + kN)) {
-        for (int e = 0; e < 2; ++e) seen[e] = SeeingQueries(p.mask, key[e], i0, kM);
+      if (!FullyVisible(mask, i0, i0 + kM, j0, j0 + kN)) {
+        for (int e = 0; e < 2; ++e) seen[e] = SeeingQueries(mask, key[e], i0, kM);
       }
       STRIA_UNROLL
       for (int nt = 0; nt < kQTiles; ++nt) {
@@ -164,7 +165,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashBackwardKernel(const BwdParams p
       STRIA_UNROLL
       for (int e = 0; e < 2; ++e) {
         const int64_t i = i0 + rg * 16 + g + e * 8;
-        if (i < p.mask.q_begin || i >= p.mask.q_end) continue;  // dS is 0 there
+        if (i < mask.q_begin || i >= mask.q_end) continue;  // dS is 0 there
         float* dst = p.dq_acc + (bh * d.L + i) * D + cs * kQCols + 2 * t4;
         STRIA_UNROLL
         for (int nt = 0; nt < kQCols / 8; ++nt) atomic_add2(dst + nt * 8, dq[nt][2 * e], dq[nt][2 * e + 1]);

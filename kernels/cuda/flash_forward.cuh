@@ -38,8 +38,9 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
   const Dims& d = p.dims;
   const int warp = warp_id(), lane = lane_id(), g = lane >> 2, t4 = lane & 3;
   const int bh = static_cast<int>(blockIdx.y);
-  const int64_t i0 = QueryTileStart(p.mask, kM, blockIdx.x, gridDim.x);
-  const TileRun keys = KeyTilesOf(p.mask, i0, MinI(i0 + kM, d.L), kN);
+  const MaskArgs mask = BatchMask(p.mask, bh / d.Hq);
+  const int64_t i0 = QueryTileStart(mask, kM, blockIdx.x, gridDim.x);
+  const TileRun keys = KeyTilesOf(mask, i0, MinI(i0 + kM, d.L), kN);
   if (keys.count == 0) return;  // the whole CTA, before any barrier
   const int64_t j_first = keys.first;
   const int n_tiles = keys.count;
@@ -48,7 +49,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
   const int w0 = warp * Tile::kWarpRows;
   const int64_t wi0 = i0 + w0, wi1 = wi0 + Tile::kWarpRows;
   int64_t wk_lo, wk_hi;
-  KeyRange(p.mask, wi0, MinI(wi1, d.L), &wk_lo, &wk_hi);
+  KeyRange(mask, wi0, MinI(wi1, d.L), &wk_lo, &wk_hi);
 
   const HeadRows hr = ForwardHeadRows(p, bh);
 
@@ -65,7 +66,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
   for (int r = 0; r < kR; ++r) {
     const int mt = r >> 1, e = r & 1;
     row[r] = wi0 + mt * 16 + g + e * 8;
-    live[r] = row[r] >= p.mask.q_begin && row[r] < p.mask.q_end;
+    live[r] = row[r] >= mask.q_begin && row[r] < mask.q_end;
     LoadRowState<D>(p, static_cast<int64_t>(bh) * d.L + row[r], t4, live[r], &m_run[r], &l_run[r], &o[mt][2 * e]);
   }
 
@@ -105,10 +106,10 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
 
       // Scaled scores; the element mask only in tiles that need it, each row's visible keys as
       // one window (tile_mask.cuh), in a loop of its own so the other tiles pay nothing for it.
-      if (!FullyVisible(p.mask, wi0, wi1, j0, j0 + kN)) {
+      if (!FullyVisible(mask, wi0, wi1, j0, j0 + kN)) {
         Window w[kR];
         STRIA_UNROLL
-        for (int r = 0; r < kR; ++r) w[r] = VisibleKeys(p.mask, row[r], j0, kN);
+        for (int r = 0; r < kR; ++r) w[r] = VisibleKeys(mask, row[r], j0, kN);
         STRIA_UNROLL
         for (int mt = 0; mt < kMT; ++mt) {
           STRIA_UNROLL

@@ -12,11 +12,16 @@ namespace cuda {
 constexpr float kLog2e = 1.4426950408889634f;
 
 // The visible part of one ring block (layout::BlockMask): query i sees key j iff
-// q_begin <= i < q_end, k_begin <= j < k_end and (!diagonal || j <= i + offset).
+// q_begin <= i < q_end, k_begin <= j < k_end and (!diagonal || j <= i + offset), and, with a
+// document mask, doc_lo[i] <= j < doc_hi[i] (device arrays, both ends never decreasing in i; batch
+// row b's start doc_stride * b later: kernels take their row's with BatchMask).
 struct MaskArgs {
   int64_t q_begin, q_end, k_begin, k_end;
   int diagonal;
   int64_t offset;
+  const int64_t* doc_lo = nullptr;  // nullptr: no document mask
+  const int64_t* doc_hi = nullptr;
+  int64_t doc_stride = 0;
 };
 
 struct Dims {

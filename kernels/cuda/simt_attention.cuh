@@ -94,9 +94,10 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtForwardKernel(const FwdParams p) 
   float* vs = ks + kSimtTile * (D + 1);
   const int warp = warp_id(), lane = lane_id();
   const int bh = static_cast<int>(blockIdx.y), b = bh / d.Hq, h = bh % d.Hq, hk = h / (d.Hq / d.Hkv);
-  const int64_t i0 = QueryTileStart(p.mask, kSimtRows, blockIdx.x, gridDim.x);
+  const MaskArgs mask = BatchMask(p.mask, b);
+  const int64_t i0 = QueryTileStart(mask, kSimtRows, blockIdx.x, gridDim.x);
   int64_t k_lo, k_hi;
-  KeyRange(p.mask, i0, MinI(i0 + kSimtRows, d.L), &k_lo, &k_hi);
+  KeyRange(mask, i0, MinI(i0 + kSimtRows, d.L), &k_lo, &k_hi);
   if (k_lo >= k_hi) return;
   LoadRowsF<T>(qs, D, static_cast<const char*>(p.q.data) + (b * p.q.sb + h * p.q.sh) * ElemBytes<T>(), p.q.sl, i0,
                kSimtRows, d.L, D);
@@ -108,7 +109,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtForwardKernel(const FwdParams p) 
   STRIA_UNROLL
   for (int r = 0; r < 4; ++r) {
     row[r] = i0 + warp * 4 + r;
-    live[r] = row[r] >= p.mask.q_begin && row[r] < p.mask.q_end;
+    live[r] = row[r] >= mask.q_begin && row[r] < mask.q_end;
     const int64_t sr = static_cast<int64_t>(bh) * d.L + row[r];
     m_run[r] = live[r] ? p.m[sr] : NegInf();
     l_run[r] = live[r] ? p.l[sr] : 0.f;
@@ -133,7 +134,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtForwardKernel(const FwdParams p) 
       float s = 0.f;
       for (int c = 0; c < D; ++c) s += qrow[c] * krow[c];
       s *= p.scale_log2;
-      if (!Visible(p.mask, row[r], j0 + lane)) s = NegInf();
+      if (!Visible(mask, row[r], j0 + lane)) s = NegInf();
       const float m_new = fmaxf(m_run[r], WarpMax(s));
       const float base = m_new == NegInf() ? 0.f : m_new;
       const float alpha = fast_exp2(m_run[r] - base);
@@ -182,9 +183,10 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDqKernel(const BwdParams 
   float* vs = ks + kSimtTile * (D + 1);
   const int warp = warp_id(), lane = lane_id();
   const int bh = static_cast<int>(blockIdx.y), b = bh / d.Hq, h = bh % d.Hq, hk = h / (d.Hq / d.Hkv);
-  const int64_t i0 = QueryTileStart(p.mask, kSimtRows, blockIdx.x, gridDim.x);
+  const MaskArgs mask = BatchMask(p.mask, b);
+  const int64_t i0 = QueryTileStart(mask, kSimtRows, blockIdx.x, gridDim.x);
   int64_t k_lo, k_hi;
-  KeyRange(p.mask, i0, MinI(i0 + kSimtRows, d.L), &k_lo, &k_hi);
+  KeyRange(mask, i0, MinI(i0 + kSimtRows, d.L), &k_lo, &k_hi);
   if (k_lo >= k_hi) return;
   constexpr int kEb = ElemBytes<T>();
   LoadRowsF<T>(qs, D, static_cast<const char*>(p.q.data) + (b * p.q.sb + h * p.q.sh) * kEb, p.q.sl, i0, kSimtRows, d.L,
@@ -222,7 +224,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDqKernel(const BwdParams 
         s += qrow[c] * krow[c];
         dp += dorow[c] * vrow[c];
       }
-      const bool vis = Visible(p.mask, row[r], j0 + lane);
+      const bool vis = Visible(mask, row[r], j0 + lane);
       const float pr = vis ? fast_exp2(s * p.scale_log2 - lse2[r]) : 0.f;
       const float ds = vis ? pr * (dp - delta[r]) : 0.f;
       for (int jj = 0; jj < kSimtTile; ++jj) {
@@ -238,7 +240,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDqKernel(const BwdParams 
   }
   STRIA_UNROLL
   for (int r = 0; r < 4; ++r) {
-    if (row[r] < p.mask.q_begin || row[r] >= p.mask.q_end) continue;
+    if (row[r] < mask.q_begin || row[r] >= mask.q_end) continue;
     float* dst = p.dq_acc + (static_cast<int64_t>(bh) * d.L + row[r]) * D;
     STRIA_UNROLL
     for (int e = 0; e < kPer; ++e) {
@@ -263,9 +265,10 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDkvKernel(const BwdParams
   float* deltas = lse2s + kSimtTile;
   const int warp = warp_id(), lane = lane_id();
   const int bhk = static_cast<int>(blockIdx.y), b = bhk / d.Hkv, hk = bhk % d.Hkv;
+  const MaskArgs mask = BatchMask(p.mask, b);
   const int group = d.Hq / d.Hkv;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kSimtRows;
-  const TileRun queries = QueryTilesOf(p.mask, j0, MinI(j0 + kSimtRows, d.L), kSimtTile);
+  const TileRun queries = QueryTilesOf(mask, j0, MinI(j0 + kSimtRows, d.L), kSimtTile);
   if (queries.count == 0) return;
   constexpr int kEb = ElemBytes<T>();
   const int64_t kv_row = static_cast<int64_t>(d.Hkv) * D;
@@ -306,7 +309,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDkvKernel(const BwdParams
           s += qrow[c] * krow[c];
           dp += dorow[c] * vrow[c];
         }
-        const bool vis = Visible(p.mask, i0 + lane, j);
+        const bool vis = Visible(mask, i0 + lane, j);
         const float pr = vis ? fast_exp2(s * p.scale_log2 - lse2s[lane]) : 0.f;
         const float ds = vis ? pr * (dp - deltas[lane]) : 0.f;
         for (int ii = 0; ii < kSimtTile; ++ii) {

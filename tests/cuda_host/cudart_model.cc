@@ -621,6 +621,21 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
   return s->done >= ticket ? cudaSuccess : Set(cudaErrorNotReady);
 }
 
+// Blocks the host until the work queued before the event's record has run (at once when it was
+// never recorded), as the runtime does.
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  if (e == nullptr) return Set(cudaErrorInvalidResourceHandle);
+  CUstream_st* s;
+  uint64_t ticket;
+  {
+    std::lock_guard<std::mutex> lock(e->mu);
+    s = e->stream;
+    ticket = e->ticket;
+  }
+  if (s != nullptr) WaitFor(s, ticket);
+  return s != nullptr ? Set(Sticky(s->device)) : cudaSuccess;
+}
+
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned int /*flags*/) {
   if (e == nullptr) return Set(cudaErrorInvalidResourceHandle);
   CUstream_st* waiter = Resolve(stream);

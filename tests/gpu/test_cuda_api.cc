@@ -123,26 +123,6 @@ TEST(CudaErrors, HeadDimAbove256IsUnsupported) {
   EXPECT_NE(std::string(stria_get_last_error()).find("1..256"), std::string::npos) << stria_get_last_error();
 }
 
-// Document masks run on CPU contexts only so far: a CUDA context says so (forward and backward),
-// before any work, and stays usable.
-TEST(CudaErrors, DocumentMasksAreUnsupported) {
-  STRIA_REQUIRE_GPU();
-  CudaGroup group(1);
-  ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
-  stria_attention_params_t p;
-  stria_attention_params_init(&p);
-  RankTensors t(64, 64, Dt::kBF16, 3);
-  const int64_t cu[3] = {0, 20, 64};
-  EXPECT_EQ(stria_attention_forward_documents(group.ctx[0], &p, cu, 2, &t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl, &t.lse.dl,
-                                              nullptr),
-            STRIA_ERROR_UNSUPPORTED);
-  EXPECT_NE(std::string(stria_get_last_error()).find("document"), std::string::npos) << stria_get_last_error();
-  EXPECT_EQ(stria_attention_backward_documents(group.ctx[0], &p, cu, 2, &t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl, &t.lse.dl,
-                                               &t.dout.dl, &t.dq.dl, &t.dk.dl, &t.dv.dl, nullptr),
-            STRIA_ERROR_UNSUPPORTED);
-  EXPECT_EQ(t.Forward(group.ctx[0], &p), STRIA_SUCCESS) << stria_get_last_error();
-}
-
 // An error the caller left pending on its thread (a failed cudaSetDevice: not sticky) is the
 // caller's: stria's launches must neither fail on it nor consume it. With launches checked by
 // cudaGetLastError, every call below failed with "invalid device ordinal" and cleared it.

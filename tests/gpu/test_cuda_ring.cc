@@ -1,7 +1,7 @@
 // The GPU ring against the float64 dense reference of the whole sequence: N = 1..8 CUDA ranks on
 // one GPU (a local group passing blocks device to device) or spread over two, every layout, causal and not, float16
 // and bfloat16 on the tensor-core kernels (D = 64 and 128, GQA, partial tiles), float32 and other
-// head dims on the SIMT kernels, packed-QKV views, the caller's own stream. Device outputs are
+// head dims on the SIMT kernels, packed-QKV views, the caller's own stream, document masks. Device outputs are
 // poisoned (NaN) before each run. Skips, saying why, where no GPU is present.
 #include <gtest/gtest.h>
 
@@ -25,6 +25,7 @@ struct Case {
   bool stream = false;            // run on a stream of our own instead of the default stream
   bool strided = false;           // q/k/v as head views of one packed [B, L, Hq + 2 Hkv, D] tensor
   bool spread = false;            // rank r on GPU r % 2 (stria_context_create_local_group_on_devices)
+  int docs = 0;                   // > 0: a document mask of this many documents per batch row (random cuts)
 };
 
 std::string Name(const Case& c) {
@@ -32,7 +33,7 @@ std::string Name(const Case& c) {
   os << "N" << c.world << "_" << LayoutName(c.layout) << (c.causal ? "_causal" : "_full") << "_" << DtName(c.dt) << "_B"
      << c.B << "L" << c.L << "H" << c.Hq << "x" << c.Hkv << "D" << c.D
      << (c.kernels ? std::string("_") + c.kernels : "") << (c.stream ? "_stream" : "") << (c.strided ? "_strided" : "")
-     << (c.spread ? "_2gpus" : "");
+     << (c.spread ? "_2gpus" : "") << (c.docs > 0 ? "_docs" + std::to_string(c.docs) : "");
   return os.str();
 }
 
@@ -69,8 +70,9 @@ void RunCase(const Case& c) {
   for (Tensor* t : {&q, &k, &v, &dout}) t->FillRandom(rng);
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
   const auto dod = dout.ToDouble();
-  const Reference ref =
-      DenseAttention(q.ToDouble(), k.ToDouble(), v.ToDouble(), &dod, c.B, S, c.Hq, c.Hkv, c.D, c.causal, scale);
+  const std::vector<int64_t> documents = c.docs > 0 ? RandomDocuments(c.B, S, c.docs, rng) : std::vector<int64_t>();
+  const Reference ref = DenseAttention(q.ToDouble(), k.ToDouble(), v.ToDouble(), &dod, c.B, S, c.Hq, c.Hkv, c.D,
+                                       c.causal, scale, c.docs > 0 ? &documents : nullptr);
 
   GatheredResults full(c.layout, c.world, c.B, S, c.Hq, c.Hkv, c.D, c.dt);
 
@@ -111,11 +113,20 @@ void RunCase(const Case& c) {
       EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
     }
     stria_context_t ctx = group.ctx[static_cast<size_t>(r)];
-    fwd[static_cast<size_t>(r)] =
-        stria_attention_forward(ctx, &params, &qv, &kv, &vv, &out_d.dl, &lse_d.dl, static_cast<void*>(stream));
+    if (c.docs > 0)
+      fwd[static_cast<size_t>(r)] = stria_attention_forward_documents(ctx, &params, documents.data(), c.docs, &qv, &kv,
+                                                                      &vv, &out_d.dl, &lse_d.dl, stream);
+    else
+      fwd[static_cast<size_t>(r)] =
+          stria_attention_forward(ctx, &params, &qv, &kv, &vv, &out_d.dl, &lse_d.dl, static_cast<void*>(stream));
     std::string err = stria_get_last_error();
-    bwd[static_cast<size_t>(r)] = stria_attention_backward(ctx, &params, &qv, &kv, &vv, &out_d.dl, &lse_d.dl, &do_d.dl,
-                                                           &dq_d.dl, &dk_d.dl, &dv_d.dl, stream);
+    if (c.docs > 0)
+      bwd[static_cast<size_t>(r)] =
+          stria_attention_backward_documents(ctx, &params, documents.data(), c.docs, &qv, &kv, &vv, &out_d.dl,
+                                             &lse_d.dl, &do_d.dl, &dq_d.dl, &dk_d.dl, &dv_d.dl, stream);
+    else
+      bwd[static_cast<size_t>(r)] = stria_attention_backward(ctx, &params, &qv, &kv, &vv, &out_d.dl, &lse_d.dl,
+                                                             &do_d.dl, &dq_d.dl, &dk_d.dl, &dv_d.dl, stream);
     err += stria_get_last_error();
     const cudaError_t sync = cudaStreamSynchronize(stream);
     if (sync != cudaSuccess) err += std::string(" stream sync: ") + cudaGetErrorString(sync);
@@ -251,6 +262,39 @@ std::vector<Case> TwoGpus() {
   return cases;
 }
 
+// Document masks: the mma.sync kernels (also when a Hopper family is asked for: they take
+// mma.sync then) and SIMT, every layout, causal and not, rank counts, GQA, D 64 and 128, blocks of
+// several tiles, batch rows with documents of their own, the caller's stream.
+std::vector<Case> DocumentSweep() {
+  std::vector<Case> cases;
+  for (int n : {1, 2, 3, 8})
+    for (stria_layout_t lay : {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG})
+      for (bool causal : {true, false}) {
+        Case c{n, lay, causal, causal ? Dt::kBF16 : Dt::kF16, 2, 80, 4, 2, 64};
+        c.docs = 3 + n;
+        cases.push_back(c);
+      }
+  for (stria_layout_t lay : {STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG}) {
+    Case big{3, lay, true, Dt::kBF16, 2, 264, 4, 1, 128};
+    big.docs = 9;
+    cases.push_back(big);
+  }
+  for (const char* k : {"simt", "wgmma", "tma"}) {
+    Case c{3, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 2, 80, 4, 2, 64};
+    c.kernels = k;
+    c.docs = 6;
+    cases.push_back(c);
+  }
+  Case f32{4, STRIA_LAYOUT_ZIGZAG, false, Dt::kF32, 2, 40, 4, 2, 64};
+  f32.docs = 5;
+  cases.push_back(f32);
+  Case on_stream{2, STRIA_LAYOUT_CONTIGUOUS, true, Dt::kF16, 1, 136, 2, 2, 128};
+  on_stream.docs = 4;
+  on_stream.stream = true;
+  cases.push_back(on_stream);
+  return cases;
+}
+
 std::string ParamName(const ::testing::TestParamInfo<Case>& info) {
   return Name(info.param);
 }
@@ -258,6 +302,7 @@ std::string ParamName(const ::testing::TestParamInfo<Case>& info) {
 INSTANTIATE_TEST_SUITE_P(TensorCores, CudaRingVsReference, ::testing::ValuesIn(TensorCoreSweep()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaRingVsReference, ::testing::ValuesIn(ShapesAndPaths()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Wgmma, CudaRingVsReference, ::testing::ValuesIn(WgmmaSweep()), ParamName);
+INSTANTIATE_TEST_SUITE_P(Documents, CudaRingVsReference, ::testing::ValuesIn(DocumentSweep()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Tma, CudaRingVsReference, ::testing::ValuesIn(TmaSweep()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Devices, CudaRingVsReference, ::testing::ValuesIn(TwoGpus()), ParamName);
 

@@ -132,8 +132,8 @@ def attention_forward(
 
     cu_seqlens (optional) packs several documents into the sequence: a query then sees only the
     keys of its own document. Global positions ``[0, s1, ..., S]`` (S = L * world size), the same
-    on every rank, for every batch row or one row per batch row (see document_boundaries). CPU
-    contexts only so far.
+    on every rank, for every batch row or one row per batch row (see document_boundaries); host
+    memory (a CUDA tensor is copied to the host), on CPU and CUDA contexts alike.
     """
     if out is None:
         out = empty_like(q, shape_of(q, "attention_forward", "q"), name="q")

@@ -65,6 +65,42 @@ def test_cuda_autograd_matches_reference(n, layout, causal, dtype):
     assert all(e < TOLERANCE[dtype] for e in errors.values()), errors
 
 
+@pytest.mark.parametrize("n", [1, 3])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_cuda_documents_match_reference(n, layout):
+    """Packed documents on the GPU (the boundaries as a CUDA tensor: copied to the host)."""
+    cu_seqlens = torch.tensor([0, 10, 40, 41, 96], device="cuda")
+    gen = torch.Generator().manual_seed(n + len(layout))
+    q, k, v, dout = (torch.randn(2, S, h, D, generator=gen).to(torch.bfloat16) for h in (4, 2, 2, 4))
+
+    def rank_fn(ctx):
+        pos = torch.from_numpy(positions_ref(layout, S, n, ctx.rank))
+        ql, kl, vl = (x[:, pos].cuda().requires_grad_() for x in (q, k, v))
+        out = stria_torch.ring_attention(ql, kl, vl, ctx, layout=layout, cu_seqlens=cu_seqlens)
+        out.backward(dout[:, pos].cuda())
+        torch.cuda.synchronize()
+        return pos.numpy(), out, ql.grad, kl.grad, vl.grad
+
+    with stria.local_group(n, device="cuda", timeout_s=TIMEOUT_S) as group:
+        results = group.run(rank_fn)
+    got = []
+    for i in range(1, 5):
+        shape = list(results[0][i].shape)
+        shape[1] = S
+        full = np.full(shape, np.nan)
+        for r in results:
+            full[:, r[0]] = as_f64(r[i])
+        got.append(full)
+    docs = cu_seqlens.cpu().numpy()
+    scale = 1.0 / math.sqrt(D)
+    ref = [
+        attention_ref(as_f64(q), as_f64(k), as_f64(v), True, scale, docs)[0],
+        *attention_backward_ref(as_f64(q), as_f64(k), as_f64(v), as_f64(dout), True, scale, docs),
+    ]
+    errors = {name: rel_err(g, r) for name, g, r in zip(("out", "dq", "dk", "dv"), got, ref)}
+    assert all(e < TOLERANCE["bfloat16"] for e in errors.values()), errors
+
+
 def test_cpu_tensors_on_a_cuda_context_are_refused():
     with stria.local_group(1, device="cuda", timeout_s=TIMEOUT_S) as group:
         q = torch.randn(1, 8, 2, D)

@@ -1,7 +1,12 @@
 // The CUDA backend. Per call it keeps the running softmax state (forward) or the dQ accumulator
 // and per-row LSE/delta (backward) in device workspaces that are reused across calls, and queues
 // every kernel on the caller's stream. It never synchronizes except where the engine asks
-// (FenceBuffers, before a ring buffer is handed to the transport) and on errors.
+// (FenceBuffers, before a ring buffer is handed to the transport), on errors, and, for a document
+// mask, before refilling the host staging buffer of the block before last (whose copy the
+// engine's fence has already seen through).
+//
+// Document masks run on the mma.sync and SIMT kernels (a call asking for a Hopper family takes
+// mma.sync then): their tile mask clamps each query's keys to its document (tile_mask.cuh).
 //
 // Kernel choice per call: the tensor-core kernels for float16/bfloat16 with D in {64, 128} when
 // q (and dO) rows are 16-byte aligned; the SIMT kernels otherwise (float32, other head dims,
@@ -73,6 +78,7 @@ bool RowsAligned16(const TensorView& v) {
          v.strides[2] % per16 == 0;
 }
 
+// The block's mask without its document bounds (UploadDocuments adds their device copy).
 cuda::MaskArgs MaskOf(const BlockMask& m) {
   return cuda::MaskArgs{m.q_begin, m.q_end, m.k_begin, m.k_end, m.diagonal ? 1 : 0, m.offset};
 }
@@ -175,9 +181,13 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, cuda::Kernels want) : device_(device), want_(want) {}
   ~CudaBackend() override {
-    if (handoff_ == nullptr) return;
     DeviceScope scope(device_);
-    cudaEventDestroy(handoff_);
+    for (Staging& st : staging_) {
+      if (st.copied == nullptr) continue;
+      cudaEventSynchronize(st.copied);  // its host buffer is freed with this backend
+      cudaEventDestroy(st.copied);
+    }
+    if (handoff_ != nullptr) cudaEventDestroy(handoff_);
   }
   const char* name() const override { return "cuda"; }
   double cpu_seconds() const override { return 0.0; }
@@ -189,10 +199,6 @@ class CudaBackend final : public Backend {
                    "head dim %lld is not supported by the CUDA backend (supported: 1..%d; the tensor-core kernels "
                    "take 64 and 128 in float16/bfloat16, the others run on CUDA cores)",
                    static_cast<long long>(s.D), cuda::kMaxHeadDim);
-    if (s.documents)
-      return Error(STRIA_ERROR_UNSUPPORTED,
-                   "document masks (params->cu_seqlens) run on CPU contexts only so far: the CUDA kernels' tile mask "
-                   "has no per-query document bounds yet");
     if (s.B * s.Hq > 65535)
       return Error(STRIA_ERROR_UNSUPPORTED, "B*Hq = %lld exceeds the CUDA backend's 65535 (batch x heads per launch)",
                    static_cast<long long>(s.B * s.Hq));
@@ -274,8 +280,6 @@ class CudaBackend final : public Backend {
   }
 
   Status ForwardBlock(const void* kv_wire, const BlockMask& mask, bool /*local*/) override {
-    if (mask.doc_lo != nullptr)  // CheckSupported refused the call: never computed without its documents
-      return Error(STRIA_ERROR_INTERNAL, "a document mask reached the CUDA backend");
     DeviceScope scope(device_);
     STRIA_RETURN_IF_ERROR(scope.status());
     cuda::FwdParams p{};
@@ -288,6 +292,7 @@ class CudaBackend final : public Backend {
     p.l = l_.f32();
     p.scale_log2 = s_.scale * cuda::kLog2e;
     p.mask = MaskOf(mask);
+    STRIA_RETURN_IF_ERROR(UploadDocuments(mask, &p.mask));
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchForwardBlock(ElemOf(s_.dtype), kernels_, p, stream_));
     return Status::Ok();
   }
@@ -321,8 +326,6 @@ class CudaBackend final : public Backend {
   }
 
   Status BackwardBlock(const void* kv_wire, const BlockMask& mask, float* dkv, bool /*local*/) override {
-    if (mask.doc_lo != nullptr)  // CheckSupported refused the call: never computed without its documents
-      return Error(STRIA_ERROR_INTERNAL, "a document mask reached the CUDA backend");
     DeviceScope scope(device_);
     STRIA_RETURN_IF_ERROR(scope.status());
     const size_t per = static_cast<size_t>(s_.B * s_.L * s_.Hkv * s_.D);
@@ -342,6 +345,7 @@ class CudaBackend final : public Backend {
     p.scale_log2 = s_.scale * cuda::kLog2e;
     p.scale = s_.scale;
     p.mask = MaskOf(mask);
+    STRIA_RETURN_IF_ERROR(UploadDocuments(mask, &p.mask));
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchBackwardBlock(ElemOf(s_.dtype), kernels_, p, stream_));
     return Status::Ok();
   }
@@ -383,6 +387,34 @@ class CudaBackend final : public Backend {
     return Status::Ok();
   }
 
+  // A document mask's bounds for the block at hand ([B][L] lo, then hi, from the ring: host
+  // memory it reuses at the next step) go to the device on the compute stream, through one of two
+  // host staging buffers that alternate: a buffer is refilled only once its previous copy has run,
+  // so the ring's next step never waits for this one's kernels.
+  Status UploadDocuments(const BlockMask& mask, cuda::MaskArgs* m) {
+    if (mask.doc_lo == nullptr) return Status::Ok();
+    const size_t n = static_cast<size_t>(s_.B * s_.L);
+    STRIA_RETURN_IF_ERROR(docs_.Reserve(2 * n * sizeof(int64_t), "document bounds"));
+    Staging& st = staging_[next_staging_];
+    next_staging_ ^= 1;
+    if (st.copied == nullptr) {
+      STRIA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&st.copied, cudaEventDisableTiming));
+    } else {
+      STRIA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(st.copied));
+    }
+    st.bounds.resize(2 * n);
+    std::memcpy(st.bounds.data(), mask.doc_lo, n * sizeof(int64_t));
+    std::memcpy(st.bounds.data() + n, mask.doc_hi, n * sizeof(int64_t));
+    int64_t* dev = static_cast<int64_t*>(docs_.data());
+    STRIA_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dev, st.bounds.data(), 2 * n * sizeof(int64_t), cudaMemcpyHostToDevice, stream_));
+    STRIA_CUDA_RETURN_IF_ERROR(cudaEventRecord(st.copied, stream_));
+    m->doc_lo = dev;
+    m->doc_hi = dev + n;
+    m->doc_stride = mask.doc_batch_stride;
+    return Status::Ok();
+  }
+
   // The kernel family of this call (see the top of the file). Needs the device current.
   Status Choose(const AttentionShape& s, bool rows_aligned) {
     if (want_ == cuda::Kernels::kSimt || s.dtype == DType::kF32 || !cuda::FlashHeadDim(static_cast<int>(s.D)) ||
@@ -397,8 +429,9 @@ class CudaBackend final : public Backend {
       STRIA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_));
       cc_ = 10 * major + minor;
     }
-    // sm_90a code runs on compute capability 9.0 only (not on later majors).
-    kernels_ = hopper_family && cc_ == 90 ? want_ : cuda::Kernels::kMma;
+    // sm_90a code runs on compute capability 9.0 only (not on later majors). The Hopper families
+    // have no document mask yet: such calls take mma.sync.
+    kernels_ = hopper_family && cc_ == 90 && !s.documents ? want_ : cuda::Kernels::kMma;
     return Status::Ok();
   }
 
@@ -413,6 +446,13 @@ class CudaBackend final : public Backend {
   cuda::Dims dims_{};
   cuda::RowsArg q_{}, dout_{};
   DeviceBuffer acc_, m_, l_, dq_acc_;  // m_/l_ hold lse2/delta in the backward
+  DeviceBuffer docs_;                  // the block's document bounds (UploadDocuments)
+  struct Staging {
+    std::vector<int64_t> bounds;
+    cudaEvent_t copied = nullptr;  // recorded after the copy out of `bounds`
+  };
+  Staging staging_[2];
+  int next_staging_ = 0;
 };
 
 }  // namespace

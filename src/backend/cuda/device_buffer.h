@@ -36,6 +36,7 @@ class DeviceBuffer {
     return Status::Ok();
   }
   float* f32() const { return static_cast<float*>(ptr_); }
+  void* data() const { return ptr_; }
 
  private:
   void* ptr_ = nullptr;

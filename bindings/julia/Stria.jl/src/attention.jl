@@ -41,7 +41,7 @@ Float16 or BFloat16, the same for all but lse. `softmax_scale = 0` means `1/sqrt
 `cu_seqlens` packs documents into the sequence: a query sees only the keys of its own document.
 Global positions `[0, s1, ..., S]` (S = L * world size) for every batch row, or an `(n + 1, B)`
 matrix with a column per batch row (a column with fewer documents repeats S), the same on every
-rank. CPU contexts only so far.
+rank.
 
 A collective: every rank of the ring calls it at the same time with the same shapes and
 parameters (see `run_ranks`). Throws a `StriaError` on bad arguments, on every rank.

@@ -72,7 +72,7 @@ pub struct AttentionParams<'a> {
     pub causal: bool,
     /// The factor on QKᵀ; `None` is 1/√D. (`Some(0.0)` also means 1/√D to the library.)
     pub softmax_scale: Option<f32>,
-    /// Packed documents; `None` attends over the whole sequence. CPU contexts only so far.
+    /// Packed documents; `None` attends over the whole sequence.
     pub documents: Option<Documents<'a>>,
 }
 
