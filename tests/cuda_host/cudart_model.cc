@@ -257,6 +257,13 @@ cudaError_t CheckKind(const void* dst, const void* src, size_t bytes, cudaMemcpy
   return e;
 }
 
+// The stream and ticket of an event's last record (stream nullptr: never recorded).
+CUstream_st* LastRecord(cudaEvent_t e, uint64_t* ticket) {
+  std::lock_guard<std::mutex> lock(e->mu);
+  *ticket = e->ticket;
+  return e->stream;
+}
+
 }  // namespace
 
 namespace stria {
@@ -609,13 +616,8 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
 
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   if (e == nullptr) return Set(cudaErrorInvalidResourceHandle);
-  CUstream_st* s;
   uint64_t ticket;
-  {
-    std::lock_guard<std::mutex> lock(e->mu);
-    s = e->stream;
-    ticket = e->ticket;
-  }
+  CUstream_st* s = LastRecord(e, &ticket);
   if (s == nullptr) return cudaSuccess;  // never recorded
   std::lock_guard<std::mutex> lock(s->mu);
   return s->done >= ticket ? cudaSuccess : Set(cudaErrorNotReady);
@@ -625,15 +627,11 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
 // never recorded), as the runtime does.
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   if (e == nullptr) return Set(cudaErrorInvalidResourceHandle);
-  CUstream_st* s;
   uint64_t ticket;
-  {
-    std::lock_guard<std::mutex> lock(e->mu);
-    s = e->stream;
-    ticket = e->ticket;
-  }
-  if (s != nullptr) WaitFor(s, ticket);
-  return s != nullptr ? Set(Sticky(s->device)) : cudaSuccess;
+  CUstream_st* s = LastRecord(e, &ticket);
+  if (s == nullptr) return cudaSuccess;  // never recorded
+  WaitFor(s, ticket);
+  return Set(Sticky(s->device));
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned int /*flags*/) {

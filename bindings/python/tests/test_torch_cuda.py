@@ -26,6 +26,19 @@ def as_f64(x):
     return x.detach().to("cpu", torch.float64).numpy()
 
 
+def gather(results):
+    """out, dq, dk, dv over the whole sequence (float64) from the ranks' (positions, out, dq, dk, dv)."""
+    got = []
+    for i in range(1, 5):
+        shape = list(results[0][i].shape)
+        shape[1] = S
+        full = np.full(shape, np.nan)
+        for r in results:
+            full[:, r[0]] = as_f64(r[i])
+        got.append(full)
+    return got
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
@@ -48,14 +61,7 @@ def test_cuda_autograd_matches_reference(n, layout, causal, dtype):
 
     with stria.local_group(n, device="cuda", timeout_s=TIMEOUT_S) as group:
         results = group.run(rank_fn)
-    got = []
-    for i in range(1, 5):
-        shape = list(results[0][i].shape)
-        shape[1] = S
-        full = np.full(shape, np.nan)
-        for r in results:
-            full[:, r[0]] = as_f64(r[i])
-        got.append(full)
+    got = gather(results)
     scale = 1.0 / math.sqrt(D)
     ref = [
         attention_ref(as_f64(q), as_f64(k), as_f64(v), causal, scale)[0],
@@ -83,14 +89,7 @@ def test_cuda_documents_match_reference(n, layout):
 
     with stria.local_group(n, device="cuda", timeout_s=TIMEOUT_S) as group:
         results = group.run(rank_fn)
-    got = []
-    for i in range(1, 5):
-        shape = list(results[0][i].shape)
-        shape[1] = S
-        full = np.full(shape, np.nan)
-        for r in results:
-            full[:, r[0]] = as_f64(r[i])
-        got.append(full)
+    got = gather(results)
     docs = cu_seqlens.cpu().numpy()
     scale = 1.0 / math.sqrt(D)
     ref = [
