@@ -52,6 +52,9 @@ Status RingBackward(Context& ctx, const BackwardCall& call) {
     const int holder = (r - step + n) % n;
     RequestId kv_send = 0, kv_recv = 0, dkv_recv = 0;
     const bool forward_block = step < n - 1;
+    // The block's mask first: with documents it is host work, which this way overlaps an
+    // asynchronous backend's previous step instead of following the fence.
+    const BlockMask mask = MaskOfBlock(c, n, r, holder, &bounds);
     // Asynchronous backends: the K/V block to send is packed and the buffers we receive into
     // (the other K/V slot, dkv_in) are no longer read by the previous step's compute.
     Status st = n > 1 ? be.FenceBuffers() : Status::Ok();
@@ -65,7 +68,6 @@ Status RingBackward(Context& ctx, const BackwardCall& call) {
     StepTimer timer(be);
     timer.ComputeBegin();
     float* mine = static_cast<float*>(dkv[step % 2]);
-    const BlockMask mask = MaskOfBlock(c, n, r, holder, &bounds);
     st = be.BackwardBlock(kv[step % 2], mask, mine, step == 0);
     if (st.ok()) st = ctx.CheckNotAborted();
     if (!st.ok()) return ctx.Fail(st);

@@ -46,6 +46,9 @@ Status RingForward(Context& ctx, const ForwardCall& call) {
     const int holder = (r - step + n) % n;  // whose K/V this rank holds now
     RequestId send = 0, recv = 0;
     const bool forward_block = step < n - 1;
+    // The block's mask first: with documents it is host work, which this way overlaps an
+    // asynchronous backend's previous step instead of following the fence.
+    const BlockMask mask = MaskOfBlock(c, n, r, holder, &bounds);
     if (forward_block) {
       // The block we send must be packed (step 0), and the one we receive into no longer read
       // by the previous step's compute.
@@ -56,7 +59,6 @@ Status RingForward(Context& ctx, const ForwardCall& call) {
     }
     StepTimer timer(be);
     timer.ComputeBegin();
-    const BlockMask mask = MaskOfBlock(c, n, r, holder, &bounds);
     if (!mask.empty()) {
       Status st = be.ForwardBlock(kv[step % 2], mask, step == 0);
       if (st.ok()) st = ctx.CheckNotAborted();
