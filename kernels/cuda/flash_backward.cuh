@@ -22,7 +22,7 @@ struct BwdTile {
   static constexpr int kSmemBytes = (2 * kN + 2 * kM) * kStride * 2 + kN * kDsStride * 2 + 2 * kM * 4;
 };
 
-template <typename T, int D>
+template <typename T, int D, bool kDocs = false>
 STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashBackwardKernel(const BwdParams p) {
   using Tile = BwdTile<D>;
   constexpr int S = Tile::kStride, kM = Tile::kM, kN = Tile::kN, kDs = Tile::kDsStride;
@@ -43,8 +43,11 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashBackwardKernel(const BwdParams p
   const int bhk = static_cast<int>(blockIdx.y), b = bhk / d.Hkv, hk = bhk % d.Hkv;
   const int group = d.Hq / d.Hkv;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kN;
-  const MaskArgs mask = BatchMask(p.mask, b);
-  const TileRun queries = QueryTilesOf(mask, j0, MinI(j0 + kN, d.L), kM);
+  // With documents, this batch row's bounds (a copy); without, the launch's own mask as it is
+  // (kDocs false compiles the clamp out: these kernels' registers are tight).
+  const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, b) : MaskArgs{};
+  const MaskArgs& mask = kDocs ? docs_mask : p.mask;
+  const TileRun queries = QueryTilesOf<kDocs>(mask, j0, MinI(j0 + kN, d.L), kM);
   if (queries.count == 0) return;
 
   const int64_t kv_row = static_cast<int64_t>(d.Hkv) * D;
@@ -106,8 +109,8 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashBackwardKernel(const BwdParams p
       // The queries of this tile that see each of this thread's two keys (all of them unless the
       // tile needs the element mask): one window per key, two comparisons per element.
       Window seen[2] = {Window{0, kM}, Window{0, kM}};
-      if (!FullyVisible(mask, i0, i0 + kM, j0, j0 + kN)) {
-        for (int e = 0; e < 2; ++e) seen[e] = SeeingQueries(mask, key[e], i0, kM);
+      if (!FullyVisible<kDocs>(mask, i0, i0 + kM, j0, j0 + kN)) {
+        for (int e = 0; e < 2; ++e) seen[e] = SeeingQueries<kDocs>(mask, key[e], i0, kM);
       }
       STRIA_UNROLL
       for (int nt = 0; nt < kQTiles; ++nt) {

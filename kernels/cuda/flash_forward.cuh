@@ -25,7 +25,7 @@ struct FwdTile {
   static constexpr int kSmemBytes = (kM + 2 * kN) * kStride * 2;
 };
 
-template <typename T, int D>
+template <typename T, int D, bool kDocs = false>
 STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p) {
   using Tile = FwdTile<D>;
   constexpr int S = Tile::kStride, kM = Tile::kM, kN = Tile::kN, kMT = Tile::kMT, kR = 2 * kMT;
@@ -38,9 +38,12 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
   const Dims& d = p.dims;
   const int warp = warp_id(), lane = lane_id(), g = lane >> 2, t4 = lane & 3;
   const int bh = static_cast<int>(blockIdx.y);
-  const MaskArgs mask = BatchMask(p.mask, bh / d.Hq);
+  // With documents, this batch row's bounds (a copy); without, the launch's own mask as it is
+  // (kDocs false compiles the clamp out: these kernels' registers are tight).
+  const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, bh / d.Hq) : MaskArgs{};
+  const MaskArgs& mask = kDocs ? docs_mask : p.mask;
   const int64_t i0 = QueryTileStart(mask, kM, blockIdx.x, gridDim.x);
-  const TileRun keys = KeyTilesOf(mask, i0, MinI(i0 + kM, d.L), kN);
+  const TileRun keys = KeyTilesOf<kDocs>(mask, i0, MinI(i0 + kM, d.L), kN);
   if (keys.count == 0) return;  // the whole CTA, before any barrier
   const int64_t j_first = keys.first;
   const int n_tiles = keys.count;
@@ -49,7 +52,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
   const int w0 = warp * Tile::kWarpRows;
   const int64_t wi0 = i0 + w0, wi1 = wi0 + Tile::kWarpRows;
   int64_t wk_lo, wk_hi;
-  KeyRange(mask, wi0, MinI(wi1, d.L), &wk_lo, &wk_hi);
+  KeyRange<kDocs>(mask, wi0, MinI(wi1, d.L), &wk_lo, &wk_hi);
 
   const HeadRows hr = ForwardHeadRows(p, bh);
 
@@ -106,10 +109,10 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
 
       // Scaled scores; the element mask only in tiles that need it, each row's visible keys as
       // one window (tile_mask.cuh), in a loop of its own so the other tiles pay nothing for it.
-      if (!FullyVisible(mask, wi0, wi1, j0, j0 + kN)) {
+      if (!FullyVisible<kDocs>(mask, wi0, wi1, j0, j0 + kN)) {
         Window w[kR];
         STRIA_UNROLL
-        for (int r = 0; r < kR; ++r) w[r] = VisibleKeys(mask, row[r], j0, kN);
+        for (int r = 0; r < kR; ++r) w[r] = VisibleKeys<kDocs>(mask, row[r], j0, kN);
         STRIA_UNROLL
         for (int mt = 0; mt < kMT; ++mt) {
           STRIA_UNROLL

@@ -24,15 +24,19 @@ cudaError_t LaunchForwardTiles(void (*kernel)(FwdParams), const FwdParams& p, cu
   return STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(p);
 }
 
+// Every kernel has two builds: with the document clamp (a block with document bounds) and
+// without it (the others, whose code stays what it was without documents: tile_mask.cuh).
 template <typename T, int D>
 cudaError_t LaunchFlashForward(const FwdParams& p, cudaStream_t s) {
-  return LaunchForwardTiles<FwdTile<D>>(FlashForwardKernel<T, D>, p, s);
+  return LaunchForwardTiles<FwdTile<D>>(
+      p.mask.doc_lo != nullptr ? FlashForwardKernel<T, D, true> : FlashForwardKernel<T, D, false>, p, s);
 }
 
 // sm_90a only: the caller checks the device (the kernel is empty in the other builds).
 template <typename T, int D>
 cudaError_t LaunchWgmmaForward(const FwdParams& p, cudaStream_t s) {
-  return LaunchForwardTiles<WgmmaFwdTile<D>>(WgmmaForwardKernel<T, D>, p, s);
+  return LaunchForwardTiles<WgmmaFwdTile<D>>(
+      p.mask.doc_lo != nullptr ? WgmmaForwardKernel<T, D, true> : WgmmaForwardKernel<T, D, false>, p, s);
 }
 
 // sm_90a only, like the wgmma forward. TMA needs what EncodeRowsMap checks (16-byte aligned
@@ -46,7 +50,8 @@ cudaError_t LaunchTmaForward(const FwdParams& p, cudaStream_t s) {
   const bool mapped =
       EncodeViewMap(&tp.q_map, p.q, d, d.Hq, Tile::kM) && EncodeBlockMaps(&tp.k_map, &tp.v_map, p.k, p.v, d, Tile::kN);
   if (!mapped) return LaunchWgmmaForward<T, D>(p, s);
-  void (*kernel)(TmaFwdParams) = WgmmaTmaForwardKernel<T, D>;
+  void (*kernel)(TmaFwdParams) =
+      p.mask.doc_lo != nullptr ? WgmmaTmaForwardKernel<T, D, true> : WgmmaTmaForwardKernel<T, D, false>;
   const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
   if (allowed != cudaSuccess) return allowed;
   const dim3 grid(QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(d.B * d.Hq));
@@ -66,13 +71,15 @@ cudaError_t LaunchKeyTiles(void (*kernel)(BwdParams), const BwdParams& p, cudaSt
 
 template <typename T, int D>
 cudaError_t LaunchFlashBackward(const BwdParams& p, cudaStream_t s) {
-  return LaunchKeyTiles<BwdTile<D>>(FlashBackwardKernel<T, D>, p, s);
+  return LaunchKeyTiles<BwdTile<D>>(
+      p.mask.doc_lo != nullptr ? FlashBackwardKernel<T, D, true> : FlashBackwardKernel<T, D, false>, p, s);
 }
 
 // sm_90a only, like the wgmma forward.
 template <typename T, int D>
 cudaError_t LaunchWgmmaBackward(const BwdParams& p, cudaStream_t s) {
-  return LaunchKeyTiles<WgmmaBwdTile<D>>(WgmmaBackwardKernel<T, D>, p, s);
+  return LaunchKeyTiles<WgmmaBwdTile<D>>(
+      p.mask.doc_lo != nullptr ? WgmmaBackwardKernel<T, D, true> : WgmmaBackwardKernel<T, D, false>, p, s);
 }
 
 // sm_90a only; like the TMA forward, a view TMA cannot describe takes the cp.async wgmma kernel.
@@ -86,7 +93,8 @@ cudaError_t LaunchTmaBackward(const BwdParams& p, cudaStream_t s) {
                       EncodeViewMap(&tp.do_map, p.dout, d, d.Hq, Tile::kM) &&
                       EncodeBlockMaps(&tp.k_map, &tp.v_map, p.k, p.v, d, Tile::kN);
   if (!mapped) return LaunchWgmmaBackward<T, D>(p, s);
-  void (*kernel)(TmaBwdParams) = WgmmaTmaBackwardKernel<T, D>;
+  void (*kernel)(TmaBwdParams) =
+      p.mask.doc_lo != nullptr ? WgmmaTmaBackwardKernel<T, D, true> : WgmmaTmaBackwardKernel<T, D, false>;
   const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
   if (allowed != cudaSuccess) return allowed;
   const dim3 grid(static_cast<unsigned>((d.L + Tile::kN - 1) / Tile::kN), static_cast<unsigned>(d.B * d.Hkv));

@@ -50,27 +50,32 @@ dim3 ElementGrid(int64_t n) {
   return dim3(static_cast<unsigned>(std::max<int64_t>(blocks, 1)));
 }
 
+// Each kernel in two builds, with the document clamp and without it (flash_launch.cuh).
 template <typename T>
 cudaError_t SimtForward(const FwdParams& p, cudaStream_t s) {
   const int bytes = SimtForwardSmemFloats(p.dims.D) * 4;
-  cudaError_t e = AllowSmem(SimtForwardKernel<T>, bytes);
+  void (*kernel)(FwdParams) = p.mask.doc_lo != nullptr ? SimtForwardKernel<T, true> : SimtForwardKernel<T, false>;
+  cudaError_t e = AllowSmem(kernel, bytes);
   if (e != cudaSuccess) return e;
   const dim3 grid(QueryTileCount(p.mask, kSimtRows), static_cast<unsigned>(p.dims.B * p.dims.Hq));
-  return STRIA_LAUNCH(SimtForwardKernel<T>, grid, 128, bytes, s)(p);
+  return STRIA_LAUNCH(kernel, grid, 128, bytes, s)(p);
 }
 
 template <typename T>
 cudaError_t SimtBackward(const BwdParams& p, cudaStream_t s) {
+  const bool docs = p.mask.doc_lo != nullptr;
+  void (*dq_kernel)(BwdParams) = docs ? SimtBackwardDqKernel<T, true> : SimtBackwardDqKernel<T, false>;
+  void (*dkv_kernel)(BwdParams) = docs ? SimtBackwardDkvKernel<T, true> : SimtBackwardDkvKernel<T, false>;
   const int dq_bytes = SimtDqSmemFloats(p.dims.D) * 4, dkv_bytes = SimtDkvSmemFloats(p.dims.D) * 4;
-  cudaError_t e = AllowSmem(SimtBackwardDqKernel<T>, dq_bytes);
-  if (e == cudaSuccess) e = AllowSmem(SimtBackwardDkvKernel<T>, dkv_bytes);
+  cudaError_t e = AllowSmem(dq_kernel, dq_bytes);
+  if (e == cudaSuccess) e = AllowSmem(dkv_kernel, dkv_bytes);
   if (e != cudaSuccess) return e;
   const dim3 dq_grid(QueryTileCount(p.mask, kSimtRows), static_cast<unsigned>(p.dims.B * p.dims.Hq));
-  e = STRIA_LAUNCH(SimtBackwardDqKernel<T>, dq_grid, 128, dq_bytes, s)(p);
+  e = STRIA_LAUNCH(dq_kernel, dq_grid, 128, dq_bytes, s)(p);
   if (e != cudaSuccess) return e;
   const dim3 dkv_grid(static_cast<unsigned>((p.dims.L + kSimtRows - 1) / kSimtRows),
                       static_cast<unsigned>(p.dims.B * p.dims.Hkv));
-  return STRIA_LAUNCH(SimtBackwardDkvKernel<T>, dkv_grid, 128, dkv_bytes, s)(p);
+  return STRIA_LAUNCH(dkv_kernel, dkv_grid, 128, dkv_bytes, s)(p);
 }
 
 }  // namespace

@@ -84,7 +84,7 @@ inline int SimtDkvSmemFloats(int D) {
   return 2 * kSimtRows * D + 2 * kSimtTile * (D + 1) + 2 * kSimtTile;
 }
 
-template <typename T>
+template <typename T, bool kDocs = false>
 STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtForwardKernel(const FwdParams p) {
   STRIA_DYNAMIC_SMEM(smem_raw);
   const Dims& d = p.dims;
@@ -94,10 +94,11 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtForwardKernel(const FwdParams p) 
   float* vs = ks + kSimtTile * (D + 1);
   const int warp = warp_id(), lane = lane_id();
   const int bh = static_cast<int>(blockIdx.y), b = bh / d.Hq, h = bh % d.Hq, hk = h / (d.Hq / d.Hkv);
-  const MaskArgs mask = BatchMask(p.mask, b);
+  const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, b) : MaskArgs{};  // as in flash_forward.cuh
+  const MaskArgs& mask = kDocs ? docs_mask : p.mask;
   const int64_t i0 = QueryTileStart(mask, kSimtRows, blockIdx.x, gridDim.x);
   int64_t k_lo, k_hi;
-  KeyRange(mask, i0, MinI(i0 + kSimtRows, d.L), &k_lo, &k_hi);
+  KeyRange<kDocs>(mask, i0, MinI(i0 + kSimtRows, d.L), &k_lo, &k_hi);
   if (k_lo >= k_hi) return;
   LoadRowsF<T>(qs, D, static_cast<const char*>(p.q.data) + (b * p.q.sb + h * p.q.sh) * ElemBytes<T>(), p.q.sl, i0,
                kSimtRows, d.L, D);
@@ -134,7 +135,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtForwardKernel(const FwdParams p) 
       float s = 0.f;
       for (int c = 0; c < D; ++c) s += qrow[c] * krow[c];
       s *= p.scale_log2;
-      if (!Visible(mask, row[r], j0 + lane)) s = NegInf();
+      if (!Visible<kDocs>(mask, row[r], j0 + lane)) s = NegInf();
       const float m_new = fmaxf(m_run[r], WarpMax(s));
       const float base = m_new == NegInf() ? 0.f : m_new;
       const float alpha = fast_exp2(m_run[r] - base);
@@ -172,7 +173,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtForwardKernel(const FwdParams p) 
 
 // Backward, dQ part: a warp owns a query row; lane j recomputes p and dS for key j of a tile and
 // the warp adds dS K into the row's dq_acc (only this warp writes that row in this launch).
-template <typename T>
+template <typename T, bool kDocs = false>
 STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDqKernel(const BwdParams p) {
   STRIA_DYNAMIC_SMEM(smem_raw);
   const Dims& d = p.dims;
@@ -183,10 +184,11 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDqKernel(const BwdParams 
   float* vs = ks + kSimtTile * (D + 1);
   const int warp = warp_id(), lane = lane_id();
   const int bh = static_cast<int>(blockIdx.y), b = bh / d.Hq, h = bh % d.Hq, hk = h / (d.Hq / d.Hkv);
-  const MaskArgs mask = BatchMask(p.mask, b);
+  const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, b) : MaskArgs{};  // as in flash_forward.cuh
+  const MaskArgs& mask = kDocs ? docs_mask : p.mask;
   const int64_t i0 = QueryTileStart(mask, kSimtRows, blockIdx.x, gridDim.x);
   int64_t k_lo, k_hi;
-  KeyRange(mask, i0, MinI(i0 + kSimtRows, d.L), &k_lo, &k_hi);
+  KeyRange<kDocs>(mask, i0, MinI(i0 + kSimtRows, d.L), &k_lo, &k_hi);
   if (k_lo >= k_hi) return;
   constexpr int kEb = ElemBytes<T>();
   LoadRowsF<T>(qs, D, static_cast<const char*>(p.q.data) + (b * p.q.sb + h * p.q.sh) * kEb, p.q.sl, i0, kSimtRows, d.L,
@@ -224,7 +226,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDqKernel(const BwdParams 
         s += qrow[c] * krow[c];
         dp += dorow[c] * vrow[c];
       }
-      const bool vis = Visible(mask, row[r], j0 + lane);
+      const bool vis = Visible<kDocs>(mask, row[r], j0 + lane);
       const float pr = vis ? fast_exp2(s * p.scale_log2 - lse2[r]) : 0.f;
       const float ds = vis ? pr * (dp - delta[r]) : 0.f;
       for (int jj = 0; jj < kSimtTile; ++jj) {
@@ -252,7 +254,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDqKernel(const BwdParams 
 
 // Backward, dK/dV part: a warp owns a key row; lane i recomputes p and dS for query i of a tile
 // (every query head of the K/V head's group) and the warp accumulates P^T dO and dS^T Q.
-template <typename T>
+template <typename T, bool kDocs = false>
 STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDkvKernel(const BwdParams p) {
   STRIA_DYNAMIC_SMEM(smem_raw);
   const Dims& d = p.dims;
@@ -265,10 +267,11 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDkvKernel(const BwdParams
   float* deltas = lse2s + kSimtTile;
   const int warp = warp_id(), lane = lane_id();
   const int bhk = static_cast<int>(blockIdx.y), b = bhk / d.Hkv, hk = bhk % d.Hkv;
-  const MaskArgs mask = BatchMask(p.mask, b);
+  const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, b) : MaskArgs{};  // as in flash_forward.cuh
+  const MaskArgs& mask = kDocs ? docs_mask : p.mask;
   const int group = d.Hq / d.Hkv;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kSimtRows;
-  const TileRun queries = QueryTilesOf(mask, j0, MinI(j0 + kSimtRows, d.L), kSimtTile);
+  const TileRun queries = QueryTilesOf<kDocs>(mask, j0, MinI(j0 + kSimtRows, d.L), kSimtTile);
   if (queries.count == 0) return;
   constexpr int kEb = ElemBytes<T>();
   const int64_t kv_row = static_cast<int64_t>(d.Hkv) * D;
@@ -309,7 +312,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDkvKernel(const BwdParams
           s += qrow[c] * krow[c];
           dp += dorow[c] * vrow[c];
         }
-        const bool vis = Visible(mask, i0 + lane, j);
+        const bool vis = Visible<kDocs>(mask, i0 + lane, j);
         const float pr = vis ? fast_exp2(s * p.scale_log2 - lse2s[lane]) : 0.f;
         const float ds = vis ? pr * (dp - deltas[lane]) : 0.f;
         for (int ii = 0; ii < kSimtTile; ++ii) {

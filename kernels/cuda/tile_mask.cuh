@@ -51,10 +51,16 @@ STRIA_HD int64_t FirstAbove(const int64_t* bound, int64_t lo, int64_t hi, int64_
 }
 
 // Every index below is checked against the rectangle first, so the document bounds are read
-// only for queries of the block: [q_begin, q_end) lies within the arrays.
+// only for queries of the block: [q_begin, q_end) lies within the arrays. kDocs false compiles
+// the document clamp out (the tensor-core kernels without documents: their registers are tight).
+template <bool kDocs = true>
 STRIA_HD bool Visible(const MaskArgs& m, int64_t i, int64_t j) {
-  return i >= m.q_begin && i < m.q_end && j >= m.k_begin && j < m.k_end && (!m.diagonal || j <= i + m.offset) &&
-         (m.doc_lo == nullptr || (j >= m.doc_lo[i] && j < m.doc_hi[i]));
+  if (!(i >= m.q_begin && i < m.q_end && j >= m.k_begin && j < m.k_end && (!m.diagonal || j <= i + m.offset)))
+    return false;
+  if constexpr (kDocs) {
+    if (m.doc_lo != nullptr) return j >= m.doc_lo[i] && j < m.doc_hi[i];
+  }
+  return true;
 }
 
 // Every ring block's mask is one interval of keys per query (and of queries per key), so a tile
@@ -67,28 +73,34 @@ STRIA_HD bool In(const Window& w, int x) {
   return x >= w.lo && x < w.hi;
 }
 // The keys of [j0, j0 + n) that query i sees.
+template <bool kDocs = true>
 STRIA_HD Window VisibleKeys(const MaskArgs& m, int64_t i, int64_t j0, int n) {
   if (i < m.q_begin || i >= m.q_end) return Window{0, 0};
   int64_t lo = MinI(MaxI(m.k_begin - j0, 0), n);  // both ends within [0, n], so 32 bits hold them
   int64_t hi = MinI(m.k_end - j0, n);
   if (m.diagonal) hi = MinI(hi, i + m.offset + 1 - j0);
-  if (m.doc_lo != nullptr) {
-    lo = MinI(MaxI(lo, m.doc_lo[i] - j0), n);
-    hi = MinI(hi, m.doc_hi[i] - j0);
+  if constexpr (kDocs) {
+    if (m.doc_lo != nullptr) {
+      lo = MinI(MaxI(lo, m.doc_lo[i] - j0), n);
+      hi = MinI(hi, m.doc_hi[i] - j0);
+    }
   }
   return Window{static_cast<int>(lo), static_cast<int>(MaxI(hi, lo))};
 }
 // The queries of [i0, i0 + n) that see key j.
+template <bool kDocs = true>
 STRIA_HD Window SeeingQueries(const MaskArgs& m, int64_t j, int64_t i0, int n) {
   if (j < m.k_begin || j >= m.k_end) return Window{0, 0};
   int64_t lo = MaxI(m.q_begin - i0, 0);
   int64_t hi = MaxI(MinI(m.q_end - i0, n), 0);  // both ends within [0, n], so 32 bits hold them
   if (m.diagonal) lo = MaxI(lo, j - m.offset - i0);
-  if (m.doc_lo != nullptr && lo < hi) {
-    // The rows whose document holds j: doc_hi > j from the first, doc_lo > j from past the last.
-    const int64_t first = FirstAbove(m.doc_hi, i0 + lo, i0 + hi, j);
-    hi = FirstAbove(m.doc_lo, first, i0 + hi, j) - i0;
-    lo = first - i0;
+  if constexpr (kDocs) {
+    if (m.doc_lo != nullptr && lo < hi) {
+      // The rows whose document holds j: doc_hi > j from the first, doc_lo > j from past the last.
+      const int64_t first = FirstAbove(m.doc_hi, i0 + lo, i0 + hi, j);
+      hi = FirstAbove(m.doc_lo, first, i0 + hi, j) - i0;
+      lo = first - i0;
+    }
   }
   return Window{static_cast<int>(MinI(lo, hi)), static_cast<int>(hi)};
 }
@@ -105,28 +117,34 @@ STRIA_HD int64_t QueryTileStart(const MaskArgs& m, int rows, unsigned cta, unsig
 }
 
 // Keys [k_lo, k_hi) that some query of [i0, i1) may see.
+template <bool kDocs = true>
 STRIA_HD void KeyRange(const MaskArgs& m, int64_t i0, int64_t i1, int64_t* k_lo, int64_t* k_hi) {
   i0 = MaxI(i0, m.q_begin);
   i1 = MinI(i1, m.q_end);
   *k_lo = m.k_begin;
   *k_hi = i0 >= i1 ? m.k_begin : (m.diagonal ? MinI(m.k_end, i1 - 1 + m.offset + 1) : m.k_end);
-  if (m.doc_lo != nullptr && i0 < i1) {  // the first row's document starts first, the last's ends last
-    *k_lo = MaxI(*k_lo, m.doc_lo[i0]);
-    *k_hi = MinI(*k_hi, m.doc_hi[i1 - 1]);
+  if constexpr (kDocs) {
+    if (m.doc_lo != nullptr && i0 < i1) {  // the first row's document starts first, the last's ends last
+      *k_lo = MaxI(*k_lo, m.doc_lo[i0]);
+      *k_hi = MinI(*k_hi, m.doc_hi[i1 - 1]);
+    }
   }
   if (*k_hi < *k_lo) *k_hi = *k_lo;
 }
 
 // Queries [q_lo, q_hi) that may see some key of [j0, j1).
+template <bool kDocs = true>
 STRIA_HD void QueryRange(const MaskArgs& m, int64_t j0, int64_t j1, int64_t* q_lo, int64_t* q_hi) {
   j0 = MaxI(j0, m.k_begin);
   j1 = MinI(j1, m.k_end);
   *q_hi = m.q_end;
   *q_lo = j0 >= j1 ? m.q_end : (m.diagonal ? MaxI(m.q_begin, j0 - m.offset) : m.q_begin);
-  if (m.doc_lo != nullptr && *q_lo < *q_hi) {
-    // Rows whose document meets [j0, j1): doc_hi > j0 (from the first such row) and doc_lo < j1.
-    *q_lo = FirstAbove(m.doc_hi, *q_lo, *q_hi, j0);
-    *q_hi = FirstAbove(m.doc_lo, *q_lo, *q_hi, j1 - 1);
+  if constexpr (kDocs) {
+    if (m.doc_lo != nullptr && *q_lo < *q_hi) {
+      // Rows whose document meets [j0, j1): doc_hi > j0 (from the first such row) and doc_lo < j1.
+      *q_lo = FirstAbove(m.doc_hi, *q_lo, *q_hi, j0);
+      *q_hi = FirstAbove(m.doc_lo, *q_lo, *q_hi, j1 - 1);
+    }
   }
   if (*q_lo > *q_hi) *q_lo = *q_hi;
 }
@@ -143,22 +161,27 @@ STRIA_HD TileRun TilesCovering(int64_t lo, int64_t hi, int size) {
   return TileRun{first, static_cast<int>((hi - first + size - 1) / size)};
 }
 // A forward CTA with query rows [i0, i1): the key tiles holding keys some row may see.
+template <bool kDocs = true>
 STRIA_HD TileRun KeyTilesOf(const MaskArgs& m, int64_t i0, int64_t i1, int size) {
   int64_t lo, hi;
-  KeyRange(m, i0, i1, &lo, &hi);
+  KeyRange<kDocs>(m, i0, i1, &lo, &hi);
   return TilesCovering(lo, hi, size);
 }
 // A backward CTA with keys [j0, j1): the query tiles holding rows that may see some key.
+template <bool kDocs = true>
 STRIA_HD TileRun QueryTilesOf(const MaskArgs& m, int64_t j0, int64_t j1, int size) {
   int64_t lo, hi;
-  QueryRange(m, j0, j1, &lo, &hi);
+  QueryRange<kDocs>(m, j0, j1, &lo, &hi);
   return TilesCovering(lo, hi, size);
 }
 
 // True when every pair of [i0, i1) x [j0, j1) is visible, so the tile skips the element mask.
+template <bool kDocs = true>
 STRIA_HD bool FullyVisible(const MaskArgs& m, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
   if (i0 < m.q_begin || i1 > m.q_end || j0 < m.k_begin || j1 > m.k_end) return false;
-  if (m.doc_lo != nullptr && (m.doc_lo[i1 - 1] > j0 || m.doc_hi[i0] < j1)) return false;
+  if constexpr (kDocs) {
+    if (m.doc_lo != nullptr && (m.doc_lo[i1 - 1] > j0 || m.doc_hi[i0] < j1)) return false;
+  }
   return !m.diagonal || j1 - 1 <= i0 + m.offset;
 }
 

@@ -38,7 +38,7 @@ struct TmaBwdParams {
   TensorMap q_map, do_map, k_map, v_map;
 };
 
-template <typename T, int D>
+template <typename T, int D, bool kDocs = false>
 STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaBackwardKernel(const STRIA_GRID_CONSTANT TmaBwdParams tp) {
 #if STRIA_HAS_WGMMA
   using Tile = TmaBwdTile<D>;
@@ -61,7 +61,11 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaBackwardKernel(const STRIA_GR
   const int bhk = static_cast<int>(blockIdx.y), b = bhk / d.Hkv, hk = bhk % d.Hkv;
   const int group = d.Hq / d.Hkv;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kN;
-  const TileRun queries = QueryTilesOf(p.mask, j0, MinI(j0 + kN, d.L), kM);
+  // With documents, this batch row's bounds (a copy); without, the launch's own mask as it is
+  // (kDocs false compiles the clamp out: these kernels' registers are tight).
+  const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, b) : MaskArgs{};
+  const MaskArgs& mask = kDocs ? docs_mask : p.mask;
+  const TileRun queries = QueryTilesOf<kDocs>(mask, j0, MinI(j0 + kN, d.L), kM);
   if (queries.count == 0) return;  // the whole CTA, before any barrier
   const int64_t i_first = queries.first;
   const int q_tiles = queries.count, steps = q_tiles * group;
@@ -137,8 +141,8 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaBackwardKernel(const STRIA_GR
     const float* lse2 = lse2s + st * kM;
     const float* delta = deltas + st * kM;
 
-    BackwardStep<T, D, kM, kN>(
-        p, j0, cw, i0, bh, k_addr, v_addr, q_addr, do_addr, dss, lse2, delta, key, dk, dv,
+    BackwardStep<T, D, kM, kN, kDocs>(
+        p, mask, j0, cw, i0, bh, k_addr, v_addr, q_addr, do_addr, dss, lse2, delta, key, dk, dv,
         consumers_sync,  // both warpgroups' dQ products of the previous step are done reading dS^T
         [&] {
           fence_proxy_async();

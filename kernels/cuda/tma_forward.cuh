@@ -44,7 +44,7 @@ struct TmaFwdParams {
   TensorMap q_map, k_map, v_map;
 };
 
-template <typename T, int D>
+template <typename T, int D, bool kDocs = false>
 STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaForwardKernel(const STRIA_GRID_CONSTANT TmaFwdParams tp) {
 #if STRIA_HAS_WGMMA
   using Tile = TmaFwdTile<D>;
@@ -63,8 +63,12 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaForwardKernel(const STRIA_GRI
   const Dims& d = p.dims;
   const int tid = static_cast<int>(threadIdx.x), wg = tid >> 7;
   const int bh = static_cast<int>(blockIdx.y);
-  const int64_t i0 = QueryTileStart(p.mask, kM, blockIdx.x, gridDim.x);
-  const TileRun keys = KeyTilesOf(p.mask, i0, MinI(i0 + kM, d.L), kN);
+  // With documents, this batch row's bounds (a copy); without, the launch's own mask as it is
+  // (kDocs false compiles the clamp out: these kernels' registers are tight).
+  const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, bh / d.Hq) : MaskArgs{};
+  const MaskArgs& mask = kDocs ? docs_mask : p.mask;
+  const int64_t i0 = QueryTileStart(mask, kM, blockIdx.x, gridDim.x);
+  const TileRun keys = KeyTilesOf<kDocs>(mask, i0, MinI(i0 + kM, d.L), kN);
   if (keys.count == 0) return;  // the whole CTA, before any barrier
   const int64_t j_first = keys.first;
   const int n_tiles = keys.count;
@@ -159,7 +163,8 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaForwardKernel(const STRIA_GRI
   wgmma_wait<0>();
   wgmma_fence_operand(s);
   mbar_arrive(&k_empty[0]);
-  WgmmaSoftmax<kN>(p, s, !FullyVisible(p.mask, gi0, gi1, j_first, j_first + kN), row, j_first, t4, m_run, l_run, alpha);
+  WgmmaSoftmax<kN, kDocs>(p, mask, s, !FullyVisible<kDocs>(mask, gi0, gi1, j_first, j_first + kN), row, j_first, t4,
+                          m_run, l_run, alpha);
   RescaleAndPack<T, D, kN>(o, alpha, s, pa);
 
   // Straight-line iterations (no wgmma under a branch): the last tile's P V is peeled off.
@@ -179,7 +184,8 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaForwardKernel(const STRIA_GRI
     wgmma_fence_operand(s);
     mbar_arrive(&k_empty[kst]);
     const int64_t j1 = j_first + int64_t{kN} * (n + 1);
-    WgmmaSoftmax<kN>(p, s, !FullyVisible(p.mask, gi0, gi1, j1, j1 + kN), row, j1, t4, m_run, l_run, alpha);
+    WgmmaSoftmax<kN, kDocs>(p, mask, s, !FullyVisible<kDocs>(mask, gi0, gi1, j1, j1 + kN), row, j1, t4, m_run, l_run,
+                            alpha);
     wgmma_wait<0>();  // P(n) V(n) done: its V stage, o and pa are free
     pin_pv_operands();
     mbar_arrive(&v_empty[vst]);

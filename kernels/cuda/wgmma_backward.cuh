@@ -65,9 +65,9 @@ STRIA_DEVICE void StoreKeyGrads(const BwdParams& p, int b, int hk, const int64_t
 // dS^T (the other warpgroup's dQ products of the previous tile must be done reading it),
 // `published` after (every warpgroup's dS^T written and fenced for wgmma), `done` once every
 // product of the tile, the last readers of Q and dO, has completed.
-template <typename T, int D, int kM, int kN, typename BeforeDs, typename Published, typename Done>
-STRIA_DEVICE void BackwardStep(const BwdParams& p, int64_t j0, int wg, int64_t i0, int64_t bh, uint32_t k_addr,
-                               uint32_t v_addr, uint32_t q_addr, uint32_t do_addr, unsigned char* dss,
+template <typename T, int D, int kM, int kN, bool kDocs, typename BeforeDs, typename Published, typename Done>
+STRIA_DEVICE void BackwardStep(const BwdParams& p, const MaskArgs& mask, int64_t j0, int wg, int64_t i0, int64_t bh,
+                               uint32_t k_addr, uint32_t v_addr, uint32_t q_addr, uint32_t do_addr, unsigned char* dss,
                                const float* lse2, const float* delta, const int64_t key[2], float (&dk)[D / 2],
                                float (&dv)[D / 2], BeforeDs before_ds, Published published, Done done) {
   const Dims& d = p.dims;
@@ -100,8 +100,8 @@ STRIA_DEVICE void BackwardStep(const BwdParams& p, int64_t j0, int wg, int64_t i
   // The queries of this tile that see each of this thread's two keys (all of them unless the
   // tile needs the element mask): one window per key, two comparisons per element.
   Window seen[2] = {Window{0, kM}, Window{0, kM}};
-  if (!FullyVisible(p.mask, i0, i0 + kM, j0 + 64 * wg, j0 + 64 * wg + 64)) {
-    for (int e = 0; e < 2; ++e) seen[e] = SeeingQueries(p.mask, key[e], i0, kM);
+  if (!FullyVisible<kDocs>(mask, i0, i0 + kM, j0 + 64 * wg, j0 + 64 * wg + 64)) {
+    for (int e = 0; e < 2; ++e) seen[e] = SeeingQueries<kDocs>(mask, key[e], i0, kM);
   }
   before_ds();
   const int row0 = 64 * wg + 16 * warp + g;
@@ -170,7 +170,7 @@ STRIA_DEVICE void BackwardStep(const BwdParams& p, int64_t j0, int wg, int64_t i
 
 #endif
 
-template <typename T, int D>
+template <typename T, int D, bool kDocs = false>
 STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaBackwardKernel(const BwdParams p) {
 #if STRIA_HAS_WGMMA
   using Tile = WgmmaBwdTile<D>;
@@ -191,7 +191,11 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaBackwardKernel(const BwdParams p
   const int bhk = static_cast<int>(blockIdx.y), b = bhk / d.Hkv, hk = bhk % d.Hkv;
   const int group = d.Hq / d.Hkv;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kN;
-  const TileRun queries = QueryTilesOf(p.mask, j0, MinI(j0 + kN, d.L), kM);
+  // With documents, this batch row's bounds (a copy); without, the launch's own mask as it is
+  // (kDocs false compiles the clamp out: these kernels' registers are tight).
+  const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, b) : MaskArgs{};
+  const MaskArgs& mask = kDocs ? docs_mask : p.mask;
+  const TileRun queries = QueryTilesOf<kDocs>(mask, j0, MinI(j0 + kN, d.L), kM);
   if (queries.count == 0) return;  // the whole CTA, before any barrier
   const int64_t i_first = queries.first;
   const int q_tiles = queries.count, steps = q_tiles * group;
@@ -243,8 +247,8 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaBackwardKernel(const BwdParams p
     const float* lse2 = lse2s + st * kM;
     const float* delta = deltas + st * kM;
 
-    BackwardStep<T, D, kM, kN>(
-        p, j0, wg, i0, bh, k_addr, v_addr, q_addr, do_addr, dss, lse2, delta, key, dk, dv, [] {},
+    BackwardStep<T, D, kM, kN, kDocs>(
+        p, mask, j0, wg, i0, bh, k_addr, v_addr, q_addr, do_addr, dss, lse2, delta, key, dk, dv, [] {},
         [] {
           fence_proxy_async();
           block_sync();  // dS^T of both warpgroups written and visible to wgmma

@@ -40,14 +40,15 @@ struct WgmmaFwdTile {
 // The online softmax of one warpgroup's 64 x kN score tile, in the accumulator layout (element
 // i: row (i & 3) >> 1 of this thread's two, column 8 (i >> 2) + 2 t4 + (i & 1)): scales and masks
 // the scores, updates the running max and sum, turns `s` into the probabilities, and returns the
-// factors that rescale the old output rows.
-template <int kN>
-STRIA_DEVICE void WgmmaSoftmax(const FwdParams& p, float (&s)[kN / 2], bool masked, const int64_t row[2], int64_t j0,
-                               int t4, float m_run[2], float l_run[2], float alpha[2]) {
+// factors that rescale the old output rows. `mask`: the CTA's batch row's (BatchMask).
+template <int kN, bool kDocs>
+STRIA_DEVICE void WgmmaSoftmax(const FwdParams& p, const MaskArgs& mask, float (&s)[kN / 2], bool masked,
+                               const int64_t row[2], int64_t j0, int t4, float m_run[2], float l_run[2],
+                               float alpha[2]) {
   // Two straight-line loops rather than one with a test per element: the unmasked tiles (nearly
   // all of them) then pay nothing for the mask.
   if (masked) {
-    const Window w[2] = {VisibleKeys(p.mask, row[0], j0, kN), VisibleKeys(p.mask, row[1], j0, kN)};
+    const Window w[2] = {VisibleKeys<kDocs>(mask, row[0], j0, kN), VisibleKeys<kDocs>(mask, row[1], j0, kN)};
     STRIA_UNROLL
     for (int i = 0; i < kN / 2; ++i)
       s[i] = In(w[(i & 3) >> 1], 8 * (i >> 2) + 2 * t4 + (i & 1)) ? s[i] * p.scale_log2 : NegInf();
@@ -133,7 +134,7 @@ STRIA_DEVICE void RescaleAndPack(float (&o)[D / 2], const float alpha[2], const 
 }
 #endif
 
-template <typename T, int D>
+template <typename T, int D, bool kDocs = false>
 STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p) {
 #if STRIA_HAS_WGMMA
   using Tile = WgmmaFwdTile<D>;
@@ -148,8 +149,12 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p)
   const int tid = static_cast<int>(threadIdx.x), group = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
   const int bh = static_cast<int>(blockIdx.y);
-  const int64_t i0 = QueryTileStart(p.mask, kM, blockIdx.x, gridDim.x);
-  const TileRun keys = KeyTilesOf(p.mask, i0, MinI(i0 + kM, d.L), kN);
+  // With documents, this batch row's bounds (a copy); without, the launch's own mask as it is
+  // (kDocs false compiles the clamp out: these kernels' registers are tight).
+  const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, bh / d.Hq) : MaskArgs{};
+  const MaskArgs& mask = kDocs ? docs_mask : p.mask;
+  const int64_t i0 = QueryTileStart(mask, kM, blockIdx.x, gridDim.x);
+  const TileRun keys = KeyTilesOf<kDocs>(mask, i0, MinI(i0 + kM, d.L), kN);
   if (keys.count == 0) return;  // the whole CTA, before any barrier
   const int64_t j_first = keys.first;
   const int n_tiles = keys.count;
@@ -187,7 +192,8 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p)
   issue_scores(s, 0);
   wgmma_wait<0>();
   wgmma_fence_operand(s);
-  WgmmaSoftmax<kN>(p, s, !FullyVisible(p.mask, gi0, gi1, j_first, j_first + kN), row, j_first, t4, m_run, l_run, alpha);
+  WgmmaSoftmax<kN, kDocs>(p, mask, s, !FullyVisible<kDocs>(mask, gi0, gi1, j_first, j_first + kN), row, j_first, t4,
+                          m_run, l_run, alpha);
   uint32_t pa[kN / 16][4];  // P(n) as A fragments: keys 16 kk.. are accumulator chunks 2 kk, 2 kk + 1
   RescaleAndPack<T, D, kN>(o, alpha, s, pa);
 
@@ -220,7 +226,8 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p)
     wgmma_wait<1>();  // S(n+1) done; P(n) V(n) may still run
     wgmma_fence_operand(s);
     const int64_t j1 = j_first + int64_t{kN} * (n + 1);
-    WgmmaSoftmax<kN>(p, s, !FullyVisible(p.mask, gi0, gi1, j1, j1 + kN), row, j1, t4, m_run, l_run, alpha);
+    WgmmaSoftmax<kN, kDocs>(p, mask, s, !FullyVisible<kDocs>(mask, gi0, gi1, j1, j1 + kN), row, j1, t4, m_run, l_run,
+                            alpha);
     wgmma_wait<0>();  // P(n) V(n) done: o and pa are free
     pin_pv_operands();
     RescaleAndPack<T, D, kN>(o, alpha, s, pa);

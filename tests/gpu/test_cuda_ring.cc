@@ -262,9 +262,10 @@ std::vector<Case> TwoGpus() {
   return cases;
 }
 
-// Document masks: the mma.sync kernels (also when a Hopper family is asked for: they take
-// mma.sync then) and SIMT, every layout, causal and not, rank counts, GQA, D 64 and 128, blocks of
-// several tiles, batch rows with documents of their own, the caller's stream.
+// Document masks: the mma.sync kernels, SIMT and the Hopper families (wgmma and TMA on compute
+// capability 9.0, as the runtime model's devices are; elsewhere those rerun mma.sync),
+// every layout, causal and not, rank counts, GQA, D 64 and 128, blocks of several tiles, batch
+// rows with documents of their own, the caller's stream.
 std::vector<Case> DocumentSweep() {
   std::vector<Case> cases;
   for (int n : {1, 2, 3, 8})
@@ -284,6 +285,16 @@ std::vector<Case> DocumentSweep() {
     c.kernels = k;
     c.docs = 6;
     cases.push_back(c);
+  }
+  for (const char* k : {"wgmma", "tma"}) {
+    Case full{2, STRIA_LAYOUT_CONTIGUOUS, false, Dt::kF16, 2, 80, 4, 2, 64};
+    full.kernels = k;
+    full.docs = 5;
+    cases.push_back(full);
+    Case big{3, STRIA_LAYOUT_ZIGZAG, true, Dt::kBF16, 2, 264, 4, 1, 128};
+    big.kernels = k;
+    big.docs = 9;
+    cases.push_back(big);
   }
   Case f32{4, STRIA_LAYOUT_ZIGZAG, false, Dt::kF32, 2, 40, 4, 2, 64};
   f32.docs = 5;

@@ -165,9 +165,7 @@ STRIA_API stria_status_t stria_attention_backward(stria_context_t ctx, const str
  * documents [cu_seqlens[b*(num_seqs+1) + d], cu_seqlens[b*(num_seqs+1) + d + 1]), d < num_seqs.
  * Each row starts at 0, never decreases (a row with fewer documents repeats its end) and ends at
  * the global sequence length S = L * world_size; num_seqs >= 1 (1: one document, the plain call).
- * Read during the call only. The backward takes the forward's boundaries. On CUDA contexts these
- * calls run the mma.sync (or SIMT) kernels, also where STRIA_CUDA_KERNELS asks for a Hopper
- * family. */
+ * Read during the call only. The backward takes the forward's boundaries. CPU and CUDA contexts. */
 STRIA_API stria_status_t stria_attention_forward_documents(stria_context_t ctx, const stria_attention_params_t* params,
                                                            const int64_t* cu_seqlens, int64_t num_seqs,
                                                            const DLTensor* q, const DLTensor* k, const DLTensor* v,

@@ -5,8 +5,8 @@
 // mask, before refilling the host staging buffer of the block before last (whose copy the
 // engine's fence has already seen through).
 //
-// Document masks run on the mma.sync and SIMT kernels (a call asking for a Hopper family takes
-// mma.sync then): their tile mask clamps each query's keys to its document (tile_mask.cuh).
+// Document masks run on every family: the tile mask clamps each query's keys to its document
+// (tile_mask.cuh), each CTA reading its batch row's bounds.
 //
 // Kernel choice per call: the tensor-core kernels for float16/bfloat16 with D in {64, 128} when
 // q (and dO) rows are 16-byte aligned; the SIMT kernels otherwise (float32, other head dims,
@@ -429,9 +429,8 @@ class CudaBackend final : public Backend {
       STRIA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_));
       cc_ = 10 * major + minor;
     }
-    // sm_90a code runs on compute capability 9.0 only (not on later majors). The Hopper families
-    // have no document mask yet: such calls take mma.sync.
-    kernels_ = hopper_family && cc_ == 90 && !s.documents ? want_ : cuda::Kernels::kMma;
+    // sm_90a code runs on compute capability 9.0 only (not on later majors).
+    kernels_ = hopper_family && cc_ == 90 ? want_ : cuda::Kernels::kMma;
     return Status::Ok();
   }
 
