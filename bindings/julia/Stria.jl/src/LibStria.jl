@@ -329,9 +329,7 @@ end
 # documents [cu_seqlens[b*(num_seqs+1) + d], cu_seqlens[b*(num_seqs+1) + d + 1]), d < num_seqs.
 # Each row starts at 0, never decreases (a row with fewer documents repeats its end) and ends at
 # the global sequence length S = L * world_size; num_seqs >= 1 (1: one document, the plain call).
-# Read during the call only. The backward takes the forward's boundaries. On CUDA contexts these
-# calls run the mma.sync (or SIMT) kernels, also where STRIA_CUDA_KERNELS asks for a Hopper
-# family.
+# Read during the call only. The backward takes the forward's boundaries. CPU and CUDA contexts.
 function stria_attention_forward_documents(ctx, params, cu_seqlens, num_seqs, q, k, v, out, lse, stream)
     ccall((:stria_attention_forward_documents, libstria), stria_status_t,
           (stria_context_t, Ptr{stria_attention_params_t}, Ptr{Int64}, Int64, Ptr{DLTensor},
