@@ -123,19 +123,11 @@ void RunCase(const Case& c) {
     Tensor dq({c.B, c.L, c.Hq, c.D}, c.dt), dk({c.B, c.L, c.Hkv, c.D}, c.dt), dv({c.B, c.L, c.Hkv, c.D}, c.dt);
     for (Tensor* t : {&out, &lse, &dq, &dk, &dv}) t->Poison();
     stria_context_t ctx = group.ctx[static_cast<size_t>(r)];
-    if (num_seqs > 0)
-      fwd[static_cast<size_t>(r)] = stria_attention_forward_documents(ctx, &params, documents.data(), num_seqs, &qv,
-                                                                      &kv, &vv, &out.dl, &lse.dl, nullptr);
-    else
-      fwd[static_cast<size_t>(r)] = stria_attention_forward(ctx, &params, &qv, &kv, &vv, &out.dl, &lse.dl, nullptr);
+    fwd[static_cast<size_t>(r)] =
+        AttentionForward(ctx, &params, documents, num_seqs, &qv, &kv, &vv, &out.dl, &lse.dl, nullptr);
     std::string err = stria_get_last_error();
-    if (num_seqs > 0)
-      bwd[static_cast<size_t>(r)] =
-          stria_attention_backward_documents(ctx, &params, documents.data(), num_seqs, &qv, &kv, &vv, &out.dl, &lse.dl,
-                                             &dol.dl, &dq.dl, &dk.dl, &dv.dl, nullptr);
-    else
-      bwd[static_cast<size_t>(r)] = stria_attention_backward(ctx, &params, &qv, &kv, &vv, &out.dl, &lse.dl, &dol.dl,
-                                                             &dq.dl, &dk.dl, &dv.dl, nullptr);
+    bwd[static_cast<size_t>(r)] = AttentionBackward(ctx, &params, documents, num_seqs, &qv, &kv, &vv, &out.dl, &lse.dl,
+                                                    &dol.dl, &dq.dl, &dk.dl, &dv.dl, nullptr);
     err += stria_get_last_error();
     errors[static_cast<size_t>(r)] = err;
     full.Gather(r, out, lse, dq, dk, dv);

@@ -297,6 +297,24 @@ inline std::vector<int64_t> RandomDocuments(int64_t B, int64_t S, int docs, std:
   return cu;
 }
 
+// The forward and backward calls, through the _documents entry points when `documents` holds
+// boundaries ([B][num_seqs + 1]; empty: the plain calls).
+inline stria_status_t AttentionForward(stria_context_t ctx, const stria_attention_params_t* p,
+                                       const std::vector<int64_t>& documents, int64_t num_seqs, const DLTensor* q,
+                                       const DLTensor* k, const DLTensor* v, DLTensor* out, DLTensor* lse,
+                                       void* stream) {
+  if (documents.empty()) return stria_attention_forward(ctx, p, q, k, v, out, lse, stream);
+  return stria_attention_forward_documents(ctx, p, documents.data(), num_seqs, q, k, v, out, lse, stream);
+}
+inline stria_status_t AttentionBackward(stria_context_t ctx, const stria_attention_params_t* p,
+                                        const std::vector<int64_t>& documents, int64_t num_seqs, const DLTensor* q,
+                                        const DLTensor* k, const DLTensor* v, const DLTensor* out, const DLTensor* lse,
+                                        const DLTensor* dout, DLTensor* dq, DLTensor* dk, DLTensor* dv, void* stream) {
+  if (documents.empty()) return stria_attention_backward(ctx, p, q, k, v, out, lse, dout, dq, dk, dv, stream);
+  return stria_attention_backward_documents(ctx, p, documents.data(), num_seqs, q, k, v, out, lse, dout, dq, dk, dv,
+                                            stream);
+}
+
 // True where a CUDA context can be created (the CUDA module is built and a GPU is present): tests
 // of what happens without one then check the GPU behaviour instead, or skip.
 inline bool CudaContextWorks() {

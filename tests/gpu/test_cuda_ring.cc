@@ -113,20 +113,11 @@ void RunCase(const Case& c) {
       EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
     }
     stria_context_t ctx = group.ctx[static_cast<size_t>(r)];
-    if (c.docs > 0)
-      fwd[static_cast<size_t>(r)] = stria_attention_forward_documents(ctx, &params, documents.data(), c.docs, &qv, &kv,
-                                                                      &vv, &out_d.dl, &lse_d.dl, stream);
-    else
-      fwd[static_cast<size_t>(r)] =
-          stria_attention_forward(ctx, &params, &qv, &kv, &vv, &out_d.dl, &lse_d.dl, static_cast<void*>(stream));
+    fwd[static_cast<size_t>(r)] = AttentionForward(ctx, &params, documents, c.docs, &qv, &kv, &vv, &out_d.dl, &lse_d.dl,
+                                                   static_cast<void*>(stream));
     std::string err = stria_get_last_error();
-    if (c.docs > 0)
-      bwd[static_cast<size_t>(r)] =
-          stria_attention_backward_documents(ctx, &params, documents.data(), c.docs, &qv, &kv, &vv, &out_d.dl,
-                                             &lse_d.dl, &do_d.dl, &dq_d.dl, &dk_d.dl, &dv_d.dl, stream);
-    else
-      bwd[static_cast<size_t>(r)] = stria_attention_backward(ctx, &params, &qv, &kv, &vv, &out_d.dl, &lse_d.dl,
-                                                             &do_d.dl, &dq_d.dl, &dk_d.dl, &dv_d.dl, stream);
+    bwd[static_cast<size_t>(r)] = AttentionBackward(ctx, &params, documents, c.docs, &qv, &kv, &vv, &out_d.dl,
+                                                    &lse_d.dl, &do_d.dl, &dq_d.dl, &dk_d.dl, &dv_d.dl, stream);
     err += stria_get_last_error();
     const cudaError_t sync = cudaStreamSynchronize(stream);
     if (sync != cudaSuccess) err += std::string(" stream sync: ") + cudaGetErrorString(sync);

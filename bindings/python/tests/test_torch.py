@@ -41,19 +41,16 @@ def assemble(parts, seq, axis):
     return full
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 4])
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-@pytest.mark.parametrize("dtype", list(DTYPES))
-def test_autograd_matches_reference(n, layout, causal, dtype):
-    gen = torch.Generator().manual_seed(n * 100 + len(layout))
-    hq, hkv = 4, 2
-    q, k, v, dout = (torch.randn(B, S, h, D, generator=gen).to(DTYPES[dtype]) for h in (hq, hkv, hkv, hq))
+def check_autograd(n, layout, dtype, seed, causal=True, cu_seqlens=None):
+    """ring_attention's output and gradients on n ranks against the float64 reference of the whole
+    sequence; returns the ranks' results (positions, out, dq, dk, dv)."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, dout = (torch.randn(B, S, h, D, generator=gen).to(DTYPES[dtype]) for h in (4, 2, 2, 4))
 
     def rank_fn(ctx):
         pos = torch.from_numpy(positions_ref(layout, S, n, ctx.rank))
         ql, kl, vl = (x[:, pos].clone().requires_grad_() for x in (q, k, v))
-        out = stria_torch.ring_attention(ql, kl, vl, ctx, layout=layout, causal=causal)
+        out = stria_torch.ring_attention(ql, kl, vl, ctx, layout=layout, causal=causal, cu_seqlens=cu_seqlens)
         out.backward(dout[:, pos])
         return pos.numpy(), out, ql.grad, kl.grad, vl.grad
 
@@ -61,12 +58,22 @@ def test_autograd_matches_reference(n, layout, causal, dtype):
         results = group.run(rank_fn)
     got = [assemble([(r[0], r[i]) for r in results], S, 1) for i in range(1, 5)]
     scale = 1.0 / math.sqrt(D)
+    docs = None if cu_seqlens is None else np.asarray(cu_seqlens)
     ref = [
-        attention_ref(as_f64(q), as_f64(k), as_f64(v), causal, scale)[0],
-        *attention_backward_ref(as_f64(q), as_f64(k), as_f64(v), as_f64(dout), causal, scale),
+        attention_ref(as_f64(q), as_f64(k), as_f64(v), causal, scale, docs)[0],
+        *attention_backward_ref(as_f64(q), as_f64(k), as_f64(v), as_f64(dout), causal, scale, docs),
     ]
     errors = {name: rel_err(g, r) for name, g, r in zip(("out", "dq", "dk", "dv"), got, ref)}
     assert all(e < TOLERANCE[dtype] for e in errors.values()), errors
+    return results
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_autograd_matches_reference(n, layout, causal, dtype):
+    results = check_autograd(n, layout, dtype, n * 100 + len(layout), causal=causal)
     assert all(r[1].dtype == DTYPES[dtype] and r[2].dtype == DTYPES[dtype] for r in results)
 
 
@@ -75,28 +82,7 @@ def test_autograd_matches_reference(n, layout, causal, dtype):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_documents_autograd_matches_reference(n, layout, dtype):
     """Packed documents, a row each (a torch tensor), the second row padded with an empty one."""
-    cu_seqlens = torch.tensor([[0, 7, 16, 24], [0, 11, 24, 24]])
-    gen = torch.Generator().manual_seed(n * 10 + len(layout))
-    q, k, v, dout = (torch.randn(B, S, h, D, generator=gen).to(DTYPES[dtype]) for h in (4, 2, 2, 4))
-
-    def rank_fn(ctx):
-        pos = torch.from_numpy(positions_ref(layout, S, n, ctx.rank))
-        ql, kl, vl = (x[:, pos].clone().requires_grad_() for x in (q, k, v))
-        out = stria_torch.ring_attention(ql, kl, vl, ctx, layout=layout, cu_seqlens=cu_seqlens)
-        out.backward(dout[:, pos])
-        return pos.numpy(), out, ql.grad, kl.grad, vl.grad
-
-    with stria.local_group(n, timeout_s=TIMEOUT_S) as group:
-        results = group.run(rank_fn)
-    got = [assemble([(r[0], r[i]) for r in results], S, 1) for i in range(1, 5)]
-    scale = 1.0 / math.sqrt(D)
-    docs = cu_seqlens.numpy()
-    ref = [
-        attention_ref(as_f64(q), as_f64(k), as_f64(v), True, scale, docs)[0],
-        *attention_backward_ref(as_f64(q), as_f64(k), as_f64(v), as_f64(dout), True, scale, docs),
-    ]
-    errors = {name: rel_err(g, r) for name, g, r in zip(("out", "dq", "dk", "dv"), got, ref)}
-    assert all(e < TOLERANCE[dtype] for e in errors.values()), errors
+    check_autograd(n, layout, dtype, n * 10 + len(layout), cu_seqlens=torch.tensor([[0, 7, 16, 24], [0, 11, 24, 24]]))
 
 
 def test_documents_are_integers_of_q_s_batch():
