@@ -83,6 +83,8 @@ echo "== examples/python/train_tiny_jax.py"
 PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_tiny_jax.py --devices 4 --steps 12 --check
 PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_tiny_jax.py --devices 3 --layout zigzag --seq 48 \
   --steps 12 --check
+PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_tiny_jax.py --devices 3 --packed 4 --seq 48 \
+  --steps 12 --check
 
 if [ "${STRIA_PYTHON_WHEEL:-1}" = 1 ]; then
   echo "== wheel: build, install, pytest against the installed package"

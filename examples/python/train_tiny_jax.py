@@ -11,8 +11,13 @@ with dense attention over the whole sequence.
 The task: each sequence counts upward mod the vocabulary from a random start by a random stride,
 so the next token follows from the two before it, which attention has to find.
 
+With --packed n every row packs n such sequences of random lengths (documents), each with position
+ids from 0, and attention is masked to each document: the boundaries (cu_seqlens) are an argument
+of the jitted step, replicated to every device, so new documents each batch do not retrace it.
+
     python examples/python/train_tiny_jax.py --devices 4 --steps 60
     python examples/python/train_tiny_jax.py --steps 12 --check   # exits 1 unless the loss fell
+    python examples/python/train_tiny_jax.py --packed 4           # 4 documents packed per row
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--vocab", type=int, default=16)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--packed", type=int, default=0, metavar="N", help="pack N documents into every row")
     p.add_argument("--check", action="store_true", help="exit 1 unless the loss fell by a quarter")
     return p.parse_args()
 
@@ -85,7 +91,7 @@ def norm(x: jax.Array) -> jax.Array:
 
 
 def model(params: dict, tokens: jax.Array, positions: jax.Array, attention) -> jax.Array:
-    """Logits [B, L, vocab] of tokens [B, L] at global positions [L]; attention(q, k, v) takes and
+    """Logits [B, L, vocab] of tokens [B, L] at position ids [B, L]; attention(q, k, v) takes and
     returns stria's [B, L, H, D]."""
     x = params["tok"][tokens] + params["pos"][positions]
     b, length, _ = x.shape
@@ -97,11 +103,13 @@ def model(params: dict, tokens: jax.Array, positions: jax.Array, attention) -> j
     return norm(x) @ params["head"]
 
 
-def dense_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-    """Causal attention over a whole sequence in global order: the check's reference."""
+def dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, documents: jax.Array) -> jax.Array:
+    """Causal attention over a whole sequence in global order, within each token's document
+    (documents [B, S]: the document of every token): the check's reference."""
     k, v = (jnp.repeat(t, HEADS // KV_HEADS, axis=2) for t in (k, v))
     s = jnp.einsum("bihd,bjhd->bhij", q, k) / np.sqrt(HEAD_DIM)
-    s = jnp.where(jnp.tril(jnp.ones(s.shape[-2:], bool)), s, -jnp.inf)
+    visible = jnp.tril(jnp.ones(s.shape[-2:], bool)) & (documents[:, :, None] == documents[:, None, :])
+    s = jnp.where(visible[:, None], s, -jnp.inf)
     return jnp.einsum("bhij,bjhd->bihd", jax.nn.softmax(s, axis=-1), v)
 
 
@@ -110,10 +118,28 @@ def token_losses(params, tokens, labels, weights, positions, attention):
     return -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0] * weights
 
 
-def batch(rng: np.random.Generator, n: int, seq: int, vocab: int):
+def counting(rng: np.random.Generator, n: int, seq: int, vocab: int) -> np.ndarray:
     start = rng.integers(0, vocab, (n, 1))
     stride = rng.integers(1, 4, (n, 1))
     return (start + stride * np.arange(seq + 1)) % vocab  # seq + 1: the last label too
+
+
+def batch(rng: np.random.Generator, n: int, seq: int, vocab: int, docs: int):
+    """Tokens and labels [n, seq], position ids [n, seq] and document boundaries cu_seqlens
+    [n, docs + 1] (global positions): with docs 0 one counting sequence a row ([0, seq]), else
+    `docs` of random lengths, each labelled within itself and numbered from 0."""
+    if docs == 0:
+        data = counting(rng, n, seq, vocab)
+        return data[:, :-1], data[:, 1:], np.broadcast_to(np.arange(seq), (n, seq)), np.array([[0, seq]] * n)
+    tokens, labels, ids = (np.zeros((n, seq), np.int64) for _ in range(3))
+    cu = []
+    for row in range(n):
+        bounds = [0, *sorted(rng.integers(0, seq + 1, docs - 1)), seq]
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            data = counting(rng, 1, hi - lo, vocab)[0]
+            tokens[row, lo:hi], labels[row, lo:hi], ids[row, lo:hi] = data[:-1], data[1:], np.arange(hi - lo)
+        cu.append(bounds)
+    return tokens, labels, ids, np.array(cu)
 
 
 def main() -> int:
@@ -125,32 +151,42 @@ def main() -> int:
     params = init_params(jax.random.PRNGKey(0), args.vocab, seq)
     weights = jnp.ones((args.batch, seq))
 
+    def data_of(rng: np.random.Generator) -> tuple:
+        return tuple(jnp.asarray(x) for x in batch(rng, args.batch, seq, args.vocab, args.packed))
+
     with stria.local_group(n, num_threads=1, timeout_s=60) as group:
 
-        def ring_attention(q, k, v):
-            return stria_jax.ring_attention(q, k, v, group, layout=args.layout, causal=True)
+        def shard_loss(params, tokens, labels, weights, positions, cu_seqlens):
+            def ring_attention(q, k, v):
+                cu = cu_seqlens if args.packed else None  # without documents, the plain call
+                return stria_jax.ring_attention(q, k, v, group, layout=args.layout, causal=True, cu_seqlens=cu)
 
-        def shard_loss(params, tokens, labels, weights, positions):
             total = token_losses(params, tokens, labels, weights, positions, ring_attention).sum()
             return jax.lax.psum(total, "ring")
 
         seq_spec = P(None, "ring")
         ring_loss = shard_map(
-            shard_loss, mesh=mesh, in_specs=(P(), seq_spec, seq_spec, seq_spec, P("ring")), out_specs=P()
+            shard_loss, mesh=mesh, in_specs=(P(), seq_spec, seq_spec, seq_spec, seq_spec, P()), out_specs=P()
         )
 
         def loss(params, data):
-            tokens, labels = data[:, :-1], data[:, 1:]
-            return ring_loss(params, tokens[:, order], labels[:, order], weights, jnp.asarray(order)) / weights.sum()
+            tokens, labels, positions, cu_seqlens = data
+            shards = (x[:, order] for x in (tokens, labels, weights, positions))
+            return ring_loss(params, *shards, cu_seqlens) / weights.sum()
 
         def dense_loss(params, data):
-            tokens, labels = data[:, :-1], data[:, 1:]
-            positions = jnp.arange(seq)
-            return token_losses(params, tokens, labels, weights, positions, dense_attention).sum() / weights.sum()
+            tokens, labels, positions, cu_seqlens = data
+            documents = jax.vmap(lambda cu: jnp.searchsorted(cu, jnp.arange(seq), side="right"))(cu_seqlens)
 
-        data = jnp.asarray(batch(rng, args.batch, seq, args.vocab))
+            def attention(q, k, v):
+                return dense_attention(q, k, v, documents)
+
+            return token_losses(params, tokens, labels, weights, positions, attention).sum() / weights.sum()
+
+        data = data_of(rng)
         ring0, dense0 = float(jax.jit(loss)(params, data)), float(jax.jit(dense_loss)(params, data))
-        print(f"{n} ranks, {args.layout} layout: ring loss {ring0:.6f}, dense attention {dense0:.6f}")
+        packed = f", {args.packed} documents a row" if args.packed else ""
+        print(f"{n} ranks, {args.layout} layout{packed}: ring loss {ring0:.6f}, dense attention {dense0:.6f}")
         if abs(ring0 - dense0) > 1e-4 * abs(dense0):
             print("the ring's loss differs from dense attention's")
             return 1
@@ -168,7 +204,7 @@ def main() -> int:
         v = jax.tree.map(jnp.zeros_like, params)
         losses, started = [], time.time()
         for t in range(1, args.steps + 1):
-            params, m, v, value = step(params, m, v, t, jnp.asarray(batch(rng, args.batch, seq, args.vocab)))
+            params, m, v, value = step(params, m, v, t, data_of(rng))
             losses.append(float(value))
             print(f"step {t:3d}  loss {losses[-1]:.4f}")
     first, last = losses[0], float(np.mean(losses[-3:]))

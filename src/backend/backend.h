@@ -9,7 +9,9 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "core/status.h"
 #include "core/tensor.h"
@@ -67,6 +69,15 @@ class Backend {
   virtual Status CheckSupported(const AttentionShape& shape, void* stream) const = 0;
   // Device backends: `data` of the tensor `name` must be memory this backend can compute on.
   virtual Status CheckMemory(const void* /*data*/, const char* /*name*/) const { return Status::Ok(); }
+  // The `count` integers at `src` (a call's document boundaries, `name`) where the host can read
+  // them: `src` itself for host memory (the default), or a copy in `staged` read on `stream` after
+  // the work queued there, for memory of a device backend's GPU (a framework's tensor).
+  virtual Status ReadOnHost(const int64_t* src, size_t count, void* stream, const char* name,
+                            std::vector<int64_t>* staged, const int64_t** host) {
+    (void)count, (void)stream, (void)name, (void)staged;
+    *host = src;
+    return Status::Ok();
+  }
   // Memory for ring messages, reused across calls by the engine.
   virtual Status Allocate(size_t bytes, void** ptr) = 0;
   virtual void Free(void* ptr) = 0;

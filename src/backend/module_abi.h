@@ -7,7 +7,7 @@
 
 namespace stria {
 
-constexpr int kBackendModuleAbiVersion = 3;  // 3: AttentionShape::documents, BlockMask::doc_*
+constexpr int kBackendModuleAbiVersion = 4;  // 3: AttentionShape::documents, BlockMask::doc_*; 4: ReadOnHost
 
 struct BackendModuleV1 {
   int abi_version;  // kBackendModuleAbiVersion

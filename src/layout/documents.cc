@@ -4,16 +4,21 @@
 
 namespace stria {
 
-Status Documents::Set(const int64_t* cu_seqlens, int64_t num_seqs, int64_t batch, int64_t seq_len) {
-  num_seqs_ = 0;
-  cu_.clear();
-  // No more documents than tokens: a bound on the copy below, and on nonsense.
+Status Documents::CheckCount(const int64_t* cu_seqlens, int64_t num_seqs, int64_t seq_len) {
+  // No more documents than tokens: a bound on the copies of the boundaries, and on nonsense.
   if (num_seqs < 1 || num_seqs > seq_len)
     return Error(STRIA_ERROR_INVALID_ARGUMENT,
                  "num_seqs %lld must be in 1..S (documents per batch row; S = L * world_size = %lld)",
                  static_cast<long long>(num_seqs), static_cast<long long>(seq_len));
   if (cu_seqlens == nullptr)
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "cu_seqlens is NULL (num_seqs %lld)", static_cast<long long>(num_seqs));
+  return Status::Ok();
+}
+
+Status Documents::Set(const int64_t* cu_seqlens, int64_t num_seqs, int64_t batch, int64_t seq_len) {
+  num_seqs_ = 0;
+  cu_.clear();
+  STRIA_RETURN_IF_ERROR(CheckCount(cu_seqlens, num_seqs, seq_len));
   const int64_t row = num_seqs + 1;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t* cu = cu_seqlens + b * row;

@@ -20,7 +20,9 @@ namespace stria {
 
 class Documents {
  public:
-  // Validates and keeps the boundaries ([batch][num_seqs + 1] global positions, see
+  // Checks num_seqs and the pointer of boundaries of sequences of seq_len tokens, before any is read.
+  static Status CheckCount(const int64_t* cu_seqlens, int64_t num_seqs, int64_t seq_len);
+  // Validates and keeps the boundaries ([batch][num_seqs + 1] global positions in host memory, see
   // stria_attention_forward_documents) of sequences of seq_len tokens.
   Status Set(const int64_t* cu_seqlens, int64_t num_seqs, int64_t batch, int64_t seq_len);
   bool active() const { return num_seqs_ > 0; }

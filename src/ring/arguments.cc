@@ -84,7 +84,15 @@ Status CheckQKV(Context& ctx, const DLTensor* q, const DLTensor* k, const DLTens
   STRIA_RETURN_IF_ERROR(ExpectDType(c->v, "v", s.dtype));
   const int64_t seq_len = s.L * ctx.world_size();
   STRIA_RETURN_IF_ERROR(CheckLayout(c->layout, seq_len, ctx.world_size(), ctx.rank()));
-  if (documents.given) STRIA_RETURN_IF_ERROR(c->documents.Set(documents.cu_seqlens, documents.num_seqs, s.B, seq_len));
+  if (documents.given) {
+    // On a CUDA context the boundaries may be a device tensor: read once here, on the call's stream.
+    STRIA_RETURN_IF_ERROR(Documents::CheckCount(documents.cu_seqlens, documents.num_seqs, seq_len));
+    const size_t count = static_cast<size_t>(s.B * (documents.num_seqs + 1));
+    std::vector<int64_t> staged;
+    const int64_t* host = nullptr;
+    STRIA_RETURN_IF_ERROR(ctx.backend().ReadOnHost(documents.cu_seqlens, count, stream, "cu_seqlens", &staged, &host));
+    STRIA_RETURN_IF_ERROR(c->documents.Set(host, documents.num_seqs, s.B, seq_len));
+  }
   s.scale = p->softmax_scale > 0.f ? p->softmax_scale : 1.0f / std::sqrt(static_cast<float>(s.D));
   return Status::Ok();
 }

@@ -68,6 +68,17 @@ struct DeviceTensor {
   }
 };
 
+// n int64 values in device memory of the current GPU (document boundaries), freed at scope exit.
+struct DeviceInt64s {
+  int64_t* ptr = nullptr;
+  explicit DeviceInt64s(size_t n) {
+    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&ptr), (n ? n : 1) * sizeof(int64_t)), cudaSuccess);
+  }
+  DeviceInt64s(const DeviceInt64s&) = delete;
+  DeviceInt64s& operator=(const DeviceInt64s&) = delete;
+  ~DeviceInt64s() { cudaFree(ptr); }
+};
+
 // A local group of CUDA contexts on one GPU, destroyed at scope exit.
 struct CudaGroup {
   std::vector<stria_context_t> ctx;

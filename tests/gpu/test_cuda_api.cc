@@ -1,8 +1,8 @@
 // The CUDA backend's edges: device shard/unshard against the host one, bad inputs refused before
 // any rank communicates (host memory in a CUDA context, unsupported head dims), a full device
 // (every rank fails, none hangs, the group recovers), no device
-// allocation per call once the workspace has grown, abort and timeout of a GPU ring, and NaN
-// propagation. Skips, saying why, where no GPU is present.
+// allocation per call once the workspace has grown, abort and timeout of a GPU ring, NaN
+// propagation, and document boundaries in device memory. Skips, saying why, where no GPU is present.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -448,6 +448,70 @@ TEST(CudaNumerics, NanInAQueryRowStaysInThatRow) {
       else
         EXPECT_TRUE(std::isfinite(x)) << "row " << i << " head " << hh;
     }
+}
+
+// Document boundaries may be a device tensor on a CUDA context: stria reads them on the call's
+// stream, validates them as it does host ones, and refuses another GPU's memory.
+TEST(CudaDocuments, BoundariesInDeviceMemory) {
+  STRIA_REQUIRE_GPU();
+  CudaGroup group(1);
+  ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
+  stria_attention_params_t p;
+  stria_attention_params_init(&p);
+  RankTensors t(64, 64, Dt::kBF16, 12);
+  auto forward = [&](const int64_t* cu, DLTensor* out) {
+    return stria_attention_forward_documents(group.ctx[0], &p, cu, 3, &t.q.dl, &t.k.dl, &t.v.dl, out, &t.lse.dl,
+                                             nullptr);
+  };
+  auto upload = [](const std::vector<int64_t>& cu, DeviceInt64s* d) {
+    EXPECT_EQ(cudaMemcpy(d->ptr, cu.data(), cu.size() * sizeof(int64_t), cudaMemcpyHostToDevice), cudaSuccess);
+  };
+  const std::vector<int64_t> good{0, 20, 45, 64};
+  DeviceInt64s cu_d(good.size());
+
+  // The same numbers, bit for bit, as from host boundaries.
+  ASSERT_EQ(forward(good.data(), &t.out.dl), STRIA_SUCCESS) << stria_get_last_error();
+  Tensor from_host(t.host.out.shape, Dt::kBF16), from_device(t.host.out.shape, Dt::kBF16);
+  t.out.CopyTo(&from_host);
+  t.out.Poison();
+  upload(good, &cu_d);
+  ASSERT_EQ(forward(cu_d.ptr, &t.out.dl), STRIA_SUCCESS) << stria_get_last_error();
+  t.out.CopyTo(&from_device);
+  EXPECT_EQ(from_host.storage, from_device.storage);
+  EXPECT_EQ(t.Backward(group.ctx[0], &p), STRIA_SUCCESS) << stria_get_last_error();  // plain, after documents
+
+  // Bad boundaries on the device are named as on the host, backward too.
+  for (const auto& [cu, why] :
+       std::vector<std::pair<std::vector<int64_t>, std::string>>{{{0, 40, 20, 64}, "decreases at entry 2"},
+                                                                 {{0, 20, 45, 63}, "ends at 63"},
+                                                                 {{5, 20, 45, 64}, "starts at 5"}}) {
+    upload(cu, &cu_d);
+    EXPECT_EQ(forward(cu_d.ptr, &t.out.dl), STRIA_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(stria_get_last_error()).find(why), std::string::npos) << stria_get_last_error();
+    EXPECT_EQ(stria_attention_backward_documents(group.ctx[0], &p, cu_d.ptr, 3, &t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl,
+                                                 &t.lse.dl, &t.dout.dl, &t.dq.dl, &t.dk.dl, &t.dv.dl, nullptr),
+              STRIA_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(stria_get_last_error()).find(why), std::string::npos) << stria_get_last_error();
+  }
+
+  // Another GPU's memory is refused, before anything is read.
+  int n = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&n), cudaSuccess);
+  if (n >= 2) {
+    ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+    DeviceInt64s other(good.size());
+    upload(good, &other);
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    EXPECT_EQ(forward(other.ptr, &t.out.dl), STRIA_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(stria_get_last_error()).find("cu_seqlens"), std::string::npos) << stria_get_last_error();
+    EXPECT_NE(std::string(stria_get_last_error()).find("is memory of cuda:1, but the context is on cuda:0"),
+              std::string::npos)
+        << stria_get_last_error();
+  }
+  // The context still works.
+  upload(good, &cu_d);
+  EXPECT_EQ(forward(cu_d.ptr, &t.out.dl), STRIA_SUCCESS) << stria_get_last_error();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
 }  // namespace

@@ -26,6 +26,7 @@ struct Case {
   bool strided = false;           // q/k/v as head views of one packed [B, L, Hq + 2 Hkv, D] tensor
   bool spread = false;            // rank r on GPU r % 2 (stria_context_create_local_group_on_devices)
   int docs = 0;                   // > 0: a document mask of this many documents per batch row (random cuts)
+  bool device_docs = false;       // the boundaries in device memory, written on the call's stream just before it
 };
 
 std::string Name(const Case& c) {
@@ -33,7 +34,8 @@ std::string Name(const Case& c) {
   os << "N" << c.world << "_" << LayoutName(c.layout) << (c.causal ? "_causal" : "_full") << "_" << DtName(c.dt) << "_B"
      << c.B << "L" << c.L << "H" << c.Hq << "x" << c.Hkv << "D" << c.D
      << (c.kernels ? std::string("_") + c.kernels : "") << (c.stream ? "_stream" : "") << (c.strided ? "_strided" : "")
-     << (c.spread ? "_2gpus" : "") << (c.docs > 0 ? "_docs" + std::to_string(c.docs) : "");
+     << (c.spread ? "_2gpus" : "") << (c.docs > 0 ? "_docs" + std::to_string(c.docs) : "")
+     << (c.device_docs ? "_ondevice" : "");
   return os.str();
 }
 
@@ -113,12 +115,31 @@ void RunCase(const Case& c) {
       EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
     }
     stria_context_t ctx = group.ctx[static_cast<size_t>(r)];
-    fwd[static_cast<size_t>(r)] = AttentionForward(ctx, &params, documents, c.docs, &qv, &kv, &vv, &out_d.dl, &lse_d.dl,
-                                                   static_cast<void*>(stream));
-    std::string err = stria_get_last_error();
-    bwd[static_cast<size_t>(r)] = AttentionBackward(ctx, &params, documents, c.docs, &qv, &kv, &vv, &out_d.dl,
-                                                    &lse_d.dl, &do_d.dl, &dq_d.dl, &dk_d.dl, &dv_d.dl, stream);
-    err += stria_get_last_error();
+    std::string err;
+    if (c.device_docs) {
+      // Garbage first (all ones: -1, which stria refuses), then the boundaries, queued on the
+      // call's stream: stria must read them after the copy, not before.
+      DeviceInt64s docs_d(documents.size());
+      int64_t* cu = docs_d.ptr;
+      const size_t bytes = documents.size() * sizeof(int64_t);
+      EXPECT_EQ(cudaMemset(cu, 0xff, bytes), cudaSuccess);
+      EXPECT_EQ(cudaMemcpyAsync(cu, documents.data(), bytes, cudaMemcpyHostToDevice, stream), cudaSuccess);
+      fwd[static_cast<size_t>(r)] =
+          stria_attention_forward_documents(ctx, &params, cu, c.docs, &qv, &kv, &vv, &out_d.dl, &lse_d.dl, stream);
+      err = stria_get_last_error();
+      bwd[static_cast<size_t>(r)] =
+          stria_attention_backward_documents(ctx, &params, cu, c.docs, &qv, &kv, &vv, &out_d.dl, &lse_d.dl, &do_d.dl,
+                                             &dq_d.dl, &dk_d.dl, &dv_d.dl, stream);
+      err += stria_get_last_error();
+      EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);  // before docs_d is freed
+    } else {
+      fwd[static_cast<size_t>(r)] = AttentionForward(ctx, &params, documents, c.docs, &qv, &kv, &vv, &out_d.dl,
+                                                     &lse_d.dl, static_cast<void*>(stream));
+      err = stria_get_last_error();
+      bwd[static_cast<size_t>(r)] = AttentionBackward(ctx, &params, documents, c.docs, &qv, &kv, &vv, &out_d.dl,
+                                                      &lse_d.dl, &do_d.dl, &dq_d.dl, &dk_d.dl, &dv_d.dl, stream);
+      err += stria_get_last_error();
+    }
     const cudaError_t sync = cudaStreamSynchronize(stream);
     if (sync != cudaSuccess) err += std::string(" stream sync: ") + cudaGetErrorString(sync);
     errors[static_cast<size_t>(r)] = err;
@@ -294,6 +315,14 @@ std::vector<Case> DocumentSweep() {
   on_stream.docs = 4;
   on_stream.stream = true;
   cases.push_back(on_stream);
+  // Boundaries in device memory (a framework's tensor), on the default stream and on the caller's.
+  for (bool own_stream : {false, true}) {
+    Case dev{3, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 2, 80, 4, 2, 64};
+    dev.docs = 5;
+    dev.device_docs = true;
+    dev.stream = own_stream;
+    cases.push_back(dev);
+  }
   return cases;
 }
 

@@ -235,39 +235,125 @@ ffi::Error Run(const Member& m, int32_t xla_device, const CallAttributes& a, con
   return s == STRIA_SUCCESS ? ffi::Error::Success() : Failure(name, s, a.site);
 }
 
+// A document mask's boundaries (stria.jax's cu_seqlens operand, after the attention tensors), as
+// stria_attention_forward_documents reads them: int64 [..., B, n + 1]; or, where JAX runs without
+// 64-bit integers, int32 [..., B, n + 1, 2] holding each int64's two little-endian words (stria.jax
+// writes them so), which is the same memory. On a GPU they are XLA's device buffer, which a CUDA
+// context reads on the call's stream. Leading (vmapped) axes fold into B, as q's do.
+struct Boundaries {
+  const int64_t* data = nullptr;  // nullptr: no document mask
+  int64_t num_seqs = 0;
+};
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "stria.jax's int32 pairs are little-endian int64s");
+
+ffi::Error BoundariesOf(const ffi::AnyBuffer& cu, int64_t batch, std::string_view site, Boundaries* out) {
+  const auto dims = cu.dimensions();
+  const bool pairs = cu.element_type() == ffi::DataType::S32;
+  const size_t row_axes = pairs ? 2 : 1;  // the axes of one row: n + 1 (and the word pair)
+  std::string why;
+  if (cu.element_type() != ffi::DataType::S64 && !pairs)
+    why = "must be int64 (or stria.jax's int32 word pairs)";
+  else if (dims.size() < row_axes + 1 || (pairs && dims[dims.size() - 1] != 2) || dims[dims.size() - row_axes] < 2)
+    why = pairs ? "must be [B, n + 1, 2] with n >= 1" : "must be [B, n + 1] with n >= 1";
+  int64_t rows = 1;
+  for (size_t i = 0; why.empty() && i + row_axes < dims.size(); ++i) rows *= dims[i];
+  if (why.empty() && rows != batch)
+    why = "has " + std::to_string(rows) + " rows but q's batch is " + std::to_string(batch);
+  if (!why.empty()) {
+    std::string shape;
+    for (int64_t d : dims) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "stria: the document boundaries operand [" + shape + "] " + why +
+                          (site.empty() ? "" : " [called at " + std::string(site) + "]"));
+  }
+  out->data = static_cast<const int64_t*>(cu.untyped_data());
+  out->num_seqs = dims[dims.size() - row_axes] - 1;
+  return ffi::Error::Success();
+}
+
 ffi::Error Forward(void* stream, int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q, ffi::AnyBuffer k,
-                   ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse) {
+                   ffi::AnyBuffer v, const ffi::AnyBuffer* cu, ffi::Result<ffi::AnyBuffer> out,
+                   ffi::Result<ffi::AnyBuffer> lse) {
   Member m;
   if (ffi::Error e = Find(a.context, xla_device, &m); e.failure()) return e;
   View vq(q, m.device), vk(k, m.device), vv(v, m.device), vo(*out, m.device), vl(*lse, m.device, 3);
+  Boundaries docs;
+  if (cu != nullptr) {
+    if (ffi::Error e = BoundariesOf(*cu, vq.t.shape[0], a.site, &docs); e.failure()) return e;
+  }
   const stria_attention_params_t params = Params(a);
-  return Run(m, xla_device, a, "attention_forward",
-             [&] { return stria_attention_forward(m.ctx, &params, &vq.t, &vk.t, &vv.t, &vo.t, &vl.t, stream); });
+  return Run(m, xla_device, a, "attention_forward", [&] {
+    if (docs.data == nullptr) return stria_attention_forward(m.ctx, &params, &vq.t, &vk.t, &vv.t, &vo.t, &vl.t, stream);
+    return stria_attention_forward_documents(m.ctx, &params, docs.data, docs.num_seqs, &vq.t, &vk.t, &vv.t, &vo.t,
+                                             &vl.t, stream);
+  });
 }
 
 ffi::Error Backward(void* stream, int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q, ffi::AnyBuffer k,
                     ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::AnyBuffer dout,
-                    ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv) {
+                    const ffi::AnyBuffer* cu, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                    ffi::Result<ffi::AnyBuffer> dv) {
   Member m;
   if (ffi::Error e = Find(a.context, xla_device, &m); e.failure()) return e;
   const DLDevice d = m.device;
   View vq(q, d), vk(k, d), vv(v, d), vo(out, d), vl(lse, d, 3), vdo(dout, d), vdq(*dq, d), vdk(*dk, d), vdv(*dv, d);
+  Boundaries docs;
+  if (cu != nullptr) {
+    if (ffi::Error e = BoundariesOf(*cu, vq.t.shape[0], a.site, &docs); e.failure()) return e;
+  }
   const stria_attention_params_t params = Params(a);
   return Run(m, xla_device, a, "attention_backward", [&] {
-    return stria_attention_backward(m.ctx, &params, &vq.t, &vk.t, &vv.t, &vo.t, &vl.t, &vdo.t, &vdq.t, &vdk.t, &vdv.t,
-                                    stream);
+    if (docs.data == nullptr)
+      return stria_attention_backward(m.ctx, &params, &vq.t, &vk.t, &vv.t, &vo.t, &vl.t, &vdo.t, &vdq.t, &vdk.t, &vdv.t,
+                                      stream);
+    return stria_attention_backward_documents(m.ctx, &params, docs.data, docs.num_seqs, &vq.t, &vk.t, &vv.t, &vo.t,
+                                              &vl.t, &vdo.t, &vdq.t, &vdk.t, &vdv.t, stream);
   });
 }
 
+// The handlers' signatures, by platform (the CUDA ones take XLA's stream) and by whether the call
+// has a document mask (its boundaries the last operand).
+ffi::Error ForwardCuda(void* stream, int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                       ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse) {
+  return Forward(stream, xla_device, a, q, k, v, nullptr, out, lse);
+}
+ffi::Error ForwardDocumentsCuda(void* stream, int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q,
+                                ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer cu, ffi::Result<ffi::AnyBuffer> out,
+                                ffi::Result<ffi::AnyBuffer> lse) {
+  return Forward(stream, xla_device, a, q, k, v, &cu, out, lse);
+}
 ffi::Error ForwardCpu(int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                       ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse) {
-  return Forward(nullptr, xla_device, a, q, k, v, out, lse);
+  return Forward(nullptr, xla_device, a, q, k, v, nullptr, out, lse);
+}
+ffi::Error ForwardDocumentsCpu(int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                               ffi::AnyBuffer v, ffi::AnyBuffer cu, ffi::Result<ffi::AnyBuffer> out,
+                               ffi::Result<ffi::AnyBuffer> lse) {
+  return Forward(nullptr, xla_device, a, q, k, v, &cu, out, lse);
 }
 
+ffi::Error BackwardCuda(void* stream, int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                        ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::AnyBuffer dout,
+                        ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                        ffi::Result<ffi::AnyBuffer> dv) {
+  return Backward(stream, xla_device, a, q, k, v, out, lse, dout, nullptr, dq, dk, dv);
+}
+ffi::Error BackwardDocumentsCuda(void* stream, int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q,
+                                 ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
+                                 ffi::AnyBuffer dout, ffi::AnyBuffer cu, ffi::Result<ffi::AnyBuffer> dq,
+                                 ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv) {
+  return Backward(stream, xla_device, a, q, k, v, out, lse, dout, &cu, dq, dk, dv);
+}
 ffi::Error BackwardCpu(int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q, ffi::AnyBuffer k,
                        ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::AnyBuffer dout,
                        ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv) {
-  return Backward(nullptr, xla_device, a, q, k, v, out, lse, dout, dq, dk, dv);
+  return Backward(nullptr, xla_device, a, q, k, v, out, lse, dout, nullptr, dq, dk, dv);
+}
+ffi::Error BackwardDocumentsCpu(int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                                ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::AnyBuffer dout,
+                                ffi::AnyBuffer cu, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                                ffi::Result<ffi::AnyBuffer> dv) {
+  return Backward(nullptr, xla_device, a, q, k, v, out, lse, dout, &cu, dq, dk, dv);
 }
 
 // What every handler takes after its context (stream, device ordinal): the call's attributes.
@@ -343,15 +429,22 @@ void stria_jax_unbind(int64_t key) {
 }  // extern "C"
 
 // The handlers, by platform: the CUDA ones take XLA's stream, the CPU ones none; both the ordinal
-// of the XLA device running the program (which rank of a local group serves it).
-XLA_FFI_DEFINE_HANDLER_SYMBOL(stria_jax_forward_cpu, ForwardCpu,
-                              Rets<2>(Args<3>(CallAttrs(ffi::Ffi::Bind().Ctx<ffi::DeviceOrdinal>()))));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(stria_jax_backward_cpu, BackwardCpu,
-                              Rets<3>(Args<6>(CallAttrs(ffi::Ffi::Bind().Ctx<ffi::DeviceOrdinal>()))));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    stria_jax_forward_cuda, Forward,
-    Rets<2>(Args<3>(CallAttrs(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>().Ctx<ffi::DeviceOrdinal>()))));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    stria_jax_backward_cuda, Backward,
-    Rets<3>(Args<6>(CallAttrs(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>().Ctx<ffi::DeviceOrdinal>()))));
+// of the XLA device running the program (which rank of a local group serves it). The _documents
+// ones take one more operand, the boundaries.
+#define STRIA_CPU_BINDING ffi::Ffi::Bind().Ctx<ffi::DeviceOrdinal>()
+#define STRIA_CUDA_BINDING ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>().Ctx<ffi::DeviceOrdinal>()
+XLA_FFI_DEFINE_HANDLER_SYMBOL(stria_jax_forward_cpu, ForwardCpu, Rets<2>(Args<3>(CallAttrs(STRIA_CPU_BINDING))));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(stria_jax_backward_cpu, BackwardCpu, Rets<3>(Args<6>(CallAttrs(STRIA_CPU_BINDING))));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(stria_jax_forward_cuda, ForwardCuda, Rets<2>(Args<3>(CallAttrs(STRIA_CUDA_BINDING))));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(stria_jax_backward_cuda, BackwardCuda, Rets<3>(Args<6>(CallAttrs(STRIA_CUDA_BINDING))));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(stria_jax_forward_documents_cpu, ForwardDocumentsCpu,
+                              Rets<2>(Args<4>(CallAttrs(STRIA_CPU_BINDING))));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(stria_jax_backward_documents_cpu, BackwardDocumentsCpu,
+                              Rets<3>(Args<7>(CallAttrs(STRIA_CPU_BINDING))));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(stria_jax_forward_documents_cuda, ForwardDocumentsCuda,
+                              Rets<2>(Args<4>(CallAttrs(STRIA_CUDA_BINDING))));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(stria_jax_backward_documents_cuda, BackwardDocumentsCuda,
+                              Rets<3>(Args<7>(CallAttrs(STRIA_CUDA_BINDING))));
+#undef STRIA_CPU_BINDING
+#undef STRIA_CUDA_BINDING
 #pragma GCC visibility pop

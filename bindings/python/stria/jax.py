@@ -12,6 +12,10 @@ GPU a CUDA context on the device that holds the arrays.
 
 ``context_from_distributed()`` makes a multi-process JAX job's contexts, one rank per process.
 
+Packed documents: ``cu_seqlens=`` (a JAX array, traced, or anything numpy reads) masks each query
+to its own document, as stria_attention_forward_documents does. The boundaries are an operand of
+the custom call: on a GPU they stay in device memory, where stria reads them on XLA's stream.
+
 ``context`` is a Context (one rank per process: UCX, NCCL), or a whole LocalGroup called inside
 ``jax.shard_map`` over a mesh axis of its size: rank r computes the shard of the JAX device of
 local ordinal r (on CPU, JAX's r-th CPU device; on GPUs, the ordinal of rank r's GPU, as in
@@ -74,7 +78,13 @@ _lib.stria_jax_unbind.argtypes = [ctypes.c_int64]
 _lib.stria_jax_unbind.restype = None
 
 _FORWARD, _BACKWARD = "stria_attention_forward", "stria_attention_backward"
-for _name, _symbol in ((_FORWARD, "stria_jax_forward"), (_BACKWARD, "stria_jax_backward")):
+_FORWARD_DOCS, _BACKWARD_DOCS = "stria_attention_forward_documents", "stria_attention_backward_documents"
+for _name, _symbol in (
+    (_FORWARD, "stria_jax_forward"),
+    (_BACKWARD, "stria_jax_backward"),
+    (_FORWARD_DOCS, "stria_jax_forward_documents"),
+    (_BACKWARD_DOCS, "stria_jax_backward_documents"),
+):
     jax.ffi.register_ffi_target(_name, jax.ffi.pycapsule(getattr(_lib, _symbol + "_cpu")), platform="cpu")
     jax.ffi.register_ffi_target(_name, jax.ffi.pycapsule(getattr(_lib, _symbol + "_cuda")), platform="CUDA")
 
@@ -353,16 +363,50 @@ def _like(x: Any, shape: tuple[int, ...] | None = None, dtype: Any = None) -> An
 _VMAP = "broadcast_all"
 
 
-def _forward(context, q, k, v, layout, causal, softmax_scale, call):  # noqa: ANN001, ANN202
+def _boundaries(cu_seqlens: Any, batch: int, func: str) -> Any:
+    """cu_seqlens as the handlers pass it to stria_attention_forward_documents: one row per batch
+    row, each the int64 global positions ``[0, s1, ..., S]``. Where JAX runs without 64-bit
+    integers (its default), int32 ``[B, n + 1, 2]``: each position's two little-endian words, which
+    in memory are the int64 array stria reads, made by XLA where the array lives (on a GPU, in
+    device memory, which a CUDA context reads on XLA's stream). None stays None (no mask).
+
+    Its shape is checked here, at trace time; its values (start 0, nondecreasing, end S) by stria
+    when the call runs, on every rank."""
+    if cu_seqlens is None:
+        return None
+    cu = cu_seqlens if isinstance(cu_seqlens, jax.Array) else jnp.asarray(np.asarray(cu_seqlens))
+    dtype = jnp.result_type(cu)
+    if not jnp.issubdtype(dtype, jnp.integer):
+        raise TypeError(f"{func}(): cu_seqlens must hold integers (positions), not {dtype.name}")
+    shape = tuple(np.shape(cu))
+    if len(shape) not in (1, 2) or shape[-1] < 2 or (len(shape) == 2 and shape[0] not in (1, batch)):
+        raise ValueError(
+            f"{func}(): cu_seqlens must be [n + 1] or [B, n + 1] document boundaries with n >= 1 and B = {batch} "
+            f"(q's batch), not of shape {shape}"
+        )
+    cu = jnp.broadcast_to(cu.reshape(-1, shape[-1]), (batch, shape[-1]))
+    if dtype == jnp.int64:
+        return cu
+    # Values beyond int32 would not fit a sequence JAX can index without 64-bit integers anyway.
+    words = cu.astype(jnp.int32)
+    return jnp.stack([words, jnp.right_shift(words, 31)], axis=-1)  # low word, then the sign's
+
+
+def _forward(context, q, k, v, cu, layout, causal, softmax_scale, call):  # noqa: ANN001, ANN202
     b, l, hq, _ = np.shape(q)
-    ffi = jax.ffi.ffi_call(_FORWARD, (_like(q), _like(q, (b, hq, l), jnp.float32)), vmap_method=_VMAP)
-    return ffi(q, k, v, **_attrs(context, "attention_forward", layout, causal, softmax_scale, call))
+    results = (_like(q), _like(q, (b, hq, l), jnp.float32))
+    attrs = _attrs(context, "attention_forward", layout, causal, softmax_scale, call)
+    if cu is None:
+        return jax.ffi.ffi_call(_FORWARD, results, vmap_method=_VMAP)(q, k, v, **attrs)
+    return jax.ffi.ffi_call(_FORWARD_DOCS, results, vmap_method=_VMAP)(q, k, v, cu, **attrs)
 
 
-def _backward(context, q, k, v, out, lse, dout, layout, causal, softmax_scale, call):  # noqa: ANN001, ANN202
-    ffi = jax.ffi.ffi_call(_BACKWARD, (_like(q), _like(k), _like(v)), vmap_method=_VMAP)
+def _backward(context, q, k, v, out, lse, dout, cu, layout, causal, softmax_scale, call):  # noqa: ANN001, ANN202
+    results = (_like(q), _like(k), _like(v))
     attrs = _attrs(context, "attention_backward", layout, causal, softmax_scale, call)
-    return ffi(q, k, v, out, lse, dout, **attrs)
+    if cu is None:
+        return jax.ffi.ffi_call(_BACKWARD, results, vmap_method=_VMAP)(q, k, v, out, lse, dout, **attrs)
+    return jax.ffi.ffi_call(_BACKWARD_DOCS, results, vmap_method=_VMAP)(q, k, v, out, lse, dout, cu, **attrs)
 
 
 def attention_forward(
@@ -375,16 +419,24 @@ def attention_forward(
     causal: bool = True,
     softmax_scale: float | None = None,
     tag: int | None = None,
+    cu_seqlens: Any = None,
 ) -> tuple[jax.Array, jax.Array]:
     """This rank's attention output ``[B, L, Hq, D]`` (q's dtype) and its log-sum-exp
     ``[B, Hq, L]`` (float32) over the whole sharded sequence: stria_attention_forward.
 
     tag names the call for the ranks' pairing (stria_context_set_call_tag): None, its call site's
     under a trace (jit, grad, shard_map...); 0, none; or a tag of the caller's choosing, the same
-    on every rank."""
+    on every rank.
+
+    cu_seqlens (optional) packs several documents into the sequence, and a query sees only the
+    keys of its own document: integer global positions ``[0, s1, ..., S]`` (S = L * world size),
+    one row for every batch row or ``[B, n + 1]``, the same on every rank
+    (stria_attention_forward_documents). A JAX array (traced, on the computation's device) or
+    anything numpy reads."""
     _check_4d("attention_forward", q=q, k=k, v=v)
+    cu = _boundaries(cu_seqlens, np.shape(q)[0], "attention_forward")
     call = _tag_of("attention_forward", tag, (q, k, v))
-    return _forward(context, q, k, v, layout, causal, softmax_scale, call)
+    return _forward(context, q, k, v, cu, layout, causal, softmax_scale, call)
 
 
 def attention_backward(
@@ -400,32 +452,36 @@ def attention_backward(
     causal: bool = True,
     softmax_scale: float | None = None,
     tag: int | None = None,
+    cu_seqlens: Any = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The gradients ``(dq, dk, dv)`` of attention_forward's output for this rank's q, k, v, given
-    the forward's out and lse and the gradient dout of out: stria_attention_backward. tag as in
-    attention_forward."""
+    the forward's out and lse and the gradient dout of out: stria_attention_backward. tag and
+    cu_seqlens (the forward's) as in attention_forward."""
     _check_4d("attention_backward", q=q, k=k, v=v, out=out, dout=dout)
+    cu = _boundaries(cu_seqlens, np.shape(q)[0], "attention_backward")
     call = _tag_of("attention_backward", tag, (q, k, v, out, lse, dout))
-    return _backward(context, q, k, v, out, lse, dout, layout, causal, softmax_scale, call)
+    return _backward(context, q, k, v, out, lse, dout, cu, layout, causal, softmax_scale, call)
 
 
-# The parameters after q, k, v are static (nondiff_argnums): a context is hashed by identity. The
+# The parameters after q, k, v and the boundaries cu (None, or _boundaries' integer array: an
+# input with no gradient) are static (nondiff_argnums): a context is hashed by identity. The
 # call's (tag, site) is ring_attention's caller's: the rules run under JAX's frames, where no site
 # of the caller's is to be found.
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7))
-def _ring(q: Any, k: Any, v: Any, context: Context | LocalGroup, layout: int, causal: bool, scale: float | None,
-          call: tuple[int, str]) -> jax.Array:
-    return _forward(context, q, k, v, layout, causal, scale, call)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
+def _ring(q: Any, k: Any, v: Any, cu: Any, context: Context | LocalGroup, layout: int, causal: bool,
+          scale: float | None, call: tuple[int, str]) -> jax.Array:
+    return _forward(context, q, k, v, cu, layout, causal, scale, call)[0]
 
 
-def _ring_fwd(q, k, v, context, layout, causal, scale, call):  # noqa: ANN001, ANN202 - custom_vjp's rule
-    out, lse = _forward(context, q, k, v, layout, causal, scale, call)
-    return out, (q, k, v, out, lse)
+def _ring_fwd(q, k, v, cu, context, layout, causal, scale, call):  # noqa: ANN001, ANN202 - custom_vjp's rule
+    out, lse = _forward(context, q, k, v, cu, layout, causal, scale, call)
+    return out, (q, k, v, cu, out, lse)
 
 
 def _ring_bwd(context, layout, causal, scale, call, residuals, dout):  # noqa: ANN001, ANN202 - custom_vjp's rule
-    q, k, v, out, lse = residuals
-    return _backward(context, q, k, v, out, lse, dout.astype(out.dtype), layout, causal, scale, call)
+    q, k, v, cu, out, lse = residuals
+    grads = _backward(context, q, k, v, out, lse, dout.astype(out.dtype), cu, layout, causal, scale, call)
+    return (*grads, None)  # the boundaries have no gradient
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)
@@ -441,16 +497,19 @@ def ring_attention(
     causal: bool = True,
     softmax_scale: float | None = None,
     tag: int | None = None,
+    cu_seqlens: Any = None,
 ) -> jax.Array:
     """Attention of this rank's q ``[B, L, Hq, D]`` over the whole sequence's k, v
     ``[B, L, Hkv, D]`` (each rank holds its L tokens in `layout`); returns ``[B, L, Hq, D]``.
     Differentiable in q, k and v (first order); softmax_scale None is 1/sqrt(D); causal masks on
-    global positions; tag as in attention_forward (forward and backward share it)."""
+    global positions; tag as in attention_forward (forward and backward share it); cu_seqlens,
+    packed documents, as in attention_forward (the backward takes the same)."""
     _members(context, "ring_attention")  # a TypeError for anything else
     _check_4d("ring_attention", q=q, k=k, v=v)
+    cu = _boundaries(cu_seqlens, np.shape(q)[0], "ring_attention")
     scale = None if softmax_scale is None else float(softmax_scale)
     call = _tag_of("ring_attention", tag, (q, k, v))
-    return _ring(q, k, v, context, int(Layout.of(layout)), bool(causal), scale, call)
+    return _ring(q, k, v, cu, context, int(Layout.of(layout)), bool(causal), scale, call)
 
 
 _joins = itertools.count()  # context_from_distributed calls so far: every process makes the same ones

@@ -299,7 +299,8 @@ def ring_attention(
     cu_seqlens: packed documents, ``[0, s1, ..., S]`` in global positions (per batch row, or one
     row for all), the same on every rank; a query sees only its own document (see
     stria.document_boundaries). The library reads them on the host: keep them on the CPU (as a
-    data loader makes them), since a CUDA tensor is copied over, which waits for the GPU. Under torch.autocast, floating-point q, k and v are cast to the
+    data loader makes them), since a CUDA tensor is copied over, which waits for the GPU. Under
+    torch.autocast, floating-point q, k and v are cast to the
     autocast dtype first, as torch's own attention is."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_tensor("ring_attention", name, x)

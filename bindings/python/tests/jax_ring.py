@@ -3,6 +3,9 @@ computes ring attention and the gradients of sum(out * w) with jax.jit(jax.value
 writes what it got (out, lse, dq, dk, dv as float32) to an .npz file for the test to check
 against the float64 reference. Run in its own process, so that JAX is set up as given here.
 
+    A mode may end in "+docs" (local+docs, shard_map+docs, ucx+docs): ring attention then masks
+    to the documents of DOCUMENTS (a traced array of boundaries, one row per batch row).
+
     python jax_ring.py local N LAYOUT CAUSAL DTYPE OUT.npz
         N ranks as threads of this process (a local group); JAX runs each program on the
         calling thread (jax_cpu_enable_async_dispatch off), which an in-process ring needs.
@@ -37,6 +40,8 @@ from reference import random_inputs
 SHAPE = {"batch": 2, "seq": 48, "hq": 4, "hkv": 2, "dim": 32}  # GQA: two query heads per K/V head
 SEED = 7
 TIMEOUT_S = 60.0
+# Per batch row, in global positions of the 48-token sequence (the second has an empty document).
+DOCUMENTS = [[0, 5, 17, 30, 48], [0, 24, 24, 41, 48]]
 
 
 def full_inputs():
@@ -44,7 +49,7 @@ def full_inputs():
     return random_inputs(*(SHAPE[x] for x in ("batch", "seq", "hq", "hkv", "dim")), SEED)
 
 
-def run_rank(ctx, layout: str, causal: bool, dtype: str) -> dict[str, np.ndarray]:
+def run_rank(ctx, layout: str, causal: bool, dtype: str, docs: bool = False) -> dict[str, np.ndarray]:
     import jax
     import jax.numpy as jnp
     import stria
@@ -52,13 +57,15 @@ def run_rank(ctx, layout: str, causal: bool, dtype: str) -> dict[str, np.ndarray
 
     n, r = ctx.world_size, ctx.rank
     q, k, v, w = (jnp.asarray(stria.shard(x, n, r, layout=layout), dtype=dtype) for x in full_inputs())
+    cu = jnp.asarray(DOCUMENTS) if docs else None
 
-    def loss(q, k, v):
-        out = sj.ring_attention(q, k, v, ctx, layout=layout, causal=causal)
+    def loss(q, k, v, cu):
+        out = sj.ring_attention(q, k, v, ctx, layout=layout, causal=causal, cu_seqlens=cu)
         return jnp.sum(out.astype(jnp.float32) * w.astype(jnp.float32))
 
-    _, (dq, dk, dv) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(q, k, v)
-    out, lse = jax.jit(lambda q, k, v: sj.attention_forward(ctx, q, k, v, layout=layout, causal=causal))(q, k, v)
+    _, (dq, dk, dv) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(q, k, v, cu)
+    forward = jax.jit(lambda q, k, v, cu: sj.attention_forward(ctx, q, k, v, layout=layout, causal=causal, cu_seqlens=cu))
+    out, lse = forward(q, k, v, cu)
     return {name: np.asarray(x.astype(jnp.float32)) for name, x in
             (("out", out), ("lse", lse), ("dq", dq), ("dk", dk), ("dv", dv))}
 
@@ -88,7 +95,7 @@ def run_mispaired(ctx, layout: str, causal: bool, dtype: str) -> list[str]:
     return outcomes
 
 
-def run_shard_map(group, layout: str, causal: bool, dtype: str) -> list[dict[str, np.ndarray]]:
+def run_shard_map(group, layout: str, causal: bool, dtype: str, docs: bool = False) -> list[dict[str, np.ndarray]]:
     """The whole sequence through shard_map: device r holds rank r's tokens (in layout order) as
     the r-th chunk of the sequence axis."""
     import jax
@@ -109,19 +116,22 @@ def run_shard_map(group, layout: str, causal: bool, dtype: str) -> list[dict[str
     order = np.concatenate([stria.positions(layout, q.shape[1], n, r) for r in range(n)])
     q, k, v = (jnp.asarray(x[:, order], dtype=dtype) for x in (q, k, v))
     w = jnp.asarray(w[:, order])
+    # The boundaries, global positions, replicated: every shard gets all of them.
+    cu = jnp.asarray(DOCUMENTS if docs else [[0, q.shape[1]]] * q.shape[0])
+    specs = (seq_spec,) * 3 + (P(),)
 
-    def attention(q, k, v):
-        return sj.ring_attention(q, k, v, group, layout=layout, causal=causal)
+    def attention(q, k, v, cu):
+        return sj.ring_attention(q, k, v, group, layout=layout, causal=causal, cu_seqlens=cu if docs else None)
 
-    def loss(q, k, v):
-        out = shard_map(attention, mesh=mesh, in_specs=(seq_spec,) * 3, out_specs=seq_spec)(q, k, v)
+    def loss(q, k, v, cu):
+        out = shard_map(attention, mesh=mesh, in_specs=specs, out_specs=seq_spec)(q, k, v, cu)
         return jnp.sum(out.astype(jnp.float32) * w)
 
-    def forward(q, k, v):
-        return sj.attention_forward(group, q, k, v, layout=layout, causal=causal)
+    def forward(q, k, v, cu):
+        return sj.attention_forward(group, q, k, v, layout=layout, causal=causal, cu_seqlens=cu if docs else None)
 
-    dq, dk, dv = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
-    out, lse = jax.jit(shard_map(forward, mesh=mesh, in_specs=(seq_spec,) * 3, out_specs=(seq_spec, lse_spec)))(q, k, v)
+    dq, dk, dv = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v, cu)
+    out, lse = jax.jit(shard_map(forward, mesh=mesh, in_specs=specs, out_specs=(seq_spec, lse_spec)))(q, k, v, cu)
     local = q.shape[1] // n
     results = []
     for r in range(n):
@@ -162,6 +172,8 @@ def run_two_devices(ctx, layout: str, causal: bool, dtype: str) -> list[str]:
 def main(argv: list[str]) -> None:
     mode, n, layout, causal, dtype, path = argv[:6]
     n, causal = int(n), causal == "1"
+    mode, _, suffix = mode.partition("+")
+    docs = suffix == "docs"
     if mode in ("shard_map", "two_devices"):
         import os
 
@@ -174,7 +186,7 @@ def main(argv: list[str]) -> None:
 
     if mode == "local":
         with stria.local_group(n, timeout_s=TIMEOUT_S, num_threads=1) as group:
-            results = group.run(lambda ctx: run_rank(ctx, layout, causal, dtype))
+            results = group.run(lambda ctx: run_rank(ctx, layout, causal, dtype, docs))
         np.savez(path, **{f"{name}{r}": x for r, res in enumerate(results) for name, x in res.items()})
     elif mode == "mispaired":
         import json
@@ -185,13 +197,13 @@ def main(argv: list[str]) -> None:
             json.dump(results, f)
     elif mode == "shard_map":
         with stria.local_group(n, timeout_s=TIMEOUT_S, num_threads=1) as group:
-            results = run_shard_map(group, layout, causal, dtype)
+            results = run_shard_map(group, layout, causal, dtype, docs)
         np.savez(path, **{f"{name}{r}": x for r, res in enumerate(results) for name, x in res.items()})
     elif mode == "ucx":
         rank, port = int(argv[6]), int(argv[7])
         env = {"RANK": str(rank), "WORLD_SIZE": str(n), "STRIA_ROOT": f"127.0.0.1:{port}"}
         with stria.Context.from_env(environ=env, timeout_s=TIMEOUT_S, num_threads=1) as ctx:
-            res = run_rank(ctx, layout, causal, dtype)
+            res = run_rank(ctx, layout, causal, dtype, docs)
         np.savez(path.replace(".npz", f".rank{rank}.npz"), **{f"{name}{rank}": x for name, x in res.items()})
     elif mode == "two_devices":
         import json

@@ -1,6 +1,7 @@
 """stria.jax (XLA FFI custom calls) against the float64 reference: a world of one in this process,
 rings of threads (a local group) and of processes (UCX) in subprocesses (jax_ring.py), every
-layout, causal and not, GQA, float32/bfloat16/float16, forward and gradients; and its errors."""
+layout, causal and not, GQA, float32/bfloat16/float16, forward and gradients, packed documents;
+and its errors."""
 
 from __future__ import annotations
 
@@ -102,7 +103,7 @@ def run_ring(mode: str, n: int, layout: str, causal: bool, dtype: str, tmp_path)
     flag = "1" if causal else "0"
     base = [sys.executable, os.path.join(HERE, "jax_ring.py"), mode, str(n), layout, flag, dtype, path]
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    if mode in ("local", "shard_map"):
+    if mode.partition("+")[0] in ("local", "shard_map"):
         procs = [subprocess.Popen(base, env=env)]
     else:
         with socket.socket() as s:  # a free port for rank 0 to listen on
@@ -115,7 +116,7 @@ def run_ring(mode: str, n: int, layout: str, causal: bool, dtype: str, tmp_path)
         for p in procs:
             p.kill()
     assert codes == [0] * len(procs)
-    files = [path] if mode in ("local", "shard_map") else [path.replace(".npz", f".rank{r}.npz") for r in range(n)]
+    files = [path] if mode.partition("+")[0] in ("local", "shard_map") else [path.replace(".npz", f".rank{r}.npz") for r in range(n)]
     results: dict[str, np.ndarray] = {}
     for f in files:
         with np.load(f) as data:
@@ -123,15 +124,16 @@ def run_ring(mode: str, n: int, layout: str, causal: bool, dtype: str, tmp_path)
     return results
 
 
-def check_ring(results, n: int, layout: str, causal: bool, dtype: str) -> None:
+def check_ring(results, n: int, layout: str, causal: bool, dtype: str, docs: bool = False) -> None:
     sys.path.insert(0, HERE)
     import jax_ring
 
     q, k, v, w = jax_ring.full_inputs()
     q, k, v = (rounded(x, dtype) for x in (q, k, v))
     scale = 1 / np.sqrt(q.shape[-1])
-    out, lse = attention_ref(q, k, v, causal, scale)
-    dq, dk, dv = attention_backward_ref(q, k, v, w, causal, scale)
+    cu = jax_ring.DOCUMENTS if docs else None
+    out, lse = attention_ref(q, k, v, causal, scale, cu)
+    dq, dk, dv = attention_backward_ref(q, k, v, w, causal, scale, cu)
     tol = TOLERANCE[dtype]
     seq = q.shape[1]
     for r in range(n):
@@ -150,6 +152,15 @@ def test_local_group_of_three_threads(tmp_path, layout, causal):
 
 def test_local_group_bfloat16(tmp_path):
     check_ring(run_ring("local", 4, "striped", True, "bfloat16", tmp_path), 4, "striped", True, "bfloat16")
+
+
+@pytest.mark.parametrize(("mode", "n", "layout", "causal"), [
+    ("local", 3, "striped", True), ("local", 4, "zigzag", False), ("shard_map", 3, "contiguous", True),
+    ("shard_map", 2, "zigzag", True)])
+def test_documents_over_a_ring(tmp_path, mode, n, layout, causal):
+    """Packed documents over rings of threads and under shard_map (the boundaries replicated)."""
+    results = run_ring(mode + "+docs", n, layout, causal, "float32", tmp_path)
+    check_ring(results, n, layout, causal, "float32", docs=True)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -227,6 +238,19 @@ def test_on_a_gpu_with_xla_s_stream(rng):
         scale = 1 / np.sqrt(q.shape[-1])
         assert rel_err(np.asarray(out.astype(jnp.float32)), attention_ref(qr, kr, vr, True, scale)[0]) < 2e-2
         for got, ref in zip(grads, attention_backward_ref(qr, kr, vr, w, True, scale)):
+            assert rel_err(np.asarray(got.astype(jnp.float32)), ref) < 2e-2
+        # Packed documents: the boundaries are XLA's device buffer, read on XLA's stream.
+        cu = np.array([[0, 100, 101, 256], [0, 64, 200, 256]])
+
+        def doc_loss(q, k, v, cu):
+            return jnp.sum(sj.ring_attention(q, k, v, ctx, cu_seqlens=cu).astype(jnp.float32) * w)
+
+        cu_d = jax.device_put(jnp.asarray(cu), device)
+        out = jax.jit(lambda q, k, v, cu: sj.ring_attention(q, k, v, ctx, cu_seqlens=cu))(qj, kj, vj, cu_d)
+        grads = jax.jit(jax.grad(doc_loss, argnums=(0, 1, 2)))(qj, kj, vj, cu_d)
+        ref_out = attention_ref(qr, kr, vr, True, scale, cu)[0]
+        assert rel_err(np.asarray(out.astype(jnp.float32)), ref_out) < 2e-2
+        for got, ref in zip(grads, attention_backward_ref(qr, kr, vr, w, True, scale, cu)):
             assert rel_err(np.asarray(got.astype(jnp.float32)), ref) < 2e-2
 
 
@@ -499,3 +523,96 @@ def test_under_jax_checkpoint(ctx, rng):
     remat = jax.jit(jax.grad(jax.checkpoint(loss), argnums=(0, 1, 2)))(q, k, v)
     for a, b in zip(plain, remat):
         assert rel_err(b, a) < 1e-6
+
+
+# Packed documents: one row for every batch row, or a row each (an empty document included).
+JAX_DOCUMENTS = {
+    "shared": np.array([0, 7, 23, 40]),
+    "per_row": np.array([[0, 12, 12, 40], [0, 1, 39, 40]]),
+}
+
+
+@pytest.mark.parametrize("docs", sorted(JAX_DOCUMENTS))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_documents_world_of_one(ctx, rng, docs, dtype, causal):
+    """A document mask (cu_seqlens traced as a JAX array: the jitted function is not retraced
+    for new boundaries) against the float64 reference, forward and gradients."""
+    q, k, v = inputs(rng)
+    w = rng.standard_normal(q.shape, dtype=np.float32)
+    cu = JAX_DOCUMENTS[docs]
+    qj, kj, vj = (jnp.asarray(x, dtype=dtype) for x in (q, k, v))
+    scale = 1 / np.sqrt(q.shape[-1])
+
+    def loss(q, k, v, cu):
+        out = sj.ring_attention(q, k, v, ctx, causal=causal, cu_seqlens=cu)
+        return jnp.sum(out.astype(jnp.float32) * w)
+
+    _, grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(qj, kj, vj, jnp.asarray(cu))
+    forward = jax.jit(lambda q, k, v, cu: sj.attention_forward(ctx, q, k, v, causal=causal, cu_seqlens=cu))
+    out, lse = forward(qj, kj, vj, jnp.asarray(cu))
+    qr, kr, vr = (rounded(x, dtype) for x in (q, k, v))
+    out_ref, lse_ref = attention_ref(qr, kr, vr, causal, scale, cu)
+    grads_ref = attention_backward_ref(qr, kr, vr, w, causal, scale, cu)
+    tol = TOLERANCE[dtype]
+    assert rel_err(out, out_ref) < tol
+    assert rel_err(lse, lse_ref) < 1e-5
+    for got, ref in zip(grads, grads_ref):
+        assert rel_err(got, ref) < tol
+    # The mask matters here: without it the numbers differ.
+    assert rel_err(out, attention_ref(qr, kr, vr, causal, scale)[0]) > 10 * tol
+    # Other boundaries through the same compiled function.
+    other = np.array([0, 40]) if docs == "per_row" else np.array([[0, 3, 40, 40], [0, 20, 21, 40]])
+    out2, _ = forward(qj, kj, vj, jnp.asarray(other))
+    assert rel_err(out2, attention_ref(qr, kr, vr, causal, scale, other)[0]) < tol
+
+
+def test_documents_as_int64_and_from_numpy(ctx, rng):
+    """With JAX's 64-bit integers the boundaries pass as they are; numpy and lists work too, and
+    the backward by itself takes the forward's boundaries."""
+    q, k, v = inputs(rng, hq=2, hkv=1)
+    dout = rng.standard_normal(q.shape, dtype=np.float32)
+    cu = [0, 9, 31, 40]
+    ref_out = attention_ref(q, k, v, True, 1 / np.sqrt(32), cu)[0]
+    ref_grads = attention_backward_ref(q, k, v, dout, True, 1 / np.sqrt(32), cu)
+    with jax.enable_x64(True):
+        cu64 = jnp.asarray(cu, dtype=jnp.int64)
+        assert cu64.dtype == jnp.int64
+        out, lse = jax.jit(lambda q, cu: sj.attention_forward(ctx, q, k, v, cu_seqlens=cu))(q, cu64)
+        assert rel_err(out, ref_out) < 1e-5
+    out, lse = sj.attention_forward(ctx, q, k, v, cu_seqlens=cu)
+    assert rel_err(out, ref_out) < 1e-5
+    grads = sj.attention_backward(ctx, q, k, v, out, lse, dout, cu_seqlens=np.array(cu, np.uint16))
+    for got, ref in zip(grads, ref_grads):
+        assert rel_err(got, ref) < 1e-5
+
+
+def test_documents_under_vmap(ctx, rng):
+    """vmap folds the mapped axis into B, the boundaries' rows with it: each element its own."""
+    q = rng.standard_normal((3, 1, 16, 2, 8), dtype=np.float32)
+    cu = np.array([[0, 5, 16, 16], [0, 1, 2, 16], [0, 16, 16, 16]])
+    out, _ = jax.jit(jax.vmap(lambda q, cu: sj.attention_forward(ctx, q, q, q, cu_seqlens=cu)))(q, cu)
+    for i in range(3):
+        ref = attention_ref(q[i], q[i], q[i], True, 1 / np.sqrt(8), cu[i])[0]
+        assert rel_err(out[i], ref) < 1e-5, i
+
+
+def test_documents_bad_boundaries(ctx, rng):
+    q, k, v = inputs(rng)  # B = 2, L = 40
+    with pytest.raises(TypeError, match="cu_seqlens must hold integers"):
+        sj.ring_attention(q, k, v, ctx, cu_seqlens=np.array([0.0, 40.0]))
+    for bad in (np.array([40]), np.zeros((3, 3), np.int32), np.zeros((2, 2, 2), np.int32)):
+        with pytest.raises(ValueError, match=r"cu_seqlens must be \[n \+ 1\] or \[B, n \+ 1\]"):
+            sj.attention_forward(ctx, q, k, v, cu_seqlens=bad)
+    forward = jax.jit(lambda q, cu: sj.attention_forward(ctx, q, k, v, cu_seqlens=cu))
+    for bad, needle in (
+        ([0, 30, 20, 40], "decreases at entry 2"),
+        ([1, 40], "starts at 1"),
+        ([0, 39], "ends at 39"),
+        ([[0, 40], [0, 41]], "row 1 ends at 41"),
+    ):
+        with pytest.raises(XLA_ERRORS, match=needle):
+            jax.block_until_ready(forward(q, jnp.asarray(bad)))
+    # The context is fine afterwards.
+    out, _ = forward(q, jnp.asarray([0, 40]))
+    assert rel_err(out, attention_ref(q, k, v, True, 1 / np.sqrt(32))[0]) < 1e-5

@@ -230,6 +230,34 @@ class CudaBackend final : public Backend {
     return Status::Ok();
   }
 
+  // Boundaries in host memory (pageable or pinned) are read where they are. Device or managed
+  // memory of this GPU (a framework's tensor) is copied on the call's stream, after the work
+  // queued there (whatever wrote them), and the host waits for it: a wait each ring step makes
+  // anyway, so it costs only the pipeline's head start on this call.
+  Status ReadOnHost(const int64_t* src, size_t count, void* stream, const char* name, std::vector<int64_t>* staged,
+                    const int64_t** host) override {
+    *host = src;
+    if (src == nullptr || count == 0) return Status::Ok();
+    cudaPointerAttributes attr;
+    if (cudaPointerGetAttributes(&attr, src) != cudaSuccess) {
+      cudaGetLastError();  // a runtime that does not know host memory: it is the host's
+      return Status::Ok();
+    }
+    if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) return Status::Ok();
+    if (attr.type == cudaMemoryTypeDevice && attr.device != device_)
+      return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s %p is memory of cuda:%d, but the context is on cuda:%d", name,
+                   static_cast<const void*>(src), attr.device, device_);
+    DeviceScope scope(device_);
+    STRIA_RETURN_IF_ERROR(scope.status());
+    staged->resize(count);
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    STRIA_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(staged->data(), src, count * sizeof(int64_t), cudaMemcpyDeviceToHost, s));
+    STRIA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+    *host = staged->data();
+    return Status::Ok();
+  }
+
   Status Allocate(size_t bytes, void** ptr) override {
     DeviceScope scope(device_);
     STRIA_RETURN_IF_ERROR(scope.status());

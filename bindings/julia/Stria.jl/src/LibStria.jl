@@ -325,7 +325,8 @@ end
 # Extension: document masks for packed sequences. The same calls as stria_attention_forward and
 # stria_attention_backward, for a sequence that packs several documents: a query sees only the
 # keys of its own document (when causal, those at or before it). cu_seqlens holds B rows of
-# num_seqs + 1 global positions in host memory, the same on every rank: batch row b packs the
+# num_seqs + 1 global positions, the same on every rank, in host memory (on a CUDA context also
+# memory of its GPU, which stria reads on `stream` and waits for): batch row b packs the
 # documents [cu_seqlens[b*(num_seqs+1) + d], cu_seqlens[b*(num_seqs+1) + d + 1]), d < num_seqs.
 # Each row starts at 0, never decreases (a row with fewer documents repeats its end) and ends at
 # the global sequence length S = L * world_size; num_seqs >= 1 (1: one document, the plain call).
