@@ -49,6 +49,8 @@ struct Call {
   bool documents = false;  // through the _documents entry points, with these boundaries
   const int64_t* cu_seqlens = nullptr;
   int64_t num_seqs = 0;
+  bool windowed = false;  // through the _window entry points, with this window (and the documents)
+  int64_t window_left = -1, window_right = -1;
 
   explicit Call(RankTensors& t)
       : q(t.q.dl),
@@ -66,10 +68,16 @@ struct Call {
   Call& operator=(const Call&) = delete;
 
   stria_status_t Forward(stria_context_t c) {
+    if (windowed)
+      return stria_attention_forward_window(c, p, window_left, window_right, cu_seqlens, num_seqs, qp, kp, vp, outp,
+                                            lsep, stream);
     if (documents) return stria_attention_forward_documents(c, p, cu_seqlens, num_seqs, qp, kp, vp, outp, lsep, stream);
     return stria_attention_forward(c, p, qp, kp, vp, outp, lsep, stream);
   }
   stria_status_t Backward(stria_context_t c) {
+    if (windowed)
+      return stria_attention_backward_window(c, p, window_left, window_right, cu_seqlens, num_seqs, qp, kp, vp, outp,
+                                             lsep, doutp, dqp, dkp, dvp, stream);
     if (documents)
       return stria_attention_backward_documents(c, p, cu_seqlens, num_seqs, qp, kp, vp, outp, lsep, doutp, dqp, dkp,
                                                 dvp, stream);
@@ -79,6 +87,11 @@ struct Call {
     documents = true;
     cu_seqlens = cu;
     num_seqs = n;
+  }
+  void Window(int64_t left, int64_t right) {
+    windowed = true;
+    window_left = left;
+    window_right = right;
   }
 };
 
@@ -393,6 +406,26 @@ std::vector<BadCall> BadCalls() {
   });
   both("documents_q_null", kInv, "q is NULL", [](Call& a) {
     a.Documents(docs_end_short, 1);
+    a.qp = nullptr;
+  });
+  both("window_left_below_minus_1", kInv, "window_left -2", [](Call& a) { a.Window(-2, 3); });
+  both("window_right_below_minus_1", kInv, "window_right -5", [](Call& a) { a.Window(4, -5); });
+  both("window_int64_min", kInv, "must be >= 0", [](Call& a) { a.Window(INT64_MIN, -1); });
+  both("window_documents_null", kInv, "cu_seqlens is NULL", [](Call& a) {
+    a.Window(4, -1);
+    a.num_seqs = 2;
+  });
+  both("window_documents_without_count", kInv, "num_seqs 0", [](Call& a) {
+    a.Window(4, -1);
+    a.cu_seqlens = docs_end_short;
+  });
+  both("window_bad_documents", kInv, "decreases", [](Call& a) {
+    a.Window(4, 0);
+    a.cu_seqlens = docs_decrease;
+    a.num_seqs = 3;
+  });
+  both("window_q_null", kInv, "q is NULL", [](Call& a) {
+    a.Window(4, -1);
     a.qp = nullptr;
   });
   both("scale_nan", kInv, "softmax_scale", [](Call& a) { a.params.softmax_scale = NAN; });

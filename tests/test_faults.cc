@@ -464,6 +464,13 @@ std::vector<Disagreement> Disagreements() {
          return stria_attention_forward_documents(c, &p, cu, 2, &t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl, &t.lse.dl,
                                                   nullptr);
        }},
+      {"window",
+       [](stria_context_t c) {  // the others attend over the whole sequence; this rank through a window
+         Rank t;
+         const stria_attention_params_t p = DefaultParams();
+         return stria_attention_forward_window(c, &p, 3, -1, nullptr, 0, &t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl,
+                                               &t.lse.dl, nullptr);
+       }},
       {"backward", [](stria_context_t c) { return Rank().Backward(c, DefaultParams()); }},
       {"tag",
        [](stria_context_t c) {

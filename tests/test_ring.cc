@@ -26,6 +26,7 @@ struct Case {
   double grad_tol = 0;   // when > 0, the bar for dq, dk, dv (see the sharp cases)
   int docs = 0;          // > 0: a document mask of this many documents per batch row (random cuts)
   int64_t doc_len = 0;   // > 0: instead, documents of this many tokens (the last one shorter)
+  Window window{};       // a sliding window (stria_attention_forward_window)
 };
 
 std::string Name(const Case& c) {
@@ -34,7 +35,8 @@ std::string Name(const Case& c) {
      << c.B << "L" << c.L << "H" << c.Hq << "x" << c.Hkv << "D" << c.D << (c.strided ? "_strided" : "")
      << (c.scale > 0 ? "_scale" + std::to_string(static_cast<int>(c.scale * 100)) : "")
      << (c.key_ramp > 0 ? "_ramp" : "") << (c.docs > 0 ? "_docs" + std::to_string(c.docs) : "")
-     << (c.doc_len > 0 ? "_doclen" + std::to_string(c.doc_len) : "");
+     << (c.doc_len > 0 ? "_doclen" + std::to_string(c.doc_len) : "")
+     << (c.window.active() ? "_window" + WindowName(c.window) : "");
   return os.str();
 }
 
@@ -93,8 +95,8 @@ void RunCase(const Case& c) {
   const auto qd = q.ToDouble(), kd = k.ToDouble(), vd = v.ToDouble(), dod = dout.ToDouble();
   int64_t num_seqs = 0;
   const std::vector<int64_t> documents = MakeDocuments(c, S, rng, &num_seqs);
-  const Reference ref =
-      DenseAttention(qd, kd, vd, &dod, c.B, S, c.Hq, c.Hkv, c.D, c.causal, scale, num_seqs > 0 ? &documents : nullptr);
+  const Reference ref = DenseAttention(qd, kd, vd, &dod, c.B, S, c.Hq, c.Hkv, c.D, c.causal, scale,
+                                       num_seqs > 0 ? &documents : nullptr, c.window);
 
   GatheredResults full(c.layout, c.world, c.B, S, c.Hq, c.Hkv, c.D, c.dt);
 
@@ -124,10 +126,10 @@ void RunCase(const Case& c) {
     for (Tensor* t : {&out, &lse, &dq, &dk, &dv}) t->Poison();
     stria_context_t ctx = group.ctx[static_cast<size_t>(r)];
     fwd[static_cast<size_t>(r)] =
-        AttentionForward(ctx, &params, documents, num_seqs, &qv, &kv, &vv, &out.dl, &lse.dl, nullptr);
+        AttentionForward(ctx, &params, documents, num_seqs, &qv, &kv, &vv, &out.dl, &lse.dl, nullptr, c.window);
     std::string err = stria_get_last_error();
     bwd[static_cast<size_t>(r)] = AttentionBackward(ctx, &params, documents, num_seqs, &qv, &kv, &vv, &out.dl, &lse.dl,
-                                                    &dol.dl, &dq.dl, &dk.dl, &dv.dl, nullptr);
+                                                    &dol.dl, &dq.dl, &dk.dl, &dv.dl, nullptr, c.window);
     err += stria_get_last_error();
     errors[static_cast<size_t>(r)] = err;
     full.Gather(r, out, lse, dq, dk, dv);
@@ -267,6 +269,45 @@ std::vector<Case> Documents() {
   return cases;
 }
 
+// Sliding windows: every layout and rank count at short blocks, causal (a window to the left) and
+// not (both sides); then blocks of several tiles in every dtype, where the window's band cuts
+// tiles and leaves others empty; windows of 0 (a query sees itself), one-sided, longer than the
+// sequence (the plain numbers), with documents, and the contiguous layout's empty blocks.
+std::vector<Case> Windows() {
+  std::vector<Case> cases;
+  for (int n = 1; n <= 8; ++n)
+    for (stria_layout_t lay : {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG})
+      for (bool causal : {true, false}) {
+        Case c{n, lay, causal, Dt::kF32, 2, 6, 4, 2, 16};
+        c.window = causal ? Window{2 + n, -1} : Window{n, 2};
+        cases.push_back(c);
+      }
+  for (Dt dt : {Dt::kF32, Dt::kF16, Dt::kBF16})
+    for (stria_layout_t lay : {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG})
+      for (bool causal : {true, false}) {
+        Case c{3, lay, causal, dt, 1, 200, 4, 2, 32};
+        c.window = causal ? Window{150, -1} : Window{100, 37};
+        cases.push_back(c);
+      }
+  for (const Window w : {Window{0, -1}, Window{0, 0}, Window{-1, 5}, Window{int64_t{1} << 40, -1}}) {
+    Case c{4, STRIA_LAYOUT_STRIPED, w.right == -1, Dt::kF32, 1, 40, 2, 1, 16};
+    c.window = w;
+    cases.push_back(c);
+  }
+  Case docs{4, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 2, 130, 4, 2, 64};
+  docs.docs = 5;
+  docs.window = Window{90, -1};
+  cases.push_back(docs);
+  Case docs_full{3, STRIA_LAYOUT_ZIGZAG, false, Dt::kF32, 2, 66, 4, 1, 16};
+  docs_full.docs = 4;
+  docs_full.window = Window{20, 30};
+  cases.push_back(docs_full);
+  Case neighbours{8, STRIA_LAYOUT_CONTIGUOUS, true, Dt::kF32, 1, 64, 2, 1, 32};
+  neighbours.window = Window{40, -1};
+  cases.push_back(neighbours);
+  return cases;
+}
+
 std::string ParamName(const ::testing::TestParamInfo<Case>& info) {
   return Name(info.param);
 }
@@ -274,5 +315,6 @@ std::string ParamName(const ::testing::TestParamInfo<Case>& info) {
 INSTANTIATE_TEST_SUITE_P(Layouts, RingVsReference, ::testing::ValuesIn(AllLayoutsAndRankCounts()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Shapes, RingVsReference, ::testing::ValuesIn(DtypesAndShapes()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Documents, RingVsReference, ::testing::ValuesIn(Documents()), ParamName);
+INSTANTIATE_TEST_SUITE_P(Windows, RingVsReference, ::testing::ValuesIn(Windows()), ParamName);
 
 }  // namespace

@@ -206,15 +206,27 @@ inline double RelError(const std::vector<double>& a, const std::vector<double>& 
 
 // float64 dense attention over the full sequence. q [B,S,Hq,D], k/v [B,S,Hkv,D]; causal by global
 // position. Outputs: out [B,S,Hq,D], lse [B,Hq,S]; with dout given, dq/dk/dv. With documents
-// ([B][n + 1] boundaries, as params->cu_seqlens) a query sees only its own document's keys.
+// ([B][n + 1] boundaries, as params->cu_seqlens) a query sees only its own document's keys; with
+// a window, query i only keys i - left .. i + right.
 struct Reference {
   std::vector<double> out, lse, dq, dk, dv;
 };
 
+// A sliding window as stria_attention_forward_window takes it (-1: unbounded on that side).
+struct Window {
+  int64_t left = -1, right = -1;
+  bool active() const { return left != -1 || right != -1; }
+};
+// "<left>x<right>" for test names, "inf" for an unbounded side.
+inline std::string WindowName(const Window& w) {
+  auto side = [](int64_t x) { return x < 0 ? std::string("inf") : std::to_string(x); };
+  return side(w.left) + "x" + side(w.right);
+}
+
 inline Reference DenseAttention(const std::vector<double>& q, const std::vector<double>& k,
                                 const std::vector<double>& v, const std::vector<double>* dout, int64_t B, int64_t S,
                                 int64_t Hq, int64_t Hkv, int64_t D, bool causal, double scale,
-                                const std::vector<int64_t>* documents = nullptr) {
+                                const std::vector<int64_t>* documents = nullptr, Window window = {}) {
   Reference r;
   r.out.assign(static_cast<size_t>(B * S * Hq * D), 0.0);
   r.lse.assign(static_cast<size_t>(B * Hq * S), 0.0);
@@ -241,6 +253,8 @@ inline Reference DenseAttention(const std::vector<double>& q, const std::vector<
           j0 = cu[d];
           n = std::min(n, cu[d + 1]);
         }
+        if (window.left >= 0) j0 = std::max(j0, i - window.left);
+        if (window.right >= 0) n = std::min(n, i + window.right + 1);
         double mx = -INFINITY;
         for (int64_t j = j0; j < n; ++j) {
           double s = 0;
@@ -298,18 +312,28 @@ inline std::vector<int64_t> RandomDocuments(int64_t B, int64_t S, int docs, std:
 }
 
 // The forward and backward calls, through the _documents entry points when `documents` holds
-// boundaries ([B][num_seqs + 1]; empty: the plain calls).
+// boundaries ([B][num_seqs + 1]; empty: the plain calls), and through the _window ones when a
+// window is given (with the documents, if any).
 inline stria_status_t AttentionForward(stria_context_t ctx, const stria_attention_params_t* p,
                                        const std::vector<int64_t>& documents, int64_t num_seqs, const DLTensor* q,
-                                       const DLTensor* k, const DLTensor* v, DLTensor* out, DLTensor* lse,
-                                       void* stream) {
+                                       const DLTensor* k, const DLTensor* v, DLTensor* out, DLTensor* lse, void* stream,
+                                       Window window = {}) {
+  if (window.active())
+    return stria_attention_forward_window(ctx, p, window.left, window.right,
+                                          documents.empty() ? nullptr : documents.data(),
+                                          documents.empty() ? 0 : num_seqs, q, k, v, out, lse, stream);
   if (documents.empty()) return stria_attention_forward(ctx, p, q, k, v, out, lse, stream);
   return stria_attention_forward_documents(ctx, p, documents.data(), num_seqs, q, k, v, out, lse, stream);
 }
 inline stria_status_t AttentionBackward(stria_context_t ctx, const stria_attention_params_t* p,
                                         const std::vector<int64_t>& documents, int64_t num_seqs, const DLTensor* q,
                                         const DLTensor* k, const DLTensor* v, const DLTensor* out, const DLTensor* lse,
-                                        const DLTensor* dout, DLTensor* dq, DLTensor* dk, DLTensor* dv, void* stream) {
+                                        const DLTensor* dout, DLTensor* dq, DLTensor* dk, DLTensor* dv, void* stream,
+                                        Window window = {}) {
+  if (window.active())
+    return stria_attention_backward_window(
+        ctx, p, window.left, window.right, documents.empty() ? nullptr : documents.data(),
+        documents.empty() ? 0 : num_seqs, q, k, v, out, lse, dout, dq, dk, dv, stream);
   if (documents.empty()) return stria_attention_backward(ctx, p, q, k, v, out, lse, dout, dq, dk, dv, stream);
   return stria_attention_backward_documents(ctx, p, documents.data(), num_seqs, q, k, v, out, lse, dout, dq, dk, dv,
                                             stream);

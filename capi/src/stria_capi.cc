@@ -383,6 +383,48 @@ STRIA_API stria_status_t stria_attention_backward_documents(stria_context_t ctx,
   });
 }
 
+namespace {
+// The mask of a _window call: the window, and documents unless cu_seqlens is NULL and num_seqs 0
+// (a NULL with documents, or boundaries with none, is refused by the documents' checks).
+stria::DocumentsArg WindowMask(int64_t window_left, int64_t window_right, const int64_t* cu_seqlens, int64_t num_seqs) {
+  const bool documents = cu_seqlens != nullptr || num_seqs != 0;
+  return stria::DocumentsArg{documents, cu_seqlens, num_seqs, window_left, window_right};
+}
+}  // namespace
+
+STRIA_API stria_status_t stria_attention_forward_window(stria_context_t ctx, const stria_attention_params_t* params,
+                                                        int64_t window_left, int64_t window_right,
+                                                        const int64_t* cu_seqlens, int64_t num_seqs, const DLTensor* q,
+                                                        const DLTensor* k, const DLTensor* v, DLTensor* out,
+                                                        DLTensor* lse, void* stream) {
+  return Guard([&] {
+    std::shared_ptr<stria::Context> c;
+    STRIA_RETURN_IF_ERROR(Lookup(ctx, &c));
+    stria::CallScope call(*c, "stria_attention_forward_window");
+    STRIA_RETURN_IF_ERROR(call.status());
+    stria::ForwardCall f{params, q, k, v, out, lse, stream};
+    f.documents = WindowMask(window_left, window_right, cu_seqlens, num_seqs);
+    return stria::RingForward(*c, f);
+  });
+}
+
+STRIA_API stria_status_t stria_attention_backward_window(stria_context_t ctx, const stria_attention_params_t* params,
+                                                         int64_t window_left, int64_t window_right,
+                                                         const int64_t* cu_seqlens, int64_t num_seqs, const DLTensor* q,
+                                                         const DLTensor* k, const DLTensor* v, const DLTensor* out,
+                                                         const DLTensor* lse, const DLTensor* dout, DLTensor* dq,
+                                                         DLTensor* dk, DLTensor* dv, void* stream) {
+  return Guard([&] {
+    std::shared_ptr<stria::Context> c;
+    STRIA_RETURN_IF_ERROR(Lookup(ctx, &c));
+    stria::CallScope call(*c, "stria_attention_backward_window");
+    STRIA_RETURN_IF_ERROR(call.status());
+    stria::BackwardCall b{params, q, k, v, out, lse, dout, dq, dk, dv, stream};
+    b.documents = WindowMask(window_left, window_right, cu_seqlens, num_seqs);
+    return stria::RingBackward(*c, b);
+  });
+}
+
 STRIA_API stria_status_t stria_context_set_call_tag(stria_context_t ctx, uint64_t tag) {
   return Guard([&] {
     std::shared_ptr<stria::Context> c;

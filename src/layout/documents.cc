@@ -44,6 +44,27 @@ Status Documents::Set(const int64_t* cu_seqlens, int64_t num_seqs, int64_t batch
   return Status::Ok();
 }
 
+Status Documents::SetWindow(int64_t left, int64_t right, int64_t batch, int64_t seq_len) {
+  window_left_ = window_right_ = -1;
+  if (left < -1 || right < -1)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT,
+                 "window_left %lld and window_right %lld must be >= 0 (keys that far before and after the query), "
+                 "or -1 (unbounded)",
+                 static_cast<long long>(left), static_cast<long long>(right));
+  if (left == -1 && right == -1) return Status::Ok();
+  if (!active()) {  // one document a row
+    cu_.clear();
+    for (int64_t b = 0; b < batch; ++b) cu_.insert(cu_.end(), {0, seq_len});
+    num_seqs_ = 1;
+    batch_ = batch;
+  }
+  // A window at least as long as the sequence cuts nothing on its side; clamped, p +- w cannot
+  // overflow.
+  window_left_ = left < 0 ? -1 : std::min(left, seq_len);
+  window_right_ = right < 0 ? -1 : std::min(right, seq_len);
+  return Status::Ok();
+}
+
 uint64_t Documents::Hash() const {
   if (!active()) return 0;
   uint64_t h = 1469598103934665603ull;  // FNV-1a over num_seqs and the boundaries' bytes
@@ -55,6 +76,10 @@ uint64_t Documents::Hash() const {
   };
   mix(num_seqs_);
   for (int64_t x : cu_) mix(x);
+  if (window_left_ != -1 || window_right_ != -1) {
+    mix(window_left_);
+    mix(window_right_);
+  }
   return h == 0 ? 1 : h;
 }
 
@@ -74,8 +99,11 @@ void Documents::Apply(stria_layout_t layout, int world_size, int64_t local_len, 
     for (int64_t i = 0; i < local_len; ++i) {
       const int64_t p = GlobalPosition(layout, local_len, world_size, q_rank, i);
       while (cu[d + 1] <= p) ++d;
-      lo[i] = LocalCountBelow(layout, local_len, world_size, k_rank, cu[d]);
-      hi[i] = LocalCountBelow(layout, local_len, world_size, k_rank, cu[d + 1]);
+      // Both ends grow with p: the document's, and the window's.
+      const int64_t first = window_left_ < 0 ? cu[d] : std::max(cu[d], p - window_left_);
+      const int64_t end = window_right_ < 0 ? cu[d + 1] : std::min(cu[d + 1], p + window_right_ + 1);
+      lo[i] = LocalCountBelow(layout, local_len, world_size, k_rank, first);
+      hi[i] = LocalCountBelow(layout, local_len, world_size, k_rank, end);
     }
     // The bounds never decrease, so the mask's first query has the lowest and its last the highest.
     if (mask->q_begin < mask->q_end) {

@@ -8,6 +8,10 @@
 // (diagonal) mask, and both bounds never decrease along the queries, so a whole tile is tested at
 // its corners. Nothing travels with K/V: every rank derives the bounds of every block from the
 // boundaries, which all ranks share.
+//
+// A sliding window (local attention: the query at position p sees the keys at p - left .. p +
+// right) is the same kind of mask: it cuts each query's interval further, at bounds that grow with
+// p too. So it takes the same path, with one document a row where the call gives none.
 #pragma once
 
 #include <cstdint>
@@ -25,8 +29,13 @@ class Documents {
   // Validates and keeps the boundaries ([batch][num_seqs + 1] global positions in host memory, see
   // stria_attention_forward_documents) of sequences of seq_len tokens.
   Status Set(const int64_t* cu_seqlens, int64_t num_seqs, int64_t batch, int64_t seq_len);
+  // Adds a sliding window (stria_attention_forward_window: left, right >= 0, or -1 for unbounded)
+  // to the boundaries Set kept, or to one document a row where Set was not called. A window
+  // unbounded on both sides adds nothing.
+  Status SetWindow(int64_t left, int64_t right, int64_t batch, int64_t seq_len);
   bool active() const { return num_seqs_ > 0; }
-  // Equal on ranks given equal boundaries (the call signature carries it); 0 without documents.
+  // Equal on ranks given equal masks (the call signature carries it); 0 without a mask. Without a
+  // window, the hash of the boundaries alone (as before windows existed).
   uint64_t Hash() const;
 
   // Fills `bounds` with the document bounds of rank q_rank's local queries against rank k_rank's
@@ -40,7 +49,8 @@ class Documents {
 
  private:
   int64_t num_seqs_ = 0, batch_ = 0;
-  std::vector<int64_t> cu_;  // [batch][num_seqs + 1]
+  std::vector<int64_t> cu_;                       // [batch][num_seqs + 1]
+  int64_t window_left_ = -1, window_right_ = -1;  // -1: unbounded; else clamped to the sequence length
 };
 
 }  // namespace stria

@@ -68,7 +68,6 @@ Status CheckQKV(Context& ctx, const DLTensor* q, const DLTensor* k, const DLTens
   s.D = c->q.shape[3];
   s.Hkv = c->k.shape[2];
   s.dtype = c->q.dtype;
-  s.documents = documents.given;
   // D is the backend's to judge (UNSUPPORTED naming what it supports); the others must be >= 1.
   if (s.B < 1 || s.L < 1 || s.Hq < 1)
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "q has shape %s: B, L and Hq of [B, L, Hq, D] must be >= 1",
@@ -93,6 +92,8 @@ Status CheckQKV(Context& ctx, const DLTensor* q, const DLTensor* k, const DLTens
     STRIA_RETURN_IF_ERROR(ctx.backend().ReadOnHost(documents.cu_seqlens, count, stream, "cu_seqlens", &staged, &host));
     STRIA_RETURN_IF_ERROR(c->documents.Set(host, documents.num_seqs, s.B, seq_len));
   }
+  STRIA_RETURN_IF_ERROR(c->documents.SetWindow(documents.window_left, documents.window_right, s.B, seq_len));
+  s.documents = c->documents.active();  // per-query key bounds: documents, or a window that cuts
   s.scale = p->softmax_scale > 0.f ? p->softmax_scale : 1.0f / std::sqrt(static_cast<float>(s.D));
   return Status::Ok();
 }

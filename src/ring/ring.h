@@ -8,11 +8,13 @@
 
 namespace stria {
 
-// The document boundaries of a call of the _documents entry points (stria.h), unchecked.
+// The mask of a call of the _documents or _window entry points (stria.h), unchecked: document
+// boundaries, and a sliding window.
 struct DocumentsArg {
-  bool given = false;  // false: the plain call, one document per batch row
+  bool given = false;  // false: one document per batch row
   const int64_t* cu_seqlens = nullptr;
   int64_t num_seqs = 0;
+  int64_t window_left = -1, window_right = -1;  // -1: unbounded (the plain and _documents calls)
 };
 
 struct ForwardCall {

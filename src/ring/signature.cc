@@ -42,8 +42,9 @@ static std::string Describe(const CallSignature& s) {
       (long long)s.L, (long long)s.Hq, (long long)s.D, (long long)s.Hkv,
       KVWireFormatName(static_cast<KVWireFormat>(s.kv_wire)),
       s.documents == 0
-          ? "no document mask"
-          : Format("document boundaries hashed %#llx", static_cast<unsigned long long>(s.documents)).c_str());
+          ? "no document mask or window"
+          : Format("document boundaries and window hashed %#llx", static_cast<unsigned long long>(s.documents))
+                .c_str());
 }
 
 static bool SameButTag(const CallSignature& a, const CallSignature& b) {

@@ -1,8 +1,8 @@
 // The GPU ring against the float64 dense reference of the whole sequence: N = 1..8 CUDA ranks on
 // one GPU (a local group passing blocks device to device) or spread over two, every layout, causal and not, float16
 // and bfloat16 on the tensor-core kernels (D = 64 and 128, GQA, partial tiles), float32 and other
-// head dims on the SIMT kernels, packed-QKV views, the caller's own stream, document masks. Device outputs are
-// poisoned (NaN) before each run. Skips, saying why, where no GPU is present.
+// head dims on the SIMT kernels, packed-QKV views, the caller's own stream, document masks, sliding windows. Device
+// outputs are poisoned (NaN) before each run. Skips, saying why, where no GPU is present.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -27,6 +27,7 @@ struct Case {
   bool spread = false;            // rank r on GPU r % 2 (stria_context_create_local_group_on_devices)
   int docs = 0;                   // > 0: a document mask of this many documents per batch row (random cuts)
   bool device_docs = false;       // the boundaries in device memory, written on the call's stream just before it
+  Window window{};                // a sliding window (stria_attention_forward_window)
 };
 
 std::string Name(const Case& c) {
@@ -35,7 +36,7 @@ std::string Name(const Case& c) {
      << c.B << "L" << c.L << "H" << c.Hq << "x" << c.Hkv << "D" << c.D
      << (c.kernels ? std::string("_") + c.kernels : "") << (c.stream ? "_stream" : "") << (c.strided ? "_strided" : "")
      << (c.spread ? "_2gpus" : "") << (c.docs > 0 ? "_docs" + std::to_string(c.docs) : "")
-     << (c.device_docs ? "_ondevice" : "");
+     << (c.device_docs ? "_ondevice" : "") << (c.window.active() ? "_window" + WindowName(c.window) : "");
   return os.str();
 }
 
@@ -74,7 +75,7 @@ void RunCase(const Case& c) {
   const auto dod = dout.ToDouble();
   const std::vector<int64_t> documents = c.docs > 0 ? RandomDocuments(c.B, S, c.docs, rng) : std::vector<int64_t>();
   const Reference ref = DenseAttention(q.ToDouble(), k.ToDouble(), v.ToDouble(), &dod, c.B, S, c.Hq, c.Hkv, c.D,
-                                       c.causal, scale, c.docs > 0 ? &documents : nullptr);
+                                       c.causal, scale, c.docs > 0 ? &documents : nullptr, c.window);
 
   GatheredResults full(c.layout, c.world, c.B, S, c.Hq, c.Hkv, c.D, c.dt);
 
@@ -134,10 +135,11 @@ void RunCase(const Case& c) {
       EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);  // before docs_d is freed
     } else {
       fwd[static_cast<size_t>(r)] = AttentionForward(ctx, &params, documents, c.docs, &qv, &kv, &vv, &out_d.dl,
-                                                     &lse_d.dl, static_cast<void*>(stream));
+                                                     &lse_d.dl, static_cast<void*>(stream), c.window);
       err = stria_get_last_error();
-      bwd[static_cast<size_t>(r)] = AttentionBackward(ctx, &params, documents, c.docs, &qv, &kv, &vv, &out_d.dl,
-                                                      &lse_d.dl, &do_d.dl, &dq_d.dl, &dk_d.dl, &dv_d.dl, stream);
+      bwd[static_cast<size_t>(r)] =
+          AttentionBackward(ctx, &params, documents, c.docs, &qv, &kv, &vv, &out_d.dl, &lse_d.dl, &do_d.dl, &dq_d.dl,
+                            &dk_d.dl, &dv_d.dl, stream, c.window);
       err += stria_get_last_error();
     }
     const cudaError_t sync = cudaStreamSynchronize(stream);
@@ -326,6 +328,30 @@ std::vector<Case> DocumentSweep() {
   return cases;
 }
 
+// Sliding windows (the document bounds' path): every family, layouts, causal and not, with
+// documents, D 128 blocks of several tiles.
+std::vector<Case> WindowSweep() {
+  std::vector<Case> cases;
+  for (int n : {1, 3, 4})
+    for (stria_layout_t lay : {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG})
+      for (bool causal : {true, false}) {
+        Case c{n, lay, causal, causal ? Dt::kBF16 : Dt::kF16, 1, 80, 4, 2, 64};
+        c.window = causal ? Window{70, -1} : Window{50, 20};
+        cases.push_back(c);
+      }
+  for (const char* k : {"simt", "wgmma", "tma"}) {
+    Case c{3, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 1, 80, 4, 2, 64};
+    c.kernels = k;
+    c.window = Window{100, -1};
+    cases.push_back(c);
+  }
+  Case big{3, STRIA_LAYOUT_ZIGZAG, true, Dt::kBF16, 2, 264, 4, 1, 128};
+  big.window = Window{300, -1};
+  big.docs = 5;
+  cases.push_back(big);
+  return cases;
+}
+
 std::string ParamName(const ::testing::TestParamInfo<Case>& info) {
   return Name(info.param);
 }
@@ -334,6 +360,7 @@ INSTANTIATE_TEST_SUITE_P(TensorCores, CudaRingVsReference, ::testing::ValuesIn(T
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaRingVsReference, ::testing::ValuesIn(ShapesAndPaths()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Wgmma, CudaRingVsReference, ::testing::ValuesIn(WgmmaSweep()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Documents, CudaRingVsReference, ::testing::ValuesIn(DocumentSweep()), ParamName);
+INSTANTIATE_TEST_SUITE_P(Windows, CudaRingVsReference, ::testing::ValuesIn(WindowSweep()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Tma, CudaRingVsReference, ::testing::ValuesIn(TmaSweep()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Devices, CudaRingVsReference, ::testing::ValuesIn(TwoGpus()), ParamName);
 

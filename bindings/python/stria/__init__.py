@@ -30,6 +30,7 @@ from ._ops import (
     document_boundaries,
     positions,
     shard,
+    sliding_window,
     unshard,
 )
 from .capi import (
@@ -75,6 +76,7 @@ __all__ = [
     "attention_forward",
     "attention_params",
     "document_boundaries",
+    "sliding_window",
     "capi",
     "get_unique_id",
     "library_version",

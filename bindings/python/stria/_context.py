@@ -395,6 +395,7 @@ class Context:
         causal: bool = True,
         softmax_scale: float | None = None,
         cu_seqlens: Any = None,
+        window: tuple[int, int] | None = None,
         stream: int | None = None,
         call_tag: int = 0,
     ) -> tuple[Any, Any]:
@@ -410,6 +411,7 @@ class Context:
             causal=causal,
             softmax_scale=softmax_scale,
             cu_seqlens=cu_seqlens,
+            window=window,
             stream=stream,
             call_tag=call_tag,
         )
@@ -430,6 +432,7 @@ class Context:
         causal: bool = True,
         softmax_scale: float | None = None,
         cu_seqlens: Any = None,
+        window: tuple[int, int] | None = None,
         stream: int | None = None,
         call_tag: int = 0,
     ) -> tuple[Any, Any, Any]:
@@ -449,6 +452,7 @@ class Context:
             causal=causal,
             softmax_scale=softmax_scale,
             cu_seqlens=cu_seqlens,
+            window=window,
             stream=stream,
             call_tag=call_tag,
         )

@@ -73,6 +73,22 @@ def _documents_for(cu_seqlens: Any, q: Tensor, func: str) -> np.ndarray | None:
     return document_boundaries(cu_seqlens, shape[0], func)
 
 
+def sliding_window(window: Any, func: str = "attention_forward") -> tuple[int, int] | None:
+    """window as the library takes it: None (no window), or ``(left, right)``, the keys a query at
+    position i sees being i - left .. i + right (when causal, up to i), each >= 0 or -1 for
+    unbounded on that side. ``(-1, -1)`` is no window."""
+    if window is None:
+        return None
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        raise TypeError(f"{func}(): window must be None or (left, right), not {window!r}") from None
+    for name, x in (("left", left), ("right", right)):
+        if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < -1:
+            raise ValueError(f"{func}(): window {name} must be an integer >= 0, or -1 (unbounded), not {x!r}")
+    return None if (left, right) == (-1, -1) else (int(left), int(right))
+
+
 def _set_call_tag(handle: Any, call_tag: int, func: str) -> None:
     """Tags the next call on the context (stria_context_set_call_tag); 0 leaves it untagged.
 
@@ -112,6 +128,7 @@ def attention_forward(
     causal: bool = True,
     softmax_scale: float | None = None,
     cu_seqlens: Any = None,
+    window: tuple[int, int] | None = None,
     stream: int | None = None,
     call_tag: int = 0,
 ) -> tuple[Tensor, Tensor]:
@@ -134,6 +151,10 @@ def attention_forward(
     keys of its own document. Global positions ``[0, s1, ..., S]`` (S = L * world size), the same
     on every rank, for every batch row or one row per batch row (see document_boundaries); host
     memory (a CUDA tensor is copied to the host), on CPU and CUDA contexts alike.
+
+    window (optional) is a sliding window ``(left, right)``: the query at global position i sees
+    the keys at i - left .. i + right (when causal, up to i), within its document if cu_seqlens is
+    given; -1 leaves a side unbounded (see sliding_window).
     """
     if out is None:
         out = empty_like(q, shape_of(q, "attention_forward", "q"), name="q")
@@ -144,9 +165,12 @@ def attention_forward(
     handle = _handle(ctx, "attention_forward")
     params = attention_params(layout, causal, softmax_scale)
     docs = _documents_for(cu_seqlens, q, "attention_forward")
+    win = sliding_window(window, "attention_forward")
     tensors = [for_dlpack(x) for x in (q, k, v, out, lse)]
     _set_call_tag(handle, call_tag, "attention_forward")  # last, so that little can fail in between
-    if docs is None:
+    if win is not None:
+        capi.stria_attention_forward_window(handle, params, *win, docs, *tensors, stream)
+    elif docs is None:
         capi.stria_attention_forward(handle, params, *tensors, stream)
     else:
         capi.stria_attention_forward_documents(handle, params, docs, *tensors, stream)
@@ -169,13 +193,14 @@ def attention_backward(
     causal: bool = True,
     softmax_scale: float | None = None,
     cu_seqlens: Any = None,
+    window: tuple[int, int] | None = None,
     stream: int | None = None,
     call_tag: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of attention_forward: returns ``(dq, dk, dv)`` for this rank's q, k, v.
 
     out and lse are the forward's; dout is the gradient of out. A collective like the forward,
-    with the same parameters (call_tag and cu_seqlens as there).
+    with the same parameters (call_tag, cu_seqlens and window as there).
     """
     if dq is None:
         dq = empty_like(q, shape_of(q, "attention_backward", "q"), name="q")
@@ -188,9 +213,12 @@ def attention_backward(
     handle = _handle(ctx, "attention_backward")
     params = attention_params(layout, causal, softmax_scale)
     docs = _documents_for(cu_seqlens, q, "attention_backward")
+    win = sliding_window(window, "attention_backward")
     tensors = [for_dlpack(x) for x in (q, k, v, out, lse, dout, dq, dk, dv)]
     _set_call_tag(handle, call_tag, "attention_backward")  # last, as in attention_forward
-    if docs is None:
+    if win is not None:
+        capi.stria_attention_backward_window(handle, params, *win, docs, *tensors, stream)
+    elif docs is None:
         capi.stria_attention_backward(handle, params, *tensors, stream)
     else:
         capi.stria_attention_backward_documents(handle, params, docs, *tensors, stream)

@@ -194,26 +194,32 @@ STRIA_RELEASE_GIL(stria_analyze_balance_steps)
 }
 
 /* ---- document boundaries ---------------------------------------------------------------- */
-/* stria_attention_*_documents: cu_seqlens is a C-contiguous 2-D int64 array (anything with the
- * buffer protocol: a numpy array), one row of num_seqs + 1 boundaries per batch row; num_seqs
+/* stria_attention_*_documents and _window: cu_seqlens is None (NULL, num_seqs 0: no documents) or
+ * a C-contiguous 2-D int64 array (anything with the buffer protocol: a numpy array), one row of
+ * num_seqs + 1 boundaries per batch row; num_seqs
  * comes from its width. The library reads q's B rows, so the row count is checked against q here
  * (the stria package gives every batch row its row). */
-%typemap(in) (const int64_t* cu_seqlens, int64_t num_seqs) (Py_buffer view, int have_view = 0, Py_ssize_t rows = 0) {
-  if (PyObject_GetBuffer($input, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) SWIG_fail;
-  have_view = 1;
-  const char* format = view.format ? view.format : "B";
-  const char last = format[strlen(format) - 1];
-  if (view.itemsize != 8 || (last != 'q' && last != 'l') || view.ndim != 2 || view.shape[1] < 1) {
-    PyErr_SetString(PyExc_TypeError,
-                    "cu_seqlens must be a C-contiguous 2-D int64 array: a row of num_seqs + 1 boundaries per batch row");
-    SWIG_fail;
+%typemap(in) (const int64_t* cu_seqlens, int64_t num_seqs) (Py_buffer view, int have_view = 0, Py_ssize_t rows = -1) {
+  if ($input == Py_None) { /* no documents: NULL and 0 (the _window calls' "one document a row") */
+    $1 = NULL;
+    $2 = 0;
+  } else {
+    if (PyObject_GetBuffer($input, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) SWIG_fail;
+    have_view = 1;
+    const char* format = view.format ? view.format : "B";
+    const char last = format[strlen(format) - 1];
+    if (view.itemsize != 8 || (last != 'q' && last != 'l') || view.ndim != 2 || view.shape[1] < 1) {
+      PyErr_SetString(PyExc_TypeError,
+                      "cu_seqlens must be a C-contiguous 2-D int64 array: a row of num_seqs + 1 boundaries per batch row");
+      SWIG_fail;
+    }
+    rows = view.shape[0];
+    $1 = ($1_ltype)view.buf;
+    $2 = (int64_t)(view.shape[1] - 1);
   }
-  rows = view.shape[0];
-  $1 = ($1_ltype)view.buf;
-  $2 = (int64_t)(view.shape[1] - 1);
 }
 %typemap(check) (const int64_t* cu_seqlens, int64_t num_seqs, const DLTensor* q) {
-  if ($3 != NULL && $3->ndim == 4 && $3->shape != NULL && rows$argnum != $3->shape[0]) {
+  if (rows$argnum >= 0 && $3 != NULL && $3->ndim == 4 && $3->shape != NULL && rows$argnum != $3->shape[0]) {
     PyErr_Format(PyExc_ValueError, "cu_seqlens has %zd rows but q has %lld batch rows: one row of boundaries each",
                  rows$argnum, (long long)$3->shape[0]);
     SWIG_fail;
@@ -224,6 +230,8 @@ STRIA_RELEASE_GIL(stria_analyze_balance_steps)
 }
 STRIA_RELEASE_GIL(stria_attention_forward_documents)
 STRIA_RELEASE_GIL(stria_attention_backward_documents)
+STRIA_RELEASE_GIL(stria_attention_forward_window)
+STRIA_RELEASE_GIL(stria_attention_backward_window)
 
 /* ---- outputs returned as values --------------------------------------------------------- */
 /* stria_analyze_balance: a new stria_balance_t (struct_size set for the library). */

@@ -30,9 +30,10 @@ def document_ids(cu_seqlens, batch: int, seq: int) -> np.ndarray:
     return np.stack([np.searchsorted(row, pos, side="right") - 1 for row in cu])
 
 
-def _scores(q: np.ndarray, k: np.ndarray, causal: bool, scale: float, cu_seqlens=None) -> np.ndarray:
+def _scores(q: np.ndarray, k: np.ndarray, causal: bool, scale: float, cu_seqlens=None, window=None) -> np.ndarray:
     """Masked scaled scores [B, H, S, S] (q: [B, S, Hq, D], k: [B, S, Hkv, D], GQA by repeat);
-    with cu_seqlens, a query sees only keys of its own document."""
+    with cu_seqlens, a query sees only keys of its own document; with window (left, right), query
+    i only keys i - left .. i + right (-1: unbounded)."""
     group = q.shape[2] // k.shape[2]
     kk = np.repeat(k, group, axis=2)
     s = np.einsum("bihd,bjhd->bhij", q, kk) * scale
@@ -43,13 +44,18 @@ def _scores(q: np.ndarray, k: np.ndarray, causal: bool, scale: float, cu_seqlens
         doc = document_ids(cu_seqlens, q.shape[0], seq)
         same = doc[:, None, :, None] == doc[:, None, None, :]
         s = np.where(same, s, -np.inf)
+    if window is not None:
+        i, j = np.arange(seq)[:, None], np.arange(seq)[None, :]
+        left, right = window
+        inside = ((j >= i - left) | (left < 0)) & ((j <= i + right) | (right < 0))
+        s = np.where(inside, s, -np.inf)
     return s
 
 
-def attention_ref(q, k, v, causal: bool, scale: float, cu_seqlens=None) -> tuple[np.ndarray, np.ndarray]:
+def attention_ref(q, k, v, causal: bool, scale: float, cu_seqlens=None, window=None) -> tuple[np.ndarray, np.ndarray]:
     """out [B, S, Hq, D] and lse [B, Hq, S] of softmax(scale * q k^T + mask) v, in float64."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
-    s = _scores(q, k, causal, scale, cu_seqlens)
+    s = _scores(q, k, causal, scale, cu_seqlens, window)
     m = s.max(axis=-1, keepdims=True)
     p = np.exp(s - m)
     denom = p.sum(axis=-1, keepdims=True)
@@ -60,12 +66,12 @@ def attention_ref(q, k, v, causal: bool, scale: float, cu_seqlens=None) -> tuple
     return out, lse
 
 
-def attention_backward_ref(q, k, v, dout, causal: bool, scale: float, cu_seqlens=None):
+def attention_backward_ref(q, k, v, dout, causal: bool, scale: float, cu_seqlens=None, window=None):
     """dq, dk, dv of attention_ref for the output gradient dout, in float64."""
     q, k, v, dout = (np.asarray(x, dtype=np.float64) for x in (q, k, v, dout))
     group = q.shape[2] // k.shape[2]
     kk, vv = np.repeat(k, group, axis=2), np.repeat(v, group, axis=2)
-    s = _scores(q, k, causal, scale, cu_seqlens)
+    s = _scores(q, k, causal, scale, cu_seqlens, window)
     p = np.exp(s - s.max(axis=-1, keepdims=True))
     p /= p.sum(axis=-1, keepdims=True)
     dp = np.einsum("bihd,bjhd->bhij", dout, vv)

@@ -13,7 +13,7 @@ from reference import LAYOUTS, TOLERANCE, attention_backward_ref, attention_ref,
 B, S, D = 2, 24, 16  # S divisible by 2N for N = 1..4, as zigzag needs
 
 
-def run_ring(n, layout, causal, q, k, v, dout, scale=None, cu_seqlens=None):
+def run_ring(n, layout, causal, q, k, v, dout, scale=None, cu_seqlens=None, window=None):
     """Runs forward and backward on a local group of n ranks (one thread each) with NaN-poisoned
     outputs; returns the full-sequence out, lse, dq, dk, dv assembled by global position."""
     seq = q.shape[1]
@@ -24,13 +24,14 @@ def run_ring(n, layout, causal, q, k, v, dout, scale=None, cu_seqlens=None):
         out = np.full_like(ql, np.nan)
         lse = np.full((ql.shape[0], ql.shape[2], ql.shape[1]), np.nan, dtype=np.float32)
         got_out, got_lse = ctx.attention_forward(
-            ql, kl, vl, out, lse, layout=layout, causal=causal, softmax_scale=scale, cu_seqlens=cu_seqlens
+            ql, kl, vl, out, lse, layout=layout, causal=causal, softmax_scale=scale, cu_seqlens=cu_seqlens,
+            window=window,
         )
         assert got_out is out and got_lse is lse
         dq, dk, dv = np.full_like(ql, np.nan), np.full_like(kl, np.nan), np.full_like(vl, np.nan)
         got = ctx.attention_backward(
             ql, kl, vl, out, lse, dl, dq, dk, dv, layout=layout, causal=causal, softmax_scale=scale,
-            cu_seqlens=cu_seqlens,
+            cu_seqlens=cu_seqlens, window=window,
         )
         assert all(a is b for a, b in zip(got, (dq, dk, dv)))
         return pos, out, lse, dq, dk, dv
@@ -46,12 +47,12 @@ def run_ring(n, layout, causal, q, k, v, dout, scale=None, cu_seqlens=None):
     return full[0], lse_full, full[1], full[2], full[3]
 
 
-def check_against_reference(n, layout, causal, hq, hkv, dtype, rng, scale=None, cu_seqlens=None):
+def check_against_reference(n, layout, causal, hq, hkv, dtype, rng, scale=None, cu_seqlens=None, window=None):
     q, k, v, dout = (rng.standard_normal((B, S, h, D)).astype(dtype) for h in (hq, hkv, hkv, hq))
     ref_scale = 1.0 / np.sqrt(D) if scale is None else scale
-    ref_out, ref_lse = attention_ref(q, k, v, causal, ref_scale, cu_seqlens)
-    ref_grads = attention_backward_ref(q, k, v, dout, causal, ref_scale, cu_seqlens)
-    out, lse, *grads = run_ring(n, layout, causal, q, k, v, dout, scale, cu_seqlens)
+    ref_out, ref_lse = attention_ref(q, k, v, causal, ref_scale, cu_seqlens, window)
+    ref_grads = attention_backward_ref(q, k, v, dout, causal, ref_scale, cu_seqlens, window)
+    out, lse, *grads = run_ring(n, layout, causal, q, k, v, dout, scale, cu_seqlens, window)
     tol = TOLERANCE[np.dtype(dtype).name]
     errors = {"out": rel_err(out, ref_out), "lse": rel_err(lse, ref_lse)}
     errors.update({name: rel_err(g, r) for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads)})
@@ -109,6 +110,43 @@ def test_bad_documents_raise(cu_seqlens, error, needle):
         with pytest.raises(error, match=needle):
             ctx.attention_forward(q, q, q, cu_seqlens=cu_seqlens)
         ctx.attention_forward(q, q, q, cu_seqlens=[0, 1, 24])  # still usable
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize(("causal", "window"), [(True, (5, -1)), (False, (4, 3)), (False, (-1, 0)), (False, (0, 1))])
+def test_sliding_window_matches_reference(n, layout, causal, window, rng):
+    check_against_reference(n, layout, causal, 4, 2, np.float32, rng, window=window)
+
+
+def test_a_window_of_zero_sees_only_itself(rng):
+    """Each query sees its own key alone: out is v (its KV head's), lse the one score; the
+    gradients of q and k vanish (softmax of one score), which a relative error cannot measure."""
+    q, k, v, dout = (rng.standard_normal((B, S, h, D)).astype(np.float32) for h in (4, 2, 2, 4))
+    out, lse, dq, dk, dv = run_ring(3, "striped", True, q, k, v, dout, window=(0, -1))
+    assert rel_err(out, np.repeat(v, 2, axis=2)) < 1e-6
+    assert rel_err(lse, np.einsum("bshd,bshd->bhs", q, np.repeat(k, 2, axis=2)) / np.sqrt(D)) < 1e-5
+    assert np.abs(dq).max() < 1e-5 and np.abs(dk).max() < 1e-5
+    assert rel_err(dv, dout.reshape(B, S, 2, 2, D).sum(axis=3)) < 1e-5
+
+
+def test_sliding_window_with_documents_and_float16(rng):
+    check_against_reference(3, "zigzag", True, 4, 2, np.float16, rng, cu_seqlens=DOCUMENTS["per_row"], window=(6, -1))
+    check_against_reference(2, "striped", False, 2, 1, np.float32, rng, cu_seqlens=DOCUMENTS["shared"], window=(3, 2))
+
+
+@pytest.mark.parametrize(
+    ("window", "error", "needle"),
+    [((-2, 3), ValueError, "left must be an integer >= 0"), ((3, 1.5), ValueError, "right"), (7, TypeError, "(left, right)"),
+     ((True, 3), ValueError, "left")],
+)
+def test_bad_windows_raise(window, error, needle):
+    q = np.zeros((B, S, 2, D), np.float32)
+    with stria.Context(timeout_s=TIMEOUT_S) as ctx:
+        with pytest.raises(error, match=needle):
+            ctx.attention_forward(q, q, q, window=window)
+        assert stria.sliding_window((-1, -1)) is None  # no window: the plain call
+        ctx.attention_forward(q, q, q, window=(2, -1))
 
 
 def test_explicit_softmax_scale(rng):

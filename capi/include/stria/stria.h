@@ -178,6 +178,25 @@ STRIA_API stria_status_t stria_attention_backward_documents(stria_context_t ctx,
                                                             const DLTensor* dout, DLTensor* dq, DLTensor* dk,
                                                             DLTensor* dv, void* stream);
 
+/* Extension: sliding-window (local) attention, as in Mistral's or Gemma's local layers. The query at
+ * global position i sees the keys at positions i - window_left .. i + window_right (when causal,
+ * up to i only), and, when cu_seqlens is given, only those of its own document (as in
+ * stria_attention_forward_documents; cu_seqlens NULL and num_seqs 0: one document a row).
+ * window_left and window_right are >= 0, or -1 for unbounded on that side (both -1: the plain or
+ * the _documents call). Every rank passes the same window. Blocks that no query's window reaches
+ * cost no compute (with the contiguous layout, most of the ring's blocks for a short window). */
+STRIA_API stria_status_t stria_attention_forward_window(stria_context_t ctx, const stria_attention_params_t* params,
+                                                        int64_t window_left, int64_t window_right,
+                                                        const int64_t* cu_seqlens, int64_t num_seqs, const DLTensor* q,
+                                                        const DLTensor* k, const DLTensor* v, DLTensor* out,
+                                                        DLTensor* lse, void* stream);
+STRIA_API stria_status_t stria_attention_backward_window(stria_context_t ctx, const stria_attention_params_t* params,
+                                                         int64_t window_left, int64_t window_right,
+                                                         const int64_t* cu_seqlens, int64_t num_seqs, const DLTensor* q,
+                                                         const DLTensor* k, const DLTensor* v, const DLTensor* out,
+                                                         const DLTensor* lse, const DLTensor* dout, DLTensor* dq,
+                                                         DLTensor* dk, DLTensor* dv, void* stream);
+
 /* Extension: tags this context's next stria_attention_forward or stria_attention_backward, which
  * consumes the tag whatever its outcome (an untagged call has tag 0). The ranks' calls pair up in
  * the order each rank makes them, and calls whose signatures match (same operation, shapes and

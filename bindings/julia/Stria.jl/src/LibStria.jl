@@ -346,6 +346,28 @@ function stria_attention_backward_documents(ctx, params, cu_seqlens, num_seqs, q
           ctx, params, cu_seqlens, num_seqs, q, k, v, out, lse, dout, dq, dk, dv, stream)
 end
 
+# Extension: sliding-window (local) attention, as in Mistral's or Gemma's local layers. The query at
+# global position i sees the keys at positions i - window_left .. i + window_right (when causal,
+# up to i only), and, when cu_seqlens is given, only those of its own document (as in
+# stria_attention_forward_documents; cu_seqlens NULL and num_seqs 0: one document a row).
+# window_left and window_right are >= 0, or -1 for unbounded on that side (both -1: the plain or
+# the _documents call). Every rank passes the same window. Blocks that no query's window reaches
+# cost no compute (with the contiguous layout, most of the ring's blocks for a short window).
+function stria_attention_forward_window(ctx, params, window_left, window_right, cu_seqlens, num_seqs, q, k, v, out, lse, stream)
+    ccall((:stria_attention_forward_window, libstria), stria_status_t,
+          (stria_context_t, Ptr{stria_attention_params_t}, Int64, Int64, Ptr{Int64}, Int64,
+           Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{Cvoid}),
+          ctx, params, window_left, window_right, cu_seqlens, num_seqs, q, k, v, out, lse, stream)
+end
+
+function stria_attention_backward_window(ctx, params, window_left, window_right, cu_seqlens, num_seqs, q, k, v, out, lse, dout, dq, dk, dv, stream)
+    ccall((:stria_attention_backward_window, libstria), stria_status_t,
+          (stria_context_t, Ptr{stria_attention_params_t}, Int64, Int64, Ptr{Int64}, Int64,
+           Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor},
+           Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{Cvoid}),
+          ctx, params, window_left, window_right, cu_seqlens, num_seqs, q, k, v, out, lse, dout, dq, dk, dv, stream)
+end
+
 # Extension: tags this context's next stria_attention_forward or stria_attention_backward, which
 # consumes the tag whatever its outcome (an untagged call has tag 0). The ranks' calls pair up in
 # the order each rank makes them, and calls whose signatures match (same operation, shapes and
@@ -442,7 +464,8 @@ export stria_context_create_local_group_on_devices, stria_context_get_rank
 export stria_context_get_world_size, stria_context_abort, stria_context_destroy
 export stria_attention_params_t, stria_attention_params_init, stria_attention_forward
 export stria_attention_backward, stria_attention_forward_documents
-export stria_attention_backward_documents, stria_context_set_call_tag, stria_layout_positions
+export stria_attention_backward_documents, stria_attention_forward_window
+export stria_attention_backward_window, stria_context_set_call_tag, stria_layout_positions
 export stria_shard, stria_unshard, stria_balance_t, stria_analyze_balance
 export stria_analyze_balance_steps, stria_step_time_t, stria_context_get_step_times
 
