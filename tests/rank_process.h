@@ -40,6 +40,7 @@ struct RankOptions {
   bool causal = true;
   std::vector<Dt> dtypes{Dt::kF32};
   int64_t L = 64, Hq = 4, Hkv = 2, D = 32;
+  Window window{};  // --window-left / --window-right: a sliding window (stria_attention_forward_window)
   int iters = 1;
   double timeout = 30;
   std::string fault;  // which fault the odd rank plays (each program names its own)
@@ -72,6 +73,10 @@ struct RankOptions {
       }
     } else if (k == "--L")
       L = std::stoll(v);
+    else if (k == "--window-left")
+      window.left = std::stoll(v);
+    else if (k == "--window-right")
+      window.right = std::stoll(v);
     else if (k == "--heads")
       Hq = std::stoll(v);
     else if (k == "--kv-heads")
@@ -197,11 +202,11 @@ struct RankResults {
 // float32 and 2e-2 otherwise, and `lse_tol` for the LSE. Returns "" or a MISMATCH message.
 inline std::string CompareWithReference(int rank, Dt dt, const Tensor& q, const Tensor& k, const Tensor& v,
                                         const Tensor& dout, const RankResults& got, const std::vector<int64_t>& pos,
-                                        bool causal, double lse_tol) {
+                                        bool causal, double lse_tol, Window window = {}) {
   const int64_t S = q.shape[1], Hq = q.shape[2], Hkv = k.shape[2], D = q.shape[3];
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const auto qx = q.ToDouble(), kx = k.ToDouble(), vx = v.ToDouble(), dx = dout.ToDouble();
-  const Reference ref = DenseAttention(qx, kx, vx, &dx, q.shape[0], S, Hq, Hkv, D, causal, scale);
+  const Reference ref = DenseAttention(qx, kx, vx, &dx, q.shape[0], S, Hq, Hkv, D, causal, scale, nullptr, window);
   const double tol = dt == Dt::kF32 ? 1e-5 : 2e-2;
   const double errs[5] = {RowError(*got.out, ref.out, pos, S, false), RowError(*got.lse, ref.lse, pos, S, true),
                           RowError(*got.dq, ref.dq, pos, S, false), RowError(*got.dk, ref.dk, pos, S, false),

@@ -118,4 +118,23 @@ void Documents::Apply(stria_layout_t layout, int world_size, int64_t local_len, 
   mask->k_end = std::min(mask->k_end, k_hi);
 }
 
+bool Documents::WindowReaches(stria_layout_t layout, int world_size, int64_t local_len, int q_rank, int k_rank,
+                              const BlockMask& mask) const {
+  if (mask.empty()) return false;
+  if (window_left_ < 0 && window_right_ < 0) return true;
+  // Every query's visible keys lie between the first query's window start and the last one's end.
+  BlockMask reach = mask;
+  if (window_left_ >= 0) {
+    const int64_t first = GlobalPosition(layout, local_len, world_size, q_rank, mask.q_begin);
+    reach.k_begin =
+        std::max(reach.k_begin, LocalCountBelow(layout, local_len, world_size, k_rank, first - window_left_));
+  }
+  if (window_right_ >= 0) {
+    const int64_t last = GlobalPosition(layout, local_len, world_size, q_rank, mask.q_end - 1);
+    reach.k_end =
+        std::min(reach.k_end, LocalCountBelow(layout, local_len, world_size, k_rank, last + window_right_ + 1));
+  }
+  return !reach.empty();
+}
+
 }  // namespace stria

@@ -130,6 +130,18 @@ BlockMask MaskOfBlock(const ValidatedCall& c, int world_size, int q_rank, int k_
   return mask;
 }
 
+int RingSteps(const ValidatedCall& c, int world_size) {
+  if (!c.documents.windowed()) return world_size;  // every step has work somewhere
+  // At step s rank q holds the block of rank q - s: the last step some rank's block is reached at.
+  for (int step = world_size - 1; step > 0; --step)
+    for (int q = 0; q < world_size; ++q) {
+      const int k = (q - step + world_size) % world_size;
+      const BlockMask mask = ClassifyBlock(c.layout, c.causal, world_size, c.shape.L, q, k);
+      if (c.documents.WindowReaches(c.layout, world_size, c.shape.L, q, k, mask)) return step + 1;
+    }
+  return 1;
+}
+
 Status ValidateForward(Context& ctx, const ForwardCall& call, ValidatedCall* c) {
   STRIA_RETURN_IF_ERROR(CheckQKV(ctx, call.q, call.k, call.v, call.params, call.documents, call.stream, c));
   STRIA_RETURN_IF_ERROR(CheckLike(ctx, call.out, "out", c->q, "q", Role::kOutput, &c->out));

@@ -3,6 +3,10 @@
 // hop behind it: a rank computes its contribution into a fresh buffer while the partial of the
 // same block arrives from the previous rank, adds the two, and passes the sum on. After N steps
 // the partial arrives at the block's owner complete. dQ accumulates locally.
+//
+// Where a sliding window leaves the later steps without work on every rank (RingSteps), the ring
+// stops after T < N steps: the partial is complete at the rank that held the block last, T - 1
+// hops after its owner, and goes straight back to the owner (for T = N, the next rank).
 #include "ring/arguments.h"
 #include "ring/ring_common.h"
 
@@ -45,19 +49,22 @@ Status RingBackward(Context& ctx, const BackwardCall& call) {
   const StepTime pack_time = pack_timer.Finish();
 
   Documents::Bounds bounds;  // the document mask of the block at hand, if the call has one
+  const int steps = RingSteps(c, n);
+  // Where the last step's complete partial goes (the block's owner), and whence ours comes home.
+  const int home_to = (r - (steps - 1) + n) % n, home_from = (r + steps - 1) % n;
   auto& times = ctx.step_times();
-  times.assign(static_cast<size_t>(n), StepTime());
+  times.assign(static_cast<size_t>(steps), StepTime());
   RequestId dkv_send = 0;  // the partial sent at the previous step
-  for (int step = 0; step < n; ++step) {
+  for (int step = 0; step < steps; ++step) {
     const int holder = (r - step + n) % n;
     RequestId kv_send = 0, kv_recv = 0, dkv_recv = 0;
-    const bool forward_block = step < n - 1;
+    const bool forward_block = step < steps - 1;
     // The block's mask first: with documents it is host work, which this way overlaps an
     // asynchronous backend's previous step instead of following the fence.
     const BlockMask mask = MaskOfBlock(c, n, r, holder, &bounds);
     // Asynchronous backends: the K/V block to send is packed and the buffers we receive into
     // (the other K/V slot, dkv_in) are no longer read by the previous step's compute.
-    Status st = n > 1 ? be.FenceBuffers() : Status::Ok();
+    Status st = steps > 1 ? be.FenceBuffers() : Status::Ok();
     if (st.ok() && forward_block) {
       st = tr.Irecv(prev, RingTag(seq, step, MessageKind::kKV), kv[(step + 1) % 2], kv_bytes, &kv_recv);
       if (st.ok()) st = tr.Isend(next, RingTag(seq, step, MessageKind::kKV), kv[step % 2], kv_bytes, &kv_send);
@@ -81,11 +88,13 @@ Status RingBackward(Context& ctx, const BackwardCall& call) {
       if (st.ok()) st = tr.Wait(dkv_send, ctx.timeout_s(), what.c_str());
       if (!st.ok()) return ctx.Fail(st);
     }
-    if (n > 1) {
-      // The partial we send must be complete, and not cut short by an abort.
+    if (steps > 1) {
+      // The partial we send must be complete, and not cut short by an abort. The last step's is
+      // complete, and goes home.
+      const int to = step == steps - 1 ? home_to : next;
       st = be.FenceBuffers();
       if (st.ok()) st = ctx.CheckNotAborted();
-      if (st.ok()) st = tr.Isend(next, RingTag(seq, step + 1, MessageKind::kDKV), mine, dkv_bytes, &dkv_send);
+      if (st.ok()) st = tr.Isend(to, RingTag(seq, step + 1, MessageKind::kDKV), mine, dkv_bytes, &dkv_send);
       if (!st.ok()) return ctx.Fail(st);
     }
     if (forward_block) {
@@ -99,10 +108,10 @@ Status RingBackward(Context& ctx, const BackwardCall& call) {
   }
 
   const float* done = static_cast<const float*>(dkv[0]);
-  if (n > 1) {
-    // Our own block's partial comes home from the previous rank after the last step.
+  if (steps > 1) {
+    // Our own block's partial comes home after the last step (from the previous rank for N steps).
     RequestId final_recv = 0;
-    Status st = tr.Irecv(prev, RingTag(seq, n, MessageKind::kDKV), dkv_in, dkv_bytes, &final_recv);
+    Status st = tr.Irecv(home_from, RingTag(seq, steps, MessageKind::kDKV), dkv_in, dkv_bytes, &final_recv);
     if (st.ok()) st = tr.Wait(final_recv, ctx.timeout_s(), "the final dK/dV of this rank's block");
     if (st.ok()) st = tr.Wait(dkv_send, ctx.timeout_s(), "the last dK/dV partial");
     if (!st.ok()) return ctx.Fail(st);

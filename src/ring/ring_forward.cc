@@ -40,12 +40,14 @@ Status RingForward(Context& ctx, const ForwardCall& call) {
   const StepTime pack_time = pack_timer.Finish();
 
   Documents::Bounds bounds;  // the document mask of the block at hand, if the call has one
+  // A sliding window may leave the later steps without work on every rank: they are not run.
+  const int steps = RingSteps(c, n);
   auto& times = ctx.step_times();
-  times.assign(static_cast<size_t>(n), StepTime());
-  for (int step = 0; step < n; ++step) {
+  times.assign(static_cast<size_t>(steps), StepTime());
+  for (int step = 0; step < steps; ++step) {
     const int holder = (r - step + n) % n;  // whose K/V this rank holds now
     RequestId send = 0, recv = 0;
-    const bool forward_block = step < n - 1;
+    const bool forward_block = step < steps - 1;
     // The block's mask first: with documents it is host work, which this way overlaps an
     // asynchronous backend's previous step instead of following the fence.
     const BlockMask mask = MaskOfBlock(c, n, r, holder, &bounds);

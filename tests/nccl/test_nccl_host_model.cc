@@ -123,16 +123,18 @@ Status Agree(Transport& tr, uint64_t seq) {
   return Status::Ok();
 }
 
-// RingForward's posting order.
-Status Forward(Transport& tr, uint64_t seq, size_t kv_bytes) {
+// RingForward's posting order, over `steps` ring steps (0: all; fewer where a sliding window
+// leaves the later steps without work, RingSteps).
+Status Forward(Transport& tr, uint64_t seq, size_t kv_bytes, int steps = 0) {
   const int n = tr.world_size(), r = tr.rank(), next = (r + 1) % n, prev = (r - 1 + n) % n;
+  if (steps == 0) steps = n;
   CHECK_OK(Agree(tr, seq));
   std::vector<uint8_t> kv[2] = {std::vector<uint8_t>(kv_bytes), std::vector<uint8_t>(kv_bytes)};
   FillKV(&kv[0], r);
-  for (int step = 0; step < n; ++step) {
+  for (int step = 0; step < steps; ++step) {
     const int holder = (r - step + n) % n;
     RequestId send = 0, recv = 0;
-    const bool forward_block = step < n - 1;
+    const bool forward_block = step < steps - 1;
     if (forward_block) {
       CHECK_OK(tr.Irecv(prev, Tag(seq, step, 1), kv[(step + 1) % 2].data(), kv_bytes, &recv));
       CHECK_OK(tr.Isend(next, Tag(seq, step, 1), kv[step % 2].data(), kv_bytes, &send));
@@ -147,8 +149,11 @@ Status Forward(Transport& tr, uint64_t seq, size_t kv_bytes) {
 }
 
 // RingBackward's posting order; each rank's dK/dV contribution to block k is (rank+1)(k+1) + i%5.
-Status Backward(Transport& tr, uint64_t seq, size_t kv_bytes, size_t dkv_floats) {
+// With fewer steps than ranks the last holder of a block sends its partial straight home.
+Status Backward(Transport& tr, uint64_t seq, size_t kv_bytes, size_t dkv_floats, int steps = 0) {
   const int n = tr.world_size(), r = tr.rank(), next = (r + 1) % n, prev = (r - 1 + n) % n;
+  if (steps == 0) steps = n;
+  const int home_to = (r - (steps - 1) + n) % n, home_from = (r + steps - 1) % n;
   CHECK_OK(Agree(tr, seq));
   const size_t dkv_bytes = dkv_floats * sizeof(float);
   std::vector<uint8_t> kv[2] = {std::vector<uint8_t>(kv_bytes), std::vector<uint8_t>(kv_bytes)};
@@ -156,10 +161,10 @@ Status Backward(Transport& tr, uint64_t seq, size_t kv_bytes, size_t dkv_floats)
   std::vector<float> dkv_in(dkv_floats);
   FillKV(&kv[0], r);
   RequestId dkv_send = 0;
-  for (int step = 0; step < n; ++step) {
+  for (int step = 0; step < steps; ++step) {
     const int holder = (r - step + n) % n;
     RequestId kv_send = 0, kv_recv = 0, dkv_recv = 0;
-    const bool forward_block = step < n - 1;
+    const bool forward_block = step < steps - 1;
     if (forward_block) {
       CHECK_OK(tr.Irecv(prev, Tag(seq, step, 1), kv[(step + 1) % 2].data(), kv_bytes, &kv_recv));
       CHECK_OK(tr.Isend(next, Tag(seq, step, 1), kv[step % 2].data(), kv_bytes, &kv_send));
@@ -173,28 +178,31 @@ Status Backward(Transport& tr, uint64_t seq, size_t kv_bytes, size_t dkv_floats)
       for (size_t i = 0; i < dkv_floats; ++i) mine[i] += dkv_in[i];
       CHECK_OK(tr.Wait(dkv_send, 30, "dK/dV partial"));
     }
-    if (n > 1) CHECK_OK(tr.Isend(next, Tag(seq, step + 1, 2), mine.data(), dkv_bytes, &dkv_send));
+    if (steps > 1)
+      CHECK_OK(tr.Isend(step == steps - 1 ? home_to : next, Tag(seq, step + 1, 2), mine.data(), dkv_bytes, &dkv_send));
     if (forward_block) {
       CHECK_OK(tr.Wait(kv_recv, 30, "K/V block"));
       CHECK_OK(tr.Wait(kv_send, 30, "K/V block"));
     }
   }
   const float* done = dkv[0].data();
-  if (n > 1) {
+  if (steps > 1) {
     RequestId final_recv = 0;
-    CHECK_OK(tr.Irecv(prev, Tag(seq, n, 2), dkv_in.data(), dkv_bytes, &final_recv));
+    CHECK_OK(tr.Irecv(home_from, Tag(seq, steps, 2), dkv_in.data(), dkv_bytes, &final_recv));
     CHECK_OK(tr.Wait(final_recv, 30, "final dK/dV"));
     CHECK_OK(tr.Wait(dkv_send, 30, "last dK/dV"));
     done = dkv_in.data();
   }
+  int holders = 0;  // the sum of rank + 1 over the ranks that held this rank's block
+  for (int j = 0; j < steps; ++j) holders += (r + j) % n + 1;
   for (size_t i = 0; i < dkv_floats; ++i) {
-    const float want = static_cast<float>((r + 1) * n * (n + 1) / 2 + n * static_cast<int>(i % 5));
+    const float want = static_cast<float>((r + 1) * holders + steps * static_cast<int>(i % 5));
     CHECK_THAT(done[i] == want, "rank %d: dK/dV[%zu] is %g, want %g", r, i, done[i], want);
   }
   return Status::Ok();
 }
 
-void RunCalls(Ranks& ranks, int calls, size_t kv_bytes, size_t dkv_floats) {
+void RunCalls(Ranks& ranks, int calls, size_t kv_bytes, size_t dkv_floats, int steps = 0) {
   const int world = static_cast<int>(ranks.t.size());
   const uint64_t first = ranks.next_call;
   ranks.next_call += static_cast<uint64_t>(2 * calls);
@@ -204,8 +212,8 @@ void RunCalls(Ranks& ranks, int calls, size_t kv_bytes, size_t dkv_floats) {
     Transport& tr = *ranks.t[static_cast<size_t>(r)];
     Status s;
     for (uint64_t seq = first; s.ok() && seq < first + static_cast<uint64_t>(2 * calls); seq += 2) {
-      s = Forward(tr, seq, kv_bytes);
-      if (s.ok()) s = Backward(tr, seq + 1, kv_bytes, dkv_floats);
+      s = Forward(tr, seq, kv_bytes, steps);
+      if (s.ok()) s = Backward(tr, seq + 1, kv_bytes, dkv_floats, steps);
     }
     out[static_cast<size_t>(r)] = s;
   });
@@ -224,6 +232,22 @@ TEST(NcclHostModel, RingSchedulesAtEveryWorldSize) {
     RunCalls(ranks, 2, 3000, 1000);
     RunCalls(ranks, 1, 4096, 1024);
   }
+  EXPECT_EQ(ModelSizeMismatches(), 0);
+}
+
+// The rings a sliding window cuts short (RingSteps): every step count below the world size, the
+// last holder of each block sending its dK/dV partial home over several hops in one group with
+// its own block's partial coming in from elsewhere.
+TEST(NcclHostModel, RingSchedulesThatAWindowCutsShort) {
+  for (int world = 2; world <= 5; ++world)
+    for (int steps = 1; steps < world; ++steps) {
+      SCOPED_TRACE("world " + std::to_string(world) + ", " + std::to_string(steps) + " steps");
+      Ranks ranks(world, 30);
+      ranks.ExpectAllOk();
+      if (HasFailure()) return;
+      RunCalls(ranks, 2, 3000, 1000, steps);
+      RunCalls(ranks, 1, 2048, 512, steps);
+    }
   EXPECT_EQ(ModelSizeMismatches(), 0);
 }
 

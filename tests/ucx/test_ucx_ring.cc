@@ -31,11 +31,13 @@ struct RingCase {
   int world;
   std::string layout;
   bool causal;
-  bool id_file;  // the id from stria_get_unique_id through a file, instead of STRIA_ROOT
+  bool id_file;              // the id from stria_get_unique_id through a file, instead of STRIA_ROOT
+  int64_t window_left = -1;  // >= 0: a sliding window to the left (the contiguous ring then stops early)
 };
 
 void PrintTo(const RingCase& c, std::ostream* os) {
-  *os << "N" << c.world << " " << c.layout << (c.causal ? " causal" : " full") << (c.id_file ? " unique_id" : " env");
+  *os << "N" << c.world << " " << c.layout << (c.causal ? " causal" : " full") << (c.id_file ? " unique_id" : " env")
+      << (c.window_left >= 0 ? " window " + std::to_string(c.window_left) : "");
 }
 
 class UcxRing : public ::testing::TestWithParam<RingCase> {};
@@ -50,6 +52,7 @@ TEST_P(UcxRing, MatchesReference) {
                                   "--layout", c.layout,          "--causal", c.causal ? "1" : "0",
                                   "--dtypes", "f32,bf16,f16",    "--L",      "48"};
     if (c.id_file) args.insert(args.end(), {"--id-file", dir + "/id"});
+    if (c.window_left >= 0) args.insert(args.end(), {"--window-left", std::to_string(c.window_left)});
     launch.Start(r, STRIA_UCX_RANK, args, c.id_file ? Env(0) : Env(port));
   }
   auto results = launch.Wait(120);
@@ -66,13 +69,17 @@ std::vector<RingCase> RingCases() {
     for (const char* layout : {"contiguous", "striped", "zigzag"})
       for (bool causal : {true, false}) cases.push_back({world, layout, causal, false});
   cases.push_back({3, "striped", true, true});
+  // A window of 60 over blocks of 48: three of four steps, each block's dK/dV sent home two ranks
+  // back; and a striped ring through the same kind of window (every step).
+  cases.push_back({4, "contiguous", true, false, 60});
+  cases.push_back({3, "striped", true, false, 30});
   return cases;
 }
 
 std::string CaseName(const ::testing::TestParamInfo<RingCase>& info) {
   const RingCase& c = info.param;
   return "N" + std::to_string(c.world) + "_" + c.layout + (c.causal ? "_causal" : "_full") +
-         (c.id_file ? "_unique_id" : "_env");
+         (c.id_file ? "_unique_id" : "_env") + (c.window_left >= 0 ? "_window" + std::to_string(c.window_left) : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, UcxRing, ::testing::ValuesIn(RingCases()), CaseName);

@@ -134,10 +134,11 @@ int main(int argc, char** argv) {
         fault = AfterDelay(o.fault_delay_ms, [ctx] { stria_context_abort(ctx); });
       if (o.rank == o.slow_call_rank && it == o.fault_iter)
         std::this_thread::sleep_for(std::chrono::duration<double>(o.slow_call_s));
-      s = stria_attention_forward(ctx, &params, &ql.dl, &kl.dl, &vl.dl, &out.dl, &lse.dl, nullptr);
+      const std::vector<int64_t> no_documents;
+      s = AttentionForward(ctx, &params, no_documents, 0, &ql.dl, &kl.dl, &vl.dl, &out.dl, &lse.dl, nullptr, o.window);
       if (s == STRIA_SUCCESS)
-        s = stria_attention_backward(ctx, &params, &ql.dl, &kl.dl, &vl.dl, &out.dl, &lse.dl, &dol.dl, &dq.dl, &dk.dl,
-                                     &dv.dl, nullptr);
+        s = AttentionBackward(ctx, &params, no_documents, 0, &ql.dl, &kl.dl, &vl.dl, &out.dl, &lse.dl, &dol.dl, &dq.dl,
+                              &dk.dl, &dv.dl, nullptr, o.window);
       const std::string call_error = stria_get_last_error();
       if (fault.joinable()) fault.join();
       if (s != STRIA_SUCCESS) {
@@ -159,8 +160,8 @@ int main(int argc, char** argv) {
         return 0;
       }
     }
-    const std::string mismatch =
-        CompareWithReference(o.rank, dt, q, k, v, dout, RankResults{&out, &lse, &dq, &dk, &dv}, pos, o.causal, 1e-5);
+    const std::string mismatch = CompareWithReference(o.rank, dt, q, k, v, dout, RankResults{&out, &lse, &dq, &dk, &dv},
+                                                      pos, o.causal, 1e-5, o.window);
     if (!mismatch.empty()) {
       if (ctx) stria_context_destroy(ctx);
       Result(o, STRIA_ERROR_INTERNAL, t0, mismatch);

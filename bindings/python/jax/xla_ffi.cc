@@ -35,6 +35,8 @@ struct CallAttributes {
   float softmax_scale;
   uint64_t tag;
   std::string_view site;
+  int64_t window_left;  // the sliding window (stria_attention_forward_window); -1, -1: none
+  int64_t window_right;
 };
 
 }  // namespace stria_jax
@@ -43,7 +45,9 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(stria_jax::CallAttributes, xla::ffi::Struc
                                       xla::ffi::StructMember<int32_t>("layout"), xla::ffi::StructMember<bool>("causal"),
                                       xla::ffi::StructMember<float>("softmax_scale"),
                                       xla::ffi::StructMember<uint64_t>("tag"),
-                                      xla::ffi::StructMember<std::string_view>("site"));
+                                      xla::ffi::StructMember<std::string_view>("site"),
+                                      xla::ffi::StructMember<int64_t>("window_left"),
+                                      xla::ffi::StructMember<int64_t>("window_right"));
 
 namespace {
 
@@ -283,6 +287,9 @@ ffi::Error Forward(void* stream, int32_t xla_device, const CallAttributes& a, ff
   }
   const stria_attention_params_t params = Params(a);
   return Run(m, xla_device, a, "attention_forward", [&] {
+    if (a.window_left != -1 || a.window_right != -1)
+      return stria_attention_forward_window(m.ctx, &params, a.window_left, a.window_right, docs.data, docs.num_seqs,
+                                            &vq.t, &vk.t, &vv.t, &vo.t, &vl.t, stream);
     if (docs.data == nullptr) return stria_attention_forward(m.ctx, &params, &vq.t, &vk.t, &vv.t, &vo.t, &vl.t, stream);
     return stria_attention_forward_documents(m.ctx, &params, docs.data, docs.num_seqs, &vq.t, &vk.t, &vv.t, &vo.t,
                                              &vl.t, stream);
@@ -303,6 +310,9 @@ ffi::Error Backward(void* stream, int32_t xla_device, const CallAttributes& a, f
   }
   const stria_attention_params_t params = Params(a);
   return Run(m, xla_device, a, "attention_backward", [&] {
+    if (a.window_left != -1 || a.window_right != -1)
+      return stria_attention_backward_window(m.ctx, &params, a.window_left, a.window_right, docs.data, docs.num_seqs,
+                                             &vq.t, &vk.t, &vv.t, &vo.t, &vl.t, &vdo.t, &vdq.t, &vdk.t, &vdv.t, stream);
     if (docs.data == nullptr)
       return stria_attention_backward(m.ctx, &params, &vq.t, &vk.t, &vv.t, &vo.t, &vl.t, &vdo.t, &vdq.t, &vdk.t, &vdv.t,
                                       stream);

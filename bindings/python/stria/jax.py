@@ -58,7 +58,7 @@ import jax.numpy as jnp
 import jaxlib
 import numpy as np
 
-from . import capi
+from . import _ops, capi
 from ._context import Context, DeviceLike, LocalGroup, parse_device
 from ._enums import Layout, LayoutLike, Transport, TransportLike
 
@@ -297,9 +297,10 @@ def _attrs(
     causal: bool,
     softmax_scale: float | None,
     call: tuple[int, str],
+    window: tuple[int, int] | None = None,
 ) -> dict:
-    """The custom call's attributes: the key of the context (or group), the parameters, and the
-    call's tag and site."""
+    """The custom call's attributes: the key of the context (or group), the parameters, the
+    call's tag and site, and the sliding window (-1, -1: none)."""
     # Checked as the float32 the call carries: a positive value below float32's range would round
     # to 0, which stria reads as 1/sqrt(D).
     with np.errstate(over="ignore"):  # a value beyond float32's range is refused below, as inf
@@ -329,6 +330,8 @@ def _attrs(
         "softmax_scale": np.float32(0.0) if scale32 is None else scale32,
         "tag": np.uint64(call[0]),
         "site": call[1],
+        "window_left": np.int64(-1 if window is None else window[0]),
+        "window_right": np.int64(-1 if window is None else window[1]),
     }
 
 
@@ -392,18 +395,18 @@ def _boundaries(cu_seqlens: Any, batch: int, func: str) -> Any:
     return jnp.stack([words, jnp.right_shift(words, 31)], axis=-1)  # low word, then the sign's
 
 
-def _forward(context, q, k, v, cu, layout, causal, softmax_scale, call):  # noqa: ANN001, ANN202
+def _forward(context, q, k, v, cu, layout, causal, softmax_scale, call, window=None):  # noqa: ANN001, ANN202
     b, l, hq, _ = np.shape(q)
     results = (_like(q), _like(q, (b, hq, l), jnp.float32))
-    attrs = _attrs(context, "attention_forward", layout, causal, softmax_scale, call)
+    attrs = _attrs(context, "attention_forward", layout, causal, softmax_scale, call, window)
     if cu is None:
         return jax.ffi.ffi_call(_FORWARD, results, vmap_method=_VMAP)(q, k, v, **attrs)
     return jax.ffi.ffi_call(_FORWARD_DOCS, results, vmap_method=_VMAP)(q, k, v, cu, **attrs)
 
 
-def _backward(context, q, k, v, out, lse, dout, cu, layout, causal, softmax_scale, call):  # noqa: ANN001, ANN202
+def _backward(context, q, k, v, out, lse, dout, cu, layout, causal, softmax_scale, call, window=None):  # noqa: ANN001, ANN202
     results = (_like(q), _like(k), _like(v))
-    attrs = _attrs(context, "attention_backward", layout, causal, softmax_scale, call)
+    attrs = _attrs(context, "attention_backward", layout, causal, softmax_scale, call, window)
     if cu is None:
         return jax.ffi.ffi_call(_BACKWARD, results, vmap_method=_VMAP)(q, k, v, out, lse, dout, **attrs)
     return jax.ffi.ffi_call(_BACKWARD_DOCS, results, vmap_method=_VMAP)(q, k, v, out, lse, dout, cu, **attrs)
@@ -420,6 +423,7 @@ def attention_forward(
     softmax_scale: float | None = None,
     tag: int | None = None,
     cu_seqlens: Any = None,
+    window: tuple[int, int] | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """This rank's attention output ``[B, L, Hq, D]`` (q's dtype) and its log-sum-exp
     ``[B, Hq, L]`` (float32) over the whole sharded sequence: stria_attention_forward.
@@ -432,11 +436,16 @@ def attention_forward(
     keys of its own document: integer global positions ``[0, s1, ..., S]`` (S = L * world size),
     one row for every batch row or ``[B, n + 1]``, the same on every rank
     (stria_attention_forward_documents). A JAX array (traced, on the computation's device) or
-    anything numpy reads."""
+    anything numpy reads.
+
+    window (optional, static) is a sliding window ``(left, right)``: the query at global position
+    i sees the keys at i - left .. i + right (when causal, up to i); -1 leaves a side unbounded
+    (stria_attention_forward_window)."""
     _check_4d("attention_forward", q=q, k=k, v=v)
     cu = _boundaries(cu_seqlens, np.shape(q)[0], "attention_forward")
+    win = _ops.sliding_window(window, "attention_forward")
     call = _tag_of("attention_forward", tag, (q, k, v))
-    return _forward(context, q, k, v, cu, layout, causal, softmax_scale, call)
+    return _forward(context, q, k, v, cu, layout, causal, softmax_scale, call, win)
 
 
 def attention_backward(
@@ -453,34 +462,36 @@ def attention_backward(
     softmax_scale: float | None = None,
     tag: int | None = None,
     cu_seqlens: Any = None,
+    window: tuple[int, int] | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The gradients ``(dq, dk, dv)`` of attention_forward's output for this rank's q, k, v, given
-    the forward's out and lse and the gradient dout of out: stria_attention_backward. tag and
-    cu_seqlens (the forward's) as in attention_forward."""
+    the forward's out and lse and the gradient dout of out: stria_attention_backward. tag,
+    cu_seqlens and window (the forward's) as in attention_forward."""
     _check_4d("attention_backward", q=q, k=k, v=v, out=out, dout=dout)
     cu = _boundaries(cu_seqlens, np.shape(q)[0], "attention_backward")
+    win = _ops.sliding_window(window, "attention_backward")
     call = _tag_of("attention_backward", tag, (q, k, v, out, lse, dout))
-    return _backward(context, q, k, v, out, lse, dout, cu, layout, causal, softmax_scale, call)
+    return _backward(context, q, k, v, out, lse, dout, cu, layout, causal, softmax_scale, call, win)
 
 
 # The parameters after q, k, v and the boundaries cu (None, or _boundaries' integer array: an
 # input with no gradient) are static (nondiff_argnums): a context is hashed by identity. The
 # call's (tag, site) is ring_attention's caller's: the rules run under JAX's frames, where no site
 # of the caller's is to be found.
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8, 9))
 def _ring(q: Any, k: Any, v: Any, cu: Any, context: Context | LocalGroup, layout: int, causal: bool,
-          scale: float | None, call: tuple[int, str]) -> jax.Array:
-    return _forward(context, q, k, v, cu, layout, causal, scale, call)[0]
+          scale: float | None, call: tuple[int, str], window: tuple[int, int] | None) -> jax.Array:
+    return _forward(context, q, k, v, cu, layout, causal, scale, call, window)[0]
 
 
-def _ring_fwd(q, k, v, cu, context, layout, causal, scale, call):  # noqa: ANN001, ANN202 - custom_vjp's rule
-    out, lse = _forward(context, q, k, v, cu, layout, causal, scale, call)
+def _ring_fwd(q, k, v, cu, context, layout, causal, scale, call, window):  # noqa: ANN001, ANN202 - custom_vjp's rule
+    out, lse = _forward(context, q, k, v, cu, layout, causal, scale, call, window)
     return out, (q, k, v, cu, out, lse)
 
 
-def _ring_bwd(context, layout, causal, scale, call, residuals, dout):  # noqa: ANN001, ANN202 - custom_vjp's rule
+def _ring_bwd(context, layout, causal, scale, call, window, residuals, dout):  # noqa: ANN001, ANN202 - custom_vjp's rule
     q, k, v, cu, out, lse = residuals
-    grads = _backward(context, q, k, v, out, lse, dout.astype(out.dtype), cu, layout, causal, scale, call)
+    grads = _backward(context, q, k, v, out, lse, dout.astype(out.dtype), cu, layout, causal, scale, call, window)
     return (*grads, None)  # the boundaries have no gradient
 
 
@@ -498,18 +509,21 @@ def ring_attention(
     softmax_scale: float | None = None,
     tag: int | None = None,
     cu_seqlens: Any = None,
+    window: tuple[int, int] | None = None,
 ) -> jax.Array:
     """Attention of this rank's q ``[B, L, Hq, D]`` over the whole sequence's k, v
     ``[B, L, Hkv, D]`` (each rank holds its L tokens in `layout`); returns ``[B, L, Hq, D]``.
     Differentiable in q, k and v (first order); softmax_scale None is 1/sqrt(D); causal masks on
     global positions; tag as in attention_forward (forward and backward share it); cu_seqlens,
-    packed documents, as in attention_forward (the backward takes the same)."""
+    packed documents, and window, a sliding window, as in attention_forward (the backward takes
+    the same)."""
     _members(context, "ring_attention")  # a TypeError for anything else
     _check_4d("ring_attention", q=q, k=k, v=v)
     cu = _boundaries(cu_seqlens, np.shape(q)[0], "ring_attention")
+    win = _ops.sliding_window(window, "ring_attention")
     scale = None if softmax_scale is None else float(softmax_scale)
     call = _tag_of("ring_attention", tag, (q, k, v))
-    return _ring(q, k, v, cu, context, int(Layout.of(layout)), bool(causal), scale, call)
+    return _ring(q, k, v, cu, context, int(Layout.of(layout)), bool(causal), scale, call, win)
 
 
 _joins = itertools.count()  # context_from_distributed calls so far: every process makes the same ones

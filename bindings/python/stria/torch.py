@@ -56,10 +56,17 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
 
 
 def _op_args(
-    func: str, context: Any, layout: LayoutLike, causal: bool, softmax_scale: float | None, cu_seqlens: Any = None
+    func: str,
+    context: Any,
+    layout: LayoutLike,
+    causal: bool,
+    softmax_scale: float | None,
+    cu_seqlens: Any = None,
+    window: Any = None,
 ) -> tuple:
-    """The operators' arguments after their tensors: the context's key, the parameters and the
-    document boundaries (an int64 CPU tensor, or None)."""
+    """The operators' arguments after their tensors: the context's key, the parameters, the
+    document boundaries (an int64 CPU tensor, or None) and the sliding window's two sides (-1:
+    unbounded)."""
     if not isinstance(context, Context):
         raise TypeError(f"{func}(): argument 'context' must be a stria.Context, not {type(context).__name__}")
     if cu_seqlens is not None:
@@ -71,7 +78,8 @@ def _op_args(
             raise TypeError(f"{func}(): cu_seqlens must hold integers (int64 positions), not {cu_seqlens.dtype}")
         cu_seqlens = cu_seqlens.detach().to(device="cpu", dtype=torch.int64)
     scale = 0.0 if softmax_scale is None else float(softmax_scale)
-    return (context._key, int(Layout.of(layout)), bool(causal), scale, cu_seqlens)
+    left, right = _ops.sliding_window(window, func) or (-1, -1)
+    return (context._key, int(Layout.of(layout)), bool(causal), scale, cu_seqlens, left, right)
 
 
 def _custom_op(name: str) -> Any:
@@ -105,15 +113,28 @@ def _forward_op(
     causal: bool,
     softmax_scale: float,
     cu_seqlens: Optional[torch.Tensor] = None,  # noqa: UP045 - torch's schema inference reads Optional
+    window_left: int = -1,
+    window_right: int = -1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """stria_attention_forward on the context of key `context`: (out, lse), new and compact.
-    softmax_scale 0 is 1/sqrt(D); cu_seqlens: the document boundaries (int64, CPU) or None."""
+    softmax_scale 0 is 1/sqrt(D); cu_seqlens: the document boundaries (int64, CPU) or None;
+    window_left/right: the sliding window (-1, -1: none)."""
     ctx = context_of_key(context, "stria.torch attention_forward")
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))  # as a compiled graph may lay them out
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(_lse_shape(q, "attention_forward"), dtype=torch.float32, device=q.device)
     _ops.attention_forward(
-        ctx, q, k, v, out, lse, layout=layout, causal=causal, softmax_scale=softmax_scale, cu_seqlens=cu_seqlens
+        ctx,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        layout=layout,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        cu_seqlens=cu_seqlens,
+        window=(window_left, window_right),
     )
     return out, lse
 
@@ -131,6 +152,8 @@ def _backward_op(
     causal: bool,
     softmax_scale: float,
     cu_seqlens: Optional[torch.Tensor] = None,  # noqa: UP045 - as in _forward_op
+    window_left: int = -1,
+    window_right: int = -1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """stria_attention_backward on the context of key `context`: (dq, dk, dv), new and compact."""
     ctx = context_of_key(context, "stria.torch attention_backward")
@@ -151,6 +174,7 @@ def _backward_op(
         causal=causal,
         softmax_scale=softmax_scale,
         cu_seqlens=cu_seqlens,
+        window=(window_left, window_right),
     )
     return dq, dk, dv
 
@@ -160,12 +184,14 @@ if hasattr(_forward_op, "register_fake"):
     # operators make them (compact).
 
     @_forward_op.register_fake
-    def _forward_fake(q, k, v, context, layout, causal, softmax_scale, cu_seqlens=None):  # noqa: ANN001, ANN202
+    def _forward_fake(q, k, v, context, layout, causal, softmax_scale, cu_seqlens=None, window_left=-1,  # noqa: ANN001, ANN202
+                      window_right=-1):
         lse = q.new_empty(_lse_shape(q, "attention_forward"), dtype=torch.float32)
         return q.new_empty(q.shape), lse
 
     @_backward_op.register_fake
-    def _backward_fake(q, k, v, out, lse, dout, context, layout, causal, softmax_scale, cu_seqlens=None):  # noqa: ANN001, ANN202
+    def _backward_fake(q, k, v, out, lse, dout, context, layout, causal, softmax_scale, cu_seqlens=None,  # noqa: ANN001, ANN202
+                       window_left=-1, window_right=-1):
         return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -202,7 +228,8 @@ def _guard_second_order(grads: tuple[torch.Tensor, ...], *sources: torch.Tensor)
 class RingAttentionFunction(torch.autograd.Function):
     """Exact attention over the sharded sequence; forward and backward are stria collectives.
 
-    apply(q, k, v, context, layout, causal, softmax_scale, cu_seqlens=None) -> out, in stria's [B, L, H, D].
+    apply(q, k, v, context, layout, causal, softmax_scale, cu_seqlens=None, window=None) -> out, in stria's
+    [B, L, H, D].
     """
 
     @staticmethod
@@ -216,9 +243,10 @@ class RingAttentionFunction(torch.autograd.Function):
         causal: bool,
         softmax_scale: float | None,
         cu_seqlens: Any = None,
+        window: Any = None,
     ) -> torch.Tensor:
         q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
-        args = _op_args("RingAttentionFunction", context, layout, causal, softmax_scale, cu_seqlens)
+        args = _op_args("RingAttentionFunction", context, layout, causal, softmax_scale, cu_seqlens, window)
         out, lse = _forward_op(q, k, v, *args)
         fctx.save_for_backward(q, k, v, out, lse)
         fctx.stria_args = args
@@ -227,7 +255,7 @@ class RingAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(fctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        return (*_gradients(*fctx.saved_tensors, dout, fctx.stria_args), None, None, None, None, None)
+        return (*_gradients(*fctx.saved_tensors, dout, fctx.stria_args), None, None, None, None, None, None)
 
 
 def _gradients(q, k, v, out, lse, dout, args) -> tuple[torch.Tensor, ...]:  # noqa: ANN001
@@ -252,7 +280,7 @@ def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
 
 
 def _op_backward(ctx: Any, dout: torch.Tensor, dlse: Any) -> tuple[torch.Tensor | None, ...]:
-    return (*_gradients(*ctx.saved_tensors, dout, ctx.stria_args), None, None, None, None, None)
+    return (*_gradients(*ctx.saved_tensors, dout, ctx.stria_args), *(None,) * len(ctx.stria_args))
 
 
 # torch.compile traces through an operator's registered autograd; it refuses an
@@ -292,6 +320,7 @@ def ring_attention(
     causal: bool = True,
     softmax_scale: float | None = None,
     cu_seqlens: Any = None,
+    window: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """Attention of this rank's q ``[B, L, Hq, D]`` over the whole sequence's k, v
     ``[B, L, Hkv, D]`` (each rank holds its L tokens in `layout`); returns ``[B, L, Hq, D]``.
@@ -299,17 +328,19 @@ def ring_attention(
     cu_seqlens: packed documents, ``[0, s1, ..., S]`` in global positions (per batch row, or one
     row for all), the same on every rank; a query sees only its own document (see
     stria.document_boundaries). The library reads them on the host: keep them on the CPU (as a
-    data loader makes them), since a CUDA tensor is copied over, which waits for the GPU. Under
-    torch.autocast, floating-point q, k and v are cast to the
+    data loader makes them), since a CUDA tensor is copied over, which waits for the GPU. window:
+    a sliding window ``(left, right)``, the query at global position i seeing the keys at
+    i - left .. i + right (when causal, up to i); -1 leaves a side unbounded (see
+    stria.sliding_window). Under torch.autocast, floating-point q, k and v are cast to the
     autocast dtype first, as torch's own attention is."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_tensor("ring_attention", name, x)
     q, k, v = _autocast(q, k, v)
     if not _HAS_OP_AUTOGRAD:
         return RingAttentionFunction.apply(
-            q, k, v, context, Layout.of(layout), bool(causal), softmax_scale, cu_seqlens
+            q, k, v, context, Layout.of(layout), bool(causal), softmax_scale, cu_seqlens, window
         )
-    args = _op_args("ring_attention", context, layout, causal, softmax_scale, cu_seqlens)
+    args = _op_args("ring_attention", context, layout, causal, softmax_scale, cu_seqlens, window)
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
     return _forward_op(q, k, v, *args)[0]
 
@@ -327,6 +358,7 @@ def scaled_dot_product_attention(
     context: Context,
     layout: LayoutLike = Layout.STRIPED,
     cu_seqlens: Any = None,
+    window: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """torch.nn.functional.scaled_dot_product_attention over a sequence sharded across the ranks
     of `context`: query ``[B, Hq, L, D]``, key/value ``[B, Hkv, L, D]`` hold this rank's L tokens
@@ -340,7 +372,7 @@ def scaled_dot_product_attention(
     scale, which torch takes literally, raises ValueError rather than computing something else:
     stria's C ABI reserves 0 for its default 1/sqrt(D) and takes only positive scales.
 
-    cu_seqlens: packed documents, as in ring_attention.
+    cu_seqlens: packed documents, and window: a sliding window, as in ring_attention.
     """
     for name, x in (("query", query), ("key", key), ("value", value)):
         _check_tensor("scaled_dot_product_attention", name, x)
@@ -379,6 +411,7 @@ def scaled_dot_product_attention(
         causal=is_causal,
         softmax_scale=scale,
         cu_seqlens=cu_seqlens,
+        window=window,
     )
     return out.transpose(1, 2)
 

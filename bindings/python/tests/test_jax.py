@@ -616,3 +616,25 @@ def test_documents_bad_boundaries(ctx, rng):
     # The context is fine afterwards.
     out, _ = forward(q, jnp.asarray([0, 40]))
     assert rel_err(out, attention_ref(q, k, v, True, 1 / np.sqrt(32))[0]) < 1e-5
+
+
+@pytest.mark.parametrize(("causal", "window", "docs"), [(True, (9, -1), None), (False, (6, 3), "per_row")])
+def test_sliding_window_world_of_one(ctx, rng, causal, window, docs):
+    """window=(left, right) (static), alone and with documents, forward and gradients under jit."""
+    q, k, v = inputs(rng)
+    w = rng.standard_normal(q.shape, dtype=np.float32)
+    cu = None if docs is None else JAX_DOCUMENTS[docs]
+    scale = 1 / np.sqrt(q.shape[-1])
+
+    def loss(q, k, v):
+        return jnp.sum(sj.ring_attention(q, k, v, ctx, causal=causal, cu_seqlens=cu, window=window) * w)
+
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+    out, lse = jax.jit(lambda q: sj.attention_forward(ctx, q, k, v, causal=causal, cu_seqlens=cu, window=window))(q)
+    out_ref, lse_ref = attention_ref(q, k, v, causal, scale, cu, window)
+    assert rel_err(out, out_ref) < 1e-5 and rel_err(lse, lse_ref) < 1e-5
+    for got, ref in zip(grads, attention_backward_ref(q, k, v, w, causal, scale, cu, window)):
+        assert rel_err(got, ref) < 1e-5
+    assert rel_err(out, attention_ref(q, k, v, causal, scale, cu)[0]) > 1e-3  # the window matters
+    with pytest.raises(ValueError, match="window right"):
+        sj.ring_attention(q, k, v, ctx, window=(3, -4))

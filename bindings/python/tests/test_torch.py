@@ -41,7 +41,7 @@ def assemble(parts, seq, axis):
     return full
 
 
-def check_autograd(n, layout, dtype, seed, causal=True, cu_seqlens=None):
+def check_autograd(n, layout, dtype, seed, causal=True, cu_seqlens=None, window=None):
     """ring_attention's output and gradients on n ranks against the float64 reference of the whole
     sequence; returns the ranks' results (positions, out, dq, dk, dv)."""
     gen = torch.Generator().manual_seed(seed)
@@ -50,7 +50,9 @@ def check_autograd(n, layout, dtype, seed, causal=True, cu_seqlens=None):
     def rank_fn(ctx):
         pos = torch.from_numpy(positions_ref(layout, S, n, ctx.rank))
         ql, kl, vl = (x[:, pos].clone().requires_grad_() for x in (q, k, v))
-        out = stria_torch.ring_attention(ql, kl, vl, ctx, layout=layout, causal=causal, cu_seqlens=cu_seqlens)
+        out = stria_torch.ring_attention(
+            ql, kl, vl, ctx, layout=layout, causal=causal, cu_seqlens=cu_seqlens, window=window
+        )
         out.backward(dout[:, pos])
         return pos.numpy(), out, ql.grad, kl.grad, vl.grad
 
@@ -60,8 +62,8 @@ def check_autograd(n, layout, dtype, seed, causal=True, cu_seqlens=None):
     scale = 1.0 / math.sqrt(D)
     docs = None if cu_seqlens is None else np.asarray(cu_seqlens)
     ref = [
-        attention_ref(as_f64(q), as_f64(k), as_f64(v), causal, scale, docs)[0],
-        *attention_backward_ref(as_f64(q), as_f64(k), as_f64(v), as_f64(dout), causal, scale, docs),
+        attention_ref(as_f64(q), as_f64(k), as_f64(v), causal, scale, docs, window)[0],
+        *attention_backward_ref(as_f64(q), as_f64(k), as_f64(v), as_f64(dout), causal, scale, docs, window),
     ]
     errors = {name: rel_err(g, r) for name, g, r in zip(("out", "dq", "dk", "dv"), got, ref)}
     assert all(e < TOLERANCE[dtype] for e in errors.values()), errors
@@ -83,6 +85,26 @@ def test_autograd_matches_reference(n, layout, causal, dtype):
 def test_documents_autograd_matches_reference(n, layout, dtype):
     """Packed documents, a row each (a torch tensor), the second row padded with an empty one."""
     check_autograd(n, layout, dtype, n * 10 + len(layout), cu_seqlens=torch.tensor([[0, 7, 16, 24], [0, 11, 24, 24]]))
+
+
+@pytest.mark.parametrize("n", [1, 3, 4])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize(("causal", "window"), [(True, (6, -1)), (False, (3, 5))])
+def test_sliding_window_autograd_matches_reference(n, layout, causal, window):
+    check_autograd(n, layout, "float32", n * 7 + len(layout), causal=causal, window=window)
+
+
+def test_sliding_window_with_documents_and_sdpa():
+    check_autograd(3, "zigzag", "bfloat16", 5, cu_seqlens=[0, 9, 24], window=(4, -1))
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(B, 2, S, D, generator=gen)
+    with stria.Context(timeout_s=TIMEOUT_S) as ctx:
+        out = stria_torch.scaled_dot_product_attention(q, q, q, is_causal=True, context=ctx, window=(3, -1))
+        with pytest.raises(ValueError, match="window left"):
+            stria_torch.ring_attention(q, q, q, ctx, window=(-3, 0))
+    ref = attention_ref(as_f64(q.transpose(1, 2)), as_f64(q.transpose(1, 2)), as_f64(q.transpose(1, 2)), True,
+                        1 / math.sqrt(D), None, (3, -1))[0]
+    assert rel_err(as_f64(out.transpose(1, 2)), ref) < 1e-5
 
 
 def test_documents_are_integers_of_q_s_batch():

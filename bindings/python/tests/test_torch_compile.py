@@ -55,6 +55,33 @@ def test_opcheck_with_documents():
         torch.library.opcheck(torch.ops.stria.attention_backward.default, (q, k, v, out, lse, torch.randn_like(out), *args))
 
 
+def test_opcheck_with_a_window():
+    q, k, v, _ = inputs(5)
+    with stria.Context(timeout_s=TIMEOUT_S) as ctx:
+        args = (ctx._key, int(stria.Layout.STRIPED), False, 0.0, torch.tensor([0, 9, 24]), 4, 2)
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        torch.library.opcheck(torch.ops.stria.attention_forward.default, (*leaves, *args))
+        out, lse = torch.ops.stria.attention_forward(q, k, v, *args)
+        torch.library.opcheck(torch.ops.stria.attention_backward.default, (q, k, v, out, lse, torch.randn_like(out), *args))
+
+
+def test_fullgraph_compile_with_a_window_matches_the_reference():
+    q, k, v, w = inputs(6)
+    q.requires_grad_()
+    with stria.Context(timeout_s=TIMEOUT_S) as ctx:
+
+        def loss(q):
+            out = stria_torch.ring_attention(q, k, v, ctx, window=(5, -1))
+            return (out * w).sum(), out
+
+        value, out = torch.compile(loss, fullgraph=True)(q)
+        (dq,) = torch.autograd.grad(value, (q,))
+    scale = 1 / np.sqrt(D)
+    assert rel_err(f64(out), attention_ref(f64(q), f64(k), f64(v), True, scale, None, (5, -1))[0]) < 1e-5
+    ref_dq = attention_backward_ref(f64(q), f64(k), f64(v), f64(w), True, scale, None, (5, -1))[0]
+    assert rel_err(f64(dq), ref_dq) < 1e-5
+
+
 def test_fullgraph_compile_with_documents_matches_the_reference():
     q, k, v, w = inputs(4)
     q.requires_grad_()

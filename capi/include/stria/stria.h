@@ -184,7 +184,9 @@ STRIA_API stria_status_t stria_attention_backward_documents(stria_context_t ctx,
  * stria_attention_forward_documents; cu_seqlens NULL and num_seqs 0: one document a row).
  * window_left and window_right are >= 0, or -1 for unbounded on that side (both -1: the plain or
  * the _documents call). Every rank passes the same window. Blocks that no query's window reaches
- * cost no compute (with the contiguous layout, most of the ring's blocks for a short window). */
+ * cost no compute, and the ring stops after the last step at which some rank's block is reached
+ * (contiguous layout, causal, window_left <= L: two steps instead of world_size; the step times
+ * then have that many entries). */
 STRIA_API stria_status_t stria_attention_forward_window(stria_context_t ctx, const stria_attention_params_t* params,
                                                         int64_t window_left, int64_t window_right,
                                                         const int64_t* cu_seqlens, int64_t num_seqs, const DLTensor* q,

@@ -352,7 +352,9 @@ end
 # stria_attention_forward_documents; cu_seqlens NULL and num_seqs 0: one document a row).
 # window_left and window_right are >= 0, or -1 for unbounded on that side (both -1: the plain or
 # the _documents call). Every rank passes the same window. Blocks that no query's window reaches
-# cost no compute (with the contiguous layout, most of the ring's blocks for a short window).
+# cost no compute, and the ring stops after the last step at which some rank's block is reached
+# (contiguous layout, causal, window_left <= L: two steps instead of world_size; the step times
+# then have that many entries).
 function stria_attention_forward_window(ctx, params, window_left, window_right, cu_seqlens, num_seqs, q, k, v, out, lse, stream)
     ccall((:stria_attention_forward_window, libstria), stria_status_t,
           (stria_context_t, Ptr{stria_attention_params_t}, Int64, Int64, Ptr{Int64}, Int64,

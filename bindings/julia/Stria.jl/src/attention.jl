@@ -28,9 +28,17 @@ end
 
 _batch(q::AbstractArray) = ndims(q) == 4 ? size(q, 4) : 1
 
+# A sliding window (left, right) as the library takes it: `nothing` (or (-1, -1)) for none.
+function _window(window)
+    window === nothing && return nothing
+    (window isa Tuple{Integer,Integer}) ||
+        throw(ArgumentError("window must be nothing or (left, right): two integers, each >= 0 or -1 (unbounded)"))
+    return window == (-1, -1) ? nothing : (Int64(window[1]), Int64(window[2]))
+end
+
 """
     attention_forward!(ctx, out, lse, q, k, v; layout = :striped, causal = true, softmax_scale = 0,
-                       cu_seqlens = nothing)
+                       cu_seqlens = nothing, window = nothing)
 
 Exact attention of this rank's queries over the whole sequence, into `out` (like q) and `lse`
 (Float32, `(L, Hq, B)`: the natural log of each row's softmax denominator, -Inf for a row that
@@ -43,17 +51,27 @@ Global positions `[0, s1, ..., S]` (S = L * world size) for every batch row, or 
 matrix with a column per batch row (a column with fewer documents repeats S), the same on every
 rank.
 
+`window = (left, right)` is a sliding window: the query at global position i sees the keys at
+i - left .. i + right (when causal, up to i), within its document; -1 leaves a side unbounded.
+
 A collective: every rank of the ring calls it at the same time with the same shapes and
 parameters (see `run_ranks`). Throws a `StriaError` on bad arguments, on every rank.
 """
 function attention_forward!(ctx::Context, out::AbstractArray, lse::AbstractArray, q::AbstractArray,
                             k::AbstractArray, v::AbstractArray; layout = :striped, causal::Bool = true,
-                            softmax_scale::Real = 0, cu_seqlens = nothing)
+                            softmax_scale::Real = 0, cu_seqlens = nothing, window = nothing)
     docs, num_seqs = _documents(cu_seqlens, _batch(q))
+    win = _window(window)
     params = _params(layout, causal, softmax_scale)
     tq, tk, tv, tout, tlse = TensorRef(q), TensorRef(k), TensorRef(v), TensorRef(out), TensorRef(lse)
     GC.@preserve ctx docs tq tk tv tout tlse begin
-        if num_seqs == 0
+        if win !== nothing
+            _call(:stria_attention_forward_window) do
+                LibStria.stria_attention_forward_window(ctx.handle, params, win[1], win[2],
+                                                        num_seqs == 0 ? C_NULL : pointer(docs), num_seqs, tq.ref,
+                                                        tk.ref, tv.ref, tout.ref, tlse.ref, C_NULL)
+            end
+        elseif num_seqs == 0
             _call(:stria_attention_forward) do
                 LibStria.stria_attention_forward(ctx.handle, params, tq.ref, tk.ref, tv.ref, tout.ref, tlse.ref,
                                                  C_NULL)
@@ -89,23 +107,31 @@ _lse_like(q::AbstractArray) =
 
 """
     attention_backward!(ctx, dq, dk, dv, q, k, v, out, lse, dout; layout = :striped, causal = true,
-                        softmax_scale = 0, cu_seqlens = nothing)
+                        softmax_scale = 0, cu_seqlens = nothing, window = nothing)
 
 Gradients of the forward's `out` for `dout` (like out): `dq` like q, `dk` and `dv` like k.
-`out` and `lse` are the forward's. The same parameters as the forward (`cu_seqlens` included);
-a collective too.
+`out` and `lse` are the forward's. The same parameters as the forward (`cu_seqlens` and `window`
+included); a collective too.
 """
 function attention_backward!(ctx::Context, dq::AbstractArray, dk::AbstractArray, dv::AbstractArray,
                              q::AbstractArray, k::AbstractArray, v::AbstractArray, out::AbstractArray,
                              lse::AbstractArray, dout::AbstractArray; layout = :striped, causal::Bool = true,
-                             softmax_scale::Real = 0, cu_seqlens = nothing)
+                             softmax_scale::Real = 0, cu_seqlens = nothing, window = nothing)
     docs, num_seqs = _documents(cu_seqlens, _batch(q))
+    win = _window(window)
     params = _params(layout, causal, softmax_scale)
     tq, tk, tv, tout, tlse, tdout = TensorRef(q), TensorRef(k), TensorRef(v), TensorRef(out), TensorRef(lse),
                                     TensorRef(dout)
     tdq, tdk, tdv = TensorRef(dq), TensorRef(dk), TensorRef(dv)
     GC.@preserve ctx docs tq tk tv tout tlse tdout tdq tdk tdv begin
-        if num_seqs == 0
+        if win !== nothing
+            _call(:stria_attention_backward_window) do
+                LibStria.stria_attention_backward_window(ctx.handle, params, win[1], win[2],
+                                                         num_seqs == 0 ? C_NULL : pointer(docs), num_seqs, tq.ref,
+                                                         tk.ref, tv.ref, tout.ref, tlse.ref, tdout.ref, tdq.ref,
+                                                         tdk.ref, tdv.ref, C_NULL)
+            end
+        elseif num_seqs == 0
             _call(:stria_attention_backward) do
                 LibStria.stria_attention_backward(ctx.handle, params, tq.ref, tk.ref, tv.ref, tout.ref, tlse.ref,
                                                   tdout.ref, tdq.ref, tdk.ref, tdv.ref, C_NULL)

@@ -4,10 +4,11 @@
 # (h - 1) ÷ (Hq ÷ Hkv) + 1; causal means key j is visible to query i iff j <= i (global
 # positions: the full sequence is in order here). With document boundaries `cu_seqlens` (a vector
 # [0, s1, ..., S] for every batch column, or an (n + 1, B) matrix), a query sees only keys of its
-# own document.
+# own document; with a sliding window (left, right), query i only keys i - left .. i + right
+# (-1: unbounded).
 
 # The softmax probabilities P[j, i] (key j, query i) of one (head, batch) and their lse.
-function _probabilities(Q, K, causal::Bool, scale::Float64, bounds = nothing)
+function _probabilities(Q, K, causal::Bool, scale::Float64, bounds = nothing, window = nothing)
     scores = scale .* (transpose(K) * Q)
     S = size(scores, 2)
     if causal
@@ -19,6 +20,12 @@ function _probabilities(Q, K, causal::Bool, scale::Float64, bounds = nothing)
         doc = p -> searchsortedlast(bounds, p - 1)  # the document of 1-based position p
         for i in 1:S, j in 1:size(scores, 1)
             doc(j) == doc(i) || (scores[j, i] = -Inf)
+        end
+    end
+    if window !== nothing
+        left, right = window
+        for i in 1:S, j in 1:size(scores, 1)
+            ((left < 0 || j >= i - left) && (right < 0 || j <= i + right)) || (scores[j, i] = -Inf)
         end
     end
     m = maximum(scores; dims = 1)
@@ -33,7 +40,7 @@ _heads(q, k) = (size(q, 2), size(q, 2) ÷ size(k, 2))
 _bounds(cu_seqlens, b) = cu_seqlens === nothing ? nothing :
                          cu_seqlens isa AbstractVector ? cu_seqlens : cu_seqlens[:, b]
 
-function reference_forward(q, k, v; causal::Bool, scale::Float64, cu_seqlens = nothing)
+function reference_forward(q, k, v; causal::Bool, scale::Float64, cu_seqlens = nothing, window = nothing)
     D, Hq, S, B = size(q)
     _, group = _heads(q, k)
     out = zeros(Float64, D, Hq, S, B)
@@ -41,7 +48,7 @@ function reference_forward(q, k, v; causal::Bool, scale::Float64, cu_seqlens = n
     for b in 1:B, h in 1:Hq
         g = (h - 1) ÷ group + 1
         P, l = _probabilities(Float64.(q[:, h, :, b]), Float64.(k[:, g, :, b]), causal, scale,
-                              _bounds(cu_seqlens, b))
+                              _bounds(cu_seqlens, b), window)
         out[:, h, :, b] = Float64.(v[:, g, :, b]) * P
         lse[:, h, b] = l
     end
@@ -51,7 +58,7 @@ end
 # Gradients for dout of out = V P with P = softmax(scale K'Q): dV = dO P', dP = V' dO,
 # dS = P .* (dP .- rowsum(dO .* O)), dQ = scale K dS, dK = scale Q dS'. The key/value heads
 # sum the gradients of every query head that reads them.
-function reference_backward(q, k, v, dout; causal::Bool, scale::Float64, cu_seqlens = nothing)
+function reference_backward(q, k, v, dout; causal::Bool, scale::Float64, cu_seqlens = nothing, window = nothing)
     D, Hq, S, B = size(q)
     _, group = _heads(q, k)
     dq = zeros(Float64, size(q))
@@ -61,7 +68,7 @@ function reference_backward(q, k, v, dout; causal::Bool, scale::Float64, cu_seql
         g = (h - 1) ÷ group + 1
         Q, K, V = Float64.(q[:, h, :, b]), Float64.(k[:, g, :, b]), Float64.(v[:, g, :, b])
         dO = Float64.(dout[:, h, :, b])
-        P, _ = _probabilities(Q, K, causal, scale, _bounds(cu_seqlens, b))
+        P, _ = _probabilities(Q, K, causal, scale, _bounds(cu_seqlens, b), window)
         O = V * P
         dv[:, g, :, b] .+= dO * transpose(P)
         dP = transpose(V) * dO

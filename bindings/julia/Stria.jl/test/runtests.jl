@@ -38,7 +38,8 @@ poisoned(a) = fill!(similar(a), NaN)
 
 # One ring run: shard random inputs, forward and backward on n ranks (one thread each), gather,
 # compare with the dense reference of the whole sequence.
-function check_ring(n, layout, causal, T, Hq, Hkv; B = 2, S = 24, D = 16, seed = 1, cu_seqlens = nothing)
+function check_ring(n, layout, causal, T, Hq, Hkv; B = 2, S = 24, D = 16, seed = 1, cu_seqlens = nothing,
+                    window = nothing)
     rng = MersenneTwister(seed)
     q = T.(randn(rng, Float32, D, Hq, S, B))
     k = T.(randn(rng, Float32, D, Hkv, S, B))
@@ -52,19 +53,20 @@ function check_ring(n, layout, causal, T, Hq, Hkv; B = 2, S = 24, D = 16, seed =
         r = ctx.rank + 1
         out, lse = poisoned(qs[r]), fill(NaN32, L, Hq, B)
         attention_forward!(ctx, out, lse, qs[r], ks[r], vs[r]; layout = layout, causal = causal,
-                           cu_seqlens = cu_seqlens)
+                           cu_seqlens = cu_seqlens, window = window)
         dq, dk, dv = poisoned(qs[r]), poisoned(ks[r]), poisoned(vs[r])
         attention_backward!(ctx, dq, dk, dv, qs[r], ks[r], vs[r], out, lse, douts[r]; layout = layout,
-                            causal = causal, cu_seqlens = cu_seqlens)
+                            causal = causal, cu_seqlens = cu_seqlens, window = window)
         (out, lse, dq, dk, dv)
     end
     foreach(close, contexts)
 
     gathered = [unshard(layout, [res[i] for res in results]; dims = i == 2 ? 1 : 3) for i in 1:5]
     scale = 1 / sqrt(D)
-    ref_out, ref_lse = reference_forward(q, k, v; causal = causal, scale = scale, cu_seqlens = cu_seqlens)
+    ref_out, ref_lse = reference_forward(q, k, v; causal = causal, scale = scale, cu_seqlens = cu_seqlens,
+                                         window = window)
     ref_dq, ref_dk, ref_dv = reference_backward(q, k, v, dout; causal = causal, scale = scale,
-                                                cu_seqlens = cu_seqlens)
+                                                cu_seqlens = cu_seqlens, window = window)
     tolerance = TOLERANCE[T]
     for (name, got, want) in zip(("out", "lse", "dq", "dk", "dv"), gathered, (ref_out, ref_lse, ref_dq, ref_dk, ref_dv))
         err = relative_error(got, want)
@@ -235,6 +237,21 @@ end
         @test_throws ArgumentError attention_forward(ctx, q, q, q; cu_seqlens = [8])
         @test_throws ArgumentError attention_forward(ctx, q, q, q; cu_seqlens = [0 0; 8 8])
         @test occursin("decreases", stria_error(() -> attention_forward(ctx, q, q, q; cu_seqlens = [0, 5, 3, 8])).message)
+        close(ctx)
+    end
+
+    @testset "sliding window: $n ranks" for n in RANK_COUNTS
+        seed = 200
+        for layout in (:contiguous, :striped, :zigzag), causal in (true, false)
+            seed += 1
+            window = causal ? (5, -1) : (4, 3)
+            check_ring(n, layout, causal, Float32, 4, 2; seed = seed, window = window)
+            check_ring(n, layout, causal, Float32, 4, 2; seed = seed, window = window, cu_seqlens = [0, 9, 24])
+        end
+        ctx = Context()
+        q = zeros(Float32, 16, 2, 8, 1)
+        @test_throws ArgumentError attention_forward(ctx, q, q, q; window = 3)
+        @test occursin("window_left -2", stria_error(() -> attention_forward(ctx, q, q, q; window = (-2, 0))).message)
         close(ctx)
     end
 

@@ -74,6 +74,10 @@ pub struct AttentionParams<'a> {
     pub softmax_scale: Option<f32>,
     /// Packed documents; `None` attends over the whole sequence.
     pub documents: Option<Documents<'a>>,
+    /// A sliding window `(left, right)`: the query at global position i sees the keys at
+    /// i − left ..= i + right (when causal, up to i), each side ≥ 0 or −1 for unbounded; within
+    /// its document when `documents` is set. `None` (or `(-1, -1)`): no window.
+    pub window: Option<(i64, i64)>,
 }
 
 impl Default for AttentionParams<'_> {
@@ -84,6 +88,7 @@ impl Default for AttentionParams<'_> {
             causal: true,
             softmax_scale: None,
             documents: None,
+            window: None,
         }
     }
 }
@@ -118,6 +123,18 @@ impl AttentionParams<'_> {
         };
         docs.rows(batch).map(Some)
     }
+
+    /// The window the library takes: `None` for none (the library checks the sides).
+    fn window_sides(&self) -> Option<(i64, i64)> {
+        self.window.filter(|&w| w != (-1, -1))
+    }
+}
+
+/// The boundaries of a `_window` call: the rows and their count, or NULL and 0 for none.
+fn rows_or_null(documents: &Option<(Vec<i64>, i64)>) -> (*const i64, i64) {
+    documents
+        .as_ref()
+        .map_or((std::ptr::null(), 0), |(rows, n)| (rows.as_ptr(), *n))
 }
 
 impl Context {
@@ -181,10 +198,28 @@ impl Context {
     ) -> Result<()> {
         let (q, k, v) = (q.dl_tensor(), k.dl_tensor(), v.dl_tensor());
         let documents = params.documents_for(&q)?;
+        let window = params.window_sides();
         let params = params.raw();
         let (mut out, mut lse) = (out.dl_tensor_mut(), lse.dl_tensor_mut());
         // The DLTensors describe memory borrowed for this call: inputs read, outputs written
         // (distinct from the inputs, or the borrows would not have compiled).
+        if let Some((left, right)) = window {
+            let (rows, n) = rows_or_null(&documents);
+            return check(sys::stria_attention_forward_window(
+                self.raw(),
+                &params,
+                left,
+                right,
+                rows,
+                n,
+                &q,
+                &k,
+                &v,
+                &mut out,
+                &mut lse,
+                stream,
+            ));
+        }
         check(match &documents {
             None => sys::stria_attention_forward(self.raw(), &params, &q, &k, &v, &mut out, &mut lse, stream),
             Some((rows, n)) => sys::stria_attention_forward_documents(
@@ -243,9 +278,31 @@ impl Context {
     ) -> Result<()> {
         let (q, k, v) = (q.dl_tensor(), k.dl_tensor(), v.dl_tensor());
         let documents = params.documents_for(&q)?;
+        let window = params.window_sides();
         let params = params.raw();
         let (out, lse, dout) = (out.dl_tensor(), lse.dl_tensor(), dout.dl_tensor());
         let (mut dq, mut dk, mut dv) = (dq.dl_tensor_mut(), dk.dl_tensor_mut(), dv.dl_tensor_mut());
+        if let Some((left, right)) = window {
+            let (rows, n) = rows_or_null(&documents);
+            return check(sys::stria_attention_backward_window(
+                self.raw(),
+                &params,
+                left,
+                right,
+                rows,
+                n,
+                &q,
+                &k,
+                &v,
+                &out,
+                &lse,
+                &dout,
+                &mut dq,
+                &mut dk,
+                &mut dv,
+                stream,
+            ));
+        }
         check(match &documents {
             None => sys::stria_attention_backward(
                 self.raw(),

@@ -557,3 +557,25 @@ fn bad_documents() {
     // The context stays usable.
     rank.forward(&mut ctx, &with(Documents::shared(GOOD))).unwrap();
 }
+
+#[test]
+fn bad_windows() {
+    let mut ctx = Context::new(&Config::new().num_threads(1)).unwrap();
+    let mut rank = Rank::new(6);
+    let window = |w: (i64, i64)| AttentionParams {
+        window: Some(w),
+        ..Default::default()
+    };
+    expect_err(
+        rank.forward(&mut ctx, &window((-2, 0))),
+        Status::InvalidArgument,
+        "window_left -2",
+    );
+    expect_err(
+        rank.forward(&mut ctx, &window((3, -7))),
+        Status::InvalidArgument,
+        "window_right -7",
+    );
+    rank.forward(&mut ctx, &window((3, -1))).unwrap();
+    rank.forward(&mut ctx, &window((-1, -1))).unwrap(); // no window: the plain call
+}

@@ -25,6 +25,8 @@ struct Case {
     seed: u64,
     /// Packed documents: boundaries, and whether they are a row per batch row (else shared).
     docs: Option<(&'static [i64], bool)>,
+    /// A sliding window (left, right).
+    window: Option<(i64, i64)>,
 }
 
 /// A rank's tensor of logical `shape` stored with `pad` extra elements after every last-dim
@@ -183,7 +185,7 @@ fn run_case<T: Float>(c: Case) -> Result<(), String> {
     let doc_rows: Option<Vec<i64>> = c
         .docs
         .map(|(x, per_row)| if per_row { x.to_vec() } else { x.repeat(b) });
-    let want = dense_attention_documents(&q, &k, &v, &dout, c.dims, c.causal, scale, doc_rows.as_deref());
+    let want = dense_attention_documents(&q, &k, &v, &dout, c.dims, c.causal, scale, doc_rows.as_deref(), c.window);
 
     let split = Split { layout, world: n, b, s };
     let pad = if c.strided { 3 } else { 0 };
@@ -214,6 +216,7 @@ fn run_case<T: Float>(c: Case) -> Result<(), String> {
                 Documents::shared(x)
             }
         }),
+        window: c.window,
     };
     let config = Config::new().num_threads(1).timeout(Duration::from_secs(60));
     let mut group = LocalGroup::new(n, &config).map_err(|e| e.to_string())?;
@@ -319,6 +322,7 @@ fn matrix(strided: bool, seed: u64) -> Vec<Case> {
                     strided,
                     seed: seed + i as u64,
                     docs: None,
+                    window: None,
                 });
             }
         }
@@ -381,6 +385,7 @@ fn longer_sequence_custom_scale_and_batch() {
             strided: false,
             seed: 500 + i as u64,
             docs: None,
+            window: None,
         });
     }
     run_all::<f32>(&cases);
@@ -408,4 +413,27 @@ fn documents_match_reference() {
         })
         .collect();
     run_all::<f32>(&per_row);
+}
+
+/// Sliding windows: the whole matrix (causal ones to the left, the others both sides), then with
+/// documents.
+#[test]
+fn sliding_windows_match_reference() {
+    let mut cases = matrix(false, 800);
+    for c in cases.iter_mut() {
+        c.window = Some(if c.causal { (5, -1) } else { (4, 3) });
+    }
+    run_all::<f32>(&cases);
+    run_all::<bf16>(&cases[..12]);
+    const SHARED: &[i64] = &[0, 9, 24];
+    let with_docs: Vec<Case> = cases
+        .iter()
+        .step_by(3)
+        .map(|&c| Case {
+            docs: Some((SHARED, false)),
+            window: Some((6, 2)),
+            ..c
+        })
+        .collect();
+    run_all::<f32>(&with_docs);
 }

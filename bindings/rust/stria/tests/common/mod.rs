@@ -169,11 +169,12 @@ pub struct Reference {
 /// softmax(scale·QKᵀ + mask)·V, the log-sum-exp, and the gradients for `dout`; causal on global
 /// positions (query p sees keys p' ≤ p).
 pub fn dense_attention(q: &[f64], k: &[f64], v: &[f64], dout: &[f64], dm: Dims, causal: bool, scale: f64) -> Reference {
-    dense_attention_documents(q, k, v, dout, dm, causal, scale, None)
+    dense_attention_documents(q, k, v, dout, dm, causal, scale, None, None)
 }
 
 /// dense_attention with packed documents: `docs` holds B rows of n + 1 boundaries, and a query
-/// sees only keys of its own document.
+/// sees only keys of its own document; and with a sliding window `(left, right)` (−1: unbounded),
+/// query i only keys i − left ..= i + right.
 #[allow(clippy::too_many_arguments)]
 pub fn dense_attention_documents(
     q: &[f64],
@@ -184,6 +185,7 @@ pub fn dense_attention_documents(
     causal: bool,
     scale: f64,
     docs: Option<&[i64]>,
+    window: Option<(i64, i64)>,
 ) -> Reference {
     let Dims { b, s, hq, hkv, d } = dm;
     let group = hq / hkv;
@@ -209,6 +211,14 @@ pub fn dense_attention_documents(
                     let doc = row.iter().rposition(|&x| x as usize <= i).unwrap();
                     j0 = row[doc] as usize;
                     n = n.min(row[doc + 1] as usize);
+                }
+                if let Some((left, right)) = window {
+                    if left >= 0 {
+                        j0 = j0.max(i.saturating_sub(left as usize));
+                    }
+                    if right >= 0 {
+                        n = n.min(i + right as usize + 1);
+                    }
                 }
                 let p = &mut p[j0..n];
                 let qrow = &q[qi(bi, i, h)..][..d];
