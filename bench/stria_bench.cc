@@ -7,10 +7,13 @@
 //       --docs, through stria_attention_*_documents with n documents of equal length (the rate
 //       still counts the whole block's FLOPs: the time is what to compare).
 //   stria-bench ring --world N --len L --heads H --dim D [--threads-per-rank T] [--docs n]
+//                    [--window w]
 //       a local group per layout: wall time of the ring against the slowest rank's compute, and
 //       the ring latency modelled from per-step compute (sum over steps of the slowest rank), with
 //       the imbalance (that latency over the mean rank's compute). With --docs, the forward of n
-//       documents of random lengths (fixed cuts, the same for every layout).
+//       documents of random lengths (fixed cuts, the same for every layout). With --window, a
+//       causal sliding window of w keys before each query (stria_attention_forward_window; the
+//       ring steps it needs are printed as steps=).
 //
 // Prints one "key=value" line per measurement so bench/run.sh can tabulate them.
 #include <stria/stria.h>
@@ -32,7 +35,8 @@ struct Args {
   std::string mode;
   int64_t dim = 128, len = 4096, heads = 8, world = 2;
   int causal = 1, threads = 0, reps = 5;
-  int64_t docs = 0;  // kernel mode: > 0 runs the document-mask entry points with this many documents
+  int64_t docs = 0;     // kernel mode: > 0 runs the document-mask entry points with this many documents
+  int64_t window = -1;  // ring mode: >= 0 runs a causal sliding window of this many keys back
   bool bf16 = false;
 };
 
@@ -155,6 +159,7 @@ int Ring(const Args& a) {
     std::vector<std::vector<stria_step_time_t>> steps(static_cast<size_t>(n),
                                                       std::vector<stria_step_time_t>(static_cast<size_t>(n)));
     std::vector<double> rank_compute(static_cast<size_t>(n));
+    std::vector<int> step_counts(static_cast<size_t>(n), n);  // the ring steps each rank's last call ran
     struct RankBufs {
       Buf q, k, v, o, lse;
     };
@@ -168,16 +173,22 @@ int Ring(const Args& a) {
       for (int r = 0; r < n; ++r)
         ts.emplace_back([&, r] {
           RankBufs& b = *bufs[static_cast<size_t>(r)];
+          stria_context_t cx = ctx[static_cast<size_t>(r)];
           const stria_status_t st =
-              a.docs > 0 ? stria_attention_forward_documents(ctx[static_cast<size_t>(r)], &p, cu.data(), a.docs,
-                                                             &b.q.dl, &b.k.dl, &b.v.dl, &b.o.dl, &b.lse.dl, nullptr)
-                         : stria_attention_forward(ctx[static_cast<size_t>(r)], &p, &b.q.dl, &b.k.dl, &b.v.dl, &b.o.dl,
-                                                   &b.lse.dl, nullptr);
+              a.window >= 0 ? stria_attention_forward_window(cx, &p, a.window, -1, a.docs > 0 ? cu.data() : nullptr,
+                                                             a.docs > 0 ? a.docs : 0, &b.q.dl, &b.k.dl, &b.v.dl,
+                                                             &b.o.dl, &b.lse.dl, nullptr)
+              : a.docs > 0  ? stria_attention_forward_documents(cx, &p, cu.data(), a.docs, &b.q.dl, &b.k.dl, &b.v.dl,
+                                                                &b.o.dl, &b.lse.dl, nullptr)
+                            : stria_attention_forward(cx, &p, &b.q.dl, &b.k.dl, &b.v.dl, &b.o.dl, &b.lse.dl, nullptr);
           if (st != STRIA_SUCCESS) Die("ring forward");
           int count = 0;
-          stria_context_get_step_times(ctx[static_cast<size_t>(r)], steps[static_cast<size_t>(r)].data(), n, &count);
+          auto& mine = steps[static_cast<size_t>(r)];
+          std::fill(mine.begin(), mine.end(), stria_step_time_t{});  // steps the ring did not run stay 0
+          stria_context_get_step_times(cx, mine.data(), n, &count);
+          step_counts[static_cast<size_t>(r)] = count;
           double c = 0;
-          for (int s = 0; s < n; ++s) c += steps[static_cast<size_t>(r)][static_cast<size_t>(s)].compute_s;
+          for (int s = 0; s < n; ++s) c += mine[static_cast<size_t>(s)].compute_s;
           rank_compute[static_cast<size_t>(r)] = c;
         });
       for (auto& t : ts) t.join();
@@ -206,10 +217,11 @@ int Ring(const Args& a) {
     bal.struct_size = sizeof bal;
     stria_analyze_balance(layouts[li], 1, L * n, n, 64, &bal);
     std::printf(
-        "ring layout=%s N=%d L=%lld H=%lld D=%lld threads_per_rank=%d docs=%lld wall_s=%.6f slowest_compute_s=%.6f "
-        "overhead=%.3f model_latency_s=%.6f imbalance=%.3f analytic_latency_pairs=%.0f\n",
-        names[li], n, (long long)L, (long long)H, (long long)D, cfg.num_threads, (long long)a.docs, Median(walls),
-        Median(slowest), Median(walls) / Median(slowest) - 1.0, model, model / (total / n), bal.ring_latency);
+        "ring layout=%s N=%d L=%lld H=%lld D=%lld threads_per_rank=%d docs=%lld window=%lld steps=%d wall_s=%.6f "
+        "slowest_compute_s=%.6f overhead=%.3f model_latency_s=%.6f imbalance=%.3f analytic_latency_pairs=%.0f\n",
+        names[li], n, (long long)L, (long long)H, (long long)D, cfg.num_threads, (long long)a.docs, (long long)a.window,
+        *std::max_element(step_counts.begin(), step_counts.end()), Median(walls), Median(slowest),
+        Median(walls) / Median(slowest) - 1.0, model, model / (total / n), bal.ring_latency);
     for (auto* b : bufs) delete b;
     for (auto c : ctx) stria_context_destroy(c);
   }
@@ -223,7 +235,7 @@ int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: stria-bench kernel|ring [--dim D] [--len L] [--heads H] [--causal 0|1] "
-                 "[--dtype f32|bf16] [--threads T] [--world N] [--reps R] [--docs n]\n");
+                 "[--dtype f32|bf16] [--threads T] [--world N] [--reps R] [--docs n] [--window w]\n");
     return 2;
   }
   a.mode = argv[1];
@@ -248,6 +260,8 @@ int main(int argc, char** argv) {
       a.reps = std::atoi(v);
     else if (k == "--docs")
       a.docs = std::atoll(v);
+    else if (k == "--window")
+      a.window = std::atoll(v);
   }
   if (a.mode == "kernel") return Kernel(a);
   if (a.mode == "ring") return Ring(a);
