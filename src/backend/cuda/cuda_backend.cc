@@ -251,8 +251,7 @@ class CudaBackend final : public Backend {
     STRIA_RETURN_IF_ERROR(scope.status());
     staged->resize(count);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    STRIA_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(staged->data(), src, count * sizeof(int64_t), cudaMemcpyDeviceToHost, s));
+    STRIA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staged->data(), src, count * sizeof(int64_t), cudaMemcpyDefault, s));
     STRIA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
     *host = staged->data();
     return Status::Ok();
