@@ -45,20 +45,16 @@ def test_opcheck_holds_the_operators_to_torch_s_rules():
         torch.library.opcheck(torch.ops.stria.attention_backward.default, (q, k, v, out, lse, dout, *args))
 
 
-def test_opcheck_with_documents():
+@pytest.mark.parametrize(
+    ("causal", "masks"),
+    [(True, (torch.tensor([0, 9, 24]),)), (False, (torch.tensor([0, 9, 24]), 4, 2))],
+    ids=["documents", "documents_and_window"],
+)
+def test_opcheck_with_masks(causal, masks):
+    """The operators' optional arguments: document boundaries, then a sliding window too."""
     q, k, v, _ = inputs(3)
     with stria.Context(timeout_s=TIMEOUT_S) as ctx:
-        args = (ctx._key, int(stria.Layout.STRIPED), True, 0.0, torch.tensor([0, 9, 24]))
-        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-        torch.library.opcheck(torch.ops.stria.attention_forward.default, (*leaves, *args))
-        out, lse = torch.ops.stria.attention_forward(q, k, v, *args)
-        torch.library.opcheck(torch.ops.stria.attention_backward.default, (q, k, v, out, lse, torch.randn_like(out), *args))
-
-
-def test_opcheck_with_a_window():
-    q, k, v, _ = inputs(5)
-    with stria.Context(timeout_s=TIMEOUT_S) as ctx:
-        args = (ctx._key, int(stria.Layout.STRIPED), False, 0.0, torch.tensor([0, 9, 24]), 4, 2)
+        args = (ctx._key, int(stria.Layout.STRIPED), causal, 0.0, *masks)
         leaves = [x.clone().requires_grad_() for x in (q, k, v)]
         torch.library.opcheck(torch.ops.stria.attention_forward.default, (*leaves, *args))
         out, lse = torch.ops.stria.attention_forward(q, k, v, *args)
