@@ -308,33 +308,47 @@ std::vector<Case> Windows() {
   return cases;
 }
 
-// A window that every rank's later blocks lie beyond stops the ring early: the contiguous layout,
-// causal, window_left within a block needs each rank's own block and its predecessor's (two
-// steps), within two blocks three. Other shapes run every step. The numbers are the Windows
-// suite's to check; this checks the steps, and the results of a short ring once more.
-TEST(RingSteps, AShortWindowRunsOnlyTheStepsItNeeds) {
+// A window or documents that every rank's later blocks lie beyond stop the ring early: with the
+// contiguous layout, a causal window within a block needs each rank's own block and its
+// predecessor's (two steps), within two blocks three; documents within a rank need one step,
+// documents that cross one rank boundary two when causal. Other shapes run every step. The
+// numbers are the Windows and Documents suites' to check; this checks the steps, and the results
+// of short rings once more.
+TEST(RingSteps, ShortMasksRunOnlyTheStepsTheyNeed) {
   struct Expect {
     stria_layout_t layout;
     bool causal;
     Window window;
+    std::vector<int64_t> cu;  // one row of document boundaries, or none
     int steps;
   };
   const int N = 6;
   const int64_t L = 16;
-  for (const Expect& e :
-       {Expect{STRIA_LAYOUT_CONTIGUOUS, true, {10, -1}, 2}, Expect{STRIA_LAYOUT_CONTIGUOUS, true, {16, -1}, 2},
-        Expect{STRIA_LAYOUT_CONTIGUOUS, true, {17, -1}, 3}, Expect{STRIA_LAYOUT_CONTIGUOUS, true, {0, -1}, 1},
-        Expect{STRIA_LAYOUT_CONTIGUOUS, false, {10, 3}, N},  // the next block comes last
-        Expect{STRIA_LAYOUT_STRIPED, true, {10, -1}, N}, Expect{STRIA_LAYOUT_ZIGZAG, true, {3, -1}, N},
-        Expect{STRIA_LAYOUT_CONTIGUOUS, true, {-1, -1}, N}}) {
+  const std::vector<int64_t> per_rank{0, 16, 32, 48, 64, 80, 96}, straddling{0, 8, 24, 40, 56, 72, 88, 96};
+  const std::vector<Expect> expected{
+      {STRIA_LAYOUT_CONTIGUOUS, true, {10, -1}, {}, 2},
+      {STRIA_LAYOUT_CONTIGUOUS, true, {16, -1}, {}, 2},
+      {STRIA_LAYOUT_CONTIGUOUS, true, {17, -1}, {}, 3},
+      {STRIA_LAYOUT_CONTIGUOUS, true, {0, -1}, {}, 1},
+      {STRIA_LAYOUT_CONTIGUOUS, false, {10, 3}, {}, N},  // the next block comes last
+      {STRIA_LAYOUT_STRIPED, true, {10, -1}, {}, N},
+      {STRIA_LAYOUT_ZIGZAG, true, {3, -1}, {}, N},
+      {STRIA_LAYOUT_CONTIGUOUS, true, {-1, -1}, {}, N},
+      {STRIA_LAYOUT_CONTIGUOUS, false, {-1, -1}, per_rank, 1},
+      {STRIA_LAYOUT_CONTIGUOUS, true, {-1, -1}, straddling, 2},
+      {STRIA_LAYOUT_CONTIGUOUS, false, {-1, -1}, straddling, N},
+      {STRIA_LAYOUT_CONTIGUOUS, true, {4, -1}, straddling, 2},
+      {STRIA_LAYOUT_STRIPED, true, {-1, -1}, per_rank, N},
+  };
+  for (const Expect& e : expected) {
     SCOPED_TRACE(::testing::Message() << LayoutName(e.layout) << " causal " << e.causal << " window "
-                                      << WindowName(e.window));
+                                      << WindowName(e.window) << " boundaries " << e.cu.size());
     const int64_t S = L * N;
     std::mt19937_64 rng(5);
     Tensor q({1, S, 2, 16}, Dt::kF32), k({1, S, 1, 16}, Dt::kF32), v({1, S, 1, 16}, Dt::kF32);
     for (Tensor* t : {&q, &k, &v}) t->FillRandom(rng);
     const Reference ref = DenseAttention(q.ToDouble(), k.ToDouble(), v.ToDouble(), nullptr, 1, S, 2, 1, 16, e.causal,
-                                         0.25, nullptr, e.window);
+                                         0.25, e.cu.empty() ? nullptr : &e.cu, e.window);
     LocalGroup group(N, 30.0, 1);
     ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
     stria_attention_params_t params;
@@ -353,13 +367,14 @@ TEST(RingSteps, AShortWindowRunsOnlyTheStepsItNeeds) {
       std::mt19937_64 g(17 + static_cast<uint64_t>(r));
       dout.FillRandom(g);
       stria_context_t ctx = group.ctx[static_cast<size_t>(r)];
-      const std::vector<int64_t> none;
-      EXPECT_EQ(AttentionForward(ctx, &params, none, 0, &ql.dl, &kl.dl, &vl.dl, &out.dl, &lse.dl, nullptr, e.window),
-                STRIA_SUCCESS)
+      const int64_t num_seqs = e.cu.empty() ? 0 : static_cast<int64_t>(e.cu.size()) - 1;
+      EXPECT_EQ(
+          AttentionForward(ctx, &params, e.cu, num_seqs, &ql.dl, &kl.dl, &vl.dl, &out.dl, &lse.dl, nullptr, e.window),
+          STRIA_SUCCESS)
           << stria_get_last_error();
       stria_context_get_step_times(ctx, nullptr, 0, &fwd_steps[static_cast<size_t>(r)]);
-      EXPECT_EQ(AttentionBackward(ctx, &params, none, 0, &ql.dl, &kl.dl, &vl.dl, &out.dl, &lse.dl, &dout.dl, &dq.dl,
-                                  &dk.dl, &dv.dl, nullptr, e.window),
+      EXPECT_EQ(AttentionBackward(ctx, &params, e.cu, num_seqs, &ql.dl, &kl.dl, &vl.dl, &out.dl, &lse.dl, &dout.dl,
+                                  &dq.dl, &dk.dl, &dv.dl, nullptr, e.window),
                 STRIA_SUCCESS)
           << stria_get_last_error();
       stria_context_get_step_times(ctx, nullptr, 0, &bwd_steps[static_cast<size_t>(r)]);

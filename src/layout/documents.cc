@@ -118,22 +118,28 @@ void Documents::Apply(stria_layout_t layout, int world_size, int64_t local_len, 
   mask->k_end = std::min(mask->k_end, k_hi);
 }
 
-bool Documents::WindowReaches(stria_layout_t layout, int world_size, int64_t local_len, int q_rank, int k_rank,
-                              const BlockMask& mask) const {
+bool Documents::Reaches(stria_layout_t layout, int world_size, int64_t local_len, int q_rank, int k_rank,
+                        const BlockMask& mask) const {
   if (mask.empty()) return false;
-  if (window_left_ < 0 && window_right_ < 0) return true;
-  // Every query's visible keys lie between the first query's window start and the last one's end.
+  if (!active()) return true;
+  // Every query's visible keys lie between the first query's bounds' start and the last one's end.
+  const int64_t first = GlobalPosition(layout, local_len, world_size, q_rank, mask.q_begin);
+  const int64_t last = GlobalPosition(layout, local_len, world_size, q_rank, mask.q_end - 1);
+  const int64_t row = num_seqs_ + 1;
+  int64_t k_lo = local_len, k_hi = 0;  // over the batch rows
+  for (int64_t b = 0; b < batch_; ++b) {
+    const int64_t* cu = cu_.data() + b * row;
+    // The document of a position: the last boundary at or before it (S, the row's end, lies beyond).
+    auto document = [&](int64_t p) { return std::upper_bound(cu, cu + row, p) - cu - 1; };
+    int64_t start = cu[document(first)], end = cu[document(last) + 1];
+    if (window_left_ >= 0) start = std::max(start, first - window_left_);
+    if (window_right_ >= 0) end = std::min(end, last + window_right_ + 1);
+    k_lo = std::min(k_lo, LocalCountBelow(layout, local_len, world_size, k_rank, start));
+    k_hi = std::max(k_hi, LocalCountBelow(layout, local_len, world_size, k_rank, end));
+  }
   BlockMask reach = mask;
-  if (window_left_ >= 0) {
-    const int64_t first = GlobalPosition(layout, local_len, world_size, q_rank, mask.q_begin);
-    reach.k_begin =
-        std::max(reach.k_begin, LocalCountBelow(layout, local_len, world_size, k_rank, first - window_left_));
-  }
-  if (window_right_ >= 0) {
-    const int64_t last = GlobalPosition(layout, local_len, world_size, q_rank, mask.q_end - 1);
-    reach.k_end =
-        std::min(reach.k_end, LocalCountBelow(layout, local_len, world_size, k_rank, last + window_right_ + 1));
-  }
+  reach.k_begin = std::max(reach.k_begin, k_lo);
+  reach.k_end = std::min(reach.k_end, k_hi);
   return !reach.empty();
 }
 

@@ -34,7 +34,6 @@ class Documents {
   // unbounded on both sides adds nothing.
   Status SetWindow(int64_t left, int64_t right, int64_t batch, int64_t seq_len);
   bool active() const { return num_seqs_ > 0; }
-  bool windowed() const { return window_left_ != -1 || window_right_ != -1; }
   // Equal on ranks given equal masks (the call signature carries it); 0 without a mask. Without a
   // window, the hash of the boundaries alone (as before windows existed).
   uint64_t Hash() const;
@@ -48,10 +47,11 @@ class Documents {
   void Apply(stria_layout_t layout, int world_size, int64_t local_len, int q_rank, int k_rank, Bounds* bounds,
              BlockMask* mask) const;
   // Whether some query of rank q_rank may see a key of rank k_rank's block `mask` (the layout's)
-  // through the window, documents aside: false only where none can. O(1), from the block's first
-  // and last queries (the window's ends grow with the position).
-  bool WindowReaches(stria_layout_t layout, int world_size, int64_t local_len, int q_rank, int k_rank,
-                     const BlockMask& mask) const;
+  // through the documents and the window: false only where none can. From the block's first and
+  // last queries alone (the bounds' ends grow with the position), two binary searches per batch
+  // row: cheap enough for every (rank, block) pair of a call.
+  bool Reaches(stria_layout_t layout, int world_size, int64_t local_len, int q_rank, int k_rank,
+               const BlockMask& mask) const;
 
  private:
   int64_t num_seqs_ = 0, batch_ = 0;

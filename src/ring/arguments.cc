@@ -131,13 +131,13 @@ BlockMask MaskOfBlock(const ValidatedCall& c, int world_size, int q_rank, int k_
 }
 
 int RingSteps(const ValidatedCall& c, int world_size) {
-  if (!c.documents.windowed()) return world_size;  // every step has work somewhere
+  if (!c.documents.active()) return world_size;  // every step has work somewhere
   // At step s rank q holds the block of rank q - s: the last step some rank's block is reached at.
   for (int step = world_size - 1; step > 0; --step)
     for (int q = 0; q < world_size; ++q) {
       const int k = (q - step + world_size) % world_size;
       const BlockMask mask = ClassifyBlock(c.layout, c.causal, world_size, c.shape.L, q, k);
-      if (c.documents.WindowReaches(c.layout, world_size, c.shape.L, q, k, mask)) return step + 1;
+      if (c.documents.Reaches(c.layout, world_size, c.shape.L, q, k, mask)) return step + 1;
     }
   return 1;
 }

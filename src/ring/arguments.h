@@ -21,10 +21,11 @@ struct ValidatedCall {
 // by the call's documents (whose per-query bounds go into *bounds, which must outlive the mask).
 BlockMask MaskOfBlock(const ValidatedCall& c, int world_size, int q_rank, int k_rank, Documents::Bounds* bounds);
 
-// The ring steps the call needs: world_size, or fewer where a sliding window leaves the blocks
-// of every later step empty on every rank (with the contiguous layout, a window within a block or
-// two needs the own and the previous block only). It depends only on what the ranks agreed on (the
-// call signature), so every rank gets the same number.
+// The ring steps the call needs: world_size, or fewer where documents or a sliding window leave
+// the blocks of every later step empty on every rank (with the contiguous layout, a causal window
+// within a block, or documents that cross at most one rank boundary, need the own and the previous
+// block only). It depends only on what the ranks agreed on (the call signature), so every rank gets
+// the same number.
 int RingSteps(const ValidatedCall& c, int world_size);
 
 Status ValidateForward(Context& ctx, const ForwardCall& call, ValidatedCall* out);

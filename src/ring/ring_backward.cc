@@ -4,7 +4,7 @@
 // same block arrives from the previous rank, adds the two, and passes the sum on. After N steps
 // the partial arrives at the block's owner complete. dQ accumulates locally.
 //
-// Where a sliding window leaves the later steps without work on every rank (RingSteps), the ring
+// Where documents or a sliding window leave the later steps without work on every rank (RingSteps), the ring
 // stops after T < N steps: the partial is complete at the rank that held the block last, T - 1
 // hops after its owner, and goes straight back to the owner (for T = N, the next rank).
 #include "ring/arguments.h"

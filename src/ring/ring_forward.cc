@@ -40,7 +40,8 @@ Status RingForward(Context& ctx, const ForwardCall& call) {
   const StepTime pack_time = pack_timer.Finish();
 
   Documents::Bounds bounds;  // the document mask of the block at hand, if the call has one
-  // A sliding window may leave the later steps without work on every rank: they are not run.
+  // Documents or a sliding window may leave the later steps without work on every rank: they are
+  // not run.
   const int steps = RingSteps(c, n);
   auto& times = ctx.step_times();
   times.assign(static_cast<size_t>(steps), StepTime());
