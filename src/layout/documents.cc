@@ -51,6 +51,10 @@ Status Documents::SetWindow(int64_t left, int64_t right, int64_t batch, int64_t 
                  "window_left %lld and window_right %lld must be >= 0 (keys that far before and after the query), "
                  "or -1 (unbounded)",
                  static_cast<long long>(left), static_cast<long long>(right));
+  // A side at least as long as the sequence cuts nothing: unbounded (the plain call's path and
+  // numbers, and p +- w cannot overflow).
+  if (left >= seq_len - 1) left = -1;
+  if (right >= seq_len - 1) right = -1;
   if (left == -1 && right == -1) return Status::Ok();
   if (!active()) {  // one document a row
     cu_.clear();
@@ -58,10 +62,8 @@ Status Documents::SetWindow(int64_t left, int64_t right, int64_t batch, int64_t 
     num_seqs_ = 1;
     batch_ = batch;
   }
-  // A window at least as long as the sequence cuts nothing on its side; clamped, p +- w cannot
-  // overflow.
-  window_left_ = left < 0 ? -1 : std::min(left, seq_len);
-  window_right_ = right < 0 ? -1 : std::min(right, seq_len);
+  window_left_ = left;
+  window_right_ = right;
   return Status::Ok();
 }
 

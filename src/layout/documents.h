@@ -56,7 +56,7 @@ class Documents {
  private:
   int64_t num_seqs_ = 0, batch_ = 0;
   std::vector<int64_t> cu_;                       // [batch][num_seqs + 1]
-  int64_t window_left_ = -1, window_right_ = -1;  // -1: unbounded; else clamped to the sequence length
+  int64_t window_left_ = -1, window_right_ = -1;  // -1: unbounded; else below the sequence length
 };
 
 }  // namespace stria
