@@ -166,7 +166,7 @@ fi
 # costs its own family's time limit and hides no other family's results; the Hopper families, whose
 # kernels wait on mbarriers, after the others. A family whose tests fail is not timed below.
 if stage tests 90; then
-  sharded cuda_ring "$(cap 200)" $bin/tests/gpu/test_cuda_ring 'TensorCores/*:Shapes/*:Devices/*:Documents/*' ||
+  sharded cuda_ring "$(cap 200)" $bin/tests/gpu/test_cuda_ring 'TensorCores/*:Shapes/*:Devices/*:Documents/*:Windows/*' ||
     note_failure tests
   alone cuda_api "$(cap 150)" $bin/tests/gpu/test_cuda_api || note_failure tests
   if [ -x $bin/tests/nccl/test_nccl_gpu ]; then
