@@ -144,10 +144,12 @@ int main(int argc, char** argv) {
       if (odd && it == o.iters - 1 && o.fault == "kill") fault = AfterDelay(o.fault_delay_ms, [] { raise(SIGKILL); });
       if (odd && it == o.iters - 1 && o.fault == "abort")
         fault = AfterDelay(o.fault_delay_ms, [ctx] { stria_context_abort(ctx); });
-      s = stria_attention_forward(ctx, &params, &qd.dl, &kd.dl, &vd.dl, &outd.dl, &lsed.dl, nullptr);
+      const std::vector<int64_t> no_documents;  // --window-left: a window that may shorten the ring
+      s = AttentionForward(ctx, &params, no_documents, 0, &qd.dl, &kd.dl, &vd.dl, &outd.dl, &lsed.dl, nullptr,
+                           o.window);
       if (s == STRIA_SUCCESS)
-        s = stria_attention_backward(ctx, &params, &qd.dl, &kd.dl, &vd.dl, &outd.dl, &lsed.dl, &dod.dl, &dqd.dl,
-                                     &dkd.dl, &dvd.dl, nullptr);
+        s = AttentionBackward(ctx, &params, no_documents, 0, &qd.dl, &kd.dl, &vd.dl, &outd.dl, &lsed.dl, &dod.dl,
+                              &dqd.dl, &dkd.dl, &dvd.dl, nullptr, o.window);
       const std::string call_error = stria_get_last_error();
       if (fault.joinable()) fault.join();
       if (s != STRIA_SUCCESS) {
@@ -168,7 +170,7 @@ int main(int argc, char** argv) {
     dkd.CopyTo(&dk);
     dvd.CopyTo(&dv);
     const std::string mismatch = CompareWithReference(o.rank, dt, q, k, v, dout, RankResults{&out, &lse, &dq, &dk, &dv},
-                                                      pos, o.causal, dt == Dt::kF32 ? 1e-5 : 1e-3);
+                                                      pos, o.causal, dt == Dt::kF32 ? 1e-5 : 1e-3, o.window);
     if (!mismatch.empty()) {
       stria_context_destroy(ctx);
       Result(o, STRIA_ERROR_INTERNAL, t0, mismatch);

@@ -256,53 +256,60 @@ TEST(NcclContext, RingOfThreadsMatchesReference) {
   for (int r = 0; r < world; ++r) ASSERT_EQ(made[static_cast<size_t>(r)], "") << "rank " << r;
 
   const int64_t B = 1, L = 96, Hq = 4, Hkv = 2, D = 64, S = L * world;
+  // Windows that shorten the contiguous ring: 2 steps (each partial home to the previous rank),
+  // and 3 (on 4 GPUs: two ranks back).
   for (stria_layout_t layout : {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG})
-    for (bool causal : {true, false}) {
-      if (kThreadSanitizer && !(layout == STRIA_LAYOUT_STRIPED && causal)) continue;
-      SCOPED_TRACE(std::string(LayoutName(layout)) + (causal ? " causal" : " full"));
-      std::mt19937_64 rng(11 + static_cast<int>(layout) * 2 + (causal ? 1 : 0));
-      Tensor q({B, S, Hq, D}, Dt::kBF16), k({B, S, Hkv, D}, Dt::kBF16), v({B, S, Hkv, D}, Dt::kBF16);
-      Tensor dout({B, S, Hq, D}, Dt::kBF16);
-      for (Tensor* t : {&q, &k, &v, &dout}) t->FillRandom(rng);
-      const auto dd = dout.ToDouble();
-      const Reference ref = DenseAttention(q.ToDouble(), k.ToDouble(), v.ToDouble(), &dd, B, S, Hq, Hkv, D, causal,
-                                           1.0 / std::sqrt(static_cast<double>(D)));
-      GatheredResults full(layout, world, B, S, Hq, Hkv, D, Dt::kBF16);
-      stria_attention_params_t p;
-      stria_attention_params_init(&p);
-      p.layout = layout;
-      p.causal = causal;
-      std::vector<std::string> errors(static_cast<size_t>(world));
-      RunRanks(world, [&](int r) {
-        cudaSetDevice(r);
-        auto shard = [&](const Tensor& t) {
-          Tensor local({B, L, t.shape[2], D}, t.dt);
-          stria_shard(layout, world, r, 1, &t.dl, &local.dl, nullptr);
-          return local;
-        };
-        Tensor ql = shard(q), kl = shard(k), vl = shard(v), dol = shard(dout);
-        Tensor out({B, L, Hq, D}, Dt::kBF16), lse({B, Hq, L}, Dt::kF32);
-        Tensor dq({B, L, Hq, D}, Dt::kBF16), dk({B, L, Hkv, D}, Dt::kBF16), dv({B, L, Hkv, D}, Dt::kBF16);
-        DeviceTensor q_d(ql), k_d(kl), v_d(vl), do_d(dol), out_d(out), lse_d(lse), dq_d(dq), dk_d(dk), dv_d(dv);
-        for (DeviceTensor* t : {&out_d, &lse_d, &dq_d, &dk_d, &dv_d}) t->Poison();
-        stria_context_t c = ctx[static_cast<size_t>(r)];
-        std::string& err = errors[static_cast<size_t>(r)];
-        if (stria_attention_forward(c, &p, &q_d.dl, &k_d.dl, &v_d.dl, &out_d.dl, &lse_d.dl, nullptr) != STRIA_SUCCESS)
-          err += std::string("forward: ") + stria_get_last_error();
-        if (stria_attention_backward(c, &p, &q_d.dl, &k_d.dl, &v_d.dl, &out_d.dl, &lse_d.dl, &do_d.dl, &dq_d.dl,
-                                     &dk_d.dl, &dv_d.dl, nullptr) != STRIA_SUCCESS)
-          err += std::string(" backward: ") + stria_get_last_error();
-        if (cudaDeviceSynchronize() != cudaSuccess) err += " cudaDeviceSynchronize failed";
-        out_d.CopyTo(&out);
-        lse_d.CopyTo(&lse);
-        dq_d.CopyTo(&dq);
-        dk_d.CopyTo(&dk);
-        dv_d.CopyTo(&dv);
-        full.Gather(r, out, lse, dq, dk, dv);
-      });
-      for (int r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
-      full.ExpectMatches(ref, 2e-2, 1e-3);
-    }
+    for (bool causal : {true, false})
+      for (const Window window : {Window{}, Window{L / 2, -1}, Window{L + L / 2, -1}}) {
+        if (window.active() && !(layout == STRIA_LAYOUT_CONTIGUOUS && causal)) continue;
+        if (kThreadSanitizer && !(layout == STRIA_LAYOUT_STRIPED && causal)) continue;
+        SCOPED_TRACE(std::string(LayoutName(layout)) + (causal ? " causal" : " full") + " window " +
+                     WindowName(window));
+        std::mt19937_64 rng(11 + static_cast<int>(layout) * 2 + (causal ? 1 : 0));
+        Tensor q({B, S, Hq, D}, Dt::kBF16), k({B, S, Hkv, D}, Dt::kBF16), v({B, S, Hkv, D}, Dt::kBF16);
+        Tensor dout({B, S, Hq, D}, Dt::kBF16);
+        for (Tensor* t : {&q, &k, &v, &dout}) t->FillRandom(rng);
+        const auto dd = dout.ToDouble();
+        const Reference ref = DenseAttention(q.ToDouble(), k.ToDouble(), v.ToDouble(), &dd, B, S, Hq, Hkv, D, causal,
+                                             1.0 / std::sqrt(static_cast<double>(D)), nullptr, window);
+        GatheredResults full(layout, world, B, S, Hq, Hkv, D, Dt::kBF16);
+        stria_attention_params_t p;
+        stria_attention_params_init(&p);
+        p.layout = layout;
+        p.causal = causal;
+        std::vector<std::string> errors(static_cast<size_t>(world));
+        RunRanks(world, [&](int r) {
+          cudaSetDevice(r);
+          auto shard = [&](const Tensor& t) {
+            Tensor local({B, L, t.shape[2], D}, t.dt);
+            stria_shard(layout, world, r, 1, &t.dl, &local.dl, nullptr);
+            return local;
+          };
+          Tensor ql = shard(q), kl = shard(k), vl = shard(v), dol = shard(dout);
+          Tensor out({B, L, Hq, D}, Dt::kBF16), lse({B, Hq, L}, Dt::kF32);
+          Tensor dq({B, L, Hq, D}, Dt::kBF16), dk({B, L, Hkv, D}, Dt::kBF16), dv({B, L, Hkv, D}, Dt::kBF16);
+          DeviceTensor q_d(ql), k_d(kl), v_d(vl), do_d(dol), out_d(out), lse_d(lse), dq_d(dq), dk_d(dk), dv_d(dv);
+          for (DeviceTensor* t : {&out_d, &lse_d, &dq_d, &dk_d, &dv_d}) t->Poison();
+          stria_context_t c = ctx[static_cast<size_t>(r)];
+          std::string& err = errors[static_cast<size_t>(r)];
+          const std::vector<int64_t> no_documents;
+          if (AttentionForward(c, &p, no_documents, 0, &q_d.dl, &k_d.dl, &v_d.dl, &out_d.dl, &lse_d.dl, nullptr,
+                               window) != STRIA_SUCCESS)
+            err += std::string("forward: ") + stria_get_last_error();
+          if (AttentionBackward(c, &p, no_documents, 0, &q_d.dl, &k_d.dl, &v_d.dl, &out_d.dl, &lse_d.dl, &do_d.dl,
+                                &dq_d.dl, &dk_d.dl, &dv_d.dl, nullptr, window) != STRIA_SUCCESS)
+            err += std::string(" backward: ") + stria_get_last_error();
+          if (cudaDeviceSynchronize() != cudaSuccess) err += " cudaDeviceSynchronize failed";
+          out_d.CopyTo(&out);
+          lse_d.CopyTo(&lse);
+          dq_d.CopyTo(&dq);
+          dk_d.CopyTo(&dk);
+          dv_d.CopyTo(&dv);
+          full.Gather(r, out, lse, dq, dk, dv);
+        });
+        for (int r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+        full.ExpectMatches(ref, 2e-2, 1e-3);
+      }
   RunRanks(world, [&](int r) { EXPECT_EQ(stria_context_destroy(ctx[static_cast<size_t>(r)]), STRIA_SUCCESS); });
 }
 
@@ -445,7 +452,8 @@ struct RingCase {
   int world;
   std::string layout;
   bool causal;
-  bool id_file;  // the id from stria_get_unique_id through a file, instead of STRIA_ROOT
+  bool id_file;              // the id from stria_get_unique_id through a file, instead of STRIA_ROOT
+  int64_t window_left = -1;  // >= 0: a sliding window to the left (the contiguous ring then stops early)
 };
 
 class NcclRing : public ::testing::TestWithParam<RingCase> {};
@@ -464,6 +472,7 @@ TEST_P(NcclRing, MatchesReference) {
       args.push_back("--id-file");
       args.push_back(dir + "/id");
     }
+    if (c.window_left >= 0) args.insert(args.end(), {"--window-left", std::to_string(c.window_left)});
     launch.Start(r, STRIA_NCCL_RANK, args,
                  c.id_file ? std::vector<std::string>{}
                            : std::vector<std::string>{"STRIA_ROOT=127.0.0.1:" + std::to_string(port)});
@@ -479,13 +488,15 @@ std::vector<RingCase> RingCases() {
     for (const char* layout : {"striped", "zigzag", "contiguous"})
       cases.push_back(RingCase{world, layout, layout[0] != 'c' || world == 2, world == 3});
   cases.push_back(RingCase{2, "striped", false, true});
+  // A window of 80 over blocks of 64: three of four steps, each dK/dV partial sent two ranks back.
+  cases.push_back(RingCase{4, "contiguous", true, false, 80});
   return cases;
 }
 
 std::string CaseName(const ::testing::TestParamInfo<RingCase>& info) {
   const RingCase& c = info.param;
   return "N" + std::to_string(c.world) + "_" + c.layout + (c.causal ? "_causal" : "_full") +
-         (c.id_file ? "_unique_id" : "_env");
+         (c.id_file ? "_unique_id" : "_env") + (c.window_left >= 0 ? "_window" + std::to_string(c.window_left) : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, NcclRing, ::testing::ValuesIn(RingCases()), CaseName);
