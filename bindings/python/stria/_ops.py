@@ -39,6 +39,19 @@ def attention_params(
     return params
 
 
+def check_boundaries(shape: tuple, integer: bool, dtype: str, batch: int, func: str) -> None:
+    """What every front end of the package (numpy and torch here, stria.jax on traced arrays)
+    requires of cu_seqlens before the library reads it: integers, as ``[n + 1]`` (every batch
+    row's) or ``[B, n + 1]`` with n >= 1. The values are the library's to check."""
+    if not integer:
+        raise TypeError(f"{func}(): cu_seqlens must hold integers (int64 positions), not {dtype}")
+    if len(shape) not in (1, 2) or shape[-1] < 2 or (len(shape) == 2 and shape[0] != batch):
+        raise ValueError(
+            f"{func}(): cu_seqlens must be [n + 1] or [B, n + 1] document boundaries with n >= 1 and B = {batch} "
+            f"(q's batch), not of shape {tuple(shape)}"
+        )
+
+
 def document_boundaries(cu_seqlens: Any, batch: int, func: str = "attention_forward") -> np.ndarray:
     """cu_seqlens as the library reads it: a C-contiguous int64 array of ``batch`` rows.
 
@@ -50,16 +63,8 @@ def document_boundaries(cu_seqlens: Any, batch: int, func: str = "attention_forw
     if hasattr(cu_seqlens, "detach") and hasattr(cu_seqlens, "cpu"):  # a torch tensor, on any device
         cu_seqlens = cu_seqlens.detach().cpu().numpy()
     arr = np.asarray(cu_seqlens)
-    if arr.dtype.kind not in "iu" or arr.dtype == np.uint64:
-        raise TypeError(f"{func}(): cu_seqlens must hold integers (int64 positions), not {arr.dtype}")
-    if arr.ndim == 1:
-        arr = np.broadcast_to(arr, (batch, arr.shape[0]))
-    if arr.ndim != 2 or arr.shape[0] != batch or arr.shape[1] < 2:
-        raise ValueError(
-            f"{func}(): cu_seqlens must be [n + 1] or [B, n + 1] document boundaries with n >= 1 and B = {batch} "
-            f"(q's batch), not of shape {tuple(np.shape(cu_seqlens))}"
-        )
-    return np.ascontiguousarray(arr, dtype=np.int64)
+    check_boundaries(arr.shape, arr.dtype.kind in "iu" and arr.dtype != np.uint64, str(arr.dtype), batch, func)
+    return np.ascontiguousarray(np.broadcast_to(arr, (batch, arr.shape[-1])), dtype=np.int64)
 
 
 def _documents_for(cu_seqlens: Any, q: Tensor, func: str) -> np.ndarray | None:

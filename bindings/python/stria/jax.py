@@ -379,15 +379,9 @@ def _boundaries(cu_seqlens: Any, batch: int, func: str) -> Any:
         return None
     cu = cu_seqlens if isinstance(cu_seqlens, jax.Array) else jnp.asarray(np.asarray(cu_seqlens))
     dtype = jnp.result_type(cu)
-    if not jnp.issubdtype(dtype, jnp.integer):
-        raise TypeError(f"{func}(): cu_seqlens must hold integers (positions), not {dtype.name}")
     shape = tuple(np.shape(cu))
-    if len(shape) not in (1, 2) or shape[-1] < 2 or (len(shape) == 2 and shape[0] not in (1, batch)):
-        raise ValueError(
-            f"{func}(): cu_seqlens must be [n + 1] or [B, n + 1] document boundaries with n >= 1 and B = {batch} "
-            f"(q's batch), not of shape {shape}"
-        )
-    cu = jnp.broadcast_to(cu.reshape(-1, shape[-1]), (batch, shape[-1]))
+    _ops.check_boundaries(shape, bool(jnp.issubdtype(dtype, jnp.integer)), dtype.name, batch, func)
+    cu = jnp.broadcast_to(cu, (batch, shape[-1]))
     if dtype == jnp.int64:
         return cu
     # Values beyond int32 would not fit a sequence JAX can index without 64-bit integers anyway.

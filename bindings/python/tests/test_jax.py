@@ -601,7 +601,8 @@ def test_documents_bad_boundaries(ctx, rng):
     q, k, v = inputs(rng)  # B = 2, L = 40
     with pytest.raises(TypeError, match="cu_seqlens must hold integers"):
         sj.ring_attention(q, k, v, ctx, cu_seqlens=np.array([0.0, 40.0]))
-    for bad in (np.array([40]), np.zeros((3, 3), np.int32), np.zeros((2, 2, 2), np.int32)):
+    # One row for two batch rows: a 1-D array means every row, as in the rest of the package.
+    for bad in (np.array([40]), np.zeros((3, 3), np.int32), np.zeros((2, 2, 2), np.int32), np.array([[0, 40]])):
         with pytest.raises(ValueError, match=r"cu_seqlens must be \[n \+ 1\] or \[B, n \+ 1\]"):
             sj.attention_forward(ctx, q, k, v, cu_seqlens=bad)
     forward = jax.jit(lambda q, cu: sj.attention_forward(ctx, q, k, v, cu_seqlens=cu))
