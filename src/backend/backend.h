@@ -23,8 +23,7 @@ namespace stria {
 struct AttentionShape {
   int64_t B = 0, L = 0, Hq = 0, Hkv = 0, D = 0;
   DType dtype = DType::kF32;
-  float scale = 0.f;       // resolved: never 0
-  bool documents = false;  // a document mask (BlockMask::doc_lo) comes with every block
+  float scale = 0.f;  // resolved: never 0
 };
 
 // Bytes of one K/V ring message: K then V, each compact [B, L, Hkv, D] in the storage dtype.

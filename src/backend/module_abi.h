@@ -7,7 +7,9 @@
 
 namespace stria {
 
-constexpr int kBackendModuleAbiVersion = 4;  // 3: AttentionShape::documents, BlockMask::doc_*; 4: ReadOnHost
+// 3: BlockMask::doc_*; 4: Backend::ReadOnHost, and AttentionShape without the documents flag that
+// no backend read (a block's mask says whether it has document bounds).
+constexpr int kBackendModuleAbiVersion = 4;
 
 struct BackendModuleV1 {
   int abi_version;  // kBackendModuleAbiVersion

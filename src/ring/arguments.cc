@@ -93,7 +93,6 @@ Status CheckQKV(Context& ctx, const DLTensor* q, const DLTensor* k, const DLTens
     STRIA_RETURN_IF_ERROR(c->documents.Set(host, documents.num_seqs, s.B, seq_len));
   }
   STRIA_RETURN_IF_ERROR(c->documents.SetWindow(documents.window_left, documents.window_right, s.B, seq_len));
-  s.documents = c->documents.active();  // per-query key bounds: documents, or a window that cuts
   s.scale = p->softmax_scale > 0.f ? p->softmax_scale : 1.0f / std::sqrt(static_cast<float>(s.D));
   return Status::Ok();
 }
