@@ -9,13 +9,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh --tests
 jobs=$(nproc)
+# Each stage's heading says when it began, so a CI log shows where the time goes.
+stage() { echo "== $* (at $SECONDS s)"; }
 
-echo "== Release build and tests"
+stage "Release build and tests"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRIA_WERROR=ON >/dev/null
 ninja -C build -j"$jobs"
 (cd build && ctest -j"$jobs" --output-on-failure --no-tests=error)
 
-echo "== Without CUDA: the build of a machine with no CUDA toolkit (build and ctest)"
+stage "Without CUDA: the build of a machine with no CUDA toolkit (build and ctest)"
 cmake -S . -B build-nocuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRIA_WERROR=ON -DSTRIA_WITH_CUDA=OFF \
   -DSTRIA_WITH_NCCL=OFF -DSTRIA_BUILD_PYTHON=OFF >/dev/null
 ninja -C build-nocuda -j"$jobs"
@@ -24,7 +26,7 @@ ninja -C build-nocuda -j"$jobs"
 (cd build-nocuda && ctest -j"$jobs" --output-on-failure --no-tests=error \
   -E '^(Emulated|EmulatedElementwise|Random)[/.]|^test_attention_kernels_emu_|^fuzz_')
 
-echo "== Configure with other optional modules off (generate step only)"
+stage "Configure with other optional modules off (generate step only)"
 for opts in "-DSTRIA_WITH_CUDA=OFF" "-DSTRIA_WITH_CUDA=OFF -DSTRIA_WITH_NCCL=OFF -DSTRIA_WITH_UCX=OFF" \
   "-DSTRIA_WITH_NCCL=OFF"; do
   dir=$(mktemp -d)
@@ -37,7 +39,7 @@ done
 if [ "${BINDINGS:-1}" = 1 ]; then
   for lang in python rust julia; do
     [ -x "scripts/test-$lang.sh" ] || continue
-    echo "== $lang bindings"
+    stage "$lang bindings"
     STRIA_BUILD_DIR=build STRIA_JULIA_BUILD_DIR=build "scripts/test-$lang.sh"
   done
 fi
@@ -51,17 +53,18 @@ if [ "${SANITIZERS:-1}" = 1 ]; then
   # are left out (STRIA_BUILD_GPU_TESTS): here they would only skip; their sources run on the
   # host models, which are built.
   debug=(-DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG")
-  echo "== AddressSanitizer + UndefinedBehaviorSanitizer"
+  stage "AddressSanitizer + UndefinedBehaviorSanitizer"
   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${debug[@]}" -DSTRIA_WERROR=ON \
     -DSTRIA_SANITIZE="address;undefined" -DSTRIA_BUILD_EXAMPLES=OFF -DSTRIA_BUILD_BENCHMARKS=OFF \
     -DSTRIA_BUILD_GPU_TESTS=OFF >/dev/null
   ninja -C build-asan -j"$jobs"
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest -j"$jobs" --output-on-failure --no-tests=error)
 
-  echo "== ThreadSanitizer (every suite: the ring's ranks, the transport and the pool are threads)"
+  stage "ThreadSanitizer (every suite: the ring's ranks, the transport and the pool are threads)"
   cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${debug[@]}" -DSTRIA_WERROR=ON \
     -DSTRIA_SANITIZE=thread -DSTRIA_BUILD_EXAMPLES=OFF -DSTRIA_BUILD_BENCHMARKS=OFF -DSTRIA_BUILD_GPU_TESTS=OFF \
     >/dev/null
   ninja -C build-tsan -j"$jobs"
   (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest -j"$jobs" --output-on-failure --no-tests=error)
 fi
+stage "All passed"
