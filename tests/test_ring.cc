@@ -401,6 +401,62 @@ TEST(RingSteps, ShortMasksRunOnlyTheStepsTheyNeed) {
   }
 }
 
+// The CPU backend promises bitwise-identical results for identical calls on contexts of the same
+// configuration (thread count and kernel build): every sum has a fixed order (dQ's key-tile
+// chunks are reduced in chunk order, ring steps merge in step order), whatever the threads'
+// timing. Training runs rely on it to replay a step. Two calls in one group and one in a new
+// group, with 2 threads per rank so that dQ has two chunks to reduce.
+TEST(Reproducibility, IdenticalCallsGiveIdenticalBits) {
+  for (Dt dt : {Dt::kF32, Dt::kBF16}) {
+    SCOPED_TRACE(DtName(dt));
+    const Case c{3, STRIA_LAYOUT_STRIPED, true, dt, 1, 130, 4, 2, 64};
+    const int64_t S = c.L * c.world;
+    std::mt19937_64 rng(99);
+    Tensor q({c.B, S, c.Hq, c.D}, dt), k({c.B, S, c.Hkv, c.D}, dt), v({c.B, S, c.Hkv, c.D}, dt);
+    Tensor dout({c.B, S, c.Hq, c.D}, dt);
+    for (Tensor* t : {&q, &k, &v, &dout}) t->FillRandom(rng);
+    stria_attention_params_t params;
+    stria_attention_params_init(&params);
+    params.layout = c.layout;
+    params.causal = c.causal;
+    // results[run][rank]: the bytes of out, lse, dq, dk and dv, one after another.
+    std::vector<std::vector<std::vector<uint8_t>>> results;
+    for (int group_index = 0; group_index < 2; ++group_index) {
+      LocalGroup group(c.world, 60.0, 2);
+      ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
+      for (int call = 0; call < 2 - group_index; ++call) {
+        std::vector<std::vector<uint8_t>> bytes(static_cast<size_t>(c.world));
+        RunRanks(c.world, [&](int r) {
+          Tensor ql = Shard(q, c, r), kl = Shard(k, c, r), vl = Shard(v, c, r), dol = Shard(dout, c, r);
+          Tensor out({c.B, c.L, c.Hq, c.D}, dt), lse({c.B, c.Hq, c.L}, Dt::kF32);
+          Tensor dq({c.B, c.L, c.Hq, c.D}, dt), dk({c.B, c.L, c.Hkv, c.D}, dt), dv({c.B, c.L, c.Hkv, c.D}, dt);
+          for (Tensor* t : {&out, &lse, &dq, &dk, &dv}) t->Poison();
+          stria_context_t ctx = group.ctx[static_cast<size_t>(r)];
+          EXPECT_EQ(stria_attention_forward(ctx, &params, &ql.dl, &kl.dl, &vl.dl, &out.dl, &lse.dl, nullptr),
+                    STRIA_SUCCESS)
+              << stria_get_last_error();
+          EXPECT_EQ(stria_attention_backward(ctx, &params, &ql.dl, &kl.dl, &vl.dl, &out.dl, &lse.dl, &dol.dl, &dq.dl,
+                                             &dk.dl, &dv.dl, nullptr),
+                    STRIA_SUCCESS)
+              << stria_get_last_error();
+          for (Tensor* t : {&out, &lse, &dq, &dk, &dv}) {
+            for (int64_t i = 0; i < t->numel(); ++i) EXPECT_FALSE(std::isnan(t->Get(i))) << "rank " << r;
+            std::vector<uint8_t>& b = bytes[static_cast<size_t>(r)];
+            b.insert(b.end(), t->storage.begin(), t->storage.end());
+          }
+        });
+        results.push_back(std::move(bytes));
+      }
+    }
+    ASSERT_EQ(results.size(), 3u);
+    for (size_t run = 1; run < results.size(); ++run)
+      for (int r = 0; r < c.world; ++r)
+        EXPECT_TRUE(results[run][static_cast<size_t>(r)] == results[0][static_cast<size_t>(r)])
+            << "run " << run << " of " << (run == 1 ? "the same group" : "a new group") << ", rank " << r
+            << ": the bits differ from the first run's";
+  }
+}
+
 std::string ParamName(const ::testing::TestParamInfo<Case>& info) {
   return Name(info.param);
 }

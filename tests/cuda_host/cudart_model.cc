@@ -604,10 +604,14 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
   return cudaSuccess;
 }
 
+// A destroyed stream's handle dangles in the runtime (its use is undefined, and the address may
+// name a new stream later); the model refuses it, so that a library that keeps using a stream
+// its caller has destroyed fails a test rather than working by luck.
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
   if (e == nullptr) return Set(cudaErrorInvalidResourceHandle);
   CUstream_st* s = Resolve(stream);
   std::lock_guard<std::mutex> lock(s->mu);
+  if (s->stopping) return Set(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::mutex> elock(e->mu);
   e->stream = s;
   e->ticket = s->queued;
@@ -637,6 +641,10 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned int /*flags*/) {
   if (e == nullptr) return Set(cudaErrorInvalidResourceHandle);
   CUstream_st* waiter = Resolve(stream);
+  {
+    std::lock_guard<std::mutex> lock(waiter->mu);
+    if (waiter->stopping) return Set(cudaErrorInvalidResourceHandle);  // destroyed (cudaEventRecord)
+  }
   CUstream_st* target;
   uint64_t ticket;
   {

@@ -426,6 +426,47 @@ TEST(CudaStreams, SwitchingStreamsBetweenCallsIsOrdered) {
   cudaStreamDestroy(s2);
 }
 
+// A caller may destroy its stream once a call's work is done, and pass another to the next call:
+// the context must not touch the old stream again (it orders the new call after the old one by an
+// event it recorded while the old call ran). On the runtime model a destroyed stream is refused.
+TEST(CudaStreams, AStreamDestroyedBetweenCallsIsNotUsedAgain) {
+  STRIA_REQUIRE_GPU();
+  CudaGroup group(1);
+  ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
+  stria_attention_params_t p;
+  stria_attention_params_init(&p);
+  p.causal = 1;
+  const int64_t L = 192;
+  RankTensors t(L, 64, Dt::kBF16, 23);
+  auto run = [&](cudaStream_t s) {
+    for (DeviceTensor* d : {&t.out, &t.dq, &t.dk, &t.dv}) d->Poison();
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(stria_attention_forward(group.ctx[0], &p, &t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl, &t.lse.dl, s),
+              STRIA_SUCCESS)
+        << stria_get_last_error();
+    EXPECT_EQ(stria_attention_backward(group.ctx[0], &p, &t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl, &t.lse.dl, &t.dout.dl,
+                                       &t.dq.dl, &t.dk.dl, &t.dv.dl, s),
+              STRIA_SUCCESS)
+        << stria_get_last_error();
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<uint8_t> bytes;
+    for (DeviceTensor* d : {&t.out, &t.dq, &t.dk, &t.dv}) {
+      Tensor host({1, L, d == &t.dk || d == &t.dv ? 2 : 4, 64}, Dt::kBF16);
+      d->CopyTo(&host);
+      bytes.insert(bytes.end(), host.storage.begin(), host.storage.end());
+    }
+    return bytes;
+  };
+  const std::vector<uint8_t> want = run(nullptr);
+  for (int round = 0; round < 3; ++round) {
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    EXPECT_EQ(run(s), want) << "round " << round;
+    ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
+  }
+  EXPECT_EQ(run(nullptr), want) << "after the last stream was destroyed";
+}
+
 TEST(CudaNumerics, NanInAQueryRowStaysInThatRow) {
   STRIA_REQUIRE_GPU();
   CudaGroup group(1);

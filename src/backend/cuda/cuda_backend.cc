@@ -1,9 +1,10 @@
 // The CUDA backend. Per call it keeps the running softmax state (forward) or the dQ accumulator
 // and per-row LSE/delta (backward) in device workspaces that are reused across calls, and queues
 // every kernel on the caller's stream. It never synchronizes except where the engine asks
-// (FenceBuffers, before a ring buffer is handed to the transport), on errors, and, for a document
-// mask, before refilling the host staging buffer of the block before last (whose copy the
-// engine's fence has already seen through).
+// (FenceBuffers, before a ring buffer is handed to the transport), on errors, when a workspace
+// grows or the context is destroyed (queued work still reads the old allocation), and, for a
+// document mask, before refilling the host staging buffer of the block before last (whose copy
+// the engine's fence has already seen through).
 //
 // Document masks run on every family: the tile mask clamps each query's keys to its document
 // (tile_mask.cuh), each CTA reading its batch row's bounds.
@@ -90,7 +91,10 @@ cuda::MaskArgs MaskOf(const BlockMask& m) {
 // NVLink or PCIe rather than staged through host memory (cudaMemcpyDefault works either way).
 class CudaCopier final : public BufferCopier {
  public:
-  CudaCopier() = default;
+  // `home`: a device of the group, current while the copier asks where a buffer lives (a copy
+  // thread has no device of its own, and must not wake device 0 on a machine where the group
+  // uses others).
+  explicit CudaCopier(int home) : home_(home) {}
   ~CudaCopier() override {
     for (const Lane& lane : lanes_) {
       if (lane.stream == nullptr) continue;
@@ -114,7 +118,9 @@ class CudaCopier final : public BufferCopier {
     cudaStream_t stream = nullptr;
   };
 
-  static Status DeviceOf(const void* p, const char* what, int* device) {
+  Status DeviceOf(const void* p, const char* what, int* device) const {
+    DeviceScope scope(home_);
+    STRIA_RETURN_IF_ERROR(scope.status());
     cudaPointerAttributes attr;
     STRIA_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attr, p));
     if (attr.type != cudaMemoryTypeDevice)
@@ -155,6 +161,7 @@ class CudaCopier final : public BufferCopier {
     ForgetError(cudaDeviceEnablePeerAccess(peer, 0));  // already on, or refused: copies are staged then
   }
 
+  const int home_;
   std::mutex mu_;
   std::vector<Lane> lanes_;              // by receiving rank
   std::set<std::pair<int, int>> peers_;  // (device, peer) pairs already seen
@@ -180,13 +187,18 @@ Status ParseKernelChoice(const char* env, cuda::Kernels* out) {
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, cuda::Kernels want) : device_(device), want_(want) {}
+  // The last call's kernels may still be queued (calls return without waiting): they finish
+  // before the workspaces they use are freed, on this context's device, whatever device the
+  // destroying thread has current.
   ~CudaBackend() override {
     DeviceScope scope(device_);
+    if (handoff_ != nullptr) cudaEventSynchronize(handoff_);
     for (Staging& st : staging_) {
       if (st.copied == nullptr) continue;
       cudaEventSynchronize(st.copied);  // its host buffer is freed with this backend
       cudaEventDestroy(st.copied);
     }
+    for (DeviceBuffer* b : {&acc_, &m_, &l_, &dq_acc_, &docs_}) b->Release();
     if (handoff_ != nullptr) cudaEventDestroy(handoff_);
   }
   const char* name() const override { return "cuda"; }
@@ -214,6 +226,9 @@ class CudaBackend final : public Backend {
 
   Status CheckMemory(const void* data, const char* name) const override {
     if (data == nullptr) return Status::Ok();  // empty tensors: the shape checks decide
+    // Asked on this context's device: a thread with no device of its own must not wake device 0.
+    DeviceScope scope(device_);
+    STRIA_RETURN_IF_ERROR(scope.status());
     cudaPointerAttributes attr;
     const cudaError_t e = cudaPointerGetAttributes(&attr, data);
     if (e != cudaSuccess) {
@@ -238,6 +253,8 @@ class CudaBackend final : public Backend {
                     const int64_t** host) override {
     *host = src;
     if (src == nullptr || count == 0) return Status::Ok();
+    DeviceScope scope(device_);
+    STRIA_RETURN_IF_ERROR(scope.status());
     cudaPointerAttributes attr;
     if (cudaPointerGetAttributes(&attr, src) != cudaSuccess) {
       cudaGetLastError();  // a runtime that does not know host memory: it is the host's
@@ -247,8 +264,6 @@ class CudaBackend final : public Backend {
     if (attr.type == cudaMemoryTypeDevice && attr.device != device_)
       return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s %p is memory of cuda:%d, but the context is on cuda:%d", name,
                    static_cast<const void*>(src), attr.device, device_);
-    DeviceScope scope(device_);
-    STRIA_RETURN_IF_ERROR(scope.status());
     staged->resize(count);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     STRIA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staged->data(), src, count * sizeof(int64_t), cudaMemcpyDefault, s));
@@ -275,12 +290,13 @@ class CudaBackend final : public Backend {
     return Status::Ok();
   }
 
-  std::shared_ptr<BufferCopier> CreateLocalCopier() override { return std::make_shared<CudaCopier>(); }
+  std::shared_ptr<BufferCopier> CreateLocalCopier() override { return std::make_shared<CudaCopier>(device_); }
 
   // The wire is always written: the block kernels read K/V from it, the local block included.
   Status PackKV(const AttentionShape& s, const TensorView& k, const TensorView& v, void* wire, bool /*sent*/) override {
     DeviceScope scope(device_);
     STRIA_RETURN_IF_ERROR(scope.status());
+    Queued queued(this);
     const int eb = static_cast<int>(DTypeSize(s.dtype));
     char* kd = static_cast<char*>(wire);
     char* vd = kd + s.B * s.L * s.Hkv * s.D * eb;
@@ -294,10 +310,11 @@ class CudaBackend final : public Backend {
     DeviceScope scope(device_);
     STRIA_RETURN_IF_ERROR(scope.status());
     STRIA_RETURN_IF_ERROR(SetShape(s, stream));
+    Queued queued(this);
     const size_t rows = static_cast<size_t>(s.B * s.Hq * s.L);
-    STRIA_RETURN_IF_ERROR(acc_.Reserve(rows * static_cast<size_t>(s.D) * 4, "the running output"));
-    STRIA_RETURN_IF_ERROR(m_.Reserve(rows * 4, "row maxima"));
-    STRIA_RETURN_IF_ERROR(l_.Reserve(rows * 4, "row sums"));
+    STRIA_RETURN_IF_ERROR(acc_.Reserve(rows * static_cast<size_t>(s.D) * 4, "the running output", handoff_));
+    STRIA_RETURN_IF_ERROR(m_.Reserve(rows * 4, "row maxima", handoff_));
+    STRIA_RETURN_IF_ERROR(l_.Reserve(rows * 4, "row sums", handoff_));
     q_ = Rows(q);
     STRIA_RETURN_IF_ERROR(Choose(s, RowsAligned16(q)));
     STRIA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(acc_.f32(), 0, rows * static_cast<size_t>(s.D) * 4, stream_));
@@ -309,6 +326,7 @@ class CudaBackend final : public Backend {
   Status ForwardBlock(const void* kv_wire, const BlockMask& mask, bool /*local*/) override {
     DeviceScope scope(device_);
     STRIA_RETURN_IF_ERROR(scope.status());
+    Queued queued(this);
     cuda::FwdParams p{};
     p.dims = dims_;
     p.q = q_;
@@ -327,6 +345,7 @@ class CudaBackend final : public Backend {
   Status ForwardEnd(const TensorView& out, const TensorView& lse) override {
     DeviceScope scope(device_);
     STRIA_RETURN_IF_ERROR(scope.status());
+    Queued queued(this);
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchForwardFinish(ElemOf(s_.dtype), dims_, acc_.f32(), m_.f32(), l_.f32(),
                                                          RowsW(out), static_cast<float*>(lse.data), lse.strides[0],
                                                          lse.strides[1], lse.strides[2], stream_));
@@ -338,10 +357,11 @@ class CudaBackend final : public Backend {
     DeviceScope scope(device_);
     STRIA_RETURN_IF_ERROR(scope.status());
     STRIA_RETURN_IF_ERROR(SetShape(s, stream));
+    Queued queued(this);
     const size_t rows = static_cast<size_t>(s.B * s.Hq * s.L);
-    STRIA_RETURN_IF_ERROR(dq_acc_.Reserve(rows * static_cast<size_t>(s.D) * 4, "the dQ accumulator"));
-    STRIA_RETURN_IF_ERROR(m_.Reserve(rows * 4, "log-sum-exp rows"));
-    STRIA_RETURN_IF_ERROR(l_.Reserve(rows * 4, "rowsum(dO*O)"));
+    STRIA_RETURN_IF_ERROR(dq_acc_.Reserve(rows * static_cast<size_t>(s.D) * 4, "the dQ accumulator", handoff_));
+    STRIA_RETURN_IF_ERROR(m_.Reserve(rows * 4, "log-sum-exp rows", handoff_));
+    STRIA_RETURN_IF_ERROR(l_.Reserve(rows * 4, "rowsum(dO*O)", handoff_));
     q_ = Rows(q);
     dout_ = Rows(dout);
     STRIA_RETURN_IF_ERROR(Choose(s, RowsAligned16(q) && RowsAligned16(dout)));
@@ -355,6 +375,7 @@ class CudaBackend final : public Backend {
   Status BackwardBlock(const void* kv_wire, const BlockMask& mask, float* dkv, bool /*local*/) override {
     DeviceScope scope(device_);
     STRIA_RETURN_IF_ERROR(scope.status());
+    Queued queued(this);
     const size_t per = static_cast<size_t>(s_.B * s_.L * s_.Hkv * s_.D);
     STRIA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dkv, 0, 2 * per * 4, stream_));
     if (mask.empty()) return Status::Ok();
@@ -380,6 +401,7 @@ class CudaBackend final : public Backend {
   Status AccumulateDKV(float* dst, const float* src) override {
     DeviceScope scope(device_);
     STRIA_RETURN_IF_ERROR(scope.status());
+    Queued queued(this);
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchAccumulate(dst, src, static_cast<int64_t>(DKVWireFloats(s_)), stream_));
     return Status::Ok();
   }
@@ -387,6 +409,7 @@ class CudaBackend final : public Backend {
   Status BackwardEnd(const TensorView& dq, const float* dkv, const TensorView& dk, const TensorView& dv) override {
     DeviceScope scope(device_);
     STRIA_RETURN_IF_ERROR(scope.status());
+    Queued queued(this);
     const Elem e = ElemOf(s_.dtype);
     const size_t per = static_cast<size_t>(s_.B * s_.L * s_.Hkv * s_.D);
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchDqFinish(e, dims_, dq_acc_.f32(), s_.scale, RowsW(dq), stream_));
@@ -396,17 +419,32 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  // A call's setup. The workspaces and ring buffers are shared by consecutive calls; when the
-  // caller switches streams, the new stream first waits for everything queued on the old one
-  // (the previous call's finishing kernels may still read the state this call overwrites).
+  // Records handoff_ on the call's stream when a method that queued work returns, on every path:
+  // the event then marks the end of everything this backend has queued so far.
+  class Queued {
+   public:
+    explicit Queued(CudaBackend* b) : b_(b) {}
+    ~Queued() {
+      if (b_->handoff_ != nullptr) ForgetError(cudaEventRecord(b_->handoff_, b_->stream_));
+    }
+    Queued(const Queued&) = delete;
+    Queued& operator=(const Queued&) = delete;
+
+   private:
+    CudaBackend* b_;
+  };
+
+  // A call's setup. The workspaces and ring buffers are shared by consecutive calls, so a call's
+  // stream first waits for everything the previous call queued (its finishing kernels may still
+  // read the state this call overwrites). That wait is on handoff_, recorded while the previous
+  // call ran, never on the previous call's stream: the caller may have destroyed that stream
+  // since, or passed a handle (a new stream at a freed one's address, cudaStreamPerThread from
+  // another thread) that names another stream now.
   Status SetShape(const AttentionShape& s, void* stream) {
     s_ = s;
     cudaStream_t next = static_cast<cudaStream_t>(stream);
-    if (used_ && next != stream_) {
-      if (handoff_ == nullptr) STRIA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&handoff_, cudaEventDisableTiming));
-      STRIA_CUDA_RETURN_IF_ERROR(cudaEventRecord(handoff_, stream_));
-      STRIA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(next, handoff_, 0));
-    }
+    if (handoff_ == nullptr) STRIA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&handoff_, cudaEventDisableTiming));
+    if (used_) STRIA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(next, handoff_, 0));
     stream_ = next;
     used_ = true;
     dims_ = cuda::Dims{static_cast<int>(s.B), static_cast<int>(s.L), static_cast<int>(s.Hq), static_cast<int>(s.Hkv),
@@ -421,7 +459,7 @@ class CudaBackend final : public Backend {
   Status UploadDocuments(const BlockMask& mask, cuda::MaskArgs* m) {
     if (mask.doc_lo == nullptr) return Status::Ok();
     const size_t n = static_cast<size_t>(s_.B * s_.L);
-    STRIA_RETURN_IF_ERROR(docs_.Reserve(2 * n * sizeof(int64_t), "document bounds"));
+    STRIA_RETURN_IF_ERROR(docs_.Reserve(2 * n * sizeof(int64_t), "document bounds", handoff_));
     Staging& st = staging_[next_staging_];
     next_staging_ ^= 1;
     if (st.copied == nullptr) {
@@ -465,8 +503,8 @@ class CudaBackend final : public Backend {
   const cuda::Kernels want_;  // STRIA_CUDA_KERNELS
   int cc_ = -1;               // compute capability 10 * major + minor, once asked
   cuda::Kernels kernels_ = cuda::Kernels::kSimt;
-  bool used_ = false;              // a call has queued work on stream_
-  cudaEvent_t handoff_ = nullptr;  // orders a new stream after the previous one
+  bool used_ = false;              // a call has queued work (and recorded handoff_)
+  cudaEvent_t handoff_ = nullptr;  // the end of the work queued so far (Queued)
   cudaStream_t stream_ = nullptr;
   AttentionShape s_;
   cuda::Dims dims_{};

@@ -24,16 +24,24 @@ class DeviceBuffer {
   DeviceBuffer() = default;
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() { cudaFree(ptr_); }
+  ~DeviceBuffer() { Release(); }
 
-  Status Reserve(size_t bytes, const char* what) {
+  // Grows to `bytes` if smaller. The old allocation is freed only after `last_use` (an event
+  // recorded after the last work that may read it; null: none is queued).
+  Status Reserve(size_t bytes, const char* what, cudaEvent_t last_use) {
     if (bytes <= bytes_) return Status::Ok();
-    cudaFree(ptr_);  // synchronizes the device: only on growth
-    ptr_ = nullptr;
-    bytes_ = 0;
+    if (ptr_ != nullptr && last_use != nullptr) STRIA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(last_use));
+    Release();
     STRIA_RETURN_IF_ERROR(DeviceMalloc(bytes, what, &ptr_));
     bytes_ = bytes;
     return Status::Ok();
+  }
+  // Frees the allocation now. The caller's device must be the buffer's, and no queued work may
+  // still use it.
+  void Release() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
   }
   float* f32() const { return static_cast<float*>(ptr_); }
   void* data() const { return ptr_; }
