@@ -22,7 +22,12 @@
 //   the GPU; the model gives up after 20 s and counts a stall (ModelAbortStalls);
 // - ncclCommFinalize reports ncclInProgress until the communicator's kernels have ended;
 // - two threads issuing to communicators of one device at once (NCCL: unsafe) are counted, see
-//   ModelConcurrentIssues; so are NCCL ids whose root still waits for ranks (ModelOpenRoots).
+//   ModelConcurrentIssues; so are NCCL ids whose root still waits for ranks (ModelOpenRoots);
+// - a thread that starts a nonblocking set-up or finalize outside a group while its previous one
+//   is still in progress is refused (ncclInvalidUsage): NCCL up to 2.26 keeps that job in
+//   per-thread state, which the second call corrupts;
+// - ncclGetVersion reports STRIA_NCCL_MODEL_VERSION when set (an NCCL version code), so that the
+//   transport's check of the library's version can be tested.
 // Objects are never freed (they stay reachable, for the leak checker): a late access is harmless
 // here (the real libraries are the judge of lifetimes on a GPU).
 #include <cuda_runtime_api.h>
@@ -86,6 +91,9 @@ struct ncclComm {
   int gathers = 0;
   int running = 0;  // launches queued or running on a stream (under g_mu)
   bool finalized = false;
+  // A nonblocking set-up or finalize counts as in progress until a poll has seen it end (on a GPU
+  // it takes milliseconds; the model's may end at once).
+  std::atomic<bool> job_seen_done{false};
 };
 
 namespace {
@@ -260,6 +268,23 @@ void FreeOnDevice(ncclComm* comm) {
 
 thread_local std::vector<ncclComm*> g_aborted_in_group;  // freed at the group's end
 
+// This thread's last nonblocking set-up or finalize issued outside a group (see the top).
+thread_local ncclComm* g_thread_job = nullptr;
+
+// Under g_mu: whether this thread's last such job is still in progress, and if so, refuses the
+// next one with NCCL's code and a message.
+bool ThreadJobBusy(const char* call) {
+  ncclComm* j = g_thread_job;
+  if (j == nullptr || j->aborted) return false;
+  const bool busy = !j->job_seen_done.load();
+  if (busy)
+    std::snprintf(g_last_nccl, sizeof g_last_nccl,
+                  "%s while this thread's previous nonblocking set-up or finalize is in progress, outside a group "
+                  "(NCCL up to 2.26 corrupts the first)",
+                  call);
+  return busy;
+}
+
 // Enqueues a group's kernel and closes the group's issue window (opened by its first Add).
 ncclResult_t Launch(std::vector<Op> ops) {
   if (ops.empty()) return ncclSuccess;
@@ -379,7 +404,8 @@ const char* ncclGetLastError(ncclComm_t) {
   return g_last_nccl;
 }
 ncclResult_t ncclGetVersion(int* v) {
-  *v = NCCL_VERSION_CODE;
+  const char* forced = std::getenv("STRIA_NCCL_MODEL_VERSION");
+  *v = forced != nullptr ? std::atoi(forced) : NCCL_VERSION_CODE;
   return ncclSuccess;
 }
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
@@ -391,6 +417,8 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
 }
 ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int n, ncclUniqueId id, int rank, ncclConfig_t* cfg) {
   std::unique_lock<std::mutex> lock(g_mu);
+  const bool ungrouped_nonblocking = cfg != nullptr && cfg->blocking == 0 && g_depth == 0;
+  if (ungrouped_nonblocking && ThreadJobBusy("ncclCommInitRankConfig")) return ncclInvalidUsage;
   const std::string key(id.internal, sizeof id.internal);
   Clique*& c = g_cliques[key];
   if (c == nullptr) c = Keep(new Clique(n));
@@ -404,6 +432,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int n, ncclUniqueId id, int
   comm->state = ncclInProgress;
   c->members[static_cast<size_t>(rank)] = comm;
   *out = comm;
+  if (ungrouped_nonblocking) g_thread_job = comm;
   if (++c->joined == n) {
     g_open_roots.erase(key);
     Complete(c);
@@ -415,6 +444,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int n, ncclUniqueId id, int
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
   if (comm == nullptr || comm->aborted) return ncclInvalidArgument;  // freed, with the real library
   *state = static_cast<ncclResult_t>(comm->state.load());
+  if (*state != ncclInProgress) comm->job_seen_done = true;
   return ncclSuccess;
 }
 ncclResult_t ncclCommCount(const ncclComm_t comm, int* n) {
@@ -447,6 +477,11 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   if (comm == nullptr) return ncclSuccess;
   std::unique_lock<std::mutex> lock(g_mu);
   if (comm->aborted || comm->finalized) return ncclInvalidArgument;
+  if (!comm->blocking && g_depth == 0) {
+    if (ThreadJobBusy("ncclCommFinalize")) return ncclInvalidUsage;
+    g_thread_job = comm;
+    comm->job_seen_done = false;
+  }
   comm->finalized = true;
   ++g_finalize_calls;
   comm->state = ncclInProgress;

@@ -462,6 +462,23 @@ TEST(NcclHostModel, EnvironmentThatBreaksTheTransportIsRefused) {
   delete t;
 }
 
+// A framework may load a libnccl.so.2 older than the headers stria was built with: below 2.22 the
+// grouped abort of a rank's two communicators could hang, so create refuses it and names both
+// versions.
+TEST(NcclHostModel, AnNcclLibraryOlderThan222IsRefused) {
+  setenv("STRIA_NCCL_MODEL_VERSION", "22103", 1);  // 2.21.3
+  cudaSetDevice(0);
+  stria_context_config_t cfg = Config(0, 1, 5);
+  Transport* t = nullptr;
+  Status s = stria_nccl_module_v2.create(cfg, nullptr, 5, &t);
+  unsetenv("STRIA_NCCL_MODEL_VERSION");
+  EXPECT_EQ(s.code(), STRIA_ERROR_UNSUPPORTED) << s.message();
+  EXPECT_NE(s.message().find("2.21.3"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("2.22.0"), std::string::npos) << s.message();
+  EXPECT_EQ(t, nullptr);
+  delete t;
+}
+
 TEST(NcclHostModel, AllGatherTimesOut) {
   Ranks ranks(2, 30);
   ranks.ExpectAllOk();

@@ -61,7 +61,9 @@
 // The end. A healthy context flushes before it frees: a send whose kernel has completed may still
 // have bytes in NCCL's proxy on their way to another node, which an abort would drop for a peer
 // still in the call. So its end calls ncclCommFinalize (polled, bounded by kDrainS), then
-// ncclCommDestroy, which frees locally without blocking once finalized. A context that failed,
+// ncclCommDestroy, which frees locally without blocking once finalized (but, freeing device
+// memory, waits like an abort for the kernels on its device: another context's launch in flight
+// there delays it until that launch ends or times out). A context that failed,
 // was aborted, has a transfer it never waited for, or whose flush does not end in time aborts.
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -87,8 +89,12 @@
 #include "transport/module_abi.h"
 #include "transport/rendezvous/rendezvous.h"
 
-#if NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
-#error "the NCCL transport needs NCCL 2.14 or later (nonblocking communicators)"
+// 2.22: ncclCommAbort inside a group raises its flag at once and frees at the group's end (before,
+// it freed at once, so the grouped abort of both lanes below could wait on the other lane's
+// kernel). The library loaded at run time is checked too (CheckLibraryVersion).
+#define STRIA_NCCL_MIN_VERSION NCCL_VERSION(2, 22, 0)
+#if NCCL_VERSION_CODE < STRIA_NCCL_MIN_VERSION
+#error "the NCCL transport needs NCCL 2.22 or later"
 #endif
 
 namespace stria {
@@ -226,18 +232,27 @@ class NcclTransport final : public Transport {
     return e == cudaSuccess ? Status::Ok() : CudaStatus(e, "cudaStreamSynchronize");
   }
 
-  // Both lanes' communicators from rank 0's ids, set up concurrently (nonblocking).
+  // Both lanes' communicators from rank 0's ids, set up concurrently (nonblocking), in one group:
+  // NCCL up to 2.26 keeps a nonblocking call's job in per-thread state, and a second set-up issued
+  // by the same thread before the first is done corrupts it. A group is NCCL's way to make several
+  // communicators from one thread.
   Status InitFromIds(const NcclIds& ids) {
     DeviceScope dev(device_);
     STRIA_RETURN_IF_ERROR(dev.status());
     Lock lock(mu_);
-    for (int lane = 0; lane < kLanes; ++lane) {
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) return FailLocked(NcclError("ncclGroupStart", r, nullptr));
+    Status made;
+    for (int lane = 0; lane < kLanes && made.ok(); ++lane) {
       ncclConfig_t cfg = Config();
       ncclComm_t comm = nullptr;
-      const ncclResult_t r = ncclCommInitRankConfig(&comm, world_, ids.lane[lane], rank_, &cfg);
+      r = ncclCommInitRankConfig(&comm, world_, ids.lane[lane], rank_, &cfg);
       comms_[lane] = comm;  // even half made: the destructor aborts it
-      if (r != ncclSuccess && r != ncclInProgress) return FailLocked(NcclError("ncclCommInitRankConfig", r, comm));
+      if (r != ncclSuccess && r != ncclInProgress) made = NcclError("ncclCommInitRankConfig", r, comm);
     }
+    r = ncclGroupEnd();  // always: an open group would capture this thread's later NCCL calls
+    if (made.ok() && r != ncclSuccess && r != ncclInProgress) made = NcclError("ncclGroupEnd (set-up)", r, nullptr);
+    if (!made.ok()) return FailLocked(made);
     const auto deadline = DeadlineAfter(timeout_s_);
     for (int lane = 0; lane < kLanes; ++lane) {
       const std::string what = Format("NCCL to set up the %s communicator (ncclCommInitRankConfig)", kLaneName[lane]);
@@ -286,8 +301,10 @@ class NcclTransport final : public Transport {
     return InitFromIds(ids);
   }
 
-  // A one-byte exchange with both neighbours on each lane: NCCL connects peers on first use, and
-  // doing it here puts that cost (and a peer that cannot be reached) into create, under the timeout.
+  // A one-byte exchange with both neighbours on each lane, and an all-gather: NCCL connects peers
+  // on first use (and, since 2.22, a collective's ring at its first launch), and doing it here puts
+  // that cost (and a peer that cannot be reached) into create, under the timeout, rather than into
+  // a call's launch, which holds the device's issue lock while NCCL connects.
   Status Warmup() {
     const int next = (rank_ + 1) % world_, prev = (rank_ - 1 + world_) % world_;
     std::vector<RequestId> reqs;
@@ -302,7 +319,9 @@ class NcclTransport final : public Transport {
     }
     for (RequestId r : reqs)
       STRIA_RETURN_IF_ERROR(Wait(r, timeout_s_, "the first exchange with the neighbouring ranks"));
-    return Status::Ok();
+    std::vector<uint8_t> all(static_cast<size_t>(world_));
+    const uint8_t mine = 1;
+    return AllGather(&mine, all.data(), 1, timeout_s_, "the first all-gather");
   }
 
   Status AllGather(const void* mine, void* all, size_t bytes, double timeout_s, const char* what) override {
@@ -383,8 +402,16 @@ class NcclTransport final : public Transport {
     }
     ClearNotReady();
     // NCCL cannot withdraw a single transfer: aborting the communicators is what stops them (and
-    // the context is poisoned after a failure anyway).
-    if (busy) AbortCommsLocked();
+    // the context is poisoned after a failure anyway). Later calls then say why, rather than hand
+    // NCCL a communicator that is gone.
+    if (busy) {
+      if (failure_.ok())
+        failure_ = Error(STRIA_ERROR_TRANSPORT,
+                         "rank %d aborted its NCCL communicators to stop the transfers of a call that failed; the "
+                         "context can only be destroyed",
+                         rank_);
+      AbortCommsLocked();
+    }
     lock.unlock();
     DrainStreams();
     lock.lock();
@@ -458,13 +485,13 @@ class NcclTransport final : public Transport {
     if (!failure_.ok() || aborted_.load() || !ops_.empty()) return AbortCommsLocked();
     DeviceScope dev(device_);
     if (!dev.status().ok()) return AbortCommsLocked();
-    for (ncclComm_t comm : comms_) {
-      const ncclResult_t r = comm == nullptr ? ncclSuccess : ncclCommFinalize(comm);
-      if (r != ncclSuccess && r != ncclInProgress) return AbortCommsLocked();
-    }
+    // One lane after the other: a nonblocking finalize is a per-thread job in NCCL up to 2.26, like
+    // a set-up (InitFromIds), and the second must not start before the first is done.
     const auto deadline = DeadlineAfter(std::min(timeout_s_, kDrainS));
     for (int lane = 0; lane < kLanes; ++lane) {
       if (comms_[lane] == nullptr) continue;
+      const ncclResult_t r = ncclCommFinalize(comms_[lane]);
+      if (r != ncclSuccess && r != ncclInProgress) return AbortCommsLocked();
       const std::string what = Format("NCCL to flush the %s communicator (ncclCommFinalize)", kLaneName[lane]);
       if (!AwaitCommLocked(lock, lane, deadline, what.c_str()).ok()) return;  // failed: aborted there
     }
@@ -567,6 +594,9 @@ class NcclTransport final : public Transport {
   // One broadcast of the ids from rank 0 over the caller's communicator, through the scratch
   // buffer on lane 0's stream. A rank that never comes leaves the broadcast pending in the caller's
   // communicator, which only its owner may abort; the scratch buffer then stays allocated for it.
+  // On a blocking communicator NCCL may instead wait inside ncclBroadcast, connecting its ring at
+  // this first collective, for as long as a rank is missing: no timeout of stria's can end that
+  // (stria.h says so; a nonblocking nccl_comm keeps create under timeout_s).
   Status BroadcastIdsLocked(Lock& lock, ncclComm_t user, NcclIds* ids) {
     DeviceScope dev(device_);
     if (!dev.status().ok()) return FailLocked(dev.status());
@@ -900,12 +930,27 @@ Status CheckEnvironment() {
   return Status::Ok();
 }
 
+// The libnccl.so.2 loaded (a framework may bring its own, older than the headers built against).
+Status CheckLibraryVersion() {
+  int version = 0;
+  const ncclResult_t r = ncclGetVersion(&version);
+  if (r != ncclSuccess) return NcclError("ncclGetVersion", r, nullptr);
+  if (version < STRIA_NCCL_MIN_VERSION)
+    return Error(STRIA_ERROR_UNSUPPORTED,
+                 "the NCCL library loaded is %s; stria's NCCL transport needs %s or later (before 2.22 an abort "
+                 "frees its communicator at once, even in a group, and aborting the two lanes of a rank could "
+                 "hang on the GPU): load a newer libnccl.so.2",
+                 VersionText(version).c_str(), VersionText(STRIA_NCCL_MIN_VERSION).c_str());
+  return Status::Ok();
+}
+
 Status NcclCreate(const stria_context_config_t& config, void* nccl_comm, double timeout_s, Transport** out) {
   if (RawEnum(config.device.device_type) != kDLCUDA)
     return Error(STRIA_ERROR_UNSUPPORTED,
                  "the NCCL transport moves CUDA device memory: set config->device to {kDLCUDA, ordinal} (CPU "
                  "contexts across processes use STRIA_TRANSPORT_UCX)");
   STRIA_RETURN_IF_ERROR(CheckEnvironment());
+  STRIA_RETURN_IF_ERROR(CheckLibraryVersion());
   STRIA_RETURN_IF_ERROR(CheckDevice(config.device.device_id));
   auto t = std::make_unique<NcclTransport>(config.rank, config.world_size, config.device.device_id, timeout_s);
   STRIA_RETURN_IF_ERROR(t->CreateStreams());
