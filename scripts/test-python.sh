@@ -11,6 +11,7 @@
 #   STRIA_PYTHON_VENV       virtual environment (default .venv-python)
 #   PYTHON                  interpreter for a new virtual environment (default python3)
 #   STRIA_PYTHON_WHEEL=0    skips the wheel build, install and second run
+#   STRIA_PYTHON_PREPARE_ONLY=1  only installs (packages, virtual environment), then exits
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -56,6 +57,10 @@ if ! "$py" -c 'import jax' 2>/dev/null; then
   echo "jax installed in $((SECONDS - t0)) s"
 fi
 jax_include=$("$py" -c 'import jax.ffi; print(jax.ffi.include_dir())')
+if [ "${STRIA_PYTHON_PREPARE_ONLY:-0}" = 1 ]; then
+  echo "== Python environment ready in $((SECONDS - started)) s"
+  exit 0
+fi
 
 echo "== build ($build_dir)"
 configure=(-DSTRIA_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$py" -DSTRIA_JAX_INCLUDE_DIR="$jax_include")

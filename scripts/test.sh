@@ -12,6 +12,15 @@ jobs=$(nproc)
 # Each stage's heading says when it began, so a CI log shows where the time goes.
 stage() { echo "== $* (at $SECONDS s)"; }
 
+# The Python suite's packages (torch and jax: mostly a download) install while the C++ builds.
+prepare_log=$(mktemp)
+prepare_pid=""
+if [ "${BINDINGS:-1}" = 1 ] && [ -x scripts/test-python.sh ]; then
+  STRIA_PYTHON_PREPARE_ONLY=1 scripts/test-python.sh >"$prepare_log" 2>&1 &
+  prepare_pid=$!
+fi
+trap '[ -z "$prepare_pid" ] || kill "$prepare_pid" 2>/dev/null || true; rm -f "$prepare_log"' EXIT
+
 stage "Release build and tests"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRIA_WERROR=ON >/dev/null
 ninja -C build -j"$jobs"
@@ -37,6 +46,14 @@ for opts in "-DSTRIA_WITH_CUDA=OFF" "-DSTRIA_WITH_CUDA=OFF -DSTRIA_WITH_NCCL=OFF
 done
 
 if [ "${BINDINGS:-1}" = 1 ]; then
+  if [ -n "$prepare_pid" ]; then
+    stage "python environment (installed in the background)"
+    status=0
+    wait "$prepare_pid" || status=$?
+    prepare_pid=""
+    cat "$prepare_log"
+    [ "$status" = 0 ] || { echo "preparing the Python environment failed ($status)"; exit 1; }
+  fi
   for lang in python rust julia; do
     [ -x "scripts/test-$lang.sh" ] || continue
     stage "$lang bindings"
