@@ -376,6 +376,30 @@ TEST(NcclHostModel, WaitTimesOutAndPoisons) {
   EXPECT_LT(SecondsSince(end), 3);
 }
 
+// The engine cancels a failed call's transfers. NCCL cannot withdraw one, so a launch still in
+// flight is stopped by aborting the communicators: the transport must then say so on every later
+// call, not hand NCCL a communicator that is gone.
+TEST(NcclHostModel, CancellingTransfersInFlightPoisonsWithTheReason) {
+  Ranks ranks(2, 30);
+  ranks.ExpectAllOk();
+  ASSERT_FALSE(HasFailure());
+  cudaSetDevice(0);
+  Transport& t0 = *ranks.t[0];
+  std::vector<uint8_t> a(1000), b(1000);
+  RequestId rr = 0, rs = 0;
+  ASSERT_TRUE(t0.Irecv(1, Tag(1, 0, 1), b.data(), b.size(), &rr).ok());
+  ASSERT_TRUE(t0.Isend(1, Tag(1, 0, 1), a.data(), a.size(), &rs).ok());  // launched: rank 1 posts nothing
+  const auto start = std::chrono::steady_clock::now();
+  t0.CancelAll();
+  EXPECT_LT(SecondsSince(start), 5) << "the cancel waited for the transfers";
+  Status s = t0.Isend(1, Tag(2, 0, 1), a.data(), a.size(), &rs);
+  EXPECT_EQ(s.code(), STRIA_ERROR_TRANSPORT) << s.message();
+  EXPECT_NE(s.message().find("aborted its NCCL communicators"), std::string::npos) << s.message();
+  char all[2];
+  EXPECT_EQ(t0.AllGather("x", all, 1, 10, "x").message(), s.message());
+  for (auto& t : ranks.t) t.reset();
+}
+
 // Both lanes have a launch in flight towards a rank that never answers (as in a backward step):
 // the timeout aborts both communicators in one group. One after the other, freeing the first
 // would wait on a GPU for the second's kernel, which nobody told to quit: a hang (the model
