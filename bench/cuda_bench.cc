@@ -339,6 +339,8 @@ int Hide(const std::vector<int64_t>& lens, int64_t H, int64_t D, int reps, stria
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Line by line into a pipe too: a run that a time limit stops keeps every line it printed whole.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   if (argc < 2) {
     std::fprintf(stderr, "usage: %s kernels|ring|hide [options]\n", argv[0]);
     return 2;

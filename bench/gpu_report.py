@@ -64,6 +64,13 @@ def kernels_tables(kern, out):
         out.append("")
 
 
+# What a ring or hide line must carry to be reported: a line a time limit cut short (or that
+# another process's output interrupted) lacks some, and is left out.
+RING_KEYS = {"kernels", "dir", "layout", "world", "seq", "latency_ms", "ideal_ms", "of_ideal", "vs_contiguous",
+             "analytic_vs_contiguous"}
+HIDE_KEYS = {"kernels", "dir", "step", "link", "gbs", "smallest_hiding_len"}
+
+
 def main(argv):
     if len(argv) != 2:
         sys.exit(__doc__)
@@ -79,9 +86,9 @@ def main(argv):
                 if "impl" in kv and "tflops" in kv:
                     key = (kv["dir"], int(kv["dim"]), int(kv["causal"]), int(kv["len"]), kv["impl"])
                     kern[key] = float(kv["tflops"])
-                elif head == "ring" and "of_ideal" in kv:
+                elif head == "ring" and RING_KEYS <= kv.keys():
                     ring.append(kv)
-                elif head == "hide_threshold":
+                elif head == "hide_threshold" and HIDE_KEYS <= kv.keys():
                     hide.append(kv)
             except (KeyError, ValueError):
                 continue  # a line cut short (a time limit): left out
@@ -93,8 +100,11 @@ def main(argv):
         ratios = [vs_flash(kern, direction, d, c, s)
                   for d, c, s in {(d, c, s) for (dr, d, c, s, _) in kern if dr == direction and d == 128 and c
                                   and s >= 4096}]
-        worst = min((r for r in ratios if r is not None), default=None)  # the bar holds on its worst shape
-        what = f"causal {'forward' if direction == 'fwd' else 'backward'}, D 128, 4k+ tokens: best stria / flash"
+        judged = [r for r in ratios if r is not None]
+        worst = min(judged, default=None)  # the bar holds on its worst shape
+        # How many shapes it rests on: a run that a time limit cut short measures fewer.
+        what = (f"causal {'forward' if direction == 'fwd' else 'backward'}, D 128, 4k+ tokens: best stria / flash"
+                f" ({len(judged)} shapes)")
         bars.append((what, f">= {need:.1f}x", worst, None if worst is None else worst >= need))
     if ring:
         out.append("Modelled ring (causal, bf16; latency = Σ over steps of the slowest rank's block kernels):\n")

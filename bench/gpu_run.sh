@@ -32,9 +32,13 @@
 # families to time, for a call that does not run their tests).
 # Output: $OUT (or bench/) gets gpu_results.txt (the summaries and the benchmarks' lines),
 # gpu_report.md (those as docs/performance.md's tables, with issue 4's bars judged: bench/
-# gpu_report.py), gpu_test_output.txt (every test's log), gpu_profile.txt (ncu), gpu_python_output.txt.
+# gpu_report.py; written once the benchmarks have run, and again at the end), gpu_test_output.txt
+# (every test's log), gpu_sanitizer_output.txt (compute-sanitizer's reports, 4 MB a run at most),
+# gpu_profile.txt (ncu), gpu_python_output.txt.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
+# Python's output into a pipe unbuffered: a script that a time limit stops keeps what it printed.
+export PYTHONUNBUFFERED=1
 out=${OUT:-bench}
 mkdir -p "$out"
 results=$out/gpu_results.txt
@@ -70,6 +74,12 @@ cap() {
 }
 # note_failure STAGE: remembered for the closing line; the run goes on.
 note_failure() { [[ " ${failed[*]} " == *" $1 "* ]] || failed+=("$1"); }
+# report: docs/performance.md's tables and issue 4's bars from what this call measured so far.
+report() {
+  if grep -q -E '^(impl=|ring kernels=|hide_threshold |\| tokens \| layout )' "$results"; then
+    python3 bench/gpu_report.py "$results" >"$out/gpu_report.md"
+  fi
+}
 
 # The GPU machine's image has neither the DLPack header nor GoogleTest: scripts/device-deps.sh
 # gathers them into .device-deps (carried along). NCCL comes as PyTorch's pip wheel there.
@@ -104,20 +114,20 @@ bin=${STRIA_GPU_BUILD_DIR:-build-gpu}  # another build with the GPU targets: CI'
 targets=(stria stria-cuda test_cuda_ring test_cuda_api test_hopper_primitives stria-cuda-bench)
 nccl_targets=(stria-nccl test_nccl_gpu stria-nccl-rank stria-nccl-bench)
 # A later call on a machine that is no longer warm starts bare: rebuild whatever stages it runs.
-[ -x $bin/tests/gpu/test_cuda_ring ] || stages+="build "
+[ -x "$bin"/tests/gpu/test_cuda_ring ] || stages+="build "
 if stage build 60; then
-  if ! cmake -S . -B $bin -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRIA_WITH_CUDA=ON -DSTRIA_WITH_UCX=OFF \
+  if ! cmake -S . -B "$bin" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRIA_WITH_CUDA=ON -DSTRIA_WITH_UCX=OFF \
     -DSTRIA_BUILD_PYTHON=OFF -DSTRIA_BUILD_EXAMPLES=OFF "${deps[@]}" >"$tmp/configure.log" 2>&1 ||
-    ! ninja -C $bin -j"$jobs" "${targets[@]}" >"$tmp/build.log" 2>&1; then
+    ! ninja -C "$bin" -j"$jobs" "${targets[@]}" >"$tmp/build.log" 2>&1; then
     cat "$tmp/configure.log" "$tmp/build.log" 2>/dev/null | tail -40 | tee -a "$results"
     say "build failed: nothing else can run"
     exit 1
   fi
   # NCCL apart: without it (or with a build failure there) the CUDA checks still run.
-  if ! ninja -C $bin -t targets all 2>/dev/null | grep -q '^stria-nccl:'; then
+  if ! ninja -C "$bin" -t targets all 2>/dev/null | grep -q '^stria-nccl:'; then
     say "NCCL not found by CMake (NCCL_ROOT=${NCCL_ROOT:-unset}): the NCCL checks are left out"
     note_failure build
-  elif ! ninja -C $bin -j"$jobs" "${nccl_targets[@]}" >"$tmp/build-nccl.log" 2>&1; then
+  elif ! ninja -C "$bin" -j"$jobs" "${nccl_targets[@]}" >"$tmp/build-nccl.log" 2>&1; then
     tail -30 "$tmp/build-nccl.log" | tee -a "$results"
     say "the NCCL targets failed to build: the NCCL checks are left out"
     note_failure build
@@ -145,7 +155,7 @@ summarize() {  # summarize LABEL LOG...
 sharded() {
   local name=$1 limit=$2 binary=$3 filter=$4 i logs=()
   for ((i = 0; i < shards; ++i)); do
-    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "$limit" "$binary" --gtest_filter="$filter" \
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout -k 10 "$limit" "$binary" --gtest_filter="$filter" \
       >"$tmp/$name.$i.log" 2>&1 &
     logs+=("$tmp/$name.$i.log")
   done
@@ -155,22 +165,22 @@ sharded() {
 # alone NAME LIMIT BINARY [ARGS...]: one process.
 alone() {
   local name=$1 limit=$2
-  timeout "$limit" "${@:3}" >"$tmp/$name.log" 2>&1
+  timeout -k 10 "$limit" "${@:3}" >"$tmp/$name.log" 2>&1
   summarize "$name" "$tmp/$name.log"
 }
 
 if stage primitives 10; then
-  alone hopper_primitives "$(cap 60)" $bin/tests/gpu/test_hopper_primitives || note_failure primitives
+  alone hopper_primitives "$(cap 60)" "$bin"/tests/gpu/test_hopper_primitives || note_failure primitives
 fi
 # The families apart, so that a kernel that hangs (every case of its family would, in every shard)
 # costs its own family's time limit and hides no other family's results; the Hopper families, whose
 # kernels wait on mbarriers, after the others. A family whose tests fail is not timed below.
 if stage tests 90; then
-  sharded cuda_ring "$(cap 200)" $bin/tests/gpu/test_cuda_ring 'TensorCores/*:Shapes/*:Devices/*:Documents/*:Windows/*' ||
+  sharded cuda_ring "$(cap 200)" "$bin"/tests/gpu/test_cuda_ring 'TensorCores/*:Shapes/*:Devices/*:Documents/*:Windows/*' ||
     note_failure tests
-  alone cuda_api "$(cap 150)" $bin/tests/gpu/test_cuda_api || note_failure tests
-  if [ -x $bin/tests/nccl/test_nccl_gpu ]; then
-    alone nccl_gpu "$(cap 120)" $bin/tests/nccl/test_nccl_gpu || note_failure tests
+  alone cuda_api "$(cap 150)" "$bin"/tests/gpu/test_cuda_api || note_failure tests
+  if [ -x "$bin"/tests/nccl/test_nccl_gpu ]; then
+    alone nccl_gpu "$(cap 120)" "$bin"/tests/nccl/test_nccl_gpu || note_failure tests
   else
     say "nccl_gpu: not built"
   fi
@@ -178,7 +188,7 @@ fi
 for family in wgmma tma; do
   if stage "$family" 20; then
     suite=$([ $family = wgmma ] && echo Wgmma || echo Tma)
-    if sharded "cuda_ring_$family" "$(cap 120)" $bin/tests/gpu/test_cuda_ring "$suite/*"; then
+    if sharded "cuda_ring_$family" "$(cap 120)" "$bin"/tests/gpu/test_cuda_ring "$suite/*"; then
       [ $hopper = 1 ] && families+=("$family")
     else
       note_failure "$family"
@@ -198,27 +208,28 @@ nf=${#families[@]}  # the timed stages' usual times grow with the families timed
 if stage kernels $((20 + 20 * nf)); then
   say "-- stria's kernels beside torch SDPA (flash, cuDNN), bf16, the same shapes"
   for family in "${families[@]}"; do
-    STRIA_CUDA_KERNELS=$([ "$family" = mma ] || echo "$family") timeout "$(cap 240)" \
-      $bin/bench/stria-cuda-bench kernels --dims $dims --lens $lens 2>&1 | tee -a "$results" ||
+    STRIA_CUDA_KERNELS=$([ "$family" = mma ] || echo "$family") timeout -k 10 "$(cap 240)" \
+      "$bin"/bench/stria-cuda-bench kernels --dims $dims --lens $lens 2>&1 | tee -a "$results" ||
       { say "stria_$family kernels: failed or timed out"; note_failure kernels; }
   done
-  timeout "$(cap 240)" python3 bench/torch_sdpa_gpu.py --dims $dims --lens $lens 2>&1 | tee -a "$results" ||
+  timeout -k 10 "$(cap 240)" python3 bench/torch_sdpa_gpu.py --dims $dims --lens $lens 2>&1 | tee -a "$results" ||
     { say "torch SDPA: failed or timed out"; note_failure kernels; }
 fi
 if stage ring $((25 * nf)); then
   for family in "${families[@]}"; do
-    timeout "$(cap 200)" $bin/bench/stria-cuda-bench ring --seq $seq --world 8 --heads 16 --dim 128 \
+    timeout -k 10 "$(cap 200)" "$bin"/bench/stria-cuda-bench ring --seq $seq --world 8 --heads 16 --dim 128 \
       --kernels "$family" 2>&1 | tee -a "$results" || { say "ring $family: failed or timed out"; note_failure ring; }
   done
 fi
-if stage nccl1 20 && { [ -x $bin/bench/stria-nccl-bench ] || { say "stria-nccl-bench: not built"; false; }; }; then
+if stage nccl1 20 && { [ -x "$bin"/bench/stria-nccl-bench ] || { say "stria-nccl-bench: not built"; false; }; }; then
   say "-- NCCL transport at world 1 against the in-process transport (causal, H 16, D 128, bf16)"
   nccl_ok=1
   for L in 4096 16384; do
     for mode in ring-local ring; do
-      RANK=0 WORLD_SIZE=1 STRIA_ROOT=127.0.0.1:$((20000 + RANDOM % 30000)) timeout "$(cap 90)" \
-        $bin/bench/stria-nccl-bench "$mode" "$L" 16 128 10 >"$tmp/$mode.$L" 2>&1 ||
-        { cat "$tmp/$mode.$L" | tail -5 | tee -a "$results"; nccl_ok=0; }
+      [ $nccl_ok = 1 ] || break 2  # one failure (a hang, say) is enough to know: the time goes on
+      RANK=0 WORLD_SIZE=1 STRIA_ROOT=127.0.0.1:$((20000 + RANDOM % 30000)) timeout -k 10 "$(cap 60)" \
+        "$bin"/bench/stria-nccl-bench "$mode" "$L" 16 128 10 >"$tmp/$mode.$L" 2>&1 ||
+        { tail -5 "$tmp/$mode.$L" | tee -a "$results"; nccl_ok=0; }
     done
   done
   if [ $nccl_ok = 1 ]; then
@@ -247,10 +258,11 @@ fi
 if stage hide $((10 * nf)); then
   say "-- transfer hiding: a ring step's kernels against its bytes on NVLink (450 GB/s) and 400 Gb/s IB"
   for family in "${families[@]}"; do
-    timeout "$(cap 120)" $bin/bench/stria-cuda-bench hide --lens $lens --heads 16 --dim 128 --kernels "$family" 2>&1 |
+    timeout -k 10 "$(cap 120)" "$bin"/bench/stria-cuda-bench hide --lens $lens --heads 16 --dim 128 --kernels "$family" 2>&1 |
       tee -a "$results" || { say "hide $family: failed or timed out"; note_failure hide; }
   done
 fi
+report  # every benchmark has run: the tables survive a later stage that the call's limit stops
 
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 if stage sanitizer 120; then
@@ -266,13 +278,15 @@ if stage sanitizer 120; then
     for tool in memcheck racecheck; do
       for what in ring primitives; do
         if [ $what = ring ]; then
-          args=($bin/tests/gpu/test_cuda_ring --gtest_filter="$filter") limit=150
+          args=("$bin"/tests/gpu/test_cuda_ring --gtest_filter="$filter") limit=150
         else
-          args=($bin/tests/gpu/test_hopper_primitives) limit=60
+          args=("$bin"/tests/gpu/test_hopper_primitives) limit=60
         fi
-        timeout "$(cap $limit)" "$sanitizer" --tool "$tool" --error-exitcode 9 "${args[@]}" >"$tmp/san.log" 2>&1
+        timeout -k 10 "$(cap $limit)" "$sanitizer" --tool "$tool" --error-exitcode 9 "${args[@]}" >"$tmp/san.log" 2>&1
         rc=$?
-        cat "$tmp/san.log" >>"$testlog"
+        # Apart from the test logs and capped: a flood of race reports must not make the files too
+        # large to come back.
+        { echo "=== $tool $what (exit $rc)"; head -c 4000000 "$tmp/san.log"; } >>"$out/gpu_sanitizer_output.txt"
         say "$tool $what: exit $rc ($([ $rc = 124 ] && echo 'time limit' || echo '0 is clean')); $(grep -E \
           'ERROR SUMMARY|RACECHECK SUMMARY' "$tmp/san.log" | tail -1)"
         [ $rc = 0 ] || note_failure sanitizer
@@ -291,9 +305,9 @@ if stage profile $((30 * nf)); then
     say "ncu not found"
   else
     for family in "${families[@]}"; do
-      STRIA_CUDA_KERNELS=$([ "$family" = mma ] || echo "$family") timeout "$(cap 120)" "$ncu" --clock-control none \
+      STRIA_CUDA_KERNELS=$([ "$family" = mma ] || echo "$family") timeout -k 10 "$(cap 120)" "$ncu" --clock-control none \
         --kernel-name regex:'(Forward|Backward)Kernel' --launch-skip 4 --launch-count 4 --section SpeedOfLight \
-        --section Occupancy $bin/bench/stria-cuda-bench kernels --dims 128 --lens 8192 --reps 1 \
+        --section Occupancy "$bin"/bench/stria-cuda-bench kernels --dims 128 --lens 8192 --reps 1 \
         >>"$out/gpu_profile.txt" 2>&1 || { say "profile $family: failed or timed out"; note_failure profile; }
     done
     say "profile: $(grep -c ', Context [0-9]*, Stream ' "$out/gpu_profile.txt" 2>/dev/null) kernel reports in gpu_profile.txt"
@@ -310,13 +324,12 @@ if stage python 90; then
     export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$PWD/.device-deps/swig/lib  # after the image's own
     swig=(-DSWIG_EXECUTABLE="$PWD/.device-deps/swig/bin/swig")
   fi
-  cmake -S . -B $bin -DSTRIA_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$(command -v python3)" "${swig[@]}" \
-    >"$tmp/py-configure.log" 2>&1 && ninja -C $bin -j"$jobs" stria_python >"$tmp/py-build.log" 2>&1
-  if [ $? -ne 0 ]; then
+  if ! { cmake -S . -B "$bin" -DSTRIA_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$(command -v python3)" "${swig[@]}" \
+    >"$tmp/py-configure.log" 2>&1 && ninja -C "$bin" -j"$jobs" stria_python >"$tmp/py-build.log" 2>&1; }; then
     cat "$tmp/py-configure.log" "$tmp/py-build.log" | tail -30 | tee -a "$results"
     note_failure python
   else
-    PYTHONPATH=$bin/bindings/python STRIA_REQUIRE_TORCH=1 STRIA_REQUIRE_JAX=1 timeout "$(cap 300)" python3 -m pytest \
+    PYTHONPATH=$bin/bindings/python STRIA_REQUIRE_TORCH=1 STRIA_REQUIRE_JAX=1 timeout -k 10 "$(cap 300)" python3 -m pytest \
       -q -p no:cacheprovider -rs bindings/python/tests/test_torch_cuda.py bindings/python/tests/test_jax.py \
       >"$out/gpu_python_output.txt" 2>&1 || note_failure python
     tail -15 "$out/gpu_python_output.txt" | tee -a "$results"
@@ -324,11 +337,10 @@ if stage python 90; then
 fi
 
 # The tables of docs/performance.md and issue 4's bars, from what this call measured.
-if grep -q -E '^(impl=|ring kernels=|hide_threshold |\| tokens \| layout )' "$results"; then
-  python3 bench/gpu_report.py "$results" >"$out/gpu_report.md" && cat "$out/gpu_report.md"
-fi
+report
+[ -f "$out/gpu_report.md" ] && cat "$out/gpu_report.md"
 say "== done in ${SECONDS} s of ${budget} s; stages with a failure: ${failed[*]:-none}"
 if [ ${#skipped[@]} -gt 0 ]; then
-  say "not run (the budget): next call STAGES=\"${skipped[*]}\" bench/gpu_run.sh"
+  say "not run (the budget): next call STAGES=\"${skipped[*]}\" FAMILIES=\"${families[*]}\" bench/gpu_run.sh"
 fi
 [ ${#failed[@]} -eq 0 ]

@@ -251,6 +251,8 @@ int Transfer(int rank, int world, int device, size_t bytes, int iters) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Line by line into a pipe too: a run that a time limit stops keeps every line it printed whole.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const int rank = EnvInt("RANK", -1), world = EnvInt("WORLD_SIZE", -1);
   const int device = EnvInt("LOCAL_RANK", rank);
   const std::string mode = argc > 1 ? argv[1] : "ring";
