@@ -174,7 +174,8 @@ if stage primitives 10; then
 fi
 # The families apart, so that a kernel that hangs (every case of its family would, in every shard)
 # costs its own family's time limit and hides no other family's results; the Hopper families, whose
-# kernels wait on mbarriers, after the others. A family whose tests fail is not timed below.
+# kernels wait on mbarriers, after the others. A Hopper family whose tests fail is not timed below;
+# mma, the default, always is (with a failed case its figures say how fast, not that it is right).
 if stage tests 90; then
   sharded cuda_ring "$(cap 200)" "$bin"/tests/gpu/test_cuda_ring 'TensorCores/*:Shapes/*:Devices/*:Documents/*:Windows/*' ||
     note_failure tests
