@@ -444,9 +444,9 @@ class CudaBackend final : public Backend {
     s_ = s;
     cudaStream_t next = static_cast<cudaStream_t>(stream);
     if (handoff_ == nullptr) STRIA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&handoff_, cudaEventDisableTiming));
-    if (used_) STRIA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(next, handoff_, 0));
+    // Before the first record this wait is a no-op, as CUDA defines it for an event never recorded.
+    STRIA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(next, handoff_, 0));
     stream_ = next;
-    used_ = true;
     dims_ = cuda::Dims{static_cast<int>(s.B), static_cast<int>(s.L), static_cast<int>(s.Hq), static_cast<int>(s.Hkv),
                        static_cast<int>(s.D)};
     return Status::Ok();
@@ -503,7 +503,6 @@ class CudaBackend final : public Backend {
   const cuda::Kernels want_;  // STRIA_CUDA_KERNELS
   int cc_ = -1;               // compute capability 10 * major + minor, once asked
   cuda::Kernels kernels_ = cuda::Kernels::kSimt;
-  bool used_ = false;              // a call has queued work (and recorded handoff_)
   cudaEvent_t handoff_ = nullptr;  // the end of the work queued so far (Queued)
   cudaStream_t stream_ = nullptr;
   AttentionShape s_;

@@ -853,8 +853,8 @@ Status CheckNcclEntries(const std::vector<Bytes>& table, int my_rank, int mine) 
 }
 
 // Forms the ring table of the rendezvous; every rank gets rank 0's NCCL ids out of it. A world of
-// one needs no rendezvous (nor a stria id).
-Status ExchangeNcclIds(const stria_context_config_t& config, double timeout_s, NcclIds* ids) {
+// one needs no rendezvous (nor a stria id). `version`: this rank's NCCL, which every rank must share.
+Status ExchangeNcclIds(const stria_context_config_t& config, double timeout_s, int version, NcclIds* ids) {
   if (config.world_size == 1) {
     ReleaseUnusedRendezvous(config.unique_id);  // an id from stria_get_unique_id is used up
     for (ncclUniqueId& id : ids->lane) {
@@ -868,9 +868,6 @@ Status ExchangeNcclIds(const stria_context_config_t& config, double timeout_s, N
                  kMaxWorldSize);
   RendezvousId id;
   STRIA_RETURN_IF_ERROR(ResolveId(config.unique_id, config.world_size, &id));
-  int version = 0;
-  ncclResult_t r = ncclGetVersion(&version);
-  if (r != ncclSuccess) return NcclError("ncclGetVersion", r, nullptr);
   Bytes blob(kBlobMagic, kBlobMagic + 4);
   for (int shift = 24; shift >= 0; shift -= 8)
     blob.push_back(static_cast<uint8_t>(static_cast<uint32_t>(version) >> shift));
@@ -930,17 +927,17 @@ Status CheckEnvironment() {
   return Status::Ok();
 }
 
-// The libnccl.so.2 loaded (a framework may bring its own, older than the headers built against).
-Status CheckLibraryVersion() {
-  int version = 0;
-  const ncclResult_t r = ncclGetVersion(&version);
+// The version of the libnccl.so.2 loaded (a framework may bring its own, older than the headers
+// built against), refused below 2.22.
+Status CheckLibraryVersion(int* version) {
+  const ncclResult_t r = ncclGetVersion(version);
   if (r != ncclSuccess) return NcclError("ncclGetVersion", r, nullptr);
-  if (version < STRIA_NCCL_MIN_VERSION)
+  if (*version < STRIA_NCCL_MIN_VERSION)
     return Error(STRIA_ERROR_UNSUPPORTED,
                  "the NCCL library loaded is %s; stria's NCCL transport needs %s or later (before 2.22 an abort "
                  "frees its communicator at once, even in a group, and aborting the two lanes of a rank could "
                  "hang on the GPU): load a newer libnccl.so.2",
-                 VersionText(version).c_str(), VersionText(STRIA_NCCL_MIN_VERSION).c_str());
+                 VersionText(*version).c_str(), VersionText(STRIA_NCCL_MIN_VERSION).c_str());
   return Status::Ok();
 }
 
@@ -950,7 +947,8 @@ Status NcclCreate(const stria_context_config_t& config, void* nccl_comm, double 
                  "the NCCL transport moves CUDA device memory: set config->device to {kDLCUDA, ordinal} (CPU "
                  "contexts across processes use STRIA_TRANSPORT_UCX)");
   STRIA_RETURN_IF_ERROR(CheckEnvironment());
-  STRIA_RETURN_IF_ERROR(CheckLibraryVersion());
+  int version = 0;
+  STRIA_RETURN_IF_ERROR(CheckLibraryVersion(&version));
   STRIA_RETURN_IF_ERROR(CheckDevice(config.device.device_id));
   auto t = std::make_unique<NcclTransport>(config.rank, config.world_size, config.device.device_id, timeout_s);
   STRIA_RETURN_IF_ERROR(t->CreateStreams());
@@ -958,7 +956,7 @@ Status NcclCreate(const stria_context_config_t& config, void* nccl_comm, double 
     STRIA_RETURN_IF_ERROR(t->InitFromComm(static_cast<ncclComm_t>(nccl_comm)));
   } else {
     NcclIds ids;
-    STRIA_RETURN_IF_ERROR(ExchangeNcclIds(config, timeout_s, &ids));
+    STRIA_RETURN_IF_ERROR(ExchangeNcclIds(config, timeout_s, version, &ids));
     STRIA_RETURN_IF_ERROR(t->InitFromIds(ids));
   }
   STRIA_RETURN_IF_ERROR(t->Warmup());
