@@ -599,6 +599,9 @@ TEST(NullPointers, EveryOtherFunction) {
   expect_invalid(stria_analyze_balance_steps(STRIA_LAYOUT_STRIPED, 1, 64, 4, 1, nullptr), "balance_steps(NULL)");
   stria_step_time_t steps[2];
   expect_invalid(stria_context_set_call_tag(nullptr, 1), "set_call_tag(NULL ctx)");
+  expect_invalid(stria_context_set_deterministic(nullptr, 1), "set_deterministic(NULL ctx)");
+  expect_invalid(stria_context_set_deterministic(ctx, 2), "set_deterministic(2)");
+  expect_invalid(stria_context_set_deterministic(ctx, -1), "set_deterministic(-1)");
   expect_invalid(stria_context_get_step_times(ctx, steps, 2, nullptr), "get_step_times(NULL num_steps)");
   expect_invalid(stria_context_get_step_times(ctx, nullptr, 2, &n), "get_step_times(NULL steps)");
   expect_invalid(stria_context_get_step_times(ctx, steps, -1, &n), "get_step_times(capacity -1)");
@@ -1098,6 +1101,8 @@ TEST(Handles, DestroyedAndForgedHandles) {
     EXPECT_STRNE(stria_get_last_error(), "");
     EXPECT_EQ(stria_context_set_call_tag(h, 1), STRIA_ERROR_INVALID_ARGUMENT);
     EXPECT_STRNE(stria_get_last_error(), "");
+    EXPECT_EQ(stria_context_set_deterministic(h, 1), STRIA_ERROR_INVALID_ARGUMENT);
+    EXPECT_STRNE(stria_get_last_error(), "");
     EXPECT_EQ(stria_context_abort(h), STRIA_ERROR_INVALID_ARGUMENT);
     EXPECT_STRNE(stria_get_last_error(), "");
     EXPECT_EQ(stria_context_destroy(h), STRIA_ERROR_INVALID_ARGUMENT);
@@ -1158,6 +1163,8 @@ TEST(Handles, ASecondThreadsCallOnABusyContextIsRefused) {
   // The step times are being written by the running call: not read under it; and a tag set now
   // would name that call or the next one, depending on timing.
   EXPECT_EQ(stria_context_set_call_tag(g.ctx[0], 3), STRIA_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(stria_context_set_deterministic(g.ctx[0], 1), STRIA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(stria_get_last_error()).find("on another thread"), std::string::npos) << stria_get_last_error();
   int num = -1;
   EXPECT_EQ(stria_context_get_step_times(g.ctx[0], nullptr, 0, &num), STRIA_ERROR_INVALID_ARGUMENT);
   // Rank 1 comes, and the admitted call completes.

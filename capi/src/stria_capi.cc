@@ -439,6 +439,22 @@ STRIA_API stria_status_t stria_context_set_call_tag(stria_context_t ctx, uint64_
   });
 }
 
+STRIA_API stria_status_t stria_context_set_deterministic(stria_context_t ctx, int deterministic) {
+  return Guard([&] {
+    std::shared_ptr<stria::Context> c;
+    STRIA_RETURN_IF_ERROR(Lookup(ctx, &c));
+    if (deterministic != 0 && deterministic != 1)
+      return Error(STRIA_ERROR_INVALID_ARGUMENT, "deterministic is %d: use 1 (on) or 0 (off)", deterministic);
+    // Under the call guard, like the call tag: a call running on another thread keeps the
+    // setting it started with.
+    stria::CallScope call(*c, "stria_context_set_deterministic");
+    STRIA_RETURN_IF_ERROR(call.status());
+    STRIA_RETURN_IF_ERROR(c->Usable());
+    c->backend().SetDeterministic(deterministic == 1);
+    return Status::Ok();
+  });
+}
+
 STRIA_API stria_status_t stria_layout_positions(stria_layout_t layout, int64_t seq_len, int world_size, int rank,
                                                 int64_t* positions) {
   return Guard([&] {

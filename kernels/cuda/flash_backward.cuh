@@ -6,6 +6,7 @@
 //   dQ += dS K                     through shared memory and float atomics into dq_acc.
 // dK/dV leave as fp32 (dK times the softmax scale) into the block's dK/dV ring message, which the
 // host zeroed, so CTAs with nothing to do simply return.
+// With kDq false the kernel leaves dQ out (the deterministic backward: flash_backward_dq.cuh).
 #pragma once
 
 #include "cuda/flash_common.cuh"
@@ -22,7 +23,7 @@ struct BwdTile {
   static constexpr int kSmemBytes = (2 * kN + 2 * kM) * kStride * 2 + kN * kDsStride * 2 + 2 * kM * 4;
 };
 
-template <typename T, int D, bool kDocs = false>
+template <typename T, int D, bool kDocs = false, bool kDq = true>
 STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashBackwardKernel(const BwdParams p) {
   using Tile = BwdTile<D>;
   constexpr int S = Tile::kStride, kM = Tile::kM, kN = Tile::kN, kDs = Tile::kDsStride;
@@ -122,6 +123,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashBackwardKernel(const BwdParams p
           st[nt][c] = pr;
           dpt[nt][c] = vis ? pr * (dpt[nt][c] - deltas[qi]) : 0.f;
         }
+        if (!kDq) continue;
         // dS^T into shared memory (rows: keys, columns: queries) for dQ = dS K below.
         uint32_t* row0 = reinterpret_cast<uint32_t*>(dss + (warp * 16 + g) * kDs + nt * 8 + 2 * t4);
         uint32_t* row1 = reinterpret_cast<uint32_t*>(dss + (warp * 16 + g + 8) * kDs + nt * 8 + 2 * t4);
@@ -146,6 +148,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashBackwardKernel(const BwdParams p
           mma_16816<T>(dk[2 * dp + 1], sa, qb + 2);
         }
       }
+      if (!kDq) continue;
       block_sync();  // dS^T complete
 
       // dQ rows rg*16.., columns cs*kQCols.. : dS (queries x 64 keys) K (64 keys x D).

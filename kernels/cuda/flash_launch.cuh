@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/flash_backward.cuh"
+#include "cuda/flash_backward_dq.cuh"
 #include "cuda/flash_forward.cuh"
 #include "cuda/smem_optin.cuh"
 #include "cuda/tma_backward.cuh"
@@ -73,6 +74,22 @@ template <typename T, int D>
 cudaError_t LaunchFlashBackward(const BwdParams& p, cudaStream_t s) {
   return LaunchKeyTiles<BwdTile<D>>(
       p.mask.doc_lo != nullptr ? FlashBackwardKernel<T, D, true> : FlashBackwardKernel<T, D, false>, p, s);
+}
+
+// The deterministic backward (flash_backward_dq.cuh): dK/dV over the key tiles without dQ, then dQ
+// over the query tiles, one after the other on the stream.
+template <typename T, int D>
+cudaError_t LaunchFlashBackwardDeterministic(const BwdParams& p, cudaStream_t s) {
+  const bool docs = p.mask.doc_lo != nullptr;
+  cudaError_t e = LaunchKeyTiles<BwdTile<D>>(
+      docs ? FlashBackwardKernel<T, D, true, false> : FlashBackwardKernel<T, D, false, false>, p, s);
+  if (e != cudaSuccess) return e;
+  using Tile = BwdDqTile<D>;
+  void (*dq_kernel)(BwdParams) = docs ? FlashBackwardDqKernel<T, D, true> : FlashBackwardDqKernel<T, D, false>;
+  e = AllowSmem(dq_kernel, Tile::kSmemBytes);
+  if (e != cudaSuccess) return e;
+  const dim3 grid(QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(p.dims.B * p.dims.Hq));
+  return STRIA_LAUNCH(dq_kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(p);
 }
 
 // sm_90a only, like the wgmma forward.

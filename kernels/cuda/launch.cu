@@ -15,6 +15,8 @@ cudaError_t FlashForwardF16(int D, const FwdParams& p, cudaStream_t s);
 cudaError_t FlashForwardBF16(int D, const FwdParams& p, cudaStream_t s);
 cudaError_t FlashBackwardF16(int D, const BwdParams& p, cudaStream_t s);
 cudaError_t FlashBackwardBF16(int D, const BwdParams& p, cudaStream_t s);
+cudaError_t FlashBackwardDeterministicF16(int D, const BwdParams& p, cudaStream_t s);
+cudaError_t FlashBackwardDeterministicBF16(int D, const BwdParams& p, cudaStream_t s);
 cudaError_t WgmmaForwardF16(int D, const FwdParams& p, cudaStream_t s);
 cudaError_t WgmmaForwardBF16(int D, const FwdParams& p, cudaStream_t s);
 cudaError_t TmaForwardF16(int D, const FwdParams& p, cudaStream_t s);
@@ -98,7 +100,9 @@ cudaError_t LaunchForwardBlock(Elem e, Kernels k, const FwdParams& p, cudaStream
   return cudaErrorInvalidValue;
 }
 
-cudaError_t LaunchBackwardBlock(Elem e, Kernels k, const BwdParams& p, cudaStream_t s) {
+cudaError_t LaunchBackwardBlock(Elem e, Kernels k, bool deterministic, const BwdParams& p, cudaStream_t s) {
+  if (deterministic && k != Kernels::kSimt && e == Elem::kF16) return FlashBackwardDeterministicF16(p.dims.D, p, s);
+  if (deterministic && k != Kernels::kSimt && e == Elem::kBF16) return FlashBackwardDeterministicBF16(p.dims.D, p, s);
   if (k == Kernels::kTma && e == Elem::kF16) return TmaBackwardF16(p.dims.D, p, s);
   if (k == Kernels::kTma && e == Elem::kBF16) return TmaBackwardBF16(p.dims.D, p, s);
   if (k == Kernels::kWgmma && e == Elem::kF16) return WgmmaBackwardF16(p.dims.D, p, s);

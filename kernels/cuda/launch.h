@@ -26,7 +26,9 @@ cudaError_t LaunchForwardBlock(Elem e, Kernels k, const FwdParams& p, cudaStream
 // kTma blocks that took the cp.async wgmma forward because their tensor maps could not be made
 // (tma_api.cuh, EncodeRowsMap), in this process: what a TMA benchmark must show is zero.
 uint64_t TmaMapFailures();
-cudaError_t LaunchBackwardBlock(Elem e, Kernels k, const BwdParams& p, cudaStream_t s);
+// deterministic: the same bits from every run (the SIMT kernels always give them; the tensor-core
+// families then take mma.sync's dK/dV and dQ passes instead of adding dQ with float atomics).
+cudaError_t LaunchBackwardBlock(Elem e, Kernels k, bool deterministic, const BwdParams& p, cudaStream_t s);
 
 cudaError_t LaunchPackRows(int elem_bytes, Dims d, int H, RowsArg src, void* dst, cudaStream_t s);
 cudaError_t LaunchFill(float* p, int64_t n, float v, cudaStream_t s);

@@ -119,6 +119,11 @@ class Backend {
   // handing out work items; kernels already queued on a GPU run to their end.
   virtual void SetCancelFlag(const std::atomic<bool>* /*flag*/) {}
 
+  // stria_context_set_deterministic: whether backward calls must give the same bits every time
+  // they run on the same inputs. A backend whose every call already does (the CPU backend: a
+  // fixed order of work per output row) has nothing to change.
+  virtual void SetDeterministic(bool /*on*/) {}
+
   // CPU seconds the compute threads spent so far, and how many there are (for step profiles).
   virtual double cpu_seconds() const = 0;
   virtual int num_threads() const = 0;

@@ -8,8 +8,8 @@
 namespace stria {
 
 // 3: BlockMask::doc_*; 4: Backend::ReadOnHost, and AttentionShape without the documents flag that
-// no backend read (a block's mask says whether it has document bounds).
-constexpr int kBackendModuleAbiVersion = 4;
+// no backend read (a block's mask says whether it has document bounds); 5: Backend::SetDeterministic.
+constexpr int kBackendModuleAbiVersion = 5;
 
 struct BackendModuleV1 {
   int abi_version;  // kBackendModuleAbiVersion

@@ -270,6 +270,10 @@ namespace stria {
 namespace cuda {
 namespace emu {
 
+// stria_cuda_runtime_model_shuffle_blocks's seed (0: off), and the launches numbered under it.
+std::atomic<uint64_t> g_shuffle_seed{0};
+std::atomic<uint64_t> g_launches{0};
+
 int LaunchOnStream(const void* kernel, void* stream, Dim3 grid, Dim3 block, size_t smem_bytes,
                    std::function<void()> body) {
   Touch();
@@ -292,13 +296,18 @@ int LaunchOnStream(const void* kernel, void* stream, Dim3 grid, Dim3 block, size
     if (smem_bytes > static_cast<size_t>(it == limits.end() ? 48 * 1024 : it->second))
       return Set(cudaErrorInvalidValue);
   }
+  // stria_cuda_runtime_model_shuffle_blocks: this launch's own order of CTAs (and of warps).
+  const uint64_t shuffle = g_shuffle_seed.load();
+  const uint64_t seed = shuffle == 0 ? 0 : shuffle ^ (g_launches.fetch_add(1) * 0x9e3779b97f4a7c15ull);
   Enqueue(s, [=] {
     if (Sticky(device) != cudaSuccess) return;  // a faulted device runs nothing more
+    if (shuffle != 0) SetSchedule(Schedule::kWarpsShuffled, seed);
     try {
       Launch(grid, block, smem_bytes, body);
     } catch (const std::exception& e) {
       Fault(device, e.what());
     }
+    if (shuffle != 0) ResetSchedule();
   });
   return cudaSuccess;
 }
@@ -313,6 +322,13 @@ extern "C" {
 // weak reference, to tell the model from a GPU.
 int stria_cuda_runtime_model(void) {
   return 1;
+}
+
+// Also not in the runtime (tests/gpu/gpu_util.h, ShuffledBlocks): from a nonzero seed on, every
+// launch runs its CTAs, and the warps within them, in an order of its own drawn from the seed and
+// the launch's number, as a GPU may schedule them; 0 goes back to STRIA_EMU_SCHEDULE's order.
+void stria_cuda_runtime_model_shuffle_blocks(uint64_t seed) {
+  stria::cuda::emu::g_shuffle_seed.store(seed);
 }
 
 const char* cudaGetErrorName(cudaError_t e) {

@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -29,12 +30,33 @@ inline std::string NoGpuReason() {
 // Defined by tests/cuda_host's model of the CUDA runtime only.
 extern "C" __attribute__((weak)) int stria_cuda_runtime_model(void);
 
+// Also the model's: from a nonzero seed on, every launch runs its CTAs in a random order drawn
+// from the seed and the launch's number (0: index order again).
+extern "C" __attribute__((weak)) void stria_cuda_runtime_model_shuffle_blocks(uint64_t seed);
+
 // True when the suite runs on that model, where every kernel runs on the warp emulator, thousands
 // of times slower than a GPU: a test whose shape is long only to keep a real GPU busy uses a
 // shorter one there.
 inline bool OnRuntimeModel() {
   return stria_cuda_runtime_model != nullptr;
 }
+
+// For a scope, CTAs in a random order at every launch on the runtime model (a GPU's order is its
+// own): what a result must not depend on. Nothing when `on` is false or on a GPU.
+class ShuffledBlocks {
+ public:
+  explicit ShuffledBlocks(bool on) : on_(on && stria_cuda_runtime_model_shuffle_blocks != nullptr) {
+    if (on_) stria_cuda_runtime_model_shuffle_blocks(0x5eed);
+  }
+  ~ShuffledBlocks() {
+    if (on_) stria_cuda_runtime_model_shuffle_blocks(0);
+  }
+  ShuffledBlocks(const ShuffledBlocks&) = delete;
+  ShuffledBlocks& operator=(const ShuffledBlocks&) = delete;
+
+ private:
+  const bool on_;
+};
 
 // A device copy of a host Tensor (same shape, dtype and strides) on the calling thread's current
 // device, freed at scope exit.

@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <sstream>
+#include <tuple>
 
 #include "gpu_util.h"
 #include "ring_results.h"
@@ -28,6 +29,7 @@ struct Case {
   int docs = 0;                   // > 0: a document mask of this many documents per batch row (random cuts)
   bool device_docs = false;       // the boundaries in device memory, written on the call's stream just before it
   Window window{};                // a sliding window (stria_attention_forward_window)
+  bool deterministic = false;     // stria_context_set_deterministic, and a second backward that must repeat the bits
 };
 
 std::string Name(const Case& c) {
@@ -36,7 +38,8 @@ std::string Name(const Case& c) {
      << c.B << "L" << c.L << "H" << c.Hq << "x" << c.Hkv << "D" << c.D
      << (c.kernels ? std::string("_") + c.kernels : "") << (c.stream ? "_stream" : "") << (c.strided ? "_strided" : "")
      << (c.spread ? "_2gpus" : "") << (c.docs > 0 ? "_docs" + std::to_string(c.docs) : "")
-     << (c.device_docs ? "_ondevice" : "") << (c.window.active() ? "_window" + WindowName(c.window) : "");
+     << (c.device_docs ? "_ondevice" : "") << (c.window.active() ? "_window" + WindowName(c.window) : "")
+     << (c.deterministic ? "_deterministic" : "");
   return os.str();
 }
 
@@ -93,8 +96,11 @@ void RunCase(const Case& c) {
   params.layout = c.layout;
   params.causal = c.causal;
 
+  // On the runtime model, CTAs in a random order that changes at every launch (as a GPU's may): the
+  // deterministic backward's second run must still repeat the first one's bits.
+  ShuffledBlocks shuffled(c.deterministic);
   std::vector<stria_status_t> fwd(static_cast<size_t>(c.world)), bwd(static_cast<size_t>(c.world));
-  std::vector<std::string> errors(static_cast<size_t>(c.world));
+  std::vector<std::string> errors(static_cast<size_t>(c.world)), repeat(static_cast<size_t>(c.world));
   RunRanks(c.world, [&](int r) {
     cudaSetDevice(ordinals[static_cast<size_t>(r)]);  // the rank's tensors and stream live there
     Tensor ql = ShardHost(q, c, r), kl = ShardHost(k, c, r), vl = ShardHost(v, c, r), dol = ShardHost(dout, c, r);
@@ -117,6 +123,13 @@ void RunCase(const Case& c) {
     }
     stria_context_t ctx = group.ctx[static_cast<size_t>(r)];
     std::string err;
+    if (c.deterministic) {
+      EXPECT_EQ(stria_context_set_deterministic(ctx, 1), STRIA_SUCCESS) << stria_get_last_error();
+    }
+    auto backward = [&] {
+      return AttentionBackward(ctx, &params, documents, c.docs, &qv, &kv, &vv, &out_d.dl, &lse_d.dl, &do_d.dl, &dq_d.dl,
+                               &dk_d.dl, &dv_d.dl, stream, c.window);
+    };
     if (c.device_docs) {
       // Garbage first (all ones: -1, which stria refuses), then the boundaries, queued on the
       // call's stream: stria must read them after the copy, not before.
@@ -137,25 +150,37 @@ void RunCase(const Case& c) {
       fwd[static_cast<size_t>(r)] = AttentionForward(ctx, &params, documents, c.docs, &qv, &kv, &vv, &out_d.dl,
                                                      &lse_d.dl, static_cast<void*>(stream), c.window);
       err = stria_get_last_error();
-      bwd[static_cast<size_t>(r)] =
-          AttentionBackward(ctx, &params, documents, c.docs, &qv, &kv, &vv, &out_d.dl, &lse_d.dl, &do_d.dl, &dq_d.dl,
-                            &dk_d.dl, &dv_d.dl, stream, c.window);
+      bwd[static_cast<size_t>(r)] = backward();
       err += stria_get_last_error();
     }
     const cudaError_t sync = cudaStreamSynchronize(stream);
     if (sync != cudaSuccess) err += std::string(" stream sync: ") + cudaGetErrorString(sync);
     errors[static_cast<size_t>(r)] = err;
-    if (stream) cudaStreamDestroy(stream);
     out_d.CopyTo(&out);
     lse_d.CopyTo(&lse);
     dq_d.CopyTo(&dq);
     dk_d.CopyTo(&dk);
     dv_d.CopyTo(&dv);
+    if (c.deterministic && bwd[static_cast<size_t>(r)] == STRIA_SUCCESS) {
+      for (DeviceTensor* t : {&dq_d, &dk_d, &dv_d}) t->Poison();
+      const stria_status_t again = backward();
+      EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      Tensor dq2(dq.shape, c.dt), dk2(dk.shape, c.dt), dv2(dv.shape, c.dt);
+      dq_d.CopyTo(&dq2);
+      dk_d.CopyTo(&dk2);
+      dv_d.CopyTo(&dv2);
+      if (again != STRIA_SUCCESS) repeat[static_cast<size_t>(r)] = std::string("failed: ") + stria_get_last_error();
+      for (auto [name, a, b] : {std::make_tuple("dq", &dq, &dq2), std::make_tuple("dk", &dk, &dk2),
+                                std::make_tuple("dv", &dv, &dv2)})
+        if (a->storage != b->storage) repeat[static_cast<size_t>(r)] += std::string(name) + " differs; ";
+    }
+    if (stream) cudaStreamDestroy(stream);
     full.Gather(r, out, lse, dq, dk, dv);
   });
   for (int r = 0; r < c.world; ++r) {
     ASSERT_EQ(fwd[static_cast<size_t>(r)], STRIA_SUCCESS) << "rank " << r << ": " << errors[static_cast<size_t>(r)];
     ASSERT_EQ(bwd[static_cast<size_t>(r)], STRIA_SUCCESS) << "rank " << r << ": " << errors[static_cast<size_t>(r)];
+    EXPECT_EQ(repeat[static_cast<size_t>(r)], "") << "rank " << r << ": the second deterministic backward";
   }
   const double tol = c.dt == Dt::kF32 ? 1e-5 : 2e-2;
   full.ExpectMatches(ref, tol, c.dt == Dt::kF32 ? 1e-5 : 1e-3);
@@ -356,6 +381,45 @@ std::string ParamName(const ::testing::TestParamInfo<Case>& info) {
   return Name(info.param);
 }
 
+// The deterministic backward (stria_context_set_deterministic): each case runs its backward twice
+// and compares the bits besides the reference. Rank counts, layouts, masks, dtypes, GQA, D 64 and
+// 128 (whose dK/dV pass takes 32-query tiles), documents, windows, packed views, and the Hopper
+// families (which then take mma.sync's two passes).
+std::vector<Case> DeterministicSweep() {
+  std::vector<Case> cases;
+  for (int n : {1, 3, 4})
+    for (stria_layout_t lay : {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG})
+      for (bool causal : {true, false}) {
+        Case c{n, lay, causal, causal ? Dt::kBF16 : Dt::kF16, 1, 80, 4, 2, 64};
+        c.deterministic = true;
+        cases.push_back(c);
+      }
+  std::vector<Case> more;
+  more.push_back(Case{3, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 2, 264, 4, 1, 128});
+  more.push_back(Case{2, STRIA_LAYOUT_ZIGZAG, false, Dt::kF16, 1, 136, 2, 2, 128});
+  Case docs{3, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 2, 80, 4, 2, 64};
+  docs.docs = 5;
+  more.push_back(docs);
+  Case window{3, STRIA_LAYOUT_CONTIGUOUS, true, Dt::kBF16, 1, 80, 4, 2, 64};
+  window.window = Window{70, -1};
+  more.push_back(window);
+  Case packed{3, STRIA_LAYOUT_ZIGZAG, true, Dt::kBF16, 2, 48, 4, 2, 64};
+  packed.strided = true;
+  more.push_back(packed);
+  Case f32{3, STRIA_LAYOUT_STRIPED, true, Dt::kF32, 1, 40, 4, 2, 64};
+  more.push_back(f32);
+  for (const char* k : {"wgmma", "tma"}) {
+    Case c{3, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 1, 80, 4, 2, 64};
+    c.kernels = k;
+    more.push_back(c);
+  }
+  for (Case& c : more) {
+    c.deterministic = true;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
 INSTANTIATE_TEST_SUITE_P(TensorCores, CudaRingVsReference, ::testing::ValuesIn(TensorCoreSweep()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaRingVsReference, ::testing::ValuesIn(ShapesAndPaths()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Wgmma, CudaRingVsReference, ::testing::ValuesIn(WgmmaSweep()), ParamName);
@@ -363,5 +427,6 @@ INSTANTIATE_TEST_SUITE_P(Documents, CudaRingVsReference, ::testing::ValuesIn(Doc
 INSTANTIATE_TEST_SUITE_P(Windows, CudaRingVsReference, ::testing::ValuesIn(WindowSweep()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Tma, CudaRingVsReference, ::testing::ValuesIn(TmaSweep()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Devices, CudaRingVsReference, ::testing::ValuesIn(TwoGpus()), ParamName);
+INSTANTIATE_TEST_SUITE_P(Deterministic, CudaRingVsReference, ::testing::ValuesIn(DeterministicSweep()), ParamName);
 
 }  // namespace

@@ -221,6 +221,8 @@ class Context:
         self._lock = threading.Lock()
         self._close_hooks: list[Callable[[], None]] = []
         self._in_local_group = False  # ranks that are threads of this process (LocalGroup sets it)
+        self._deterministic = False  # the context's own setting (the deterministic property)
+        self._applied_deterministic = False  # what the library has now (_ops.apply_deterministic)
         with _by_key_lock:
             self._key = next(_next_key)
             _by_key[self._key] = self
@@ -378,6 +380,20 @@ class Context:
     def closed(self) -> bool:
         return self._handle is None
 
+    @property
+    def deterministic(self) -> bool:
+        """Whether backward calls on this context give the same bits on every run
+        (stria_context_set_deterministic; default False). CPU contexts always do; on CUDA the
+        tensor-core backward then computes dQ in a pass of its own instead of with float atomics
+        (slower). A call's ``deterministic`` argument overrides it for that call; stria.torch
+        turns it on while ``torch.are_deterministic_algorithms_enabled()``."""
+        return self._deterministic
+
+    @deterministic.setter
+    def deterministic(self, value: bool) -> None:
+        _ops.apply_deterministic(self, bool(value))
+        self._deterministic = bool(value)
+
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
         return f"<stria.Context rank {self._rank} of {self._world_size}, device {self._device}, {state}>"
@@ -435,6 +451,7 @@ class Context:
         window: tuple[int, int] | None = None,
         stream: int | None = None,
         call_tag: int = 0,
+        deterministic: bool | None = None,
     ) -> tuple[Any, Any, Any]:
         """stria.attention_backward on this context."""
         return _ops.attention_backward(
@@ -455,6 +472,7 @@ class Context:
             window=window,
             stream=stream,
             call_tag=call_tag,
+            deterministic=deterministic,
         )
 
     def step_times(self) -> list[_ops.StepTime]:

@@ -94,6 +94,13 @@ def sliding_window(window: Any, func: str = "attention_forward") -> tuple[int, i
     return None if (left, right) == (-1, -1) else (int(left), int(right))
 
 
+def apply_deterministic(ctx: Context, on: bool) -> None:
+    """Sets stria_context_set_deterministic on ctx where the library does not have `on` yet."""
+    if ctx._applied_deterministic != on:
+        capi.stria_context_set_deterministic(_handle(ctx, "deterministic"), int(on))
+        ctx._applied_deterministic = on
+
+
 def _set_call_tag(handle: Any, call_tag: int, func: str) -> None:
     """Tags the next call on the context (stria_context_set_call_tag); 0 leaves it untagged.
 
@@ -201,11 +208,13 @@ def attention_backward(
     window: tuple[int, int] | None = None,
     stream: int | None = None,
     call_tag: int = 0,
+    deterministic: bool | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of attention_forward: returns ``(dq, dk, dv)`` for this rank's q, k, v.
 
     out and lse are the forward's; dout is the gradient of out. A collective like the forward,
-    with the same parameters (call_tag, cu_seqlens and window as there).
+    with the same parameters (call_tag, cu_seqlens and window as there). deterministic: the same
+    bits on every run for this call (None: the context's ``deterministic`` setting).
     """
     if dq is None:
         dq = empty_like(q, shape_of(q, "attention_backward", "q"), name="q")
@@ -220,6 +229,7 @@ def attention_backward(
     docs = _documents_for(cu_seqlens, q, "attention_backward")
     win = sliding_window(window, "attention_backward")
     tensors = [for_dlpack(x) for x in (q, k, v, out, lse, dout, dq, dk, dv)]
+    apply_deterministic(ctx, ctx.deterministic if deterministic is None else bool(deterministic))
     _set_call_tag(handle, call_tag, "attention_backward")  # last, as in attention_forward
     if win is not None:
         capi.stria_attention_backward_window(handle, params, *win, docs, *tensors, stream)

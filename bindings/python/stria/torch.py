@@ -175,6 +175,8 @@ def _backward_op(
         softmax_scale=softmax_scale,
         cu_seqlens=cu_seqlens,
         window=(window_left, window_right),
+        # torch.use_deterministic_algorithms(True) asks every operator for the same bits each run.
+        deterministic=ctx.deterministic or torch.are_deterministic_algorithms_enabled(),
     )
     return dq, dk, dv
 

@@ -250,3 +250,22 @@ def test_balance_ranks_the_layouts():
     got = {lay: stria.analyze_balance(lay, 4096, 4).imbalance for lay in LAYOUTS}
     assert got["striped"] < 1.01 and got["zigzag"] < 1.01
     assert got["contiguous"] > 1.5
+
+
+def test_deterministic_setting_and_per_call_override(rng):
+    q, k, v, dout = (rng.standard_normal((B, S, 2, D)).astype(np.float32) for _ in range(4))
+    ref_grads = attention_backward_ref(q, k, v, dout, True, 1.0 / np.sqrt(D))
+    with stria.Context() as ctx:
+        assert ctx.deterministic is False
+        ctx.deterministic = True
+        assert ctx.deterministic is True
+        out, lse = ctx.attention_forward(q, k, v)
+        first = ctx.attention_backward(q, k, v, out, lse, dout)
+        # A call may ask otherwise for itself; the CPU backend gives the same bits either way.
+        second = ctx.attention_backward(q, k, v, out, lse, dout, deterministic=False)
+        assert ctx.deterministic is True
+        for a, b, r in zip(first, second, ref_grads):
+            assert np.array_equal(a, b)
+            assert rel_err(a, r) < TOLERANCE["float32"]
+    with pytest.raises(stria.InvalidArgumentError, match="closed"):
+        ctx.deterministic = False

@@ -166,3 +166,35 @@ def test_compiled_on_the_gpu_matches_reference():
     for pos, out, dq in results:
         assert rel_err(as_f64(out), want_out[:, pos]) < TOLERANCE["bfloat16"]
         assert rel_err(as_f64(dq), want_dq[:, pos]) < TOLERANCE["bfloat16"]
+
+
+def test_deterministic_algorithms_give_the_same_bits_twice():
+    """Under torch.use_deterministic_algorithms(True), two backward runs repeat their bits (dQ then
+    takes its own pass instead of float atomics); the gradients still match the reference."""
+    n, layout = 3, "striped"
+    seq = 3 * 264  # several key tiles per block, so that atomics would add in varying orders
+    gen = torch.Generator().manual_seed(5)
+    q, k, v, dout = (torch.randn(2, seq, h, 128, generator=gen).to(torch.bfloat16) for h in (4, 1, 1, 4))
+
+    def rank_fn(ctx):
+        pos = torch.from_numpy(positions_ref(layout, seq, n, ctx.rank))
+        grads = []
+        for _ in range(2):
+            ql, kl, vl = (x[:, pos].cuda().requires_grad_() for x in (q, k, v))
+            out = stria_torch.ring_attention(ql, kl, vl, ctx, layout=layout, causal=True)
+            out.backward(dout[:, pos].cuda())
+            grads.append([x.grad.cpu() for x in (ql, kl, vl)])
+        torch.cuda.synchronize()
+        return grads
+
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with stria.local_group(n, device="cuda", timeout_s=TIMEOUT_S) as group:
+            results = group.run(rank_fn)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    for rank, (first, second) in enumerate(results):
+        for name, a, b in zip(("dq", "dk", "dv"), first, second):
+            assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"rank {rank}: {name} differs"
+

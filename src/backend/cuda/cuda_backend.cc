@@ -15,7 +15,8 @@
 // "simt" forces SIMT; "wgmma" takes the Hopper wgmma forward and backward on compute capability
 // 9.0 devices, and "tma" the same products with their loads by TMA in warp-specialised CTAs. The
 // default is mma.sync: the wgmma kernels have passed only the emulator so far, and stay opt-in
-// until the GPU suite has run them on an H100 (docs/performance.md).
+// until the GPU suite has run them on an H100 (docs/performance.md). A deterministic backward
+// (stria_context_set_deterministic) takes mma.sync's two passes on every tensor-core family.
 #include "backend/cuda/cuda_backend.h"
 
 #include <cuda_runtime_api.h>
@@ -202,6 +203,7 @@ class CudaBackend final : public Backend {
     if (handoff_ != nullptr) cudaEventDestroy(handoff_);
   }
   const char* name() const override { return "cuda"; }
+  void SetDeterministic(bool on) override { deterministic_ = on; }
   double cpu_seconds() const override { return 0.0; }
   int num_threads() const override { return 1; }
 
@@ -394,7 +396,7 @@ class CudaBackend final : public Backend {
     p.scale = s_.scale;
     p.mask = MaskOf(mask);
     STRIA_RETURN_IF_ERROR(UploadDocuments(mask, &p.mask));
-    STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchBackwardBlock(ElemOf(s_.dtype), kernels_, p, stream_));
+    STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchBackwardBlock(ElemOf(s_.dtype), kernels_, deterministic_, p, stream_));
     return Status::Ok();
   }
 
@@ -503,6 +505,7 @@ class CudaBackend final : public Backend {
   const cuda::Kernels want_;  // STRIA_CUDA_KERNELS
   int cc_ = -1;               // compute capability 10 * major + minor, once asked
   cuda::Kernels kernels_ = cuda::Kernels::kSimt;
+  bool deterministic_ = false;  // stria_context_set_deterministic
   cudaEvent_t handoff_ = nullptr;  // the end of the work queued so far (Queued)
   cudaStream_t stream_ = nullptr;
   AttentionShape s_;

@@ -385,6 +385,21 @@ function stria_context_set_call_tag(ctx, tag)
           ctx, tag)
 end
 
+# Extension: deterministic backward. With deterministic = 1, this context's backward calls give
+# the same bits every time they run on the same inputs, world size, layout and device (as the
+# forward always does); 0 (the default) lets the CUDA backend add dQ with float atomics, whose
+# order, and so the last bits of dQ, the GPU's scheduling decides. On CUDA contexts the
+# tensor-core backward then computes dQ in a pass of its own over the query tiles: 7 tile products
+# per tile pair instead of 5, taken on the mma.sync kernels whatever STRIA_CUDA_KERNELS chose. CPU
+# contexts, and the CUDA kernels for float32 and other head dims, are deterministic either way.
+# Ranks may differ in this setting. Driven by the thread that drives the context, like the calls;
+# deterministic other than 0 or 1 is STRIA_ERROR_INVALID_ARGUMENT.
+function stria_context_set_deterministic(ctx, deterministic)
+    ccall((:stria_context_set_deterministic, libstria), stria_status_t,
+          (stria_context_t, Cint),
+          ctx, deterministic)
+end
+
 # positions[i] = global position of local token i (for RoPE ids and labels); seq_len/world_size
 # entries.
 function stria_layout_positions(layout, seq_len, world_size, rank, positions)
@@ -467,8 +482,8 @@ export stria_context_get_world_size, stria_context_abort, stria_context_destroy
 export stria_attention_params_t, stria_attention_params_init, stria_attention_forward
 export stria_attention_backward, stria_attention_forward_documents
 export stria_attention_backward_documents, stria_attention_forward_window
-export stria_attention_backward_window, stria_context_set_call_tag, stria_layout_positions
-export stria_shard, stria_unshard, stria_balance_t, stria_analyze_balance
+export stria_attention_backward_window, stria_context_set_call_tag, stria_context_set_deterministic
+export stria_layout_positions, stria_shard, stria_unshard, stria_balance_t, stria_analyze_balance
 export stria_analyze_balance_steps, stria_step_time_t, stria_context_get_step_times
 
 end # module LibStria

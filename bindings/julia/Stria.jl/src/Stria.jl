@@ -35,7 +35,7 @@ include("context.jl")
 include("attention.jl")
 include("layout.jl")
 
-export StriaError, Context, local_group, run_ranks, abort!, set_call_tag!, step_times, UniqueId,
+export StriaError, Context, local_group, run_ranks, abort!, set_call_tag!, set_deterministic!, step_times, UniqueId,
        unique_id, attention_forward, attention_forward!, attention_backward, attention_backward!,
        positions, shard, shard!, unshard, unshard!, analyze_balance, analyze_balance_steps,
        library_version

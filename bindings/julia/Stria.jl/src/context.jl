@@ -236,6 +236,19 @@ function set_call_tag!(ctx::Context, tag::Integer)
 end
 
 """
+    set_deterministic!(ctx, on::Bool) -> ctx
+
+Makes the context's backward calls give the same bits on every run (off by default). CPU
+contexts always do; on CUDA the tensor-core backward then computes dQ in a pass of its own
+instead of with float atomics (`stria_context_set_deterministic`).
+"""
+function set_deterministic!(ctx::Context, on::Bool)
+    GC.@preserve ctx _call(() -> LibStria.stria_context_set_deterministic(ctx.handle, Cint(on)),
+                           :stria_context_set_deterministic)
+    return ctx
+end
+
+"""
     step_times(ctx) -> Vector{NamedTuple}
 
 Where the time of the context's last attention call went, one entry per ring step:

@@ -305,6 +305,18 @@ end
             foreach(close, contexts)
         end
 
+        @testset "a deterministic backward repeats its bits" begin
+            ctx = Context()
+            q, k, v, dout = (rand(Float32, 16, 2, 8, 1) for _ in 1:4)
+            out, lse = attention_forward(ctx, q, k, v)
+            runs = map((true, false)) do on
+                set_deterministic!(ctx, on)
+                attention_backward(ctx, q, k, v, out, lse, dout)
+            end
+            @test all(isequal.(runs[1], runs[2]))  # the CPU backend: the same bits either way
+            close(ctx)
+        end
+
         @testset "a rank that throws aborts its peers" begin
             contexts = local_group(2; num_threads = 1, timeout_s = 60)
             q = rand(Float32, 8, 2, 4, 1)

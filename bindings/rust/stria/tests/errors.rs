@@ -293,6 +293,28 @@ fn ranks_that_disagree_all_fail_then_agree() {
 }
 
 #[test]
+fn deterministic_backward_repeats_its_bits() {
+    let mut ctx = Context::new(&Config::new().num_threads(1)).unwrap();
+    let params = AttentionParams::default();
+    let mut runs = Vec::new();
+    for on in [true, false] {
+        ctx.set_deterministic(on).unwrap();
+        let mut t = Rank::new(7);
+        t.forward(&mut ctx, &params).unwrap();
+        ctx.backward(&params, &t.q, &t.k, &t.v, &t.out, &t.lse, &t.dout, &mut t.dq, &mut t.dk, &mut t.dv)
+            .unwrap();
+        let bits: Vec<u32> = [&t.dq, &t.dk, &t.dv]
+            .iter()
+            .flat_map(|x| x.as_slice().iter().map(|v| v.to_bits()))
+            .collect();
+        assert!(bits.iter().all(|b| !f32::from_bits(*b).is_nan()));
+        runs.push(bits);
+    }
+    // The CPU backend is deterministic either way.
+    assert_eq!(runs[0], runs[1]);
+}
+
+#[test]
 fn calls_tagged_differently_fail_instead_of_pairing() {
     let config = Config::new().num_threads(1).timeout(Duration::from_secs(20));
     let mut group = LocalGroup::new(2, &config).unwrap();
