@@ -252,8 +252,9 @@ struct BlockTimer {
     p.scale = 1.f / std::sqrt(static_cast<float>(D));
     p.scale_log2 = p.scale * stria::cuda::kLog2e;
     p.mask = stria::cuda::MaskArgs{bm.q_begin, bm.q_end, bm.k_begin, bm.k_end, bm.diagonal ? 1 : 0, bm.offset};
-    return TimeMs(stream, reps,
-                  [&] { CHECK_CUDA(stria::cuda::LaunchBackwardBlock(stria::cuda::Elem::kBF16, kernels, false, p, stream)); });
+    return TimeMs(stream, reps, [&] {
+      CHECK_CUDA(stria::cuda::LaunchBackwardBlock(stria::cuda::Elem::kBF16, kernels, false, p, stream));
+    });
   }
 };
 

@@ -170,8 +170,8 @@ void RunCase(const Case& c) {
       dk_d.CopyTo(&dk2);
       dv_d.CopyTo(&dv2);
       if (again != STRIA_SUCCESS) repeat[static_cast<size_t>(r)] = std::string("failed: ") + stria_get_last_error();
-      for (auto [name, a, b] : {std::make_tuple("dq", &dq, &dq2), std::make_tuple("dk", &dk, &dk2),
-                                std::make_tuple("dv", &dv, &dv2)})
+      for (auto [name, a, b] :
+           {std::make_tuple("dq", &dq, &dq2), std::make_tuple("dk", &dk, &dk2), std::make_tuple("dv", &dv, &dv2)})
         if (a->storage != b->storage) repeat[static_cast<size_t>(r)] += std::string(name) + " differs; ";
     }
     if (stream) cudaStreamDestroy(stream);

@@ -95,9 +95,11 @@ def sliding_window(window: Any, func: str = "attention_forward") -> tuple[int, i
 
 
 def apply_deterministic(ctx: Context, on: bool) -> None:
-    """Sets stria_context_set_deterministic on ctx where the library does not have `on` yet."""
+    """Sets stria_context_set_deterministic on ctx where the library does not have `on` yet
+    (InvalidArgumentError on a closed context either way)."""
+    handle = _handle(ctx, "deterministic")
     if ctx._applied_deterministic != on:
-        capi.stria_context_set_deterministic(_handle(ctx, "deterministic"), int(on))
+        capi.stria_context_set_deterministic(handle, int(on))
         ctx._applied_deterministic = on
 
 

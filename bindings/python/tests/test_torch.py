@@ -79,6 +79,32 @@ def test_autograd_matches_reference(n, layout, causal, dtype):
     assert all(r[1].dtype == DTYPES[dtype] and r[2].dtype == DTYPES[dtype] for r in results)
 
 
+def test_deterministic_algorithms_reach_the_library():
+    """torch.use_deterministic_algorithms(True) asks the backward for reproducible bits: stria.torch
+    passes that to the library for the call (on the CPU the bits are the same either way), and the
+    context's own setting is left as it was."""
+    seen = []
+
+    def rank_fn(ctx):
+        q = torch.randn(1, 8, 2, D, requires_grad=True)
+        stria_torch.ring_attention(q, q, q, ctx).sum().backward()
+        seen.append((ctx.deterministic, ctx._applied_deterministic))
+        ctx.attention_backward(*(np.ones((1, 8, 2, D), np.float32) for _ in range(4)), np.zeros((1, 2, 8), np.float32),
+                               np.ones((1, 8, 2, D), np.float32))
+        seen.append((ctx.deterministic, ctx._applied_deterministic))
+
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        check_autograd(2, "striped", "float32", 7)
+        with stria.local_group(1, timeout_s=TIMEOUT_S) as group:
+            group.run(rank_fn)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    # On for torch's call; off again for a plain call, as the context's own setting says.
+    assert seen == [(False, True), (False, False)]
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -505,7 +505,7 @@ class CudaBackend final : public Backend {
   const cuda::Kernels want_;  // STRIA_CUDA_KERNELS
   int cc_ = -1;               // compute capability 10 * major + minor, once asked
   cuda::Kernels kernels_ = cuda::Kernels::kSimt;
-  bool deterministic_ = false;  // stria_context_set_deterministic
+  bool deterministic_ = false;     // stria_context_set_deterministic
   cudaEvent_t handoff_ = nullptr;  // the end of the work queued so far (Queued)
   cudaStream_t stream_ = nullptr;
   AttentionShape s_;
