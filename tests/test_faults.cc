@@ -137,6 +137,11 @@ void ExpectTimeoutNamingMissing(int world, const std::vector<int>& callers, cons
     EXPECT_NE(o.status, STRIA_SUCCESS) << "rank " << r;
     EXPECT_TRUE(Contains(o.message, "timed out")) << o.message;
     EXPECT_LT(o.seconds, kShortTimeoutS) << "a poisoned context fails without waiting";
+    // So do the settings of later calls, with the same reason.
+    EXPECT_NE(stria_context_set_deterministic(g.ctx[static_cast<size_t>(r)], 1), STRIA_SUCCESS);
+    EXPECT_TRUE(Contains(stria_get_last_error(), "timed out")) << stria_get_last_error();
+    EXPECT_NE(stria_context_set_call_tag(g.ctx[static_cast<size_t>(r)], 1), STRIA_SUCCESS);
+    EXPECT_TRUE(Contains(stria_get_last_error(), "timed out")) << stria_get_last_error();
   }
   for (auto& c : g.ctx) {
     EXPECT_EQ(stria_context_destroy(c), STRIA_SUCCESS) << stria_get_last_error();
