@@ -12,6 +12,10 @@ GPU a CUDA context on the device that holds the arrays.
 
 ``context_from_distributed()`` makes a multi-process JAX job's contexts, one rank per process.
 
+Reproducible gradients: ``ctx.deterministic = True`` on the context (on each of a LocalGroup's)
+before the backward runs makes its dQ the same bits on every run on a GPU, as
+stria_context_set_deterministic says (the CPU's always are).
+
 Packed documents: ``cu_seqlens=`` (a JAX array, traced, or anything numpy reads) masks each query
 to its own document, as stria_attention_forward_documents does. The boundaries are an operand of
 the custom call: on a GPU they stay in device memory, where stria reads them on XLA's stream.
