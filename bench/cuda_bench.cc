@@ -1,6 +1,6 @@
 // GPU benchmark (needs a GPU; bench/gpu_run.sh runs it beside PyTorch's SDPA).
 //
-//   stria-cuda-bench kernels [--dims 64,128] [--lens 1024,...,32768] [--reps 10]
+//   stria-cuda-bench kernels [--dims 64,128] [--lens 1024,...,32768] [--reps 10] [--deterministic 1]
 //     Forward and backward through the public API on one CUDA rank (no transfers), bf16,
 //     B*S = 16k tokens and H*D = 2048 as in flash-attention's own benchmarks; prints one
 //     key=value line per (direction, D, causal, S): median ms and TFLOP/s; at D = 128 also the
@@ -132,7 +132,7 @@ DLTensor View(void* p, int64_t* shape, int ndim, DLDataType t) {
   return d;
 }
 
-int Kernels(const std::vector<int64_t>& dims, const std::vector<int64_t>& lens, int reps) {
+int Kernels(const std::vector<int64_t>& dims, const std::vector<int64_t>& lens, int reps, bool deterministic) {
   stria_context_config_t cfg;
   stria_context_config_init(&cfg);
   cfg.device = DLDevice{kDLCUDA, 0};
@@ -176,7 +176,7 @@ int Kernels(const std::vector<int64_t>& dims, const std::vector<int64_t>& lens, 
         std::printf("impl=%s dir=bwd dim=%lld causal=%d len=%lld batch=%lld heads=%lld ms=%.4f tflops=%.1f\n",
                     impl.c_str(), (long long)D, causal, (long long)S, (long long)B, (long long)H, bwd_ms,
                     2.5 * flops / bwd_ms * 1e-9);
-        if (D == 128 && impl == "stria_mma") {
+        if (deterministic && D == 128 && impl == "stria_mma") {
           // The deterministic backward (dQ in a pass of its own, mma.sync whatever the family, so
           // timed in the mma run only), at the head dim of the bars: what reproducible dQ costs.
           CHECK_STRIA(stria_context_set_deterministic(ctx, 1));
@@ -364,6 +364,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> dims{64, 128}, lens{1024, 2048, 4096, 8192, 16384, 32768};
   int64_t seq = 262144, heads = 16, dim = 128;
   int world = 8, reps = 10;
+  bool deterministic = true;
   double nvlink_gbs = 450, ib_gbs = 50;
   stria::cuda::Kernels kernels = stria::cuda::Kernels::kMma;
   for (int i = 2; i + 1 < argc; i += 2) {
@@ -386,6 +387,8 @@ int main(int argc, char** argv) {
       nvlink_gbs = std::atof(argv[i + 1]);
     else if (k == "--ib-gbs")
       ib_gbs = std::atof(argv[i + 1]);
+    else if (k == "--deterministic")  // kernels mode: 0 leaves the deterministic backward untimed
+      deterministic = std::atoi(argv[i + 1]) != 0;
     else if (k == "--kernels") {  // the ring model's kernel family: mma, or wgmma or tma (sm_90 only)
       const std::string v = argv[i + 1];
       if (v != "mma" && v != "wgmma" && v != "tma") {
@@ -414,7 +417,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "stria-cuda-bench: no GPU here\n");
     return 3;
   }
-  if (mode == "kernels") return Kernels(dims, lens, reps);
+  if (mode == "kernels") return Kernels(dims, lens, reps, deterministic);
   int rc = 2;
   if (mode == "ring") rc = Ring(seq, world, heads, dim, reps, kernels);
   if (mode == "hide") rc = Hide(lens, heads, dim, reps, kernels, nvlink_gbs, ib_gbs);

@@ -298,8 +298,9 @@ fi
 
 # Where a family's time goes, for the next step if a bar is missed: Nsight Compute's speed-of-light
 # and occupancy sections of the causal forward and backward kernels at D 128, 8k tokens (the
-# benchmark's shape; the first four calls are the non-causal ones). Clocks as found: ncu's
-# default clock control has not been tried on these machines.
+# benchmark's shape; the first four calls are the non-causal ones, with the deterministic backward
+# left untimed so that the count holds). Clocks as found: ncu's default clock control has not been
+# tried on these machines.
 ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
 if stage profile $((30 * nf)); then
   if [ -z "$ncu" ]; then
@@ -308,7 +309,7 @@ if stage profile $((30 * nf)); then
     for family in "${families[@]}"; do
       STRIA_CUDA_KERNELS=$([ "$family" = mma ] || echo "$family") timeout -k 10 "$(cap 120)" "$ncu" --clock-control none \
         --kernel-name regex:'(Forward|Backward)Kernel' --launch-skip 4 --launch-count 4 --section SpeedOfLight \
-        --section Occupancy "$bin"/bench/stria-cuda-bench kernels --dims 128 --lens 8192 --reps 1 \
+        --section Occupancy "$bin"/bench/stria-cuda-bench kernels --dims 128 --lens 8192 --reps 1 --deterministic 0 \
         >>"$out/gpu_profile.txt" 2>&1 || { say "profile $family: failed or timed out"; note_failure profile; }
     done
     say "profile: $(grep -c ', Context [0-9]*, Stream ' "$out/gpu_profile.txt" 2>/dev/null) kernel reports in gpu_profile.txt"
