@@ -4,7 +4,7 @@
 //     Forward and backward through the public API on one CUDA rank (no transfers), bf16,
 //     B*S = 16k tokens and H*D = 2048 as in flash-attention's own benchmarks; prints one
 //     key=value line per (direction, D, causal, S): median ms and TFLOP/s; at D = 128 also the
-//     deterministic backward (stria_context_set_deterministic), as impl=stria_deterministic.
+//     deterministic backward (stria_context_set_deterministic), as impl=stria_<family>_deterministic.
 //   stria-cuda-bench ring [--seq 262144] [--world 8] [--heads 16] [--dim 128]
 //     The ring latency of N virtual ranks modelled from measured per-block kernel times: every
 //     (rank, step) block mask of each layout is timed on this GPU (identical masks once), the
@@ -176,18 +176,19 @@ int Kernels(const std::vector<int64_t>& dims, const std::vector<int64_t>& lens, 
         std::printf("impl=%s dir=bwd dim=%lld causal=%d len=%lld batch=%lld heads=%lld ms=%.4f tflops=%.1f\n",
                     impl.c_str(), (long long)D, causal, (long long)S, (long long)B, (long long)H, bwd_ms,
                     2.5 * flops / bwd_ms * 1e-9);
-        if (deterministic && D == 128 && impl == "stria_mma") {
-          // The deterministic backward (dQ in a pass of its own, mma.sync whatever the family, so
-          // timed in the mma run only), at the head dim of the bars: what reproducible dQ costs.
+        if (deterministic && D == 128) {
+          // The deterministic backward (this family's dK/dV pass, then mma.sync's dQ pass), at the
+          // head dim of the bars: what reproducible dQ costs beside the default backward.
           CHECK_STRIA(stria_context_set_deterministic(ctx, 1));
           const double det_ms = TimeMs(stream, reps, [&] {
             CHECK_STRIA(stria_attention_backward(ctx, &p, &tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk, &tdv, stream));
           });
           CHECK_STRIA(stria_context_set_deterministic(ctx, 0));
           std::printf(
-              "impl=stria_deterministic dir=bwd dim=%lld causal=%d len=%lld batch=%lld heads=%lld ms=%.4f "
+              "impl=%s_deterministic dir=bwd dim=%lld causal=%d len=%lld batch=%lld heads=%lld ms=%.4f "
               "tflops=%.1f\n",
-              (long long)D, causal, (long long)S, (long long)B, (long long)H, det_ms, 2.5 * flops / det_ms * 1e-9);
+              impl.c_str(), (long long)D, causal, (long long)S, (long long)B, (long long)H, det_ms,
+              2.5 * flops / det_ms * 1e-9);
         }
         std::fflush(stdout);
       }

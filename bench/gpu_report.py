@@ -35,15 +35,19 @@ def fmt(x, spec=".0f"):
 
 
 FAMILIES = ("stria_mma", "stria_wgmma", "stria_tma")
-# Modes a user opts into for something other than speed (stria_deterministic: reproducible dQ):
-# a column of their own, never "the best stria" set against the bars.
-OPTIONS = ("stria_deterministic",)
+# Modes a user opts into for something other than speed (stria_<family>_deterministic:
+# reproducible dQ): columns of their own, never "the best stria" set against the bars.
+OPTION_SUFFIXES = ("_deterministic",)
+
+
+def is_option(impl):
+    return impl.endswith(OPTION_SUFFIXES)
 
 
 def vs_flash(kern, direction, d, c, s):
     """The best stria family's TFLOP/s on a shape, over torch's flash backend's (None if either is missing)."""
     best = max((t for (dr, d2, c2, s2, i), t in kern.items()
-                if (dr, d2, c2, s2) == (direction, d, c, s) and i.startswith("stria_") and i not in OPTIONS),
+                if (dr, d2, c2, s2) == (direction, d, c, s) and i.startswith("stria_") and not is_option(i)),
                default=None)
     flash = kern.get((direction, d, c, s, "torch_flash"))
     return best / flash if best is not None and flash else None

@@ -15,7 +15,7 @@
 #   wgmma, tma   test_cuda_ring's Hopper cases, a family at a time, after the  20 s each
 #                others: their kernels wait on mbarriers, so a misread phase
 #                hangs rather than fails
-#   kernels      each family whose tests passed (mma; wgmma and tma on sm_90)  20 s + 20 s a family
+#   kernels      each family whose tests passed (mma; wgmma and tma on sm_90)  20 s + 25 s a family
 #                beside torch SDPA's flash and cuDNN backends, same shapes
 #   ring         the modelled N = 8 ring at 256k tokens, per family            25 s a family
 #   nccl1        the NCCL transport at world 1 against the in-process one      20 s
@@ -206,7 +206,7 @@ else
   dims=64,128 lens=1024,2048,4096,8192,16384,32768 seq=262144
 fi
 nf=${#families[@]}  # the timed stages' usual times grow with the families timed
-if stage kernels $((20 + 20 * nf)); then
+if stage kernels $((20 + 25 * nf)); then
   say "-- stria's kernels beside torch SDPA (flash, cuDNN), bf16, the same shapes"
   for family in "${families[@]}"; do
     STRIA_CUDA_KERNELS=$([ "$family" = mma ] || echo "$family") timeout -k 10 "$(cap 240)" \

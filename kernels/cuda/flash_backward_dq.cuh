@@ -8,8 +8,9 @@
 // order: the bits do not depend on how the GPU schedules CTAs. (The default backward adds dQ from
 // every key tile's CTA with float atomics, whose order, and so the rounding, the schedule decides.)
 //
-// The dK/dV pass is FlashBackwardKernel without its dQ part (kDq false). Together they compute
-// S and dP twice: 7 tile products per (query tile, key tile) instead of 5.
+// The dK/dV pass is the kernel family's backward without its dQ part (FlashBackwardKernel,
+// WgmmaBackwardKernel or WgmmaTmaBackwardKernel with kDq false). Together they compute S and dP
+// twice: 7 tile products per (query tile, key tile) instead of 5.
 #pragma once
 
 #include "cuda/flash_common.cuh"

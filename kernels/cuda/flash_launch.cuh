@@ -76,31 +76,39 @@ cudaError_t LaunchFlashBackward(const BwdParams& p, cudaStream_t s) {
       p.mask.doc_lo != nullptr ? FlashBackwardKernel<T, D, true> : FlashBackwardKernel<T, D, false>, p, s);
 }
 
-// The deterministic backward (flash_backward_dq.cuh): dK/dV over the key tiles without dQ, then dQ
-// over the query tiles, one after the other on the stream.
+// The backward passes of the deterministic backward (flash_backward_dq.cuh): a family's dK/dV over
+// the key tiles without dQ (the *Kv launchers, kDq false), then mma.sync's dQ pass over the query
+// tiles, one after the other on the stream (launch.cu puts them together).
 template <typename T, int D>
-cudaError_t LaunchFlashBackwardDeterministic(const BwdParams& p, cudaStream_t s) {
-  const bool docs = p.mask.doc_lo != nullptr;
-  cudaError_t e = LaunchKeyTiles<BwdTile<D>>(
-      docs ? FlashBackwardKernel<T, D, true, false> : FlashBackwardKernel<T, D, false, false>, p, s);
-  if (e != cudaSuccess) return e;
+cudaError_t LaunchFlashBackwardKv(const BwdParams& p, cudaStream_t s) {
+  return LaunchKeyTiles<BwdTile<D>>(
+      p.mask.doc_lo != nullptr ? FlashBackwardKernel<T, D, true, false> : FlashBackwardKernel<T, D, false, false>, p,
+      s);
+}
+template <typename T, int D>
+cudaError_t LaunchFlashBackwardDq(const BwdParams& p, cudaStream_t s) {
   using Tile = BwdDqTile<D>;
-  void (*dq_kernel)(BwdParams) = docs ? FlashBackwardDqKernel<T, D, true> : FlashBackwardDqKernel<T, D, false>;
-  e = AllowSmem(dq_kernel, Tile::kSmemBytes);
-  if (e != cudaSuccess) return e;
+  void (*kernel)(BwdParams) =
+      p.mask.doc_lo != nullptr ? FlashBackwardDqKernel<T, D, true> : FlashBackwardDqKernel<T, D, false>;
+  const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
+  if (allowed != cudaSuccess) return allowed;
   const dim3 grid(QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(p.dims.B * p.dims.Hq));
-  return STRIA_LAUNCH(dq_kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(p);
+  return STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(p);
 }
 
-// sm_90a only, like the wgmma forward.
-template <typename T, int D>
+// sm_90a only, like the wgmma forward. kDq false: the deterministic backward's dK/dV pass.
+template <typename T, int D, bool kDq = true>
 cudaError_t LaunchWgmmaBackward(const BwdParams& p, cudaStream_t s) {
   return LaunchKeyTiles<WgmmaBwdTile<D>>(
-      p.mask.doc_lo != nullptr ? WgmmaBackwardKernel<T, D, true> : WgmmaBackwardKernel<T, D, false>, p, s);
+      p.mask.doc_lo != nullptr ? WgmmaBackwardKernel<T, D, true, kDq> : WgmmaBackwardKernel<T, D, false, kDq>, p, s);
+}
+template <typename T, int D>
+cudaError_t LaunchWgmmaBackwardKv(const BwdParams& p, cudaStream_t s) {
+  return LaunchWgmmaBackward<T, D, false>(p, s);
 }
 
 // sm_90a only; like the TMA forward, a view TMA cannot describe takes the cp.async wgmma kernel.
-template <typename T, int D>
+template <typename T, int D, bool kDq = true>
 cudaError_t LaunchTmaBackward(const BwdParams& p, cudaStream_t s) {
   using Tile = TmaBwdTile<D>;
   TmaBwdParams tp{};
@@ -109,13 +117,17 @@ cudaError_t LaunchTmaBackward(const BwdParams& p, cudaStream_t s) {
   const bool mapped = EncodeViewMap(&tp.q_map, p.q, d, d.Hq, Tile::kM) &&
                       EncodeViewMap(&tp.do_map, p.dout, d, d.Hq, Tile::kM) &&
                       EncodeBlockMaps(&tp.k_map, &tp.v_map, p.k, p.v, d, Tile::kN);
-  if (!mapped) return LaunchWgmmaBackward<T, D>(p, s);
+  if (!mapped) return LaunchWgmmaBackward<T, D, kDq>(p, s);
   void (*kernel)(TmaBwdParams) =
-      p.mask.doc_lo != nullptr ? WgmmaTmaBackwardKernel<T, D, true> : WgmmaTmaBackwardKernel<T, D, false>;
+      p.mask.doc_lo != nullptr ? WgmmaTmaBackwardKernel<T, D, true, kDq> : WgmmaTmaBackwardKernel<T, D, false, kDq>;
   const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
   if (allowed != cudaSuccess) return allowed;
   const dim3 grid(static_cast<unsigned>((d.L + Tile::kN - 1) / Tile::kN), static_cast<unsigned>(d.B * d.Hkv));
   return STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(tp);
+}
+template <typename T, int D>
+cudaError_t LaunchTmaBackwardKv(const BwdParams& p, cudaStream_t s) {
+  return LaunchTmaBackward<T, D, false>(p, s);
 }
 
 }  // namespace cuda

@@ -15,8 +15,10 @@ cudaError_t FlashForwardF16(int D, const FwdParams& p, cudaStream_t s);
 cudaError_t FlashForwardBF16(int D, const FwdParams& p, cudaStream_t s);
 cudaError_t FlashBackwardF16(int D, const BwdParams& p, cudaStream_t s);
 cudaError_t FlashBackwardBF16(int D, const BwdParams& p, cudaStream_t s);
-cudaError_t FlashBackwardDeterministicF16(int D, const BwdParams& p, cudaStream_t s);
-cudaError_t FlashBackwardDeterministicBF16(int D, const BwdParams& p, cudaStream_t s);
+cudaError_t FlashBackwardKvF16(int D, const BwdParams& p, cudaStream_t s);
+cudaError_t FlashBackwardKvBF16(int D, const BwdParams& p, cudaStream_t s);
+cudaError_t FlashBackwardDqF16(int D, const BwdParams& p, cudaStream_t s);
+cudaError_t FlashBackwardDqBF16(int D, const BwdParams& p, cudaStream_t s);
 cudaError_t WgmmaForwardF16(int D, const FwdParams& p, cudaStream_t s);
 cudaError_t WgmmaForwardBF16(int D, const FwdParams& p, cudaStream_t s);
 cudaError_t TmaForwardF16(int D, const FwdParams& p, cudaStream_t s);
@@ -25,6 +27,10 @@ cudaError_t TmaBackwardF16(int D, const BwdParams& p, cudaStream_t s);
 cudaError_t TmaBackwardBF16(int D, const BwdParams& p, cudaStream_t s);
 cudaError_t WgmmaBackwardF16(int D, const BwdParams& p, cudaStream_t s);
 cudaError_t WgmmaBackwardBF16(int D, const BwdParams& p, cudaStream_t s);
+cudaError_t WgmmaBackwardKvF16(int D, const BwdParams& p, cudaStream_t s);
+cudaError_t WgmmaBackwardKvBF16(int D, const BwdParams& p, cudaStream_t s);
+cudaError_t TmaBackwardKvF16(int D, const BwdParams& p, cudaStream_t s);
+cudaError_t TmaBackwardKvBF16(int D, const BwdParams& p, cudaStream_t s);
 
 const char* KernelsName(Kernels k) {
   switch (k) {
@@ -100,9 +106,23 @@ cudaError_t LaunchForwardBlock(Elem e, Kernels k, const FwdParams& p, cudaStream
   return cudaErrorInvalidValue;
 }
 
+namespace {
+
+// The deterministic backward of a tensor-core family: its dK/dV pass without dQ, then mma.sync's
+// dQ pass (flash_backward_dq.cuh).
+cudaError_t DeterministicBackward(bool f16, Kernels k, const BwdParams& p, cudaStream_t s) {
+  const int D = p.dims.D;
+  cudaError_t e = k == Kernels::kTma     ? (f16 ? TmaBackwardKvF16 : TmaBackwardKvBF16)(D, p, s)
+                  : k == Kernels::kWgmma ? (f16 ? WgmmaBackwardKvF16 : WgmmaBackwardKvBF16)(D, p, s)
+                                         : (f16 ? FlashBackwardKvF16 : FlashBackwardKvBF16)(D, p, s);
+  if (e != cudaSuccess) return e;
+  return (f16 ? FlashBackwardDqF16 : FlashBackwardDqBF16)(D, p, s);
+}
+
+}  // namespace
+
 cudaError_t LaunchBackwardBlock(Elem e, Kernels k, bool deterministic, const BwdParams& p, cudaStream_t s) {
-  if (deterministic && k != Kernels::kSimt && e == Elem::kF16) return FlashBackwardDeterministicF16(p.dims.D, p, s);
-  if (deterministic && k != Kernels::kSimt && e == Elem::kBF16) return FlashBackwardDeterministicBF16(p.dims.D, p, s);
+  if (deterministic && k != Kernels::kSimt && e != Elem::kF32) return DeterministicBackward(e == Elem::kF16, k, p, s);
   if (k == Kernels::kTma && e == Elem::kF16) return TmaBackwardF16(p.dims.D, p, s);
   if (k == Kernels::kTma && e == Elem::kBF16) return TmaBackwardBF16(p.dims.D, p, s);
   if (k == Kernels::kWgmma && e == Elem::kF16) return WgmmaBackwardF16(p.dims.D, p, s);

@@ -10,7 +10,8 @@
 //  - the two consumer warpgroups meet only where they exchange dS^T (a 256-thread named barrier
 //    before writing it, so the previous step's dQ products are done reading it, and one after, so
 //    both halves are in), never with the producer.
-// The products, masks and dQ atomics are wgmma_backward.cuh's, step for step.
+// The products, masks and dQ atomics are wgmma_backward.cuh's, step for step (and, with kDq
+// false, its step without dQ: the consumers then never meet).
 #pragma once
 
 #include "cuda/tma_api.cuh"
@@ -38,7 +39,7 @@ struct TmaBwdParams {
   TensorMap q_map, do_map, k_map, v_map;
 };
 
-template <typename T, int D, bool kDocs = false>
+template <typename T, int D, bool kDocs = false, bool kDq = true>
 STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaBackwardKernel(const STRIA_GRID_CONSTANT TmaBwdParams tp) {
 #if STRIA_HAS_WGMMA
   using Tile = TmaBwdTile<D>;
@@ -141,7 +142,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaBackwardKernel(const STRIA_GR
     const float* lse2 = lse2s + st * kM;
     const float* delta = deltas + st * kM;
 
-    BackwardStep<T, D, kM, kN, kDocs>(
+    BackwardStep<T, D, kM, kN, kDocs, kDq>(
         p, mask, j0, cw, i0, bh, k_addr, v_addr, q_addr, do_addr, dss, lse2, delta, key, dk, dv,
         consumers_sync,  // both warpgroups' dQ products of the previous step are done reading dS^T
         [&] {

@@ -64,8 +64,10 @@ STRIA_DEVICE void StoreKeyGrads(const BwdParams& p, int b, int hk, const int64_t
 // The CTA's synchronisation comes from the caller: `before_ds` runs before this warpgroup writes
 // dS^T (the other warpgroup's dQ products of the previous tile must be done reading it),
 // `published` after (every warpgroup's dS^T written and fenced for wgmma), `done` once every
-// product of the tile, the last readers of Q and dO, has completed.
-template <typename T, int D, int kM, int kN, bool kDocs, typename BeforeDs, typename Published, typename Done>
+// product of the tile, the last readers of Q and dO, has completed. With kDq false the step leaves
+// dQ out (the deterministic backward computes it in a pass of its own: flash_backward_dq.cuh), and
+// with it dS^T's trip through shared memory and the two callbacks around it.
+template <typename T, int D, int kM, int kN, bool kDocs, bool kDq, typename BeforeDs, typename Published, typename Done>
 STRIA_DEVICE void BackwardStep(const BwdParams& p, const MaskArgs& mask, int64_t j0, int wg, int64_t i0, int64_t bh,
                                uint32_t k_addr, uint32_t v_addr, uint32_t q_addr, uint32_t do_addr, unsigned char* dss,
                                const float* lse2, const float* delta, const int64_t key[2], float (&dk)[D / 2],
@@ -103,7 +105,7 @@ STRIA_DEVICE void BackwardStep(const BwdParams& p, const MaskArgs& mask, int64_t
   if (!FullyVisible<kDocs>(mask, i0, i0 + kM, j0 + 64 * wg, j0 + 64 * wg + 64)) {
     for (int e = 0; e < 2; ++e) seen[e] = SeeingQueries<kDocs>(mask, key[e], i0, kM);
   }
-  before_ds();
+  if (kDq) before_ds();
   const int row0 = 64 * wg + 16 * warp + g;
   uint32_t pa[kM / 16][4], sa[kM / 16][4];
   STRIA_UNROLL
@@ -119,7 +121,7 @@ STRIA_DEVICE void BackwardStep(const BwdParams& p, const MaskArgs& mask, int64_t
     STRIA_UNROLL
     for (int i = 8 * kq; i < 8 * kq + 8; i += 2) {
       const int col = 8 * (i >> 2) + 2 * t4, row = row0 + 8 * ((i & 3) >> 1);
-      *reinterpret_cast<uint32_t*>(dss + SwizzledOffset(kN, row, col)) = pack2<T>(dpT[i], dpT[i + 1]);
+      if (kDq) *reinterpret_cast<uint32_t*>(dss + SwizzledOffset(kN, row, col)) = pack2<T>(dpT[i], dpT[i + 1]);
     }
     AccToA<T>(pa[kq], sT + 8 * kq, sT + 8 * kq + 4);
     AccToA<T>(sa[kq], dpT + 8 * kq, dpT + 8 * kq + 4);
@@ -138,6 +140,13 @@ STRIA_DEVICE void BackwardStep(const BwdParams& p, const MaskArgs& mask, int64_t
     wgmma_rs_tb<T, D>(dk, sa[kq], SwizzledDesc(q_addr + at, kM * kSwizzleBytes, kSwizzleAtomBytes), true);
   }
   wgmma_commit();  // completes at the wait below, after dQ: pa and sa stay untouched till then
+  if (!kDq) {
+    wgmma_wait<0>();
+    wgmma_fence_operand(dv);
+    wgmma_fence_operand(dk);
+    done();
+    return;
+  }
   published();
 
   // dQ (64 x 64) = dS (rows 64 qb.., all kN keys) K (columns 64 cb..): A is dS^T's column block
@@ -170,7 +179,7 @@ STRIA_DEVICE void BackwardStep(const BwdParams& p, const MaskArgs& mask, int64_t
 
 #endif
 
-template <typename T, int D, bool kDocs = false>
+template <typename T, int D, bool kDocs = false, bool kDq = true>
 STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaBackwardKernel(const BwdParams p) {
 #if STRIA_HAS_WGMMA
   using Tile = WgmmaBwdTile<D>;
@@ -247,7 +256,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaBackwardKernel(const BwdParams p
     const float* lse2 = lse2s + st * kM;
     const float* delta = deltas + st * kM;
 
-    BackwardStep<T, D, kM, kN, kDocs>(
+    BackwardStep<T, D, kM, kN, kDocs, kDq>(
         p, mask, j0, wg, i0, bh, k_addr, v_addr, q_addr, do_addr, dss, lse2, delta, key, dk, dv, [] {},
         [] {
           fence_proxy_async();

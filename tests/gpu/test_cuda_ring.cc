@@ -384,7 +384,7 @@ std::string ParamName(const ::testing::TestParamInfo<Case>& info) {
 // The deterministic backward (stria_context_set_deterministic): each case runs its backward twice
 // and compares the bits besides the reference. Rank counts, layouts, masks, dtypes, GQA, D 64 and
 // 128 (whose dK/dV pass takes 32-query tiles), documents, windows, packed views, and the Hopper
-// families (which then take mma.sync's two passes).
+// families (their own dK/dV pass without dQ, then mma.sync's dQ pass), D 64 and 128, documents.
 std::vector<Case> DeterministicSweep() {
   std::vector<Case> cases;
   for (int n : {1, 3, 4})
@@ -412,6 +412,13 @@ std::vector<Case> DeterministicSweep() {
     Case c{3, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 1, 80, 4, 2, 64};
     c.kernels = k;
     more.push_back(c);
+    Case wide{2, STRIA_LAYOUT_ZIGZAG, false, Dt::kF16, 1, 136, 2, 1, 128};
+    wide.kernels = k;
+    more.push_back(wide);
+    Case docs_k{2, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 2, 80, 4, 2, 64};
+    docs_k.kernels = k;
+    docs_k.docs = 4;
+    more.push_back(docs_k);
   }
   for (Case& c : more) {
     c.deterministic = true;

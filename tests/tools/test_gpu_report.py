@@ -15,7 +15,7 @@ impl=stria_mma dir=fwd dim=128 causal=1 len=4096 batch=4 heads=16 ms=0.5000 tflo
 impl=stria_mma dir=bwd dim=128 causal=1 len=4096 batch=4 heads=16 ms=1.5000 tflops=190.0
 impl=stria_wgmma dir=fwd dim=128 causal=1 len=4096 batch=4 heads=16 ms=0.3000 tflops=450.0
 impl=stria_wgmma dir=bwd dim=128 causal=1 len=4096 batch=4 heads=16 ms=1.0000 tflops=300.0
-impl=stria_deterministic dir=bwd dim=128 causal=1 len=4096 batch=4 heads=16 ms=0.7500 tflops=400.0
+impl=stria_mma_deterministic dir=bwd dim=128 causal=1 len=4096 batch=4 heads=16 ms=0.7500 tflops=400.0
 impl=stria_mma dir=fwd dim=128 causal=1 len=8192 batch=2 heads=16 ms=0.5000 tflops=300.0
 impl=stria_mma dir=bwd dim=128 causal=1 len=8192 batch=2 heads=16 ms=1.5000 tflops=200.0
 impl=stria_mma dir=fwd dim=128 causal=1 len=2048 batch=8 heads=16 ms=0.5000 tflops=100.0

@@ -16,7 +16,7 @@
 // 9.0 devices, and "tma" the same products with their loads by TMA in warp-specialised CTAs. The
 // default is mma.sync: the wgmma kernels have passed only the emulator so far, and stay opt-in
 // until the GPU suite has run them on an H100 (docs/performance.md). A deterministic backward
-// (stria_context_set_deterministic) takes mma.sync's two passes on every tensor-core family.
+// (stria_context_set_deterministic) runs the family's dK/dV pass without dQ, then mma.sync's dQ pass.
 #include "backend/cuda/cuda_backend.h"
 
 #include <cuda_runtime_api.h>

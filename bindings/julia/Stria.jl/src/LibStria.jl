@@ -389,9 +389,9 @@ end
 # the same bits every time they run on the same inputs, world size, layout and device (as the
 # forward always does); 0 (the default) lets the CUDA backend add dQ with float atomics, whose
 # order, and so the last bits of dQ, the GPU's scheduling decides. On CUDA contexts the
-# tensor-core backward then computes dQ in a pass of its own over the query tiles: 7 tile products
-# per tile pair instead of 5, taken on the mma.sync kernels whatever STRIA_CUDA_KERNELS chose. CPU
-# contexts, and the CUDA kernels for float32 and other head dims, are deterministic either way.
+# tensor-core backward then runs its dK/dV pass without dQ and computes dQ in a pass of its own
+# over the query tiles: 7 tile products per tile pair instead of 5. CPU contexts, and the CUDA
+# kernels for float32 and other head dims, are deterministic either way.
 # Ranks may differ in this setting. Driven by the thread that drives the context, like the calls;
 # deterministic other than 0 or 1 is STRIA_ERROR_INVALID_ARGUMENT.
 function stria_context_set_deterministic(ctx, deterministic)
