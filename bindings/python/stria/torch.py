@@ -175,8 +175,9 @@ def _backward_op(
         softmax_scale=softmax_scale,
         cu_seqlens=cu_seqlens,
         window=(window_left, window_right),
-        # torch.use_deterministic_algorithms(True) asks every operator for the same bits each run.
-        deterministic=ctx.deterministic or torch.are_deterministic_algorithms_enabled(),
+        # torch.use_deterministic_algorithms(True) asks every operator for the same bits each run;
+        # otherwise (None) the context's own setting decides, as for any call.
+        deterministic=True if torch.are_deterministic_algorithms_enabled() else None,
     )
     return dq, dk, dv
 
