@@ -21,8 +21,8 @@
 #   nccl1        the NCCL transport at world 1 against the in-process one      20 s
 #   hide         the block length above which a step's transfer hides         10 s a family
 #   sanitizer    compute-sanitizer memcheck and racecheck, small rings         2 min
-#   profile      ncu speed of light and occupancy, causal D 128 8k, a family    30 s a family
 #   python       torch CUDA tensors and stria.jax's CUDA handlers              1.5 min
+#   profile      ncu speed of light and occupancy, causal D 128 8k, a family    30 s a family
 #
 # On the lent machine: run scripts/device-deps.sh here first, carry .device-deps, and call
 #   bench/gpu_run.sh                       (docs/gpu-runbook.md: the whole procedure)
@@ -45,7 +45,7 @@ results=$out/gpu_results.txt
 budget=${BUDGET_S:-570}
 jobs=$(nproc)
 shards=${SHARDS:-$((jobs / 2 > 8 ? 8 : (jobs / 2 < 1 ? 1 : jobs / 2)))}
-all="build primitives tests wgmma tma kernels ring nccl1 hide sanitizer profile python"
+all="build primitives tests wgmma tma kernels ring nccl1 hide sanitizer python profile"
 stages=" ${STAGES:-$all} "
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -177,7 +177,9 @@ fi
 # kernels wait on mbarriers, after the others. A Hopper family whose tests fail is not timed below;
 # mma, the default, always is (with a failed case its figures say how fast, not that it is right).
 if stage tests 90; then
-  sharded cuda_ring "$(cap 200)" "$bin"/tests/gpu/test_cuda_ring 'TensorCores/*:Shapes/*:Devices/*:Documents/*:Windows/*' ||
+  # The deterministic backward's cases of the default families here; the Hopper ones with their family.
+  sharded cuda_ring "$(cap 200)" "$bin"/tests/gpu/test_cuda_ring \
+    'TensorCores/*:Shapes/*:Devices/*:Documents/*:Windows/*:Deterministic/*-Deterministic/*_wgmma*:Deterministic/*_tma*' ||
     note_failure tests
   alone cuda_api "$(cap 150)" "$bin"/tests/gpu/test_cuda_api || note_failure tests
   if [ -x "$bin"/tests/nccl/test_nccl_gpu ]; then
@@ -189,7 +191,7 @@ fi
 for family in wgmma tma; do
   if stage "$family" 20; then
     suite=$([ $family = wgmma ] && echo Wgmma || echo Tma)
-    if sharded "cuda_ring_$family" "$(cap 120)" "$bin"/tests/gpu/test_cuda_ring "$suite/*"; then
+    if sharded "cuda_ring_$family" "$(cap 120)" "$bin"/tests/gpu/test_cuda_ring "$suite/*:Deterministic/*_$family*"; then
       [ $hopper = 1 ] && families+=("$family")
     else
       note_failure "$family"
@@ -296,26 +298,6 @@ if stage sanitizer 120; then
   fi
 fi
 
-# Where a family's time goes, for the next step if a bar is missed: Nsight Compute's speed-of-light
-# and occupancy sections of the causal forward and backward kernels at D 128, 8k tokens (the
-# benchmark's shape; the first four calls are the non-causal ones, with the deterministic backward
-# left untimed so that the count holds). Clocks as found: ncu's default clock control has not been
-# tried on these machines.
-ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
-if stage profile $((30 * nf)); then
-  if [ -z "$ncu" ]; then
-    say "ncu not found"
-  else
-    for family in "${families[@]}"; do
-      STRIA_CUDA_KERNELS=$([ "$family" = mma ] || echo "$family") timeout -k 10 "$(cap 120)" "$ncu" --clock-control none \
-        --kernel-name regex:'(Forward|Backward)Kernel' --launch-skip 4 --launch-count 4 --section SpeedOfLight \
-        --section Occupancy "$bin"/bench/stria-cuda-bench kernels --dims 128 --lens 8192 --reps 1 --deterministic 0 \
-        >>"$out/gpu_profile.txt" 2>&1 || { say "profile $family: failed or timed out"; note_failure profile; }
-    done
-    say "profile: $(grep -c ', Context [0-9]*, Stream ' "$out/gpu_profile.txt" 2>/dev/null) kernel reports in gpu_profile.txt"
-  fi
-fi
-
 # The Python bindings on the GPU: torch CUDA tensors and stria.jax's CUDA handlers (XLA's buffers
 # and stream) against the float64 reference. The image has PyTorch and JAX but no SWIG: scripts/
 # device-deps.sh carries Debian's.
@@ -335,6 +317,26 @@ if stage python 90; then
       -q -p no:cacheprovider -rs bindings/python/tests/test_torch_cuda.py bindings/python/tests/test_jax.py \
       >"$out/gpu_python_output.txt" 2>&1 || note_failure python
     tail -15 "$out/gpu_python_output.txt" | tee -a "$results"
+  fi
+fi
+
+# Where a family's time goes, for the next step if a bar is missed: Nsight Compute's speed-of-light
+# and occupancy sections of the causal forward and backward kernels at D 128, 8k tokens (the
+# benchmark's shape; the first four calls are the non-causal ones, with the deterministic backward
+# left untimed so that the count holds). Clocks as found: ncu's default clock control has not been
+# tried on these machines.
+ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+if stage profile $((30 * nf)); then
+  if [ -z "$ncu" ]; then
+    say "ncu not found"
+  else
+    for family in "${families[@]}"; do
+      STRIA_CUDA_KERNELS=$([ "$family" = mma ] || echo "$family") timeout -k 10 "$(cap 120)" "$ncu" --clock-control none \
+        --kernel-name regex:'(Forward|Backward)Kernel' --launch-skip 4 --launch-count 4 --section SpeedOfLight \
+        --section Occupancy "$bin"/bench/stria-cuda-bench kernels --dims 128 --lens 8192 --reps 1 --deterministic 0 \
+        >>"$out/gpu_profile.txt" 2>&1 || { say "profile $family: failed or timed out"; note_failure profile; }
+    done
+    say "profile: $(grep -c ', Context [0-9]*, Stream ' "$out/gpu_profile.txt" 2>/dev/null) kernel reports in gpu_profile.txt"
   fi
 fi
 
