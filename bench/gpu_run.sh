@@ -124,7 +124,10 @@ if stage build 60; then
     exit 1
   fi
   # NCCL apart: without it (or with a build failure there) the CUDA checks still run.
-  if ! ninja -C "$bin" -t targets all 2>/dev/null | grep -q '^stria-nccl:'; then
+  # Not `ninja ... | grep -q`: grep stops at the first match, ninja dies of SIGPIPE on a long list,
+  # and pipefail reads that as "not found" (it did, on the first GPU run).
+  if ! grep -q '^stria-nccl:' <(ninja -C "$bin" -t targets all 2>/dev/null); then
+    grep -i nccl "$tmp/configure.log" | tee -a "$results"
     say "NCCL not found by CMake (NCCL_ROOT=${NCCL_ROOT:-unset}): the NCCL checks are left out"
     note_failure build
   elif ! ninja -C "$bin" -j"$jobs" "${nccl_targets[@]}" >"$tmp/build-nccl.log" 2>&1; then
@@ -178,9 +181,14 @@ fi
 # mma, the default, always is (with a failed case its figures say how fast, not that it is right).
 if stage tests 90; then
   # The deterministic backward's cases of the default families here; the Hopper ones with their family.
-  sharded cuda_ring "$(cap 200)" "$bin"/tests/gpu/test_cuda_ring \
-    'TensorCores/*:Shapes/*:Devices/*:Documents/*:Windows/*:Deterministic/*-Deterministic/*_wgmma*:Deterministic/*_tma*' ||
-    note_failure tests
+  # The cases without a family of their own twice: on the library's default (TMA on compute
+  # capability 9.0, mma.sync elsewhere) and on mma.sync (STRIA_TEST_KERNELS).
+  default_cases='TensorCores/*:Shapes/*:Devices/*:Documents/*:Windows/*:Deterministic/*-Deterministic/*_wgmma*:Deterministic/*_tma*'
+  sharded cuda_ring "$(cap 200)" "$bin"/tests/gpu/test_cuda_ring "$default_cases" || note_failure tests
+  if [ $hopper = 1 ]; then
+    STRIA_TEST_KERNELS=mma sharded cuda_ring_mma "$(cap 200)" "$bin"/tests/gpu/test_cuda_ring "$default_cases" ||
+      note_failure tests
+  fi
   alone cuda_api "$(cap 150)" "$bin"/tests/gpu/test_cuda_api || note_failure tests
   if [ -x "$bin"/tests/nccl/test_nccl_gpu ]; then
     alone nccl_gpu "$(cap 120)" "$bin"/tests/nccl/test_nccl_gpu || note_failure tests
@@ -211,7 +219,7 @@ nf=${#families[@]}  # the timed stages' usual times grow with the families timed
 if stage kernels $((20 + 25 * nf)); then
   say "-- stria's kernels beside torch SDPA (flash, cuDNN), bf16, the same shapes"
   for family in "${families[@]}"; do
-    STRIA_CUDA_KERNELS=$([ "$family" = mma ] || echo "$family") timeout -k 10 "$(cap 240)" \
+    STRIA_CUDA_KERNELS=$family timeout -k 10 "$(cap 240)" \
       "$bin"/bench/stria-cuda-bench kernels --dims $dims --lens $lens 2>&1 | tee -a "$results" ||
       { say "stria_$family kernels: failed or timed out"; note_failure kernels; }
   done
@@ -269,31 +277,45 @@ report  # every benchmark has run: the tables survive a later stage that the cal
 
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 if stage sanitizer 120; then
-  # A small ring of each family whose tests passed, and the Hopper primitives one by one; each
-  # run under its own limit, so that a slow racecheck leaves the others their turn.
+  # memcheck: a small ring (three rank threads) of each family whose tests passed. racecheck: a
+  # world of one per kernel family, one process each: its hazards are within a CTA's shared memory,
+  # which one rank's kernels show as well as three, and on the first GPU run racecheck lost track of
+  # the three threads' launches ("failed to track a kernel launch") and then hung in the next ring.
+  # The Hopper primitives one by one under both. Each run under its own limit. The cases without a
+  # family of their own on mma.sync (STRIA_TEST_KERNELS): the Hopper families have cases of theirs.
   filter='TensorCores/*N3_striped_causal_bf16*:Shapes/*N3_striped_causal_bf16_B2L136*:Shapes/*simt*'
-  [[ " ${families[*]} " == *" wgmma "* ]] && filter+=':Wgmma/*N3_striped_causal_bf16_B2L264*'
-  [[ " ${families[*]} " == *" tma "* ]] && filter+=':Tma/*N3_striped_causal_bf16_B2L264*'
+  races=('TensorCores/*N1_striped_causal_bf16_B1L80H4x2D64' 'Shapes/*N1_striped_causal_bf16_B2L136H4x1D128'
+    'Deterministic/*N1_striped_causal_bf16_B1L80H4x2D64_deterministic')
+  for family in wgmma tma; do
+    [[ " ${families[*]} " == *" $family "* ]] || continue
+    suite=$([ $family = wgmma ] && echo Wgmma || echo Tma)
+    filter+=":$suite/*N3_striped_causal_bf16_B2L264*"
+    races+=("$suite/*N1_striped_causal_bf16_B2L264H4x1D128_$family")
+  done
   if [ ! -x "$sanitizer" ]; then
     say "compute-sanitizer not found"
     note_failure sanitizer
   else
-    for tool in memcheck racecheck; do
-      for what in ring primitives; do
-        if [ $what = ring ]; then
-          args=("$bin"/tests/gpu/test_cuda_ring --gtest_filter="$filter") limit=150
-        else
-          args=("$bin"/tests/gpu/test_hopper_primitives) limit=60
-        fi
-        timeout -k 10 "$(cap $limit)" "$sanitizer" --tool "$tool" --error-exitcode 9 "${args[@]}" >"$tmp/san.log" 2>&1
-        rc=$?
-        # Apart from the test logs and capped: a flood of race reports must not make the files too
-        # large to come back.
-        { echo "=== $tool $what (exit $rc)"; head -c 4000000 "$tmp/san.log"; } >>"$out/gpu_sanitizer_output.txt"
-        say "$tool $what: exit $rc ($([ $rc = 124 ] && echo 'time limit' || echo '0 is clean')); $(grep -E \
-          'ERROR SUMMARY|RACECHECK SUMMARY' "$tmp/san.log" | tail -1)"
-        [ $rc = 0 ] || note_failure sanitizer
-      done
+    runs=("memcheck ring $filter" "memcheck primitives")
+    for r in "${races[@]}"; do runs+=("racecheck ring $r"); done
+    runs+=("racecheck primitives")
+    for run in "${runs[@]}"; do
+      read -r tool what cases <<<"$run"
+      if [ "$what" = ring ]; then
+        args=("$bin"/tests/gpu/test_cuda_ring --gtest_filter="$cases") limit=$([ $tool = memcheck ] && echo 150 || echo 60)
+      else
+        args=("$bin"/tests/gpu/test_hopper_primitives) limit=60
+      fi
+      STRIA_TEST_KERNELS=mma timeout -k 10 "$(cap $limit)" "$sanitizer" --tool "$tool" --error-exitcode 9 "${args[@]}" \
+        >"$tmp/san.log" 2>&1
+      rc=$?
+      # Apart from the test logs and capped: a flood of race reports must not make the files too
+      # large to come back.
+      { echo "=== $tool $what ${cases:-} (exit $rc)"; head -c 1000000 "$tmp/san.log"; } >>"$out/gpu_sanitizer_output.txt"
+      say "$tool $what ${cases:-}: exit $rc ($([ $rc = 124 ] && echo 'time limit' || echo '0 is clean')); $(grep -E \
+        'ERROR SUMMARY|RACECHECK SUMMARY' "$tmp/san.log" | tail -1)"
+      [ $rc = 0 ] || note_failure sanitizer
+      [ "$(left)" -gt 20 ] || break
     done
   fi
 fi
@@ -331,7 +353,7 @@ if stage profile $((30 * nf)); then
     say "ncu not found"
   else
     for family in "${families[@]}"; do
-      STRIA_CUDA_KERNELS=$([ "$family" = mma ] || echo "$family") timeout -k 10 "$(cap 120)" "$ncu" --clock-control none \
+      STRIA_CUDA_KERNELS=$family timeout -k 10 "$(cap 120)" "$ncu" --clock-control none \
         --kernel-name regex:'(Forward|Backward)Kernel' --launch-skip 4 --launch-count 4 --section SpeedOfLight \
         --section Occupancy "$bin"/bench/stria-cuda-bench kernels --dims 128 --lens 8192 --reps 1 --deterministic 0 \
         >>"$out/gpu_profile.txt" 2>&1 || { say "profile $family: failed or timed out"; note_failure profile; }

@@ -225,6 +225,25 @@ ffi::Error CheckDevice(const Member& m, int32_t xla_device, std::string_view sit
                         where);
 }
 
+// Whether the context's device is of the platform XLA runs the call on. Otherwise the library
+// would see XLA's buffers labelled as the context's device and refuse them in its own terms (a CPU
+// context's "stream must be NULL", a CUDA context's "host memory"), which do not say what to change
+// in the JAX program.
+ffi::Error CheckPlatform(const Member& m, bool cuda, int32_t xla_device, std::string_view site) {
+  if (cuda == (m.device.device_type == kDLCUDA)) return ffi::Error::Success();
+  const std::string where = site.empty() ? "" : " [called at " + std::string(site) + "]";
+  if (cuda)
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "stria: this program runs on XLA's CUDA device " + std::to_string(xla_device) +
+                          " but its stria context is a CPU context: create it with device=\"cuda:" +
+                          std::to_string(xla_device) + "\", or run the program on the CPU (its arrays placed with " +
+                          "jax.device_put(x, jax.devices(\"cpu\")[0]))" + where);
+  return ffi::Error(
+      ffi::ErrorCode::kInvalidArgument,
+      "stria: this program runs on XLA's CPU but its stria context is on cuda:" + std::to_string(m.device.device_id) +
+          ": place its arrays on that GPU (jax.device_put), or use a CPU context" + where);
+}
+
 // Under the binding's lock (the tag names the call that follows it on this thread): tags the call,
 // then makes it.
 template <typename Call>
@@ -275,11 +294,12 @@ ffi::Error BoundariesOf(const ffi::AnyBuffer& cu, int64_t batch, std::string_vie
   return ffi::Error::Success();
 }
 
-ffi::Error Forward(void* stream, int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q, ffi::AnyBuffer k,
-                   ffi::AnyBuffer v, const ffi::AnyBuffer* cu, ffi::Result<ffi::AnyBuffer> out,
+ffi::Error Forward(bool cuda, void* stream, int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q,
+                   ffi::AnyBuffer k, ffi::AnyBuffer v, const ffi::AnyBuffer* cu, ffi::Result<ffi::AnyBuffer> out,
                    ffi::Result<ffi::AnyBuffer> lse) {
   Member m;
   if (ffi::Error e = Find(a.context, xla_device, &m); e.failure()) return e;
+  if (ffi::Error e = CheckPlatform(m, cuda, xla_device, a.site); e.failure()) return e;
   View vq(q, m.device), vk(k, m.device), vv(v, m.device), vo(*out, m.device), vl(*lse, m.device, 3);
   Boundaries docs;
   if (cu != nullptr) {
@@ -296,12 +316,13 @@ ffi::Error Forward(void* stream, int32_t xla_device, const CallAttributes& a, ff
   });
 }
 
-ffi::Error Backward(void* stream, int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q, ffi::AnyBuffer k,
-                    ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::AnyBuffer dout,
+ffi::Error Backward(bool cuda, void* stream, int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q,
+                    ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::AnyBuffer dout,
                     const ffi::AnyBuffer* cu, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                     ffi::Result<ffi::AnyBuffer> dv) {
   Member m;
   if (ffi::Error e = Find(a.context, xla_device, &m); e.failure()) return e;
+  if (ffi::Error e = CheckPlatform(m, cuda, xla_device, a.site); e.failure()) return e;
   const DLDevice d = m.device;
   View vq(q, d), vk(k, d), vv(v, d), vo(out, d), vl(lse, d, 3), vdo(dout, d), vdq(*dq, d), vdk(*dk, d), vdv(*dv, d);
   Boundaries docs;
@@ -325,45 +346,45 @@ ffi::Error Backward(void* stream, int32_t xla_device, const CallAttributes& a, f
 // has a document mask (its boundaries the last operand).
 ffi::Error ForwardCuda(void* stream, int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q, ffi::AnyBuffer k,
                        ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse) {
-  return Forward(stream, xla_device, a, q, k, v, nullptr, out, lse);
+  return Forward(true, stream, xla_device, a, q, k, v, nullptr, out, lse);
 }
 ffi::Error ForwardDocumentsCuda(void* stream, int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q,
                                 ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer cu, ffi::Result<ffi::AnyBuffer> out,
                                 ffi::Result<ffi::AnyBuffer> lse) {
-  return Forward(stream, xla_device, a, q, k, v, &cu, out, lse);
+  return Forward(true, stream, xla_device, a, q, k, v, &cu, out, lse);
 }
 ffi::Error ForwardCpu(int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                       ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse) {
-  return Forward(nullptr, xla_device, a, q, k, v, nullptr, out, lse);
+  return Forward(false, nullptr, xla_device, a, q, k, v, nullptr, out, lse);
 }
 ffi::Error ForwardDocumentsCpu(int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q, ffi::AnyBuffer k,
                                ffi::AnyBuffer v, ffi::AnyBuffer cu, ffi::Result<ffi::AnyBuffer> out,
                                ffi::Result<ffi::AnyBuffer> lse) {
-  return Forward(nullptr, xla_device, a, q, k, v, &cu, out, lse);
+  return Forward(false, nullptr, xla_device, a, q, k, v, &cu, out, lse);
 }
 
 ffi::Error BackwardCuda(void* stream, int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q, ffi::AnyBuffer k,
                         ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::AnyBuffer dout,
                         ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                         ffi::Result<ffi::AnyBuffer> dv) {
-  return Backward(stream, xla_device, a, q, k, v, out, lse, dout, nullptr, dq, dk, dv);
+  return Backward(true, stream, xla_device, a, q, k, v, out, lse, dout, nullptr, dq, dk, dv);
 }
 ffi::Error BackwardDocumentsCuda(void* stream, int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q,
                                  ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
                                  ffi::AnyBuffer dout, ffi::AnyBuffer cu, ffi::Result<ffi::AnyBuffer> dq,
                                  ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv) {
-  return Backward(stream, xla_device, a, q, k, v, out, lse, dout, &cu, dq, dk, dv);
+  return Backward(true, stream, xla_device, a, q, k, v, out, lse, dout, &cu, dq, dk, dv);
 }
 ffi::Error BackwardCpu(int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q, ffi::AnyBuffer k,
                        ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::AnyBuffer dout,
                        ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv) {
-  return Backward(nullptr, xla_device, a, q, k, v, out, lse, dout, nullptr, dq, dk, dv);
+  return Backward(false, nullptr, xla_device, a, q, k, v, out, lse, dout, nullptr, dq, dk, dv);
 }
 ffi::Error BackwardDocumentsCpu(int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q, ffi::AnyBuffer k,
                                 ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::AnyBuffer dout,
                                 ffi::AnyBuffer cu, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                                 ffi::Result<ffi::AnyBuffer> dv) {
-  return Backward(nullptr, xla_device, a, q, k, v, out, lse, dout, &cu, dq, dk, dv);
+  return Backward(false, nullptr, xla_device, a, q, k, v, out, lse, dout, &cu, dq, dk, dv);
 }
 
 // What every handler takes after its context (stream, device ordinal): the call's attributes.

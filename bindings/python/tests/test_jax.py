@@ -36,6 +36,9 @@ if os.environ.get("STRIA_REQUIRE_JAX") == "1":
     import stria.jax as sj  # noqa: E402
 else:
     sj = pytest.importorskip("stria.jax")  # built only where jaxlib's FFI headers were found
+# The tests below are CPU programs with CPU contexts unless they say otherwise; where JAX also has a
+# GPU (the GPU run), its default device would be the GPU. The CUDA tests place their arrays there.
+jax.config.update("jax_default_device", jax.devices("cpu")[0])
 # What a failed custom call raises: JAX's runtime error, or ValueError on some of XLA's execution
 # paths (its status-to-exception mapping), with stria's status and message either way.
 XLA_ERRORS = (jax.errors.JaxRuntimeError, ValueError)
@@ -252,6 +255,28 @@ def test_on_a_gpu_with_xla_s_stream(rng):
         assert rel_err(np.asarray(out.astype(jnp.float32)), ref_out) < 2e-2
         for got, ref in zip(grads, attention_backward_ref(qr, kr, vr, w, True, scale, cu)):
             assert rel_err(np.asarray(got.astype(jnp.float32)), ref) < 2e-2
+
+
+def test_a_context_of_the_other_platform_is_named(rng):
+    """A CPU context called from a program on the GPU, and a GPU context from one on the CPU: an
+    error that says which platform each is on and what to change, not the library's own refusal
+    of the buffers."""
+    try:
+        device = jax.devices("cuda")[0]
+    except RuntimeError:
+        pytest.skip("JAX has no CUDA device here")
+    q, k, v = inputs(rng)
+    with stria.Context(0, 1, timeout_s=TIMEOUT_S) as cpu_ctx:
+        on_gpu = [jax.device_put(x, device) for x in (q, k, v)]
+        with pytest.raises(XLA_ERRORS, match=r"runs on XLA's CUDA device \d+ but its stria context is a CPU context"):
+            jax.block_until_ready(jax.jit(lambda q, k, v: sj.ring_attention(q, k, v, cpu_ctx))(*on_gpu))
+    try:
+        gpu_ctx = stria.Context(0, 1, device=f"cuda:{device.id}", timeout_s=TIMEOUT_S)
+    except (stria.UnsupportedError, stria.CudaError) as e:
+        pytest.skip(f"stria has no CUDA backend here: {e}")
+    with gpu_ctx:
+        with pytest.raises(XLA_ERRORS, match=r"runs on XLA's CPU but its stria context is on cuda:\d+"):
+            jax.block_until_ready(jax.jit(lambda q, k, v: sj.ring_attention(q, k, v, gpu_ctx))(q, k, v))
 
 
 def test_shard_map_over_two_gpus():

@@ -13,9 +13,10 @@
 // q (and dO) rows are 16-byte aligned; the SIMT kernels otherwise (float32, other head dims,
 // odd strides). STRIA_CUDA_KERNELS picks among the families (tests and benchmarks compare them):
 // "simt" forces SIMT; "wgmma" takes the Hopper wgmma forward and backward on compute capability
-// 9.0 devices, and "tma" the same products with their loads by TMA in warp-specialised CTAs. The
-// default is mma.sync: the wgmma kernels have passed only the emulator so far, and stay opt-in
-// until the GPU suite has run them on an H100 (docs/performance.md). A deterministic backward
+// 9.0 devices, and "tma" the same products with their loads by TMA in warp-specialised CTAs; "mma"
+// forces mma.sync. Unset, the choice is the fastest family that passed the GPU suite on the device:
+// TMA on compute capability 9.0 (on an H200, 1.6-2.4x mma.sync's forward and 1.2-1.9x its
+// backward, docs/performance.md), mma.sync on every other device. A deterministic backward
 // (stria_context_set_deterministic) runs the family's dK/dV pass without dQ, then mma.sync's dQ pass.
 #include "backend/cuda/cuda_backend.h"
 
@@ -168,15 +169,21 @@ class CudaCopier final : public BufferCopier {
   std::set<std::pair<int, int>> peers_;  // (device, peer) pairs already seen
 };
 
-// STRIA_CUDA_KERNELS: unset or empty (the default, mma.sync), "mma", "simt", "wgmma" or "tma", in
-// any case. Anything else is refused at context creation: a misspelt family must not quietly
-// time or test the default one.
-Status ParseKernelChoice(const char* env, cuda::Kernels* out) {
-  *out = cuda::Kernels::kMma;
+// The kernel family a context asked for: STRIA_CUDA_KERNELS, or the device's best when unset.
+struct KernelChoice {
+  cuda::Kernels family = cuda::Kernels::kMma;
+  bool automatic = true;  // unset: TMA on compute capability 9.0, mma.sync elsewhere
+};
+
+// STRIA_CUDA_KERNELS: unset or empty (the default: the device's best family), "mma", "simt",
+// "wgmma" or "tma", in any case. Anything else is refused at context creation: a misspelt family
+// must not quietly time or test the default one.
+Status ParseKernelChoice(const char* env, KernelChoice* out) {
+  *out = KernelChoice{};
   if (env == nullptr || *env == '\0') return Status::Ok();
   for (cuda::Kernels k : {cuda::Kernels::kMma, cuda::Kernels::kSimt, cuda::Kernels::kWgmma, cuda::Kernels::kTma}) {
     if (strcasecmp(env, cuda::KernelsName(k)) == 0) {
-      *out = k;
+      *out = KernelChoice{k, false};
       return Status::Ok();
     }
   }
@@ -187,7 +194,7 @@ Status ParseKernelChoice(const char* env, cuda::Kernels* out) {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, cuda::Kernels want) : device_(device), want_(want) {}
+  CudaBackend(int device, KernelChoice want) : device_(device), want_(want) {}
   // The last call's kernels may still be queued (calls return without waiting): they finish
   // before the workspaces they use are freed, on this context's device, whatever device the
   // destroying thread has current.
@@ -484,12 +491,13 @@ class CudaBackend final : public Backend {
 
   // The kernel family of this call (see the top of the file). Needs the device current.
   Status Choose(const AttentionShape& s, bool rows_aligned) {
-    if (want_ == cuda::Kernels::kSimt || s.dtype == DType::kF32 || !cuda::FlashHeadDim(static_cast<int>(s.D)) ||
+    if (want_.family == cuda::Kernels::kSimt || s.dtype == DType::kF32 || !cuda::FlashHeadDim(static_cast<int>(s.D)) ||
         !rows_aligned) {
       kernels_ = cuda::Kernels::kSimt;
       return Status::Ok();
     }
-    const bool hopper_family = want_ == cuda::Kernels::kWgmma || want_ == cuda::Kernels::kTma;
+    const bool hopper_family =
+        want_.automatic || want_.family == cuda::Kernels::kWgmma || want_.family == cuda::Kernels::kTma;
     if (hopper_family && cc_ < 0) {
       int major = 0, minor = 0;
       STRIA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
@@ -497,13 +505,14 @@ class CudaBackend final : public Backend {
       cc_ = 10 * major + minor;
     }
     // sm_90a code runs on compute capability 9.0 only (not on later majors).
-    kernels_ = hopper_family && cc_ == 90 ? want_ : cuda::Kernels::kMma;
+    const cuda::Kernels hopper = want_.automatic ? cuda::Kernels::kTma : want_.family;
+    kernels_ = hopper_family && cc_ == 90 ? hopper : cuda::Kernels::kMma;
     return Status::Ok();
   }
 
   const int device_;
-  const cuda::Kernels want_;  // STRIA_CUDA_KERNELS
-  int cc_ = -1;               // compute capability 10 * major + minor, once asked
+  const KernelChoice want_;  // STRIA_CUDA_KERNELS
+  int cc_ = -1;              // compute capability 10 * major + minor, once asked
   cuda::Kernels kernels_ = cuda::Kernels::kSimt;
   bool deterministic_ = false;     // stria_context_set_deterministic
   cudaEvent_t handoff_ = nullptr;  // the end of the work queued so far (Queued)
@@ -524,7 +533,7 @@ class CudaBackend final : public Backend {
 }  // namespace
 
 Status CreateCudaBackend(DLDevice device, Backend** out) {
-  cuda::Kernels kernels;  // the configuration first: its error does not depend on the machine
+  KernelChoice kernels;  // the configuration first: its error does not depend on the machine
   STRIA_RETURN_IF_ERROR(ParseKernelChoice(std::getenv("STRIA_CUDA_KERNELS"), &kernels));
   STRIA_RETURN_IF_ERROR(CheckCudaDevice(device.device_id));
   DeviceScope scope(device.device_id);
