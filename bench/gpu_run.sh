@@ -5,24 +5,26 @@
 # to know, and each stage starts only if its usual time still fits in what is left of BUDGET_S.
 # What did not fit is named at the end with the STAGES= line that runs it next.
 #
-#   stage        what                                                      estimate (not yet
-#                                                                              measured), H100
-#   build        the GPU targets only (no emulator, no host models)          30 s on 16 cores
-#   primitives   test_hopper_primitives: TMA, mbarriers, wgmma forms          seconds
-#   tests        test_cuda_ring's mma.sync and SIMT cases in SHARDS parallel  1-1.5 min (the
-#                processes, then test_cuda_api and test_nccl_gpu alone (they   float64 reference
-#                fill the device or measure its free memory)                  on the CPU)
-#   wgmma, tma   test_cuda_ring's Hopper cases, a family at a time, after the  20 s each
+#   stage        what                                                      measured on an H200,
+#                                                                              2026-11-27
+#   build        the GPU targets only (no emulator, no host models)          35-45 s on 16 cores
+#   primitives   test_hopper_primitives: TMA, mbarriers, wgmma forms          1 s
+#   tests        test_cuda_ring's cases without a family of their own (the    40 s (the float64
+#                default's, and again on mma.sync on sm_90) and SIMT's in      reference on the
+#                SHARDS parallel processes, then test_cuda_api and             CPU)
+#                test_nccl_gpu alone (they fill the device or measure its
+#                free memory)
+#   wgmma, tma   test_cuda_ring's Hopper cases, a family at a time, after the  15 s, 3 s
 #                others: their kernels wait on mbarriers, so a misread phase
 #                hangs rather than fails
-#   kernels      each family whose tests passed (mma; wgmma and tma on sm_90)  20 s + 25 s a family
+#   kernels      each family whose tests passed (mma; wgmma and tma on sm_90)  60 s for three
 #                beside torch SDPA's flash and cuDNN backends, same shapes
-#   ring         the modelled N = 8 ring at 256k tokens, per family            25 s a family
-#   nccl1        the NCCL transport at world 1 against the in-process one      20 s
-#   hide         the block length above which a step's transfer hides         10 s a family
-#   sanitizer    compute-sanitizer memcheck and racecheck, small rings         2 min
-#   python       torch CUDA tensors and stria.jax's CUDA handlers              1.5 min
-#   profile      ncu speed of light and occupancy, causal D 128 8k, a family    30 s a family
+#   ring         the modelled N = 8 ring at 256k tokens, per family            12 s a family
+#   nccl1        the NCCL transport at world 1 against the in-process one      6 s
+#   hide         the block length above which a step's transfer hides         3 s a family
+#   sanitizer    compute-sanitizer memcheck and racecheck, small rings         20 s
+#   python       torch CUDA tensors and stria.jax's CUDA handlers              75 s
+#   profile      ncu speed of light and occupancy, causal D 128 8k, a family    4 s a family
 #
 # On the lent machine: run scripts/device-deps.sh here first, carry .device-deps, and call
 #   bench/gpu_run.sh                       (docs/gpu-runbook.md: the whole procedure)
@@ -276,7 +278,7 @@ fi
 report  # every benchmark has run: the tables survive a later stage that the call's limit stops
 
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-if stage sanitizer 120; then
+if stage sanitizer 60; then
   # memcheck: a small ring (three rank threads) of each family whose tests passed. racecheck: a
   # world of one per kernel family, one process each: its hazards are within a CTA's shared memory,
   # which one rank's kernels show as well as three, and on the first GPU run racecheck lost track of

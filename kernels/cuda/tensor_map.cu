@@ -1,10 +1,12 @@
 // The host side of TMA (tma_api.cuh): tensor maps from the driver's cuTensorMapEncodeTiled. The
-// module links only the CUDA runtime, not libcuda, so the driver function comes through the
-// runtime's entry-point query, once per process. (The emulator's build has its own EncodeRowsMap,
-// in tests/cuda_emu.)
+// module links only the CUDA runtime, not libcuda, so the driver function is looked up once per
+// process: in the driver library the runtime has loaded, and only failing that through the
+// runtime's entry-point query. (The emulator's build has its own EncodeRowsMap, in tests/cuda_emu.)
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
+
+#include <dlfcn.h>
 
 #include <atomic>
 
@@ -21,9 +23,18 @@ static_assert(sizeof(TensorMap) == sizeof(CUtensorMap) && alignof(TensorMap) == 
               "TensorMap must be a CUtensorMap");
 
 // Null when this driver has no tensor maps (older than CUDA 12): the caller falls back.
+//
+// libcuda's own symbol first: a driver-API lookup leaves the runtime's per-thread error alone. The
+// runtime's entry-point query did not: on the first H200 run, the first TMA call of a process whose
+// caller had an error pending (cudaSetDevice(-1)) consumed that error, so the query itself must
+// have failed and been cleared below, and with it every later block of the process would have
+// taken the cp.async fallback. The query stays as the fallback where libcuda's symbol is not found.
 PFN_cuTensorMapEncodeTiled_v12000 Encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
+    void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);  // loaded by the runtime already
+    if (driver == nullptr) driver = dlopen("libcuda.so.1", RTLD_LAZY);
+    void* f = driver != nullptr ? dlsym(driver, "cuTensorMapEncodeTiled") : nullptr;
+    if (f != nullptr) return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);  // the handle stays open
     cudaDriverEntryPointQueryResult found{};
     const cudaError_t e =
         cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found);

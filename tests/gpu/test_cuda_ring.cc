@@ -140,7 +140,9 @@ void RunCase(const Case& c) {
       DeviceInt64s docs_d(documents.size());
       int64_t* cu = docs_d.ptr;
       const size_t bytes = documents.size() * sizeof(int64_t);
-      EXPECT_EQ(cudaMemset(cu, 0xff, bytes), cudaSuccess);
+      // On the stream too: a plain cudaMemset goes to the legacy default stream, which a
+      // non-blocking stream does not wait for, and on the H200 it once landed after the copy.
+      EXPECT_EQ(cudaMemsetAsync(cu, 0xff, bytes, stream), cudaSuccess);
       EXPECT_EQ(cudaMemcpyAsync(cu, documents.data(), bytes, cudaMemcpyHostToDevice, stream), cudaSuccess);
       fwd[static_cast<size_t>(r)] =
           stria_attention_forward_documents(ctx, &params, cu, c.docs, &qv, &kv, &vv, &out_d.dl, &lse_d.dl, stream);
