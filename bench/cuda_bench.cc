@@ -167,14 +167,10 @@ int Kernels(const std::vector<int64_t>& dims, const std::vector<int64_t>& lens, 
           CHECK_STRIA(stria_attention_backward(ctx, &p, &tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk, &tdv, stream));
         });
         const double flops = 4.0 * B * H * static_cast<double>(S) * S * D * (causal ? 0.5 : 1.0);
-        // The kernel family the library picks: STRIA_CUDA_KERNELS, or by default TMA on compute
-        // capability 9.0 and mma.sync elsewhere (cuda_backend.cc).
+        // The kernel family: STRIA_CUDA_KERNELS, or "default" when unset (the library's choice for
+        // this device, cuda_backend.cc; gpu_run.sh names each family it times).
         const char* env = std::getenv("STRIA_CUDA_KERNELS");
-        int major = 0, minor = 0;
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
-        const char* family = env != nullptr && *env != '\0' ? env : (major == 9 && minor == 0 ? "tma" : "mma");
-        const std::string impl = std::string("stria_") + family;
+        const std::string impl = std::string("stria_") + (env != nullptr && *env != '\0' ? env : "default");
         std::printf("impl=%s dir=fwd dim=%lld causal=%d len=%lld batch=%lld heads=%lld ms=%.4f tflops=%.1f\n",
                     impl.c_str(), (long long)D, causal, (long long)S, (long long)B, (long long)H, fwd_ms,
                     flops / fwd_ms * 1e-9);

@@ -182,9 +182,9 @@ fi
 # kernels wait on mbarriers, after the others. A Hopper family whose tests fail is not timed below;
 # mma, the default, always is (with a failed case its figures say how fast, not that it is right).
 if stage tests 90; then
-  # The deterministic backward's cases of the default families here; the Hopper ones with their family.
-  # The cases without a family of their own twice: on the library's default (TMA on compute
-  # capability 9.0, mma.sync elsewhere) and on mma.sync (STRIA_TEST_KERNELS).
+  # The cases without a family of their own (the deterministic ones included; the Hopper families'
+  # come in their own stages) twice: on the library's default (TMA on compute capability 9.0,
+  # mma.sync elsewhere) and on mma.sync (STRIA_TEST_KERNELS).
   default_cases='TensorCores/*:Shapes/*:Devices/*:Documents/*:Windows/*:Deterministic/*-Deterministic/*_wgmma*:Deterministic/*_tma*'
   sharded cuda_ring "$(cap 200)" "$bin"/tests/gpu/test_cuda_ring "$default_cases" || note_failure tests
   if [ $hopper = 1 ]; then

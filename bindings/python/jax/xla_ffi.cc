@@ -100,12 +100,16 @@ ffi::ErrorCode CodeOf(stria_status_t s) {
   }
 }
 
+// What every error message ends with: the call site, if stria.jax found one.
+std::string At(std::string_view site) {
+  return site.empty() ? "" : " [called at " + std::string(site) + "]";
+}
+
 // The failed call's status and message, as JAX will raise them ("<CODE>: stria ...", then the
-// call site if stria.jax found one).
+// call site).
 ffi::Error Failure(const char* call, stria_status_t s, std::string_view site) {
-  std::string message = std::string("stria ") + call + ": " + stria_status_string(s) + ": " + stria_get_last_error();
-  if (!site.empty()) message += " [called at " + std::string(site) + "]";
-  return ffi::Error(CodeOf(s), std::move(message));
+  return ffi::Error(CodeOf(s), std::string("stria ") + call + ": " + stria_status_string(s) + ": " +
+                                   stria_get_last_error() + At(site));
 }
 
 // A DLTensor over an XLA buffer: compact row-major (strides NULL), on `device`. Element types
@@ -205,7 +209,7 @@ stria_attention_params_t Params(const CallAttributes& a) {
 // shards: wrong numbers, no error. The first device to call claims it. A world of one has no
 // peers to pair with: any device of its platform.
 ffi::Error CheckDevice(const Member& m, int32_t xla_device, std::string_view site) {
-  const std::string where = site.empty() ? "" : " [called at " + std::string(site) + "]";
+  const std::string where = At(site);
   if (m.device.device_type == kDLCUDA && xla_device != m.device.device_id)
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
                       "stria: this program runs on XLA device " + std::to_string(xla_device) +
@@ -231,7 +235,7 @@ ffi::Error CheckDevice(const Member& m, int32_t xla_device, std::string_view sit
 // in the JAX program.
 ffi::Error CheckPlatform(const Member& m, bool cuda, int32_t xla_device, std::string_view site) {
   if (cuda == (m.device.device_type == kDLCUDA)) return ffi::Error::Success();
-  const std::string where = site.empty() ? "" : " [called at " + std::string(site) + "]";
+  const std::string where = At(site);
   if (cuda)
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
                       "stria: this program runs on XLA's CUDA device " + std::to_string(xla_device) +
@@ -286,8 +290,7 @@ ffi::Error BoundariesOf(const ffi::AnyBuffer& cu, int64_t batch, std::string_vie
     std::string shape;
     for (int64_t d : dims) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                      "stria: the document boundaries operand [" + shape + "] " + why +
-                          (site.empty() ? "" : " [called at " + std::string(site) + "]"));
+                      "stria: the document boundaries operand [" + shape + "] " + why + At(site));
   }
   out->data = static_cast<const int64_t*>(cu.untyped_data());
   out->num_seqs = dims[dims.size() - row_axes] - 1;
