@@ -40,13 +40,10 @@ template <typename T>
 STRIA_GLOBAL void ForwardFinishKernel(Dims d, const float* acc, const float* m, const float* l, RowsOut out, float* lse,
                                       int64_t lb, int64_t lh, int64_t li) {
   const int64_t n = static_cast<int64_t>(d.B) * d.Hq * d.L * d.D;
-  constexpr float kLn2 = 0.6931471805599453f;
   STRIA_FOR_EACH(x, n) {
     const int64_t c = x % d.D, row = x / d.D, i = row % d.L, bh = row / d.L, h = bh % d.Hq, b = bh / d.Hq;
-    const float lv = l[row];
-    const float inv = lv > 0.f ? 1.f / lv : 0.f;
-    StoreElem<T>(out.data, b * out.sb + i * out.sl + h * out.sh + c, acc[x] * inv);
-    if (c == 0) lse[b * lb + h * lh + i * li] = lv > 0.f ? (m[row] + log2f(lv)) * kLn2 : NegInf();
+    StoreElem<T>(out.data, b * out.sb + i * out.sl + h * out.sh + c, acc[x] * OutputScale(l[row]));
+    if (c == 0) lse[b * lb + h * lh + i * li] = RowLse(m[row], l[row]);
   }
 }
 

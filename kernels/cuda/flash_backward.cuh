@@ -4,8 +4,8 @@
 // forward's LSE, and with dP^T = V dO^T and dS^T = P^T (dP^T - delta):
 //   dV += P^T dO and dK += dS^T Q  in registers (this CTA alone owns these keys), and
 //   dQ += dS K                     through shared memory and float atomics into dq_acc.
-// dK/dV leave as fp32 (dK times the softmax scale) into the block's dK/dV ring message, which the
-// host zeroed, so CTAs with nothing to do simply return.
+// dK/dV (dK times the softmax scale) leave as fp32 into the block's dK/dV ring message, or in a
+// world of one as the call's dK and dV, every row of the CTA's keys, zeros included (key_grads.cuh).
 // With kDq false the kernel leaves dQ out (the deterministic backward: flash_backward_dq.cuh).
 #pragma once
 
@@ -49,7 +49,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashBackwardKernel(const BwdParams p
   const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, b) : MaskArgs{};
   const MaskArgs& mask = kDocs ? docs_mask : p.mask;
   const TileRun queries = QueryTilesOf<kDocs>(mask, j0, MinI(j0 + kN, d.L), kM);
-  if (queries.count == 0) return;
+  if (queries.count == 0) return ZeroKeyGrads<T>(p, b, hk, j0, kN, Tile::kThreads);  // before any barrier
 
   const int64_t kv_row = static_cast<int64_t>(d.Hkv) * D;
   const int64_t kv_off = (static_cast<int64_t>(b) * d.L * d.Hkv + hk) * D;
@@ -182,13 +182,10 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashBackwardKernel(const BwdParams p
   STRIA_UNROLL
   for (int e = 0; e < 2; ++e) {
     if (key[e] >= d.L) continue;
-    const int64_t off = ((static_cast<int64_t>(b) * d.L + key[e]) * d.Hkv + hk) * D + 2 * t4;
     STRIA_UNROLL
     for (int nt = 0; nt < kDTiles; ++nt) {
-      p.dk[off + nt * 8] = dk[nt][2 * e] * p.scale;
-      p.dk[off + nt * 8 + 1] = dk[nt][2 * e + 1] * p.scale;
-      p.dv[off + nt * 8] = dv[nt][2 * e];
-      p.dv[off + nt * 8 + 1] = dv[nt][2 * e + 1];
+      StoreKeyGrad<T>(p, b, hk, key[e], nt * 8 + 2 * t4, dk[nt][2 * e] * p.scale, dv[nt][2 * e]);
+      StoreKeyGrad<T>(p, b, hk, key[e], nt * 8 + 2 * t4 + 1, dk[nt][2 * e + 1] * p.scale, dv[nt][2 * e + 1]);
     }
   }
 }

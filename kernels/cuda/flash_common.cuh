@@ -3,6 +3,8 @@
 #pragma once
 
 #include "cuda/device_api.cuh"
+#include "cuda/forward_state.cuh"
+#include "cuda/key_grads.cuh"
 #include "cuda/params.h"
 #include "cuda/tile_mask.cuh"
 
@@ -88,40 +90,6 @@ STRIA_DEVICE float OnlineMaxStep(float tile_max, float* m_run, float* base) {
   const float alpha = fast_exp2(*m_run - *base);
   *m_run = m_new;
   return alpha;
-}
-
-// A row's running state, shared by the 4 lanes of an accumulator row (mma or wgmma): this lane
-// holds the output columns 8 nt + 2 t4 and + 1 for every nt < D / 8, as pairs 4 floats apart
-// from `o` (the C layout of consecutive n8 tiles). m is every lane's; l is stored complete, so
-// one lane of the four starts with it and the others with 0. Rows outside the block (`live`
-// false) start empty and are never written back.
-template <int D>
-STRIA_DEVICE void LoadRowState(const FwdParams& p, int64_t sr, int t4, bool live, float* m, float* l, float* o) {
-  *m = live ? p.m[sr] : NegInf();
-  *l = live && t4 == 0 ? p.l[sr] : 0.f;
-  STRIA_UNROLL
-  for (int nt = 0; nt < D / 8; ++nt) {
-    const float* src = p.acc + sr * D + nt * 8 + 2 * t4;
-    o[4 * nt] = live ? src[0] : 0.f;
-    o[4 * nt + 1] = live ? src[1] : 0.f;
-  }
-}
-// The inverse; every lane of the row must call it (the partial sums of l meet by shuffles).
-template <int D>
-STRIA_DEVICE void StoreRowState(const FwdParams& p, int64_t sr, int t4, bool live, float m, float l, const float* o) {
-  l += shfl_xor(l, 1);
-  l += shfl_xor(l, 2);
-  if (!live) return;
-  if (t4 == 0) {
-    p.m[sr] = m;
-    p.l[sr] = l;
-  }
-  STRIA_UNROLL
-  for (int nt = 0; nt < D / 8; ++nt) {
-    float* dst = p.acc + sr * D + nt * 8 + 2 * t4;
-    dst[0] = o[4 * nt];
-    dst[1] = o[4 * nt + 1];
-  }
 }
 
 // Accumulators of two n8 tiles (16 x 16) as the A fragment of the next product (P -> P V).

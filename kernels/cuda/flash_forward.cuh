@@ -25,7 +25,10 @@ struct FwdTile {
   static constexpr int kSmemBytes = (kM + 2 * kN) * kStride * 2;
 };
 
-template <typename T, int D, bool kDocs = false>
+// kEnds: the build for the call's first and last blocks (FwdParams::first, ::out; forward_state.cuh).
+// The blocks between them take the build without (kEnds false): at D 128 this kernel holds 255
+// registers, and the ends' code, there in a build that never runs it, made ptxas spill in the loop.
+template <typename T, int D, bool kDocs = false, bool kEnds = true>
 STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p) {
   using Tile = FwdTile<D>;
   constexpr int S = Tile::kStride, kM = Tile::kM, kN = Tile::kN, kMT = Tile::kMT, kR = 2 * kMT;
@@ -44,7 +47,10 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
   const MaskArgs& mask = kDocs ? docs_mask : p.mask;
   const int64_t i0 = QueryTileStart(mask, kM, blockIdx.x, gridDim.x);
   const TileRun keys = KeyTilesOf<kDocs>(mask, i0, MinI(i0 + kM, d.L), kN);
-  if (keys.count == 0) return;  // the whole CTA, before any barrier
+  if (keys.count == 0) {  // the whole CTA, before any barrier
+    if (kEnds) IdleRows<T>(p, mask, bh, i0, kM, kThreads);
+    return;
+  }
   const int64_t j_first = keys.first;
   const int n_tiles = keys.count;
   // This warp's rows and the keys they may see: on the diagonal a warp skips the key tiles that
@@ -70,7 +76,8 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
     const int mt = r >> 1, e = r & 1;
     row[r] = wi0 + mt * 16 + g + e * 8;
     live[r] = row[r] >= mask.q_begin && row[r] < mask.q_end;
-    LoadRowState<D>(p, static_cast<int64_t>(bh) * d.L + row[r], t4, live[r], &m_run[r], &l_run[r], &o[mt][2 * e]);
+    LoadRowState<D, kEnds>(p, static_cast<int64_t>(bh) * d.L + row[r], t4, live[r], &m_run[r], &l_run[r],
+                           &o[mt][2 * e]);
   }
 
   for (int n = 0; n < n_tiles; ++n) {
@@ -206,7 +213,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
   STRIA_UNROLL
   for (int r = 0; r < kR; ++r) {
     const int mt = r >> 1, e = r & 1;
-    StoreRowState<D>(p, static_cast<int64_t>(bh) * d.L + row[r], t4, live[r], m_run[r], l_run[r], &o[mt][2 * e]);
+    StoreRowState<T, D, kEnds>(p, bh, row[r], t4, live[r], m_run[r], l_run[r], &o[mt][2 * e]);
   }
 }
 

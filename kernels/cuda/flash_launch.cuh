@@ -27,10 +27,15 @@ cudaError_t LaunchForwardTiles(void (*kernel)(FwdParams), const FwdParams& p, cu
 
 // Every kernel has two builds: with the document clamp (a block with document bounds) and
 // without it (the others, whose code stays what it was without documents: tile_mask.cuh).
+// The mma.sync forward has a second axis: the build for a call's first and last blocks, and the
+// one for the blocks between (flash_forward.cuh).
 template <typename T, int D>
 cudaError_t LaunchFlashForward(const FwdParams& p, cudaStream_t s) {
-  return LaunchForwardTiles<FwdTile<D>>(
-      p.mask.doc_lo != nullptr ? FlashForwardKernel<T, D, true> : FlashForwardKernel<T, D, false>, p, s);
+  const bool docs = p.mask.doc_lo != nullptr, ends = p.first != 0 || p.out.data != nullptr;
+  void (*kernel)(FwdParams) =
+      docs ? (ends ? FlashForwardKernel<T, D, true, true> : FlashForwardKernel<T, D, true, false>)
+           : (ends ? FlashForwardKernel<T, D, false, true> : FlashForwardKernel<T, D, false, false>);
+  return LaunchForwardTiles<FwdTile<D>>(kernel, p, s);
 }
 
 // sm_90a only: the caller checks the device (the kernel is empty in the other builds).

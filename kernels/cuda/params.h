@@ -51,7 +51,23 @@ struct FwdParams {
   float* l;          // [B, Hq, L] running sum of exp2(score - m)
   float scale_log2;  // softmax scale * log2(e)
   MaskArgs mask;
+  // Where the block stands in its call (forward_state.cuh); either may be set only for a block
+  // whose mask covers every query row (CoversEveryRow), so that every row has a CTA that owns it.
+  // first: no block of the call ran before this one: the state starts empty and is not read.
+  int first;
+  // out.data non-null: no block of the call runs after this one: the kernel writes the normalised
+  // output (storage dtype, the caller's strides) and the LSE ([B, Hq, L] float32, strides lb, lh,
+  // li), ForwardFinishKernel's work, in place of the state.
+  RowsOut out;
+  float* lse;
+  int64_t lb, lh, li;
 };
+
+// Whether a block's mask leaves no query row without a CTA of its launch (the grid covers the
+// query tiles of [q_begin, q_end)): the condition for FwdParams::first and ::out.
+inline bool CoversEveryRow(const MaskArgs& m, int64_t L) {
+  return m.q_begin == 0 && m.q_end == L;
+}
 
 // One backward ring block: adds this block's share of dQ into dq_acc and writes the block's
 // dK/dV contribution (fp32, compact [B, L, Hkv, D], already times the softmax scale for dK).
@@ -68,6 +84,10 @@ struct BwdParams {
   float scale_log2;
   float scale;
   MaskArgs mask;
+  // dk_out.data non-null: this block's dK/dV are the call's whole result (a world of one): the
+  // kernels write them in the storage dtype at the caller's strides (dk_out, dv_out: [B, L, Hkv,
+  // D]) instead of fp32 into dk and dv (key_grads.cuh).
+  RowsOut dk_out, dv_out;
 };
 
 // Shard/unshard of a device tensor: one element per thread over the local tensor; along

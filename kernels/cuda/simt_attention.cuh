@@ -6,6 +6,9 @@
 #pragma once
 
 #include "cuda/device_api.cuh"
+#include "cuda/elem_access.cuh"
+#include "cuda/forward_state.cuh"
+#include "cuda/key_grads.cuh"
 #include "cuda/params.h"
 #include "cuda/tile_mask.cuh"
 
@@ -15,44 +18,6 @@ namespace cuda {
 constexpr int kSimtRows = 16;   // rows per CTA: 4 warps x 4
 constexpr int kSimtTile = 32;   // keys (queries) per shared tile: one per lane
 constexpr int kSimtMaxD = 256;  // columns per lane: kSimtMaxD / 32
-
-template <typename T>
-STRIA_DEVICE float LoadElem(const void* p, int64_t i);
-template <>
-STRIA_DEVICE float LoadElem<Float>(const void* p, int64_t i) {
-  return static_cast<const float*>(p)[i];
-}
-template <>
-STRIA_DEVICE float LoadElem<Half>(const void* p, int64_t i) {
-  return to_float<Half>(static_cast<const uint16_t*>(p)[i]);
-}
-template <>
-STRIA_DEVICE float LoadElem<BFloat>(const void* p, int64_t i) {
-  return to_float<BFloat>(static_cast<const uint16_t*>(p)[i]);
-}
-template <typename T>
-STRIA_DEVICE void StoreElem(void* p, int64_t i, float v);
-template <>
-STRIA_DEVICE void StoreElem<Float>(void* p, int64_t i, float v) {
-  static_cast<float*>(p)[i] = v;
-}
-template <>
-STRIA_DEVICE void StoreElem<Half>(void* p, int64_t i, float v) {
-  static_cast<uint16_t*>(p)[i] = from_float<Half>(v);
-}
-template <>
-STRIA_DEVICE void StoreElem<BFloat>(void* p, int64_t i, float v) {
-  static_cast<uint16_t*>(p)[i] = from_float<BFloat>(v);
-}
-
-template <typename T>
-STRIA_HD constexpr int ElemBytes() {
-  return 2;
-}
-template <>
-STRIA_HD constexpr int ElemBytes<Float>() {
-  return 4;
-}
 
 STRIA_DEVICE float WarpMax(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, shfl_xor(v, o));
@@ -99,7 +64,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtForwardKernel(const FwdParams p) 
   const int64_t i0 = QueryTileStart(mask, kSimtRows, blockIdx.x, gridDim.x);
   int64_t k_lo, k_hi;
   KeyRange<kDocs>(mask, i0, MinI(i0 + kSimtRows, d.L), &k_lo, &k_hi);
-  if (k_lo >= k_hi) return;
+  if (k_lo >= k_hi) return IdleRows<T>(p, mask, bh, i0, kSimtRows, 128);
   LoadRowsF<T>(qs, D, static_cast<const char*>(p.q.data) + (b * p.q.sb + h * p.q.sh) * ElemBytes<T>(), p.q.sl, i0,
                kSimtRows, d.L, D);
 
@@ -112,12 +77,13 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtForwardKernel(const FwdParams p) 
     row[r] = i0 + warp * 4 + r;
     live[r] = row[r] >= mask.q_begin && row[r] < mask.q_end;
     const int64_t sr = static_cast<int64_t>(bh) * d.L + row[r];
-    m_run[r] = live[r] ? p.m[sr] : NegInf();
-    l_run[r] = live[r] ? p.l[sr] : 0.f;
+    const bool read = live[r] && !p.first;  // the call's first block starts empty (forward_state.cuh)
+    m_run[r] = read ? p.m[sr] : NegInf();
+    l_run[r] = read ? p.l[sr] : 0.f;
     STRIA_UNROLL
     for (int e = 0; e < kPer; ++e) {
       const int c = lane + 32 * e;
-      acc[r][e] = live[r] && c < D ? p.acc[sr * D + c] : 0.f;
+      acc[r][e] = read && c < D ? p.acc[sr * D + c] : 0.f;
     }
   }
 
@@ -158,6 +124,16 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtForwardKernel(const FwdParams p) 
   STRIA_UNROLL
   for (int r = 0; r < 4; ++r) {
     if (!live[r]) continue;
+    if (p.out.data != nullptr) {  // the call's last block: the finished row
+      const float scale = OutputScale(l_run[r]);
+      if (lane == 0) p.lse[LseAt(p, bh, row[r])] = RowLse(m_run[r], l_run[r]);
+      STRIA_UNROLL
+      for (int e = 0; e < kPer; ++e) {
+        const int c = lane + 32 * e;
+        if (c < D) StoreElem<T>(p.out.data, OutAt(p, bh, row[r]) + c, acc[r][e] * scale);
+      }
+      continue;
+    }
     const int64_t sr = static_cast<int64_t>(bh) * d.L + row[r];
     if (lane == 0) {
       p.m[sr] = m_run[r];
@@ -272,7 +248,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDkvKernel(const BwdParams
   const int group = d.Hq / d.Hkv;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kSimtRows;
   const TileRun queries = QueryTilesOf<kDocs>(mask, j0, MinI(j0 + kSimtRows, d.L), kSimtTile);
-  if (queries.count == 0) return;
+  if (queries.count == 0) return ZeroKeyGrads<T>(p, b, hk, j0, kSimtRows, 128);
   constexpr int kEb = ElemBytes<T>();
   const int64_t kv_row = static_cast<int64_t>(d.Hkv) * D;
   const int64_t kv_off = (static_cast<int64_t>(b) * d.L * d.Hkv + hk) * D;
@@ -335,14 +311,10 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDkvKernel(const BwdParams
   for (int r = 0; r < 4; ++r) {
     const int64_t j = j0 + warp * 4 + r;
     if (j >= d.L) continue;
-    const int64_t off = ((static_cast<int64_t>(b) * d.L + j) * d.Hkv + hk) * D;
     STRIA_UNROLL
     for (int e = 0; e < kPer; ++e) {
       const int c = lane + 32 * e;
-      if (c < D) {
-        p.dk[off + c] = dk[r][e] * p.scale;
-        p.dv[off + c] = dv[r][e];
-      }
+      if (c < D) StoreKeyGrad<T>(p, b, hk, j, c, dk[r][e] * p.scale, dv[r][e]);
     }
   }
 }

@@ -67,7 +67,8 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaBackwardKernel(const STRIA_GR
   const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, b) : MaskArgs{};
   const MaskArgs& mask = kDocs ? docs_mask : p.mask;
   const TileRun queries = QueryTilesOf<kDocs>(mask, j0, MinI(j0 + kN, d.L), kM);
-  if (queries.count == 0) return;  // the whole CTA, before any barrier
+  if (queries.count == 0)
+    return ZeroKeyGrads<T>(p, b, hk, j0, kN, Tile::kThreads);  // the whole CTA, before any barrier
   const int64_t i_first = queries.first;
   const int q_tiles = queries.count, steps = q_tiles * group;
   // Step s is query tile s % q_tiles of query head hk * group + s / q_tiles, in stage s % kStages.
@@ -152,7 +153,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaBackwardKernel(const STRIA_GR
         [&] { mbar_arrive(&q_empty[st]); });  // this stage's Q, dO, lse2 and delta have been read
   }
 
-  StoreKeyGrads<D>(p, b, hk, key, t4, dk, dv);
+  StoreKeyGrads<T, D>(p, b, hk, key, t4, dk, dv);
 #else
   (void)tp;  // built for sm_90a only; the launcher never picks it elsewhere
 #endif

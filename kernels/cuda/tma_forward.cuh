@@ -69,7 +69,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaForwardKernel(const STRIA_GRI
   const MaskArgs& mask = kDocs ? docs_mask : p.mask;
   const int64_t i0 = QueryTileStart(mask, kM, blockIdx.x, gridDim.x);
   const TileRun keys = KeyTilesOf<kDocs>(mask, i0, MinI(i0 + kM, d.L), kN);
-  if (keys.count == 0) return;  // the whole CTA, before any barrier
+  if (keys.count == 0) return IdleRows<T>(p, mask, bh, i0, kM, Tile::kThreads);  // the whole CTA, before any barrier
   const int64_t j_first = keys.first;
   const int n_tiles = keys.count;
 
@@ -201,7 +201,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaForwardKernel(const STRIA_GRI
   wgmma_wait<0>();
   wgmma_fence_operand(o);
 
-  StoreWarpgroupRows<D>(p, bh, t4, row, live, m_run, l_run, o);
+  StoreWarpgroupRows<T, D>(p, bh, t4, row, live, m_run, l_run, o);
 #else
   (void)tp;  // built for sm_90a only; the launcher never picks it elsewhere
 #endif

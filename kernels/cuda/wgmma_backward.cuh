@@ -37,21 +37,17 @@ struct WgmmaBwdTile {
 };
 
 // A thread's dK (times the softmax scale) and dV rows, from the accumulator layout, into the
-// block's fp32 [B, L, Hkv, D] partials.
-template <int D>
+// block's partials or the call's result (key_grads.cuh).
+template <typename T, int D>
 STRIA_DEVICE void StoreKeyGrads(const BwdParams& p, int b, int hk, const int64_t key[2], int t4,
                                 const float (&dk)[D / 2], const float (&dv)[D / 2]) {
-  const Dims& d = p.dims;
   STRIA_UNROLL
   for (int e = 0; e < 2; ++e) {
-    if (key[e] >= d.L) continue;
-    const int64_t off = ((static_cast<int64_t>(b) * d.L + key[e]) * d.Hkv + hk) * D + 2 * t4;
+    if (key[e] >= p.dims.L) continue;
     STRIA_UNROLL
     for (int nt = 0; nt < D / 8; ++nt) {
-      p.dk[off + 8 * nt] = dk[4 * nt + 2 * e] * p.scale;
-      p.dk[off + 8 * nt + 1] = dk[4 * nt + 2 * e + 1] * p.scale;
-      p.dv[off + 8 * nt] = dv[4 * nt + 2 * e];
-      p.dv[off + 8 * nt + 1] = dv[4 * nt + 2 * e + 1];
+      StoreKeyGrad<T>(p, b, hk, key[e], 8 * nt + 2 * t4, dk[4 * nt + 2 * e] * p.scale, dv[4 * nt + 2 * e]);
+      StoreKeyGrad<T>(p, b, hk, key[e], 8 * nt + 2 * t4 + 1, dk[4 * nt + 2 * e + 1] * p.scale, dv[4 * nt + 2 * e + 1]);
     }
   }
 }
@@ -205,7 +201,8 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaBackwardKernel(const BwdParams p
   const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, b) : MaskArgs{};
   const MaskArgs& mask = kDocs ? docs_mask : p.mask;
   const TileRun queries = QueryTilesOf<kDocs>(mask, j0, MinI(j0 + kN, d.L), kM);
-  if (queries.count == 0) return;  // the whole CTA, before any barrier
+  if (queries.count == 0)
+    return ZeroKeyGrads<T>(p, b, hk, j0, kN, Tile::kThreads);  // the whole CTA, before any barrier
   const int64_t i_first = queries.first;
   const int q_tiles = queries.count, steps = q_tiles * group;
 
@@ -265,7 +262,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaBackwardKernel(const BwdParams p
         [] {});
   }
 
-  StoreKeyGrads<D>(p, b, hk, key, t4, dk, dv);
+  StoreKeyGrads<T, D>(p, b, hk, key, t4, dk, dv);
 #else
   (void)p;  // built for sm_90a only; the launcher never picks it elsewhere
 #endif

@@ -84,12 +84,11 @@ STRIA_DEVICE void LoadWarpgroupRows(const FwdParams& p, int bh, int64_t gi0, int
     LoadRowState<D>(p, static_cast<int64_t>(bh) * p.dims.L + row[e], t4, live[e], &m_run[e], &l_run[e], &o[2 * e]);
   }
 }
-template <int D>
+template <typename T, int D>
 STRIA_DEVICE void StoreWarpgroupRows(const FwdParams& p, int bh, int t4, const int64_t row[2], const bool live[2],
                                      const float m_run[2], const float l_run[2], const float (&o)[D / 2]) {
   STRIA_UNROLL
-  for (int e = 0; e < 2; ++e)
-    StoreRowState<D>(p, static_cast<int64_t>(bh) * p.dims.L + row[e], t4, live[e], m_run[e], l_run[e], &o[2 * e]);
+  for (int e = 0; e < 2; ++e) StoreRowState<T, D>(p, bh, row[e], t4, live[e], m_run[e], l_run[e], &o[2 * e]);
 }
 
 #if STRIA_HAS_WGMMA  // the helpers below issue wgmma: sm_90a (and the emulator) only
@@ -155,7 +154,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p)
   const MaskArgs& mask = kDocs ? docs_mask : p.mask;
   const int64_t i0 = QueryTileStart(mask, kM, blockIdx.x, gridDim.x);
   const TileRun keys = KeyTilesOf<kDocs>(mask, i0, MinI(i0 + kM, d.L), kN);
-  if (keys.count == 0) return;  // the whole CTA, before any barrier
+  if (keys.count == 0) return IdleRows<T>(p, mask, bh, i0, kM, kThreads);  // the whole CTA, before any barrier
   const int64_t j_first = keys.first;
   const int n_tiles = keys.count;
   const int64_t gi0 = i0 + 64 * group, gi1 = gi0 + 64;  // this warpgroup's rows
@@ -239,7 +238,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p)
   wgmma_wait<0>();
   wgmma_fence_operand(o);
 
-  StoreWarpgroupRows<D>(p, bh, t4, row, live, m_run, l_run, o);
+  StoreWarpgroupRows<T, D>(p, bh, t4, row, live, m_run, l_run, o);
 #else
   (void)p;  // built for sm_90a only; the launcher never picks it elsewhere
 #endif

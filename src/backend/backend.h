@@ -59,6 +59,27 @@ inline size_t DKVWireFloats(const AttentionShape& s) {
   return 2 * static_cast<size_t>(s.B * s.L * s.Hkv * s.D);
 }
 
+// Where a forward block call stands in its ring call.
+struct ForwardStep {
+  bool local = false;  // kv_wire is this rank's own block, packed by this call's PackKV (ring step 0)
+  // The call's outputs when no block call of the call follows this one (ForwardEnd comes next,
+  // with the same tensors), so that a backend may finish the rows in this block's kernels rather
+  // than in a pass of its own; nullptr before the last block.
+  const TensorView* out = nullptr;
+  const TensorView* lse = nullptr;
+};
+
+// Where a backward block call stands in its ring call.
+struct BackwardStep {
+  bool local = false;  // as ForwardStep::local
+  // The call's dK and dV when this block's partial is the call's whole result (a ring of one
+  // step: nothing is added to it or sent on), so that a backend may write them from the block's
+  // kernels rather than convert the partial in BackwardEnd (which gets the same tensors);
+  // nullptr otherwise.
+  const TensorView* dk = nullptr;
+  const TensorView* dv = nullptr;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -93,16 +114,18 @@ class Backend {
 
   // `stream`: the call's stream (a cudaStream_t on CUDA; NULL on the CPU), checked by CheckSupported.
   virtual Status ForwardBegin(const AttentionShape& shape, const TensorView& q, void* stream) = 0;
-  // `local`: kv_wire is this rank's own block, packed by this call's PackKV (ring step 0).
-  virtual Status ForwardBlock(const void* kv_wire, const BlockMask& mask, bool local) = 0;
+  virtual Status ForwardBlock(const void* kv_wire, const BlockMask& mask, const ForwardStep& step) = 0;
+  // Writes the call's outputs, unless its last block call (ForwardStep::out) already has.
   virtual Status ForwardEnd(const TensorView& out, const TensorView& lse) = 0;
 
   virtual Status BackwardBegin(const AttentionShape& shape, const TensorView& q, const TensorView& out,
                                const TensorView& lse, const TensorView& dout, void* stream) = 0;
-  // Zeroes `dkv` (a dK/dV message) and adds this rank's contribution for the block into it.
-  virtual Status BackwardBlock(const void* kv_wire, const BlockMask& mask, float* dkv, bool local) = 0;
+  // Sets `dkv` (a dK/dV message) to this rank's contribution for the block, or writes the call's
+  // dK and dV (BackwardStep::dk) and leaves `dkv` as it is.
+  virtual Status BackwardBlock(const void* kv_wire, const BlockMask& mask, float* dkv, const BackwardStep& step) = 0;
   // dst += src over a dK/dV message.
   virtual Status AccumulateDKV(float* dst, const float* src) = 0;
+  // Writes dQ, and dK and dV from `dkv` unless the block call has written them.
   virtual Status BackwardEnd(const TensorView& dq, const float* dkv, const TensorView& dk, const TensorView& dv) = 0;
 
   // Asynchronous backends (CUDA) queue their work on a stream and return. Before the engine hands

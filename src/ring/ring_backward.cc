@@ -75,7 +75,13 @@ Status RingBackward(Context& ctx, const BackwardCall& call) {
     StepTimer timer(be);
     timer.ComputeBegin();
     float* mine = static_cast<float*>(dkv[step % 2]);
-    st = be.BackwardBlock(kv[step % 2], mask, mine, step == 0);
+    BackwardStep where;
+    where.local = step == 0;
+    if (steps == 1) {  // nothing is added to this partial or sent on: it is the call's dK/dV
+      where.dk = &c.dk;
+      where.dv = &c.dv;
+    }
+    st = be.BackwardBlock(kv[step % 2], mask, mine, where);
     if (st.ok()) st = ctx.CheckNotAborted();
     if (!st.ok()) return ctx.Fail(st);
     timer.ComputeEnd();

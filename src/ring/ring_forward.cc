@@ -63,7 +63,13 @@ Status RingForward(Context& ctx, const ForwardCall& call) {
     StepTimer timer(be);
     timer.ComputeBegin();
     if (!mask.empty()) {
-      Status st = be.ForwardBlock(kv[step % 2], mask, step == 0);
+      ForwardStep where;
+      where.local = step == 0;
+      if (step == steps - 1) {
+        where.out = &c.out;
+        where.lse = &c.lse;
+      }
+      Status st = be.ForwardBlock(kv[step % 2], mask, where);
       if (st.ok()) st = ctx.CheckNotAborted();
       if (!st.ok()) return ctx.Fail(st);
     }

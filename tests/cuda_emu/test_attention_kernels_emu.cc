@@ -121,8 +121,14 @@ void Forward(Path path, const sc::FwdParams& p) {
       return ForwardTiles<sc::WgmmaFwdTile<64>>(p, sc::WgmmaForwardKernel<T, 64>);
     if (path == Path::kWgmma && p.dims.D == 128)
       return ForwardTiles<sc::WgmmaFwdTile<128>>(p, sc::WgmmaForwardKernel<T, 128>);
-    if (p.dims.D == 64) return ForwardTiles<sc::FwdTile<64>>(p, sc::FlashForwardKernel<T, 64>);
-    if (p.dims.D == 128) return ForwardTiles<sc::FwdTile<128>>(p, sc::FlashForwardKernel<T, 128>);
+    // mma.sync: the build the launcher takes, with the call's ends or without (flash_launch.cuh).
+    const bool ends = p.first != 0 || p.out.data != nullptr;
+    if (p.dims.D == 64)
+      return ForwardTiles<sc::FwdTile<64>>(
+          p, ends ? sc::FlashForwardKernel<T, 64, false, true> : sc::FlashForwardKernel<T, 64, false, false>);
+    if (p.dims.D == 128)
+      return ForwardTiles<sc::FwdTile<128>>(
+          p, ends ? sc::FlashForwardKernel<T, 128, false, true> : sc::FlashForwardKernel<T, 128, false, false>);
   }
   FAIL() << "no tensor-core kernel for this case";
 }
@@ -230,39 +236,74 @@ void RunCase(const Case& c) {
         }
       }
 
-  // Forward: the running state through every block, then the finish kernel.
+  // Forward, both ways the backend runs it: the running state through every block, then the
+  // finish kernel; and fused, where a block that covers every row and is the call's first starts
+  // the state empty, and one that is its last writes out and LSE itself (forward_state.cuh). The
+  // state starts as NaN in the fused run, so a first block that read it would fail.
   const sc::Dims dims{c.B, c.L, c.Hq, c.Hkv, c.D};
   const int64_t rows = B * Hq * L;
-  std::vector<float> acc(static_cast<size_t>(rows * D), 0.f), m(static_cast<size_t>(rows), -INFINITY),
-      l(static_cast<size_t>(rows), 0.f);
   const sc::RowsArg qa{q.dl.data, L * Hq * D, Hq * D, D};
-  for (int64_t x = 0; x < nb; ++x) {
-    sc::FwdParams p{};
-    p.dims = dims;
-    p.q = qa;
-    p.k = ks[static_cast<size_t>(x)].dl.data;
-    p.v = vs[static_cast<size_t>(x)].dl.data;
-    p.acc = acc.data();
-    p.m = m.data();
-    p.l = l.data();
-    p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
-    p.mask = c.blocks[static_cast<size_t>(x)].mask;
-    const sc::MaskArgs& mk = p.mask;
-    if (mk.q_begin >= mk.q_end || mk.k_begin >= mk.k_end || (mk.diagonal && mk.q_end - 1 + mk.offset < mk.k_begin))
-      continue;  // an empty block: the engine never hands it to the backend
-    Forward<T>(c.path, p);
-  }
-  Tensor out({B, L, Hq, D}, c.dt), lse({B, Hq, L}, Dt::kF32);
-  out.Poison();
-  lse.Poison();
-  const sc::RowsOut oa{out.dl.data, L * Hq * D, Hq * D, D};
-  Elementwise(rows * D, [&] {
-    sc::ForwardFinishKernel<T>(dims, acc.data(), m.data(), l.data(), oa, static_cast<float*>(lse.dl.data), Hq * L, L,
-                               1);
-  });
   const double tol = c.dt == Dt::kF32 ? 1e-5 : 2e-2;
-  EXPECT_LT(RelError(out.ToDouble(), out_ref), tol) << "out";
-  EXPECT_LT(RelError(lse.ToDouble(), lse_ref), c.dt == Dt::kF32 ? 1e-5 : 1e-3) << "lse";
+  for (bool fused : {false, true}) {
+    SCOPED_TRACE(fused ? "fused first and last blocks" : "state, then the finish kernel");
+    const float start = fused ? NAN : 0.f;
+    std::vector<float> acc(static_cast<size_t>(rows * D), start), m(static_cast<size_t>(rows), start),
+        l(static_cast<size_t>(rows), start);
+    auto clear_state = [&] {
+      std::fill(acc.begin(), acc.end(), 0.f);
+      std::fill(m.begin(), m.end(), -INFINITY);
+      std::fill(l.begin(), l.end(), 0.f);
+    };
+    if (!fused) clear_state();
+    Tensor out({B, L, Hq, D}, c.dt), lse({B, Hq, L}, Dt::kF32);
+    out.Poison();
+    lse.Poison();
+    const sc::RowsOut oa{out.dl.data, L * Hq * D, Hq * D, D};
+    std::vector<int64_t> work;  // the blocks the engine hands to the backend: the non-empty ones
+    for (int64_t x = 0; x < nb; ++x) {
+      const sc::MaskArgs& mk = c.blocks[static_cast<size_t>(x)].mask;
+      if (mk.q_begin < mk.q_end && mk.k_begin < mk.k_end && !(mk.diagonal && mk.q_end - 1 + mk.offset < mk.k_begin))
+        work.push_back(x);
+    }
+    bool finished = false;
+    for (size_t w = 0; w < work.size(); ++w) {
+      const int64_t x = work[w];
+      sc::FwdParams p{};
+      p.dims = dims;
+      p.q = qa;
+      p.k = ks[static_cast<size_t>(x)].dl.data;
+      p.v = vs[static_cast<size_t>(x)].dl.data;
+      p.acc = acc.data();
+      p.m = m.data();
+      p.l = l.data();
+      p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+      p.mask = c.blocks[static_cast<size_t>(x)].mask;
+      const bool covers = sc::CoversEveryRow(p.mask, L);
+      if (fused && w == 0) {
+        if (covers)
+          p.first = 1;
+        else
+          clear_state();
+      }
+      if (fused && w + 1 == work.size() && covers) {
+        p.out = oa;
+        p.lse = static_cast<float*>(lse.dl.data);
+        p.lb = Hq * L;
+        p.lh = L;
+        p.li = 1;
+        finished = true;
+      }
+      Forward<T>(c.path, p);
+    }
+    if (fused && work.empty()) clear_state();
+    if (!finished)
+      Elementwise(rows * D, [&] {
+        sc::ForwardFinishKernel<T>(dims, acc.data(), m.data(), l.data(), oa, static_cast<float*>(lse.dl.data), Hq * L,
+                                   L, 1);
+      });
+    EXPECT_LT(RelError(out.ToDouble(), out_ref), tol) << "out";
+    EXPECT_LT(RelError(lse.ToDouble(), lse_ref), c.dt == Dt::kF32 ? 1e-5 : 1e-3) << "lse";
+  }
 
   // Backward from the reference's own output and LSE (as the ring's backward gets the forward's).
   Tensor o_in({B, L, Hq, D}, c.dt), lse_in({B, Hq, L}, Dt::kF32);
@@ -278,7 +319,8 @@ void RunCase(const Case& c) {
   Tensor dq({B, L, Hq, D}, c.dt);
   dq.Poison();
   for (int64_t x = 0; x < nb; ++x) {
-    std::vector<float> dkv(static_cast<size_t>(2 * B * L * Hkv * D), 0.f);
+    // NaN, not zeros: the kernels write every row of the partials (key_grads.cuh).
+    std::vector<float> dkv(static_cast<size_t>(2 * B * L * Hkv * D), NAN);
     sc::BwdParams p{};
     p.dims = dims;
     p.q = qa;
@@ -302,6 +344,30 @@ void RunCase(const Case& c) {
     Elementwise(B * L * Hkv * D, [&] { sc::KvGradFinishKernel<T>(dims, p.dv, dva); });
     EXPECT_LT(RelError(dk.ToDouble(), dk_ref[static_cast<size_t>(x)]), tol) << "dk of block " << x;
     EXPECT_LT(RelError(dv.ToDouble(), dv_ref[static_cast<size_t>(x)]), tol) << "dv of block " << x;
+
+    // Again, as a world of one runs its only block: dK and dV straight into the caller's tensors
+    // (key_grads.cuh), here [B, Hkv, L, D] memory viewed as [B, L, Hkv, D], over NaN partials
+    // that nothing may read; its dQ share into a scratch accumulator.
+    Tensor dk_t({B, Hkv, L, D}, c.dt), dv_t({B, Hkv, L, D}, c.dt);
+    dk_t.Poison();
+    dv_t.Poison();
+    std::fill(dkv.begin(), dkv.end(), NAN);
+    std::vector<float> dq_scratch(dq_acc.size(), 0.f);
+    p.dq_acc = dq_scratch.data();
+    p.dk_out = sc::RowsOut{dk_t.dl.data, Hkv * L * D, D, L * D};
+    p.dv_out = sc::RowsOut{dv_t.dl.data, Hkv * L * D, D, L * D};
+    Backward<T>(c.path, p);
+    auto rows_order = [&](const Tensor& t) {  // [B, Hkv, L, D] memory in [B, L, Hkv, D] order
+      std::vector<double> r(static_cast<size_t>(t.numel()));
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t j = 0; j < L; ++j)
+          for (int64_t h = 0; h < Hkv; ++h)
+            for (int64_t d = 0; d < D; ++d)
+              r[static_cast<size_t>(at4(b, j, h, Hkv, d))] = t.Get(((b * Hkv + h) * L + j) * D + d);
+      return r;
+    };
+    EXPECT_LT(RelError(rows_order(dk_t), dk_ref[static_cast<size_t>(x)]), tol) << "dk written whole, block " << x;
+    EXPECT_LT(RelError(rows_order(dv_t), dv_ref[static_cast<size_t>(x)]), tol) << "dv written whole, block " << x;
   }
   const sc::RowsOut dqa{dq.dl.data, L * Hq * D, Hq * D, D};
   Elementwise(rows * D, [&] { sc::DqFinishKernel<T>(dims, dq_acc.data(), static_cast<float>(scale), dqa); });
@@ -364,6 +430,15 @@ std::vector<Case> Cases() {
     // skips the key tiles only the CTA's later rows see; the last CTA is mostly past the end.
     cs.push_back(Case{"three_ctas_striped", Dt::kF16, path, 1, 290, 2, 1, 64, {{Diagonal(290, -1), 15}}});
   }
+  // CTAs whose rows see no key of a block (rows 0-199 under j <= i - 200): in the call's first or
+  // last block they still own their rows (forward_state.cuh, IdleRows), as the only block, the
+  // last after one that set the state, and the first before one that reads it.
+  for (Path path : {Path::kMma, Path::kWgmma, Path::kTma, Path::kSimt}) {
+    const sc::MaskArgs far = Diagonal(290, -200);
+    cs.push_back(Case{"idle_ctas_alone", Dt::kBF16, path, 1, 290, 2, 1, 64, {{far, 19}}});
+    cs.push_back(Case{"idle_ctas_last", Dt::kF16, path, 1, 290, 2, 1, 64, {{Dense(290), 20}, {far, 21}}});
+    cs.push_back(Case{"idle_ctas_first", Dt::kBF16, path, 1, 290, 2, 1, 128, {{far, 22}, {Dense(290), 23}}});
+  }
   // Five key tiles per query tile: the wgmma forward's double-buffered K/V pipeline wraps around
   // its buffers twice (the TMA kernels' stages flip their barrier parities twice); the backward
   // walks five query tiles per key tile.
@@ -399,7 +474,8 @@ INSTANTIATE_TEST_SUITE_P(Emulated, KernelsVsReference, ::testing::ValuesIn(Cases
 // Random shapes and masks beyond the hand-picked ones, for both tensor-core families: lengths
 // that cut tiles anywhere, GQA groups of 1 to 3, and per block a random rectangle of queries and
 // keys with or without a diagonal at a random offset (empty blocks included), as no layout
-// produces them but the kernels' contract allows. Seeded, so a failure reproduces.
+// produces them but the kernels' contract allows; half of them take every query row, so that the
+// fused first and last blocks meet them too. Seeded, so a failure reproduces.
 std::vector<Case> RandomCases() {
   std::vector<Case> cs;
   std::mt19937_64 rng(20261123);
@@ -420,8 +496,9 @@ std::vector<Case> RandomCases() {
       const int blocks = static_cast<int>(pick(1, 2));
       for (int x = 0; x < blocks; ++x) {
         sc::MaskArgs m{};
-        m.q_begin = pick(0, L - 1);
-        m.q_end = pick(m.q_begin + 1, L);
+        const bool every_row = pick(0, 1);  // a block the fused first/last forward may take
+        m.q_begin = every_row ? 0 : pick(0, L - 1);
+        m.q_end = every_row ? L : pick(m.q_begin + 1, L);
         m.k_begin = pick(0, L - 1);
         m.k_end = pick(m.k_begin + 1, L);
         m.diagonal = static_cast<int>(pick(0, 1));

@@ -2,12 +2,14 @@
 // any rank communicates (host memory in a CUDA context, unsupported head dims), a full device
 // (every rank fails, none hangs, the group recovers), no device
 // allocation per call once the workspace has grown, abort and timeout of a GPU ring, NaN
-// propagation, and document boundaries in device memory. Skips, saying why, where no GPU is present.
+// propagation, document boundaries in device memory, and outputs written over inputs in a world
+// of one. Skips, saying why, where no GPU is present.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <thread>
 
@@ -493,6 +495,101 @@ TEST(CudaNumerics, NanInAQueryRowStaysInThatRow) {
       else
         EXPECT_TRUE(std::isfinite(x)) << "row " << i << " head " << hh;
     }
+}
+
+// The aliasing tests run every tensor-core family and SIMT (STRIA_CUDA_KERNELS; a family the
+// device lacks runs mma.sync instead).
+const char* const kFamilies[] = {"mma", "wgmma", "tma", "simt"};
+
+// A world of one reads compact K and V in place and may write its outputs from the block kernel
+// itself (cuda_backend.cc): an output laid over an input must still give the numbers of the
+// inputs as they were, whether it is the query tensor itself (in place) or K or V.
+void ForwardOverInputs(stria_context_t ctx) {
+  stria_attention_params_t p;
+  stria_attention_params_init(&p);
+  const int64_t L = 200, H = 2, D = 64;  // as many K/V heads as query heads: out fits over K or V
+  AttentionTensors h(1, L, H, H, D, Dt::kBF16, 21);
+  // Not causal: then every query tile reads every key, so a tile's output written over K before
+  // another tile has read those keys would show.
+  p.causal = 0;
+  const Reference ref = DenseAttention(h.q.ToDouble(), h.k.ToDouble(), h.v.ToDouble(), nullptr, 1, L, H, H, D, false,
+                                       1.0 / std::sqrt(static_cast<double>(D)));
+  for (const char* over : {"q", "k", "v"}) {
+    SCOPED_TRACE(std::string("out over ") + over);
+    DeviceTensor q(h.q), k(h.k), v(h.v), lse(h.lse);
+    lse.Poison();
+    DeviceTensor& out = over[0] == 'q' ? q : over[0] == 'k' ? k : v;
+    ASSERT_EQ(stria_attention_forward(ctx, &p, &q.dl, &k.dl, &v.dl, &out.dl, &lse.dl, nullptr), STRIA_SUCCESS)
+        << stria_get_last_error();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    Tensor got(h.out.shape, Dt::kBF16), got_lse(h.lse.shape, Dt::kF32);
+    out.CopyTo(&got);
+    lse.CopyTo(&got_lse);
+    EXPECT_LT(RelError(got.ToDouble(), ref.out), 2e-2);
+    EXPECT_LT(RelError(got_lse.ToDouble(), ref.lse), 1e-3);
+  }
+}
+
+TEST(CudaAliasing, AnOutputOverAnInputOfAWorldOfOne) {
+  STRIA_REQUIRE_GPU();
+  for (const char* family : kFamilies) {
+    setenv("STRIA_CUDA_KERNELS", family, 1);  // read when the context is created
+    SCOPED_TRACE(family);
+    CudaGroup group(1);
+    unsetenv("STRIA_CUDA_KERNELS");
+    ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
+    ForwardOverInputs(group.ctx[0]);
+  }
+}
+
+// The backward's counterpart: a world of one may write dK and dV from its block kernels, whose
+// CTAs read every query and dO row that sees their keys; dK laid over q or dO (or over K, which
+// the deterministic backward's dQ pass reads after dK/dV are done) must not change the numbers.
+void KeyGradientsOverInputs(stria_context_t ctx) {
+  stria_attention_params_t p;
+  stria_attention_params_init(&p);
+  p.causal = 0;  // every key tile reads every query tile
+  const int64_t L = 200, H = 2, D = 64;
+  AttentionTensors h(1, L, H, H, D, Dt::kBF16, 22);
+  const std::vector<double> dod = h.dout.ToDouble();
+  const Reference ref = DenseAttention(h.q.ToDouble(), h.k.ToDouble(), h.v.ToDouble(), &dod, 1, L, H, H, D, false,
+                                       1.0 / std::sqrt(static_cast<double>(D)));
+  Tensor out_ref(h.out.shape, Dt::kBF16), lse_ref(h.lse.shape, Dt::kF32);
+  for (int64_t x = 0; x < out_ref.numel(); ++x) out_ref.Set(x, ref.out[static_cast<size_t>(x)]);
+  for (int64_t x = 0; x < lse_ref.numel(); ++x) lse_ref.Set(x, ref.lse[static_cast<size_t>(x)]);
+  for (int deterministic : {0, 1}) {
+    ASSERT_EQ(stria_context_set_deterministic(ctx, deterministic), STRIA_SUCCESS) << stria_get_last_error();
+    for (const char* over : {"q", "dout", "k"}) {
+      SCOPED_TRACE(std::string("dk over ") + over + (deterministic ? ", deterministic" : ""));
+      DeviceTensor q(h.q), k(h.k), v(h.v), out(out_ref), lse(lse_ref), dout(h.dout), dq(h.dq), dv(h.dv);
+      for (DeviceTensor* t : {&dq, &dv}) t->Poison();
+      DeviceTensor& dk_at = over[0] == 'q' ? q : over[0] == 'd' ? dout : k;
+      ASSERT_EQ(stria_attention_backward(ctx, &p, &q.dl, &k.dl, &v.dl, &out.dl, &lse.dl, &dout.dl, &dq.dl, &dk_at.dl,
+                                         &dv.dl, nullptr),
+                STRIA_SUCCESS)
+          << stria_get_last_error();
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      Tensor got_dk(h.dk.shape, Dt::kBF16), got_dv(h.dv.shape, Dt::kBF16), got_dq(h.dq.shape, Dt::kBF16);
+      dk_at.CopyTo(&got_dk);
+      dv.CopyTo(&got_dv);
+      dq.CopyTo(&got_dq);
+      EXPECT_LT(RelError(got_dk.ToDouble(), ref.dk), 2e-2);
+      EXPECT_LT(RelError(got_dv.ToDouble(), ref.dv), 2e-2);
+      EXPECT_LT(RelError(got_dq.ToDouble(), ref.dq), 2e-2);
+    }
+  }
+}
+
+TEST(CudaAliasing, KeyGradientsOverAnInputOfAWorldOfOne) {
+  STRIA_REQUIRE_GPU();
+  for (const char* family : kFamilies) {
+    setenv("STRIA_CUDA_KERNELS", family, 1);
+    SCOPED_TRACE(family);
+    CudaGroup group(1);
+    unsetenv("STRIA_CUDA_KERNELS");
+    ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
+    KeyGradientsOverInputs(group.ctx[0]);
+  }
 }
 
 // Document boundaries may be a device tensor on a CUDA context: stria reads them on the call's

@@ -184,8 +184,10 @@ class CpuBackend final : public Backend {
     return Status::Ok();
   }
 
-  Status ForwardBlock(const void* kv_wire, const BlockMask& mask, bool local) override {
-    const BlockOperands blk = BlockFor(kv_wire, local);
+  // The CPU backend finishes rows in ForwardEnd (a pass over host memory costs little beside the
+  // blocks), so it takes only `local` from the step.
+  Status ForwardBlock(const void* kv_wire, const BlockMask& mask, const ForwardStep& step) override {
+    const BlockOperands blk = BlockFor(kv_wire, step.local);
     SetBatchMasks(mask);
     const int64_t nqt = ps_.Lqp / kBlockQ;
     const int64_t heads = s_.B * s_.Hq;
@@ -308,7 +310,9 @@ class CpuBackend final : public Backend {
     return Status::Ok();
   }
 
-  Status BackwardBlock(const void* kv_wire, const BlockMask& mask, float* dkv, bool local) override {
+  // Like ForwardBlock, only `local` of the step: BackwardEnd converts the partial.
+  Status BackwardBlock(const void* kv_wire, const BlockMask& mask, float* dkv, const BackwardStep& step) override {
+    const bool local = step.local;
     const int64_t per = s_.B * s_.L * s_.Hkv * s_.D;
     std::memset(dkv, 0, static_cast<size_t>(2 * per) * 4);
     if (mask.empty()) {

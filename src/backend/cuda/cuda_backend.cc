@@ -6,6 +6,13 @@
 // document mask, before refilling the host staging buffer of the block before last (whose copy
 // the engine's fence has already seen through).
 //
+// The forward's state makes no round trip it does not need: a block that covers every query row
+// starts the state when it is the call's first and writes the outputs when it is the last
+// (ForwardBlock, kernels/cuda/forward_state.cuh), so a world of one, and every causal or dense
+// ring (their first and last blocks cover every row), needs neither a clearing pass before its
+// blocks nor a finishing pass after them. A world of one also reads its K and V where the caller
+// keeps them when they are compact, instead of packing a copy that no peer receives (PackKV).
+//
 // Document masks run on every family: the tile mask clamps each query's keys to its document
 // (tile_mask.cuh), each CTA reading its batch row's bounds.
 //
@@ -23,6 +30,7 @@
 #include <cuda_runtime_api.h>
 
 #include <strings.h>
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -79,6 +87,43 @@ bool RowsAligned16(const TensorView& v) {
   const int64_t per16 = 16 / v.elem_bytes();
   return reinterpret_cast<uintptr_t>(v.data) % 16 == 0 && v.strides[0] % per16 == 0 && v.strides[1] % per16 == 0 &&
          v.strides[2] % per16 == 0;
+}
+
+// Whether a [B, L, H, D] view lies in memory as a kRows ring message lays out a block (compact
+// rows: K or V of the wire), 16-byte aligned as the tensor-core kernels and TMA load it.
+bool CompactRows(const TensorView& v) {
+  if (reinterpret_cast<uintptr_t>(v.data) % 16 != 0) return false;
+  int64_t want = 1;
+  for (int i = v.ndim - 1; i >= 0; --i) {
+    if (v.shape[i] != 1 && v.strides[i] != want) return false;
+    want *= v.shape[i];
+  }
+  return true;
+}
+
+// Whether two views may share a byte: their address spans [lowest, highest element] meet. (The
+// module does not link TensorView's methods: the checks here are its own.)
+bool MayOverlap(const TensorView& a, const TensorView& b) {
+  auto empty = [](const TensorView& v) { return std::find(v.shape, v.shape + v.ndim, 0) != v.shape + v.ndim; };
+  if (empty(a) || empty(b)) return false;
+  auto span = [](const TensorView& v, uintptr_t* lo, uintptr_t* hi) {
+    int64_t below = 0, above = 0;
+    for (int i = 0; i < v.ndim; ++i) {
+      const int64_t reach = (v.shape[i] - 1) * v.strides[i];
+      (reach < 0 ? below : above) += reach;
+    }
+    const uintptr_t base = reinterpret_cast<uintptr_t>(v.data);
+    *lo = base + below * v.elem_bytes();
+    *hi = base + (above + 1) * v.elem_bytes();
+  };
+  uintptr_t alo, ahi, blo, bhi;
+  span(a, &alo, &ahi);
+  span(b, &blo, &bhi);
+  return alo < bhi && blo < ahi;
+}
+bool SameView(const TensorView& a, const TensorView& b) {
+  return a.data == b.data && a.ndim == b.ndim && std::equal(a.strides, a.strides + a.ndim, b.strides) &&
+         std::equal(a.shape, a.shape + a.ndim, b.shape);
 }
 
 // The block's mask without its document bounds (UploadDocuments adds their device copy).
@@ -301,8 +346,14 @@ class CudaBackend final : public Backend {
 
   std::shared_ptr<BufferCopier> CreateLocalCopier() override { return std::make_shared<CudaCopier>(device_); }
 
-  // The wire is always written: the block kernels read K/V from it, the local block included.
-  Status PackKV(const AttentionShape& s, const TensorView& k, const TensorView& v, void* wire, bool /*sent*/) override {
+  // The block kernels read K/V from the wire. A world of one sends nothing, and when the caller's
+  // K and V already lie as the wire's rows (compact [B, L, Hkv, D], a framework's usual tensor)
+  // its block is read in place: the copy, a pass over both tensors each way, is skipped.
+  Status PackKV(const AttentionShape& s, const TensorView& k, const TensorView& v, void* wire, bool sent) override {
+    kv_in_place_ = !sent && CompactRows(k) && CompactRows(v);
+    local_k_ = k;
+    local_v_ = v;
+    if (kv_in_place_) return Status::Ok();
     DeviceScope scope(device_);
     STRIA_RETURN_IF_ERROR(scope.status());
     Queued queued(this);
@@ -325,36 +376,53 @@ class CudaBackend final : public Backend {
     STRIA_RETURN_IF_ERROR(m_.Reserve(rows * 4, "row maxima", handoff_));
     STRIA_RETURN_IF_ERROR(l_.Reserve(rows * 4, "row sums", handoff_));
     q_ = Rows(q);
+    q_view_ = q;
     STRIA_RETURN_IF_ERROR(Choose(s, RowsAligned16(q)));
-    STRIA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(acc_.f32(), 0, rows * static_cast<size_t>(s.D) * 4, stream_));
-    STRIA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(l_.f32(), 0, rows * 4, stream_));
-    STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchFill(m_.f32(), static_cast<int64_t>(rows), -__builtin_huge_valf(), stream_));
+    state_ = State::kUnset;
     return Status::Ok();
   }
 
-  Status ForwardBlock(const void* kv_wire, const BlockMask& mask, bool /*local*/) override {
+  // A block whose mask covers every query row starts the state when it is the call's first (no
+  // clearing pass before it) and finishes the rows when it is the last (no finishing pass after
+  // it): forward_state.cuh. Any other block needs the state cleared before it and finished after.
+  Status ForwardBlock(const void* kv_wire, const BlockMask& mask, const ForwardStep& step) override {
     DeviceScope scope(device_);
     STRIA_RETURN_IF_ERROR(scope.status());
     Queued queued(this);
     cuda::FwdParams p{};
     p.dims = dims_;
     p.q = q_;
-    p.k = kv_wire;
-    p.v = static_cast<const char*>(kv_wire) + KVWireBytes(s_) / 2;
+    SetBlock(kv_wire, step.local, &p.k, &p.v);
     p.acc = acc_.f32();
     p.m = m_.f32();
     p.l = l_.f32();
     p.scale_log2 = s_.scale * cuda::kLog2e;
     p.mask = MaskOf(mask);
+    const bool every_row = cuda::CoversEveryRow(p.mask, s_.L);
+    if (state_ == State::kUnset && every_row) {
+      p.first = 1;
+    } else if (state_ == State::kUnset) {
+      STRIA_RETURN_IF_ERROR(ClearState());
+    }
+    if (step.out != nullptr && every_row && OutputsClear(*step.out, *step.lse, step.local)) {
+      p.out = RowsW(*step.out);
+      p.lse = static_cast<float*>(step.lse->data);
+      p.lb = step.lse->strides[0];
+      p.lh = step.lse->strides[1];
+      p.li = step.lse->strides[2];
+    }
     STRIA_RETURN_IF_ERROR(UploadDocuments(mask, &p.mask));
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchForwardBlock(ElemOf(s_.dtype), kernels_, p, stream_));
+    state_ = p.out.data != nullptr ? State::kFinished : State::kRunning;
     return Status::Ok();
   }
 
   Status ForwardEnd(const TensorView& out, const TensorView& lse) override {
+    if (state_ == State::kFinished) return Status::Ok();
     DeviceScope scope(device_);
     STRIA_RETURN_IF_ERROR(scope.status());
     Queued queued(this);
+    if (state_ == State::kUnset) STRIA_RETURN_IF_ERROR(ClearState());  // no block ran: every row saw no key
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchForwardFinish(ElemOf(s_.dtype), dims_, acc_.f32(), m_.f32(), l_.f32(),
                                                          RowsW(out), static_cast<float*>(lse.data), lse.strides[0],
                                                          lse.strides[1], lse.strides[2], stream_));
@@ -373,6 +441,9 @@ class CudaBackend final : public Backend {
     STRIA_RETURN_IF_ERROR(l_.Reserve(rows * 4, "rowsum(dO*O)", handoff_));
     q_ = Rows(q);
     dout_ = Rows(dout);
+    q_view_ = q;
+    dout_view_ = dout;
+    grads_written_ = false;
     STRIA_RETURN_IF_ERROR(Choose(s, RowsAligned16(q) && RowsAligned16(dout)));
     STRIA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dq_acc_.f32(), 0, rows * static_cast<size_t>(s.D) * 4, stream_));
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchBackwardPrep(ElemOf(s.dtype), dims_, Rows(out), dout_,
@@ -381,19 +452,24 @@ class CudaBackend final : public Backend {
     return Status::Ok();
   }
 
-  Status BackwardBlock(const void* kv_wire, const BlockMask& mask, float* dkv, bool /*local*/) override {
+  // With the call's dK and dV in the step (a world of one), the kernels write them directly,
+  // unless they share memory with an input the kernels still read.
+  Status BackwardBlock(const void* kv_wire, const BlockMask& mask, float* dkv, const BackwardStep& step) override {
     DeviceScope scope(device_);
     STRIA_RETURN_IF_ERROR(scope.status());
     Queued queued(this);
     const size_t per = static_cast<size_t>(s_.B * s_.L * s_.Hkv * s_.D);
-    STRIA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dkv, 0, 2 * per * 4, stream_));
-    if (mask.empty()) return Status::Ok();
+    // The kernels write every row of dkv (kernels/cuda/key_grads.cuh); a block without work has
+    // no kernel, and only zeros.
+    if (mask.empty()) {
+      STRIA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dkv, 0, 2 * per * 4, stream_));
+      return Status::Ok();
+    }
     cuda::BwdParams p{};
     p.dims = dims_;
     p.q = q_;
     p.dout = dout_;
-    p.k = kv_wire;
-    p.v = static_cast<const char*>(kv_wire) + KVWireBytes(s_) / 2;
+    SetBlock(kv_wire, step.local, &p.k, &p.v);
     p.lse2 = m_.f32();
     p.delta = l_.f32();
     p.dq_acc = dq_acc_.f32();
@@ -402,8 +478,13 @@ class CudaBackend final : public Backend {
     p.scale_log2 = s_.scale * cuda::kLog2e;
     p.scale = s_.scale;
     p.mask = MaskOf(mask);
+    if (step.dk != nullptr && !MeetsInputs(*step.dk, step.local, true) && !MeetsInputs(*step.dv, step.local, true)) {
+      p.dk_out = RowsW(*step.dk);
+      p.dv_out = RowsW(*step.dv);
+    }
     STRIA_RETURN_IF_ERROR(UploadDocuments(mask, &p.mask));
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchBackwardBlock(ElemOf(s_.dtype), kernels_, deterministic_, p, stream_));
+    grads_written_ = p.dk_out.data != nullptr;
     return Status::Ok();
   }
 
@@ -422,6 +503,7 @@ class CudaBackend final : public Backend {
     const Elem e = ElemOf(s_.dtype);
     const size_t per = static_cast<size_t>(s_.B * s_.L * s_.Hkv * s_.D);
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchDqFinish(e, dims_, dq_acc_.f32(), s_.scale, RowsW(dq), stream_));
+    if (grads_written_) return Status::Ok();
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchKvGradFinish(e, dims_, dkv, RowsW(dk), stream_));
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchKvGradFinish(e, dims_, dkv + per, RowsW(dv), stream_));
     return Status::Ok();
@@ -458,6 +540,44 @@ class CudaBackend final : public Backend {
     stream_ = next;
     dims_ = cuda::Dims{static_cast<int>(s.B), static_cast<int>(s.L), static_cast<int>(s.Hq), static_cast<int>(s.Hkv),
                        static_cast<int>(s.D)};
+    return Status::Ok();
+  }
+
+  // Where a block kernel reads the block's K and V: the wire, or the caller's tensors (PackKV).
+  void SetBlock(const void* kv_wire, bool local, const void** k, const void** v) const {
+    if (local && kv_in_place_) {
+      *k = local_k_.data;
+      *v = local_v_.data;
+      return;
+    }
+    *k = kv_wire;
+    *v = static_cast<const char*>(kv_wire) + KVWireBytes(s_) / 2;
+  }
+
+  // Whether `w`, an output that a block kernel writes while its CTAs still read the call's
+  // inputs, may share a byte with them: the block's K and V where they are read in place
+  // (MeetsBlock), and the queries and, backward, dO. The kernels then leave the outputs to the
+  // finishing kernels, which run after every block.
+  bool MeetsBlock(const TensorView& w, bool local) const {
+    return local && kv_in_place_ && (MayOverlap(w, local_k_) || MayOverlap(w, local_v_));
+  }
+  bool MeetsInputs(const TensorView& w, bool local, bool backward) const {
+    return MeetsBlock(w, local) || MayOverlap(w, q_view_) || (backward && MayOverlap(w, dout_view_));
+  }
+  // The forward's out may also be q itself: a CTA reads its own query rows before it writes
+  // their output, and no other CTA reads them.
+  bool OutputsClear(const TensorView& out, const TensorView& lse, bool local) const {
+    const bool out_clear = SameView(out, q_view_) ? !MeetsBlock(out, local) : !MeetsInputs(out, local, false);
+    return out_clear && !MeetsInputs(lse, local, false);
+  }
+
+  // The empty state of every row of the call (forward_state.cuh), for a call whose first block
+  // does not start it.
+  Status ClearState() {
+    const size_t rows = static_cast<size_t>(s_.B * s_.Hq * s_.L);
+    STRIA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(acc_.f32(), 0, rows * static_cast<size_t>(s_.D) * 4, stream_));
+    STRIA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(l_.f32(), 0, rows * 4, stream_));
+    STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchFill(m_.f32(), static_cast<int64_t>(rows), -__builtin_huge_valf(), stream_));
     return Status::Ok();
   }
 
@@ -514,12 +634,19 @@ class CudaBackend final : public Backend {
   const KernelChoice want_;  // STRIA_CUDA_KERNELS
   int cc_ = -1;              // compute capability 10 * major + minor, once asked
   cuda::Kernels kernels_ = cuda::Kernels::kSimt;
-  bool deterministic_ = false;     // stria_context_set_deterministic
+  bool deterministic_ = false;  // stria_context_set_deterministic
+  // The forward call's running state: no block has started it yet, blocks have, or the last
+  // block has written the outputs (ForwardBlock).
+  enum class State { kUnset, kRunning, kFinished } state_ = State::kUnset;
   cudaEvent_t handoff_ = nullptr;  // the end of the work queued so far (Queued)
   cudaStream_t stream_ = nullptr;
   AttentionShape s_;
   cuda::Dims dims_{};
   cuda::RowsArg q_{}, dout_{};
+  TensorView q_view_, dout_view_;      // the call's queries and dO (MeetsInputs)
+  bool grads_written_ = false;         // the backward's block call wrote dK and dV (BackwardStep::dk)
+  TensorView local_k_, local_v_;       // this call's own K and V (PackKV)
+  bool kv_in_place_ = false;           // the local block is read from local_k_/local_v_, not the wire
   DeviceBuffer acc_, m_, l_, dq_acc_;  // m_/l_ hold lse2/delta in the backward
   DeviceBuffer docs_;                  // the block's document bounds (UploadDocuments)
   struct Staging {
