@@ -4,7 +4,9 @@
 //     Forward and backward through the public API on one CUDA rank (no transfers), bf16,
 //     B*S = 16k tokens and H*D = 2048 as in flash-attention's own benchmarks; prints one
 //     key=value line per (direction, D, causal, S): median ms and TFLOP/s; at D = 128 also the
-//     deterministic backward (stria_context_set_deterministic), as impl=stria_<family>_deterministic.
+//     deterministic backward (stria_context_set_deterministic), as impl=stria_<family>_deterministic;
+//     and at causal D = 128, with STRIA_CUDA_KERNELS naming a family, one `split` line per direction:
+//     the call alone, per call of calls queued back to back, and the block kernel alone (Split).
 //   stria-cuda-bench ring [--seq 262144] [--world 8] [--heads 16] [--dim 128]
 //     The ring latency of N virtual ranks modelled from measured per-block kernel times: every
 //     (rank, step) block mask of each layout is timed on this GPU (identical masks once), the
@@ -132,6 +134,115 @@ DLTensor View(void* p, int64_t* shape, int ndim, DLDataType t) {
   return d;
 }
 
+// Times one forward (or backward) block kernel of `mask` over L tokens per rank (B rows of them):
+// the kernel alone, as a ring step between the first and the last runs it (the running state
+// read and written, no packing, no finishing pass).
+struct BlockTimer {
+  int64_t L, H, D;
+  int reps;
+  int64_t B;
+  cudaStream_t stream;
+  Dev q, k, v, dout, acc, m, l, dq, dkv;
+  BlockTimer(int64_t L_, int64_t H_, int64_t D_, int reps_, int64_t B_ = 1)
+      : L(L_),
+        H(H_),
+        D(D_),
+        reps(reps_),
+        B(B_),
+        stream(nullptr),
+        q(Bytes(2)),
+        k(Bytes(2)),
+        v(Bytes(2)),
+        dout(Bytes(2)),
+        acc(Bytes(4), false),
+        m(static_cast<size_t>(B * H * L) * 4, false),
+        l(static_cast<size_t>(B * H * L) * 4, false),
+        dq(Bytes(4), false),
+        dkv(2 * Bytes(4), false) {
+    CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  }
+  ~BlockTimer() { cudaStreamDestroy(stream); }
+  BlockTimer(const BlockTimer&) = delete;
+  BlockTimer& operator=(const BlockTimer&) = delete;
+  size_t Bytes(int es) const { return static_cast<size_t>(B * L * H * D) * es; }
+  stria::cuda::Dims Dims() const {
+    return stria::cuda::Dims{static_cast<int>(B), static_cast<int>(L), static_cast<int>(H), static_cast<int>(H),
+                             static_cast<int>(D)};
+  }
+
+  double Forward(const stria::BlockMask& bm, stria::cuda::Kernels kernels = stria::cuda::Kernels::kMma) {
+    if (bm.empty()) return 0.0;
+    stria::cuda::FwdParams p{};
+    p.dims = Dims();
+    p.q = stria::cuda::RowsArg{q.p, L * H * D, H * D, D};
+    p.k = k.p;
+    p.v = v.p;
+    p.acc = static_cast<float*>(acc.p);
+    p.m = static_cast<float*>(m.p);
+    p.l = static_cast<float*>(l.p);
+    p.scale_log2 = stria::cuda::kLog2e / std::sqrt(static_cast<float>(D));
+    p.mask = stria::cuda::MaskArgs{bm.q_begin, bm.q_end, bm.k_begin, bm.k_end, bm.diagonal ? 1 : 0, bm.offset};
+    return TimeMs(stream, reps,
+                  [&] { CHECK_CUDA(stria::cuda::LaunchForwardBlock(stria::cuda::Elem::kBF16, kernels, p, stream)); });
+  }
+  double Backward(const stria::BlockMask& bm, stria::cuda::Kernels kernels = stria::cuda::Kernels::kMma) {
+    if (bm.empty()) return 0.0;
+    stria::cuda::BwdParams p{};
+    p.dims = Dims();
+    p.q = stria::cuda::RowsArg{q.p, L * H * D, H * D, D};
+    p.dout = stria::cuda::RowsArg{dout.p, L * H * D, H * D, D};
+    p.k = k.p;
+    p.v = v.p;
+    p.lse2 = static_cast<float*>(m.p);
+    p.delta = static_cast<float*>(l.p);
+    p.dq_acc = static_cast<float*>(dq.p);
+    p.dk = static_cast<float*>(dkv.p);
+    p.dv = static_cast<float*>(dkv.p) + B * L * H * D;
+    p.scale = 1.f / std::sqrt(static_cast<float>(D));
+    p.scale_log2 = p.scale * stria::cuda::kLog2e;
+    p.mask = stria::cuda::MaskArgs{bm.q_begin, bm.q_end, bm.k_begin, bm.k_end, bm.diagonal ? 1 : 0, bm.offset};
+    return TimeMs(stream, reps, [&] {
+      CHECK_CUDA(stria::cuda::LaunchBackwardBlock(stria::cuda::Elem::kBF16, kernels, false, p, stream));
+    });
+  }
+};
+
+// Where a call's time goes, at the shapes of issue 4's bars (causal, D 128): `call_ms`, a call
+// alone between two events as the table times it (the host's work before its first kernel
+// included); `loop_ms`, per call of kLoop calls queued back to back (the host's work hidden
+// behind the previous call's kernels, as in a training step); `block_ms`, the family's block
+// kernel alone on the whole causal block, as a ring step between the first and the last runs it.
+// call - loop is the host's latency; loop - block is what the call adds to its kernel (or, where
+// negative, what its first and last blocks save over a middle one). Only for a family named in
+// STRIA_CUDA_KERNELS: the bench does not restate the library's default.
+template <typename Fwd, typename Bwd>
+void Split(const std::string& impl, int64_t S, int64_t B, int64_t H, int64_t D, int reps, double fwd_ms, double bwd_ms,
+           Fwd forward, Bwd backward, cudaStream_t stream) {
+  const char* env = std::getenv("STRIA_CUDA_KERNELS");
+  const std::string family = env != nullptr ? env : "";
+  if (family != "mma" && family != "wgmma" && family != "tma") return;
+  const stria::cuda::Kernels kernels = family == "tma"     ? stria::cuda::Kernels::kTma
+                                       : family == "wgmma" ? stria::cuda::Kernels::kWgmma
+                                                           : stria::cuda::Kernels::kMma;
+  constexpr int kLoop = 4;
+  auto queued = [&](int dir) {
+    for (int i = 0; i < kLoop; ++i) dir == 0 ? forward() : backward();
+  };
+  BlockTimer block(S, H, D, reps, B);
+  stria::BlockMask all;
+  all.q_end = all.k_end = S;
+  all.diagonal = true;
+  for (int dir = 0; dir < 2; ++dir) {
+    const double loop_ms = TimeMs(stream, reps, [&] { queued(dir); }) / kLoop;
+    const double block_ms = dir == 0 ? block.Forward(all, kernels) : block.Backward(all, kernels);
+    std::printf(
+        "split impl=%s dir=%s dim=%lld causal=1 len=%lld batch=%lld heads=%lld call_ms=%.4f loop_ms=%.4f "
+        "block_ms=%.4f\n",
+        impl.c_str(), dir == 0 ? "fwd" : "bwd", (long long)D, (long long)S, (long long)B, (long long)H,
+        dir == 0 ? fwd_ms : bwd_ms, loop_ms, block_ms);
+  }
+}
+
 int Kernels(const std::vector<int64_t>& dims, const std::vector<int64_t>& lens, int reps, bool deterministic) {
   stria_context_config_t cfg;
   stria_context_config_init(&cfg);
@@ -161,11 +272,12 @@ int Kernels(const std::vector<int64_t>& dims, const std::vector<int64_t>& lens, 
         stria_attention_params_t p;
         stria_attention_params_init(&p);
         p.causal = causal;
-        const double fwd_ms = TimeMs(
-            stream, reps, [&] { CHECK_STRIA(stria_attention_forward(ctx, &p, &tq, &tk, &tv, &to, &tl, stream)); });
-        const double bwd_ms = TimeMs(stream, reps, [&] {
+        auto forward = [&] { CHECK_STRIA(stria_attention_forward(ctx, &p, &tq, &tk, &tv, &to, &tl, stream)); };
+        auto backward = [&] {
           CHECK_STRIA(stria_attention_backward(ctx, &p, &tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk, &tdv, stream));
-        });
+        };
+        const double fwd_ms = TimeMs(stream, reps, forward);
+        const double bwd_ms = TimeMs(stream, reps, backward);
         const double flops = 4.0 * B * H * static_cast<double>(S) * S * D * (causal ? 0.5 : 1.0);
         // The kernel family: STRIA_CUDA_KERNELS, or "default" when unset (the library's choice for
         // this device, cuda_backend.cc; gpu_run.sh names each family it times).
@@ -177,13 +289,12 @@ int Kernels(const std::vector<int64_t>& dims, const std::vector<int64_t>& lens, 
         std::printf("impl=%s dir=bwd dim=%lld causal=%d len=%lld batch=%lld heads=%lld ms=%.4f tflops=%.1f\n",
                     impl.c_str(), (long long)D, causal, (long long)S, (long long)B, (long long)H, bwd_ms,
                     2.5 * flops / bwd_ms * 1e-9);
+        if (D == 128 && causal && S >= 4096) Split(impl, S, B, H, D, reps, fwd_ms, bwd_ms, forward, backward, stream);
         if (deterministic && D == 128) {
           // The deterministic backward (this family's dK/dV pass, then mma.sync's dQ pass), at the
           // head dim of the bars: what reproducible dQ costs beside the default backward.
           CHECK_STRIA(stria_context_set_deterministic(ctx, 1));
-          const double det_ms = TimeMs(stream, reps, [&] {
-            CHECK_STRIA(stria_attention_backward(ctx, &p, &tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk, &tdv, stream));
-          });
+          const double det_ms = TimeMs(stream, reps, backward);
           CHECK_STRIA(stria_context_set_deterministic(ctx, 0));
           std::printf(
               "impl=%s_deterministic dir=bwd dim=%lld causal=%d len=%lld batch=%lld heads=%lld ms=%.4f "
@@ -197,68 +308,6 @@ int Kernels(const std::vector<int64_t>& dims, const std::vector<int64_t>& lens, 
   stria_context_destroy(ctx);
   return 0;
 }
-
-// Times one forward (or backward) block kernel of `mask` over L tokens per rank.
-struct BlockTimer {
-  int64_t L, H, D;
-  int reps;
-  cudaStream_t stream;
-  Dev q, k, v, dout, acc, m, l, dq, dkv;
-  BlockTimer(int64_t L_, int64_t H_, int64_t D_, int reps_)
-      : L(L_),
-        H(H_),
-        D(D_),
-        reps(reps_),
-        stream(nullptr),
-        q(Bytes(2)),
-        k(Bytes(2)),
-        v(Bytes(2)),
-        dout(Bytes(2)),
-        acc(Bytes(4), false),
-        m(static_cast<size_t>(H * L) * 4, false),
-        l(static_cast<size_t>(H * L) * 4, false),
-        dq(Bytes(4), false),
-        dkv(2 * Bytes(4), false) {
-    CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  }
-  size_t Bytes(int es) const { return static_cast<size_t>(L * H * D) * es; }
-
-  double Forward(const stria::BlockMask& bm, stria::cuda::Kernels kernels = stria::cuda::Kernels::kMma) {
-    if (bm.empty()) return 0.0;
-    stria::cuda::FwdParams p{};
-    p.dims = stria::cuda::Dims{1, static_cast<int>(L), static_cast<int>(H), static_cast<int>(H), static_cast<int>(D)};
-    p.q = stria::cuda::RowsArg{q.p, L * H * D, H * D, D};
-    p.k = k.p;
-    p.v = v.p;
-    p.acc = static_cast<float*>(acc.p);
-    p.m = static_cast<float*>(m.p);
-    p.l = static_cast<float*>(l.p);
-    p.scale_log2 = stria::cuda::kLog2e / std::sqrt(static_cast<float>(D));
-    p.mask = stria::cuda::MaskArgs{bm.q_begin, bm.q_end, bm.k_begin, bm.k_end, bm.diagonal ? 1 : 0, bm.offset};
-    return TimeMs(stream, reps,
-                  [&] { CHECK_CUDA(stria::cuda::LaunchForwardBlock(stria::cuda::Elem::kBF16, kernels, p, stream)); });
-  }
-  double Backward(const stria::BlockMask& bm, stria::cuda::Kernels kernels = stria::cuda::Kernels::kMma) {
-    if (bm.empty()) return 0.0;
-    stria::cuda::BwdParams p{};
-    p.dims = stria::cuda::Dims{1, static_cast<int>(L), static_cast<int>(H), static_cast<int>(H), static_cast<int>(D)};
-    p.q = stria::cuda::RowsArg{q.p, L * H * D, H * D, D};
-    p.dout = stria::cuda::RowsArg{dout.p, L * H * D, H * D, D};
-    p.k = k.p;
-    p.v = v.p;
-    p.lse2 = static_cast<float*>(m.p);
-    p.delta = static_cast<float*>(l.p);
-    p.dq_acc = static_cast<float*>(dq.p);
-    p.dk = static_cast<float*>(dkv.p);
-    p.dv = static_cast<float*>(dkv.p) + L * H * D;
-    p.scale = 1.f / std::sqrt(static_cast<float>(D));
-    p.scale_log2 = p.scale * stria::cuda::kLog2e;
-    p.mask = stria::cuda::MaskArgs{bm.q_begin, bm.q_end, bm.k_begin, bm.k_end, bm.diagonal ? 1 : 0, bm.offset};
-    return TimeMs(stream, reps, [&] {
-      CHECK_CUDA(stria::cuda::LaunchBackwardBlock(stria::cuda::Elem::kBF16, kernels, false, p, stream));
-    });
-  }
-};
 
 int Ring(int64_t S, int N, int64_t H, int64_t D, int reps, stria::cuda::Kernels kernels) {
   const int64_t L = S / N;

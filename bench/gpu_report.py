@@ -3,10 +3,11 @@
 
 Usage: gpu_report.py gpu_results.txt > gpu_report.md
 
-Reads the key=value lines that bench/gpu_run.sh collects (stria-cuda-bench's `impl=`, `ring`,
-`hide_threshold` lines and bench/torch_sdpa_gpu.py's `impl=torch_*` lines; everything else is
-skipped) and prints, in markdown: forward and backward TFLOP/s of every stria kernel family beside
-torch SDPA's flash and cuDNN backends on the same shapes; the modelled N-rank ring against the
+Reads the key=value lines that bench/gpu_run.sh collects (stria-cuda-bench's `impl=`, `split`,
+`ring`, `hide_threshold` lines and bench/torch_sdpa_gpu.py's `impl=torch_*` lines; everything else
+is skipped) and prints, in markdown: forward and backward TFLOP/s of every stria kernel family beside
+torch SDPA's flash and cuDNN backends on the same shapes; where a call's time goes (the call alone,
+per call queued back to back, the block kernel alone); the modelled N-rank ring against the
 ideal and the analytic ratio; the block lengths from which a step's transfer hides; and a last
 table of the bars:
   causal forward, D 128, 4k tokens and more: the best stria family >= 1.0x torch's flash backend;
@@ -77,12 +78,27 @@ def kernels_tables(kern, out):
 RING_KEYS = {"kernels", "dir", "layout", "world", "seq", "latency_ms", "ideal_ms", "of_ideal", "vs_contiguous",
              "analytic_vs_contiguous"}
 HIDE_KEYS = {"kernels", "dir", "step", "link", "gbs", "smallest_hiding_len"}
+SPLIT_KEYS = {"impl", "dir", "len", "call_ms", "loop_ms", "block_ms"}
+
+
+def split_table(split, out):
+    out.append("Where a call's time goes (causal, D 128, bf16; ms, median): the call alone between two events "
+               "(as the tables above time it), per call of calls queued back to back (the host's work hidden), "
+               "and the block kernel alone (a ring step between the first and the last):\n")
+    out.append("| kernels | pass | S | call | queued | block kernel | host latency (call − queued) | "
+               "queued / block kernel |")
+    out.append("|---|---|---|---|---|---|---|---|")
+    for s in split:
+        call, loop, block = float(s["call_ms"]), float(s["loop_ms"]), float(s["block_ms"])
+        out.append(f"| {s['impl'].replace('stria_', '')} | {s['dir']} | {s['len']} | {call:.3f} | {loop:.3f} | "
+                   f"{block:.3f} | {call - loop:.3f} | {loop / block:.2f}x |")
+    out.append("")
 
 
 def main(argv):
     if len(argv) != 2:
         sys.exit(__doc__)
-    kern, ring, hide, nccl = {}, [], [], []
+    kern, split, ring, hide, nccl = {}, [], [], [], []
     with open(argv[1], errors="replace") as f:
         for line in f:
             # The nccl1 stage prints its own markdown table (NCCL at world 1 against in-process).
@@ -94,6 +110,9 @@ def main(argv):
                 if "impl" in kv and "tflops" in kv:
                     key = (kv["dir"], int(kv["dim"]), int(kv["causal"]), int(kv["len"]), kv["impl"])
                     kern[key] = float(kv["tflops"])
+                elif head == "split" and SPLIT_KEYS <= kv.keys():
+                    float(kv["call_ms"]), float(kv["loop_ms"]), float(kv["block_ms"])  # whole, or left out
+                    split.append(kv)
                 elif head == "ring" and RING_KEYS <= kv.keys():
                     ring.append(kv)
                 elif head == "hide_threshold" and HIDE_KEYS <= kv.keys():
@@ -104,6 +123,8 @@ def main(argv):
     bars = []
     if kern:
         kernels_tables(kern, out)
+    if split:
+        split_table(split, out)
     for direction, need in (("fwd", 1.0), ("bwd", 0.9)):
         ratios = [vs_flash(kern, direction, d, c, s)
                   for d, c, s in {(d, c, s) for (dr, d, c, s, _) in kern if dr == direction and d == 128 and c
