@@ -24,7 +24,7 @@
 #   hide         the block length above which a step's transfer hides         3 s a family
 #   sanitizer    compute-sanitizer memcheck and racecheck, small rings         20 s
 #   python       torch CUDA tensors and stria.jax's CUDA handlers              75 s
-#   profile      ncu speed of light and occupancy, causal D 128 8k, a family    4 s a family
+#   profile      ncu speed of light, occupancy, launch, warp states, causal D 128 4k   4 s a family
 #
 # On the lent machine: run scripts/device-deps.sh here first, carry .device-deps, and call
 #   bench/gpu_run.sh                       (docs/gpu-runbook.md: the whole procedure)
@@ -344,11 +344,12 @@ if stage python 90; then
   fi
 fi
 
-# Where a family's time goes, for the next step if a bar is missed: Nsight Compute's speed-of-light
-# and occupancy sections of the causal forward and backward kernels at D 128, 8k tokens (the
-# benchmark's shape; the first four calls are the non-causal ones, with the deterministic backward
-# left untimed so that the count holds). Clocks as found: ncu's default clock control has not been
-# tried on these machines.
+# Where a family's time goes, for the next step if a bar is missed: Nsight Compute's speed-of-light,
+# occupancy, launch and warp-state sections of the causal forward and backward kernels at D 128,
+# 4k tokens (the benchmark's shape where the bars were missed; the first four launches are the
+# non-causal ones, with the deterministic backward left untimed so that the count holds, and the
+# split timings come after the counted ones). Clocks as found: ncu's default clock control has not
+# been tried on these machines.
 ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
 if stage profile $((30 * nf)); then
   if [ -z "$ncu" ]; then
@@ -357,7 +358,8 @@ if stage profile $((30 * nf)); then
     for family in "${families[@]}"; do
       STRIA_CUDA_KERNELS=$family timeout -k 10 "$(cap 120)" "$ncu" --clock-control none \
         --kernel-name regex:'(Forward|Backward)Kernel' --launch-skip 4 --launch-count 4 --section SpeedOfLight \
-        --section Occupancy "$bin"/bench/stria-cuda-bench kernels --dims 128 --lens 8192 --reps 1 --deterministic 0 \
+        --section Occupancy --section LaunchStats --section WarpStateStats \
+        "$bin"/bench/stria-cuda-bench kernels --dims 128 --lens 4096 --reps 1 --deterministic 0 \
         >>"$out/gpu_profile.txt" 2>&1 || { say "profile $family: failed or timed out"; note_failure profile; }
     done
     say "profile: $(grep -c ', Context [0-9]*, Stream ' "$out/gpu_profile.txt" 2>/dev/null) kernel reports in gpu_profile.txt"

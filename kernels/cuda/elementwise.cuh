@@ -15,14 +15,25 @@ namespace cuda {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
+// Grid-stride loop over n rows of D values, a warp per row: the kernels that move [B, L, H, D]
+// tensors split a row's index into (b, i, h) once per row rather than once per element (64-bit
+// divisions by run-time values cost tens of instructions each, enough to make these
+// memory-bound passes compute-bound), and a warp's lanes take consecutive columns, so its loads
+// and stores coalesce. The launcher's blocks are whole warps (launch.cu, RowGrid).
+#define STRIA_FOR_EACH_ROW(r, n)                                                                \
+  for (int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; r < (n); \
+       r += static_cast<int64_t>(gridDim.x) * (blockDim.x / 32))
+#define STRIA_FOR_EACH_COLUMN(c, D) for (int c = lane_id(); c < (D); c += 32)
+
 // Strided [B, L, H, D] -> compact [B, L, H, D] (same dtype, element size kEb bytes).
 template <int kEb>
 STRIA_GLOBAL void PackRowsKernel(Dims d, int H, RowsArg src, void* dst) {
   using U = typename std::conditional<kEb == 4, uint32_t, uint16_t>::type;
-  const int64_t n = static_cast<int64_t>(d.B) * d.L * H * d.D;
-  STRIA_FOR_EACH(x, n) {
-    const int64_t c = x % d.D, rest = x / d.D, h = rest % H, bi = rest / H, i = bi % d.L, b = bi / d.L;
-    static_cast<U*>(dst)[x] = static_cast<const U*>(src.data)[b * src.sb + i * src.sl + h * src.sh + c];
+  STRIA_FOR_EACH_ROW(row, static_cast<int64_t>(d.B) * d.L * H) {
+    const int64_t h = row % H, bi = row / H, i = bi % d.L, b = bi / d.L;
+    const U* from = static_cast<const U*>(src.data) + b * src.sb + i * src.sl + h * src.sh;
+    U* to = static_cast<U*>(dst) + row * d.D;
+    STRIA_FOR_EACH_COLUMN(c, d.D) to[c] = from[c];
   }
 }
 
@@ -39,11 +50,12 @@ STRIA_GLOBAL void PackRowsKernel(Dims d, int H, RowsArg src, void* dst) {
 template <typename T>
 STRIA_GLOBAL void ForwardFinishKernel(Dims d, const float* acc, const float* m, const float* l, RowsOut out, float* lse,
                                       int64_t lb, int64_t lh, int64_t li) {
-  const int64_t n = static_cast<int64_t>(d.B) * d.Hq * d.L * d.D;
-  STRIA_FOR_EACH(x, n) {
-    const int64_t c = x % d.D, row = x / d.D, i = row % d.L, bh = row / d.L, h = bh % d.Hq, b = bh / d.Hq;
-    StoreElem<T>(out.data, b * out.sb + i * out.sl + h * out.sh + c, acc[x] * OutputScale(l[row]));
-    if (c == 0) lse[b * lb + h * lh + i * li] = RowLse(m[row], l[row]);
+  STRIA_FOR_EACH_ROW(row, static_cast<int64_t>(d.B) * d.Hq * d.L) {
+    const int64_t i = row % d.L, bh = row / d.L, h = bh % d.Hq, b = bh / d.Hq;
+    const float scale = OutputScale(l[row]);
+    const int64_t at = b * out.sb + i * out.sl + h * out.sh;
+    STRIA_FOR_EACH_COLUMN(c, d.D) StoreElem<T>(out.data, at + c, acc[row * d.D + c] * scale);
+    if (lane_id() == 0) lse[b * lb + h * lh + i * li] = RowLse(m[row], l[row]);
   }
 }
 
@@ -72,20 +84,20 @@ STRIA_GLOBAL void BackwardPrepKernel(Dims d, RowsArg out, RowsArg dout, const fl
 // dq = dq_acc * scale from [B, Hq, L, D] fp32 into the caller's dtype and strides.
 template <typename T>
 STRIA_GLOBAL void DqFinishKernel(Dims d, const float* dq_acc, float scale, RowsOut dq) {
-  const int64_t n = static_cast<int64_t>(d.B) * d.Hq * d.L * d.D;
-  STRIA_FOR_EACH(x, n) {
-    const int64_t c = x % d.D, row = x / d.D, i = row % d.L, bh = row / d.L, h = bh % d.Hq, b = bh / d.Hq;
-    StoreElem<T>(dq.data, b * dq.sb + i * dq.sl + h * dq.sh + c, dq_acc[x] * scale);
+  STRIA_FOR_EACH_ROW(row, static_cast<int64_t>(d.B) * d.Hq * d.L) {
+    const int64_t i = row % d.L, bh = row / d.L, h = bh % d.Hq, b = bh / d.Hq;
+    const int64_t at = b * dq.sb + i * dq.sl + h * dq.sh;
+    STRIA_FOR_EACH_COLUMN(c, d.D) StoreElem<T>(dq.data, at + c, dq_acc[row * d.D + c] * scale);
   }
 }
 
 // A compact [B, L, Hkv, D] fp32 gradient into the caller's dtype and strides.
 template <typename T>
 STRIA_GLOBAL void KvGradFinishKernel(Dims d, const float* src, RowsOut dst) {
-  const int64_t n = static_cast<int64_t>(d.B) * d.L * d.Hkv * d.D;
-  STRIA_FOR_EACH(x, n) {
-    const int64_t c = x % d.D, rest = x / d.D, h = rest % d.Hkv, bi = rest / d.Hkv, i = bi % d.L, b = bi / d.L;
-    StoreElem<T>(dst.data, b * dst.sb + i * dst.sl + h * dst.sh + c, src[x]);
+  STRIA_FOR_EACH_ROW(row, static_cast<int64_t>(d.B) * d.L * d.Hkv) {
+    const int64_t h = row % d.Hkv, bi = row / d.Hkv, i = bi % d.L, b = bi / d.L;
+    const int64_t at = b * dst.sb + i * dst.sl + h * dst.sh;
+    STRIA_FOR_EACH_COLUMN(c, d.D) StoreElem<T>(dst.data, at + c, src[row * d.D + c]);
   }
 }
 

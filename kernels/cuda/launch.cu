@@ -57,6 +57,10 @@ dim3 ElementGrid(int64_t n) {
   const int64_t blocks = std::min<int64_t>((n + 255) / 256, 8192);
   return dim3(static_cast<unsigned>(std::max<int64_t>(blocks, 1)));
 }
+// Grids of the row kernels (STRIA_FOR_EACH_ROW): blocks of 256 threads, a warp per row.
+dim3 RowGrid(int64_t rows) {
+  return dim3(static_cast<unsigned>(std::max<int64_t>(std::min<int64_t>((rows + 7) / 8, 8192), 1)));
+}
 
 // Each kernel in two builds, with the document clamp and without it (flash_launch.cuh).
 template <typename T>
@@ -141,10 +145,14 @@ cudaError_t LaunchBackwardBlock(Elem e, Kernels k, bool deterministic, const Bwd
 }
 
 cudaError_t LaunchPackRows(int elem_bytes, Dims d, int H, RowsArg src, void* dst, cudaStream_t s) {
-  const int64_t n = static_cast<int64_t>(d.B) * d.L * H * d.D;
+  const int64_t rows = static_cast<int64_t>(d.B) * d.L * H, n = rows * d.D;
   if (n == 0) return cudaSuccess;
-  if (elem_bytes == 4) return STRIA_LAUNCH(PackRowsKernel<4>, ElementGrid(n), 256, 0, s)(d, H, src, dst);
-  return STRIA_LAUNCH(PackRowsKernel<2>, ElementGrid(n), 256, 0, s)(d, H, src, dst);
+  // A view already laid out as the message (strides of extent-1 dimensions aside) is one copy.
+  const bool compact = (H == 1 || src.sh == d.D) && (d.L == 1 || src.sl == int64_t{H} * d.D) &&
+                       (d.B == 1 || src.sb == int64_t{d.L} * H * d.D);
+  if (compact) return cudaMemcpyAsync(dst, src.data, static_cast<size_t>(n) * elem_bytes, cudaMemcpyDeviceToDevice, s);
+  if (elem_bytes == 4) return STRIA_LAUNCH(PackRowsKernel<4>, RowGrid(rows), 256, 0, s)(d, H, src, dst);
+  return STRIA_LAUNCH(PackRowsKernel<2>, RowGrid(rows), 256, 0, s)(d, H, src, dst);
 }
 
 cudaError_t LaunchFill(float* p, int64_t n, float v, cudaStream_t s) {
@@ -159,9 +167,9 @@ cudaError_t LaunchAccumulate(float* dst, const float* src, int64_t n, cudaStream
 
 cudaError_t LaunchForwardFinish(Elem e, Dims d, const float* acc, const float* m, const float* l, RowsOut out,
                                 float* lse, int64_t lb, int64_t lh, int64_t li, cudaStream_t s) {
-  const int64_t n = static_cast<int64_t>(d.B) * d.Hq * d.L * d.D;
-  if (n == 0) return cudaSuccess;
-  const dim3 g = ElementGrid(n);
+  const int64_t rows = static_cast<int64_t>(d.B) * d.Hq * d.L;
+  if (rows * d.D == 0) return cudaSuccess;
+  const dim3 g = RowGrid(rows);
   switch (e) {
     case Elem::kF32:
       return STRIA_LAUNCH(ForwardFinishKernel<Float>, g, 256, 0, s)(d, acc, m, l, out, lse, lb, lh, li);
@@ -190,9 +198,9 @@ cudaError_t LaunchBackwardPrep(Elem e, Dims d, RowsArg out, RowsArg dout, const 
 }
 
 cudaError_t LaunchDqFinish(Elem e, Dims d, const float* dq_acc, float scale, RowsOut dq, cudaStream_t s) {
-  const int64_t n = static_cast<int64_t>(d.B) * d.Hq * d.L * d.D;
-  if (n == 0) return cudaSuccess;
-  const dim3 g = ElementGrid(n);
+  const int64_t rows = static_cast<int64_t>(d.B) * d.Hq * d.L;
+  if (rows * d.D == 0) return cudaSuccess;
+  const dim3 g = RowGrid(rows);
   switch (e) {
     case Elem::kF32:
       return STRIA_LAUNCH(DqFinishKernel<Float>, g, 256, 0, s)(d, dq_acc, scale, dq);
@@ -205,9 +213,9 @@ cudaError_t LaunchDqFinish(Elem e, Dims d, const float* dq_acc, float scale, Row
 }
 
 cudaError_t LaunchKvGradFinish(Elem e, Dims d, const float* src, RowsOut dst, cudaStream_t s) {
-  const int64_t n = static_cast<int64_t>(d.B) * d.L * d.Hkv * d.D;
-  if (n == 0) return cudaSuccess;
-  const dim3 g = ElementGrid(n);
+  const int64_t rows = static_cast<int64_t>(d.B) * d.L * d.Hkv;
+  if (rows * d.D == 0) return cudaSuccess;
+  const dim3 g = RowGrid(rows);
   switch (e) {
     case Elem::kF32:
       return STRIA_LAUNCH(KvGradFinishKernel<Float>, g, 256, 0, s)(d, src, dst);
