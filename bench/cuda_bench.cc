@@ -57,6 +57,17 @@ namespace {
     }                                                               \
   } while (0)
 
+// A tensor-core family by its name (mma, wgmma, tma: KernelsName's), as --kernels and
+// STRIA_CUDA_KERNELS spell it.
+bool TensorCoreFamily(const char* name, stria::cuda::Kernels* out) {
+  for (stria::cuda::Kernels k : {stria::cuda::Kernels::kMma, stria::cuda::Kernels::kWgmma, stria::cuda::Kernels::kTma})
+    if (std::strcmp(name, stria::cuda::KernelsName(k)) == 0) {
+      *out = k;
+      return true;
+    }
+  return false;
+}
+
 std::vector<int64_t> ParseList(const char* s) {
   std::vector<int64_t> v;
   for (const char* p = s; *p;) {
@@ -219,21 +230,19 @@ template <typename Fwd, typename Bwd>
 void Split(const std::string& impl, int64_t S, int64_t B, int64_t H, int64_t D, int reps, double fwd_ms, double bwd_ms,
            Fwd forward, Bwd backward, cudaStream_t stream) {
   const char* env = std::getenv("STRIA_CUDA_KERNELS");
-  const std::string family = env != nullptr ? env : "";
-  if (family != "mma" && family != "wgmma" && family != "tma") return;
-  const stria::cuda::Kernels kernels = family == "tma"     ? stria::cuda::Kernels::kTma
-                                       : family == "wgmma" ? stria::cuda::Kernels::kWgmma
-                                                           : stria::cuda::Kernels::kMma;
+  stria::cuda::Kernels kernels;
+  if (env == nullptr || !TensorCoreFamily(env, &kernels)) return;
   constexpr int kLoop = 4;
-  auto queued = [&](int dir) {
-    for (int i = 0; i < kLoop; ++i) dir == 0 ? forward() : backward();
-  };
   BlockTimer block(S, H, D, reps, B);
   stria::BlockMask all;
   all.q_end = all.k_end = S;
   all.diagonal = true;
   for (int dir = 0; dir < 2; ++dir) {
-    const double loop_ms = TimeMs(stream, reps, [&] { queued(dir); }) / kLoop;
+    const double loop_ms = TimeMs(stream, reps,
+                                  [&] {
+                                    for (int i = 0; i < kLoop; ++i) dir == 0 ? forward() : backward();
+                                  }) /
+                           kLoop;
     const double block_ms = dir == 0 ? block.Forward(all, kernels) : block.Backward(all, kernels);
     std::printf(
         "split impl=%s dir=%s dim=%lld causal=1 len=%lld batch=%lld heads=%lld call_ms=%.4f loop_ms=%.4f "
@@ -441,14 +450,10 @@ int main(int argc, char** argv) {
     else if (k == "--deterministic")  // kernels mode: 0 leaves the deterministic backward untimed
       deterministic = std::atoi(argv[i + 1]) != 0;
     else if (k == "--kernels") {  // the ring model's kernel family: mma, or wgmma or tma (sm_90 only)
-      const std::string v = argv[i + 1];
-      if (v != "mma" && v != "wgmma" && v != "tma") {
-        std::fprintf(stderr, "--kernels %s: use mma, wgmma or tma\n", v.c_str());
+      if (!TensorCoreFamily(argv[i + 1], &kernels)) {
+        std::fprintf(stderr, "--kernels %s: use mma, wgmma or tma\n", argv[i + 1]);
         return 2;
       }
-      kernels = v == "wgmma" ? stria::cuda::Kernels::kWgmma
-                : v == "tma" ? stria::cuda::Kernels::kTma
-                             : stria::cuda::Kernels::kMma;
     } else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;

@@ -3,9 +3,9 @@
 // ring call merge into the state one after the other. The call's first block starts the state
 // empty instead of reading it (FwdParams::first: no workspace to clear beforehand), and its last
 // block writes the normalised output and the LSE instead of the state (FwdParams::out: no
-// finishing kernel afterwards). A world of one thus never touches the state in global memory;
-// at 4k tokens (H 16, D 128) that round trip was most of the forward's gap to FlashAttention
-// (docs/performance.md). ForwardFinishKernel (elementwise.cuh) finishes the calls whose last
+// finishing kernel afterwards). A world of one thus never touches the state in global memory,
+// a round trip that was a visible part of a short call's fixed cost (docs/performance.md, the 4k
+// bars). ForwardFinishKernel (elementwise.cuh) finishes the calls whose last
 // block leaves rows to others (its mask does not cover every row), with the same arithmetic.
 #pragma once
 

@@ -147,10 +147,9 @@ cudaError_t LaunchBackwardBlock(Elem e, Kernels k, bool deterministic, const Bwd
 cudaError_t LaunchPackRows(int elem_bytes, Dims d, int H, RowsArg src, void* dst, cudaStream_t s) {
   const int64_t rows = static_cast<int64_t>(d.B) * d.L * H, n = rows * d.D;
   if (n == 0) return cudaSuccess;
-  // A view already laid out as the message (strides of extent-1 dimensions aside) is one copy.
-  const bool compact = (H == 1 || src.sh == d.D) && (d.L == 1 || src.sl == int64_t{H} * d.D) &&
-                       (d.B == 1 || src.sb == int64_t{d.L} * H * d.D);
-  if (compact) return cudaMemcpyAsync(dst, src.data, static_cast<size_t>(n) * elem_bytes, cudaMemcpyDeviceToDevice, s);
+  // A view already laid out as the message is one copy.
+  if (CompactRows(src, d, H))
+    return cudaMemcpyAsync(dst, src.data, static_cast<size_t>(n) * elem_bytes, cudaMemcpyDeviceToDevice, s);
   if (elem_bytes == 4) return STRIA_LAUNCH(PackRowsKernel<4>, RowGrid(rows), 256, 0, s)(d, H, src, dst);
   return STRIA_LAUNCH(PackRowsKernel<2>, RowGrid(rows), 256, 0, s)(d, H, src, dst);
 }

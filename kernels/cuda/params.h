@@ -34,6 +34,13 @@ struct RowsArg {
   int64_t sb, sl, sh;
 };
 
+// Whether a [B, L, H, D] view with d's B, L, D lies as compact rows, the layout of a K/V ring
+// message (the strides of extent-1 dimensions do not matter).
+inline bool CompactRows(const RowsArg& v, const Dims& d, int H) {
+  return (H == 1 || v.sh == d.D) && (d.L == 1 || v.sl == int64_t{H} * d.D) &&
+         (d.B == 1 || v.sb == int64_t{d.L} * H * d.D);
+}
+
 // A writable [B, L, H, D] tensor of the caller.
 struct RowsOut {
   void* data;

@@ -89,18 +89,6 @@ bool RowsAligned16(const TensorView& v) {
          v.strides[2] % per16 == 0;
 }
 
-// Whether a [B, L, H, D] view lies in memory as a kRows ring message lays out a block (compact
-// rows: K or V of the wire), 16-byte aligned as the tensor-core kernels and TMA load it.
-bool CompactRows(const TensorView& v) {
-  if (reinterpret_cast<uintptr_t>(v.data) % 16 != 0) return false;
-  int64_t want = 1;
-  for (int i = v.ndim - 1; i >= 0; --i) {
-    if (v.shape[i] != 1 && v.strides[i] != want) return false;
-    want *= v.shape[i];
-  }
-  return true;
-}
-
 // Whether two views may share a byte: their address spans [lowest, highest element] meet. (The
 // module does not link TensorView's methods: the checks here are its own.)
 bool MayOverlap(const TensorView& a, const TensorView& b) {
@@ -350,7 +338,13 @@ class CudaBackend final : public Backend {
   // K and V already lie as the wire's rows (compact [B, L, Hkv, D], a framework's usual tensor)
   // its block is read in place: the copy, a pass over both tensors each way, is skipped.
   Status PackKV(const AttentionShape& s, const TensorView& k, const TensorView& v, void* wire, bool sent) override {
-    kv_in_place_ = !sent && CompactRows(k) && CompactRows(v);
+    // In place: compact at a 16-byte aligned address, as the tensor-core kernels and TMA load a
+    // message.
+    const int H = static_cast<int>(s.Hkv);
+    auto as_message = [&](const TensorView& t) {
+      return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && cuda::CompactRows(Rows(t), dims_, H);
+    };
+    kv_in_place_ = !sent && as_message(k) && as_message(v);
     local_k_ = k;
     local_v_ = v;
     if (kv_in_place_) return Status::Ok();
@@ -360,7 +354,6 @@ class CudaBackend final : public Backend {
     const int eb = static_cast<int>(DTypeSize(s.dtype));
     char* kd = static_cast<char*>(wire);
     char* vd = kd + s.B * s.L * s.Hkv * s.D * eb;
-    const int H = static_cast<int>(s.Hkv);
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchPackRows(eb, dims_, H, Rows(k), kd, stream_));
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchPackRows(eb, dims_, H, Rows(v), vd, stream_));
     return Status::Ok();
