@@ -9,13 +9,22 @@
 namespace stria {
 namespace cuda {
 
+#if !defined(STRIA_CUDA_EMULATE)
+// Raises `kernel`'s dynamic shared-memory limit on the current device to `bytes` without touching
+// the thread's last runtime error (smem_optin.cu says why not cudaFuncSetAttribute).
+cudaError_t RaiseSmemLimit(const void* kernel, int bytes);
+#endif
+
 template <typename Kernel>
 cudaError_t AllowSmem(Kernel kernel, int bytes) {
   if (bytes <= 48 * 1024) return cudaSuccess;
-  // The runtime's C entry point (the templated overload exists only for nvcc; the host build of
-  // the emulator's tests calls this one too).
+#if defined(STRIA_CUDA_EMULATE)
+  // The runtime model's C entry point (the templated overload exists only for nvcc).
   return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
                               bytes);
+#else
+  return RaiseSmemLimit(reinterpret_cast<const void*>(kernel), bytes);
+#endif
 }
 
 }  // namespace cuda
