@@ -1,14 +1,14 @@
-// The host side of AllowSmem (smem_optin.cuh). Measured on an H200 (CUDA 13 runtime, driver 580):
-// cudaFuncSetAttribute resets the thread's last error even when it succeeds, so a stria call that
-// set a kernel's shared-memory limit that way cleared an error the caller had left pending
-// (CudaErrors.ACallersPendingErrorIsNeitherReportedNorCleared failed on the wgmma and TMA
-// families, whose kernels need more than 48 KB; mma.sync's and SIMT's did not). cudaGetKernel
-// (the kernel's context-independent handle) and the driver's cuKernelSetAttribute, for one
-// device, leave that error alone; cudaFuncSetAttribute stays the fallback where the driver lacks
-// the function.
+// The host side of AllowSmem (smem_optin.cuh), for the GPU build and for the runtime model of
+// tests/cuda_host alike. Measured on an H200 (CUDA 13 runtime, driver 580;
+// docs/gpu-runs/2026-11-28-h200/run2): cudaFuncSetAttribute resets the thread's last error even
+// when it succeeds, so a stria call that raised a kernel's limit that way cleared an error the
+// caller had left pending (CudaErrors.ACallersPendingErrorIsNeitherReportedNorCleared failed on
+// the wgmma and TMA families, whose kernels need more than 48 KB, and passed on the others).
+// cudaGetKernel (the kernel's handle, the same on every device) and the driver's
+// cuKernelSetAttribute, for one device, left that error alone, as did the runtime's entry-point
+// query. The runtime's cudaFuncSetAttribute stays the fallback where the driver lacks the function.
 #include <cuda.h>
-#include <cuda_runtime.h>
-
+#include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
 #include "cuda/smem_optin.cuh"
@@ -19,13 +19,23 @@ namespace {
 
 using SetKernelAttribute = CUresult (*)(CUfunction_attribute, int, CUkernel, CUdevice);
 
-// libcuda's cuKernelSetAttribute (CUDA 12.0 and newer), looked up once per process in the driver
-// library the runtime has loaded (as tensor_map.cu does); null where it is not there.
+// The driver's cuKernelSetAttribute (CUDA 12.0 and newer), looked up once per process; null where
+// this driver has none. On the GPU, in the driver library the runtime has loaded (as tensor_map.cu
+// does: the way run2 checked on the H200); else, and in the runtime model of tests/cuda_host, which
+// has no libcuda, through the runtime's entry-point query. A symbol not found is no error there.
 SetKernelAttribute KernelAttributeSetter() {
   static const SetKernelAttribute fn = [] {
+    void* f = nullptr;
+#if !defined(STRIA_CUDA_EMULATE)
     void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
     if (driver == nullptr) driver = dlopen("libcuda.so.1", RTLD_LAZY);
-    return reinterpret_cast<SetKernelAttribute>(driver != nullptr ? dlsym(driver, "cuKernelSetAttribute") : nullptr);
+    if (driver != nullptr) f = dlsym(driver, "cuKernelSetAttribute");  // the handle stays open
+    if (f != nullptr) return reinterpret_cast<SetKernelAttribute>(f);
+#endif
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    const cudaError_t e =
+        cudaGetDriverEntryPointByVersion("cuKernelSetAttribute", &f, 12000, cudaEnableDefault, &found);
+    return e == cudaSuccess && found == cudaDriverEntryPointSuccess ? reinterpret_cast<SetKernelAttribute>(f) : nullptr;
   }();
   return fn;
 }

@@ -24,11 +24,9 @@ static_assert(sizeof(TensorMap) == sizeof(CUtensorMap) && alignof(TensorMap) == 
 
 // Null when this driver has no tensor maps (older than CUDA 12): the caller falls back.
 //
-// libcuda's own symbol first: a driver-API lookup leaves the runtime's per-thread error alone. The
-// runtime's entry-point query did not: on the first H200 run, the first TMA call of a process whose
-// caller had an error pending (cudaSetDevice(-1)) consumed that error, so the query itself must
-// have failed and been cleared below, and with it every later block of the process would have
-// taken the cp.async fallback. The query stays as the fallback where libcuda's symbol is not found.
+// libcuda's own symbol first, the runtime's entry-point query where it is not found. (The first
+// H200 run's pending-error failure was blamed on that query, wrongly: the second run measured the
+// query to leave a caller's error alone and found cudaFuncSetAttribute clearing it, smem_optin.cu.)
 PFN_cuTensorMapEncodeTiled_v12000 Encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
     void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);  // loaded by the runtime already

@@ -18,12 +18,16 @@
 //   cudaErrorLaunchFailure from then on, and the emulator's message goes to stderr;
 // - launches are checked as the runtime checks them (limits, the stream's device, the kernel's
 //   dynamic shared memory attribute on that device); peer access between devices is recorded;
+// - the last error behaves as measured on an H200 (docs/gpu-runs/2026-11-28-h200/run2): a failed
+//   call records its error, a successful one leaves it, except cudaFuncSetAttribute, which clears
+//   it even when it succeeds (so the suites see a launcher that would clear a caller's error);
 // - devices: STRIA_CUDA_MODEL_DEVICES (default 2, so that tests of a second device run) of compute
 //   capability STRIA_CUDA_MODEL_CC
 //   (default 90, so the Hopper kernels run too), STRIA_CUDA_MODEL_MEMORY_MB each (default 80 GiB;
 //   the host allocates only what is asked for).
 // Streams are never freed (cudaStreamDestroy lets the worker end once its work is done): the
 // model is for tests, and a late use then finds a stopped stream, not freed memory.
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -132,6 +136,24 @@ int ModelPrimaryCtxGetState(int device, unsigned int* flags, int* active) {
   *flags = 0;
   *active = g_primary[device] ? 1 : 0;
   return 0;
+}
+
+bool DeviceOk(int d);
+
+// The limit a launch on `device` checks a kernel's dynamic shared memory against.
+bool SetSmemLimit(const void* func, int device, int value) {
+  if (value < 0 || value > kMaxDynamicSmem) return false;
+  std::lock_guard<std::mutex> lock(M().mu);
+  M().devices[static_cast<size_t>(device)].smem_limit[func] = value;
+  return true;
+}
+
+// The driver's cuKernelSetAttribute on a cudaGetKernel handle, for one device; like every driver
+// call, it leaves the runtime's last error alone.
+CUresult ModelKernelSetAttribute(CUfunction_attribute attr, int value, CUkernel kernel, CUdevice device) {
+  if (!DeviceOk(device)) return CUDA_ERROR_INVALID_DEVICE;
+  if (kernel == nullptr || attr != CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) return CUDA_ERROR_INVALID_VALUE;
+  return SetSmemLimit(reinterpret_cast<const void*>(kernel), device, value) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 cudaError_t Set(cudaError_t e) {
@@ -415,6 +437,7 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsi
   const std::string name = symbol;
   *fn = name == "cuCtxGetCurrent"              ? reinterpret_cast<void*>(&ModelCtxGetCurrent)
         : name == "cuDevicePrimaryCtxGetState" ? reinterpret_cast<void*>(&ModelPrimaryCtxGetState)
+        : name == "cuKernelSetAttribute"       ? reinterpret_cast<void*>(&ModelKernelSetAttribute)
                                                : nullptr;
   if (status != nullptr) *status = *fn != nullptr ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
   return cudaSuccess;
@@ -437,14 +460,22 @@ cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int dev
   }
 }
 
+// The runtime's way: on the current device; as the H200's runtime does, a success clears the
+// thread's last error (a caller's pending one included).
 cudaError_t cudaFuncSetAttribute(const void* func, enum cudaFuncAttribute attr, int value) {
   Touch();
   if (func == nullptr) return Set(cudaErrorInvalidValue);
   if (!DeviceOk(tls_device)) return Set(cudaErrorInvalidDevice);
   if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return Set(cudaErrorInvalidValue);  // not modelled
-  if (value < 0 || value > kMaxDynamicSmem) return Set(cudaErrorInvalidValue);
-  std::lock_guard<std::mutex> lock(M().mu);
-  M().devices[static_cast<size_t>(tls_device)].smem_limit[func] = value;
+  if (!SetSmemLimit(func, tls_device, value)) return Set(cudaErrorInvalidValue);
+  tls_last = cudaSuccess;
+  return cudaSuccess;
+}
+
+// A kernel's handle is its host function: there is one module, on every device.
+cudaError_t cudaGetKernel(cudaKernel_t* kernel, const void* func) {
+  if (kernel == nullptr || func == nullptr) return Set(cudaErrorInvalidValue);
+  *kernel = reinterpret_cast<cudaKernel_t>(const_cast<void*>(func));
   return cudaSuccess;
 }
 

@@ -83,6 +83,10 @@ struct RankTensors {
   }
 };
 
+// Tests that run every tensor-core family and SIMT (STRIA_CUDA_KERNELS; a family the device lacks
+// runs mma.sync instead).
+const char* const kFamilies[] = {"mma", "wgmma", "tma", "simt"};
+
 TEST(CudaErrors, HostMemoryIsRefusedOnEveryRank) {
   STRIA_REQUIRE_GPU();
   const int N = 3;
@@ -127,21 +131,35 @@ TEST(CudaErrors, HeadDimAbove256IsUnsupported) {
 
 // An error the caller left pending on its thread (a failed cudaSetDevice: not sticky) is the
 // caller's: stria's launches must neither fail on it nor consume it. With launches checked by
-// cudaGetLastError, every call below failed with "invalid device ordinal" and cleared it.
+// cudaGetLastError, every call below failed with "invalid device ordinal" and cleared it; with
+// shared-memory limits raised by cudaFuncSetAttribute, which clears it even when it succeeds (an
+// H200, and the runtime model after it), the bf16 call on wgmma and TMA cleared it.
 TEST(CudaErrors, ACallersPendingErrorIsNeitherReportedNorCleared) {
   STRIA_REQUIRE_GPU();
-  CudaGroup group(1);
-  ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
-  stria_attention_params_t p;
-  stria_attention_params_init(&p);
-  for (const Dt dt : {Dt::kBF16, Dt::kF32}) {  // the tensor-core kernels, and the SIMT ones
-    SCOPED_TRACE(dt == Dt::kBF16 ? "bf16" : "f32");
-    RankTensors t(64, 64, dt, 21);
-    ASSERT_EQ(cudaSetDevice(-1), cudaErrorInvalidDevice);
-    EXPECT_EQ(t.Forward(group.ctx[0], &p), STRIA_SUCCESS) << stria_get_last_error();
-    EXPECT_EQ(t.Backward(group.ctx[0], &p), STRIA_SUCCESS) << stria_get_last_error();
-    EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidDevice) << "stria consumed the caller's pending error";
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  // Every family, both head dims (their kernels' shared memory differs: mma.sync's D 64 kernels
+  // fit in 48 KB, the others raise the limit) and both backwards; float32 takes SIMT on any family.
+  for (const char* family : kFamilies) {
+    setenv("STRIA_CUDA_KERNELS", family, 1);  // read when the context is created
+    CudaGroup group(1);
+    unsetenv("STRIA_CUDA_KERNELS");
+    ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
+    stria_attention_params_t p;
+    stria_attention_params_init(&p);
+    for (const Dt dt : {Dt::kBF16, Dt::kF32}) {
+      for (const int64_t D : {64, 128}) {
+        for (const int deterministic : {0, 1}) {
+          SCOPED_TRACE(std::string(family) + (dt == Dt::kBF16 ? " bf16" : " f32") + " D " + std::to_string(D) +
+                       (deterministic ? " deterministic" : ""));
+          ASSERT_EQ(stria_context_set_deterministic(group.ctx[0], deterministic), STRIA_SUCCESS);
+          RankTensors t(64, D, dt, 21);
+          ASSERT_EQ(cudaSetDevice(-1), cudaErrorInvalidDevice);
+          EXPECT_EQ(t.Forward(group.ctx[0], &p), STRIA_SUCCESS) << stria_get_last_error();
+          EXPECT_EQ(t.Backward(group.ctx[0], &p), STRIA_SUCCESS) << stria_get_last_error();
+          EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidDevice) << "stria consumed the caller's pending error";
+          EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        }
+      }
+    }
   }
 }
 
@@ -496,10 +514,6 @@ TEST(CudaNumerics, NanInAQueryRowStaysInThatRow) {
         EXPECT_TRUE(std::isfinite(x)) << "row " << i << " head " << hh;
     }
 }
-
-// The aliasing tests run every tensor-core family and SIMT (STRIA_CUDA_KERNELS; a family the
-// device lacks runs mma.sync instead).
-const char* const kFamilies[] = {"mma", "wgmma", "tma", "simt"};
 
 // A world of one reads compact K and V in place and may write its outputs from the block kernel
 // itself (cuda_backend.cc): an output laid over an input must still give the numbers of the
