@@ -35,6 +35,7 @@
 #include <tuple>
 #include <vector>
 
+#include "backend/cuda/mask_args.h"
 #include "cuda/launch.h"
 #include "layout/layout.h"
 
@@ -180,19 +181,21 @@ struct BlockTimer {
     return stria::cuda::Dims{static_cast<int>(B), static_cast<int>(L), static_cast<int>(H), static_cast<int>(H),
                              static_cast<int>(D)};
   }
+  // A [B, L, H, D] bf16 buffer's rows, compact.
+  stria::cuda::RowsArg Rows(const Dev& t) const { return stria::cuda::RowsArg{t.p, L * H * D, H * D, D}; }
 
   double Forward(const stria::BlockMask& bm, stria::cuda::Kernels kernels = stria::cuda::Kernels::kMma) {
     if (bm.empty()) return 0.0;
     stria::cuda::FwdParams p{};
     p.dims = Dims();
-    p.q = stria::cuda::RowsArg{q.p, L * H * D, H * D, D};
+    p.q = Rows(q);
     p.k = k.p;
     p.v = v.p;
     p.acc = static_cast<float*>(acc.p);
     p.m = static_cast<float*>(m.p);
     p.l = static_cast<float*>(l.p);
     p.scale_log2 = stria::cuda::kLog2e / std::sqrt(static_cast<float>(D));
-    p.mask = stria::cuda::MaskArgs{bm.q_begin, bm.q_end, bm.k_begin, bm.k_end, bm.diagonal ? 1 : 0, bm.offset};
+    p.mask = stria::MaskOf(bm);
     return TimeMs(stream, reps,
                   [&] { CHECK_CUDA(stria::cuda::LaunchForwardBlock(stria::cuda::Elem::kBF16, kernels, p, stream)); });
   }
@@ -200,8 +203,8 @@ struct BlockTimer {
     if (bm.empty()) return 0.0;
     stria::cuda::BwdParams p{};
     p.dims = Dims();
-    p.q = stria::cuda::RowsArg{q.p, L * H * D, H * D, D};
-    p.dout = stria::cuda::RowsArg{dout.p, L * H * D, H * D, D};
+    p.q = Rows(q);
+    p.dout = Rows(dout);
     p.k = k.p;
     p.v = v.p;
     p.lse2 = static_cast<float*>(m.p);
@@ -211,7 +214,7 @@ struct BlockTimer {
     p.dv = static_cast<float*>(dkv.p) + B * L * H * D;
     p.scale = 1.f / std::sqrt(static_cast<float>(D));
     p.scale_log2 = p.scale * stria::cuda::kLog2e;
-    p.mask = stria::cuda::MaskArgs{bm.q_begin, bm.q_end, bm.k_begin, bm.k_end, bm.diagonal ? 1 : 0, bm.offset};
+    p.mask = stria::MaskOf(bm);
     return TimeMs(stream, reps, [&] {
       CHECK_CUDA(stria::cuda::LaunchBackwardBlock(stria::cuda::Elem::kBF16, kernels, false, p, stream));
     });

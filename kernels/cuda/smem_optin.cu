@@ -9,8 +9,8 @@
 // query. The runtime's cudaFuncSetAttribute stays the fallback where the driver lacks the function.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
 
+#include "cuda/driver_symbol.h"
 #include "cuda/smem_optin.cuh"
 
 namespace stria {
@@ -19,24 +19,9 @@ namespace {
 
 using SetKernelAttribute = CUresult (*)(CUfunction_attribute, int, CUkernel, CUdevice);
 
-// The driver's cuKernelSetAttribute (CUDA 12.0 and newer), looked up once per process; null where
-// this driver has none. On the GPU, in the driver library the runtime has loaded (as tensor_map.cu
-// does: the way run2 checked on the H200); else, and in the runtime model of tests/cuda_host, which
-// has no libcuda, through the runtime's entry-point query. A symbol not found is no error there.
+// The driver's cuKernelSetAttribute (CUDA 12.0 and newer); null where this driver has none.
 SetKernelAttribute KernelAttributeSetter() {
-  static const SetKernelAttribute fn = [] {
-    void* f = nullptr;
-#if !defined(STRIA_CUDA_EMULATE)
-    void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-    if (driver == nullptr) driver = dlopen("libcuda.so.1", RTLD_LAZY);
-    if (driver != nullptr) f = dlsym(driver, "cuKernelSetAttribute");  // the handle stays open
-    if (f != nullptr) return reinterpret_cast<SetKernelAttribute>(f);
-#endif
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    const cudaError_t e =
-        cudaGetDriverEntryPointByVersion("cuKernelSetAttribute", &f, 12000, cudaEnableDefault, &found);
-    return e == cudaSuccess && found == cudaDriverEntryPointSuccess ? reinterpret_cast<SetKernelAttribute>(f) : nullptr;
-  }();
+  static const auto fn = reinterpret_cast<SetKernelAttribute>(DriverSymbol("cuKernelSetAttribute"));
   return fn;
 }
 

@@ -1,15 +1,13 @@
 // The host side of TMA (tma_api.cuh): tensor maps from the driver's cuTensorMapEncodeTiled. The
 // module links only the CUDA runtime, not libcuda, so the driver function is looked up once per
-// process: in the driver library the runtime has loaded, and only failing that through the
-// runtime's entry-point query. (The emulator's build has its own EncodeRowsMap, in tests/cuda_emu.)
+// process (DriverSymbol). (The emulator's build has its own EncodeRowsMap, in tests/cuda_emu.)
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
-#include <dlfcn.h>
-
 #include <atomic>
 
+#include "cuda/driver_symbol.h"
 #include "cuda/tma_api.cuh"
 
 namespace stria {
@@ -23,25 +21,8 @@ static_assert(sizeof(TensorMap) == sizeof(CUtensorMap) && alignof(TensorMap) == 
               "TensorMap must be a CUtensorMap");
 
 // Null when this driver has no tensor maps (older than CUDA 12): the caller falls back.
-//
-// libcuda's own symbol first, the runtime's entry-point query where it is not found. (The first
-// H200 run's pending-error failure was blamed on that query, wrongly: the second run measured the
-// query to leave a caller's error alone and found cudaFuncSetAttribute clearing it, smem_optin.cu.)
 PFN_cuTensorMapEncodeTiled_v12000 Encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);  // loaded by the runtime already
-    if (driver == nullptr) driver = dlopen("libcuda.so.1", RTLD_LAZY);
-    void* f = driver != nullptr ? dlsym(driver, "cuTensorMapEncodeTiled") : nullptr;
-    if (f != nullptr) return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);  // the handle stays open
-    cudaDriverEntryPointQueryResult found{};
-    const cudaError_t e =
-        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found);
-    // The lookup's own error is not one to report later; a symbol not found sets none, and then a
-    // CUDA error the caller left pending stays the caller's.
-    if (e != cudaSuccess) (void)cudaGetLastError();
-    if (e != cudaSuccess || found != cudaDriverEntryPointSuccess) f = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
+  static const auto fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(DriverSymbol("cuTensorMapEncodeTiled"));
   return fn;
 }
 

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "backend/cuda/device_buffer.h"
+#include "backend/cuda/mask_args.h"
 #include "cuda/launch.h"
 #include "cuda_common/cuda_status.h"
 
@@ -112,11 +113,6 @@ bool MayOverlap(const TensorView& a, const TensorView& b) {
 bool SameView(const TensorView& a, const TensorView& b) {
   return a.data == b.data && a.ndim == b.ndim && std::equal(a.strides, a.strides + a.ndim, b.strides) &&
          std::equal(a.shape, a.shape + a.ndim, b.shape);
-}
-
-// The block's mask without its document bounds (UploadDocuments adds their device copy).
-cuda::MaskArgs MaskOf(const BlockMask& m) {
-  return cuda::MaskArgs{m.q_begin, m.q_end, m.k_begin, m.k_end, m.diagonal ? 1 : 0, m.offset};
 }
 
 // Copies ring messages between the ranks of a local group on one or several GPUs of the process:
