@@ -47,13 +47,22 @@ class GatheredResults {
     for (Tensor* t : {&out_, &lse_, &dq_, &dk_, &dv_}) t->Poison();  // rows no rank wrote stay NaN
   }
 
+  // The ranks' tokens by a document plan instead of the layout.
+  void UsePlan(stria_plan_t plan) { plan_ = plan; }
+
   void Gather(int rank, const Tensor& out, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
     std::lock_guard<std::mutex> lock(mu_);
-    stria_unshard(layout_, world_, rank, 1, &out.dl, &out_.dl, nullptr);
-    stria_unshard(layout_, world_, rank, 2, &lse.dl, &lse_.dl, nullptr);
-    stria_unshard(layout_, world_, rank, 1, &dq.dl, &dq_.dl, nullptr);
-    stria_unshard(layout_, world_, rank, 1, &dk.dl, &dk_.dl, nullptr);
-    stria_unshard(layout_, world_, rank, 1, &dv.dl, &dv_.dl, nullptr);
+    auto unshard = [&](int seq_dim, const Tensor& local, Tensor& full) {
+      const stria_status_t st = plan_ != nullptr
+                                    ? stria_plan_unshard(plan_, rank, seq_dim, &local.dl, &full.dl, nullptr)
+                                    : stria_unshard(layout_, world_, rank, seq_dim, &local.dl, &full.dl, nullptr);
+      EXPECT_EQ(st, STRIA_SUCCESS) << stria_get_last_error();
+    };
+    unshard(1, out, out_);
+    unshard(2, lse, lse_);
+    unshard(1, dq, dq_);
+    unshard(1, dk, dk_);
+    unshard(1, dv, dv_);
   }
 
   // Relative errors below `tol` (out, and dq, dk, dv unless `grad_tol` is given) and `lse_tol`;
@@ -70,6 +79,7 @@ class GatheredResults {
  private:
   stria_layout_t layout_;
   int world_;
+  stria_plan_t plan_ = nullptr;
   Tensor out_, lse_, dq_, dk_, dv_;
   std::mutex mu_;
 };

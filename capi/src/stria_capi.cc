@@ -13,9 +13,12 @@
 #include "core/raw_enum.h"
 #include "core/struct_size.h"
 #include "core/thread_pool.h"
+#include "engine/plan_registry.h"
 #include "engine/registry.h"
 #include "layout/balance.h"
 #include "layout/layout.h"
+#include "layout/plan.h"
+#include "layout/plan_balance.h"
 #include "layout/shard.h"
 #include "ring/ring.h"
 #include "transport/module_abi.h"
@@ -114,6 +117,31 @@ Status CheckLayoutArg(const stria_layout_t& layout) {
   const int v = stria::RawEnum(layout);
   if (!stria::ValidLayout(v))
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "unknown layout %d (expected 0 contiguous, 1 striped, 2 zigzag)", v);
+  return Status::Ok();
+}
+
+// stria_balance_t grew ideal_latency at its end: a caller built against an older header passes the
+// smaller struct, which gets the fields it has.
+constexpr size_t kBalanceV1 = offsetof(stria_balance_t, ideal_latency);
+Status CheckBalanceOut(const stria_balance_t* out) {
+  if (out == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "out is NULL");
+  if (out->struct_size < kBalanceV1)
+    return stria::CheckStructSize(out, out->struct_size, sizeof(stria_balance_t), "out", "sizeof(stria_balance_t)");
+  return stria::CheckStructSize(out, out->struct_size, std::min(out->struct_size, sizeof(stria_balance_t)), "out",
+                                "sizeof(stria_balance_t)");
+}
+void WriteBalance(const stria_balance_t& b, stria_balance_t* out) {
+  const size_t size = out->struct_size;
+  std::memcpy(reinterpret_cast<char*>(out) + sizeof(size_t), reinterpret_cast<const char*>(&b) + sizeof(size_t),
+              std::min(size, sizeof(stria_balance_t)) - sizeof(size_t));
+}
+
+Status LookupPlanArg(stria_plan_t handle, std::shared_ptr<const stria::Plan>* out) {
+  if (handle == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "plan is NULL");
+  *out = stria::LookupPlan(handle);
+  if (!*out)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "plan %p is not a live plan (destroyed already?)",
+                 static_cast<void*>(handle));
   return Status::Ok();
 }
 
@@ -488,9 +516,12 @@ STRIA_API stria_status_t stria_analyze_balance(stria_layout_t layout, int causal
   return Guard([&] {
     STRIA_RETURN_IF_ERROR(CheckLayoutArg(layout));
     if (out == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "out is NULL");
-    STRIA_RETURN_IF_ERROR(
-        stria::CheckStructSize(out, out->struct_size, sizeof(stria_balance_t), "out", "sizeof(stria_balance_t)"));
-    return stria::AnalyzeBalance(layout, causal != 0, seq_len, world_size, tile, out);
+    STRIA_RETURN_IF_ERROR(CheckBalanceOut(out));
+    stria_balance_t b{};
+    STRIA_RETURN_IF_ERROR(stria::AnalyzeBalance(layout, causal != 0, seq_len, world_size, tile, &b));
+    b.ideal_latency = stria::IdealLatency(causal != 0, seq_len, world_size, tile);
+    WriteBalance(b, out);
+    return Status::Ok();
   });
 }
 
@@ -525,3 +556,135 @@ STRIA_API stria_status_t stria_context_get_step_times(stria_context_t ctx, stria
 }
 
 }  // extern "C"
+
+STRIA_API stria_status_t stria_plan_config_init(stria_plan_config_t* config) {
+  return Guard([&] {
+    if (config == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "config is NULL");
+    std::memset(config, 0, sizeof *config);
+    config->struct_size = sizeof *config;
+    config->world_size = 1;
+    config->causal = 1;
+    config->window_left = config->window_right = -1;
+    config->tile = 128;
+    config->strategy = STRIA_PLAN_BALANCED;
+    config->layout = STRIA_LAYOUT_STRIPED;
+    return Status::Ok();
+  });
+}
+
+STRIA_API stria_status_t stria_plan_create(const stria_plan_config_t* config, const int64_t* cu_seqlens, int64_t batch,
+                                           int64_t num_seqs, int64_t seq_len, stria_plan_t* plan) {
+  return Guard([&] {
+    if (plan == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "plan (the output) is NULL");
+    *plan = nullptr;
+    if (config == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "config is NULL (use stria_plan_config_init)");
+    STRIA_RETURN_IF_ERROR(stria::CheckStructSize(config, config->struct_size, sizeof(stria_plan_config_t), "config",
+                                                 "stria_plan_config_init"));
+    const int strategy = stria::RawEnum(config->strategy);
+    if (strategy != STRIA_PLAN_BALANCED && strategy != STRIA_PLAN_LAYOUT)
+      return Error(STRIA_ERROR_INVALID_ARGUMENT, "config->strategy %d is not a strategy (0 balanced, 1 layout)",
+                   strategy);
+    if (strategy == STRIA_PLAN_LAYOUT) STRIA_RETURN_IF_ERROR(CheckLayoutArg(config->layout));
+    if (config->tile < 0)
+      return Error(STRIA_ERROR_INVALID_ARGUMENT, "config->tile %lld is negative (0: 128)",
+                   static_cast<long long>(config->tile));
+    stria::Plan::Options o;
+    o.world_size = config->world_size;
+    o.tile = config->tile == 0 ? 128 : config->tile;
+    o.mask.causal = config->causal != 0;
+    o.mask.window_left = config->window_left;
+    o.mask.window_right = config->window_right;
+    o.strategy = strategy == STRIA_PLAN_LAYOUT ? stria::Plan::Strategy::kLayout : stria::Plan::Strategy::kBalanced;
+    o.layout = config->layout;
+    std::unique_ptr<stria::Plan> p;
+    STRIA_RETURN_IF_ERROR(stria::Plan::Create(cu_seqlens, batch, num_seqs, seq_len, o, &p));
+    *plan = stria::RegisterPlan(std::shared_ptr<const stria::Plan>(std::move(p)));
+    return Status::Ok();
+  });
+}
+
+STRIA_API stria_status_t stria_plan_destroy(stria_plan_t plan) {
+  return Guard([&] {
+    if (plan == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "plan is NULL");
+    if (!stria::UnregisterPlan(plan))
+      return Error(STRIA_ERROR_INVALID_ARGUMENT, "plan %p is not a live plan (destroyed already?)",
+                   static_cast<void*>(plan));
+    return Status::Ok();
+  });
+}
+
+STRIA_API stria_status_t stria_plan_get_local_len(stria_plan_t plan, int64_t* local_len) {
+  return Guard([&] {
+    std::shared_ptr<const stria::Plan> p;
+    STRIA_RETURN_IF_ERROR(LookupPlanArg(plan, &p));
+    if (local_len == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "local_len is NULL");
+    *local_len = p->local_len();
+    return Status::Ok();
+  });
+}
+
+STRIA_API stria_status_t stria_plan_positions(stria_plan_t plan, int rank, int64_t* positions) {
+  return Guard([&] {
+    std::shared_ptr<const stria::Plan> p;
+    STRIA_RETURN_IF_ERROR(LookupPlanArg(plan, &p));
+    if (rank < 0 || rank >= p->world_size())
+      return Error(STRIA_ERROR_INVALID_ARGUMENT, "rank %d is out of range for the plan's world_size %d", rank,
+                   p->world_size());
+    if (positions == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "positions is NULL");
+    for (int64_t b = 0; b < p->batch(); ++b) p->Positions(b, rank, positions + b * p->local_len());
+    return Status::Ok();
+  });
+}
+
+STRIA_API stria_status_t stria_plan_shard(stria_plan_t plan, int rank, int seq_dim, const DLTensor* full,
+                                          DLTensor* local, void* stream) {
+  return Guard([&] {
+    std::shared_ptr<const stria::Plan> p;
+    STRIA_RETURN_IF_ERROR(LookupPlanArg(plan, &p));
+    return stria::PlanShardCopy(*p, rank, seq_dim, full, local, true, stream);
+  });
+}
+
+STRIA_API stria_status_t stria_plan_unshard(stria_plan_t plan, int rank, int seq_dim, const DLTensor* local,
+                                            DLTensor* full, void* stream) {
+  return Guard([&] {
+    std::shared_ptr<const stria::Plan> p;
+    STRIA_RETURN_IF_ERROR(LookupPlanArg(plan, &p));
+    return stria::PlanShardCopy(*p, rank, seq_dim, full, local, false, stream);
+  });
+}
+
+STRIA_API stria_status_t stria_plan_analyze_balance(stria_plan_t plan, int64_t tile, stria_balance_t* out,
+                                                    double* work) {
+  return Guard([&] {
+    std::shared_ptr<const stria::Plan> p;
+    STRIA_RETURN_IF_ERROR(LookupPlanArg(plan, &p));
+    STRIA_RETURN_IF_ERROR(CheckBalanceOut(out));
+    if (tile < 1)
+      return Error(STRIA_ERROR_INVALID_ARGUMENT, "tile %lld is not positive (1 counts exact pairs)",
+                   static_cast<long long>(tile));
+    if (p->world_size() > stria::kMaxBalanceWorldSize)
+      return Error(STRIA_ERROR_INVALID_ARGUMENT, "balance analysis: world_size %d exceeds the supported maximum %d",
+                   p->world_size(), stria::kMaxBalanceWorldSize);
+    const int n = p->world_size();
+    std::vector<double> steps(static_cast<size_t>(n) * static_cast<size_t>(n), 0.0);
+    const stria::MaskSpec& mask = p->options().mask;
+    stria::PlanStepWork(*p, mask, tile, steps.data());
+    stria_balance_t b{};
+    for (int s = 0; s < n; ++s) {
+      double most = 0.0;
+      for (int r = 0; r < n; ++r) {
+        const double w = steps[static_cast<size_t>(s * n + r)];
+        b.total_work += w;
+        most = std::max(most, w);
+      }
+      b.ring_latency += most;
+    }
+    b.speedup = b.ring_latency > 0 ? b.total_work / b.ring_latency : 0.0;
+    b.imbalance = b.total_work > 0 ? b.ring_latency / (b.total_work / n) : 0.0;
+    b.ideal_latency = stria::PlanIdealWork(*p, mask, tile) / n;
+    WriteBalance(b, out);
+    if (work != nullptr) std::copy(steps.begin(), steps.end(), work);
+    return Status::Ok();
+  });
+}

@@ -141,4 +141,11 @@ Status AnalyzeBalance(stria_layout_t layout, bool causal, int64_t seq_len, int w
   return Status::Ok();
 }
 
+double IdealLatency(bool causal, int64_t seq_len, int world_size, int64_t tile) {
+  BlockMask all;
+  all.q_end = all.k_end = seq_len;
+  all.diagonal = causal;
+  return BlockWork(all, seq_len, tile) / static_cast<double>(world_size);
+}
+
 }  // namespace stria

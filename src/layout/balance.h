@@ -29,4 +29,8 @@ Status BalanceSteps(stria_layout_t layout, bool causal, int64_t seq_len, int wor
 Status AnalyzeBalance(stria_layout_t layout, bool causal, int64_t seq_len, int world_size, int64_t tile,
                       stria_balance_t* out);
 
+// One device's work on the whole sequence at the same tile size, over N (stria_balance_t's
+// ideal_latency).
+double IdealLatency(bool causal, int64_t seq_len, int world_size, int64_t tile);
+
 }  // namespace stria

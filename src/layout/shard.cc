@@ -1,6 +1,7 @@
 #include "layout/shard.h"
 
 #include <cstring>
+#include <vector>
 
 #include "backend/module_abi.h"
 #include "core/raw_enum.h"
@@ -43,7 +44,105 @@ void Drop(const TensorView& v, int dim, int64_t* shape, int64_t* strides) {
   }
 }
 
+// Zeros an n-dimensional strided block.
+void ZeroStrided(int ndim, const int64_t* shape, char* dst, const int64_t* strides, int64_t elem) {
+  if (ndim == 0) {
+    std::memset(dst, 0, static_cast<size_t>(elem));
+    return;
+  }
+  for (int64_t i = 0; i < shape[0]; ++i) ZeroStrided(ndim - 1, shape + 1, dst + i * strides[0] * elem, strides + 1, elem);
+}
+
 }  // namespace
+
+Status PlanShardCopy(const Plan& plan, int rank, int seq_dim, const DLTensor* full_t, const DLTensor* local_t,
+                     bool to_local, void* stream) {
+  if (full_t == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "full is NULL");
+  if (local_t == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "local is NULL");
+  if (rank < 0 || rank >= plan.world_size())
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "rank %d is out of range for the plan's world_size %d", rank,
+                 plan.world_size());
+  const DLDevice dev = full_t->device;
+  const int dev_type = RawEnum(dev.device_type);
+  if (dev_type != kDLCPU && dev_type != kDLCUDAHost) {
+    char b[32];
+    return Error(STRIA_ERROR_UNSUPPORTED,
+                 "plan shard/unshard supports host tensors (cpu, cuda_host), not %s: on a GPU, gather by "
+                 "stria_plan_positions (padding slots are -1)",
+                 DeviceName(dev, b, sizeof b));
+  }
+  if (stream != nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "stream must be NULL for host tensors");
+  TensorView full, local;
+  STRIA_RETURN_IF_ERROR(ViewOf(full_t, "full", dev, &full));
+  STRIA_RETURN_IF_ERROR(ViewOf(local_t, "local", dev, &local, "full's device: both tensors of a copy on one device"));
+  STRIA_RETURN_IF_ERROR(to_local ? CheckNoBroadcast(local, "local") : CheckNoBroadcast(full, "full"));
+  if (full.ndim != local.ndim)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "full has %d dimensions but local %d", full.ndim, local.ndim);
+  if (full.dl_dtype.code != local.dl_dtype.code || full.dl_dtype.bits != local.dl_dtype.bits ||
+      full.dl_dtype.lanes != local.dl_dtype.lanes) {
+    char a[32], b[32];
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "full is %s but local is %s", DLDataTypeName(full.dl_dtype, a, 32),
+                 DLDataTypeName(local.dl_dtype, b, 32));
+  }
+  const int dim = seq_dim < 0 ? seq_dim + full.ndim : seq_dim;
+  if (dim < 0 || dim >= full.ndim)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "seq_dim %d is out of range for %d dimensions", seq_dim, full.ndim);
+  const int64_t B = plan.batch(), L = plan.local_len();
+  if (full.shape[dim] != plan.seq_len())
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "full has %lld tokens along seq_dim %d but the plan's seq_len is %lld",
+                 static_cast<long long>(full.shape[dim]), dim, static_cast<long long>(plan.seq_len()));
+  if (B > 1 && (dim == 0 || full.shape[0] != B))
+    return Error(STRIA_ERROR_INVALID_ARGUMENT,
+                 "the plan has %lld batch rows: dimension 0 must be the batch (of %lld) and seq_dim another; full has "
+                 "shape %s and seq_dim %d",
+                 static_cast<long long>(B), static_cast<long long>(B), ShapeString(full).c_str(), dim);
+  for (int i = 0; i < full.ndim; ++i) {
+    const int64_t want = i == dim ? L : full.shape[i];
+    if (local.shape[i] != want)
+      return Error(STRIA_ERROR_INVALID_ARGUMENT,
+                   "local has shape %s but full %s: local must match full except along seq_dim %d, where it holds "
+                   "the plan's local_len = %lld slots",
+                   ShapeString(local).c_str(), ShapeString(full).c_str(), dim, static_cast<long long>(L));
+  }
+  if (local.numel() == 0) return Status::Ok();
+  // Each batch row of the plan is the slice of dimension 0 at b (all of it for one row): the copy
+  // drops seq_dim, and dimension 0 too when it is the batch.
+  const bool batched = B > 1;
+  int64_t shape[kMaxDims], fs[kMaxDims], ls[kMaxDims];
+  Drop(full, dim, shape, fs);
+  Drop(local, dim, shape, ls);
+  int nd = full.ndim - 1;
+  const int64_t* sub_shape = shape;
+  const int64_t *sub_fs = fs, *sub_ls = ls;
+  if (batched) {  // dim != 0, so dimension 0 is the first of the dropped lists
+    --nd;
+    ++sub_shape;
+    ++sub_fs;
+    ++sub_ls;
+  }
+  const int64_t elem = full.elem_bytes();
+  std::vector<int64_t> positions(static_cast<size_t>(L));
+  for (int64_t b = 0; b < B; ++b) {
+    plan.Positions(b, rank, positions.data());
+    char* f0 = static_cast<char*>(full.data) + (batched ? b * full.strides[0] * elem : 0);
+    char* l0 = static_cast<char*>(local.data) + (batched ? b * local.strides[0] * elem : 0);
+    for (int64_t i = 0; i < L; ++i) {
+      const int64_t p = positions[static_cast<size_t>(i)];
+      char* l = l0 + i * local.strides[dim] * elem;
+      if (p < 0) {
+        if (to_local) ZeroStrided(nd, sub_shape, l, sub_ls, elem);
+        continue;
+      }
+      char* f = f0 + p * full.strides[dim] * elem;
+      if (to_local) {
+        CopyStrided(nd, sub_shape, l, sub_ls, f, sub_fs, elem);
+      } else {
+        CopyStrided(nd, sub_shape, f, sub_fs, l, sub_ls, elem);
+      }
+    }
+  }
+  return Status::Ok();
+}
 
 Status ShardCopy(stria_layout_t layout, int world_size, int rank, int seq_dim, const DLTensor* full_t,
                  const DLTensor* local_t, bool to_local, void* stream) {

@@ -1,18 +1,33 @@
 #include "ring/arguments.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <vector>
 
 #include "core/raw_enum.h"
 #include "core/struct_size.h"
+#include "engine/plan_registry.h"
 
 namespace stria {
 namespace {
 
+// The params struct grew `plan` at its end: a caller built against an older header passes the
+// smaller struct, and has no plan.
+constexpr size_t kParamsV1 = offsetof(stria_attention_params_t, plan);
+
 Status CheckParams(const stria_attention_params_t* p, ValidatedCall* c) {
   if (p == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "params is NULL (use stria_attention_params_init)");
-  STRIA_RETURN_IF_ERROR(
-      CheckStructSize(p, p->struct_size, sizeof(stria_attention_params_t), "params", "stria_attention_params_init"));
+  const size_t known = p->struct_size < kParamsV1 ? sizeof(stria_attention_params_t)
+                                                  : std::min(p->struct_size, sizeof(stria_attention_params_t));
+  STRIA_RETURN_IF_ERROR(CheckStructSize(p, p->struct_size, known, "params", "stria_attention_params_init"));
+  c->plan.reset();
+  if (p->struct_size >= offsetof(stria_attention_params_t, plan) + sizeof(p->plan) && p->plan != nullptr) {
+    c->plan = LookupPlan(p->plan);
+    if (!c->plan)
+      return Error(STRIA_ERROR_INVALID_ARGUMENT, "params->plan %p is not a live plan (destroyed already?)",
+                   static_cast<void*>(p->plan));
+  }
   if (!ValidLayout(RawEnum(p->layout)))
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "params->layout %d is not a layout (0 contiguous, 1 striped, 2 zigzag)",
                  RawEnum(p->layout));
@@ -81,8 +96,21 @@ Status CheckQKV(Context& ctx, const DLTensor* q, const DLTensor* k, const DLTens
   STRIA_RETURN_IF_ERROR(ExpectShape(c->v, "v", {s.B, s.L, s.Hkv, s.D}, "like k"));
   STRIA_RETURN_IF_ERROR(ExpectDType(c->k, "k", s.dtype));
   STRIA_RETURN_IF_ERROR(ExpectDType(c->v, "v", s.dtype));
-  const int64_t seq_len = s.L * ctx.world_size();
-  STRIA_RETURN_IF_ERROR(CheckLayout(c->layout, seq_len, ctx.world_size(), ctx.rank()));
+  const Plan* plan = c->plan.get();
+  int64_t seq_len = s.L * ctx.world_size();
+  if (plan != nullptr) {
+    seq_len = plan->seq_len();
+    if (plan->world_size() != ctx.world_size())
+      return Error(STRIA_ERROR_INVALID_ARGUMENT, "params->plan is for world_size %d, but the context's is %d",
+                   plan->world_size(), ctx.world_size());
+    if (plan->local_len() != s.L || plan->batch() != s.B)
+      return Error(STRIA_ERROR_INVALID_ARGUMENT,
+                   "q has shape %s, but params->plan wants B = %lld batch rows of local_len = %lld slots (its "
+                   "stria_plan_get_local_len)",
+                   Dims(c->q).c_str(), static_cast<long long>(plan->batch()), static_cast<long long>(plan->local_len()));
+  } else {
+    STRIA_RETURN_IF_ERROR(CheckLayout(c->layout, seq_len, ctx.world_size(), ctx.rank()));
+  }
   if (documents.given) {
     // On a CUDA context the boundaries may be a device tensor: read once here, on the call's stream.
     STRIA_RETURN_IF_ERROR(Documents::CheckCount(documents.cu_seqlens, documents.num_seqs, seq_len));
@@ -90,9 +118,25 @@ Status CheckQKV(Context& ctx, const DLTensor* q, const DLTensor* k, const DLTens
     std::vector<int64_t> staged;
     const int64_t* host = nullptr;
     STRIA_RETURN_IF_ERROR(ctx.backend().ReadOnHost(documents.cu_seqlens, count, stream, "cu_seqlens", &staged, &host));
-    STRIA_RETURN_IF_ERROR(c->documents.Set(host, documents.num_seqs, s.B, seq_len));
+    if (plan != nullptr) {
+      if (!plan->SameBoundaries(host, s.B, documents.num_seqs))
+        return Error(STRIA_ERROR_INVALID_ARGUMENT,
+                     "cu_seqlens are not the boundaries params->plan was made from: a plan serves the documents it "
+                     "was made for (the plain calls take them from the plan)");
+    } else {
+      STRIA_RETURN_IF_ERROR(c->documents.Set(host, documents.num_seqs, s.B, seq_len));
+    }
   }
-  STRIA_RETURN_IF_ERROR(c->documents.SetWindow(documents.window_left, documents.window_right, s.B, seq_len));
+  if (plan != nullptr) {
+    // The window as the layouts' path normalises it (Documents::SetWindow), checked the same way.
+    Documents window;
+    STRIA_RETURN_IF_ERROR(window.SetWindow(documents.window_left, documents.window_right, s.B, seq_len));
+    c->mask.causal = c->causal;
+    c->mask.window_left = documents.window_left >= seq_len - 1 ? -1 : documents.window_left;
+    c->mask.window_right = documents.window_right >= seq_len - 1 ? -1 : documents.window_right;
+  } else {
+    STRIA_RETURN_IF_ERROR(c->documents.SetWindow(documents.window_left, documents.window_right, s.B, seq_len));
+  }
   s.scale = p->softmax_scale > 0.f ? p->softmax_scale : 1.0f / std::sqrt(static_cast<float>(s.D));
   return Status::Ok();
 }
@@ -121,15 +165,52 @@ Status CheckLike(Context& ctx, const DLTensor* t, const char* name, const Tensor
   return ExpectDType(*out, name, like.dtype);
 }
 
+// What ranks compare of a plan's call: the plan (its boundaries and config) and the window.
+uint64_t PlanCallHash(const Plan& plan, const MaskSpec& mask) {
+  uint64_t h = plan.Hash();
+  for (int64_t x : {mask.window_left, mask.window_right}) h = (h ^ static_cast<uint64_t>(x)) * 0x100000001b3ull;
+  return h == 0 ? 1 : h;
+}
+
 }  // namespace
 
 BlockMask MaskOfBlock(const ValidatedCall& c, int world_size, int q_rank, int k_rank, Documents::Bounds* bounds) {
+  if (c.plan != nullptr) {
+    // Every block of a plan is a document mask over the whole rectangle: the plan's bounds carry the
+    // causal cut and the padding as well.
+    const int64_t B = c.shape.B, L = c.shape.L;
+    BlockMask mask;
+    mask.q_end = mask.k_end = L;
+    bounds->lo.resize(static_cast<size_t>(B * L));
+    bounds->hi.resize(static_cast<size_t>(B * L));
+    bool any = false;
+    int64_t k_lo = L, k_hi = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      int64_t* lo = bounds->lo.data() + b * L;
+      int64_t* hi = bounds->hi.data() + b * L;
+      if (!c.plan->Bounds(b, q_rank, k_rank, c.mask, lo, hi)) continue;
+      any = true;
+      k_lo = std::min(k_lo, lo[0]);  // both bounds never decrease along the queries
+      k_hi = std::max(k_hi, hi[L - 1]);
+    }
+    if (!any) {
+      mask.q_end = 0;  // empty
+      return mask;
+    }
+    mask.doc_lo = bounds->lo.data();
+    mask.doc_hi = bounds->hi.data();
+    mask.doc_batch_stride = L;
+    mask.k_begin = k_lo;
+    mask.k_end = k_hi;
+    return mask;
+  }
   BlockMask mask = ClassifyBlock(c.layout, c.causal, world_size, c.shape.L, q_rank, k_rank);
   if (!mask.empty()) c.documents.Apply(c.layout, world_size, c.shape.L, q_rank, k_rank, bounds, &mask);
   return mask;
 }
 
 int RingSteps(const ValidatedCall& c, int world_size) {
+  if (c.plan != nullptr) return c.plan->RingSteps(c.mask);
   if (!c.documents.active()) return world_size;  // every step has work somewhere
   // At step s rank q holds the block of rank q - s: the last step some rank's block is reached at.
   for (int step = world_size - 1; step > 0; --step)
@@ -166,7 +247,7 @@ Status AgreeOnCall(Context& ctx, RingOp op, const Status& local, const Validated
   if (!local.ok()) {
     MarkFailed(local, &sig);
   } else {
-    sig.layout = c.layout;
+    sig.layout = c.plan != nullptr ? STRIA_LAYOUT_STRIPED : c.layout;  // a plan's call has no layout
     sig.causal = c.causal ? 1 : 0;
     sig.scale = c.shape.scale;
     sig.dtype = static_cast<int32_t>(c.shape.dtype);
@@ -178,7 +259,7 @@ Status AgreeOnCall(Context& ctx, RingOp op, const Status& local, const Validated
     // Ranks whose backends lay out K/V blocks differently (a CPU and a GPU rank, say) would
     // exchange messages of different sizes and meanings: agree on the format too.
     sig.kv_wire = static_cast<uint32_t>(ctx.backend().KVWireFor(c.shape, op == RingOp::kBackward).format);
-    sig.documents = c.documents.Hash();
+    sig.documents = c.plan != nullptr ? PlanCallHash(*c.plan, c.mask) : c.documents.Hash();
   }
   std::vector<CallSignature> all(static_cast<size_t>(ctx.world_size()));
   const std::string what = Format("%s call #%llu", RingOpName(op), static_cast<unsigned long long>(*seq));

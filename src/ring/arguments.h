@@ -2,7 +2,10 @@
 #pragma once
 
 #include "backend/backend.h"
+#include <memory>
+
 #include "layout/documents.h"
+#include "layout/plan.h"
 #include "ring/ring.h"
 #include "ring/signature.h"
 
@@ -12,7 +15,11 @@ struct ValidatedCall {
   AttentionShape shape;
   stria_layout_t layout = STRIA_LAYOUT_STRIPED;
   bool causal = true;
-  Documents documents;  // the document mask (packed sequences), if any
+  Documents documents;  // the document mask (packed sequences), if any, on a layout
+  // The call's document plan (params->plan), if any: the layout then is not used, and the mask is
+  // the plan's documents cut by `mask` (the call's causal flag and window).
+  std::shared_ptr<const Plan> plan;
+  MaskSpec mask;
   TensorView q, k, v, out, lse, dout, dq, dk, dv;
   void* stream = nullptr;
 };

@@ -132,15 +132,26 @@ STRIA_API stria_status_t stria_context_abort(stria_context_t ctx); /* from any t
  * still running on ctx in another thread (a misuse) is aborted first. */
 STRIA_API stria_status_t stria_context_destroy(stria_context_t ctx);
 
+/* Extension: a document plan (see "Document plans" below); an opaque handle like a context's. */
+typedef struct stria_plan* stria_plan_t;
+
 typedef struct {
   size_t struct_size;
   stria_layout_t layout;
   int causal;
   float softmax_scale; /* 0 means 1/sqrt(D); otherwise finite and > 0, or the call fails with
                           STRIA_ERROR_INVALID_ARGUMENT */
+  /* Extension (a field added at the end: a caller built against an older header passes a smaller
+   * struct_size and gets NULL): a document plan (stria_plan_create) for the ring to run on instead
+   * of `layout`, which is then not used. Every rank passes a plan made from the same boundaries
+   * and config. The tensors hold the plan's local_len tokens per rank (stria_plan_get_local_len),
+   * B must be the plan's batch, and the document mask is the plan's boundaries: the plain calls
+   * apply it, and a _documents or _window call must pass the same boundaries. The plan is read
+   * during the call only; it may be shared by any number of contexts and threads. */
+  stria_plan_t plan;
 } stria_attention_params_t;
 
-/* Fills the defaults: striped, causal, scale 1/sqrt(D). */
+/* Fills the defaults: striped, causal, scale 1/sqrt(D), no plan. */
 STRIA_API stria_status_t stria_attention_params_init(stria_attention_params_t* params);
 
 /* q: [B, L, Hq, D]; k, v: [B, L, Hkv, D]; out like q; lse: [B, Hq, L] float32.
@@ -221,6 +232,57 @@ STRIA_API stria_status_t stria_context_set_call_tag(stria_context_t ctx, uint64_
  * deterministic other than 0 or 1 is STRIA_ERROR_INVALID_ARGUMENT. */
 STRIA_API stria_status_t stria_context_set_deterministic(stria_context_t ctx, int deterministic);
 
+/* Extension: document plans. Packed sequences hold documents of very different lengths, and no
+ * fixed layout serves them: striping cuts short documents into slivers that fill a kernel's tiles
+ * partly, contiguous and zigzag layouts leave one rank with most of a step's work. A plan, computed
+ * from the boundaries and the world size (and the kernels' tile size), says which tokens each rank
+ * holds and in which order: long documents are cut into whole tiles spread over the ranks, short
+ * ones are kept whole and spread by their cost, so that every rank does about the same work at
+ * every ring step and the tiles stay dense. Any S works with any N: a rank's slots without a token
+ * are padding (position -1) that attends to nothing and that nothing attends to. Every rank derives
+ * the same plan from the same boundaries and config. A plan is immutable, and may be used from any
+ * thread. docs/plans.md describes the solver and its measured balance. */
+typedef enum {
+  STRIA_PLAN_BALANCED = 0, /* the balancing solver */
+  STRIA_PLAN_LAYOUT = 1    /* config->layout's positions with the documents' masks: the fixed
+                              layouts on packed data, for comparison (S must suit the layout) */
+} stria_plan_strategy_t;
+
+typedef struct {
+  size_t struct_size;
+  int world_size;
+  int causal;                  /* the mask whose work the plan balances (default 1); the calls'
+                                  own mask is what they compute, whatever the plan was made for */
+  int64_t window_left;         /* a sliding window to balance for, as in stria_attention_forward_window */
+  int64_t window_right;        /* (-1: unbounded; the default) */
+  int64_t tile;                /* the tile size of the kernels that will run it; 0: 128 (the GPU
+                                  kernels'; the CPU kernels' 64 divides it) */
+  stria_plan_strategy_t strategy;
+  stria_layout_t layout;       /* STRIA_PLAN_LAYOUT only */
+} stria_plan_config_t;
+
+/* Fills the defaults: world_size 1, causal, no window, tile 128, the balancing solver. */
+STRIA_API stria_status_t stria_plan_config_init(stria_plan_config_t* config);
+/* A plan for batch rows of seq_len tokens whose documents are cu_seqlens ([batch][num_seqs + 1]
+ * in host memory, each row from 0 to seq_len, never decreasing; read during the call only). */
+STRIA_API stria_status_t stria_plan_create(const stria_plan_config_t* config, const int64_t* cu_seqlens, int64_t batch,
+                                           int64_t num_seqs, int64_t seq_len, stria_plan_t* plan);
+STRIA_API stria_status_t stria_plan_destroy(stria_plan_t plan);
+/* Slots per rank: the L of every rank's [B, L, H, D] tensors. ceil(seq_len / world_size), or a few
+ * tiles more where the plan pads a document's last tile. */
+STRIA_API stria_status_t stria_plan_get_local_len(stria_plan_t plan, int64_t* local_len);
+/* positions[b * local_len + i] = global position of local slot i of `rank` in batch row b, -1 for
+ * padding (batch * local_len entries). */
+STRIA_API stria_status_t stria_plan_positions(stria_plan_t plan, int rank, int64_t* positions);
+/* stria_shard and stria_unshard by a plan: full [.., seq_len, ..] <-> local [.., local_len, ..]
+ * along seq_dim. With a plan of several batch rows, dimension 0 is the batch (of the plan's batch
+ * size) and seq_dim is another. shard writes zeros to padding slots; unshard leaves the full
+ * tensor's positions to the ranks that hold them. Host tensors (cpu, cuda_host). */
+STRIA_API stria_status_t stria_plan_shard(stria_plan_t plan, int rank, int seq_dim, const DLTensor* full,
+                                          DLTensor* local, void* stream);
+STRIA_API stria_status_t stria_plan_unshard(stria_plan_t plan, int rank, int seq_dim, const DLTensor* local,
+                                            DLTensor* full, void* stream);
+
 /* positions[i] = global position of local token i (for RoPE ids and labels); seq_len/world_size
  * entries. */
 STRIA_API stria_status_t stria_layout_positions(stria_layout_t layout, int64_t seq_len, int world_size, int rank,
@@ -241,6 +303,10 @@ typedef struct {
   double ring_latency; /* sum over steps of max over ranks */
   double speedup;      /* total_work / ring_latency (N is perfect) */
   double imbalance;    /* ring_latency / (total_work / N) (1 is perfect) */
+  /* Extension (written where struct_size holds it): one device's work on the whole sequence at the
+   * same tile size, over N, where each document starts its own tiles (a variable-length kernel):
+   * the latency a ring cannot beat. ideal_latency / ring_latency is the ring's "of ideal". */
+  double ideal_latency;
 } stria_balance_t;
 STRIA_API stria_status_t stria_analyze_balance(stria_layout_t layout, int causal, int64_t seq_len, int world_size,
                                                int64_t tile, stria_balance_t* out);
@@ -248,6 +314,13 @@ STRIA_API stria_status_t stria_analyze_balance(stria_layout_t layout, int causal
  * work of rank r at ring step s (world_size * world_size entries). */
 STRIA_API stria_status_t stria_analyze_balance_steps(stria_layout_t layout, int causal, int64_t seq_len, int world_size,
                                                      int64_t tile, double* work);
+
+/* The balance of a plan's ring (stria_balance_t, at `tile`; 1: exact pairs) under the mask the plan
+ * was made for, counted as the kernels compute: each query tile computes the key tiles from its
+ * first row's lowest visible key to its last row's highest. work, if not NULL, gets the per-step
+ * table of stria_analyze_balance_steps (world_size * world_size entries). */
+STRIA_API stria_status_t stria_plan_analyze_balance(stria_plan_t plan, int64_t tile, stria_balance_t* out,
+                                                    double* work);
 
 /* Extension: where the time of this context's last attention call went, one entry per ring
  * step, so a caller can model ring latency (sum over steps of the slowest rank) from measured

@@ -1,0 +1,261 @@
+#include "layout/plan.h"
+
+#include <algorithm>
+
+#include "layout/documents.h"
+
+namespace stria {
+namespace {
+
+// Tokens of `run` at positions below x.
+int64_t CountBelow(const Plan::Run& run, int64_t x) {
+  if (x <= run.first) return 0;
+  return std::min(run.count, (x - run.first + run.stride - 1) / run.stride);
+}
+
+// The local slot of the first token at or after position x among the runs [begin, end) of one
+// document on one rank (sorted by position, on consecutive slots but for padding after the last).
+int64_t SlotOf(const Plan::Run* begin, const Plan::Run* end, int64_t x) {
+  const Plan::Run* run = std::partition_point(
+      begin, end, [x](const Plan::Run& r) { return r.first + (r.count - 1) * r.stride < x; });
+  if (run == end) return end[-1].local_begin + end[-1].count;
+  return run->local_begin + CountBelow(*run, x);
+}
+
+// The positions [start, end) a query at position p of the document [a, b) may see.
+void VisibleRange(int64_t p, int64_t a, int64_t b, const MaskSpec& mask, int64_t* start, int64_t* end) {
+  *start = mask.window_left >= 0 ? std::max(a, p - mask.window_left) : a;
+  *end = mask.causal ? p + 1 : (mask.window_right >= 0 ? std::min(b, p + mask.window_right + 1) : b);
+}
+
+}  // namespace
+
+Status Plan::Create(const int64_t* cu_seqlens, int64_t batch, int64_t num_seqs, int64_t seq_len,
+                    const Options& options, std::unique_ptr<Plan>* out) {
+  out->reset();
+  if (options.world_size < 1 || options.world_size > kMaxPlanWorldSize)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "plan: world_size %d is out of range 1..%d", options.world_size,
+                 kMaxPlanWorldSize);
+  if (options.tile < 1)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "plan: tile %lld is not positive (the tile size of the kernels)",
+                 static_cast<long long>(options.tile));
+  if (options.mask.window_left < -1 || options.mask.window_right < -1)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "plan: window_left %lld and window_right %lld must be >= 0 or -1",
+                 static_cast<long long>(options.mask.window_left), static_cast<long long>(options.mask.window_right));
+  if (batch < 1 || batch > (int64_t{1} << 24))
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "plan: batch %lld is out of range 1..2^24", static_cast<long long>(batch));
+  if (seq_len < 1) return Error(STRIA_ERROR_INVALID_ARGUMENT, "plan: seq_len %lld is not positive", (long long)seq_len);
+  if (options.strategy == Strategy::kLayout)
+    STRIA_RETURN_IF_ERROR(CheckLayout(options.layout, seq_len, options.world_size, 0));
+  // The same checks as a _documents call's boundaries, with the same messages.
+  Documents check;
+  STRIA_RETURN_IF_ERROR(check.Set(cu_seqlens, num_seqs, batch, seq_len));
+
+  std::unique_ptr<Plan> plan(new Plan());
+  plan->options_ = options;
+  plan->batch_ = batch;
+  plan->num_seqs_ = num_seqs;
+  plan->seq_len_ = seq_len;
+  plan->cu_.assign(cu_seqlens, cu_seqlens + batch * (num_seqs + 1));
+  plan->runs_.resize(static_cast<size_t>(batch * options.world_size));
+  if (options.strategy == Strategy::kLayout) {
+    plan->BuildFromLayout();
+  } else {
+    plan->BuildBalanced();
+  }
+  plan->Finish();
+  plan->hash_ = plan->ComputeHash();
+  *out = std::move(plan);
+  return Status::Ok();
+}
+
+void Plan::BuildFromLayout() {
+  const int n = options_.world_size;
+  const int64_t L = seq_len_ / n, row = num_seqs_ + 1;  // CheckLayout: S divides
+  for (int64_t b = 0; b < batch_; ++b) {
+    const int64_t* cu = cu_.data() + b * row;
+    for (int r = 0; r < n; ++r) {
+      std::vector<Run>& out = runs_[static_cast<size_t>(b * n + r)];
+      // The rank's positions as arithmetic progressions in sequence order (the layout's local
+      // order), cut at the document boundaries.
+      struct Span {
+        int64_t first, stride, count;
+      };
+      std::vector<Span> spans;
+      switch (options_.layout) {
+        case STRIA_LAYOUT_CONTIGUOUS:
+          spans.push_back({r * L, 1, L});
+          break;
+        case STRIA_LAYOUT_STRIPED:
+          spans.push_back({r, n, L});
+          break;
+        case STRIA_LAYOUT_ZIGZAG: {
+          const int64_t c = L / 2;
+          spans.push_back({r * c, 1, c});
+          spans.push_back({(2 * int64_t{n} - 1 - r) * c, 1, c});
+          break;
+        }
+      }
+      for (const Span& sp : spans) {
+        const int64_t last = sp.first + (sp.count - 1) * sp.stride;
+        // The documents the span meets: from the one holding its first position to its last's.
+        int64_t d = std::upper_bound(cu, cu + row, sp.first) - cu - 1;
+        for (; d < num_seqs_ && cu[d] <= last; ++d) {
+          if (cu[d + 1] <= cu[d]) continue;
+          Run run{d, 0, 0, sp.stride, 0, 0};
+          const Run whole{d, 0, sp.first, sp.stride, sp.count, 0};
+          const int64_t below_a = CountBelow(whole, cu[d]), below_b = CountBelow(whole, cu[d + 1]);
+          if (below_b <= below_a) continue;
+          run.first = sp.first + below_a * sp.stride;
+          run.count = below_b - below_a;
+          out.push_back(run);
+        }
+      }
+    }
+  }
+}
+
+void Plan::BuildBalanced() {
+  const int n = options_.world_size;
+  const int64_t row = num_seqs_ + 1;
+  std::vector<std::vector<Run>> per_rank;
+  for (int64_t b = 0; b < batch_; ++b) {
+    SolvePlan(cu_.data() + b * row, num_seqs_, seq_len_, n, options_.tile, options_.mask, &per_rank);
+    for (int r = 0; r < n; ++r) runs_[static_cast<size_t>(b * n + r)] = std::move(per_rank[static_cast<size_t>(r)]);
+  }
+}
+
+void Plan::Finish() {
+  local_len_ = (seq_len_ + options_.world_size - 1) / options_.world_size;
+  for (auto& rank_runs : runs_) {
+    int64_t slot = 0;
+    for (Run& run : rank_runs) {
+      run.local_begin = slot;
+      slot += run.count + run.pad_after;
+    }
+    local_len_ = std::max(local_len_, slot);
+  }
+}
+
+uint64_t Plan::ComputeHash() const {
+  // A word at a time (the boundaries of a million-token batch are tens of thousands of words):
+  // multiply and fold, the finaliser of splitmix64 on each step.
+  uint64_t h = 0x9e3779b97f4a7c15ull;
+  auto mix = [&h](int64_t x) {
+    h ^= static_cast<uint64_t>(x) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+    h ^= h >> 31;
+  };
+  mix(options_.world_size);
+  mix(options_.tile);
+  mix(options_.mask.causal ? 1 : 0);
+  mix(options_.mask.window_left);
+  mix(options_.mask.window_right);
+  mix(static_cast<int64_t>(options_.strategy));
+  mix(static_cast<int64_t>(options_.layout));
+  mix(batch_);
+  mix(num_seqs_);
+  mix(seq_len_);
+  for (int64_t x : cu_) mix(x);
+  return h == 0 ? 1 : h;
+}
+
+bool Plan::SameBoundaries(const int64_t* cu_seqlens, int64_t batch, int64_t num_seqs) const {
+  if (batch != batch_ || num_seqs != num_seqs_) return false;
+  return std::equal(cu_.begin(), cu_.end(), cu_seqlens);
+}
+
+int64_t Plan::count(int64_t b, int rank) const {
+  int64_t n = 0;
+  for (const Run& run : runs(b, rank)) n += run.count;
+  return n;
+}
+
+int64_t Plan::used(int64_t b, int rank) const {
+  const std::vector<Run>& r = runs(b, rank);
+  return r.empty() ? 0 : r.back().local_begin + r.back().count + r.back().pad_after;
+}
+
+void Plan::Positions(int64_t b, int rank, int64_t* positions) const {
+  int64_t i = 0;
+  for (const Run& run : runs(b, rank)) {
+    for (int64_t j = 0; j < run.count; ++j) positions[i++] = run.first + j * run.stride;
+    for (int64_t j = 0; j < run.pad_after; ++j) positions[i++] = -1;
+  }
+  std::fill(positions + i, positions + local_len_, int64_t{-1});
+}
+
+bool Plan::Bounds(int64_t b, int q_rank, int k_rank, const MaskSpec& mask, int64_t* lo, int64_t* hi) const {
+  const std::vector<Run>& qr = runs(b, q_rank);
+  const std::vector<Run>& kr = runs(b, k_rank);
+  const int64_t* cu = cu_.data() + b * (num_seqs_ + 1);
+  // Both ranks' runs are in (segment, document) order: one walk pairs each query run with the key
+  // runs of its document. A query with no visible key gets the empty interval at `top`, the highest
+  // end so far, which keeps both bounds non-decreasing (later documents' keys lie after it).
+  int64_t top = 0, i = 0;
+  bool any = false;
+  size_t k0 = 0;
+  for (const Run& run : qr) {
+    while (k0 < kr.size() &&
+           (kr[k0].segment < run.segment || (kr[k0].segment == run.segment && kr[k0].doc < run.doc)))
+      ++k0;
+    size_t k1 = k0;
+    while (k1 < kr.size() && kr[k1].segment == run.segment && kr[k1].doc == run.doc) ++k1;
+    if (k1 == k0) {
+      std::fill(lo + i, lo + i + run.count + run.pad_after, top);
+      std::fill(hi + i, hi + i + run.count + run.pad_after, top);
+      i += run.count + run.pad_after;
+      continue;
+    }
+    const Run* keys = kr.data() + k0;
+    const Run* keys_end = kr.data() + k1;
+    const int64_t a = cu[run.doc], e = cu[run.doc + 1];
+    for (int64_t j = 0; j < run.count; ++j, ++i) {
+      int64_t start, end;
+      VisibleRange(run.first + j * run.stride, a, e, mask, &start, &end);
+      const int64_t l = SlotOf(keys, keys_end, start);
+      const int64_t h = std::max(l, SlotOf(keys, keys_end, end));
+      lo[i] = l;
+      hi[i] = h;
+      any = any || h > l;
+      top = std::max(top, h);
+    }
+    std::fill(lo + i, lo + i + run.pad_after, top);
+    std::fill(hi + i, hi + i + run.pad_after, top);
+    i += run.pad_after;
+  }
+  std::fill(lo + i, lo + local_len_, top);
+  std::fill(hi + i, hi + local_len_, top);
+  return any;
+}
+
+bool Plan::Reaches(int q_rank, int k_rank, const MaskSpec& mask) const {
+  std::vector<int64_t> lo(static_cast<size_t>(local_len_)), hi(static_cast<size_t>(local_len_));
+  for (int64_t b = 0; b < batch_; ++b)
+    if (Bounds(b, q_rank, k_rank, mask, lo.data(), hi.data())) return true;
+  return false;
+}
+
+int Plan::RingSteps(const MaskSpec& mask) const {
+  {
+    std::lock_guard<std::mutex> lock(steps_mu_);
+    for (const StepsEntry& e : steps_)
+      if (e.mask.causal == mask.causal && e.mask.window_left == mask.window_left &&
+          e.mask.window_right == mask.window_right)
+        return e.steps;
+  }
+  const int n = options_.world_size;
+  int steps = 1;
+  for (int step = n - 1; step > 0 && steps == 1; --step)
+    for (int q = 0; q < n; ++q)
+      if (Reaches(q, (q - step + n) % n, mask)) {
+        steps = step + 1;
+        break;
+      }
+  std::lock_guard<std::mutex> lock(steps_mu_);
+  if (steps_.size() < 16) steps_.push_back({mask, steps});
+  return steps;
+}
+
+}  // namespace stria
