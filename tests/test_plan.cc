@@ -136,9 +136,8 @@ void RunPlanCase(const PlanCase& c) {
   for (Tensor* t : {&q, &k, &v, &dout}) t->FillRandom(rng);
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
   const auto dq64 = dout.ToDouble();
-  const Reference ref =
-      DenseAttention(q.ToDouble(), k.ToDouble(), v.ToDouble(), &dq64, c.B, c.S, c.Hq, c.Hkv, c.D, c.causal, scale,
-                     &cu, c.window);
+  const Reference ref = DenseAttention(q.ToDouble(), k.ToDouble(), v.ToDouble(), &dq64, c.B, c.S, c.Hq, c.Hkv, c.D,
+                                       c.causal, scale, &cu, c.window);
 
   GatheredResults full(STRIA_LAYOUT_STRIPED, c.world, c.B, c.S, c.Hq, c.Hkv, c.D, c.dt);
   full.UsePlan(plan.plan);
@@ -160,8 +159,8 @@ void RunPlanCase(const PlanCase& c) {
     for (Tensor* t : {&out, &lse, &dq, &dk, &dv}) t->Poison();
     stria_context_t ctx = group.ctx[static_cast<size_t>(r)];
     std::string& err = errors[static_cast<size_t>(r)];
-    if (AttentionForward(ctx, &params, given, num_seqs, &ql.dl, &kl.dl, &vl.dl, &out.dl, &lse.dl, nullptr,
-                         c.window) != STRIA_SUCCESS)
+    if (AttentionForward(ctx, &params, given, num_seqs, &ql.dl, &kl.dl, &vl.dl, &out.dl, &lse.dl, nullptr, c.window) !=
+        STRIA_SUCCESS)
       err += std::string("forward: ") + stria_get_last_error();
     if (AttentionBackward(ctx, &params, given, num_seqs, &ql.dl, &kl.dl, &vl.dl, &out.dl, &lse.dl, &dol.dl, &dq.dl,
                           &dk.dl, &dv.dl, nullptr, c.window) != STRIA_SUCCESS)
@@ -183,12 +182,14 @@ void RunPlanCase(const PlanCase& c) {
         }
         for (int64_t h = 0; h < c.Hkv; ++h)
           for (int64_t d = 0; d < c.D; ++d)
-            if (dk.Get(((b * L + i) * c.Hkv + h) * c.D + d) != 0.0 || dv.Get(((b * L + i) * c.Hkv + h) * c.D + d) != 0.0)
+            if (dk.Get(((b * L + i) * c.Hkv + h) * c.D + d) != 0.0 ||
+                dv.Get(((b * L + i) * c.Hkv + h) * c.D + d) != 0.0)
               ++bad;
       }
     EXPECT_EQ(bad, 0) << "rank " << r << ": padding slots that are not empty rows";
   });
-  for (int r = 0; r < c.world; ++r) ASSERT_TRUE(errors[static_cast<size_t>(r)].empty()) << errors[static_cast<size_t>(r)];
+  for (int r = 0; r < c.world; ++r)
+    ASSERT_TRUE(errors[static_cast<size_t>(r)].empty()) << errors[static_cast<size_t>(r)];
   full.ExpectMatches(ref, Tolerance(c.dt), 1e-5);
 }
 

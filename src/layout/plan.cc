@@ -16,8 +16,8 @@ int64_t CountBelow(const Plan::Run& run, int64_t x) {
 // The local slot of the first token at or after position x among the runs [begin, end) of one
 // document on one rank (sorted by position, on consecutive slots but for padding after the last).
 int64_t SlotOf(const Plan::Run* begin, const Plan::Run* end, int64_t x) {
-  const Plan::Run* run = std::partition_point(
-      begin, end, [x](const Plan::Run& r) { return r.first + (r.count - 1) * r.stride < x; });
+  const Plan::Run* run =
+      std::partition_point(begin, end, [x](const Plan::Run& r) { return r.first + (r.count - 1) * r.stride < x; });
   if (run == end) return end[-1].local_begin + end[-1].count;
   return run->local_begin + CountBelow(*run, x);
 }
@@ -30,8 +30,8 @@ void VisibleRange(int64_t p, int64_t a, int64_t b, const MaskSpec& mask, int64_t
 
 }  // namespace
 
-Status Plan::Create(const int64_t* cu_seqlens, int64_t batch, int64_t num_seqs, int64_t seq_len,
-                    const Options& options, std::unique_ptr<Plan>* out) {
+Status Plan::Create(const int64_t* cu_seqlens, int64_t batch, int64_t num_seqs, int64_t seq_len, const Options& options,
+                    std::unique_ptr<Plan>* out) {
   out->reset();
   if (options.world_size < 1 || options.world_size > kMaxPlanWorldSize)
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "plan: world_size %d is out of range 1..%d", options.world_size,
@@ -43,7 +43,8 @@ Status Plan::Create(const int64_t* cu_seqlens, int64_t batch, int64_t num_seqs, 
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "plan: window_left %lld and window_right %lld must be >= 0 or -1",
                  static_cast<long long>(options.mask.window_left), static_cast<long long>(options.mask.window_right));
   if (batch < 1 || batch > (int64_t{1} << 24))
-    return Error(STRIA_ERROR_INVALID_ARGUMENT, "plan: batch %lld is out of range 1..2^24", static_cast<long long>(batch));
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "plan: batch %lld is out of range 1..2^24",
+                 static_cast<long long>(batch));
   if (seq_len < 1) return Error(STRIA_ERROR_INVALID_ARGUMENT, "plan: seq_len %lld is not positive", (long long)seq_len);
   if (options.strategy == Strategy::kLayout)
     STRIA_RETURN_IF_ERROR(CheckLayout(options.layout, seq_len, options.world_size, 0));
@@ -197,8 +198,7 @@ bool Plan::Bounds(int64_t b, int q_rank, int k_rank, const MaskSpec& mask, int64
   bool any = false;
   size_t k0 = 0;
   for (const Run& run : qr) {
-    while (k0 < kr.size() &&
-           (kr[k0].segment < run.segment || (kr[k0].segment == run.segment && kr[k0].doc < run.doc)))
+    while (k0 < kr.size() && (kr[k0].segment < run.segment || (kr[k0].segment == run.segment && kr[k0].doc < run.doc)))
       ++k0;
     size_t k1 = k0;
     while (k1 < kr.size() && kr[k1].segment == run.segment && kr[k1].doc == run.doc) ++k1;

@@ -125,7 +125,7 @@ class Plan {
 // The balancing solver (layout/plan_solver.cc): the runs of every rank of one batch row of
 // seq_len tokens, without their local slots (Plan::Finish sets those), for the documents
 // [cu[d], cu[d + 1]).
-void SolvePlan(const int64_t* cu, int64_t num_seqs, int64_t seq_len, int world_size, int64_t tile,
-               const MaskSpec& mask, std::vector<std::vector<Plan::Run>>* runs);
+void SolvePlan(const int64_t* cu, int64_t num_seqs, int64_t seq_len, int world_size, int64_t tile, const MaskSpec& mask,
+               std::vector<std::vector<Plan::Run>>* runs);
 
 }  // namespace stria

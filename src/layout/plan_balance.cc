@@ -47,8 +47,8 @@ double PlanIdealWork(const Plan& plan, const MaskSpec& mask, int64_t tile) {
         const int64_t i1 = std::min(len, i0 + tile);
         const int64_t k_lo = mask.window_left >= 0 ? std::max<int64_t>(0, i0 - mask.window_left) : 0;
         const int64_t last = i1 - 1;
-        const int64_t k_hi = mask.causal ? last + 1
-                                         : (mask.window_right >= 0 ? std::min(len, last + mask.window_right + 1) : len);
+        const int64_t k_hi =
+            mask.causal ? last + 1 : (mask.window_right >= 0 ? std::min(len, last + mask.window_right + 1) : len);
         total += static_cast<double>(i1 - i0) * static_cast<double>(TileSpan(k_lo, k_hi, len, tile));
       }
     }

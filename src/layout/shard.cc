@@ -50,7 +50,8 @@ void ZeroStrided(int ndim, const int64_t* shape, char* dst, const int64_t* strid
     std::memset(dst, 0, static_cast<size_t>(elem));
     return;
   }
-  for (int64_t i = 0; i < shape[0]; ++i) ZeroStrided(ndim - 1, shape + 1, dst + i * strides[0] * elem, strides + 1, elem);
+  for (int64_t i = 0; i < shape[0]; ++i)
+    ZeroStrided(ndim - 1, shape + 1, dst + i * strides[0] * elem, strides + 1, elem);
 }
 
 }  // namespace

@@ -107,7 +107,8 @@ Status CheckQKV(Context& ctx, const DLTensor* q, const DLTensor* k, const DLTens
       return Error(STRIA_ERROR_INVALID_ARGUMENT,
                    "q has shape %s, but params->plan wants B = %lld batch rows of local_len = %lld slots (its "
                    "stria_plan_get_local_len)",
-                   Dims(c->q).c_str(), static_cast<long long>(plan->batch()), static_cast<long long>(plan->local_len()));
+                   Dims(c->q).c_str(), static_cast<long long>(plan->batch()),
+                   static_cast<long long>(plan->local_len()));
   } else {
     STRIA_RETURN_IF_ERROR(CheckLayout(c->layout, seq_len, ctx.world_size(), ctx.rank()));
   }

@@ -1,8 +1,8 @@
 // Local validation of a collective's arguments, before any rank communicates.
 #pragma once
 
-#include "backend/backend.h"
 #include <memory>
+#include "backend/backend.h"
 
 #include "layout/documents.h"
 #include "layout/plan.h"

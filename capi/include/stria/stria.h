@@ -251,14 +251,14 @@ typedef enum {
 typedef struct {
   size_t struct_size;
   int world_size;
-  int causal;                  /* the mask whose work the plan balances (default 1); the calls'
-                                  own mask is what they compute, whatever the plan was made for */
-  int64_t window_left;         /* a sliding window to balance for, as in stria_attention_forward_window */
-  int64_t window_right;        /* (-1: unbounded; the default) */
-  int64_t tile;                /* the tile size of the kernels that will run it; 0: 128 (the GPU
-                                  kernels'; the CPU kernels' 64 divides it) */
+  int causal;           /* the mask whose work the plan balances (default 1); the calls'
+                           own mask is what they compute, whatever the plan was made for */
+  int64_t window_left;  /* a sliding window to balance for, as in stria_attention_forward_window */
+  int64_t window_right; /* (-1: unbounded; the default) */
+  int64_t tile;         /* the tile size of the kernels that will run it; 0: 128 (the GPU
+                           kernels'; the CPU kernels' 64 divides it) */
   stria_plan_strategy_t strategy;
-  stria_layout_t layout;       /* STRIA_PLAN_LAYOUT only */
+  stria_layout_t layout; /* STRIA_PLAN_LAYOUT only */
 } stria_plan_config_t;
 
 /* Fills the defaults: world_size 1, causal, no window, tile 128, the balancing solver. */
