@@ -212,7 +212,7 @@ Timing RunRing(int world, const std::vector<int64_t>& cu, int64_t S, int64_t H, 
                stria_layout_t layout, int reps) {
   stria_context_config_t cfg;
   stria_context_config_init(&cfg);
-  cfg.num_threads = world;  // one thread per rank
+  cfg.num_threads = 1;  // per rank, in a local group
   std::vector<stria_context_t> ctx(static_cast<size_t>(world));
   if (stria_context_create_local_group(&cfg, world, ctx.data()) != STRIA_SUCCESS) Die("local group");
   const int64_t L = plan != nullptr ? plan->local_len() : S / world;
