@@ -91,14 +91,15 @@ struct Plan {
     cfg.tile = tile;
     cfg.strategy = static_cast<stria_plan_strategy_t>(strategy);
     cfg.layout = layout;
-    if (stria_plan_create(&cfg, cu.data(), 1, static_cast<int64_t>(cu.size()) - 1, S, &plan) != STRIA_SUCCESS)
+    if (stria_plan_create(&cfg, cu.data(), static_cast<int64_t>(cu.size()) - 1, 1, S, &plan) != STRIA_SUCCESS)
       Die("stria_plan_create");
   }
   ~Plan() { stria_plan_destroy(plan); }
   int64_t local_len() const {
-    int64_t L = 0;
-    stria_plan_get_local_len(plan, &L);
-    return L;
+    stria_plan_info_t info;
+    info.struct_size = sizeof info;
+    if (stria_plan_get_info(plan, &info) != STRIA_SUCCESS) Die("stria_plan_get_info");
+    return info.local_len;
   }
 };
 

@@ -28,10 +28,11 @@ struct PlanCase {
   Dt dt;
   int64_t B, S, Hq, Hkv, D;
   Docs docs = Docs::kRandom;
-  int num_docs = 5;     // kRandom: documents per batch row
-  int64_t tile = 4;     // the plan's tile: small, so that short sequences have documents to split
-  Window window{};      // a sliding window (the _window calls)
-  bool pass_cu = true;  // the _documents (or _window) calls with the boundaries; else the plain ones
+  int num_docs = 5;       // kRandom: documents per batch row
+  int64_t tile = 4;       // the plan's tile: small, so that short sequences have documents to split
+  Window window{};        // a sliding window (the _window calls)
+  bool pass_cu = true;    // the _documents (or _window) calls with the boundaries; else the plain ones
+  int64_t local_len = 0;  // > 0: the plan's fixed local_len
 };
 
 std::string Name(const PlanCase& c) {
@@ -40,7 +41,8 @@ std::string Name(const PlanCase& c) {
   os << "N" << c.world << (c.causal ? "_causal" : "_full") << "_" << DtName(c.dt) << "_B" << c.B << "S" << c.S << "H"
      << c.Hq << "x" << c.Hkv << "D" << c.D << "_" << docs[static_cast<int>(c.docs)]
      << (c.docs == Docs::kRandom ? std::to_string(c.num_docs) : "") << "_tile" << c.tile
-     << (c.window.active() ? "_window" + WindowName(c.window) : "") << (c.pass_cu ? "" : "_plain");
+     << (c.window.active() ? "_window" + WindowName(c.window) : "") << (c.pass_cu ? "" : "_plain")
+     << (c.local_len > 0 ? "_len" + std::to_string(c.local_len) : "");
   return os.str();
 }
 
@@ -91,15 +93,16 @@ struct PlanHandle {
   stria_plan_t plan = nullptr;
   stria_status_t status = STRIA_SUCCESS;
   PlanHandle(const stria_plan_config_t& cfg, const std::vector<int64_t>& cu, int64_t B, int64_t num_seqs, int64_t S) {
-    status = stria_plan_create(&cfg, cu.data(), B, num_seqs, S, &plan);
+    status = stria_plan_create(&cfg, cu.data(), num_seqs, B, S, &plan);
   }
   ~PlanHandle() {
     if (plan) stria_plan_destroy(plan);
   }
   int64_t local_len() const {
-    int64_t L = -1;
-    EXPECT_EQ(stria_plan_get_local_len(plan, &L), STRIA_SUCCESS) << stria_get_last_error();
-    return L;
+    stria_plan_info_t info;
+    info.struct_size = sizeof info;
+    EXPECT_EQ(stria_plan_get_info(plan, &info), STRIA_SUCCESS) << stria_get_last_error();
+    return info.local_len;
   }
 };
 
@@ -126,9 +129,12 @@ void RunPlanCase(const PlanCase& c) {
   std::mt19937_64 rng(977 + c.world * 13 + c.S + static_cast<int>(c.docs) * 101);
   int64_t num_seqs = 0;
   const std::vector<int64_t> cu = Boundaries(c, rng, &num_seqs);
-  PlanHandle plan(Config(c.world, c.causal, c.tile, c.window), cu, c.B, num_seqs, c.S);
+  stria_plan_config_t cfg = Config(c.world, c.causal, c.tile, c.window);
+  cfg.local_len = c.local_len;
+  PlanHandle plan(cfg, cu, c.B, num_seqs, c.S);
   ASSERT_EQ(plan.status, STRIA_SUCCESS) << stria_get_last_error();
   const int64_t L = plan.local_len();
+  if (c.local_len > 0) ASSERT_EQ(L, c.local_len);
   ASSERT_GE(L, (c.S + c.world - 1) / c.world);
 
   Tensor q({c.B, c.S, c.Hq, c.D}, c.dt), k({c.B, c.S, c.Hkv, c.D}, c.dt), v({c.B, c.S, c.Hkv, c.D}, c.dt);
@@ -220,6 +226,12 @@ std::vector<PlanCase> RankCounts() {
   for (int n : {2, 6}) {
     PlanCase c{n, true, Dt::kF32, 2, 150, 4, 1, 16, Docs::kRandom, 9};
     c.pass_cu = false;
+    cases.push_back(c);
+  }
+  // A fixed local_len, well above what the plan needs: the rest is padding.
+  for (int n : {2, 5}) {
+    PlanCase c{n, true, Dt::kF32, 2, 40, 2, 1, 8, Docs::kFewLong};
+    c.local_len = 32;
     cases.push_back(c);
   }
   // Blocks several kernel tiles long (the CPU kernels' 64): whole tiles of split documents.
@@ -385,7 +397,7 @@ TEST(PlanErrors, CreateRefusesBadInput) {
   stria_plan_t plan = reinterpret_cast<stria_plan_t>(0x1);
   auto create = [&](const std::vector<int64_t>& cu, int64_t B, int64_t n, int64_t S) {
     plan = reinterpret_cast<stria_plan_t>(0x1);
-    const stria_status_t st = stria_plan_create(&cfg, cu.empty() ? nullptr : cu.data(), B, n, S, &plan);
+    const stria_status_t st = stria_plan_create(&cfg, cu.empty() ? nullptr : cu.data(), n, B, S, &plan);
     EXPECT_EQ(plan, nullptr);
     return st;
   };
@@ -412,6 +424,12 @@ TEST(PlanErrors, CreateRefusesBadInput) {
   cfg.layout = STRIA_LAYOUT_ZIGZAG;
   EXPECT_EQ(create({0, 10}, 1, 1, 10), STRIA_ERROR_INVALID_ARGUMENT);  // 10 is not a multiple of 2N
   cfg = Config(4, true, 16);
+  cfg.local_len = 2;  // these documents need 3 slots on some rank at least
+  EXPECT_EQ(create({0, 10}, 1, 1, 10), STRIA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(stria_get_last_error()).find("too small"), std::string::npos) << stria_get_last_error();
+  cfg.local_len = -1;
+  EXPECT_EQ(create({0, 10}, 1, 1, 10), STRIA_ERROR_INVALID_ARGUMENT);
+  cfg = Config(4, true, 16);
   cfg.struct_size = 8;
   EXPECT_EQ(create({0, 10}, 1, 1, 10), STRIA_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(stria_plan_create(nullptr, nullptr, 1, 1, 10, &plan), STRIA_ERROR_INVALID_ARGUMENT);
@@ -424,9 +442,20 @@ TEST(PlanErrors, HandlesAndQueries) {
   const std::vector<int64_t> cu{0, 4, 10};
   PlanHandle plan(Config(3, true, 2), cu, 1, 2, 10);
   ASSERT_EQ(plan.status, STRIA_SUCCESS);
-  int64_t L = 0, pos[64];
-  EXPECT_EQ(stria_plan_get_local_len(nullptr, &L), STRIA_ERROR_INVALID_ARGUMENT);
-  EXPECT_EQ(stria_plan_get_local_len(plan.plan, nullptr), STRIA_ERROR_INVALID_ARGUMENT);
+  int64_t pos[64];
+  stria_plan_info_t info;
+  info.struct_size = sizeof info;
+  EXPECT_EQ(stria_plan_get_info(nullptr, &info), STRIA_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(stria_plan_get_info(plan.plan, nullptr), STRIA_ERROR_INVALID_ARGUMENT);
+  info.struct_size = 4;
+  EXPECT_EQ(stria_plan_get_info(plan.plan, &info), STRIA_ERROR_INVALID_ARGUMENT);
+  info.struct_size = sizeof info;
+  ASSERT_EQ(stria_plan_get_info(plan.plan, &info), STRIA_SUCCESS);
+  EXPECT_EQ(info.world_size, 3);
+  EXPECT_EQ(info.batch, 1);
+  EXPECT_EQ(info.num_seqs, 2);
+  EXPECT_EQ(info.seq_len, 10);
+  EXPECT_GE(info.local_len, 4);
   EXPECT_EQ(stria_plan_positions(plan.plan, 3, pos), STRIA_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(stria_plan_positions(plan.plan, -1, pos), STRIA_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(stria_plan_positions(plan.plan, 0, nullptr), STRIA_ERROR_INVALID_ARGUMENT);
@@ -443,10 +472,10 @@ TEST(PlanErrors, HandlesAndQueries) {
   // A destroyed plan is refused, not followed.
   stria_plan_t gone = nullptr;
   stria_plan_config_t cfg = Config(2, true, 2);
-  ASSERT_EQ(stria_plan_create(&cfg, cu.data(), 1, 2, 10, &gone), STRIA_SUCCESS);
+  ASSERT_EQ(stria_plan_create(&cfg, cu.data(), 2, 1, 10, &gone), STRIA_SUCCESS);
   ASSERT_EQ(stria_plan_destroy(gone), STRIA_SUCCESS);
   EXPECT_EQ(stria_plan_destroy(gone), STRIA_ERROR_INVALID_ARGUMENT);
-  EXPECT_EQ(stria_plan_get_local_len(gone, &L), STRIA_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(stria_plan_get_info(gone, &info), STRIA_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(stria_get_last_error()).find("not a live plan"), std::string::npos);
   EXPECT_EQ(stria_plan_destroy(nullptr), STRIA_ERROR_INVALID_ARGUMENT);
 }
@@ -467,7 +496,7 @@ TEST(PlanErrors, MismatchedCallsFailEverywhereAndLeaveContextsUsable) {
   stria_plan_t destroyed = nullptr;
   {
     stria_plan_config_t cfg = Config(n, true, 4);
-    ASSERT_EQ(stria_plan_create(&cfg, cu.data(), B, 3, S, &destroyed), STRIA_SUCCESS);
+    ASSERT_EQ(stria_plan_create(&cfg, cu.data(), 3, B, S, &destroyed), STRIA_SUCCESS);
     ASSERT_EQ(stria_plan_destroy(destroyed), STRIA_SUCCESS);
   }
   for (Mistake m : {kOtherBoundaries, kOtherPlanOnRankOne, kWrongLength, kWrongWorld, kDestroyed, kNone}) {

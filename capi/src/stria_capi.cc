@@ -572,8 +572,8 @@ STRIA_API stria_status_t stria_plan_config_init(stria_plan_config_t* config) {
   });
 }
 
-STRIA_API stria_status_t stria_plan_create(const stria_plan_config_t* config, const int64_t* cu_seqlens, int64_t batch,
-                                           int64_t num_seqs, int64_t seq_len, stria_plan_t* plan) {
+STRIA_API stria_status_t stria_plan_create(const stria_plan_config_t* config, const int64_t* cu_seqlens,
+                                           int64_t num_seqs, int64_t batch, int64_t seq_len, stria_plan_t* plan) {
   return Guard([&] {
     if (plan == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "plan (the output) is NULL");
     *plan = nullptr;
@@ -585,6 +585,9 @@ STRIA_API stria_status_t stria_plan_create(const stria_plan_config_t* config, co
       return Error(STRIA_ERROR_INVALID_ARGUMENT, "config->strategy %d is not a strategy (0 balanced, 1 layout)",
                    strategy);
     if (strategy == STRIA_PLAN_LAYOUT) STRIA_RETURN_IF_ERROR(CheckLayoutArg(config->layout));
+    if (config->local_len < 0)
+      return Error(STRIA_ERROR_INVALID_ARGUMENT, "config->local_len %lld is negative (0: what the plan needs)",
+                   static_cast<long long>(config->local_len));
     if (config->tile < 0)
       return Error(STRIA_ERROR_INVALID_ARGUMENT, "config->tile %lld is negative (0: 128)",
                    static_cast<long long>(config->tile));
@@ -596,6 +599,7 @@ STRIA_API stria_status_t stria_plan_create(const stria_plan_config_t* config, co
     o.mask.window_right = config->window_right;
     o.strategy = strategy == STRIA_PLAN_LAYOUT ? stria::Plan::Strategy::kLayout : stria::Plan::Strategy::kBalanced;
     o.layout = config->layout;
+    o.local_len = config->local_len;
     std::unique_ptr<stria::Plan> p;
     STRIA_RETURN_IF_ERROR(stria::Plan::Create(cu_seqlens, batch, num_seqs, seq_len, o, &p));
     *plan = stria::RegisterPlan(std::shared_ptr<const stria::Plan>(std::move(p)));
@@ -613,12 +617,18 @@ STRIA_API stria_status_t stria_plan_destroy(stria_plan_t plan) {
   });
 }
 
-STRIA_API stria_status_t stria_plan_get_local_len(stria_plan_t plan, int64_t* local_len) {
+STRIA_API stria_status_t stria_plan_get_info(stria_plan_t plan, stria_plan_info_t* info) {
   return Guard([&] {
     std::shared_ptr<const stria::Plan> p;
     STRIA_RETURN_IF_ERROR(LookupPlanArg(plan, &p));
-    if (local_len == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "local_len is NULL");
-    *local_len = p->local_len();
+    if (info == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "info is NULL");
+    STRIA_RETURN_IF_ERROR(stria::CheckStructSize(info, info->struct_size, sizeof(stria_plan_info_t), "info",
+                                                 "sizeof(stria_plan_info_t)"));
+    info->world_size = p->world_size();
+    info->batch = p->batch();
+    info->num_seqs = p->num_seqs();
+    info->seq_len = p->seq_len();
+    info->local_len = p->local_len();
     return Status::Ok();
   });
 }

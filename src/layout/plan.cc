@@ -64,7 +64,7 @@ Status Plan::Create(const int64_t* cu_seqlens, int64_t batch, int64_t num_seqs, 
   } else {
     plan->BuildBalanced();
   }
-  plan->Finish();
+  STRIA_RETURN_IF_ERROR(plan->Finish());
   plan->hash_ = plan->ComputeHash();
   *out = std::move(plan);
   return Status::Ok();
@@ -121,21 +121,30 @@ void Plan::BuildBalanced() {
   const int64_t row = num_seqs_ + 1;
   std::vector<std::vector<Run>> per_rank;
   for (int64_t b = 0; b < batch_; ++b) {
-    SolvePlan(cu_.data() + b * row, num_seqs_, seq_len_, n, options_.tile, options_.mask, &per_rank);
+    SolvePlan(cu_.data() + b * row, num_seqs_, seq_len_, n, options_.tile, options_.mask, options_.local_len,
+              &per_rank);
     for (int r = 0; r < n; ++r) runs_[static_cast<size_t>(b * n + r)] = std::move(per_rank[static_cast<size_t>(r)]);
   }
 }
 
-void Plan::Finish() {
+Status Plan::Finish() {
   local_len_ = (seq_len_ + options_.world_size - 1) / options_.world_size;
+  int64_t needed = 0;
   for (auto& rank_runs : runs_) {
     int64_t slot = 0;
     for (Run& run : rank_runs) {
       run.local_begin = slot;
       slot += run.count + run.pad_after;
     }
-    local_len_ = std::max(local_len_, slot);
+    needed = std::max(needed, slot);
   }
+  if (options_.local_len > 0 && options_.local_len < needed)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT,
+                 "plan: local_len %lld is too small: these documents need %lld slots on some rank (0: as many as "
+                 "needed)",
+                 static_cast<long long>(options_.local_len), static_cast<long long>(needed));
+  local_len_ = std::max({local_len_, needed, options_.local_len});
+  return Status::Ok();
 }
 
 uint64_t Plan::ComputeHash() const {
@@ -155,6 +164,7 @@ uint64_t Plan::ComputeHash() const {
   mix(options_.mask.window_right);
   mix(static_cast<int64_t>(options_.strategy));
   mix(static_cast<int64_t>(options_.layout));
+  mix(options_.local_len);
   mix(batch_);
   mix(num_seqs_);
   mix(seq_len_);

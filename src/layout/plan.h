@@ -59,6 +59,7 @@ class Plan {
     MaskSpec mask;
     Strategy strategy = Strategy::kBalanced;
     stria_layout_t layout = STRIA_LAYOUT_STRIPED;  // kLayout only
+    int64_t local_len = 0;                         // > 0: at least this many slots per rank (the solver's room)
   };
 
   // Checks the boundaries ([batch][num_seqs + 1], each row from 0 up to seq_len, never decreasing)
@@ -105,8 +106,9 @@ class Plan {
   Plan() = default;
   void BuildFromLayout();
   void BuildBalanced();
-  // Sets local_begin of every run and local_len: ceil(S / N), or more where a rank's runs need it.
-  void Finish();
+  // Sets local_begin of every run and local_len: ceil(S / N), or more where a rank's runs need it
+  // (or options.local_len); fails where options.local_len is too small.
+  Status Finish();
   uint64_t ComputeHash() const;
 
   Options options_;
@@ -125,7 +127,8 @@ class Plan {
 // The balancing solver (layout/plan_solver.cc): the runs of every rank of one batch row of
 // seq_len tokens, without their local slots (Plan::Finish sets those), for the documents
 // [cu[d], cu[d + 1]).
+// min_local_len > 0 gives each rank at least that much room.
 void SolvePlan(const int64_t* cu, int64_t num_seqs, int64_t seq_len, int world_size, int64_t tile, const MaskSpec& mask,
-               std::vector<std::vector<Plan::Run>>* runs);
+               int64_t min_local_len, std::vector<std::vector<Plan::Run>>* runs);
 
 }  // namespace stria

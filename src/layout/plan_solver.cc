@@ -144,7 +144,7 @@ class SplitCells {
 }  // namespace
 
 void SolvePlan(const int64_t* cu, int64_t num_seqs, int64_t seq_len, int world_size, int64_t tile, const MaskSpec& mask,
-               std::vector<std::vector<Plan::Run>>* runs) {
+               int64_t min_local_len, std::vector<std::vector<Plan::Run>>* runs) {
   const int n_ranks = world_size;
   const int64_t N = world_size, T = tile;
   runs->assign(static_cast<size_t>(n_ranks), {});
@@ -195,7 +195,7 @@ void SolvePlan(const int64_t* cu, int64_t num_seqs, int64_t seq_len, int world_s
       most = std::max(most, cells.blocks(r));
       least = std::min(least, cells.blocks(r));
     }
-    const int64_t local_len = std::max(CeilDiv(seq_len + blocks * T - tokens, N) + slack, most * T);
+    const int64_t local_len = std::max({CeilDiv(seq_len + blocks * T - tokens, N) + slack, most * T, min_local_len});
     const bool fits = k == D || length(order[k]) <= local_len - least * T;
     double step0_max = 0.0, step0_min = 0.0, step0_sum = 0.0;
     for (int r = 0; r < n_ranks; ++r) {
@@ -254,7 +254,8 @@ void SolvePlan(const int64_t* cu, int64_t num_seqs, int64_t seq_len, int world_s
     }
     int64_t most = 0;
     for (int r = 0; r < n_ranks; ++r) most = std::max(most, used[static_cast<size_t>(r)]);
-    const int64_t local_len = std::max(CeilDiv(seq_len + split_blocks * T - split_tokens, N) + slack, most);
+    const int64_t local_len =
+        std::max({CeilDiv(seq_len + split_blocks * T - split_tokens, N) + slack, most, min_local_len});
 
     // The kept documents: LPT by cost, with room, on top of the split blocks' step-0 work.
     using Entry = std::pair<double, int>;  // (step-0 work so far, rank)

@@ -106,7 +106,7 @@ Status CheckQKV(Context& ctx, const DLTensor* q, const DLTensor* k, const DLTens
     if (plan->local_len() != s.L || plan->batch() != s.B)
       return Error(STRIA_ERROR_INVALID_ARGUMENT,
                    "q has shape %s, but params->plan wants B = %lld batch rows of local_len = %lld slots (its "
-                   "stria_plan_get_local_len)",
+                   "stria_plan_get_info)",
                    Dims(c->q).c_str(), static_cast<long long>(plan->batch()),
                    static_cast<long long>(plan->local_len()));
   } else {

@@ -144,7 +144,7 @@ typedef struct {
   /* Extension (a field added at the end: a caller built against an older header passes a smaller
    * struct_size and gets NULL): a document plan (stria_plan_create) for the ring to run on instead
    * of `layout`, which is then not used. Every rank passes a plan made from the same boundaries
-   * and config. The tensors hold the plan's local_len tokens per rank (stria_plan_get_local_len),
+   * and config. The tensors hold the plan's local_len tokens per rank (stria_plan_get_info),
    * B must be the plan's batch, and the document mask is the plan's boundaries: the plain calls
    * apply it, and a _documents or _window call must pass the same boundaries. The plan is read
    * during the call only; it may be shared by any number of contexts and threads. */
@@ -259,18 +259,29 @@ typedef struct {
                            kernels'; the CPU kernels' 64 divides it) */
   stria_plan_strategy_t strategy;
   stria_layout_t layout; /* STRIA_PLAN_LAYOUT only */
+  int64_t local_len;     /* 0: the slots the plan needs; else at least these (a fixed L keeps the
+                            shapes of compiled programs the same from batch to batch); fewer than
+                            the plan needs is STRIA_ERROR_INVALID_ARGUMENT */
 } stria_plan_config_t;
 
 /* Fills the defaults: world_size 1, causal, no window, tile 128, the balancing solver. */
 STRIA_API stria_status_t stria_plan_config_init(stria_plan_config_t* config);
 /* A plan for batch rows of seq_len tokens whose documents are cu_seqlens ([batch][num_seqs + 1]
  * in host memory, each row from 0 to seq_len, never decreasing; read during the call only). */
-STRIA_API stria_status_t stria_plan_create(const stria_plan_config_t* config, const int64_t* cu_seqlens, int64_t batch,
-                                           int64_t num_seqs, int64_t seq_len, stria_plan_t* plan);
+STRIA_API stria_status_t stria_plan_create(const stria_plan_config_t* config, const int64_t* cu_seqlens,
+                                           int64_t num_seqs, int64_t batch, int64_t seq_len, stria_plan_t* plan);
 STRIA_API stria_status_t stria_plan_destroy(stria_plan_t plan);
-/* Slots per rank: the L of every rank's [B, L, H, D] tensors. ceil(seq_len / world_size), or a few
- * tiles more where the plan pads a document's last tile. */
-STRIA_API stria_status_t stria_plan_get_local_len(stria_plan_t plan, int64_t* local_len);
+
+typedef struct {
+  size_t struct_size;
+  int world_size;
+  int64_t batch, num_seqs, seq_len;
+  int64_t local_len; /* slots per rank: the L of every rank's [B, L, H, D] tensors; ceil(seq_len /
+                        world_size), or a few tiles more where the plan pads a document's last
+                        tile (or config->local_len) */
+} stria_plan_info_t;
+/* What a plan was made for, and its local_len. info->struct_size must be set (it may grow). */
+STRIA_API stria_status_t stria_plan_get_info(stria_plan_t plan, stria_plan_info_t* info);
 /* positions[b * local_len + i] = global position of local slot i of `rank` in batch row b, -1 for
  * padding (batch * local_len entries). */
 STRIA_API stria_status_t stria_plan_positions(stria_plan_t plan, int rank, int64_t* positions);
