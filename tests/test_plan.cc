@@ -134,7 +134,9 @@ void RunPlanCase(const PlanCase& c) {
   PlanHandle plan(cfg, cu, c.B, num_seqs, c.S);
   ASSERT_EQ(plan.status, STRIA_SUCCESS) << stria_get_last_error();
   const int64_t L = plan.local_len();
-  if (c.local_len > 0) ASSERT_EQ(L, c.local_len);
+  if (c.local_len > 0) {
+    ASSERT_EQ(L, c.local_len);
+  }
   ASSERT_GE(L, (c.S + c.world - 1) / c.world);
 
   Tensor q({c.B, c.S, c.Hq, c.D}, c.dt), k({c.B, c.S, c.Hkv, c.D}, c.dt), v({c.B, c.S, c.Hkv, c.D}, c.dt);
