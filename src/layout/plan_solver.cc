@@ -25,6 +25,7 @@
 // rank has, whichever is larger; a kept document that finds no rank with room is cut into
 // consecutive pieces on the ranks with the most room (in practice only the last, short ones).
 #include <algorithm>
+#include <cstdint>
 #include <numeric>
 #include <queue>
 #include <utility>
@@ -226,7 +227,8 @@ void SolvePlan(const int64_t* cu, int64_t num_seqs, int64_t seq_len, int world_s
   // Builds the runs with the k_split longest documents split, and returns the latency they give by
   // the solver's counts: the busiest step 0 (split blocks' own pairs and the kept documents) plus
   // the split blocks' later steps.
-  auto assign = [&](size_t k_split, std::vector<std::vector<Plan::Run>>* out) {
+  auto assign = [&](size_t k_split, int64_t room, std::vector<std::vector<Plan::Run>>* out, bool* cut) {
+    *cut = false;
     out->assign(static_cast<size_t>(n_ranks), {});
     // The split documents' blocks: block j of the i-th longest goes to ZigzagRank(phase[i] + j).
     std::vector<int64_t> first_block(static_cast<size_t>(num_seqs), -1);
@@ -255,7 +257,7 @@ void SolvePlan(const int64_t* cu, int64_t num_seqs, int64_t seq_len, int world_s
     int64_t most = 0;
     for (int r = 0; r < n_ranks; ++r) most = std::max(most, used[static_cast<size_t>(r)]);
     const int64_t local_len =
-        std::max({CeilDiv(seq_len + split_blocks * T - split_tokens, N) + slack, most, min_local_len});
+        std::max({CeilDiv(seq_len + split_blocks * T - split_tokens, N) + room, most, min_local_len});
 
     // The kept documents: LPT by cost, with room, on top of the split blocks' step-0 work.
     using Entry = std::pair<double, int>;  // (step-0 work so far, rank)
@@ -292,6 +294,7 @@ void SolvePlan(const int64_t* cu, int64_t num_seqs, int64_t seq_len, int world_s
       // No rank has room for the whole document: consecutive pieces from the rank with the most room
       // on along the ring (whose keys reach the next pieces' queries at the next steps). Every rank's
       // load may change, so the queue is rebuilt.
+      *cut = true;
       int start = 0;
       for (int r = 1; r < n_ranks; ++r)
         if (used[static_cast<size_t>(r)] < used[static_cast<size_t>(start)]) start = r;
@@ -309,6 +312,64 @@ void SolvePlan(const int64_t* cu, int64_t num_seqs, int64_t seq_len, int world_s
       for (int r = 0; r < n_ranks; ++r) least.push({load[static_cast<size_t>(r)], r});
     }
 
+    // LPT leaves the busiest rank a little above the rest; moving one of its kept documents to a
+    // rank with room, or swapping one for a cheaper one, while that lowers the busiest, takes most of
+    // it back. Few documents only: with many, LPT is close to even already.
+    if (D <= 1024) {
+      std::vector<std::vector<size_t>> mine(static_cast<size_t>(n_ranks));  // order indices of kept docs
+      for (size_t i = k_split; i < D; ++i) {
+        const int32_t r = owner[static_cast<size_t>(order[i])];
+        if (r >= 0) mine[static_cast<size_t>(r)].push_back(i);
+      }
+      auto room = [&](int r) { return local_len - used[static_cast<size_t>(r)]; };
+      for (int round = 0; round < 4 * n_ranks; ++round) {
+        const int top = static_cast<int>(std::max_element(load.begin(), load.end()) - load.begin());
+        const double high = load[static_cast<size_t>(top)];
+        double best_high = high;
+        size_t best_a = SIZE_MAX, best_b = SIZE_MAX;  // positions in mine[top] and mine[to]; b SIZE_MAX: a move
+        int best_to = -1;
+        for (size_t a = 0; a < mine[static_cast<size_t>(top)].size(); ++a) {
+          const size_t ia = mine[static_cast<size_t>(top)][a];
+          const int64_t na = length(order[ia]);
+          for (int to = 0; to < n_ranks; ++to) {
+            if (to == top) continue;
+            const double lt = load[static_cast<size_t>(to)];
+            if (room(to) >= na) {
+              const double h = std::max(high - kept[ia], lt + kept[ia]);
+              if (h < best_high) best_high = h, best_a = a, best_b = SIZE_MAX, best_to = to;
+            }
+            for (size_t b = 0; b < mine[static_cast<size_t>(to)].size(); ++b) {
+              const size_t ib = mine[static_cast<size_t>(to)][b];
+              const int64_t nb = length(order[ib]);
+              if (kept[ib] >= kept[ia] || room(to) + nb < na || room(top) + na < nb) continue;
+              const double h = std::max(high - kept[ia] + kept[ib], lt - kept[ib] + kept[ia]);
+              if (h < best_high) best_high = h, best_a = a, best_b = b, best_to = to;
+            }
+          }
+        }
+        if (best_to < 0) break;
+        auto& from_list = mine[static_cast<size_t>(top)];
+        auto& to_list = mine[static_cast<size_t>(best_to)];
+        const size_t ia = from_list[best_a];
+        auto place = [&](size_t i, int from, int to) {
+          owner[static_cast<size_t>(order[i])] = to;
+          used[static_cast<size_t>(from)] -= length(order[i]);
+          used[static_cast<size_t>(to)] += length(order[i]);
+          load[static_cast<size_t>(from)] -= kept[i];
+          load[static_cast<size_t>(to)] += kept[i];
+        };
+        place(ia, top, best_to);
+        from_list.erase(from_list.begin() + static_cast<std::ptrdiff_t>(best_a));
+        to_list.push_back(ia);
+        if (best_b != SIZE_MAX) {
+          const size_t ib = to_list[best_b];
+          place(ib, best_to, top);
+          to_list.erase(to_list.begin() + static_cast<std::ptrdiff_t>(best_b));
+          from_list.push_back(ib);
+        }
+      }
+    }
+
     // A rank's local order: its split blocks (already in sequence order), then its kept documents and
     // pieces in sequence order.
     std::sort(pieces.begin(), pieces.end(), [](const Plan::Run& a, const Plan::Run& b) { return a.first < b.first; });
@@ -320,6 +381,21 @@ void SolvePlan(const int64_t* cu, int64_t num_seqs, int64_t seq_len, int world_s
         Plan::Run run = *piece;
         run.local_begin = 0;
         (*out)[static_cast<size_t>(piece->local_begin)].push_back(run);
+      }
+    }
+    // Where a rank has room left, its kept documents start on tile boundaries (padding after the
+    // one before): a document of m tiles that starts mid-tile costs about m tiles more.
+    for (int r = 0; r < n_ranks; ++r) {
+      auto& rank_runs = (*out)[static_cast<size_t>(r)];
+      int64_t left = local_len - used[static_cast<size_t>(r)], slot = 0;
+      for (size_t x = 0; x < rank_runs.size(); ++x) {
+        slot += rank_runs[x].count + rank_runs[x].pad_after;
+        if (x + 1 == rank_runs.size() || rank_runs[x + 1].segment != 1) continue;
+        const int64_t pad = (T - slot % T) % T;
+        if (pad == 0 || pad > left || rank_runs[x + 1].count < T / 2) continue;
+        rank_runs[x].pad_after += pad;
+        slot += pad;
+        left -= pad;
       }
     }
     double step0 = 0.0;
@@ -342,7 +418,11 @@ void SolvePlan(const int64_t* cu, int64_t num_seqs, int64_t seq_len, int world_s
   double best_built = -1.0;
   std::vector<std::vector<Plan::Run>> trial;
   for (size_t k : ranked) {
-    const double built = assign(k, &trial);
+    // A document cut for want of room puts its pieces' cross work on single ranks at later steps:
+    // more room (up to four tiles a rank) usually avoids it.
+    bool cut = true;
+    double built = 0.0;
+    for (int attempt = 0; cut && attempt < 3; ++attempt) built = assign(k, slack << attempt, &trial, &cut);
     if (best_built < 0.0 || built < best_built) {
       best_built = built;
       runs->swap(trial);

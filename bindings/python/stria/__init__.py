@@ -11,6 +11,9 @@ over the whole sequence by passing K/V blocks around a ring. Tensors are any obj
             return ctx.attention_forward(q, k, v, layout="striped", causal=True)
         results = group.run(rank_fn, qs, ks, vs)   # qs[r]: rank r's [B, L, H, D] shard
 
+stria.Plan balances packed documents (varied lengths in one sequence) across the ring; pass it as
+``plan=`` instead of a layout.
+
 stria.torch has an autograd function and a drop-in for torch's scaled_dot_product_attention.
 stria.jax has ring attention for JAX: differentiable and usable under jax.jit (XLA custom calls).
 The low-level SWIG module, generated from stria.h, is stria.capi.
@@ -19,6 +22,7 @@ The low-level SWIG module, generated from stria.h, is stria.capi.
 from . import capi
 from ._context import Context, LocalGroup, get_unique_id, local_group, parse_device
 from ._enums import Layout, Transport
+from ._plan import Plan
 from ._ops import (
     Balance,
     StepTime,
@@ -64,6 +68,7 @@ __all__ = [
     "Layout",
     "LocalGroup",
     "OutOfMemoryError",
+    "Plan",
     "StepTime",
     "StriaError",
     "TimeoutError",

@@ -412,6 +412,7 @@ class Context:
         softmax_scale: float | None = None,
         cu_seqlens: Any = None,
         window: tuple[int, int] | None = None,
+        plan: Any = None,
         stream: int | None = None,
         call_tag: int = 0,
     ) -> tuple[Any, Any]:
@@ -428,6 +429,7 @@ class Context:
             softmax_scale=softmax_scale,
             cu_seqlens=cu_seqlens,
             window=window,
+            plan=plan,
             stream=stream,
             call_tag=call_tag,
         )
@@ -449,6 +451,7 @@ class Context:
         softmax_scale: float | None = None,
         cu_seqlens: Any = None,
         window: tuple[int, int] | None = None,
+        plan: Any = None,
         stream: int | None = None,
         call_tag: int = 0,
         deterministic: bool | None = None,
@@ -470,6 +473,7 @@ class Context:
             softmax_scale=softmax_scale,
             cu_seqlens=cu_seqlens,
             window=window,
+            plan=plan,
             stream=stream,
             call_tag=call_tag,
             deterministic=deterministic,

@@ -16,6 +16,7 @@ import numpy as np
 
 from . import capi
 from ._enums import Layout, LayoutLike
+from ._plan import Plan
 from ._tensors import default_stream, empty_like, for_dlpack, shape_of
 
 if TYPE_CHECKING:
@@ -25,9 +26,13 @@ Tensor = Any  # any object implementing __dlpack__
 
 
 def attention_params(
-    layout: LayoutLike = Layout.STRIPED, causal: bool = True, softmax_scale: float | None = None
+    layout: LayoutLike = Layout.STRIPED,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+    plan: Plan | None = None,
 ) -> capi.stria_attention_params_t:
-    """A stria_attention_params_t; softmax_scale None (or 0) means 1/sqrt(D)."""
+    """A stria_attention_params_t; softmax_scale None (or 0) means 1/sqrt(D); plan: a stria.Plan
+    the ring runs on instead of the layout."""
     if not isinstance(causal, (bool, int, np.bool_, np.integer)):
         # A string or None would pass by its truth value ("no" is causal); say so instead.
         raise TypeError(f"causal must be a bool, not {type(causal).__name__} ({causal!r})")
@@ -36,6 +41,10 @@ def attention_params(
     params.layout = Layout.of(layout)
     params.causal = 1 if causal else 0
     params.softmax_scale = 0.0 if softmax_scale is None else float(softmax_scale)
+    if plan is not None:
+        if not isinstance(plan, Plan):
+            raise TypeError(f"plan must be a stria.Plan or None, not {type(plan).__name__}")
+        params.plan = plan.handle
     return params
 
 
@@ -143,6 +152,7 @@ def attention_forward(
     softmax_scale: float | None = None,
     cu_seqlens: Any = None,
     window: tuple[int, int] | None = None,
+    plan: Plan | None = None,
     stream: int | None = None,
     call_tag: int = 0,
 ) -> tuple[Tensor, Tensor]:
@@ -169,6 +179,10 @@ def attention_forward(
     window (optional) is a sliding window ``(left, right)``: the query at global position i sees
     the keys at i - left .. i + right (when causal, up to i), within its document if cu_seqlens is
     given; -1 leaves a side unbounded (see sliding_window).
+
+    plan (optional) is a stria.Plan: the ring runs on it instead of `layout` (tensors of its
+    local_len slots, its batch size), and its boundaries are the document mask (cu_seqlens, if
+    given, must be the same).
     """
     if out is None:
         out = empty_like(q, shape_of(q, "attention_forward", "q"), name="q")
@@ -177,7 +191,7 @@ def attention_forward(
     if stream is None:
         stream = default_stream(q)
     handle = _handle(ctx, "attention_forward")
-    params = attention_params(layout, causal, softmax_scale)
+    params = attention_params(layout, causal, softmax_scale, plan)
     docs = _documents_for(cu_seqlens, q, "attention_forward")
     win = sliding_window(window, "attention_forward")
     tensors = [for_dlpack(x) for x in (q, k, v, out, lse)]
@@ -208,6 +222,7 @@ def attention_backward(
     softmax_scale: float | None = None,
     cu_seqlens: Any = None,
     window: tuple[int, int] | None = None,
+    plan: Plan | None = None,
     stream: int | None = None,
     call_tag: int = 0,
     deterministic: bool | None = None,
@@ -215,7 +230,7 @@ def attention_backward(
     """Gradients of attention_forward: returns ``(dq, dk, dv)`` for this rank's q, k, v.
 
     out and lse are the forward's; dout is the gradient of out. A collective like the forward,
-    with the same parameters (call_tag, cu_seqlens and window as there). deterministic: the same
+    with the same parameters (call_tag, cu_seqlens, window and plan as there). deterministic: the same
     bits on every run for this call (None: the context's ``deterministic`` setting).
     """
     if dq is None:
@@ -227,7 +242,7 @@ def attention_backward(
     if stream is None:
         stream = default_stream(q)
     handle = _handle(ctx, "attention_backward")
-    params = attention_params(layout, causal, softmax_scale)
+    params = attention_params(layout, causal, softmax_scale, plan)
     docs = _documents_for(cu_seqlens, q, "attention_backward")
     win = sliding_window(window, "attention_backward")
     tensors = [for_dlpack(x) for x in (q, k, v, out, lse, dout, dq, dk, dv)]
@@ -314,6 +329,9 @@ class Balance:
     ring_latency: float  #: sum over ring steps of the busiest rank's work
     speedup: float  #: total_work / ring_latency (N is perfect)
     imbalance: float  #: ring_latency / (total_work / N) (1 is perfect)
+    #: one device's work at the same tile size over N, each document starting its own tiles: the
+    #: latency a ring cannot beat (ideal_latency / ring_latency is the ring's fraction of ideal)
+    ideal_latency: float = 0.0
 
 
 def analyze_balance(
@@ -321,7 +339,7 @@ def analyze_balance(
 ) -> Balance:
     """How evenly a layout spreads causal (or full) attention over the ring's ranks and steps."""
     b = capi.stria_analyze_balance(Layout.of(layout), 1 if causal else 0, seq_len, world_size, tile)
-    return Balance(b.total_work, b.ring_latency, b.speedup, b.imbalance)
+    return Balance(b.total_work, b.ring_latency, b.speedup, b.imbalance, b.ideal_latency)
 
 
 def analyze_balance_steps(

@@ -39,6 +39,7 @@ import torch
 from . import _ops, capi
 from ._context import Context, DeviceLike, context_of_key, context_or_none, parse_device
 from ._enums import Layout, LayoutLike, Transport, TransportLike
+from ._plan import Plan, plan_of_key
 
 __all__ = ["RingAttentionFunction", "context_from_group", "ring_attention", "scaled_dot_product_attention"]
 
@@ -63,10 +64,11 @@ def _op_args(
     softmax_scale: float | None,
     cu_seqlens: Any = None,
     window: Any = None,
+    plan: Any = None,
 ) -> tuple:
     """The operators' arguments after their tensors: the context's key, the parameters, the
-    document boundaries (an int64 CPU tensor, or None) and the sliding window's two sides (-1:
-    unbounded)."""
+    document boundaries (an int64 CPU tensor, or None), the sliding window's two sides (-1:
+    unbounded) and the plan's key (0: none)."""
     if not isinstance(context, Context):
         raise TypeError(f"{func}(): argument 'context' must be a stria.Context, not {type(context).__name__}")
     if cu_seqlens is not None:
@@ -79,7 +81,10 @@ def _op_args(
         cu_seqlens = cu_seqlens.detach().to(device="cpu", dtype=torch.int64)
     scale = 0.0 if softmax_scale is None else float(softmax_scale)
     left, right = _ops.sliding_window(window, func) or (-1, -1)
-    return (context._key, int(Layout.of(layout)), bool(causal), scale, cu_seqlens, left, right)
+    if plan is not None and not isinstance(plan, Plan):
+        raise TypeError(f"{func}(): plan must be a stria.Plan or None, not {type(plan).__name__}")
+    plan_key = 0 if plan is None else plan._key
+    return (context._key, int(Layout.of(layout)), bool(causal), scale, cu_seqlens, left, right, plan_key)
 
 
 def _custom_op(name: str) -> Any:
@@ -115,11 +120,13 @@ def _forward_op(
     cu_seqlens: Optional[torch.Tensor] = None,  # noqa: UP045 - torch's schema inference reads Optional
     window_left: int = -1,
     window_right: int = -1,
+    plan: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """stria_attention_forward on the context of key `context`: (out, lse), new and compact.
     softmax_scale 0 is 1/sqrt(D); cu_seqlens: the document boundaries (int64, CPU) or None;
-    window_left/right: the sliding window (-1, -1: none)."""
+    window_left/right: the sliding window (-1, -1: none); plan: a stria.Plan's key (0: none)."""
     ctx = context_of_key(context, "stria.torch attention_forward")
+    the_plan = plan_of_key(plan, "stria.torch attention_forward") if plan else None
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))  # as a compiled graph may lay them out
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(_lse_shape(q, "attention_forward"), dtype=torch.float32, device=q.device)
@@ -135,6 +142,7 @@ def _forward_op(
         softmax_scale=softmax_scale,
         cu_seqlens=cu_seqlens,
         window=(window_left, window_right),
+        plan=the_plan,
     )
     return out, lse
 
@@ -154,9 +162,11 @@ def _backward_op(
     cu_seqlens: Optional[torch.Tensor] = None,  # noqa: UP045 - as in _forward_op
     window_left: int = -1,
     window_right: int = -1,
+    plan: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """stria_attention_backward on the context of key `context`: (dq, dk, dv), new and compact."""
     ctx = context_of_key(context, "stria.torch attention_backward")
+    the_plan = plan_of_key(plan, "stria.torch attention_backward") if plan else None
     q, k, v, out, dout = (_last_dim_contiguous(x) for x in (q, k, v, out, dout))
     dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
     _ops.attention_backward(
@@ -175,6 +185,7 @@ def _backward_op(
         softmax_scale=softmax_scale,
         cu_seqlens=cu_seqlens,
         window=(window_left, window_right),
+        plan=the_plan,
         # torch.use_deterministic_algorithms(True) asks every operator for the same bits each run;
         # otherwise (None) the context's own setting decides, as for any call.
         deterministic=True if torch.are_deterministic_algorithms_enabled() else None,
@@ -188,13 +199,13 @@ if hasattr(_forward_op, "register_fake"):
 
     @_forward_op.register_fake
     def _forward_fake(q, k, v, context, layout, causal, softmax_scale, cu_seqlens=None, window_left=-1,  # noqa: ANN001, ANN202
-                      window_right=-1):
+                      window_right=-1, plan=0):
         lse = q.new_empty(_lse_shape(q, "attention_forward"), dtype=torch.float32)
         return q.new_empty(q.shape), lse
 
     @_backward_op.register_fake
     def _backward_fake(q, k, v, out, lse, dout, context, layout, causal, softmax_scale, cu_seqlens=None,  # noqa: ANN001, ANN202
-                       window_left=-1, window_right=-1):
+                       window_left=-1, window_right=-1, plan=0):
         return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -231,8 +242,8 @@ def _guard_second_order(grads: tuple[torch.Tensor, ...], *sources: torch.Tensor)
 class RingAttentionFunction(torch.autograd.Function):
     """Exact attention over the sharded sequence; forward and backward are stria collectives.
 
-    apply(q, k, v, context, layout, causal, softmax_scale, cu_seqlens=None, window=None) -> out, in stria's
-    [B, L, H, D].
+    apply(q, k, v, context, layout, causal, softmax_scale, cu_seqlens=None, window=None, plan=None) -> out, in
+    stria's [B, L, H, D].
     """
 
     @staticmethod
@@ -247,18 +258,20 @@ class RingAttentionFunction(torch.autograd.Function):
         softmax_scale: float | None,
         cu_seqlens: Any = None,
         window: Any = None,
+        plan: Any = None,
     ) -> torch.Tensor:
         q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
-        args = _op_args("RingAttentionFunction", context, layout, causal, softmax_scale, cu_seqlens, window)
+        args = _op_args("RingAttentionFunction", context, layout, causal, softmax_scale, cu_seqlens, window, plan)
         out, lse = _forward_op(q, k, v, *args)
         fctx.save_for_backward(q, k, v, out, lse)
         fctx.stria_args = args
         fctx.stria_context = context  # alive until the backward (see _setup_context)
+        fctx.stria_plan = plan
         return out
 
     @staticmethod
     def backward(fctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        return (*_gradients(*fctx.saved_tensors, dout, fctx.stria_args), None, None, None, None, None, None)
+        return (*_gradients(*fctx.saved_tensors, dout, fctx.stria_args), None, None, None, None, None, None, None)
 
 
 def _gradients(q, k, v, out, lse, dout, args) -> tuple[torch.Tensor, ...]:  # noqa: ANN001
@@ -279,6 +292,8 @@ def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
     # a plain int (torch.compile tracing with a symbolic one) has no context to hold here.
     if isinstance(args[0], int):
         ctx.stria_context = context_or_none(args[0])
+    if len(args) > 7 and isinstance(args[7], int) and args[7]:
+        ctx.stria_plan = plan_of_key(args[7], "stria.torch ring_attention")  # likewise, the plan
     ctx.mark_non_differentiable(lse)  # no gradient flows back through the log-sum-exp
 
 
@@ -324,6 +339,7 @@ def ring_attention(
     softmax_scale: float | None = None,
     cu_seqlens: Any = None,
     window: tuple[int, int] | None = None,
+    plan: Plan | None = None,
 ) -> torch.Tensor:
     """Attention of this rank's q ``[B, L, Hq, D]`` over the whole sequence's k, v
     ``[B, L, Hkv, D]`` (each rank holds its L tokens in `layout`); returns ``[B, L, Hq, D]``.
@@ -334,16 +350,19 @@ def ring_attention(
     data loader makes them), since a CUDA tensor is copied over, which waits for the GPU. window:
     a sliding window ``(left, right)``, the query at global position i seeing the keys at
     i - left .. i + right (when causal, up to i); -1 leaves a side unbounded (see
-    stria.sliding_window). Under torch.autocast, floating-point q, k and v are cast to the
-    autocast dtype first, as torch's own attention is."""
+    stria.sliding_window). plan: a stria.Plan for packed documents, which the ring then runs on
+    instead of `layout` (each rank's tensors hold its plan.local_len slots: plan.shard, and
+    plan.positions for position ids and labels; its boundaries are the document mask). Under
+    torch.autocast, floating-point q, k and v are cast to the autocast dtype first, as torch's
+    own attention is."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_tensor("ring_attention", name, x)
     q, k, v = _autocast(q, k, v)
     if not _HAS_OP_AUTOGRAD:
         return RingAttentionFunction.apply(
-            q, k, v, context, Layout.of(layout), bool(causal), softmax_scale, cu_seqlens, window
+            q, k, v, context, Layout.of(layout), bool(causal), softmax_scale, cu_seqlens, window, plan
         )
-    args = _op_args("ring_attention", context, layout, causal, softmax_scale, cu_seqlens, window)
+    args = _op_args("ring_attention", context, layout, causal, softmax_scale, cu_seqlens, window, plan)
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
     return _forward_op(q, k, v, *args)[0]
 
@@ -362,6 +381,7 @@ def scaled_dot_product_attention(
     layout: LayoutLike = Layout.STRIPED,
     cu_seqlens: Any = None,
     window: tuple[int, int] | None = None,
+    plan: Plan | None = None,
 ) -> torch.Tensor:
     """torch.nn.functional.scaled_dot_product_attention over a sequence sharded across the ranks
     of `context`: query ``[B, Hq, L, D]``, key/value ``[B, Hkv, L, D]`` hold this rank's L tokens
@@ -375,7 +395,8 @@ def scaled_dot_product_attention(
     scale, which torch takes literally, raises ValueError rather than computing something else:
     stria's C ABI reserves 0 for its default 1/sqrt(D) and takes only positive scales.
 
-    cu_seqlens: packed documents, and window: a sliding window, as in ring_attention.
+    cu_seqlens: packed documents, window: a sliding window, and plan: a document plan, as in
+    ring_attention.
     """
     for name, x in (("query", query), ("key", key), ("value", value)):
         _check_tensor("scaled_dot_product_attention", name, x)
@@ -415,6 +436,7 @@ def scaled_dot_product_attention(
         softmax_scale=scale,
         cu_seqlens=cu_seqlens,
         window=window,
+        plan=plan,
     )
     return out.transpose(1, 2)
 

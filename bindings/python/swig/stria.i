@@ -233,6 +233,108 @@ STRIA_RELEASE_GIL(stria_attention_backward_documents)
 STRIA_RELEASE_GIL(stria_attention_forward_window)
 STRIA_RELEASE_GIL(stria_attention_backward_window)
 
+/* ---- document plans ---------------------------------------------------------------------- */
+/* stria_plan_create: cu_seqlens is a C-contiguous 2-D int64 array, one row of num_seqs + 1
+ * boundaries per batch row: num_seqs comes from its width and batch from its rows. */
+%typemap(in) (const int64_t* cu_seqlens, int64_t num_seqs, int64_t batch) (Py_buffer view, int have_view = 0) {
+  if (PyObject_GetBuffer($input, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) SWIG_fail;
+  have_view = 1;
+  const char* format = view.format ? view.format : "B";
+  const char last = format[strlen(format) - 1];
+  if (view.itemsize != 8 || (last != 'q' && last != 'l') || view.ndim != 2 || view.shape[1] < 1) {
+    PyErr_SetString(PyExc_TypeError,
+                    "cu_seqlens must be a C-contiguous 2-D int64 array: a row of num_seqs + 1 boundaries per batch row");
+    SWIG_fail;
+  }
+  $1 = ($1_ltype)view.buf;
+  $2 = (int64_t)(view.shape[1] - 1);
+  $3 = (int64_t)view.shape[0];
+}
+%typemap(freearg) (const int64_t* cu_seqlens, int64_t num_seqs, int64_t batch) {
+  if (have_view$argnum) PyBuffer_Release(&view$argnum);
+}
+
+/* The new plan handle is returned. */
+%typemap(in, numinputs=0) stria_plan_t* plan (stria_plan_t temp = NULL) {
+  $1 = &temp;
+}
+%typemap(argout) stria_plan_t* plan {
+  $result = SWIG_Python_AppendOutput($result, SWIG_NewPointerObj(*$1, $descriptor(stria_plan_t), 0));
+}
+
+/* stria_plan_get_info: a new stria_plan_info_t. */
+%typemap(in, numinputs=0) stria_plan_info_t* info (stria_plan_info_t temp) {
+  memset(&temp, 0, sizeof temp);
+  temp.struct_size = sizeof temp;
+  $1 = &temp;
+}
+%typemap(argout) stria_plan_info_t* info {
+  stria_plan_info_t* copy = (stria_plan_info_t*)malloc(sizeof *copy);
+  if (!copy) {
+    PyErr_NoMemory();
+    SWIG_fail;
+  }
+  *copy = *$1;
+  $result = SWIG_Python_AppendOutput($result, SWIG_NewPointerObj(copy, $descriptor(stria_plan_info_t*), SWIG_POINTER_OWN));
+}
+
+/* stria_plan_positions(plan, rank) and stria_plan_analyze_balance(plan, tile): the arrays are as
+ * long as the plan says (batch * local_len, world_size^2); a plan the library refuses gets one
+ * entry, and the call then raises with its message. */
+%{
+static stria_plan_info_t stria_py_plan_info(stria_plan_t plan) {
+  stria_plan_info_t info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  if (stria_plan_get_info(plan, &info) != STRIA_SUCCESS) memset(&info, 0, sizeof info);
+  return info;
+}
+%}
+%typemap(check) (stria_plan_t plan, int rank, int64_t* positions) (size_t count = 1) {
+  stria_plan_info_t info = stria_py_plan_info($1);
+  count = info.batch > 0 && info.local_len > 0 ? (size_t)(info.batch * info.local_len) : 1;
+  $3 = (int64_t*)calloc(count, sizeof *$3);
+  if (!$3) {
+    PyErr_NoMemory();
+    SWIG_fail;
+  }
+}
+%typemap(argout) (stria_plan_t plan, int rank, int64_t* positions) {
+  $result = SWIG_Python_AppendOutput($result, PyByteArray_FromStringAndSize((const char*)$3,
+                                                                             (Py_ssize_t)(count$argnum * sizeof *$3)));
+}
+%typemap(freearg) (stria_plan_t plan, int rank, int64_t* positions) {
+  free($3);
+}
+%typemap(check) (stria_plan_t plan, int64_t tile, stria_balance_t* out, double* work) (size_t count = 1) {
+  stria_plan_info_t info = stria_py_plan_info($1);
+  count = info.world_size > 0 ? (size_t)info.world_size * (size_t)info.world_size : 1;
+  $4 = (double*)calloc(count, sizeof *$4);
+  if (!$4) {
+    PyErr_NoMemory();
+    SWIG_fail;
+  }
+}
+%typemap(argout) (stria_plan_t plan, int64_t tile, stria_balance_t* out, double* work) {
+  /* This group's argout stands in for stria_balance_t* out's own: the balance first, as there. */
+  stria_balance_t* copy = (stria_balance_t*)malloc(sizeof *copy);
+  if (!copy) {
+    PyErr_NoMemory();
+    SWIG_fail;
+  }
+  *copy = *$3;
+  $result = SWIG_Python_AppendOutput($result, SWIG_NewPointerObj(copy, $descriptor(stria_balance_t*), SWIG_POINTER_OWN));
+  $result = SWIG_Python_AppendOutput($result, PyByteArray_FromStringAndSize((const char*)$4,
+                                                                             (Py_ssize_t)(count$argnum * sizeof *$4)));
+}
+%typemap(freearg) (stria_plan_t plan, int64_t tile, stria_balance_t* out, double* work) {
+  free($4);
+}
+STRIA_RELEASE_GIL(stria_plan_create)
+STRIA_RELEASE_GIL(stria_plan_shard)
+STRIA_RELEASE_GIL(stria_plan_unshard)
+STRIA_RELEASE_GIL(stria_plan_analyze_balance)
+
 /* ---- outputs returned as values --------------------------------------------------------- */
 /* stria_analyze_balance: a new stria_balance_t (struct_size set for the library). */
 %typemap(in, numinputs=0) stria_balance_t* out (stria_balance_t temp) {
