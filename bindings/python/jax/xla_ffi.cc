@@ -37,17 +37,26 @@ struct CallAttributes {
   std::string_view site;
   int64_t window_left;  // the sliding window (stria_attention_forward_window); -1, -1: none
   int64_t window_right;
+  // A document plan (stria_plan_create) made here from the call's boundaries operand with this
+  // config, the same plan the caller sharded its data by: plan_tile 0 is none. The plan is
+  // rebuilt only when the boundaries change.
+  int64_t plan_tile;
+  int64_t plan_local_len;
+  bool plan_causal;
+  int64_t plan_window_left;
+  int64_t plan_window_right;
 };
 
 }  // namespace stria_jax
 
-XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(stria_jax::CallAttributes, xla::ffi::StructMember<int64_t>("context"),
-                                      xla::ffi::StructMember<int32_t>("layout"), xla::ffi::StructMember<bool>("causal"),
-                                      xla::ffi::StructMember<float>("softmax_scale"),
-                                      xla::ffi::StructMember<uint64_t>("tag"),
-                                      xla::ffi::StructMember<std::string_view>("site"),
-                                      xla::ffi::StructMember<int64_t>("window_left"),
-                                      xla::ffi::StructMember<int64_t>("window_right"));
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
+    stria_jax::CallAttributes, xla::ffi::StructMember<int64_t>("context"), xla::ffi::StructMember<int32_t>("layout"),
+    xla::ffi::StructMember<bool>("causal"), xla::ffi::StructMember<float>("softmax_scale"),
+    xla::ffi::StructMember<uint64_t>("tag"), xla::ffi::StructMember<std::string_view>("site"),
+    xla::ffi::StructMember<int64_t>("window_left"), xla::ffi::StructMember<int64_t>("window_right"),
+    xla::ffi::StructMember<int64_t>("plan_tile"), xla::ffi::StructMember<int64_t>("plan_local_len"),
+    xla::ffi::StructMember<bool>("plan_causal"), xla::ffi::StructMember<int64_t>("plan_window_left"),
+    xla::ffi::StructMember<int64_t>("plan_window_right"));
 
 namespace {
 
@@ -61,6 +70,13 @@ struct Calls {
   std::mutex mutex;
   bool bound = true;
   int32_t xla_device = -1;  // a lone context of a world > 1: the XLA device it serves, once known
+  // The last plan made for this context's calls (under `mutex`), and what it was made from: the
+  // config attributes, then the boundaries.
+  stria_plan_t plan = nullptr;
+  std::vector<int64_t> plan_key;
+  ~Calls() {
+    if (plan != nullptr) stria_plan_destroy(plan);
+  }
 };
 // One context of a binding: the XLA device whose programs it serves (-1: any), and the DLPack
 // device its tensors are on.
@@ -273,6 +289,58 @@ struct Boundaries {
 };
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "stria.jax's int32 pairs are little-endian int64s");
 
+// A call with plan attributes needs its boundaries where the host reads them: a CPU context's.
+ffi::Error CheckPlan(const Member& m, const CallAttributes& a, const Boundaries& docs) {
+  if (a.plan_tile <= 0) return ffi::Error::Success();
+  if (docs.data == nullptr)
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "stria: a call on a plan needs its document boundaries (cu_seqlens)" + At(a.site));
+  if (m.device.device_type != kDLCPU)
+    return ffi::Error(ffi::ErrorCode::kUnimplemented,
+                      "stria: stria.jax makes plans from the boundaries on CPU contexts; on a GPU, call "
+                      "stria.attention_forward with a stria.Plan instead" +
+                          At(a.site));
+  return ffi::Error::Success();
+}
+
+// The plan of a call with plan attributes, made from its boundaries (host memory: a CPU context's)
+// or found as the last one made from the same; calls->mutex held. STRIA_ERROR_* with the library's
+// message on failure.
+stria_status_t PlanOf(const Member& m, const CallAttributes& a, const Boundaries& docs, int64_t batch,
+                      stria_plan_t* plan) {
+  *plan = nullptr;
+  if (a.plan_tile <= 0) return STRIA_SUCCESS;
+  int world = 1;
+  stria_status_t s = stria_context_get_world_size(m.ctx, &world);
+  if (s != STRIA_SUCCESS) return s;
+  std::vector<int64_t> key{
+      world, a.plan_tile,  a.plan_local_len, a.plan_causal ? 1 : 0, a.plan_window_left, a.plan_window_right,
+      batch, docs.num_seqs};
+  key.insert(key.end(), docs.data, docs.data + batch * (docs.num_seqs + 1));
+  Calls& calls = *m.calls;
+  if (calls.plan != nullptr && calls.plan_key == key) {
+    *plan = calls.plan;
+    return STRIA_SUCCESS;
+  }
+  stria_plan_config_t config;
+  stria_plan_config_init(&config);
+  config.world_size = world;
+  config.tile = a.plan_tile;
+  config.local_len = a.plan_local_len;
+  config.causal = a.plan_causal ? 1 : 0;
+  config.window_left = a.plan_window_left;
+  config.window_right = a.plan_window_right;
+  stria_plan_t made = nullptr;
+  // The sequence length is every row's last boundary (the library checks that they agree).
+  s = stria_plan_create(&config, docs.data, docs.num_seqs, batch, docs.data[docs.num_seqs], &made);
+  if (s != STRIA_SUCCESS) return s;
+  if (calls.plan != nullptr) stria_plan_destroy(calls.plan);
+  calls.plan = made;
+  calls.plan_key = std::move(key);
+  *plan = made;
+  return STRIA_SUCCESS;
+}
+
 ffi::Error BoundariesOf(const ffi::AnyBuffer& cu, int64_t batch, std::string_view site, Boundaries* out) {
   const auto dims = cu.dimensions();
   const bool pairs = cu.element_type() == ffi::DataType::S32;
@@ -308,8 +376,11 @@ ffi::Error Forward(bool cuda, void* stream, int32_t xla_device, const CallAttrib
   if (cu != nullptr) {
     if (ffi::Error e = BoundariesOf(*cu, vq.t.shape[0], a.site, &docs); e.failure()) return e;
   }
-  const stria_attention_params_t params = Params(a);
+  if (ffi::Error e = CheckPlan(m, a, docs); e.failure()) return e;
+  stria_attention_params_t params = Params(a);
   return Run(m, xla_device, a, "attention_forward", [&] {
+    const stria_status_t planned = PlanOf(m, a, docs, vq.t.shape[0], &params.plan);
+    if (planned != STRIA_SUCCESS) return planned;
     if (a.window_left != -1 || a.window_right != -1)
       return stria_attention_forward_window(m.ctx, &params, a.window_left, a.window_right, docs.data, docs.num_seqs,
                                             &vq.t, &vk.t, &vv.t, &vo.t, &vl.t, stream);
@@ -332,8 +403,11 @@ ffi::Error Backward(bool cuda, void* stream, int32_t xla_device, const CallAttri
   if (cu != nullptr) {
     if (ffi::Error e = BoundariesOf(*cu, vq.t.shape[0], a.site, &docs); e.failure()) return e;
   }
-  const stria_attention_params_t params = Params(a);
+  if (ffi::Error e = CheckPlan(m, a, docs); e.failure()) return e;
+  stria_attention_params_t params = Params(a);
   return Run(m, xla_device, a, "attention_backward", [&] {
+    const stria_status_t planned = PlanOf(m, a, docs, vq.t.shape[0], &params.plan);
+    if (planned != STRIA_SUCCESS) return planned;
     if (a.window_left != -1 || a.window_right != -1)
       return stria_attention_backward_window(m.ctx, &params, a.window_left, a.window_right, docs.data, docs.num_seqs,
                                              &vq.t, &vk.t, &vv.t, &vo.t, &vl.t, &vdo.t, &vdq.t, &vdk.t, &vdv.t, stream);

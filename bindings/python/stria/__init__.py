@@ -22,7 +22,7 @@ The low-level SWIG module, generated from stria.h, is stria.capi.
 from . import capi
 from ._context import Context, LocalGroup, get_unique_id, local_group, parse_device
 from ._enums import Layout, Transport
-from ._plan import Plan
+from ._plan import Plan, PlanConfig
 from ._ops import (
     Balance,
     StepTime,
@@ -69,6 +69,7 @@ __all__ = [
     "LocalGroup",
     "OutOfMemoryError",
     "Plan",
+    "PlanConfig",
     "StepTime",
     "StriaError",
     "TimeoutError",

@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import threading
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -64,6 +65,20 @@ def _is_host(x: Any) -> bool:
     return int(dev()[0]) in (1, 3)  # kDLCPU, kDLCUDAHost
 
 
+@dataclass(frozen=True)
+class PlanConfig:
+    """What a balanced plan is made with besides its boundaries: the same config and boundaries
+    make the same plan on every rank. Hashable by value, so that a jitted JAX program taking one as
+    a static argument is traced once for all the batches it plans (stria.jax makes each batch's
+    plan from the traced boundaries)."""
+
+    world_size: int
+    tile: int = 128
+    causal: bool = True
+    window: tuple[int, int] | None = None
+    local_len: int = 0
+
+
 class Plan:
     """A document plan for packed sequences (see the module's docstring).
 
@@ -104,6 +119,9 @@ class Plan:
         if layout is not None:
             config.strategy = capi.STRIA_PLAN_LAYOUT
             config.layout = Layout.of(layout)
+        self._layout = None if layout is None else Layout.of(layout)
+        self._config = PlanConfig(int(world_size), int(tile) if tile else 128, bool(causal),
+                                  None if window is None else (int(left), int(right)), int(local_len))
         self._handle = capi.stria_plan_create(config, cu, int(seq_len))
         info = capi.stria_plan_get_info(self._handle)
         self.world_size: int = info.world_size
@@ -118,6 +136,13 @@ class Plan:
         with _by_key_lock:
             self._key = next(_next_key)
             _by_key[self._key] = self
+
+    @property
+    def config(self) -> PlanConfig:
+        """The config this plan was made with (a balanced plan's: ValueError for a layout's)."""
+        if self._layout is not None:
+            raise ValueError(f"this plan follows the {self._layout.name.lower()} layout; it has no balanced config")
+        return self._config
 
     @property
     def closed(self) -> bool:

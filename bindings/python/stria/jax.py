@@ -65,6 +65,7 @@ import numpy as np
 from . import _ops, capi
 from ._context import Context, DeviceLike, LocalGroup, parse_device
 from ._enums import Layout, LayoutLike, Transport, TransportLike
+from ._plan import Plan, PlanConfig
 
 __all__ = ["attention_backward", "attention_forward", "context_from_distributed", "ring_attention"]
 
@@ -302,9 +303,10 @@ def _attrs(
     softmax_scale: float | None,
     call: tuple[int, str],
     window: tuple[int, int] | None = None,
+    plan: PlanConfig | None = None,
 ) -> dict:
     """The custom call's attributes: the key of the context (or group), the parameters, the
-    call's tag and site, and the sliding window (-1, -1: none)."""
+    call's tag and site, the sliding window (-1, -1: none) and the plan's config (tile 0: none)."""
     # Checked as the float32 the call carries: a positive value below float32's range would round
     # to 0, which stria reads as 1/sqrt(D).
     with np.errstate(over="ignore"):  # a value beyond float32's range is refused below, as inf
@@ -336,7 +338,26 @@ def _attrs(
         "site": call[1],
         "window_left": np.int64(-1 if window is None else window[0]),
         "window_right": np.int64(-1 if window is None else window[1]),
+        "plan_tile": np.int64(0 if plan is None else plan.tile),
+        "plan_local_len": np.int64(0 if plan is None else plan.local_len),
+        "plan_causal": bool(plan is None or plan.causal),
+        "plan_window_left": np.int64(-1 if plan is None or plan.window is None else plan.window[0]),
+        "plan_window_right": np.int64(-1 if plan is None or plan.window is None else plan.window[1]),
     }
+
+
+def _plan_config(plan: Any, cu_seqlens: Any, func: str) -> tuple[PlanConfig | None, Any]:
+    """plan (a stria.Plan or a PlanConfig) as its config, and the boundaries the call passes: the
+    given ones, else a Plan's own. A PlanConfig needs cu_seqlens (the plan is made from them)."""
+    if plan is None:
+        return None, cu_seqlens
+    if isinstance(plan, Plan):
+        return plan.config, plan.cu_seqlens if cu_seqlens is None else cu_seqlens
+    if isinstance(plan, PlanConfig):
+        if cu_seqlens is None:
+            raise ValueError(f"{func}(): a PlanConfig needs cu_seqlens: the boundaries its plan is made from")
+        return plan, cu_seqlens
+    raise TypeError(f"{func}(): plan must be a stria.Plan, a stria.PlanConfig or None, not {type(plan).__name__}")
 
 
 _DTYPES = ("float32", "float16", "bfloat16")
@@ -393,18 +414,18 @@ def _boundaries(cu_seqlens: Any, batch: int, func: str) -> Any:
     return jnp.stack([words, jnp.right_shift(words, 31)], axis=-1)  # low word, then the sign's
 
 
-def _forward(context, q, k, v, cu, layout, causal, softmax_scale, call, window=None):  # noqa: ANN001, ANN202
+def _forward(context, q, k, v, cu, layout, causal, softmax_scale, call, window=None, plan=None):  # noqa: ANN001, ANN202
     b, l, hq, _ = np.shape(q)
     results = (_like(q), _like(q, (b, hq, l), jnp.float32))
-    attrs = _attrs(context, "attention_forward", layout, causal, softmax_scale, call, window)
+    attrs = _attrs(context, "attention_forward", layout, causal, softmax_scale, call, window, plan)
     if cu is None:
         return jax.ffi.ffi_call(_FORWARD, results, vmap_method=_VMAP)(q, k, v, **attrs)
     return jax.ffi.ffi_call(_FORWARD_DOCS, results, vmap_method=_VMAP)(q, k, v, cu, **attrs)
 
 
-def _backward(context, q, k, v, out, lse, dout, cu, layout, causal, softmax_scale, call, window=None):  # noqa: ANN001, ANN202
+def _backward(context, q, k, v, out, lse, dout, cu, layout, causal, softmax_scale, call, window=None, plan=None):  # noqa: ANN001, ANN202
     results = (_like(q), _like(k), _like(v))
-    attrs = _attrs(context, "attention_backward", layout, causal, softmax_scale, call, window)
+    attrs = _attrs(context, "attention_backward", layout, causal, softmax_scale, call, window, plan)
     if cu is None:
         return jax.ffi.ffi_call(_BACKWARD, results, vmap_method=_VMAP)(q, k, v, out, lse, dout, **attrs)
     return jax.ffi.ffi_call(_BACKWARD_DOCS, results, vmap_method=_VMAP)(q, k, v, out, lse, dout, cu, **attrs)
@@ -422,6 +443,7 @@ def attention_forward(
     tag: int | None = None,
     cu_seqlens: Any = None,
     window: tuple[int, int] | None = None,
+    plan: Plan | PlanConfig | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """This rank's attention output ``[B, L, Hq, D]`` (q's dtype) and its log-sum-exp
     ``[B, Hq, L]`` (float32) over the whole sharded sequence: stria_attention_forward.
@@ -438,12 +460,19 @@ def attention_forward(
 
     window (optional, static) is a sliding window ``(left, right)``: the query at global position
     i sees the keys at i - left .. i + right (when causal, up to i); -1 leaves a side unbounded
-    (stria_attention_forward_window)."""
+    (stria_attention_forward_window).
+
+    plan (optional, static): a stria.Plan, or a stria.PlanConfig with cu_seqlens, for packed
+    documents: the ring runs on the plan made from the boundaries with that config, the one the
+    caller sharded its data by (stria.Plan(cu_seqlens, **config)). Under jit pass the boundaries
+    traced and a PlanConfig (or Plans of one config): the program is traced once, and each call
+    makes its batch's plan (CPU contexts)."""
     _check_4d("attention_forward", q=q, k=k, v=v)
+    config, cu_seqlens = _plan_config(plan, cu_seqlens, "attention_forward")
     cu = _boundaries(cu_seqlens, np.shape(q)[0], "attention_forward")
     win = _ops.sliding_window(window, "attention_forward")
     call = _tag_of("attention_forward", tag, (q, k, v))
-    return _forward(context, q, k, v, cu, layout, causal, softmax_scale, call, win)
+    return _forward(context, q, k, v, cu, layout, causal, softmax_scale, call, win, config)
 
 
 def attention_backward(
@@ -461,35 +490,39 @@ def attention_backward(
     tag: int | None = None,
     cu_seqlens: Any = None,
     window: tuple[int, int] | None = None,
+    plan: Plan | PlanConfig | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The gradients ``(dq, dk, dv)`` of attention_forward's output for this rank's q, k, v, given
     the forward's out and lse and the gradient dout of out: stria_attention_backward. tag,
-    cu_seqlens and window (the forward's) as in attention_forward."""
+    cu_seqlens, window and plan (the forward's) as in attention_forward."""
     _check_4d("attention_backward", q=q, k=k, v=v, out=out, dout=dout)
+    config, cu_seqlens = _plan_config(plan, cu_seqlens, "attention_backward")
     cu = _boundaries(cu_seqlens, np.shape(q)[0], "attention_backward")
     win = _ops.sliding_window(window, "attention_backward")
     call = _tag_of("attention_backward", tag, (q, k, v, out, lse, dout))
-    return _backward(context, q, k, v, out, lse, dout, cu, layout, causal, softmax_scale, call, win)
+    return _backward(context, q, k, v, out, lse, dout, cu, layout, causal, softmax_scale, call, win, config)
 
 
 # The parameters after q, k, v and the boundaries cu (None, or _boundaries' integer array: an
 # input with no gradient) are static (nondiff_argnums): a context is hashed by identity. The
 # call's (tag, site) is ring_attention's caller's: the rules run under JAX's frames, where no site
 # of the caller's is to be found.
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8, 9))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8, 9, 10))
 def _ring(q: Any, k: Any, v: Any, cu: Any, context: Context | LocalGroup, layout: int, causal: bool,
-          scale: float | None, call: tuple[int, str], window: tuple[int, int] | None) -> jax.Array:
-    return _forward(context, q, k, v, cu, layout, causal, scale, call, window)[0]
+          scale: float | None, call: tuple[int, str], window: tuple[int, int] | None,
+          plan: PlanConfig | None) -> jax.Array:
+    return _forward(context, q, k, v, cu, layout, causal, scale, call, window, plan)[0]
 
 
-def _ring_fwd(q, k, v, cu, context, layout, causal, scale, call, window):  # noqa: ANN001, ANN202 - custom_vjp's rule
-    out, lse = _forward(context, q, k, v, cu, layout, causal, scale, call, window)
+def _ring_fwd(q, k, v, cu, context, layout, causal, scale, call, window, plan):  # noqa: ANN001, ANN202 - custom_vjp's rule
+    out, lse = _forward(context, q, k, v, cu, layout, causal, scale, call, window, plan)
     return out, (q, k, v, cu, out, lse)
 
 
-def _ring_bwd(context, layout, causal, scale, call, window, residuals, dout):  # noqa: ANN001, ANN202 - custom_vjp's rule
+def _ring_bwd(context, layout, causal, scale, call, window, plan, residuals, dout):  # noqa: ANN001, ANN202 - custom_vjp's rule
     q, k, v, cu, out, lse = residuals
-    grads = _backward(context, q, k, v, out, lse, dout.astype(out.dtype), cu, layout, causal, scale, call, window)
+    grads = _backward(context, q, k, v, out, lse, dout.astype(out.dtype), cu, layout, causal, scale, call, window,
+                      plan)
     return (*grads, None)  # the boundaries have no gradient
 
 
@@ -508,20 +541,22 @@ def ring_attention(
     tag: int | None = None,
     cu_seqlens: Any = None,
     window: tuple[int, int] | None = None,
+    plan: Plan | PlanConfig | None = None,
 ) -> jax.Array:
     """Attention of this rank's q ``[B, L, Hq, D]`` over the whole sequence's k, v
     ``[B, L, Hkv, D]`` (each rank holds its L tokens in `layout`); returns ``[B, L, Hq, D]``.
     Differentiable in q, k and v (first order); softmax_scale None is 1/sqrt(D); causal masks on
     global positions; tag as in attention_forward (forward and backward share it); cu_seqlens,
-    packed documents, and window, a sliding window, as in attention_forward (the backward takes
-    the same)."""
+    packed documents, window, a sliding window, and plan, a document plan, as in attention_forward
+    (the backward takes the same)."""
     _members(context, "ring_attention")  # a TypeError for anything else
     _check_4d("ring_attention", q=q, k=k, v=v)
+    config, cu_seqlens = _plan_config(plan, cu_seqlens, "ring_attention")
     cu = _boundaries(cu_seqlens, np.shape(q)[0], "ring_attention")
     win = _ops.sliding_window(window, "ring_attention")
     scale = None if softmax_scale is None else float(softmax_scale)
     call = _tag_of("ring_attention", tag, (q, k, v))
-    return _ring(q, k, v, cu, context, int(Layout.of(layout)), bool(causal), scale, call, win)
+    return _ring(q, k, v, cu, context, int(Layout.of(layout)), bool(causal), scale, call, win, config)
 
 
 _joins = itertools.count()  # context_from_distributed calls so far: every process makes the same ones

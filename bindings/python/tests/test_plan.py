@@ -203,3 +203,18 @@ def test_torch_ring_attention_on_a_plan(n, rng):
     for got, ref in zip(full[1:], attention_backward_ref(q, k, v, dout, True, scale, cu)):
         assert rel_err(got, ref) < 1e-5
     plan.close()
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_jax_plans_from_traced_boundaries(n):
+    pytest.importorskip("jax")
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    # The child imports the stria under test, wherever this process found it.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(stria.__file__)), here]))
+    result = subprocess.run([sys.executable, os.path.join(here, "jax_plan.py"), str(n)], capture_output=True,
+                            text=True, timeout=300, cwd=here, env=env, check=False)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
