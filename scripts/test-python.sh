@@ -84,6 +84,8 @@ PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_tiny.py --ranks 
   --steps 12 --check
 PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_tiny.py --ranks 2 --steps 8 --check --compile
 PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_tiny.py --ranks 4 --packed 4 --steps 12 --check
+echo "== examples/python/train_packed.py"
+PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_packed.py --ranks 3 --steps 12 --check
 echo "== examples/python/train_tiny_jax.py"
 PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_tiny_jax.py --devices 4 --steps 12 --check
 PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_tiny_jax.py --devices 3 --layout zigzag --seq 48 \
