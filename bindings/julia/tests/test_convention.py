@@ -2,11 +2,13 @@
 
 The Julia layer passes a column-major array of size (D, H, L, B) as the C tensor [B, L, H, D]
 by reversing its shape and strides (tensors.jl, TensorRef), reads lse as (L, Hq, B), maps a
-Julia dimension `dims` to the C API's seq_dim = ndims - dims (layout.jl, _seq_dim), and reads
-stria_analyze_balance_steps' buffer as a column-major (N, N) matrix w[r, s]. This file does
-exactly the same with Fortran-ordered numpy arrays through ctypes, with the structs built from
-layout_table.json (what LibStria.jl assumes), and checks the results against a float64 dense
-reference of the whole sequence: if the convention or a layout were wrong, these would fail.
+Julia dimension `dims` to the C API's seq_dim = ndims - dims (layout.jl, _seq_dim), reads
+stria_analyze_balance_steps' buffer as a column-major (N, N) matrix w[r, s], and passes a plan's
+boundaries as an (n + 1, B) matrix and reads its positions as a (local_len, B) one (plan.jl).
+This file does exactly the same with Fortran-ordered numpy arrays through ctypes, with the
+structs built from layout_table.json (what LibStria.jl assumes), and checks the results against
+a float64 dense reference of the whole sequence: if the convention or a layout were wrong, these
+would fail.
 
 Needs STRIA_LIB_PATH (a built libstria.so.0) and numpy; skipped otherwise.
 """
@@ -140,6 +142,34 @@ class Stria:
                                        self.ptr(tf), self.ptr(tl), None), "stria_shard")
         return local
 
+    def plan(self, cu, S, n, tile, causal=True, local_len=0):
+        # Plan(cu, S; world_size, tile, causal, local_len): cu is the (n + 1, B) column-major
+        # matrix, whose memory is the C array of B rows of n + 1 (_documents).
+        config = self.initialized("stria_plan_config_t", self.lib.stria_plan_config_init)
+        config.world_size, config.causal, config.tile, config.local_len = n, int(causal), tile, local_len
+        docs = np.asfortranarray(cu, dtype=np.int64)
+        handle = ctypes.c_void_p()
+        self.call(self.lib.stria_plan_create(ctypes.addressof(config), docs.ctypes.data, docs.shape[0] - 1,
+                                             docs.shape[1], S, ctypes.byref(handle)), "stria_plan_create")
+        info = self.s["stria_plan_info_t"]()
+        info.struct_size = ctypes.sizeof(info)
+        self.call(self.lib.stria_plan_get_info(handle, ctypes.addressof(info)), "stria_plan_get_info")
+        return handle, info
+
+    def plan_positions(self, handle, info, r):  # positions(plan, rank): a (local_len, batch) Matrix
+        pos = np.empty((info.local_len, info.batch), dtype=np.int64, order="F")
+        self.call(self.lib.stria_plan_positions(handle, r, pos.ctypes.data), "stria_plan_positions")
+        return pos
+
+    def plan_shard(self, handle, info, r, full, dims):
+        shape = list(full.shape)
+        shape[dims - 1] = info.local_len
+        local = np.empty(shape, dtype=full.dtype, order="F")
+        tf, tl = self.tensor(full), self.tensor(local)
+        self.call(self.lib.stria_plan_shard(handle, r, self.seq_dim(full, dims), self.ptr(tf), self.ptr(tl), None),
+                  "stria_plan_shard")
+        return local
+
     def unshard(self, layout, parts, dims):
         shape = list(parts[0].shape)
         shape[dims - 1] *= len(parts)
@@ -164,9 +194,10 @@ def from_storage(a):
     return a.astype(np.float64)
 
 
-def reference(q, k, v, dout, causal, scale):
+def reference(q, k, v, dout, causal, scale, cu=None):
     """Dense float64 attention over (D, H, S, B) arrays (Julia's index order), forward and
-    backward; query head h reads key/value head h // (Hq // Hkv)."""
+    backward; query head h reads key/value head h // (Hq // Hkv). With document boundaries cu
+    (an (n + 1, B) matrix), a query sees only the keys of its own document."""
     D, Hq, S, B = q.shape
     group = Hq // k.shape[1]
     out, lse = np.zeros(q.shape), np.zeros((S, Hq, B))
@@ -178,6 +209,9 @@ def reference(q, k, v, dout, causal, scale):
             scores = scale * K.T @ Q  # [key j, query i]
             if causal:
                 scores[np.triu_indices(S, 1)[::-1]] = -np.inf  # j > i
+            if cu is not None:
+                doc = np.searchsorted(cu[:, b], np.arange(S), side="right") - 1
+                scores[doc[:, None] != doc[None, :]] = -np.inf
             m = scores.max(axis=0)
             p = np.exp(scores - m)
             den = p.sum(axis=0)
@@ -309,6 +343,97 @@ class ColumnMajorConvention(unittest.TestCase):
         np.testing.assert_array_equal(work[0, 1:], 0)
         np.testing.assert_array_equal(work[n - 1, 1:], L * L)
         np.testing.assert_array_equal(work[:, 0], L * (L + 1) // 2)
+
+    def random_documents(self, rng, S, num_seqs, B):
+        cu = np.zeros((num_seqs + 1, B), dtype=np.int64, order="F")
+        for b in range(B):
+            cu[1:num_seqs, b] = np.sort(rng.integers(0, S + 1, num_seqs - 1))
+            cu[num_seqs, b] = S
+        return cu
+
+    def test_plan_positions_and_shard_orientation(self):
+        st = self.st
+        rng = np.random.default_rng(5)
+        S, B = 29, 2
+        for n in (1, 3, 4):
+            cu = self.random_documents(rng, S, 4, B)
+            handle, info = st.plan(cu, S, n, 4)
+            self.assertEqual((info.world_size, info.batch, info.num_seqs, info.seq_len), (n, B, 4, S))
+            x = np.asfortranarray(np.arange(3 * S * B, dtype=np.int64).reshape((3, S, B), order="F") + 1)
+            seen = np.zeros((S, B), dtype=int)
+            for r in range(n):
+                pos = st.plan_positions(handle, info, r)  # column b: batch row b
+                part = st.plan_shard(handle, info, r, x, dims=2)
+                for b in range(B):
+                    for i, p in enumerate(pos[:, b]):
+                        if p < 0:
+                            np.testing.assert_array_equal(part[:, i, b], 0)
+                        else:
+                            seen[p, b] += 1
+                            np.testing.assert_array_equal(part[:, i, b], x[:, p, b])
+            np.testing.assert_array_equal(seen, 1)
+            st.lib.stria_plan_destroy(handle)
+
+    def test_plan_ring(self):
+        st = self.st
+        n, S, B, Hq, Hkv, D = 3, 29, 2, 4, 2, 8
+        for causal, local_len in ((True, 0), (False, 0), (True, 24)):
+            rng = np.random.default_rng(17 + local_len + causal)
+            cu = self.random_documents(rng, S, 5, B)
+            handle, info = st.plan(cu, S, n, 4, causal=causal, local_len=local_len)
+            L = info.local_len
+            full = [np.asfortranarray(rng.standard_normal(shape, dtype=np.float32))
+                    for shape in ((D, Hq, S, B), (D, Hkv, S, B), (D, Hkv, S, B), (D, Hq, S, B))]
+            parts = [[st.plan_shard(handle, info, r, x, dims=3) for r in range(n)] for x in full]
+            contexts = st.local_group(n)
+            params = st.params("striped", causal)
+            params.plan = handle
+            results, errors = [None] * n, []
+
+            def rank(r):
+                try:
+                    q, k, v, dout = (p[r] for p in parts)
+                    out = np.full_like(q, np.nan, order="F")
+                    lse = np.full((L, Hq, B), np.nan, dtype=np.float32, order="F")
+                    grads = [np.full_like(x, np.nan, order="F") for x in (q, k, v)]
+                    t = [st.tensor(x) for x in (q, k, v, out, lse, dout, *grads)]
+                    ptrs = [st.ptr(x) for x in t]
+                    st.call(st.lib.stria_attention_forward(contexts[r], ctypes.addressof(params), *ptrs[:5], None),
+                            "forward")
+                    st.call(st.lib.stria_attention_backward(contexts[r], ctypes.addressof(params), *ptrs, None),
+                            "backward")
+                    results[r] = (out, lse, *grads)
+                except Exception as e:  # reported below; the peers fail too
+                    errors.append(e)
+
+            threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=120)
+            for h in contexts:
+                st.lib.stria_context_destroy(h)
+            self.assertEqual(errors, [])
+            # Gathered by positions; padding slots are rows that saw nothing.
+            got = [np.full(x.shape, np.nan) for x in (full[0], full[0], full[1], full[2])]
+            got_lse = np.full((S, Hq, B), np.nan)
+            for r, (out, lse, dq, dk, dv) in enumerate(results):
+                pos = st.plan_positions(handle, info, r)
+                for b in range(B):
+                    for i, p in enumerate(pos[:, b]):
+                        if p < 0:
+                            for x in (out, dq, dk, dv):
+                                np.testing.assert_array_equal(x[:, :, i, b], 0)
+                            np.testing.assert_array_equal(lse[i, :, b], -np.inf)
+                            continue
+                        for g, x in zip(got, (out, dq, dk, dv)):
+                            g[:, :, p, b] = x[:, :, i, b]
+                        got_lse[p, :, b] = lse[i, :, b]
+            st.lib.stria_plan_destroy(handle)
+            want = reference(*(x.astype(np.float64) for x in full), causal, 1 / np.sqrt(D), cu=cu)
+            for name, g, ref in zip(("out", "lse", "dq", "dk", "dv"), (got[0], got_lse, *got[1:]), want):
+                err = rel_error(g, ref)
+                self.assertLess(err, 1e-5, f"plan causal={causal} local_len={local_len}: {name} error {err}")
 
 
 if __name__ == "__main__":

@@ -284,6 +284,9 @@ function stria_context_destroy(ctx)
     ccall((:stria_context_destroy, libstria), stria_status_t, (stria_context_t,), ctx)
 end
 
+# Extension: a document plan (see "Document plans" below); an opaque handle like a context's.
+const stria_plan_t = Ptr{Cvoid}
+
 struct stria_attention_params_t
     struct_size::Csize_t
     layout::stria_layout_t
@@ -291,9 +294,17 @@ struct stria_attention_params_t
     # 0 means 1/sqrt(D); otherwise finite and > 0, or the call fails with
     # STRIA_ERROR_INVALID_ARGUMENT
     softmax_scale::Cfloat
+    # Extension (a field added at the end: a caller built against an older header passes a smaller
+    # struct_size and gets NULL): a document plan (stria_plan_create) for the ring to run on instead
+    # of `layout`, which is then not used. Every rank passes a plan made from the same boundaries
+    # and config. The tensors hold the plan's local_len tokens per rank (stria_plan_get_info),
+    # B must be the plan's batch, and the document mask is the plan's boundaries: the plain calls
+    # apply it, and a _documents or _window call must pass the same boundaries. The plan is read
+    # during the call only; it may be shared by any number of contexts and threads.
+    plan::stria_plan_t
 end
 
-# Fills the defaults: striped, causal, scale 1/sqrt(D).
+# Fills the defaults: striped, causal, scale 1/sqrt(D), no plan.
 function stria_attention_params_init(params)
     ccall((:stria_attention_params_init, libstria), stria_status_t,
           (Ptr{stria_attention_params_t},),
@@ -400,6 +411,102 @@ function stria_context_set_deterministic(ctx, deterministic)
           ctx, deterministic)
 end
 
+# Extension: document plans. Packed sequences hold documents of very different lengths, and no
+# fixed layout serves them: striping cuts short documents into slivers that fill a kernel's tiles
+# partly, contiguous and zigzag layouts leave one rank with most of a step's work. A plan, computed
+# from the boundaries and the world size (and the kernels' tile size), says which tokens each rank
+# holds and in which order: long documents are cut into whole tiles spread over the ranks, short
+# ones are kept whole and spread by their cost, so that every rank does about the same work at
+# every ring step and the tiles stay dense. Any S works with any N: a rank's slots without a token
+# are padding (position -1) that attends to nothing and that nothing attends to. Every rank derives
+# the same plan from the same boundaries and config. A plan is immutable, and may be used from any
+# thread. docs/plans.md describes the solver and its measured balance.
+const stria_plan_strategy_t = Cuint  # C enum
+# the balancing solver
+const STRIA_PLAN_BALANCED = stria_plan_strategy_t(0)
+# config->layout's positions with the documents' masks: the fixed
+# layouts on packed data, for comparison (S must suit the layout)
+const STRIA_PLAN_LAYOUT = stria_plan_strategy_t(1)
+
+struct stria_plan_config_t
+    struct_size::Csize_t
+    world_size::Cint
+    # the mask whose work the plan balances (default 1); the calls'
+    # own mask is what they compute, whatever the plan was made for
+    causal::Cint
+    window_left::Int64  # a sliding window to balance for, as in stria_attention_forward_window
+    window_right::Int64  # (-1: unbounded; the default)
+    # the tile size of the kernels that will run it; 0: 128 (the GPU
+    # kernels'; the CPU kernels' 64 divides it)
+    tile::Int64
+    strategy::stria_plan_strategy_t
+    layout::stria_layout_t  # STRIA_PLAN_LAYOUT only
+    # 0: the slots the plan needs; else at least these (a fixed L keeps the
+    # shapes of compiled programs the same from batch to batch); fewer than
+    # the plan needs is STRIA_ERROR_INVALID_ARGUMENT
+    local_len::Int64
+end
+
+# Fills the defaults: world_size 1, causal, no window, tile 128, the balancing solver.
+function stria_plan_config_init(config)
+    ccall((:stria_plan_config_init, libstria), stria_status_t, (Ptr{stria_plan_config_t},), config)
+end
+
+# A plan for batch rows of seq_len tokens whose documents are cu_seqlens ([batch][num_seqs + 1]
+# in host memory, each row from 0 to seq_len, never decreasing; read during the call only).
+function stria_plan_create(config, cu_seqlens, num_seqs, batch, seq_len, plan)
+    ccall((:stria_plan_create, libstria), stria_status_t,
+          (Ptr{stria_plan_config_t}, Ptr{Int64}, Int64, Int64, Int64, Ptr{stria_plan_t}),
+          config, cu_seqlens, num_seqs, batch, seq_len, plan)
+end
+
+function stria_plan_destroy(plan)
+    ccall((:stria_plan_destroy, libstria), stria_status_t, (stria_plan_t,), plan)
+end
+
+struct stria_plan_info_t
+    struct_size::Csize_t
+    world_size::Cint
+    batch::Int64
+    num_seqs::Int64
+    seq_len::Int64
+    # slots per rank: the L of every rank's [B, L, H, D] tensors; ceil(seq_len /
+    # world_size), or a few tiles more where the plan pads a document's last
+    # tile (or config->local_len)
+    local_len::Int64
+end
+
+# What a plan was made for, and its local_len. info->struct_size must be set (it may grow).
+function stria_plan_get_info(plan, info)
+    ccall((:stria_plan_get_info, libstria), stria_status_t,
+          (stria_plan_t, Ptr{stria_plan_info_t}),
+          plan, info)
+end
+
+# positions[b * local_len + i] = global position of local slot i of `rank` in batch row b, -1 for
+# padding (batch * local_len entries).
+function stria_plan_positions(plan, rank, positions)
+    ccall((:stria_plan_positions, libstria), stria_status_t,
+          (stria_plan_t, Cint, Ptr{Int64}),
+          plan, rank, positions)
+end
+
+# stria_shard and stria_unshard by a plan: full [.., seq_len, ..] <-> local [.., local_len, ..]
+# along seq_dim. With a plan of several batch rows, dimension 0 is the batch (of the plan's batch
+# size) and seq_dim is another. shard writes zeros to padding slots; unshard leaves the full
+# tensor's positions to the ranks that hold them. Host tensors (cpu, cuda_host).
+function stria_plan_shard(plan, rank, seq_dim, full, var"local", stream)
+    ccall((:stria_plan_shard, libstria), stria_status_t,
+          (stria_plan_t, Cint, Cint, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{Cvoid}),
+          plan, rank, seq_dim, full, var"local", stream)
+end
+
+function stria_plan_unshard(plan, rank, seq_dim, var"local", full, stream)
+    ccall((:stria_plan_unshard, libstria), stria_status_t,
+          (stria_plan_t, Cint, Cint, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{Cvoid}),
+          plan, rank, seq_dim, var"local", full, stream)
+end
+
 # positions[i] = global position of local token i (for RoPE ids and labels); seq_len/world_size
 # entries.
 function stria_layout_positions(layout, seq_len, world_size, rank, positions)
@@ -431,6 +538,10 @@ struct stria_balance_t
     ring_latency::Cdouble  # sum over steps of max over ranks
     speedup::Cdouble  # total_work / ring_latency (N is perfect)
     imbalance::Cdouble  # ring_latency / (total_work / N) (1 is perfect)
+    # Extension (written where struct_size holds it): one device's work on the whole sequence at the
+    # same tile size, over N, where each document starts its own tiles (a variable-length kernel):
+    # the latency a ring cannot beat. ideal_latency / ring_latency is the ring's "of ideal".
+    ideal_latency::Cdouble
 end
 
 function stria_analyze_balance(layout, causal, seq_len, world_size, tile, out)
@@ -445,6 +556,16 @@ function stria_analyze_balance_steps(layout, causal, seq_len, world_size, tile, 
     ccall((:stria_analyze_balance_steps, libstria), stria_status_t,
           (stria_layout_t, Cint, Int64, Cint, Int64, Ptr{Cdouble}),
           layout, causal, seq_len, world_size, tile, work)
+end
+
+# The balance of a plan's ring (stria_balance_t, at `tile`; 1: exact pairs) under the mask the plan
+# was made for, counted as the kernels compute: each query tile computes the key tiles from its
+# first row's lowest visible key to its last row's highest. work, if not NULL, gets the per-step
+# table of stria_analyze_balance_steps (world_size * world_size entries).
+function stria_plan_analyze_balance(plan, tile, out, work)
+    ccall((:stria_plan_analyze_balance, libstria), stria_status_t,
+          (stria_plan_t, Int64, Ptr{stria_balance_t}, Ptr{Cdouble}),
+          plan, tile, out, work)
 end
 
 # Extension: where the time of this context's last attention call went, one entry per ring
@@ -478,12 +599,16 @@ export stria_get_version, stria_status_string, stria_get_last_error, stria_conte
 export stria_context_config_init, stria_get_unique_id, stria_context_create
 export stria_context_create_with_nccl_comm, stria_context_create_local_group
 export stria_context_create_local_group_on_devices, stria_context_get_rank
-export stria_context_get_world_size, stria_context_abort, stria_context_destroy
+export stria_context_get_world_size, stria_context_abort, stria_context_destroy, stria_plan_t
 export stria_attention_params_t, stria_attention_params_init, stria_attention_forward
 export stria_attention_backward, stria_attention_forward_documents
 export stria_attention_backward_documents, stria_attention_forward_window
 export stria_attention_backward_window, stria_context_set_call_tag, stria_context_set_deterministic
+export stria_plan_strategy_t, STRIA_PLAN_BALANCED, STRIA_PLAN_LAYOUT, stria_plan_config_t
+export stria_plan_config_init, stria_plan_create, stria_plan_destroy, stria_plan_info_t
+export stria_plan_get_info, stria_plan_positions, stria_plan_shard, stria_plan_unshard
 export stria_layout_positions, stria_shard, stria_unshard, stria_balance_t, stria_analyze_balance
-export stria_analyze_balance_steps, stria_step_time_t, stria_context_get_step_times
+export stria_analyze_balance_steps, stria_plan_analyze_balance, stria_step_time_t
+export stria_context_get_step_times
 
 end # module LibStria

@@ -19,6 +19,9 @@ and the sequence dimension of q, k, v is Julia dimension 3 (dimension 1 of lse).
 positions and the C API's `seq_dim` are 0-based, as in C; Julia dimensions (`dims`) are
 1-based, as in Julia.
 
+Packed documents of uneven lengths run best on a `Plan`, which places the tokens so that every
+rank does about the same work at every ring step (`attention_forward!(...; plan)`).
+
 The library is found by its SONAME (`libstria.so.0`) on the dynamic linker's path, or taken
 from `ENV["STRIA_LIB"]` (a full path) when the package is loaded.
 """
@@ -32,13 +35,14 @@ include("errors.jl")
 include("bfloat16.jl")
 include("tensors.jl")
 include("context.jl")
+include("plan.jl")
 include("attention.jl")
 include("layout.jl")
 
 export StriaError, Context, local_group, run_ranks, abort!, set_call_tag!, set_deterministic!, step_times, UniqueId,
        unique_id, attention_forward, attention_forward!, attention_backward, attention_backward!,
        positions, shard, shard!, unshard, unshard!, analyze_balance, analyze_balance_steps,
-       library_version
+       library_version, Plan, local_len, plan_info
 
 function __init__()
     path = get(ENV, "STRIA_LIB", "")

@@ -1,9 +1,10 @@
 # attention_forward / attention_backward: collectives over a context's ring.
 
-function _params(layout, causal::Bool, softmax_scale::Real)
+function _params(layout, causal::Bool, softmax_scale::Real, plan::Union{Nothing,Plan})
     base = _initialized(LibStria.stria_attention_params_t, LibStria.stria_attention_params_init,
                         :stria_attention_params_init)
-    return Ref(_replace(base; layout = _layout(layout), causal = causal ? 1 : 0, softmax_scale = softmax_scale))
+    return Ref(_replace(base; layout = _layout(layout), causal = causal ? 1 : 0, softmax_scale = softmax_scale,
+                        plan = plan === nothing ? C_NULL : _plan_handle(plan)))
 end
 
 # Document boundaries as the library reads them (B rows of n + 1, in a row-major C array) for a
@@ -38,7 +39,7 @@ end
 
 """
     attention_forward!(ctx, out, lse, q, k, v; layout = :striped, causal = true, softmax_scale = 0,
-                       cu_seqlens = nothing, window = nothing)
+                       cu_seqlens = nothing, window = nothing, plan = nothing)
 
 Exact attention of this rank's queries over the whole sequence, into `out` (like q) and `lse`
 (Float32, `(L, Hq, B)`: the natural log of each row's softmax denominator, -Inf for a row that
@@ -54,17 +55,23 @@ rank.
 `window = (left, right)` is a sliding window: the query at global position i sees the keys at
 i - left .. i + right (when causal, up to i), within its document; -1 leaves a side unbounded.
 
+`plan` (a `Plan`, made by every rank from the same boundaries and arguments) runs the ring on
+the plan instead of `layout`: the arrays hold the plan's `local_len(plan)` slots per rank (see
+`shard(plan, rank, full)`), B is the plan's batch, and the document mask is the plan's
+boundaries (`cu_seqlens` may be left out, or must be the same).
+
 A collective: every rank of the ring calls it at the same time with the same shapes and
 parameters (see `run_ranks`). Throws a `StriaError` on bad arguments, on every rank.
 """
 function attention_forward!(ctx::Context, out::AbstractArray, lse::AbstractArray, q::AbstractArray,
                             k::AbstractArray, v::AbstractArray; layout = :striped, causal::Bool = true,
-                            softmax_scale::Real = 0, cu_seqlens = nothing, window = nothing)
+                            softmax_scale::Real = 0, cu_seqlens = nothing, window = nothing,
+                            plan::Union{Nothing,Plan} = nothing)
     docs, num_seqs = _documents(cu_seqlens, _batch(q))
     win = _window(window)
-    params = _params(layout, causal, softmax_scale)
+    params = _params(layout, causal, softmax_scale, plan)
     tq, tk, tv, tout, tlse = TensorRef(q), TensorRef(k), TensorRef(v), TensorRef(out), TensorRef(lse)
-    GC.@preserve ctx docs tq tk tv tout tlse begin
+    GC.@preserve ctx plan docs tq tk tv tout tlse begin
         if win !== nothing
             _call(:stria_attention_forward_window) do
                 LibStria.stria_attention_forward_window(ctx.handle, params, win[1], win[2],
@@ -107,23 +114,24 @@ _lse_like(q::AbstractArray) =
 
 """
     attention_backward!(ctx, dq, dk, dv, q, k, v, out, lse, dout; layout = :striped, causal = true,
-                        softmax_scale = 0, cu_seqlens = nothing, window = nothing)
+                        softmax_scale = 0, cu_seqlens = nothing, window = nothing, plan = nothing)
 
 Gradients of the forward's `out` for `dout` (like out): `dq` like q, `dk` and `dv` like k.
-`out` and `lse` are the forward's. The same parameters as the forward (`cu_seqlens` and `window`
-included); a collective too.
+`out` and `lse` are the forward's. The same parameters as the forward (`cu_seqlens`, `window`
+and `plan` included); a collective too.
 """
 function attention_backward!(ctx::Context, dq::AbstractArray, dk::AbstractArray, dv::AbstractArray,
                              q::AbstractArray, k::AbstractArray, v::AbstractArray, out::AbstractArray,
                              lse::AbstractArray, dout::AbstractArray; layout = :striped, causal::Bool = true,
-                             softmax_scale::Real = 0, cu_seqlens = nothing, window = nothing)
+                             softmax_scale::Real = 0, cu_seqlens = nothing, window = nothing,
+                             plan::Union{Nothing,Plan} = nothing)
     docs, num_seqs = _documents(cu_seqlens, _batch(q))
     win = _window(window)
-    params = _params(layout, causal, softmax_scale)
+    params = _params(layout, causal, softmax_scale, plan)
     tq, tk, tv, tout, tlse, tdout = TensorRef(q), TensorRef(k), TensorRef(v), TensorRef(out), TensorRef(lse),
                                     TensorRef(dout)
     tdq, tdk, tdv = TensorRef(dq), TensorRef(dk), TensorRef(dv)
-    GC.@preserve ctx docs tq tk tv tout tlse tdout tdq tdk tdv begin
+    GC.@preserve ctx plan docs tq tk tv tout tlse tdout tdq tdk tdv begin
         if win !== nothing
             _call(:stria_attention_backward_window) do
                 LibStria.stria_attention_backward_window(ctx.handle, params, win[1], win[2],

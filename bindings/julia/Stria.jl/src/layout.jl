@@ -102,17 +102,18 @@ end
     analyze_balance(layout, seq_len, world_size; causal = true, tile = 1) -> NamedTuple
 
 The work of one attention call under `layout`, in visible (query, key) pairs at tile
-granularity: `(total_work, ring_latency, speedup, imbalance)`, where ring_latency sums over
-steps the busiest rank's work, speedup = total_work / ring_latency (world_size is perfect) and
-imbalance = ring_latency / (total_work / world_size) (1 is perfect).
+granularity: `(total_work, ring_latency, speedup, imbalance, ideal_latency)`, where ring_latency
+sums over steps the busiest rank's work, speedup = total_work / ring_latency (world_size is
+perfect), imbalance = ring_latency / (total_work / world_size) (1 is perfect) and ideal_latency
+is one device's work on the whole sequence at the same tile size over world_size: the latency
+no ring can beat.
 """
 function analyze_balance(layout, seq_len::Integer, world_size::Integer; causal::Bool = true, tile::Integer = 1)
-    out = Ref(LibStria.stria_balance_t(sizeof(LibStria.stria_balance_t), 0, 0, 0, 0))
+    out = _balance_out()
     _call(:stria_analyze_balance) do
         LibStria.stria_analyze_balance(_layout(layout), causal, seq_len, world_size, tile, out)
     end
-    b = out[]
-    return (total_work = b.total_work, ring_latency = b.ring_latency, speedup = b.speedup, imbalance = b.imbalance)
+    return _balance_tuple(out[])
 end
 
 """

@@ -1,6 +1,8 @@
 # Stria.jl's tests: the ring against a dense Float64 reference (layouts, rank counts 1-4, causal
 # and not, GQA/MQA, every dtype, forward and backward, strided views), bad inputs giving the
-# library's errors, the layout helpers, and the generated structs against layout_table.json.
+# library's errors, the layout helpers, document plans (positions, shard/unshard, rings on a plan
+# against the reference, balance, bad boundaries, mismatched plans), and the generated structs
+# against layout_table.json.
 #
 #   julia -t 4 --project=bindings/julia/Stria.jl -e 'using Pkg; Pkg.test()'
 #   julia -t 4 --project=bindings/julia/Stria.jl bindings/julia/Stria.jl/test/runtests.jl
@@ -74,6 +76,87 @@ function check_ring(n, layout, causal, T, Hq, Hkv; B = 2, S = 24, D = 16, seed =
         ok || @error "mismatch" n layout causal T Hq Hkv name err tolerance
         @test ok
     end
+end
+
+# `batch` columns of `num_seqs + 1` boundaries from 0 to S, cut at random (documents may be empty):
+# the (n + 1, B) matrix the calls and plans take.
+function random_documents(rng, S, num_seqs, batch)
+    cu = zeros(Int64, num_seqs + 1, batch)
+    for b in 1:batch
+        cu[2:num_seqs, b] = sort(rand(rng, 0:S, num_seqs - 1))
+        cu[num_seqs + 1, b] = S
+    end
+    return cu
+end
+
+# One ring on a plan, against the dense reference: inputs sharded by the plan, outputs poisoned,
+# gathered by the plan's positions (not its unshard); padding slots must be rows that saw nothing.
+function check_plan_ring(n, causal, T; B = 2, S = 29, Hq = 4, Hkv = 2, D = 8, num_seqs = 5, tile = 4,
+                         window = nothing, pass_documents = false, local_len = 0, seed = 1)
+    rng = MersenneTwister(seed)
+    cu = random_documents(rng, S, num_seqs, B)
+    plan = Plan(cu, S; world_size = n, causal = causal, window = window, tile = tile, local_len = local_len)
+    L = Stria.local_len(plan)
+    local_len > 0 && @test L == local_len
+    q = T.(randn(rng, Float32, D, Hq, S, B))
+    k = T.(randn(rng, Float32, D, Hkv, S, B))
+    v = T.(randn(rng, Float32, D, Hkv, S, B))
+    dout = T.(randn(rng, Float32, D, Hq, S, B))
+    qs, ks, vs, douts = (shard(plan, x) for x in (q, k, v, dout))
+    @test all(size(x) == (D, Hq, L, B) for x in qs)
+    docs = pass_documents ? cu : nothing
+
+    contexts = local_group(n; num_threads = 1, timeout_s = 60)
+    results = run_ranks(contexts) do ctx
+        r = ctx.rank + 1
+        out, lse = poisoned(qs[r]), fill(NaN32, L, Hq, B)
+        attention_forward!(ctx, out, lse, qs[r], ks[r], vs[r]; causal = causal, window = window, plan = plan,
+                           cu_seqlens = docs)
+        dq, dk, dv = poisoned(qs[r]), poisoned(ks[r]), poisoned(vs[r])
+        attention_backward!(ctx, dq, dk, dv, qs[r], ks[r], vs[r], out, lse, douts[r]; causal = causal,
+                            window = window, plan = plan, cu_seqlens = docs)
+        (out, lse, dq, dk, dv)
+    end
+    foreach(close, contexts)
+
+    got_out, got_dq = fill(NaN, D, Hq, S, B), fill(NaN, D, Hq, S, B)
+    got_dk, got_dv = fill(NaN, D, Hkv, S, B), fill(NaN, D, Hkv, S, B)
+    got_lse = fill(NaN, S, Hq, B)
+    padding_bad = 0
+    for (r, (out, lse, dq, dk, dv)) in enumerate(results)
+        pos = positions(plan, r - 1)
+        @test size(pos) == (L, B)
+        for b in 1:B, i in 1:L
+            p = pos[i, b]
+            if p < 0
+                nonzero = a -> count(x -> Float32(x) != 0, a)  # as Float32: any element type, -0 included
+                padding_bad += nonzero(out[:, :, i, b]) + nonzero(dq[:, :, i, b]) + nonzero(dk[:, :, i, b]) +
+                               nonzero(dv[:, :, i, b]) + count(x -> x != -Inf32, lse[i, :, b])
+                continue
+            end
+            got_out[:, :, p + 1, b] = out[:, :, i, b]
+            got_dq[:, :, p + 1, b] = dq[:, :, i, b]
+            got_dk[:, :, p + 1, b] = dk[:, :, i, b]
+            got_dv[:, :, p + 1, b] = dv[:, :, i, b]
+            got_lse[p + 1, :, b] = lse[i, :, b]
+        end
+    end
+    @test padding_bad == 0
+
+    scale = 1 / sqrt(D)
+    ref_out, ref_lse = reference_forward(q, k, v; causal = causal, scale = scale, cu_seqlens = cu, window = window)
+    ref_dq, ref_dk, ref_dv = reference_backward(q, k, v, dout; causal = causal, scale = scale, cu_seqlens = cu,
+                                                window = window)
+    tolerance = TOLERANCE[T]
+    for (name, got, want, tol) in zip(("out", "lse", "dq", "dk", "dv"), (got_out, got_lse, got_dq, got_dk, got_dv),
+                                      (ref_out, ref_lse, ref_dq, ref_dk, ref_dv),
+                                      (tolerance, 1e-5, tolerance, tolerance, tolerance))
+        err = relative_error(got, want)
+        ok = err < tol  # false for NaN
+        ok || @error "mismatch on a plan" n causal T window pass_documents local_len name err tol
+        @test ok
+    end
+    close(plan)
 end
 
 @testset "Stria.jl" begin
@@ -253,6 +336,171 @@ end
         @test_throws ArgumentError attention_forward(ctx, q, q, q; window = 3)
         @test occursin("window_left -2", stria_error(() -> attention_forward(ctx, q, q, q; window = (-2, 0))).message)
         close(ctx)
+    end
+
+    @testset "plans: positions cover each row once, shard and unshard round trip" begin
+        rng = MersenneTwister(11)
+        B = 2
+        for n in 1:5, S in (1, 7, 29, 64), tile in (1, 4, 128), docs in (1, 3, 9)
+            docs > S && continue
+            cu = random_documents(rng, S, docs, B)
+            plan = Plan(cu, S; world_size = n, tile = tile)
+            @test plan_info(plan) == (world_size = n, batch = B, num_seqs = docs, seq_len = S,
+                                      local_len = Stria.local_len(plan))
+            L = Stria.local_len(plan)
+            @test L >= cld(S, n)
+            x = reshape(collect(Int64, 1:(3 * S * B)), 3, S, B)  # (3, S, B): the sequence is dimension 2
+            seen = zeros(Int, S, B)
+            parts = shard(plan, x; dims = 2)
+            for r in 0:(n - 1)
+                pos = positions(plan, r)
+                @test size(pos) == (L, B)
+                @test all(-1 .<= pos .< S)
+                part = parts[r + 1]
+                @test size(part) == (3, L, B)
+                for b in 1:B, i in 1:L
+                    p = pos[i, b]
+                    if p < 0
+                        @test all(iszero, part[:, i, b])  # padding is zeros
+                    else
+                        seen[p + 1, b] += 1
+                        @test part[:, i, b] == x[:, p + 1, b]
+                    end
+                end
+                @test shard!(fill(Int64(-7), 3, L, B), plan, r, x; dims = 2) == part
+            end
+            @test all(==(1), seen)  # every token of every row on exactly one rank
+            @test unshard(plan, parts; dims = 2) == x
+            close(plan)
+        end
+        # One document a row by default; a vector of boundaries serves every batch row.
+        @test Plan(nothing, 10; world_size = 3, tile = 2).num_seqs == 1
+        @test Plan([0, 4, 10], 10; world_size = 3, batch = 2, tile = 2).batch == 2
+    end
+
+    @testset "plans: ring vs dense reference" begin
+        if 3 in RANK_COUNTS
+            seed = 300
+            for causal in (true, false), pass_documents in (false, true)
+                seed += 1
+                check_plan_ring(3, causal, Float32; pass_documents = pass_documents, seed = seed)
+            end
+            check_plan_ring(3, true, Float32; S = 40, window = (5, -1), seed = 310)
+            check_plan_ring(3, false, Float32; S = 40, window = (4, 3), pass_documents = true, seed = 311)
+            check_plan_ring(3, true, Float32; local_len = 24, seed = 312)
+            check_plan_ring(3, true, Float32; S = 23, num_seqs = 2, tile = 128, seed = 313)
+            check_plan_ring(3, true, BFloat16; seed = 314)
+        end
+        for n in RANK_COUNTS
+            n == 3 || check_plan_ring(n, true, Float32; S = 31, seed = 320 + n)
+        end
+    end
+
+    @testset "plans: bad boundaries and configs give the library's errors" begin
+        plan_error(cu, S; kw...) = stria_error(() -> Plan(cu, S; world_size = 4, tile = 16, kw...))
+        @test occursin("decreases", plan_error([0, 5, 3, 10], 10).message)
+        @test occursin("ends at 9", plan_error([0, 5, 9], 10).message)
+        @test occursin("starts at 1", plan_error([1, 5, 10], 10).message)
+        @test occursin("batch 0", plan_error([0, 10], 10; batch = 0).message)
+        @test occursin("too small", plan_error([0, 10], 10; local_len = 2).message)
+        @test occursin("window_left -3", plan_error([0, 10], 10; window = (-3, -1)).message)
+        e = plan_error([0, 10], 10; strategy = :zigzag)  # 10 tokens are no zigzag over 4 ranks
+        @test e.status == LibStria.STRIA_ERROR_INVALID_ARGUMENT && e.func == :stria_plan_create
+        @test occursin("world_size 0", stria_error(() -> Plan([0, 10], 10; world_size = 0)).message)
+        @test_throws ArgumentError Plan([0 0; 10 10], 10; world_size = 2, batch = 3)  # 2 columns, not 3
+        @test_throws ArgumentError Plan([10], 10; world_size = 2)
+        @test_throws ArgumentError Plan([0, 10], 10; world_size = 2, strategy = :diagonal)
+
+        plan = Plan([0, 4, 10], 10; world_size = 4, tile = 16)
+        @test occursin("rank 4", stria_error(() -> positions(plan, 4)).message)
+        @test occursin("tile 0", stria_error(() -> analyze_balance(plan; tile = 0)).message)
+        @test_throws StriaError analyze_balance_steps(plan; tile = 0)
+        e = stria_error(() -> shard(plan, 0, zeros(Float32, 2, 9, 1)))  # 9 tokens for a plan of 10
+        @test e.status == LibStria.STRIA_ERROR_INVALID_ARGUMENT && !isempty(e.message)
+        @test_throws ArgumentError unshard(plan, [zeros(Float32, 2, Stria.local_len(plan), 1) for _ in 1:3])
+        close(plan)
+        @test !isopen(plan)
+        close(plan)  # twice is a no-op
+        @test_throws ArgumentError positions(plan, 0)
+        ctx = Context()
+        q = zeros(Float32, 8, 2, 10, 1)
+        @test_throws ArgumentError attention_forward(ctx, q, q, q; plan = plan)  # never the layout instead
+        close(ctx)
+    end
+
+    @testset "plans: balance" begin
+        rng = MersenneTwister(3)
+        S = 4096
+        cu = [0, 2000]
+        while cu[end] < S
+            push!(cu, min(S, cu[end] + rand(rng, 1:64)))
+        end
+        for n in (2, 4, 8)
+            plan = Plan(cu, S; world_size = n, tile = 16)
+            b = analyze_balance(plan; tile = 16)
+            steps = analyze_balance_steps(plan; tile = 16)
+            @test size(steps) == (n, n)
+            @test sum(steps) ≈ b.total_work
+            @test sum(maximum(steps; dims = 1)) ≈ b.ring_latency  # busiest rank of each step
+            @test 0 < b.ideal_latency <= b.ring_latency
+            for layout in (:contiguous, :striped, :zigzag)
+                fixed = analyze_balance(Plan(cu, S; world_size = n, tile = 16, strategy = layout); tile = 16)
+                @test b.ideal_latency / b.ring_latency > fixed.ideal_latency / fixed.ring_latency
+            end
+        end
+        # A layout's ideal at exact pairs: every causal pair once, over N.
+        causal = analyze_balance(:striped, 64, 4; causal = true)
+        @test causal.ideal_latency ≈ causal.total_work / 4
+    end
+
+    if Threads.nthreads() >= 3
+        @testset "plans: mismatched plans fail on every rank" begin
+            n, S, H, D = 3, 30, 2, 8
+            cu, other = [0, 7, 19, 30], [0, 8, 19, 30]
+            plan = Plan(cu, S; world_size = n, tile = 4)
+            other_plan = Plan(other, S; world_size = n, tile = 4)
+            wider = Plan(cu, S; world_size = n + 1, tile = 4)
+            L = Stria.local_len(plan)
+            contexts = local_group(n; num_threads = 1, timeout_s = 20)
+            for mistake in (:other_plan_on_rank_one, :other_boundaries, :wrong_length, :wrong_world, :none)
+                outcomes = run_ranks(contexts) do ctx
+                    len = mistake === :wrong_length ? L + 1 : L
+                    q = fill(0.5f0, D, H, len, 1)
+                    p = plan
+                    if mistake === :other_plan_on_rank_one && ctx.rank == 1
+                        p = other_plan
+                    elseif mistake === :wrong_world
+                        p = wider
+                    end
+                    docs = mistake === :other_boundaries ? other : nothing
+                    try
+                        attention_forward(ctx, q, q, q; plan = p, cu_seqlens = docs)
+                        nothing
+                    catch e
+                        e isa StriaError || rethrow()
+                        e
+                    end
+                end
+                for (r, e) in enumerate(outcomes)
+                    if mistake === :none
+                        @test e === nothing
+                    else
+                        ok = e isa StriaError && e.status == LibStria.STRIA_ERROR_INVALID_ARGUMENT &&
+                             !isempty(e.message)
+                        ok || @error "no proper error for" mistake r e
+                        @test ok
+                    end
+                end
+                if mistake === :other_boundaries
+                    @test occursin("not the boundaries", outcomes[1].message)
+                end
+                if mistake === :wrong_length
+                    @test occursin("local_len", outcomes[1].message)
+                end
+            end
+            foreach(close, contexts)
+            foreach(close, (plan, other_plan, wider))
+        end
     end
 
     @testset "ring vs dense reference: $n ranks" for n in RANK_COUNTS

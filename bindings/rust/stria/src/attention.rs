@@ -7,6 +7,7 @@ use stria_sys as sys;
 use crate::context::Context;
 use crate::error::{check, invalid, Result};
 use crate::layout::Layout;
+use crate::plan::Plan;
 use crate::tensor::{Input, Output};
 
 /// Packed documents (a document mask): several documents share the sequence, and a query sees
@@ -66,7 +67,8 @@ impl<'a> Documents<'a> {
 /// The settings every rank of a call must share.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttentionParams<'a> {
-    /// How the sequence is spread over the ranks (must match how the tensors were sharded).
+    /// How the sequence is spread over the ranks (must match how the tensors were sharded); not
+    /// used with a `plan`.
     pub layout: Layout,
     /// Causal masking on global positions: a query at p sees keys at p' ≤ p.
     pub causal: bool,
@@ -78,10 +80,17 @@ pub struct AttentionParams<'a> {
     /// i − left ..= i + right (when causal, up to i), each side ≥ 0 or −1 for unbounded; within
     /// its document when `documents` is set. `None` (or `(-1, -1)`): no window.
     pub window: Option<(i64, i64)>,
+    /// A document plan for the ring to run on instead of `layout`: every rank passes a plan made
+    /// from the same boundaries and [`PlanConfig`](crate::PlanConfig), and its tensors hold the
+    /// plan's [`local_len`](Plan::local_len) slots
+    /// ([`Tensor::shard_by_plan`](crate::Tensor::shard_by_plan)). The document mask is then the
+    /// plan's boundaries: `documents` may stay `None`, and if set must be the same boundaries.
+    /// `window` applies as without a plan.
+    pub plan: Option<&'a Plan>,
 }
 
 impl Default for AttentionParams<'_> {
-    /// The library's defaults: striped, causal, 1/√D, one document.
+    /// The library's defaults: striped, causal, 1/√D, one document, no plan.
     fn default() -> Self {
         AttentionParams {
             layout: Layout::Striped,
@@ -89,6 +98,7 @@ impl Default for AttentionParams<'_> {
             softmax_scale: None,
             documents: None,
             window: None,
+            plan: None,
         }
     }
 }
@@ -103,6 +113,7 @@ impl AttentionParams<'_> {
             layout: self.layout.raw(),
             causal: c_int::from(self.causal),
             softmax_scale: self.softmax_scale.unwrap_or(0.0),
+            plan: self.plan.map_or(std::ptr::null_mut(), Plan::raw),
         }
     }
 
@@ -142,7 +153,7 @@ impl Context {
     /// thread, with the same shapes and `params`).
     ///
     /// - `q`: `[B, L, Hq, D]`, `k`, `v`: `[B, L, Hkv, D]` with Hq a multiple of Hkv (GQA/MQA): this
-    ///   rank's L = S / N tokens in `params.layout`;
+    ///   rank's L = S / N tokens in `params.layout`, or the L = local_len slots of `params.plan`;
     /// - `out` (written): like `q`; `lse` (written): `[B, Hq, L]` `f32`, the natural log of each
     ///   row's softmax denominator (−∞ for a row that sees no key).
     ///

@@ -82,7 +82,7 @@ impl std::fmt::Display for Layout {
 }
 
 /// An empty vector with room for `n` values, or an out-of-memory error instead of an abort.
-fn try_vec<T>(n: usize) -> Result<Vec<T>> {
+pub(crate) fn try_vec<T>(n: usize) -> Result<Vec<T>> {
     let mut v = Vec::new();
     v.try_reserve_exact(n)
         .map_err(|_| Error::new(Status::OutOfMemory, format!("cannot allocate {n} values")))?;
@@ -153,7 +153,8 @@ pub fn unshard(
     })
 }
 
-/// The work of one attention call under a layout ([`analyze_balance`]).
+/// The work of one attention call under a layout ([`analyze_balance`]) or a plan
+/// ([`Plan::analyze_balance`](crate::Plan::analyze_balance)).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Balance {
     /// (q, k) pairs computed, all ranks, all steps (at tile granularity).
@@ -164,6 +165,34 @@ pub struct Balance {
     pub speedup: f64,
     /// ring_latency / (total_work / N): 1 is perfect.
     pub imbalance: f64,
+    /// One device's work on the whole sequence at the same tile size, over N, each document
+    /// starting its own tiles (a variable-length kernel): the latency no ring can beat.
+    /// `ideal_latency / ring_latency` is the ring's fraction of ideal.
+    pub ideal_latency: f64,
+}
+
+impl Balance {
+    /// An output struct for the library, with its struct_size set.
+    pub(crate) fn raw_out() -> sys::stria_balance_t {
+        sys::stria_balance_t {
+            struct_size: std::mem::size_of::<sys::stria_balance_t>(),
+            total_work: 0.0,
+            ring_latency: 0.0,
+            speedup: 0.0,
+            imbalance: 0.0,
+            ideal_latency: 0.0,
+        }
+    }
+
+    pub(crate) fn from_raw(b: &sys::stria_balance_t) -> Balance {
+        Balance {
+            total_work: b.total_work,
+            ring_latency: b.ring_latency,
+            speedup: b.speedup,
+            imbalance: b.imbalance,
+            ideal_latency: b.ideal_latency,
+        }
+    }
 }
 
 /// How evenly `layout` spreads the work of one attention call over a ring of `world_size`
@@ -175,25 +204,15 @@ pub struct Balance {
 /// let contiguous = analyze_balance(Layout::Contiguous, true, 4096, 8, 1).unwrap();
 /// assert!(striped.imbalance < 1.01 && contiguous.imbalance > 1.5);
 /// assert_eq!(striped.total_work, 4096.0 * 4097.0 / 2.0); // every causal pair, once
+/// assert_eq!(striped.ideal_latency, striped.total_work / 8.0); // exact pairs: no tile to waste
 /// ```
 pub fn analyze_balance(layout: Layout, causal: bool, seq_len: i64, world_size: i32, tile: i64) -> Result<Balance> {
-    let mut out = sys::stria_balance_t {
-        struct_size: std::mem::size_of::<sys::stria_balance_t>(),
-        total_work: 0.0,
-        ring_latency: 0.0,
-        speedup: 0.0,
-        imbalance: 0.0,
-    };
+    let mut out = Balance::raw_out();
     // SAFETY: `out` is a stria_balance_t with its struct_size set.
     check(unsafe {
         sys::stria_analyze_balance(layout.raw(), c_int::from(causal), seq_len, world_size, tile, &mut out)
     })?;
-    Ok(Balance {
-        total_work: out.total_work,
-        ring_latency: out.ring_latency,
-        speedup: out.speedup,
-        imbalance: out.imbalance,
-    })
+    Ok(Balance::from_raw(&out))
 }
 
 /// The per-step, per-rank work behind [`analyze_balance`]: `work[s * world_size + r]` is the

@@ -14,6 +14,8 @@
 //!   [`half::bf16`].
 //! - [`Layout::positions`], [`shard`]/[`unshard`] (and [`Tensor::shard`]/[`Tensor::unshard`]),
 //!   [`analyze_balance`].
+//! - Packed documents of uneven lengths: a [`Plan`] ([`PlanConfig`]) places the tokens so that
+//!   every rank does about the same work at every ring step ([`AttentionParams::plan`]).
 //! - Every failure is an [`Error`]: a [`Status`] and the library's message.
 //!
 //! ```
@@ -44,6 +46,7 @@ mod context;
 mod error;
 mod launch;
 mod layout;
+mod plan;
 mod tensor;
 
 pub use attention::{AttentionParams, Documents};
@@ -52,6 +55,7 @@ pub use error::{Error, Result, Status};
 pub use half;
 pub use launch::Launch;
 pub use layout::{analyze_balance, balance_steps, shard, unshard, Balance, Layout};
+pub use plan::{Plan, PlanConfig, PlanInfo, PlanStrategy};
 pub use stria_sys as sys;
 pub use tensor::{DType, Device, Element, Input, Output, Tensor, TensorView, TensorViewMut};
 

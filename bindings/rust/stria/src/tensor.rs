@@ -18,6 +18,7 @@ use stria_sys as sys;
 
 use crate::error::{invalid, Error, Result, Status};
 use crate::layout::Layout;
+use crate::plan::Plan;
 
 mod sealed {
     pub trait Sealed {}
@@ -550,6 +551,41 @@ impl<T: Element> Tensor<T> {
         let mut full = Tensor::zeros(&shape)?;
         for (rank, shard) in shards.iter().enumerate() {
             crate::layout::unshard(layout, world_size, rank as i32, seq_dim, shard, &mut full)?;
+        }
+        Ok(full)
+    }
+
+    /// This rank's slots of a full-sequence tensor under a document plan: [`Plan::shard`] into a
+    /// new tensor whose `seq_dim` (negative: from the end) is the plan's
+    /// [`local_len`](Plan::local_len) long, zero in the padding slots.
+    pub fn shard_by_plan(&self, plan: &Plan, rank: i32, seq_dim: i32) -> Result<Tensor<T>> {
+        let mut shape = self.shape.clone();
+        if let Some(dim) = resolve_dim(seq_dim, shape.len()) {
+            shape[dim] = plan.local_len(); // a full tensor of the wrong length is the library's to report
+        }
+        let mut local = Tensor::zeros(&shape)?;
+        plan.shard(rank, seq_dim, self, &mut local)?;
+        Ok(local)
+    }
+
+    /// Puts every rank's slots (`shards[r]` from rank r, one per rank of the plan) back into one
+    /// full-sequence tensor of the plan's seq_len along `seq_dim`.
+    pub fn unshard_by_plan(shards: &[Tensor<T>], plan: &Plan, seq_dim: i32) -> Result<Tensor<T>> {
+        let first = shards.first().ok_or_else(|| invalid("unshard of no shards"))?;
+        if shards.len() != plan.world_size() as usize {
+            return Err(invalid(format!(
+                "{} shards for a plan of world_size {}: one per rank",
+                shards.len(),
+                plan.world_size()
+            )));
+        }
+        let mut shape = first.shape.clone();
+        if let Some(dim) = resolve_dim(seq_dim, shape.len()) {
+            shape[dim] = plan.info().seq_len;
+        }
+        let mut full = Tensor::zeros(&shape)?;
+        for (rank, shard) in shards.iter().enumerate() {
+            plan.unshard(rank as i32, seq_dim, shard, &mut full)?;
         }
         Ok(full)
     }

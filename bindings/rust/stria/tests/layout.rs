@@ -1,5 +1,6 @@
 //! Layouts against DESIGN.md's normative table: positions, shard/unshard (any dtype, any
-//! sequence dimension), and the balance analysis against work counted here pair by pair.
+//! sequence dimension), and the balance analysis (and its ideal latency) against work counted
+//! here pair by pair.
 
 mod common;
 
@@ -78,6 +79,21 @@ fn block_work(layout: Layout, causal: bool, s: usize, world: usize, rank: usize,
     work
 }
 
+/// One device's work on the whole sequence at `tile` granularity (the ideal a ring is measured
+/// against, before dividing by N).
+fn whole_work(causal: bool, s: usize, tile: usize) -> f64 {
+    let mut work = 0.0;
+    for ti in (0..s).step_by(tile) {
+        for tj in (0..s).step_by(tile) {
+            let (ie, je) = ((ti + tile).min(s), (tj + tile).min(s));
+            if !causal || tj < ie {
+                work += ((ie - ti) * (je - tj)) as f64;
+            }
+        }
+    }
+    work
+}
+
 #[test]
 fn balance_matches_pairs_counted_here() {
     for layout in Layout::ALL {
@@ -102,6 +118,7 @@ fn balance_matches_pairs_counted_here() {
                 assert_eq!(b.ring_latency, latency, "{what}");
                 assert!((b.speedup - total / latency).abs() < 1e-12, "{what}");
                 assert!((b.imbalance - latency / (total / world as f64)).abs() < 1e-12, "{what}");
+                assert_eq!(b.ideal_latency, whole_work(causal, s, tile) / world as f64, "{what}");
                 if causal && tile == 1 {
                     assert_eq!(total, (s * (s + 1) / 2) as f64, "{what}: every causal pair once");
                 }

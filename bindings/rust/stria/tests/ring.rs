@@ -217,6 +217,7 @@ fn run_case<T: Float>(c: Case) -> Result<(), String> {
             }
         }),
         window: c.window,
+        plan: None,
     };
     let config = Config::new().num_threads(1).timeout(Duration::from_secs(60));
     let mut group = LocalGroup::new(n, &config).map_err(|e| e.to_string())?;
