@@ -30,6 +30,7 @@ struct Case {
   bool device_docs = false;       // the boundaries in device memory, written on the call's stream just before it
   Window window{};                // a sliding window (stria_attention_forward_window)
   bool deterministic = false;     // stria_context_set_deterministic, and a second backward that must repeat the bits
+  int64_t plan_tile = 0;          // > 0: on a document plan of this tile (with docs), S = L * world - 1 for world > 1
 };
 
 std::string Name(const Case& c) {
@@ -39,7 +40,7 @@ std::string Name(const Case& c) {
      << (c.kernels ? std::string("_") + c.kernels : "") << (c.stream ? "_stream" : "") << (c.strided ? "_strided" : "")
      << (c.spread ? "_2gpus" : "") << (c.docs > 0 ? "_docs" + std::to_string(c.docs) : "")
      << (c.device_docs ? "_ondevice" : "") << (c.window.active() ? "_window" + WindowName(c.window) : "")
-     << (c.deterministic ? "_deterministic" : "");
+     << (c.deterministic ? "_deterministic" : "") << (c.plan_tile > 0 ? "_plan" + std::to_string(c.plan_tile) : "");
   return os.str();
 }
 
@@ -48,10 +49,12 @@ void PrintTo(const Case& c, std::ostream* os) {
   *os << Name(c);
 }
 
-Tensor ShardHost(const Tensor& full, const Case& c, int rank) {
-  Tensor local({full.shape[0], c.L, full.shape[2], full.shape[3]}, full.dt);
-  EXPECT_EQ(stria_shard(c.layout, c.world, rank, 1, &full.dl, &local.dl, nullptr), STRIA_SUCCESS)
-      << stria_get_last_error();
+// The rank's tokens by the layout, or by `plan` (local_len slots).
+Tensor ShardHost(const Tensor& full, const Case& c, int rank, stria_plan_t plan, int64_t local_len) {
+  Tensor local({full.shape[0], local_len, full.shape[2], full.shape[3]}, full.dt);
+  const stria_status_t st = plan != nullptr ? stria_plan_shard(plan, rank, 1, &full.dl, &local.dl, nullptr)
+                                            : stria_shard(c.layout, c.world, rank, 1, &full.dl, &local.dl, nullptr);
+  EXPECT_EQ(st, STRIA_SUCCESS) << stria_get_last_error();
   return local;
 }
 
@@ -73,7 +76,8 @@ void RunCase(const Case& c) {
     setenv("STRIA_CUDA_KERNELS", family, 1);
   else
     unsetenv("STRIA_CUDA_KERNELS");
-  const int64_t S = c.L * c.world;
+  // A plan takes any S: one token short of whole blocks leaves some rank padding.
+  const int64_t S = c.L * c.world - (c.plan_tile > 0 && c.world > 1 ? 1 : 0);
   std::mt19937_64 rng(99 + c.world * 7 + c.layout * 131 + c.D + c.L);
   Tensor q({c.B, S, c.Hq, c.D}, c.dt), k({c.B, S, c.Hkv, c.D}, c.dt), v({c.B, S, c.Hkv, c.D}, c.dt);
   Tensor dout({c.B, S, c.Hq, c.D}, c.dt);
@@ -85,6 +89,27 @@ void RunCase(const Case& c) {
                                        c.causal, scale, c.docs > 0 ? &documents : nullptr, c.window);
 
   GatheredResults full(c.layout, c.world, c.B, S, c.Hq, c.Hkv, c.D, c.dt);
+  stria_plan_t plan = nullptr;  // destroyed at the end of the case
+  int64_t Ll = c.L;             // each rank's tokens (slots)
+  if (c.plan_tile > 0) {
+    stria_plan_config_t pc;
+    stria_plan_config_init(&pc);
+    pc.world_size = c.world;
+    pc.causal = c.causal;
+    pc.tile = c.plan_tile;
+    ASSERT_EQ(stria_plan_create(&pc, documents.data(), c.docs, c.B, S, &plan), STRIA_SUCCESS) << stria_get_last_error();
+    stria_plan_info_t info;
+    info.struct_size = sizeof info;
+    ASSERT_EQ(stria_plan_get_info(plan, &info), STRIA_SUCCESS);
+    Ll = info.local_len;
+    full.UsePlan(plan);
+  }
+  struct PlanDestroyer {
+    stria_plan_t p;
+    ~PlanDestroyer() {
+      if (p) stria_plan_destroy(p);
+    }
+  } destroy_plan{plan};
 
   std::vector<int> ordinals(static_cast<size_t>(c.world), 0);
   if (c.spread) {
@@ -99,6 +124,7 @@ void RunCase(const Case& c) {
   stria_attention_params_init(&params);
   params.layout = c.layout;
   params.causal = c.causal;
+  params.plan = plan;
 
   // On the runtime model, CTAs in a random order that changes at every launch (as a GPU's may): the
   // deterministic backward's second run must still repeat the first one's bits.
@@ -107,14 +133,15 @@ void RunCase(const Case& c) {
   std::vector<std::string> errors(static_cast<size_t>(c.world)), repeat(static_cast<size_t>(c.world));
   RunRanks(c.world, [&](int r) {
     cudaSetDevice(ordinals[static_cast<size_t>(r)]);  // the rank's tensors and stream live there
-    Tensor ql = ShardHost(q, c, r), kl = ShardHost(k, c, r), vl = ShardHost(v, c, r), dol = ShardHost(dout, c, r);
-    Tensor out({c.B, c.L, c.Hq, c.D}, c.dt), lse({c.B, c.Hq, c.L}, Dt::kF32);
-    Tensor dq({c.B, c.L, c.Hq, c.D}, c.dt), dk({c.B, c.L, c.Hkv, c.D}, c.dt), dv({c.B, c.L, c.Hkv, c.D}, c.dt);
+    Tensor ql = ShardHost(q, c, r, plan, Ll), kl = ShardHost(k, c, r, plan, Ll), vl = ShardHost(v, c, r, plan, Ll);
+    Tensor dol = ShardHost(dout, c, r, plan, Ll);
+    Tensor out({c.B, Ll, c.Hq, c.D}, c.dt), lse({c.B, c.Hq, Ll}, Dt::kF32);
+    Tensor dq({c.B, Ll, c.Hq, c.D}, c.dt), dk({c.B, Ll, c.Hkv, c.D}, c.dt), dv({c.B, Ll, c.Hkv, c.D}, c.dt);
     DeviceTensor dq_d(dq), dk_d(dk), dv_d(dv), out_d(out), lse_d(lse), do_d(dol);
     for (DeviceTensor* t : {&dq_d, &dk_d, &dv_d, &out_d, &lse_d}) t->Poison();
     Tensor packed = c.strided ? PackQKV(ql, kl, vl) : Tensor({1}, c.dt);
     DeviceTensor packed_d(packed), q_d(ql), k_d(kl), v_d(vl);
-    std::vector<int64_t> qs{c.B, c.L, c.Hq, c.D}, ks{c.B, c.L, c.Hkv, c.D};
+    std::vector<int64_t> qs{c.B, Ll, c.Hq, c.D}, ks{c.B, Ll, c.Hkv, c.D};
     DLTensor qv = q_d.dl, kv = k_d.dl, vv = v_d.dl;
     if (c.strided) {
       qv = HeadView(packed_d, 0, &qs);
@@ -348,6 +375,27 @@ std::vector<Case> DocumentSweep() {
   on_stream.docs = 4;
   on_stream.stream = true;
   cases.push_back(on_stream);
+  // Document plans (S one short of whole blocks: padding slots): rank counts, causal and not, the
+  // families, tiles cut at 16 tokens (a kernel tile holds several blocks) and at 64 (one each).
+  for (int n : {1, 2, 3, 5})
+    for (bool causal : {true, false}) {
+      Case c{n, STRIA_LAYOUT_STRIPED, causal, causal ? Dt::kBF16 : Dt::kF16, 2, 80, 4, 2, 64};
+      c.docs = 4;
+      c.plan_tile = 16;
+      cases.push_back(c);
+    }
+  for (const char* k : {"simt", "wgmma", "tma"}) {
+    Case c{3, STRIA_LAYOUT_STRIPED, true, k == std::string("simt") ? Dt::kF32 : Dt::kBF16, 1, 264, 4, 1, 128};
+    c.kernels = k;
+    c.docs = 5;
+    c.plan_tile = 64;
+    cases.push_back(c);
+  }
+  Case repeat{3, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 2, 80, 4, 2, 64};
+  repeat.docs = 4;
+  repeat.plan_tile = 16;
+  repeat.deterministic = true;
+  cases.push_back(repeat);
   // Boundaries in device memory (a framework's tensor), on the default stream and on the caller's.
   for (bool own_stream : {false, true}) {
     Case dev{3, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 2, 80, 4, 2, 64};
