@@ -12,6 +12,12 @@
 //     (rank, step) block mask of each layout is timed on this GPU (identical masks once), the
 //     ring takes the sum over steps of the slowest rank; beside it the ideal (one GPU running the
 //     whole sequence, divided by N) and the analytical ratios of stria_analyze_balance.
+//   stria-cuda-bench docs [--seq 32768] [--world 8] [--heads 16] [--dim 128] [--dist lognormal] [--seed 1]
+//     Packed documents: the ring latency of a document plan and of each fixed layout on the same
+//     documents, modelled from measured per-block kernel times as in ring (every (rank, step)
+//     block with its document bounds), against the ideal: one GPU running the packed sequence
+//     with its document mask, divided by N. Distributions as stria-plan-bench's (lognormal:
+//     median 1k tokens, capped at 15k; fewlong; uniform; single).
 //   stria-cuda-bench hide [--lens 1024,...,32768] [--heads 16] [--dim 128] [--kernels mma|wgmma|tma]
 //                         [--nvlink-gbs 450] [--ib-gbs 50]
 //     When does a ring step's transfer hide behind its compute? Times the block kernels of one
@@ -31,6 +37,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
+#include <random>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -38,6 +46,7 @@
 #include "backend/cuda/mask_args.h"
 #include "cuda/launch.h"
 #include "layout/layout.h"
+#include "layout/plan.h"
 
 namespace {
 
@@ -184,6 +193,22 @@ struct BlockTimer {
   // A [B, L, H, D] bf16 buffer's rows, compact.
   stria::cuda::RowsArg Rows(const Dev& t) const { return stria::cuda::RowsArg{t.p, L * H * D, H * D, D}; }
 
+  // A block mask with document bounds (host arrays, [B][L] each): the device copy its kernels read.
+  stria::cuda::MaskArgs Mask(const stria::BlockMask& bm) {
+    stria::cuda::MaskArgs a = stria::MaskOf(bm);
+    if (bm.doc_lo == nullptr) return a;
+    const size_t n = static_cast<size_t>(B * L);
+    if (bounds == nullptr) bounds = std::make_unique<Dev>(2 * n * sizeof(int64_t), false);
+    auto* dev = static_cast<int64_t*>(bounds->p);
+    CHECK_CUDA(cudaMemcpy(dev, bm.doc_lo, n * sizeof(int64_t), cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(dev + n, bm.doc_hi, n * sizeof(int64_t), cudaMemcpyHostToDevice));
+    a.doc_lo = dev;
+    a.doc_hi = dev + n;
+    a.doc_stride = bm.doc_batch_stride;
+    return a;
+  }
+  std::unique_ptr<Dev> bounds;  // Mask's device copy of the document bounds
+
   double Forward(const stria::BlockMask& bm, stria::cuda::Kernels kernels = stria::cuda::Kernels::kMma) {
     if (bm.empty()) return 0.0;
     stria::cuda::FwdParams p{};
@@ -195,7 +220,7 @@ struct BlockTimer {
     p.m = static_cast<float*>(m.p);
     p.l = static_cast<float*>(l.p);
     p.scale_log2 = stria::cuda::kLog2e / std::sqrt(static_cast<float>(D));
-    p.mask = stria::MaskOf(bm);
+    p.mask = Mask(bm);
     return TimeMs(stream, reps,
                   [&] { CHECK_CUDA(stria::cuda::LaunchForwardBlock(stria::cuda::Elem::kBF16, kernels, p, stream)); });
   }
@@ -214,7 +239,7 @@ struct BlockTimer {
     p.dv = static_cast<float*>(dkv.p) + B * L * H * D;
     p.scale = 1.f / std::sqrt(static_cast<float>(D));
     p.scale_log2 = p.scale * stria::cuda::kLog2e;
-    p.mask = stria::MaskOf(bm);
+    p.mask = Mask(bm);
     return TimeMs(stream, reps, [&] {
       CHECK_CUDA(stria::cuda::LaunchBackwardBlock(stria::cuda::Elem::kBF16, kernels, false, p, stream));
     });
@@ -375,6 +400,115 @@ int Ring(int64_t S, int N, int64_t H, int64_t D, int reps, stria::cuda::Kernels 
   return 0;
 }
 
+// Document boundaries [0, .., S] of one row: the distributions of stria-plan-bench.
+std::vector<int64_t> DocumentBoundaries(const std::string& dist, int64_t S, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::vector<int64_t> cu{0};
+  auto push = [&](int64_t n) { cu.push_back(std::min(S, cu.back() + std::max<int64_t>(1, n))); };
+  if (dist == "single") {
+    push(S);
+  } else if (dist == "lognormal") {
+    std::lognormal_distribution<double> len(std::log(1000.0), 1.0);
+    while (cu.back() < S) push(std::min<int64_t>(15000, std::llround(len(g))));
+  } else if (dist == "uniform") {
+    std::uniform_int_distribution<int64_t> len(1, 4096);
+    while (cu.back() < S) push(len(g));
+  } else if (dist == "fewlong") {
+    std::uniform_int_distribution<int64_t> len(50, 600), where(0, 7);
+    std::vector<bool> long_at(8, false);
+    for (int i = 0; i < 3; ++i) long_at[static_cast<size_t>(where(g))] = true;
+    for (int slot = 0; cu.back() < S; ++slot) {
+      if (slot < 8 && long_at[static_cast<size_t>(slot)]) push(S / 8);
+      const int64_t upto = std::min(S, (slot + 1) * S / 8);
+      while (cu.back() < upto) push(len(g));
+    }
+  }
+  return cu;
+}
+
+void CheckPlan(const stria::Status& st) {
+  if (st.ok()) return;
+  std::fprintf(stderr, "plan: %s\n", st.message().c_str());
+  std::exit(1);
+}
+
+// The modelled ring of a plan and of each fixed layout on one row of packed documents.
+int Docs(int64_t S, int N, int64_t H, int64_t D, int reps, stria::cuda::Kernels kernels, const std::string& dist,
+         uint64_t seed) {
+  const std::vector<int64_t> cu = DocumentBoundaries(dist, S, seed);
+  if (cu.size() < 2) {
+    std::fprintf(stderr, "--dist %s: use lognormal, fewlong, uniform or single\n", dist.c_str());
+    return 2;
+  }
+  const int64_t docs = static_cast<int64_t>(cu.size()) - 1;
+  struct Who {
+    const char* name;
+    stria::Plan::Strategy strategy;
+    stria_layout_t layout;
+  };
+  const Who who[] = {{"plan", stria::Plan::Strategy::kBalanced, STRIA_LAYOUT_STRIPED},
+                     {"striped", stria::Plan::Strategy::kLayout, STRIA_LAYOUT_STRIPED},
+                     {"zigzag", stria::Plan::Strategy::kLayout, STRIA_LAYOUT_ZIGZAG},
+                     {"contiguous", stria::Plan::Strategy::kLayout, STRIA_LAYOUT_CONTIGUOUS}};
+  stria::MaskSpec causal;
+  // The ideal: one GPU on the whole packed sequence with its document mask (a plan of one rank
+  // keeps every document whole, in order), over N.
+  double single[2];
+  {
+    stria::Plan::Options one;
+    one.strategy = stria::Plan::Strategy::kLayout;
+    one.layout = STRIA_LAYOUT_CONTIGUOUS;
+    std::unique_ptr<stria::Plan> whole;
+    CheckPlan(stria::Plan::Create(cu.data(), 1, docs, S, one, &whole));
+    std::vector<int64_t> lo(static_cast<size_t>(S)), hi(static_cast<size_t>(S));
+    whole->Bounds(0, 0, 0, causal, lo.data(), hi.data());
+    stria::BlockMask all;
+    all.q_end = all.k_end = S;
+    all.doc_lo = lo.data();
+    all.doc_hi = hi.data();
+    all.doc_batch_stride = S;
+    BlockTimer t(S, H, D, 1);
+    single[0] = t.Forward(all, kernels);
+    single[1] = t.Backward(all, kernels);
+  }
+  for (const Who& w : who) {
+    if (w.strategy == stria::Plan::Strategy::kLayout && S % (2 * N) != 0) continue;
+    stria::Plan::Options o;
+    o.world_size = N;
+    o.strategy = w.strategy;
+    o.layout = w.layout;
+    std::unique_ptr<stria::Plan> plan;
+    CheckPlan(stria::Plan::Create(cu.data(), 1, docs, S, o, &plan));
+    const int64_t L = plan->local_len();
+    BlockTimer t(L, H, D, reps);
+    std::vector<int64_t> lo(static_cast<size_t>(L)), hi(static_cast<size_t>(L));
+    double latency[2] = {0, 0};
+    for (int step = 0; step < N; ++step) {
+      double slowest[2] = {0, 0};
+      for (int r = 0; r < N; ++r) {
+        if (!plan->Bounds(0, r, (r - step + N) % N, causal, lo.data(), hi.data())) continue;
+        stria::BlockMask bm;
+        bm.q_end = bm.k_end = L;
+        bm.doc_lo = lo.data();
+        bm.doc_hi = hi.data();
+        bm.doc_batch_stride = L;
+        slowest[0] = std::max(slowest[0], t.Forward(bm, kernels));
+        slowest[1] = std::max(slowest[1], t.Backward(bm, kernels));
+      }
+      latency[0] += slowest[0];
+      latency[1] += slowest[1];
+    }
+    for (int dir = 0; dir < 2; ++dir)
+      std::printf(
+          "docs kernels=%s dir=%s who=%s dist=%s seq=%lld world=%d heads=%lld dim=%lld documents=%lld local_len=%lld "
+          "latency_ms=%.3f ideal_ms=%.3f of_ideal=%.3f single_gpu_ms=%.3f\n",
+          stria::cuda::KernelsName(kernels), dir == 0 ? "fwd" : "bwd", w.name, dist.c_str(), (long long)S, N,
+          (long long)H, (long long)D, (long long)docs, (long long)L, latency[dir], single[dir] / N,
+          single[dir] / N / latency[dir], single[dir]);
+  }
+  return 0;
+}
+
 // Per block length: the step's kernel time against its transfer time on each link.
 int Hide(const std::vector<int64_t>& lens, int64_t H, int64_t D, int reps, stria::cuda::Kernels kernels,
          double nvlink_gbs, double ib_gbs) {
@@ -420,7 +554,7 @@ int main(int argc, char** argv) {
   // Line by line into a pipe too: a run that a time limit stops keeps every line it printed whole.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s kernels|ring|hide [options]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s kernels|ring|docs|hide [options]\n", argv[0]);
     return 2;
   }
   const std::string mode = argv[1];
@@ -430,6 +564,9 @@ int main(int argc, char** argv) {
   bool deterministic = true;
   double nvlink_gbs = 450, ib_gbs = 50;
   stria::cuda::Kernels kernels = stria::cuda::Kernels::kMma;
+  std::string dist = "lognormal";
+  uint64_t seed = 1;
+  bool seq_given = false;
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     if (k == "--dims")
@@ -439,7 +576,11 @@ int main(int argc, char** argv) {
     else if (k == "--reps")
       reps = std::atoi(argv[i + 1]);
     else if (k == "--seq")
-      seq = std::atoll(argv[i + 1]);
+      seq = std::atoll(argv[i + 1]), seq_given = true;
+    else if (k == "--dist")
+      dist = argv[i + 1];
+    else if (k == "--seed")
+      seed = std::strtoull(argv[i + 1], nullptr, 10);
     else if (k == "--world")
       world = std::atoi(argv[i + 1]);
     else if (k == "--heads")
@@ -480,7 +621,8 @@ int main(int argc, char** argv) {
   int rc = 2;
   if (mode == "ring") rc = Ring(seq, world, heads, dim, reps, kernels);
   if (mode == "hide") rc = Hide(lens, heads, dim, reps, kernels, nvlink_gbs, ib_gbs);
-  if (mode == "ring" || mode == "hide") {
+  if (mode == "docs") rc = Docs(seq_given ? seq : 32768, world, heads, dim, reps, kernels, dist, seed);
+  if (mode == "ring" || mode == "hide" || mode == "docs") {
     // Blocks of the TMA family that fell back to cp.async: their times are not TMA's.
     if (kernels == stria::cuda::Kernels::kTma)
       std::printf("tma_map_failures=%llu\n", static_cast<unsigned long long>(stria::cuda::TmaMapFailures()));

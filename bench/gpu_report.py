@@ -78,6 +78,7 @@ def kernels_tables(kern, out):
 RING_KEYS = {"kernels", "dir", "layout", "world", "seq", "latency_ms", "ideal_ms", "of_ideal", "vs_contiguous",
              "analytic_vs_contiguous"}
 HIDE_KEYS = {"kernels", "dir", "step", "link", "gbs", "smallest_hiding_len"}
+DOCS_KEYS = {"kernels", "dir", "who", "dist", "seq", "world", "local_len", "latency_ms", "ideal_ms", "of_ideal"}
 SPLIT_KEYS = {"impl", "dir", "len", "call_ms", "loop_ms", "block_ms"}
 
 
@@ -98,7 +99,7 @@ def split_table(split, out):
 def main(argv):
     if len(argv) != 2:
         sys.exit(__doc__)
-    kern, split, ring, hide, nccl = {}, [], [], [], []
+    kern, split, ring, hide, nccl, docs = {}, [], [], [], [], []
     with open(argv[1], errors="replace") as f:
         for line in f:
             # The nccl1 stage prints its own markdown table (NCCL at world 1 against in-process).
@@ -117,6 +118,9 @@ def main(argv):
                     ring.append(kv)
                 elif head == "hide_threshold" and HIDE_KEYS <= kv.keys():
                     hide.append(kv)
+                elif head == "docs" and DOCS_KEYS <= kv.keys():
+                    float(kv["of_ideal"])  # whole, or left out
+                    docs.append(kv)
             except (KeyError, ValueError):
                 continue  # a line cut short (a time limit): left out
     out = []
@@ -152,6 +156,16 @@ def main(argv):
             of, vs = float(r["of_ideal"]), float(r["vs_contiguous"])
             bars.append((who + ": of ideal", ">= 0.95", of, of >= 0.95))
             bars.append((who + ": contiguous / striped", ">= 1.75x", vs, vs >= 1.75))
+    if docs:
+        out.append("Packed documents, modelled ring (causal, bf16; every (rank, step) block kernel with its document "
+                   "bounds; ideal: one GPU on the packed sequence over N):\n")
+        out.append("| kernels | pass | documents | tokens | N | who | local_len | latency ms | ideal ms | of ideal |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|")
+        for r in docs:
+            out.append(f"| {r['kernels']} | {r['dir']} | {r['dist']} | {r['seq']} | {r['world']} | {r['who']} | "
+                       f"{r['local_len']} | {float(r['latency_ms']):.2f} | {float(r['ideal_ms']):.2f} | "
+                       f"{float(r['of_ideal']):.3f} |")
+        out.append("")
     if hide:
         out.append("Smallest block length (tokens per rank) whose step kernels hide the step's transfer:\n")
         out.append("| kernels | pass | step | link | GB/s | from L |")

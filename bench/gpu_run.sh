@@ -20,6 +20,8 @@
 #   kernels      each family whose tests passed (mma; wgmma and tma on sm_90)  60 s for three
 #                beside torch SDPA's flash and cuDNN backends, same shapes
 #   ring         the modelled N = 8 ring at 256k tokens, per family            12 s a family
+#   docs         packed documents: the modelled ring of a document plan and    not yet measured
+#                of each layout, lognormal lengths, 32k and 128k tokens, N 8
 #   nccl1        the NCCL transport at world 1 against the in-process one      6 s
 #   hide         the block length above which a step's transfer hides         3 s a family
 #   sanitizer    compute-sanitizer memcheck and racecheck, small rings         20 s
@@ -47,7 +49,7 @@ results=$out/gpu_results.txt
 budget=${BUDGET_S:-570}
 jobs=$(nproc)
 shards=${SHARDS:-$((jobs / 2 > 8 ? 8 : (jobs / 2 < 1 ? 1 : jobs / 2)))}
-all="build primitives tests wgmma tma kernels ring nccl1 hide sanitizer python profile"
+all="build primitives tests wgmma tma kernels ring docs nccl1 hide sanitizer python profile"
 stages=" ${STAGES:-$all} "
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -78,7 +80,7 @@ cap() {
 note_failure() { [[ " ${failed[*]} " == *" $1 "* ]] || failed+=("$1"); }
 # report: docs/performance.md's tables and issue 4's bars from what this call measured so far.
 report() {
-  if grep -q -E '^(impl=|ring kernels=|hide_threshold |\| tokens \| layout )' "$results"; then
+  if grep -q -E '^(impl=|ring kernels=|docs kernels=|hide_threshold |\| tokens \| layout )' "$results"; then
     python3 bench/gpu_report.py "$results" >"$out/gpu_report.md"
   fi
 }
@@ -232,6 +234,14 @@ if stage ring $((25 * nf)); then
   for family in "${families[@]}"; do
     timeout -k 10 "$(cap 200)" "$bin"/bench/stria-cuda-bench ring --seq $seq --world 8 --heads 16 --dim 128 \
       --kernels "$family" 2>&1 | tee -a "$results" || { say "ring $family: failed or timed out"; note_failure ring; }
+  done
+fi
+if stage docs $((20 * nf)); then
+  for family in "${families[@]}"; do
+    for dseq in 32768 131072; do
+      timeout -k 10 "$(cap 120)" "$bin"/bench/stria-cuda-bench docs --seq $dseq --world 8 --heads 16 --dim 128 \
+        --reps 5 --kernels "$family" 2>&1 | tee -a "$results" || { say "docs $family: failed or timed out"; note_failure docs; }
+    done
   done
 fi
 if stage nccl1 20 && { [ -x "$bin"/bench/stria-nccl-bench ] || { say "stria-nccl-bench: not built"; false; }; }; then
