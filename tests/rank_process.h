@@ -169,7 +169,8 @@ inline std::string AfterFailure(stria_context_t ctx, const std::string& call_err
 }
 
 // This rank's rows of `got` ([B, L, H, D], or lse [B, H, L]) against the full reference
-// ([B, S, H, D] or [B, H, S]); pos: the sequence positions of the rank's rows.
+// ([B, S, H, D] or [B, H, S]); pos: the sequence positions of the rank's rows, -1 for a plan's
+// padding slot, which must hold a row that saw nothing (0, and an LSE of -inf).
 inline double RowError(const Tensor& got, const std::vector<double>& ref, const std::vector<int64_t>& pos, int64_t S,
                        bool is_lse) {
   std::vector<double> want(static_cast<size_t>(got.numel()));
@@ -180,14 +181,17 @@ inline double RowError(const Tensor& got, const std::vector<double>& ref, const 
       for (int64_t h = 0; h < H; ++h)
         for (int64_t i = 0; i < L; ++i)
           want[static_cast<size_t>((b * H + h) * L + i)] =
-              ref[static_cast<size_t>((b * H + h) * S + pos[static_cast<size_t>(i)])];
+              pos[static_cast<size_t>(i)] < 0 ? -INFINITY
+                                              : ref[static_cast<size_t>((b * H + h) * S + pos[static_cast<size_t>(i)])];
   } else {
     const int64_t L = got.shape[1], HD = got.shape[2] * got.shape[3];
     for (int64_t b = 0; b < B; ++b)
       for (int64_t i = 0; i < L; ++i)
         for (int64_t x = 0; x < HD; ++x)
           want[static_cast<size_t>((b * L + i) * HD + x)] =
-              ref[static_cast<size_t>((b * S + pos[static_cast<size_t>(i)]) * HD + x)];
+              pos[static_cast<size_t>(i)] < 0
+                  ? 0.0
+                  : ref[static_cast<size_t>((b * S + pos[static_cast<size_t>(i)]) * HD + x)];
   }
   return RelError(got.ToDouble(), want);
 }
@@ -202,11 +206,12 @@ struct RankResults {
 // float32 and 2e-2 otherwise, and `lse_tol` for the LSE. Returns "" or a MISMATCH message.
 inline std::string CompareWithReference(int rank, Dt dt, const Tensor& q, const Tensor& k, const Tensor& v,
                                         const Tensor& dout, const RankResults& got, const std::vector<int64_t>& pos,
-                                        bool causal, double lse_tol, Window window = {}) {
+                                        bool causal, double lse_tol, Window window = {},
+                                        const std::vector<int64_t>* documents = nullptr) {
   const int64_t S = q.shape[1], Hq = q.shape[2], Hkv = k.shape[2], D = q.shape[3];
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const auto qx = q.ToDouble(), kx = k.ToDouble(), vx = v.ToDouble(), dx = dout.ToDouble();
-  const Reference ref = DenseAttention(qx, kx, vx, &dx, q.shape[0], S, Hq, Hkv, D, causal, scale, nullptr, window);
+  const Reference ref = DenseAttention(qx, kx, vx, &dx, q.shape[0], S, Hq, Hkv, D, causal, scale, documents, window);
   const double tol = dt == Dt::kF32 ? 1e-5 : 2e-2;
   const double errs[5] = {RowError(*got.out, ref.out, pos, S, false), RowError(*got.lse, ref.lse, pos, S, true),
                           RowError(*got.dq, ref.dq, pos, S, false), RowError(*got.dk, ref.dk, pos, S, false),

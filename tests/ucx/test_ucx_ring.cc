@@ -33,11 +33,13 @@ struct RingCase {
   bool causal;
   bool id_file;              // the id from stria_get_unique_id through a file, instead of STRIA_ROOT
   int64_t window_left = -1;  // >= 0: a sliding window to the left (the contiguous ring then stops early)
+  int plan_docs = 0;         // > 0: on a document plan of this many documents (ucx_rank's --plan-docs)
 };
 
 void PrintTo(const RingCase& c, std::ostream* os) {
   *os << "N" << c.world << " " << c.layout << (c.causal ? " causal" : " full") << (c.id_file ? " unique_id" : " env")
-      << (c.window_left >= 0 ? " window " + std::to_string(c.window_left) : "");
+      << (c.window_left >= 0 ? " window " + std::to_string(c.window_left) : "")
+      << (c.plan_docs > 0 ? " plan of " + std::to_string(c.plan_docs) + " documents" : "");
 }
 
 class UcxRing : public ::testing::TestWithParam<RingCase> {};
@@ -53,6 +55,7 @@ TEST_P(UcxRing, MatchesReference) {
                                   "--dtypes", "f32,bf16,f16",    "--L",      "48"};
     if (c.id_file) args.insert(args.end(), {"--id-file", dir + "/id"});
     if (c.window_left >= 0) args.insert(args.end(), {"--window-left", std::to_string(c.window_left)});
+    if (c.plan_docs > 0) args.insert(args.end(), {"--plan-docs", std::to_string(c.plan_docs)});
     launch.Start(r, STRIA_UCX_RANK, args, c.id_file ? Env(0) : Env(port));
   }
   auto results = launch.Wait(120);
@@ -73,13 +76,17 @@ std::vector<RingCase> RingCases() {
   // back; and a striped ring through the same kind of window (every step).
   cases.push_back({4, "contiguous", true, false, 60});
   cases.push_back({3, "striped", true, false, 30});
+  // Document plans across processes: S one short of whole blocks, documents split and kept whole.
+  cases.push_back({3, "striped", true, false, -1, 7});
+  cases.push_back({2, "striped", false, false, -1, 4});
   return cases;
 }
 
 std::string CaseName(const ::testing::TestParamInfo<RingCase>& info) {
   const RingCase& c = info.param;
   return "N" + std::to_string(c.world) + "_" + c.layout + (c.causal ? "_causal" : "_full") +
-         (c.id_file ? "_unique_id" : "_env") + (c.window_left >= 0 ? "_window" + std::to_string(c.window_left) : "");
+         (c.id_file ? "_unique_id" : "_env") + (c.window_left >= 0 ? "_window" + std::to_string(c.window_left) : "") +
+         (c.plan_docs > 0 ? "_plan" + std::to_string(c.plan_docs) : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, UcxRing, ::testing::ValuesIn(RingCases()), CaseName);
