@@ -4,6 +4,7 @@
 // the plan's round trips (positions, shard and unshard), its balance against the fixed layouts,
 // and its bad inputs. Outputs are poisoned before each run; padding slots must come back as rows
 // that saw nothing (out 0, LSE -inf, dK and dV 0).
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -391,6 +392,48 @@ TEST(PlanBalance, OlderBalanceStruct) {
   EXPECT_EQ(std::memcmp(&b.ideal_latency, &untouched, sizeof untouched), 0);
   ASSERT_EQ(stria_analyze_balance(STRIA_LAYOUT_STRIPED, 1, 512, 4, 16, &b), STRIA_SUCCESS);
   EXPECT_EQ(std::memcmp(&b.ideal_latency, &untouched, sizeof untouched), 0);
+}
+
+// stria_attention_params_t grew `plan`: a program built against the older header binds to the
+// STRIA_0.2 stria_attention_params_init (libstria.map), which must fill the older struct only,
+// and the calls must take that struct (without a plan). One built now gets the whole struct.
+TEST(PlanParams, OlderCallersGetTheOlderStruct) {
+  using Init = stria_status_t (*)(stria_attention_params_t*);
+  auto old_init = reinterpret_cast<Init>(dlvsym(RTLD_DEFAULT, "stria_attention_params_init", "STRIA_0.2"));
+  auto new_init = reinterpret_cast<Init>(dlvsym(RTLD_DEFAULT, "stria_attention_params_init", "STRIA_0.3"));
+  ASSERT_NE(old_init, nullptr) << dlerror();
+  ASSERT_NE(new_init, nullptr) << dlerror();
+  EXPECT_EQ(reinterpret_cast<void*>(new_init), reinterpret_cast<void*>(&stria_attention_params_init));
+  const size_t v1 = offsetof(stria_attention_params_t, plan);
+  alignas(stria_attention_params_t) unsigned char buf[sizeof(stria_attention_params_t) + 16];
+  std::memset(buf, 0xab, sizeof buf);
+  auto* p = reinterpret_cast<stria_attention_params_t*>(buf);
+  ASSERT_EQ(old_init(p), STRIA_SUCCESS);
+  EXPECT_EQ(p->struct_size, v1);
+  for (size_t i = v1; i < sizeof buf; ++i) ASSERT_EQ(buf[i], 0xab) << "byte " << i << " written";
+  // The older struct runs a call (the layout's; the bytes after it are never read).
+  stria_context_config_t cfg;
+  stria_context_config_init(&cfg);
+  stria_context_t ctx = nullptr;
+  ASSERT_EQ(stria_context_create(&cfg, &ctx), STRIA_SUCCESS);
+  AttentionTensors t(1, 8, 2, 2, 8, Dt::kF32, 3);
+  EXPECT_EQ(stria_attention_forward(ctx, p, &t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl, &t.lse.dl, nullptr), STRIA_SUCCESS)
+      << stria_get_last_error();
+  std::memset(buf, 0xab, sizeof buf);
+  ASSERT_EQ(new_init(p), STRIA_SUCCESS);
+  EXPECT_EQ(p->struct_size, sizeof(stria_attention_params_t));
+  EXPECT_EQ(p->plan, nullptr);
+  EXPECT_EQ(stria_attention_forward(ctx, p, &t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl, &t.lse.dl, nullptr), STRIA_SUCCESS);
+  // A struct of neither size, or fields beyond the library's set: refused, the context usable.
+  p->struct_size = v1 - 4;
+  EXPECT_EQ(stria_attention_forward(ctx, p, &t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl, &t.lse.dl, nullptr),
+            STRIA_ERROR_INVALID_ARGUMENT);
+  p->struct_size = sizeof(stria_attention_params_t) + 8;
+  EXPECT_EQ(stria_attention_forward(ctx, p, &t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl, &t.lse.dl, nullptr),
+            STRIA_ERROR_UNSUPPORTED);
+  p->struct_size = sizeof(stria_attention_params_t);
+  EXPECT_EQ(stria_attention_forward(ctx, p, &t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl, &t.lse.dl, nullptr), STRIA_SUCCESS);
+  stria_context_destroy(ctx);
 }
 
 // Bad boundaries and configs: a clear error, nothing created.

@@ -342,17 +342,34 @@ STRIA_API stria_status_t stria_context_destroy(stria_context_t ctx) {
   });
 }
 
-STRIA_API stria_status_t stria_attention_params_init(stria_attention_params_t* params) {
+namespace {
+// The defaults of stria_attention_params_t in its first `size` bytes.
+stria_status_t InitParams(stria_attention_params_t* params, size_t size) {
   return Guard([&] {
     if (params == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "params is NULL");
-    std::memset(params, 0, sizeof *params);
-    params->struct_size = sizeof *params;
+    std::memset(params, 0, size);
+    params->struct_size = size;
     params->layout = STRIA_LAYOUT_STRIPED;
     params->causal = 1;
     params->softmax_scale = 0.f;
     return Status::Ok();
   });
 }
+}  // namespace
+
+// stria_attention_params_init. The struct grew `plan` in 0.3: programs built against an older
+// header pass the older, smaller struct to their _init. They bind to the STRIA_0.2 definition
+// (libstria.map), which fills that much, and the calls read no further than its struct_size (no
+// plan); programs built now bind to STRIA_0.3's. Neither implementation's own name is exported
+// (libstria.map keeps everything outside stria_* local), only the two versions of the C name.
+extern "C" __attribute__((visibility("default"))) stria_status_t params_init_0_2(stria_attention_params_t* params) {
+  return InitParams(params, offsetof(stria_attention_params_t, plan));
+}
+extern "C" __attribute__((visibility("default"))) stria_status_t params_init_0_3(stria_attention_params_t* params) {
+  return InitParams(params, sizeof *params);
+}
+__asm__(".symver params_init_0_2,stria_attention_params_init@STRIA_0.2");
+__asm__(".symver params_init_0_3,stria_attention_params_init@@STRIA_0.3");
 
 STRIA_API stria_status_t stria_attention_forward(stria_context_t ctx, const stria_attention_params_t* params,
                                                  const DLTensor* q, const DLTensor* k, const DLTensor* v, DLTensor* out,

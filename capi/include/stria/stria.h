@@ -25,7 +25,7 @@
 
 /* The CMake project reads the version from these three lines: they are the single source. */
 #define STRIA_VERSION_MAJOR 0
-#define STRIA_VERSION_MINOR 2
+#define STRIA_VERSION_MINOR 3
 #define STRIA_VERSION_PATCH 0
 #define STRIA_VERSION (STRIA_VERSION_MAJOR * 10000 + STRIA_VERSION_MINOR * 100 + STRIA_VERSION_PATCH)
 
@@ -141,8 +141,10 @@ typedef struct {
   int causal;
   float softmax_scale; /* 0 means 1/sqrt(D); otherwise finite and > 0, or the call fails with
                           STRIA_ERROR_INVALID_ARGUMENT */
-  /* Extension (a field added at the end: a caller built against an older header passes a smaller
-   * struct_size and gets NULL): a document plan (stria_plan_create) for the ring to run on instead
+  /* Extension, 0.3 (a field added at the end: a caller built against an older header passes the
+   * smaller struct and has no plan; such a program's stria_attention_params_init is the 0.2 one,
+   * which the library keeps under that symbol version and which fills the smaller struct): a
+   * document plan (stria_plan_create) for the ring to run on instead
    * of `layout`, which is then not used. Every rank passes a plan made from the same boundaries
    * and config. The tensors hold the plan's local_len tokens per rank (stria_plan_get_info),
    * B must be the plan's batch, and the document mask is the plan's boundaries: the plain calls
