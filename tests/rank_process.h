@@ -45,6 +45,9 @@ struct RankOptions {
   double timeout = 30;
   std::string fault;  // which fault the odd rank plays (each program names its own)
   int fault_rank = -1, fault_delay_ms = 0;
+  // > 0: a document plan of this many random documents over S = L * world - 1 tokens (every rank
+  // draws the same boundaries), the calls through stria_attention_*_documents with them.
+  int plan_docs = 0;
 
   void ReadEnvironment() {
     rank = EnvInt("RANK", "OMPI_COMM_WORLD_RANK");
@@ -62,6 +65,8 @@ struct RankOptions {
       layout = v == "contiguous" ? STRIA_LAYOUT_CONTIGUOUS : v == "zigzag" ? STRIA_LAYOUT_ZIGZAG : STRIA_LAYOUT_STRIPED;
     else if (k == "--causal")
       causal = v != "0";
+    else if (k == "--plan-docs")
+      plan_docs = std::stoi(v);
     else if (k == "--dtypes") {  // a comma-separated list of f32, f16, bf16
       dtypes.clear();
       for (size_t at = 0; at <= v.size();) {
@@ -195,6 +200,49 @@ inline double RowError(const Tensor& got, const std::vector<double>& ref, const 
   }
   return RelError(got.ToDouble(), want);
 }
+
+// Which tokens of the sequence a rank holds: the layout's L = o.L each, or a document plan's
+// (o.plan_docs), with the plan's boundaries for the calls.
+struct RankTokens {
+  int64_t S = 0, L = 0;
+  std::vector<int64_t> documents;  // the plan's boundaries [0, .., S] (empty without a plan)
+  std::vector<int64_t> pos;        // the global position of each local slot, -1 for padding
+  stria_plan_t plan = nullptr;
+  stria_status_t status = STRIA_SUCCESS;  // of making the plan
+
+  explicit RankTokens(const RankOptions& o) : S(o.L * o.world), L(o.L) {
+    if (o.plan_docs > 0) {
+      if (o.world > 1) --S;  // any S works on a plan: one token short leaves some rank padding
+      std::mt19937_64 cuts(17);
+      documents = RandomDocuments(1, S, o.plan_docs, cuts);
+      stria_plan_config_t pc;
+      stria_plan_config_init(&pc);
+      pc.world_size = o.world;
+      pc.causal = o.causal;
+      pc.tile = 16;
+      stria_plan_info_t info;
+      info.struct_size = sizeof info;
+      status = stria_plan_create(&pc, documents.data(), o.plan_docs, 1, S, &plan);
+      if (status == STRIA_SUCCESS) status = stria_plan_get_info(plan, &info);
+      if (status != STRIA_SUCCESS) return;
+      L = info.local_len;
+    }
+    pos.resize(static_cast<size_t>(L));
+    status = plan != nullptr ? stria_plan_positions(plan, o.rank, pos.data())
+                             : stria_layout_positions(o.layout, S, o.world, o.rank, pos.data());
+  }
+  ~RankTokens() {
+    if (plan != nullptr) stria_plan_destroy(plan);
+  }
+  RankTokens(const RankTokens&) = delete;
+  RankTokens& operator=(const RankTokens&) = delete;
+  // The rank's tokens of a full [1, S, H, D] host tensor into local [1, L, H, D].
+  stria_status_t Shard(const RankOptions& o, const Tensor& full, Tensor* local) const {
+    if (plan != nullptr) return stria_plan_shard(plan, o.rank, 1, &full.dl, &local->dl, nullptr);
+    return stria_shard(o.layout, o.world, o.rank, 1, &full.dl, &local->dl, nullptr);
+  }
+  int64_t num_seqs() const { return documents.empty() ? 0 : static_cast<int64_t>(documents.size()) - 1; }
+};
 
 // One rank's forward and backward results (host tensors).
 struct RankResults {

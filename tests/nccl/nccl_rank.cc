@@ -109,27 +109,32 @@ int main(int argc, char** argv) {
   }
   std::printf("rank %d: joined on GPU %d after %.3f s\n", o.rank, o.device, Now() - t0);
 
-  const int64_t S = o.L * o.world;
-  std::vector<int64_t> pos(static_cast<size_t>(o.L));
-  stria_layout_positions(o.layout, S, o.world, o.rank, pos.data());
+  const RankTokens tokens(o);
+  if (tokens.status != STRIA_SUCCESS) {
+    stria_context_destroy(ctx);
+    Result(o, tokens.status, t0, stria_get_last_error());
+    return 0;
+  }
+  const int64_t S = tokens.S, L = tokens.L;
   stria_attention_params_t params;
   stria_attention_params_init(&params);
   params.layout = o.layout;
   params.causal = o.causal;
+  params.plan = tokens.plan;
   const bool odd = o.rank == o.fault_rank;
   const std::string msg = "all results match the float64 reference";
   for (Dt dt : o.dtypes) {
     std::mt19937_64 rng(42);
     Tensor q({1, S, o.Hq, o.D}, dt), k({1, S, o.Hkv, o.D}, dt), v({1, S, o.Hkv, o.D}, dt), dout({1, S, o.Hq, o.D}, dt);
     for (Tensor* t : {&q, &k, &v, &dout}) t->FillRandom(rng);
-    Tensor ql({1, o.L, o.Hq, o.D}, dt), kl({1, o.L, o.Hkv, o.D}, dt), vl({1, o.L, o.Hkv, o.D}, dt),
-        dol({1, o.L, o.Hq, o.D}, dt);
-    stria_shard(o.layout, o.world, o.rank, 1, &q.dl, &ql.dl, nullptr);
-    stria_shard(o.layout, o.world, o.rank, 1, &k.dl, &kl.dl, nullptr);
-    stria_shard(o.layout, o.world, o.rank, 1, &v.dl, &vl.dl, nullptr);
-    stria_shard(o.layout, o.world, o.rank, 1, &dout.dl, &dol.dl, nullptr);
-    Tensor out({1, o.L, o.Hq, o.D}, dt), lse({1, o.Hq, o.L}, Dt::kF32), dq({1, o.L, o.Hq, o.D}, dt),
-        dk({1, o.L, o.Hkv, o.D}, dt), dv({1, o.L, o.Hkv, o.D}, dt);
+    Tensor ql({1, L, o.Hq, o.D}, dt), kl({1, L, o.Hkv, o.D}, dt), vl({1, L, o.Hkv, o.D}, dt),
+        dol({1, L, o.Hq, o.D}, dt);
+    tokens.Shard(o, q, &ql);
+    tokens.Shard(o, k, &kl);
+    tokens.Shard(o, v, &vl);
+    tokens.Shard(o, dout, &dol);
+    Tensor out({1, L, o.Hq, o.D}, dt), lse({1, o.Hq, L}, Dt::kF32), dq({1, L, o.Hq, o.D}, dt),
+        dk({1, L, o.Hkv, o.D}, dt), dv({1, L, o.Hkv, o.D}, dt);
     OnDevice qd(ql, o.device), kd(kl, o.device), vd(vl, o.device), dod(dol, o.device), outd(out, o.device),
         lsed(lse, o.device), dqd(dq, o.device), dkd(dk, o.device), dvd(dv, o.device);
     if (!qd.ptr || !kd.ptr || !vd.ptr || !dod.ptr || !outd.ptr || !lsed.ptr || !dqd.ptr || !dkd.ptr || !dvd.ptr) {
@@ -144,12 +149,12 @@ int main(int argc, char** argv) {
       if (odd && it == o.iters - 1 && o.fault == "kill") fault = AfterDelay(o.fault_delay_ms, [] { raise(SIGKILL); });
       if (odd && it == o.iters - 1 && o.fault == "abort")
         fault = AfterDelay(o.fault_delay_ms, [ctx] { stria_context_abort(ctx); });
-      const std::vector<int64_t> no_documents;  // --window-left: a window that may shorten the ring
-      s = AttentionForward(ctx, &params, no_documents, 0, &qd.dl, &kd.dl, &vd.dl, &outd.dl, &lsed.dl, nullptr,
-                           o.window);
+      // --window-left: a window that may shorten the ring; --plan-docs: documents on a plan.
+      s = AttentionForward(ctx, &params, tokens.documents, tokens.num_seqs(), &qd.dl, &kd.dl, &vd.dl, &outd.dl,
+                           &lsed.dl, nullptr, o.window);
       if (s == STRIA_SUCCESS)
-        s = AttentionBackward(ctx, &params, no_documents, 0, &qd.dl, &kd.dl, &vd.dl, &outd.dl, &lsed.dl, &dod.dl,
-                              &dqd.dl, &dkd.dl, &dvd.dl, nullptr, o.window);
+        s = AttentionBackward(ctx, &params, tokens.documents, tokens.num_seqs(), &qd.dl, &kd.dl, &vd.dl, &outd.dl,
+                              &lsed.dl, &dod.dl, &dqd.dl, &dkd.dl, &dvd.dl, nullptr, o.window);
       const std::string call_error = stria_get_last_error();
       if (fault.joinable()) fault.join();
       if (s != STRIA_SUCCESS) {
@@ -170,7 +175,8 @@ int main(int argc, char** argv) {
     dkd.CopyTo(&dk);
     dvd.CopyTo(&dv);
     const std::string mismatch = CompareWithReference(o.rank, dt, q, k, v, dout, RankResults{&out, &lse, &dq, &dk, &dv},
-                                                      pos, o.causal, dt == Dt::kF32 ? 1e-5 : 1e-3, o.window);
+                                                      tokens.pos, o.causal, dt == Dt::kF32 ? 1e-5 : 1e-3, o.window,
+                                                      tokens.documents.empty() ? nullptr : &tokens.documents);
     if (!mismatch.empty()) {
       stria_context_destroy(ctx);
       Result(o, STRIA_ERROR_INTERNAL, t0, mismatch);

@@ -454,6 +454,7 @@ struct RingCase {
   bool causal;
   bool id_file;              // the id from stria_get_unique_id through a file, instead of STRIA_ROOT
   int64_t window_left = -1;  // >= 0: a sliding window to the left (the contiguous ring then stops early)
+  int plan_docs = 0;         // > 0: on a document plan of this many documents (nccl_rank's --plan-docs)
 };
 
 class NcclRing : public ::testing::TestWithParam<RingCase> {};
@@ -473,6 +474,7 @@ TEST_P(NcclRing, MatchesReference) {
       args.push_back(dir + "/id");
     }
     if (c.window_left >= 0) args.insert(args.end(), {"--window-left", std::to_string(c.window_left)});
+    if (c.plan_docs > 0) args.insert(args.end(), {"--plan-docs", std::to_string(c.plan_docs)});
     launch.Start(r, STRIA_NCCL_RANK, args,
                  c.id_file ? std::vector<std::string>{}
                            : std::vector<std::string>{"STRIA_ROOT=127.0.0.1:" + std::to_string(port)});
@@ -490,13 +492,16 @@ std::vector<RingCase> RingCases() {
   cases.push_back(RingCase{2, "striped", false, true});
   // A window of 80 over blocks of 64: three of four steps, each dK/dV partial sent two ranks back.
   cases.push_back(RingCase{4, "contiguous", true, false, 80});
+  // Packed documents on a plan (S one short of whole blocks).
+  cases.push_back(RingCase{3, "striped", true, false, -1, 7});
   return cases;
 }
 
 std::string CaseName(const ::testing::TestParamInfo<RingCase>& info) {
   const RingCase& c = info.param;
   return "N" + std::to_string(c.world) + "_" + c.layout + (c.causal ? "_causal" : "_full") +
-         (c.id_file ? "_unique_id" : "_env") + (c.window_left >= 0 ? "_window" + std::to_string(c.window_left) : "");
+         (c.id_file ? "_unique_id" : "_env") + (c.window_left >= 0 ? "_window" + std::to_string(c.window_left) : "") +
+         (c.plan_docs > 0 ? "_plan" + std::to_string(c.plan_docs) : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, NcclRing, ::testing::ValuesIn(RingCases()), CaseName);

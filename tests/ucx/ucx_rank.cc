@@ -37,9 +37,6 @@ struct Options : RankOptions {
   // Destroy the context as soon as the last call returns, then check the results: how a job
   // ends, with slower ranks possibly still finishing that call.
   bool close_first = false;
-  // > 0: a document plan of this many random documents over S = L * world - 1 tokens (the ranks
-  // draw the same boundaries), the calls through stria_attention_*_documents with them.
-  int plan_docs = 0;
 };
 
 Options Parse(int argc, char** argv) {
@@ -62,8 +59,6 @@ Options Parse(int argc, char** argv) {
       o.slow_call_s = std::stod(v);
     else if (k == "--close-first")
       o.close_first = v == "1";
-    else if (k == "--plan-docs")
-      o.plan_docs = std::stoi(v);
   }
   return o;
 }
@@ -105,45 +100,19 @@ int main(int argc, char** argv) {
   }
   std::printf("rank %d: joined after %.3f s\n", o.rank, Now() - t0);
 
-  const int64_t S = o.L * o.world - (o.plan_docs > 0 && o.world > 1 ? 1 : 0);
+  const RankTokens tokens(o);
+  if (tokens.status != STRIA_SUCCESS) {
+    Result(o, tokens.status, t0, stria_get_last_error());
+    return 0;
+  }
+  const int64_t S = tokens.S, L = tokens.L;
   const int64_t Hq = odd && o.fault == "shape" ? o.fault_hq : o.Hq;
-  int64_t L = o.L;
-  std::vector<int64_t> documents;
-  stria_plan_t plan = nullptr;
-  if (o.plan_docs > 0) {
-    std::mt19937_64 cuts(17);
-    documents = RandomDocuments(1, S, o.plan_docs, cuts);
-    stria_plan_config_t pc;
-    stria_plan_config_init(&pc);
-    pc.world_size = o.world;
-    pc.causal = o.causal;
-    pc.tile = 16;
-    stria_plan_info_t info;
-    info.struct_size = sizeof info;
-    s = stria_plan_create(&pc, documents.data(), o.plan_docs, 1, S, &plan);
-    if (s == STRIA_SUCCESS) s = stria_plan_get_info(plan, &info);
-    if (s != STRIA_SUCCESS) {
-      Result(o, s, t0, stria_get_last_error());
-      return 0;
-    }
-    L = info.local_len;
-  }
-  std::vector<int64_t> pos(static_cast<size_t>(L));
-  if (plan != nullptr) {
-    stria_plan_positions(plan, o.rank, pos.data());
-  } else {
-    stria_layout_positions(o.layout, S, o.world, o.rank, pos.data());
-  }
-  // The rank's tokens of a full [1, S, H, D] tensor, by the plan or the layout.
-  auto shard = [&](const Tensor& full, Tensor* local) {
-    if (plan != nullptr) return stria_plan_shard(plan, o.rank, 1, &full.dl, &local->dl, nullptr);
-    return stria_shard(o.layout, o.world, o.rank, 1, &full.dl, &local->dl, nullptr);
-  };
+  auto shard = [&](const Tensor& full, Tensor* local) { return tokens.Shard(o, full, local); };
   stria_attention_params_t params;
   stria_attention_params_init(&params);
   params.layout = o.layout;
   params.causal = o.causal;
-  params.plan = plan;
+  params.plan = tokens.plan;
   const std::string msg = "all results match the float64 reference";
   for (Dt dt : o.dtypes) {
     // Every rank draws the same full-sequence inputs; each takes its own shard.
@@ -170,11 +139,11 @@ int main(int argc, char** argv) {
         fault = AfterDelay(o.fault_delay_ms, [ctx] { stria_context_abort(ctx); });
       if (o.rank == o.slow_call_rank && it == o.fault_iter)
         std::this_thread::sleep_for(std::chrono::duration<double>(o.slow_call_s));
-      s = AttentionForward(ctx, &params, documents, o.plan_docs, &ql.dl, &kl.dl, &vl.dl, &out.dl, &lse.dl, nullptr,
-                           o.window);
+      s = AttentionForward(ctx, &params, tokens.documents, tokens.num_seqs(), &ql.dl, &kl.dl, &vl.dl, &out.dl, &lse.dl,
+                           nullptr, o.window);
       if (s == STRIA_SUCCESS)
-        s = AttentionBackward(ctx, &params, documents, o.plan_docs, &ql.dl, &kl.dl, &vl.dl, &out.dl, &lse.dl, &dol.dl,
-                              &dq.dl, &dk.dl, &dv.dl, nullptr, o.window);
+        s = AttentionBackward(ctx, &params, tokens.documents, tokens.num_seqs(), &ql.dl, &kl.dl, &vl.dl, &out.dl,
+                              &lse.dl, &dol.dl, &dq.dl, &dk.dl, &dv.dl, nullptr, o.window);
       const std::string call_error = stria_get_last_error();
       if (fault.joinable()) fault.join();
       if (s != STRIA_SUCCESS) {
@@ -197,8 +166,8 @@ int main(int argc, char** argv) {
       }
     }
     const std::string mismatch =
-        CompareWithReference(o.rank, dt, q, k, v, dout, RankResults{&out, &lse, &dq, &dk, &dv}, pos, o.causal, 1e-5,
-                             o.window, documents.empty() ? nullptr : &documents);
+        CompareWithReference(o.rank, dt, q, k, v, dout, RankResults{&out, &lse, &dq, &dk, &dv}, tokens.pos, o.causal,
+                             1e-5, o.window, tokens.documents.empty() ? nullptr : &tokens.documents);
     if (!mismatch.empty()) {
       if (ctx) stria_context_destroy(ctx);
       Result(o, STRIA_ERROR_INTERNAL, t0, mismatch);
@@ -206,7 +175,6 @@ int main(int argc, char** argv) {
     }
   }
   if (ctx) s = stria_context_destroy(ctx);
-  if (plan) stria_plan_destroy(plan);
   Result(o, s, t0, s == STRIA_SUCCESS ? msg : stria_get_last_error());
   return 0;
 }
