@@ -45,6 +45,7 @@
 
 #include "backend/cuda/mask_args.h"
 #include "cuda/launch.h"
+#include "document_lengths.h"
 #include "layout/layout.h"
 #include "layout/plan.h"
 
@@ -400,32 +401,6 @@ int Ring(int64_t S, int N, int64_t H, int64_t D, int reps, stria::cuda::Kernels 
   return 0;
 }
 
-// Document boundaries [0, .., S] of one row: the distributions of stria-plan-bench.
-std::vector<int64_t> DocumentBoundaries(const std::string& dist, int64_t S, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::vector<int64_t> cu{0};
-  auto push = [&](int64_t n) { cu.push_back(std::min(S, cu.back() + std::max<int64_t>(1, n))); };
-  if (dist == "single") {
-    push(S);
-  } else if (dist == "lognormal") {
-    std::lognormal_distribution<double> len(std::log(1000.0), 1.0);
-    while (cu.back() < S) push(std::min<int64_t>(15000, std::llround(len(g))));
-  } else if (dist == "uniform") {
-    std::uniform_int_distribution<int64_t> len(1, 4096);
-    while (cu.back() < S) push(len(g));
-  } else if (dist == "fewlong") {
-    std::uniform_int_distribution<int64_t> len(50, 600), where(0, 7);
-    std::vector<bool> long_at(8, false);
-    for (int i = 0; i < 3; ++i) long_at[static_cast<size_t>(where(g))] = true;
-    for (int slot = 0; cu.back() < S; ++slot) {
-      if (slot < 8 && long_at[static_cast<size_t>(slot)]) push(S / 8);
-      const int64_t upto = std::min(S, (slot + 1) * S / 8);
-      while (cu.back() < upto) push(len(g));
-    }
-  }
-  return cu;
-}
-
 void CheckPlan(const stria::Status& st) {
   if (st.ok()) return;
   std::fprintf(stderr, "plan: %s\n", st.message().c_str());
@@ -435,7 +410,7 @@ void CheckPlan(const stria::Status& st) {
 // The modelled ring of a plan and of each fixed layout on one row of packed documents.
 int Docs(int64_t S, int N, int64_t H, int64_t D, int reps, stria::cuda::Kernels kernels, const std::string& dist,
          uint64_t seed) {
-  const std::vector<int64_t> cu = DocumentBoundaries(dist, S, seed);
+  const std::vector<int64_t> cu = stria_bench::DocumentBoundaries(dist, S, seed);
   if (cu.size() < 2) {
     std::fprintf(stderr, "--dist %s: use lognormal, fewlong, uniform or single\n", dist.c_str());
     return 2;

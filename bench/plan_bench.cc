@@ -31,6 +31,8 @@
 #include <thread>
 #include <vector>
 
+#include "document_lengths.h"
+
 namespace {
 
 void Die(const char* what) {
@@ -53,29 +55,10 @@ std::vector<int64_t> ParseList(const char* s) {
   return out;
 }
 
-// Document boundaries [0, .., S] of one batch row.
+// Document boundaries [0, .., S] of one batch row (document_lengths.h); exits on an unknown name.
 std::vector<int64_t> Documents(const std::string& dist, int64_t S, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::vector<int64_t> cu{0};
-  auto push = [&](int64_t n) { cu.push_back(std::min(S, cu.back() + std::max<int64_t>(1, n))); };
-  if (dist == "single") {
-    push(S);
-  } else if (dist == "lognormal") {
-    std::lognormal_distribution<double> len(std::log(1000.0), 1.0);
-    while (cu.back() < S) push(std::min<int64_t>(15000, std::llround(len(g))));
-  } else if (dist == "fewlong") {
-    std::uniform_int_distribution<int64_t> len(50, 600), where(0, 7);
-    std::vector<bool> long_at(8, false);
-    for (int i = 0; i < 3; ++i) long_at[static_cast<size_t>(where(g))] = true;
-    for (int slot = 0; cu.back() < S; ++slot) {  // the long ones start near random eighths of the row
-      if (slot < 8 && long_at[static_cast<size_t>(slot)]) push(S / 8);
-      int64_t upto = std::min(S, (slot + 1) * S / 8);
-      while (cu.back() < upto) push(len(g));
-    }
-  } else if (dist == "uniform") {
-    std::uniform_int_distribution<int64_t> len(1, 4096);
-    while (cu.back() < S) push(len(g));
-  } else {
+  std::vector<int64_t> cu = stria_bench::DocumentBoundaries(dist, S, seed);
+  if (cu.empty()) {
     std::fprintf(stderr, "unknown distribution %s (lognormal, fewlong, uniform, single)\n", dist.c_str());
     std::exit(2);
   }

@@ -1,6 +1,6 @@
-// Plan handles, like context handles (engine/registry.h): a stria_plan_t is a token mapped to a
-// shared plan, so a destroyed or made-up handle is an error, not a crash, and a call that looked a
-// plan up keeps it alive even if another thread destroys the handle meanwhile.
+// Plan handles, in a HandleRegistry like the contexts' (engine/handle_registry.h): a destroyed or
+// made-up handle is an error, and a call that looked a plan up keeps it alive even if another
+// thread destroys the handle meanwhile.
 #pragma once
 
 #include <memory>

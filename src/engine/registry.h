@@ -1,6 +1,6 @@
-// Handles. A stria_context_t is a token (never a pointer we follow) mapped to a shared context,
-// so a destroyed, forged or doubly destroyed handle is an error, not a crash; and a call in
-// flight keeps its context alive even if another thread destroys the handle meanwhile.
+// Context handles (engine/handle_registry.h). A stria_context_t is a token (never a pointer we follow) mapped to a
+// shared context, so a destroyed, forged or doubly destroyed handle is an error, not a crash; and a call in flight
+// keeps its context alive even if another thread destroys the handle meanwhile.
 #pragma once
 
 #include <memory>

@@ -54,6 +54,28 @@ void ZeroStrided(int ndim, const int64_t* shape, char* dst, const int64_t* strid
     ZeroStrided(ndim - 1, shape + 1, dst + i * strides[0] * elem, strides + 1, elem);
 }
 
+// What both copies check of their tensors once the device is known: views of full and local on it,
+// the written one not broadcast, the same rank and dtype, and seq_dim within range (made
+// non-negative in *dim).
+Status PairOfViews(const DLTensor* full_t, const DLTensor* local_t, DLDevice dev, bool to_local, int seq_dim,
+                   TensorView* full, TensorView* local, int* dim) {
+  STRIA_RETURN_IF_ERROR(ViewOf(full_t, "full", dev, full));
+  STRIA_RETURN_IF_ERROR(ViewOf(local_t, "local", dev, local, "full's device: both tensors of a copy on one device"));
+  STRIA_RETURN_IF_ERROR(to_local ? CheckNoBroadcast(*local, "local") : CheckNoBroadcast(*full, "full"));
+  if (full->ndim != local->ndim)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "full has %d dimensions but local %d", full->ndim, local->ndim);
+  if (full->dl_dtype.code != local->dl_dtype.code || full->dl_dtype.bits != local->dl_dtype.bits ||
+      full->dl_dtype.lanes != local->dl_dtype.lanes) {
+    char a[32], b[32];
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "full is %s but local is %s", DLDataTypeName(full->dl_dtype, a, 32),
+                 DLDataTypeName(local->dl_dtype, b, 32));
+  }
+  *dim = seq_dim < 0 ? seq_dim + full->ndim : seq_dim;
+  if (*dim < 0 || *dim >= full->ndim)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "seq_dim %d is out of range for %d dimensions", seq_dim, full->ndim);
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status PlanShardCopy(const Plan& plan, int rank, int seq_dim, const DLTensor* full_t, const DLTensor* local_t,
@@ -74,20 +96,8 @@ Status PlanShardCopy(const Plan& plan, int rank, int seq_dim, const DLTensor* fu
   }
   if (stream != nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "stream must be NULL for host tensors");
   TensorView full, local;
-  STRIA_RETURN_IF_ERROR(ViewOf(full_t, "full", dev, &full));
-  STRIA_RETURN_IF_ERROR(ViewOf(local_t, "local", dev, &local, "full's device: both tensors of a copy on one device"));
-  STRIA_RETURN_IF_ERROR(to_local ? CheckNoBroadcast(local, "local") : CheckNoBroadcast(full, "full"));
-  if (full.ndim != local.ndim)
-    return Error(STRIA_ERROR_INVALID_ARGUMENT, "full has %d dimensions but local %d", full.ndim, local.ndim);
-  if (full.dl_dtype.code != local.dl_dtype.code || full.dl_dtype.bits != local.dl_dtype.bits ||
-      full.dl_dtype.lanes != local.dl_dtype.lanes) {
-    char a[32], b[32];
-    return Error(STRIA_ERROR_INVALID_ARGUMENT, "full is %s but local is %s", DLDataTypeName(full.dl_dtype, a, 32),
-                 DLDataTypeName(local.dl_dtype, b, 32));
-  }
-  const int dim = seq_dim < 0 ? seq_dim + full.ndim : seq_dim;
-  if (dim < 0 || dim >= full.ndim)
-    return Error(STRIA_ERROR_INVALID_ARGUMENT, "seq_dim %d is out of range for %d dimensions", seq_dim, full.ndim);
+  int dim = 0;
+  STRIA_RETURN_IF_ERROR(PairOfViews(full_t, local_t, dev, to_local, seq_dim, &full, &local, &dim));
   const int64_t B = plan.batch(), L = plan.local_len();
   if (full.shape[dim] != plan.seq_len())
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "full has %lld tokens along seq_dim %d but the plan's seq_len is %lld",
@@ -159,20 +169,8 @@ Status ShardCopy(stria_layout_t layout, int world_size, int rank, int seq_dim, c
   }
   if (!on_gpu && stream != nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "stream must be NULL for host tensors");
   TensorView full, local;
-  STRIA_RETURN_IF_ERROR(ViewOf(full_t, "full", dev, &full));
-  STRIA_RETURN_IF_ERROR(ViewOf(local_t, "local", dev, &local, "full's device: both tensors of a copy on one device"));
-  STRIA_RETURN_IF_ERROR(to_local ? CheckNoBroadcast(local, "local") : CheckNoBroadcast(full, "full"));
-  if (full.ndim != local.ndim)
-    return Error(STRIA_ERROR_INVALID_ARGUMENT, "full has %d dimensions but local %d", full.ndim, local.ndim);
-  if (full.dl_dtype.code != local.dl_dtype.code || full.dl_dtype.bits != local.dl_dtype.bits ||
-      full.dl_dtype.lanes != local.dl_dtype.lanes) {
-    char a[32], b[32];
-    return Error(STRIA_ERROR_INVALID_ARGUMENT, "full is %s but local is %s", DLDataTypeName(full.dl_dtype, a, 32),
-                 DLDataTypeName(local.dl_dtype, b, 32));
-  }
-  const int dim = seq_dim < 0 ? seq_dim + full.ndim : seq_dim;
-  if (dim < 0 || dim >= full.ndim)
-    return Error(STRIA_ERROR_INVALID_ARGUMENT, "seq_dim %d is out of range for %d dimensions", seq_dim, full.ndim);
+  int dim = 0;
+  STRIA_RETURN_IF_ERROR(PairOfViews(full_t, local_t, dev, to_local, seq_dim, &full, &local, &dim));
   const int64_t seq_len = full.shape[dim];
   STRIA_RETURN_IF_ERROR(CheckLayout(layout, seq_len, world_size, rank));
   const int64_t L = seq_len / world_size;
