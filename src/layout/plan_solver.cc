@@ -219,7 +219,9 @@ void SolvePlan(const int64_t* cu, int64_t num_seqs, int64_t seq_len, int world_s
     // Once the longest kept document is no larger than the mean step-0 load, splitting more moves
     // work from step 0 to the later steps about one for one and costs tiles; it can still even out
     // the later steps a little, so the search goes on for as many documents again (at least 2N).
-    if (fits && largest <= mean0 && stop == 0) stop = std::max<size_t>(2 * k, k + 2 * static_cast<size_t>(N));
+    // With thousands of documents the ones past that point are short and weigh little: N more.
+    if (fits && largest <= mean0 && stop == 0)
+      stop = D > 1024 ? k + static_cast<size_t>(N) : std::max<size_t>(2 * k, k + 2 * static_cast<size_t>(N));
     if (k == candidates || (stop > 0 && k >= stop)) break;
     const int64_t n = length(order[k]), m = CeilDiv(n, T);
     phase[k] = cells.BestPhase(m);
