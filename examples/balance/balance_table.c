@@ -8,6 +8,12 @@
  *   stria-balance --svg FILE [--world N] [--seq S] [--tile T]
  *                                          the per-rank, per-step work of each layout as a picture
  *                                          (default N = 8, S = 2048, exact pairs)
+ *   stria-balance --svg FILE --docs SEED [--world N] [--seq S] [--tile T]
+ *                                          the same for packed documents of lognormal lengths
+ *                                          (median 1k tokens, capped at 15k; SEED picks them): a
+ *                                          document plan (stria_plan_create) beside each layout,
+ *                                          with each ring's fraction of the ideal
+ *                                          (default N = 8, S = 32768, 128 x 128 tiles)
  *
  * Why it matters: a ring step lasts as long as its busiest rank, so the ring's latency is the
  * sum over steps of the per-step maximum. Under the contiguous layout the late ranks see every
@@ -15,6 +21,8 @@
  * should be; striped and zigzag layouts give every rank nearly the same work at every step.
  */
 #include <errno.h>
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +30,7 @@
 #include "stria/stria.h"
 
 #define NUM_LAYOUTS 3
+#define MAX_PANELS 4 /* a plan and the three layouts */
 
 /* Table and picture order: the baseline first, then the two balanced layouts. */
 static const stria_layout_t kLayouts[NUM_LAYOUTS] = {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_ZIGZAG,
@@ -38,7 +47,9 @@ static void Usage(FILE* f) {
           "  N in {2, 4, 8, 16}, at exact-pair (tile 1) and tile 64 granularity.\n"
           "  --seq, --world, --tile narrow the sweep to one value each.\n"
           "  --svg FILE writes the per-rank, per-step work of each layout as an SVG picture\n"
-          "  (N defaults to 8, S to 2048, T to 1).\n");
+          "  (N defaults to 8, S to 2048, T to 1).\n"
+          "  --svg FILE --docs SEED: packed documents of lognormal lengths, a document plan beside each\n"
+          "  layout (N defaults to 8, S to 32768, T to 128).\n");
 }
 
 /* Parses a whole decimal integer; 0 on anything else (trailing junk, overflow, empty). */
@@ -153,12 +164,16 @@ static void Shade(double t, char* buf, size_t size) {
 #define FONT "font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\""
 #define BUSY_COLOR "#d62728"
 
-/* What one picture shows: the three layouts' per-step tables and their summaries. */
+/* What one picture shows: each panel's per-step table and summary (the three layouts, or a plan
+ * and the layouts on packed documents). */
 typedef struct {
   long long seq_len, tile;
   int n;
-  double* work[NUM_LAYOUTS]; /* [step * n + rank] */
-  stria_balance_t summary[NUM_LAYOUTS];
+  int panels;
+  const char* names[MAX_PANELS];
+  double* work[MAX_PANELS]; /* [step * n + rank] */
+  stria_balance_t summary[MAX_PANELS];
+  long long documents; /* > 0: packed documents; the footers give the fraction of the ideal */
 } Picture;
 
 static void EmitSvg(FILE* f, const Picture* p) {
@@ -167,7 +182,7 @@ static void EmitSvg(FILE* f, const Picture* p) {
 
   /* One scale for all panels, so darker means more work wherever it appears. */
   double max_cell = 0;
-  for (int l = 0; l < NUM_LAYOUTS; ++l)
+  for (int l = 0; l < p->panels; ++l)
     for (int i = 0; i < n * n; ++i)
       if (p->work[l][i] > max_cell) max_cell = p->work[l][i];
   if (max_cell <= 0) max_cell = 1;
@@ -179,7 +194,7 @@ static void EmitSvg(FILE* f, const Picture* p) {
   const int grid = cell * n;
   const int panel_w = grid > 270 ? grid : 270;
   const int left = 64, gap = 56, top = 118, strip_h = 40;
-  const int width = left + NUM_LAYOUTS * panel_w + (NUM_LAYOUTS - 1) * gap + 24;
+  const int width = left + p->panels * panel_w + (p->panels - 1) * gap + 24;
   const int strip_y = top + grid + 14;
   const int footer_y = strip_y + strip_h + 22;
   const int legend_y = footer_y + 44;
@@ -203,8 +218,10 @@ static void EmitSvg(FILE* f, const Picture* p) {
           "<text x=\"%d\" y=\"28\" font-size=\"17\" font-weight=\"bold\">Causal ring attention: work of each rank "
           "at each ring step</text>\n",
           left);
-  fprintf(f, "<text x=\"%d\" y=\"50\" fill=\"#333333\">S = %s tokens, N = %d rank%s, ", left,
-          Grouped((double)p->seq_len, buf, sizeof buf), n, n == 1 ? "" : "s");
+  fprintf(f, "<text x=\"%d\" y=\"50\" fill=\"#333333\">S = %s tokens", left,
+          Grouped((double)p->seq_len, buf, sizeof buf));
+  if (p->documents > 0) fprintf(f, " in %lld packed documents (lognormal lengths)", p->documents);
+  fprintf(f, ", N = %d rank%s, ", n, n == 1 ? "" : "s");
   if (p->tile == 1) {
     fprintf(f, "exact (q,k) pairs. ");
   } else {
@@ -219,13 +236,13 @@ static void EmitSvg(FILE* f, const Picture* p) {
           "the ring latency is the sum of those maxima (red bars).</text>\n",
           left);
 
-  for (int l = 0; l < NUM_LAYOUTS; ++l) {
+  for (int l = 0; l < p->panels; ++l) {
     const double* work = p->work[l];
     const int x0 = left + l * (panel_w + gap) + (panel_w - grid) / 2;
     const int cx = left + l * (panel_w + gap) + panel_w / 2;
     fprintf(f, "<g>\n");
     fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"15\" font-weight=\"bold\" text-anchor=\"middle\">%s</text>\n", cx,
-            top - 26, kLayoutNames[l]);
+            top - 26, p->names[l]);
     /* Column (step) and row (rank) labels. */
     for (int s = 0; s < n; s += label_every)
       fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"10\" fill=\"#555555\" text-anchor=\"middle\">%d</text>\n",
@@ -288,10 +305,17 @@ static void EmitSvg(FILE* f, const Picture* p) {
               x0 - 5, strip_y + strip_h - 2);
     fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">ring latency %s pairs</text>\n", cx, footer_y,
             Grouped(p->summary[l].ring_latency, buf, sizeof buf));
-    fprintf(f,
-            "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\"><tspan font-weight=\"bold\">speedup %.2f</tspan> of %d, "
-            "imbalance %.2f</text>\n",
-            cx, footer_y + 18, p->summary[l].speedup, n, p->summary[l].imbalance);
+    if (p->documents > 0) {
+      fprintf(f,
+              "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\"><tspan font-weight=\"bold\">%.2f of ideal</tspan>, "
+              "imbalance %.2f</text>\n",
+              cx, footer_y + 18, p->summary[l].ideal_latency / p->summary[l].ring_latency, p->summary[l].imbalance);
+    } else {
+      fprintf(f,
+              "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\"><tspan font-weight=\"bold\">speedup %.2f</tspan> of "
+              "%d, imbalance %.2f</text>\n",
+              cx, footer_y + 18, p->summary[l].speedup, n, p->summary[l].imbalance);
+    }
     fprintf(f, "</g>\n");
   }
 
@@ -305,10 +329,28 @@ static void EmitSvg(FILE* f, const Picture* p) {
   fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"11\" fill=\"#333333\">work of one rank in one step%s.</text>\n",
           left + 214, legend_y + 10, show_values ? " (cell numbers: % of the busiest cell)" : "");
   fprintf(f,
-          "<text x=\"%d\" y=\"%d\" font-size=\"11\" fill=\"#333333\">speedup = total work / ring latency; "
+          "<text x=\"%d\" y=\"%d\" font-size=\"11\" fill=\"#333333\">%s; "
           "imbalance = ring latency / (total work / N).</text>\n",
-          left + 214, legend_y + 26);
+          left + 214, legend_y + 26,
+          p->documents > 0 ? "ideal = one device on every document alone (its own tiles) / N"
+                           : "speedup = total work / ring latency");
   fprintf(f, "</g>\n</svg>\n");
+}
+
+/* Writes the picture to path; 0 on success. */
+static int SavePicture(const char* path, const Picture* p) {
+  FILE* f = fopen(path, "w");
+  if (f == NULL) {
+    fprintf(stderr, "stria-balance: cannot write %s: %s\n", path, strerror(errno));
+    return 1;
+  }
+  EmitSvg(f, p);
+  const int write_failed = ferror(f);
+  if (fclose(f) != 0 || write_failed) {
+    fprintf(stderr, "stria-balance: error writing %s\n", path);
+    return 1;
+  }
+  return 0;
 }
 
 static int WriteSvg(const char* path, long long seq_len, int world, long long tile) {
@@ -317,8 +359,9 @@ static int WriteSvg(const char* path, long long seq_len, int world, long long ti
   p.seq_len = seq_len;
   p.tile = tile;
   p.n = world;
+  p.panels = NUM_LAYOUTS;
+  for (int l = 0; l < NUM_LAYOUTS; ++l) p.names[l] = kLayoutNames[l];
   int status = 1;
-  FILE* f = NULL;
 
   /* Let the library judge the arguments first; a valid but huge N is only too big to draw. */
   for (int l = 0; l < NUM_LAYOUTS; ++l) {
@@ -344,18 +387,7 @@ static int WriteSvg(const char* path, long long seq_len, int world, long long ti
       goto done;
     }
   }
-  f = fopen(path, "w");
-  if (f == NULL) {
-    fprintf(stderr, "stria-balance: cannot write %s: %s\n", path, strerror(errno));
-    goto done;
-  }
-  EmitSvg(f, &p);
-  const int write_failed = ferror(f);
-  if (fclose(f) != 0 || write_failed) {
-    fprintf(stderr, "stria-balance: error writing %s\n", path);
-    goto done;
-  }
-  status = 0;
+  status = SavePicture(path, &p);
 
 done:
   for (int l = 0; l < NUM_LAYOUTS; ++l) free(p.work[l]);
@@ -363,9 +395,103 @@ done:
 }
 
 /* ---------------------------------------------------------------------------------------- */
+/* Packed documents: a plan beside the layouts.                                              */
+
+/* A uniform double in (0, 1) from a 64-bit state (xorshift64*): the same documents everywhere. */
+static double Uniform(unsigned long long* state) {
+  *state ^= *state >> 12;
+  *state ^= *state << 25;
+  *state ^= *state >> 27;
+  return ((double)((*state * 2685821657736338717ULL) >> 11) + 0.5) / 9007199254740992.0;
+}
+
+/* Boundaries [0, .., S] of documents of lognormal lengths (median 1000, sigma 1, capped at
+ * 15000); returns the number of documents, or -1 when out of memory (*cu is then NULL). */
+static long long LognormalDocuments(long long seq_len, unsigned long long seed, int64_t** cu) {
+  unsigned long long state = seed * 0x9e3779b97f4a7c15ULL + 1;
+  long long cap = 1024, n = 0;
+  *cu = (int64_t*)malloc(sizeof(int64_t) * (size_t)cap);
+  if (*cu == NULL) return -1;
+  (*cu)[0] = 0;
+  while ((*cu)[n] < seq_len) {
+    /* Box-Muller: one standard normal from two uniforms. */
+    const double z = sqrt(-2.0 * log(Uniform(&state))) * cos(6.283185307179586 * Uniform(&state));
+    long long len = llround(exp(log(1000.0) + z));
+    if (len < 1) len = 1;
+    if (len > 15000) len = 15000;
+    if (n + 2 > cap) {
+      cap *= 2;
+      int64_t* grown = (int64_t*)realloc(*cu, sizeof(int64_t) * (size_t)cap);
+      if (grown == NULL) {
+        free(*cu);
+        *cu = NULL;
+        return -1;
+      }
+      *cu = grown;
+    }
+    (*cu)[n + 1] = (*cu)[n] + len < seq_len ? (*cu)[n] + len : seq_len;
+    ++n;
+  }
+  return n;
+}
+
+static int WritePlanSvg(const char* path, long long seq_len, int world, long long tile, unsigned long long seed) {
+  static const char* const kNames[MAX_PANELS] = {"plan", "contiguous", "zigzag", "striped"};
+  Picture p;
+  memset(&p, 0, sizeof p);
+  p.seq_len = seq_len;
+  p.tile = tile;
+  p.n = world;
+  p.panels = MAX_PANELS;
+  int status = 1;
+  int64_t* cu = NULL;
+  stria_plan_t plans[MAX_PANELS] = {NULL};
+  if (world > SVG_MAX_WORLD) {
+    fprintf(stderr, "stria-balance: --svg draws at most %d ranks, got --world %d\n", SVG_MAX_WORLD, world);
+    return 1;
+  }
+  const long long docs = LognormalDocuments(seq_len, seed, &cu);
+  if (docs < 0) {
+    fprintf(stderr, "stria-balance: out of memory\n");
+    return 1;
+  }
+  p.documents = docs;
+  printf("%lld documents over %lld tokens, N = %d, %lld x %lld tiles: fraction of the ideal ring latency\n", docs,
+         seq_len, world, tile, tile);
+  for (int l = 0; l < MAX_PANELS; ++l) {
+    p.names[l] = kNames[l];
+    stria_plan_config_t cfg;
+    stria_plan_config_init(&cfg);
+    cfg.world_size = world;
+    cfg.tile = tile;
+    if (l > 0) {
+      cfg.strategy = STRIA_PLAN_LAYOUT;
+      cfg.layout = kLayouts[l - 1];
+    }
+    p.summary[l].struct_size = sizeof p.summary[l];
+    p.work[l] = (double*)malloc(sizeof(double) * (size_t)world * (size_t)world);
+    if (p.work[l] == NULL || stria_plan_create(&cfg, cu, docs, 1, seq_len, &plans[l]) != STRIA_SUCCESS ||
+        stria_plan_analyze_balance(plans[l], tile, &p.summary[l], p.work[l]) != STRIA_SUCCESS) {
+      fprintf(stderr, "stria-balance: %s: %s\n", kNames[l], p.work[l] ? stria_get_last_error() : "out of memory");
+      goto done;
+    }
+    printf("  %-10s %.3f\n", kNames[l], p.summary[l].ideal_latency / p.summary[l].ring_latency);
+  }
+  status = SavePicture(path, &p);
+
+done:
+  for (int l = 0; l < MAX_PANELS; ++l) {
+    free(p.work[l]);
+    if (plans[l] != NULL) stria_plan_destroy(plans[l]);
+  }
+  free(cu);
+  return status;
+}
+
+/* ---------------------------------------------------------------------------------------- */
 
 int main(int argc, char** argv) {
-  long long seq = 0, tile = 0, world = 0;
+  long long seq = 0, tile = 0, world = 0, docs_seed = -1;
   int have_seq = 0, have_tile = 0, have_world = 0;
   const char* svg = NULL;
   for (int i = 1; i < argc; ++i) {
@@ -402,6 +528,8 @@ int main(int argc, char** argv) {
     } else if (strcmp(a, "--tile") == 0) {
       tile = x;
       have_tile = 1;
+    } else if (strcmp(a, "--docs") == 0 && x >= 0) {
+      docs_seed = x;
     } else {
       fprintf(stderr, "stria-balance: unknown option %s\n", a);
       Usage(stderr);
@@ -410,6 +538,17 @@ int main(int argc, char** argv) {
   }
   const int world_int = (int)world;
 
+  if (docs_seed >= 0) {
+    if (svg == NULL) {
+      fprintf(stderr, "stria-balance: --docs goes with --svg FILE\n");
+      return 2;
+    }
+    if (WritePlanSvg(svg, have_seq ? seq : 32768, have_world ? world_int : 8, have_tile ? tile : 128,
+                     (unsigned long long)docs_seed) != 0)
+      return 1;
+    printf("\nwrote %s\n", svg);
+    return 0;
+  }
   if (svg != NULL) {
     const long long s = have_seq ? seq : 2048, t = have_tile ? tile : 1;
     const int n = have_world ? world_int : 8;
