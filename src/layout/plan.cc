@@ -241,9 +241,28 @@ bool Plan::Bounds(int64_t b, int q_rank, int k_rank, const MaskSpec& mask, int64
 }
 
 bool Plan::Reaches(int q_rank, int k_rank, const MaskSpec& mask) const {
-  std::vector<int64_t> lo(static_cast<size_t>(local_len_)), hi(static_cast<size_t>(local_len_));
-  for (int64_t b = 0; b < batch_; ++b)
+  std::vector<int64_t> lo, hi;
+  for (int64_t b = 0; b < batch_; ++b) {
+    // Only a document with runs on both ranks can join them: a walk over the runs (both in
+    // (segment, document) order) finds one, or rules the pair out without the O(L) bounds (a plan
+    // that keeps every document whole rules out every pair but a rank's own).
+    const std::vector<Run>& qr = runs(b, q_rank);
+    const std::vector<Run>& kr = runs(b, k_rank);
+    bool shared = false;
+    for (size_t x = 0, y = 0; x < qr.size() && y < kr.size() && !shared;) {
+      if (qr[x].segment == kr[y].segment && qr[x].doc == kr[y].doc) {
+        shared = true;
+      } else if (qr[x].segment < kr[y].segment || (qr[x].segment == kr[y].segment && qr[x].doc < kr[y].doc)) {
+        ++x;
+      } else {
+        ++y;
+      }
+    }
+    if (!shared) continue;
+    lo.resize(static_cast<size_t>(local_len_));
+    hi.resize(static_cast<size_t>(local_len_));
     if (Bounds(b, q_rank, k_rank, mask, lo.data(), hi.data())) return true;
+  }
   return false;
 }
 
