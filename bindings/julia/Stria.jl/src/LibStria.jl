@@ -18,9 +18,9 @@ const libstria = "libstria.so.0"
 # ---- constants (object-like macros, evaluated by the C front end) ----
 const DLPACK_VERSION = 60
 const STRIA_VERSION_MAJOR = 0
-const STRIA_VERSION_MINOR = 2
+const STRIA_VERSION_MINOR = 3
 const STRIA_VERSION_PATCH = 0
-const STRIA_VERSION = 200
+const STRIA_VERSION = 300
 
 # ---- dlpack/dlpack.h ----
 
@@ -294,8 +294,10 @@ struct stria_attention_params_t
     # 0 means 1/sqrt(D); otherwise finite and > 0, or the call fails with
     # STRIA_ERROR_INVALID_ARGUMENT
     softmax_scale::Cfloat
-    # Extension (a field added at the end: a caller built against an older header passes a smaller
-    # struct_size and gets NULL): a document plan (stria_plan_create) for the ring to run on instead
+    # Extension, 0.3 (a field added at the end: a caller built against an older header passes the
+    # smaller struct and has no plan; such a program's stria_attention_params_init is the 0.2 one,
+    # which the library keeps under that symbol version and which fills the smaller struct): a
+    # document plan (stria_plan_create) for the ring to run on instead
     # of `layout`, which is then not used. Every rank passes a plan made from the same boundaries
     # and config. The tensors hold the plan's local_len tokens per rank (stria_plan_get_info),
     # B must be the plan's batch, and the document mask is the plan's boundaries: the plain calls
