@@ -129,6 +129,40 @@ class Stria:
         p.causal = int(causal)
         return p
 
+    def run_ring(self, params, parts, lse_len, Hq, B):
+        """Forward then backward on a local group of len(parts[0]) ranks, one thread each, outputs
+        poisoned with NaN (0x7FC0 is bfloat16's: a value left unwritten fails); parts are the
+        ranks' (q, k, v, dout). Returns each rank's (out, lse, dq, dk, dv) and the errors raised."""
+        n = len(parts[0])
+        contexts = self.local_group(n)
+        results, errors = [None] * n, []
+
+        def rank(r):
+            try:
+                q, k, v, dout = (p[r] for p in parts)
+                nan = 0x7FC0 if q.dtype == np.uint16 else np.nan
+                out = np.full_like(q, nan, order="F")
+                lse = np.full((lse_len, Hq, B), np.nan, dtype=np.float32, order="F")  # (L, Hq, B)
+                grads = [np.full_like(x, nan, order="F") for x in (q, k, v)]
+                t = [self.tensor(x) for x in (q, k, v, out, lse, dout, *grads)]
+                ptrs = [self.ptr(x) for x in t]
+                self.call(self.lib.stria_attention_forward(contexts[r], ctypes.addressof(params), *ptrs[:5], None),
+                          "forward")
+                self.call(self.lib.stria_attention_backward(contexts[r], ctypes.addressof(params), *ptrs, None),
+                          "backward")
+                results[r] = (out, lse, *grads)
+            except Exception as e:  # reported to the caller; the peers fail too
+                errors.append(e)
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        for h in contexts:
+            self.lib.stria_context_destroy(h)
+        return results, errors
+
     def seq_dim(self, a, dims):  # _seq_dim: Julia dimension dims (1-based) -> C seq_dim
         assert 1 <= dims <= a.ndim
         return a.ndim - dims
@@ -245,35 +279,8 @@ class ColumnMajorConvention(unittest.TestCase):
         full = [np.asfortranarray(store(rng.standard_normal(shape, dtype=np.float32)))
                 for shape in ((D, Hq, S, B), (D, Hkv, S, B), (D, Hkv, S, B), (D, Hq, S, B))]
         parts = [[st.shard(layout, n, r, x, dims=3) for r in range(n)] for x in full]
-        handles = st.local_group(n)
         params = st.params(layout, causal)
-        results, errors = [None] * n, []
-
-        def rank(r):
-            try:
-                q, k, v, dout = (p[r] for p in parts)
-                # Outputs poisoned with NaN (0x7FC0 is bfloat16's): a value left unwritten fails.
-                nan = 0x7FC0 if q.dtype == np.uint16 else np.nan
-                out = np.full_like(q, nan, order="F")
-                lse = np.full((S // n, Hq, B), np.nan, dtype=np.float32, order="F")  # (L, Hq, B)
-                grads = [np.full_like(x, nan, order="F") for x in (q, k, v)]
-                t = [st.tensor(x) for x in (q, k, v, out, lse, dout, *grads)]
-                ptrs = [st.ptr(x) for x in t]
-                st.call(st.lib.stria_attention_forward(handles[r], ctypes.addressof(params), *ptrs[:5], None),
-                        "forward")
-                st.call(st.lib.stria_attention_backward(handles[r], ctypes.addressof(params), *ptrs, None),
-                        "backward")
-                results[r] = (out, lse, *grads)
-            except Exception as e:  # reported below; the peers fail too
-                errors.append(e)
-
-        threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
-        for h in handles:
-            st.lib.stria_context_destroy(h)
+        results, errors = st.run_ring(params, parts, S // n, Hq, B)
         self.assertEqual(errors, [])
         gathered = [st.unshard(layout, [res[i] for res in results], dims=1 if i == 1 else 3) for i in range(5)]
         want = reference(*(from_storage(x) for x in full), causal, 1 / np.sqrt(D))
@@ -385,34 +392,9 @@ class ColumnMajorConvention(unittest.TestCase):
             full = [np.asfortranarray(rng.standard_normal(shape, dtype=np.float32))
                     for shape in ((D, Hq, S, B), (D, Hkv, S, B), (D, Hkv, S, B), (D, Hq, S, B))]
             parts = [[st.plan_shard(handle, info, r, x, dims=3) for r in range(n)] for x in full]
-            contexts = st.local_group(n)
             params = st.params("striped", causal)
             params.plan = handle
-            results, errors = [None] * n, []
-
-            def rank(r):
-                try:
-                    q, k, v, dout = (p[r] for p in parts)
-                    out = np.full_like(q, np.nan, order="F")
-                    lse = np.full((L, Hq, B), np.nan, dtype=np.float32, order="F")
-                    grads = [np.full_like(x, np.nan, order="F") for x in (q, k, v)]
-                    t = [st.tensor(x) for x in (q, k, v, out, lse, dout, *grads)]
-                    ptrs = [st.ptr(x) for x in t]
-                    st.call(st.lib.stria_attention_forward(contexts[r], ctypes.addressof(params), *ptrs[:5], None),
-                            "forward")
-                    st.call(st.lib.stria_attention_backward(contexts[r], ctypes.addressof(params), *ptrs, None),
-                            "backward")
-                    results[r] = (out, lse, *grads)
-                except Exception as e:  # reported below; the peers fail too
-                    errors.append(e)
-
-            threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(timeout=120)
-            for h in contexts:
-                st.lib.stria_context_destroy(h)
+            results, errors = st.run_ring(params, parts, L, Hq, B)
             self.assertEqual(errors, [])
             # Gathered by positions; padding slots are rows that saw nothing.
             got = [np.full(x.shape, np.nan) for x in (full[0], full[0], full[1], full[2])]

@@ -223,6 +223,8 @@ class Plan:
         return pos.clamp(min=0), pos < 0
 
     def _gather_torch(self, full: Tensor, rank: int, dim: int, out: Tensor | None) -> Tensor:
+        import torch  # noqa: PLC0415 - only for tensors that are not on the host
+
         index, pad = self._index(full, rank)
         rows = []
         for b in range(self.batch):
@@ -232,7 +234,7 @@ class Plan:
             shape = [1] * picked.dim()
             shape[d] = -1
             rows.append(picked.masked_fill(pad[b].view(shape), 0))
-        result = torch_stack(rows) if self.batch > 1 else rows[0]
+        result = torch.stack(rows) if self.batch > 1 else rows[0]
         if out is None:
             return result
         out.copy_(result)
@@ -262,9 +264,3 @@ class Plan:
         b, raw = capi.stria_plan_analyze_balance(self.handle, int(tile if tile is not None else self.tile))
         work = np.frombuffer(raw, dtype=np.float64).reshape(self.world_size, self.world_size)
         return Balance(b.total_work, b.ring_latency, b.speedup, b.imbalance, b.ideal_latency), work
-
-
-def torch_stack(rows: list) -> Any:
-    import torch  # noqa: PLC0415
-
-    return torch.stack(rows)
