@@ -5,15 +5,16 @@
 //       for each document-length distribution, sequence length, world size and tile size: the
 //       ring latency of the plan and of each fixed layout as a fraction of the ideal (one device
 //       computing every document on its own, tiles from each document's start, over N), counted
-//       from the masks as the kernels compute them (stria_plan_analyze_balance); the ring steps
-//       and K/V bytes a rank sends per call relative to the striped layout's; and the time to
-//       compute the plan.
+//       from the masks as the kernels compute them (stria_plan_analyze_balance); the ring steps;
+//       the K/V the plan's ring sends per forward call (blocks trimmed to the rows later ranks see,
+//       in whole tiles) against the striped layout's whole blocks; and the time to compute the plan.
 //   stria-plan-bench cpu [--world 8] [--seq 32768] [--heads 4] [--dim 64] [--reps 3] [--seed s]
 //                        [--dist lognormal]
 //       the CPU ring in one process (one thread per rank), forward and backward: the ring latency
 //       modelled from every rank's measured compute per step (the sum over steps of the slowest
 //       rank's CPU time: N dedicated cores), against the ideal (one rank computing the whole packed
-//       sequence, its measured time over N), for the plan and for each fixed layout.
+//       sequence, its measured time over N), for the plan and for each fixed layout; and the bytes
+//       every rank together sent per forward and backward call (stria_context_get_traffic).
 //
 // Distributions: lognormal (median 1k tokens, sigma 1, capped at 15k: many short documents and a
 // heavy tail), fewlong (three documents of S/8 and many of 50..600 tokens), uniform (1..4096
@@ -127,7 +128,7 @@ int Analysis(int argc, char** argv) {
           double of[4] = {0, 0, 0, 0};
           int steps[4] = {0, 0, 0, 0};
           int64_t local[4] = {0, 0, 0, 0};
-          double plan_ms = 0;
+          double plan_ms = 0, rows_sent = 0;
           for (int w = 0; w < 4; ++w) {
             const double t0 = Now();
             Plan plan(cu, S, static_cast<int>(N), tile, kWho[w].strategy, kWho[w].layout);
@@ -141,10 +142,11 @@ int Analysis(int argc, char** argv) {
               for (int64_t r = 0; r < N; ++r)
                 if (work[static_cast<size_t>(s * N + r)] > 0) steps[w] = static_cast<int>(s) + 1;
             local[w] = plan.local_len();
+            if (w == 0) rows_sent = b.kv_rows_sent;
           }
-          // K/V a rank sends per forward call: one block of its local length per step but the last.
-          const double bytes = static_cast<double>(std::max(steps[0] - 1, 0) * local[0]) /
-                               static_cast<double>(std::max(steps[1] - 1, 1) * local[1]);
+          // K/V rows sent per forward call: the plan's trimmed blocks against the striped layout's
+          // ring on the same documents, which sends whole blocks at every step but the last.
+          const double bytes = rows_sent / static_cast<double>((N - 1) * local[1] * N);
           std::printf("| %s | %lld | %lld | %lld | %zu | %.3f | %.3f | %.3f | %.3f | %d | %.3f | %.3f |\n", dist,
                       static_cast<long long>(S), static_cast<long long>(N), static_cast<long long>(tile), cu.size() - 1,
                       of[0], of[1], of[2], of[3], steps[0], bytes, plan_ms);
@@ -191,6 +193,7 @@ struct Tensor {
 // CPU time), the medians of `reps` calls.
 struct Timing {
   double fwd = 0, bwd = 0;
+  double fwd_bytes = 0, bwd_bytes = 0;  // sent per call, all ranks (the last call's)
 };
 Timing RunRing(int world, const std::vector<int64_t>& cu, int64_t S, int64_t H, int64_t D, const Plan* plan,
                stria_layout_t layout, int reps) {
@@ -209,11 +212,18 @@ Timing RunRing(int world, const std::vector<int64_t>& cu, int64_t S, int64_t H, 
   std::vector<std::thread> threads;
   std::vector<std::vector<std::vector<double>>> steps_f(static_cast<size_t>(world)),
       steps_b(static_cast<size_t>(world));
+  std::vector<double> sent_f(static_cast<size_t>(world)), sent_b(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r)
     threads.emplace_back([&, r] {
       Tensor q({1, L, H, D}, 1 + r), k({1, L, H, D}, 100 + r), v({1, L, H, D}, 200 + r), dout({1, L, H, D}, 300 + r);
       Tensor out({1, L, H, D}), lse({1, H, L}), dq({1, L, H, D}), dk({1, L, H, D}), dv({1, L, H, D});
       stria_context_t c = ctx[static_cast<size_t>(r)];
+      auto sent = [&](double* into) {
+        stria_traffic_t t;
+        t.struct_size = sizeof t;
+        if (stria_context_get_traffic(c, &t) != STRIA_SUCCESS) Die("traffic");
+        *into = static_cast<double>(t.kv_bytes + t.dkv_bytes);
+      };
       auto times = [&](std::vector<std::vector<double>>* into) {
         stria_step_time_t st[64];
         int n = 0;
@@ -227,10 +237,12 @@ Timing RunRing(int world, const std::vector<int64_t>& cu, int64_t S, int64_t H, 
                                               nullptr) != STRIA_SUCCESS)
           Die("forward");
         times(&steps_f[static_cast<size_t>(r)]);
+        sent(&sent_f[static_cast<size_t>(r)]);
         if (stria_attention_backward_documents(c, &params, cu.data(), num_seqs, &q.dl, &k.dl, &v.dl, &out.dl, &lse.dl,
                                                &dout.dl, &dq.dl, &dk.dl, &dv.dl, nullptr) != STRIA_SUCCESS)
           Die("backward");
         times(&steps_b[static_cast<size_t>(r)]);
+        sent(&sent_b[static_cast<size_t>(r)]);
       }
     });
   for (auto& t : threads) t.join();
@@ -251,7 +263,12 @@ Timing RunRing(int world, const std::vector<int64_t>& cu, int64_t S, int64_t H, 
     std::sort(lat.begin(), lat.end());
     return lat[lat.size() / 2];
   };
-  return Timing{model(steps_f), model(steps_b)};
+  double all_f = 0, all_b = 0;
+  for (int r = 0; r < world; ++r) {
+    all_f += sent_f[static_cast<size_t>(r)];
+    all_b += sent_b[static_cast<size_t>(r)];
+  }
+  return Timing{model(steps_f), model(steps_b), all_f, all_b};
 }
 
 int Cpu(int argc, char** argv) {
@@ -287,14 +304,15 @@ int Cpu(int argc, char** argv) {
               static_cast<long long>(S), world, static_cast<long long>(H), static_cast<long long>(D), cu.size() - 1,
               ideal.fwd * 1e3 / world, ideal.bwd * 1e3 / world);
   std::printf(
-      "| who | fwd latency ms | fwd of ideal | bwd latency ms | bwd of ideal |\n| --- | --- | --- | --- | --- |\n");
+      "| who | fwd latency ms | fwd of ideal | bwd latency ms | bwd of ideal | fwd MB sent | bwd MB sent |\n"
+      "| --- | --- | --- | --- | --- | --- | --- |\n");
   for (const Who& who : kWho) {
     if (who.strategy == STRIA_PLAN_LAYOUT && S % (2 * world) != 0) continue;
     Plan plan(cu, S, world, 64, who.strategy, who.layout);
     const Timing t =
         RunRing(world, cu, S, H, D, who.strategy == STRIA_PLAN_BALANCED ? &plan : nullptr, who.layout, reps);
-    std::printf("| %s | %.2f | %.3f | %.2f | %.3f |\n", who.name, t.fwd * 1e3, ideal.fwd / world / t.fwd, t.bwd * 1e3,
-                ideal.bwd / world / t.bwd);
+    std::printf("| %s | %.2f | %.3f | %.2f | %.3f | %.1f | %.1f |\n", who.name, t.fwd * 1e3, ideal.fwd / world / t.fwd,
+                t.bwd * 1e3, ideal.bwd / world / t.bwd, t.fwd_bytes / 1e6, t.bwd_bytes / 1e6);
     std::fflush(stdout);
   }
   return 0;

@@ -29,11 +29,12 @@ struct PlanCase {
   Dt dt;
   int64_t B, S, Hq, Hkv, D;
   Docs docs = Docs::kRandom;
-  int num_docs = 5;       // kRandom: documents per batch row
-  int64_t tile = 4;       // the plan's tile: small, so that short sequences have documents to split
-  Window window{};        // a sliding window (the _window calls)
-  bool pass_cu = true;    // the _documents (or _window) calls with the boundaries; else the plain ones
-  int64_t local_len = 0;  // > 0: the plan's fixed local_len
+  int num_docs = 5;          // kRandom: documents per batch row
+  int64_t tile = 4;          // the plan's tile: small, so that short sequences have documents to split
+  Window window{};           // a sliding window (the _window calls)
+  bool pass_cu = true;       // the _documents (or _window) calls with the boundaries; else the plain ones
+  int64_t local_len = 0;     // > 0: the plan's fixed local_len
+  bool expect_trim = false;  // blocks long enough that the plan's messages must be shorter than whole ones
 };
 
 std::string Name(const PlanCase& c) {
@@ -165,15 +166,52 @@ void RunPlanCase(const PlanCase& c) {
     Tensor dol = ShardBy(plan.plan, dout, r, L);
     Tensor out({c.B, L, c.Hq, c.D}, c.dt), lse({c.B, c.Hq, L}, Dt::kF32);
     Tensor dq({c.B, L, c.Hq, c.D}, c.dt), dk({c.B, L, c.Hkv, c.D}, c.dt), dv({c.B, L, c.Hkv, c.D}, c.dt);
-    for (Tensor* t : {&out, &lse, &dq, &dk, &dv}) t->Poison();
     stria_context_t ctx = group.ctx[static_cast<size_t>(r)];
     std::string& err = errors[static_cast<size_t>(r)];
+    // First a call on a layout, with NaN everywhere, of the same local shape: it leaves NaN in every
+    // ring buffer (the plan's trimmed messages fill only the rows the ranks see: the rest must never
+    // reach a result) and sends whole blocks, against which the plan's traffic is measured.
+    stria_traffic_t whole_fwd{sizeof(stria_traffic_t), 0, 0, 0}, whole_bwd = whole_fwd;
+    stria_traffic_t plan_fwd = whole_fwd, plan_bwd = whole_fwd;
+    {
+      Tensor nq({c.B, L, c.Hq, c.D}, c.dt), nk({c.B, L, c.Hkv, c.D}, c.dt), nv({c.B, L, c.Hkv, c.D}, c.dt);
+      Tensor nout({c.B, L, c.Hq, c.D}, c.dt), nlse({c.B, c.Hq, L}, Dt::kF32), ndq({c.B, L, c.Hq, c.D}, c.dt);
+      Tensor ndk({c.B, L, c.Hkv, c.D}, c.dt), ndv({c.B, L, c.Hkv, c.D}, c.dt);
+      for (Tensor* t : {&nq, &nk, &nv, &nout, &nlse}) t->Poison();
+      stria_attention_params_t layout_params;
+      stria_attention_params_init(&layout_params);
+      layout_params.causal = c.causal;
+      if (stria_attention_forward(ctx, &layout_params, &nq.dl, &nk.dl, &nv.dl, &nout.dl, &nlse.dl, nullptr) !=
+              STRIA_SUCCESS ||
+          stria_context_get_traffic(ctx, &whole_fwd) != STRIA_SUCCESS ||
+          stria_attention_backward(ctx, &layout_params, &nq.dl, &nk.dl, &nv.dl, &nout.dl, &nlse.dl, &nout.dl, &ndq.dl,
+                                   &ndk.dl, &ndv.dl, nullptr) != STRIA_SUCCESS ||
+          stria_context_get_traffic(ctx, &whole_bwd) != STRIA_SUCCESS)
+        err += std::string("the NaN call on a layout: ") + stria_get_last_error();
+    }
+    for (Tensor* t : {&out, &lse, &dq, &dk, &dv}) t->Poison();
     if (AttentionForward(ctx, &params, given, num_seqs, &ql.dl, &kl.dl, &vl.dl, &out.dl, &lse.dl, nullptr, c.window) !=
-        STRIA_SUCCESS)
+            STRIA_SUCCESS ||
+        stria_context_get_traffic(ctx, &plan_fwd) != STRIA_SUCCESS)
       err += std::string("forward: ") + stria_get_last_error();
     if (AttentionBackward(ctx, &params, given, num_seqs, &ql.dl, &kl.dl, &vl.dl, &out.dl, &lse.dl, &dol.dl, &dq.dl,
-                          &dk.dl, &dv.dl, nullptr, c.window) != STRIA_SUCCESS)
+                          &dk.dl, &dv.dl, nullptr, c.window) != STRIA_SUCCESS ||
+        stria_context_get_traffic(ctx, &plan_bwd) != STRIA_SUCCESS)
       err += std::string(" backward: ") + stria_get_last_error();
+    // The plan's blocks carry at most a layout's whole ones, nothing where every document is kept
+    // whole, and less where a block holds rows no later rank sees.
+    EXPECT_LE(plan_fwd.kv_bytes, whole_fwd.kv_bytes) << "rank " << r;
+    EXPECT_LE(plan_bwd.kv_bytes, whole_bwd.kv_bytes) << "rank " << r;
+    EXPECT_LE(plan_bwd.dkv_bytes, whole_bwd.dkv_bytes) << "rank " << r;
+    EXPECT_EQ(plan_fwd.dkv_bytes, 0u);
+    if (c.docs == Docs::kOnes) {
+      EXPECT_EQ(plan_fwd.kv_bytes + plan_bwd.kv_bytes + plan_bwd.dkv_bytes, 0u) << "rank " << r;
+    }
+    if (c.expect_trim) {
+      EXPECT_LT(plan_fwd.kv_bytes, whole_fwd.kv_bytes) << "rank " << r;
+      EXPECT_LT(plan_bwd.kv_bytes, whole_bwd.kv_bytes) << "rank " << r;
+      EXPECT_LT(plan_bwd.dkv_bytes, whole_bwd.dkv_bytes) << "rank " << r;
+    }
     full.Gather(r, out, lse, dq, dk, dv);
     // Padding slots: rows that saw nothing and keys that nothing saw.
     std::vector<int64_t> pos(static_cast<size_t>(c.B * L));
@@ -237,10 +275,19 @@ std::vector<PlanCase> RankCounts() {
     c.local_len = 32;
     cases.push_back(c);
   }
-  // Blocks several kernel tiles long (the CPU kernels' 64): whole tiles of split documents.
-  for (int n : {3, 8}) {
-    PlanCase c{n, true, Dt::kF32, 1, 1000, 2, 1, 16, Docs::kFewLong};
+  // Blocks several kernel tiles long (the CPU kernels' 64): whole tiles of split documents, and
+  // messages trimmed to the rows later ranks see (a block's kept documents never travel).
+  for (int n : {2, 3, 8})
+    for (bool causal : {true, false}) {
+      PlanCase c{n, causal, Dt::kF32, n == 3 ? 2 : 1, 1000, 2, 1, 16, Docs::kFewLong};
+      c.tile = 64;
+      c.expect_trim = true;
+      cases.push_back(c);
+    }
+  for (int n : {4, 7}) {
+    PlanCase c{n, true, Dt::kF32, 1, 1200, 4, 2, 8, Docs::kRandom, 40};
     c.tile = 64;
+    c.expect_trim = true;
     cases.push_back(c);
   }
   return cases;
@@ -250,6 +297,13 @@ std::vector<PlanCase> DtypesAndWindows() {
   std::vector<PlanCase> cases;
   for (Dt dt : {Dt::kF16, Dt::kBF16})
     for (int n : {2, 5}) cases.push_back(PlanCase{n, true, dt, 2, 90, 4, 2, 32, Docs::kFewLong});
+  // Long enough to trim: float16 travels as rows (by 128-row tiles), bfloat16 as the bf16 tiles.
+  for (Dt dt : {Dt::kF16, Dt::kBF16}) {
+    PlanCase c{4, true, dt, 1, 2000, 2, 1, 16, Docs::kRandom, 30};
+    c.tile = 64;
+    c.expect_trim = true;
+    cases.push_back(c);
+  }
   cases.push_back(PlanCase{3, false, Dt::kBF16, 1, 130, 4, 1, 64});
   // GQA 4:1 and MQA.
   cases.push_back(PlanCase{4, true, Dt::kF32, 1, 70, 8, 2, 16});
@@ -262,6 +316,13 @@ std::vector<PlanCase> DtypesAndWindows() {
       c.window = causal ? Window{5, -1} : Window{4, 3};
       cases.push_back(c);
     }
+  for (bool causal : {true, false}) {
+    PlanCase c{5, causal, Dt::kF32, 1, 1500, 2, 1, 8, Docs::kFewLong};
+    c.tile = 64;
+    c.window = causal ? Window{150, -1} : Window{100, 70};
+    c.expect_trim = true;
+    cases.push_back(c);
+  }
   PlanCase single{4, true, Dt::kF32, 1, 96, 2, 1, 8, Docs::kSingle};
   single.window = Window{9, -1};
   cases.push_back(single);

@@ -120,8 +120,8 @@ Status CheckLayoutArg(const stria_layout_t& layout) {
   return Status::Ok();
 }
 
-// stria_balance_t grew ideal_latency at its end: a caller built against an older header passes the
-// smaller struct, which gets the fields it has.
+// stria_balance_t grew ideal_latency and then kv_rows_sent at its end: a caller built against an
+// older header passes a smaller struct, which gets the fields it has.
 constexpr size_t kBalanceV1 = offsetof(stria_balance_t, ideal_latency);
 Status CheckBalanceOut(const stria_balance_t* out) {
   if (out == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "out is NULL");
@@ -537,6 +537,7 @@ STRIA_API stria_status_t stria_analyze_balance(stria_layout_t layout, int causal
     stria_balance_t b{};
     STRIA_RETURN_IF_ERROR(stria::AnalyzeBalance(layout, causal != 0, seq_len, world_size, tile, &b));
     b.ideal_latency = stria::IdealLatency(causal != 0, seq_len, world_size, tile);
+    b.kv_rows_sent = static_cast<double>(world_size - 1) * static_cast<double>(seq_len);
     WriteBalance(b, out);
     return Status::Ok();
   });
@@ -568,6 +569,27 @@ STRIA_API stria_status_t stria_context_get_step_times(stria_context_t ctx, stria
       steps[i].compute_cpu_s = t[static_cast<size_t>(i)].compute_cpu_s;
       steps[i].wait_s = t[static_cast<size_t>(i)].wait_s;
     }
+    return Status::Ok();
+  });
+}
+
+STRIA_API stria_status_t stria_context_get_traffic(stria_context_t ctx, stria_traffic_t* out) {
+  return Guard([&] {
+    std::shared_ptr<stria::Context> c;
+    STRIA_RETURN_IF_ERROR(Lookup(ctx, &c));
+    if (out == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "out is NULL");
+    // An output struct: a caller built against a newer header may pass a larger one (zeroed past
+    // what this library knows), which gets the fields this library has.
+    if (out->struct_size < sizeof(stria_traffic_t))
+      return stria::CheckStructSize(out, out->struct_size, sizeof(stria_traffic_t), "out", "sizeof(stria_traffic_t)");
+    STRIA_RETURN_IF_ERROR(
+        stria::CheckStructSize(out, out->struct_size, sizeof(stria_traffic_t), "out", "sizeof(stria_traffic_t)"));
+    stria::CallScope call(*c, "stria_context_get_traffic");  // written by the calls
+    STRIA_RETURN_IF_ERROR(call.status());
+    const stria::Traffic& t = c->traffic();
+    out->kv_bytes = t.kv_bytes;
+    out->dkv_bytes = t.dkv_bytes;
+    out->messages = t.messages;
     return Status::Ok();
   });
 }
@@ -710,6 +732,7 @@ STRIA_API stria_status_t stria_plan_analyze_balance(stria_plan_t plan, int64_t t
     b.speedup = b.ring_latency > 0 ? b.total_work / b.ring_latency : 0.0;
     b.imbalance = b.total_work > 0 ? b.ring_latency / (b.total_work / n) : 0.0;
     b.ideal_latency = stria::PlanIdealWork(*p, mask, tile) / n;
+    b.kv_rows_sent = stria::PlanKVRowsSent(*p, mask, tile);
     WriteBalance(b, out);
     if (work != nullptr) std::copy(steps.begin(), steps.end(), work);
     return Status::Ok();

@@ -7,9 +7,11 @@
 // backend, so a GPU backend hands device memory to its transport.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -59,6 +61,45 @@ inline size_t DKVWireFloats(const AttentionShape& s) {
   return 2 * static_cast<size_t>(s.B * s.L * s.Hkv * s.D);
 }
 
+// A byte range of a whole ring message. A trimmed message (a document plan's block, which sheds
+// the rows no later rank sees) carries some pieces of the whole one back to back, in order.
+struct WirePiece {
+  size_t offset = 0, bytes = 0;
+};
+// Appends [offset, offset + bytes), joined to the last piece where the two meet.
+inline void AddPiece(size_t offset, size_t bytes, std::vector<WirePiece>* pieces) {
+  if (bytes == 0) return;
+  if (!pieces->empty() && pieces->back().offset + pieces->back().bytes == offset) {
+    pieces->back().bytes += bytes;
+    return;
+  }
+  pieces->push_back(WirePiece{offset, bytes});
+}
+inline size_t PiecesBytes(const std::vector<WirePiece>& pieces) {
+  size_t n = 0;
+  for (const WirePiece& p : pieces) n += p.bytes;
+  return n;
+}
+// Rows [0, min(L, rows[b] rounded up to `tile`)) of each batch row b of the operands of a message
+// made of `operands` arrays [B, L, H, row_bytes]: the pieces, operand by operand.
+inline void RowPieces(const AttentionShape& s, int operands, int64_t heads, size_t row_bytes, const int64_t* rows,
+                      int64_t tile, std::vector<WirePiece>* pieces) {
+  const size_t token = static_cast<size_t>(heads) * row_bytes, batch_row = static_cast<size_t>(s.L) * token;
+  for (int op = 0; op < operands; ++op)
+    for (int64_t b = 0; b < s.B; ++b) {
+      const int64_t n = std::min(s.L, (rows[b] + tile - 1) / tile * tile);
+      AddPiece((static_cast<size_t>(op * s.B + b)) * batch_row, static_cast<size_t>(n) * token, pieces);
+    }
+}
+// The pieces of a dK/dV message that hold rows [0, rows[b]) of each batch row b.
+inline std::vector<WirePiece> DKVPieces(const AttentionShape& s, const int64_t* rows) {
+  std::vector<WirePiece> pieces;
+  RowPieces(s, 2, s.Hkv, static_cast<size_t>(s.D) * sizeof(float), rows, 1, &pieces);
+  return pieces;
+}
+// The largest key tile any kernel reads a kRows message by (the CUDA families: 32, 64 or 128).
+constexpr int64_t kRowsKeyTile = 128;
+
 // Where a forward block call stands in its ring call.
 struct ForwardStep {
   bool local = false;  // kv_wire is this rank's own block, packed by this call's PackKV (ring step 0)
@@ -106,6 +147,29 @@ class Backend {
     (void)backward;
     return KVWire{KVWireFormat::kRows, KVWireBytes(shape)};
   }
+  // The pieces of a K/V message (KVWireFor's) that carry rows [0, rows[b]) of each batch row b,
+  // rounded up so that every key tile a kernel reads whole is sent whole: a receiver's kernels then
+  // read past the sent rows only tiles that no query of theirs sees (the document mask skips
+  // them), never a stale row beside a visible one. The default is kRows's, by kRowsKeyTile.
+  virtual void KVWirePieces(const AttentionShape& shape, bool backward, const int64_t* rows,
+                            std::vector<WirePiece>* pieces) const {
+    (void)backward;
+    RowPieces(shape, 2, shape.Hkv, static_cast<size_t>(shape.D) * DTypeSize(shape.dtype), rows, kRowsKeyTile, pieces);
+  }
+  // Copies the pieces between a whole ring message and a trimmed one: gather (whole `src` into
+  // trimmed `dst`) or scatter (trimmed `src` into whole `dst`). Ordered like the block calls, so
+  // FenceBuffers covers it; the default is host memory's memcpy.
+  virtual Status CopyPieces(void* dst, const void* src, const std::vector<WirePiece>& pieces, bool gather) {
+    size_t packed = 0;
+    for (const WirePiece& p : pieces) {
+      if (gather)
+        std::memcpy(static_cast<char*>(dst) + packed, static_cast<const char*>(src) + p.offset, p.bytes);
+      else
+        std::memcpy(static_cast<char*>(dst) + p.offset, static_cast<const char*>(src) + packed, p.bytes);
+      packed += p.bytes;
+    }
+    return Status::Ok();
+  }
   // Packs this rank's K/V block into `wire` (KVWireFor's format). `sent`: whether the engine sends the wire to another
   // rank. When it does not (a world of 1), only this backend's own block call with `local` reads
   // it, so a backend that stages its local block elsewhere (the CPU one) may leave it unwritten.
@@ -123,8 +187,9 @@ class Backend {
   // Sets `dkv` (a dK/dV message) to this rank's contribution for the block, or writes the call's
   // dK and dV (BackwardStep::dk) and leaves `dkv` as it is.
   virtual Status BackwardBlock(const void* kv_wire, const BlockMask& mask, float* dkv, const BackwardStep& step) = 0;
-  // dst += src over a dK/dV message.
-  virtual Status AccumulateDKV(float* dst, const float* src) = 0;
+  // dst += src over the pieces of a dK/dV message: dst whole, src the pieces back to back (one
+  // piece of every byte: two whole messages).
+  virtual Status AccumulateDKV(float* dst, const float* src, const std::vector<WirePiece>& pieces) = 0;
   // Writes dQ, and dK and dV from `dkv` unless the block call has written them.
   virtual Status BackwardEnd(const TensorView& dq, const float* dkv, const TensorView& dk, const TensorView& dv) = 0;
 

@@ -20,6 +20,10 @@ constexpr double kDefaultTimeoutS = 300.0;
 struct StepTime {
   double compute_s = 0, compute_cpu_s = 0, wait_s = 0;
 };
+// What a rank's last call sent over its transport (stria_context_get_traffic).
+struct Traffic {
+  uint64_t kv_bytes = 0, dkv_bytes = 0, messages = 0;
+};
 
 class Context {
  public:
@@ -61,6 +65,7 @@ class Context {
   Status RingBuffer(int index, size_t bytes, void** out);
 
   std::vector<StepTime>& step_times() { return step_times_; }
+  Traffic& traffic() { return traffic_; }
 
  private:
   const int rank_, world_size_;
@@ -80,6 +85,7 @@ class Context {
   };
   std::vector<Buffer> buffers_;
   std::vector<StepTime> step_times_;
+  Traffic traffic_;
 };
 
 // Admits a call on a context for the scope's lifetime; status() says why not.

@@ -287,4 +287,77 @@ int Plan::RingSteps(const MaskSpec& mask) const {
   return steps;
 }
 
+int64_t Plan::KeyExtent(int64_t b, int q_rank, int k_rank, const MaskSpec& mask) const {
+  const std::vector<Run>& qr = runs(b, q_rank);
+  const std::vector<Run>& kr = runs(b, k_rank);
+  const int64_t* cu = cu_.data() + b * (num_seqs_ + 1);
+  int64_t extent = 0;
+  size_t k0 = 0;
+  // The walk of Bounds, keeping only the highest end. Along a query run both ends of the visible
+  // slots never decrease, so the last query that sees anything has the run's highest end; without
+  // a left window every query's keys start at its document's start, so the last query sees the
+  // most and one look settles the run.
+  for (const Run& run : qr) {
+    while (k0 < kr.size() && (kr[k0].segment < run.segment || (kr[k0].segment == run.segment && kr[k0].doc < run.doc)))
+      ++k0;
+    size_t k1 = k0;
+    while (k1 < kr.size() && kr[k1].segment == run.segment && kr[k1].doc == run.doc) ++k1;
+    if (k1 == k0) continue;
+    const Run* keys = kr.data() + k0;
+    const Run* keys_end = kr.data() + k1;
+    const int64_t a = cu[run.doc], e = cu[run.doc + 1];
+    for (int64_t j = run.count - 1; j >= 0; --j) {
+      int64_t start, end;
+      VisibleRange(run.first + j * run.stride, a, e, mask, &start, &end);
+      const int64_t l = SlotOf(keys, keys_end, start);
+      const int64_t h = std::max(l, SlotOf(keys, keys_end, end));
+      if (h <= extent) break;  // the earlier queries of the run end no higher
+      if (h > l) {
+        extent = h;
+        break;
+      }
+      if (mask.window_left < 0) break;
+    }
+  }
+  return extent;
+}
+
+void Plan::RowsStillNeeded(int k_rank, int step, const MaskSpec& mask, int64_t* rows) const {
+  std::shared_ptr<const RowsEntry> entry;
+  {
+    std::lock_guard<std::mutex> lock(rows_mu_);
+    for (const auto& e : rows_)
+      if (e->mask.causal == mask.causal && e->mask.window_left == mask.window_left &&
+          e->mask.window_right == mask.window_right)
+        entry = e;
+  }
+  if (entry == nullptr) {
+    auto made = std::make_shared<RowsEntry>();
+    made->mask = mask;
+    made->steps = RingSteps(mask);
+    const int n = options_.world_size;
+    const int64_t cells = static_cast<int64_t>(n) * made->steps * batch_;
+    if (cells <= (int64_t{1} << 22)) {
+      made->rows.assign(static_cast<size_t>(cells), 0);
+      for (int k = 0; k < n; ++k)
+        for (int64_t b = 0; b < batch_; ++b) {
+          // rows(k, s) = max over the later steps t > s of the extent at rank k + t: a suffix max.
+          int64_t need = 0;
+          for (int s = made->steps - 1; s >= 0; --s) {
+            made->rows[static_cast<size_t>((static_cast<int64_t>(k) * made->steps + s) * batch_ + b)] = need;
+            if (s > 0) need = std::max(need, KeyExtent(b, (k + s) % n, k, mask));
+          }
+        }
+    }
+    std::lock_guard<std::mutex> lock(rows_mu_);
+    if (rows_.size() >= 16) rows_.erase(rows_.begin());
+    rows_.push_back(made);
+    entry = made;
+  }
+  for (int64_t b = 0; b < batch_; ++b)
+    rows[b] = entry->rows.empty() || step >= entry->steps
+                  ? (entry->rows.empty() ? local_len_ : 0)
+                  : entry->rows[static_cast<size_t>((static_cast<int64_t>(k_rank) * entry->steps + step) * batch_ + b)];
+}
+
 }  // namespace stria

@@ -102,6 +102,17 @@ class Plan {
   // many calls.
   int RingSteps(const MaskSpec& mask) const;
 
+  // One past the highest local slot of k_rank that some query of q_rank sees in batch row b under
+  // `mask`; 0 when none does. The ring sends no K/V row at or past it to q_rank.
+  int64_t KeyExtent(int64_t b, int q_rank, int k_rank, const MaskSpec& mask) const;
+  // The rows of k_rank's K/V block that a call under `mask` must still carry after `step` hops:
+  // rows[b] (batch() entries) = the highest KeyExtent over the ranks the block reaches at later
+  // steps (k_rank + step + 1, ..., k_rank + RingSteps - 1). So a block keeps only its documents
+  // shared with other ranks, and sheds rows as the ranks that see them fall behind; a rank that
+  // keeps every document whole sends nothing. Kept per mask, like RingSteps; a world too large
+  // for the table (world_size * RingSteps * batch above 2^22) keeps every row (local_len).
+  void RowsStillNeeded(int k_rank, int step, const MaskSpec& mask, int64_t* rows) const;
+
  private:
   Plan() = default;
   void BuildFromLayout();
@@ -122,6 +133,13 @@ class Plan {
   };
   mutable std::mutex steps_mu_;
   mutable std::vector<StepsEntry> steps_;  // RingSteps' answers so far
+  struct RowsEntry {
+    MaskSpec mask;
+    int steps;
+    std::vector<int64_t> rows;  // [k_rank][step][b], empty: too large to keep (every row is sent)
+  };
+  mutable std::mutex rows_mu_;
+  mutable std::vector<std::shared_ptr<const RowsEntry>> rows_;  // RowsStillNeeded's tables so far
 };
 
 // The balancing solver (layout/plan_solver.cc): the runs of every rank of one batch row of

@@ -56,4 +56,16 @@ double PlanIdealWork(const Plan& plan, const MaskSpec& mask, int64_t tile) {
   return total;
 }
 
+double PlanKVRowsSent(const Plan& plan, const MaskSpec& mask, int64_t tile) {
+  const int n = plan.world_size(), steps = plan.RingSteps(mask);
+  std::vector<int64_t> rows(static_cast<size_t>(plan.batch()));
+  double sent = 0;
+  for (int k = 0; k < n; ++k)
+    for (int step = 0; step + 1 < steps; ++step) {
+      plan.RowsStillNeeded(k, step, mask, rows.data());
+      for (int64_t r : rows) sent += static_cast<double>(std::min(plan.local_len(), (r + tile - 1) / tile * tile));
+    }
+  return sent;
+}
+
 }  // namespace stria

@@ -20,4 +20,9 @@ void PlanStepWork(const Plan& plan, const MaskSpec& mask, int64_t tile, double* 
 // each document's first token (a variable-length kernel): the ring's ideal is this over N.
 double PlanIdealWork(const Plan& plan, const MaskSpec& mask, int64_t tile);
 
+// The K/V token rows one forward call on the plan sends, over every rank and ring step: each
+// block trimmed to the rows ranks further along the ring see (Plan::RowsStillNeeded), rounded up
+// to whole tiles of `tile` keys as the kernels read them.
+double PlanKVRowsSent(const Plan& plan, const MaskSpec& mask, int64_t tile);
+
 }  // namespace stria

@@ -223,6 +223,39 @@ int RingSteps(const ValidatedCall& c, int world_size) {
   return 1;
 }
 
+namespace {
+
+RingMessage MessageOf(std::vector<WirePiece> pieces, size_t whole_bytes) {
+  RingMessage m;
+  m.bytes = PiecesBytes(pieces);
+  m.whole = m.bytes == whole_bytes;  // pieces never overlap: every byte
+  if (m.whole) {
+    m.bytes = whole_bytes;
+  } else {
+    m.pieces = std::move(pieces);
+  }
+  return m;
+}
+
+}  // namespace
+
+RingMessage KVMessage(const ValidatedCall& c, const Backend& be, bool backward, size_t wire_bytes, int holder,
+                      int step) {
+  if (c.plan == nullptr) return RingMessage{true, wire_bytes, {}};
+  std::vector<int64_t> rows(static_cast<size_t>(c.shape.B));
+  c.plan->RowsStillNeeded(holder, step, c.mask, rows.data());
+  std::vector<WirePiece> pieces;
+  be.KVWirePieces(c.shape, backward, rows.data(), &pieces);
+  return MessageOf(std::move(pieces), wire_bytes);
+}
+
+RingMessage DKVMessage(const ValidatedCall& c, int holder, size_t dkv_bytes) {
+  if (c.plan == nullptr) return RingMessage{true, dkv_bytes, {}};
+  std::vector<int64_t> rows(static_cast<size_t>(c.shape.B));
+  c.plan->RowsStillNeeded(holder, 0, c.mask, rows.data());
+  return MessageOf(DKVPieces(c.shape, rows.data()), dkv_bytes);
+}
+
 Status ValidateForward(Context& ctx, const ForwardCall& call, ValidatedCall* c) {
   STRIA_RETURN_IF_ERROR(CheckQKV(ctx, call.q, call.k, call.v, call.params, call.documents, call.stream, c));
   STRIA_RETURN_IF_ERROR(CheckLike(ctx, call.out, "out", c->q, "q", Role::kOutput, &c->out));

@@ -35,6 +35,21 @@ BlockMask MaskOfBlock(const ValidatedCall& c, int world_size, int q_rank, int k_
 // the same number.
 int RingSteps(const ValidatedCall& c, int world_size);
 
+// One ring message: the whole one, or, in a document plan's call, only the pieces of it that a
+// rank further along the ring sees (Plan::RowsStillNeeded), gathered back to back. Every rank
+// derives the same message from the plan, so sender and receiver agree on its size.
+struct RingMessage {
+  bool whole = true;
+  size_t bytes = 0;               // what travels
+  std::vector<WirePiece> pieces;  // !whole: the pieces of the whole message it carries, in order
+};
+// The K/V message that carries holder's block on from the rank that holds it at `step`.
+RingMessage KVMessage(const ValidatedCall& c, const Backend& be, bool backward, size_t wire_bytes, int holder,
+                      int step);
+// The dK/dV partial of holder's block: at every hop the rows some other rank sees (no other rank
+// adds to the rest).
+RingMessage DKVMessage(const ValidatedCall& c, int holder, size_t dkv_bytes);
+
 Status ValidateForward(Context& ctx, const ForwardCall& call, ValidatedCall* out);
 Status ValidateBackward(Context& ctx, const BackwardCall& call, ValidatedCall* out);
 // Exchanges the signature of this call with every rank and checks that all agree. `local` is this

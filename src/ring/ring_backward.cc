@@ -7,6 +7,11 @@
 // Where documents or a sliding window leave the later steps without work on every rank (RingSteps), the ring
 // stops after T < N steps: the partial is complete at the rank that held the block last, T - 1
 // hops after its owner, and goes straight back to the owner (for T = N, the next rank).
+//
+// A document plan's call trims its messages (RingMessage): K/V as in the forward, and the partials
+// to the rows some other rank sees. For that the owner keeps its own contribution home (the only
+// one that covers every row) and adds the partial of the others when it returns; the partial then
+// starts at the block's first hop, and a block no other rank sees sends nothing at all.
 #include "ring/arguments.h"
 #include "ring/ring_common.h"
 
@@ -21,11 +26,15 @@ Status RingBackward(Context& ctx, const BackwardCall& call) {
   Backend& be = ctx.backend();
   Transport& tr = ctx.transport();
   const AttentionShape& s = c.shape;
+  const bool trimmed = c.plan != nullptr && n > 1;
   // The workspace before the agreement, every later failure through ctx.Fail (as in the forward).
   size_t kv_bytes = 0, dkv_bytes = 0;
   void* kv[2] = {nullptr, nullptr};
-  void* dkv[2] = {nullptr, nullptr};  // this rank's partials, alternating while one is in flight
-  void* dkv_in = nullptr;             // the partial arriving from the previous rank
+  void* stage[2] = {nullptr, nullptr};  // trimmed K/V messages: [0] outgoing, [1] incoming
+  void* dkv[2] = {nullptr, nullptr};    // this rank's partials, alternating while one is in flight
+  void* dkv_in = nullptr;               // the partial arriving from the previous rank
+  void* dkv_stage = nullptr;            // a trimmed partial going out
+  void* own = nullptr;                  // the contribution to this rank's own block
   if (local.ok()) {
     kv_bytes = be.KVWireFor(s, true).bytes;
     dkv_bytes = DKVWireFloats(s) * sizeof(float);
@@ -34,10 +43,14 @@ Status RingBackward(Context& ctx, const BackwardCall& call) {
     if (local.ok() && n > 1) local = ctx.RingBuffer(1, kv_bytes, &kv[1]);
     if (local.ok() && n > 1) local = ctx.RingBuffer(3, dkv_bytes, &dkv[1]);
     if (local.ok() && n > 1) local = ctx.RingBuffer(4, dkv_bytes, &dkv_in);
+    if (local.ok() && trimmed) local = StagingBuffers(ctx, KVStagingBytes(c, be, true, kv_bytes, n, r), stage);
+    if (local.ok() && trimmed) local = ctx.RingBuffer(kDKVStagingSlot, dkv_bytes, &dkv_stage);
+    if (local.ok() && trimmed) local = ctx.RingBuffer(kOwnDKVSlot, dkv_bytes, &own);
     if (local.ok()) local = be.BackwardBegin(s, c.q, c.out, c.lse, c.dout, c.stream);
   }
   uint64_t seq = 0;
   STRIA_RETURN_IF_ERROR(AgreeOnCall(ctx, RingOp::kBackward, local, c, &seq));
+  ctx.traffic() = Traffic();
 
   // Packing the local block is step 0's work (a backend may do some of it in the block call).
   StepTimer pack_timer(be);
@@ -52,6 +65,9 @@ Status RingBackward(Context& ctx, const BackwardCall& call) {
   const int steps = RingSteps(c, n);
   // Where the last step's complete partial goes (the block's owner), and whence ours comes home.
   const int home_to = (r - (steps - 1) + n) % n, home_from = (r + steps - 1) % n;
+  // The steps whose partial this rank passes on, and from which it receives one: every step, or
+  // (trimmed) from the first hop on, the owner's contribution staying home.
+  const int first_sent = trimmed ? 1 : 0;
   auto& times = ctx.step_times();
   times.assign(static_cast<size_t>(steps), StepTime());
   RequestId dkv_send = 0;  // the partial sent at the previous step
@@ -59,22 +75,37 @@ Status RingBackward(Context& ctx, const BackwardCall& call) {
     const int holder = (r - step + n) % n;
     RequestId kv_send = 0, kv_recv = 0, dkv_recv = 0;
     const bool forward_block = step < steps - 1;
+    const bool sends_partial = steps > 1 && step >= first_sent, gets_partial = step > first_sent;
     // The block's mask first: with documents it is host work, which this way overlaps an
     // asynchronous backend's previous step instead of following the fence.
     const BlockMask mask = MaskOfBlock(c, n, r, holder, &bounds);
-    // Asynchronous backends: the K/V block to send is packed and the buffers we receive into
-    // (the other K/V slot, dkv_in) are no longer read by the previous step's compute.
-    Status st = steps > 1 ? be.FenceBuffers() : Status::Ok();
-    if (st.ok() && forward_block) {
-      st = tr.Irecv(prev, RingTag(seq, step, MessageKind::kKV), kv[(step + 1) % 2], kv_bytes, &kv_recv);
-      if (st.ok()) st = tr.Isend(next, RingTag(seq, step, MessageKind::kKV), kv[step % 2], kv_bytes, &kv_send);
+    RingMessage out, in;  // the K/V block this rank passes on, and the one it gets
+    const RingMessage partial = DKVMessage(c, holder, dkv_bytes);
+    Status st;
+    if (forward_block) {
+      out = KVMessage(c, be, true, kv_bytes, holder, step);
+      in = KVMessage(c, be, true, kv_bytes, (holder - 1 + n) % n, step);
+      if (!out.whole) st = be.CopyPieces(stage[0], kv[step % 2], out.pieces, true);
     }
-    if (st.ok() && step > 0) st = tr.Irecv(prev, RingTag(seq, step, MessageKind::kDKV), dkv_in, dkv_bytes, &dkv_recv);
+    // Asynchronous backends: the K/V block to send is packed (or gathered) and the buffers we
+    // receive into (the other K/V slot or the staging, dkv_in) are no longer read by the previous
+    // step's compute.
+    if (st.ok() && steps > 1) st = be.FenceBuffers();
+    if (st.ok() && forward_block) {
+      st = tr.Irecv(prev, RingTag(seq, step, MessageKind::kKV), in.whole ? kv[(step + 1) % 2] : stage[1], in.bytes,
+                    &kv_recv);
+      if (st.ok())
+        st = tr.Isend(next, RingTag(seq, step, MessageKind::kKV), out.whole ? kv[step % 2] : stage[0], out.bytes,
+                      &kv_send);
+      if (st.ok()) CountSent(out.bytes, true, &ctx.traffic());
+    }
+    if (st.ok() && gets_partial)
+      st = tr.Irecv(prev, RingTag(seq, step, MessageKind::kDKV), dkv_in, partial.bytes, &dkv_recv);
     if (!st.ok()) return ctx.Fail(st);
 
     StepTimer timer(be);
     timer.ComputeBegin();
-    float* mine = static_cast<float*>(dkv[step % 2]);
+    float* mine = static_cast<float*>(trimmed && step == 0 ? own : dkv[step % 2]);
     BackwardStep where;
     where.local = step == 0;
     if (steps == 1) {  // nothing is added to this partial or sent on: it is the call's dK/dV
@@ -87,41 +118,53 @@ Status RingBackward(Context& ctx, const BackwardCall& call) {
     timer.ComputeEnd();
 
     const std::string what = Format("dK/dV partial of ring step %d", step);
-    if (step > 0) {
+    if (gets_partial) {
       st = tr.Wait(dkv_recv, ctx.timeout_s(), what.c_str());
-      if (st.ok()) st = be.AccumulateDKV(mine, static_cast<const float*>(dkv_in));
-      // The partial sent last step lives in the buffer we fill next step: it must have left.
+      if (st.ok())
+        st = be.AccumulateDKV(mine, static_cast<const float*>(dkv_in),
+                              partial.whole ? std::vector<WirePiece>{{0, dkv_bytes}} : partial.pieces);
+      // The partial sent last step lives in the buffer we fill next (or the staging): it must have left.
       if (st.ok()) st = tr.Wait(dkv_send, ctx.timeout_s(), what.c_str());
       if (!st.ok()) return ctx.Fail(st);
     }
-    if (steps > 1) {
+    if (sends_partial) {
       // The partial we send must be complete, and not cut short by an abort. The last step's is
       // complete, and goes home.
       const int to = step == steps - 1 ? home_to : next;
-      st = be.FenceBuffers();
+      if (!partial.whole) st = be.CopyPieces(dkv_stage, mine, partial.pieces, true);
+      if (st.ok()) st = be.FenceBuffers();
       if (st.ok()) st = ctx.CheckNotAborted();
-      if (st.ok()) st = tr.Isend(to, RingTag(seq, step + 1, MessageKind::kDKV), mine, dkv_bytes, &dkv_send);
+      if (st.ok())
+        st = tr.Isend(to, RingTag(seq, step + 1, MessageKind::kDKV), partial.whole ? mine : dkv_stage, partial.bytes,
+                      &dkv_send);
+      if (st.ok()) CountSent(partial.bytes, false, &ctx.traffic());
       if (!st.ok()) return ctx.Fail(st);
     }
     if (forward_block) {
       const std::string kv_what = Format("K/V block of ring step %d", step);
       st = tr.Wait(kv_recv, ctx.timeout_s(), kv_what.c_str());
       if (st.ok()) st = tr.Wait(kv_send, ctx.timeout_s(), kv_what.c_str());
+      // After this step's compute in the backend's order, into the block the next step reads.
+      if (st.ok() && !in.whole) st = be.CopyPieces(kv[(step + 1) % 2], stage[1], in.pieces, false);
       if (!st.ok()) return ctx.Fail(st);
     }
     times[static_cast<size_t>(step)] = timer.Finish();
     if (step == 0) AddCompute(pack_time, &times[0]);
   }
 
-  const float* done = static_cast<const float*>(dkv[0]);
+  const float* done = static_cast<const float*>(trimmed ? own : dkv[0]);
   if (steps > 1) {
     // Our own block's partial comes home after the last step (from the previous rank for N steps).
+    const RingMessage home = DKVMessage(c, r, dkv_bytes);
     RequestId final_recv = 0;
-    Status st = tr.Irecv(home_from, RingTag(seq, steps, MessageKind::kDKV), dkv_in, dkv_bytes, &final_recv);
+    Status st = tr.Irecv(home_from, RingTag(seq, steps, MessageKind::kDKV), dkv_in, home.bytes, &final_recv);
     if (st.ok()) st = tr.Wait(final_recv, ctx.timeout_s(), "the final dK/dV of this rank's block");
     if (st.ok()) st = tr.Wait(dkv_send, ctx.timeout_s(), "the last dK/dV partial");
+    if (st.ok() && trimmed)  // the others' part joins the contribution kept home
+      st = be.AccumulateDKV(static_cast<float*>(own), static_cast<const float*>(dkv_in),
+                            home.whole ? std::vector<WirePiece>{{0, dkv_bytes}} : home.pieces);
     if (!st.ok()) return ctx.Fail(st);
-    done = static_cast<const float*>(dkv_in);
+    if (!trimmed) done = static_cast<const float*>(dkv_in);
   }
   Status st = be.BackwardEnd(c.dq, done, c.dk, c.dv);
   if (st.ok()) st = ctx.CheckNotAborted();

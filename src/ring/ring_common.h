@@ -1,9 +1,11 @@
 // Pieces shared by the forward and backward schedules.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 
 #include "engine/context.h"
+#include "ring/arguments.h"
 
 namespace stria {
 
@@ -42,6 +44,34 @@ class StepTimer {
   StepTime t_;
   double t0_ = 0, c0_ = 0, t1_ = 0;
 };
+
+// Ring buffer slots (Context::RingBuffer): K/V blocks 0 and 1, dK/dV partials 2 to 4, the
+// staging of trimmed messages (K/V out and in 5 and 6, dK/dV out 7), and a plan's own dK/dV 8.
+constexpr int kKVStagingSlot = 5, kDKVStagingSlot = 7, kOwnDKVSlot = 8;
+
+// The largest trimmed K/V message rank r sends or receives in the call: its staging size.
+inline size_t KVStagingBytes(const ValidatedCall& c, const Backend& be, bool backward, size_t kv_bytes, int n, int r) {
+  size_t most = 1;
+  const int steps = RingSteps(c, n);
+  for (int step = 0; step + 1 < steps; ++step)
+    for (int holder : {(r - step + n) % n, (r - step - 1 + n) % n}) {
+      const RingMessage m = KVMessage(c, be, backward, kv_bytes, holder, step);
+      if (!m.whole) most = std::max(most, m.bytes);
+    }
+  return most;
+}
+
+// The staging buffers of a plan's trimmed K/V messages: [0] outgoing, [1] incoming.
+inline Status StagingBuffers(Context& ctx, size_t bytes, void* stage[2]) {
+  Status st = ctx.RingBuffer(kKVStagingSlot, bytes, &stage[0]);
+  if (st.ok()) st = ctx.RingBuffer(kKVStagingSlot + 1, bytes, &stage[1]);
+  return st;
+}
+
+inline void CountSent(size_t bytes, bool kv, Traffic* t) {
+  (kv ? t->kv_bytes : t->dkv_bytes) += bytes;
+  ++t->messages;
+}
 
 // Counts `extra` (timed apart, such as the packing before step 0) as part of step *t's compute.
 inline void AddCompute(const StepTime& extra, StepTime* t) {

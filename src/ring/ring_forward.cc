@@ -1,6 +1,10 @@
 // The forward ring. Each step merges one K/V block into the running softmax state (row max, row
 // sum, unnormalised output: online softmax across blocks), so no per-block output or LSE needs a
 // separate merge pass and a row that sees no key in a block simply leaves its state unchanged.
+//
+// A document plan's call sends each block trimmed (RingMessage): only the rows that ranks further
+// along the ring see, gathered from the whole block into a staging buffer and scattered back into
+// a whole one by the receiver, so the kernels always read whole blocks.
 #include "ring/arguments.h"
 #include "ring/ring_common.h"
 
@@ -20,15 +24,19 @@ Status RingForward(Context& ctx, const ForwardCall& call) {
   // After the agreement every failure goes through ctx.Fail, which aborts this rank's transport,
   // so that peers waiting for it fail at once rather than at their timeout.
   void* kv[2] = {nullptr, nullptr};
+  void* stage[2] = {nullptr, nullptr};  // trimmed messages: [0] outgoing, [1] incoming
   size_t kv_bytes = 0;
   if (local.ok()) {
     kv_bytes = be.KVWireFor(s, false).bytes;
     local = ctx.RingBuffer(0, kv_bytes, &kv[0]);
     if (local.ok() && n > 1) local = ctx.RingBuffer(1, kv_bytes, &kv[1]);
+    if (local.ok() && n > 1 && c.plan != nullptr)
+      local = StagingBuffers(ctx, KVStagingBytes(c, be, false, kv_bytes, n, r), stage);
     if (local.ok()) local = be.ForwardBegin(s, c.q, c.stream);
   }
   uint64_t seq = 0;
   STRIA_RETURN_IF_ERROR(AgreeOnCall(ctx, RingOp::kForward, local, c, &seq));
+  ctx.traffic() = Traffic();
 
   // Packing the local block is step 0's work (a backend may do some of it in the block call).
   StepTimer pack_timer(be);
@@ -52,13 +60,22 @@ Status RingForward(Context& ctx, const ForwardCall& call) {
     // The block's mask first: with documents it is host work, which this way overlaps an
     // asynchronous backend's previous step instead of following the fence.
     const BlockMask mask = MaskOfBlock(c, n, r, holder, &bounds);
+    RingMessage out, in;  // the block this rank passes on, and the one it gets
     if (forward_block) {
-      // The block we send must be packed (step 0), and the one we receive into no longer read
-      // by the previous step's compute.
-      Status st = be.FenceBuffers();
-      if (st.ok()) st = tr.Irecv(prev, RingTag(seq, step, MessageKind::kKV), kv[(step + 1) % 2], kv_bytes, &recv);
-      if (st.ok()) st = tr.Isend(next, RingTag(seq, step, MessageKind::kKV), kv[step % 2], kv_bytes, &send);
+      out = KVMessage(c, be, false, kv_bytes, holder, step);
+      in = KVMessage(c, be, false, kv_bytes, (holder - 1 + n) % n, step);
+      Status st = out.whole ? Status::Ok() : be.CopyPieces(stage[0], kv[step % 2], out.pieces, true);
+      // The block we send must be packed (step 0) or gathered, and the one we receive into no
+      // longer read by the previous step's compute.
+      if (st.ok()) st = be.FenceBuffers();
+      if (st.ok())
+        st = tr.Irecv(prev, RingTag(seq, step, MessageKind::kKV), in.whole ? kv[(step + 1) % 2] : stage[1], in.bytes,
+                      &recv);
+      if (st.ok())
+        st =
+            tr.Isend(next, RingTag(seq, step, MessageKind::kKV), out.whole ? kv[step % 2] : stage[0], out.bytes, &send);
       if (!st.ok()) return ctx.Fail(st);
+      CountSent(out.bytes, true, &ctx.traffic());
     }
     StepTimer timer(be);
     timer.ComputeBegin();
@@ -78,6 +95,8 @@ Status RingForward(Context& ctx, const ForwardCall& call) {
       const std::string what = Format("K/V block of ring step %d", step);
       Status st = tr.Wait(recv, ctx.timeout_s(), what.c_str());
       if (st.ok()) st = tr.Wait(send, ctx.timeout_s(), what.c_str());
+      // After this step's compute in the backend's order, into the block the next step reads.
+      if (st.ok() && !in.whole) st = be.CopyPieces(kv[(step + 1) % 2], stage[1], in.pieces, false);
       if (!st.ok()) return ctx.Fail(st);
     }
     times[static_cast<size_t>(step)] = timer.Finish();

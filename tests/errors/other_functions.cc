@@ -63,6 +63,16 @@ TEST(NullPointers, EveryOtherFunction) {
   expect_invalid(stria_context_get_step_times(ctx, steps, 2, nullptr), "get_step_times(NULL num_steps)");
   expect_invalid(stria_context_get_step_times(ctx, nullptr, 2, &n), "get_step_times(NULL steps)");
   expect_invalid(stria_context_get_step_times(ctx, steps, -1, &n), "get_step_times(capacity -1)");
+  stria_traffic_t traffic{};
+  expect_invalid(stria_context_get_traffic(nullptr, &traffic), "get_traffic(NULL ctx)");
+  expect_invalid(stria_context_get_traffic(ctx, nullptr), "get_traffic(NULL out)");
+  for (size_t size : {size_t{0}, sizeof(size_t), sizeof traffic - 1, size_t{1} << 20}) {
+    traffic.struct_size = size;
+    expect_invalid(stria_context_get_traffic(ctx, &traffic), "get_traffic(struct_size)");
+  }
+  traffic.struct_size = sizeof traffic;
+  EXPECT_EQ(stria_context_get_traffic(ctx, &traffic), STRIA_SUCCESS) << stria_get_last_error();
+  EXPECT_EQ(traffic.messages, 0u);  // no call yet
   Tensor full({16, 4}, Dt::kF32), local({8, 4}, Dt::kF32);
   expect_invalid(stria_shard(STRIA_LAYOUT_STRIPED, 2, 0, 0, nullptr, &local.dl, nullptr), "shard(NULL full)");
   expect_invalid(stria_shard(STRIA_LAYOUT_STRIPED, 2, 0, 0, &full.dl, nullptr, nullptr), "shard(NULL local)");

@@ -131,6 +131,7 @@ void RunCase(const Case& c) {
   ShuffledBlocks shuffled(c.deterministic);
   std::vector<stria_status_t> fwd(static_cast<size_t>(c.world)), bwd(static_cast<size_t>(c.world));
   std::vector<std::string> errors(static_cast<size_t>(c.world)), repeat(static_cast<size_t>(c.world));
+  std::vector<uint64_t> sent_whole(static_cast<size_t>(c.world)), sent_planned(static_cast<size_t>(c.world));
   RunRanks(c.world, [&](int r) {
     cudaSetDevice(ordinals[static_cast<size_t>(r)]);  // the rank's tensors and stream live there
     Tensor ql = ShardHost(q, c, r, plan, Ll), kl = ShardHost(k, c, r, plan, Ll), vl = ShardHost(v, c, r, plan, Ll);
@@ -154,6 +155,24 @@ void RunCase(const Case& c) {
     }
     stria_context_t ctx = group.ctx[static_cast<size_t>(r)];
     std::string err;
+    // On a plan: first a call on a layout with NaN everywhere, of the same local shape, which
+    // leaves NaN in every ring buffer and sends whole blocks. The plan's messages carry only the
+    // rows later ranks see: the rest of a buffer must never reach a result, and they must be
+    // shorter where the blocks hold such rows.
+    stria_traffic_t whole{sizeof(stria_traffic_t), 0, 0, 0}, planned = whole;
+    if (c.plan_tile > 0 && c.world > 1) {
+      DeviceTensor nq(ql), nk(kl), nv(vl), nout(out), nlse(lse), ndq(ql), ndk(kl), ndv(kl);
+      for (DeviceTensor* t : {&nq, &nk, &nv, &nout, &nlse}) t->Poison();
+      stria_attention_params_t lp;
+      stria_attention_params_init(&lp);
+      lp.causal = c.causal;
+      if (stria_attention_forward(ctx, &lp, &nq.dl, &nk.dl, &nv.dl, &nout.dl, &nlse.dl, stream) != STRIA_SUCCESS ||
+          stria_context_get_traffic(ctx, &whole) != STRIA_SUCCESS ||
+          stria_attention_backward(ctx, &lp, &nq.dl, &nk.dl, &nv.dl, &nout.dl, &nlse.dl, &nout.dl, &ndq.dl, &ndk.dl,
+                                   &ndv.dl, stream) != STRIA_SUCCESS)
+        err += std::string("the NaN call on a layout: ") + stria_get_last_error();
+      EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    }
     if (c.deterministic) {
       EXPECT_EQ(stria_context_set_deterministic(ctx, 1), STRIA_SUCCESS) << stria_get_last_error();
     }
@@ -182,7 +201,13 @@ void RunCase(const Case& c) {
     } else {
       fwd[static_cast<size_t>(r)] = AttentionForward(ctx, &params, documents, c.docs, &qv, &kv, &vv, &out_d.dl,
                                                      &lse_d.dl, static_cast<void*>(stream), c.window);
-      err = stria_get_last_error();
+      err += stria_get_last_error();
+      if (c.plan_tile > 0 && c.world > 1) {
+        EXPECT_EQ(stria_context_get_traffic(ctx, &planned), STRIA_SUCCESS);
+        EXPECT_LE(planned.kv_bytes, whole.kv_bytes) << "rank " << r;
+        sent_whole[static_cast<size_t>(r)] = whole.kv_bytes;
+        sent_planned[static_cast<size_t>(r)] = planned.kv_bytes;
+      }
       bwd[static_cast<size_t>(r)] = backward();
       err += stria_get_last_error();
     }
@@ -210,6 +235,14 @@ void RunCase(const Case& c) {
     if (stream) cudaStreamDestroy(stream);
     full.Gather(r, out, lse, dq, dk, dv);
   });
+  if (c.plan_tile > 0 && c.world > 1 && c.L >= 256) {  // blocks of more than two kernel tiles: some rows stay home
+    uint64_t whole = 0, planned = 0;
+    for (int r = 0; r < c.world; ++r) {
+      whole += sent_whole[static_cast<size_t>(r)];
+      planned += sent_planned[static_cast<size_t>(r)];
+    }
+    EXPECT_LT(planned, whole);
+  }
   for (int r = 0; r < c.world; ++r) {
     ASSERT_EQ(fwd[static_cast<size_t>(r)], STRIA_SUCCESS) << "rank " << r << ": " << errors[static_cast<size_t>(r)];
     ASSERT_EQ(bwd[static_cast<size_t>(r)], STRIA_SUCCESS) << "rank " << r << ": " << errors[static_cast<size_t>(r)];

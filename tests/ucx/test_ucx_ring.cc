@@ -34,12 +34,13 @@ struct RingCase {
   bool id_file;              // the id from stria_get_unique_id through a file, instead of STRIA_ROOT
   int64_t window_left = -1;  // >= 0: a sliding window to the left (the contiguous ring then stops early)
   int plan_docs = 0;         // > 0: on a document plan of this many documents (ucx_rank's --plan-docs)
+  int64_t L = 48;            // tokens per rank (a plan's about as many)
 };
 
 void PrintTo(const RingCase& c, std::ostream* os) {
   *os << "N" << c.world << " " << c.layout << (c.causal ? " causal" : " full") << (c.id_file ? " unique_id" : " env")
       << (c.window_left >= 0 ? " window " + std::to_string(c.window_left) : "")
-      << (c.plan_docs > 0 ? " plan of " + std::to_string(c.plan_docs) + " documents" : "");
+      << (c.plan_docs > 0 ? " plan of " + std::to_string(c.plan_docs) + " documents" : "") << " L " << c.L;
 }
 
 class UcxRing : public ::testing::TestWithParam<RingCase> {};
@@ -52,7 +53,7 @@ TEST_P(UcxRing, MatchesReference) {
   for (int r = 0; r < c.world; ++r) {
     std::vector<std::string> args{"--rank",   std::to_string(r), "--world",  std::to_string(c.world),
                                   "--layout", c.layout,          "--causal", c.causal ? "1" : "0",
-                                  "--dtypes", "f32,bf16,f16",    "--L",      "48"};
+                                  "--dtypes", "f32,bf16,f16",    "--L",      std::to_string(c.L)};
     if (c.id_file) args.insert(args.end(), {"--id-file", dir + "/id"});
     if (c.window_left >= 0) args.insert(args.end(), {"--window-left", std::to_string(c.window_left)});
     if (c.plan_docs > 0) args.insert(args.end(), {"--plan-docs", std::to_string(c.plan_docs)});
@@ -79,6 +80,9 @@ std::vector<RingCase> RingCases() {
   // Document plans across processes: S one short of whole blocks, documents split and kept whole.
   cases.push_back({3, "striped", true, false, -1, 7});
   cases.push_back({2, "striped", false, false, -1, 4});
+  // Blocks of several kernel tiles: the plan's messages trimmed to the rows later ranks see, whose
+  // sizes every process derives from the plan alone.
+  cases.push_back({3, "striped", true, false, -1, 12, 400});
   return cases;
 }
 
@@ -86,7 +90,7 @@ std::string CaseName(const ::testing::TestParamInfo<RingCase>& info) {
   const RingCase& c = info.param;
   return "N" + std::to_string(c.world) + "_" + c.layout + (c.causal ? "_causal" : "_full") +
          (c.id_file ? "_unique_id" : "_env") + (c.window_left >= 0 ? "_window" + std::to_string(c.window_left) : "") +
-         (c.plan_docs > 0 ? "_plan" + std::to_string(c.plan_docs) : "");
+         (c.plan_docs > 0 ? "_plan" + std::to_string(c.plan_docs) : "") + (c.L != 48 ? "_L" + std::to_string(c.L) : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, UcxRing, ::testing::ValuesIn(RingCases()), CaseName);

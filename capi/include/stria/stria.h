@@ -320,6 +320,11 @@ typedef struct {
    * same tile size, over N, where each document starts its own tiles (a variable-length kernel):
    * the latency a ring cannot beat. ideal_latency / ring_latency is the ring's "of ideal". */
   double ideal_latency;
+  /* Extension: the K/V token rows one forward call sends, summed over ranks, ring steps and batch
+   * rows: a layout's whole blocks at every step but the last; a plan's
+   * blocks trimmed to the rows that ranks further along the ring see, in whole tiles of `tile` keys,
+   * over the steps the plan runs. */
+  double kv_rows_sent;
 } stria_balance_t;
 STRIA_API stria_status_t stria_analyze_balance(stria_layout_t layout, int causal, int64_t seq_len, int world_size,
                                                int64_t tile, stria_balance_t* out);
@@ -347,6 +352,18 @@ typedef struct {
 /* Writes min(capacity, steps) entries; *num_steps gets the number of steps of the last call. */
 STRIA_API stria_status_t stria_context_get_step_times(stria_context_t ctx, stria_step_time_t* steps, int capacity,
                                                       int* num_steps);
+
+/* Extension: what this rank sent over its transport in the context's last attention call. A call
+ * on a document plan sends only the K/V rows that ranks further along the ring see (and dK/dV
+ * partials of only the rows other ranks see); other calls send whole blocks. A call that failed
+ * leaves what it had sent. */
+typedef struct {
+  size_t struct_size;
+  uint64_t kv_bytes;  /* K/V blocks */
+  uint64_t dkv_bytes; /* dK/dV partials (backward calls) */
+  uint64_t messages;  /* ring messages (a trimmed message with nothing left to carry is still one, of 0 bytes) */
+} stria_traffic_t;
+STRIA_API stria_status_t stria_context_get_traffic(stria_context_t ctx, stria_traffic_t* out);
 
 #ifdef __cplusplus
 } /* extern "C" */

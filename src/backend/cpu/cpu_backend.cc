@@ -123,6 +123,24 @@ class CpuBackend final : public Backend {
     return Backend::KVWireFor(s, backward);
   }
 
+  // A tiles message is `operands` arrays [B][Hkv][Lkp][Dp], each head's keys in whole tiles of
+  // kBlockK: the rows of a batch row are the first tiles of each of its heads in every operand.
+  void KVWirePieces(const AttentionShape& s, bool backward, const int64_t* rows,
+                    std::vector<WirePiece>* pieces) const override {
+    const KVWireFormat format = KVWireFor(s, backward).format;
+    if (format == KVWireFormat::kRows) return Backend::KVWirePieces(s, backward, rows, pieces);
+    const bool f32 = format == KVWireFormat::kCpuF32Tiles;
+    const int64_t dp = RoundUp(s.D, f32 ? kF32DimPad : cpu::kBf16TileDim), es = f32 ? 4 : 2;
+    AttentionShape tiled = s;
+    tiled.L = RoundUp(std::max<int64_t>(s.L, 1), kBlockK);
+    // Each (batch row, head) is a row of RowPieces's layout: [B * Hkv][Lkp][Dp].
+    tiled.B = s.B * s.Hkv;
+    std::vector<int64_t> per_head(static_cast<size_t>(tiled.B));
+    for (int64_t b = 0; b < s.B; ++b)
+      std::fill(per_head.begin() + b * s.Hkv, per_head.begin() + (b + 1) * s.Hkv, rows[b]);
+    RowPieces(tiled, backward ? 3 : 2, 1, static_cast<size_t>(dp * es), per_head.data(), kBlockK, pieces);
+  }
+
   // A sent block is packed into the wire here (rows: copied). The local block is read from the
   // wire where the kernels read it in place; else it is unpacked straight from the caller's
   // tensors by the step-0 block call (after the send has started), which saves a world of 1 a
@@ -375,13 +393,17 @@ class CpuBackend final : public Backend {
     return Status::Ok();
   }
 
-  Status AccumulateDKV(float* dst, const float* src) override {
-    const int64_t n = static_cast<int64_t>(DKVWireFloats(s_));
+  Status AccumulateDKV(float* dst, const float* src, const std::vector<WirePiece>& pieces) override {
     const int64_t chunk = 1 << 16;
-    pool_.ParallelFor((n + chunk - 1) / chunk, [&](int64_t c, int) {
-      const int64_t end = std::min(n, (c + 1) * chunk);
-      for (int64_t i = c * chunk; i < end; ++i) dst[i] += src[i];
-    });
+    for (const WirePiece& p : pieces) {
+      float* to = dst + p.offset / sizeof(float);
+      const int64_t n = static_cast<int64_t>(p.bytes / sizeof(float));
+      pool_.ParallelFor((n + chunk - 1) / chunk, [&](int64_t c, int) {
+        const int64_t end = std::min(n, (c + 1) * chunk);
+        for (int64_t i = c * chunk; i < end; ++i) to[i] += src[i];
+      });
+      src += n;
+    }
     return Status::Ok();
   }
 

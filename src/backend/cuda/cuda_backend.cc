@@ -477,11 +477,31 @@ class CudaBackend final : public Backend {
     return Status::Ok();
   }
 
-  Status AccumulateDKV(float* dst, const float* src) override {
+  Status AccumulateDKV(float* dst, const float* src, const std::vector<WirePiece>& pieces) override {
     DeviceScope scope(device_);
     STRIA_RETURN_IF_ERROR(scope.status());
     Queued queued(this);
-    STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchAccumulate(dst, src, static_cast<int64_t>(DKVWireFloats(s_)), stream_));
+    for (const WirePiece& p : pieces) {
+      const int64_t n = static_cast<int64_t>(p.bytes / sizeof(float));
+      STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchAccumulate(dst + p.offset / sizeof(float), src, n, stream_));
+      src += n;
+    }
+    return Status::Ok();
+  }
+
+  // The pieces of a trimmed message, device to device on the call's stream, so that the block
+  // kernels queued after a scatter read what it wrote.
+  Status CopyPieces(void* dst, const void* src, const std::vector<WirePiece>& pieces, bool gather) override {
+    DeviceScope scope(device_);
+    STRIA_RETURN_IF_ERROR(scope.status());
+    Queued queued(this);
+    size_t packed = 0;
+    for (const WirePiece& p : pieces) {
+      char* to = static_cast<char*>(dst) + (gather ? packed : p.offset);
+      const char* from = static_cast<const char*>(src) + (gather ? p.offset : packed);
+      STRIA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(to, from, p.bytes, cudaMemcpyDeviceToDevice, stream_));
+      packed += p.bytes;
+    }
     return Status::Ok();
   }
 

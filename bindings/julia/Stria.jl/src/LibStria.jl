@@ -544,6 +544,11 @@ struct stria_balance_t
     # same tile size, over N, where each document starts its own tiles (a variable-length kernel):
     # the latency a ring cannot beat. ideal_latency / ring_latency is the ring's "of ideal".
     ideal_latency::Cdouble
+    # Extension: the K/V token rows one forward call sends, summed over ranks, ring steps and batch
+    # rows: a layout's whole blocks at every step but the last; a plan's
+    # blocks trimmed to the rows that ranks further along the ring see, in whole tiles of `tile` keys,
+    # over the steps the plan runs.
+    kv_rows_sent::Cdouble
 end
 
 function stria_analyze_balance(layout, causal, seq_len, world_size, tile, out)
@@ -588,6 +593,24 @@ function stria_context_get_step_times(ctx, steps, capacity, num_steps)
           ctx, steps, capacity, num_steps)
 end
 
+# Extension: what this rank sent over its transport in the context's last attention call. A call
+# on a document plan sends only the K/V rows that ranks further along the ring see (and dK/dV
+# partials of only the rows other ranks see); other calls send whole blocks. A call that failed
+# leaves what it had sent.
+struct stria_traffic_t
+    struct_size::Csize_t
+    kv_bytes::UInt64  # K/V blocks
+    dkv_bytes::UInt64  # dK/dV partials (backward calls)
+    # ring messages (a trimmed message with nothing left to carry is still one, of 0 bytes)
+    messages::UInt64
+end
+
+function stria_context_get_traffic(ctx, out)
+    ccall((:stria_context_get_traffic, libstria), stria_status_t,
+          (stria_context_t, Ptr{stria_traffic_t}),
+          ctx, out)
+end
+
 export DLPACK_VERSION, STRIA_VERSION_MAJOR, STRIA_VERSION_MINOR, STRIA_VERSION_PATCH, STRIA_VERSION
 export DLDeviceType, kDLCPU, kDLCUDA, kDLCUDAHost, kDLOpenCL, kDLVulkan, kDLMetal, kDLVPI, kDLROCM
 export kDLROCMHost, kDLExtDev, kDLCUDAManaged, DLDevice, DLDataTypeCode, kDLInt, kDLUInt, kDLFloat
@@ -611,6 +634,6 @@ export stria_plan_config_init, stria_plan_create, stria_plan_destroy, stria_plan
 export stria_plan_get_info, stria_plan_positions, stria_plan_shard, stria_plan_unshard
 export stria_layout_positions, stria_shard, stria_unshard, stria_balance_t, stria_analyze_balance
 export stria_analyze_balance_steps, stria_plan_analyze_balance, stria_step_time_t
-export stria_context_get_step_times
+export stria_context_get_step_times, stria_traffic_t, stria_context_get_traffic
 
 end # module LibStria
