@@ -149,14 +149,16 @@ Status Plan::Finish() {
 
 uint64_t Plan::ComputeHash() const {
   // A word at a time (the boundaries of a million-token batch are tens of thousands of words):
-  // multiply and fold, the finaliser of splitmix64 on each step.
-  uint64_t h = 0x9e3779b97f4a7c15ull;
-  auto mix = [&h](int64_t x) {
+  // multiply and fold, the finaliser of splitmix64 on each step. The boundaries go through four
+  // independent lanes, folded at the end: one lane's chain of multiplies would be most of the cost.
+  auto step = [](uint64_t h, int64_t x) {
     h ^= static_cast<uint64_t>(x) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
     h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
     h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
-    h ^= h >> 31;
+    return h ^ (h >> 31);
   };
+  uint64_t h = 0x9e3779b97f4a7c15ull;
+  auto mix = [&h, &step](int64_t x) { h = step(h, x); };
   mix(options_.world_size);
   mix(options_.tile);
   mix(options_.mask.causal ? 1 : 0);
@@ -168,7 +170,13 @@ uint64_t Plan::ComputeHash() const {
   mix(batch_);
   mix(num_seqs_);
   mix(seq_len_);
-  for (int64_t x : cu_) mix(x);
+  uint64_t lane[4] = {1, 2, 3, 4};
+  const size_t n = cu_.size();
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int l = 0; l < 4; ++l) lane[l] = step(lane[l], cu_[i + static_cast<size_t>(l)]);
+  for (; i < n; ++i) lane[0] = step(lane[0], cu_[i]);
+  for (uint64_t x : lane) mix(static_cast<int64_t>(x));
   return h == 0 ? 1 : h;
 }
 

@@ -26,6 +26,7 @@
 // consecutive pieces on the ranks with the most room (in practice only the last, short ones).
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <queue>
 #include <utility>
@@ -129,7 +130,7 @@ class SplitCells {
       const int rq = ZigzagRank(g0 + jq, n_);
       for (int k = 0; k < n_; ++k) {
         if (seen_[static_cast<size_t>(k)] == 0) continue;
-        const int s = ((rq - k) % n_ + n_) % n_;
+        const int s = rq >= k ? rq - k : rq - k + n_;  // the step at which rq holds k's keys
         (*cells)[static_cast<size_t>(s * n_ + rq)] += static_cast<double>(seen_[static_cast<size_t>(k)]);
       }
       ++(*blocks)[static_cast<size_t>(rq)];
@@ -179,7 +180,11 @@ void SolvePlan(const int64_t* cu, int64_t num_seqs, int64_t seq_len, int world_s
   const size_t D = order.size();
   std::vector<double> kept(D);
   double kept_total = 0.0;
-  for (size_t i = 0; i < D; ++i) kept_total += kept[i] = KeptTiles(length(order[i]), mask, T);
+  for (size_t i = 0; i < D; ++i) {
+    // Equal lengths sit together in this order (short documents repeat lengths often): one count each.
+    const bool same = i > 0 && length(order[i]) == length(order[i - 1]);
+    kept_total += kept[i] = same ? kept[i - 1] : KeptTiles(length(order[i]), mask, T);
+  }
 
   // How many of the longest documents to split (see the file comment). Splitting a document of a
   // single block cannot help, so the candidates end there; a world of one splits nothing.
@@ -267,20 +272,33 @@ void SolvePlan(const int64_t* cu, int64_t num_seqs, int64_t seq_len, int world_s
         std::max({CeilDiv(seq_len + split_blocks * T - split_tokens, N) + room, most, min_local_len});
 
     // The kept documents: LPT by cost, with room, on top of the split blocks' step-0 work.
+    // Each document goes to the rank with the least work that has room for it (ties: the lowest
+    // rank). Up to a few dozen ranks a scan finds it faster than a heap's pops and pushes (this loop
+    // is most of a plan's cost with thousands of documents); beyond, a heap whose entries are each
+    // rank's current (work, rank).
     using Entry = std::pair<double, int>;  // (step-0 work so far, rank)
+    const bool scan = n_ranks <= 64;
     std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> least;
     std::vector<double> load(static_cast<size_t>(n_ranks));
     for (int r = 0; r < n_ranks; ++r) {
       load[static_cast<size_t>(r)] = split.step0(r);
-      least.push({load[static_cast<size_t>(r)], r});
+      if (!scan) least.push({load[static_cast<size_t>(r)], r});
     }
     std::vector<int32_t> owner(static_cast<size_t>(num_seqs), -1);  // a kept document's rank
     std::vector<Plan::Run> pieces;                                  // the pieces of documents cut for want of room
     std::vector<Entry> full;                                        // ranks without room for the document at hand
-    for (size_t i = k_split; i < D; ++i) {
-      const int64_t d = order[i], n = length(d);
-      full.clear();
+    auto pick = [&](int64_t n) {
       int chosen = -1;
+      if (scan) {  // without branches on the loads, which no predictor guesses
+        double best = std::numeric_limits<double>::infinity();
+        for (int r = 0; r < n_ranks; ++r) {
+          const double key = local_len - used[static_cast<size_t>(r)] >= n ? load[static_cast<size_t>(r)] : best;
+          chosen = key < best ? r : chosen;
+          best = key < best ? key : best;
+        }
+        return chosen;
+      }
+      full.clear();
       while (!least.empty()) {
         const Entry e = least.top();
         least.pop();
@@ -291,11 +309,16 @@ void SolvePlan(const int64_t* cu, int64_t num_seqs, int64_t seq_len, int world_s
         full.push_back(e);
       }
       for (const Entry& e : full) least.push(e);
+      return chosen;
+    };
+    for (size_t i = k_split; i < D; ++i) {
+      const int64_t d = order[i], n = length(d);
+      const int chosen = pick(n);
       if (chosen >= 0) {
         owner[static_cast<size_t>(d)] = chosen;
         used[static_cast<size_t>(chosen)] += n;
         load[static_cast<size_t>(chosen)] += kept[i];
-        least.push({load[static_cast<size_t>(chosen)], chosen});
+        if (!scan) least.push({load[static_cast<size_t>(chosen)], chosen});
         continue;
       }
       // No rank has room for the whole document: consecutive pieces from the rank with the most room
@@ -315,6 +338,7 @@ void SolvePlan(const int64_t* cu, int64_t num_seqs, int64_t seq_len, int world_s
         load[static_cast<size_t>(r)] += KeptTiles(piece, mask, T);
         done += piece;
       }
+      if (scan) continue;
       while (!least.empty()) least.pop();
       for (int r = 0; r < n_ranks; ++r) least.push({load[static_cast<size_t>(r)], r});
     }
