@@ -26,6 +26,7 @@ from ._plan import Plan, PlanConfig
 from ._ops import (
     Balance,
     StepTime,
+    Traffic,
     analyze_balance,
     analyze_balance_steps,
     attention_backward,
@@ -71,6 +72,7 @@ __all__ = [
     "Plan",
     "PlanConfig",
     "StepTime",
+    "Traffic",
     "StriaError",
     "TimeoutError",
     "Transport",

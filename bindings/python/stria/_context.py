@@ -483,6 +483,10 @@ class Context:
         """Per-step timings of this context's last attention call."""
         return _ops.step_times(self)
 
+    def traffic(self) -> _ops.Traffic:
+        """The bytes this rank sent in this context's last attention call."""
+        return _ops.traffic(self)
+
     def abort(self) -> None:
         """Makes a call in progress on this context (in another thread) fail with AbortedError,
         and every later call too; peers see the rank leave. Only close() remains useful."""

@@ -332,6 +332,8 @@ class Balance:
     #: one device's work at the same tile size over N, each document starting its own tiles: the
     #: latency a ring cannot beat (ideal_latency / ring_latency is the ring's fraction of ideal)
     ideal_latency: float = 0.0
+    #: K/V token rows one forward call sends over all ranks and steps (a plan's trimmed blocks)
+    kv_rows_sent: float = 0.0
 
 
 def analyze_balance(
@@ -339,7 +341,7 @@ def analyze_balance(
 ) -> Balance:
     """How evenly a layout spreads causal (or full) attention over the ring's ranks and steps."""
     b = capi.stria_analyze_balance(Layout.of(layout), 1 if causal else 0, seq_len, world_size, tile)
-    return Balance(b.total_work, b.ring_latency, b.speedup, b.imbalance, b.ideal_latency)
+    return Balance(b.total_work, b.ring_latency, b.speedup, b.imbalance, b.ideal_latency, b.kv_rows_sent)
 
 
 def analyze_balance_steps(
@@ -361,6 +363,22 @@ class StepTime:
     compute_s: float  #: wall time of this rank's compute in the step
     compute_cpu_s: float  #: CPU time of its compute threads divided by their number
     wait_s: float  #: time blocked on the ring's transfers after the compute
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What a rank sent in its context's last attention call (stria_traffic_t). A call on a
+    document plan sends only the K/V rows that ranks further along the ring see."""
+
+    kv_bytes: int  #: K/V blocks
+    dkv_bytes: int  #: dK/dV partials (backward calls)
+    messages: int  #: ring messages
+
+
+def traffic(ctx: Context) -> Traffic:
+    """What ctx sent in its last attention call (zeros before the first)."""
+    t = capi.stria_context_get_traffic(ctx.handle)
+    return Traffic(int(t.kv_bytes), int(t.dkv_bytes), int(t.messages))
 
 
 def step_times(ctx: Context) -> list[StepTime]:

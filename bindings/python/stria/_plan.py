@@ -263,4 +263,4 @@ class Plan:
 
         b, raw = capi.stria_plan_analyze_balance(self.handle, int(tile if tile is not None else self.tile))
         work = np.frombuffer(raw, dtype=np.float64).reshape(self.world_size, self.world_size)
-        return Balance(b.total_work, b.ring_latency, b.speedup, b.imbalance, b.ideal_latency), work
+        return Balance(b.total_work, b.ring_latency, b.speedup, b.imbalance, b.ideal_latency, b.kv_rows_sent), work

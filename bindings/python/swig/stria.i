@@ -262,6 +262,22 @@ STRIA_RELEASE_GIL(stria_attention_backward_window)
   $result = SWIG_Python_AppendOutput($result, SWIG_NewPointerObj(*$1, $descriptor(stria_plan_t), 0));
 }
 
+/* stria_context_get_traffic: a new stria_traffic_t. */
+%typemap(in, numinputs=0) stria_traffic_t* out (stria_traffic_t temp) {
+  memset(&temp, 0, sizeof temp);
+  temp.struct_size = sizeof temp;
+  $1 = &temp;
+}
+%typemap(argout) stria_traffic_t* out {
+  stria_traffic_t* copy = (stria_traffic_t*)malloc(sizeof *copy);
+  if (!copy) {
+    PyErr_NoMemory();
+    SWIG_fail;
+  }
+  *copy = *$1;
+  $result = SWIG_Python_AppendOutput($result, SWIG_NewPointerObj(copy, $descriptor(stria_traffic_t*), SWIG_POINTER_OWN));
+}
+
 /* stria_plan_get_info: a new stria_plan_info_t. */
 %typemap(in, numinputs=0) stria_plan_info_t* info (stria_plan_info_t temp) {
   memset(&temp, 0, sizeof temp);

@@ -142,6 +142,48 @@ def test_balance_beats_the_fixed_layouts():
     assert np.mean(fractions) >= 0.85
 
 
+def test_plan_messages_carry_only_what_later_ranks_see(rng):
+    # Blocks of several CPU kernel tiles (64 keys): a plan's K/V messages are trimmed to the rows
+    # later ranks see, and a rank whose documents are all kept whole sends nothing at all.
+    n, hq, hkv, d = 3, 2, 1, 16
+
+    def sent(plan_or_none, seq, cu):
+        q = rng.standard_normal((1, seq, hq, d)).astype(np.float32)
+        k, v = (rng.standard_normal((1, seq, hkv, d)).astype(np.float32) for _ in range(2))
+
+        def rank_fn(ctx):
+            if plan_or_none is None:
+                ql, kl, vl = (stria.shard(x, n, ctx.rank) for x in (q, k, v))
+            else:
+                ql, kl, vl = (plan_or_none.shard(x, ctx.rank) for x in (q, k, v))
+            out = np.empty_like(ql)
+            lse = np.empty((1, hq, ql.shape[1]), dtype=np.float32)
+            ctx.attention_forward(ql, kl, vl, out, lse, plan=plan_or_none)
+            fwd = ctx.traffic()
+            ctx.attention_backward(ql, kl, vl, out, lse, out, plan=plan_or_none)
+            return fwd, ctx.traffic()
+
+        with stria.local_group(n, timeout_s=TIMEOUT_S) as group:
+            return group.run(rank_fn)
+
+    seq = 1200
+    cu = np.array([[0, 500, 900, *range(910, seq, 10), seq]], dtype=np.int64)
+    whole = sent(None, seq, cu)
+    with stria.Plan(cu, n, tile=64) as plan:
+        trimmed = sent(plan, seq, cu)
+        assert plan.analyze_balance()[0].kv_rows_sent < (n - 1) * seq
+    for (wf, wb), (pf, pb) in zip(whole, trimmed):
+        assert pf.kv_bytes <= wf.kv_bytes and pb.kv_bytes <= wb.kv_bytes and pb.dkv_bytes <= wb.dkv_bytes
+        assert pf.dkv_bytes == 0 and wf.messages == n - 1
+    assert sum(t[0].kv_bytes for t in trimmed) < sum(t[0].kv_bytes for t in whole)
+    assert sum(t[1].dkv_bytes for t in trimmed) < sum(t[1].dkv_bytes for t in whole)
+    # Documents of ten tokens, every one kept whole: nothing travels, in 0-byte messages or none.
+    kept = np.array([list(range(0, 241, 10))], dtype=np.int64)
+    with stria.Plan(kept, n, tile=64) as plan:
+        for fwd, bwd in sent(plan, 240, kept):
+            assert fwd.kv_bytes == bwd.kv_bytes == bwd.dkv_bytes == 0
+
+
 def test_bad_boundaries_and_mismatched_plans_raise(rng):
     with pytest.raises(stria.InvalidArgumentError, match="decreases"):
         stria.Plan([0, 5, 3, 10], 2)

@@ -39,7 +39,7 @@ include("plan.jl")
 include("attention.jl")
 include("layout.jl")
 
-export StriaError, Context, local_group, run_ranks, abort!, set_call_tag!, set_deterministic!, step_times, UniqueId,
+export StriaError, Context, local_group, run_ranks, abort!, set_call_tag!, set_deterministic!, step_times, traffic, UniqueId,
        unique_id, attention_forward, attention_forward!, attention_backward, attention_backward!,
        positions, shard, shard!, unshard, unshard!, analyze_balance, analyze_balance_steps,
        library_version, Plan, local_len, plan_info

@@ -249,6 +249,20 @@ function set_deterministic!(ctx::Context, on::Bool)
 end
 
 """
+    traffic(ctx) -> NamedTuple
+
+What this rank sent in the context's last attention call: `(kv_bytes, dkv_bytes, messages)`
+(`stria_context_get_traffic`). A call on a document plan sends only the K/V rows that ranks
+further along the ring see.
+"""
+function traffic(ctx::Context)
+    out = Ref(LibStria.stria_traffic_t(sizeof(LibStria.stria_traffic_t), 0, 0, 0))
+    GC.@preserve ctx _call(() -> LibStria.stria_context_get_traffic(ctx.handle, out), :stria_context_get_traffic)
+    t = out[]
+    return (kv_bytes = Int(t.kv_bytes), dkv_bytes = Int(t.dkv_bytes), messages = Int(t.messages))
+end
+
+"""
     step_times(ctx) -> Vector{NamedTuple}
 
 Where the time of the context's last attention call went, one entry per ring step:

@@ -102,11 +102,12 @@ end
     analyze_balance(layout, seq_len, world_size; causal = true, tile = 1) -> NamedTuple
 
 The work of one attention call under `layout`, in visible (query, key) pairs at tile
-granularity: `(total_work, ring_latency, speedup, imbalance, ideal_latency)`, where ring_latency
-sums over steps the busiest rank's work, speedup = total_work / ring_latency (world_size is
-perfect), imbalance = ring_latency / (total_work / world_size) (1 is perfect) and ideal_latency
-is one device's work on the whole sequence at the same tile size over world_size: the latency
-no ring can beat.
+granularity: `(total_work, ring_latency, speedup, imbalance, ideal_latency, kv_rows_sent)`,
+where ring_latency sums over steps the busiest rank's work, speedup = total_work / ring_latency
+(world_size is perfect), imbalance = ring_latency / (total_work / world_size) (1 is perfect),
+ideal_latency is one device's work on the whole sequence at the same tile size over world_size
+(the latency no ring can beat) and kv_rows_sent the K/V token rows a forward call sends (whole
+blocks at every step but the last).
 """
 function analyze_balance(layout, seq_len::Integer, world_size::Integer; causal::Bool = true, tile::Integer = 1)
     out = _balance_out()

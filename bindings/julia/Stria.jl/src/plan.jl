@@ -219,17 +219,18 @@ end
 
 _balance_tuple(b::LibStria.stria_balance_t) =
     (total_work = b.total_work, ring_latency = b.ring_latency, speedup = b.speedup, imbalance = b.imbalance,
-     ideal_latency = b.ideal_latency)
+     ideal_latency = b.ideal_latency, kv_rows_sent = b.kv_rows_sent)
 
-_balance_out() = Ref(LibStria.stria_balance_t(sizeof(LibStria.stria_balance_t), 0, 0, 0, 0, 0))
+_balance_out() = Ref(LibStria.stria_balance_t(sizeof(LibStria.stria_balance_t), 0, 0, 0, 0, 0, 0))
 
 """
     analyze_balance(plan; tile = 1) -> NamedTuple
 
 The balance of the plan's ring under the mask it was made for, at `tile` granularity (1: exact
 pairs), counted as the kernels compute: `(total_work, ring_latency, speedup, imbalance,
-ideal_latency)` as for a layout. `ideal_latency / ring_latency` is the ring's fraction of
-ideal.
+ideal_latency, kv_rows_sent)` as for a layout. `ideal_latency / ring_latency` is the ring's
+fraction of ideal; kv_rows_sent counts the K/V token rows a forward call sends, each block trimmed
+to the rows that ranks further along the ring see, in whole tiles.
 """
 function analyze_balance(plan::Plan; tile::Integer = 1)
     out = _balance_out()

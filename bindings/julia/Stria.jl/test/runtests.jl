@@ -524,7 +524,7 @@ end
                 k = view(p, :, (Hq + 1):(Hq + Hkv), :, :)
                 v = view(p, :, (Hq + Hkv + 1):(Hq + 2Hkv), :, :)
                 out, lse = attention_forward(ctx, q, k, v; layout = :striped, causal = true)
-                (out, lse, step_times(ctx))
+                (out, lse, step_times(ctx), traffic(ctx))
             end
             foreach(close, contexts)
             full = unshard(:striped, parts; dims = 3)
@@ -532,6 +532,8 @@ end
                                            full[:, (Hq + Hkv + 1):end, :, :]; causal = true, scale = 1 / sqrt(D))
             @test relative_error(unshard(:striped, [r[1] for r in results]; dims = 3), ref_out) < 1e-5
             @test all(length(r[3]) == n for r in results)
+            # Whole blocks (no plan), one K/V message a step but the last; a forward sends no dK/dV.
+            @test all(r[4].messages == n - 1 && r[4].kv_bytes > 0 && r[4].dkv_bytes == 0 for r in results)
         end
 
         @testset "calls tagged differently fail instead of pairing" begin

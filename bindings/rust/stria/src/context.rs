@@ -322,6 +322,24 @@ impl Context {
             .collect())
     }
 
+    /// What this rank sent over its transport in this context's last attention call. A call on a
+    /// document plan sends only the K/V rows that ranks further along the ring see.
+    pub fn traffic(&mut self) -> Result<Traffic> {
+        let mut t = sys::stria_traffic_t {
+            struct_size: std::mem::size_of::<sys::stria_traffic_t>(),
+            kv_bytes: 0,
+            dkv_bytes: 0,
+            messages: 0,
+        };
+        // SAFETY: a live handle and an output struct with its struct_size set.
+        check(unsafe { sys::stria_context_get_traffic(self.raw, &mut t) })?;
+        Ok(Traffic {
+            kv_bytes: t.kv_bytes,
+            dkv_bytes: t.dkv_bytes,
+            messages: t.messages,
+        })
+    }
+
     pub(crate) fn raw(&self) -> sys::stria_context_t {
         self.raw
     }
@@ -398,6 +416,17 @@ pub struct StepTime {
     pub compute_cpu_s: f64,
     /// Time blocked on the ring's transfers after the compute.
     pub wait_s: f64,
+}
+
+/// What a rank sent in its context's last attention call ([`Context::traffic`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Traffic {
+    /// Bytes of K/V blocks.
+    pub kv_bytes: u64,
+    /// Bytes of dK/dV partials (backward calls).
+    pub dkv_bytes: u64,
+    /// Ring messages.
+    pub messages: u64,
 }
 
 /// `world_size` contexts in this process, joined by the in-process transport: rank r is

@@ -169,6 +169,10 @@ pub struct Balance {
     /// starting its own tiles (a variable-length kernel): the latency no ring can beat.
     /// `ideal_latency / ring_latency` is the ring's fraction of ideal.
     pub ideal_latency: f64,
+    /// K/V token rows one forward call sends, over all ranks, steps and batch rows: a layout's
+    /// whole blocks at every step but the last; a plan's blocks trimmed to the rows that ranks
+    /// further along the ring see, in whole tiles.
+    pub kv_rows_sent: f64,
 }
 
 impl Balance {
@@ -181,6 +185,7 @@ impl Balance {
             speedup: 0.0,
             imbalance: 0.0,
             ideal_latency: 0.0,
+            kv_rows_sent: 0.0,
         }
     }
 
@@ -191,6 +196,7 @@ impl Balance {
             speedup: b.speedup,
             imbalance: b.imbalance,
             ideal_latency: b.ideal_latency,
+            kv_rows_sent: b.kv_rows_sent,
         }
     }
 }

@@ -50,7 +50,7 @@ mod plan;
 mod tensor;
 
 pub use attention::{AttentionParams, Documents};
-pub use context::{AbortHandle, Config, Context, LocalGroup, StepTime, Transport, UniqueId};
+pub use context::{AbortHandle, Config, Context, LocalGroup, StepTime, Traffic, Transport, UniqueId};
 pub use error::{Error, Result, Status};
 pub use half;
 pub use launch::Launch;
