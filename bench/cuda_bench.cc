@@ -247,7 +247,7 @@ struct BlockTimer {
   }
 };
 
-// Where a call's time goes, at the shapes of issue 4's bars (causal, D 128): `call_ms`, a call
+// Where a call's time goes, at the shapes of the kernel targets (causal, D 128): `call_ms`, a call
 // alone between two events as the table times it (the host's work before its first kernel
 // included); `loop_ms`, per call of kLoop calls queued back to back (the host's work hidden
 // behind the previous call's kernels, as in a training step); `block_ms`, the family's block

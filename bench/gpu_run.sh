@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# Every check of issues 4 and 5 that needs a GPU, in one call of the device tool, within a time
-# budget: a session that is lent a GPU has 15 minutes of device time in all (the machine's start
-# included) and 10 minutes a call, so the run is ordered by what a failure would cost us most not
-# to know, and each stage starts only if its usual time still fits in what is left of BUDGET_S.
+# Every check that needs a GPU (the GPU suite, the sanitizers, the benchmarks), in one run on a GPU
+# machine within a time limit (BUDGET_S): the run is ordered by what a failure would cost most not
+# to know, and each stage starts only if its usual time still fits in what is left of the limit.
 # What did not fit is named at the end with the STAGES= line that runs it next.
 #
 #   stage        what                                                      measured on an H200,
@@ -35,7 +34,7 @@
 # ring at 64k), SHARDS (default: cores / 2, at most 8), FAMILIES="mma wgmma tma" (the kernel
 # families to time, for a call that does not run their tests).
 # Output: $OUT (or bench/) gets gpu_results.txt (the summaries and the benchmarks' lines),
-# gpu_report.md (those as docs/performance.md's tables, with issue 4's bars judged: bench/
+# gpu_report.md (those as docs/performance.md's tables, with the kernel targets judged: bench/
 # gpu_report.py; written once the benchmarks have run, and again at the end), gpu_test_output.txt
 # (every test's log), gpu_sanitizer_output.txt (compute-sanitizer's reports, 4 MB a run at most),
 # gpu_profile.txt (ncu), gpu_python_output.txt.
@@ -78,7 +77,7 @@ cap() {
 }
 # note_failure STAGE: remembered for the closing line; the run goes on.
 note_failure() { [[ " ${failed[*]} " == *" $1 "* ]] || failed+=("$1"); }
-# report: docs/performance.md's tables and issue 4's bars from what this call measured so far.
+# report: docs/performance.md's tables and the kernel targets from what this run measured so far.
 report() {
   if grep -q -E '^(impl=|ring kernels=|docs kernels=|hide_threshold |\| tokens \| layout )' "$results"; then
     python3 bench/gpu_report.py "$results" >"$out/gpu_report.md"
@@ -376,7 +375,7 @@ if stage profile $((30 * nf)); then
   fi
 fi
 
-# The tables of docs/performance.md and issue 4's bars, from what this call measured.
+# The tables of docs/performance.md and the kernel targets, from what this run measured.
 report
 [ -f "$out/gpu_report.md" ] && cat "$out/gpu_report.md"
 say "== done in ${SECONDS} s of ${budget} s; stages with a failure: ${failed[*]:-none}"

@@ -85,30 +85,4 @@ inline uint16_t F32ToF16(float f) {
   return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
 }
 
-inline float LoadAsF32(const void* p, DType t) {
-  switch (t) {
-    case DType::kF32:
-      return *static_cast<const float*>(p);
-    case DType::kF16:
-      return F16ToF32(*static_cast<const uint16_t*>(p));
-    case DType::kBF16:
-      return BF16ToF32(*static_cast<const uint16_t*>(p));
-  }
-  return 0.f;
-}
-
-inline void StoreFromF32(void* p, DType t, float v) {
-  switch (t) {
-    case DType::kF32:
-      *static_cast<float*>(p) = v;
-      break;
-    case DType::kF16:
-      *static_cast<uint16_t*>(p) = F32ToF16(v);
-      break;
-    case DType::kBF16:
-      *static_cast<uint16_t*>(p) = F32ToBF16(v);
-      break;
-  }
-}
-
 }  // namespace stria

@@ -69,25 +69,6 @@ bool BlockMask::empty() const {
   return diagonal && q_end - 1 + offset < k_begin;
 }
 
-int64_t BlockMask::CountVisible(int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
-  i0 = std::max(i0, q_begin);
-  i1 = std::min(i1, q_end);
-  j0 = std::max(j0, k_begin);
-  j1 = std::min(j1, k_end);
-  if (i0 >= i1 || j0 >= j1) return 0;
-  if (!diagonal && doc_lo == nullptr) return (i1 - i0) * (j1 - j0);
-  int64_t total = 0;
-  for (int64_t i = i0; i < i1; ++i) {
-    int64_t lo = j0, hi = diagonal ? std::min(j1, i + offset + 1) : j1;  // row i's visible keys
-    if (doc_lo != nullptr) {
-      lo = std::max(lo, doc_lo[i]);
-      hi = std::min(hi, doc_hi[i]);
-    }
-    if (hi > lo) total += hi - lo;
-  }
-  return total;
-}
-
 BlockMask ClassifyBlock(stria_layout_t layout, bool causal, int world_size, int64_t local_len, int q_rank, int k_rank) {
   BlockMask m;
   m.q_end = local_len;

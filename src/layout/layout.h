@@ -49,8 +49,6 @@ struct BlockMask {
     }
     return m;
   }
-  // Number of visible pairs in the sub-rectangle [i0,i1) x [j0,j1) (of batch row 0).
-  int64_t CountVisible(int64_t i0, int64_t i1, int64_t j0, int64_t j1) const;
 };
 
 BlockMask ClassifyBlock(stria_layout_t layout, bool causal, int world_size, int64_t local_len, int q_rank, int k_rank);

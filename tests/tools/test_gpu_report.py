@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """bench/gpu_report.py, which turns the GPU run's results into docs/performance.md's tables and
-judges issue 4's bars, on lines in the formats stria-cuda-bench and bench/torch_sdpa_gpu.py print
+judges the kernel targets, on lines in the formats stria-cuda-bench and bench/torch_sdpa_gpu.py print
 (some of them cut short, as a time limit leaves them), and on a run that measured nothing.
 
 Usage: test_gpu_report.py GPU_REPORT_PY

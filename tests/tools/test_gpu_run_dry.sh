@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # bench/gpu_run.sh without a GPU, on this build's GPU programs: every GPU case skips and every
 # benchmark fails with "no GPU here", and the script must still go through its stages in order,
-# summarise each suite, keep to its budget and name what the budget left out. A session lent a
-# GPU gets one call of it; a broken script found there costs that session its GPU.
+# summarise each suite, keep to its time limit and name what the limit left out. A GPU machine's
+# time is scarce: a broken script found there costs the whole run.
 #
 # Usage: test_gpu_run_dry.sh SOURCE_DIR BUILD_DIR. Skips (exit 77) where a GPU is present: there
 # the same stages would run the whole GPU suite.
