@@ -374,7 +374,7 @@ int Ring(int64_t S, int N, int64_t H, int64_t D, int reps, stria::cuda::Kernels 
   double single[2];
   {
     // One timed run after the warm-up: at 256k tokens (a causal forward is 2.8e14 FLOPs at H 16,
-    // D 128) each run takes seconds, and three of each cost about 20 s of a lent GPU per family.
+    // D 128) each run takes seconds, and three of each cost about 20 s of the GPU run per family.
     BlockTimer whole(S, H, D, 1);
     stria::BlockMask all;
     all.q_end = all.k_end = S;

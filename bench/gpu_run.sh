@@ -27,12 +27,13 @@
 #   python       torch CUDA tensors and stria.jax's CUDA handlers              75 s
 #   profile      ncu speed of light, occupancy, launch, warp states, causal D 128 4k   4 s a family
 #
-# On the lent machine: run scripts/device-deps.sh here first, carry .device-deps, and call
+# On a GPU machine whose image lacks the DLPack header or GoogleTest: run scripts/device-deps.sh
+# where they are installed, copy .device-deps with the checkout, and run
 #   bench/gpu_run.sh                       (docs/gpu-runbook.md: the whole procedure)
 # Options (environment): STAGES="kernels ring" (a subset; build is added when build-gpu lacks the
-# binaries), BUDGET_S (default 570: a 600 s call less a margin), QUICK=1 (D 128 at 4k and 16k,
+# binaries), BUDGET_S (default 570: a ten-minute limit less a margin), QUICK=1 (D 128 at 4k and 16k,
 # ring at 64k), SHARDS (default: cores / 2, at most 8), FAMILIES="mma wgmma tma" (the kernel
-# families to time, for a call that does not run their tests).
+# families to time, for a run that does not run their tests).
 # Output: $OUT (or bench/) gets gpu_results.txt (the summaries and the benchmarks' lines),
 # gpu_report.md (those as docs/performance.md's tables, with the kernel targets judged: bench/
 # gpu_report.py; written once the benchmarks have run, and again at the end), gpu_test_output.txt
@@ -58,7 +59,7 @@ failed=()
 say() { echo "$*" | tee -a "$results"; }
 left() { echo $((budget - SECONDS)); }
 # stage NAME SECONDS: whether to run stage NAME, which usually takes SECONDS: it was asked for and
-# that much of the budget is left. A stage asked for that does not fit is named for the next call.
+# that much of the budget is left. A stage asked for that does not fit is named for the next run.
 stage() {
   [[ "$stages" == *" $1 "* ]] || return 1
   if [ "$(left)" -lt "$2" ]; then
@@ -380,6 +381,6 @@ report
 [ -f "$out/gpu_report.md" ] && cat "$out/gpu_report.md"
 say "== done in ${SECONDS} s of ${budget} s; stages with a failure: ${failed[*]:-none}"
 if [ ${#skipped[@]} -gt 0 ]; then
-  say "not run (the budget): next call STAGES=\"${skipped[*]}\" FAMILIES=\"${families[*]}\" bench/gpu_run.sh"
+  say "not run (the budget): next run STAGES=\"${skipped[*]}\" FAMILIES=\"${families[*]}\" bench/gpu_run.sh"
 fi
 [ ${#failed[@]} -eq 0 ]

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Gathers, into .device-deps/ (git-ignored), what a build on the lent GPU machine needs and its
+# Gathers, into .device-deps/ (git-ignored), what a build on a bare GPU machine needs and its
 # image lacks: the DLPack header, GoogleTest's sources (built there in-tree), and SWIG (its
-# binary and library, for the Python bindings' GPU tests). Run it here, then
-# name .device-deps in the device call's `carry`; bench/gpu_run.sh picks it up.
+# binary and library, for the Python bindings' GPU tests). Run it where they are installed, then
+# copy .device-deps with the checkout; bench/gpu_run.sh picks it up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh --tests --swig  # skips what is there

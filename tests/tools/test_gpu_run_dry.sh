@@ -46,13 +46,13 @@ fi
 [ -s "$out/a/gpu_test_output.txt" ] || { echo "FAIL: no test output kept"; fail=1; }
 [ ! -e "$out/a/gpu_report.md" ] || { echo "FAIL: a report of a run that measured nothing"; fail=1; }
 
-# A budget too short for the test stages: they are named for the next call, and nothing runs.
+# A budget too short for the test stages: they are named for the next run, and nothing runs.
 OUT=$out/b STRIA_GPU_BUILD_DIR=$build STAGES="tests wgmma kernels" BUDGET_S=15 "$src/bench/gpu_run.sh" \
   >"$out/b.log" 2>&1
 cat "$out/b.log"
 r=$out/b/gpu_results.txt
 expect "$r" '^== tests: skipped, [0-9]+ s of the budget left and it usually takes 90 s$' "a stage that does not fit"
-expect "$r" '^not run \(the budget\): next call STAGES="tests wgmma kernels" FAMILIES="mma" bench/gpu_run.sh$' "the next call"
+expect "$r" '^not run \(the budget\): next run STAGES="tests wgmma kernels" FAMILIES="mma" bench/gpu_run.sh$' "the next run"
 if grep -q -E '^cuda_ring' "$r"; then
   echo "FAIL: a suite ran past the budget"
   fail=1
