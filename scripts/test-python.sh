@@ -98,7 +98,14 @@ if [ "${STRIA_PYTHON_WHEEL:-1}" = 1 ]; then
   wheel_dir=$(mktemp -d)
   trap 'rm -rf "$wheel_dir"' EXIT
   # The build runs in pip's isolated environment, without jax: it is told where jaxlib's headers are.
-  timeout 900 "$py" -m pip wheel -q --no-deps -w "$wheel_dir" -C cmake.define.STRIA_JAX_INCLUDE_DIR="$jax_include" .
+  # As on a machine with only a compiler: SWIG from PyPI (the build requirement, first on the
+  # isolated environment's PATH, checked below) and DLPack's bundled header.
+  timeout 900 "$py" -m pip wheel -q --no-deps -w "$wheel_dir" -C cmake.define.STRIA_JAX_INCLUDE_DIR="$jax_include" \
+    -C cmake.define.STRIA_BUNDLED_DLPACK=ON -C build-dir="$wheel_dir/build" .
+  grep -q "SWIG_EXECUTABLE:FILEPATH=.*pip-build-env" "$wheel_dir/build/CMakeCache.txt" ||
+    { echo "the wheel was not built with PyPI's SWIG: $(grep SWIG_EXECUTABLE "$wheel_dir/build/CMakeCache.txt")"; exit 1; }
+  grep -q "DLPACK_INCLUDE_DIR:PATH=.*third_party/dlpack/include" "$wheel_dir/build/CMakeCache.txt" ||
+    { echo "the wheel was not built with the bundled DLPack header"; exit 1; }
   "$py" -m pip install -q --no-deps --force-reinstall "$wheel_dir"/stria-*.whl
   installed=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')/stria
   tests=$(pwd)/bindings/python/tests
