@@ -22,6 +22,16 @@
 %include "errors.i"
 %include "dlpack.i"
 
+/* Out-parameters join the result: every function returns a status, which errors.i makes None,
+ * and the first output takes its place (later ones make a list). SWIG 4.3 gave the helper a flag
+ * for exactly that (whether the None is a void result's); older SWIG always replaced None. So the
+ * package builds alike with Debian's SWIG 4.1 and PyPI's newer one. */
+#if SWIG_VERSION >= 0x040300
+%define STRIA_APPEND_OUTPUT(obj) $result = SWIG_Python_AppendOutput($result, obj, 1) %enddef
+#else
+%define STRIA_APPEND_OUTPUT(obj) $result = SWIG_Python_AppendOutput($result, obj) %enddef
+#endif
+
 /* ---- the GIL ---------------------------------------------------------------------------- */
 /* Released around calls that compute, communicate, wait on peers or join threads. Arguments are
  * converted before (holding the GIL) and every borrowed tensor is kept alive by its capsule. */
@@ -47,7 +57,15 @@ STRIA_RELEASE_GIL(stria_analyze_balance)
 STRIA_RELEASE_GIL(stria_analyze_balance_steps)
 
 /* ---- scalars and handles ---------------------------------------------------------------- */
-%apply int* OUTPUT { int* rank, int* world_size };
+/* stria_context_get_rank / _get_world_size: the int as the result (typemaps.i's OUTPUT would not
+ * replace the status's None under SWIG 4.3 and later: see STRIA_APPEND_OUTPUT). */
+%typemap(in, numinputs=0) int* rank (int temp), int* world_size (int temp) {
+  temp = 0;
+  $1 = &temp;
+}
+%typemap(argout) int* rank, int* world_size {
+  STRIA_APPEND_OUTPUT(PyLong_FromLong(*$1));
+}
 
 /* A stream is a cudaStream_t as an int (torch.cuda.Stream.cuda_stream), or None: NULL, the only
  * value a CPU context takes. Optional: it is the last argument of every function taking one. */
@@ -83,7 +101,7 @@ STRIA_RELEASE_GIL(stria_analyze_balance_steps)
   $1 = &temp;
 }
 %typemap(argout) stria_context_t* ctx {
-  $result = SWIG_Python_AppendOutput($result, SWIG_NewPointerObj(*$1, $descriptor(stria_context_t), 0));
+  STRIA_APPEND_OUTPUT(SWIG_NewPointerObj(*$1, $descriptor(stria_context_t), 0));
 }
 
 /* stria_context_create_local_group: takes world_size, returns the list of its handles. */
@@ -102,7 +120,7 @@ STRIA_RELEASE_GIL(stria_analyze_balance_steps)
   PyObject* list = PyList_New($1);
   if (!list) SWIG_fail;
   for (int i = 0; i < $1; ++i) PyList_SET_ITEM(list, i, SWIG_NewPointerObj($2[i], $descriptor(stria_context_t), 0));
-  $result = SWIG_Python_AppendOutput($result, list);
+  STRIA_APPEND_OUTPUT(list);
 }
 %typemap(freearg) (int world_size, stria_context_t* ctxs) {
   free(handles$argnum);
@@ -152,7 +170,7 @@ STRIA_RELEASE_GIL(stria_analyze_balance_steps)
   PyObject* list = PyList_New($2);
   if (!list) SWIG_fail;
   for (int i = 0; i < $2; ++i) PyList_SET_ITEM(list, i, SWIG_NewPointerObj($3[i], $descriptor(stria_context_t), 0));
-  $result = SWIG_Python_AppendOutput($result, list);
+  STRIA_APPEND_OUTPUT(list);
 }
 %typemap(freearg) (const DLDevice* devices, int world_size, stria_context_t* ctxs) {
   free(devs$argnum);
@@ -165,7 +183,7 @@ STRIA_RELEASE_GIL(stria_analyze_balance_steps)
   $1 = &temp;
 }
 %typemap(argout) stria_unique_id_t* id {
-  $result = SWIG_Python_AppendOutput($result, PyBytes_FromStringAndSize($1->internal, sizeof $1->internal));
+  STRIA_APPEND_OUTPUT(PyBytes_FromStringAndSize($1->internal, sizeof $1->internal));
 }
 
 /* stria_unique_id_t.internal is binary: bytes of exactly its size, not a NUL-terminated string. */
@@ -259,7 +277,7 @@ STRIA_RELEASE_GIL(stria_attention_backward_window)
   $1 = &temp;
 }
 %typemap(argout) stria_plan_t* plan {
-  $result = SWIG_Python_AppendOutput($result, SWIG_NewPointerObj(*$1, $descriptor(stria_plan_t), 0));
+  STRIA_APPEND_OUTPUT(SWIG_NewPointerObj(*$1, $descriptor(stria_plan_t), 0));
 }
 
 /* stria_context_get_traffic: a new stria_traffic_t. */
@@ -275,7 +293,7 @@ STRIA_RELEASE_GIL(stria_attention_backward_window)
     SWIG_fail;
   }
   *copy = *$1;
-  $result = SWIG_Python_AppendOutput($result, SWIG_NewPointerObj(copy, $descriptor(stria_traffic_t*), SWIG_POINTER_OWN));
+  STRIA_APPEND_OUTPUT(SWIG_NewPointerObj(copy, $descriptor(stria_traffic_t*), SWIG_POINTER_OWN));
 }
 
 /* stria_plan_get_info: a new stria_plan_info_t. */
@@ -291,7 +309,7 @@ STRIA_RELEASE_GIL(stria_attention_backward_window)
     SWIG_fail;
   }
   *copy = *$1;
-  $result = SWIG_Python_AppendOutput($result, SWIG_NewPointerObj(copy, $descriptor(stria_plan_info_t*), SWIG_POINTER_OWN));
+  STRIA_APPEND_OUTPUT(SWIG_NewPointerObj(copy, $descriptor(stria_plan_info_t*), SWIG_POINTER_OWN));
 }
 
 /* stria_plan_positions(plan, rank) and stria_plan_analyze_balance(plan, tile): the arrays are as
@@ -316,7 +334,7 @@ static stria_plan_info_t stria_py_plan_info(stria_plan_t plan) {
   }
 }
 %typemap(argout) (stria_plan_t plan, int rank, int64_t* positions) {
-  $result = SWIG_Python_AppendOutput($result, PyByteArray_FromStringAndSize((const char*)$3,
+  STRIA_APPEND_OUTPUT(PyByteArray_FromStringAndSize((const char*)$3,
                                                                              (Py_ssize_t)(count$argnum * sizeof *$3)));
 }
 %typemap(freearg) (stria_plan_t plan, int rank, int64_t* positions) {
@@ -339,8 +357,8 @@ static stria_plan_info_t stria_py_plan_info(stria_plan_t plan) {
     SWIG_fail;
   }
   *copy = *$3;
-  $result = SWIG_Python_AppendOutput($result, SWIG_NewPointerObj(copy, $descriptor(stria_balance_t*), SWIG_POINTER_OWN));
-  $result = SWIG_Python_AppendOutput($result, PyByteArray_FromStringAndSize((const char*)$4,
+  STRIA_APPEND_OUTPUT(SWIG_NewPointerObj(copy, $descriptor(stria_balance_t*), SWIG_POINTER_OWN));
+  STRIA_APPEND_OUTPUT(PyByteArray_FromStringAndSize((const char*)$4,
                                                                              (Py_ssize_t)(count$argnum * sizeof *$4)));
 }
 %typemap(freearg) (stria_plan_t plan, int64_t tile, stria_balance_t* out, double* work) {
@@ -365,7 +383,7 @@ STRIA_RELEASE_GIL(stria_plan_analyze_balance)
     SWIG_fail;
   }
   *copy = *$1;
-  $result = SWIG_Python_AppendOutput($result, SWIG_NewPointerObj(copy, $descriptor(stria_balance_t*), SWIG_POINTER_OWN));
+  STRIA_APPEND_OUTPUT(SWIG_NewPointerObj(copy, $descriptor(stria_balance_t*), SWIG_POINTER_OWN));
 }
 
 /* Arrays whose length follows from earlier arguments come back as a bytearray of native int64 /
@@ -383,8 +401,7 @@ STRIA_RELEASE_GIL(stria_plan_analyze_balance)
   }
 }
 %typemap(argout) (int64_t seq_len, int world_size, int rank, int64_t* positions) {
-  $result = SWIG_Python_AppendOutput($result,
-                                     PyByteArray_FromStringAndSize((const char*)$4, ($1 / $2) * (Py_ssize_t)sizeof *$4));
+  STRIA_APPEND_OUTPUT(PyByteArray_FromStringAndSize((const char*)$4, ($1 / $2) * (Py_ssize_t)sizeof *$4));
 }
 %typemap(freearg) (int64_t seq_len, int world_size, int rank, int64_t* positions) {
   free($4);
@@ -398,7 +415,7 @@ STRIA_RELEASE_GIL(stria_plan_analyze_balance)
   }
 }
 %typemap(argout) (int world_size, int64_t tile, double* work) {
-  $result = SWIG_Python_AppendOutput($result, PyByteArray_FromStringAndSize((const char*)$3,
+  STRIA_APPEND_OUTPUT(PyByteArray_FromStringAndSize((const char*)$3,
                                                                              (Py_ssize_t)$1 * $1 * (Py_ssize_t)sizeof *$3));
 }
 %typemap(freearg) (int world_size, int64_t tile, double* work) {
@@ -431,7 +448,7 @@ STRIA_RELEASE_GIL(stria_plan_analyze_balance)
     PyList_SET_ITEM(list, i, SWIG_NewPointerObj(copy, $descriptor(stria_step_time_t*), SWIG_POINTER_OWN));
   }
   /* One tuple: appending a list then an int would extend that list (SWIG's output convention). */
-  $result = SWIG_Python_AppendOutput($result, Py_BuildValue("(Ni)", list, *$3));
+  STRIA_APPEND_OUTPUT(Py_BuildValue("(Ni)", list, *$3));
 }
 %typemap(freearg) (stria_step_time_t* steps, int capacity, int* num_steps) {
   free($1);
