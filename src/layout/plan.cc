@@ -22,6 +22,19 @@ int64_t SlotOf(const Plan::Run* begin, const Plan::Run* end, int64_t x) {
   return run->local_begin + CountBelow(*run, x);
 }
 
+// The key runs of `run`'s document among a rank's runs `kr`, both in (segment, document) order:
+// [*k0, the returned end), *k0 first moved past the earlier documents (a walk along the query runs
+// passes each key run once).
+size_t KeyRunsOf(const std::vector<Plan::Run>& kr, const Plan::Run& run, size_t* k0) {
+  auto before = [&run](const Plan::Run& k) {
+    return k.segment < run.segment || (k.segment == run.segment && k.doc < run.doc);
+  };
+  while (*k0 < kr.size() && before(kr[*k0])) ++*k0;
+  size_t k1 = *k0;
+  while (k1 < kr.size() && kr[k1].segment == run.segment && kr[k1].doc == run.doc) ++k1;
+  return k1;
+}
+
 // The positions [start, end) a query at position p of the document [a, b) may see.
 void VisibleRange(int64_t p, int64_t a, int64_t b, const MaskSpec& mask, int64_t* start, int64_t* end) {
   *start = mask.window_left >= 0 ? std::max(a, p - mask.window_left) : a;
@@ -216,10 +229,7 @@ bool Plan::Bounds(int64_t b, int q_rank, int k_rank, const MaskSpec& mask, int64
   bool any = false;
   size_t k0 = 0;
   for (const Run& run : qr) {
-    while (k0 < kr.size() && (kr[k0].segment < run.segment || (kr[k0].segment == run.segment && kr[k0].doc < run.doc)))
-      ++k0;
-    size_t k1 = k0;
-    while (k1 < kr.size() && kr[k1].segment == run.segment && kr[k1].doc == run.doc) ++k1;
+    const size_t k1 = KeyRunsOf(kr, run, &k0);
     if (k1 == k0) {
       std::fill(lo + i, lo + i + run.count + run.pad_after, top);
       std::fill(hi + i, hi + i + run.count + run.pad_after, top);
@@ -306,10 +316,7 @@ int64_t Plan::KeyExtent(int64_t b, int q_rank, int k_rank, const MaskSpec& mask)
   // a left window every query's keys start at its document's start, so the last query sees the
   // most and one look settles the run.
   for (const Run& run : qr) {
-    while (k0 < kr.size() && (kr[k0].segment < run.segment || (kr[k0].segment == run.segment && kr[k0].doc < run.doc)))
-      ++k0;
-    size_t k1 = k0;
-    while (k1 < kr.size() && kr[k1].segment == run.segment && kr[k1].doc == run.doc) ++k1;
+    const size_t k1 = KeyRunsOf(kr, run, &k0);
     if (k1 == k0) continue;
     const Run* keys = kr.data() + k0;
     const Run* keys_end = kr.data() + k1;
@@ -362,10 +369,14 @@ void Plan::RowsStillNeeded(int k_rank, int step, const MaskSpec& mask, int64_t* 
     rows_.push_back(made);
     entry = made;
   }
-  for (int64_t b = 0; b < batch_; ++b)
-    rows[b] = entry->rows.empty() || step >= entry->steps
-                  ? (entry->rows.empty() ? local_len_ : 0)
-                  : entry->rows[static_cast<size_t>((static_cast<int64_t>(k_rank) * entry->steps + step) * batch_ + b)];
+  if (entry->rows.empty()) {  // no table: every row travels
+    std::fill(rows, rows + batch_, local_len_);
+  } else if (step >= entry->steps) {  // past the last step: the block goes nowhere
+    std::fill(rows, rows + batch_, int64_t{0});
+  } else {
+    const int64_t* row = entry->rows.data() + (static_cast<int64_t>(k_rank) * entry->steps + step) * batch_;
+    std::copy(row, row + batch_, rows);
+  }
 }
 
 }  // namespace stria
