@@ -229,11 +229,7 @@ RingMessage MessageOf(std::vector<WirePiece> pieces, size_t whole_bytes) {
   RingMessage m;
   m.bytes = PiecesBytes(pieces);
   m.whole = m.bytes == whole_bytes;  // pieces never overlap: every byte
-  if (m.whole) {
-    m.bytes = whole_bytes;
-  } else {
-    m.pieces = std::move(pieces);
-  }
+  m.pieces = m.whole ? std::vector<WirePiece>{{0, whole_bytes}} : std::move(pieces);
   return m;
 }
 
@@ -241,7 +237,7 @@ RingMessage MessageOf(std::vector<WirePiece> pieces, size_t whole_bytes) {
 
 RingMessage KVMessage(const ValidatedCall& c, const Backend& be, bool backward, size_t wire_bytes, int holder,
                       int step) {
-  if (c.plan == nullptr) return RingMessage{true, wire_bytes, {}};
+  if (c.plan == nullptr) return MessageOf({{0, wire_bytes}}, wire_bytes);
   std::vector<int64_t> rows(static_cast<size_t>(c.shape.B));
   c.plan->RowsStillNeeded(holder, step, c.mask, rows.data());
   std::vector<WirePiece> pieces;
@@ -250,7 +246,7 @@ RingMessage KVMessage(const ValidatedCall& c, const Backend& be, bool backward, 
 }
 
 RingMessage DKVMessage(const ValidatedCall& c, int holder, size_t dkv_bytes) {
-  if (c.plan == nullptr) return RingMessage{true, dkv_bytes, {}};
+  if (c.plan == nullptr) return MessageOf({{0, dkv_bytes}}, dkv_bytes);
   std::vector<int64_t> rows(static_cast<size_t>(c.shape.B));
   c.plan->RowsStillNeeded(holder, 0, c.mask, rows.data());
   return MessageOf(DKVPieces(c.shape, rows.data()), dkv_bytes);

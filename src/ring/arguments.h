@@ -41,7 +41,7 @@ int RingSteps(const ValidatedCall& c, int world_size);
 struct RingMessage {
   bool whole = true;
   size_t bytes = 0;               // what travels
-  std::vector<WirePiece> pieces;  // !whole: the pieces of the whole message it carries, in order
+  std::vector<WirePiece> pieces;  // the pieces of the whole message it carries, in order (whole: one)
 };
 // The K/V message that carries holder's block on from the rank that holds it at `step`.
 RingMessage KVMessage(const ValidatedCall& c, const Backend& be, bool backward, size_t wire_bytes, int holder,

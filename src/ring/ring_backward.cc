@@ -120,9 +120,7 @@ Status RingBackward(Context& ctx, const BackwardCall& call) {
     const std::string what = Format("dK/dV partial of ring step %d", step);
     if (gets_partial) {
       st = tr.Wait(dkv_recv, ctx.timeout_s(), what.c_str());
-      if (st.ok())
-        st = be.AccumulateDKV(mine, static_cast<const float*>(dkv_in),
-                              partial.whole ? std::vector<WirePiece>{{0, dkv_bytes}} : partial.pieces);
+      if (st.ok()) st = be.AccumulateDKV(mine, static_cast<const float*>(dkv_in), partial.pieces);
       // The partial sent last step lives in the buffer we fill next (or the staging): it must have left.
       if (st.ok()) st = tr.Wait(dkv_send, ctx.timeout_s(), what.c_str());
       if (!st.ok()) return ctx.Fail(st);
@@ -161,8 +159,7 @@ Status RingBackward(Context& ctx, const BackwardCall& call) {
     if (st.ok()) st = tr.Wait(final_recv, ctx.timeout_s(), "the final dK/dV of this rank's block");
     if (st.ok()) st = tr.Wait(dkv_send, ctx.timeout_s(), "the last dK/dV partial");
     if (st.ok() && trimmed)  // the others' part joins the contribution kept home
-      st = be.AccumulateDKV(static_cast<float*>(own), static_cast<const float*>(dkv_in),
-                            home.whole ? std::vector<WirePiece>{{0, dkv_bytes}} : home.pieces);
+      st = be.AccumulateDKV(static_cast<float*>(own), static_cast<const float*>(dkv_in), home.pieces);
     if (!st.ok()) return ctx.Fail(st);
     if (!trimmed) done = static_cast<const float*>(dkv_in);
   }
