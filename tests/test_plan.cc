@@ -455,40 +455,53 @@ TEST(PlanBalance, OlderBalanceStruct) {
   EXPECT_EQ(std::memcmp(&b.ideal_latency, &untouched, sizeof untouched), 0);
 }
 
-// stria_attention_params_t grew `plan`: a program built against the older header binds to the
-// STRIA_0.2 stria_attention_params_init (libstria.map), which must fill the older struct only,
-// and the calls must take that struct (without a plan). One built now gets the whole struct.
+// stria_attention_params_t grew `plan` in 0.3 and the mask and score fields in 0.4: a program built
+// against an older header binds to that version's stria_attention_params_init (libstria.map), which
+// must fill the older struct only, and the calls must take that struct (with the fields it lacks at
+// their defaults). One built now gets the whole struct.
 TEST(PlanParams, OlderCallersGetTheOlderStruct) {
   using Init = stria_status_t (*)(stria_attention_params_t*);
-  auto old_init = reinterpret_cast<Init>(dlvsym(RTLD_DEFAULT, "stria_attention_params_init", "STRIA_0.2"));
-  auto new_init = reinterpret_cast<Init>(dlvsym(RTLD_DEFAULT, "stria_attention_params_init", "STRIA_0.3"));
-  ASSERT_NE(old_init, nullptr) << dlerror();
+  auto init_0_2 = reinterpret_cast<Init>(dlvsym(RTLD_DEFAULT, "stria_attention_params_init", "STRIA_0.2"));
+  auto init_0_3 = reinterpret_cast<Init>(dlvsym(RTLD_DEFAULT, "stria_attention_params_init", "STRIA_0.3"));
+  auto new_init = reinterpret_cast<Init>(dlvsym(RTLD_DEFAULT, "stria_attention_params_init", "STRIA_0.4"));
+  ASSERT_NE(init_0_2, nullptr) << dlerror();
+  ASSERT_NE(init_0_3, nullptr) << dlerror();
   ASSERT_NE(new_init, nullptr) << dlerror();
   EXPECT_EQ(reinterpret_cast<void*>(new_init), reinterpret_cast<void*>(&stria_attention_params_init));
-  const size_t v1 = offsetof(stria_attention_params_t, plan);
+  const size_t v1 = offsetof(stria_attention_params_t, plan), v2 = offsetof(stria_attention_params_t, cu_seqlens);
   alignas(stria_attention_params_t) unsigned char buf[sizeof(stria_attention_params_t) + 16];
-  std::memset(buf, 0xab, sizeof buf);
   auto* p = reinterpret_cast<stria_attention_params_t*>(buf);
-  ASSERT_EQ(old_init(p), STRIA_SUCCESS);
-  EXPECT_EQ(p->struct_size, v1);
-  for (size_t i = v1; i < sizeof buf; ++i) ASSERT_EQ(buf[i], 0xab) << "byte " << i << " written";
-  // The older struct runs a call (the layout's; the bytes after it are never read).
   stria_context_config_t cfg;
   stria_context_config_init(&cfg);
   stria_context_t ctx = nullptr;
   ASSERT_EQ(stria_context_create(&cfg, &ctx), STRIA_SUCCESS);
   AttentionTensors t(1, 8, 2, 2, 8, Dt::kF32, 3);
-  EXPECT_EQ(stria_attention_forward(ctx, p, &t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl, &t.lse.dl, nullptr), STRIA_SUCCESS)
-      << stria_get_last_error();
+  // The older structs run a call (the layout's; the bytes after them are never read).
+  for (auto [init, size] : {std::pair<Init, size_t>{init_0_2, v1}, std::pair<Init, size_t>{init_0_3, v2}}) {
+    std::memset(buf, 0xab, sizeof buf);
+    ASSERT_EQ(init(p), STRIA_SUCCESS);
+    EXPECT_EQ(p->struct_size, size);
+    for (size_t i = size; i < sizeof buf; ++i) ASSERT_EQ(buf[i], 0xab) << "byte " << i << " written";
+    EXPECT_EQ(stria_attention_forward(ctx, p, &t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl, &t.lse.dl, nullptr), STRIA_SUCCESS)
+        << stria_get_last_error();
+  }
   std::memset(buf, 0xab, sizeof buf);
   ASSERT_EQ(new_init(p), STRIA_SUCCESS);
   EXPECT_EQ(p->struct_size, sizeof(stria_attention_params_t));
   EXPECT_EQ(p->plan, nullptr);
+  EXPECT_EQ(p->cu_seqlens, nullptr);
+  EXPECT_EQ(p->window_left, -1);
+  EXPECT_EQ(p->window_right, -1);
+  EXPECT_EQ(p->softcap, 0.f);
+  EXPECT_EQ(p->sinks, nullptr);
   EXPECT_EQ(stria_attention_forward(ctx, p, &t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl, &t.lse.dl, nullptr), STRIA_SUCCESS);
   // A struct of neither size, or fields beyond the library's set: refused, the context usable.
-  p->struct_size = v1 - 4;
-  EXPECT_EQ(stria_attention_forward(ctx, p, &t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl, &t.lse.dl, nullptr),
-            STRIA_ERROR_INVALID_ARGUMENT);
+  for (size_t bad : {v1 - 4, v1 + 4, v2 + 8}) {
+    p->struct_size = bad;
+    EXPECT_EQ(stria_attention_forward(ctx, p, &t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl, &t.lse.dl, nullptr),
+              STRIA_ERROR_INVALID_ARGUMENT)
+        << "struct_size " << bad;
+  }
   p->struct_size = sizeof(stria_attention_params_t) + 8;
   EXPECT_EQ(stria_attention_forward(ctx, p, &t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl, &t.lse.dl, nullptr),
             STRIA_ERROR_UNSUPPORTED);

@@ -210,6 +210,16 @@ inline double RelError(const std::vector<double>& a, const std::vector<double>& 
 // a window, query i only keys i - left .. i + right.
 struct Reference {
   std::vector<double> out, lse, dq, dk, dv;
+  std::vector<double> dsinks;  // with sinks and dout: [Hq]
+  // The sum of the terms' magnitudes, sum |e^(z - lse) * delta|, per head: dsinks sums terms of
+  // either sign, so its own size can be far below the rounding error of 16-bit outputs' terms.
+  std::vector<double> dsinks_terms;
+};
+
+// What changes the scores beyond the mask (stria.h): logit softcapping and attention sinks.
+struct ScoreMods {
+  double softcap = 0;                          // > 0: a score s becomes softcap·tanh(s / softcap)
+  const std::vector<double>* sinks = nullptr;  // [Hq] logits joining each row's denominator
 };
 
 // A sliding window as stria_attention_forward_window takes it (-1: unbounded on that side).
@@ -226,8 +236,11 @@ inline std::string WindowName(const Window& w) {
 inline Reference DenseAttention(const std::vector<double>& q, const std::vector<double>& k,
                                 const std::vector<double>& v, const std::vector<double>* dout, int64_t B, int64_t S,
                                 int64_t Hq, int64_t Hkv, int64_t D, bool causal, double scale,
-                                const std::vector<int64_t>* documents = nullptr, Window window = {}) {
+                                const std::vector<int64_t>* documents = nullptr, Window window = {},
+                                ScoreMods mods = {}) {
   Reference r;
+  if (mods.sinks != nullptr && dout) r.dsinks.assign(static_cast<size_t>(Hq), 0.0);
+  r.dsinks_terms = r.dsinks;
   r.out.assign(static_cast<size_t>(B * S * Hq * D), 0.0);
   r.lse.assign(static_cast<size_t>(B * Hq * S), 0.0);
   if (dout) {
@@ -236,7 +249,7 @@ inline Reference DenseAttention(const std::vector<double>& q, const std::vector<
     r.dv.assign(r.dk.size(), 0.0);
   }
   const int64_t group = Hq / Hkv;
-  std::vector<double> p(static_cast<size_t>(S)), dp(static_cast<size_t>(S));
+  std::vector<double> p(static_cast<size_t>(S)), dp(static_cast<size_t>(S)), slope(static_cast<size_t>(S), 1.0);
   auto Q = [&](int64_t b, int64_t i, int64_t h) { return &q[static_cast<size_t>(((b * S + i) * Hq + h) * D)]; };
   auto K = [&](int64_t b, int64_t j, int64_t h) { return &k[static_cast<size_t>(((b * S + j) * Hkv + h) * D)]; };
   auto V = [&](int64_t b, int64_t j, int64_t h) { return &v[static_cast<size_t>(((b * S + j) * Hkv + h) * D)]; };
@@ -259,10 +272,18 @@ inline Reference DenseAttention(const std::vector<double>& q, const std::vector<
         for (int64_t j = j0; j < n; ++j) {
           double s = 0;
           for (int64_t d = 0; d < D; ++d) s += Q(b, i, h)[d] * K(b, j, hk)[d];
-          p[static_cast<size_t>(j)] = s * scale;
+          s *= scale;
+          if (mods.softcap > 0) {
+            const double t = std::tanh(s / mods.softcap);
+            s = mods.softcap * t;
+            slope[static_cast<size_t>(j)] = 1.0 - t * t;
+          }
+          p[static_cast<size_t>(j)] = s;
           mx = std::max(mx, p[static_cast<size_t>(j)]);
         }
-        double sum = 0;
+        const double sink = mods.sinks != nullptr ? (*mods.sinks)[static_cast<size_t>(h)] : -INFINITY;
+        mx = std::max(mx, sink);
+        double sum = sink == -INFINITY ? 0.0 : std::exp(sink - mx);
         for (int64_t j = j0; j < n; ++j) sum += std::exp(p[static_cast<size_t>(j)] - mx);
         const double lse = mx + std::log(sum);
         r.lse[static_cast<size_t>((b * Hq + h) * S + i)] = lse;
@@ -275,10 +296,15 @@ inline Reference DenseAttention(const std::vector<double>& q, const std::vector<
         const double* g = &(*dout)[static_cast<size_t>(((b * S + i) * Hq + h) * D)];
         double delta = 0;
         for (int64_t d = 0; d < D; ++d) delta += g[d] * o[d];
+        // The sink's probability times (0 - delta): it carries no value.
+        if (!r.dsinks.empty() && sink != -INFINITY) {
+          r.dsinks[static_cast<size_t>(h)] -= std::exp(sink - lse) * delta;
+          r.dsinks_terms[static_cast<size_t>(h)] += std::abs(std::exp(sink - lse) * delta);
+        }
         for (int64_t j = j0; j < n; ++j) {
           double dpj = 0;
           for (int64_t d = 0; d < D; ++d) dpj += g[d] * V(b, j, hk)[d];
-          const double ds = p[static_cast<size_t>(j)] * (dpj - delta) * scale;
+          const double ds = p[static_cast<size_t>(j)] * (dpj - delta) * scale * slope[static_cast<size_t>(j)];
           double* dqi = &r.dq[static_cast<size_t>(((b * S + i) * Hq + h) * D)];
           double* dkj = &r.dk[static_cast<size_t>(((b * S + j) * Hkv + hk) * D)];
           double* dvj = &r.dv[static_cast<size_t>(((b * S + j) * Hkv + hk) * D)];

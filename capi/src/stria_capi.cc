@@ -352,24 +352,33 @@ stria_status_t InitParams(stria_attention_params_t* params, size_t size) {
     params->layout = STRIA_LAYOUT_STRIPED;
     params->causal = 1;
     params->softmax_scale = 0.f;
+    if (size >= offsetof(stria_attention_params_t, window_right) + sizeof params->window_right) {
+      params->window_left = -1;
+      params->window_right = -1;
+    }
     return Status::Ok();
   });
 }
 }  // namespace
 
-// stria_attention_params_init. The struct grew `plan` in 0.3: programs built against an older
-// header pass the older, smaller struct to their _init. They bind to the STRIA_0.2 definition
-// (libstria.map), which fills that much, and the calls read no further than its struct_size (no
-// plan); programs built now bind to STRIA_0.3's. Neither implementation's own name is exported
-// (libstria.map keeps everything outside stria_* local), only the two versions of the C name.
+// stria_attention_params_init. The struct grew `plan` in 0.3 and the mask and score fields from
+// `cu_seqlens` on in 0.4: programs built against an older header pass the older, smaller struct to
+// their _init. They bind to that version's definition (libstria.map), which fills that much, and
+// the calls read no further than its struct_size; programs built now bind to STRIA_0.4's. None of
+// the implementations' own names is exported (libstria.map keeps everything outside stria_*
+// local), only the versions of the C name.
 extern "C" __attribute__((visibility("default"))) stria_status_t params_init_0_2(stria_attention_params_t* params) {
   return InitParams(params, offsetof(stria_attention_params_t, plan));
 }
 extern "C" __attribute__((visibility("default"))) stria_status_t params_init_0_3(stria_attention_params_t* params) {
+  return InitParams(params, offsetof(stria_attention_params_t, cu_seqlens));
+}
+extern "C" __attribute__((visibility("default"))) stria_status_t params_init_0_4(stria_attention_params_t* params) {
   return InitParams(params, sizeof *params);
 }
 __asm__(".symver params_init_0_2,stria_attention_params_init@STRIA_0.2");
-__asm__(".symver params_init_0_3,stria_attention_params_init@@STRIA_0.3");
+__asm__(".symver params_init_0_3,stria_attention_params_init@STRIA_0.3");
+__asm__(".symver params_init_0_4,stria_attention_params_init@@STRIA_0.4");
 
 STRIA_API stria_status_t stria_attention_forward(stria_context_t ctx, const stria_attention_params_t* params,
                                                  const DLTensor* q, const DLTensor* k, const DLTensor* v, DLTensor* out,

@@ -14,6 +14,7 @@
 #include "cpu/attention_kernels.h"
 #include "cpu/online_softmax.h"
 #include "cpu/simd.h"
+#include "cpu/softcap.h"
 #include "cpu/tile_mask.h"
 
 namespace stria {
@@ -130,6 +131,8 @@ void ForwardTile(const FwdTileArgs& a) {
     // tile during O += P·V (about +5% once a head's K and V outgrow L2).
     const float* next_kt = (kt + 1) * kBlockK < k_hi ? a.kt + (kt + 1) * Dp * kBlockK : nullptr;
     TileScores(mk, full, i0, j0, D, q, Dp, a.kt + kt * Dp * kBlockK, s, cols, a.v + j0 * Dp, Dp * kBlockK);
+    if (a.softcap2 > 0.f)
+      for (int64_t r = 0; r < kBlockQ; ++r) SoftcapRow(s + r * kBlockK, cols[r / MR], 1.0f, a.softcap2);
     SoftmaxTile(s, cols, MR, 1.0f, m, l, lsum, acc, Dp);
     // O += P·V, on a masked tile per row group over the columns it computed.
     if (full) {
@@ -151,6 +154,8 @@ void BackwardItem(const BwdItemArgs& a) {
   float* dp = s + kBlockQ * kBlockK;       // dP, then dS
   float* dk_acc = dp + kBlockQ * kBlockK;  // [kBlockK][Dp]
   float* dv_acc = dk_acc + kBlockK * Dp;   // [kBlockK][Dp]
+  float* slope = dv_acc + kBlockK * Dp;    // softcapping's dS factor 1 - tanh², [kBlockQ][kBlockK]
+  const bool softcap = a.softcap2 > 0.f;
   int64_t cols[kBlockQ / MR];
   for (int64_t kt = a.kt0; kt < a.kt_end; kt += a.kt_stride) {
     const int64_t j0 = kt * kBlockK;
@@ -181,6 +186,7 @@ void BackwardItem(const BwdItemArgs& a) {
             std::memset(row, 0, sizeof(float) * kBlockK);
             continue;
           }
+          if (softcap) SoftcapRow(row, n, 1.0f, a.softcap2, slope + r * kBlockK);
           const vf lv = Splat(lse);
           for (int64_t c = 0; c < n; c += VL) Store(row + c, Exp2(Load(row + c) - lv));
           std::memset(row + n, 0, sizeof(float) * (kBlockK - n));
@@ -197,6 +203,9 @@ void BackwardItem(const BwdItemArgs& a) {
           float* prow = s + r * kBlockK;
           float* drow = dp + r * kBlockK;
           for (int64_t c = 0; c < n; c += VL) Store(drow + c, Load(prow + c) * (Load(drow + c) - dl));
+          // Through the softcap: ds/dx = 1 - tanh² for the uncapped score x.
+          if (softcap)
+            for (int64_t c = 0; c < n; c += VL) Store(drow + c, Load(drow + c) * Load(slope + r * kBlockK + c));
           std::memset(drow + n, 0, sizeof(float) * (kBlockK - n));
         }
         // dQ += dS·K ; dK += dSᵀ·Q

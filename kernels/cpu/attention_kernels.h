@@ -38,6 +38,7 @@ struct FwdTileArgs {
   int64_t q0;
   const PackedShape* shape;
   const BlockMask* mask;
+  float softcap2;  // > 0: logit softcapping, softcap * log2(e) (scores are in the log2 domain); 0: none
   float* scratch;  // kBlockQ * kBlockK floats, this thread's
 };
 
@@ -61,6 +62,7 @@ struct BwdItemArgs {
   int64_t kt0, kt_end, kt_stride;
   const PackedShape* shape;
   const BlockMask* mask;
+  float softcap2;  // as in FwdTileArgs
   float* scratch;  // BwdScratchFloats(Dp) floats, this thread's
 };
 
@@ -81,6 +83,7 @@ struct FwdTileArgsBf16 {
   int64_t q_tiles;  // 1 .. kBf16QueryTiles
   const PackedShape* shape;
   const BlockMask* mask;
+  float softcap2;  // as in FwdTileArgs
   float* scratch;  // kBlockQ * kBlockK floats, then as many bf16
 };
 constexpr int64_t kBf16TileDim = 32;
@@ -114,11 +117,13 @@ struct BwdItemArgsBf16 {
   int64_t kt0, kt_end, kt_stride;
   const PackedShape* shape;
   const BlockMask* mask;
+  float softcap2;  // as in FwdTileArgs
   float* scratch;  // BwdScratchFloats(Dp) floats, this thread's
 };
 
 inline int64_t BwdScratchFloats(int64_t dp) {
-  return 4 * kBlockQ * kBlockK + 2 * kBlockK * dp;  // the bf16 backward's need; float32 takes less
+  // The bf16 backward's need (its tiles, dKᵀ and dVᵀ, and softcapping's slope tile); float32 takes less.
+  return 5 * kBlockQ * kBlockK + 2 * kBlockK * dp;
 }
 
 struct KernelTable {

@@ -20,6 +20,7 @@
 #include "cpu/attention_kernels.h"
 #include "cpu/bf16_tiles.h"
 #include "cpu/simd.h"
+#include "cpu/softcap.h"
 #include "cpu/tile_mask.h"
 
 namespace stria {
@@ -94,7 +95,9 @@ void BackwardItemBf16(const BwdItemArgsBf16& a) {
   uint16_t* ds_rows = ds_pairs + kTile;
   float* dkt = reinterpret_cast<float*>(ds_rows + kTile);  // dKᵀ [Dp][kBlockK]
   float* dvt = dkt + Dp * kBlockK;                         // dVᵀ [Dp][kBlockK]
-  const vf sv = Splat(a.scale);
+  float* slope = dvt + Dp * kBlockK;                       // softcapping's 1 - tanh² [kBlockQ][kBlockK]
+  const bool softcap = a.softcap2 > 0.f;
+  const vf sv = Splat(softcap ? 1.0f : a.scale);  // capped scores are scaled already
   BeginTileProducts();
   for (int64_t kt = a.kt0; kt < a.kt_end; kt += a.kt_stride) {
     const int64_t j0 = kt * kBlockK;
@@ -127,6 +130,16 @@ void BackwardItemBf16(const BwdItemArgsBf16& a) {
             continue;
           }
           const vf lv = Splat(lse), dl = Splat(delta[i0 + r]);
+          if (softcap) {
+            float* srow = slope + r * kBlockK;
+            SoftcapRow(prow, kBlockK, a.scale, a.softcap2, srow);
+            for (int64_t c = 0; c < kBlockK; c += VL) {
+              const vf pv = Exp2(Load(prow + c) - lv);
+              Store(prow + c, pv);
+              Store(drow + c, pv * (Load(drow + c) - dl) * Load(srow + c));
+            }
+            continue;
+          }
           for (int64_t c = 0; c < kBlockK; c += VL) {
             const vf pv = Exp2(Load(prow + c) * sv - lv);
             Store(prow + c, pv);

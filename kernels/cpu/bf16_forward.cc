@@ -12,6 +12,7 @@
 #include "cpu/bf16_tiles.h"
 #include "cpu/online_softmax.h"
 #include "cpu/simd.h"
+#include "cpu/softcap.h"
 #include "cpu/tile_mask.h"
 
 namespace stria {
@@ -55,7 +56,13 @@ void ForwardTileBf16(const FwdTileArgsBf16& a) {
       float* acc = a.acc + i0 * Dp;
       TileGemm(a.q + i0 * Dp, Dp, a.kt + kt * Dp * kBlockK, 2 * kBlockK, s, kBlockK, kBlockQ, kBlockK, Dp, false);
       if (!TileFull(mk, i0, j0)) ApplyMask(mk, i0, j0, s);
-      SoftmaxTile(s, cols, kBlockQ, a.scale, a.m + i0, a.l + i0, lsum[g], acc, Dp);
+      if (a.softcap2 > 0.f) {
+        // Capped in the log2 domain, the scale applied on the way: the softmax then takes them as they are.
+        for (int64_t r = 0; r < kBlockQ; ++r) SoftcapRow(s + r * kBlockK, kBlockK, a.scale, a.softcap2);
+        SoftmaxTile(s, cols, kBlockQ, 1.0f, a.m + i0, a.l + i0, lsum[g], acc, Dp);
+      } else {
+        SoftmaxTile(s, cols, kBlockQ, a.scale, a.m + i0, a.l + i0, lsum[g], acc, Dp);
+      }
       RoundTile(s, p);
       TileGemm(p, kBlockK, a.v + kt * Dp * kBlockK, 2 * Dp, acc, Dp, kBlockQ, Dp, kBlockK, true);
     }

@@ -101,6 +101,46 @@ STRIA_GLOBAL void KvGradFinishKernel(Dims d, const float* src, RowsOut dst) {
   }
 }
 
+// Attention sinks after the forward (stria.h, params->sinks): row (b, h, i) folds head h's logit z
+// into its softmax denominator, lse' = log(e^lse + e^z), out *= e^(lse - lse'); a row that saw no
+// key keeps out 0 and gets lse' = z, and a NaN logit or LSE gives a NaN row. One warp per row.
+template <typename T>
+STRIA_GLOBAL void SinksForwardKernel(Dims d, const float* sinks, RowsOut out, float* lse, int64_t lb, int64_t lh,
+                                     int64_t li) {
+  STRIA_FOR_EACH_ROW(row, static_cast<int64_t>(d.B) * d.Hq * d.L) {
+    const int64_t i = row % d.L, bh = row / d.L, h = bh % d.Hq, b = bh / d.Hq;
+    float* lp = lse + b * lb + h * lh + i * li;
+    const float l = *lp, z = sinks[h];
+    float merged = NaN(), keep = NaN();
+    if (z == z && l == l) {
+      const float hi = l > z ? l : z, lo = l > z ? z : l;
+      merged = hi == NegInf() ? NegInf() : hi + log1pf(expf(lo - hi));
+      keep = l == NegInf() ? 0.f : expf(l - merged);
+    }
+    const int64_t at = b * out.sb + i * out.sl + h * out.sh;
+    STRIA_FOR_EACH_COLUMN(c, d.D) StoreElem<T>(out.data, at + c, LoadElem<T>(out.data, at + c) * keep);
+    warp_sync();  // every lane has read the row's LSE before lane 0 replaces it
+    if (lane_id() == 0) *lp = merged;
+  }
+}
+
+// The sinks' gradient over this rank's rows: dsinks[h] = -sum over b, i of e^(z_h - lse) * delta,
+// from the backward's per-row lse2 = lse * log2(e) (+inf for a row with no key and no sink) and
+// delta = rowsum(dO * O). One warp per head, lanes over the rows in a fixed order and a shuffle
+// tree: the same bits every run.
+[[maybe_unused]] static STRIA_GLOBAL void SinksGradKernel(Dims d, const float* sinks, const float* lse2,
+                                                          const float* delta, float* dsinks, int64_t ds) {
+  const int64_t h = blockIdx.x;
+  const float z2 = sinks[h] * kLog2e;
+  float sum = 0.f;
+  for (int64_t r = lane_id(); r < static_cast<int64_t>(d.B) * d.L; r += 32) {
+    const int64_t b = r / d.L, i = r % d.L, row = (b * d.Hq + h) * d.L + i;
+    if (lse2[row] != PosInf()) sum += exp2f(z2 - lse2[row]) * delta[row];
+  }
+  sum = WarpSum(sum);
+  if (lane_id() == 0) dsinks[h * ds] = -sum;
+}
+
 // Shard/unshard: one element per thread over the local tensor; along seq_dim, local index i maps
 // to the global position of the layout (DESIGN.md).
 

@@ -196,6 +196,28 @@ cudaError_t LaunchBackwardPrep(Elem e, Dims d, RowsArg out, RowsArg dout, const 
   return cudaErrorInvalidValue;
 }
 
+cudaError_t LaunchSinksForward(Elem e, Dims d, const float* sinks, RowsOut out, float* lse, int64_t lb, int64_t lh,
+                               int64_t li, cudaStream_t s) {
+  const int64_t rows = static_cast<int64_t>(d.B) * d.Hq * d.L;
+  if (rows == 0) return cudaSuccess;
+  const dim3 g = RowGrid(rows);
+  switch (e) {
+    case Elem::kF32:
+      return STRIA_LAUNCH(SinksForwardKernel<Float>, g, 256, 0, s)(d, sinks, out, lse, lb, lh, li);
+    case Elem::kF16:
+      return STRIA_LAUNCH(SinksForwardKernel<Half>, g, 256, 0, s)(d, sinks, out, lse, lb, lh, li);
+    case Elem::kBF16:
+      return STRIA_LAUNCH(SinksForwardKernel<BFloat>, g, 256, 0, s)(d, sinks, out, lse, lb, lh, li);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchSinksGrad(Dims d, const float* sinks, const float* lse2, const float* delta, float* dsinks,
+                            int64_t ds, cudaStream_t s) {
+  if (d.Hq == 0) return cudaSuccess;
+  return STRIA_LAUNCH(SinksGradKernel, dim3(static_cast<unsigned>(d.Hq)), 32, 0, s)(d, sinks, lse2, delta, dsinks, ds);
+}
+
 cudaError_t LaunchDqFinish(Elem e, Dims d, const float* dq_acc, float scale, RowsOut dq, cudaStream_t s) {
   const int64_t rows = static_cast<int64_t>(d.B) * d.Hq * d.L;
   if (rows * d.D == 0) return cudaSuccess;

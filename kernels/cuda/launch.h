@@ -37,6 +37,12 @@ cudaError_t LaunchForwardFinish(Elem e, Dims d, const float* acc, const float* m
                                 float* lse, int64_t lb, int64_t lh, int64_t li, cudaStream_t s);
 cudaError_t LaunchBackwardPrep(Elem e, Dims d, RowsArg out, RowsArg dout, const float* lse, int64_t lb, int64_t lh,
                                int64_t li, float* lse2, float* delta, cudaStream_t s);
+// Attention sinks: folded into the finished rows (SinksForwardKernel), and their gradient over this
+// rank's rows from the backward's lse2 and delta (SinksGradKernel); sinks and dsinks [Hq] float32.
+cudaError_t LaunchSinksForward(Elem e, Dims d, const float* sinks, RowsOut out, float* lse, int64_t lb, int64_t lh,
+                               int64_t li, cudaStream_t s);
+cudaError_t LaunchSinksGrad(Dims d, const float* sinks, const float* lse2, const float* delta, float* dsinks,
+                            int64_t ds, cudaStream_t s);
 cudaError_t LaunchDqFinish(Elem e, Dims d, const float* dq_acc, float scale, RowsOut dq, cudaStream_t s);
 cudaError_t LaunchKvGradFinish(Elem e, Dims d, const float* src, RowsOut dst, cudaStream_t s);
 cudaError_t LaunchShard(const ShardArgs& a, cudaStream_t s);

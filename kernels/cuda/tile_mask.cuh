@@ -20,6 +20,9 @@ STRIA_HD float NegInf() {
 STRIA_HD float PosInf() {
   return __builtin_huge_valf();
 }
+STRIA_HD float NaN() {
+  return __builtin_nanf("");
+}
 STRIA_HD int64_t MinI(int64_t a, int64_t b) {
   return a < b ? a : b;
 }

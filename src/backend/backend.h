@@ -25,7 +25,8 @@ namespace stria {
 struct AttentionShape {
   int64_t B = 0, L = 0, Hq = 0, Hkv = 0, D = 0;
   DType dtype = DType::kF32;
-  float scale = 0.f;  // resolved: never 0
+  float scale = 0.f;    // resolved: never 0
+  float softcap = 0.f;  // > 0: a score s = scale·q·k becomes softcap·tanh(s / softcap); 0: none
 };
 
 // Bytes of one K/V ring message: K then V, each compact [B, L, Hkv, D] in the storage dtype.
@@ -182,6 +183,12 @@ class Backend {
   // Writes the call's outputs, unless its last block call (ForwardStep::out) already has.
   virtual Status ForwardEnd(const TensorView& out, const TensorView& lse) = 0;
 
+  // Attention sinks (stria.h, params->sinks: [Hq] float32 logits, contiguous, in this backend's
+  // memory), after ForwardEnd: row (b, h, i) joins head h's logit z to its softmax denominator,
+  // lse' = log(e^lse + e^z) and out *= e^(lse - lse') (a row that saw no key: lse' = z, out 0).
+  // Once per row, so the sink counts once whatever the ring.
+  virtual Status ApplySinks(const TensorView& sinks, const TensorView& out, const TensorView& lse) = 0;
+
   virtual Status BackwardBegin(const AttentionShape& shape, const TensorView& q, const TensorView& out,
                                const TensorView& lse, const TensorView& dout, void* stream) = 0;
   // Sets `dkv` (a dK/dV message) to this rank's contribution for the block, or writes the call's
@@ -192,6 +199,11 @@ class Backend {
   virtual Status AccumulateDKV(float* dst, const float* src, const std::vector<WirePiece>& pieces) = 0;
   // Writes dQ, and dK and dV from `dkv` unless the block call has written them.
   virtual Status BackwardEnd(const TensorView& dq, const float* dkv, const TensorView& dk, const TensorView& dv) = 0;
+  // Any time after BackwardBegin (whose out and lse include the sinks): this rank's part of the
+  // sinks' gradient, dsinks[h] = -sum over b, i of e^(z_h - lse) * rowsum(dO∘O) for the rows of head
+  // h (the sink's probability times the rows' delta: the sink carries no value, so dP is 0 there).
+  // A fixed order of summation: the same bits every run.
+  virtual Status SinksGradient(const TensorView& sinks, const TensorView& dsinks) = 0;
 
   // Asynchronous backends (CUDA) queue their work on a stream and return. Before the engine hands
   // a ring buffer to the transport (to send it, or to receive into it), everything queued so far

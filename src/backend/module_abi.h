@@ -9,8 +9,9 @@ namespace stria {
 
 // 3: BlockMask::doc_*; 4: Backend::ReadOnHost, and AttentionShape without the documents flag that
 // no backend read (a block's mask says whether it has document bounds); 5: Backend::SetDeterministic;
-// 6: trimmed ring messages (Backend::KVWirePieces, CopyPieces, AccumulateDKV over pieces).
-constexpr int kBackendModuleAbiVersion = 6;
+// 6: trimmed ring messages (Backend::KVWirePieces, CopyPieces, AccumulateDKV over pieces); 7:
+// AttentionShape::softcap, Backend::ApplySinks and SinksGradient.
+constexpr int kBackendModuleAbiVersion = 7;
 
 struct BackendModuleV1 {
   int abi_version;  // kBackendModuleAbiVersion

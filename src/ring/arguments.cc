@@ -12,17 +12,25 @@
 namespace stria {
 namespace {
 
-// The params struct grew `plan` at its end: a caller built against an older header passes the
-// smaller struct, and has no plan.
+// The params struct grew at its end: `plan` in 0.3, the mask and score fields from `cu_seqlens`
+// on in 0.4. A caller built against an older header passes the smaller struct, whose fields then
+// keep their defaults.
 constexpr size_t kParamsV1 = offsetof(stria_attention_params_t, plan);
+constexpr size_t kParamsV2 = offsetof(stria_attention_params_t, cu_seqlens);
 
-Status CheckParams(const stria_attention_params_t* p, ValidatedCall* c) {
+// Reads params: its layout, causal flag, plan, softcap and sinks into *c, and its mask (documents
+// and window) into *mask, merged with the one a _documents or _window call passes as arguments.
+Status CheckParams(const stria_attention_params_t* p, const DocumentsArg& args, ValidatedCall* c, DocumentsArg* mask) {
   if (p == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "params is NULL (use stria_attention_params_init)");
-  const size_t known = p->struct_size < kParamsV1 ? sizeof(stria_attention_params_t)
-                                                  : std::min(p->struct_size, sizeof(stria_attention_params_t));
-  STRIA_RETURN_IF_ERROR(CheckStructSize(p, p->struct_size, known, "params", "stria_attention_params_init"));
+  const size_t size = p->struct_size, full = sizeof(stria_attention_params_t);
+  if (size != kParamsV1 && size != kParamsV2 && size < full)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT,
+                 "params->struct_size is %zu, the size of no stria_attention_params_t (%zu, %zu or %zu): set it "
+                 "with stria_attention_params_init",
+                 size, kParamsV1, kParamsV2, full);
+  STRIA_RETURN_IF_ERROR(CheckStructSize(p, size, std::min(size, full), "params", "stria_attention_params_init"));
   c->plan.reset();
-  if (p->struct_size >= offsetof(stria_attention_params_t, plan) + sizeof(p->plan) && p->plan != nullptr) {
+  if (size > kParamsV1 && p->plan != nullptr) {
     c->plan = LookupPlan(p->plan);
     if (!c->plan)
       return Error(STRIA_ERROR_INVALID_ARGUMENT, "params->plan %p is not a live plan (destroyed already?)",
@@ -36,6 +44,27 @@ Status CheckParams(const stria_attention_params_t* p, ValidatedCall* c) {
                  static_cast<double>(p->softmax_scale));
   c->layout = p->layout;
   c->causal = p->causal != 0;
+  c->shape.softcap = 0.f;
+  c->sinks_given = false;
+  c->dsinks_given = false;
+  *mask = args;
+  if (size < full) return Status::Ok();
+  if (!std::isfinite(p->softcap) || p->softcap < 0.f)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "params->softcap %g must be finite and >= 0 (0: no softcapping)",
+                 static_cast<double>(p->softcap));
+  c->shape.softcap = p->softcap;
+  c->sinks_given = p->sinks != nullptr;
+  c->dsinks_given = p->dsinks != nullptr;
+  const bool documents = p->cu_seqlens != nullptr || p->num_seqs != 0;
+  const bool window = p->window_left != -1 || p->window_right != -1;
+  if (documents || window) {
+    if (args.given || args.window_left != -1 || args.window_right != -1)
+      return Error(STRIA_ERROR_INVALID_ARGUMENT,
+                   "params sets %s and the call passes its mask as arguments too: give it one way (the "
+                   "_documents and _window calls take params without a mask)",
+                   documents ? "cu_seqlens/num_seqs" : "a window");
+    *mask = DocumentsArg{documents, p->cu_seqlens, p->num_seqs, p->window_left, p->window_right};
+  }
   return Status::Ok();
 }
 
@@ -67,9 +96,10 @@ Status ExpectDType(const TensorView& v, const char* name, DType want) {
 
 // The shapes shared by forward and backward: q, k, v and the derived attention shape.
 Status CheckQKV(Context& ctx, const DLTensor* q, const DLTensor* k, const DLTensor* v,
-                const stria_attention_params_t* p, const DocumentsArg& documents, void* stream, ValidatedCall* c) {
+                const stria_attention_params_t* p, const DocumentsArg& args, void* stream, ValidatedCall* c) {
   const DLDevice dev = ctx.device();
-  STRIA_RETURN_IF_ERROR(CheckParams(p, c));
+  DocumentsArg documents;
+  STRIA_RETURN_IF_ERROR(CheckParams(p, args, c, &documents));
   STRIA_RETURN_IF_ERROR(AttentionTensor(q, "q", 4, dev, false, &c->q));
   STRIA_RETURN_IF_ERROR(AttentionTensor(k, "k", 4, dev, false, &c->k));
   STRIA_RETURN_IF_ERROR(AttentionTensor(v, "v", 4, dev, false, &c->v));
@@ -252,14 +282,34 @@ RingMessage DKVMessage(const ValidatedCall& c, int holder, size_t dkv_bytes) {
   return MessageOf(DKVPieces(c.shape, rows.data()), dkv_bytes);
 }
 
+// params->sinks and, in a backward, params->dsinks: float32 [Hq] in the context's memory.
+Status CheckSinks(Context& ctx, const stria_attention_params_t* p, bool backward, ValidatedCall* c) {
+  if (c->sinks_given) {
+    STRIA_RETURN_IF_ERROR(AttentionTensor(p->sinks, "params->sinks", 1, ctx.device(), true, &c->sinks));
+    STRIA_RETURN_IF_ERROR(ctx.backend().CheckMemory(c->sinks.data, "params->sinks"));
+    STRIA_RETURN_IF_ERROR(
+        ExpectShape(c->sinks, "params->sinks", {c->shape.Hq}, "[Hq] float32, a logit per query head"));
+  }
+  if (!backward || !c->dsinks_given) return Status::Ok();
+  if (!c->sinks_given)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT,
+                 "params->dsinks is set but params->sinks is NULL: the sinks' gradient needs the forward's sinks");
+  STRIA_RETURN_IF_ERROR(AttentionTensor(p->dsinks, "params->dsinks", 1, ctx.device(), true, &c->dsinks));
+  STRIA_RETURN_IF_ERROR(CheckWritable(c->dsinks, "params->dsinks", Role::kOutput));
+  STRIA_RETURN_IF_ERROR(ctx.backend().CheckMemory(c->dsinks.data, "params->dsinks"));
+  return ExpectShape(c->dsinks, "params->dsinks", {c->shape.Hq}, "like params->sinks");
+}
+
 Status ValidateForward(Context& ctx, const ForwardCall& call, ValidatedCall* c) {
   STRIA_RETURN_IF_ERROR(CheckQKV(ctx, call.q, call.k, call.v, call.params, call.documents, call.stream, c));
+  STRIA_RETURN_IF_ERROR(CheckSinks(ctx, call.params, false, c));
   STRIA_RETURN_IF_ERROR(CheckLike(ctx, call.out, "out", c->q, "q", Role::kOutput, &c->out));
   return CheckLse(ctx, call.lse, "lse", c->shape, Role::kOutput, &c->lse);
 }
 
 Status ValidateBackward(Context& ctx, const BackwardCall& call, ValidatedCall* c) {
   STRIA_RETURN_IF_ERROR(CheckQKV(ctx, call.q, call.k, call.v, call.params, call.documents, call.stream, c));
+  STRIA_RETURN_IF_ERROR(CheckSinks(ctx, call.params, true, c));
   STRIA_RETURN_IF_ERROR(CheckLike(ctx, call.out, "out", c->q, "q", Role::kInput, &c->out));
   STRIA_RETURN_IF_ERROR(CheckLse(ctx, call.lse, "lse", c->shape, Role::kInput, &c->lse));
   STRIA_RETURN_IF_ERROR(CheckLike(ctx, call.dout, "dout", c->q, "q", Role::kInput, &c->dout));
@@ -290,6 +340,8 @@ Status AgreeOnCall(Context& ctx, RingOp op, const Status& local, const Validated
     // exchange messages of different sizes and meanings: agree on the format too.
     sig.kv_wire = static_cast<uint32_t>(ctx.backend().KVWireFor(c.shape, op == RingOp::kBackward).format);
     sig.documents = c.plan != nullptr ? PlanCallHash(*c.plan, c.mask) : c.documents.Hash();
+    sig.softcap = c.shape.softcap;
+    sig.sinks = c.sinks_given ? 1 : 0;
   }
   std::vector<CallSignature> all(static_cast<size_t>(ctx.world_size()));
   const std::string what = Format("%s call #%llu", RingOpName(op), static_cast<unsigned long long>(*seq));

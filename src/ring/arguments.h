@@ -21,6 +21,9 @@ struct ValidatedCall {
   std::shared_ptr<const Plan> plan;
   MaskSpec mask;
   TensorView q, k, v, out, lse, dout, dq, dk, dv;
+  // Attention sinks (params->sinks, [Hq] float32) and, in a backward, their gradient's output.
+  bool sinks_given = false, dsinks_given = false;
+  TensorView sinks, dsinks;
   void* stream = nullptr;
 };
 

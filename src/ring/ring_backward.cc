@@ -164,6 +164,7 @@ Status RingBackward(Context& ctx, const BackwardCall& call) {
     if (!trimmed) done = static_cast<const float*>(dkv_in);
   }
   Status st = be.BackwardEnd(c.dq, done, c.dk, c.dv);
+  if (st.ok() && c.dsinks_given) st = be.SinksGradient(c.sinks, c.dsinks);
   if (st.ok()) st = ctx.CheckNotAborted();
   return st.ok() ? st : ctx.Fail(st);
 }

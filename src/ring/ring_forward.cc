@@ -103,6 +103,8 @@ Status RingForward(Context& ctx, const ForwardCall& call) {
     if (step == 0) AddCompute(pack_time, &times[0]);
   }
   Status st = be.ForwardEnd(c.out, c.lse);
+  // The sinks join each finished row once, whatever the ring: after every block's merge.
+  if (st.ok() && c.sinks_given) st = be.ApplySinks(c.sinks, c.out, c.lse);
   if (st.ok()) st = ctx.CheckNotAborted();
   return st.ok() ? st : ctx.Fail(st);
 }

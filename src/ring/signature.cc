@@ -34,13 +34,13 @@ void MarkFailed(const Status& why, CallSignature* sig) {
 
 static std::string Describe(const CallSignature& s) {
   return Format(
-      "%s call #%llu (tag %#llx): %s %s, causal %d, scale %g, q [%lld, %lld, %lld, %lld], kv heads %lld, K/V blocks "
-      "as %s, %s",
+      "%s call #%llu (tag %#llx): %s %s, causal %d, scale %g, softcap %g, %s, q [%lld, %lld, %lld, %lld], kv heads "
+      "%lld, K/V blocks as %s, %s",
       RingOpName(static_cast<RingOp>(s.op)), static_cast<unsigned long long>(s.seq),
       static_cast<unsigned long long>(s.tag), DTypeName(static_cast<DType>(s.dtype)),
-      LayoutName(static_cast<stria_layout_t>(s.layout)), s.causal, static_cast<double>(s.scale), (long long)s.B,
-      (long long)s.L, (long long)s.Hq, (long long)s.D, (long long)s.Hkv,
-      KVWireFormatName(static_cast<KVWireFormat>(s.kv_wire)),
+      LayoutName(static_cast<stria_layout_t>(s.layout)), s.causal, static_cast<double>(s.scale),
+      static_cast<double>(s.softcap), s.sinks ? "sinks" : "no sinks", (long long)s.B, (long long)s.L, (long long)s.Hq,
+      (long long)s.D, (long long)s.Hkv, KVWireFormatName(static_cast<KVWireFormat>(s.kv_wire)),
       s.documents == 0
           ? "no document mask or window"
           : Format("document boundaries and window hashed %#llx", static_cast<unsigned long long>(s.documents))
@@ -50,7 +50,7 @@ static std::string Describe(const CallSignature& s) {
 static bool SameButTag(const CallSignature& a, const CallSignature& b) {
   return a.op == b.op && a.seq == b.seq && a.layout == b.layout && a.causal == b.causal && a.scale == b.scale &&
          a.dtype == b.dtype && a.B == b.B && a.L == b.L && a.Hq == b.Hq && a.Hkv == b.Hkv && a.D == b.D &&
-         a.kv_wire == b.kv_wire && a.documents == b.documents;
+         a.kv_wire == b.kv_wire && a.documents == b.documents && a.softcap == b.softcap && a.sinks == b.sinks;
 }
 
 static bool Same(const CallSignature& a, const CallSignature& b) {

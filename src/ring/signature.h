@@ -26,7 +26,9 @@ struct CallSignature {
   uint32_t kv_wire;  // KVWireFormat of the rank's backend for this call
   int64_t B, L, Hq, Hkv, D;
   uint64_t documents;  // Documents::Hash of the call's document mask (0: none)
-  char reason[96];
+  float softcap;       // 0: none
+  int32_t sinks;       // whether the call has attention sinks
+  char reason[88];
 };
 static_assert(sizeof(CallSignature) == 192, "the signature is exchanged as raw bytes");
 

@@ -33,6 +33,19 @@ void PrintTo(const BadCall& c, std::ostream* os) {
   *os << c.name;
 }
 
+// A 1-D tensor over static storage (a bad call's tensors must outlive the lambda that makes them).
+DLTensor Vector(void* data, int64_t* shape, DLDataType dtype = DLDataType{kDLFloat, 32, 1},
+                int64_t* strides = nullptr) {
+  DLTensor t{};
+  t.data = data;
+  t.device = DLDevice{kDLCPU, 0};
+  t.ndim = 1;
+  t.dtype = dtype;
+  t.shape = shape;
+  t.strides = strides;
+  return t;
+}
+
 std::vector<BadCall> BadCalls() {
   using F = std::function<stria_status_t(stria_context_t, RankTensors&)>;
   std::vector<BadCall> v;
@@ -329,6 +342,70 @@ std::vector<BadCall> BadCalls() {
   both("scale_negative", kInv, "softmax_scale", [](Call& a) { a.params.softmax_scale = -0.5f; });
   both("scale_inf", kInv, "softmax_scale", [](Call& a) { a.params.softmax_scale = INFINITY; });
   both("scale_minus_inf", kInv, "softmax_scale", [](Call& a) { a.params.softmax_scale = -INFINITY; });
+  both("softcap_nan", kInv, "softcap", [](Call& a) { a.params.softcap = NAN; });
+  both("softcap_negative", kInv, "softcap", [](Call& a) { a.params.softcap = -1.f; });
+  both("softcap_inf", kInv, "softcap", [](Call& a) { a.params.softcap = INFINITY; });
+  // The mask in params goes through the same checks as the _documents and _window arguments.
+  both("params_documents_decrease", kInv, "decreases", [](Call& a) {
+    a.params.cu_seqlens = docs_decrease;
+    a.params.num_seqs = 3;
+  });
+  both("params_documents_null", kInv, "cu_seqlens is NULL", [](Call& a) { a.params.num_seqs = 2; });
+  both("params_window_below_minus_1", kInv, "window_left -2", [](Call& a) { a.params.window_left = -2; });
+  // ... and is given one way only.
+  both("params_documents_and_documents_call", kInv, "one way", [](Call& a) {
+    a.Documents(docs_end_short, 1);
+    a.params.cu_seqlens = docs_end_short;
+    a.params.num_seqs = 1;
+  });
+  both("params_window_and_window_call", kInv, "one way", [](Call& a) {
+    a.Window(4, -1);
+    a.params.window_right = 2;
+  });
+  // Sinks: float32 [Hq], contiguous; their gradient likewise, and only with them.
+  both("sinks_wrong_length", kInv, "params->sinks has shape", [](Call& a) {
+    static float z[kHq + 1] = {};
+    static int64_t shape[1] = {kHq + 1};
+    static DLTensor t = Vector(z, shape);
+    a.params.sinks = &t;
+  });
+  both("sinks_float16", kInv, "params->sinks", [](Call& a) {
+    static uint16_t z[kHq] = {};
+    static int64_t shape[1] = {kHq};
+    static DLTensor t = Vector(z, shape, DLDataType{kDLFloat, 16, 1});
+    a.params.sinks = &t;
+  });
+  both("sinks_strided", kInv, "params->sinks", [](Call& a) {
+    static float z[2 * kHq] = {};
+    static int64_t shape[1] = {kHq}, strides[1] = {2};
+    static DLTensor t = Vector(z, shape, DLDataType{kDLFloat, 32, 1}, strides);
+    a.params.sinks = &t;
+  });
+  both("sinks_data_null", kInv, "params->sinks", [](Call& a) {
+    static int64_t shape[1] = {kHq};
+    static DLTensor t = Vector(nullptr, shape);
+    a.params.sinks = &t;
+  });
+  bwd("dsinks_without_sinks_bwd", kInv, "params->sinks is NULL", [](Call& a) {
+    static float dz[kHq] = {};
+    static int64_t shape[1] = {kHq};
+    static DLTensor t = Vector(dz, shape);
+    a.params.dsinks = &t;
+  });
+  bwd("dsinks_wrong_length_bwd", kInv, "params->dsinks has shape", [](Call& a) {
+    static float z[kHq] = {}, dz[kHq - 1] = {};
+    static int64_t shape[1] = {kHq}, dshape[1] = {kHq - 1};
+    static DLTensor t = Vector(z, shape), dt = Vector(dz, dshape);
+    a.params.sinks = &t;
+    a.params.dsinks = &dt;
+  });
+  bwd("dsinks_broadcast_bwd", kInv, "params->dsinks", [](Call& a) {
+    static float z[kHq] = {}, dz[1] = {};
+    static int64_t shape[1] = {kHq}, strides[1] = {0};
+    static DLTensor t = Vector(z, shape), dt = Vector(dz, shape, DLDataType{kDLFloat, 32, 1}, strides);
+    a.params.sinks = &t;
+    a.params.dsinks = &dt;
+  });
   both("layout_7", kInv, "layout", [](Call& a) { a.params.layout = static_cast<stria_layout_t>(7); });
   both("layout_minus_1", kInv, "layout", [](Call& a) { a.params.layout = static_cast<stria_layout_t>(-1); });
   // Zigzag needs an even number of tokens per rank (S % 2N == 0).

@@ -5,7 +5,9 @@
 // outputs are poisoned (NaN) before each run. Skips, saying why, where no GPU is present.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <mutex>
 #include <sstream>
 #include <tuple>
 
@@ -31,6 +33,7 @@ struct Case {
   Window window{};                // a sliding window (stria_attention_forward_window)
   bool deterministic = false;     // stria_context_set_deterministic, and a second backward that must repeat the bits
   int64_t plan_tile = 0;          // > 0: on a document plan of this tile (with docs), S = L * world - 1 for world > 1
+  bool sinks = false;             // attention sinks (params->sinks, in device memory) and their gradient
 };
 
 std::string Name(const Case& c) {
@@ -40,7 +43,8 @@ std::string Name(const Case& c) {
      << (c.kernels ? std::string("_") + c.kernels : "") << (c.stream ? "_stream" : "") << (c.strided ? "_strided" : "")
      << (c.spread ? "_2gpus" : "") << (c.docs > 0 ? "_docs" + std::to_string(c.docs) : "")
      << (c.device_docs ? "_ondevice" : "") << (c.window.active() ? "_window" + WindowName(c.window) : "")
-     << (c.deterministic ? "_deterministic" : "") << (c.plan_tile > 0 ? "_plan" + std::to_string(c.plan_tile) : "");
+     << (c.deterministic ? "_deterministic" : "") << (c.plan_tile > 0 ? "_plan" + std::to_string(c.plan_tile) : "")
+     << (c.sinks ? "_sinks" : "");
   return os.str();
 }
 
@@ -85,8 +89,19 @@ void RunCase(const Case& c) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
   const auto dod = dout.ToDouble();
   const std::vector<int64_t> documents = c.docs > 0 ? RandomDocuments(c.B, S, c.docs, rng) : std::vector<int64_t>();
+  // Sink logits around the rows' LSE, so that they matter; -inf (no sink) for head 1.
+  std::vector<double> sinks(static_cast<size_t>(c.Hq));
+  Tensor z({c.Hq}, Dt::kF32);
+  for (int64_t h = 0; h < c.Hq; ++h) {
+    sinks[static_cast<size_t>(h)] = h == 1 ? -INFINITY : 0.5 + 0.75 * static_cast<double>(h);
+    z.Set(h, sinks[static_cast<size_t>(h)]);
+  }
+  ScoreMods mods;
+  mods.sinks = c.sinks ? &sinks : nullptr;
   const Reference ref = DenseAttention(q.ToDouble(), k.ToDouble(), v.ToDouble(), &dod, c.B, S, c.Hq, c.Hkv, c.D,
-                                       c.causal, scale, c.docs > 0 ? &documents : nullptr, c.window);
+                                       c.causal, scale, c.docs > 0 ? &documents : nullptr, c.window, mods);
+  std::vector<double> dsinks(static_cast<size_t>(c.Hq), 0.0);
+  std::mutex dsinks_mu;
 
   GatheredResults full(c.layout, c.world, c.B, S, c.Hq, c.Hkv, c.D, c.dt);
   stria_plan_t plan = nullptr;  // destroyed at the end of the case
@@ -138,8 +153,13 @@ void RunCase(const Case& c) {
     Tensor dol = ShardHost(dout, c, r, plan, Ll);
     Tensor out({c.B, Ll, c.Hq, c.D}, c.dt), lse({c.B, c.Hq, Ll}, Dt::kF32);
     Tensor dq({c.B, Ll, c.Hq, c.D}, c.dt), dk({c.B, Ll, c.Hkv, c.D}, c.dt), dv({c.B, Ll, c.Hkv, c.D}, c.dt);
-    DeviceTensor dq_d(dq), dk_d(dk), dv_d(dv), out_d(out), lse_d(lse), do_d(dol);
-    for (DeviceTensor* t : {&dq_d, &dk_d, &dv_d, &out_d, &lse_d}) t->Poison();
+    DeviceTensor dq_d(dq), dk_d(dk), dv_d(dv), out_d(out), lse_d(lse), do_d(dol), z_d(z), dz_d(z);
+    for (DeviceTensor* t : {&dq_d, &dk_d, &dv_d, &out_d, &lse_d, &dz_d}) t->Poison();
+    stria_attention_params_t rank_params = params;  // with the rank's own sinks tensors
+    if (c.sinks) {
+      rank_params.sinks = &z_d.dl;
+      rank_params.dsinks = &dz_d.dl;
+    }
     Tensor packed = c.strided ? PackQKV(ql, kl, vl) : Tensor({1}, c.dt);
     DeviceTensor packed_d(packed), q_d(ql), k_d(kl), v_d(vl);
     std::vector<int64_t> qs{c.B, Ll, c.Hq, c.D}, ks{c.B, Ll, c.Hkv, c.D};
@@ -177,7 +197,7 @@ void RunCase(const Case& c) {
       EXPECT_EQ(stria_context_set_deterministic(ctx, 1), STRIA_SUCCESS) << stria_get_last_error();
     }
     auto backward = [&] {
-      return AttentionBackward(ctx, &params, documents, c.docs, &qv, &kv, &vv, &out_d.dl, &lse_d.dl, &do_d.dl, &dq_d.dl,
+      return AttentionBackward(ctx, &rank_params, documents, c.docs, &qv, &kv, &vv, &out_d.dl, &lse_d.dl, &do_d.dl, &dq_d.dl,
                                &dk_d.dl, &dv_d.dl, stream, c.window);
     };
     if (c.device_docs) {
@@ -191,15 +211,15 @@ void RunCase(const Case& c) {
       EXPECT_EQ(cudaMemsetAsync(cu, 0xff, bytes, stream), cudaSuccess);
       EXPECT_EQ(cudaMemcpyAsync(cu, documents.data(), bytes, cudaMemcpyHostToDevice, stream), cudaSuccess);
       fwd[static_cast<size_t>(r)] =
-          stria_attention_forward_documents(ctx, &params, cu, c.docs, &qv, &kv, &vv, &out_d.dl, &lse_d.dl, stream);
+          stria_attention_forward_documents(ctx, &rank_params, cu, c.docs, &qv, &kv, &vv, &out_d.dl, &lse_d.dl, stream);
       err = stria_get_last_error();
       bwd[static_cast<size_t>(r)] =
-          stria_attention_backward_documents(ctx, &params, cu, c.docs, &qv, &kv, &vv, &out_d.dl, &lse_d.dl, &do_d.dl,
+          stria_attention_backward_documents(ctx, &rank_params, cu, c.docs, &qv, &kv, &vv, &out_d.dl, &lse_d.dl, &do_d.dl,
                                              &dq_d.dl, &dk_d.dl, &dv_d.dl, stream);
       err += stria_get_last_error();
       EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);  // before docs_d is freed
     } else {
-      fwd[static_cast<size_t>(r)] = AttentionForward(ctx, &params, documents, c.docs, &qv, &kv, &vv, &out_d.dl,
+      fwd[static_cast<size_t>(r)] = AttentionForward(ctx, &rank_params, documents, c.docs, &qv, &kv, &vv, &out_d.dl,
                                                      &lse_d.dl, static_cast<void*>(stream), c.window);
       err += stria_get_last_error();
       if (c.plan_tile > 0 && c.world > 1) {
@@ -234,6 +254,12 @@ void RunCase(const Case& c) {
     }
     if (stream) cudaStreamDestroy(stream);
     full.Gather(r, out, lse, dq, dk, dv);
+    if (c.sinks) {
+      Tensor dz(z.shape, Dt::kF32);
+      dz_d.CopyTo(&dz);
+      std::lock_guard<std::mutex> lock(dsinks_mu);
+      for (int64_t h = 0; h < c.Hq; ++h) dsinks[static_cast<size_t>(h)] += dz.Get(h);
+    }
   });
   if (c.plan_tile > 0 && c.world > 1 && c.L >= 256) {  // blocks of more than two kernel tiles: some rows stay home
     uint64_t whole = 0, planned = 0;
@@ -250,6 +276,14 @@ void RunCase(const Case& c) {
   }
   const double tol = c.dt == Dt::kF32 ? 1e-5 : 2e-2;
   full.ExpectMatches(ref, tol, c.dt == Dt::kF32 ? 1e-5 : 1e-3);
+  // The sinks' gradient sums terms of either sign computed from the rounded outputs: measured
+  // against their magnitudes (exactly against the reference in float32).
+  if (c.sinks)
+    for (int64_t h = 0; h < c.Hq; ++h) {
+      const size_t i = static_cast<size_t>(h);
+      const double bar = c.dt == Dt::kF32 ? tol * std::abs(ref.dsinks[i]) + 1e-12 : tol * ref.dsinks_terms[i];
+      EXPECT_LE(std::abs(dsinks[i] - ref.dsinks[i]), bar) << "dsinks of head " << h;
+    }
 }
 
 class CudaRingVsReference : public ::testing::TestWithParam<Case> {};
@@ -514,6 +548,32 @@ std::vector<Case> DeterministicSweep() {
   return cases;
 }
 
+// Attention sinks on every family (SIMT for float32), through the ring, with documents, on a plan
+// (padding rows) and with the deterministic backward.
+std::vector<Case> SinksSweep() {
+  std::vector<Case> cases;
+  Case simt{3, STRIA_LAYOUT_STRIPED, true, Dt::kF32, 1, 40, 4, 2, 32};
+  cases.push_back(simt);
+  Case mma{2, STRIA_LAYOUT_ZIGZAG, false, Dt::kBF16, 1, 80, 4, 2, 64};
+  mma.kernels = "mma";
+  cases.push_back(mma);
+  Case docs{3, STRIA_LAYOUT_STRIPED, true, Dt::kF16, 2, 80, 4, 1, 64};
+  docs.docs = 4;
+  docs.deterministic = true;
+  cases.push_back(docs);
+  Case plan{3, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 1, 80, 4, 2, 64};
+  plan.docs = 5;
+  plan.plan_tile = 64;
+  cases.push_back(plan);
+  for (const char* k : {"wgmma", "tma"}) {
+    Case c{2, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 1, 80, 4, 2, 64};
+    c.kernels = k;
+    cases.push_back(c);
+  }
+  for (Case& c : cases) c.sinks = true;
+  return cases;
+}
+
 INSTANTIATE_TEST_SUITE_P(TensorCores, CudaRingVsReference, ::testing::ValuesIn(TensorCoreSweep()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaRingVsReference, ::testing::ValuesIn(ShapesAndPaths()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Wgmma, CudaRingVsReference, ::testing::ValuesIn(WgmmaSweep()), ParamName);
@@ -522,5 +582,6 @@ INSTANTIATE_TEST_SUITE_P(Windows, CudaRingVsReference, ::testing::ValuesIn(Windo
 INSTANTIATE_TEST_SUITE_P(Tma, CudaRingVsReference, ::testing::ValuesIn(TmaSweep()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Devices, CudaRingVsReference, ::testing::ValuesIn(TwoGpus()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Deterministic, CudaRingVsReference, ::testing::ValuesIn(DeterministicSweep()), ParamName);
+INSTANTIATE_TEST_SUITE_P(Sinks, CudaRingVsReference, ::testing::ValuesIn(SinksSweep()), ParamName);
 
 }  // namespace

@@ -25,7 +25,7 @@
 
 /* The CMake project reads the version from these three lines: they are the single source. */
 #define STRIA_VERSION_MAJOR 0
-#define STRIA_VERSION_MINOR 3
+#define STRIA_VERSION_MINOR 4
 #define STRIA_VERSION_PATCH 0
 #define STRIA_VERSION (STRIA_VERSION_MAJOR * 10000 + STRIA_VERSION_MINOR * 100 + STRIA_VERSION_PATCH)
 
@@ -151,9 +151,35 @@ typedef struct {
    * apply it, and a _documents or _window call must pass the same boundaries. The plan is read
    * during the call only; it may be shared by any number of contexts and threads. */
   stria_plan_t plan;
+  /* Extension, 0.4 (fields added at the end, as `plan` was): the whole attention of a call in this
+   * one struct, read by stria_attention_forward and stria_attention_backward alike.
+   *
+   * Documents: cu_seqlens and num_seqs as stria_attention_forward_documents takes them (NULL and 0:
+   * one document a batch row; with a plan, NULL takes the plan's boundaries). Window: window_left
+   * and window_right as stria_attention_forward_window takes them (-1: unbounded). The _documents
+   * and _window calls remain, and refuse params that set these fields too. */
+  const int64_t* cu_seqlens;
+  int64_t num_seqs;
+  int64_t window_left;
+  int64_t window_right;
+  /* Logit softcapping (Gemma 2's attn_logit_softcapping): 0 for none, or finite and > 0, when a score
+   * s = softmax_scale * q.k becomes softcap * tanh(s / softcap) before the mask. */
+  float softcap;
+  /* Attention sinks (gpt-oss): NULL, or a float32 tensor [Hq] of logits, one per query head, in the
+   * context's memory. Head h's logit z joins the softmax denominator of every row of head h once
+   * (whatever the ring) and carries no value: out = sum_j e^(s_j) v_j / (e^z + sum_j e^(s_j)); the
+   * LSE includes it, and a row that sees no key gives out 0 and LSE z. Every rank passes the same
+   * values. The backward takes the forward's sinks and writes dsinks. */
+  const DLTensor* sinks;
+  /* Backward with sinks: a float32 tensor [Hq] (the context's memory) that gets this rank's part of
+   * the sinks' gradient, summed over its rows and batch; the sum over ranks is the whole gradient,
+   * as for any weight every rank holds. NULL with sinks: the gradient is not computed. Unused by the
+   * forward. */
+  DLTensor* dsinks;
 } stria_attention_params_t;
 
-/* Fills the defaults: striped, causal, scale 1/sqrt(D), no plan. */
+/* Fills the defaults: striped, causal, scale 1/sqrt(D), no plan, no documents, no window, no
+ * softcap, no sinks. */
 STRIA_API stria_status_t stria_attention_params_init(stria_attention_params_t* params);
 
 /* q: [B, L, Hq, D]; k, v: [B, L, Hkv, D]; out like q; lse: [B, Hq, L] float32.

@@ -217,6 +217,7 @@ class CpuBackend final : public Backend {
       a->l = l_.f32() + bh * ps_.Lqp;
       a->shape = &ps_;
       a->mask = &batch_masks_[static_cast<size_t>(bh / s_.Hq)];
+      a->softcap2 = s_.softcap * cpu::kLog2e;
       a->scratch = scratch_.f32() + tid * scratch_floats_;
     };
     if (bf16_tiles_) {
@@ -271,6 +272,30 @@ class CpuBackend final : public Backend {
         const float inv = l > 0.f ? 1.f / l : 0.f;
         kern_.store_row(acc, s_.D, inv, static_cast<int>(s_.dtype), Row4(out, b, i, h));
         *Row3(lse, b, h, i) = l > 0.f ? (m + std::log2(l)) * cpu::kLn2 : kNegInf;
+      }
+    });
+    return Status::Ok();
+  }
+
+  Status ApplySinks(const TensorView& sinks, const TensorView& out_in, const TensorView& lse) override {
+    TensorView out = out_in;
+    const float* z = static_cast<const float*>(sinks.data);
+    pool_.ParallelFor(s_.B * s_.Hq, [&](int64_t bh, int) {
+      const int64_t b = bh / s_.Hq, h = bh % s_.Hq;
+      std::vector<float> o(static_cast<size_t>(s_.D));
+      for (int64_t i = 0; i < s_.L; ++i) {
+        float* l = Row3(lse, b, h, i);
+        float merged = std::numeric_limits<float>::quiet_NaN(), keep = merged;  // a NaN logit poisons the row
+        if (!std::isnan(z[h]) && !std::isnan(*l)) {
+          // log(e^lse + e^z) from the larger of the two; a row with no key keeps out 0 and gets z.
+          const float hi = std::max(*l, z[h]), lo = std::min(*l, z[h]);
+          merged = hi == kNegInf ? kNegInf : hi + std::log1p(std::exp(lo - hi));
+          keep = *l == kNegInf ? 0.f : std::exp(*l - merged);
+        }
+        char* row = Row4(out, b, i, h);
+        kern_.load_row(row, static_cast<int>(s_.dtype), s_.D, keep, o.data());
+        kern_.store_row(o.data(), s_.D, 1.f, static_cast<int>(s_.dtype), row);
+        *l = merged;
       }
     });
     return Status::Ok();
@@ -363,6 +388,7 @@ class CpuBackend final : public Backend {
         a->kt_stride = chunks_;
         a->shape = &ps_;
         a->mask = &batch_masks_[static_cast<size_t>(b)];
+        a->softcap2 = s_.softcap * cpu::kLog2e;
         a->scratch = scratch_.f32() + tid * scratch_floats_;
       };
       if (bf16_tiles_) {
@@ -431,6 +457,25 @@ class CpuBackend final : public Backend {
         kern_.store_row(src, s_.D, 1.f, static_cast<int>(s_.dtype), Row4(dk, b, j, h));
         kern_.store_row(src + per, s_.D, 1.f, static_cast<int>(s_.dtype), Row4(dv, b, j, h));
       }
+    });
+    return Status::Ok();
+  }
+
+  Status SinksGradient(const TensorView& sinks, const TensorView& dsinks) override {
+    const float* z = static_cast<const float*>(sinks.data);
+    float* dz = static_cast<float*>(dsinks.data);
+    pool_.ParallelFor(s_.Hq, [&](int64_t h, int) {
+      double sum = 0.0;  // rows in order, batch rows in order: the same bits every run
+      for (int64_t b = 0; b < s_.B; ++b) {
+        const int64_t bh = b * s_.Hq + h;
+        const float* lse2 = lse2_.f32() + bh * ps_.Lqp;
+        const float* delta = delta_.f32() + bh * ps_.Lqp;
+        for (int64_t i = 0; i < s_.L; ++i) {
+          if (lse2[i] == kNegInf) continue;  // no key and no sink (z = -inf): no gradient
+          sum += std::exp2(static_cast<double>(z[h]) * cpu::kLog2e - lse2[i]) * delta[i];
+        }
+      }
+      dz[h * dsinks.strides[0]] = static_cast<float>(-sum);
     });
     return Status::Ok();
   }

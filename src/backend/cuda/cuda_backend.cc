@@ -249,6 +249,9 @@ class CudaBackend final : public Backend {
                    "head dim %lld is not supported by the CUDA backend (supported: 1..%d; the tensor-core kernels "
                    "take 64 and 128 in float16/bfloat16, the others run on CUDA cores)",
                    static_cast<long long>(s.D), cuda::kMaxHeadDim);
+    if (s.softcap > 0.f)
+      return Error(STRIA_ERROR_UNSUPPORTED,
+                   "logit softcapping (params->softcap) runs on CPU contexts; the CUDA kernels do not apply it");
     if (s.B * s.Hq > 65535)
       return Error(STRIA_ERROR_UNSUPPORTED, "B*Hq = %lld exceeds the CUDA backend's 65535 (batch x heads per launch)",
                    static_cast<long long>(s.B * s.Hq));
@@ -418,6 +421,16 @@ class CudaBackend final : public Backend {
     return Status::Ok();
   }
 
+  Status ApplySinks(const TensorView& sinks, const TensorView& out, const TensorView& lse) override {
+    DeviceScope scope(device_);
+    STRIA_RETURN_IF_ERROR(scope.status());
+    Queued queued(this);
+    STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchSinksForward(ElemOf(s_.dtype), dims_, static_cast<const float*>(sinks.data),
+                                                        RowsW(out), static_cast<float*>(lse.data), lse.strides[0],
+                                                        lse.strides[1], lse.strides[2], stream_));
+    return Status::Ok();
+  }
+
   Status BackwardBegin(const AttentionShape& s, const TensorView& q, const TensorView& out, const TensorView& lse,
                        const TensorView& dout, void* stream) override {
     DeviceScope scope(device_);
@@ -515,6 +528,16 @@ class CudaBackend final : public Backend {
     if (grads_written_) return Status::Ok();
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchKvGradFinish(e, dims_, dkv, RowsW(dk), stream_));
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchKvGradFinish(e, dims_, dkv + per, RowsW(dv), stream_));
+    return Status::Ok();
+  }
+
+  // From BackwardBegin's per-row state: m_ holds lse2, l_ delta (BackwardPrepKernel).
+  Status SinksGradient(const TensorView& sinks, const TensorView& dsinks) override {
+    DeviceScope scope(device_);
+    STRIA_RETURN_IF_ERROR(scope.status());
+    Queued queued(this);
+    STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchSinksGrad(dims_, static_cast<const float*>(sinks.data), m_.f32(), l_.f32(),
+                                                     static_cast<float*>(dsinks.data), dsinks.strides[0], stream_));
     return Status::Ok();
   }
 
