@@ -413,6 +413,8 @@ class Context:
         cu_seqlens: Any = None,
         window: tuple[int, int] | None = None,
         plan: Any = None,
+        softcap: float | None = None,
+        sinks: Any = None,
         stream: int | None = None,
         call_tag: int = 0,
     ) -> tuple[Any, Any]:
@@ -430,6 +432,8 @@ class Context:
             cu_seqlens=cu_seqlens,
             window=window,
             plan=plan,
+            softcap=softcap,
+            sinks=sinks,
             stream=stream,
             call_tag=call_tag,
         )
@@ -452,10 +456,13 @@ class Context:
         cu_seqlens: Any = None,
         window: tuple[int, int] | None = None,
         plan: Any = None,
+        softcap: float | None = None,
+        sinks: Any = None,
+        dsinks: Any = None,
         stream: int | None = None,
         call_tag: int = 0,
         deterministic: bool | None = None,
-    ) -> tuple[Any, Any, Any]:
+    ) -> tuple[Any, ...]:
         """stria.attention_backward on this context."""
         return _ops.attention_backward(
             self,
@@ -474,6 +481,9 @@ class Context:
             cu_seqlens=cu_seqlens,
             window=window,
             plan=plan,
+            softcap=softcap,
+            sinks=sinks,
+            dsinks=dsinks,
             stream=stream,
             call_tag=call_tag,
             deterministic=deterministic,

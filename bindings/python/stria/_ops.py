@@ -30,9 +30,13 @@ def attention_params(
     causal: bool = True,
     softmax_scale: float | None = None,
     plan: Plan | None = None,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
 ) -> capi.stria_attention_params_t:
     """A stria_attention_params_t; softmax_scale None (or 0) means 1/sqrt(D); plan: a stria.Plan
-    the ring runs on instead of the layout."""
+    the ring runs on instead of the layout; window: ``(left, right)`` as sliding_window gives it
+    (None: no window); softcap: logit softcapping (None or 0: none). The fields that point at
+    memory (the documents, the sinks) go to the call beside it."""
     if not isinstance(causal, (bool, int, np.bool_, np.integer)):
         # A string or None would pass by its truth value ("no" is causal); say so instead.
         raise TypeError(f"causal must be a bool, not {type(causal).__name__} ({causal!r})")
@@ -45,6 +49,12 @@ def attention_params(
         if not isinstance(plan, Plan):
             raise TypeError(f"plan must be a stria.Plan or None, not {type(plan).__name__}")
         params.plan = plan.handle
+    if window is not None:
+        params.window_left, params.window_right = window
+    if softcap is not None:
+        if isinstance(softcap, bool) or not isinstance(softcap, (int, float, np.integer, np.floating)):
+            raise TypeError(f"softcap must be None or a number, not {type(softcap).__name__} ({softcap!r})")
+        params.softcap = float(softcap)
     return params
 
 
@@ -153,6 +163,8 @@ def attention_forward(
     cu_seqlens: Any = None,
     window: tuple[int, int] | None = None,
     plan: Plan | None = None,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
     stream: int | None = None,
     call_tag: int = 0,
 ) -> tuple[Tensor, Tensor]:
@@ -183,6 +195,14 @@ def attention_forward(
     plan (optional) is a stria.Plan: the ring runs on it instead of `layout` (tensors of its
     local_len slots, its batch size), and its boundaries are the document mask (cu_seqlens, if
     given, must be the same).
+
+    softcap (optional, > 0) caps the scores: s = softmax_scale * q.k becomes softcap * tanh(s / softcap)
+    before the mask (Gemma 2). CPU contexts.
+
+    sinks (optional) is a float32 ``[Hq]`` tensor of attention-sink logits, one per query head, on
+    the context's device: each joins its head's softmax denominators once and carries no value
+    (gpt-oss); lse includes it, and a row that sees no key gets out 0 and lse z. The same values on
+    every rank.
     """
     if out is None:
         out = empty_like(q, shape_of(q, "attention_forward", "q"), name="q")
@@ -191,17 +211,13 @@ def attention_forward(
     if stream is None:
         stream = default_stream(q)
     handle = _handle(ctx, "attention_forward")
-    params = attention_params(layout, causal, softmax_scale, plan)
-    docs = _documents_for(cu_seqlens, q, "attention_forward")
     win = sliding_window(window, "attention_forward")
+    params = attention_params(layout, causal, softmax_scale, plan, win, softcap)
+    docs = _documents_for(cu_seqlens, q, "attention_forward")
     tensors = [for_dlpack(x) for x in (q, k, v, out, lse)]
+    z = None if sinks is None else for_dlpack(sinks)
     _set_call_tag(handle, call_tag, "attention_forward")  # last, so that little can fail in between
-    if win is not None:
-        capi.stria_attention_forward_window(handle, params, *win, docs, *tensors, stream)
-    elif docs is None:
-        capi.stria_attention_forward(handle, params, *tensors, stream)
-    else:
-        capi.stria_attention_forward_documents(handle, params, docs, *tensors, stream)
+    capi.stria_py_attention_forward(handle, params, docs, *tensors, z, stream)
     return out, lse
 
 
@@ -223,15 +239,22 @@ def attention_backward(
     cu_seqlens: Any = None,
     window: tuple[int, int] | None = None,
     plan: Plan | None = None,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
+    dsinks: Tensor | None = None,
     stream: int | None = None,
     call_tag: int = 0,
     deterministic: bool | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Gradients of attention_forward: returns ``(dq, dk, dv)`` for this rank's q, k, v.
+) -> tuple[Tensor, ...]:
+    """Gradients of attention_forward: returns ``(dq, dk, dv)`` for this rank's q, k, v, and with
+    sinks ``(dq, dk, dv, dsinks)``.
 
     out and lse are the forward's; dout is the gradient of out. A collective like the forward,
-    with the same parameters (call_tag, cu_seqlens, window and plan as there). deterministic: the same
-    bits on every run for this call (None: the context's ``deterministic`` setting).
+    with the same parameters (call_tag, cu_seqlens, window, plan, softcap and sinks as there).
+    dsinks (float32 ``[Hq]``, allocated like sinks when not given) gets this rank's part of the
+    sinks' gradient, summed over its rows and batch: the sum over the ranks is the whole gradient
+    (reduce it as any weight every rank holds). deterministic: the same bits on every run for this
+    call (None: the context's ``deterministic`` setting).
     """
     if dq is None:
         dq = empty_like(q, shape_of(q, "attention_backward", "q"), name="q")
@@ -241,20 +264,19 @@ def attention_backward(
         dv = empty_like(v, shape_of(v, "attention_backward", "v"), name="v")
     if stream is None:
         stream = default_stream(q)
+    if sinks is not None and dsinks is None:
+        dsinks = empty_like(sinks, shape_of(sinks, "attention_backward", "sinks"), dtype="float32", name="sinks")
     handle = _handle(ctx, "attention_backward")
-    params = attention_params(layout, causal, softmax_scale, plan)
-    docs = _documents_for(cu_seqlens, q, "attention_backward")
     win = sliding_window(window, "attention_backward")
+    params = attention_params(layout, causal, softmax_scale, plan, win, softcap)
+    docs = _documents_for(cu_seqlens, q, "attention_backward")
     tensors = [for_dlpack(x) for x in (q, k, v, out, lse, dout, dq, dk, dv)]
+    z = None if sinks is None else for_dlpack(sinks)
+    dz = None if dsinks is None else for_dlpack(dsinks)
     apply_deterministic(ctx, ctx.deterministic if deterministic is None else bool(deterministic))
     _set_call_tag(handle, call_tag, "attention_backward")  # last, as in attention_forward
-    if win is not None:
-        capi.stria_attention_backward_window(handle, params, *win, docs, *tensors, stream)
-    elif docs is None:
-        capi.stria_attention_backward(handle, params, *tensors, stream)
-    else:
-        capi.stria_attention_backward_documents(handle, params, docs, *tensors, stream)
-    return dq, dk, dv
+    capi.stria_py_attention_backward(handle, params, docs, *tensors, z, dz, stream)
+    return (dq, dk, dv) if sinks is None else (dq, dk, dv, dsinks)
 
 
 def positions(layout: LayoutLike, seq_len: int, world_size: int, rank: int) -> np.ndarray:

@@ -65,10 +65,12 @@ def _op_args(
     cu_seqlens: Any = None,
     window: Any = None,
     plan: Any = None,
+    softcap: float | None = None,
+    sinks: Any = None,
 ) -> tuple:
     """The operators' arguments after their tensors: the context's key, the parameters, the
     document boundaries (an int64 CPU tensor, or None), the sliding window's two sides (-1:
-    unbounded) and the plan's key (0: none)."""
+    unbounded), the plan's key (0: none), the softcap (0: none) and the sinks (float32, or None)."""
     if not isinstance(context, Context):
         raise TypeError(f"{func}(): argument 'context' must be a stria.Context, not {type(context).__name__}")
     if cu_seqlens is not None:
@@ -84,7 +86,15 @@ def _op_args(
     if plan is not None and not isinstance(plan, Plan):
         raise TypeError(f"{func}(): plan must be a stria.Plan or None, not {type(plan).__name__}")
     plan_key = 0 if plan is None else plan._key
-    return (context._key, int(Layout.of(layout)), bool(causal), scale, cu_seqlens, left, right, plan_key)
+    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))):
+        raise TypeError(f"{func}(): softcap must be None or a number, not {type(softcap).__name__} ({softcap!r})")
+    cap = 0.0 if softcap is None else float(softcap)
+    if sinks is not None:
+        _check_tensor(func, "sinks", sinks)
+        # float32, as the library takes them: the cast is autograd's, so the gradient comes back in
+        # the sinks' own dtype.
+        sinks = _last_dim_contiguous(sinks.to(torch.float32))
+    return (context._key, int(Layout.of(layout)), bool(causal), scale, cu_seqlens, left, right, plan_key, cap, sinks)
 
 
 def _custom_op(name: str) -> Any:
@@ -121,10 +131,13 @@ def _forward_op(
     window_left: int = -1,
     window_right: int = -1,
     plan: int = 0,
+    softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,  # noqa: UP045 - as cu_seqlens
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """stria_attention_forward on the context of key `context`: (out, lse), new and compact.
     softmax_scale 0 is 1/sqrt(D); cu_seqlens: the document boundaries (int64, CPU) or None;
-    window_left/right: the sliding window (-1, -1: none); plan: a stria.Plan's key (0: none)."""
+    window_left/right: the sliding window (-1, -1: none); plan: a stria.Plan's key (0: none);
+    softcap: logit softcapping (0: none); sinks: float32 [Hq] sink logits, or None."""
     ctx = context_of_key(context, "stria.torch attention_forward")
     the_plan = plan_of_key(plan, "stria.torch attention_forward") if plan else None
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))  # as a compiled graph may lay them out
@@ -143,6 +156,8 @@ def _forward_op(
         cu_seqlens=cu_seqlens,
         window=(window_left, window_right),
         plan=the_plan,
+        softcap=softcap,
+        sinks=sinks,
     )
     return out, lse
 
@@ -163,12 +178,16 @@ def _backward_op(
     window_left: int = -1,
     window_right: int = -1,
     plan: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """stria_attention_backward on the context of key `context`: (dq, dk, dv), new and compact."""
+    softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,  # noqa: UP045 - as in _forward_op
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """stria_attention_backward on the context of key `context`: (dq, dk, dv, dsinks), new and
+    compact; dsinks is this rank's part of the sinks' gradient, or empty without sinks."""
     ctx = context_of_key(context, "stria.torch attention_backward")
     the_plan = plan_of_key(plan, "stria.torch attention_backward") if plan else None
     q, k, v, out, dout = (_last_dim_contiguous(x) for x in (q, k, v, out, dout))
     dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+    dsinks = torch.empty((0,) if sinks is None else sinks.shape, dtype=torch.float32, device=q.device)
     _ops.attention_backward(
         ctx,
         q,
@@ -186,11 +205,14 @@ def _backward_op(
         cu_seqlens=cu_seqlens,
         window=(window_left, window_right),
         plan=the_plan,
+        softcap=softcap,
+        sinks=sinks,
+        dsinks=None if sinks is None else dsinks,
         # torch.use_deterministic_algorithms(True) asks every operator for the same bits each run;
         # otherwise (None) the context's own setting decides, as for any call.
         deterministic=True if torch.are_deterministic_algorithms_enabled() else None,
     )
-    return dq, dk, dv
+    return dq, dk, dv, dsinks
 
 
 if hasattr(_forward_op, "register_fake"):
@@ -199,14 +221,15 @@ if hasattr(_forward_op, "register_fake"):
 
     @_forward_op.register_fake
     def _forward_fake(q, k, v, context, layout, causal, softmax_scale, cu_seqlens=None, window_left=-1,  # noqa: ANN001, ANN202
-                      window_right=-1, plan=0):
+                      window_right=-1, plan=0, softcap=0.0, sinks=None):
         lse = q.new_empty(_lse_shape(q, "attention_forward"), dtype=torch.float32)
         return q.new_empty(q.shape), lse
 
     @_backward_op.register_fake
     def _backward_fake(q, k, v, out, lse, dout, context, layout, causal, softmax_scale, cu_seqlens=None,  # noqa: ANN001, ANN202
-                       window_left=-1, window_right=-1, plan=0):
-        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+                       window_left=-1, window_right=-1, plan=0, softcap=0.0, sinks=None):
+        dsinks = q.new_empty((0,) if sinks is None else sinks.shape, dtype=torch.float32)
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
 
 
 class _NoSecondOrder(torch.autograd.Function):
@@ -242,8 +265,8 @@ def _guard_second_order(grads: tuple[torch.Tensor, ...], *sources: torch.Tensor)
 class RingAttentionFunction(torch.autograd.Function):
     """Exact attention over the sharded sequence; forward and backward are stria collectives.
 
-    apply(q, k, v, context, layout, causal, softmax_scale, cu_seqlens=None, window=None, plan=None) -> out, in
-    stria's [B, L, H, D].
+    apply(q, k, v, context, layout, causal, softmax_scale, cu_seqlens=None, window=None, plan=None, softcap=None,
+    sinks=None) -> out, in stria's [B, L, H, D].
     """
 
     @staticmethod
@@ -259,9 +282,13 @@ class RingAttentionFunction(torch.autograd.Function):
         cu_seqlens: Any = None,
         window: Any = None,
         plan: Any = None,
+        softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
-        args = _op_args("RingAttentionFunction", context, layout, causal, softmax_scale, cu_seqlens, window, plan)
+        args = _op_args(
+            "RingAttentionFunction", context, layout, causal, softmax_scale, cu_seqlens, window, plan, softcap, sinks
+        )
         out, lse = _forward_op(q, k, v, *args)
         fctx.save_for_backward(q, k, v, out, lse)
         fctx.stria_args = args
@@ -271,14 +298,21 @@ class RingAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(fctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        return (*_gradients(*fctx.saved_tensors, dout, fctx.stria_args), None, None, None, None, None, None, None)
+        dq, dk, dv, dsinks = _gradients(*fctx.saved_tensors, dout, fctx.stria_args)
+        # The sinks' gradient for their float32 copy (an input of this function's apply only
+        # through the args: _op_args made it), handed back through the cast by torch.
+        return (dq, dk, dv, None, None, None, None, None, None, None, None, dsinks)
 
 
-def _gradients(q, k, v, out, lse, dout, args) -> tuple[torch.Tensor, ...]:  # noqa: ANN001
-    """dq, dk, dv of the forward that saved (q, k, v, out, lse) for the operator arguments args."""
+def _gradients(q, k, v, out, lse, dout, args) -> tuple[torch.Tensor | None, ...]:  # noqa: ANN001
+    """dq, dk, dv and dsinks (None without sinks) of the forward that saved (q, k, v, out, lse)
+    for the operator arguments args."""
     with torch.no_grad():
         grads = _backward_op(q, k, v, out, lse, _last_dim_contiguous(dout), *args)
-    return _guard_second_order(grads, q, k, v, dout)
+    sinks = args[-1]
+    if sinks is None:
+        return (*_guard_second_order(grads[:3], q, k, v, dout), None)
+    return _guard_second_order(grads, q, k, v, dout, sinks)
 
 
 def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
@@ -298,7 +332,8 @@ def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
 
 
 def _op_backward(ctx: Any, dout: torch.Tensor, dlse: Any) -> tuple[torch.Tensor | None, ...]:
-    return (*_gradients(*ctx.saved_tensors, dout, ctx.stria_args), *(None,) * len(ctx.stria_args))
+    dq, dk, dv, dsinks = _gradients(*ctx.saved_tensors, dout, ctx.stria_args)
+    return (dq, dk, dv, *(None,) * (len(ctx.stria_args) - 1), dsinks)  # the sinks are the last argument
 
 
 # torch.compile traces through an operator's registered autograd; it refuses an
@@ -340,6 +375,8 @@ def ring_attention(
     cu_seqlens: Any = None,
     window: tuple[int, int] | None = None,
     plan: Plan | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of this rank's q ``[B, L, Hq, D]`` over the whole sequence's k, v
     ``[B, L, Hkv, D]`` (each rank holds its L tokens in `layout`); returns ``[B, L, Hq, D]``.
@@ -354,15 +391,19 @@ def ring_attention(
     instead of `layout` (each rank's tensors hold its plan.local_len slots: plan.shard, and
     plan.positions for position ids and labels; its boundaries are the document mask). Under
     torch.autocast, floating-point q, k and v are cast to the autocast dtype first, as torch's
-    own attention is."""
+    own attention is. softcap (CPU contexts): the scores s become softcap * tanh(s / softcap)
+    (Gemma 2's attn_logit_softcapping). sinks: a ``[Hq]`` tensor of attention-sink logits, one
+    per query head (gpt-oss's ``sinks``), computed in float32 and differentiable: each rank's
+    backward gives its rows' share of their gradient, which sums over the ranks as for any weight
+    the ranks share."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_tensor("ring_attention", name, x)
     q, k, v = _autocast(q, k, v)
     if not _HAS_OP_AUTOGRAD:
         return RingAttentionFunction.apply(
-            q, k, v, context, Layout.of(layout), bool(causal), softmax_scale, cu_seqlens, window, plan
+            q, k, v, context, Layout.of(layout), bool(causal), softmax_scale, cu_seqlens, window, plan, softcap, sinks
         )
-    args = _op_args("ring_attention", context, layout, causal, softmax_scale, cu_seqlens, window, plan)
+    args = _op_args("ring_attention", context, layout, causal, softmax_scale, cu_seqlens, window, plan, softcap, sinks)
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
     return _forward_op(q, k, v, *args)[0]
 
@@ -382,6 +423,8 @@ def scaled_dot_product_attention(
     cu_seqlens: Any = None,
     window: tuple[int, int] | None = None,
     plan: Plan | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """torch.nn.functional.scaled_dot_product_attention over a sequence sharded across the ranks
     of `context`: query ``[B, Hq, L, D]``, key/value ``[B, Hkv, L, D]`` hold this rank's L tokens
@@ -395,8 +438,8 @@ def scaled_dot_product_attention(
     scale, which torch takes literally, raises ValueError rather than computing something else:
     stria's C ABI reserves 0 for its default 1/sqrt(D) and takes only positive scales.
 
-    cu_seqlens: packed documents, window: a sliding window, and plan: a document plan, as in
-    ring_attention.
+    cu_seqlens: packed documents, window: a sliding window, plan: a document plan, softcap:
+    logit softcapping and sinks: attention-sink logits, as in ring_attention.
     """
     for name, x in (("query", query), ("key", key), ("value", value)):
         _check_tensor("scaled_dot_product_attention", name, x)
@@ -437,6 +480,8 @@ def scaled_dot_product_attention(
         cu_seqlens=cu_seqlens,
         window=window,
         plan=plan,
+        softcap=softcap,
+        sinks=sinks,
     )
     return out.transpose(1, 2)
 

@@ -454,7 +454,71 @@ STRIA_RELEASE_GIL(stria_plan_analyze_balance)
   free($1);
 }
 
+/* ---- the attention calls, everything in params --------------------------------------------- */
+/* Python holds no C pointers: the fields of stria_attention_params_t that point at memory (the
+ * document boundaries, the sinks and their gradient) are not attributes here. stria_py_attention_
+ * forward and _backward take that memory as arguments instead, set the fields to it for the call
+ * only, and run stria_attention_forward / _backward: one call for every mask (documents, window,
+ * plan) and score modification (softcap, sinks). cu_seqlens takes the typemap above; sinks and
+ * dsinks are a DLPack object or None. */
+%ignore stria_attention_params_t::cu_seqlens;
+%ignore stria_attention_params_t::num_seqs;
+%ignore stria_attention_params_t::sinks;
+%ignore stria_attention_params_t::dsinks;
+%typemap(in) const DLTensor* sinks (PyObject* keep = NULL) {
+  $1 = NULL;
+  if ($input != Py_None) {
+    $1 = stria_py_dltensor($input, 0, "$symname", "sinks", &keep);
+    if (!$1) SWIG_fail;
+  }
+}
+%typemap(in) DLTensor* dsinks (PyObject* keep = NULL) {
+  $1 = NULL;
+  if ($input != Py_None) {
+    $1 = stria_py_dltensor($input, 1, "$symname", "dsinks", &keep);
+    if (!$1) SWIG_fail;
+  }
+}
 %include "stria/stria.h"
+
+STRIA_RELEASE_GIL(stria_py_attention_forward)
+STRIA_RELEASE_GIL(stria_py_attention_backward)
+%{
+/* params with its pointer fields set for one call; params itself when it is not the whole struct
+ * (NULL, or uninitialised: the library names the problem). */
+static const stria_attention_params_t* stria_py_params(const stria_attention_params_t* params,
+                                                       const int64_t* cu_seqlens, int64_t num_seqs,
+                                                       const DLTensor* sinks, DLTensor* dsinks,
+                                                       stria_attention_params_t* copy) {
+  if (params == NULL || params->struct_size != sizeof *copy) return params;
+  *copy = *params;
+  copy->cu_seqlens = cu_seqlens;
+  copy->num_seqs = num_seqs;
+  copy->sinks = sinks;
+  copy->dsinks = dsinks;
+  return copy;
+}
+%}
+%inline %{
+stria_status_t stria_py_attention_forward(stria_context_t ctx, const stria_attention_params_t* params,
+                                          const int64_t* cu_seqlens, int64_t num_seqs, const DLTensor* q,
+                                          const DLTensor* k, const DLTensor* v, DLTensor* out, DLTensor* lse,
+                                          const DLTensor* sinks, void* stream) {
+  stria_attention_params_t copy;
+  return stria_attention_forward(ctx, stria_py_params(params, cu_seqlens, num_seqs, sinks, NULL, &copy), q, k, v,
+                                 out, lse, stream);
+}
+stria_status_t stria_py_attention_backward(stria_context_t ctx, const stria_attention_params_t* params,
+                                           const int64_t* cu_seqlens, int64_t num_seqs, const DLTensor* q,
+                                           const DLTensor* k, const DLTensor* v, const DLTensor* out,
+                                           const DLTensor* lse, const DLTensor* dout, DLTensor* dq, DLTensor* dk,
+                                           DLTensor* dv, const DLTensor* sinks, DLTensor* dsinks, void* stream) {
+  stria_attention_params_t copy;
+  return stria_attention_backward(ctx, stria_py_params(params, cu_seqlens, num_seqs, sinks, dsinks, &copy), q, k,
+                                  v, out, lse, dout, dq, dk, dv, stream);
+}
+%}
+
 
 %pythoncode %{
 # The exception classes are created by the extension (errors.i); they are part of this module too.

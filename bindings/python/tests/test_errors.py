@@ -125,7 +125,7 @@ def test_backward_with_a_wrong_lse(ctx):
 
 def test_not_a_tensor(ctx):
     q, k, v = tensors()
-    with pytest.raises(TypeError, match=r"stria_attention_forward\(\): argument 'v' must be a tensor"):
+    with pytest.raises(TypeError, match=r"attention_forward\(\): argument 'v' must be a tensor"):
         ctx.attention_forward(q, k, [[1.0]])
 
 

@@ -219,13 +219,13 @@ def test_sdpa_shaped_function_matches_torch_sdpa(n, layout, causal):
 def test_sdpa_views_reach_the_library_without_a_copy(monkeypatch):
     """SDPA's [B, H, L, D] tensors are handed to stria as transposed views of the same memory."""
     seen = []
-    forward = stria.capi.stria_attention_forward
+    forward = stria.capi.stria_py_attention_forward
 
-    def spy(ctx, params, q, k, v, out, lse, stream=None):
+    def spy(ctx, params, cu_seqlens, q, k, v, out, lse, sinks, stream=None):
         seen.extend((t.data_ptr(), t.stride()) for t in (q, k, v))
-        return forward(ctx, params, q, k, v, out, lse, stream)
+        return forward(ctx, params, cu_seqlens, q, k, v, out, lse, sinks, stream)
 
-    monkeypatch.setattr(stria.capi, "stria_attention_forward", spy)
+    monkeypatch.setattr(stria.capi, "stria_py_attention_forward", spy)
     qkv = torch.randn(1, 3, 16, 3 * D)  # [B, H, L, 3D]: q, k, v are slices of one projection
     q, k, v = qkv.split(D, dim=-1)
     with stria.Context(timeout_s=TIMEOUT_S) as ctx:
