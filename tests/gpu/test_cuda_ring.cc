@@ -197,8 +197,8 @@ void RunCase(const Case& c) {
       EXPECT_EQ(stria_context_set_deterministic(ctx, 1), STRIA_SUCCESS) << stria_get_last_error();
     }
     auto backward = [&] {
-      return AttentionBackward(ctx, &rank_params, documents, c.docs, &qv, &kv, &vv, &out_d.dl, &lse_d.dl, &do_d.dl, &dq_d.dl,
-                               &dk_d.dl, &dv_d.dl, stream, c.window);
+      return AttentionBackward(ctx, &rank_params, documents, c.docs, &qv, &kv, &vv, &out_d.dl, &lse_d.dl, &do_d.dl,
+                               &dq_d.dl, &dk_d.dl, &dv_d.dl, stream, c.window);
     };
     if (c.device_docs) {
       // Garbage first (all ones: -1, which stria refuses), then the boundaries, queued on the
@@ -214,8 +214,8 @@ void RunCase(const Case& c) {
           stria_attention_forward_documents(ctx, &rank_params, cu, c.docs, &qv, &kv, &vv, &out_d.dl, &lse_d.dl, stream);
       err = stria_get_last_error();
       bwd[static_cast<size_t>(r)] =
-          stria_attention_backward_documents(ctx, &rank_params, cu, c.docs, &qv, &kv, &vv, &out_d.dl, &lse_d.dl, &do_d.dl,
-                                             &dq_d.dl, &dk_d.dl, &dv_d.dl, stream);
+          stria_attention_backward_documents(ctx, &rank_params, cu, c.docs, &qv, &kv, &vv, &out_d.dl, &lse_d.dl,
+                                             &do_d.dl, &dq_d.dl, &dk_d.dl, &dv_d.dl, stream);
       err += stria_get_last_error();
       EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);  // before docs_d is freed
     } else {
