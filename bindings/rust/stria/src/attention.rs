@@ -1,5 +1,7 @@
 //! Ring attention, forward and backward (DESIGN.md, "Tensors" and "The ring").
 
+use std::fmt;
+use std::marker::PhantomData;
 use std::os::raw::{c_int, c_void};
 
 use stria_sys as sys;
@@ -64,6 +66,46 @@ impl<'a> Documents<'a> {
     }
 }
 
+/// Attention-sink logits (gpt-oss's `sinks`): a float32 `[Hq]` tensor, one logit z per query head,
+/// in the context's memory. Head h's z joins the softmax denominator of each of its rows once,
+/// whatever the ring, and carries no value: out = Σ e^s·v / (e^z + Σ e^s); the LSE includes it,
+/// and a row that sees no key gets out 0 and LSE z. Every rank passes the same values.
+#[derive(Clone, Copy)]
+pub struct Sinks<'a> {
+    dl: sys::DLTensor,
+    logits: PhantomData<&'a ()>,
+}
+
+impl<'a> Sinks<'a> {
+    /// The logits in `logits` (borrowed while the params are used; the library checks the shape
+    /// and dtype).
+    pub fn new(logits: &'a impl Input) -> Self {
+        Sinks {
+            dl: logits.dl_tensor(),
+            logits: PhantomData,
+        }
+    }
+}
+
+impl fmt::Debug for Sinks<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sinks").field("data", &self.dl.data).finish()
+    }
+}
+
+impl PartialEq for Sinks<'_> {
+    /// The same logits: the same memory.
+    fn eq(&self, other: &Self) -> bool {
+        self.dl.data == other.dl.data && self.dl.byte_offset == other.dl.byte_offset
+    }
+}
+
+// SAFETY: a Sinks is a read-only view of memory borrowed (for 'a) from an `Input`, which the
+// library only reads during a call; sharing or sending that view between threads is as safe as
+// sharing the borrow `&'a impl Input` it came from.
+unsafe impl Send for Sinks<'_> {}
+unsafe impl Sync for Sinks<'_> {}
+
 /// The settings every rank of a call must share.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttentionParams<'a> {
@@ -87,10 +129,17 @@ pub struct AttentionParams<'a> {
     /// plan's boundaries: `documents` may stay `None`, and if set must be the same boundaries.
     /// `window` applies as without a plan.
     pub plan: Option<&'a Plan>,
+    /// Logit softcapping (Gemma 2's `attn_logit_softcapping`): a score s = scale·q·k becomes
+    /// cap·tanh(s / cap) before the mask; `None` (or 0): none. CPU contexts.
+    pub softcap: Option<f32>,
+    /// Attention sinks; `None`: none. Their gradient comes from
+    /// [`backward_with_sinks_grad`](Context::backward_with_sinks_grad).
+    pub sinks: Option<Sinks<'a>>,
 }
 
 impl Default for AttentionParams<'_> {
-    /// The library's defaults: striped, causal, 1/√D, one document, no plan.
+    /// The library's defaults: striped, causal, 1/√D, one document, no window, no plan, no
+    /// softcap, no sinks.
     fn default() -> Self {
         AttentionParams {
             layout: Layout::Striped,
@@ -99,21 +148,43 @@ impl Default for AttentionParams<'_> {
             documents: None,
             window: None,
             plan: None,
+            softcap: None,
+            sinks: None,
         }
     }
 }
 
 impl AttentionParams<'_> {
-    fn raw(&self) -> sys::stria_attention_params_t {
+    /// The whole call in the library's struct: the mask (`documents`, the rows documents_for
+    /// made, which must outlive the call; the window) and the scores' modifications with it, so
+    /// that every call is one stria_attention_forward or _backward. `sinks` and `sinks_grad` point
+    /// at DLTensors that must outlive the call too.
+    fn raw(
+        &self,
+        documents: &Option<(Vec<i64>, i64)>,
+        sinks: Option<&sys::DLTensor>,
+        sinks_grad: Option<&mut sys::DLTensor>,
+    ) -> sys::stria_attention_params_t {
         // Every field set here, struct_size from this crate's own struct: stria_attention_params_init
         // writes the loaded library's sizeof, and a newer library's struct may have grown past
         // this one (stria.h lets it), so it would write, and then read, past the end.
+        let (cu_seqlens, num_seqs) = documents
+            .as_ref()
+            .map_or((std::ptr::null(), 0), |(rows, n)| (rows.as_ptr(), *n));
+        let (window_left, window_right) = self.window.unwrap_or((-1, -1));
         sys::stria_attention_params_t {
             struct_size: std::mem::size_of::<sys::stria_attention_params_t>(),
             layout: self.layout.raw(),
             causal: c_int::from(self.causal),
             softmax_scale: self.softmax_scale.unwrap_or(0.0),
             plan: self.plan.map_or(std::ptr::null_mut(), Plan::raw),
+            cu_seqlens,
+            num_seqs,
+            window_left,
+            window_right,
+            softcap: self.softcap.unwrap_or(0.0),
+            sinks: sinks.map_or(std::ptr::null(), |t| t as *const sys::DLTensor),
+            dsinks: sinks_grad.map_or(std::ptr::null_mut(), |t| t as *mut sys::DLTensor),
         }
     }
 
@@ -134,18 +205,6 @@ impl AttentionParams<'_> {
         };
         docs.rows(batch).map(Some)
     }
-
-    /// The window the library takes: `None` for none (the library checks the sides).
-    fn window_sides(&self) -> Option<(i64, i64)> {
-        self.window.filter(|&w| w != (-1, -1))
-    }
-}
-
-/// The boundaries of a `_window` call: the rows and their count, or NULL and 0 for none.
-fn rows_or_null(documents: &Option<(Vec<i64>, i64)>) -> (*const i64, i64) {
-    documents
-        .as_ref()
-        .map_or((std::ptr::null(), 0), |(rows, n)| (rows.as_ptr(), *n))
 }
 
 impl Context {
@@ -209,43 +268,21 @@ impl Context {
     ) -> Result<()> {
         let (q, k, v) = (q.dl_tensor(), k.dl_tensor(), v.dl_tensor());
         let documents = params.documents_for(&q)?;
-        let window = params.window_sides();
-        let params = params.raw();
+        let sinks = params.sinks.map(|z| z.dl);
+        let params = params.raw(&documents, sinks.as_ref(), None);
         let (mut out, mut lse) = (out.dl_tensor_mut(), lse.dl_tensor_mut());
         // The DLTensors describe memory borrowed for this call: inputs read, outputs written
         // (distinct from the inputs, or the borrows would not have compiled).
-        if let Some((left, right)) = window {
-            let (rows, n) = rows_or_null(&documents);
-            return check(sys::stria_attention_forward_window(
-                self.raw(),
-                &params,
-                left,
-                right,
-                rows,
-                n,
-                &q,
-                &k,
-                &v,
-                &mut out,
-                &mut lse,
-                stream,
-            ));
-        }
-        check(match &documents {
-            None => sys::stria_attention_forward(self.raw(), &params, &q, &k, &v, &mut out, &mut lse, stream),
-            Some((rows, n)) => sys::stria_attention_forward_documents(
-                self.raw(),
-                &params,
-                rows.as_ptr(),
-                *n,
-                &q,
-                &k,
-                &v,
-                &mut out,
-                &mut lse,
-                stream,
-            ),
-        })
+        check(sys::stria_attention_forward(
+            self.raw(),
+            &params,
+            &q,
+            &k,
+            &v,
+            &mut out,
+            &mut lse,
+            stream,
+        ))
     }
 
     /// The backward pass, collectively: from the forward's `q`, `k`, `v`, `out`, `lse` and the
@@ -287,64 +324,86 @@ impl Context {
         dv: &mut impl Output,
         stream: *mut c_void,
     ) -> Result<()> {
+        self.backward_raw(params, q, k, v, out, lse, dout, dq, dk, dv, None, stream)
+    }
+
+    /// [`backward`](Context::backward) that also writes `dsinks` (float32 `[Hq]`, like the sinks):
+    /// this rank's part of the gradient of `params.sinks`, summed over its rows and batch. The sum
+    /// over the ranks is the whole gradient, as for any weight every rank holds.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_with_sinks_grad(
+        &mut self,
+        params: &AttentionParams,
+        q: &impl Input,
+        k: &impl Input,
+        v: &impl Input,
+        out: &impl Input,
+        lse: &impl Input,
+        dout: &impl Input,
+        dq: &mut impl Output,
+        dk: &mut impl Output,
+        dv: &mut impl Output,
+        dsinks: &mut impl Output,
+    ) -> Result<()> {
+        // SAFETY: as in forward.
+        unsafe {
+            self.backward_raw(
+                params,
+                q,
+                k,
+                v,
+                out,
+                lse,
+                dout,
+                dq,
+                dk,
+                dv,
+                Some(dsinks.dl_tensor_mut()),
+                std::ptr::null_mut(),
+            )
+        }
+    }
+
+    /// The backward with an optional sinks' gradient: one stria_attention_backward.
+    ///
+    /// # Safety
+    /// As [`forward_on_stream`](Context::forward_on_stream); `dsinks` describes memory borrowed
+    /// mutably for the call.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn backward_raw(
+        &mut self,
+        params: &AttentionParams,
+        q: &impl Input,
+        k: &impl Input,
+        v: &impl Input,
+        out: &impl Input,
+        lse: &impl Input,
+        dout: &impl Input,
+        dq: &mut impl Output,
+        dk: &mut impl Output,
+        dv: &mut impl Output,
+        mut dsinks: Option<sys::DLTensor>,
+        stream: *mut c_void,
+    ) -> Result<()> {
         let (q, k, v) = (q.dl_tensor(), k.dl_tensor(), v.dl_tensor());
         let documents = params.documents_for(&q)?;
-        let window = params.window_sides();
-        let params = params.raw();
+        let sinks = params.sinks.map(|z| z.dl);
+        let params = params.raw(&documents, sinks.as_ref(), dsinks.as_mut());
         let (out, lse, dout) = (out.dl_tensor(), lse.dl_tensor(), dout.dl_tensor());
         let (mut dq, mut dk, mut dv) = (dq.dl_tensor_mut(), dk.dl_tensor_mut(), dv.dl_tensor_mut());
-        if let Some((left, right)) = window {
-            let (rows, n) = rows_or_null(&documents);
-            return check(sys::stria_attention_backward_window(
-                self.raw(),
-                &params,
-                left,
-                right,
-                rows,
-                n,
-                &q,
-                &k,
-                &v,
-                &out,
-                &lse,
-                &dout,
-                &mut dq,
-                &mut dk,
-                &mut dv,
-                stream,
-            ));
-        }
-        check(match &documents {
-            None => sys::stria_attention_backward(
-                self.raw(),
-                &params,
-                &q,
-                &k,
-                &v,
-                &out,
-                &lse,
-                &dout,
-                &mut dq,
-                &mut dk,
-                &mut dv,
-                stream,
-            ),
-            Some((rows, n)) => sys::stria_attention_backward_documents(
-                self.raw(),
-                &params,
-                rows.as_ptr(),
-                *n,
-                &q,
-                &k,
-                &v,
-                &out,
-                &lse,
-                &dout,
-                &mut dq,
-                &mut dk,
-                &mut dv,
-                stream,
-            ),
-        })
+        check(sys::stria_attention_backward(
+            self.raw(),
+            &params,
+            &q,
+            &k,
+            &v,
+            &out,
+            &lse,
+            &dout,
+            &mut dq,
+            &mut dk,
+            &mut dv,
+            stream,
+        ))
     }
 }

@@ -49,7 +49,7 @@ mod layout;
 mod plan;
 mod tensor;
 
-pub use attention::{AttentionParams, Documents};
+pub use attention::{AttentionParams, Documents, Sinks};
 pub use context::{AbortHandle, Config, Context, LocalGroup, StepTime, Traffic, Transport, UniqueId};
 pub use error::{Error, Result, Status};
 pub use half;

@@ -301,8 +301,10 @@ fn deterministic_backward_repeats_its_bits() {
         ctx.set_deterministic(on).unwrap();
         let mut t = Rank::new(7);
         t.forward(&mut ctx, &params).unwrap();
-        ctx.backward(&params, &t.q, &t.k, &t.v, &t.out, &t.lse, &t.dout, &mut t.dq, &mut t.dk, &mut t.dv)
-            .unwrap();
+        ctx.backward(
+            &params, &t.q, &t.k, &t.v, &t.out, &t.lse, &t.dout, &mut t.dq, &mut t.dk, &mut t.dv,
+        )
+        .unwrap();
         let bits: Vec<u32> = [&t.dq, &t.dk, &t.dv]
             .iter()
             .flat_map(|x| x.as_slice().iter().map(|v| v.to_bits()))

@@ -470,30 +470,40 @@ fn plan_balance() {
 fn kept_documents_never_travel() {
     let (world, s, h, d) = (3, 240i64, 2i64, 16i64);
     let cu: Vec<i64> = (0..=s).step_by(10).collect();
-    let plan = PlanConfig::new(world).tile(64).create(&cu, cu.len() as i64 - 1, 1, s).unwrap();
+    let plan = PlanConfig::new(world)
+        .tile(64)
+        .create(&cu, cu.len() as i64 - 1, 1, s)
+        .unwrap();
     assert_eq!(plan.analyze_balance(64).unwrap().kv_rows_sent, 0.0);
     let config = Config::new().num_threads(1).timeout(Duration::from_secs(60));
     let mut group = LocalGroup::new(world as usize, &config).unwrap();
-    let results = group.run(0..world, |ctx, _rank| -> stria::Result<(stria::Traffic, stria::Traffic)> {
-        let mut sent = Vec::new();
-        for params in [
-            AttentionParams::default(),
-            AttentionParams {
-                plan: Some(&plan),
-                ..Default::default()
-            },
-        ] {
-            let l = if params.plan.is_some() { plan.local_len() } else { s / world as i64 };
-            let x = Tensor::<f32>::full(&[1, l, h, d], 0.5)?;
-            let mut out = Tensor::<f32>::zeros(&[1, l, h, d])?;
-            let mut lse = Tensor::<f32>::zeros(&[1, h, l])?;
-            ctx.forward(&params, &x, &x, &x, &mut out, &mut lse)?;
-            let (mut dq, mut dk, mut dv) = (out.clone(), out.clone(), out.clone());
-            ctx.backward(&params, &x, &x, &x, &out, &lse, &x, &mut dq, &mut dk, &mut dv)?;
-            sent.push(ctx.traffic()?);
-        }
-        Ok((sent[0], sent[1]))
-    });
+    let results = group.run(
+        0..world,
+        |ctx, _rank| -> stria::Result<(stria::Traffic, stria::Traffic)> {
+            let mut sent = Vec::new();
+            for params in [
+                AttentionParams::default(),
+                AttentionParams {
+                    plan: Some(&plan),
+                    ..Default::default()
+                },
+            ] {
+                let l = if params.plan.is_some() {
+                    plan.local_len()
+                } else {
+                    s / world as i64
+                };
+                let x = Tensor::<f32>::full(&[1, l, h, d], 0.5)?;
+                let mut out = Tensor::<f32>::zeros(&[1, l, h, d])?;
+                let mut lse = Tensor::<f32>::zeros(&[1, h, l])?;
+                ctx.forward(&params, &x, &x, &x, &mut out, &mut lse)?;
+                let (mut dq, mut dk, mut dv) = (out.clone(), out.clone(), out.clone());
+                ctx.backward(&params, &x, &x, &x, &out, &lse, &x, &mut dq, &mut dk, &mut dv)?;
+                sent.push(ctx.traffic()?);
+            }
+            Ok((sent[0], sent[1]))
+        },
+    );
     for res in results {
         let (layout, planned) = res.unwrap();
         assert!(layout.kv_bytes > 0 && layout.dkv_bytes > 0, "{layout:?}");

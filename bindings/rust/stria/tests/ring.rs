@@ -185,7 +185,17 @@ fn run_case<T: Float>(c: Case) -> Result<(), String> {
     let doc_rows: Option<Vec<i64>> = c
         .docs
         .map(|(x, per_row)| if per_row { x.to_vec() } else { x.repeat(b) });
-    let want = dense_attention_documents(&q, &k, &v, &dout, c.dims, c.causal, scale, doc_rows.as_deref(), c.window);
+    let want = dense_attention_documents(
+        &q,
+        &k,
+        &v,
+        &dout,
+        c.dims,
+        c.causal,
+        scale,
+        doc_rows.as_deref(),
+        c.window,
+    );
 
     let split = Split { layout, world: n, b, s };
     let pad = if c.strided { 3 } else { 0 };
@@ -217,7 +227,7 @@ fn run_case<T: Float>(c: Case) -> Result<(), String> {
             }
         }),
         window: c.window,
-        plan: None,
+        ..Default::default()
     };
     let config = Config::new().num_threads(1).timeout(Duration::from_secs(60));
     let mut group = LocalGroup::new(n, &config).map_err(|e| e.to_string())?;

@@ -164,6 +164,14 @@ pub struct Reference {
     pub dq: Vec<f64>,
     pub dk: Vec<f64>, // [B, S, Hkv, D]
     pub dv: Vec<f64>,
+    pub dsinks: Vec<f64>, // [Hq], with sinks
+}
+
+/// What changes the scores beyond the mask: logit softcapping (0: none) and attention sinks.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Mods<'a> {
+    pub softcap: f64,
+    pub sinks: Option<&'a [f64]>,
 }
 
 /// softmax(scale·QKᵀ + mask)·V, the log-sum-exp, and the gradients for `dout`; causal on global
@@ -187,6 +195,24 @@ pub fn dense_attention_documents(
     docs: Option<&[i64]>,
     window: Option<(i64, i64)>,
 ) -> Reference {
+    dense_attention_mods(q, k, v, dout, dm, causal, scale, docs, window, Mods::default())
+}
+
+/// dense_attention_documents with softcapping (a score s becomes cap·tanh(s / cap)) and sinks
+/// (head h's logit z joins each row's denominator and carries no value).
+#[allow(clippy::too_many_arguments)]
+pub fn dense_attention_mods(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    dout: &[f64],
+    dm: Dims,
+    causal: bool,
+    scale: f64,
+    docs: Option<&[i64]>,
+    window: Option<(i64, i64)>,
+    mods: Mods,
+) -> Reference {
     let Dims { b, s, hq, hkv, d } = dm;
     let group = hq / hkv;
     let qi = |bi: usize, i: usize, h: usize| ((bi * s + i) * hq + h) * d;
@@ -197,9 +223,11 @@ pub fn dense_attention_documents(
         dq: vec![0.0; b * s * hq * d],
         dk: vec![0.0; b * s * hkv * d],
         dv: vec![0.0; b * s * hkv * d],
+        dsinks: vec![0.0; hq],
     };
     let dot = |x: &[f64], y: &[f64]| x.iter().zip(y).map(|(a, b)| a * b).sum::<f64>();
     let mut p = vec![0.0; s];
+    let mut slope = vec![1.0; s];
     for bi in 0..b {
         for h in 0..hq {
             let hk = h / group;
@@ -221,12 +249,24 @@ pub fn dense_attention_documents(
                     }
                 }
                 let p = &mut p[j0..n];
+                let slope = &mut slope[j0..n];
                 let qrow = &q[qi(bi, i, h)..][..d];
                 for (jj, x) in p.iter_mut().enumerate() {
                     *x = scale * dot(qrow, &k[ki(bi, j0 + jj, hk)..][..d]);
+                    if mods.softcap > 0.0 {
+                        let t = (*x / mods.softcap).tanh();
+                        *x = mods.softcap * t;
+                        slope[jj] = 1.0 - t * t;
+                    }
                 }
-                let mx = p.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let lse = mx + p.iter().map(|x| (x - mx).exp()).sum::<f64>().ln();
+                let sink = mods.sinks.map_or(f64::NEG_INFINITY, |z| z[h]);
+                let mx = p.iter().cloned().fold(sink, f64::max);
+                let sink_term = if sink == f64::NEG_INFINITY {
+                    0.0
+                } else {
+                    (sink - mx).exp()
+                };
+                let lse = mx + (sink_term + p.iter().map(|x| (x - mx).exp()).sum::<f64>()).ln();
                 r.lse[(bi * hq + h) * s + i] = lse;
                 for x in p.iter_mut() {
                     *x = (*x - lse).exp();
@@ -241,9 +281,12 @@ pub fn dense_attention_documents(
                 // dK = scale·dSᵀ·Q, dV = Pᵀ·dO.
                 let g = &dout[o..][..d];
                 let delta = dot(g, &r.out[o..][..d]);
+                if sink != f64::NEG_INFINITY {
+                    r.dsinks[h] -= (sink - lse).exp() * delta; // the sink's probability times (0 − delta)
+                }
                 for (jj, &pj) in p.iter().enumerate() {
                     let kj = ki(bi, j0 + jj, hk);
-                    let ds = pj * (dot(g, &v[kj..][..d]) - delta);
+                    let ds = pj * (dot(g, &v[kj..][..d]) - delta) * slope[jj];
                     for e in 0..d {
                         r.dq[o + e] += scale * ds * k[kj + e];
                         r.dk[kj + e] += scale * ds * qrow[e];
