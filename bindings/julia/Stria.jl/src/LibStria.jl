@@ -18,9 +18,9 @@ const libstria = "libstria.so.0"
 # ---- constants (object-like macros, evaluated by the C front end) ----
 const DLPACK_VERSION = 60
 const STRIA_VERSION_MAJOR = 0
-const STRIA_VERSION_MINOR = 3
+const STRIA_VERSION_MINOR = 4
 const STRIA_VERSION_PATCH = 0
-const STRIA_VERSION = 300
+const STRIA_VERSION = 400
 
 # ---- dlpack/dlpack.h ----
 
@@ -304,9 +304,35 @@ struct stria_attention_params_t
     # apply it, and a _documents or _window call must pass the same boundaries. The plan is read
     # during the call only; it may be shared by any number of contexts and threads.
     plan::stria_plan_t
+    # Extension, 0.4 (fields added at the end, as `plan` was): the whole attention of a call in this
+    # one struct, read by stria_attention_forward and stria_attention_backward alike.
+    #
+    # Documents: cu_seqlens and num_seqs as stria_attention_forward_documents takes them (NULL and 0:
+    # one document a batch row; with a plan, NULL takes the plan's boundaries). Window: window_left
+    # and window_right as stria_attention_forward_window takes them (-1: unbounded). The _documents
+    # and _window calls remain, and refuse params that set these fields too.
+    cu_seqlens::Ptr{Int64}
+    num_seqs::Int64
+    window_left::Int64
+    window_right::Int64
+    # Logit softcapping (Gemma 2's attn_logit_softcapping): 0 for none, or finite and > 0, when a score
+    # s = softmax_scale * q.k becomes softcap * tanh(s / softcap) before the mask.
+    softcap::Cfloat
+    # Attention sinks (gpt-oss): NULL, or a float32 tensor [Hq] of logits, one per query head, in the
+    # context's memory. Head h's logit z joins the softmax denominator of every row of head h once
+    # (whatever the ring) and carries no value: out = sum_j e^(s_j) v_j / (e^z + sum_j e^(s_j)); the
+    # LSE includes it, and a row that sees no key gives out 0 and LSE z. Every rank passes the same
+    # values. The backward takes the forward's sinks and writes dsinks.
+    sinks::Ptr{DLTensor}
+    # Backward with sinks: a float32 tensor [Hq] (the context's memory) that gets this rank's part of
+    # the sinks' gradient, summed over its rows and batch; the sum over ranks is the whole gradient,
+    # as for any weight every rank holds. NULL with sinks: the gradient is not computed. Unused by the
+    # forward.
+    dsinks::Ptr{DLTensor}
 end
 
-# Fills the defaults: striped, causal, scale 1/sqrt(D), no plan.
+# Fills the defaults: striped, causal, scale 1/sqrt(D), no plan, no documents, no window, no
+# softcap, no sinks.
 function stria_attention_params_init(params)
     ccall((:stria_attention_params_init, libstria), stria_status_t,
           (Ptr{stria_attention_params_t},),
