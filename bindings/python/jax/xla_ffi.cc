@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -45,6 +46,11 @@ struct CallAttributes {
   bool plan_causal;
   int64_t plan_window_left;
   int64_t plan_window_right;
+  // Which optional operands follow q, k, v (and out, lse, dout): the document boundaries, then the
+  // sinks ([Hq] float32, whose gradient the backward returns after dq, dk, dv).
+  bool has_documents;
+  bool has_sinks;
+  float softcap;  // logit softcapping; 0: none
 };
 
 }  // namespace stria_jax
@@ -56,7 +62,8 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
     xla::ffi::StructMember<int64_t>("window_left"), xla::ffi::StructMember<int64_t>("window_right"),
     xla::ffi::StructMember<int64_t>("plan_tile"), xla::ffi::StructMember<int64_t>("plan_local_len"),
     xla::ffi::StructMember<bool>("plan_causal"), xla::ffi::StructMember<int64_t>("plan_window_left"),
-    xla::ffi::StructMember<int64_t>("plan_window_right"));
+    xla::ffi::StructMember<int64_t>("plan_window_right"), xla::ffi::StructMember<bool>("has_documents"),
+    xla::ffi::StructMember<bool>("has_sinks"), xla::ffi::StructMember<float>("softcap"));
 
 namespace {
 
@@ -214,6 +221,9 @@ stria_attention_params_t Params(const CallAttributes& a) {
   params.layout = static_cast<stria_layout_t>(a.layout);
   params.causal = a.causal ? 1 : 0;
   params.softmax_scale = a.softmax_scale;
+  params.window_left = a.window_left;
+  params.window_right = a.window_right;
+  params.softcap = a.softcap;
   return params;
 }
 
@@ -365,103 +375,128 @@ ffi::Error BoundariesOf(const ffi::AnyBuffer& cu, int64_t batch, std::string_vie
   return ffi::Error::Success();
 }
 
+// Sinks reach a handler with more than one dimension only under jax.vmap, which hands it every
+// mapped element at once: their gradient would be one vector for the whole call, not one per
+// element.
+ffi::Error SinksUnderVmap(const CallAttributes& a) {
+  return ffi::Error(ffi::ErrorCode::kUnimplemented,
+                    "stria: attention sinks under jax.vmap are not supported (their gradient is one vector per "
+                    "call, not per mapped element): call ring_attention outside vmap, or fold the mapped axis into "
+                    "the batch" +
+                        At(a.site));
+}
+
+// The optional operands after the attention tensors, as the attributes announce them: the
+// boundaries (into *docs) and the sinks (into *sinks, a [Hq] float32 view).
+ffi::Error Extras(const ffi::RemainingArgs& rest, const CallAttributes& a, DLDevice device, int64_t batch,
+                  Boundaries* docs, View** sinks, std::optional<View>* sinks_view) {
+  const size_t want = (a.has_documents ? 1 : 0) + (a.has_sinks ? 1 : 0);
+  if (rest.size() != want)
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "stria: the call has " + std::to_string(rest.size()) + " operands after the attention tensors, " +
+                          "its attributes announce " + std::to_string(want) + At(a.site));
+  size_t next = 0;
+  if (a.has_documents) {
+    ffi::ErrorOr<ffi::AnyBuffer> cu = rest.get<ffi::AnyBuffer>(next++);
+    if (cu.has_error()) return cu.error();
+    if (ffi::Error e = BoundariesOf(*cu, batch, a.site, docs); e.failure()) return e;
+  }
+  *sinks = nullptr;
+  if (a.has_sinks) {
+    ffi::ErrorOr<ffi::AnyBuffer> z = rest.get<ffi::AnyBuffer>(next++);
+    if (z.has_error()) return z.error();
+    if (z->dimensions().size() != 1) return SinksUnderVmap(a);
+    sinks_view->emplace(*z, device, 1);
+    *sinks = &**sinks_view;
+  }
+  return ffi::Error::Success();
+}
+
+// Every handler: stria_attention_forward with the whole call in params (documents, window, plan,
+// softcap, sinks).
 ffi::Error Forward(bool cuda, void* stream, int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q,
-                   ffi::AnyBuffer k, ffi::AnyBuffer v, const ffi::AnyBuffer* cu, ffi::Result<ffi::AnyBuffer> out,
+                   ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::RemainingArgs rest, ffi::Result<ffi::AnyBuffer> out,
                    ffi::Result<ffi::AnyBuffer> lse) {
   Member m;
   if (ffi::Error e = Find(a.context, xla_device, &m); e.failure()) return e;
   if (ffi::Error e = CheckPlatform(m, cuda, xla_device, a.site); e.failure()) return e;
   View vq(q, m.device), vk(k, m.device), vv(v, m.device), vo(*out, m.device), vl(*lse, m.device, 3);
   Boundaries docs;
-  if (cu != nullptr) {
-    if (ffi::Error e = BoundariesOf(*cu, vq.t.shape[0], a.site, &docs); e.failure()) return e;
-  }
+  View* sinks = nullptr;
+  std::optional<View> sinks_view;
+  if (ffi::Error e = Extras(rest, a, m.device, vq.t.shape[0], &docs, &sinks, &sinks_view); e.failure()) return e;
   if (ffi::Error e = CheckPlan(m, a, docs); e.failure()) return e;
   stria_attention_params_t params = Params(a);
+  params.cu_seqlens = docs.data;
+  params.num_seqs = docs.num_seqs;
+  params.sinks = sinks != nullptr ? &sinks->t : nullptr;
   return Run(m, xla_device, a, "attention_forward", [&] {
     const stria_status_t planned = PlanOf(m, a, docs, vq.t.shape[0], &params.plan);
     if (planned != STRIA_SUCCESS) return planned;
-    if (a.window_left != -1 || a.window_right != -1)
-      return stria_attention_forward_window(m.ctx, &params, a.window_left, a.window_right, docs.data, docs.num_seqs,
-                                            &vq.t, &vk.t, &vv.t, &vo.t, &vl.t, stream);
-    if (docs.data == nullptr) return stria_attention_forward(m.ctx, &params, &vq.t, &vk.t, &vv.t, &vo.t, &vl.t, stream);
-    return stria_attention_forward_documents(m.ctx, &params, docs.data, docs.num_seqs, &vq.t, &vk.t, &vv.t, &vo.t,
-                                             &vl.t, stream);
+    return stria_attention_forward(m.ctx, &params, &vq.t, &vk.t, &vv.t, &vo.t, &vl.t, stream);
   });
 }
 
+// Every backward handler: stria_attention_backward likewise; with sinks, their gradient is the
+// result after dq, dk, dv.
 ffi::Error Backward(bool cuda, void* stream, int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q,
                     ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::AnyBuffer dout,
-                    const ffi::AnyBuffer* cu, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
-                    ffi::Result<ffi::AnyBuffer> dv) {
+                    ffi::RemainingArgs rest, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                    ffi::Result<ffi::AnyBuffer> dv, ffi::RemainingRets more) {
   Member m;
   if (ffi::Error e = Find(a.context, xla_device, &m); e.failure()) return e;
   if (ffi::Error e = CheckPlatform(m, cuda, xla_device, a.site); e.failure()) return e;
   const DLDevice d = m.device;
   View vq(q, d), vk(k, d), vv(v, d), vo(out, d), vl(lse, d, 3), vdo(dout, d), vdq(*dq, d), vdk(*dk, d), vdv(*dv, d);
   Boundaries docs;
-  if (cu != nullptr) {
-    if (ffi::Error e = BoundariesOf(*cu, vq.t.shape[0], a.site, &docs); e.failure()) return e;
+  View* sinks = nullptr;
+  std::optional<View> sinks_view, dsinks_view;
+  if (ffi::Error e = Extras(rest, a, d, vq.t.shape[0], &docs, &sinks, &sinks_view); e.failure()) return e;
+  if (more.size() != (a.has_sinks ? 1u : 0u))
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "stria: the backward has " + std::to_string(3 + more.size()) + " results, its attributes " +
+                          "announce " + std::to_string(a.has_sinks ? 4 : 3) + At(a.site));
+  if (a.has_sinks) {
+    ffi::ErrorOr<ffi::Result<ffi::AnyBuffer>> dz = more.get<ffi::AnyBuffer>(0);
+    if (dz.has_error()) return dz.error();
+    if ((*dz)->dimensions().size() != 1) return SinksUnderVmap(a);
+    dsinks_view.emplace(**dz, d, 1);
   }
   if (ffi::Error e = CheckPlan(m, a, docs); e.failure()) return e;
   stria_attention_params_t params = Params(a);
+  params.cu_seqlens = docs.data;
+  params.num_seqs = docs.num_seqs;
+  params.sinks = sinks != nullptr ? &sinks->t : nullptr;
+  params.dsinks = dsinks_view ? &dsinks_view->t : nullptr;
   return Run(m, xla_device, a, "attention_backward", [&] {
     const stria_status_t planned = PlanOf(m, a, docs, vq.t.shape[0], &params.plan);
     if (planned != STRIA_SUCCESS) return planned;
-    if (a.window_left != -1 || a.window_right != -1)
-      return stria_attention_backward_window(m.ctx, &params, a.window_left, a.window_right, docs.data, docs.num_seqs,
-                                             &vq.t, &vk.t, &vv.t, &vo.t, &vl.t, &vdo.t, &vdq.t, &vdk.t, &vdv.t, stream);
-    if (docs.data == nullptr)
-      return stria_attention_backward(m.ctx, &params, &vq.t, &vk.t, &vv.t, &vo.t, &vl.t, &vdo.t, &vdq.t, &vdk.t, &vdv.t,
-                                      stream);
-    return stria_attention_backward_documents(m.ctx, &params, docs.data, docs.num_seqs, &vq.t, &vk.t, &vv.t, &vo.t,
-                                              &vl.t, &vdo.t, &vdq.t, &vdk.t, &vdv.t, stream);
+    return stria_attention_backward(m.ctx, &params, &vq.t, &vk.t, &vv.t, &vo.t, &vl.t, &vdo.t, &vdq.t, &vdk.t, &vdv.t,
+                                    stream);
   });
 }
 
-// The handlers' signatures, by platform (the CUDA ones take XLA's stream) and by whether the call
-// has a document mask (its boundaries the last operand).
+// The handlers' signatures, by platform (the CUDA ones take XLA's stream).
 ffi::Error ForwardCuda(void* stream, int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q, ffi::AnyBuffer k,
-                       ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse) {
-  return Forward(true, stream, xla_device, a, q, k, v, nullptr, out, lse);
-}
-ffi::Error ForwardDocumentsCuda(void* stream, int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q,
-                                ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer cu, ffi::Result<ffi::AnyBuffer> out,
-                                ffi::Result<ffi::AnyBuffer> lse) {
-  return Forward(true, stream, xla_device, a, q, k, v, &cu, out, lse);
+                       ffi::AnyBuffer v, ffi::RemainingArgs rest, ffi::Result<ffi::AnyBuffer> out,
+                       ffi::Result<ffi::AnyBuffer> lse) {
+  return Forward(true, stream, xla_device, a, q, k, v, rest, out, lse);
 }
 ffi::Error ForwardCpu(int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                      ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse) {
-  return Forward(false, nullptr, xla_device, a, q, k, v, nullptr, out, lse);
+                      ffi::RemainingArgs rest, ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse) {
+  return Forward(false, nullptr, xla_device, a, q, k, v, rest, out, lse);
 }
-ffi::Error ForwardDocumentsCpu(int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q, ffi::AnyBuffer k,
-                               ffi::AnyBuffer v, ffi::AnyBuffer cu, ffi::Result<ffi::AnyBuffer> out,
-                               ffi::Result<ffi::AnyBuffer> lse) {
-  return Forward(false, nullptr, xla_device, a, q, k, v, &cu, out, lse);
-}
-
 ffi::Error BackwardCuda(void* stream, int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q, ffi::AnyBuffer k,
                         ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::AnyBuffer dout,
-                        ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
-                        ffi::Result<ffi::AnyBuffer> dv) {
-  return Backward(true, stream, xla_device, a, q, k, v, out, lse, dout, nullptr, dq, dk, dv);
-}
-ffi::Error BackwardDocumentsCuda(void* stream, int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q,
-                                 ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
-                                 ffi::AnyBuffer dout, ffi::AnyBuffer cu, ffi::Result<ffi::AnyBuffer> dq,
-                                 ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv) {
-  return Backward(true, stream, xla_device, a, q, k, v, out, lse, dout, &cu, dq, dk, dv);
+                        ffi::RemainingArgs rest, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                        ffi::Result<ffi::AnyBuffer> dv, ffi::RemainingRets more) {
+  return Backward(true, stream, xla_device, a, q, k, v, out, lse, dout, rest, dq, dk, dv, more);
 }
 ffi::Error BackwardCpu(int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q, ffi::AnyBuffer k,
                        ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::AnyBuffer dout,
-                       ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv) {
-  return Backward(false, nullptr, xla_device, a, q, k, v, out, lse, dout, nullptr, dq, dk, dv);
-}
-ffi::Error BackwardDocumentsCpu(int32_t xla_device, const CallAttributes& a, ffi::AnyBuffer q, ffi::AnyBuffer k,
-                                ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::AnyBuffer dout,
-                                ffi::AnyBuffer cu, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
-                                ffi::Result<ffi::AnyBuffer> dv) {
-  return Backward(false, nullptr, xla_device, a, q, k, v, out, lse, dout, &cu, dq, dk, dv);
+                       ffi::RemainingArgs rest, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                       ffi::Result<ffi::AnyBuffer> dv, ffi::RemainingRets more) {
+  return Backward(false, nullptr, xla_device, a, q, k, v, out, lse, dout, rest, dq, dk, dv, more);
 }
 
 // What every handler takes after its context (stream, device ordinal): the call's attributes.
@@ -537,22 +572,19 @@ void stria_jax_unbind(int64_t key) {
 }  // extern "C"
 
 // The handlers, by platform: the CUDA ones take XLA's stream, the CPU ones none; both the ordinal
-// of the XLA device running the program (which rank of a local group serves it). The _documents
-// ones take one more operand, the boundaries.
+// of the XLA device running the program (which rank of a local group serves it). After the
+// attention tensors come the optional operands the attributes announce (Extras), and after the
+// backward's dq, dk, dv the sinks' gradient when there are sinks.
 #define STRIA_CPU_BINDING ffi::Ffi::Bind().Ctx<ffi::DeviceOrdinal>()
 #define STRIA_CUDA_BINDING ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>().Ctx<ffi::DeviceOrdinal>()
-XLA_FFI_DEFINE_HANDLER_SYMBOL(stria_jax_forward_cpu, ForwardCpu, Rets<2>(Args<3>(CallAttrs(STRIA_CPU_BINDING))));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(stria_jax_backward_cpu, BackwardCpu, Rets<3>(Args<6>(CallAttrs(STRIA_CPU_BINDING))));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(stria_jax_forward_cuda, ForwardCuda, Rets<2>(Args<3>(CallAttrs(STRIA_CUDA_BINDING))));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(stria_jax_backward_cuda, BackwardCuda, Rets<3>(Args<6>(CallAttrs(STRIA_CUDA_BINDING))));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(stria_jax_forward_documents_cpu, ForwardDocumentsCpu,
-                              Rets<2>(Args<4>(CallAttrs(STRIA_CPU_BINDING))));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(stria_jax_backward_documents_cpu, BackwardDocumentsCpu,
-                              Rets<3>(Args<7>(CallAttrs(STRIA_CPU_BINDING))));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(stria_jax_forward_documents_cuda, ForwardDocumentsCuda,
-                              Rets<2>(Args<4>(CallAttrs(STRIA_CUDA_BINDING))));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(stria_jax_backward_documents_cuda, BackwardDocumentsCuda,
-                              Rets<3>(Args<7>(CallAttrs(STRIA_CUDA_BINDING))));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(stria_jax_forward_cpu, ForwardCpu,
+                              Rets<2>(Args<3>(CallAttrs(STRIA_CPU_BINDING)).RemainingArgs()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(stria_jax_backward_cpu, BackwardCpu,
+                              Rets<3>(Args<6>(CallAttrs(STRIA_CPU_BINDING)).RemainingArgs()).RemainingRets());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(stria_jax_forward_cuda, ForwardCuda,
+                              Rets<2>(Args<3>(CallAttrs(STRIA_CUDA_BINDING)).RemainingArgs()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(stria_jax_backward_cuda, BackwardCuda,
+                              Rets<3>(Args<6>(CallAttrs(STRIA_CUDA_BINDING)).RemainingArgs()).RemainingRets());
 #undef STRIA_CPU_BINDING
 #undef STRIA_CUDA_BINDING
 #pragma GCC visibility pop

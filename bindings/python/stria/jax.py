@@ -82,14 +82,10 @@ _lib.stria_jax_bind.restype = ctypes.c_int64
 _lib.stria_jax_unbind.argtypes = [ctypes.c_int64]
 _lib.stria_jax_unbind.restype = None
 
+# One target per direction: the optional operands (boundaries, sinks) follow the attention tensors
+# as the call's attributes announce them, and the whole call reaches the library in its params.
 _FORWARD, _BACKWARD = "stria_attention_forward", "stria_attention_backward"
-_FORWARD_DOCS, _BACKWARD_DOCS = "stria_attention_forward_documents", "stria_attention_backward_documents"
-for _name, _symbol in (
-    (_FORWARD, "stria_jax_forward"),
-    (_BACKWARD, "stria_jax_backward"),
-    (_FORWARD_DOCS, "stria_jax_forward_documents"),
-    (_BACKWARD_DOCS, "stria_jax_backward_documents"),
-):
+for _name, _symbol in ((_FORWARD, "stria_jax_forward"), (_BACKWARD, "stria_jax_backward")):
     jax.ffi.register_ffi_target(_name, jax.ffi.pycapsule(getattr(_lib, _symbol + "_cpu")), platform="cpu")
     jax.ffi.register_ffi_target(_name, jax.ffi.pycapsule(getattr(_lib, _symbol + "_cuda")), platform="CUDA")
 
@@ -304,9 +300,13 @@ def _attrs(
     call: tuple[int, str],
     window: tuple[int, int] | None = None,
     plan: PlanConfig | None = None,
+    softcap: float | None = None,
+    has_documents: bool = False,
+    has_sinks: bool = False,
 ) -> dict:
     """The custom call's attributes: the key of the context (or group), the parameters, the
-    call's tag and site, the sliding window (-1, -1: none) and the plan's config (tile 0: none)."""
+    call's tag and site, the sliding window (-1, -1: none), the plan's config (tile 0: none), the
+    softcap (0: none), and which optional operands follow the attention tensors."""
     # Checked as the float32 the call carries: a positive value below float32's range would round
     # to 0, which stria reads as 1/sqrt(D).
     with np.errstate(over="ignore"):  # a value beyond float32's range is refused below, as inf
@@ -315,6 +315,10 @@ def _attrs(
         raise ValueError(
             f"{func}(): softmax_scale must be None (1/sqrt(D)) or positive and finite in float32, not {softmax_scale!r}"
         )
+    with np.errstate(over="ignore"):
+        cap32 = np.float32(0.0 if softcap is None else softcap)
+    if not 0 <= cap32 < np.inf:  # NaN too
+        raise ValueError(f"{func}(): softcap must be None (none) or >= 0 and finite in float32, not {softcap!r}")
     _check_group_shards(context, func)
     if (
         isinstance(context, Context)
@@ -343,6 +347,9 @@ def _attrs(
         "plan_causal": bool(plan is None or plan.causal),
         "plan_window_left": np.int64(-1 if plan is None or plan.window is None else plan.window[0]),
         "plan_window_right": np.int64(-1 if plan is None or plan.window is None else plan.window[1]),
+        "has_documents": bool(has_documents),
+        "has_sinks": bool(has_sinks),
+        "softcap": cap32,
     }
 
 
@@ -392,7 +399,7 @@ _VMAP = "broadcast_all"
 
 
 def _boundaries(cu_seqlens: Any, batch: int, func: str) -> Any:
-    """cu_seqlens as the handlers pass it to stria_attention_forward_documents: one row per batch
+    """cu_seqlens as the handlers pass it to params->cu_seqlens: one row per batch
     row, each the int64 global positions ``[0, s1, ..., S]``. Where JAX runs without 64-bit
     integers (its default), int32 ``[B, n + 1, 2]``: each position's two little-endian words, which
     in memory are the int64 array stria reads, made by XLA where the array lives (on a GPU, in
@@ -414,21 +421,40 @@ def _boundaries(cu_seqlens: Any, batch: int, func: str) -> Any:
     return jnp.stack([words, jnp.right_shift(words, 31)], axis=-1)  # low word, then the sign's
 
 
-def _forward(context, q, k, v, cu, layout, causal, softmax_scale, call, window=None, plan=None):  # noqa: ANN001, ANN202
+def _sinks(sinks: Any, q: Any, func: str) -> Any:
+    """sinks as the handlers take them: float32 ``[Hq]`` (a JAX array, traced or not), or None."""
+    if sinks is None:
+        return None
+    z = sinks if isinstance(sinks, jax.Array) else jnp.asarray(np.asarray(sinks))
+    hq = np.shape(q)[2]
+    if tuple(np.shape(z)) != (hq,) or not jnp.issubdtype(jnp.result_type(z), jnp.floating):
+        raise ValueError(
+            f"{func}(): sinks must be [Hq] = [{hq}] floating-point logits, one per query head, not "
+            f"{jnp.result_type(z).name} of shape {tuple(np.shape(z))}"
+        )
+    return z.astype(jnp.float32)
+
+
+def _forward(context, q, k, v, cu, layout, causal, softmax_scale, call, window=None, plan=None, softcap=None,  # noqa: ANN001, ANN202
+             sinks=None):
     b, l, hq, _ = np.shape(q)
     results = (_like(q), _like(q, (b, hq, l), jnp.float32))
-    attrs = _attrs(context, "attention_forward", layout, causal, softmax_scale, call, window, plan)
-    if cu is None:
-        return jax.ffi.ffi_call(_FORWARD, results, vmap_method=_VMAP)(q, k, v, **attrs)
-    return jax.ffi.ffi_call(_FORWARD_DOCS, results, vmap_method=_VMAP)(q, k, v, cu, **attrs)
+    attrs = _attrs(context, "attention_forward", layout, causal, softmax_scale, call, window, plan, softcap,
+                   cu is not None, sinks is not None)
+    extras = tuple(x for x in (cu, sinks) if x is not None)
+    return jax.ffi.ffi_call(_FORWARD, results, vmap_method=_VMAP)(q, k, v, *extras, **attrs)
 
 
-def _backward(context, q, k, v, out, lse, dout, cu, layout, causal, softmax_scale, call, window=None, plan=None):  # noqa: ANN001, ANN202
+def _backward(context, q, k, v, out, lse, dout, cu, layout, causal, softmax_scale, call, window=None, plan=None,  # noqa: ANN001, ANN202
+              softcap=None, sinks=None):
+    """(dq, dk, dv), and the sinks' gradient (this rank's part) after them when there are sinks."""
     results = (_like(q), _like(k), _like(v))
-    attrs = _attrs(context, "attention_backward", layout, causal, softmax_scale, call, window, plan)
-    if cu is None:
-        return jax.ffi.ffi_call(_BACKWARD, results, vmap_method=_VMAP)(q, k, v, out, lse, dout, **attrs)
-    return jax.ffi.ffi_call(_BACKWARD_DOCS, results, vmap_method=_VMAP)(q, k, v, out, lse, dout, cu, **attrs)
+    if sinks is not None:
+        results += (_like(sinks, dtype=jnp.float32),)
+    attrs = _attrs(context, "attention_backward", layout, causal, softmax_scale, call, window, plan, softcap,
+                   cu is not None, sinks is not None)
+    extras = tuple(x for x in (cu, sinks) if x is not None)
+    return jax.ffi.ffi_call(_BACKWARD, results, vmap_method=_VMAP)(q, k, v, out, lse, dout, *extras, **attrs)
 
 
 def attention_forward(
@@ -444,6 +470,8 @@ def attention_forward(
     cu_seqlens: Any = None,
     window: tuple[int, int] | None = None,
     plan: Plan | PlanConfig | None = None,
+    softcap: float | None = None,
+    sinks: Any = None,
 ) -> tuple[jax.Array, jax.Array]:
     """This rank's attention output ``[B, L, Hq, D]`` (q's dtype) and its log-sum-exp
     ``[B, Hq, L]`` (float32) over the whole sharded sequence: stria_attention_forward.
@@ -466,13 +494,18 @@ def attention_forward(
     documents: the ring runs on the plan made from the boundaries with that config, the one the
     caller sharded its data by (stria.Plan(cu_seqlens, **config)). Under jit pass the boundaries
     traced and a PlanConfig (or Plans of one config): the program is traced once, and each call
-    makes its batch's plan (CPU contexts)."""
+    makes its batch's plan (CPU contexts).
+
+    softcap (optional, static, > 0): the scores s become softcap * tanh(s / softcap) (Gemma 2), on
+    CPU contexts. sinks (optional): ``[Hq]`` attention-sink logits (gpt-oss), one per query head,
+    each joining its head's softmax denominators once; lse includes them. Computed in float32."""
     _check_4d("attention_forward", q=q, k=k, v=v)
     config, cu_seqlens = _plan_config(plan, cu_seqlens, "attention_forward")
     cu = _boundaries(cu_seqlens, np.shape(q)[0], "attention_forward")
     win = _ops.sliding_window(window, "attention_forward")
+    z = _sinks(sinks, q, "attention_forward")
     call = _tag_of("attention_forward", tag, (q, k, v))
-    return _forward(context, q, k, v, cu, layout, causal, softmax_scale, call, win, config)
+    return _forward(context, q, k, v, cu, layout, causal, softmax_scale, call, win, config, softcap, z)
 
 
 def attention_backward(
@@ -491,39 +524,46 @@ def attention_backward(
     cu_seqlens: Any = None,
     window: tuple[int, int] | None = None,
     plan: Plan | PlanConfig | None = None,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
+    softcap: float | None = None,
+    sinks: Any = None,
+) -> tuple[jax.Array, ...]:
     """The gradients ``(dq, dk, dv)`` of attention_forward's output for this rank's q, k, v, given
     the forward's out and lse and the gradient dout of out: stria_attention_backward. tag,
-    cu_seqlens, window and plan (the forward's) as in attention_forward."""
+    cu_seqlens, window, plan, softcap and sinks (the forward's) as in attention_forward. With
+    sinks, ``(dq, dk, dv, dsinks)``: dsinks (float32 ``[Hq]``) is this rank's part of the sinks'
+    gradient, which sums over the ranks to the whole one."""
     _check_4d("attention_backward", q=q, k=k, v=v, out=out, dout=dout)
     config, cu_seqlens = _plan_config(plan, cu_seqlens, "attention_backward")
     cu = _boundaries(cu_seqlens, np.shape(q)[0], "attention_backward")
     win = _ops.sliding_window(window, "attention_backward")
+    z = _sinks(sinks, q, "attention_backward")
     call = _tag_of("attention_backward", tag, (q, k, v, out, lse, dout))
-    return _backward(context, q, k, v, out, lse, dout, cu, layout, causal, softmax_scale, call, win, config)
+    return _backward(context, q, k, v, out, lse, dout, cu, layout, causal, softmax_scale, call, win, config, softcap, z)
 
 
-# The parameters after q, k, v and the boundaries cu (None, or _boundaries' integer array: an
-# input with no gradient) are static (nondiff_argnums): a context is hashed by identity. The
-# call's (tag, site) is ring_attention's caller's: the rules run under JAX's frames, where no site
-# of the caller's is to be found.
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8, 9, 10))
-def _ring(q: Any, k: Any, v: Any, cu: Any, context: Context | LocalGroup, layout: int, causal: bool,
+# The parameters after q, k, v, the boundaries cu (None, or _boundaries' integer array: an input
+# with no gradient) and the sinks (None, or float32 [Hq]: differentiable) are static
+# (nondiff_argnums): a context is hashed by identity. The call's (tag, site) is ring_attention's
+# caller's: the rules run under JAX's frames, where no site of the caller's is to be found.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9, 10, 11, 12))
+def _ring(q: Any, k: Any, v: Any, cu: Any, sinks: Any, context: Context | LocalGroup, layout: int, causal: bool,
           scale: float | None, call: tuple[int, str], window: tuple[int, int] | None,
-          plan: PlanConfig | None) -> jax.Array:
-    return _forward(context, q, k, v, cu, layout, causal, scale, call, window, plan)[0]
+          plan: PlanConfig | None, softcap: float | None) -> jax.Array:
+    return _forward(context, q, k, v, cu, layout, causal, scale, call, window, plan, softcap, sinks)[0]
 
 
-def _ring_fwd(q, k, v, cu, context, layout, causal, scale, call, window, plan):  # noqa: ANN001, ANN202 - custom_vjp's rule
-    out, lse = _forward(context, q, k, v, cu, layout, causal, scale, call, window, plan)
-    return out, (q, k, v, cu, out, lse)
+def _ring_fwd(q, k, v, cu, sinks, context, layout, causal, scale, call, window, plan, softcap):  # noqa: ANN001, ANN202 - custom_vjp's rule
+    out, lse = _forward(context, q, k, v, cu, layout, causal, scale, call, window, plan, softcap, sinks)
+    return out, (q, k, v, cu, sinks, out, lse)
 
 
-def _ring_bwd(context, layout, causal, scale, call, window, plan, residuals, dout):  # noqa: ANN001, ANN202 - custom_vjp's rule
-    q, k, v, cu, out, lse = residuals
+def _ring_bwd(context, layout, causal, scale, call, window, plan, softcap, residuals, dout):  # noqa: ANN001, ANN202 - custom_vjp's rule
+    q, k, v, cu, sinks, out, lse = residuals
     grads = _backward(context, q, k, v, out, lse, dout.astype(out.dtype), cu, layout, causal, scale, call, window,
-                      plan)
-    return (*grads, None)  # the boundaries have no gradient
+                      plan, softcap, sinks)
+    # The boundaries have no gradient; the sinks' is this rank's part (JAX sums it like any
+    # weight's wherever the ranks share it).
+    return (*grads[:3], None, grads[3] if sinks is not None else None)
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)
@@ -542,21 +582,26 @@ def ring_attention(
     cu_seqlens: Any = None,
     window: tuple[int, int] | None = None,
     plan: Plan | PlanConfig | None = None,
+    softcap: float | None = None,
+    sinks: Any = None,
 ) -> jax.Array:
     """Attention of this rank's q ``[B, L, Hq, D]`` over the whole sequence's k, v
     ``[B, L, Hkv, D]`` (each rank holds its L tokens in `layout`); returns ``[B, L, Hq, D]``.
     Differentiable in q, k and v (first order); softmax_scale None is 1/sqrt(D); causal masks on
     global positions; tag as in attention_forward (forward and backward share it); cu_seqlens,
-    packed documents, window, a sliding window, and plan, a document plan, as in attention_forward
-    (the backward takes the same)."""
+    packed documents, window, a sliding window, plan, a document plan, softcap and sinks as in
+    attention_forward (the backward takes the same). Differentiable in the sinks too, whatever
+    their dtype (computed in float32; not under jax.vmap)."""
     _members(context, "ring_attention")  # a TypeError for anything else
     _check_4d("ring_attention", q=q, k=k, v=v)
     config, cu_seqlens = _plan_config(plan, cu_seqlens, "ring_attention")
     cu = _boundaries(cu_seqlens, np.shape(q)[0], "ring_attention")
     win = _ops.sliding_window(window, "ring_attention")
     scale = None if softmax_scale is None else float(softmax_scale)
+    cap = None if softcap is None else float(softcap)
+    z = _sinks(sinks, q, "ring_attention")
     call = _tag_of("ring_attention", tag, (q, k, v))
-    return _ring(q, k, v, cu, context, int(Layout.of(layout)), bool(causal), scale, call, win, config)
+    return _ring(q, k, v, cu, z, context, int(Layout.of(layout)), bool(causal), scale, call, win, config, cap)
 
 
 _joins = itertools.count()  # context_from_distributed calls so far: every process makes the same ones

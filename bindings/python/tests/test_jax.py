@@ -664,3 +664,57 @@ def test_sliding_window_world_of_one(ctx, rng, causal, window, docs):
     assert rel_err(out, attention_ref(q, k, v, causal, scale, cu)[0]) > 1e-3  # the window matters
     with pytest.raises(ValueError, match="window right"):
         sj.ring_attention(q, k, v, ctx, window=(3, -4))
+
+
+def _dense_with_mods(q, k, v, sinks, causal, softcap):
+    """Attention of the whole sequence in plain JAX, with softcap * tanh(s / softcap) on the scores
+    and the sinks as one more softmax column that carries no value: the reference JAX's own
+    autodiff differentiates (in float64, under enable_x64)."""
+    group = q.shape[2] // k.shape[2]
+    kk, vv = (jnp.repeat(x, group, axis=2) for x in (k, v))
+    s = jnp.einsum("bihd,bjhd->bhij", q, kk) / np.sqrt(q.shape[-1])
+    s = softcap * jnp.tanh(s / softcap)
+    n = q.shape[1]
+    if causal:
+        s = jnp.where(jnp.tril(jnp.ones((n, n), bool)), s, -jnp.inf)
+    z = jnp.broadcast_to(sinks[None, :, None, None], (*s.shape[:3], 1))
+    p = jax.nn.softmax(jnp.concatenate([s, z], axis=-1), axis=-1)[..., :n]
+    return jnp.einsum("bhij,bjhd->bihd", p, vv)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_softcap_and_sinks_under_jit_and_grad(ctx, rng, causal):
+    """ring_attention with a softcap and sinks, differentiated in q, k, v and the sinks (a
+    bfloat16 weight, cast inside), against plain JAX's attention in float64."""
+    q, k, v = (2 * x for x in inputs(rng))
+    w = rng.standard_normal(q.shape, dtype=np.float32)
+    sinks = jnp.asarray(rng.uniform(-0.5, 4.0, q.shape[2]), dtype=jnp.bfloat16)
+
+    def loss(q, k, v, z):
+        out = sj.ring_attention(q, k, v, ctx, causal=causal, softcap=5.0, sinks=z)
+        return jnp.sum(out * w)
+
+    _, grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))(q, k, v, sinks)
+    assert grads[3].dtype == jnp.bfloat16 and grads[3].shape == (q.shape[2],)
+    # The reference alone runs in float64 (jax.enable_x64; older JAX has it in jax.experimental).
+    enable_x64 = jax.enable_x64 if hasattr(jax, "enable_x64") else __import__("jax.experimental").experimental.enable_x64
+    with enable_x64(True):
+        args64 = [jnp.asarray(np.asarray(x, np.float64)) for x in (q, k, v, sinks.astype(jnp.float32))]
+        ref = jax.grad(lambda *a: jnp.sum(_dense_with_mods(*a, causal, 5.0) * w), argnums=(0, 1, 2, 3))(*args64)
+        out_ref = _dense_with_mods(*args64, causal, 5.0)
+    out, lse = sj.attention_forward(ctx, q, k, v, causal=causal, softcap=5.0, sinks=sinks)
+    assert rel_err(out, np.asarray(out_ref)) < 1e-5
+    for got, want in zip(grads[:3], ref[:3]):
+        assert rel_err(got, np.asarray(want)) < 1e-5
+    # The sinks' gradient comes back in their own bfloat16.
+    assert rel_err(np.asarray(grads[3], np.float32), np.asarray(ref[3])) < 1e-2
+    *_, dz = sj.attention_backward(ctx, q, k, v, out, lse, w, causal=causal, softcap=5.0, sinks=sinks)
+    assert dz.dtype == jnp.float32 and rel_err(dz, np.asarray(ref[3])) < 1e-5
+
+
+def test_sinks_under_vmap_are_refused(ctx, rng):
+    q, k, v = inputs(rng)
+    z = jnp.zeros(q.shape[2])
+    f = jax.vmap(lambda q, k, v: sj.ring_attention(q, k, v, ctx, sinks=z))
+    with pytest.raises(Exception, match="vmap"):
+        jax.block_until_ready(f(q[None], k[None], v[None]))
