@@ -453,9 +453,9 @@ ffi::Error Backward(bool cuda, void* stream, int32_t xla_device, const CallAttri
   std::optional<View> sinks_view, dsinks_view;
   if (ffi::Error e = Extras(rest, a, d, vq.t.shape[0], &docs, &sinks, &sinks_view); e.failure()) return e;
   if (more.size() != (a.has_sinks ? 1u : 0u))
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                      "stria: the backward has " + std::to_string(3 + more.size()) + " results, its attributes " +
-                          "announce " + std::to_string(a.has_sinks ? 4 : 3) + At(a.site));
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "stria: the backward has " + std::to_string(3 + more.size()) +
+                                                            " results, its attributes " + "announce " +
+                                                            std::to_string(a.has_sinks ? 4 : 3) + At(a.site));
   if (a.has_sinks) {
     ffi::ErrorOr<ffi::Result<ffi::AnyBuffer>> dz = more.get<ffi::AnyBuffer>(0);
     if (dz.has_error()) return dz.error();

@@ -1,10 +1,37 @@
 # attention_forward / attention_backward: collectives over a context's ring.
 
-function _params(layout, causal::Bool, softmax_scale::Real, plan::Union{Nothing,Plan})
+# The whole stria_attention_params_t of one call: the mask (documents, window, plan) and the score
+# modifications (softcap, sinks) all travel in it, so each call is one stria_attention_forward or
+# _backward. Its pointer fields address `docs` and the sinks' and dsinks' TensorRefs: build it
+# under GC.@preserve of those, and make the call there.
+function _params(layout, causal::Bool, softmax_scale::Real, plan::Union{Nothing,Plan}; docs::Vector{Int64},
+                 num_seqs::Integer, window, softcap::Real, sinks::Union{Nothing,TensorRef},
+                 dsinks::Union{Nothing,TensorRef} = nothing)
     base = _initialized(LibStria.stria_attention_params_t, LibStria.stria_attention_params_init,
                         :stria_attention_params_init)
+    left, right = window === nothing ? (-1, -1) : window
     return Ref(_replace(base; layout = _layout(layout), causal = causal ? 1 : 0, softmax_scale = softmax_scale,
-                        plan = plan === nothing ? C_NULL : _plan_handle(plan)))
+                        plan = plan === nothing ? C_NULL : _plan_handle(plan),
+                        cu_seqlens = num_seqs == 0 ? Ptr{Int64}(C_NULL) : pointer(docs), num_seqs = num_seqs,
+                        window_left = left, window_right = right, softcap = softcap,
+                        sinks = _tensor_pointer(sinks), dsinks = _tensor_pointer(dsinks)))
+end
+
+# The address of a TensorRef's DLTensor, for a pointer field of a struct (a ccall argument gets it
+# by conversion, a field does not); valid while the TensorRef is preserved.
+_tensor_pointer(::Nothing) = Ptr{LibStria.DLTensor}(C_NULL)
+_tensor_pointer(t::TensorRef) = Base.unsafe_convert(Ptr{LibStria.DLTensor}, t.ref)
+
+# sinks or dsinks: nothing, or a vector of Hq values, which is the C tensor [Hq] as it is (one
+# dimension: nothing to reverse). The vector is checked here because the library's message for a
+# tensor of the wrong number of dimensions names attention's 4-D and 3-D shapes; the element type
+# (Float32) and the length (Hq of q) the library checks, with its own messages.
+function _head_vector(x, name::Symbol)
+    x === nothing && return nothing
+    x isa AbstractVector ||
+        throw(ArgumentError("$name must be nothing or a Float32 vector of Hq values (one per query head), " *
+                            "not a $(typeof(x))"))
+    return TensorRef(x)
 end
 
 # Document boundaries as the library reads them (B rows of n + 1, in a row-major C array) for a
@@ -39,7 +66,7 @@ end
 
 """
     attention_forward!(ctx, out, lse, q, k, v; layout = :striped, causal = true, softmax_scale = 0,
-                       cu_seqlens = nothing, window = nothing, plan = nothing)
+                       cu_seqlens = nothing, window = nothing, plan = nothing, softcap = 0, sinks = nothing)
 
 Exact attention of this rank's queries over the whole sequence, into `out` (like q) and `lse`
 (Float32, `(L, Hq, B)`: the natural log of each row's softmax denominator, -Inf for a row that
@@ -60,34 +87,31 @@ the plan instead of `layout`: the arrays hold the plan's `local_len(plan)` slots
 `shard(plan, rank, full)`), B is the plan's batch, and the document mask is the plan's
 boundaries (`cu_seqlens` may be left out, or must be the same).
 
+`softcap > 0` caps the logits (Gemma 2's logit softcapping): a score s = softmax_scale * q.k
+becomes softcap * tanh(s / softcap) before the mask; 0 leaves the scores as they are. CPU
+contexts only (the CUDA kernels refuse it).
+
+`sinks` is a `Float32` vector of Hq attention-sink logits, one per query head, the same on every
+rank (gpt-oss): head h's logit z joins the softmax denominator of every row of head h once and
+carries no value, so out = sum_j e^(s_j) v_j / (e^z + sum_j e^(s_j)). lse includes it, and a row
+that sees no key gets out 0 and lse z.
+
 A collective: every rank of the ring calls it at the same time with the same shapes and
 parameters (see `run_ranks`). Throws a `StriaError` on bad arguments, on every rank.
 """
 function attention_forward!(ctx::Context, out::AbstractArray, lse::AbstractArray, q::AbstractArray,
                             k::AbstractArray, v::AbstractArray; layout = :striped, causal::Bool = true,
                             softmax_scale::Real = 0, cu_seqlens = nothing, window = nothing,
-                            plan::Union{Nothing,Plan} = nothing)
+                            plan::Union{Nothing,Plan} = nothing, softcap::Real = 0, sinks = nothing)
     docs, num_seqs = _documents(cu_seqlens, _batch(q))
     win = _window(window)
-    params = _params(layout, causal, softmax_scale, plan)
+    tsinks = _head_vector(sinks, :sinks)
     tq, tk, tv, tout, tlse = TensorRef(q), TensorRef(k), TensorRef(v), TensorRef(out), TensorRef(lse)
-    GC.@preserve ctx plan docs tq tk tv tout tlse begin
-        if win !== nothing
-            _call(:stria_attention_forward_window) do
-                LibStria.stria_attention_forward_window(ctx.handle, params, win[1], win[2],
-                                                        num_seqs == 0 ? C_NULL : pointer(docs), num_seqs, tq.ref,
-                                                        tk.ref, tv.ref, tout.ref, tlse.ref, C_NULL)
-            end
-        elseif num_seqs == 0
-            _call(:stria_attention_forward) do
-                LibStria.stria_attention_forward(ctx.handle, params, tq.ref, tk.ref, tv.ref, tout.ref, tlse.ref,
-                                                 C_NULL)
-            end
-        else
-            _call(:stria_attention_forward_documents) do
-                LibStria.stria_attention_forward_documents(ctx.handle, params, pointer(docs), num_seqs, tq.ref,
-                                                           tk.ref, tv.ref, tout.ref, tlse.ref, C_NULL)
-            end
+    GC.@preserve ctx plan docs tsinks tq tk tv tout tlse begin
+        params = _params(layout, causal, softmax_scale, plan; docs = docs, num_seqs = num_seqs, window = win,
+                         softcap = softcap, sinks = tsinks)
+        _call(:stria_attention_forward) do
+            LibStria.stria_attention_forward(ctx.handle, params, tq.ref, tk.ref, tv.ref, tout.ref, tlse.ref, C_NULL)
         end
     end
     return out, lse
@@ -114,60 +138,61 @@ _lse_like(q::AbstractArray) =
 
 """
     attention_backward!(ctx, dq, dk, dv, q, k, v, out, lse, dout; layout = :striped, causal = true,
-                        softmax_scale = 0, cu_seqlens = nothing, window = nothing, plan = nothing)
+                        softmax_scale = 0, cu_seqlens = nothing, window = nothing, plan = nothing,
+                        softcap = 0, sinks = nothing, dsinks = nothing)
+        -> (dq, dk, dv), or (dq, dk, dv, dsinks) with a dsinks
 
 Gradients of the forward's `out` for `dout` (like out): `dq` like q, `dk` and `dv` like k.
-`out` and `lse` are the forward's. The same parameters as the forward (`cu_seqlens`, `window`
-and `plan` included); a collective too.
+`out` and `lse` are the forward's. The same parameters as the forward (`cu_seqlens`, `window`,
+`plan`, `softcap` and `sinks` included); a collective too.
+
+`dsinks` (a `Float32` vector of length Hq, with `sinks` only) receives this rank's part of the
+sinks' gradient, summed over its rows and batch: the sum over the ranks is the whole gradient,
+to be reduced like that of any weight every rank holds. Without it the sinks still shape the
+other gradients, and theirs is not computed.
 """
 function attention_backward!(ctx::Context, dq::AbstractArray, dk::AbstractArray, dv::AbstractArray,
                              q::AbstractArray, k::AbstractArray, v::AbstractArray, out::AbstractArray,
                              lse::AbstractArray, dout::AbstractArray; layout = :striped, causal::Bool = true,
                              softmax_scale::Real = 0, cu_seqlens = nothing, window = nothing,
-                             plan::Union{Nothing,Plan} = nothing)
+                             plan::Union{Nothing,Plan} = nothing, softcap::Real = 0, sinks = nothing,
+                             dsinks = nothing)
     docs, num_seqs = _documents(cu_seqlens, _batch(q))
     win = _window(window)
-    params = _params(layout, causal, softmax_scale, plan)
+    tsinks, tdsinks = _head_vector(sinks, :sinks), _head_vector(dsinks, :dsinks)
     tq, tk, tv, tout, tlse, tdout = TensorRef(q), TensorRef(k), TensorRef(v), TensorRef(out), TensorRef(lse),
                                     TensorRef(dout)
     tdq, tdk, tdv = TensorRef(dq), TensorRef(dk), TensorRef(dv)
-    GC.@preserve ctx plan docs tq tk tv tout tlse tdout tdq tdk tdv begin
-        if win !== nothing
-            _call(:stria_attention_backward_window) do
-                LibStria.stria_attention_backward_window(ctx.handle, params, win[1], win[2],
-                                                         num_seqs == 0 ? C_NULL : pointer(docs), num_seqs, tq.ref,
-                                                         tk.ref, tv.ref, tout.ref, tlse.ref, tdout.ref, tdq.ref,
-                                                         tdk.ref, tdv.ref, C_NULL)
-            end
-        elseif num_seqs == 0
-            _call(:stria_attention_backward) do
-                LibStria.stria_attention_backward(ctx.handle, params, tq.ref, tk.ref, tv.ref, tout.ref, tlse.ref,
-                                                  tdout.ref, tdq.ref, tdk.ref, tdv.ref, C_NULL)
-            end
-        else
-            _call(:stria_attention_backward_documents) do
-                LibStria.stria_attention_backward_documents(ctx.handle, params, pointer(docs), num_seqs, tq.ref,
-                                                            tk.ref, tv.ref, tout.ref, tlse.ref, tdout.ref, tdq.ref,
-                                                            tdk.ref, tdv.ref, C_NULL)
-            end
+    GC.@preserve ctx plan docs tsinks tdsinks tq tk tv tout tlse tdout tdq tdk tdv begin
+        params = _params(layout, causal, softmax_scale, plan; docs = docs, num_seqs = num_seqs, window = win,
+                         softcap = softcap, sinks = tsinks, dsinks = tdsinks)
+        _call(:stria_attention_backward) do
+            LibStria.stria_attention_backward(ctx.handle, params, tq.ref, tk.ref, tv.ref, tout.ref, tlse.ref,
+                                              tdout.ref, tdq.ref, tdk.ref, tdv.ref, C_NULL)
         end
     end
-    return dq, dk, dv
+    return dsinks === nothing ? (dq, dk, dv) : (dq, dk, dv, dsinks)
 end
 
 """
-    attention_backward(ctx, q, k, v, out, lse, dout; dq = nothing, dk = nothing, dv = nothing, kw...)
-        -> (dq, dk, dv)
+    attention_backward(ctx, q, k, v, out, lse, dout; dq = nothing, dk = nothing, dv = nothing,
+                       sinks = nothing, dsinks = nothing, kw...)
+        -> (dq, dk, dv), or (dq, dk, dv, dsinks) with sinks
 
-`attention_backward!` into new arrays (`similar(q)`, `similar(k)`, `similar(v)`) or into those
-given.
+`attention_backward!` into new arrays (`similar(q)`, `similar(k)`, `similar(v)`, and with
+`sinks` a `zeros(Float32, Hq)` for dsinks) or into those given.
 """
 function attention_backward(ctx::Context, q::AbstractArray, k::AbstractArray, v::AbstractArray,
                             out::AbstractArray, lse::AbstractArray, dout::AbstractArray;
                             dq::Union{Nothing,AbstractArray} = nothing, dk::Union{Nothing,AbstractArray} = nothing,
-                            dv::Union{Nothing,AbstractArray} = nothing, kw...)
+                            dv::Union{Nothing,AbstractArray} = nothing, sinks = nothing, dsinks = nothing, kw...)
     dq = dq === nothing ? similar(q) : dq
     dk = dk === nothing ? similar(k) : dk
     dv = dv === nothing ? similar(v) : dv
-    return attention_backward!(ctx, dq, dk, dv, q, k, v, out, lse, dout; kw...)
+    # With sinks their gradient comes back too: the sinks are a weight, and the allocating call
+    # returns every gradient. sinks that are no vector are attention_backward!'s ArgumentError.
+    if sinks isa AbstractVector && dsinks === nothing
+        dsinks = zeros(Float32, length(sinks))
+    end
+    return attention_backward!(ctx, dq, dk, dv, q, k, v, out, lse, dout; sinks = sinks, dsinks = dsinks, kw...)
 end
