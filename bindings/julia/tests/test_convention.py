@@ -129,10 +129,12 @@ class Stria:
         p.causal = int(causal)
         return p
 
-    def run_ring(self, params, parts, lse_len, Hq, B):
+    def run_ring(self, params, parts, lse_len, Hq, B, sinks=None):
         """Forward then backward on a local group of len(parts[0]) ranks, one thread each, outputs
         poisoned with NaN (0x7FC0 is bfloat16's: a value left unwritten fails); parts are the
-        ranks' (q, k, v, dout). Returns each rank's (out, lse, dq, dk, dv) and the errors raised."""
+        ranks' (q, k, v, dout). With sinks (a float32 vector of Hq), each rank's params point at
+        them and at its own dsinks, as _params builds them. Returns each rank's (out, lse, dq, dk,
+        dv), and dsinks after them with sinks, and the errors raised."""
         n = len(parts[0])
         contexts = self.local_group(n)
         results, errors = [None] * n, []
@@ -146,11 +148,20 @@ class Stria:
                 grads = [np.full_like(x, nan, order="F") for x in (q, k, v)]
                 t = [self.tensor(x) for x in (q, k, v, out, lse, dout, *grads)]
                 ptrs = [self.ptr(x) for x in t]
-                self.call(self.lib.stria_attention_forward(contexts[r], ctypes.addressof(params), *ptrs[:5], None),
+                p = params
+                extra = []
+                if sinks is not None:
+                    # A vector is the one-dimensional C tensor [Hq] as it is.
+                    dsinks = np.full(Hq, np.nan, dtype=np.float32)
+                    ts, tds = self.tensor(sinks), self.tensor(dsinks)
+                    p = type(params).from_buffer_copy(params)
+                    p.sinks, p.dsinks = self.ptr(ts), self.ptr(tds)
+                    extra = [dsinks]
+                self.call(self.lib.stria_attention_forward(contexts[r], ctypes.addressof(p), *ptrs[:5], None),
                           "forward")
-                self.call(self.lib.stria_attention_backward(contexts[r], ctypes.addressof(params), *ptrs, None),
+                self.call(self.lib.stria_attention_backward(contexts[r], ctypes.addressof(p), *ptrs, None),
                           "backward")
-                results[r] = (out, lse, *grads)
+                results[r] = (out, lse, *grads, *extra)
             except Exception as e:  # reported to the caller; the peers fail too
                 errors.append(e)
 
@@ -228,35 +239,56 @@ def from_storage(a):
     return a.astype(np.float64)
 
 
-def reference(q, k, v, dout, causal, scale, cu=None):
+def reference(q, k, v, dout, causal, scale, cu=None, window=None, softcap=0.0, sinks=None):
     """Dense float64 attention over (D, H, S, B) arrays (Julia's index order), forward and
     backward; query head h reads key/value head h // (Hq // Hkv). With document boundaries cu
-    (an (n + 1, B) matrix), a query sees only the keys of its own document."""
+    (an (n + 1, B) matrix), a query sees only the keys of its own document; with a window
+    (left, right), query i only keys i - left .. i + right (-1: unbounded). softcap > 0 turns a
+    score s into softcap * tanh(s / softcap); sinks (Hq logits) add e^z to each row's denominator
+    with no value, and then the sinks' gradient comes back sixth."""
     D, Hq, S, B = q.shape
     group = Hq // k.shape[1]
     out, lse = np.zeros(q.shape), np.zeros((S, Hq, B))
     dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    dsinks = np.zeros(Hq)
+    i, j = np.arange(S)[None, :], np.arange(S)[:, None]  # [key j, query i]
     for b in range(B):
         for h in range(Hq):
             g = h // group
             Q, K, V, dO = q[:, h, :, b], k[:, g, :, b], v[:, g, :, b], dout[:, h, :, b]
             scores = scale * K.T @ Q  # [key j, query i]
+            slope = np.ones_like(scores)  # d(capped score) / d(score)
+            if softcap > 0:
+                t = np.tanh(scores / softcap)
+                scores, slope = softcap * t, 1 - t**2
+            visible = np.ones((S, S), dtype=bool)
             if causal:
-                scores[np.triu_indices(S, 1)[::-1]] = -np.inf  # j > i
+                visible &= j <= i
             if cu is not None:
                 doc = np.searchsorted(cu[:, b], np.arange(S), side="right") - 1
-                scores[doc[:, None] != doc[None, :]] = -np.inf
-            m = scores.max(axis=0)
+                visible &= doc[:, None] == doc[None, :]
+            if window is not None:
+                left, right = window
+                if left >= 0:
+                    visible &= j >= i - left
+                if right >= 0:
+                    visible &= j <= i + right
+            scores[~visible] = -np.inf
+            z = -np.inf if sinks is None else float(sinks[h])
+            m = np.maximum(scores.max(axis=0), z)
             p = np.exp(scores - m)
-            den = p.sum(axis=0)
+            den = p.sum(axis=0) + np.exp(z - m)
             P = p / den
             O = V @ P
             out[:, h, :, b], lse[:, h, b] = O, m + np.log(den)
             dv[:, g, :, b] += dO @ P.T
-            dS = P * (V.T @ dO - (dO * O).sum(axis=0))
+            delta = (dO * O).sum(axis=0)
+            dS = P * (V.T @ dO - delta) * slope
             dq[:, h, :, b] += scale * K @ dS
             dk[:, g, :, b] += scale * Q @ dS.T
-    return out, lse, dq, dk, dv
+            if sinks is not None:  # the sink's probability in row i is e^(z - lse_i)
+                dsinks[h] -= (np.exp(z - lse[:, h, b]) * delta).sum()
+    return (out, lse, dq, dk, dv) if sinks is None else (out, lse, dq, dk, dv, dsinks)
 
 
 def rel_error(got, want):
@@ -416,6 +448,44 @@ class ColumnMajorConvention(unittest.TestCase):
             for name, g, ref in zip(("out", "lse", "dq", "dk", "dv"), (got[0], got_lse, *got[1:]), want):
                 err = rel_error(g, ref)
                 self.assertLess(err, 1e-5, f"plan causal={causal} local_len={local_len}: {name} error {err}")
+
+    def test_softcap_sinks_documents_and_window_in_params(self):
+        # Everything in the one params struct, as attention.jl's _params fills it: the boundaries
+        # (an (n + 1, B) matrix, column-major: the C array of B rows), the window's two sides, the
+        # softcap, and pointers to the sinks' and dsinks' one-dimensional tensors. The sinks'
+        # gradient is each rank's part: summed over the ranks it is the whole one.
+        st = self.st
+        S, B, Hq, Hkv, D = 24, 2, 4, 2, 16
+        seed = 40
+        for n in (1, 2, 3):
+            for layout in ("contiguous", "striped", "zigzag"):
+                for causal, softcap, masks in ((True, 2.0, False), (False, 0.0, False), (True, 3.0, True),
+                                               (False, 2.0, True)):
+                    seed += 1
+                    rng = np.random.default_rng(seed)
+                    full = [np.asfortranarray(rng.standard_normal(shape, dtype=np.float32))
+                            for shape in ((D, Hq, S, B), (D, Hkv, S, B), (D, Hkv, S, B), (D, Hq, S, B))]
+                    sinks = (rng.random(Hq, dtype=np.float32) * 4 - 0.5).astype(np.float32)
+                    cu = np.asfortranarray(np.array([[0, 0], [9, 5], [24, 17], [24, 24]], dtype=np.int64))
+                    window = (5, -1) if causal else (4, 3)
+                    parts = [[st.shard(layout, n, r, x, dims=3) for r in range(n)] for x in full]
+                    params = st.params(layout, causal)
+                    params.softcap = softcap
+                    if masks:
+                        params.cu_seqlens, params.num_seqs = cu.ctypes.data, cu.shape[0] - 1
+                        params.window_left, params.window_right = window
+                    results, errors = st.run_ring(params, parts, S // n, Hq, B, sinks=sinks)
+                    self.assertEqual(errors, [])
+                    gathered = [st.unshard(layout, [res[i] for res in results], dims=1 if i == 1 else 3)
+                                for i in range(5)]
+                    gathered.append(sum(res[5].astype(np.float64) for res in results))
+                    want = reference(*(x.astype(np.float64) for x in full), causal, 1 / np.sqrt(D),
+                                     cu=cu if masks else None, window=window if masks else None, softcap=softcap,
+                                     sinks=sinks)
+                    for name, got, ref in zip(("out", "lse", "dq", "dk", "dv", "dsinks"), gathered, want):
+                        err = rel_error(got, ref)
+                        self.assertLess(err, 1e-5, f"{n} ranks {layout} causal={causal} softcap={softcap} "
+                                                   f"masks={masks}: {name} error {err}")
 
 
 if __name__ == "__main__":

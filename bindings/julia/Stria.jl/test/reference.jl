@@ -5,11 +5,21 @@
 # positions: the full sequence is in order here). With document boundaries `cu_seqlens` (a vector
 # [0, s1, ..., S] for every batch column, or an (n + 1, B) matrix), a query sees only keys of its
 # own document; with a sliding window (left, right), query i only keys i - left .. i + right
-# (-1: unbounded).
+# (-1: unbounded). `softcap` > 0 turns a score s into softcap * tanh(s / softcap) before the
+# masks; `sinks` (Hq logits, or nothing) adds e^z_h to the softmax denominator of every row of
+# head h, with no value.
 
-# The softmax probabilities P[j, i] (key j, query i) of one (head, batch) and their lse.
-function _probabilities(Q, K, causal::Bool, scale::Float64, bounds = nothing, window = nothing)
+# The softmax probabilities P[j, i] (key j, query i) of one (head, batch), their lse (the sink's
+# term included), and the softcap's derivative at each score (all ones without a softcap).
+function _probabilities(Q, K, causal::Bool, scale::Float64, bounds = nothing, window = nothing;
+                        softcap::Float64 = 0.0, sink::Float64 = -Inf)
     scores = scale .* (transpose(K) * Q)
+    slope = ones(Float64, size(scores))
+    if softcap > 0
+        t = tanh.(scores ./ softcap)
+        scores = softcap .* t
+        slope = 1 .- t .^ 2
+    end
     S = size(scores, 2)
     if causal
         for i in 1:S, j in (i + 1):size(scores, 1)
@@ -28,10 +38,10 @@ function _probabilities(Q, K, causal::Bool, scale::Float64, bounds = nothing, wi
             ((left < 0 || j >= i - left) && (right < 0 || j <= i + right)) || (scores[j, i] = -Inf)
         end
     end
-    m = maximum(scores; dims = 1)
+    m = max.(maximum(scores; dims = 1), sink)  # without a sink (-Inf), the row's largest score
     p = exp.(scores .- m)
-    denominator = sum(p; dims = 1)
-    return p ./ denominator, vec(m .+ log.(denominator))
+    denominator = sum(p; dims = 1) .+ exp.(sink .- m)
+    return p ./ denominator, vec(m .+ log.(denominator)), slope
 end
 
 _heads(q, k) = (size(q, 2), size(q, 2) ÷ size(k, 2))
@@ -40,15 +50,19 @@ _heads(q, k) = (size(q, 2), size(q, 2) ÷ size(k, 2))
 _bounds(cu_seqlens, b) = cu_seqlens === nothing ? nothing :
                          cu_seqlens isa AbstractVector ? cu_seqlens : cu_seqlens[:, b]
 
-function reference_forward(q, k, v; causal::Bool, scale::Float64, cu_seqlens = nothing, window = nothing)
+# Head h's sink logit; -Inf (e^-Inf = 0: no term) without sinks.
+_sink(sinks, h) = sinks === nothing ? -Inf : Float64(sinks[h])
+
+function reference_forward(q, k, v; causal::Bool, scale::Float64, cu_seqlens = nothing, window = nothing,
+                           softcap::Real = 0, sinks = nothing)
     D, Hq, S, B = size(q)
     _, group = _heads(q, k)
     out = zeros(Float64, D, Hq, S, B)
     lse = zeros(Float64, S, Hq, B)
     for b in 1:B, h in 1:Hq
         g = (h - 1) ÷ group + 1
-        P, l = _probabilities(Float64.(q[:, h, :, b]), Float64.(k[:, g, :, b]), causal, scale,
-                              _bounds(cu_seqlens, b), window)
+        P, l, _ = _probabilities(Float64.(q[:, h, :, b]), Float64.(k[:, g, :, b]), causal, scale,
+                                 _bounds(cu_seqlens, b), window; softcap = Float64(softcap), sink = _sink(sinks, h))
         out[:, h, :, b] = Float64.(v[:, g, :, b]) * P
         lse[:, h, b] = l
     end
@@ -56,27 +70,36 @@ function reference_forward(q, k, v; causal::Bool, scale::Float64, cu_seqlens = n
 end
 
 # Gradients for dout of out = V P with P = softmax(scale K'Q): dV = dO P', dP = V' dO,
-# dS = P .* (dP .- rowsum(dO .* O)), dQ = scale K dS, dK = scale Q dS'. The key/value heads
-# sum the gradients of every query head that reads them.
-function reference_backward(q, k, v, dout; causal::Bool, scale::Float64, cu_seqlens = nothing, window = nothing)
+# dS = P .* (dP .- delta) with delta = rowsum(dO .* O), dQ = scale K dS, dK = scale Q dS'. The
+# key/value heads sum the gradients of every query head that reads them. A softcap multiplies dS
+# by its derivative 1 - tanh(s / softcap)^2. A sink's probability in row i is e^(z - lse_i), and
+# its gradient is -sum over rows (and batch) of e^(z - lse_i) * delta_i; with sinks the result is
+# (dq, dk, dv, dsinks).
+function reference_backward(q, k, v, dout; causal::Bool, scale::Float64, cu_seqlens = nothing, window = nothing,
+                            softcap::Real = 0, sinks = nothing)
     D, Hq, S, B = size(q)
     _, group = _heads(q, k)
     dq = zeros(Float64, size(q))
     dk = zeros(Float64, size(k))
     dv = zeros(Float64, size(v))
+    dsinks = zeros(Float64, Hq)
     for b in 1:B, h in 1:Hq
         g = (h - 1) ÷ group + 1
         Q, K, V = Float64.(q[:, h, :, b]), Float64.(k[:, g, :, b]), Float64.(v[:, g, :, b])
         dO = Float64.(dout[:, h, :, b])
-        P, _ = _probabilities(Q, K, causal, scale, _bounds(cu_seqlens, b), window)
+        z = _sink(sinks, h)
+        P, l, slope = _probabilities(Q, K, causal, scale, _bounds(cu_seqlens, b), window;
+                                     softcap = Float64(softcap), sink = z)
         O = V * P
         dv[:, g, :, b] .+= dO * transpose(P)
         dP = transpose(V) * dO
-        dS = P .* (dP .- sum(dO .* O; dims = 1))
+        delta = sum(dO .* O; dims = 1)
+        dS = P .* (dP .- delta) .* slope
         dq[:, h, :, b] .+= scale .* (K * dS)
         dk[:, g, :, b] .+= scale .* (Q * transpose(dS))
+        sinks === nothing || (dsinks[h] -= sum(exp.(z .- l) .* vec(delta)))
     end
-    return dq, dk, dv
+    return sinks === nothing ? (dq, dk, dv) : (dq, dk, dv, dsinks)
 end
 
 # ||got - want|| / ||want||; any NaN in got gives NaN (which fails every `<` check). Matching

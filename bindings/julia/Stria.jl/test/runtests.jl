@@ -1,8 +1,8 @@
 # Stria.jl's tests: the ring against a dense Float64 reference (layouts, rank counts 1-4, causal
-# and not, GQA/MQA, every dtype, forward and backward, strided views), bad inputs giving the
-# library's errors, the layout helpers, document plans (positions, shard/unshard, rings on a plan
-# against the reference, balance, bad boundaries, mismatched plans), and the generated structs
-# against layout_table.json.
+# and not, GQA/MQA, every dtype, forward and backward, strided views; documents, windows, softcap
+# and sinks), bad inputs giving the library's errors, the layout helpers, document plans
+# (positions, shard/unshard, rings on a plan against the reference, balance, bad boundaries,
+# mismatched plans), and the generated structs against layout_table.json.
 #
 #   julia -t 4 --project=bindings/julia/Stria.jl -e 'using Pkg; Pkg.test()'
 #   julia -t 4 --project=bindings/julia/Stria.jl bindings/julia/Stria.jl/test/runtests.jl
@@ -39,9 +39,10 @@ end
 poisoned(a) = fill!(similar(a), NaN)
 
 # One ring run: shard random inputs, forward and backward on n ranks (one thread each), gather,
-# compare with the dense reference of the whole sequence.
+# compare with the dense reference of the whole sequence. With sinks, each rank's part of their
+# gradient (poisoned, then written by attention_backward!) is summed over the ranks.
 function check_ring(n, layout, causal, T, Hq, Hkv; B = 2, S = 24, D = 16, seed = 1, cu_seqlens = nothing,
-                    window = nothing)
+                    window = nothing, softcap = 0, sinks = nothing)
     rng = MersenneTwister(seed)
     q = T.(randn(rng, Float32, D, Hq, S, B))
     k = T.(randn(rng, Float32, D, Hkv, S, B))
@@ -55,25 +56,34 @@ function check_ring(n, layout, causal, T, Hq, Hkv; B = 2, S = 24, D = 16, seed =
         r = ctx.rank + 1
         out, lse = poisoned(qs[r]), fill(NaN32, L, Hq, B)
         attention_forward!(ctx, out, lse, qs[r], ks[r], vs[r]; layout = layout, causal = causal,
-                           cu_seqlens = cu_seqlens, window = window)
+                           cu_seqlens = cu_seqlens, window = window, softcap = softcap, sinks = sinks)
         dq, dk, dv = poisoned(qs[r]), poisoned(ks[r]), poisoned(vs[r])
+        dsinks = sinks === nothing ? nothing : fill(NaN32, Hq)
         attention_backward!(ctx, dq, dk, dv, qs[r], ks[r], vs[r], out, lse, douts[r]; layout = layout,
-                            causal = causal, cu_seqlens = cu_seqlens, window = window)
-        (out, lse, dq, dk, dv)
+                            causal = causal, cu_seqlens = cu_seqlens, window = window, softcap = softcap,
+                            sinks = sinks, dsinks = dsinks)
+        (out, lse, dq, dk, dv, dsinks)
     end
     foreach(close, contexts)
 
     gathered = [unshard(layout, [res[i] for res in results]; dims = i == 2 ? 1 : 3) for i in 1:5]
     scale = 1 / sqrt(D)
     ref_out, ref_lse = reference_forward(q, k, v; causal = causal, scale = scale, cu_seqlens = cu_seqlens,
-                                         window = window)
-    ref_dq, ref_dk, ref_dv = reference_backward(q, k, v, dout; causal = causal, scale = scale,
-                                                cu_seqlens = cu_seqlens, window = window)
+                                         window = window, softcap = softcap, sinks = sinks)
+    ref_grads = reference_backward(q, k, v, dout; causal = causal, scale = scale, cu_seqlens = cu_seqlens,
+                                   window = window, softcap = softcap, sinks = sinks)
     tolerance = TOLERANCE[T]
-    for (name, got, want) in zip(("out", "lse", "dq", "dk", "dv"), gathered, (ref_out, ref_lse, ref_dq, ref_dk, ref_dv))
+    for (name, got, want) in zip(("out", "lse", "dq", "dk", "dv"), gathered, (ref_out, ref_lse, ref_grads[1:3]...))
         err = relative_error(got, want)
         ok = err < tolerance  # false for NaN
-        ok || @error "mismatch" n layout causal T Hq Hkv name err tolerance
+        ok || @error "mismatch" n layout causal T Hq Hkv softcap name err tolerance
+        @test ok
+    end
+    if sinks !== nothing
+        # A sum over every row of terms of both signs: looser than the elementwise outputs.
+        name, err = "dsinks", relative_error(sum(res[6] for res in results), ref_grads[4])
+        ok = err < 10 * tolerance
+        ok || @error "mismatch" n layout causal T Hq Hkv softcap name err
         @test ok
     end
 end
@@ -335,6 +345,64 @@ end
         q = zeros(Float32, 16, 2, 8, 1)
         @test_throws ArgumentError attention_forward(ctx, q, q, q; window = 3)
         @test occursin("window_left -2", stria_error(() -> attention_forward(ctx, q, q, q; window = (-2, 0))).message)
+        close(ctx)
+    end
+
+    @testset "softcap and sinks: $n ranks" for n in RANK_COUNTS
+        sinks = rand(MersenneTwister(400 + n), Float32, 4) .* 4 .- 0.5f0  # Hq = 4 logits near the scores' size
+        per_column = [0 0; 9 5; 24 17; 24 24]
+        seed = 400
+        for layout in (:contiguous, :striped, :zigzag), causal in (true, false)
+            seed += 1
+            window = causal ? (5, -1) : (4, 3)
+            # softcap 2 bends scores of about +-1 (randn q and k, scale 1/sqrt(D)) visibly.
+            check_ring(n, layout, causal, Float32, 4, 2; seed = seed, softcap = 2)
+            check_ring(n, layout, causal, Float32, 4, 2; seed = seed, sinks = sinks)
+            check_ring(n, layout, causal, Float32, 4, 2; seed = seed, softcap = 2, sinks = sinks,
+                       cu_seqlens = per_column, window = window)
+        end
+    end
+
+    @testset "softcap and sinks: keywords, results and errors" begin
+        ctx = Context()
+        rng = MersenneTwister(410)
+        q, k, v, dout = (randn(rng, Float32, 16, 4, 8, 2) for _ in 1:4)
+        sinks = Float32[0.5, -1, 2, 0]
+        scale = 1 / sqrt(16)
+        out, lse = attention_forward(ctx, q, k, v; softcap = 3, sinks = sinks)
+        grads = attention_backward(ctx, q, k, v, out, lse, dout; softcap = 3, sinks = sinks)
+        @test length(grads) == 4 && size(grads[4]) == (4,) && eltype(grads[4]) == Float32
+        ref_out, ref_lse = reference_forward(q, k, v; causal = true, scale = scale, softcap = 3, sinks = sinks)
+        ref_grads = reference_backward(q, k, v, dout; causal = true, scale = scale, softcap = 3, sinks = sinks)
+        @test relative_error(out, ref_out) < 1e-5
+        @test relative_error(lse, ref_lse) < 1e-5
+        for i in 1:3
+            @test relative_error(grads[i], ref_grads[i]) < 1e-5
+        end
+        @test relative_error(grads[4], ref_grads[4]) < 1e-4
+        # attention_backward! writes the dsinks given and returns it fourth; with sinks but no
+        # dsinks, and without sinks, the gradients of q, k and v only.
+        dsinks = fill(NaN32, 4)
+        result = attention_backward!(ctx, similar(q), similar(k), similar(v), q, k, v, out, lse, dout;
+                                     softcap = 3, sinks = sinks, dsinks = dsinks)
+        @test length(result) == 4 && result[4] === dsinks
+        @test relative_error(dsinks, ref_grads[4]) < 1e-4
+        result = attention_backward!(ctx, similar(q), similar(k), similar(v), q, k, v, out, lse, dout;
+                                     softcap = 3, sinks = sinks)
+        @test length(result) == 3 && relative_error(result[1], ref_grads[1]) < 1e-5
+        plain_out, plain_lse = attention_forward(ctx, q, k, v)
+        @test length(attention_backward(ctx, q, k, v, plain_out, plain_lse, dout)) == 3
+
+        e = stria_error(() -> attention_backward(ctx, q, k, v, out, lse, dout; dsinks = zeros(Float32, 4)))
+        @test occursin("params->sinks is NULL", e.message)
+        e = stria_error(() -> attention_forward(ctx, q, k, v; sinks = zeros(Float32, 3)))  # Hq is 4
+        @test occursin("params->sinks", e.message)
+        @test occursin("float32", stria_error(() -> attention_forward(ctx, q, k, v; sinks = zeros(Float64, 4))).message)
+        @test occursin("params->softcap", stria_error(() -> attention_forward(ctx, q, k, v; softcap = -1)).message)
+        @test_throws ArgumentError attention_forward(ctx, q, k, v; sinks = 0.5f0)
+        @test_throws ArgumentError attention_forward(ctx, q, k, v; sinks = zeros(Float32, 4, 1))
+        @test_throws ArgumentError attention_backward(ctx, q, k, v, out, lse, dout; sinks = sinks,
+                                                      dsinks = zeros(Float32, 4, 1))
         close(ctx)
     end
 
