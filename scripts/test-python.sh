@@ -3,7 +3,7 @@
 # (bindings/python/tests: numpy, torch and JAX against float64 references, errors, threads, a training
 # step) and the training example, then builds a wheel, installs it and runs the suite again
 # against the installed package. Installs what it needs: Debian packages only when missing, and
-# numpy, pytest, torch and jax (from PyPI) into a virtual environment in the repository.
+# numpy, pytest, torch, jax and transformers (from PyPI) into a virtual environment in the repository.
 #
 # Environment:
 #   STRIA_PYTHON_BUILD_DIR  build directory (default: STRIA_BUILD_DIR, else build-python); an
@@ -56,6 +56,12 @@ if ! "$py" -c 'import jax' 2>/dev/null; then
   "$py" -m pip install -q jax
   echo "jax installed in $((SECONDS - t0)) s"
 fi
+if ! "$py" -c 'import transformers' 2>/dev/null; then
+  # HuggingFace transformers: stria.transformers' tests and example (tiny random models, no downloads).
+  t0=$SECONDS
+  "$py" -m pip install -q transformers
+  echo "transformers installed in $((SECONDS - t0)) s"
+fi
 jax_include=$("$py" -c 'import jax.ffi; print(jax.ffi.include_dir())')
 if [ "${STRIA_PYTHON_PREPARE_ONLY:-0}" = 1 ]; then
   echo "== Python environment ready in $((SECONDS - started)) s"
@@ -73,7 +79,7 @@ cmake -S . -B "$build_dir" "${configure[@]}" >/dev/null
 cmake --build "$build_dir" --target stria_python -j "$(nproc)"
 package_dir=$(cd "$build_dir/bindings/python" && pwd)
 
-export STRIA_REQUIRE_TORCH=1 STRIA_REQUIRE_JAX=1
+export STRIA_REQUIRE_TORCH=1 STRIA_REQUIRE_JAX=1 STRIA_REQUIRE_TRANSFORMERS=1
 echo "== pytest against the build tree"
 PYTHONPATH=$package_dir STRIA_EXPECT_PACKAGE_DIR=$package_dir/stria \
   timeout 900 "$py" -m pytest -q -p no:cacheprovider bindings/python/tests
@@ -84,6 +90,11 @@ PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_tiny.py --ranks 
   --steps 12 --check
 PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_tiny.py --ranks 2 --steps 8 --check --compile
 PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_tiny.py --ranks 4 --packed 4 --steps 12 --check
+echo "== examples/python/train_transformers.py"
+PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_transformers.py --family gpt_oss --ranks 4 --steps 4 \
+  --check
+PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_transformers.py --family mistral --ranks 3 --seq 48 \
+  --packed 3 --layout zigzag --steps 4 --check
 echo "== examples/python/train_packed.py"
 PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_packed.py --ranks 3 --steps 12 --check
 echo "== examples/python/train_tiny_jax.py"

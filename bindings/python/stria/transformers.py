@@ -1,0 +1,295 @@
+"""HuggingFace transformers integration: stria as an attention implementation of any model that
+takes transformers' attention interface (Llama, Qwen2, Mistral, Gemma 2, gpt-oss, ...).
+
+    import stria.transformers as st
+
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="stria")
+    batch = st.shard_batch(ctx, input_ids, labels, layout="striped")  # this rank's tokens
+    out = model(**batch.model_inputs())                                 # out.loss: this rank's share
+    out.loss.backward()                                                 # sum the gradients over ranks
+
+Importing the module registers ``"stria"`` with transformers' ``AttentionInterface`` and its mask
+interface (``register()`` does it again, under another name if wanted). Every rank of a stria
+context runs the model on its own shard of the sequence (``shard_batch``: input ids, position ids
+for the rotary embeddings, and the next-token labels shifted before sharding, since a rank's tokens
+are not consecutive); the attention layers then run stria's ring over the ranks. The loss of each
+rank is its share of the mean over every rank's tokens, so the sum of the ranks' losses is the loss
+of the whole batch, and the sum of their gradients its gradient: threads of a local group sharing
+one model sum them by themselves, processes (torchrun, ``stria.torch.context_from_group``) reduce
+them as data-parallel training does.
+
+What the attention layers pass is honoured: the scaling, grouped-query heads, the causal flag, a
+sliding window (per layer), logit softcapping (Gemma 2, CPU contexts) and attention sinks (gpt-oss,
+differentiable). What stria cannot honour is refused with a ValueError: an attention mask tensor (a
+padding mask or a custom 4D mask: pack the documents and pass ``cu_seqlens`` instead), dropout in
+training, a key/value cache, position biases.
+
+The sharding reaches the attention layers in the model's keyword arguments (``model_inputs()``
+passes it as ``stria=``), which works under ``torch.compile``; or for the calls inside
+``with st.sharded(batch.sharding):`` on this thread, for models that do not pass their keyword
+arguments down to the attention layers.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from . import torch as stria_torch
+from ._context import Context
+from ._enums import Layout, LayoutLike
+from ._ops import positions as layout_positions
+from ._plan import Plan
+
+try:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+except ImportError as e:  # pragma: no cover - the message is the point
+    raise ImportError("stria.transformers needs HuggingFace transformers: pip install transformers") from e
+
+__all__ = ["ShardedBatch", "Sharding", "attention_forward", "register", "shard_batch", "sharded"]
+
+NAME = "stria"
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """How a batch is spread over the ranks of `context`: by `layout`, or by a document `plan`;
+    `cu_seqlens` (int64 ``[B, n + 1]`` global boundaries, or None) masks each query to its own
+    document. Hashed by identity, so that torch.compile guards on the object rather than its
+    fields."""
+
+    context: Context
+    layout: LayoutLike = Layout.STRIPED
+    plan: Plan | None = None
+    cu_seqlens: torch.Tensor | None = None
+
+    __hash__ = object.__hash__
+    __eq__ = object.__eq__
+
+
+@dataclass
+class ShardedBatch:
+    """One rank's part of a batch: its tokens' ids, position ids and next-token labels (ignored
+    positions ``ignore_index``), the number of labels over all ranks (which each rank's loss is
+    divided by), and the sharding its model's attention layers run on."""
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    labels: torch.Tensor | None
+    num_items_in_batch: torch.Tensor | None
+    sharding: Sharding
+
+    def model_inputs(self) -> dict[str, Any]:
+        """The keyword arguments of a transformers model's forward: with labels, its loss is this
+        rank's share of the batch's mean loss (``shift_labels``: the labels are shifted already)."""
+        inputs: dict[str, Any] = {
+            "input_ids": self.input_ids,
+            "position_ids": self.position_ids,
+            "use_cache": False,
+            NAME: self.sharding,
+        }
+        if self.labels is not None:
+            inputs.update(labels=self.labels, shift_labels=self.labels, num_items_in_batch=self.num_items_in_batch)
+        return inputs
+
+
+_current = threading.local()
+
+
+@contextmanager
+def sharded(sharding: Sharding) -> Iterator[Sharding]:
+    """The sharding the attention layers of models called on this thread run on, inside the block
+    (for models that do not pass ``stria=`` down to their attention layers)."""
+    previous = getattr(_current, "sharding", None)
+    _current.sharding = sharding
+    try:
+        yield sharding
+    finally:
+        _current.sharding = previous
+
+
+def _boundaries(cu_seqlens: Any, batch: int, seq: int) -> torch.Tensor | None:
+    """cu_seqlens as int64 ``[B, n + 1]`` on the CPU (one row for every batch row, or one each)."""
+    if cu_seqlens is None:
+        return None
+    cu = torch.as_tensor(np.asarray(cu_seqlens.cpu() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens))
+    if cu.dtype.is_floating_point or cu.dim() not in (1, 2) or cu.shape[-1] < 2:
+        raise ValueError(f"cu_seqlens must be integer boundaries [0, s1, ..., S] (or one row per batch row), not {cu}")
+    cu = cu.to(torch.int64).expand(batch, cu.shape[-1]).contiguous()
+    if bool((cu[:, 0] != 0).any()) or bool((cu[:, -1] != seq).any()):
+        raise ValueError(f"cu_seqlens rows must run from 0 to the sequence length {seq}: {cu.tolist()}")
+    return cu
+
+
+def _document_starts(cu: torch.Tensor | None, batch: int, seq: int) -> torch.Tensor:
+    """For each token, the position where its document starts ([B, S]; 0 without documents)."""
+    if cu is None:
+        return torch.zeros(batch, seq, dtype=torch.int64)
+    index = torch.arange(seq).expand(batch, seq).contiguous()
+    doc = torch.searchsorted(cu, index, right=True) - 1
+    return torch.gather(cu, 1, doc)
+
+
+def shard_batch(
+    context: Context,
+    input_ids: torch.Tensor,
+    labels: torch.Tensor | None = None,
+    *,
+    position_ids: torch.Tensor | None = None,
+    cu_seqlens: Any = None,
+    layout: LayoutLike = Layout.STRIPED,
+    plan: Plan | None = None,
+    ignore_index: int = -100,
+    pad_token_id: int = 0,
+) -> ShardedBatch:
+    """This rank's part of a batch of whole sequences ``input_ids`` ``[B, S]``.
+
+    labels (``[B, S]``, as a causal LM takes them: usually input_ids) are shifted first, so that
+    token i's label is token i + 1's (its document's last token, and the sequence's, get
+    ignore_index), then sharded like the tokens. position_ids default to each token's position in
+    its document (packed documents restart at 0, as for one-document sequences). cu_seqlens packs
+    several documents into each sequence: global boundaries ``[0, s1, ..., S]`` for every batch row
+    or one row each. The tokens go to the ranks by `layout` (S a multiple of the world size, twice
+    it for zigzag), or by `plan` (a stria.Plan made from these boundaries and the world size:
+    rank slots without a token get pad_token_id, position 0 and label ignore_index, and attend to
+    nothing).
+    """
+    if not isinstance(context, Context):
+        raise TypeError(f"shard_batch(): context must be a stria.Context, not {type(context).__name__}")
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        raise ValueError("shard_batch(): input_ids must be a [B, S] torch tensor")
+    batch, seq = input_ids.shape
+    cu = _boundaries(cu_seqlens, batch, seq)
+    if plan is not None:
+        if not isinstance(plan, Plan):
+            raise TypeError(f"shard_batch(): plan must be a stria.Plan, not {type(plan).__name__}")
+        if cu is None:
+            cu = torch.as_tensor(np.asarray(plan.cu_seqlens), dtype=torch.int64).expand(batch, -1).contiguous()
+    starts = _document_starts(cu, batch, seq)
+    if position_ids is None:
+        position_ids = torch.arange(seq).expand(batch, seq) - starts
+    shifted = None
+    if labels is not None:
+        shifted = torch.full_like(labels, ignore_index)
+        shifted[:, :-1] = labels[:, 1:]
+        if cu is not None:  # a document's last token predicts nothing of the next document
+            last = torch.zeros(batch, seq, dtype=torch.bool)
+            ends = cu[:, 1:] - 1
+            valid = ends >= 0
+            last[torch.arange(batch)[:, None].expand_as(ends)[valid], ends[valid]] = True
+            shifted[last.to(shifted.device)] = ignore_index
+    n, rank = context.world_size, context.rank
+    if plan is not None:
+        if plan.batch != batch or plan.seq_len != seq or plan.world_size != n:
+            raise ValueError(
+                f"shard_batch(): the plan is for {plan.batch} rows of {plan.seq_len} tokens over {plan.world_size} "
+                f"ranks, the batch is {batch} rows of {seq} over {n}"
+            )
+        where = torch.from_numpy(plan.positions(rank).copy())  # [B, local_len], -1 for padding
+        padding = where < 0
+        index = where.clamp(min=0)
+
+        def take(x: torch.Tensor, fill: int) -> torch.Tensor:
+            picked = torch.gather(x, 1, index.to(x.device))
+            picked[padding.to(x.device)] = fill
+            return picked
+    else:
+        index = torch.from_numpy(layout_positions(layout, seq, n, rank).astype(np.int64))
+
+        def take(x: torch.Tensor, fill: int) -> torch.Tensor:  # noqa: ARG001 - every slot has a token
+            return x[:, index.to(x.device)]
+
+    ids = take(input_ids, pad_token_id)
+    pos = take(position_ids.to(input_ids.device), 0)
+    lab = None if shifted is None else take(shifted, ignore_index)
+    count = None if shifted is None else (shifted != ignore_index).sum()
+    sharding = Sharding(context, Layout.of(layout), plan, cu)
+    return ShardedBatch(ids, pos, lab, count, sharding)
+
+
+def _refuse(message: str) -> None:
+    raise ValueError(f"stria attention: {message}")
+
+
+def attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    s_aux: torch.Tensor | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface on stria's ring: query ``[B, Hq, L, D]``, key and value
+    ``[B, Hkv, L, D]`` of this rank's tokens; returns ``([B, L, Hq, D], None)``."""
+    sharding = kwargs.get(NAME) or getattr(_current, "sharding", None)
+    if not isinstance(sharding, Sharding):
+        _refuse(
+            "no sharding for this call: pass a ShardedBatch's model_inputs() to the model (or call it inside "
+            "stria.transformers.sharded(...))"
+        )
+    if attention_mask is not None:
+        _refuse(
+            "an attention mask tensor cannot be honoured (stria computes causal, document and window masks "
+            "itself): pack sequences without padding and pass cu_seqlens to shard_batch"
+        )
+    if dropout and module.training:
+        _refuse(f"attention dropout ({dropout}) in training is not supported: set the model's attention_dropout to 0")
+    if kwargs.get("position_bias") is not None:
+        _refuse("position biases cannot be honoured")
+    if query.shape[2] != key.shape[2]:
+        _refuse(
+            f"{query.shape[2]} queries against {key.shape[2]} keys: a key/value cache (generation) or cross-attention "
+            "is not supported; call the model with use_cache=False"
+        )
+    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+    window = None
+    if sliding_window is not None:
+        reach = int(sliding_window) - 1  # transformers' window of W: the W - 1 keys before a query and itself
+        window = (reach, 0 if causal else reach)
+    out = stria_torch.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        is_causal=causal,
+        scale=scaling,
+        context=sharding.context,
+        layout=sharding.layout,
+        cu_seqlens=sharding.cu_seqlens,
+        window=window,
+        plan=sharding.plan,
+        softcap=softcap,
+        sinks=s_aux,
+    )
+    return out.transpose(1, 2), None
+
+
+def _mask(*args: Any, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> None:
+    """transformers' mask interface: stria builds its masks itself, so none is made; a padding mask
+    with padding in it would be dropped, so it is refused instead."""
+    if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
+        _refuse(
+            "the attention_mask pads some tokens, which stria cannot honour: pack sequences without padding and "
+            "pass cu_seqlens to shard_batch"
+        )
+    return None
+
+
+def register(name: str = NAME) -> None:
+    """Registers the attention and its (empty) mask as ``attn_implementation=name``."""
+    AttentionInterface.register(name, attention_forward)
+    AttentionMaskInterface.register(name, _mask)
+
+
+register()

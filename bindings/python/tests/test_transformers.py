@@ -1,0 +1,194 @@
+"""stria.transformers: tiny random models of the families users fine-tune (Llama, Qwen2, Mistral
+with a sliding window, Gemma 2 with logit softcapping and alternating windows, gpt-oss with
+attention sinks) run with attn_implementation="stria" on local groups of CPU ranks, each on its
+shard of the batch, against the same model with transformers' own eager attention on the whole
+sequence in float64: the logits, the loss (the sum of the ranks' shares) and every parameter's
+gradient (the sum of the ranks' contributions)."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import stria
+from conftest import TIMEOUT_S, torch_or_skip
+from reference import rel_err
+
+torch = torch_or_skip()
+if os.environ.get("STRIA_REQUIRE_TRANSFORMERS") == "1":  # the test script installs it: missing is a failure
+    import transformers
+else:
+    transformers = pytest.importorskip("transformers")
+import stria.transformers as st  # noqa: E402 - needs torch and transformers
+
+VOCAB, SEQ, BATCH = 64, 24, 2
+
+
+def tiny_config(family: str):
+    """A model of two layers, 4 query heads of 8 dims sharing 2 K/V heads, random weights."""
+    common = dict(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=64, attention_dropout=0.0,
+    )
+    if family == "llama":
+        return transformers.LlamaConfig(**common)
+    if family == "qwen2":
+        return transformers.Qwen2Config(**common)
+    if family == "mistral":
+        return transformers.MistralConfig(**common, sliding_window=6)
+    if family == "gemma2":
+        return transformers.Gemma2Config(**common, sliding_window=5, attn_logit_softcapping=3.0,
+                                         final_logit_softcapping=20.0, query_pre_attn_scalar=8)
+    if family == "gpt_oss":
+        rope = {"rope_type": "default", "rope_theta": 10000.0}  # the default's YaRN wants longer contexts
+        return transformers.GptOssConfig(**common, sliding_window=5, num_local_experts=4, num_experts_per_tok=2,
+                                         rope_parameters=rope)
+    raise ValueError(family)
+
+
+def make_model(family: str, attn: str):
+    torch.manual_seed(3)
+    # The experts as plain loops: the grouped matrix products have no float64, which the reference runs in.
+    model = transformers.AutoModelForCausalLM.from_config(tiny_config(family), attn_implementation=attn,
+                                                          experts_implementation="eager")
+    if family == "gpt_oss":  # the sinks start at 0 otherwise: make them matter
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.sinks.uniform_(-1.0, 2.0)
+    return model
+
+
+def reference(model, input_ids):
+    """logits, loss and gradients of the whole batch with eager attention, in float64."""
+    ref = copy.deepcopy(model).double()
+    ref.set_attn_implementation("eager")
+    out = ref(input_ids=input_ids, labels=input_ids.clone(), use_cache=False)
+    out.loss.backward()
+    return out.logits.detach(), out.loss.item(), {n: p.grad for n, p in ref.named_parameters()}
+
+
+def run_sharded(model, input_ids, n, layout="striped", plan=None, cu_seqlens=None):
+    """Each rank of a local group of n runs the shared model on its shard; returns the full logits
+    (unsharded), the sum of the losses and the accumulated gradients."""
+    model.zero_grad(set_to_none=True)
+    logits = torch.full((BATCH, SEQ, VOCAB), float("nan"), dtype=torch.float64)
+
+    def rank_fn(ctx):
+        batch = st.shard_batch(ctx, input_ids, input_ids, layout=layout, plan=plan, cu_seqlens=cu_seqlens)
+        out = model(**batch.model_inputs())
+        out.loss.backward()
+        if plan is not None:
+            where = torch.from_numpy(plan.positions(ctx.rank).copy())
+            for b in range(BATCH):
+                keep = where[b] >= 0
+                logits[b, where[b][keep]] = out.logits[b][keep].detach().double()
+        else:
+            pos = torch.from_numpy(stria.positions(layout, SEQ, n, ctx.rank))
+            logits[:, pos] = out.logits.detach().double()
+        return out.loss.item()
+
+    with stria.local_group(n, timeout_s=TIMEOUT_S) as group:
+        losses = group.run(rank_fn)
+    return logits, sum(losses), {name: p.grad for name, p in model.named_parameters()}
+
+
+def check(got, want, tol):
+    logits, loss, grads = got
+    ref_logits, ref_loss, ref_grads = want
+    assert rel_err(logits.numpy(), ref_logits.numpy()) < tol
+    assert loss == pytest.approx(ref_loss, rel=tol)
+    for name, g in ref_grads.items():
+        assert grads[name] is not None, name
+        assert rel_err(grads[name].double().numpy(), g.numpy()) < tol, name
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "gemma2", "gpt_oss"])
+@pytest.mark.parametrize(("n", "layout"), [(3, "striped"), (2, "zigzag")])
+def test_model_matches_eager_attention(family, n, layout):
+    model = make_model(family, "stria")
+    input_ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(n))
+    want = reference(model, input_ids)
+    check(run_sharded(model, input_ids, n, layout), want, 2e-5)
+
+
+@pytest.mark.parametrize("on_plan", [False, True], ids=["striped", "plan"])
+def test_packed_documents_match_separate_sequences(on_plan):
+    """Documents packed into one row (cu_seqlens; by the layout, or on a document plan whose
+    padding slots attend to nothing) give each document's tokens the logits that document alone
+    gets, position ids restarting at each document."""
+    model = make_model("llama", "stria")
+    cu = [0, 5, 13, 24]
+    input_ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(9))
+    plan = stria.Plan([cu] * BATCH, 3, seq_len=SEQ, tile=4) if on_plan else None
+    logits, _, _ = run_sharded(model, input_ids, 3, cu_seqlens=cu, plan=plan)
+    ref = copy.deepcopy(model).double()
+    ref.set_attn_implementation("eager")
+    for lo, hi in zip(cu[:-1], cu[1:]):
+        alone = ref(input_ids=input_ids[:, lo:hi], use_cache=False).logits
+        assert rel_err(logits[:, lo:hi].numpy(), alone.detach().numpy()) < 2e-5
+
+
+def test_what_cannot_be_honoured_is_refused():
+    model = make_model("llama", "stria")
+    input_ids = torch.randint(0, VOCAB, (1, 8))
+    with stria.Context(timeout_s=TIMEOUT_S) as ctx:
+        batch = st.shard_batch(ctx, input_ids, input_ids)
+        padded = torch.ones(1, 8, dtype=torch.long)
+        padded[0, :2] = 0
+        with pytest.raises(ValueError, match="pads some tokens"):
+            model(**batch.model_inputs(), attention_mask=padded)
+        with pytest.raises(ValueError, match="no sharding"):
+            model(input_ids=input_ids, use_cache=False)
+        model.train()
+        model.config.attention_dropout = 0.1
+        for layer in model.model.layers:
+            layer.self_attn.attention_dropout = 0.1
+        with pytest.raises(ValueError, match="dropout"):
+            model(**batch.model_inputs())
+
+
+def test_the_sharding_of_a_with_block_and_torch_compile():
+    """The sharding given by stria.transformers.sharded (no keyword argument), and the model under
+    torch.compile: the logits of eager stria, the gradients of the reference."""
+    model = make_model("qwen2", "stria")
+    input_ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(4))
+    want = reference(model, input_ids)
+    compiled = torch.compile(model)
+    model.zero_grad(set_to_none=True)
+
+    def rank_fn(ctx):
+        batch = st.shard_batch(ctx, input_ids, input_ids)
+        inputs = batch.model_inputs()
+        del inputs[st.NAME]
+        with st.sharded(batch.sharding):
+            eager = model(**inputs).logits
+        out = compiled(**batch.model_inputs())
+        out.loss.backward()
+        return rel_err(out.logits.detach().double().numpy(), eager.detach().double().numpy()), out.loss.item()
+
+    with stria.local_group(2, timeout_s=TIMEOUT_S) as group:
+        results = group.run(rank_fn)
+    assert all(err < 1e-5 for err, _ in results)
+    assert sum(loss for _, loss in results) == pytest.approx(want[1], rel=2e-5)
+    for name, g in want[2].items():
+        assert rel_err(model.get_parameter(name).grad.double().numpy(), g.numpy()) < 2e-5, name
+
+
+def test_example_under_torchrun(ucx):
+    """The fine-tuning example as torchrun runs it: two processes, contexts from the gloo group, K/V
+    blocks over UCX, the gradients all-reduced: its losses match one process's with eager attention."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    here = os.path.dirname(os.path.abspath(__file__))
+    example = os.path.join(here, "..", "..", "..", "examples", "python", "train_transformers.py")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(port), example, "--family", "gemma2", "--steps", "3", "--seq", "32", "--check"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=4 * TIMEOUT_S)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "gemma2, 2 ranks (processes)" in done.stdout
