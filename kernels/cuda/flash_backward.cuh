@@ -119,9 +119,10 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashBackwardKernel(const BwdParams p
         for (int c = 0; c < 4; ++c) {
           const int qi = nt * 8 + 2 * t4 + (c & 1);
           const bool vis = In(seen[c >> 1], qi);
-          const float pr = vis ? fast_exp2(st[nt][c] * p.scale_log2 - lse2s[qi]) : 0.f;
+          float slope;
+          const float pr = vis ? fast_exp2(Log2Score(st[nt][c], p.scale_log2, p.softcap, &slope) - lse2s[qi]) : 0.f;
           st[nt][c] = pr;
-          dpt[nt][c] = vis ? pr * (dpt[nt][c] - deltas[qi]) : 0.f;
+          dpt[nt][c] = vis ? pr * (dpt[nt][c] - deltas[qi]) * slope : 0.f;
         }
         if (!kDq) continue;
         // dS^T into shared memory (rows: keys, columns: queries) for dQ = dS K below.

@@ -126,8 +126,9 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashBackwardDqKernel(const BwdParams
         for (int c = 0; c < 4; ++c) {
           const int e = c >> 1;
           const bool vis = In(seen[e], nt * 8 + 2 * t4 + (c & 1));
-          const float pr = vis ? fast_exp2(s[nt][c] * p.scale_log2 - lse2[e]) : 0.f;
-          dp[nt][c] = vis ? pr * (dp[nt][c] - delta[e]) : 0.f;
+          float slope;
+          const float pr = vis ? fast_exp2(Log2Score(s[nt][c], p.scale_log2, p.softcap, &slope) - lse2[e]) : 0.f;
+          dp[nt][c] = vis ? pr * (dp[nt][c] - delta[e]) * slope : 0.f;
         }
       }
 

@@ -6,6 +6,7 @@
 #include "cuda/forward_state.cuh"
 #include "cuda/key_grads.cuh"
 #include "cuda/params.h"
+#include "cuda/softcap.cuh"
 #include "cuda/tile_mask.cuh"
 
 namespace stria {

@@ -127,7 +127,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
             STRIA_UNROLL
             for (int c = 0; c < 4; ++c) {
               const bool vis = In(w[2 * mt + (c >> 1)], nt * 8 + 2 * t4 + (c & 1));
-              s[mt][nt][c] = vis ? s[mt][nt][c] * p.scale_log2 : NegInf();
+              s[mt][nt][c] = vis ? Log2Score(s[mt][nt][c], p.scale_log2, p.softcap) : NegInf();
             }
           }
         }
@@ -137,7 +137,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p)
           STRIA_UNROLL
           for (int nt = 0; nt < kNTiles; ++nt) {
             STRIA_UNROLL
-            for (int c = 0; c < 4; ++c) s[mt][nt][c] *= p.scale_log2;
+            for (int c = 0; c < 4; ++c) s[mt][nt][c] = Log2Score(s[mt][nt][c], p.scale_log2, p.softcap);
           }
         }
       }

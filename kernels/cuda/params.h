@@ -47,6 +47,13 @@ struct RowsOut {
   int64_t sb, sl, sh;
 };
 
+// Logit softcapping (softcap.cuh): cap_log2 = softcap·log2(e) and cap_in = scale / softcap, or 0
+// and 0 for none.
+struct Softcap {
+  float cap_log2;
+  float cap_in;
+};
+
 // One forward ring block, merged into the running softmax state of this rank's queries.
 struct FwdParams {
   Dims dims;
@@ -57,6 +64,7 @@ struct FwdParams {
   float* m;          // [B, Hq, L] running max of the scaled scores, log2 domain
   float* l;          // [B, Hq, L] running sum of exp2(score - m)
   float scale_log2;  // softmax scale * log2(e)
+  Softcap softcap;
   MaskArgs mask;
   // Where the block stands in its call (forward_state.cuh); either may be set only for a block
   // whose mask covers every query row (CoversEveryRow), so that every row has a CTA that owns it.
@@ -90,6 +98,7 @@ struct BwdParams {
   float* dv;
   float scale_log2;
   float scale;
+  Softcap softcap;
   MaskArgs mask;
   // dk_out.data non-null: this block's dK/dV are the call's whole result (a world of one): the
   // kernels write them in the storage dtype at the caller's strides (dk_out, dv_out: [B, L, Hkv,

@@ -10,6 +10,7 @@
 #include "cuda/forward_state.cuh"
 #include "cuda/key_grads.cuh"
 #include "cuda/params.h"
+#include "cuda/softcap.cuh"
 #include "cuda/tile_mask.cuh"
 
 namespace stria {
@@ -100,7 +101,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtForwardKernel(const FwdParams p) 
       const float* krow = ks + lane * (D + 1);
       float s = 0.f;
       for (int c = 0; c < D; ++c) s += qrow[c] * krow[c];
-      s *= p.scale_log2;
+      s = Log2Score(s, p.scale_log2, p.softcap);
       if (!Visible<kDocs>(mask, row[r], j0 + lane)) s = NegInf();
       const float m_new = fmaxf(m_run[r], WarpMax(s));
       const float base = m_new == NegInf() ? 0.f : m_new;
@@ -203,8 +204,9 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDqKernel(const BwdParams 
         dp += dorow[c] * vrow[c];
       }
       const bool vis = Visible<kDocs>(mask, row[r], j0 + lane);
-      const float pr = vis ? fast_exp2(s * p.scale_log2 - lse2[r]) : 0.f;
-      const float ds = vis ? pr * (dp - delta[r]) : 0.f;
+      float slope;
+      const float pr = vis ? fast_exp2(Log2Score(s, p.scale_log2, p.softcap, &slope) - lse2[r]) : 0.f;
+      const float ds = vis ? pr * (dp - delta[r]) * slope : 0.f;
       for (int jj = 0; jj < kSimtTile; ++jj) {
         const float dsj = shfl(ds, jj);
         const float* kr = ks + jj * (D + 1);
@@ -289,8 +291,9 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDkvKernel(const BwdParams
           dp += dorow[c] * vrow[c];
         }
         const bool vis = Visible<kDocs>(mask, i0 + lane, j);
-        const float pr = vis ? fast_exp2(s * p.scale_log2 - lse2s[lane]) : 0.f;
-        const float ds = vis ? pr * (dp - deltas[lane]) : 0.f;
+        float slope;
+        const float pr = vis ? fast_exp2(Log2Score(s, p.scale_log2, p.softcap, &slope) - lse2s[lane]) : 0.f;
+        const float ds = vis ? pr * (dp - deltas[lane]) * slope : 0.f;
         for (int ii = 0; ii < kSimtTile; ++ii) {
           const float pi = shfl(pr, ii), dsi = shfl(ds, ii);
           const float* qr = qs + ii * (D + 1);

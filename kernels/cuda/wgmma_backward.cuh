@@ -110,9 +110,10 @@ STRIA_DEVICE void BackwardStep(const BwdParams& p, const MaskArgs& mask, int64_t
     for (int i = 8 * kq; i < 8 * kq + 8; ++i) {
       const int qi = 8 * (i >> 2) + 2 * t4 + (i & 1);
       const bool vis = In(seen[(i & 3) >> 1], qi);
-      const float pr = vis ? fast_exp2(sT[i] * p.scale_log2 - lse2[qi]) : 0.f;
+      float slope;
+      const float pr = vis ? fast_exp2(Log2Score(sT[i], p.scale_log2, p.softcap, &slope) - lse2[qi]) : 0.f;
       sT[i] = pr;
-      dpT[i] = vis ? pr * (dpT[i] - delta[qi]) : 0.f;
+      dpT[i] = vis ? pr * (dpT[i] - delta[qi]) * slope : 0.f;
     }
     STRIA_UNROLL
     for (int i = 8 * kq; i < 8 * kq + 8; i += 2) {

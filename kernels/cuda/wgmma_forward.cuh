@@ -51,10 +51,10 @@ STRIA_DEVICE void WgmmaSoftmax(const FwdParams& p, const MaskArgs& mask, float (
     const Window w[2] = {VisibleKeys<kDocs>(mask, row[0], j0, kN), VisibleKeys<kDocs>(mask, row[1], j0, kN)};
     STRIA_UNROLL
     for (int i = 0; i < kN / 2; ++i)
-      s[i] = In(w[(i & 3) >> 1], 8 * (i >> 2) + 2 * t4 + (i & 1)) ? s[i] * p.scale_log2 : NegInf();
+      s[i] = In(w[(i & 3) >> 1], 8 * (i >> 2) + 2 * t4 + (i & 1)) ? Log2Score(s[i], p.scale_log2, p.softcap) : NegInf();
   } else {
     STRIA_UNROLL
-    for (int i = 0; i < kN / 2; ++i) s[i] *= p.scale_log2;
+    for (int i = 0; i < kN / 2; ++i) s[i] = Log2Score(s[i], p.scale_log2, p.softcap);
   }
   float mx[2] = {NegInf(), NegInf()};
   STRIA_UNROLL

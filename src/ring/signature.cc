@@ -8,10 +8,10 @@
 
 namespace stria {
 
-// "STR4": the fourth form (the document mask's hash; before it the caller's tag, and a status in
-// place of a valid flag), so that a rank of an older stria in the ring is named as such instead of
-// being misread.
-constexpr uint32_t kSignatureMagic = 0x53545234;
+// "STR5": the fifth form (the softcap and whether there are sinks; before them the document mask's
+// hash, the caller's tag, and a status in place of a valid flag), so that a rank of an older stria
+// in the ring is named as such instead of being misread.
+constexpr uint32_t kSignatureMagic = 0x53545235;
 
 const char* RingOpName(RingOp op) {
   return op == RingOp::kForward ? "stria_attention_forward" : "stria_attention_backward";

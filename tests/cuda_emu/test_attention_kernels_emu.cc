@@ -42,11 +42,18 @@ struct Case {
   Path path;
   int B, L, Hq, Hkv, D;
   std::vector<Block> blocks;
+  float softcap = 0.f;  // > 0: logit softcapping (softcap.cuh)
 };
 
 bool RefVisible(const sc::MaskArgs& m, int64_t i, int64_t j) {  // the test's own copy of the rule
   if (i < m.q_begin || i >= m.q_end || j < m.k_begin || j >= m.k_end) return false;
   return !m.diagonal || j <= i + m.offset;
+}
+
+// The kernels' softcap parameters for the case (zeros without one), as the CUDA backend makes them.
+sc::Softcap Softcap(const Case& c, double scale) {
+  if (c.softcap <= 0) return sc::Softcap{0.f, 0.f};
+  return sc::Softcap{static_cast<float>(c.softcap * 1.4426950408889634), static_cast<float>(scale / c.softcap)};
 }
 
 unsigned CeilDiv(int64_t a, int64_t b) {
@@ -197,7 +204,7 @@ void RunCase(const Case& c) {
             for (int64_t d = 0; d < D; ++d)
               acc += Q(at4(b, i, h, Hq, d)) * kd[static_cast<size_t>(x)][static_cast<size_t>(at4(b, j, hk, Hkv, d))];
             keys.push_back({x, j});
-            s.push_back(acc * scale);
+            s.push_back(c.softcap > 0 ? c.softcap * std::tanh(acc * scale / c.softcap) : acc * scale);
           }
         const size_t row = static_cast<size_t>((b * Hq + h) * L + i);
         if (keys.empty()) {
@@ -225,7 +232,9 @@ void RunCase(const Case& c) {
           const int64_t j = keys[n][1];
           double dp = 0;
           for (int64_t d = 0; d < D; ++d) dp += dO(at4(b, i, h, Hq, d)) * V[static_cast<size_t>(at4(b, j, hk, Hkv, d))];
-          const double ds = p[n] * (dp - delta) * scale;
+          // Through the softcap: the capped score's slope, 1 - tanh² (s[n] / cap = tanh).
+          const double slope = c.softcap > 0 ? 1.0 - (s[n] / c.softcap) * (s[n] / c.softcap) : 1.0;
+          const double ds = p[n] * (dp - delta) * scale * slope;
           for (int64_t d = 0; d < D; ++d) {
             dq_ref[static_cast<size_t>(at4(b, i, h, Hq, d))] += ds * K[static_cast<size_t>(at4(b, j, hk, Hkv, d))];
             dk_ref[static_cast<size_t>(keys[n][0])][static_cast<size_t>(at4(b, j, hk, Hkv, d))] +=
@@ -277,6 +286,7 @@ void RunCase(const Case& c) {
       p.m = m.data();
       p.l = l.data();
       p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+      p.softcap = Softcap(c, scale);
       p.mask = c.blocks[static_cast<size_t>(x)].mask;
       const bool covers = sc::CoversEveryRow(p.mask, L);
       if (fused && w == 0) {
@@ -334,6 +344,7 @@ void RunCase(const Case& c) {
     p.dv = dkv.data() + B * L * Hkv * D;
     p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
     p.scale = static_cast<float>(scale);
+    p.softcap = Softcap(c, scale);
     p.mask = c.blocks[static_cast<size_t>(x)].mask;
     Backward<T>(c.path, p);
     Tensor dk({B, L, Hkv, D}, c.dt), dv({B, L, Hkv, D}, c.dt);
@@ -451,6 +462,18 @@ std::vector<Case> Cases() {
   // in shared memory is the previous head's) while the first one works.
   for (Path path : {Path::kWgmma, Path::kTma})
     cs.push_back(Case{"gqa_restarts_d128", Dt::kF16, path, 1, 200, 3, 1, 128, {{Diagonal(200, 0), 17}}});
+  // Logit softcapping on every family, forward and backward, over a diagonal and a dense block (a cap of 2
+  // bends scores of this size well away from the identity).
+  for (Path path : {Path::kMma, Path::kWgmma, Path::kTma, Path::kSimt})
+    for (int D : {64, 128}) {
+      Case capped{"softcap", D == 64 ? Dt::kBF16 : Dt::kF16,          path, 1, 80, 4, 2,
+                  D,         {{Diagonal(80, 0), 24}, {Dense(80), 25}}};
+      capped.softcap = 2.f;
+      cs.push_back(capped);
+    }
+  Case capped_f32{"softcap_simt_f32", Dt::kF32, Path::kSimt, 1, 37, 2, 1, 24, {{Diagonal(37, -1), 26}}};
+  capped_f32.softcap = 1.5f;
+  cs.push_back(capped_f32);
   // SIMT only: float32 and head dims without tensor-core kernels.
   for (int D : {1, 24, 64, 100, 256})
     cs.push_back(Case{"simt_f32", Dt::kF32, Path::kSimt, 1, 37, 2, 1, D, {{Diagonal(37, 0), 12}, {Dense(37), 13}}});

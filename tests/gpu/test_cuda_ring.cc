@@ -34,6 +34,7 @@ struct Case {
   bool deterministic = false;     // stria_context_set_deterministic, and a second backward that must repeat the bits
   int64_t plan_tile = 0;          // > 0: on a document plan of this tile (with docs), S = L * world - 1 for world > 1
   bool sinks = false;             // attention sinks (params->sinks, in device memory) and their gradient
+  float softcap = 0.f;            // > 0: logit softcapping (params->softcap)
 };
 
 std::string Name(const Case& c) {
@@ -44,7 +45,7 @@ std::string Name(const Case& c) {
      << (c.spread ? "_2gpus" : "") << (c.docs > 0 ? "_docs" + std::to_string(c.docs) : "")
      << (c.device_docs ? "_ondevice" : "") << (c.window.active() ? "_window" + WindowName(c.window) : "")
      << (c.deterministic ? "_deterministic" : "") << (c.plan_tile > 0 ? "_plan" + std::to_string(c.plan_tile) : "")
-     << (c.sinks ? "_sinks" : "");
+     << (c.sinks ? "_sinks" : "") << (c.softcap > 0 ? "_softcap" + std::to_string(static_cast<int>(c.softcap)) : "");
   return os.str();
 }
 
@@ -85,7 +86,9 @@ void RunCase(const Case& c) {
   std::mt19937_64 rng(99 + c.world * 7 + c.layout * 131 + c.D + c.L);
   Tensor q({c.B, S, c.Hq, c.D}, c.dt), k({c.B, S, c.Hkv, c.D}, c.dt), v({c.B, S, c.Hkv, c.D}, c.dt);
   Tensor dout({c.B, S, c.Hq, c.D}, c.dt);
-  for (Tensor* t : {&q, &k, &v, &dout}) t->FillRandom(rng);
+  // Under a softcap, larger scores: the cap then bends them well away from the identity.
+  for (Tensor* t : {&q, &k}) t->FillRandom(rng, c.softcap > 0 ? 2.0 : 1.0);
+  for (Tensor* t : {&v, &dout}) t->FillRandom(rng);
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
   const auto dod = dout.ToDouble();
   const std::vector<int64_t> documents = c.docs > 0 ? RandomDocuments(c.B, S, c.docs, rng) : std::vector<int64_t>();
@@ -98,6 +101,7 @@ void RunCase(const Case& c) {
   }
   ScoreMods mods;
   mods.sinks = c.sinks ? &sinks : nullptr;
+  mods.softcap = c.softcap;
   const Reference ref = DenseAttention(q.ToDouble(), k.ToDouble(), v.ToDouble(), &dod, c.B, S, c.Hq, c.Hkv, c.D,
                                        c.causal, scale, c.docs > 0 ? &documents : nullptr, c.window, mods);
   std::vector<double> dsinks(static_cast<size_t>(c.Hq), 0.0);
@@ -140,6 +144,7 @@ void RunCase(const Case& c) {
   params.layout = c.layout;
   params.causal = c.causal;
   params.plan = plan;
+  params.softcap = c.softcap;
 
   // On the runtime model, CTAs in a random order that changes at every launch (as a GPU's may): the
   // deterministic backward's second run must still repeat the first one's bits.
@@ -574,6 +579,32 @@ std::vector<Case> SinksSweep() {
   return cases;
 }
 
+// Logit softcapping on every family (SIMT for float32 and D 40), forward and backward (the
+// deterministic backward's dQ pass too), with documents, a window and sinks.
+std::vector<Case> SoftcapSweep() {
+  std::vector<Case> cases;
+  cases.push_back(Case{3, STRIA_LAYOUT_STRIPED, true, Dt::kF32, 1, 40, 4, 2, 32});
+  cases.push_back(Case{2, STRIA_LAYOUT_ZIGZAG, false, Dt::kBF16, 1, 40, 2, 1, 40});
+  for (const char* k : {"mma", "wgmma", "tma"})
+    for (bool causal : {true, false}) {
+      Case c{2, causal ? STRIA_LAYOUT_STRIPED : STRIA_LAYOUT_ZIGZAG, causal, Dt::kBF16, 1, 80, 4, 2, 64};
+      c.kernels = k;
+      cases.push_back(c);
+    }
+  Case det{3, STRIA_LAYOUT_STRIPED, true, Dt::kF16, 2, 80, 4, 1, 64};
+  det.kernels = "mma";
+  det.deterministic = true;
+  det.docs = 4;
+  cases.push_back(det);
+  Case wide{2, STRIA_LAYOUT_CONTIGUOUS, true, Dt::kBF16, 1, 136, 2, 2, 128};
+  wide.kernels = "tma";
+  wide.window = Window{70, -1};
+  wide.sinks = true;
+  cases.push_back(wide);
+  for (Case& c : cases) c.softcap = 5.f;
+  return cases;
+}
+
 INSTANTIATE_TEST_SUITE_P(TensorCores, CudaRingVsReference, ::testing::ValuesIn(TensorCoreSweep()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaRingVsReference, ::testing::ValuesIn(ShapesAndPaths()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Wgmma, CudaRingVsReference, ::testing::ValuesIn(WgmmaSweep()), ParamName);
@@ -583,5 +614,6 @@ INSTANTIATE_TEST_SUITE_P(Tma, CudaRingVsReference, ::testing::ValuesIn(TmaSweep(
 INSTANTIATE_TEST_SUITE_P(Devices, CudaRingVsReference, ::testing::ValuesIn(TwoGpus()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Deterministic, CudaRingVsReference, ::testing::ValuesIn(DeterministicSweep()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Sinks, CudaRingVsReference, ::testing::ValuesIn(SinksSweep()), ParamName);
+INSTANTIATE_TEST_SUITE_P(Softcap, CudaRingVsReference, ::testing::ValuesIn(SoftcapSweep()), ParamName);
 
 }  // namespace

@@ -76,6 +76,12 @@ Elem ElemOf(DType t) {
   return Elem::kF32;
 }
 
+// The kernels' form of the call's logit softcapping (kernels/cuda/softcap.cuh): zeros for none.
+cuda::Softcap SoftcapOf(const AttentionShape& s) {
+  if (s.softcap <= 0.f) return cuda::Softcap{0.f, 0.f};
+  return cuda::Softcap{s.softcap * cuda::kLog2e, s.scale / s.softcap};
+}
+
 cuda::RowsArg Rows(const TensorView& v) {
   return cuda::RowsArg{v.data, v.strides[0], v.strides[1], v.strides[2]};
 }
@@ -249,9 +255,6 @@ class CudaBackend final : public Backend {
                    "head dim %lld is not supported by the CUDA backend (supported: 1..%d; the tensor-core kernels "
                    "take 64 and 128 in float16/bfloat16, the others run on CUDA cores)",
                    static_cast<long long>(s.D), cuda::kMaxHeadDim);
-    if (s.softcap > 0.f)
-      return Error(STRIA_ERROR_UNSUPPORTED,
-                   "logit softcapping (params->softcap) runs on CPU contexts; the CUDA kernels do not apply it");
     if (s.B * s.Hq > 65535)
       return Error(STRIA_ERROR_UNSUPPORTED, "B*Hq = %lld exceeds the CUDA backend's 65535 (batch x heads per launch)",
                    static_cast<long long>(s.B * s.Hq));
@@ -389,6 +392,7 @@ class CudaBackend final : public Backend {
     p.m = m_.f32();
     p.l = l_.f32();
     p.scale_log2 = s_.scale * cuda::kLog2e;
+    p.softcap = SoftcapOf(s_);
     p.mask = MaskOf(mask);
     const bool every_row = cuda::CoversEveryRow(p.mask, s_.L);
     if (state_ == State::kUnset && every_row) {
@@ -479,6 +483,7 @@ class CudaBackend final : public Backend {
     p.dv = dkv + per;
     p.scale_log2 = s_.scale * cuda::kLog2e;
     p.scale = s_.scale;
+    p.softcap = SoftcapOf(s_);
     p.mask = MaskOf(mask);
     if (step.dk != nullptr && !MeetsInputs(*step.dk, step.local, true) && !MeetsInputs(*step.dv, step.local, true)) {
       p.dk_out = RowsW(*step.dk);
