@@ -1,4 +1,4 @@
-/* Packed documents with stria_attention_forward_documents: one sequence of 48 tokens holding three
+/* Packed documents through params (cu_seqlens, num_seqs): one sequence of 48 tokens holding three
  * documents, causal attention masked to each. A document's first token sees only itself, so its
  * output is its own value row exactly; under the plain call it also sees the documents before
  * it. Then the same sequence on a document plan over 3 ranks (threads of this process): each rank
@@ -83,9 +83,13 @@ int main(void) {
   stria_attention_params_t p;
   stria_attention_params_init(&p); /* striped, causal, scale 1/sqrt(D) */
 
-  /* Three documents: tokens [0, 20), [20, 31) and [31, 48) (one row: batch 1). */
+  /* Three documents: tokens [0, 20), [20, 31) and [31, 48) (one row: batch 1), in the params the
+   * call takes like every other part of the attention. */
   const int64_t cu_seqlens[4] = {0, 20, 31, 48};
-  int ok = check(stria_attention_forward_documents(ctx, &p, cu_seqlens, 3, &tq, &tk, &tv, &to, &tl, NULL));
+  stria_attention_params_t docs = p;
+  docs.cu_seqlens = cu_seqlens;
+  docs.num_seqs = 3;
+  int ok = check(stria_attention_forward(ctx, &docs, &tq, &tk, &tv, &to, &tl, NULL));
   for (int d = 0; ok && d < 3; ++d) {
     const int64_t first = cu_seqlens[d];
     for (int h = 0; h < H; ++h)
@@ -104,7 +108,7 @@ int main(void) {
   if (ok) printf("without the mask, token 20's output[0] is %f, not its value %f\n", out[20 * H * D], v[20 * H * D]);
 
   /* The documents again, on a plan over 3 ranks (48 tokens: 16 a rank, or a few more). */
-  ok = ok && check(stria_attention_forward_documents(ctx, &p, cu_seqlens, 3, &tq, &tk, &tv, &to, &tl, NULL));
+  ok = ok && check(stria_attention_forward(ctx, &docs, &tq, &tk, &tv, &to, &tl, NULL));
   stria_context_destroy(ctx);
   stria_plan_config_t pc;
   stria_plan_config_init(&pc);

@@ -197,7 +197,7 @@ def attention_forward(
     given, must be the same).
 
     softcap (optional, > 0) caps the scores: s = softmax_scale * q.k becomes softcap * tanh(s / softcap)
-    before the mask (Gemma 2). CPU contexts.
+    before the mask (Gemma 2).
 
     sinks (optional) is a float32 ``[Hq]`` tensor of attention-sink logits, one per query head, on
     the context's device: each joins its head's softmax denominators once and carries no value

@@ -496,8 +496,8 @@ def attention_forward(
     traced and a PlanConfig (or Plans of one config): the program is traced once, and each call
     makes its batch's plan (CPU contexts).
 
-    softcap (optional, static, > 0): the scores s become softcap * tanh(s / softcap) (Gemma 2), on
-    CPU contexts. sinks (optional): ``[Hq]`` attention-sink logits (gpt-oss), one per query head,
+    softcap (optional, static, > 0): the scores s become softcap * tanh(s / softcap) (Gemma 2).
+    sinks (optional): ``[Hq]`` attention-sink logits (gpt-oss), one per query head,
     each joining its head's softmax denominators once; lse includes them. Computed in float32."""
     _check_4d("attention_forward", q=q, k=k, v=v)
     config, cu_seqlens = _plan_config(plan, cu_seqlens, "attention_forward")

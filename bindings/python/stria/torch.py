@@ -391,7 +391,7 @@ def ring_attention(
     instead of `layout` (each rank's tensors hold its plan.local_len slots: plan.shard, and
     plan.positions for position ids and labels; its boundaries are the document mask). Under
     torch.autocast, floating-point q, k and v are cast to the autocast dtype first, as torch's
-    own attention is. softcap (CPU contexts): the scores s become softcap * tanh(s / softcap)
+    own attention is. softcap: the scores s become softcap * tanh(s / softcap)
     (Gemma 2's attn_logit_softcapping). sinks: a ``[Hq]`` tensor of attention-sink logits, one
     per query head (gpt-oss's ``sinks``), computed in float32 and differentiable: each rank's
     backward gives its rows' share of their gradient, which sums over the ranks as for any weight

@@ -19,7 +19,7 @@ one model sum them by themselves, processes (torchrun, ``stria.torch.context_fro
 them as data-parallel training does.
 
 What the attention layers pass is honoured: the scaling, grouped-query heads, the causal flag, a
-sliding window (per layer), logit softcapping (Gemma 2, CPU contexts) and attention sinks (gpt-oss,
+sliding window (per layer), logit softcapping (Gemma 2) and attention sinks (gpt-oss,
 differentiable). What stria cannot honour is refused with a ValueError: an attention mask tensor (a
 padding mask or a custom 4D mask: pack the documents and pass ``cu_seqlens`` instead), dropout in
 training, a key/value cache, position biases.

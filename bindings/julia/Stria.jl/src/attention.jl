@@ -88,8 +88,7 @@ the plan instead of `layout`: the arrays hold the plan's `local_len(plan)` slots
 boundaries (`cu_seqlens` may be left out, or must be the same).
 
 `softcap > 0` caps the logits (Gemma 2's logit softcapping): a score s = softmax_scale * q.k
-becomes softcap * tanh(s / softcap) before the mask; 0 leaves the scores as they are. CPU
-contexts only (the CUDA kernels refuse it).
+becomes softcap * tanh(s / softcap) before the mask; 0 leaves the scores as they are.
 
 `sinks` is a `Float32` vector of Hq attention-sink logits, one per query head, the same on every
 rank (gpt-oss): head h's logit z joins the softmax denominator of every row of head h once and

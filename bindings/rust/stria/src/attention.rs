@@ -130,7 +130,7 @@ pub struct AttentionParams<'a> {
     /// `window` applies as without a plan.
     pub plan: Option<&'a Plan>,
     /// Logit softcapping (Gemma 2's `attn_logit_softcapping`): a score s = scale·q·k becomes
-    /// cap·tanh(s / cap) before the mask; `None` (or 0): none. CPU contexts.
+    /// cap·tanh(s / cap) before the mask; `None` (or 0): none.
     pub softcap: Option<f32>,
     /// Attention sinks; `None`: none. Their gradient comes from
     /// [`backward_with_sinks_grad`](Context::backward_with_sinks_grad).
@@ -362,6 +362,42 @@ impl Context {
                 std::ptr::null_mut(),
             )
         }
+    }
+
+    /// [`backward_with_sinks_grad`](Context::backward_with_sinks_grad) on a CUDA stream.
+    ///
+    /// # Safety
+    /// As [`forward_on_stream`](Context::forward_on_stream).
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn backward_with_sinks_grad_on_stream(
+        &mut self,
+        params: &AttentionParams,
+        q: &impl Input,
+        k: &impl Input,
+        v: &impl Input,
+        out: &impl Input,
+        lse: &impl Input,
+        dout: &impl Input,
+        dq: &mut impl Output,
+        dk: &mut impl Output,
+        dv: &mut impl Output,
+        dsinks: &mut impl Output,
+        stream: *mut c_void,
+    ) -> Result<()> {
+        self.backward_raw(
+            params,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            dout,
+            dq,
+            dk,
+            dv,
+            Some(dsinks.dl_tensor_mut()),
+            stream,
+        )
     }
 
     /// The backward with an optional sinks' gradient: one stria_attention_backward.
