@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 arch=${1:-sm_90a}
 nvcc=${NVCC:-/usr/local/cuda/bin/nvcc}
-sources=(kernels/cuda/flash_fwd_bf16.cu kernels/cuda/flash_bwd_bf16.cu kernels/cuda/flash_bwd_det_bf16.cu)
+sources=(kernels/cuda/mma_fwd_bf16.cu kernels/cuda/mma_bwd_bf16.cu kernels/cuda/mma_bwd_det_bf16.cu)
 [ "$arch" = sm_90a ] && sources+=(kernels/cuda/wgmma_fwd_bf16.cu kernels/cuda/wgmma_bwd_bf16.cu
   kernels/cuda/tma_fwd_bf16.cu kernels/cuda/tma_bwd_bf16.cu)
 sources+=(kernels/cuda/launch.cu)  # the SIMT kernels and the elementwise ones

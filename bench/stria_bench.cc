@@ -1,11 +1,13 @@
 // CPU benchmark of stria through its public API.
 //
 //   stria-bench kernel --dim D --len L --heads H [--causal 0|1] [--dtype f32|bf16] [--threads T]
-//                      [--docs n]
+//                      [--docs n] [--softcap c] [--sinks 0|1]
 //       one block (world_size 1): forward and backward median time and GFLOP/s, counted like
 //       FlashAttention (forward 4·L²·H·D, halved when causal; backward 2.5x the forward). With
-//       --docs, through stria_attention_*_documents with n documents of equal length (the rate
-//       still counts the whole block's FLOPs: the time is what to compare).
+//       --docs, n documents of equal length in params (the rate still counts the whole block's
+//       FLOPs: the time is what to compare); with --softcap, logit softcapping at c; with --sinks 1,
+//       a sink logit per head and the backward's gradient of them. The same FLOPs are counted, so
+//       the rates beside the plain call's give the cost of each.
 //   stria-bench ring --world N --len L --heads H --dim D [--threads-per-rank T] [--docs n]
 //                    [--window w]
 //       a local group per layout: wall time of the ring against the slowest rank's compute, and
@@ -37,6 +39,8 @@ struct Args {
   int causal = 1, threads = 0, reps = 5;
   int64_t docs = 0;     // kernel mode: > 0 runs the document-mask entry points with this many documents
   int64_t window = -1;  // ring mode: >= 0 runs a causal sliding window of this many keys back
+  float softcap = 0.f;  // kernel mode: > 0 caps the scores
+  int sinks = 0;        // kernel mode: 1 adds attention sinks and their gradient
   bool bf16 = false;
 };
 
@@ -100,21 +104,21 @@ int Kernel(const Args& a) {
       dv({1, L, H, D}, a.bf16);
   std::vector<int64_t> cu;  // --docs: n documents of (nearly) equal length
   for (int64_t d = 0; a.docs > 0 && d <= a.docs; ++d) cu.push_back(d * L / a.docs);
+  p.cu_seqlens = a.docs > 0 ? cu.data() : nullptr;
+  p.num_seqs = a.docs;
+  p.softcap = a.softcap;
+  Buf z({H}, false, true), dz({H}, false, true);  // sink logits and their gradient, float32
+  p.sinks = a.sinks ? &z.dl : nullptr;
+  p.dsinks = a.sinks ? &dz.dl : nullptr;
   std::vector<double> tf, tb;
   for (int rep = 0; rep < a.reps + 1; ++rep) {
     double t0 = Now();
-    const stria_status_t fs = a.docs > 0
-                                  ? stria_attention_forward_documents(ctx, &p, cu.data(), a.docs, &q.dl, &k.dl, &v.dl,
-                                                                      &o.dl, &lse.dl, nullptr)
-                                  : stria_attention_forward(ctx, &p, &q.dl, &k.dl, &v.dl, &o.dl, &lse.dl, nullptr);
-    if (fs != STRIA_SUCCESS) Die("forward");
+    if (stria_attention_forward(ctx, &p, &q.dl, &k.dl, &v.dl, &o.dl, &lse.dl, nullptr) != STRIA_SUCCESS)
+      Die("forward");
     double t1 = Now();
-    const stria_status_t bs =
-        a.docs > 0 ? stria_attention_backward_documents(ctx, &p, cu.data(), a.docs, &q.dl, &k.dl, &v.dl, &o.dl, &lse.dl,
-                                                        &dout.dl, &dq.dl, &dk.dl, &dv.dl, nullptr)
-                   : stria_attention_backward(ctx, &p, &q.dl, &k.dl, &v.dl, &o.dl, &lse.dl, &dout.dl, &dq.dl, &dk.dl,
-                                              &dv.dl, nullptr);
-    if (bs != STRIA_SUCCESS) Die("backward");
+    if (stria_attention_backward(ctx, &p, &q.dl, &k.dl, &v.dl, &o.dl, &lse.dl, &dout.dl, &dq.dl, &dk.dl, &dv.dl,
+                                 nullptr) != STRIA_SUCCESS)
+      Die("backward");
     double t2 = Now();
     if (rep > 0) {  // the first call sizes the workspaces
       tf.push_back(t1 - t0);
@@ -124,10 +128,10 @@ int Kernel(const Args& a) {
   const double flops = 4.0 * L * L * H * D * (a.causal ? 0.5 : 1.0);
   const double mf = Median(tf), mb = Median(tb);
   std::printf(
-      "kernel impl=stria dtype=%s causal=%d D=%lld L=%lld H=%lld threads=%d docs=%lld fwd_s=%.6f bwd_s=%.6f "
-      "fwd_gflops=%.1f bwd_gflops=%.1f\n",
-      a.bf16 ? "bf16" : "f32", a.causal, (long long)D, (long long)L, (long long)H, a.threads, (long long)a.docs, mf, mb,
-      flops / mf / 1e9, 2.5 * flops / mb / 1e9);
+      "kernel impl=stria dtype=%s causal=%d D=%lld L=%lld H=%lld threads=%d docs=%lld softcap=%g sinks=%d fwd_s=%.6f "
+      "bwd_s=%.6f fwd_gflops=%.1f bwd_gflops=%.1f\n",
+      a.bf16 ? "bf16" : "f32", a.causal, (long long)D, (long long)L, (long long)H, a.threads, (long long)a.docs,
+      static_cast<double>(a.softcap), a.sinks, mf, mb, flops / mf / 1e9, 2.5 * flops / mb / 1e9);
   stria_context_destroy(ctx);
   return 0;
 }
@@ -235,7 +239,8 @@ int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: stria-bench kernel|ring [--dim D] [--len L] [--heads H] [--causal 0|1] "
-                 "[--dtype f32|bf16] [--threads T] [--world N] [--reps R] [--docs n] [--window w]\n");
+                 "[--dtype f32|bf16] [--threads T] [--world N] [--reps R] [--docs n] [--window w] [--softcap c] "
+                 "[--sinks 0|1]\n");
     return 2;
   }
   a.mode = argv[1];
@@ -260,6 +265,10 @@ int main(int argc, char** argv) {
       a.reps = std::atoi(v);
     else if (k == "--docs")
       a.docs = std::atoll(v);
+    else if (k == "--softcap")
+      a.softcap = std::strtof(v, nullptr);
+    else if (k == "--sinks")
+      a.sinks = std::atoi(v);
     else if (k == "--window")
       a.window = std::atoll(v);
   }

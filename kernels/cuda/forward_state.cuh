@@ -40,7 +40,7 @@ STRIA_DEVICE int64_t OutAt(const FwdParams& p, int bh, int64_t i) {
 // from `o` (the C layout of consecutive n8 tiles). m is every lane's; l is stored complete, so
 // one lane of the four starts with it and the others with 0. Rows outside the block (`live`
 // false) start empty and are never written back; so do all rows of the call's first block.
-// kEnds false: a kernel built for the blocks between the first and the last (FlashForwardKernel's
+// kEnds false: a kernel built for the blocks between the first and the last (MmaForwardKernel's
 // second build), which ignores FwdParams::first and ::out.
 template <int D, bool kEnds = true>
 STRIA_DEVICE void LoadRowState(const FwdParams& p, int64_t sr, int t4, bool live, float* m, float* l, float* o) {

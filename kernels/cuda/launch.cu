@@ -11,14 +11,14 @@
 namespace stria {
 namespace cuda {
 
-cudaError_t FlashForwardF16(int D, const FwdParams& p, cudaStream_t s);
-cudaError_t FlashForwardBF16(int D, const FwdParams& p, cudaStream_t s);
-cudaError_t FlashBackwardF16(int D, const BwdParams& p, cudaStream_t s);
-cudaError_t FlashBackwardBF16(int D, const BwdParams& p, cudaStream_t s);
-cudaError_t FlashBackwardKvF16(int D, const BwdParams& p, cudaStream_t s);
-cudaError_t FlashBackwardKvBF16(int D, const BwdParams& p, cudaStream_t s);
-cudaError_t FlashBackwardDqF16(int D, const BwdParams& p, cudaStream_t s);
-cudaError_t FlashBackwardDqBF16(int D, const BwdParams& p, cudaStream_t s);
+cudaError_t MmaForwardF16(int D, const FwdParams& p, cudaStream_t s);
+cudaError_t MmaForwardBF16(int D, const FwdParams& p, cudaStream_t s);
+cudaError_t MmaBackwardF16(int D, const BwdParams& p, cudaStream_t s);
+cudaError_t MmaBackwardBF16(int D, const BwdParams& p, cudaStream_t s);
+cudaError_t MmaBackwardKvF16(int D, const BwdParams& p, cudaStream_t s);
+cudaError_t MmaBackwardKvBF16(int D, const BwdParams& p, cudaStream_t s);
+cudaError_t MmaBackwardDqF16(int D, const BwdParams& p, cudaStream_t s);
+cudaError_t MmaBackwardDqBF16(int D, const BwdParams& p, cudaStream_t s);
 cudaError_t WgmmaForwardF16(int D, const FwdParams& p, cudaStream_t s);
 cudaError_t WgmmaForwardBF16(int D, const FwdParams& p, cudaStream_t s);
 cudaError_t TmaForwardF16(int D, const FwdParams& p, cudaStream_t s);
@@ -46,7 +46,7 @@ const char* KernelsName(Kernels k) {
   return "?";
 }
 
-bool FlashHeadDim(int D) {
+bool TensorCoreHeadDim(int D) {
   return D == 64 || D == 128;
 }
 
@@ -62,7 +62,7 @@ dim3 RowGrid(int64_t rows) {
   return dim3(static_cast<unsigned>(std::max<int64_t>(std::min<int64_t>((rows + 7) / 8, 8192), 1)));
 }
 
-// Each kernel in two builds, with the document clamp and without it (flash_launch.cuh).
+// Each kernel in two builds, with the document clamp and without it (mma_launch.cuh).
 template <typename T>
 cudaError_t SimtForward(const FwdParams& p, cudaStream_t s) {
   const int bytes = SimtForwardSmemFloats(p.dims.D) * 4;
@@ -97,8 +97,8 @@ cudaError_t LaunchForwardBlock(Elem e, Kernels k, const FwdParams& p, cudaStream
   if (k == Kernels::kTma && e == Elem::kBF16) return TmaForwardBF16(p.dims.D, p, s);
   if (k == Kernels::kWgmma && e == Elem::kF16) return WgmmaForwardF16(p.dims.D, p, s);
   if (k == Kernels::kWgmma && e == Elem::kBF16) return WgmmaForwardBF16(p.dims.D, p, s);
-  if (k == Kernels::kMma && e == Elem::kF16) return FlashForwardF16(p.dims.D, p, s);
-  if (k == Kernels::kMma && e == Elem::kBF16) return FlashForwardBF16(p.dims.D, p, s);
+  if (k == Kernels::kMma && e == Elem::kF16) return MmaForwardF16(p.dims.D, p, s);
+  if (k == Kernels::kMma && e == Elem::kBF16) return MmaForwardBF16(p.dims.D, p, s);
   switch (e) {
     case Elem::kF32:
       return SimtForward<Float>(p, s);
@@ -113,14 +113,14 @@ cudaError_t LaunchForwardBlock(Elem e, Kernels k, const FwdParams& p, cudaStream
 namespace {
 
 // The deterministic backward of a tensor-core family: its dK/dV pass without dQ, then mma.sync's
-// dQ pass (flash_backward_dq.cuh).
+// dQ pass (mma_backward_dq.cuh).
 cudaError_t DeterministicBackward(bool f16, Kernels k, const BwdParams& p, cudaStream_t s) {
   const int D = p.dims.D;
   cudaError_t e = k == Kernels::kTma     ? (f16 ? TmaBackwardKvF16 : TmaBackwardKvBF16)(D, p, s)
                   : k == Kernels::kWgmma ? (f16 ? WgmmaBackwardKvF16 : WgmmaBackwardKvBF16)(D, p, s)
-                                         : (f16 ? FlashBackwardKvF16 : FlashBackwardKvBF16)(D, p, s);
+                                         : (f16 ? MmaBackwardKvF16 : MmaBackwardKvBF16)(D, p, s);
   if (e != cudaSuccess) return e;
-  return (f16 ? FlashBackwardDqF16 : FlashBackwardDqBF16)(D, p, s);
+  return (f16 ? MmaBackwardDqF16 : MmaBackwardDqBF16)(D, p, s);
 }
 
 }  // namespace
@@ -131,8 +131,8 @@ cudaError_t LaunchBackwardBlock(Elem e, Kernels k, bool deterministic, const Bwd
   if (k == Kernels::kTma && e == Elem::kBF16) return TmaBackwardBF16(p.dims.D, p, s);
   if (k == Kernels::kWgmma && e == Elem::kF16) return WgmmaBackwardF16(p.dims.D, p, s);
   if (k == Kernels::kWgmma && e == Elem::kBF16) return WgmmaBackwardBF16(p.dims.D, p, s);
-  if (k == Kernels::kMma && e == Elem::kF16) return FlashBackwardF16(p.dims.D, p, s);
-  if (k == Kernels::kMma && e == Elem::kBF16) return FlashBackwardBF16(p.dims.D, p, s);
+  if (k == Kernels::kMma && e == Elem::kF16) return MmaBackwardF16(p.dims.D, p, s);
+  if (k == Kernels::kMma && e == Elem::kBF16) return MmaBackwardBF16(p.dims.D, p, s);
   switch (e) {
     case Elem::kF32:
       return SimtBackward<Float>(p, s);

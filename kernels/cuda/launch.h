@@ -12,12 +12,12 @@ namespace cuda {
 enum class Elem { kF32, kF16, kBF16 };
 
 // Head dims the tensor-core kernels are built for; other D (and float32) take the SIMT kernels.
-bool FlashHeadDim(int D);
+bool TensorCoreHeadDim(int D);
 constexpr int kMaxHeadDim = 256;
 
 // The kernel family of a ring block. kMma (mma.sync, sm_80 on), kWgmma (wgmma, sm_90a only) and
 // kTma (kWgmma's products with their loads by TMA in warp-specialised CTAs) need 16-bit dtypes,
-// FlashHeadDim and 16-byte aligned rows, and kWgmma and kTma a device of compute capability 9.0:
+// TensorCoreHeadDim and 16-byte aligned rows, and kWgmma and kTma a device of compute capability 9.0:
 // the caller checks. kSimt runs everything.
 enum class Kernels { kSimt, kMma, kWgmma, kTma };
 const char* KernelsName(Kernels k);

@@ -60,7 +60,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtForwardKernel(const FwdParams p) 
   float* vs = ks + kSimtTile * (D + 1);
   const int warp = warp_id(), lane = lane_id();
   const int bh = static_cast<int>(blockIdx.y), b = bh / d.Hq, h = bh % d.Hq, hk = h / (d.Hq / d.Hkv);
-  const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, b) : MaskArgs{};  // as in flash_forward.cuh
+  const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, b) : MaskArgs{};  // as in mma_forward.cuh
   const MaskArgs& mask = kDocs ? docs_mask : p.mask;
   const int64_t i0 = QueryTileStart(mask, kSimtRows, blockIdx.x, gridDim.x);
   int64_t k_lo, k_hi;
@@ -161,7 +161,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDqKernel(const BwdParams 
   float* vs = ks + kSimtTile * (D + 1);
   const int warp = warp_id(), lane = lane_id();
   const int bh = static_cast<int>(blockIdx.y), b = bh / d.Hq, h = bh % d.Hq, hk = h / (d.Hq / d.Hkv);
-  const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, b) : MaskArgs{};  // as in flash_forward.cuh
+  const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, b) : MaskArgs{};  // as in mma_forward.cuh
   const MaskArgs& mask = kDocs ? docs_mask : p.mask;
   const int64_t i0 = QueryTileStart(mask, kSimtRows, blockIdx.x, gridDim.x);
   int64_t k_lo, k_hi;
@@ -245,7 +245,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDkvKernel(const BwdParams
   float* deltas = lse2s + kSimtTile;
   const int warp = warp_id(), lane = lane_id();
   const int bhk = static_cast<int>(blockIdx.y), b = bhk / d.Hkv, hk = bhk % d.Hkv;
-  const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, b) : MaskArgs{};  // as in flash_forward.cuh
+  const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, b) : MaskArgs{};  // as in mma_forward.cuh
   const MaskArgs& mask = kDocs ? docs_mask : p.mask;
   const int group = d.Hq / d.Hkv;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kSimtRows;

@@ -1,3 +1,3 @@
-#include "cuda/flash_launch.cuh"
-STRIA_FLASH_ENTRY(TmaBackwardBF16, LaunchTmaBackward, BFloat, BwdParams)
-STRIA_FLASH_ENTRY(TmaBackwardKvBF16, LaunchTmaBackwardKv, BFloat, BwdParams)
+#include "cuda/mma_launch.cuh"
+STRIA_MMA_ENTRY(TmaBackwardBF16, LaunchTmaBackward, BFloat, BwdParams)
+STRIA_MMA_ENTRY(TmaBackwardKvBF16, LaunchTmaBackwardKv, BFloat, BwdParams)

@@ -1,3 +1,3 @@
-#include "cuda/flash_launch.cuh"
-STRIA_FLASH_ENTRY(TmaBackwardF16, LaunchTmaBackward, Half, BwdParams)
-STRIA_FLASH_ENTRY(TmaBackwardKvF16, LaunchTmaBackwardKv, Half, BwdParams)
+#include "cuda/mma_launch.cuh"
+STRIA_MMA_ENTRY(TmaBackwardF16, LaunchTmaBackward, Half, BwdParams)
+STRIA_MMA_ENTRY(TmaBackwardKvF16, LaunchTmaBackwardKv, Half, BwdParams)

@@ -1,2 +1,2 @@
-#include "cuda/flash_launch.cuh"
-STRIA_FLASH_ENTRY(TmaForwardBF16, LaunchTmaForward, BFloat, FwdParams)
+#include "cuda/mma_launch.cuh"
+STRIA_MMA_ENTRY(TmaForwardBF16, LaunchTmaForward, BFloat, FwdParams)

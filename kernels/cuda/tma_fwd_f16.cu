@@ -1,2 +1,2 @@
-#include "cuda/flash_launch.cuh"
-STRIA_FLASH_ENTRY(TmaForwardF16, LaunchTmaForward, Half, FwdParams)
+#include "cuda/mma_launch.cuh"
+STRIA_MMA_ENTRY(TmaForwardF16, LaunchTmaForward, Half, FwdParams)

@@ -1,4 +1,4 @@
-// Hopper backward tile kernel (wgmma.mma_async, sm_90a): the same contract as flash_backward.cuh
+// Hopper backward tile kernel (wgmma.mma_async, sm_90a): the same contract as mma_backward.cuh
 // (one ring block's dK/dV in fp32 and its dQ share added into dq_acc), with warpgroup MMAs.
 //
 // A CTA of two warpgroups owns 128 keys of one K/V head (64 per warpgroup, the M of every key-row
@@ -19,7 +19,7 @@
 // wgmma make ptxas serialise them (warpgroup.arrive injection) on every step.
 #pragma once
 
-#include "cuda/flash_common.cuh"
+#include "cuda/mma_common.cuh"
 #include "cuda/wgmma_api.cuh"
 
 namespace stria {
@@ -61,7 +61,7 @@ STRIA_DEVICE void StoreKeyGrads(const BwdParams& p, int b, int hk, const int64_t
 // dS^T (the other warpgroup's dQ products of the previous tile must be done reading it),
 // `published` after (every warpgroup's dS^T written and fenced for wgmma), `done` once every
 // product of the tile, the last readers of Q and dO, has completed. With kDq false the step leaves
-// dQ out (the deterministic backward computes it in a pass of its own: flash_backward_dq.cuh), and
+// dQ out (the deterministic backward computes it in a pass of its own: mma_backward_dq.cuh), and
 // with it dS^T's trip through shared memory and the two callbacks around it.
 template <typename T, int D, int kM, int kN, bool kDocs, bool kDq, typename BeforeDs, typename Published, typename Done>
 STRIA_DEVICE void BackwardStep(const BwdParams& p, const MaskArgs& mask, int64_t j0, int wg, int64_t i0, int64_t bh,

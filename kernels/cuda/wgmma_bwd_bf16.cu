@@ -1,3 +1,3 @@
-#include "cuda/flash_launch.cuh"
-STRIA_FLASH_ENTRY(WgmmaBackwardBF16, LaunchWgmmaBackward, BFloat, BwdParams)
-STRIA_FLASH_ENTRY(WgmmaBackwardKvBF16, LaunchWgmmaBackwardKv, BFloat, BwdParams)
+#include "cuda/mma_launch.cuh"
+STRIA_MMA_ENTRY(WgmmaBackwardBF16, LaunchWgmmaBackward, BFloat, BwdParams)
+STRIA_MMA_ENTRY(WgmmaBackwardKvBF16, LaunchWgmmaBackwardKv, BFloat, BwdParams)

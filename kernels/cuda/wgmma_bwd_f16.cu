@@ -1,3 +1,3 @@
-#include "cuda/flash_launch.cuh"
-STRIA_FLASH_ENTRY(WgmmaBackwardF16, LaunchWgmmaBackward, Half, BwdParams)
-STRIA_FLASH_ENTRY(WgmmaBackwardKvF16, LaunchWgmmaBackwardKv, Half, BwdParams)
+#include "cuda/mma_launch.cuh"
+STRIA_MMA_ENTRY(WgmmaBackwardF16, LaunchWgmmaBackward, Half, BwdParams)
+STRIA_MMA_ENTRY(WgmmaBackwardKvF16, LaunchWgmmaBackwardKv, Half, BwdParams)

@@ -1,4 +1,4 @@
-// Hopper forward tile kernel (wgmma.mma_async, sm_90a): the same contract as flash_forward.cuh
+// Hopper forward tile kernel (wgmma.mma_async, sm_90a): the same contract as mma_forward.cuh
 // (one ring block's keys merged into the fp32 running state m, l, acc of 128 queries of one head),
 // with warpgroup MMAs in place of mma.sync:
 //  - S = Q K^T reads both operands straight from shared memory (descriptors), so no ldmatrix and
@@ -22,7 +22,7 @@
 // (fence_proxy_async) and the block synchronises.
 #pragma once
 
-#include "cuda/flash_common.cuh"
+#include "cuda/mma_common.cuh"
 #include "cuda/wgmma_api.cuh"
 
 namespace stria {

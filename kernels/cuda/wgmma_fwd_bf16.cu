@@ -1,2 +1,2 @@
-#include "cuda/flash_launch.cuh"
-STRIA_FLASH_ENTRY(WgmmaForwardBF16, LaunchWgmmaForward, BFloat, FwdParams)
+#include "cuda/mma_launch.cuh"
+STRIA_MMA_ENTRY(WgmmaForwardBF16, LaunchWgmmaForward, BFloat, FwdParams)

@@ -1,2 +1,2 @@
-#include "cuda/flash_launch.cuh"
-STRIA_FLASH_ENTRY(WgmmaForwardF16, LaunchWgmmaForward, Half, FwdParams)
+#include "cuda/mma_launch.cuh"
+STRIA_MMA_ENTRY(WgmmaForwardF16, LaunchWgmmaForward, Half, FwdParams)

@@ -2,7 +2,7 @@
 // kernels compile with a host compiler (STRIA_CUDA_EMULATE) and run on a CPU in the tests.
 //
 // Use: link the CMake target stria_cuda_emu (it puts kernels/ and tests/cuda_emu on the include
-// path and defines STRIA_CUDA_EMULATE), include a kernel header such as "cuda/flash_forward.cuh",
+// path and defines STRIA_CUDA_EMULATE), include a kernel header such as "cuda/mma_forward.cuh",
 // and run it with emu::Launch(grid, block, smem_bytes, &Kernel<...>, params).
 //
 // emu::Launch runs the blocks one after another, every CUDA thread of a block as a fiber on the

@@ -14,8 +14,8 @@
 #include "test_util.h"
 // After the test headers: the emulator defines threadIdx & co. as macros.
 #include "cuda/elementwise.cuh"
-#include "cuda/flash_backward.cuh"
-#include "cuda/flash_forward.cuh"
+#include "cuda/mma_backward.cuh"
+#include "cuda/mma_forward.cuh"
 #include "cuda/tma_backward.cuh"
 #include "cuda/tma_forward.cuh"
 #include "cuda/wgmma_backward.cuh"
@@ -67,9 +67,9 @@ void ForwardTiles(const sc::FwdParams& p, void (*kernel)(sc::FwdParams)) {
               emu::Dim3{Tile::kThreads, 1, 1}, Tile::kSmemBytes, [&] { kernel(p); });
 }
 template <typename T, int D>
-void FlashBackward(const sc::BwdParams& p) {
+void MmaBackward(const sc::BwdParams& p) {
   emu::Launch(emu::Dim3{CeilDiv(p.dims.L, 64), static_cast<unsigned>(p.dims.B * p.dims.Hkv), 1}, emu::Dim3{128, 1, 1},
-              sc::BwdTile<D>::kSmemBytes, [&] { sc::FlashBackwardKernel<T, D>(p); });
+              sc::BwdTile<D>::kSmemBytes, [&] { sc::MmaBackwardKernel<T, D>(p); });
 }
 template <typename T, int D>
 void WgmmaBackward(const sc::BwdParams& p) {
@@ -128,14 +128,14 @@ void Forward(Path path, const sc::FwdParams& p) {
       return ForwardTiles<sc::WgmmaFwdTile<64>>(p, sc::WgmmaForwardKernel<T, 64>);
     if (path == Path::kWgmma && p.dims.D == 128)
       return ForwardTiles<sc::WgmmaFwdTile<128>>(p, sc::WgmmaForwardKernel<T, 128>);
-    // mma.sync: the build the launcher takes, with the call's ends or without (flash_launch.cuh).
+    // mma.sync: the build the launcher takes, with the call's ends or without (mma_launch.cuh).
     const bool ends = p.first != 0 || p.out.data != nullptr;
     if (p.dims.D == 64)
       return ForwardTiles<sc::FwdTile<64>>(
-          p, ends ? sc::FlashForwardKernel<T, 64, false, true> : sc::FlashForwardKernel<T, 64, false, false>);
+          p, ends ? sc::MmaForwardKernel<T, 64, false, true> : sc::MmaForwardKernel<T, 64, false, false>);
     if (p.dims.D == 128)
       return ForwardTiles<sc::FwdTile<128>>(
-          p, ends ? sc::FlashForwardKernel<T, 128, false, true> : sc::FlashForwardKernel<T, 128, false, false>);
+          p, ends ? sc::MmaForwardKernel<T, 128, false, true> : sc::MmaForwardKernel<T, 128, false, false>);
   }
   FAIL() << "no tensor-core kernel for this case";
 }
@@ -147,8 +147,8 @@ void Backward(Path path, const sc::BwdParams& p) {
     if (path == Path::kTma && p.dims.D == 128) return TmaBackward<T, 128>(p);
     if (path == Path::kWgmma && p.dims.D == 64) return WgmmaBackward<T, 64>(p);
     if (path == Path::kWgmma && p.dims.D == 128) return WgmmaBackward<T, 128>(p);
-    if (p.dims.D == 64) return FlashBackward<T, 64>(p);
-    if (p.dims.D == 128) return FlashBackward<T, 128>(p);
+    if (p.dims.D == 64) return MmaBackward<T, 64>(p);
+    if (p.dims.D == 128) return MmaBackward<T, 128>(p);
   }
   FAIL() << "no tensor-core kernel for this case";
 }

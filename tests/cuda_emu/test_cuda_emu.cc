@@ -382,10 +382,10 @@ void CheckLdmatrixMma() {
     }
   }
 }
-TEST(EmuLdmatrix, FlashProductsHalf) {
+TEST(EmuLdmatrix, MmaProductsHalf) {
   CheckLdmatrixMma<Half>();
 }
-TEST(EmuLdmatrix, FlashProductsBFloat) {
+TEST(EmuLdmatrix, MmaProductsBFloat) {
   CheckLdmatrixMma<BFloat>();
 }
 

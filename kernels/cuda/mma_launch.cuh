@@ -1,12 +1,12 @@
 // Launch helpers of the tensor-core kernels, included by one translation unit per dtype and
-// direction (flash_{fwd,bwd}_{f16,bf16}.cu) so the slow template instantiations build in parallel.
+// direction (mma_{fwd,bwd}_{f16,bf16}.cu) so the slow template instantiations build in parallel.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include "cuda/flash_backward.cuh"
-#include "cuda/flash_backward_dq.cuh"
-#include "cuda/flash_forward.cuh"
+#include "cuda/mma_backward.cuh"
+#include "cuda/mma_backward_dq.cuh"
+#include "cuda/mma_forward.cuh"
 #include "cuda/smem_optin.cuh"
 #include "cuda/tma_backward.cuh"
 #include "cuda/tma_forward.cuh"
@@ -28,13 +28,13 @@ cudaError_t LaunchForwardTiles(void (*kernel)(FwdParams), const FwdParams& p, cu
 // Every kernel has two builds: with the document clamp (a block with document bounds) and
 // without it (the others, whose code stays what it was without documents: tile_mask.cuh).
 // The mma.sync forward has a second axis: the build for a call's first and last blocks, and the
-// one for the blocks between (flash_forward.cuh).
+// one for the blocks between (mma_forward.cuh).
 template <typename T, int D>
-cudaError_t LaunchFlashForward(const FwdParams& p, cudaStream_t s) {
+cudaError_t LaunchMmaForward(const FwdParams& p, cudaStream_t s) {
   const bool docs = p.mask.doc_lo != nullptr, ends = p.first != 0 || p.out.data != nullptr;
   void (*kernel)(FwdParams) =
-      docs ? (ends ? FlashForwardKernel<T, D, true, true> : FlashForwardKernel<T, D, true, false>)
-           : (ends ? FlashForwardKernel<T, D, false, true> : FlashForwardKernel<T, D, false, false>);
+      docs ? (ends ? MmaForwardKernel<T, D, true, true> : MmaForwardKernel<T, D, true, false>)
+           : (ends ? MmaForwardKernel<T, D, false, true> : MmaForwardKernel<T, D, false, false>);
   return LaunchForwardTiles<FwdTile<D>>(kernel, p, s);
 }
 
@@ -76,25 +76,25 @@ cudaError_t LaunchKeyTiles(void (*kernel)(BwdParams), const BwdParams& p, cudaSt
 }
 
 template <typename T, int D>
-cudaError_t LaunchFlashBackward(const BwdParams& p, cudaStream_t s) {
+cudaError_t LaunchMmaBackward(const BwdParams& p, cudaStream_t s) {
   return LaunchKeyTiles<BwdTile<D>>(
-      p.mask.doc_lo != nullptr ? FlashBackwardKernel<T, D, true> : FlashBackwardKernel<T, D, false>, p, s);
+      p.mask.doc_lo != nullptr ? MmaBackwardKernel<T, D, true> : MmaBackwardKernel<T, D, false>, p, s);
 }
 
-// The backward passes of the deterministic backward (flash_backward_dq.cuh): a family's dK/dV over
+// The backward passes of the deterministic backward (mma_backward_dq.cuh): a family's dK/dV over
 // the key tiles without dQ (the *Kv launchers, kDq false), then mma.sync's dQ pass over the query
 // tiles, one after the other on the stream (launch.cu puts them together).
 template <typename T, int D>
-cudaError_t LaunchFlashBackwardKv(const BwdParams& p, cudaStream_t s) {
+cudaError_t LaunchMmaBackwardKv(const BwdParams& p, cudaStream_t s) {
   return LaunchKeyTiles<BwdTile<D>>(
-      p.mask.doc_lo != nullptr ? FlashBackwardKernel<T, D, true, false> : FlashBackwardKernel<T, D, false, false>, p,
+      p.mask.doc_lo != nullptr ? MmaBackwardKernel<T, D, true, false> : MmaBackwardKernel<T, D, false, false>, p,
       s);
 }
 template <typename T, int D>
-cudaError_t LaunchFlashBackwardDq(const BwdParams& p, cudaStream_t s) {
+cudaError_t LaunchMmaBackwardDq(const BwdParams& p, cudaStream_t s) {
   using Tile = BwdDqTile<D>;
   void (*kernel)(BwdParams) =
-      p.mask.doc_lo != nullptr ? FlashBackwardDqKernel<T, D, true> : FlashBackwardDqKernel<T, D, false>;
+      p.mask.doc_lo != nullptr ? MmaBackwardDqKernel<T, D, true> : MmaBackwardDqKernel<T, D, false>;
   const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
   if (allowed != cudaSuccess) return allowed;
   const dim3 grid(QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(p.dims.B * p.dims.Hq));
@@ -139,7 +139,7 @@ cudaError_t LaunchTmaBackwardKv(const BwdParams& p, cudaStream_t s) {
 }  // namespace stria
 
 // One translation unit's entry points: <Name>(D, params, stream) for the head dims we build.
-#define STRIA_FLASH_ENTRY(Name, Launch, T, Params)           \
+#define STRIA_MMA_ENTRY(Name, Launch, T, Params)           \
   namespace stria {                                          \
   namespace cuda {                                           \
   cudaError_t Name(int D, const Params& p, cudaStream_t s) { \

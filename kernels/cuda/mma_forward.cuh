@@ -9,7 +9,7 @@
 // element mask is applied only to tiles the diagonal or the rectangle's edge cuts.
 #pragma once
 
-#include "cuda/flash_common.cuh"
+#include "cuda/mma_common.cuh"
 
 namespace stria {
 namespace cuda {
@@ -29,7 +29,7 @@ struct FwdTile {
 // The blocks between them take the build without (kEnds false): at D 128 this kernel holds 255
 // registers, and the ends' code, there in a build that never runs it, made ptxas spill in the loop.
 template <typename T, int D, bool kDocs = false, bool kEnds = true>
-STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashForwardKernel(const FwdParams p) {
+STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) MmaForwardKernel(const FwdParams p) {
   using Tile = FwdTile<D>;
   constexpr int S = Tile::kStride, kM = Tile::kM, kN = Tile::kN, kMT = Tile::kMT, kR = 2 * kMT;
   constexpr int kThreads = Tile::kThreads, kDTiles = D / 8, kKSteps = D / 16, kNTiles = kN / 8;

@@ -6,10 +6,10 @@
 //   dQ += dS K                     through shared memory and float atomics into dq_acc.
 // dK/dV (dK times the softmax scale) leave as fp32 into the block's dK/dV ring message, or in a
 // world of one as the call's dK and dV, every row of the CTA's keys, zeros included (key_grads.cuh).
-// With kDq false the kernel leaves dQ out (the deterministic backward: flash_backward_dq.cuh).
+// With kDq false the kernel leaves dQ out (the deterministic backward: mma_backward_dq.cuh).
 #pragma once
 
-#include "cuda/flash_common.cuh"
+#include "cuda/mma_common.cuh"
 
 namespace stria {
 namespace cuda {
@@ -24,7 +24,7 @@ struct BwdTile {
 };
 
 template <typename T, int D, bool kDocs = false, bool kDq = true>
-STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashBackwardKernel(const BwdParams p) {
+STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) MmaBackwardKernel(const BwdParams p) {
   using Tile = BwdTile<D>;
   constexpr int S = Tile::kStride, kM = Tile::kM, kN = Tile::kN, kDs = Tile::kDsStride;
   constexpr int kDTiles = D / 8, kKSteps = D / 16, kQTiles = kM / 8;

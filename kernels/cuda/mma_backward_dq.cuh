@@ -8,12 +8,12 @@
 // order: the bits do not depend on how the GPU schedules CTAs. (The default backward adds dQ from
 // every key tile's CTA with float atomics, whose order, and so the rounding, the schedule decides.)
 //
-// The dK/dV pass is the kernel family's backward without its dQ part (FlashBackwardKernel,
+// The dK/dV pass is the kernel family's backward without its dQ part (MmaBackwardKernel,
 // WgmmaBackwardKernel or WgmmaTmaBackwardKernel with kDq false). Together they compute S and dP
 // twice: 7 tile products per (query tile, key tile) instead of 5.
 #pragma once
 
-#include "cuda/flash_common.cuh"
+#include "cuda/mma_common.cuh"
 
 namespace stria {
 namespace cuda {
@@ -27,7 +27,7 @@ struct BwdDqTile {
 };
 
 template <typename T, int D, bool kDocs = false>
-STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) FlashBackwardDqKernel(const BwdParams p) {
+STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) MmaBackwardDqKernel(const BwdParams p) {
   using Tile = BwdDqTile<D>;
   constexpr int S = Tile::kStride, kM = Tile::kM, kN = Tile::kN, kThreads = Tile::kThreads;
   constexpr int kDTiles = D / 8, kKSteps = D / 16, kNTiles = kN / 8;

@@ -1,2 +1,0 @@
-#include "cuda/flash_launch.cuh"
-STRIA_FLASH_ENTRY(FlashBackwardBF16, LaunchFlashBackward, BFloat, BwdParams)

@@ -1,2 +1,0 @@
-#include "cuda/flash_launch.cuh"
-STRIA_FLASH_ENTRY(FlashForwardF16, LaunchFlashForward, Half, FwdParams)
