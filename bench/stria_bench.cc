@@ -113,8 +113,7 @@ int Kernel(const Args& a) {
   std::vector<double> tf, tb;
   for (int rep = 0; rep < a.reps + 1; ++rep) {
     double t0 = Now();
-    if (stria_attention_forward(ctx, &p, &q.dl, &k.dl, &v.dl, &o.dl, &lse.dl, nullptr) != STRIA_SUCCESS)
-      Die("forward");
+    if (stria_attention_forward(ctx, &p, &q.dl, &k.dl, &v.dl, &o.dl, &lse.dl, nullptr) != STRIA_SUCCESS) Die("forward");
     double t1 = Now();
     if (stria_attention_backward(ctx, &p, &q.dl, &k.dl, &v.dl, &o.dl, &lse.dl, &dout.dl, &dq.dl, &dk.dl, &dv.dl,
                                  nullptr) != STRIA_SUCCESS)

@@ -32,9 +32,9 @@ cudaError_t LaunchForwardTiles(void (*kernel)(FwdParams), const FwdParams& p, cu
 template <typename T, int D>
 cudaError_t LaunchMmaForward(const FwdParams& p, cudaStream_t s) {
   const bool docs = p.mask.doc_lo != nullptr, ends = p.first != 0 || p.out.data != nullptr;
-  void (*kernel)(FwdParams) =
-      docs ? (ends ? MmaForwardKernel<T, D, true, true> : MmaForwardKernel<T, D, true, false>)
-           : (ends ? MmaForwardKernel<T, D, false, true> : MmaForwardKernel<T, D, false, false>);
+  void (*kernel)(FwdParams) = docs
+                                  ? (ends ? MmaForwardKernel<T, D, true, true> : MmaForwardKernel<T, D, true, false>)
+                                  : (ends ? MmaForwardKernel<T, D, false, true> : MmaForwardKernel<T, D, false, false>);
   return LaunchForwardTiles<FwdTile<D>>(kernel, p, s);
 }
 
@@ -87,8 +87,7 @@ cudaError_t LaunchMmaBackward(const BwdParams& p, cudaStream_t s) {
 template <typename T, int D>
 cudaError_t LaunchMmaBackwardKv(const BwdParams& p, cudaStream_t s) {
   return LaunchKeyTiles<BwdTile<D>>(
-      p.mask.doc_lo != nullptr ? MmaBackwardKernel<T, D, true, false> : MmaBackwardKernel<T, D, false, false>, p,
-      s);
+      p.mask.doc_lo != nullptr ? MmaBackwardKernel<T, D, true, false> : MmaBackwardKernel<T, D, false, false>, p, s);
 }
 template <typename T, int D>
 cudaError_t LaunchMmaBackwardDq(const BwdParams& p, cudaStream_t s) {
@@ -139,7 +138,7 @@ cudaError_t LaunchTmaBackwardKv(const BwdParams& p, cudaStream_t s) {
 }  // namespace stria
 
 // One translation unit's entry points: <Name>(D, params, stream) for the head dims we build.
-#define STRIA_MMA_ENTRY(Name, Launch, T, Params)           \
+#define STRIA_MMA_ENTRY(Name, Launch, T, Params)             \
   namespace stria {                                          \
   namespace cuda {                                           \
   cudaError_t Name(int D, const Params& p, cudaStream_t s) { \

@@ -648,8 +648,8 @@ class CudaBackend final : public Backend {
 
   // The kernel family of this call (see the top of the file). Needs the device current.
   Status Choose(const AttentionShape& s, bool rows_aligned) {
-    if (want_.family == cuda::Kernels::kSimt || s.dtype == DType::kF32 || !cuda::TensorCoreHeadDim(static_cast<int>(s.D)) ||
-        !rows_aligned) {
+    if (want_.family == cuda::Kernels::kSimt || s.dtype == DType::kF32 ||
+        !cuda::TensorCoreHeadDim(static_cast<int>(s.D)) || !rows_aligned) {
       kernels_ = cuda::Kernels::kSimt;
       return Status::Ok();
     }
