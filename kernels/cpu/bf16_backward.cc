@@ -132,7 +132,7 @@ void BackwardItemBf16(const BwdItemArgsBf16& a) {
           const vf lv = Splat(lse), dl = Splat(delta[i0 + r]);
           if (softcap) {
             float* srow = slope + r * kBlockK;
-            SoftcapRow(prow, kBlockK, a.scale, a.softcap2, srow);
+            SoftcapRow<true>(prow, kBlockK, a.scale, a.softcap2, srow);
             for (int64_t c = 0; c < kBlockK; c += VL) {
               const vf pv = Exp2(Load(prow + c) - lv);
               Store(prow + c, pv);

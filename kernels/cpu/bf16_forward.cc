@@ -58,7 +58,7 @@ void ForwardTileBf16(const FwdTileArgsBf16& a) {
       if (!TileFull(mk, i0, j0)) ApplyMask(mk, i0, j0, s);
       if (a.softcap2 > 0.f) {
         // Capped in the log2 domain, the scale applied on the way: the softmax then takes them as they are.
-        for (int64_t r = 0; r < kBlockQ; ++r) SoftcapRow(s + r * kBlockK, kBlockK, a.scale, a.softcap2);
+        for (int64_t r = 0; r < kBlockQ; ++r) SoftcapRow<true>(s + r * kBlockK, kBlockK, a.scale, a.softcap2);
         SoftmaxTile(s, cols, kBlockQ, 1.0f, a.m + i0, a.l + i0, lsum[g], acc, Dp);
       } else {
         SoftmaxTile(s, cols, kBlockQ, a.scale, a.m + i0, a.l + i0, lsum[g], acc, Dp);

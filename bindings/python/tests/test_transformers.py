@@ -104,7 +104,8 @@ def check(got, want, tol):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "gemma2", "gpt_oss"])
-@pytest.mark.parametrize(("n", "layout"), [(3, "striped"), (2, "zigzag")])
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("layout", ["contiguous", "striped", "zigzag"])
 def test_model_matches_eager_attention(family, n, layout):
     model = make_model(family, "stria")
     input_ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(n))
