@@ -8,8 +8,9 @@
 
 namespace stria {
 
-// The mask of a call of the _documents or _window entry points (stria.h), unchecked: document
-// boundaries, and a sliding window.
+// A call's mask, unchecked: document boundaries and a sliding window. The _documents and _window
+// entry points pass theirs here; every other call carries it in params (0.4), which CheckParams
+// (arguments.cc) reads into the same form, refusing a mask given both ways.
 struct DocumentsArg {
   bool given = false;  // false: one document per batch row
   const int64_t* cu_seqlens = nullptr;
