@@ -184,6 +184,8 @@ void BackwardItem(const BwdItemArgs& a) {
           const float lse = lse2[i0 + r];
           if (lse == kNegInf) {  // a row that saw no key anywhere has no gradient
             std::memset(row, 0, sizeof(float) * kBlockK);
+            // Its slope too: dS multiplies by it below, and 0 times a stale NaN or inf is NaN.
+            if (softcap) std::memset(slope + r * kBlockK, 0, sizeof(float) * kBlockK);
             continue;
           }
           if (softcap) SoftcapRow(row, n, 1.0f, a.softcap2, slope + r * kBlockK);

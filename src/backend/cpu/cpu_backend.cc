@@ -502,7 +502,15 @@ class CpuBackend final : public Backend {
       return Error(STRIA_ERROR_INTERNAL, "the %s kernels' %d-float vectors do not divide the head dim padding",
                    kern_.isa, kern_.vector_floats);
     scratch_floats_ = RoundUp(cpu::BwdScratchFloats(ps_.Dp), 16);
-    return scratch_.Reserve(static_cast<size_t>(pool_.size() * scratch_floats_) * 4, "per-thread tiles");
+    const size_t scratch = static_cast<size_t>(pool_.size() * scratch_floats_);
+    STRIA_RETURN_IF_ERROR(scratch_.Reserve(scratch * 4, "per-thread tiles"));
+    // The kernels write every scratch value before they read it. Sanitizer and debug builds fill
+    // the tiles with NaN at every call (as ForwardBegin does the output rows), so that every test
+    // there checks it: a stale value read would reach a result as NaN.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || !defined(NDEBUG)
+    std::fill(scratch_.f32(), scratch_.f32() + scratch, std::numeric_limits<float>::quiet_NaN());
+#endif
+    return Status::Ok();
   }
 
   Status ReserveBlock() {
