@@ -21,6 +21,7 @@
 #include "layout/plan_balance.h"
 #include "layout/shard.h"
 #include "ring/ring.h"
+#include "serve/decode.h"
 #include "transport/module_abi.h"
 
 using stria::Error;
@@ -389,6 +390,27 @@ STRIA_API stria_status_t stria_attention_forward(stria_context_t ctx, const stri
     stria::CallScope call(*c, "stria_attention_forward");
     STRIA_RETURN_IF_ERROR(call.status());
     return stria::RingForward(*c, stria::ForwardCall{params, q, k, v, out, lse, stream});
+  });
+}
+
+STRIA_API stria_status_t stria_kv_cache_init(stria_kv_cache_t* cache) {
+  return Guard([&] {
+    if (cache == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "cache is NULL");
+    std::memset(cache, 0, sizeof *cache);
+    cache->struct_size = sizeof *cache;
+    return Status::Ok();
+  });
+}
+
+STRIA_API stria_status_t stria_attention_decode(stria_context_t ctx, const stria_attention_params_t* params,
+                                                const stria_kv_cache_t* cache, const DLTensor* q, const DLTensor* k_new,
+                                                const DLTensor* v_new, DLTensor* out, DLTensor* lse, void* stream) {
+  return Guard([&] {
+    std::shared_ptr<stria::Context> c;
+    STRIA_RETURN_IF_ERROR(Lookup(ctx, &c));
+    stria::CallScope call(*c, "stria_attention_decode");
+    STRIA_RETURN_IF_ERROR(call.status());
+    return stria::AttentionDecode(*c, stria::DecodeCall{params, cache, q, k_new, v_new, out, lse, stream});
   });
 }
 

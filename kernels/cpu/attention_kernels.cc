@@ -249,10 +249,11 @@ void TransposeTile32(const uint32_t* src, int64_t ld, uint32_t* dst);           
 void LoadRowF32(const void* src, int dtype, int64_t n, float mul, float* dst);    // pack.cc
 void StoreRowF32(const float* src, int64_t n, float mul, int dtype, void* dst);   // pack.cc
 void PairRows16(const uint16_t* a, const uint16_t* b, int64_t n, uint16_t* out);  // pack.cc
+void DecodeChunk(const DecodeChunkArgs& a);                                       // decode.cc
 extern const KernelTable kTable;
 const KernelTable kTable = {
     STRIA_STR(STRIA_ISA_NAME), VL,         ForwardTile, BackwardItem, STRIA_FORWARD_BF16, STRIA_BACKWARD_BF16,
-    TransposeTile32,           LoadRowF32, StoreRowF32, PairRows16,
+    TransposeTile32,           LoadRowF32, StoreRowF32, PairRows16,   DecodeChunk,
 };
 
 }  // namespace STRIA_ISA_NAME

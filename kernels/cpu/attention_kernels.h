@@ -126,6 +126,32 @@ inline int64_t BwdScratchFloats(int64_t dp) {
   return 5 * kBlockQ * kBlockK + 2 * kBlockK * dp;
 }
 
+// One decode work item (backend/cpu/cpu_decode.cc): `rows` query rows against `count` cached keys
+// that lie at a fixed stride in memory (one run of a rank's cache slots, within one page of a paged
+// cache). Row r is query token r / group of the item's query heads; every row is causal against,
+// or within the window of, its token's position.
+constexpr int64_t kDecodeKeys = 64;  // keys converted to float32 at a time
+struct DecodeChunkArgs {
+  const float* q;  // [rows][dp] float32, pre-scaled by softmax_scale * log2(e), zero-padded
+  int64_t rows, group;
+  const int64_t* q_pos;  // [rows / group] the query tokens' positions
+  const char *k, *v;     // key j's row of D elements at k + j * k_stride (bytes), likewise v
+  int64_t k_stride, v_stride;
+  int dtype;                 // DType of k and v
+  int64_t d, dp;             // head dim, and it padded to the vector width
+  int64_t count;             // keys
+  int64_t pos0, pos_stride;  // key j is at position pos0 + j * pos_stride
+  bool causal;
+  int64_t window_left;  // -1: unbounded
+  float softcap2;       // as in FwdTileArgs
+  bool init;            // start the state below afresh, or go on from it (the item's next run)
+  float *m, *l, *acc;   // [rows] log2-domain maximum (-inf: saw no key), [rows] sum, [rows][dp]
+  float* scratch;       // DecodeScratchFloats(rows, dp) floats, this thread's
+};
+inline int64_t DecodeScratchFloats(int64_t rows, int64_t dp) {
+  return kDecodeKeys * (2 * dp + rows);
+}
+
 struct KernelTable {
   const char* isa;
   int vector_floats;  // Dp must be a multiple of this
@@ -140,6 +166,7 @@ struct KernelTable {
   void (*store_row)(const float* src, int64_t n, float mul, int dtype, void* dst);  // and back;
   // rows a and b of 16-bit elements interleaved, out[2d] = a[d], out[2d + 1] = b[d] (NULL: zeros).
   void (*pair_rows)(const uint16_t* a, const uint16_t* b, int64_t n, uint16_t* out);
+  void (*decode_chunk)(const DecodeChunkArgs&);  // decode.cc
 };
 
 // The best table this CPU runs (AMX > AVX512-BF16 > AVX-512 > AVX2 > generic);

@@ -122,6 +122,44 @@ struct BackwardStep {
   const TensorView* dv = nullptr;
 };
 
+// A decode call's work on one rank (serve/decode.cc; stria.h, stria_attention_decode).
+struct DecodeShape {
+  int64_t B = 0, T = 0, Hq = 0, Hkv = 0, D = 0;
+  DType dtype = DType::kF32;
+  float scale = 0.f, softcap = 0.f;
+  bool causal = true;
+  int64_t window_left = -1;  // -1: unbounded
+};
+// Cached keys of one sequence that lie at a fixed stride in the cache's memory (a run of slots,
+// within one page of a paged cache): key j's row of head h is at element
+// offset + j * row_stride + h * head_stride of the cache tensors (k and v share strides), its
+// position pos0 + j * pos_stride.
+struct CacheSegment {
+  int64_t b = 0;
+  int64_t k_offset = 0, v_offset = 0;  // elements
+  int64_t count = 0;
+  int64_t pos0 = 0, pos_stride = 1;
+};
+// A new token this rank stores: token t of sequence b goes to the cache rows at k_offset/v_offset
+// (elements, head 0).
+struct CacheAppend {
+  int64_t b = 0, t = 0, k_offset = 0, v_offset = 0;
+};
+struct DecodeWork {
+  DecodeShape shape;
+  TensorView q;                        // [B, T, Hq, D]
+  TensorView k, v;                     // the cache tensors: their dims 1 (rows) and 2 (heads) stride the segments
+  std::vector<int64_t> q_pos;          // [B][T]: query t of sequence b's position
+  std::vector<CacheSegment> segments;  // this rank's keys, sequence by sequence, in slot order
+  std::vector<CacheAppend> appends;    // written before the attention
+  TensorView k_new, v_new;             // [B, T, Hkv, D] when there are appends
+};
+// A rank's decode result, before the merge across ranks: per (b, t, h) a record of D + 1 floats,
+// the output normalised over this rank's keys, then its natural-log LSE (-inf: saw no key).
+inline size_t DecodePartialFloats(const DecodeShape& s) {
+  return static_cast<size_t>(s.B * s.T * s.Hq * (s.D + 1));
+}
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -204,6 +242,21 @@ class Backend {
   // h (the sink's probability times the rows' delta: the sink carries no value, so dP is 0 there).
   // A fixed order of summation: the same bits every run.
   virtual Status SinksGradient(const TensorView& sinks, const TensorView& dsinks) = 0;
+
+  // Decode (stria_attention_decode): stores the new tokens this rank holds (work.appends), then
+  // attends the queries to this rank's share of the cache, writing `partial`
+  // (DecodePartialFloats, the backend's memory). The merge takes every rank's partial, rank by
+  // rank in `all`, and writes out ([B, T, Hq, D]) and, if given, lse ([B, Hq, T]) after the sinks
+  // (if given); in a fixed order, so every rank writes the same bits.
+  virtual Status Decode(const DecodeWork& work, float* partial) {
+    (void)work, (void)partial;
+    return Error(STRIA_ERROR_UNSUPPORTED, "the %s backend has no decode over a sharded KV cache", name());
+  }
+  virtual Status DecodeMerge(const DecodeWork& work, const float* all, int world_size, const TensorView* sinks,
+                             const TensorView& out, const TensorView* lse) {
+    (void)work, (void)all, (void)world_size, (void)sinks, (void)out, (void)lse;
+    return Error(STRIA_ERROR_UNSUPPORTED, "the %s backend has no decode over a sharded KV cache", name());
+  }
 
   // Asynchronous backends (CUDA) queue their work on a stream and return. Before the engine hands
   // a ring buffer to the transport (to send it, or to receive into it), everything queued so far

@@ -18,6 +18,8 @@ namespace {
 constexpr size_t kParamsV1 = offsetof(stria_attention_params_t, plan);
 constexpr size_t kParamsV2 = offsetof(stria_attention_params_t, cu_seqlens);
 
+}  // namespace
+
 // Reads params: its layout, causal flag, plan, softcap and sinks into *c, and its mask (documents
 // and window) into *mask, merged with the one a _documents or _window call passes as arguments.
 Status CheckParams(const stria_attention_params_t* p, const DocumentsArg& args, ValidatedCall* c, DocumentsArg* mask) {
@@ -68,9 +70,11 @@ Status CheckParams(const stria_attention_params_t* p, const DocumentsArg& args, 
   return Status::Ok();
 }
 
+namespace {
 std::string Dims(const TensorView& v) {
   return ShapeString(v);
 }
+}  // namespace
 
 Status ExpectShape(const TensorView& v, const char* name, std::initializer_list<int64_t> want, const char* what) {
   size_t i = 0;
@@ -93,6 +97,8 @@ Status ExpectDType(const TensorView& v, const char* name, DType want) {
   return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s is %s but q is %s: all attention tensors share one dtype", name,
                DTypeName(v.dtype), DTypeName(want));
 }
+
+namespace {
 
 // The shapes shared by forward and backward: q, k, v and the derived attention shape.
 Status CheckQKV(Context& ctx, const DLTensor* q, const DLTensor* k, const DLTensor* v,
@@ -172,10 +178,13 @@ Status CheckQKV(Context& ctx, const DLTensor* q, const DLTensor* k, const DLTens
   return Status::Ok();
 }
 
-enum class Role { kInput, kOutput };
+}  // namespace
+
 Status CheckWritable(const TensorView& v, const char* name, Role role) {
   return role == Role::kInput ? Status::Ok() : CheckNoBroadcast(v, name);
 }
+
+namespace {
 
 Status CheckLse(Context& ctx, const DLTensor* t, const char* name, const AttentionShape& s, Role role,
                 TensorView* out) {
@@ -339,7 +348,9 @@ Status AgreeOnCall(Context& ctx, RingOp op, const Status& local, const Validated
     // Ranks whose backends lay out K/V blocks differently (a CPU and a GPU rank, say) would
     // exchange messages of different sizes and meanings: agree on the format too.
     sig.kv_wire = static_cast<uint32_t>(ctx.backend().KVWireFor(c.shape, op == RingOp::kBackward).format);
-    sig.documents = c.plan != nullptr ? PlanCallHash(*c.plan, c.mask) : c.documents.Hash();
+    sig.documents = op == RingOp::kDecode ? c.call_hash
+                    : c.plan != nullptr   ? PlanCallHash(*c.plan, c.mask)
+                                          : c.documents.Hash();
     sig.softcap = c.shape.softcap;
     sig.sinks = c.sinks_given ? 1 : 0;
   }

@@ -25,7 +25,23 @@ struct ValidatedCall {
   bool sinks_given = false, dsinks_given = false;
   TensorView sinks, dsinks;
   void* stream = nullptr;
+  // What else ranks must agree on, hashed (0: nothing): a decode call's cache (lengths, capacity,
+  // kind), window and whether it appends.
+  uint64_t call_hash = 0;
 };
+
+// Reads params: its layout, causal flag, plan, softcap and sinks into *c, and its mask (documents
+// and window) into *mask, merged with the one a _documents or _window call passes as arguments.
+Status CheckParams(const stria_attention_params_t* p, const DocumentsArg& args, ValidatedCall* c, DocumentsArg* mask);
+// params->sinks and, in a backward, params->dsinks: float32 [Hq] (c->shape.Hq) in the context's memory.
+Status CheckSinks(Context& ctx, const stria_attention_params_t* p, bool backward, ValidatedCall* c);
+// What a call writes: not a broadcast view (tensor.h, CheckNoBroadcast), for outputs.
+enum class Role { kInput, kOutput };
+// INVALID_ARGUMENT naming `name`, its shape and `what` it should be, unless its shape is `want`.
+Status ExpectShape(const TensorView& v, const char* name, std::initializer_list<int64_t> want, const char* what);
+// INVALID_ARGUMENT unless `name` has q's dtype `want`.
+Status ExpectDType(const TensorView& v, const char* name, DType want);
+Status CheckWritable(const TensorView& v, const char* name, Role role);
 
 // The mask of rank q_rank's queries against rank k_rank's block in this call: the layout's, cut
 // by the call's documents (whose per-query bounds go into *bounds, which must outlive the mask).

@@ -14,7 +14,15 @@ namespace stria {
 constexpr uint32_t kSignatureMagic = 0x53545235;
 
 const char* RingOpName(RingOp op) {
-  return op == RingOp::kForward ? "stria_attention_forward" : "stria_attention_backward";
+  switch (op) {
+    case RingOp::kForward:
+      return "stria_attention_forward";
+    case RingOp::kBackward:
+      return "stria_attention_backward";
+    case RingOp::kDecode:
+      return "stria_attention_decode";
+  }
+  return "an unknown call";
 }
 
 void InitSignature(RingOp op, uint64_t seq, uint64_t tag, CallSignature* sig) {
@@ -41,7 +49,10 @@ static std::string Describe(const CallSignature& s) {
       LayoutName(static_cast<stria_layout_t>(s.layout)), s.causal, static_cast<double>(s.scale),
       static_cast<double>(s.softcap), s.sinks ? "sinks" : "no sinks", (long long)s.B, (long long)s.L, (long long)s.Hq,
       (long long)s.D, (long long)s.Hkv, KVWireFormatName(static_cast<KVWireFormat>(s.kv_wire)),
-      s.documents == 0
+      s.op == static_cast<uint32_t>(RingOp::kDecode)
+          ? Format("cache lengths, capacity and window hashed %#llx", static_cast<unsigned long long>(s.documents))
+                .c_str()
+      : s.documents == 0
           ? "no document mask or window"
           : Format("document boundaries and window hashed %#llx", static_cast<unsigned long long>(s.documents))
                 .c_str());
@@ -60,11 +71,10 @@ static bool Same(const CallSignature& a, const CallSignature& b) {
 // A peer's fields are read only after this: values outside their enums (a corrupted or foreign
 // signature with the right magic) would otherwise reach the messages and the returned status.
 static bool WellFormed(const CallSignature& s) {
-  return s.magic == kSignatureMagic &&
-         (s.op == static_cast<uint32_t>(RingOp::kForward) || s.op == static_cast<uint32_t>(RingOp::kBackward)) &&
-         s.status >= STRIA_SUCCESS && s.status <= STRIA_ERROR_INTERNAL && s.layout >= STRIA_LAYOUT_CONTIGUOUS &&
-         s.layout <= STRIA_LAYOUT_ZIGZAG && s.dtype >= static_cast<int32_t>(DType::kF32) &&
-         s.dtype <= static_cast<int32_t>(DType::kBF16) &&
+  return s.magic == kSignatureMagic && s.op >= static_cast<uint32_t>(RingOp::kForward) &&
+         s.op <= static_cast<uint32_t>(RingOp::kDecode) && s.status >= STRIA_SUCCESS &&
+         s.status <= STRIA_ERROR_INTERNAL && s.layout >= STRIA_LAYOUT_CONTIGUOUS && s.layout <= STRIA_LAYOUT_ZIGZAG &&
+         s.dtype >= static_cast<int32_t>(DType::kF32) && s.dtype <= static_cast<int32_t>(DType::kBF16) &&
          s.kv_wire <= static_cast<uint32_t>(KVWireFormat::kCpuBf16Tiles);
 }
 

@@ -25,7 +25,7 @@
 
 /* The CMake project reads the version from these three lines: they are the single source. */
 #define STRIA_VERSION_MAJOR 0
-#define STRIA_VERSION_MINOR 4
+#define STRIA_VERSION_MINOR 5
 #define STRIA_VERSION_PATCH 0
 #define STRIA_VERSION (STRIA_VERSION_MAJOR * 10000 + STRIA_VERSION_MINOR * 100 + STRIA_VERSION_PATCH)
 
@@ -390,6 +390,53 @@ typedef struct {
   uint64_t messages;  /* ring messages (a trimmed message with nothing left to carry is still one, of 0 bytes) */
 } stria_traffic_t;
 STRIA_API stria_status_t stria_context_get_traffic(stria_context_t ctx, stria_traffic_t* out);
+
+/* Extension, 0.5: serving over a KV cache sharded across the ranks (DESIGN.md, "Sharded KV cache").
+ *
+ * A batch of B sequences, each with a cache of lens[b] tokens spread over the N ranks by
+ * params->layout. Each rank holds its share in `k` and `v`, local slot s of sequence b holding one
+ * cached position:
+ *   striped:    position t on rank t mod N, slot t / N (every rank's share grows evenly);
+ *   contiguous: position t on rank t / C, slot t mod C;
+ *   zigzag:     position t in chunk c = t / (C/2) of 2N; chunk c on rank c (c < N, slots from 0)
+ *               or 2N-1-c (slots from C/2); C must be even;
+ * where C is the per-rank capacity: k's dimension 1 for a contiguous cache, max_blocks * block_size
+ * for a paged one. A position past N * C does not fit, and a call that would use it fails.
+ *
+ * Contiguous cache (block_table NULL): k, v are [B, C, Hkv, D] on each rank. Paged cache (as vLLM
+ * and SGLang keep theirs): k, v are [num_blocks, block_size, Hkv, D] pools and block_table is an
+ * int32 [B, max_blocks] tensor in the context's memory: slot s of sequence b is row s mod block_size
+ * of block block_table[b][s / block_size]. Only the entries a call uses are read (-1 elsewhere is
+ * fine). */
+typedef struct {
+  size_t struct_size;
+  DLTensor* k;
+  DLTensor* v;
+  const DLTensor* block_table; /* NULL: a contiguous cache */
+  /* [B] tokens cached per sequence before the call, in host memory or (CUDA) the context's device
+     memory; the same on every rank. */
+  const int64_t* lens;
+} stria_kv_cache_t;
+/* Fills the defaults: no tensors, no block table, no lengths. */
+STRIA_API stria_status_t stria_kv_cache_init(stria_kv_cache_t* cache);
+
+/* Attention of T new query tokens per sequence to the sharded cache: decode (T = 1) and speculative
+ * decode (a few tokens). A collective: every rank passes the same q, k_new, v_new and cache lengths
+ * and gets the same out and lse, bit for bit.
+ *   q: [B, T, Hq, D], query t of sequence b at position lens[b] + t.
+ *   k_new, v_new: [B, T, Hkv, D], the new tokens' keys and values, or both NULL. Given, the rank
+ *   holding position lens[b] + t writes them into its share of the cache first (the caller then
+ *   advances lens by T), and query t sees the new keys at positions up to its own (causal) or all of
+ *   them (params->causal 0). NULL: the queries see the cache alone.
+ *   out like q; lse [B, Hq, T] float32, or NULL.
+ * A query at p sees cached position t <= p within params->window_left (p - t <= window_left; -1:
+ * unbounded); params->softcap and params->sinks apply as in stria_attention_forward; plan,
+ * cu_seqlens and window_right must be unset. Each rank attends the queries to its share (spread
+ * over its threads), and the partial outputs and LSEs are merged exactly across the ranks in one
+ * all-gather; the result equals attention over the whole cache on one device. */
+STRIA_API stria_status_t stria_attention_decode(stria_context_t ctx, const stria_attention_params_t* params,
+                                                const stria_kv_cache_t* cache, const DLTensor* q, const DLTensor* k_new,
+                                                const DLTensor* v_new, DLTensor* out, DLTensor* lse, void* stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

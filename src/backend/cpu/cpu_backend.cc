@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_decode.h"
 #include "core/aligned_buffer.h"
 #include "core/thread_pool.h"
 #include "cpu/attention_kernels.h"
@@ -95,6 +96,14 @@ class CpuBackend final : public Backend {
       return Error(STRIA_ERROR_UNSUPPORTED, "head dim %lld is not supported by the CPU backend (supported: 1..256)",
                    static_cast<long long>(shape.D));
     return Status::Ok();
+  }
+
+  Status Decode(const DecodeWork& work, float* partial) override {
+    return CpuDecode(pool_, kern_, work, partial, &decode_bufs_);
+  }
+  Status DecodeMerge(const DecodeWork& work, const float* all, int world_size, const TensorView* sinks,
+                     const TensorView& out, const TensorView* lse) override {
+    return CpuDecodeMerge(pool_, kern_, work, all, world_size, sinks, out, lse);
   }
 
   Status Allocate(size_t bytes, void** ptr) override {
@@ -734,6 +743,7 @@ class CpuBackend final : public Backend {
     kern_.transpose_tile(reinterpret_cast<const uint32_t*>(src), Dp, reinterpret_cast<uint32_t*>(dst));
   }
   ThreadPool pool_;
+  CpuDecodeBuffers decode_bufs_;
   const cpu::KernelTable& kern_;
   AttentionShape s_;
   std::vector<BlockMask> batch_masks_;  // SetBatchMasks

@@ -1,0 +1,252 @@
+// Decode on the CPU: the queries of one K/V head's group are packed once (all their rows read each
+// key block the kernel converts), and the rank's keys are cut into work items of about equal size
+// over (sequence, K/V head), so that one long sequence still spreads over every thread (the split
+// of flash-decoding). Each item keeps its own softmax state; the states of a sequence's items are
+// then merged in item order, so the result does not depend on which thread ran what.
+#include "backend/cpu/cpu_decode.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace stria {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr int64_t kDimPad = 16;  // a multiple of every kernel build's vector width
+
+int64_t RoundUp(int64_t x, int64_t m) {
+  return (x + m - 1) / m * m;
+}
+
+// Element (b, t, h, 0) of a [B, T, H, D] view.
+const char* Row4(const TensorView& v, int64_t b, int64_t t, int64_t h) {
+  return static_cast<const char*>(v.data) + (b * v.strides[0] + t * v.strides[1] + h * v.strides[2]) * v.elem_bytes();
+}
+
+// Keys [j0, j0 + count) of segment `seg`.
+struct Piece {
+  int64_t seg, j0, count;
+};
+// Pieces [first, last) of one sequence: one work item per K/V head.
+struct Item {
+  int64_t b, first, last;
+};
+
+// Work items of about `target` keys each: long segments are cut, short ones (the pages of a paged
+// cache) joined, never across sequences.
+void PlanItems(const DecodeWork& w, int64_t target, std::vector<Piece>* pieces, std::vector<Item>* items) {
+  const std::vector<CacheSegment>& segs = w.segments;
+  size_t i = 0;
+  while (i < segs.size()) {
+    const int64_t b = segs[i].b;
+    Item item{b, static_cast<int64_t>(pieces->size()), 0};
+    int64_t keys = 0;
+    for (; i < segs.size() && segs[i].b == b; ++i) {
+      for (int64_t j0 = 0; j0 < segs[i].count;) {
+        const int64_t n = std::min(segs[i].count - j0, target - keys);
+        pieces->push_back(Piece{static_cast<int64_t>(i), j0, n});
+        j0 += n;
+        keys += n;
+        if (keys == target) {
+          item.last = static_cast<int64_t>(pieces->size());
+          items->push_back(item);
+          item.first = item.last;
+          keys = 0;
+        }
+      }
+    }
+    item.last = static_cast<int64_t>(pieces->size());
+    if (item.last > item.first) items->push_back(item);
+  }
+}
+
+}  // namespace
+
+Status CpuDecode(ThreadPool& pool, const cpu::KernelTable& kern, const DecodeWork& w, float* partial,
+                 CpuDecodeBuffers* bufs) {
+  const DecodeShape& s = w.shape;
+  const int64_t group = s.Hq / s.Hkv, rows = s.T * group, dp = RoundUp(s.D, kDimPad);
+  const size_t esize = static_cast<size_t>(DTypeSize(s.dtype));
+  // The new tokens this rank holds go into the cache first: the queries see them.
+  for (const CacheAppend& a : w.appends)
+    for (int64_t h = 0; h < s.Hkv; ++h) {
+      char* kd = static_cast<char*>(w.k.data) + (a.k_offset + h * w.k.strides[2]) * static_cast<int64_t>(esize);
+      char* vd = static_cast<char*>(w.v.data) + (a.v_offset + h * w.v.strides[2]) * static_cast<int64_t>(esize);
+      std::memcpy(kd, Row4(w.k_new, a.b, a.t, h), static_cast<size_t>(s.D) * esize);
+      std::memcpy(vd, Row4(w.v_new, a.b, a.t, h), static_cast<size_t>(s.D) * esize);
+    }
+
+  // Queries, [B][Hkv][rows][dp], scaled into the kernel's log2 domain.
+  const size_t qfloats = static_cast<size_t>(s.B * s.Hkv * rows * dp);
+  STRIA_RETURN_IF_ERROR(bufs->q.Reserve(qfloats * 4, "packed decode queries"));
+  float* qp = bufs->q.f32();
+  const float qmul = s.scale * cpu::kLog2e;
+  pool.ParallelFor(s.B * s.Hkv, [&](int64_t bg, int) {
+    const int64_t b = bg / s.Hkv, g0 = bg % s.Hkv * group;
+    for (int64_t r = 0; r < rows; ++r) {
+      float* dst = qp + (bg * rows + r) * dp;
+      kern.load_row(Row4(w.q, b, r / group, g0 + r % group), static_cast<int>(s.dtype), s.D, qmul, dst);
+      std::fill(dst + s.D, dst + dp, 0.f);
+    }
+  });
+
+  int64_t keys = 0;
+  for (const CacheSegment& seg : w.segments) keys += seg.count;
+  // About four items per thread over all heads, but never so short that the per-item work (the
+  // state's setup and merge) shows: 256 keys at least.
+  const int64_t per_head = (4 * static_cast<int64_t>(pool.size()) + s.Hkv - 1) / s.Hkv;
+  const int64_t target = std::max<int64_t>(256, (keys + per_head - 1) / std::max<int64_t>(per_head, 1));
+  std::vector<Piece> pieces;
+  std::vector<Item> items;
+  PlanItems(w, target, &pieces, &items);
+
+  const int64_t state = rows * (dp + 2);  // m, l, acc of one item and head
+  const int64_t nstates = static_cast<int64_t>(items.size()) * s.Hkv;
+  STRIA_RETURN_IF_ERROR(bufs->states.Reserve(static_cast<size_t>(std::max<int64_t>(nstates * state, 1)) * 4,
+                                             "decode work items' softmax states"));
+  const int64_t scratch_floats = RoundUp(cpu::DecodeScratchFloats(rows, dp), 16);
+  STRIA_RETURN_IF_ERROR(
+      bufs->scratch.Reserve(static_cast<size_t>(pool.size() * scratch_floats) * 4, "decode key blocks"));
+  float* states = bufs->states.f32();
+  const float softcap2 = s.softcap > 0.f ? s.softcap * cpu::kLog2e : 0.f;
+  pool.ParallelFor(nstates, [&](int64_t n, int tid) {
+    const Item& item = items[static_cast<size_t>(n / s.Hkv)];
+    const int64_t hkv = n % s.Hkv;
+    float* st = states + n * state;
+    cpu::DecodeChunkArgs a{};
+    a.q = qp + (item.b * s.Hkv + hkv) * rows * dp;
+    a.rows = rows;
+    a.group = group;
+    a.q_pos = w.q_pos.data() + item.b * s.T;
+    a.k_stride = w.k.strides[1] * static_cast<int64_t>(esize);
+    a.v_stride = w.v.strides[1] * static_cast<int64_t>(esize);
+    a.dtype = static_cast<int>(s.dtype);
+    a.d = s.D;
+    a.dp = dp;
+    a.causal = s.causal;
+    a.window_left = s.window_left;
+    a.softcap2 = softcap2;
+    a.m = st;
+    a.l = st + rows;
+    a.acc = st + 2 * rows;
+    a.scratch = bufs->scratch.f32() + tid * scratch_floats;
+    for (int64_t p = item.first; p < item.last; ++p) {
+      const Piece& piece = pieces[static_cast<size_t>(p)];
+      const CacheSegment& seg = w.segments[static_cast<size_t>(piece.seg)];
+      a.k = static_cast<const char*>(w.k.data) +
+            (seg.k_offset + hkv * w.k.strides[2] + piece.j0 * w.k.strides[1]) * static_cast<int64_t>(esize);
+      a.v = static_cast<const char*>(w.v.data) +
+            (seg.v_offset + hkv * w.v.strides[2] + piece.j0 * w.v.strides[1]) * static_cast<int64_t>(esize);
+      a.count = piece.count;
+      a.pos0 = seg.pos0 + piece.j0 * seg.pos_stride;
+      a.pos_stride = seg.pos_stride;
+      a.init = p == item.first;
+      kern.decode_chunk(a);
+    }
+  });
+
+  // Merge each sequence's items in order into the rank's partial records (a sequence without keys
+  // here: output 0, LSE -inf).
+  std::vector<int64_t> first_item(static_cast<size_t>(s.B + 1), 0);
+  for (const Item& item : items) ++first_item[static_cast<size_t>(item.b + 1)];
+  for (int64_t b = 0; b < s.B; ++b) first_item[static_cast<size_t>(b + 1)] += first_item[static_cast<size_t>(b)];
+  const int64_t rec = s.D + 1;
+  pool.ParallelFor(s.B * s.Hkv, [&](int64_t bg, int) {
+    const int64_t b = bg / s.Hkv, hkv = bg % s.Hkv;
+    const int64_t i0 = first_item[static_cast<size_t>(b)], i1 = first_item[static_cast<size_t>(b + 1)];
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t t = r / group, h = hkv * group + r % group;
+      float* out = partial + ((b * s.T + t) * s.Hq + h) * rec;
+      float mx = kNegInf;
+      bool nan = false;
+      for (int64_t i = i0; i < i1; ++i) {
+        const float m = states[(i * s.Hkv + hkv) * state + r];
+        nan |= m != m;
+        mx = std::max(mx, m);
+      }
+      if (nan) mx = std::numeric_limits<float>::quiet_NaN();
+      std::fill(out, out + s.D, 0.f);
+      if (mx == kNegInf) {
+        out[s.D] = kNegInf;
+        continue;
+      }
+      float l = 0.f;
+      for (int64_t i = i0; i < i1; ++i) {
+        const float* st = states + (i * s.Hkv + hkv) * state;
+        if (st[r] == kNegInf) continue;
+        const float c = std::exp2(st[r] - mx);
+        l += st[rows + r] * c;
+        const float* acc = st + 2 * rows + r * dp;
+        for (int64_t d = 0; d < s.D; ++d) out[d] += acc[d] * c;
+      }
+      const float inv = 1.0f / l;
+      for (int64_t d = 0; d < s.D; ++d) out[d] *= inv;
+      out[s.D] = (mx + std::log2(l)) * cpu::kLn2;
+    }
+  });
+  return Status::Ok();
+}
+
+Status CpuDecodeMerge(ThreadPool& pool, const cpu::KernelTable& kern, const DecodeWork& w, const float* all,
+                      int world_size, const TensorView* sinks, const TensorView& out, const TensorView* lse) {
+  const DecodeShape& s = w.shape;
+  const int64_t rec = s.D + 1;
+  const size_t stride = DecodePartialFloats(s);
+  const int64_t esize = DTypeSize(s.dtype);
+  pool.ParallelFor(s.B * s.T, [&](int64_t bt, int) {
+    const int64_t b = bt / s.T, t = bt % s.T;
+    std::vector<float> o(static_cast<size_t>(s.D));
+    for (int64_t h = 0; h < s.Hq; ++h) {
+      const size_t at = static_cast<size_t>((bt * s.Hq + h) * rec);
+      // In rank order, in double: the same bits on every rank.
+      double mx = -std::numeric_limits<double>::infinity();
+      bool nan = false;
+      for (int r = 0; r < world_size; ++r) {
+        const float x = all[r * stride + at + static_cast<size_t>(s.D)];
+        nan |= x != x;
+        mx = std::max(mx, static_cast<double>(x));
+      }
+      double total = 0.0;
+      std::fill(o.begin(), o.end(), 0.f);
+      std::vector<double> acc(static_cast<size_t>(s.D), 0.0);
+      if (nan) {
+        mx = std::numeric_limits<double>::quiet_NaN();
+        std::fill(acc.begin(), acc.end(), mx);
+        total = 1.0;
+      } else if (mx != -std::numeric_limits<double>::infinity()) {
+        for (int r = 0; r < world_size; ++r) {
+          const float* p = all + r * stride + at;
+          if (p[s.D] == kNegInf) continue;
+          const double c = std::exp(static_cast<double>(p[s.D]) - mx);
+          total += c;
+          for (int64_t d = 0; d < s.D; ++d) acc[static_cast<size_t>(d)] += c * p[d];
+        }
+      }
+      double lse_row = total > 0.0 ? mx + std::log(total) : -std::numeric_limits<double>::infinity();
+      double scale = total > 0.0 ? 1.0 / total : 0.0;
+      if (sinks != nullptr) {
+        // The sink joins the row's denominator once: lse' = log(e^lse + e^z), out *= e^(lse - lse').
+        const double z = static_cast<const float*>(sinks->data)[h * sinks->strides[0]];
+        if (total > 0.0) {
+          const double top = std::max(lse_row, z);
+          const double merged = top + std::log(std::exp(lse_row - top) + std::exp(z - top));
+          scale *= std::exp(lse_row - merged);
+          lse_row = merged;
+        } else {
+          lse_row = z;
+        }
+      }
+      for (int64_t d = 0; d < s.D; ++d) o[static_cast<size_t>(d)] = static_cast<float>(acc[static_cast<size_t>(d)] * scale);
+      char* dst = static_cast<char*>(out.data) + (b * out.strides[0] + t * out.strides[1] + h * out.strides[2]) * esize;
+      kern.store_row(o.data(), s.D, 1.0f, static_cast<int>(s.dtype), dst);
+      if (lse != nullptr)
+        static_cast<float*>(lse->data)[b * lse->strides[0] + h * lse->strides[1] + t * lse->strides[2]] =
+            static_cast<float>(lse_row);
+    }
+  });
+  return Status::Ok();
+}
+
+}  // namespace stria

@@ -1,0 +1,362 @@
+// Decode over a KV cache sharded across the ranks (stria_attention_decode), against a float64
+// reference over the whole cache on one device: every layout, contiguous and paged caches, cache
+// lengths from 0 to many blocks that differ per sequence and do not divide by N, GQA and MQA,
+// windows, softcap and sinks, with and without new tokens, every dtype, N 1..8. Every rank must
+// give the same bits, and the new tokens must land in the slots of the rank that holds them.
+#include <gtest/gtest.h>
+
+#include <cstdarg>
+#include <cstdio>
+#include <numeric>
+#include <string>
+
+#include "test_util.h"
+
+namespace stria_test {
+namespace {
+
+struct Case {
+  int n = 2;
+  stria_layout_t layout = STRIA_LAYOUT_STRIPED;
+  bool paged = false;
+  int64_t block_size = 16;
+  Dt dt = Dt::kF32;
+  int64_t B = 2, T = 1, Hq = 4, Hkv = 2, D = 32;
+  int64_t capacity = 96;  // slots per rank (a paged cache: max_blocks * block_size)
+  std::vector<int64_t> lens;
+  bool append = true;
+  bool causal = true;
+  int64_t window_left = -1;
+  double softcap = 0;
+  bool sinks = false;
+  std::string Name() const {
+    std::string s = Format("N%d_%s_%s_%s_B%lld_T%lld_H%lldx%lld_D%lld", n, LayoutName(layout),
+                           paged ? "paged" : "contig", DtName(dt), (long long)B, (long long)T, (long long)Hq,
+                           (long long)Hkv, (long long)D);
+    if (!append) s += "_noappend";
+    if (!causal) s += "_full";
+    if (window_left >= 0) s += Format("_w%lld", (long long)window_left);
+    if (softcap > 0) s += "_softcap";
+    if (sinks) s += "_sinks";
+    return s;
+  }
+  static std::string Format(const char* fmt, ...) {
+    char buf[256];
+    va_list ap;
+    va_start(ap, fmt);
+    std::vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    return buf;
+  }
+};
+
+// Where the cache keeps position t (stria.h, stria_kv_cache_t), written out independently here.
+void Place(const Case& c, int64_t t, int* rank, int64_t* slot) {
+  const int64_t n = c.n, cap = c.capacity;
+  if (c.layout == STRIA_LAYOUT_STRIPED) {
+    *rank = static_cast<int>(t % n);
+    *slot = t / n;
+  } else if (c.layout == STRIA_LAYOUT_CONTIGUOUS) {
+    *rank = static_cast<int>(t / cap);
+    *slot = t % cap;
+  } else {
+    const int64_t half = cap / 2, chunk = t / half;
+    *rank = static_cast<int>(chunk < n ? chunk : 2 * n - 1 - chunk);
+    *slot = (chunk < n ? 0 : half) + t % half;
+  }
+}
+
+// One rank's cache: contiguous [B, cap, Hkv, D], or a pool [blocks, block_size, Hkv, D] with a
+// shuffled block table. Every slot starts as NaN: a read of a slot the call should not see fails.
+struct RankCache {
+  Tensor k, v, table;
+  std::vector<int32_t> table_data;
+  std::vector<int64_t> table_shape;
+  DLTensor table_dl{};
+  int64_t max_blocks = 0, num_blocks = 0;
+
+  RankCache(const Case& c, std::mt19937_64& rng) {
+    if (c.paged) {
+      max_blocks = c.capacity / c.block_size;
+      num_blocks = c.B * max_blocks + 3;  // spare blocks nobody uses
+      k.Init({num_blocks, c.block_size, c.Hkv, c.D}, c.dt);
+      v.Init({num_blocks, c.block_size, c.Hkv, c.D}, c.dt);
+      std::vector<int32_t> perm(static_cast<size_t>(num_blocks));
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      table_data.assign(perm.begin(), perm.begin() + c.B * max_blocks);
+      table_shape = {c.B, max_blocks};
+      table_dl.data = table_data.data();
+      table_dl.device = DLDevice{kDLCPU, 0};
+      table_dl.ndim = 2;
+      table_dl.dtype = DLDataType{kDLInt, 32, 1};
+      table_dl.shape = table_shape.data();
+    } else {
+      k.Init({c.B, c.capacity, c.Hkv, c.D}, c.dt);
+      v.Init({c.B, c.capacity, c.Hkv, c.D}, c.dt);
+    }
+    k.Poison();
+    v.Poison();
+  }
+  // Flat element index of (b, slot, h, 0).
+  int64_t Index(const Case& c, int64_t b, int64_t slot, int64_t h) const {
+    if (!c.paged) return ((b * c.capacity + slot) * c.Hkv + h) * c.D;
+    const int64_t block = table_data[static_cast<size_t>(b * max_blocks + slot / c.block_size)];
+    return ((block * c.block_size + slot % c.block_size) * c.Hkv + h) * c.D;
+  }
+};
+
+// Runs one decode call on a local group and checks it against the float64 reference.
+void RunCase(const Case& c, uint64_t seed) {
+  SCOPED_TRACE(c.Name());
+  std::mt19937_64 rng(seed);
+  const int64_t B = c.B, T = c.T, Hq = c.Hq, Hkv = c.Hkv, D = c.D;
+  const int64_t added = c.append ? T : 0;
+  int64_t most = 0;
+  for (int64_t l : c.lens) most = std::max(most, l + added);
+  // The whole cache, as one device would hold it: [B, most, Hkv, D], and the queries.
+  Tensor kf({B, std::max<int64_t>(most, 1), Hkv, D}, c.dt), vf({B, std::max<int64_t>(most, 1), Hkv, D}, c.dt);
+  kf.FillRandom(rng);
+  vf.FillRandom(rng);
+  Tensor q({B, T, Hq, D}, c.dt), k_new({B, T, Hkv, D}, c.dt), v_new({B, T, Hkv, D}, c.dt);
+  q.FillRandom(rng);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < added; ++t)
+      for (int64_t i = 0; i < Hkv * D; ++i) {
+        k_new.Set((b * T + t) * Hkv * D + i, kf.Get((b * most + c.lens[static_cast<size_t>(b)] + t) * Hkv * D + i));
+        v_new.Set((b * T + t) * Hkv * D + i, vf.Get((b * most + c.lens[static_cast<size_t>(b)] + t) * Hkv * D + i));
+      }
+  std::vector<double> sinks(static_cast<size_t>(Hq));
+  for (double& z : sinks) z = std::normal_distribution<double>(0.5, 1.0)(rng);
+  Tensor sinks_t({Hq}, Dt::kF32);
+  for (int64_t h = 0; h < Hq; ++h) sinks_t.Set(h, sinks[static_cast<size_t>(h)]);
+
+  std::vector<RankCache> caches;
+  for (int r = 0; r < c.n; ++r) caches.emplace_back(c, rng);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < c.lens[static_cast<size_t>(b)]; ++t) {
+      int rank = 0;
+      int64_t slot = 0;
+      Place(c, t, &rank, &slot);
+      RankCache& rc = caches[static_cast<size_t>(rank)];
+      for (int64_t h = 0; h < Hkv; ++h)
+        for (int64_t d = 0; d < D; ++d) {
+          rc.k.Set(rc.Index(c, b, slot, h) + d, kf.Get(((b * most + t) * Hkv + h) * D + d));
+          rc.v.Set(rc.Index(c, b, slot, h) + d, vf.Get(((b * most + t) * Hkv + h) * D + d));
+        }
+    }
+
+  // The reference: per sequence, the queries at lens[b] + t against its keys 0 .. lens[b] + added.
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  std::vector<double> ref_out(static_cast<size_t>(B * T * Hq * D), 0.0), ref_lse(static_cast<size_t>(B * Hq * T));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < Hq; ++h) {
+        const int64_t p = c.lens[static_cast<size_t>(b)] + t, hk = h / (Hq / Hkv);
+        const int64_t end = c.lens[static_cast<size_t>(b)] + added;
+        std::vector<double> s;
+        std::vector<int64_t> keys;
+        for (int64_t j = 0; j < end; ++j) {
+          if (c.causal && j > p) continue;
+          if (c.window_left >= 0 && p - j > c.window_left) continue;
+          double x = 0;
+          for (int64_t d = 0; d < D; ++d)
+            x += q.Get(((b * T + t) * Hq + h) * D + d) * kf.Get(((b * most + j) * Hkv + hk) * D + d);
+          x *= scale;
+          if (c.softcap > 0) x = c.softcap * std::tanh(x / c.softcap);
+          s.push_back(x);
+          keys.push_back(j);
+        }
+        const double z = c.sinks ? sinks[static_cast<size_t>(h)] : -INFINITY;
+        double mx = z;
+        for (double x : s) mx = std::max(mx, x);
+        double sum = z == -INFINITY ? 0.0 : std::exp(z - mx);
+        for (double x : s) sum += std::exp(x - mx);
+        const double lse = mx == -INFINITY ? -INFINITY : mx + std::log(sum);
+        ref_lse[static_cast<size_t>((b * Hq + h) * T + t)] = lse;
+        for (size_t i = 0; i < s.size(); ++i) {
+          const double w = std::exp(s[i] - lse);
+          for (int64_t d = 0; d < D; ++d)
+            ref_out[static_cast<size_t>(((b * T + t) * Hq + h) * D + d)] +=
+                w * vf.Get(((b * most + keys[i]) * Hkv + hk) * D + d);
+        }
+      }
+
+  LocalGroup g(c.n);
+  ASSERT_EQ(g.status, STRIA_SUCCESS) << stria_get_last_error();
+  std::vector<Tensor> outs, lses;
+  for (int r = 0; r < c.n; ++r) {
+    outs.emplace_back(std::vector<int64_t>{B, T, Hq, D}, c.dt);
+    lses.emplace_back(std::vector<int64_t>{B, Hq, T}, Dt::kF32);
+    outs.back().Poison();
+    lses.back().Poison();
+  }
+  std::vector<stria_status_t> st(static_cast<size_t>(c.n));
+  std::vector<std::string> err(static_cast<size_t>(c.n));
+  RunRanks(c.n, [&](int r) {
+    stria_attention_params_t p;
+    stria_attention_params_init(&p);
+    p.layout = c.layout;
+    p.causal = c.causal ? 1 : 0;
+    p.window_left = c.window_left;
+    p.softcap = static_cast<float>(c.softcap);
+    p.sinks = c.sinks ? &sinks_t.dl : nullptr;
+    RankCache& rc = caches[static_cast<size_t>(r)];
+    stria_kv_cache_t cache;
+    stria_kv_cache_init(&cache);
+    cache.k = &rc.k.dl;
+    cache.v = &rc.v.dl;
+    cache.block_table = c.paged ? &rc.table_dl : nullptr;
+    cache.lens = c.lens.data();
+    st[static_cast<size_t>(r)] = stria_attention_decode(
+        g.ctx[static_cast<size_t>(r)], &p, &cache, &q.dl, c.append ? &k_new.dl : nullptr,
+        c.append ? &v_new.dl : nullptr, &outs[static_cast<size_t>(r)].dl, &lses[static_cast<size_t>(r)].dl, nullptr);
+    if (st[static_cast<size_t>(r)] != STRIA_SUCCESS) err[static_cast<size_t>(r)] = stria_get_last_error();
+  });
+  for (int r = 0; r < c.n; ++r) ASSERT_EQ(st[static_cast<size_t>(r)], STRIA_SUCCESS) << "rank " << r << ": " << err[static_cast<size_t>(r)];
+
+  const double tol = c.dt == Dt::kF32 ? 1e-5 : 2e-2;
+  EXPECT_LT(RelError(outs[0].ToDouble(), ref_out), tol);
+  EXPECT_LT(RelError(lses[0].ToDouble(), ref_lse), c.dt == Dt::kF32 ? 1e-5 : 1e-3);
+  for (int r = 1; r < c.n; ++r) {
+    EXPECT_EQ(0, std::memcmp(outs[0].storage.data(), outs[static_cast<size_t>(r)].storage.data(), outs[0].storage.size()))
+        << "rank " << r << "'s output differs from rank 0's";
+    EXPECT_EQ(0, std::memcmp(lses[0].storage.data(), lses[static_cast<size_t>(r)].storage.data(), lses[0].storage.size()))
+        << "rank " << r << "'s LSE differs from rank 0's";
+  }
+  // The new tokens are in the slots of their ranks, exactly as given.
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < added; ++t) {
+      int rank = 0;
+      int64_t slot = 0;
+      Place(c, c.lens[static_cast<size_t>(b)] + t, &rank, &slot);
+      const RankCache& rc = caches[static_cast<size_t>(rank)];
+      for (int64_t h = 0; h < Hkv; ++h)
+        for (int64_t d = 0; d < D; ++d) {
+          ASSERT_EQ(rc.k.Get(rc.Index(c, b, slot, h) + d), k_new.Get(((b * T + t) * Hkv + h) * D + d));
+          ASSERT_EQ(rc.v.Get(rc.Index(c, b, slot, h) + d), v_new.Get(((b * T + t) * Hkv + h) * D + d));
+        }
+    }
+}
+
+// Random cache lengths in [0, room], one sequence empty and one full where B allows.
+std::vector<int64_t> Lengths(int64_t B, int64_t room, std::mt19937_64& rng) {
+  std::vector<int64_t> lens(static_cast<size_t>(B));
+  for (int64_t& l : lens) l = std::uniform_int_distribution<int64_t>(0, room)(rng);
+  if (B > 1) lens[0] = 0;
+  if (B > 2) lens[2] = room;
+  return lens;
+}
+
+std::vector<Case> Cases() {
+  std::vector<Case> cases;
+  std::mt19937_64 rng(7);
+  for (int n : {1, 2, 3, 4, 5, 8})
+    for (stria_layout_t layout : {STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_ZIGZAG})
+      for (bool paged : {false, true}) {
+        Case c;
+        c.n = n;
+        c.layout = layout;
+        c.paged = paged;
+        c.B = 3;
+        c.capacity = 96;
+        c.lens = Lengths(c.B, n * c.capacity - c.T, rng);
+        cases.push_back(c);
+      }
+  for (Dt dt : {Dt::kBF16, Dt::kF16})
+    for (stria_layout_t layout : {STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG}) {
+      Case c;
+      c.n = 3;
+      c.dt = dt;
+      c.layout = layout;
+      c.paged = layout == STRIA_LAYOUT_ZIGZAG;
+      c.lens = Lengths(c.B, c.n * c.capacity - c.T, rng);
+      cases.push_back(c);
+    }
+  {  // speculative decode: several new tokens, causal among themselves; MQA; a head dim off the vector width
+    Case c;
+    c.n = 4;
+    c.T = 4;
+    c.Hq = 6;
+    c.Hkv = 1;
+    c.D = 40;
+    c.B = 3;
+    c.lens = Lengths(c.B, c.n * c.capacity - c.T, rng);
+    cases.push_back(c);
+    c.causal = false;  // every new token sees every other
+    cases.push_back(c);
+    c.causal = true;
+    c.append = false;  // the queries see the cache alone
+    c.layout = STRIA_LAYOUT_CONTIGUOUS;
+    cases.push_back(c);
+  }
+  {  // windows, softcap, sinks; long caches over many blocks with GQA 4:1
+    Case c;
+    c.n = 5;
+    c.B = 2;
+    c.Hq = 8;
+    c.Hkv = 2;
+    c.D = 64;
+    c.capacity = 512;
+    c.paged = true;
+    c.block_size = 32;
+    c.lens = {2500, 1337};
+    for (int64_t w : {0, 7, 300}) {
+      c.window_left = w;
+      cases.push_back(c);
+    }
+    c.window_left = -1;
+    c.softcap = 5.0;
+    cases.push_back(c);
+    c.softcap = 0;
+    c.sinks = true;
+    cases.push_back(c);
+    c.lens = {0, 3};  // a sequence with no key at all: out 0 and LSE the sink
+    c.append = false;
+    cases.push_back(c);
+    c.sinks = false;  // and without a sink: out 0, LSE -inf
+    cases.push_back(c);
+  }
+  for (int64_t D : {128, 256}) {  // the head dims of the model families
+    Case c;
+    c.n = 2;
+    c.D = D;
+    c.dt = Dt::kBF16;
+    c.capacity = 200;
+    c.lens = {399 - 1, 57};
+    c.B = 2;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+class Decode : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Decode, MatchesOneDevice) {
+  RunCase(GetParam(), 1234);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, Decode, ::testing::ValuesIn(Cases()),
+                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.Name() + "_" + std::to_string(i.index); });
+
+// Every cache length a generation loop passes through, one token appended per step: across rank
+// boundaries (contiguous) and page ends (blocks of 4).
+TEST(DecodeLoop, GrowsAcrossRanksAndPages) {
+  for (stria_layout_t layout : {STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_CONTIGUOUS}) {
+    Case c;
+    c.n = 3;
+    c.layout = layout;
+    c.paged = true;
+    c.block_size = 4;
+    c.capacity = 12;
+    c.B = 2;
+    for (int64_t step = 0; step < 20; ++step) {
+      c.lens = {step, step + 13};
+      RunCase(c, 99 + static_cast<uint64_t>(step));
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace stria_test
