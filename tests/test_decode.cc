@@ -7,7 +7,9 @@
 
 #include <cstdarg>
 #include <cstdio>
+#include <functional>
 #include <numeric>
+#include <ostream>
 #include <string>
 
 #include "test_util.h"
@@ -30,9 +32,9 @@ struct Case {
   double softcap = 0;
   bool sinks = false;
   std::string Name() const {
-    std::string s = Format("N%d_%s_%s_%s_B%lld_T%lld_H%lldx%lld_D%lld", n, LayoutName(layout),
-                           paged ? "paged" : "contig", DtName(dt), (long long)B, (long long)T, (long long)Hq,
-                           (long long)Hkv, (long long)D);
+    std::string s =
+        Format("N%d_%s_%s_%s_B%lld_T%lld_H%lldx%lld_D%lld", n, LayoutName(layout), paged ? "paged" : "contig",
+               DtName(dt), (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)D);
     if (!append) s += "_noappend";
     if (!causal) s += "_full";
     if (window_left >= 0) s += Format("_w%lld", (long long)window_left);
@@ -213,15 +215,18 @@ void RunCase(const Case& c, uint64_t seed) {
         c.append ? &v_new.dl : nullptr, &outs[static_cast<size_t>(r)].dl, &lses[static_cast<size_t>(r)].dl, nullptr);
     if (st[static_cast<size_t>(r)] != STRIA_SUCCESS) err[static_cast<size_t>(r)] = stria_get_last_error();
   });
-  for (int r = 0; r < c.n; ++r) ASSERT_EQ(st[static_cast<size_t>(r)], STRIA_SUCCESS) << "rank " << r << ": " << err[static_cast<size_t>(r)];
+  for (int r = 0; r < c.n; ++r)
+    ASSERT_EQ(st[static_cast<size_t>(r)], STRIA_SUCCESS) << "rank " << r << ": " << err[static_cast<size_t>(r)];
 
   const double tol = c.dt == Dt::kF32 ? 1e-5 : 2e-2;
   EXPECT_LT(RelError(outs[0].ToDouble(), ref_out), tol);
   EXPECT_LT(RelError(lses[0].ToDouble(), ref_lse), c.dt == Dt::kF32 ? 1e-5 : 1e-3);
   for (int r = 1; r < c.n; ++r) {
-    EXPECT_EQ(0, std::memcmp(outs[0].storage.data(), outs[static_cast<size_t>(r)].storage.data(), outs[0].storage.size()))
+    EXPECT_EQ(0,
+              std::memcmp(outs[0].storage.data(), outs[static_cast<size_t>(r)].storage.data(), outs[0].storage.size()))
         << "rank " << r << "'s output differs from rank 0's";
-    EXPECT_EQ(0, std::memcmp(lses[0].storage.data(), lses[static_cast<size_t>(r)].storage.data(), lses[0].storage.size()))
+    EXPECT_EQ(0,
+              std::memcmp(lses[0].storage.data(), lses[static_cast<size_t>(r)].storage.data(), lses[0].storage.size()))
         << "rank " << r << "'s LSE differs from rank 0's";
   }
   // The new tokens are in the slots of their ranks, exactly as given.
@@ -336,8 +341,9 @@ TEST_P(Decode, MatchesOneDevice) {
   RunCase(GetParam(), 1234);
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, Decode, ::testing::ValuesIn(Cases()),
-                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.Name() + "_" + std::to_string(i.index); });
+INSTANTIATE_TEST_SUITE_P(Cases, Decode, ::testing::ValuesIn(Cases()), [](const ::testing::TestParamInfo<Case>& i) {
+  return i.param.Name() + "_" + std::to_string(i.index);
+});
 
 // Every cache length a generation loop passes through, one token appended per step: across rank
 // boundaries (contiguous) and page ends (blocks of 4).
@@ -357,6 +363,188 @@ TEST(DecodeLoop, GrowsAcrossRanksAndPages) {
     }
   }
 }
+
+// Bad input: the documented status and a message naming what to fix, on every rank of the group
+// (ranks given different lengths, or one rank a bad block table, fail together), and the group
+// stays usable: the next good call gives the same bits as the one before.
+struct DecodeArgs {
+  stria_attention_params_t p;
+  stria_kv_cache_t cache;
+  const DLTensor *q, *k_new, *v_new;
+  DLTensor *out, *lse;
+  void* stream = nullptr;
+};
+
+struct BadDecode {
+  std::string name;
+  stria_status_t want;
+  const char* needle;
+  std::function<void(int rank, DecodeArgs&)> edit;
+};
+
+class DecodeErrors : public ::testing::TestWithParam<BadDecode> {};
+
+void PrintTo(const BadDecode& c, std::ostream* os) {
+  *os << c.name;
+}
+
+TEST_P(DecodeErrors, FailOnEveryRankAndLeaveTheGroupUsable) {
+  const BadDecode& bad = GetParam();
+  constexpr int n = 2;
+  const int64_t B = 2, T = 2, Hq = 4, Hkv = 2, D = 16, bs = 8, max_blocks = 4;
+  std::mt19937_64 rng(5);
+  Tensor q({B, T, Hq, D}, Dt::kF32), k_new({B, T, Hkv, D}, Dt::kF32), v_new({B, T, Hkv, D}, Dt::kF32);
+  q.FillRandom(rng);
+  k_new.FillRandom(rng);
+  v_new.FillRandom(rng);
+  std::vector<Tensor> kc, vc, outs, lses;
+  std::vector<std::vector<int32_t>> tables(n);
+  std::vector<int64_t> table_shape = {B, max_blocks};
+  std::vector<DLTensor> table_dl(n);
+  for (int r = 0; r < n; ++r) {
+    kc.emplace_back(std::vector<int64_t>{B * max_blocks, bs, Hkv, D}, Dt::kF32);
+    vc.emplace_back(std::vector<int64_t>{B * max_blocks, bs, Hkv, D}, Dt::kF32);
+    kc.back().FillRandom(rng);
+    vc.back().FillRandom(rng);
+    outs.emplace_back(std::vector<int64_t>{B, T, Hq, D}, Dt::kF32);
+    lses.emplace_back(std::vector<int64_t>{B, Hq, T}, Dt::kF32);
+    for (int32_t i = 0; i < B * max_blocks; ++i) tables[static_cast<size_t>(r)].push_back(i);
+    DLTensor& t = table_dl[static_cast<size_t>(r)];
+    t.data = tables[static_cast<size_t>(r)].data();
+    t.device = DLDevice{kDLCPU, 0};
+    t.ndim = 2;
+    t.dtype = DLDataType{kDLInt, 32, 1};
+    t.shape = table_shape.data();
+  }
+  std::vector<int64_t> lens = {5, 40};
+  LocalGroup g(n, 5.0);
+  ASSERT_EQ(g.status, STRIA_SUCCESS) << stria_get_last_error();
+  auto good = [&](int r) {
+    DecodeArgs a;
+    stria_attention_params_init(&a.p);
+    stria_kv_cache_init(&a.cache);
+    a.cache.k = &kc[static_cast<size_t>(r)].dl;
+    a.cache.v = &vc[static_cast<size_t>(r)].dl;
+    a.cache.block_table = &table_dl[static_cast<size_t>(r)];
+    a.cache.lens = lens.data();
+    a.q = &q.dl;
+    a.k_new = &k_new.dl;
+    a.v_new = &v_new.dl;
+    a.out = &outs[static_cast<size_t>(r)].dl;
+    a.lse = &lses[static_cast<size_t>(r)].dl;
+    return a;
+  };
+  auto run = [&](bool with_bad, std::vector<stria_status_t>* st, std::vector<std::string>* msg) {
+    st->assign(n, STRIA_SUCCESS);
+    msg->assign(n, "");
+    RunRanks(n, [&](int r) {
+      DecodeArgs a = good(r);
+      if (with_bad) bad.edit(r, a);
+      (*st)[static_cast<size_t>(r)] = stria_attention_decode(g.ctx[static_cast<size_t>(r)], &a.p, &a.cache, a.q,
+                                                             a.k_new, a.v_new, a.out, a.lse, a.stream);
+      (*msg)[static_cast<size_t>(r)] = stria_get_last_error();
+    });
+  };
+  std::vector<stria_status_t> st;
+  std::vector<std::string> msg;
+  run(false, &st, &msg);
+  for (int r = 0; r < n; ++r) ASSERT_EQ(st[static_cast<size_t>(r)], STRIA_SUCCESS) << msg[static_cast<size_t>(r)];
+  const std::vector<uint8_t> before = outs[0].storage;
+  run(true, &st, &msg);
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(st[static_cast<size_t>(r)], bad.want) << "rank " << r << ": " << msg[static_cast<size_t>(r)];
+    if (bad.needle != nullptr) {
+      EXPECT_NE(msg[static_cast<size_t>(r)].find(bad.needle), std::string::npos)
+          << "rank " << r << "'s message does not name \"" << bad.needle << "\": " << msg[static_cast<size_t>(r)];
+    }
+  }
+  std::fill(outs[0].storage.begin(), outs[0].storage.end(), 0);
+  run(false, &st, &msg);
+  for (int r = 0; r < n; ++r) ASSERT_EQ(st[static_cast<size_t>(r)], STRIA_SUCCESS) << msg[static_cast<size_t>(r)];
+  EXPECT_EQ(before, outs[0].storage) << "the call after the bad one gives other bits";
+}
+
+std::vector<BadDecode> BadDecodes() {
+  const stria_status_t kInv = STRIA_ERROR_INVALID_ARGUMENT;
+  static float flat[64];
+  static int64_t flat_shape[1] = {64};
+  static int32_t bad_table[8] = {0, 1, 2, 3, 4, 5, 99, 7};
+  static int64_t huge[2] = {5, 1000};
+  static int64_t negative[2] = {5, -1};
+  static int64_t other_lens[2] = {6, 40};
+  static stria_plan_t fake_plan = reinterpret_cast<stria_plan_t>(0x1234);
+  std::vector<BadDecode> v;
+  auto all = [&](const char* name, stria_status_t want, const char* needle, std::function<void(DecodeArgs&)> f) {
+    v.push_back(BadDecode{name, want, needle, [f](int, DecodeArgs& a) { f(a); }});
+  };
+  all("params_null", kInv, "params", [](DecodeArgs& a) { a.p.struct_size = 0; });
+  all("cache_struct_size", kInv, "cache->struct_size", [](DecodeArgs& a) { a.cache.struct_size = 3; });
+  all("cache_k_null", kInv, "cache->k is NULL", [](DecodeArgs& a) { a.cache.k = nullptr; });
+  all("lens_null", kInv, "cache->lens", [](DecodeArgs& a) { a.cache.lens = nullptr; });
+  all("lens_past_capacity", kInv, "cache->lens[1]", [](DecodeArgs& a) { a.cache.lens = huge; });
+  all("lens_negative", kInv, "cache->lens[1]", [](DecodeArgs& a) { a.cache.lens = negative; });
+  all("q_null", kInv, "q is NULL", [](DecodeArgs& a) { a.q = nullptr; });
+  all("k_new_without_v_new", kInv, "v_new is NULL", [](DecodeArgs& a) { a.v_new = nullptr; });
+  all("out_null", kInv, "out is NULL", [](DecodeArgs& a) { a.out = nullptr; });
+  all("window_right", kInv, "window_right", [](DecodeArgs& a) { a.p.window_right = 3; });
+  all("window_left_below_minus_one", kInv, "window_left", [](DecodeArgs& a) { a.p.window_left = -2; });
+  all("documents", kInv, "cu_seqlens", [](DecodeArgs& a) {
+    static int64_t cu[3] = {0, 1, 2};
+    a.p.cu_seqlens = cu;
+    a.p.num_seqs = 1;
+  });
+  all("plan", kInv, "params->plan", [](DecodeArgs& a) { a.p.plan = fake_plan; });
+  all("softcap_negative", kInv, "softcap", [](DecodeArgs& a) { a.p.softcap = -1.f; });
+  all("stream_on_cpu", kInv, "stream", [](DecodeArgs& a) { a.stream = reinterpret_cast<void*>(0x10); });
+  all("heads_do_not_divide", kInv, "heads", [](DecodeArgs& a) {
+    static Tensor q3({2, 2, 3, 16}, Dt::kF32);
+    static Tensor o3({2, 2, 3, 16}, Dt::kF32);
+    a.q = &q3.dl;
+    a.out = &o3.dl;
+  });
+  all("lse_shape", kInv, "lse", [](DecodeArgs& a) {
+    static Tensor l({2, 4, 3}, Dt::kF32);
+    a.lse = &l.dl;
+  });
+  all("out_dtype", kInv, "out", [](DecodeArgs& a) {
+    static Tensor o({2, 2, 4, 16}, Dt::kBF16);
+    a.out = &o.dl;
+  });
+  all("k_new_shape", kInv, "k_new", [](DecodeArgs& a) {
+    static Tensor k({2, 1, 2, 16}, Dt::kF32);
+    a.k_new = &k.dl;
+  });
+  all("block_table_dtype", kInv, "block_table", [](DecodeArgs& a) {
+    static DLTensor t{};
+    t = *a.cache.block_table;
+    t.dtype = DLDataType{kDLInt, 64, 1};
+    a.cache.block_table = &t;
+  });
+  all("sinks_shape", kInv, "sinks", [](DecodeArgs& a) {
+    static DLTensor t{};
+    t.data = flat;
+    t.device = DLDevice{kDLCPU, 0};
+    t.ndim = 1;
+    t.dtype = DLDataType{kDLFloat, 32, 1};
+    t.shape = flat_shape;
+    a.p.sinks = &t;
+  });
+  // One rank alone is wrong: both fail, the good one naming the other.
+  v.push_back(BadDecode{"block_table_entry_on_rank_1", kInv, "block_table[1][2]", [](int r, DecodeArgs& a) {
+                          if (r != 1) return;
+                          static DLTensor t{};
+                          t = *a.cache.block_table;
+                          t.data = bad_table;
+                          a.cache.block_table = &t;
+                        }});
+  v.push_back(BadDecode{"lens_differ_across_ranks", kInv, "ranks disagree", [](int r, DecodeArgs& a) {
+                          if (r == 1) a.cache.lens = other_lens;
+                        }});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Bad, DecodeErrors, ::testing::ValuesIn(BadDecodes()),
+                         [](const ::testing::TestParamInfo<BadDecode>& i) { return i.param.name; });
 
 }  // namespace
 }  // namespace stria_test

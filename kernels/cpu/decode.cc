@@ -34,9 +34,9 @@ inline float Dot(const float* a, const float* b, int64_t dp) {
 
 void DecodeChunk(const DecodeChunkArgs& a) {
   const int64_t rows = a.rows, dp = a.dp, group = a.group;
-  float* kbuf = a.scratch;                   // [kDecodeKeys][dp]
-  float* vbuf = kbuf + kDecodeKeys * dp;     // [kDecodeKeys][dp]
-  float* sbuf = vbuf + kDecodeKeys * dp;     // [rows][kDecodeKeys]
+  float* kbuf = a.scratch;                // [kDecodeKeys][dp]
+  float* vbuf = kbuf + kDecodeKeys * dp;  // [kDecodeKeys][dp]
+  float* sbuf = vbuf + kDecodeKeys * dp;  // [rows][kDecodeKeys]
   for (int64_t r = 0; a.init && r < rows; ++r) {
     a.m[r] = kNegInf;
     a.l[r] = 0.f;
@@ -71,7 +71,7 @@ void DecodeChunk(const DecodeChunkArgs& a) {
       float bmax = HMax(mv);
       // A NaN score must reach the output (NaN never passes): Max passes NaN lanes over, so look.
       if (HasNaN(s, nk)) bmax = std::numeric_limits<float>::quiet_NaN();
-      if (bmax == kNegInf) continue;  // the row sees no key of this block
+      if (bmax == kNegInf) continue;                                     // the row sees no key of this block
       const float m_new = bmax != bmax ? bmax : std::max(a.m[r], bmax);  // a NaN running max stays NaN
       float* acc = a.acc + r * dp;
       if (a.m[r] != kNegInf && a.m[r] != m_new) {

@@ -134,8 +134,8 @@ Status ValidateDecode(Context& ctx, const DecodeCall& call, ValidatedDecode* vd)
                                       "a paged cache's pool [num_blocks, block_size, Hkv, D] with q's D"));
     STRIA_RETURN_IF_ERROR(ExpectShape(w.v, "cache->v", {w.k.shape[0], w.k.shape[1], s.Hkv, s.D}, "like cache->k"));
     STRIA_RETURN_IF_ERROR(ViewOf(cache->block_table, "cache->block_table", ctx.device(), &table));
-    if (!(table.dl_dtype.code == kDLInt && table.dl_dtype.bits == 32 && table.dl_dtype.lanes == 1) ||
-        table.ndim != 2 || table.shape[0] != s.B)
+    if (!(table.dl_dtype.code == kDLInt && table.dl_dtype.bits == 32 && table.dl_dtype.lanes == 1) || table.ndim != 2 ||
+        table.shape[0] != s.B)
       return Error(STRIA_ERROR_INVALID_ARGUMENT,
                    "cache->block_table must be an int32 tensor [B, max_blocks] with q's B = %lld (got %d dims, shape "
                    "%s)",
@@ -143,7 +143,8 @@ Status ValidateDecode(Context& ctx, const DecodeCall& call, ValidatedDecode* vd)
     if (ctx.device().device_type != kDLCPU)
       return Error(STRIA_ERROR_UNSUPPORTED, "a paged cache's block table on a GPU context is not supported yet");
     if (w.k.shape[1] < 1 || table.shape[1] < 1)
-      return Error(STRIA_ERROR_INVALID_ARGUMENT, "a paged cache needs block_size >= 1 and max_blocks >= 1 (got %lld, %lld)",
+      return Error(STRIA_ERROR_INVALID_ARGUMENT,
+                   "a paged cache needs block_size >= 1 and max_blocks >= 1 (got %lld, %lld)",
                    static_cast<long long>(w.k.shape[1]), static_cast<long long>(table.shape[1]));
     addr.table = static_cast<const int32_t*>(table.data);
     addr.table_b = table.strides[0];
@@ -158,8 +159,7 @@ Status ValidateDecode(Context& ctx, const DecodeCall& call, ValidatedDecode* vd)
     STRIA_RETURN_IF_ERROR(ExpectShape(w.v, "cache->v", {s.B, w.k.shape[1], s.Hkv, s.D}, "like cache->k"));
     capacity = w.k.shape[1];
   }
-  if (capacity < 1)
-    return Error(STRIA_ERROR_INVALID_ARGUMENT, "the cache holds no slot on this rank (capacity 0)");
+  if (capacity < 1) return Error(STRIA_ERROR_INVALID_ARGUMENT, "the cache holds no slot on this rank (capacity 0)");
   if (c.layout == STRIA_LAYOUT_ZIGZAG && capacity % 2 != 0)
     return Error(STRIA_ERROR_INVALID_ARGUMENT,
                  "a zigzag cache needs an even per-rank capacity (two halves); this rank's is %lld",
@@ -202,8 +202,7 @@ Status ValidateDecode(Context& ctx, const DecodeCall& call, ValidatedDecode* vd)
   STRIA_RETURN_IF_ERROR(
       be.ReadOnHost(cache->lens, static_cast<size_t>(s.B), call.stream, "cache->lens", &staged, &lens));
 
-  as.scale = call.params->softmax_scale > 0.f ? call.params->softmax_scale
-                                              : 1.0f / std::sqrt(static_cast<float>(s.D));
+  as.scale = call.params->softmax_scale > 0.f ? call.params->softmax_scale : 1.0f / std::sqrt(static_cast<float>(s.D));
   s.scale = as.scale;
   s.softcap = as.softcap;
   s.causal = c.causal;
@@ -216,12 +215,12 @@ Status ValidateDecode(Context& ctx, const DecodeCall& call, ValidatedDecode* vd)
   Status why;
   for (int64_t b = 0; b < s.B; ++b) {
     if (lens[b] < 0 || lens[b] > n * capacity - added)
-      return Error(STRIA_ERROR_INVALID_ARGUMENT,
-                   "cache->lens[%lld] is %lld, but the cache holds %lld positions (%d ranks of %lld slots)%s",
-                   static_cast<long long>(b), static_cast<long long>(lens[b]),
-                   static_cast<long long>(n * capacity), n, static_cast<long long>(capacity),
-                   added ? Format(", %lld of them for this call's new tokens", static_cast<long long>(added)).c_str()
-                         : "");
+      return Error(
+          STRIA_ERROR_INVALID_ARGUMENT,
+          "cache->lens[%lld] is %lld, but the cache holds %lld positions (%d ranks of %lld slots)%s",
+          static_cast<long long>(b), static_cast<long long>(lens[b]), static_cast<long long>(n * capacity), n,
+          static_cast<long long>(capacity),
+          added ? Format(", %lld of them for this call's new tokens", static_cast<long long>(added)).c_str() : "");
     h = Mix(h, static_cast<uint64_t>(lens[b]));
     for (int64_t t = 0; t < s.T; ++t) w.q_pos[static_cast<size_t>(b * s.T + t)] = lens[b] + t;
     // This rank's cached keys of sequence b, the new ones included, cut at page ends.

@@ -238,7 +238,8 @@ Status CpuDecodeMerge(ThreadPool& pool, const cpu::KernelTable& kern, const Deco
           lse_row = z;
         }
       }
-      for (int64_t d = 0; d < s.D; ++d) o[static_cast<size_t>(d)] = static_cast<float>(acc[static_cast<size_t>(d)] * scale);
+      for (int64_t d = 0; d < s.D; ++d)
+        o[static_cast<size_t>(d)] = static_cast<float>(acc[static_cast<size_t>(d)] * scale);
       char* dst = static_cast<char*>(out.data) + (b * out.strides[0] + t * out.strides[1] + h * out.strides[2]) * esize;
       kern.store_row(o.data(), s.D, 1.0f, static_cast<int>(s.dtype), dst);
       if (lse != nullptr)

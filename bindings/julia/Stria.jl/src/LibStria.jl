@@ -18,9 +18,9 @@ const libstria = "libstria.so.0"
 # ---- constants (object-like macros, evaluated by the C front end) ----
 const DLPACK_VERSION = 60
 const STRIA_VERSION_MAJOR = 0
-const STRIA_VERSION_MINOR = 4
+const STRIA_VERSION_MINOR = 5
 const STRIA_VERSION_PATCH = 0
-const STRIA_VERSION = 400
+const STRIA_VERSION = 500
 
 # ---- dlpack/dlpack.h ----
 
@@ -637,6 +637,59 @@ function stria_context_get_traffic(ctx, out)
           ctx, out)
 end
 
+# Extension, 0.5: serving over a KV cache sharded across the ranks (DESIGN.md, "Sharded KV cache").
+#
+# A batch of B sequences, each with a cache of lens[b] tokens spread over the N ranks by
+# params->layout. Each rank holds its share in `k` and `v`, local slot s of sequence b holding one
+# cached position:
+#   striped:    position t on rank t mod N, slot t / N (every rank's share grows evenly);
+#   contiguous: position t on rank t / C, slot t mod C;
+#   zigzag:     position t in chunk c = t / (C/2) of 2N; chunk c on rank c (c < N, slots from 0)
+#               or 2N-1-c (slots from C/2); C must be even;
+# where C is the per-rank capacity: k's dimension 1 for a contiguous cache, max_blocks * block_size
+# for a paged one. A position past N * C does not fit, and a call that would use it fails.
+#
+# Contiguous cache (block_table NULL): k, v are [B, C, Hkv, D] on each rank. Paged cache (as vLLM
+# and SGLang keep theirs): k, v are [num_blocks, block_size, Hkv, D] pools and block_table is an
+# int32 [B, max_blocks] tensor in the context's memory: slot s of sequence b is row s mod block_size
+# of block block_table[b][s / block_size]. Only the entries a call uses are read (-1 elsewhere is
+# fine).
+struct stria_kv_cache_t
+    struct_size::Csize_t
+    k::Ptr{DLTensor}
+    v::Ptr{DLTensor}
+    block_table::Ptr{DLTensor}  # NULL: a contiguous cache
+    # [B] tokens cached per sequence before the call, in host memory or (CUDA) the context's device
+    # memory; the same on every rank.
+    lens::Ptr{Int64}
+end
+
+# Fills the defaults: no tensors, no block table, no lengths.
+function stria_kv_cache_init(cache)
+    ccall((:stria_kv_cache_init, libstria), stria_status_t, (Ptr{stria_kv_cache_t},), cache)
+end
+
+# Attention of T new query tokens per sequence to the sharded cache: decode (T = 1) and speculative
+# decode (a few tokens). A collective: every rank passes the same q, k_new, v_new and cache lengths
+# and gets the same out and lse, bit for bit.
+#   q: [B, T, Hq, D], query t of sequence b at position lens[b] + t.
+#   k_new, v_new: [B, T, Hkv, D], the new tokens' keys and values, or both NULL. Given, the rank
+#   holding position lens[b] + t writes them into its share of the cache first (the caller then
+#   advances lens by T), and query t sees the new keys at positions up to its own (causal) or all of
+#   them (params->causal 0). NULL: the queries see the cache alone.
+#   out like q; lse [B, Hq, T] float32, or NULL.
+# A query at p sees cached position t <= p within params->window_left (p - t <= window_left; -1:
+# unbounded); params->softcap and params->sinks apply as in stria_attention_forward; plan,
+# cu_seqlens and window_right must be unset. Each rank attends the queries to its share (spread
+# over its threads), and the partial outputs and LSEs are merged exactly across the ranks in one
+# all-gather; the result equals attention over the whole cache on one device.
+function stria_attention_decode(ctx, params, cache, q, k_new, v_new, out, lse, stream)
+    ccall((:stria_attention_decode, libstria), stria_status_t,
+          (stria_context_t, Ptr{stria_attention_params_t}, Ptr{stria_kv_cache_t}, Ptr{DLTensor},
+           Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{Cvoid}),
+          ctx, params, cache, q, k_new, v_new, out, lse, stream)
+end
+
 export DLPACK_VERSION, STRIA_VERSION_MAJOR, STRIA_VERSION_MINOR, STRIA_VERSION_PATCH, STRIA_VERSION
 export DLDeviceType, kDLCPU, kDLCUDA, kDLCUDAHost, kDLOpenCL, kDLVulkan, kDLMetal, kDLVPI, kDLROCM
 export kDLROCMHost, kDLExtDev, kDLCUDAManaged, DLDevice, DLDataTypeCode, kDLInt, kDLUInt, kDLFloat
@@ -660,6 +713,7 @@ export stria_plan_config_init, stria_plan_create, stria_plan_destroy, stria_plan
 export stria_plan_get_info, stria_plan_positions, stria_plan_shard, stria_plan_unshard
 export stria_layout_positions, stria_shard, stria_unshard, stria_balance_t, stria_analyze_balance
 export stria_analyze_balance_steps, stria_plan_analyze_balance, stria_step_time_t
-export stria_context_get_step_times, stria_traffic_t, stria_context_get_traffic
+export stria_context_get_step_times, stria_traffic_t, stria_context_get_traffic, stria_kv_cache_t
+export stria_kv_cache_init, stria_attention_decode
 
 end # module LibStria
