@@ -438,6 +438,12 @@ class Context:
             call_tag=call_tag,
         )
 
+    def attention_decode(self, q: Any, k_cache: Any, v_cache: Any, cache_lens: Any, *args: Any, **kwargs: Any) -> Any:
+        """stria.attention_decode on this context."""
+        from ._serving import attention_decode  # noqa: PLC0415 - _serving imports _ops, as this module does
+
+        return attention_decode(self, q, k_cache, v_cache, cache_lens, *args, **kwargs)
+
     def attention_backward(
         self,
         q: Any,

@@ -479,8 +479,54 @@ STRIA_RELEASE_GIL(stria_plan_analyze_balance)
     if (!$1) SWIG_fail;
   }
 }
+/* ---- decode over a sharded KV cache ------------------------------------------------------- */
+/* Likewise stria_kv_cache_t, whose fields are pointers: stria_py_attention_decode takes the cache's
+ * tensors and lengths as arguments and makes the struct for the call. lens is a C-contiguous 1-D
+ * int64 array (one length per sequence); block_table, k_new, v_new and lse may be None. */
+%ignore stria_kv_cache_t;
+%ignore stria_kv_cache_init;
+%ignore stria_attention_decode;
+%typemap(in) (const int64_t* lens, int64_t num_lens) (Py_buffer view, int have_view = 0) {
+  if (PyObject_GetBuffer($input, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) SWIG_fail;
+  have_view = 1;
+  const char* format = view.format ? view.format : "B";
+  const char last = format[strlen(format) - 1];
+  if (view.itemsize != 8 || (last != 'q' && last != 'l') || view.ndim != 1) {
+    PyErr_SetString(PyExc_TypeError, "cache_lens must be a C-contiguous 1-D int64 array: one length per sequence");
+    SWIG_fail;
+  }
+  $1 = ($1_ltype)view.buf;
+  $2 = (int64_t)view.shape[0];
+}
+/* The library reads B lengths, q's batch: a shorter array would be read past its end. */
+%typemap(check) (const int64_t* lens, int64_t num_lens, const DLTensor* q) {
+  if ($3 != NULL && $3->ndim == 4 && $3->shape != NULL && $2 != $3->shape[0]) {
+    PyErr_Format(PyExc_ValueError, "cache_lens has %lld entries but q has %lld sequences: one length each",
+                 (long long)$2, (long long)$3->shape[0]);
+    SWIG_fail;
+  }
+}
+%typemap(freearg) (const int64_t* lens, int64_t num_lens) {
+  if (have_view$argnum) PyBuffer_Release(&view$argnum);
+}
+%typemap(in) const DLTensor* block_table (PyObject* keep = NULL), const DLTensor* k_new (PyObject* keep = NULL),
+    const DLTensor* v_new (PyObject* keep = NULL) {
+  $1 = NULL;
+  if ($input != Py_None) {
+    $1 = stria_py_dltensor($input, 0, "$symname", "$1_name", &keep);
+    if (!$1) SWIG_fail;
+  }
+}
+%typemap(in) DLTensor* lse_or_none (PyObject* keep = NULL) {
+  $1 = NULL;
+  if ($input != Py_None) {
+    $1 = stria_py_dltensor($input, 1, "$symname", "lse", &keep);
+    if (!$1) SWIG_fail;
+  }
+}
 %include "stria/stria.h"
 
+STRIA_RELEASE_GIL(stria_py_attention_decode)
 STRIA_RELEASE_GIL(stria_py_attention_forward)
 STRIA_RELEASE_GIL(stria_py_attention_backward)
 %{
@@ -516,6 +562,22 @@ stria_status_t stria_py_attention_backward(stria_context_t ctx, const stria_atte
   stria_attention_params_t copy;
   return stria_attention_backward(ctx, stria_py_params(params, cu_seqlens, num_seqs, sinks, dsinks, &copy), q, k,
                                   v, out, lse, dout, dq, dk, dv, stream);
+}
+stria_status_t stria_py_attention_decode(stria_context_t ctx, const stria_attention_params_t* params,
+                                         DLTensor* k_cache, DLTensor* v_cache, const DLTensor* block_table,
+                                         const int64_t* lens, int64_t num_lens, const DLTensor* q,
+                                         const DLTensor* k_new, const DLTensor* v_new, DLTensor* out,
+                                         DLTensor* lse_or_none, const DLTensor* sinks, void* stream) {
+  stria_attention_params_t copy;
+  stria_kv_cache_t cache;
+  stria_kv_cache_init(&cache);
+  cache.k = k_cache;
+  cache.v = v_cache;
+  cache.block_table = block_table;
+  cache.lens = lens;
+  (void)num_lens; /* checked against q's batch by the typemap */
+  return stria_attention_decode(ctx, stria_py_params(params, NULL, 0, sinks, NULL, &copy), &cache, q, k_new, v_new,
+                                out, lse_or_none, stream);
 }
 %}
 

@@ -1,0 +1,187 @@
+"""Decode over a KV cache sharded across the ranks, from Python: stria.attention_decode on numpy
+and torch tensors (contiguous and paged caches, every layout, GQA, windows, softcap, sinks) and the
+KVCache helper through a generation loop, against a float64 reference over the whole cache on one
+device; and the errors a caller can make."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import stria
+from conftest import TIMEOUT_S
+from reference import LAYOUTS, TOLERANCE, rel_err
+
+B, T, HQ, HKV, D = 3, 2, 4, 2, 16
+
+
+def decode_ref(q, k, v, lens, added, *, causal=True, window_left=-1, softcap=None, sinks=None):
+    """float64 out [B, T, Hq, D] and lse [B, Hq, T]: query t of sequence b at position lens[b] + t
+    against keys 0 .. lens[b] + added of k, v [B, S, Hkv, D]."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    b_, t_, hq, d = q.shape
+    group = hq // k.shape[2]
+    out = np.zeros(q.shape)
+    lse = np.zeros((b_, hq, t_))
+    for b in range(b_):
+        n = lens[b] + added
+        for t in range(t_):
+            p = lens[b] + t
+            j = np.arange(n)
+            visible = np.ones(n, bool)
+            if causal:
+                visible &= j <= p
+            if window_left >= 0:
+                visible &= p - j <= window_left
+            for h in range(hq):
+                s = k[b, :n, h // group] @ q[b, t, h] / math.sqrt(d)
+                if softcap:
+                    s = softcap * np.tanh(s / softcap)
+                s = np.where(visible, s, -np.inf)
+                z = -np.inf if sinks is None else float(sinks[h])
+                m = max(s.max(initial=-np.inf), z)
+                if m == -np.inf:
+                    lse[b, h, t] = -np.inf
+                    continue
+                w = np.exp(s - m)
+                total = w.sum() + (0.0 if z == -np.inf else math.exp(z - m))
+                lse[b, h, t] = m + math.log(total)
+                out[b, t, h] = (w / total) @ v[b, :n, h // group]
+    return out, lse
+
+
+def shares(k, v, lens, layout, n, capacity, paged_block=None, rng=None):
+    """Each rank's cache of the whole-sequence k, v (positions < lens[b]): [B, C, Hkv, D] arrays, or
+    with paged_block a shuffled pool and its block table."""
+    out = []
+    for r in range(n):
+        kc = np.full((B, capacity) + k.shape[2:], np.nan, k.dtype)
+        vc = np.full_like(kc, np.nan)
+        for b in range(B):
+            pos = np.arange(lens[b])
+            ranks, slots = stria.cache_placement(layout, n, capacity, pos)
+            kc[b, slots[ranks == r]] = k[b, pos[ranks == r]]
+            vc[b, slots[ranks == r]] = v[b, pos[ranks == r]]
+        if paged_block is None:
+            out.append((kc, vc, None))
+            continue
+        blocks = capacity // paged_block
+        order = rng.permutation(B * blocks + 2).astype(np.int32)
+        table = order[: B * blocks].reshape(B, blocks)
+        pool_k = np.full((B * blocks + 2, paged_block) + k.shape[2:], np.nan, k.dtype)
+        pool_v = np.full_like(pool_k, np.nan)
+        for b in range(B):
+            for i in range(blocks):
+                pool_k[table[b, i]] = kc[b, i * paged_block : (i + 1) * paged_block]
+                pool_v[table[b, i]] = vc[b, i * paged_block : (i + 1) * paged_block]
+        out.append((pool_k, pool_v, np.ascontiguousarray(table)))
+    return out
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("paged", [False, True])
+def test_decode_numpy(layout, n, paged, rng):
+    capacity = 24
+    lens = np.array([0, 17, n * capacity - T])
+    k = rng.standard_normal((B, n * capacity, HKV, D)).astype(np.float32)
+    v = rng.standard_normal((B, n * capacity, HKV, D)).astype(np.float32)
+    q = rng.standard_normal((B, T, HQ, D)).astype(np.float32)
+    k_new = np.stack([k[b, lens[b] : lens[b] + T] for b in range(B)])
+    v_new = np.stack([v[b, lens[b] : lens[b] + T] for b in range(B)])
+    caches = shares(k, v, lens, layout, n, capacity, 8 if paged else None, rng)
+    ref_out, ref_lse = decode_ref(q, k, v, lens, T)
+
+    def rank_fn(ctx):
+        kc, vc, table = caches[ctx.rank]
+        return ctx.attention_decode(q, kc, vc, lens, k_new, v_new, block_table=table, layout=layout)
+
+    with stria.local_group(n, timeout_s=TIMEOUT_S) as group:
+        results = group.run(rank_fn)
+    for out, lse in results:
+        assert rel_err(out, ref_out) < TOLERANCE["float32"]
+        assert rel_err(lse, ref_lse) < TOLERANCE["float32"]
+        np.testing.assert_array_equal(out, results[0][0])  # the same bits on every rank
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_decode_torch_mods(dtype, rng):
+    """torch tensors, GQA 4:1 (MQA-like groups), a window, softcap and sinks, no new tokens."""
+    torch = pytest.importorskip("torch")
+    n, capacity, hq, hkv = 3, 40, 8, 2
+    lens = np.array([100, 0, 63])
+    k = rng.standard_normal((B, n * capacity, hkv, D)).astype(np.float32)
+    v = rng.standard_normal((B, n * capacity, hkv, D)).astype(np.float32)
+    q = rng.standard_normal((B, 1, hq, D)).astype(np.float32)
+    sinks = rng.standard_normal(hq).astype(np.float32)
+    tdt = getattr(torch, dtype)
+    k16, v16, q16 = (torch.from_numpy(x).to(tdt) for x in (k, v, q))
+    caches = shares(k16.float().numpy(), v16.float().numpy(), lens, "striped", n, capacity)
+    ref_out, ref_lse = decode_ref(
+        q16.float().numpy(), k16.float().numpy(), v16.float().numpy(), lens, 0, window_left=37, softcap=4.0,
+        sinks=sinks,
+    )
+
+    def rank_fn(ctx):
+        kc, vc, _ = caches[ctx.rank]
+        kc, vc = (torch.from_numpy(np.nan_to_num(x)).to(tdt) for x in (kc, vc))
+        return stria.attention_decode(
+            ctx, q16, kc, vc, torch.as_tensor(lens), window_left=37, softcap=4.0, sinks=torch.from_numpy(sinks)
+        )
+
+    with stria.local_group(n, timeout_s=TIMEOUT_S) as group:
+        results = group.run(rank_fn)
+    for out, lse in results:
+        assert out.dtype == tdt
+        assert rel_err(out.float().numpy(), ref_out) < TOLERANCE[dtype]
+        assert rel_err(lse.numpy(), ref_lse) < 1e-3
+        assert torch.equal(out, results[0][0])
+
+
+def test_kv_cache_generation_loop(rng):
+    """KVCache through a loop that appends one token per step from a filled prefix, across rank
+    boundaries of the contiguous layout."""
+    n, capacity, steps = 2, 11, 9
+    prefix = np.array([7, 12, 3])
+    total = prefix.max() + steps
+    k = rng.standard_normal((B, total, HKV, D)).astype(np.float32)
+    v = rng.standard_normal((B, total, HKV, D)).astype(np.float32)
+    q = rng.standard_normal((steps, B, 1, HQ, D)).astype(np.float32)
+
+    def rank_fn(ctx):
+        cache = stria.KVCache(ctx, q, B, capacity, HKV, D, layout="contiguous")
+        cache.fill(k, v, prefix)
+        outs = []
+        for s in range(steps):
+            k_new = np.stack([k[b, prefix[b] + s : prefix[b] + s + 1] for b in range(B)])
+            v_new = np.stack([v[b, prefix[b] + s : prefix[b] + s + 1] for b in range(B)])
+            outs.append(cache.decode(q[s], k_new, v_new))
+        return outs, cache.lens
+
+    with stria.local_group(n, timeout_s=TIMEOUT_S) as group:
+        results = group.run(rank_fn)
+    for outs, lens in results:
+        np.testing.assert_array_equal(lens, prefix + steps)
+        for s in range(steps):
+            ref, _ = decode_ref(q[s], k, v, prefix + s, 1)
+            assert rel_err(outs[s], ref) < TOLERANCE["float32"]
+
+
+def test_decode_errors(rng):
+    k = np.zeros((B, 8, HKV, D), np.float32)
+    q = rng.standard_normal((B, 1, HQ, D)).astype(np.float32)
+    with stria.local_group(1, timeout_s=TIMEOUT_S) as group:
+        ctx = group[0]
+        with pytest.raises(ValueError, match="cache_lens has 2 entries but q has 3"):
+            ctx.attention_decode(q, k, k, [1, 2])
+        with pytest.raises(stria.InvalidArgumentError, match=r"cache->lens\[1\] is 9"):
+            ctx.attention_decode(q, k, k, [1, 9, 0])
+        with pytest.raises(TypeError, match="cache_lens must hold integers"):
+            ctx.attention_decode(q, k, k, [1.5, 2, 0])
+        with pytest.raises(stria.InvalidArgumentError, match="window_left"):
+            ctx.attention_decode(q, k, k, [1, 2, 0], window_left=-3)
+        out, _ = ctx.attention_decode(q, k, k, [1, 2, 0])  # still usable
+        assert np.isfinite(out).all()
+    with pytest.raises(ValueError, match="even capacity"):
+        stria.cache_placement("zigzag", 2, 5, [0, 1])
