@@ -95,6 +95,10 @@ PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_transformers.py 
   --check
 PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_transformers.py --family mistral --ranks 3 --seq 48 \
   --packed 3 --layout zigzag --steps 4 --check
+echo "== examples/python/generate_sharded_cache.py"
+PYTHONPATH=$package_dir timeout 300 "$py" examples/python/generate_sharded_cache.py --ranks 4 --check
+PYTHONPATH=$package_dir timeout 300 "$py" examples/python/generate_sharded_cache.py --family gpt_oss --ranks 3 \
+  --layout zigzag --new-tokens 40 --check
 echo "== examples/python/train_packed.py"
 PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_packed.py --ranks 3 --steps 12 --check
 echo "== examples/python/train_tiny_jax.py"

@@ -24,6 +24,14 @@ differentiable). What stria cannot honour is refused with a ValueError: an atten
 padding mask or a custom 4D mask: pack the documents and pass ``cu_seqlens`` instead), dropout in
 training, a key/value cache, position biases.
 
+Generation runs on a KV cache sharded over the ranks (``ShardedCache``): every rank runs the model on
+the same tokens, each keeps its share of every layer's cache (striped by position, so the shares
+grow evenly), and each attention layer is one stria_attention_decode call, whose merged result is
+the same on every rank:
+
+    cache = st.ShardedCache(ctx, model.config, batch=1, capacity=4096)   # per rank
+    tokens = model.generate(input_ids, cache=cache, do_sample=False)
+
 The sharding reaches the attention layers in the model's keyword arguments (``model_inputs()``
 passes it as ``stria=``), which works under ``torch.compile``; or for the calls inside
 ``with st.sharded(batch.sharding):`` on this thread, for models that do not pass their keyword
@@ -46,13 +54,24 @@ from ._enums import Layout, LayoutLike
 from ._ops import positions as layout_positions
 from ._plan import Plan
 
+from ._serving import KVCache
+
 try:
     from transformers import AttentionInterface
+    from transformers.cache_utils import Cache, CacheLayerMixin
     from transformers.masking_utils import AttentionMaskInterface
 except ImportError as e:  # pragma: no cover - the message is the point
     raise ImportError("stria.transformers needs HuggingFace transformers: pip install transformers") from e
 
-__all__ = ["ShardedBatch", "Sharding", "attention_forward", "register", "shard_batch", "sharded"]
+__all__ = [
+    "ShardedBatch",
+    "ShardedCache",
+    "Sharding",
+    "attention_forward",
+    "register",
+    "shard_batch",
+    "sharded",
+]
 
 NAME = "stria"
 
@@ -233,6 +252,10 @@ def attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention interface on stria's ring: query ``[B, Hq, L, D]``, key and value
     ``[B, Hkv, L, D]`` of this rank's tokens; returns ``([B, L, Hq, D], None)``."""
+    pending = getattr(_current, "pending", None)
+    if pending is not None and pending[1] is key:  # a ShardedCache layer's update() just gave these keys
+        _current.pending = None
+        return _decode(pending[0], module, query, pending, attention_mask, scaling, sliding_window, softcap, s_aux)
     sharding = kwargs.get(NAME) or getattr(_current, "sharding", None)
     if not isinstance(sharding, Sharding):
         _refuse(
@@ -273,6 +296,88 @@ def attention_forward(
         sinks=s_aux,
     )
     return out.transpose(1, 2), None
+
+
+class _ShardedLayer(CacheLayerMixin):
+    """One layer's share of a ShardedCache: a stria.KVCache, made at the layer's first update (when
+    the heads, head dim, dtype and device are known). update() stores nothing itself: it hands the new
+    keys and values to the attention call that follows, which appends them as it decodes."""
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, ctx: Context, batch: int, capacity: int, layout: Layout) -> None:
+        super().__init__()
+        self.ctx, self.batch, self.capacity, self.layout = ctx, batch, capacity, layout
+        self.kv: KVCache | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        b, heads, _, dim = key_states.shape
+        if b != self.batch:
+            raise ValueError(f"stria ShardedCache: made for a batch of {self.batch}, the model runs {b}")
+        self.kv = KVCache(self.ctx, key_states, b, self.capacity, heads, dim, layout=self.layout)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        # [B, Hkv, T, D] as the attention layers give them; the cache takes [B, T, Hkv, D].
+        _current.pending = (self, key_states, value_states)
+        return key_states, value_states
+
+    def get_seq_length(self) -> int:
+        return 0 if self.kv is None else int(self.kv.lens.max())
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def get_max_length(self) -> int:
+        return self.ctx.world_size * self.capacity
+
+
+class ShardedCache(Cache):
+    """A transformers Cache whose every layer is spread over the ranks of a stria context: this rank
+    holds ``capacity`` positions of each sequence per layer (the whole cache: world_size * capacity),
+    placed by ``layout``. Pass it to ``generate`` (``cache=``; ``past_key_values=`` in older transformers) or a forward with
+    ``use_cache=True``, on every rank with the same tokens, on a model whose ``attn_implementation``
+    is ``"stria"``; every rank then gets the same logits. Sequences of a batch advance together (no
+    padding: every sequence has the same length)."""
+
+    def __init__(
+        self, ctx: Context, config: Any, batch: int, capacity: int, layout: LayoutLike = Layout.STRIPED
+    ) -> None:
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        layers = [_ShardedLayer(ctx, int(batch), int(capacity), Layout.of(layout)) for _ in range(config.num_hidden_layers)]
+        super().__init__(layers=layers)
+
+
+def _decode(
+    layer: _ShardedLayer,
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    pending: tuple,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None,
+    sliding_window: int | None,
+    softcap: float | None,
+    s_aux: torch.Tensor | None,
+) -> tuple[torch.Tensor, None]:
+    """The attention of a ShardedCache layer: the new tokens' queries against the sharded cache, the
+    new keys and values appended by the ranks that hold their positions."""
+    if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
+        _refuse("a padded batch cannot be decoded on a ShardedCache: give every sequence the same length")
+    _, key, value = pending
+    q = query.transpose(1, 2).contiguous()
+    k_new, v_new = (x.transpose(1, 2).contiguous() for x in (key, value))
+    window = -1 if sliding_window is None else int(sliding_window) - 1
+    sinks = None if s_aux is None else s_aux.detach().float().contiguous()
+    assert layer.kv is not None
+    out = layer.kv.decode(
+        q, k_new, v_new, softmax_scale=scaling, window_left=window, softcap=softcap, sinks=sinks
+    )
+    return out, None
 
 
 def _mask(*args: Any, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> None:

@@ -1,0 +1,74 @@
+"""Generation with a KV cache sharded over the ranks (stria.transformers.ShardedCache): every model
+family's tiny random model generates greedily on local groups of N ranks, and its tokens and logits
+match transformers' own attention and cache on one process, on every rank."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import stria
+from conftest import TIMEOUT_S, torch_or_skip
+from reference import rel_err
+
+torch = torch_or_skip()
+if os.environ.get("STRIA_REQUIRE_TRANSFORMERS") == "1":  # the test script installs it: missing is a failure
+    import transformers
+else:
+    transformers = pytest.importorskip("transformers")
+import stria.transformers as st  # noqa: E402 - needs torch and transformers
+
+PROMPT, NEW = 10, 24
+
+
+def tiny_model(family: str, attn: str):
+    common = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, max_position_embeddings=256, attention_dropout=0.0)
+    configs = {
+        "llama": lambda: transformers.LlamaConfig(**common),
+        "qwen2": lambda: transformers.Qwen2Config(**common),
+        "mistral": lambda: transformers.MistralConfig(**common, sliding_window=8),
+        "gemma2": lambda: transformers.Gemma2Config(**common, sliding_window=8, attn_logit_softcapping=30.0,
+                                                    query_pre_attn_scalar=16),
+        "gpt_oss": lambda: transformers.GptOssConfig(**common, sliding_window=8, num_local_experts=4,
+                                                     num_experts_per_tok=2,
+                                                     rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+    }
+    torch.manual_seed(3)
+    return transformers.AutoModelForCausalLM.from_config(configs[family](), attn_implementation=attn).eval()
+
+
+def generate(model, prompt, **kwargs):
+    with torch.no_grad():
+        out = model.generate(prompt, max_new_tokens=NEW, do_sample=False, attention_mask=torch.ones_like(prompt),
+                             pad_token_id=0, output_logits=True, return_dict_in_generate=True, **kwargs)
+    return out.sequences, torch.stack(out.logits)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "gemma2", "gpt_oss"])
+@pytest.mark.parametrize("n,layout", [(1, "striped"), (2, "contiguous"), (3, "zigzag"), (4, "striped")])
+def test_generate_matches_one_process(family, n, layout):
+    prompt = torch.randint(0, 96, (2, PROMPT), generator=torch.Generator().manual_seed(n))
+    expected, expected_logits = generate(tiny_model(family, "eager"), prompt)
+    model = tiny_model(family, "stria")
+    capacity = -(-(PROMPT + NEW) // n) + 1
+    capacity += capacity % 2
+
+    def rank_fn(ctx):
+        return generate(model, prompt, cache=st.ShardedCache(ctx, model.config, batch=2, capacity=capacity,
+                                                             layout=layout))
+
+    with stria.local_group(n, timeout_s=TIMEOUT_S) as group:
+        results = group.run(rank_fn)
+    for tokens, logits in results:
+        assert torch.equal(tokens, expected)
+        assert rel_err(logits.double().numpy(), expected_logits.double().numpy()) < 1e-5
+        assert torch.equal(logits, results[0][1])  # the same bits on every rank
+
+
+def test_sharded_cache_refuses_another_batch():
+    model = tiny_model("llama", "stria")
+    with stria.local_group(1, timeout_s=TIMEOUT_S) as group:
+        cache = st.ShardedCache(group[0], model.config, batch=3, capacity=64)
+        with pytest.raises(ValueError, match="made for a batch of 3"):
+            generate(model, torch.zeros(2, 4, dtype=torch.long), cache=cache)
