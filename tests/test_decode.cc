@@ -148,41 +148,11 @@ void RunCase(const Case& c, uint64_t seed) {
         }
     }
 
-  // The reference: per sequence, the queries at lens[b] + t against its keys 0 .. lens[b] + added.
-  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  std::vector<double> ref_out(static_cast<size_t>(B * T * Hq * D), 0.0), ref_lse(static_cast<size_t>(B * Hq * T));
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t h = 0; h < Hq; ++h) {
-        const int64_t p = c.lens[static_cast<size_t>(b)] + t, hk = h / (Hq / Hkv);
-        const int64_t end = c.lens[static_cast<size_t>(b)] + added;
-        std::vector<double> s;
-        std::vector<int64_t> keys;
-        for (int64_t j = 0; j < end; ++j) {
-          if (c.causal && j > p) continue;
-          if (c.window_left >= 0 && p - j > c.window_left) continue;
-          double x = 0;
-          for (int64_t d = 0; d < D; ++d)
-            x += q.Get(((b * T + t) * Hq + h) * D + d) * kf.Get(((b * most + j) * Hkv + hk) * D + d);
-          x *= scale;
-          if (c.softcap > 0) x = c.softcap * std::tanh(x / c.softcap);
-          s.push_back(x);
-          keys.push_back(j);
-        }
-        const double z = c.sinks ? sinks[static_cast<size_t>(h)] : -INFINITY;
-        double mx = z;
-        for (double x : s) mx = std::max(mx, x);
-        double sum = z == -INFINITY ? 0.0 : std::exp(z - mx);
-        for (double x : s) sum += std::exp(x - mx);
-        const double lse = mx == -INFINITY ? -INFINITY : mx + std::log(sum);
-        ref_lse[static_cast<size_t>((b * Hq + h) * T + t)] = lse;
-        for (size_t i = 0; i < s.size(); ++i) {
-          const double w = std::exp(s[i] - lse);
-          for (int64_t d = 0; d < D; ++d)
-            ref_out[static_cast<size_t>(((b * T + t) * Hq + h) * D + d)] +=
-                w * vf.Get(((b * most + keys[i]) * Hkv + hk) * D + d);
-        }
-      }
+  ScoreMods mods;
+  mods.softcap = c.softcap;
+  mods.sinks = c.sinks ? &sinks : nullptr;
+  const Reference ref = DecodeReference(q, kf, vf, c.lens, added, c.causal, c.window_left, mods);
+  const std::vector<double>&ref_out = ref.out, &ref_lse = ref.lse;
 
   LocalGroup g(c.n);
   ASSERT_EQ(g.status, STRIA_SUCCESS) << stria_get_last_error();

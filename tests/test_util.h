@@ -319,6 +319,52 @@ inline Reference DenseAttention(const std::vector<double>& q, const std::vector<
   return r;
 }
 
+// float64 decode over a whole KV cache (stria_attention_decode's result): q [B, T, Hq, D], query t
+// of sequence b at position lens[b] + t, against the keys and values kf, vf [B, S, Hkv, D] at
+// positions 0 .. lens[b] + added - 1 (causal: those up to the query's; window_left >= 0: no more
+// than that far behind it). out [B, T, Hq, D], lse [B, Hq, T] (-inf for a row that sees nothing).
+inline Reference DecodeReference(const Tensor& q, const Tensor& kf, const Tensor& vf, const std::vector<int64_t>& lens,
+                                 int64_t added, bool causal, int64_t window_left, ScoreMods mods = {}) {
+  const int64_t B = q.shape[0], T = q.shape[1], Hq = q.shape[2], D = q.shape[3], S = kf.shape[1], Hkv = kf.shape[2];
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  Reference r;
+  r.out.assign(static_cast<size_t>(B * T * Hq * D), 0.0);
+  r.lse.assign(static_cast<size_t>(B * Hq * T), 0.0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < Hq; ++h) {
+        const int64_t p = lens[static_cast<size_t>(b)] + t, hk = h / (Hq / Hkv);
+        const int64_t end = lens[static_cast<size_t>(b)] + added;
+        std::vector<double> s;
+        std::vector<int64_t> keys;
+        for (int64_t j = 0; j < end; ++j) {
+          if (causal && j > p) continue;
+          if (window_left >= 0 && p - j > window_left) continue;
+          double x = 0;
+          for (int64_t d = 0; d < D; ++d)
+            x += q.Get(((b * T + t) * Hq + h) * D + d) * kf.Get(((b * S + j) * Hkv + hk) * D + d);
+          x *= scale;
+          if (mods.softcap > 0) x = mods.softcap * std::tanh(x / mods.softcap);
+          s.push_back(x);
+          keys.push_back(j);
+        }
+        const double z = mods.sinks != nullptr ? (*mods.sinks)[static_cast<size_t>(h)] : -INFINITY;
+        double mx = z;
+        for (double x : s) mx = std::max(mx, x);
+        double sum = z == -INFINITY ? 0.0 : std::exp(z - mx);
+        for (double x : s) sum += std::exp(x - mx);
+        const double lse = mx == -INFINITY ? -INFINITY : mx + std::log(sum);
+        r.lse[static_cast<size_t>((b * Hq + h) * T + t)] = lse;
+        for (size_t i = 0; i < s.size(); ++i) {
+          const double w = std::exp(s[i] - lse);
+          for (int64_t d = 0; d < D; ++d)
+            r.out[static_cast<size_t>(((b * T + t) * Hq + h) * D + d)] +=
+                w * vf.Get(((b * S + keys[i]) * Hkv + hk) * D + d);
+        }
+      }
+  return r;
+}
+
 // Document boundaries for B rows of S tokens, [B][docs + 1] as cu_seqlens takes them: docs - 1
 // random cuts per row (cuts may coincide: empty documents); odd rows get half as many documents
 // and repeat S at their end, as a caller pads rows with fewer documents.

@@ -95,6 +95,23 @@ std::string CaseName(const ::testing::TestParamInfo<RingCase>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, UcxRing, ::testing::ValuesIn(RingCases()), CaseName);
 
+// Decode over a KV cache sharded across 3 processes: the partial results' all-gather over UCX.
+TEST(UcxDecode, GenerationLoopMatchesReference) {
+  const std::string dir = TempDir("stria-ucx");
+  Launch launch(dir);
+  const int port = FreePort();
+  for (int r = 0; r < 3; ++r)
+    launch.Start(r, STRIA_UCX_RANK,
+                 {"--rank", std::to_string(r), "--world", "3", "--dtypes", "f32,bf16,f16", "--decode-steps", "12"},
+                 Env(port));
+  auto results = launch.Wait(120);
+  ASSERT_EQ(results.size(), 3u);
+  for (auto& [rank, r] : results) {
+    EXPECT_TRUE(r.exited && r.exit_code == 0) << Describe(results);
+    EXPECT_EQ(r.code, STRIA_SUCCESS) << "rank " << rank << ": " << r.message << "\n" << Describe(results);
+  }
+}
+
 // Ranks on different CPUs: each process forced onto another kernel build (vector width 4, 8 or
 // 16 floats, AMX or not), at a head dim that none of them pads alike on its own. The float32 K/V
 // blocks travel as packed operands, so their layout must not depend on the machine that packs

@@ -37,6 +37,9 @@ struct Options : RankOptions {
   // Destroy the context as soon as the last call returns, then check the results: how a job
   // ends, with slower ranks possibly still finishing that call.
   bool close_first = false;
+  // Instead of the ring: decode calls over a KV cache sharded across the processes (striped), in
+  // each dtype, a generation loop of this many steps, each appending one token per sequence.
+  int decode_steps = 0;
 };
 
 Options Parse(int argc, char** argv) {
@@ -59,12 +62,68 @@ Options Parse(int argc, char** argv) {
       o.slow_call_s = std::stod(v);
     else if (k == "--close-first")
       o.close_first = v == "1";
+    else if (k == "--decode-steps")
+      o.decode_steps = std::stoi(v);
   }
   return o;
 }
 
 void Result(const Options& o, stria_status_t s, double t0, const std::string& msg) {
   PrintResult(o.rank, s, t0, msg);
+}
+
+// The decode check: every process draws the same whole cache and queries, keeps its striped share
+// of the prefix and appends one token per sequence per step; each step's output must match the
+// float64 reference over the cache so far. Returns "" or what went wrong; *s gets the first failed
+// call's status.
+std::string DecodeLoop(const Options& o, stria_context_t ctx, stria_status_t* s) {
+  const int64_t B = 3, Hq = o.Hq, Hkv = o.Hkv, D = o.D, capacity = 40;
+  const std::vector<int64_t> prefix = {0, 37, 61};
+  for (Dt dt : o.dtypes) {
+    std::mt19937_64 rng(77);
+    const int64_t S = o.world * capacity;
+    Tensor kf({B, S, Hkv, D}, dt), vf({B, S, Hkv, D}, dt), kc({B, capacity, Hkv, D}, dt), vc({B, capacity, Hkv, D}, dt);
+    kf.FillRandom(rng);
+    vf.FillRandom(rng);
+    kc.Poison();
+    vc.Poison();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = o.rank; t < prefix[static_cast<size_t>(b)]; t += o.world)
+        for (int64_t i = 0; i < Hkv * D; ++i) {
+          kc.Set((b * capacity + t / o.world) * Hkv * D + i, kf.Get((b * S + t) * Hkv * D + i));
+          vc.Set((b * capacity + t / o.world) * Hkv * D + i, vf.Get((b * S + t) * Hkv * D + i));
+        }
+    std::vector<int64_t> lens = prefix;
+    for (int step = 0; step < o.decode_steps; ++step) {
+      Tensor q({B, 1, Hq, D}, dt), kn({B, 1, Hkv, D}, dt), vn({B, 1, Hkv, D}, dt), out({B, 1, Hq, D}, dt),
+          lse({B, Hq, 1}, Dt::kF32);
+      q.FillRandom(rng);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < Hkv * D; ++i) {
+          kn.Set(b * Hkv * D + i, kf.Get((b * S + lens[static_cast<size_t>(b)]) * Hkv * D + i));
+          vn.Set(b * Hkv * D + i, vf.Get((b * S + lens[static_cast<size_t>(b)]) * Hkv * D + i));
+        }
+      out.Poison();
+      stria_attention_params_t params;
+      stria_attention_params_init(&params);
+      stria_kv_cache_t cache;
+      stria_kv_cache_init(&cache);
+      cache.k = &kc.dl;
+      cache.v = &vc.dl;
+      cache.lens = lens.data();
+      *s = stria_attention_decode(ctx, &params, &cache, &q.dl, &kn.dl, &vn.dl, &out.dl, &lse.dl, nullptr);
+      if (*s != STRIA_SUCCESS) return stria_get_last_error();
+      const Reference ref = DecodeReference(q, kf, vf, lens, 1, true, -1);
+      const double err = RelError(out.ToDouble(), ref.out), tol = dt == Dt::kF32 ? 1e-5 : 2e-2;
+      if (!(err < tol)) {
+        *s = STRIA_ERROR_INTERNAL;
+        return "decode step " + std::to_string(step) + " (" + DtName(dt) + "): relative error " + std::to_string(err);
+      }
+      for (int64_t& l : lens) ++l;
+    }
+    std::printf("rank %d: %s decode loop of %d steps matches\n", o.rank, DtName(dt), o.decode_steps);
+  }
+  return "";
 }
 
 }  // namespace
@@ -99,6 +158,13 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::printf("rank %d: joined after %.3f s\n", o.rank, Now() - t0);
+  if (o.decode_steps > 0) {
+    const std::string failed = DecodeLoop(o, ctx, &s);
+    const stria_status_t destroyed = stria_context_destroy(ctx);
+    if (failed.empty() && destroyed != STRIA_SUCCESS) s = destroyed;
+    Result(o, s, t0, failed.empty() ? "every decode step matches the float64 reference" : failed);
+    return 0;
+  }
 
   const RankTokens tokens(o);
   if (tokens.status != STRIA_SUCCESS) {
