@@ -87,6 +87,13 @@ impl<'a> Sinks<'a> {
     }
 }
 
+impl Sinks<'_> {
+    /// The logits' DLTensor, for a call's params.
+    pub(crate) fn dl(&self) -> sys::DLTensor {
+        self.dl
+    }
+}
+
 impl fmt::Debug for Sinks<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Sinks").field("data", &self.dl.data).finish()
@@ -159,7 +166,7 @@ impl AttentionParams<'_> {
     /// made, which must outlive the call; the window) and the scores' modifications with it, so
     /// that every call is one stria_attention_forward or _backward. `sinks` and `sinks_grad` point
     /// at DLTensors that must outlive the call too.
-    fn raw(
+    pub(crate) fn raw(
         &self,
         documents: &Option<(Vec<i64>, i64)>,
         sinks: Option<&sys::DLTensor>,
