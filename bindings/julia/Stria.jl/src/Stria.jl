@@ -37,10 +37,11 @@ include("tensors.jl")
 include("context.jl")
 include("plan.jl")
 include("attention.jl")
+include("serving.jl")
 include("layout.jl")
 
 export StriaError, Context, local_group, run_ranks, abort!, set_call_tag!, set_deterministic!, step_times, traffic, UniqueId,
-       unique_id, attention_forward, attention_forward!, attention_backward, attention_backward!,
+       unique_id, attention_forward, attention_forward!, attention_backward, attention_backward!, attention_decode!,
        positions, shard, shard!, unshard, unshard!, analyze_balance, analyze_balance_steps,
        library_version, Plan, local_len, plan_info
 

@@ -363,6 +363,44 @@ end
         end
     end
 
+    @testset "decode over a sharded cache: $n ranks" for n in RANK_COUNTS
+        D, Hq, Hkv, B, T, C = 8, 4, 2, 2, 2, 10
+        rng = MersenneTwister(700 + n)
+        S = n * C
+        kf, vf = randn(rng, Float32, D, Hkv, S, B), randn(rng, Float32, D, Hkv, S, B)
+        q = randn(rng, Float32, D, Hq, T, B)
+        lens = [3, S - T]
+        k_new = cat([kf[:, :, lens[b]+1:lens[b]+T, b] for b in 1:B]...; dims = 4)
+        v_new = cat([vf[:, :, lens[b]+1:lens[b]+T, b] for b in 1:B]...; dims = 4)
+        # The float64 reference over the whole cache: query t of sequence b (position lens[b] + t - 1)
+        # against positions 0 .. lens[b] + t - 1.
+        want = zeros(Float64, D, Hq, T, B)
+        for b in 1:B, t in 1:T, h in 1:Hq
+            hk = (h - 1) ÷ (Hq ÷ Hkv) + 1
+            keys = 1:(lens[b] + t)
+            s = [sum(Float64.(q[:, h, t, b]) .* Float64.(kf[:, hk, j, b])) / sqrt(D) for j in keys]
+            w = exp.(s .- maximum(s))
+            w ./= sum(w)
+            want[:, h, t, b] = sum(w[i] .* Float64.(vf[:, hk, j, b]) for (i, j) in enumerate(keys))
+        end
+        outs = run_ranks(local_group(n; num_threads = 1, timeout_s = 60)) do ctx
+            rank = ctx.rank
+            # This rank's striped share of the prefix: position p on rank p % n, slot p ÷ n.
+            kc, vc = fill(NaN32, D, Hkv, C, B), fill(NaN32, D, Hkv, C, B)
+            for b in 1:B, p in rank:n:(lens[b] - 1)
+                kc[:, :, p ÷ n + 1, b] = kf[:, :, p + 1, b]
+                vc[:, :, p ÷ n + 1, b] = vf[:, :, p + 1, b]
+            end
+            out = similar(q)
+            attention_decode!(ctx, out, q, kc, vc, lens; k_new = k_new, v_new = v_new)
+            out
+        end
+        for out in outs
+            @test norm(Float64.(out) .- want) / norm(want) < 1e-5
+            @test out == outs[1]
+        end
+    end
+
     @testset "softcap and sinks: keywords, results and errors" begin
         ctx = Context()
         rng = MersenneTwister(410)
