@@ -94,6 +94,8 @@ class Stria:
             return self.c["kDLBfloat"], 16
         if array.dtype == np.int64:
             return self.c["kDLInt"], 64
+        if array.dtype == np.int32:
+            return self.c["kDLInt"], 32
         raise TypeError(array.dtype)
 
     def tensor(self, a):
@@ -486,6 +488,72 @@ class ColumnMajorConvention(unittest.TestCase):
                         err = rel_error(got, ref)
                         self.assertLess(err, 1e-5, f"{n} ranks {layout} causal={causal} softcap={softcap} "
                                                    f"masks={masks}: {name} error {err}")
+
+    def test_decode_paged_column_major(self):
+        # attention_decode!: pools (D, Hkv, block_size, num_blocks), a block table (max_blocks, B) of
+        # 0-based Int32 block numbers, q and the new tokens (D, H, T, B), out like q; the cache
+        # struct's pointers as _replace sets them. Every rank the same bits, and the float64
+        # reference over the whole cache.
+        st = self.st
+        D, Hq, Hkv, B, T, bs, blocks = 8, 4, 2, 2, 2, 4, 3
+        for n in (1, 2, 3):
+            with self.subTest(n=n):
+                rng = np.random.default_rng(40 + n)
+                cap = bs * blocks
+                S = n * cap
+                kf, vf = (np.asfortranarray(rng.standard_normal((D, Hkv, S, B), dtype=np.float32)) for _ in "kv")
+                q = np.asfortranarray(rng.standard_normal((D, Hq, T, B), dtype=np.float32))
+                lens = np.array([3, S - T], dtype=np.int64)
+                k_new = np.asfortranarray(np.stack([kf[:, :, lens[b]:lens[b] + T, b] for b in range(B)], axis=3))
+                v_new = np.asfortranarray(np.stack([vf[:, :, lens[b]:lens[b] + T, b] for b in range(B)], axis=3))
+                contexts = st.local_group(n)
+                outs, errors = [None] * n, []
+
+                def rank(r):
+                    try:
+                        # Striped: position p on rank p % n, slot p // n; blocks numbered backwards.
+                        table = np.asfortranarray(
+                            np.arange(B * blocks, dtype=np.int32)[::-1].reshape(B, blocks).T.copy())
+                        pk = np.full((D, Hkv, bs, B * blocks), np.nan, dtype=np.float32, order="F")
+                        pv = np.full_like(pk, np.nan)
+                        for b in range(B):
+                            for p in range(r, lens[b], n):
+                                slot = p // n
+                                pk[:, :, slot % bs, table[slot // bs, b]] = kf[:, :, p, b]
+                                pv[:, :, slot % bs, table[slot // bs, b]] = vf[:, :, p, b]
+                        out = np.full_like(q, np.nan, order="F")
+                        t = [st.tensor(x) for x in (pk, pv, table, q, k_new, v_new, out)]
+                        cache = st.initialized("stria_kv_cache_t", st.lib.stria_kv_cache_init)
+                        cache.k, cache.v, cache.block_table = (st.ptr(x) for x in t[:3])
+                        cache.lens = lens.ctypes.data
+                        params = st.params("striped", True)
+                        st.call(st.lib.stria_attention_decode(contexts[r], ctypes.addressof(params),
+                                                              ctypes.addressof(cache), *(st.ptr(x) for x in t[3:]),
+                                                              None, None), "decode")
+                        outs[r] = out
+                    except Exception as e:  # reported below; the peers fail too
+                        errors.append(e)
+
+                threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
+                for th in threads:
+                    th.start()
+                for th in threads:
+                    th.join(timeout=120)
+                for h in contexts:
+                    st.lib.stria_context_destroy(h)
+                self.assertEqual(errors, [])
+                want = np.zeros((D, Hq, T, B))
+                for b in range(B):
+                    for t in range(T):
+                        keys = lens[b] + t + 1
+                        for h in range(Hq):
+                            kk = kf[:, h // (Hq // Hkv), :keys, b].astype(np.float64)
+                            s = q[:, h, t, b].astype(np.float64) @ kk / np.sqrt(D)
+                            w = np.exp(s - s.max())
+                            want[:, h, t, b] = vf[:, h // (Hq // Hkv), :keys, b].astype(np.float64) @ (w / w.sum())
+                for out in outs:
+                    self.assertLess(rel_error(out, want), 1e-5)
+                    np.testing.assert_array_equal(out, outs[0])
 
 
 if __name__ == "__main__":
