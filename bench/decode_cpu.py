@@ -6,11 +6,13 @@ every thread: stria.attention_decode on a world of one against PyTorch's scaled_
 (the same threads, GQA through enable_gqa), the cache as each keeps it ([B, C, Hkv, D] for stria,
 [B, Hkv, C, D] for PyTorch), bf16 and float32.
 
-Part 2, the sharded call: the same cache spread over N ranks (striped) of a local group, one thread
-per rank. The ranks run on this machine's few cores, so the wall time of the group is the sum of
-their work; what N machines would take is modelled from what each rank measures: the slowest
-rank's compute (its CPU seconds) plus the call's fixed cost, the validation, the all-gather of the
-partial results and their merge, measured by a call whose cache is empty. Beside it the ideal, the
+Part 2, the sharded call: the same cache spread over N ranks (striped) of a local group, each rank
+with as many threads as the one device had. The ranks run on this machine's few cores, so the wall
+time of the group is the sum of their work; what N such machines would take is modelled from what
+each rank measures: the slowest rank's compute (its CPU seconds over its threads: the time on
+dedicated cores) plus the call's fixed cost, the validation, the all-gather of the partial results
+and their merge, measured by a call whose cache is empty (on this machine the ranks' threads then
+contend for its cores, so this is an upper bound). Beside it the ideal, the
 one-device time divided by N, and the merge's share of the modelled time.
 
     PYTHONPATH=build/bindings/python python bench/decode_cpu.py [--lens 32768,131072,...] [--ranks 2,4,8]
@@ -135,7 +137,7 @@ def main() -> None:
                         compute.append(ctx.step_times()[0].compute_cpu_s)
                     return statistics.median(compute[1:]), statistics.median(calls[1:])
 
-                with stria.local_group(n, num_threads=n) as group:
+                with stria.local_group(n, num_threads=threads) as group:
                     per_rank = group.run(rank_fn, [full] * n)
                     fixed = group.run(rank_fn, [empty] * n)
                 slowest = max(cpu for cpu, _ in per_rank)

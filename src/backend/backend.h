@@ -130,29 +130,30 @@ struct DecodeShape {
   bool causal = true;
   int64_t window_left = -1;  // -1: unbounded
 };
-// Cached keys of one sequence that lie at a fixed stride in the cache's memory (a run of slots,
-// within one page of a paged cache): key j's row of head h is at element
-// offset + j * row_stride + h * head_stride of the cache tensors (k and v share strides), its
-// position pos0 + j * pos_stride.
+// Keys of one sequence that lie at a fixed stride in memory: a run of a cache's slots (within one
+// page of a paged cache), or of a message's rows. Key j's row of K/V head h starts at
+// k + j * k_row + h * k_head (bytes; likewise v), its position is pos0 + j * pos_stride.
 struct CacheSegment {
   int64_t b = 0;
-  int64_t k_offset = 0, v_offset = 0;  // elements
+  const char *k = nullptr, *v = nullptr;
+  int64_t k_row = 0, v_row = 0, k_head = 0, v_head = 0;
   int64_t count = 0;
   int64_t pos0 = 0, pos_stride = 1;
 };
-// A new token this rank stores: token t of sequence b goes to the cache rows at k_offset/v_offset
-// (elements, head 0).
+// A new token's rows this rank stores into its cache before attending: D elements per K/V head,
+// from src (head stride src_head, bytes) to dst (dst_head).
 struct CacheAppend {
-  int64_t b = 0, t = 0, k_offset = 0, v_offset = 0;
+  const char *k_src = nullptr, *v_src = nullptr;
+  char *k_dst = nullptr, *v_dst = nullptr;
+  int64_t k_src_head = 0, v_src_head = 0, k_dst_head = 0, v_dst_head = 0;
 };
+// The queries of a decode call (or of one step of a prefill) and the keys this rank holds for them.
 struct DecodeWork {
-  DecodeShape shape;
+  DecodeShape shape;                   // T: the query tokens per sequence
   TensorView q;                        // [B, T, Hq, D]
-  TensorView k, v;                     // the cache tensors: their dims 1 (rows) and 2 (heads) stride the segments
   std::vector<int64_t> q_pos;          // [B][T]: query t of sequence b's position
-  std::vector<CacheSegment> segments;  // this rank's keys, sequence by sequence, in slot order
+  std::vector<CacheSegment> segments;  // the keys, sequence by sequence, positions increasing
   std::vector<CacheAppend> appends;    // written before the attention
-  TensorView k_new, v_new;             // [B, T, Hkv, D] when there are appends
 };
 // A rank's decode result, before the merge across ranks: per (b, t, h) a record of D + 1 floats,
 // the output normalised over this rank's keys, then its natural-log LSE (-inf: saw no key).

@@ -72,10 +72,8 @@ Status CpuDecode(ThreadPool& pool, const cpu::KernelTable& kern, const DecodeWor
   // The new tokens this rank holds go into the cache first: the queries see them.
   for (const CacheAppend& a : w.appends)
     for (int64_t h = 0; h < s.Hkv; ++h) {
-      char* kd = static_cast<char*>(w.k.data) + (a.k_offset + h * w.k.strides[2]) * static_cast<int64_t>(esize);
-      char* vd = static_cast<char*>(w.v.data) + (a.v_offset + h * w.v.strides[2]) * static_cast<int64_t>(esize);
-      std::memcpy(kd, Row4(w.k_new, a.b, a.t, h), static_cast<size_t>(s.D) * esize);
-      std::memcpy(vd, Row4(w.v_new, a.b, a.t, h), static_cast<size_t>(s.D) * esize);
+      std::memcpy(a.k_dst + h * a.k_dst_head, a.k_src + h * a.k_src_head, static_cast<size_t>(s.D) * esize);
+      std::memcpy(a.v_dst + h * a.v_dst_head, a.v_src + h * a.v_src_head, static_cast<size_t>(s.D) * esize);
     }
 
   // Queries, [B][Hkv][rows][dp], scaled into the kernel's log2 domain.
@@ -120,8 +118,6 @@ Status CpuDecode(ThreadPool& pool, const cpu::KernelTable& kern, const DecodeWor
     a.rows = rows;
     a.group = group;
     a.q_pos = w.q_pos.data() + item.b * s.T;
-    a.k_stride = w.k.strides[1] * static_cast<int64_t>(esize);
-    a.v_stride = w.v.strides[1] * static_cast<int64_t>(esize);
     a.dtype = static_cast<int>(s.dtype);
     a.d = s.D;
     a.dp = dp;
@@ -135,10 +131,10 @@ Status CpuDecode(ThreadPool& pool, const cpu::KernelTable& kern, const DecodeWor
     for (int64_t p = item.first; p < item.last; ++p) {
       const Piece& piece = pieces[static_cast<size_t>(p)];
       const CacheSegment& seg = w.segments[static_cast<size_t>(piece.seg)];
-      a.k = static_cast<const char*>(w.k.data) +
-            (seg.k_offset + hkv * w.k.strides[2] + piece.j0 * w.k.strides[1]) * static_cast<int64_t>(esize);
-      a.v = static_cast<const char*>(w.v.data) +
-            (seg.v_offset + hkv * w.v.strides[2] + piece.j0 * w.v.strides[1]) * static_cast<int64_t>(esize);
+      a.k = seg.k + hkv * seg.k_head + piece.j0 * seg.k_row;
+      a.v = seg.v + hkv * seg.v_head + piece.j0 * seg.v_row;
+      a.k_stride = seg.k_row;
+      a.v_stride = seg.v_row;
       a.count = piece.count;
       a.pos0 = seg.pos0 + piece.j0 * seg.pos_stride;
       a.pos_stride = seg.pos_stride;
