@@ -22,6 +22,7 @@
 #include "layout/shard.h"
 #include "ring/ring.h"
 #include "serve/decode.h"
+#include "serve/prefill.h"
 #include "transport/module_abi.h"
 
 using stria::Error;
@@ -411,6 +412,20 @@ STRIA_API stria_status_t stria_attention_decode(stria_context_t ctx, const stria
     stria::CallScope call(*c, "stria_attention_decode");
     STRIA_RETURN_IF_ERROR(call.status());
     return stria::AttentionDecode(*c, stria::DecodeCall{params, cache, q, k_new, v_new, out, lse, stream});
+  });
+}
+
+STRIA_API stria_status_t stria_attention_prefill(stria_context_t ctx, const stria_attention_params_t* params,
+                                                 const stria_kv_cache_t* cache, stria_prefill_t mode, const DLTensor* q,
+                                                 const DLTensor* k, const DLTensor* v, DLTensor* out, DLTensor* lse,
+                                                 void* stream) {
+  return Guard([&] {
+    std::shared_ptr<stria::Context> c;
+    STRIA_RETURN_IF_ERROR(Lookup(ctx, &c));
+    stria::CallScope call(*c, "stria_attention_prefill");
+    STRIA_RETURN_IF_ERROR(call.status());
+    return stria::AttentionPrefill(*c,
+                                   stria::PrefillCall{params, cache, stria::RawEnum(mode), q, k, v, out, lse, stream});
   });
 }
 

@@ -253,6 +253,11 @@ class Backend {
     (void)work, (void)partial;
     return Error(STRIA_ERROR_UNSUPPORTED, "the %s backend has no decode over a sharded KV cache", name());
   }
+  // Stores new tokens' rows into a cache (a prefill's, after its attention).
+  virtual Status StoreTokens(const DecodeShape& shape, const std::vector<CacheAppend>& appends) {
+    (void)shape, (void)appends;
+    return Error(STRIA_ERROR_UNSUPPORTED, "the %s backend has no decode over a sharded KV cache", name());
+  }
   virtual Status DecodeMerge(const DecodeWork& work, const float* all, int world_size, const TensorView* sinks,
                              const TensorView& out, const TensorView* lse) {
     (void)work, (void)all, (void)world_size, (void)sinks, (void)out, (void)lse;

@@ -348,9 +348,9 @@ Status AgreeOnCall(Context& ctx, RingOp op, const Status& local, const Validated
     // Ranks whose backends lay out K/V blocks differently (a CPU and a GPU rank, say) would
     // exchange messages of different sizes and meanings: agree on the format too.
     sig.kv_wire = static_cast<uint32_t>(ctx.backend().KVWireFor(c.shape, op == RingOp::kBackward).format);
-    sig.documents = op == RingOp::kDecode ? c.call_hash
-                    : c.plan != nullptr   ? PlanCallHash(*c.plan, c.mask)
-                                          : c.documents.Hash();
+    sig.documents = op == RingOp::kDecode || op == RingOp::kPrefill ? c.call_hash
+                    : c.plan != nullptr                             ? PlanCallHash(*c.plan, c.mask)
+                                                                    : c.documents.Hash();
     sig.softcap = c.shape.softcap;
     sig.sinks = c.sinks_given ? 1 : 0;
   }

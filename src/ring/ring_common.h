@@ -9,7 +9,8 @@
 
 namespace stria {
 
-enum class MessageKind : int64_t { kKV = 1, kDKV = 2 };
+// kPartial: a prefill's partial results going home (the kind takes two bits of the tag).
+enum class MessageKind : int64_t { kKV = 1, kDKV = 2, kPartial = 3 };
 
 // Tags are unique per (call, step, kind), so a late message of one call can never be taken for
 // a message of the next.

@@ -21,6 +21,8 @@ const char* RingOpName(RingOp op) {
       return "stria_attention_backward";
     case RingOp::kDecode:
       return "stria_attention_decode";
+    case RingOp::kPrefill:
+      return "stria_attention_prefill";
   }
   return "an unknown call";
 }
@@ -49,7 +51,7 @@ static std::string Describe(const CallSignature& s) {
       LayoutName(static_cast<stria_layout_t>(s.layout)), s.causal, static_cast<double>(s.scale),
       static_cast<double>(s.softcap), s.sinks ? "sinks" : "no sinks", (long long)s.B, (long long)s.L, (long long)s.Hq,
       (long long)s.D, (long long)s.Hkv, KVWireFormatName(static_cast<KVWireFormat>(s.kv_wire)),
-      s.op == static_cast<uint32_t>(RingOp::kDecode)
+      s.op == static_cast<uint32_t>(RingOp::kDecode) || s.op == static_cast<uint32_t>(RingOp::kPrefill)
           ? Format("cache lengths, capacity and window hashed %#llx", static_cast<unsigned long long>(s.documents))
                 .c_str()
       : s.documents == 0
@@ -72,7 +74,7 @@ static bool Same(const CallSignature& a, const CallSignature& b) {
 // signature with the right magic) would otherwise reach the messages and the returned status.
 static bool WellFormed(const CallSignature& s) {
   return s.magic == kSignatureMagic && s.op >= static_cast<uint32_t>(RingOp::kForward) &&
-         s.op <= static_cast<uint32_t>(RingOp::kDecode) && s.status >= STRIA_SUCCESS &&
+         s.op <= static_cast<uint32_t>(RingOp::kPrefill) && s.status >= STRIA_SUCCESS &&
          s.status <= STRIA_ERROR_INTERNAL && s.layout >= STRIA_LAYOUT_CONTIGUOUS && s.layout <= STRIA_LAYOUT_ZIGZAG &&
          s.dtype >= static_cast<int32_t>(DType::kF32) && s.dtype <= static_cast<int32_t>(DType::kBF16) &&
          s.kv_wire <= static_cast<uint32_t>(KVWireFormat::kCpuBf16Tiles);

@@ -11,7 +11,7 @@
 
 namespace stria {
 
-enum class RingOp : uint32_t { kForward = 1, kBackward = 2, kDecode = 3 };
+enum class RingOp : uint32_t { kForward = 1, kBackward = 2, kDecode = 3, kPrefill = 4 };
 
 struct CallSignature {
   uint32_t magic;

@@ -111,12 +111,12 @@ Status ValidateCache(Context& ctx, const stria_kv_cache_t* cache, stria_layout_t
   if (cv->paged) {
     STRIA_RETURN_IF_ERROR(ExpectShape(cv->k, "cache->k", {cv->k.shape[0], cv->k.shape[1], cv->heads, D},
                                       "a paged cache's pool [num_blocks, block_size, Hkv, D] with q's D"));
-    STRIA_RETURN_IF_ERROR(ExpectShape(cv->v, "cache->v", {cv->k.shape[0], cv->k.shape[1], cv->heads, D},
-                                      "like cache->k"));
+    STRIA_RETURN_IF_ERROR(
+        ExpectShape(cv->v, "cache->v", {cv->k.shape[0], cv->k.shape[1], cv->heads, D}, "like cache->k"));
     TensorView table;
     STRIA_RETURN_IF_ERROR(ViewOf(cache->block_table, "cache->block_table", ctx.device(), &table));
-    if (!(table.dl_dtype.code == kDLInt && table.dl_dtype.bits == 32 && table.dl_dtype.lanes == 1) ||
-        table.ndim != 2 || table.shape[0] != B)
+    if (!(table.dl_dtype.code == kDLInt && table.dl_dtype.bits == 32 && table.dl_dtype.lanes == 1) || table.ndim != 2 ||
+        table.shape[0] != B)
       return Error(STRIA_ERROR_INVALID_ARGUMENT,
                    "cache->block_table must be an int32 tensor [B, max_blocks] with q's B = %lld (got %d dims, shape "
                    "%s)",
@@ -153,12 +153,12 @@ Status ValidateCache(Context& ctx, const stria_kv_cache_t* cache, stria_layout_t
   cv->lens.assign(lens, lens + B);
   for (int64_t b = 0; b < B; ++b)
     if (lens[b] < 0 || lens[b] > n * cv->capacity - added)
-      return Error(STRIA_ERROR_INVALID_ARGUMENT,
-                   "cache->lens[%lld] is %lld, but the cache holds %lld positions (%d ranks of %lld slots)%s",
-                   static_cast<long long>(b), static_cast<long long>(lens[b]),
-                   static_cast<long long>(n * cv->capacity), n, static_cast<long long>(cv->capacity),
-                   added ? Format(", %lld of them for this call's new tokens", static_cast<long long>(added)).c_str()
-                         : "");
+      return Error(
+          STRIA_ERROR_INVALID_ARGUMENT,
+          "cache->lens[%lld] is %lld, but the cache holds %lld positions (%d ranks of %lld slots)%s",
+          static_cast<long long>(b), static_cast<long long>(lens[b]), static_cast<long long>(n * cv->capacity), n,
+          static_cast<long long>(cv->capacity),
+          added ? Format(", %lld of them for this call's new tokens", static_cast<long long>(added)).c_str() : "");
   return Status::Ok();
 }
 

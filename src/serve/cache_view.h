@@ -15,8 +15,8 @@ struct CacheView {
   stria_layout_t layout = STRIA_LAYOUT_STRIPED;
   int world_size = 1, rank = 0;
   TensorView k, v;
-  int64_t heads = 0;      // Hkv, dimension 2 of k and v
-  int64_t capacity = 0;   // slots per sequence on each rank
+  int64_t heads = 0;     // Hkv, dimension 2 of k and v
+  int64_t capacity = 0;  // slots per sequence on each rank
   bool paged = false;
   const int32_t* table = nullptr;  // paged: block_table, its strides in elements
   int64_t table_b = 0, table_i = 0, block_size = 0, num_blocks = 0;
@@ -27,8 +27,8 @@ struct CacheView {
   Status AddSegments(int64_t b, int64_t len, std::vector<CacheSegment>* out) const;
   // If this rank holds position `pos` of sequence b: the append that stores a token's rows there
   // (k_src, v_src: head 0's D elements; heads src_head bytes apart).
-  Status AddAppend(int64_t b, int64_t pos, const char* k_src, const char* v_src, int64_t k_src_head,
-                   int64_t v_src_head, std::vector<CacheAppend>* out) const;
+  Status AddAppend(int64_t b, int64_t pos, const char* k_src, const char* v_src, int64_t k_src_head, int64_t v_src_head,
+                   std::vector<CacheAppend>* out) const;
   // What ranks must agree on: the lengths, the capacity and the kind of cache.
   uint64_t Hash(uint64_t seed) const;
 

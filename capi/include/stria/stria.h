@@ -438,6 +438,29 @@ STRIA_API stria_status_t stria_attention_decode(stria_context_t ctx, const stria
                                                 const stria_kv_cache_t* cache, const DLTensor* q, const DLTensor* k_new,
                                                 const DLTensor* v_new, DLTensor* out, DLTensor* lse, void* stream);
 
+/* Extension, 0.5: prefill with a cache (chunked prefill, a new turn of a conversation). P new tokens
+ * per sequence are sharded over the ranks by params->layout as the training calls shard a sequence of
+ * P tokens: q [B, L, Hq, D] and k, v [B, L, Hkv, D] with L = P / N (the layout's divisibility rule;
+ * zigzag: L even), local token i at chunk position c = stria_layout_positions(layout, P, N, rank)[i],
+ * which is position lens[b] + c of sequence b. Each new token attends to the whole cache and to the
+ * new tokens at positions up to its own (causal; params->causal 0: all of them), within
+ * params->window_left; softcap and sinks as in stria_attention_forward. The new keys and values are
+ * stored into the cache where params->layout puts their positions (the caller then advances lens by
+ * P). out [B, L, Hq, D]; lse [B, Hq, L] float32, or NULL.
+ *
+ * How the ranks meet: STRIA_PREFILL_PASS_KV sends each rank's keys and values (its share of the
+ * cache and its new tokens) around the ring, as the training forward does; STRIA_PREFILL_PASS_Q sends
+ * the new tokens' queries around instead, and each rank returns the partial result of every visiting
+ * query to its owner, where they are merged. Pass-Q moves less when few new tokens meet a long cache
+ * (a new turn), pass-KV when the new tokens are many (a first prefill); STRIA_PREFILL_AUTO picks the
+ * one that moves fewer bytes per ring step. Both give the same result (to rounding) and every rank
+ * passes the same mode. */
+typedef enum { STRIA_PREFILL_AUTO = 0, STRIA_PREFILL_PASS_KV = 1, STRIA_PREFILL_PASS_Q = 2 } stria_prefill_t;
+STRIA_API stria_status_t stria_attention_prefill(stria_context_t ctx, const stria_attention_params_t* params,
+                                                 const stria_kv_cache_t* cache, stria_prefill_t mode, const DLTensor* q,
+                                                 const DLTensor* k, const DLTensor* v, DLTensor* out, DLTensor* lse,
+                                                 void* stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -101,6 +101,10 @@ class CpuBackend final : public Backend {
   Status Decode(const DecodeWork& work, float* partial) override {
     return CpuDecode(pool_, kern_, work, partial, &decode_bufs_);
   }
+  Status StoreTokens(const DecodeShape& shape, const std::vector<CacheAppend>& appends) override {
+    CpuStoreTokens(shape, appends);
+    return Status::Ok();
+  }
   Status DecodeMerge(const DecodeWork& work, const float* all, int world_size, const TensorView* sinks,
                      const TensorView& out, const TensorView* lse) override {
     return CpuDecodeMerge(pool_, kern_, work, all, world_size, sinks, out, lse);

@@ -64,17 +64,21 @@ void PlanItems(const DecodeWork& w, int64_t target, std::vector<Piece>* pieces, 
 
 }  // namespace
 
+void CpuStoreTokens(const DecodeShape& s, const std::vector<CacheAppend>& appends) {
+  const size_t row = static_cast<size_t>(s.D * DTypeSize(s.dtype));
+  for (const CacheAppend& a : appends)
+    for (int64_t h = 0; h < s.Hkv; ++h) {
+      std::memcpy(a.k_dst + h * a.k_dst_head, a.k_src + h * a.k_src_head, row);
+      std::memcpy(a.v_dst + h * a.v_dst_head, a.v_src + h * a.v_src_head, row);
+    }
+}
+
 Status CpuDecode(ThreadPool& pool, const cpu::KernelTable& kern, const DecodeWork& w, float* partial,
                  CpuDecodeBuffers* bufs) {
   const DecodeShape& s = w.shape;
   const int64_t group = s.Hq / s.Hkv, rows = s.T * group, dp = RoundUp(s.D, kDimPad);
-  const size_t esize = static_cast<size_t>(DTypeSize(s.dtype));
   // The new tokens this rank holds go into the cache first: the queries see them.
-  for (const CacheAppend& a : w.appends)
-    for (int64_t h = 0; h < s.Hkv; ++h) {
-      std::memcpy(a.k_dst + h * a.k_dst_head, a.k_src + h * a.k_src_head, static_cast<size_t>(s.D) * esize);
-      std::memcpy(a.v_dst + h * a.v_dst_head, a.v_src + h * a.v_src_head, static_cast<size_t>(s.D) * esize);
-    }
+  CpuStoreTokens(s, w.appends);
 
   // Queries, [B][Hkv][rows][dp], scaled into the kernel's log2 domain.
   const size_t qfloats = static_cast<size_t>(s.B * s.Hkv * rows * dp);

@@ -18,6 +18,7 @@ struct CpuDecodeBuffers {
 
 Status CpuDecode(ThreadPool& pool, const cpu::KernelTable& kern, const DecodeWork& w, float* partial,
                  CpuDecodeBuffers* bufs);
+void CpuStoreTokens(const DecodeShape& s, const std::vector<CacheAppend>& appends);
 Status CpuDecodeMerge(ThreadPool& pool, const cpu::KernelTable& kern, const DecodeWork& w, const float* all,
                       int world_size, const TensorView* sinks, const TensorView& out, const TensorView* lse);
 

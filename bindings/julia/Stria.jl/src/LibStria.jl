@@ -690,6 +690,35 @@ function stria_attention_decode(ctx, params, cache, q, k_new, v_new, out, lse, s
           ctx, params, cache, q, k_new, v_new, out, lse, stream)
 end
 
+# Extension, 0.5: prefill with a cache (chunked prefill, a new turn of a conversation). P new tokens
+# per sequence are sharded over the ranks by params->layout as the training calls shard a sequence of
+# P tokens: q [B, L, Hq, D] and k, v [B, L, Hkv, D] with L = P / N (the layout's divisibility rule;
+# zigzag: L even), local token i at chunk position c = stria_layout_positions(layout, P, N, rank)[i],
+# which is position lens[b] + c of sequence b. Each new token attends to the whole cache and to the
+# new tokens at positions up to its own (causal; params->causal 0: all of them), within
+# params->window_left; softcap and sinks as in stria_attention_forward. The new keys and values are
+# stored into the cache where params->layout puts their positions (the caller then advances lens by
+# P). out [B, L, Hq, D]; lse [B, Hq, L] float32, or NULL.
+#
+# How the ranks meet: STRIA_PREFILL_PASS_KV sends each rank's keys and values (its share of the
+# cache and its new tokens) around the ring, as the training forward does; STRIA_PREFILL_PASS_Q sends
+# the new tokens' queries around instead, and each rank returns the partial result of every visiting
+# query to its owner, where they are merged. Pass-Q moves less when few new tokens meet a long cache
+# (a new turn), pass-KV when the new tokens are many (a first prefill); STRIA_PREFILL_AUTO picks the
+# one that moves fewer bytes per ring step. Both give the same result (to rounding) and every rank
+# passes the same mode.
+const stria_prefill_t = Cuint  # C enum
+const STRIA_PREFILL_AUTO = stria_prefill_t(0)
+const STRIA_PREFILL_PASS_KV = stria_prefill_t(1)
+const STRIA_PREFILL_PASS_Q = stria_prefill_t(2)
+
+function stria_attention_prefill(ctx, params, cache, mode, q, k, v, out, lse, stream)
+    ccall((:stria_attention_prefill, libstria), stria_status_t,
+          (stria_context_t, Ptr{stria_attention_params_t}, Ptr{stria_kv_cache_t}, stria_prefill_t,
+           Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{Cvoid}),
+          ctx, params, cache, mode, q, k, v, out, lse, stream)
+end
+
 export DLPACK_VERSION, STRIA_VERSION_MAJOR, STRIA_VERSION_MINOR, STRIA_VERSION_PATCH, STRIA_VERSION
 export DLDeviceType, kDLCPU, kDLCUDA, kDLCUDAHost, kDLOpenCL, kDLVulkan, kDLMetal, kDLVPI, kDLROCM
 export kDLROCMHost, kDLExtDev, kDLCUDAManaged, DLDevice, DLDataTypeCode, kDLInt, kDLUInt, kDLFloat
@@ -714,6 +743,7 @@ export stria_plan_get_info, stria_plan_positions, stria_plan_shard, stria_plan_u
 export stria_layout_positions, stria_shard, stria_unshard, stria_balance_t, stria_analyze_balance
 export stria_analyze_balance_steps, stria_plan_analyze_balance, stria_step_time_t
 export stria_context_get_step_times, stria_traffic_t, stria_context_get_traffic, stria_kv_cache_t
-export stria_kv_cache_init, stria_attention_decode
+export stria_kv_cache_init, stria_attention_decode, stria_prefill_t, STRIA_PREFILL_AUTO
+export STRIA_PREFILL_PASS_KV, STRIA_PREFILL_PASS_Q, stria_attention_prefill
 
 end # module LibStria

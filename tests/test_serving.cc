@@ -1,8 +1,10 @@
-// Decode over a KV cache sharded across the ranks (stria_attention_decode), against a float64
-// reference over the whole cache on one device: every layout, contiguous and paged caches, cache
+// Serving over a KV cache sharded across the ranks, against a float64 reference over the whole cache
+// on one device. Decode (stria_attention_decode): every layout, contiguous and paged caches, cache
 // lengths from 0 to many blocks that differ per sequence and do not divide by N, GQA and MQA,
-// windows, softcap and sinks, with and without new tokens, every dtype, N 1..8. Every rank must
-// give the same bits, and the new tokens must land in the slots of the rank that holds them.
+// windows, softcap and sinks, with and without new tokens, every dtype, N 1..8; every rank must give
+// the same bits. Prefill (stria_attention_prefill): new tokens sharded by the layout attend to the
+// cache and to each other, pass-KV and pass-Q alike. Either way the new tokens must land in the
+// slots of the rank that holds their positions.
 #include <gtest/gtest.h>
 
 #include <cstdarg>
@@ -31,6 +33,7 @@ struct Case {
   int64_t window_left = -1;
   double softcap = 0;
   bool sinks = false;
+  stria_prefill_t mode = STRIA_PREFILL_AUTO;  // prefill cases: T is the new tokens per rank
   std::string Name() const {
     std::string s =
         Format("N%d_%s_%s_%s_B%lld_T%lld_H%lldx%lld_D%lld", n, LayoutName(layout), paged ? "paged" : "contig",
@@ -331,6 +334,282 @@ TEST(DecodeLoop, GrowsAcrossRanksAndPages) {
       RunCase(c, 99 + static_cast<uint64_t>(step));
       if (HasFatalFailure()) return;
     }
+  }
+}
+
+// Prefill: P = T * n new tokens per sequence, rank r holding those of the layout's chunk positions;
+// each attends to the cache and, causally, to the new tokens. Checked against the reference over the
+// whole cache, and the new tokens' rows against the slots that hold their positions. Returns each
+// rank's output, so that the modes can be compared with each other.
+std::vector<std::vector<double>> RunPrefill(const Case& c, uint64_t seed) {
+  const int64_t B = c.B, L = c.T, Hq = c.Hq, Hkv = c.Hkv, D = c.D, P = L * c.n;
+  std::mt19937_64 rng(seed);
+  int64_t most = 0;
+  for (int64_t l : c.lens) most = std::max(most, l + P);
+  Tensor kf({B, most, Hkv, D}, c.dt), vf({B, most, Hkv, D}, c.dt), qf({B, P, Hq, D}, c.dt);
+  kf.FillRandom(rng);
+  vf.FillRandom(rng);
+  qf.FillRandom(rng);
+  std::vector<double> sinks(static_cast<size_t>(Hq));
+  for (double& z : sinks) z = std::normal_distribution<double>(0.5, 1.0)(rng);
+  Tensor sinks_t({Hq}, Dt::kF32);
+  for (int64_t h = 0; h < Hq; ++h) sinks_t.Set(h, sinks[static_cast<size_t>(h)]);
+  std::vector<RankCache> caches;
+  for (int r = 0; r < c.n; ++r) caches.emplace_back(c, rng);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < c.lens[static_cast<size_t>(b)]; ++t) {
+      int rank = 0;
+      int64_t slot = 0;
+      Place(c, t, &rank, &slot);
+      RankCache& rc = caches[static_cast<size_t>(rank)];
+      for (int64_t h = 0; h < Hkv; ++h)
+        for (int64_t d = 0; d < D; ++d) {
+          rc.k.Set(rc.Index(c, b, slot, h) + d, kf.Get(((b * most + t) * Hkv + h) * D + d));
+          rc.v.Set(rc.Index(c, b, slot, h) + d, vf.Get(((b * most + t) * Hkv + h) * D + d));
+        }
+    }
+  // Each rank's new tokens: local token i is chunk position pos[r][i], at lens[b] + pos[r][i].
+  std::vector<std::vector<int64_t>> pos(static_cast<size_t>(c.n), std::vector<int64_t>(static_cast<size_t>(L)));
+  std::vector<Tensor> qs, ks, vs, outs, lses;
+  for (int r = 0; r < c.n; ++r) {
+    EXPECT_EQ(stria_layout_positions(c.layout, P, c.n, r, pos[static_cast<size_t>(r)].data()), STRIA_SUCCESS);
+    qs.emplace_back(std::vector<int64_t>{B, L, Hq, D}, c.dt);
+    ks.emplace_back(std::vector<int64_t>{B, L, Hkv, D}, c.dt);
+    vs.emplace_back(std::vector<int64_t>{B, L, Hkv, D}, c.dt);
+    outs.emplace_back(std::vector<int64_t>{B, L, Hq, D}, c.dt);
+    lses.emplace_back(std::vector<int64_t>{B, Hq, L}, Dt::kF32);
+    outs.back().Poison();
+    lses.back().Poison();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < L; ++i) {
+        const int64_t cp = pos[static_cast<size_t>(r)][static_cast<size_t>(i)];
+        const int64_t at = c.lens[static_cast<size_t>(b)] + cp;
+        for (int64_t x = 0; x < Hq * D; ++x) qs.back().Set((b * L + i) * Hq * D + x, qf.Get((b * P + cp) * Hq * D + x));
+        for (int64_t x = 0; x < Hkv * D; ++x) {
+          ks.back().Set((b * L + i) * Hkv * D + x, kf.Get((b * most + at) * Hkv * D + x));
+          vs.back().Set((b * L + i) * Hkv * D + x, vf.Get((b * most + at) * Hkv * D + x));
+        }
+      }
+  }
+  ScoreMods mods;
+  mods.softcap = c.softcap;
+  mods.sinks = c.sinks ? &sinks : nullptr;
+  const Reference ref = DecodeReference(qf, kf, vf, c.lens, P, c.causal, c.window_left, mods);
+
+  LocalGroup g(c.n);
+  EXPECT_EQ(g.status, STRIA_SUCCESS) << stria_get_last_error();
+  std::vector<stria_status_t> st(static_cast<size_t>(c.n));
+  std::vector<std::string> err(static_cast<size_t>(c.n));
+  RunRanks(c.n, [&](int r) {
+    stria_attention_params_t p;
+    stria_attention_params_init(&p);
+    p.layout = c.layout;
+    p.causal = c.causal ? 1 : 0;
+    p.window_left = c.window_left;
+    p.softcap = static_cast<float>(c.softcap);
+    p.sinks = c.sinks ? &sinks_t.dl : nullptr;
+    RankCache& rc = caches[static_cast<size_t>(r)];
+    stria_kv_cache_t cache;
+    stria_kv_cache_init(&cache);
+    cache.k = &rc.k.dl;
+    cache.v = &rc.v.dl;
+    cache.block_table = c.paged ? &rc.table_dl : nullptr;
+    cache.lens = c.lens.data();
+    const size_t i = static_cast<size_t>(r);
+    st[i] = stria_attention_prefill(g.ctx[i], &p, &cache, c.mode, &qs[i].dl, &ks[i].dl, &vs[i].dl, &outs[i].dl,
+                                    &lses[i].dl, nullptr);
+    if (st[i] != STRIA_SUCCESS) err[i] = stria_get_last_error();
+  });
+  std::vector<std::vector<double>> results;
+  const double tol = c.dt == Dt::kF32 ? 1e-5 : 2e-2;
+  for (int r = 0; r < c.n; ++r) {
+    EXPECT_EQ(st[static_cast<size_t>(r)], STRIA_SUCCESS) << "rank " << r << ": " << err[static_cast<size_t>(r)];
+    if (st[static_cast<size_t>(r)] != STRIA_SUCCESS) return results;
+    // The reference's rows of this rank's tokens.
+    std::vector<double> want_out, want_lse;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < L; ++i) {
+        const int64_t cp = pos[static_cast<size_t>(r)][static_cast<size_t>(i)];
+        for (int64_t x = 0; x < Hq * D; ++x)
+          want_out.push_back(ref.out[static_cast<size_t>((b * P + cp) * Hq * D + x)]);
+      }
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < Hq; ++h)
+        for (int64_t i = 0; i < L; ++i)
+          want_lse.push_back(
+              ref.lse[static_cast<size_t>((b * Hq + h) * P + pos[static_cast<size_t>(r)][static_cast<size_t>(i)])]);
+    results.push_back(outs[static_cast<size_t>(r)].ToDouble());
+    EXPECT_LT(RelError(results.back(), want_out), tol) << "rank " << r;
+    EXPECT_LT(RelError(lses[static_cast<size_t>(r)].ToDouble(), want_lse), c.dt == Dt::kF32 ? 1e-5 : 1e-3)
+        << "rank " << r;
+  }
+  // Every new token in the slot that holds its position, exactly as given.
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < P; ++t) {
+      const int64_t at = c.lens[static_cast<size_t>(b)] + t;
+      int rank = 0;
+      int64_t slot = 0;
+      Place(c, at, &rank, &slot);
+      const RankCache& rc = caches[static_cast<size_t>(rank)];
+      for (int64_t h = 0; h < Hkv; ++h)
+        for (int64_t d = 0; d < D; ++d) {
+          EXPECT_EQ(rc.k.Get(rc.Index(c, b, slot, h) + d), kf.Get(((b * most + at) * Hkv + h) * D + d))
+              << "sequence " << b << " position " << at;
+          EXPECT_EQ(rc.v.Get(rc.Index(c, b, slot, h) + d), vf.Get(((b * most + at) * Hkv + h) * D + d));
+          if (::testing::Test::HasFailure()) return results;
+        }
+    }
+  return results;
+}
+
+std::vector<Case> PrefillCases() {
+  std::vector<Case> cases;
+  std::mt19937_64 rng(11);
+  for (int n : {1, 2, 3, 4, 5})
+    for (stria_layout_t layout : {STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_ZIGZAG})
+      for (bool paged : {false, true}) {
+        Case c;
+        c.n = n;
+        c.layout = layout;
+        c.paged = paged;
+        c.B = 3;
+        c.T = 4;  // new tokens per rank
+        c.capacity = 48;
+        c.lens = Lengths(c.B, n * c.capacity - n * c.T, rng);
+        cases.push_back(c);
+      }
+  {  // GQA 4:1 with a window, softcap and sinks, not causal, each dtype
+    Case c;
+    c.n = 3;
+    c.B = 2;
+    c.T = 6;
+    c.Hq = 8;
+    c.Hkv = 2;
+    c.D = 40;
+    c.capacity = 64;
+    c.paged = true;
+    c.block_size = 8;
+    c.lens = {100, 7};
+    c.window_left = 20;
+    cases.push_back(c);
+    c.window_left = -1;
+    c.softcap = 4.0;
+    c.sinks = true;
+    cases.push_back(c);
+    c.causal = false;
+    cases.push_back(c);
+    c.causal = true;
+    for (Dt dt : {Dt::kBF16, Dt::kF16}) {
+      c.dt = dt;
+      cases.push_back(c);
+    }
+  }
+  return cases;
+}
+
+class Prefill : public ::testing::TestWithParam<Case> {};
+
+// Pass-KV and pass-Q each against the reference, and against each other.
+TEST_P(Prefill, BothModesMatchOneDevice) {
+  Case c = GetParam();
+  c.mode = STRIA_PREFILL_PASS_KV;
+  const auto kv = RunPrefill(c, 77);
+  if (HasFailure()) return;
+  c.mode = STRIA_PREFILL_PASS_Q;
+  const auto q = RunPrefill(c, 77);
+  if (HasFailure()) return;
+  for (size_t r = 0; r < kv.size(); ++r)
+    EXPECT_LT(RelError(q[r], kv[r]), c.dt == Dt::kF32 ? 1e-6 : 1e-2) << "rank " << r << ": pass-Q against pass-KV";
+  c.mode = STRIA_PREFILL_AUTO;
+  RunPrefill(c, 77);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, Prefill, ::testing::ValuesIn(PrefillCases()),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           return i.param.Name() + "_" + std::to_string(i.index);
+                         });
+
+// A conversation: a first prefill, decode steps, a second turn's prefill, more decode steps, on
+// one cache; each call against the reference of the whole cache so far.
+TEST(Serving, PrefillThenDecodeThenPrefillAgain) {
+  const int n = 3;
+  const int64_t B = 2, Hq = 4, Hkv = 2, D = 16, cap = 64, S = n * cap;
+  std::mt19937_64 rng(21);
+  Tensor kf({B, S, Hkv, D}, Dt::kF32), vf({B, S, Hkv, D}, Dt::kF32);
+  kf.FillRandom(rng);
+  vf.FillRandom(rng);
+  std::vector<Tensor> kc, vc;
+  for (int r = 0; r < n; ++r) {
+    kc.emplace_back(std::vector<int64_t>{B, cap, Hkv, D}, Dt::kF32);
+    vc.emplace_back(std::vector<int64_t>{B, cap, Hkv, D}, Dt::kF32);
+    kc.back().Poison();
+    vc.back().Poison();
+  }
+  LocalGroup g(n);
+  ASSERT_EQ(g.status, STRIA_SUCCESS);
+  std::vector<int64_t> lens = {0, 0};
+  // Rows [lens, lens + T) of the whole-sequence tensor x for every sequence, as a [B, T, H, D] tensor.
+  auto rows = [&](const Tensor& x, int64_t T, int64_t heads) {
+    Tensor t({B, T, heads, D}, Dt::kF32);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < T * heads * D; ++i)
+        t.Set(b * T * heads * D + i, x.Get((b * x.shape[1] + lens[static_cast<size_t>(b)]) * heads * D + i));
+    return t;
+  };
+  for (int64_t P : {12, 0, 0, 6, 0}) {
+    const bool prefill = P > 0;
+    const int64_t T = prefill ? P : 1;
+    Tensor qf({B, T, Hq, D}, Dt::kF32);
+    qf.FillRandom(rng);
+    const Reference ref = DecodeReference(qf, kf, vf, lens, T, true, -1);
+    std::vector<Tensor> outs;
+    std::vector<std::vector<int64_t>> pos(n, std::vector<int64_t>(static_cast<size_t>(T / (prefill ? n : 1))));
+    for (int r = 0; r < n; ++r) outs.emplace_back(std::vector<int64_t>{B, prefill ? T / n : 1, Hq, D}, Dt::kF32);
+    const Tensor k_all = rows(kf, T, Hkv), v_all = rows(vf, T, Hkv);
+    std::vector<stria_status_t> st(n);
+    RunRanks(n, [&](int r) {
+      stria_attention_params_t p;
+      stria_attention_params_init(&p);
+      stria_kv_cache_t cache;
+      stria_kv_cache_init(&cache);
+      cache.k = &kc[static_cast<size_t>(r)].dl;
+      cache.v = &vc[static_cast<size_t>(r)].dl;
+      cache.lens = lens.data();
+      if (!prefill) {
+        st[static_cast<size_t>(r)] =
+            stria_attention_decode(g.ctx[static_cast<size_t>(r)], &p, &cache, &qf.dl, &k_all.dl, &v_all.dl,
+                                   &outs[static_cast<size_t>(r)].dl, nullptr, nullptr);
+        return;
+      }
+      const int64_t L = T / n;
+      std::vector<int64_t>& mine = pos[static_cast<size_t>(r)];
+      stria_layout_positions(p.layout, T, n, r, mine.data());
+      Tensor q({B, L, Hq, D}, Dt::kF32), k({B, L, Hkv, D}, Dt::kF32), v({B, L, Hkv, D}, Dt::kF32);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < L; ++i) {
+          const int64_t cp = mine[static_cast<size_t>(i)];
+          for (int64_t x = 0; x < Hq * D; ++x) q.Set((b * L + i) * Hq * D + x, qf.Get((b * T + cp) * Hq * D + x));
+          for (int64_t x = 0; x < Hkv * D; ++x) {
+            k.Set((b * L + i) * Hkv * D + x, k_all.Get((b * T + cp) * Hkv * D + x));
+            v.Set((b * L + i) * Hkv * D + x, v_all.Get((b * T + cp) * Hkv * D + x));
+          }
+        }
+      st[static_cast<size_t>(r)] =
+          stria_attention_prefill(g.ctx[static_cast<size_t>(r)], &p, &cache, STRIA_PREFILL_AUTO, &q.dl, &k.dl, &v.dl,
+                                  &outs[static_cast<size_t>(r)].dl, nullptr, nullptr);
+    });
+    for (int r = 0; r < n; ++r) ASSERT_EQ(st[static_cast<size_t>(r)], STRIA_SUCCESS) << stria_get_last_error();
+    for (int r = 0; r < n; ++r) {
+      std::vector<double> want;
+      const int64_t L = prefill ? T / n : 1;
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < L; ++i) {
+          const int64_t cp = prefill ? pos[static_cast<size_t>(r)][static_cast<size_t>(i)] : 0;
+          for (int64_t x = 0; x < Hq * D; ++x) want.push_back(ref.out[static_cast<size_t>((b * T + cp) * Hq * D + x)]);
+        }
+      EXPECT_LT(RelError(outs[static_cast<size_t>(r)].ToDouble(), want), 1e-5) << "P " << P << " rank " << r;
+    }
+    for (int64_t& l : lens) l += T;
   }
 }
 
