@@ -11,8 +11,8 @@ over the whole sequence by passing K/V blocks around a ring. Tensors are any obj
             return ctx.attention_forward(q, k, v, layout="striped", causal=True)
         results = group.run(rank_fn, qs, ks, vs)   # qs[r]: rank r's [B, L, H, D] shard
 
-stria.attention_decode and stria.KVCache serve over a KV cache sharded across the ranks: decode
-queries attend every rank's share and the partial results merge exactly.
+stria.attention_decode, stria.attention_prefill and stria.KVCache serve over a KV cache sharded
+across the ranks: queries attend every rank's share and the partial results merge exactly.
 
 stria.Plan balances packed documents (varied lengths in one sequence) across the ring; pass it as
 ``plan=`` instead of a layout.
@@ -41,7 +41,7 @@ from ._ops import (
     sliding_window,
     unshard,
 )
-from ._serving import KVCache, attention_decode, cache_placement
+from ._serving import KVCache, attention_decode, attention_prefill, cache_placement
 from .capi import (
     AbortedError,
     CudaError,
@@ -87,6 +87,7 @@ __all__ = [
     "analyze_balance_steps",
     "attention_backward",
     "attention_decode",
+    "attention_prefill",
     "attention_forward",
     "attention_params",
     "document_boundaries",

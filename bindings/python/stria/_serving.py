@@ -121,14 +121,80 @@ def attention_decode(
     return out, lse
 
 
+PREFILL_MODES = {"auto": 0, "pass_kv": 1, "pass_q": 2}
+
+
+def attention_prefill(
+    ctx: Context,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    cache_lens: Any,
+    out: Tensor | None = None,
+    lse: Tensor | None = None,
+    *,
+    mode: str = "auto",
+    block_table: Tensor | None = None,
+    layout: LayoutLike = Layout.STRIPED,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+    window_left: int = -1,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
+    stream: int | None = None,
+    call_tag: int = 0,
+) -> tuple[Tensor, Tensor]:
+    """Prefill with a KV cache sharded over ctx's ranks (chunked prefill, a new turn); returns
+    ``(out, lse)`` for this rank's new tokens.
+
+    P new tokens per sequence are sharded by `layout` as for attention_forward: q ``[B, L, Hq, D]``
+    and k, v ``[B, L, Hkv, D]`` hold this rank's L = P / N of them, local token i at chunk position
+    ``stria.positions(layout, P, N, rank)[i]``, which is position ``cache_lens[b] + that`` of
+    sequence b. Each attends to the whole cache (every rank's share, as attention_decode takes it)
+    and causally to the new tokens; their keys and values are stored where `layout` puts their
+    positions (advance cache_lens by P afterwards). mode: "pass_kv" sends each rank's keys and values
+    around the ring, "pass_q" the queries (the partial results go home), "auto" whichever moves fewer
+    bytes; the results agree to rounding.
+    """
+    func = "attention_prefill"
+    shape = shape_of(q, func, "q")
+    if out is None:
+        out = empty_like(q, shape, name="q")
+    if lse is None:
+        lse = empty_like(q, (shape[0], shape[2], shape[1]) if len(shape) == 4 else (1,), dtype="float32", name="q")
+    if stream is None:
+        stream = default_stream(q)
+    if mode not in PREFILL_MODES:
+        raise ValueError(f"{func}(): mode must be one of {sorted(PREFILL_MODES)}, not {mode!r}")
+    if isinstance(window_left, bool) or not isinstance(window_left, (int, np.integer)):
+        raise TypeError(f"{func}(): window_left must be an integer (-1: no window), not {window_left!r}")
+    handle = _handle(ctx, func)
+    params = attention_params(layout, causal, softmax_scale, None, None, softcap)
+    params.window_left = int(window_left)
+    lens = _host_int64(cache_lens, "cache_lens", func)
+    if lens.ndim != 1:
+        raise ValueError(f"{func}(): cache_lens must be 1-D, one length per sequence, not of shape {lens.shape}")
+    cache = [for_dlpack(x) for x in (k_cache, v_cache)]
+    table = None if block_table is None else for_dlpack(block_table)
+    z = None if sinks is None else for_dlpack(sinks)
+    _set_call_tag(handle, call_tag, func)
+    capi.stria_py_attention_prefill(
+        handle, params, *cache, table, lens, for_dlpack(q), PREFILL_MODES[mode], for_dlpack(k), for_dlpack(v),
+        for_dlpack(out), for_dlpack(lse), z, stream
+    )
+    return out, lse
+
+
 class KVCache:
     """This rank's share of a contiguous KV cache spread over ctx's ranks by a layout.
 
     ``k`` and ``v`` are ``[batch, capacity, kv_heads, head_dim]`` tensors of `like`'s framework,
     device and dtype (capacity: slots per rank, so the whole cache holds world_size * capacity
     positions per sequence); ``lens`` is the number of tokens cached per sequence, the same on
-    every rank. decode() attends new tokens and appends them; fill() loads a prefix computed
-    elsewhere (a prefill on one device, say).
+    every rank. decode() attends new tokens every rank has and appends them; prefill() does the same
+    for new tokens sharded over the ranks; fill() loads a prefix computed elsewhere.
     """
 
     def __init__(
@@ -165,6 +231,16 @@ class KVCache:
                 self.k[b, s] = k[b, p]
                 self.v[b, s] = v[b, p]
         self.lens = lens.copy()
+
+    def prefill(self, q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
+        """attention_prefill against this cache (keyword arguments as there; the new tokens sharded by
+        the cache's layout): stores them and advances lens by their number, L * world_size. Returns
+        out."""
+        out, _ = attention_prefill(
+            self.ctx, q, k, v, self.k, self.v, self.lens, layout=self.layout, **kwargs
+        )
+        self.lens = self.lens + shape_of(q, "KVCache.prefill", "q")[1] * self.ctx.world_size
+        return out
 
     def decode(self, q: Tensor, k_new: Tensor | None = None, v_new: Tensor | None = None, **kwargs: Any) -> Tensor:
         """attention_decode against this cache (keyword arguments as there); with k_new and v_new,

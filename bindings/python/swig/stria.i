@@ -486,6 +486,7 @@ STRIA_RELEASE_GIL(stria_plan_analyze_balance)
 %ignore stria_kv_cache_t;
 %ignore stria_kv_cache_init;
 %ignore stria_attention_decode;
+%ignore stria_attention_prefill;
 %typemap(in) (const int64_t* lens, int64_t num_lens) (Py_buffer view, int have_view = 0) {
   if (PyObject_GetBuffer($input, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) SWIG_fail;
   have_view = 1;
@@ -527,6 +528,7 @@ STRIA_RELEASE_GIL(stria_plan_analyze_balance)
 %include "stria/stria.h"
 
 STRIA_RELEASE_GIL(stria_py_attention_decode)
+STRIA_RELEASE_GIL(stria_py_attention_prefill)
 STRIA_RELEASE_GIL(stria_py_attention_forward)
 STRIA_RELEASE_GIL(stria_py_attention_backward)
 %{
@@ -578,6 +580,22 @@ stria_status_t stria_py_attention_decode(stria_context_t ctx, const stria_attent
   (void)num_lens; /* checked against q's batch by the typemap */
   return stria_attention_decode(ctx, stria_py_params(params, NULL, 0, sinks, NULL, &copy), &cache, q, k_new, v_new,
                                 out, lse_or_none, stream);
+}
+stria_status_t stria_py_attention_prefill(stria_context_t ctx, const stria_attention_params_t* params,
+                                          DLTensor* k_cache, DLTensor* v_cache, const DLTensor* block_table,
+                                          const int64_t* lens, int64_t num_lens, const DLTensor* q, int mode,
+                                          const DLTensor* k, const DLTensor* v, DLTensor* out,
+                                          DLTensor* lse_or_none, const DLTensor* sinks, void* stream) {
+  stria_attention_params_t copy;
+  stria_kv_cache_t cache;
+  stria_kv_cache_init(&cache);
+  cache.k = k_cache;
+  cache.v = v_cache;
+  cache.block_table = block_table;
+  cache.lens = lens;
+  (void)num_lens; /* checked against q's batch by the typemap */
+  return stria_attention_prefill(ctx, stria_py_params(params, NULL, 0, sinks, NULL, &copy), &cache,
+                                 (stria_prefill_t)mode, q, k, v, out, lse_or_none, stream);
 }
 %}
 

@@ -185,3 +185,82 @@ def test_decode_errors(rng):
         assert np.isfinite(out).all()
     with pytest.raises(ValueError, match="even capacity"):
         stria.cache_placement("zigzag", 2, 5, [0, 1])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("mode", ["pass_kv", "pass_q", "auto"])
+def test_prefill_numpy(layout, n, mode, rng):
+    """New tokens sharded by the layout attend to the cache and to each other, then decode on."""
+    capacity, per_rank = 32, 4
+    p = per_rank * n
+    lens = np.array([0, 9, n * capacity - p - 1])
+    k = rng.standard_normal((B, n * capacity, HKV, D)).astype(np.float32)
+    v = rng.standard_normal((B, n * capacity, HKV, D)).astype(np.float32)
+    qf = rng.standard_normal((B, p, HQ, D)).astype(np.float32)
+    q_next = rng.standard_normal((B, 1, HQ, D)).astype(np.float32)
+    caches = shares(k, v, lens, layout, n, capacity)
+    new = [np.stack([x[b, lens[b] : lens[b] + p] for b in range(B)]) for x in (k, v)]
+    ref, _ = decode_ref(qf, k, v, lens, p)
+    ref_next, _ = decode_ref(q_next, k, v, lens + p, 1)
+
+    def rank_fn(ctx):
+        kc, vc, _ = caches[ctx.rank]
+        mine = stria.positions(layout, p, n, ctx.rank)
+        out, _ = stria.attention_prefill(
+            ctx, qf[:, mine], new[0][:, mine], new[1][:, mine], kc, vc, lens, layout=layout, mode=mode
+        )
+        k_next = np.stack([k[b, lens[b] + p : lens[b] + p + 1] for b in range(B)])
+        v_next = np.stack([v[b, lens[b] + p : lens[b] + p + 1] for b in range(B)])
+        after, _ = ctx.attention_decode(q_next, kc, vc, lens + p, k_next, v_next, layout=layout)
+        return mine, out, after
+
+    with stria.local_group(n, timeout_s=TIMEOUT_S) as group:
+        results = group.run(rank_fn)
+    for mine, out, after in results:
+        assert rel_err(out, ref[:, mine]) < TOLERANCE["float32"]
+        assert rel_err(after, ref_next) < TOLERANCE["float32"]
+
+
+def test_kv_cache_prefill_then_decode(rng):
+    """KVCache: a prompt prefilled over the ranks, then decode steps; torch tensors in bfloat16."""
+    torch = pytest.importorskip("torch")
+    n, capacity, p, steps = 2, 16, 8, 5
+    total = p + steps
+    k = torch.from_numpy(rng.standard_normal((B, total, HKV, D)).astype(np.float32)).bfloat16()
+    v = torch.from_numpy(rng.standard_normal((B, total, HKV, D)).astype(np.float32)).bfloat16()
+    q = torch.from_numpy(rng.standard_normal((B, total, HQ, D)).astype(np.float32)).bfloat16()
+    full_q = np.asarray(q.float())
+    ref, _ = decode_ref(full_q[:, :p], k.float().numpy(), v.float().numpy(), np.zeros(B, np.int64), p)
+
+    def rank_fn(ctx):
+        cache = stria.KVCache(ctx, q, B, capacity, HKV, D)
+        mine = torch.as_tensor(stria.positions("striped", p, n, ctx.rank))
+        first = cache.prefill(q[:, mine], k[:, mine], v[:, mine])
+        outs = [cache.decode(q[:, p + s : p + s + 1], k[:, p + s : p + s + 1], v[:, p + s : p + s + 1])
+                for s in range(steps)]
+        return mine, first, outs, cache.lens
+
+    with stria.local_group(n, timeout_s=TIMEOUT_S) as group:
+        results = group.run(rank_fn)
+    for mine, first, outs, lens in results:
+        np.testing.assert_array_equal(lens, np.full(B, total))
+        assert rel_err(first.float().numpy(), ref[:, mine.numpy()]) < TOLERANCE["bfloat16"]
+        for s, out in enumerate(outs):
+            want, _ = decode_ref(full_q[:, p + s : p + s + 1], k.float().numpy(), v.float().numpy(),
+                                 np.full(B, p + s), 1)
+            assert rel_err(out.float().numpy(), want) < TOLERANCE["bfloat16"]
+
+
+def test_prefill_errors(rng):
+    k = np.zeros((B, 8, HKV, D), np.float32)
+    q = rng.standard_normal((B, 2, HQ, D)).astype(np.float32)
+    kn = np.zeros((B, 2, HKV, D), np.float32)
+    with stria.local_group(1, timeout_s=TIMEOUT_S) as group:
+        ctx = group[0]
+        with pytest.raises(ValueError, match="mode must be one of"):
+            stria.attention_prefill(ctx, q, kn, kn, k, k, [0, 0, 0], mode="pass_x")
+        with pytest.raises(stria.InvalidArgumentError, match=r"cache->lens\[0\] is 7"):
+            stria.attention_prefill(ctx, q, kn, kn, k, k, [7, 0, 0])
+        out, _ = stria.attention_prefill(ctx, q, kn, kn, k, k, [0, 1, 6])
+        assert np.isfinite(out).all()
