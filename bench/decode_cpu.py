@@ -97,11 +97,9 @@ def main() -> None:
                 theirs = median_s(
                     lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True), args.reps
                 )
-            del kt, vt
             one_device[(dtype, c)] = ours
             gbs = 2 * k.numel() * k.element_size() / ours / 1e9
             print(f"| {dtype} | {c // 1024}k | {ours * 1e3:.2f} | {theirs * 1e3:.2f} | {theirs / ours:.2f}x | {gbs:.1f} |")
-            del k, v
 
     print("\n## Sharded over N ranks (striped), modelled: the slowest rank's compute plus the call's fixed cost\n")
     print("| dtype | cache C | N | slowest rank (ms) | fixed cost (ms) | modelled (ms) | ideal C/N (ms) | "
@@ -147,8 +145,6 @@ def main() -> None:
                 print(f"| {dtype} | {c // 1024}k | {n} | {slowest * 1e3:.2f} | {fixed_s * 1e3:.3f} | "
                       f"{modelled * 1e3:.2f} | {ideal * 1e3:.2f} | {ideal / modelled:.2f} | "
                       f"{fixed_s / modelled:.1%} |")
-                del shares
-            del k, v
 
 
 if __name__ == "__main__":

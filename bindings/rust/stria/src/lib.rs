@@ -17,7 +17,8 @@
 //! - Packed documents of uneven lengths: a [`Plan`] ([`PlanConfig`]) places the tokens so that
 //!   every rank does about the same work at every ring step ([`AttentionParams::plan`]).
 //! - Serving: [`Context::decode`] attends new tokens to a KV cache sharded over the ranks
-//!   ([`KvCache`], contiguous or paged), merging the ranks' partial results exactly.
+//!   ([`KvCache`], contiguous or paged), merging the ranks' partial results exactly;
+//!   [`Context::prefill`] does it for new tokens sharded over the ranks ([`PrefillMode`]).
 //! - Every failure is an [`Error`]: a [`Status`] and the library's message.
 //!
 //! ```
@@ -59,7 +60,7 @@ pub use half;
 pub use launch::Launch;
 pub use layout::{analyze_balance, balance_steps, shard, unshard, Balance, Layout};
 pub use plan::{Plan, PlanConfig, PlanInfo, PlanStrategy};
-pub use serving::{KvCache, NewTokens};
+pub use serving::{KvCache, NewTokens, PrefillMode};
 pub use stria_sys as sys;
 pub use tensor::{DType, Device, Element, Input, Output, Tensor, TensorView, TensorViewMut};
 

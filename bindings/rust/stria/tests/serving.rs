@@ -5,7 +5,7 @@
 mod common;
 
 use common::{rel_error, Rng};
-use stria::{AttentionParams, Config, KvCache, Layout, LocalGroup, NewTokens, Sinks, Tensor};
+use stria::{AttentionParams, Config, KvCache, Layout, LocalGroup, NewTokens, PrefillMode, Sinks, Tensor};
 
 const B: usize = 2;
 const T: usize = 2;
@@ -193,4 +193,115 @@ fn decode_checks_lengths_against_the_batch() {
         .decode(&AttentionParams::default(), &mut cache, &q, None, &mut out, None)
         .unwrap_err();
     assert!(err.to_string().contains("one length each"), "{err}");
+}
+
+#[test]
+fn prefill_then_decode_matches_one_device() {
+    // A prompt of P = 6 tokens per sequence sharded striped over 3 ranks after a cached prefix, in
+    // each mode; then the cache holds them and a decode step sees them.
+    let n = 3usize;
+    let capacity = 12usize;
+    let s = n * capacity;
+    let p = 6usize;
+    let lens: Vec<i64> = vec![4, 20];
+    let mut rng = Rng::new(99);
+    let round = |x: Vec<f64>| x.into_iter().map(|v| v as f32 as f64).collect::<Vec<f64>>();
+    let k = round(rng.normals(B * s * HKV * D));
+    let v = round(rng.normals(B * s * HKV * D));
+    let qf = round(rng.normals(B * p * HQ * D));
+    let f32s = |x: &[f64]| x.iter().map(|&v| v as f32).collect::<Vec<f32>>();
+    // The reference of query c (chunk position) of sequence b at position lens[b] + c.
+    let mut want = vec![0.0; B * p * HQ * D];
+    for b in 0..B {
+        let mut qb = vec![0.0; p * HQ * D];
+        qb.copy_from_slice(&qf[b * p * HQ * D..(b + 1) * p * HQ * D]);
+        for c in 0..p {
+            let one: Vec<f64> = [
+                qb[c * HQ * D..(c + 1) * HQ * D].to_vec(),
+                qb[c * HQ * D..(c + 1) * HQ * D].to_vec(),
+            ]
+            .concat();
+            // reference() takes B = 2 sequences of T = 2 queries: use sequence b twice, query c twice.
+            let mut kk = vec![0.0; B * s * HKV * D];
+            let mut vv = vec![0.0; B * s * HKV * D];
+            for bb in 0..B {
+                kk[bb * s * HKV * D..(bb + 1) * s * HKV * D]
+                    .copy_from_slice(&k[b * s * HKV * D..(b + 1) * s * HKV * D]);
+                vv[bb * s * HKV * D..(bb + 1) * s * HKV * D]
+                    .copy_from_slice(&v[b * s * HKV * D..(b + 1) * s * HKV * D]);
+            }
+            let qq = [one.clone(), one].concat();
+            let pos = lens[b] + c as i64;
+            let r = reference(&qq, &kk, &vv, s, &[pos, pos], -1, 0.0, None);
+            want[(b * p + c) * HQ * D..(b * p + c + 1) * HQ * D].copy_from_slice(&r[..HQ * D]);
+        }
+    }
+    for mode in [PrefillMode::PassKv, PrefillMode::PassQ, PrefillMode::Auto] {
+        let mut group = LocalGroup::new(n, &Config::new()).unwrap();
+        let outs = group.run(0..n, |ctx, rank| -> stria::Result<(Vec<i64>, Vec<f32>)> {
+            let l = p / n;
+            let mine = Layout::Striped.positions(p as i64, n as i32, rank as i32)?;
+            let mut kc = vec![f32::NAN; B * capacity * HKV * D];
+            let mut vc = vec![f32::NAN; B * capacity * HKV * D];
+            for b in 0..B {
+                for t in (rank..lens[b] as usize).step_by(n) {
+                    for i in 0..HKV * D {
+                        kc[(b * capacity + t / n) * HKV * D + i] = k[(b * s + t) * HKV * D + i] as f32;
+                        vc[(b * capacity + t / n) * HKV * D + i] = v[(b * s + t) * HKV * D + i] as f32;
+                    }
+                }
+            }
+            let (mut ql, mut kl, mut vl) = (vec![], vec![], vec![]);
+            for b in 0..B {
+                for &c in &mine {
+                    let c = c as usize;
+                    ql.extend(f32s(&qf[(b * p + c) * HQ * D..(b * p + c + 1) * HQ * D]));
+                    let at = b * s + lens[b] as usize + c;
+                    kl.extend(f32s(&k[at * HKV * D..(at + 1) * HKV * D]));
+                    vl.extend(f32s(&v[at * HKV * D..(at + 1) * HKV * D]));
+                }
+            }
+            let shape_q = [B as i64, l as i64, HQ as i64, D as i64];
+            let shape_kv = [B as i64, l as i64, HKV as i64, D as i64];
+            let (q, kt, vt) = (
+                Tensor::new(ql, &shape_q)?,
+                Tensor::new(kl, &shape_kv)?,
+                Tensor::new(vl, &shape_kv)?,
+            );
+            let cshape = [B as i64, capacity as i64, HKV as i64, D as i64];
+            let mut kct = Tensor::new(kc, &cshape)?;
+            let mut vct = Tensor::new(vc, &cshape)?;
+            let mut cache = KvCache::contiguous(&mut kct, &mut vct, &lens);
+            let mut out = Tensor::<f32>::zeros(&shape_q)?;
+            ctx.prefill(
+                &AttentionParams::default(),
+                &mut cache,
+                mode,
+                &q,
+                &kt,
+                &vt,
+                &mut out,
+                None,
+            )?;
+            Ok((mine, out.into_vec()))
+        });
+        for result in outs {
+            let (mine, out) = result.unwrap();
+            let l = p / n;
+            for b in 0..B {
+                for (i, &c) in mine.iter().enumerate() {
+                    let got: Vec<f64> = out[(b * l + i) * HQ * D..(b * l + i + 1) * HQ * D]
+                        .iter()
+                        .map(|&x| f64::from(x))
+                        .collect();
+                    let c = c as usize;
+                    let err = rel_error(&got, &want[(b * p + c) * HQ * D..(b * p + c + 1) * HQ * D]);
+                    assert!(
+                        err < 1e-5,
+                        "{mode:?}: sequence {b} chunk position {c}: relative error {err}"
+                    );
+                }
+            }
+        }
+    }
 }
