@@ -41,7 +41,7 @@ include("serving.jl")
 include("layout.jl")
 
 export StriaError, Context, local_group, run_ranks, abort!, set_call_tag!, set_deterministic!, step_times, traffic, UniqueId,
-       unique_id, attention_forward, attention_forward!, attention_backward, attention_backward!, attention_decode!,
+       unique_id, attention_forward, attention_forward!, attention_backward, attention_backward!, attention_decode!, attention_prefill!,
        positions, shard, shard!, unshard, unshard!, analyze_balance, analyze_balance_steps,
        library_version, Plan, local_len, plan_info
 

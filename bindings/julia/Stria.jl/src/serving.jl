@@ -55,3 +55,49 @@ function attention_decode!(ctx::Context, out::AbstractArray, q::AbstractArray, k
     end
     return out
 end
+
+const _PREFILL_MODES = Dict(:auto => 0, :pass_kv => 1, :pass_q => 2)
+
+"""
+    attention_prefill!(ctx, out, q, k, v, k_cache, v_cache, cache_lens; mode = :auto, lse = nothing,
+                       block_table = nothing, layout = :striped, causal = true, softmax_scale = 0,
+                       window_left = -1, softcap = 0, sinks = nothing)
+
+Prefill with a KV cache sharded over the ranks (chunked prefill, a new turn), into `out` (like q).
+P new tokens per sequence are sharded by `layout` as `attention_forward!` takes a sequence: q
+`(D, Hq, L, B)`, k and v `(D, Hkv, L, B)` hold this rank's L = P / N of them, local token i at chunk
+position `positions(layout, P, N, rank)[i]` (0-based), which is position `cache_lens[b] + that`.
+Each attends to the whole cache (every rank's share, as in `attention_decode!`) and causally to the
+new tokens; their keys and values are stored where `layout` puts their positions (advance
+`cache_lens` by P afterwards). `mode = :pass_kv` sends each rank's keys and values around the ring,
+`:pass_q` the queries (their partial results go home), `:auto` whichever moves fewer bytes.
+"""
+function attention_prefill!(ctx::Context, out::AbstractArray, q::AbstractArray, k::AbstractArray, v::AbstractArray,
+                            k_cache::AbstractArray, v_cache::AbstractArray, cache_lens::AbstractVector{<:Integer};
+                            mode::Symbol = :auto, lse = nothing, block_table = nothing, layout = :striped,
+                            causal::Bool = true, softmax_scale::Real = 0, window_left::Integer = -1,
+                            softcap::Real = 0, sinks = nothing)
+    length(cache_lens) == _batch(q) ||
+        throw(ArgumentError("cache_lens has $(length(cache_lens)) entries but q has $(_batch(q)) sequences: " *
+                            "one length each"))
+    haskey(_PREFILL_MODES, mode) ||
+        throw(ArgumentError("mode must be :auto, :pass_kv or :pass_q, not $(repr(mode))"))
+    lens = Vector{Int64}(cache_lens)
+    tsinks = _head_vector(sinks, :sinks)
+    tq, tk, tv, tout = TensorRef(q), TensorRef(k), TensorRef(v), TensorRef(out)
+    tkc, tvc = TensorRef(k_cache), TensorRef(v_cache)
+    ttable = block_table === nothing ? nothing : TensorRef(block_table)
+    tlse = lse === nothing ? nothing : TensorRef(lse)
+    GC.@preserve ctx lens tsinks tq tk tv tout tkc tvc ttable tlse begin
+        params = _params(layout, causal, softmax_scale, nothing; docs = Int64[], num_seqs = 0,
+                         window = (Int64(window_left), Int64(-1)), softcap = softcap, sinks = tsinks)
+        base = _initialized(LibStria.stria_kv_cache_t, LibStria.stria_kv_cache_init, :stria_kv_cache_init)
+        cache = Ref(_replace(base; k = _tensor_pointer(tkc), v = _tensor_pointer(tvc),
+                             block_table = _tensor_pointer(ttable), lens = pointer(lens)))
+        _call(:stria_attention_prefill) do
+            LibStria.stria_attention_prefill(ctx.handle, params, cache, LibStria.stria_prefill_t(_PREFILL_MODES[mode]),
+                                             tq.ref, tk.ref, tv.ref, tout.ref, _tensor_pointer(tlse), C_NULL)
+        end
+    end
+    return out
+end

@@ -401,6 +401,44 @@ end
         end
     end
 
+    @testset "prefill over a sharded cache: $n ranks, $mode" for n in RANK_COUNTS, mode in (:pass_kv, :pass_q, :auto)
+        D, Hq, Hkv, B, C, L = 8, 4, 2, 2, 12, 2
+        P = L * n
+        rng = MersenneTwister(800 + n)
+        S = n * C
+        kf, vf = randn(rng, Float32, D, Hkv, S, B), randn(rng, Float32, D, Hkv, S, B)
+        qf = randn(rng, Float32, D, Hq, P, B)
+        lens = [1, S - P]
+        # The reference: chunk position c of sequence b at position lens[b] + c against positions 0 .. that.
+        want = zeros(Float64, D, Hq, P, B)
+        for b in 1:B, c in 1:P, h in 1:Hq
+            hk = (h - 1) ÷ (Hq ÷ Hkv) + 1
+            keys = 1:(lens[b] + c)
+            s = [sum(Float64.(qf[:, h, c, b]) .* Float64.(kf[:, hk, j, b])) / sqrt(D) for j in keys]
+            w = exp.(s .- maximum(s))
+            w ./= sum(w)
+            want[:, h, c, b] = sum(w[i] .* Float64.(vf[:, hk, j, b]) for (i, j) in enumerate(keys))
+        end
+        results = run_ranks(local_group(n; num_threads = 1, timeout_s = 60)) do ctx
+            rank = ctx.rank
+            kc, vc = fill(NaN32, D, Hkv, C, B), fill(NaN32, D, Hkv, C, B)
+            for b in 1:B, p in rank:n:(lens[b] - 1)
+                kc[:, :, p ÷ n + 1, b] = kf[:, :, p + 1, b]
+                vc[:, :, p ÷ n + 1, b] = vf[:, :, p + 1, b]
+            end
+            mine = positions(:striped, P, n, rank) .+ 1  # 1-based chunk positions
+            q = qf[:, :, mine, :]
+            k = cat([kf[:, :, lens[b] .+ mine, b] for b in 1:B]...; dims = 4)
+            v = cat([vf[:, :, lens[b] .+ mine, b] for b in 1:B]...; dims = 4)
+            out = similar(q)
+            attention_prefill!(ctx, out, q, k, v, kc, vc, lens; mode = mode)
+            (mine, out)
+        end
+        for (mine, out) in results
+            @test norm(Float64.(out) .- want[:, :, mine, :]) / norm(want[:, :, mine, :]) < 1e-5
+        end
+    end
+
     @testset "softcap and sinks: keywords, results and errors" begin
         ctx = Context()
         rng = MersenneTwister(410)

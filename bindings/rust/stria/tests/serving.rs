@@ -196,9 +196,9 @@ fn decode_checks_lengths_against_the_batch() {
 }
 
 #[test]
-fn prefill_then_decode_matches_one_device() {
+fn prefill_matches_one_device_in_every_mode() {
     // A prompt of P = 6 tokens per sequence sharded striped over 3 ranks after a cached prefix, in
-    // each mode; then the cache holds them and a decode step sees them.
+    // each mode.
     let n = 3usize;
     let capacity = 12usize;
     let s = n * capacity;
