@@ -84,8 +84,8 @@ Status ValidatePrefill(Context& ctx, const PrefillCall& call, ValidatedPrefill* 
   DocumentsArg mask;
   STRIA_RETURN_IF_ERROR(CheckServingParams(call.params, &c, &mask));
   if (call.mode < STRIA_PREFILL_AUTO || call.mode > STRIA_PREFILL_PASS_Q)
-    return Error(STRIA_ERROR_INVALID_ARGUMENT,
-                 "mode %d is not a stria_prefill_t (0 automatic, 1 pass-KV, 2 pass-Q)", call.mode);
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "mode %d is not a stria_prefill_t (0 automatic, 1 pass-KV, 2 pass-Q)",
+                 call.mode);
   STRIA_RETURN_IF_ERROR(AttentionTensor(call.q, "q", 4, ctx.device(), false, &c.q));
   STRIA_RETURN_IF_ERROR(AttentionTensor(call.k, "k", 4, ctx.device(), false, &vp->k));
   STRIA_RETURN_IF_ERROR(AttentionTensor(call.v, "v", 4, ctx.device(), false, &vp->v));
@@ -149,8 +149,8 @@ Status ValidatePrefill(Context& ctx, const PrefillCall& call, ValidatedPrefill* 
   const int64_t kv_bytes = 2 * s.B * vp->max_rows * s.Hkv * s.D * esize;
   const int64_t q_bytes = s.B * s.T * s.Hq * (s.D * esize + (s.D + 1) * 4);
   vp->mode = call.mode != STRIA_PREFILL_AUTO ? static_cast<stria_prefill_t>(call.mode)
-             : q_bytes < kv_bytes           ? STRIA_PREFILL_PASS_Q
-                                            : STRIA_PREFILL_PASS_KV;
+             : q_bytes < kv_bytes            ? STRIA_PREFILL_PASS_Q
+                                             : STRIA_PREFILL_PASS_KV;
   uint64_t hash = HashMix(cv.Hash(0x84222325cbf29ce4ull), static_cast<uint64_t>(s.window_left));
   hash = HashMix(hash, static_cast<uint64_t>(vp->mode));
   c.call_hash = hash == 0 ? 1 : hash;
@@ -338,9 +338,10 @@ Status RunPassQ(Context& ctx, const ValidatedPrefill& vp, uint64_t seq, void* qb
     for (int64_t b = 0; b < s.B; ++b)
       for (int64_t i = 0; i < s.T; ++i)
         for (int64_t h = 0; h < s.Hq; ++h)
-          std::memcpy(dst + ((b * s.T + i) * s.Hq + h) * row,
-                      static_cast<const char*>(q.data) + (b * q.strides[0] + i * q.strides[1] + h * q.strides[2]) * esize,
-                      static_cast<size_t>(row));
+          std::memcpy(
+              dst + ((b * s.T + i) * s.Hq + h) * row,
+              static_cast<const char*>(q.data) + (b * q.strides[0] + i * q.strides[1] + h * q.strides[2]) * esize,
+              static_cast<size_t>(row));
   }
   DecodeWork w;
   w.shape = s;
@@ -428,8 +429,8 @@ Status RunPassQ(Context& ctx, const ValidatedPrefill& vp, uint64_t seq, void* qb
         const char* vr = static_cast<const char*>(vp.v.data) + (b * vp.v.strides[0] + i * vp.v.strides[1]) * ev;
         const int owner = owner_of(b, c);
         if (owner == r) {
-          Status st = vp.cache.AddAppend(b, vp.cache.lens[static_cast<size_t>(b)] + c, kr, vr,
-                                         vp.k.strides[2] * ek, vp.v.strides[2] * ev, &mine);
+          Status st = vp.cache.AddAppend(b, vp.cache.lens[static_cast<size_t>(b)] + c, kr, vr, vp.k.strides[2] * ek,
+                                         vp.v.strides[2] * ev, &mine);
           if (!st.ok()) return ctx.Fail(st);
           continue;
         }

@@ -95,14 +95,19 @@ std::string CaseName(const ::testing::TestParamInfo<RingCase>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, UcxRing, ::testing::ValuesIn(RingCases()), CaseName);
 
-// Decode over a KV cache sharded across 3 processes: the partial results' all-gather over UCX.
-TEST(UcxDecode, GenerationLoopMatchesReference) {
+// Serving over a KV cache sharded across 3 processes: a prefill (no prefill, pass-KV, pass-Q: its
+// ring of keys or of queries and the partial results going home), then decode steps (the partial
+// results' all-gather over UCX).
+class UcxServing : public ::testing::TestWithParam<int> {};
+
+TEST_P(UcxServing, PrefillThenGenerationLoopMatchReference) {
   const std::string dir = TempDir("stria-ucx");
   Launch launch(dir);
   const int port = FreePort();
   for (int r = 0; r < 3; ++r)
     launch.Start(r, STRIA_UCX_RANK,
-                 {"--rank", std::to_string(r), "--world", "3", "--dtypes", "f32,bf16,f16", "--decode-steps", "12"},
+                 {"--rank", std::to_string(r), "--world", "3", "--dtypes", "f32,bf16,f16", "--decode-steps", "12",
+                  "--prefill-mode", std::to_string(GetParam())},
                  Env(port));
   auto results = launch.Wait(120);
   ASSERT_EQ(results.size(), 3u);
@@ -111,6 +116,10 @@ TEST(UcxDecode, GenerationLoopMatchesReference) {
     EXPECT_EQ(r.code, STRIA_SUCCESS) << "rank " << rank << ": " << r.message << "\n" << Describe(results);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Modes, UcxServing, ::testing::Values(0, 1, 2), [](const ::testing::TestParamInfo<int>& i) {
+  return std::string(i.param == 0 ? "DecodeOnly" : i.param == 1 ? "PassKV" : "PassQ");
+});
 
 // Ranks on different CPUs: each process forced onto another kernel build (vector width 4, 8 or
 // 16 floats, AMX or not), at a head dim that none of them pads alike on its own. The float32 K/V

@@ -40,6 +40,9 @@ struct Options : RankOptions {
   // Instead of the ring: decode calls over a KV cache sharded across the processes (striped), in
   // each dtype, a generation loop of this many steps, each appending one token per sequence.
   int decode_steps = 0;
+  // With decode_steps: a prefill of 2 * world new tokens per sequence first, in this mode (1
+  // pass-KV, 2 pass-Q), the prompt sharded striped over the processes.
+  int prefill_mode = 0;
 };
 
 Options Parse(int argc, char** argv) {
@@ -64,6 +67,8 @@ Options Parse(int argc, char** argv) {
       o.close_first = v == "1";
     else if (k == "--decode-steps")
       o.decode_steps = std::stoi(v);
+    else if (k == "--prefill-mode")
+      o.prefill_mode = std::stoi(v);
   }
   return o;
 }
@@ -77,7 +82,7 @@ void Result(const Options& o, stria_status_t s, double t0, const std::string& ms
 // float64 reference over the cache so far. Returns "" or what went wrong; *s gets the first failed
 // call's status.
 std::string DecodeLoop(const Options& o, stria_context_t ctx, stria_status_t* s) {
-  const int64_t B = 3, Hq = o.Hq, Hkv = o.Hkv, D = o.D, capacity = 40;
+  const int64_t B = 3, Hq = o.Hq, Hkv = o.Hkv, D = o.D, capacity = 48;
   const std::vector<int64_t> prefix = {0, 37, 61};
   for (Dt dt : o.dtypes) {
     std::mt19937_64 rng(77);
@@ -94,6 +99,46 @@ std::string DecodeLoop(const Options& o, stria_context_t ctx, stria_status_t* s)
           vc.Set((b * capacity + t / o.world) * Hkv * D + i, vf.Get((b * S + t) * Hkv * D + i));
         }
     std::vector<int64_t> lens = prefix;
+    if (o.prefill_mode > 0) {
+      const int64_t P = 2 * o.world, L = 2;
+      Tensor qf({B, P, Hq, D}, dt), out({B, L, Hq, D}, dt), q({B, L, Hq, D}, dt), k({B, L, Hkv, D}, dt),
+          v({B, L, Hkv, D}, dt);
+      qf.FillRandom(rng);
+      std::vector<int64_t> mine(static_cast<size_t>(L));
+      stria_layout_positions(STRIA_LAYOUT_STRIPED, P, o.world, o.rank, mine.data());
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < L; ++i) {
+          const int64_t c = mine[static_cast<size_t>(i)], at = lens[static_cast<size_t>(b)] + c;
+          for (int64_t x = 0; x < Hq * D; ++x) q.Set((b * L + i) * Hq * D + x, qf.Get((b * P + c) * Hq * D + x));
+          for (int64_t x = 0; x < Hkv * D; ++x) {
+            k.Set((b * L + i) * Hkv * D + x, kf.Get((b * S + at) * Hkv * D + x));
+            v.Set((b * L + i) * Hkv * D + x, vf.Get((b * S + at) * Hkv * D + x));
+          }
+        }
+      out.Poison();
+      stria_attention_params_t params;
+      stria_attention_params_init(&params);
+      stria_kv_cache_t cache;
+      stria_kv_cache_init(&cache);
+      cache.k = &kc.dl;
+      cache.v = &vc.dl;
+      cache.lens = lens.data();
+      *s = stria_attention_prefill(ctx, &params, &cache, static_cast<stria_prefill_t>(o.prefill_mode), &q.dl, &k.dl,
+                                   &v.dl, &out.dl, nullptr, nullptr);
+      if (*s != STRIA_SUCCESS) return stria_get_last_error();
+      const Reference ref = DecodeReference(qf, kf, vf, lens, P, true, -1);
+      std::vector<double> want;
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < L; ++i)
+          for (int64_t x = 0; x < Hq * D; ++x)
+            want.push_back(ref.out[static_cast<size_t>((b * P + mine[static_cast<size_t>(i)]) * Hq * D + x)]);
+      const double err = RelError(out.ToDouble(), want), tol = dt == Dt::kF32 ? 1e-5 : 2e-2;
+      if (!(err < tol)) {
+        *s = STRIA_ERROR_INTERNAL;
+        return std::string("prefill (") + DtName(dt) + "): relative error " + std::to_string(err);
+      }
+      for (int64_t& l : lens) l += P;
+    }
     for (int step = 0; step < o.decode_steps; ++step) {
       Tensor q({B, 1, Hq, D}, dt), kn({B, 1, Hkv, D}, dt), vn({B, 1, Hkv, D}, dt), out({B, 1, Hq, D}, dt),
           lse({B, Hq, 1}, Dt::kF32);
@@ -121,7 +166,8 @@ std::string DecodeLoop(const Options& o, stria_context_t ctx, stria_status_t* s)
       }
       for (int64_t& l : lens) ++l;
     }
-    std::printf("rank %d: %s decode loop of %d steps matches\n", o.rank, DtName(dt), o.decode_steps);
+    std::printf("rank %d: %s %sdecode loop of %d steps matches\n", o.rank, DtName(dt),
+                o.prefill_mode > 0 ? "prefill and " : "", o.decode_steps);
   }
   return "";
 }
