@@ -613,6 +613,72 @@ TEST(Serving, PrefillThenDecodeThenPrefillAgain) {
   }
 }
 
+// Prefill's own bad input, on a group of 2 where one rank or both are wrong: every rank fails with
+// the message, and the next good call works.
+TEST(PrefillErrors, FailOnEveryRankAndLeaveTheGroupUsable) {
+  constexpr int n = 2;
+  const int64_t B = 1, L = 3, Hq = 2, Hkv = 1, D = 8, cap = 16;
+  std::mt19937_64 rng(3);
+  Tensor q({B, L, Hq, D}, Dt::kF32), k({B, L, Hkv, D}, Dt::kF32), v({B, L, Hkv, D}, Dt::kF32);
+  Tensor k_bad({B, L, 2, D}, Dt::kF32);
+  for (Tensor* t : {&q, &k, &v}) t->FillRandom(rng);
+  std::vector<Tensor> kc, vc, outs;
+  for (int r = 0; r < n; ++r) {
+    kc.emplace_back(std::vector<int64_t>{B, cap, Hkv, D}, Dt::kF32);
+    vc.emplace_back(std::vector<int64_t>{B, cap, Hkv, D}, Dt::kF32);
+    outs.emplace_back(std::vector<int64_t>{B, L, Hq, D}, Dt::kF32);
+  }
+  LocalGroup g(n, 5.0);
+  ASSERT_EQ(g.status, STRIA_SUCCESS);
+  struct Bad {
+    const char* name;
+    const char* needle;
+    std::function<void(int, stria_attention_params_t&, std::vector<int64_t>&, int&, const DLTensor*&)> edit;
+  };
+  const std::vector<Bad> bads = {
+      {"mode", "not a stria_prefill_t", [](int, auto&, auto&, int& mode, auto&) { mode = 7; }},
+      {"zigzag_odd_L", "zigzag", [](int, auto& p, auto&, auto&, auto&) { p.layout = STRIA_LAYOUT_ZIGZAG; }},
+      {"past_capacity", "cache->lens[0]", [](int, auto&, auto& lens, auto&, auto&) { lens[0] = 2 * 16 - 5; }},
+      {"k_and_v_heads_differ", "v has shape",
+       [&k_bad](int, auto&, auto&, auto&, const DLTensor*& kp) { kp = &k_bad.dl; }},
+      {"modes_differ", "ranks disagree", [](int r, auto&, auto&, int& mode, auto&) { mode = r == 1 ? 2 : 1; }},
+      {"window_right", "window_right", [](int, auto& p, auto&, auto&, auto&) { p.window_right = 1; }},
+  };
+  auto call = [&](const Bad* bad, std::vector<stria_status_t>* st, std::vector<std::string>* msg) {
+    st->assign(n, STRIA_SUCCESS);
+    msg->assign(n, "");
+    RunRanks(n, [&](int r) {
+      stria_attention_params_t p;
+      stria_attention_params_init(&p);
+      std::vector<int64_t> lens = {5};
+      int mode = STRIA_PREFILL_AUTO;
+      const DLTensor* kp = &k.dl;
+      if (bad != nullptr) bad->edit(r, p, lens, mode, kp);
+      stria_kv_cache_t cache;
+      stria_kv_cache_init(&cache);
+      cache.k = &kc[static_cast<size_t>(r)].dl;
+      cache.v = &vc[static_cast<size_t>(r)].dl;
+      cache.lens = lens.data();
+      (*st)[static_cast<size_t>(r)] =
+          stria_attention_prefill(g.ctx[static_cast<size_t>(r)], &p, &cache, static_cast<stria_prefill_t>(mode), &q.dl,
+                                  kp, &v.dl, &outs[static_cast<size_t>(r)].dl, nullptr, nullptr);
+      (*msg)[static_cast<size_t>(r)] = stria_get_last_error();
+    });
+  };
+  std::vector<stria_status_t> st;
+  std::vector<std::string> msg;
+  for (const Bad& bad : bads) {
+    SCOPED_TRACE(bad.name);
+    call(&bad, &st, &msg);
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(st[static_cast<size_t>(r)], STRIA_ERROR_INVALID_ARGUMENT) << msg[static_cast<size_t>(r)];
+      EXPECT_NE(msg[static_cast<size_t>(r)].find(bad.needle), std::string::npos) << msg[static_cast<size_t>(r)];
+    }
+    call(nullptr, &st, &msg);
+    for (int r = 0; r < n; ++r) EXPECT_EQ(st[static_cast<size_t>(r)], STRIA_SUCCESS) << msg[static_cast<size_t>(r)];
+  }
+}
+
 // Bad input: the documented status and a message naming what to fix, on every rank of the group
 // (ranks given different lengths, or one rank a bad block table, fail together), and the group
 // stays usable: the next good call gives the same bits as the one before.
