@@ -42,9 +42,19 @@ void DecodeChunk(const DecodeChunkArgs& a) {
     a.l[r] = 0.f;
     std::memset(a.acc + r * dp, 0, static_cast<size_t>(dp) * sizeof(float));
   }
+  // The rows' positions bound the keys any of them sees: none past the last row's (causal), none
+  // more than window_left before the first row's. Keys come in increasing positions, so a block
+  // past the first bound ends the run and a block before the second is skipped.
+  int64_t q_first = a.q_pos[0], q_last = a.q_pos[0];
+  for (int64_t t = 1; t < (rows + group - 1) / group; ++t) {
+    q_first = std::min(q_first, a.q_pos[t]);
+    q_last = std::max(q_last, a.q_pos[t]);
+  }
   for (int64_t j0 = 0; j0 < a.count; j0 += kDecodeKeys) {
     const int64_t nk = std::min(kDecodeKeys, a.count - j0);
     const int64_t pos0 = a.pos0 + j0 * a.pos_stride;
+    if (a.causal && pos0 > q_last) break;
+    if (a.window_left >= 0 && pos0 + (nk - 1) * a.pos_stride < q_first - a.window_left) continue;
     // Which keys of the block some row sees: the rows' positions bound them (causal: keys at or
     // before the row; window: keys no more than window_left behind it).
     for (int64_t j = 0; j < nk; ++j) {
