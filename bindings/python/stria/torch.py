@@ -21,6 +21,10 @@ own need the same.
 ``context_from_group(group)`` makes this process's Context from a torch.distributed process
 group, the unique id broadcast over the group.
 
+Serving over a KV cache sharded across the ranks takes torch tensors as they are (inference: no
+autograd): ``attention_decode``, ``attention_prefill`` and ``KVCache`` here are stria's own,
+re-exported so that a torch program finds them beside ring attention.
+
 The two collectives are torch custom operators (``torch.ops.stria.attention_forward`` and
 ``attention_backward``, with shape-only fake implementations), so ``torch.compile`` puts them in
 its graph, ``fullgraph=True`` included, instead of breaking the graph around them. The context
@@ -40,8 +44,17 @@ from . import _ops, capi
 from ._context import Context, DeviceLike, context_of_key, context_or_none, parse_device
 from ._enums import Layout, LayoutLike, Transport, TransportLike
 from ._plan import Plan, plan_of_key
+from ._serving import KVCache, attention_decode, attention_prefill
 
-__all__ = ["RingAttentionFunction", "context_from_group", "ring_attention", "scaled_dot_product_attention"]
+__all__ = [
+    "KVCache",
+    "RingAttentionFunction",
+    "attention_decode",
+    "attention_prefill",
+    "context_from_group",
+    "ring_attention",
+    "scaled_dot_product_attention",
+]
 
 
 def _check_tensor(func: str, name: str, x: Any) -> None:

@@ -107,8 +107,9 @@ def test_decode_numpy(layout, n, paged, rng):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_decode_torch_mods(dtype, rng):
-    """torch tensors, GQA 4:1 (MQA-like groups), a window, softcap and sinks, no new tokens."""
+    """torch tensors through stria.torch, GQA 4:1, a window, softcap and sinks, no new tokens."""
     torch = pytest.importorskip("torch")
+    import stria.torch as stria_torch  # noqa: PLC0415 - needs torch
     n, capacity, hq, hkv = 3, 40, 8, 2
     lens = np.array([100, 0, 63])
     k = rng.standard_normal((B, n * capacity, hkv, D)).astype(np.float32)
@@ -126,7 +127,7 @@ def test_decode_torch_mods(dtype, rng):
     def rank_fn(ctx):
         kc, vc, _ = caches[ctx.rank]
         kc, vc = (torch.from_numpy(np.nan_to_num(x)).to(tdt) for x in (kc, vc))
-        return stria.attention_decode(
+        return stria_torch.attention_decode(
             ctx, q16, kc, vc, torch.as_tensor(lens), window_left=37, softcap=4.0, sinks=torch.from_numpy(sinks)
         )
 
