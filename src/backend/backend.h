@@ -249,6 +249,12 @@ class Backend {
   // (DecodePartialFloats, the backend's memory). The merge takes every rank's partial, rank by
   // rank in `all`, and writes out ([B, T, Hq, D]) and, if given, lse ([B, Hq, T]) after the sinks
   // (if given); in a fixed order, so every rank writes the same bits.
+  // Whether this backend runs the serving calls: checked with the call's arguments, before any
+  // rank communicates, so that a backend without them fails every rank and leaves it usable.
+  virtual Status CheckServingSupported() const {
+    return Error(STRIA_ERROR_UNSUPPORTED, "the %s backend has no decode or prefill over a sharded KV cache yet",
+                 name());
+  }
   virtual Status Decode(const DecodeWork& work, float* partial) {
     (void)work, (void)partial;
     return Error(STRIA_ERROR_UNSUPPORTED, "the %s backend has no decode over a sharded KV cache", name());

@@ -34,7 +34,7 @@ Status ValidateDecode(Context& ctx, const DecodeCall& call, ValidatedDecode* vd)
   DecodeWork& w = vd->work;
   Backend& be = ctx.backend();
   DocumentsArg mask;
-  STRIA_RETURN_IF_ERROR(CheckServingParams(call.params, &c, &mask));
+  STRIA_RETURN_IF_ERROR(CheckServingParams(ctx, call.params, &c, &mask));
 
   STRIA_RETURN_IF_ERROR(AttentionTensor(call.q, "q", 4, ctx.device(), false, &w.q));
   STRIA_RETURN_IF_ERROR(be.CheckMemory(w.q.data, "q"));

@@ -2,7 +2,8 @@
 
 namespace stria {
 
-Status CheckServingParams(const stria_attention_params_t* params, ValidatedCall* c, DocumentsArg* mask) {
+Status CheckServingParams(Context& ctx, const stria_attention_params_t* params, ValidatedCall* c, DocumentsArg* mask) {
+  STRIA_RETURN_IF_ERROR(ctx.backend().CheckServingSupported());
   STRIA_RETURN_IF_ERROR(CheckParams(params, DocumentsArg{}, c, mask));
   if (c->plan != nullptr)
     return Error(STRIA_ERROR_INVALID_ARGUMENT,

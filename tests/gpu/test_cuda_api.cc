@@ -118,6 +118,41 @@ TEST(CudaErrors, HostMemoryIsRefusedOnEveryRank) {
   for (int r = 0; r < N; ++r) EXPECT_EQ(st[r], STRIA_SUCCESS) << msg[r];
 }
 
+TEST(CudaErrors, ServingCallsAreUnsupportedAndLeaveTheGroupUsable) {
+  STRIA_REQUIRE_GPU();
+  const int N = 2;
+  CudaGroup group(N);
+  ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
+  stria_attention_params_t p;
+  stria_attention_params_init(&p);
+  std::vector<stria_status_t> st(N);
+  std::vector<std::string> msg(N);
+  RunRanks(N, [&](int r) {
+    RankTensors t(64, 64, Dt::kBF16, 3 + r);
+    std::vector<int64_t> lens = {5};
+    stria_kv_cache_t cache;
+    stria_kv_cache_init(&cache);
+    cache.k = &t.k.dl;
+    cache.v = &t.v.dl;
+    cache.lens = lens.data();
+    st[r] = r == 0 ? stria_attention_decode(group.ctx[r], &p, &cache, &t.q.dl, nullptr, nullptr, &t.out.dl, nullptr,
+                                            nullptr)
+                   : stria_attention_prefill(group.ctx[r], &p, &cache, STRIA_PREFILL_AUTO, &t.q.dl, &t.k.dl, &t.v.dl,
+                                             &t.out.dl, nullptr, nullptr);
+    msg[r] = stria_get_last_error();
+  });
+  for (int r = 0; r < N; ++r) {
+    EXPECT_EQ(st[r], STRIA_ERROR_UNSUPPORTED) << "rank " << r << ": " << msg[r];
+    EXPECT_NE(msg[r].find("sharded KV cache"), std::string::npos) << "rank " << r << ": " << msg[r];
+  }
+  RunRanks(N, [&](int r) {
+    RankTensors t(64, 64, Dt::kBF16, 7 + r);
+    st[r] = t.Forward(group.ctx[r], &p);
+    msg[r] = stria_get_last_error();
+  });
+  for (int r = 0; r < N; ++r) EXPECT_EQ(st[r], STRIA_SUCCESS) << msg[r];
+}
+
 TEST(CudaErrors, HeadDimAbove256IsUnsupported) {
   STRIA_REQUIRE_GPU();
   CudaGroup group(1);

@@ -95,22 +95,22 @@ std::string CaseName(const ::testing::TestParamInfo<RingCase>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, UcxRing, ::testing::ValuesIn(RingCases()), CaseName);
 
-// Serving over a KV cache sharded across 3 processes: a prefill (no prefill, pass-KV, pass-Q: its
-// ring of keys or of queries and the partial results going home), then decode steps (the partial
-// results' all-gather over UCX).
+// Serving over a KV cache sharded across 4 processes: a prefill (no prefill, pass-KV, pass-Q: its
+// ring of keys or of queries, the partial results going home, two ranks away too, and the new
+// tokens to their owners), then decode steps (the partial results' all-gather over UCX).
 class UcxServing : public ::testing::TestWithParam<int> {};
 
 TEST_P(UcxServing, PrefillThenGenerationLoopMatchReference) {
   const std::string dir = TempDir("stria-ucx");
   Launch launch(dir);
   const int port = FreePort();
-  for (int r = 0; r < 3; ++r)
+  for (int r = 0; r < 4; ++r)
     launch.Start(r, STRIA_UCX_RANK,
-                 {"--rank", std::to_string(r), "--world", "3", "--dtypes", "f32,bf16,f16", "--decode-steps", "12",
+                 {"--rank", std::to_string(r), "--world", "4", "--dtypes", "f32,bf16,f16", "--decode-steps", "12",
                   "--prefill-mode", std::to_string(GetParam())},
                  Env(port));
   auto results = launch.Wait(120);
-  ASSERT_EQ(results.size(), 3u);
+  ASSERT_EQ(results.size(), 4u);
   for (auto& [rank, r] : results) {
     EXPECT_TRUE(r.exited && r.exit_code == 0) << Describe(results);
     EXPECT_EQ(r.code, STRIA_SUCCESS) << "rank " << rank << ": " << r.message << "\n" << Describe(results);

@@ -98,6 +98,7 @@ class CpuBackend final : public Backend {
     return Status::Ok();
   }
 
+  Status CheckServingSupported() const override { return Status::Ok(); }
   Status Decode(const DecodeWork& work, float* partial) override {
     return CpuDecode(pool_, kern_, work, partial, &decode_bufs_);
   }
