@@ -55,6 +55,11 @@ struct Case {
   }
 };
 
+// gtest prints a parameter's bytes unless told otherwise (padding included); the name says it all.
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.Name();
+}
+
 // Where the cache keeps position t (stria.h, stria_kv_cache_t), written out independently here.
 void Place(const Case& c, int64_t t, int* rank, int64_t* slot) {
   const int64_t n = c.n, cap = c.capacity;
