@@ -835,13 +835,13 @@ std::vector<BadDecode> BadDecodes() {
     a.k_new = &k.dl;
   });
   all("block_table_dtype", kInv, "block_table", [](DecodeArgs& a) {
-    static DLTensor t{};
+    thread_local DLTensor t{};
     t = *a.cache.block_table;
     t.dtype = DLDataType{kDLInt, 64, 1};
     a.cache.block_table = &t;
   });
   all("sinks_shape", kInv, "sinks", [](DecodeArgs& a) {
-    static DLTensor t{};
+    thread_local DLTensor t{};
     t.data = flat;
     t.device = DLDevice{kDLCPU, 0};
     t.ndim = 1;
@@ -852,7 +852,7 @@ std::vector<BadDecode> BadDecodes() {
   // One rank alone is wrong: both fail, the good one naming the other.
   v.push_back(BadDecode{"block_table_entry_on_rank_1", kInv, "block_table[1][2]", [](int r, DecodeArgs& a) {
                           if (r != 1) return;
-                          static DLTensor t{};
+                          thread_local DLTensor t{};
                           t = *a.cache.block_table;
                           t.data = bad_table;
                           a.cache.block_table = &t;
