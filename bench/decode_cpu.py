@@ -13,7 +13,7 @@ each rank measures: the slowest rank's compute (its CPU seconds over its threads
 dedicated cores) plus the call's fixed cost, the validation, the all-gather of the partial results
 and their merge, measured by a call whose cache is empty (on this machine the ranks' threads then
 contend for its cores, so this is an upper bound). Beside it the ideal, the
-one-device time divided by N, and the merge's share of the modelled time.
+time of the whole cache in one process divided by N, and the merge's share of the modelled time.
 
     PYTHONPATH=build/bindings/python python bench/decode_cpu.py [--lens 32768,131072,...] [--ranks 2,4,8]
 """
