@@ -116,6 +116,36 @@ struct RankCache {
   }
 };
 
+// Every rank's cache holding the prefix of the whole cache kf, vf ([B, S, Hkv, D]): positions below
+// lens[b] of sequence b, each in the slot that holds it.
+std::vector<RankCache> ShardCache(const Case& c, const Tensor& kf, const Tensor& vf, std::mt19937_64& rng) {
+  const int64_t most = kf.shape[1], Hkv = c.Hkv, D = c.D;
+  std::vector<RankCache> caches;
+  for (int r = 0; r < c.n; ++r) caches.emplace_back(c, rng);
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t t = 0; t < c.lens[static_cast<size_t>(b)]; ++t) {
+      int rank = 0;
+      int64_t slot = 0;
+      Place(c, t, &rank, &slot);
+      RankCache& rc = caches[static_cast<size_t>(rank)];
+      for (int64_t h = 0; h < Hkv; ++h)
+        for (int64_t d = 0; d < D; ++d) {
+          rc.k.Set(rc.Index(c, b, slot, h) + d, kf.Get(((b * most + t) * Hkv + h) * D + d));
+          rc.v.Set(rc.Index(c, b, slot, h) + d, vf.Get(((b * most + t) * Hkv + h) * D + d));
+        }
+    }
+  return caches;
+}
+
+// Random attention-sink logits, one per query head: *values for the reference, the tensor for the call.
+Tensor SinkLogits(int64_t Hq, std::mt19937_64& rng, std::vector<double>* values) {
+  values->resize(static_cast<size_t>(Hq));
+  for (double& z : *values) z = std::normal_distribution<double>(0.5, 1.0)(rng);
+  Tensor t({Hq}, Dt::kF32);
+  for (int64_t h = 0; h < Hq; ++h) t.Set(h, (*values)[static_cast<size_t>(h)]);
+  return t;
+}
+
 // Runs one decode call on a local group and checks it against the float64 reference.
 void RunCase(const Case& c, uint64_t seed) {
   SCOPED_TRACE(c.Name());
@@ -136,25 +166,10 @@ void RunCase(const Case& c, uint64_t seed) {
         k_new.Set((b * T + t) * Hkv * D + i, kf.Get((b * most + c.lens[static_cast<size_t>(b)] + t) * Hkv * D + i));
         v_new.Set((b * T + t) * Hkv * D + i, vf.Get((b * most + c.lens[static_cast<size_t>(b)] + t) * Hkv * D + i));
       }
-  std::vector<double> sinks(static_cast<size_t>(Hq));
-  for (double& z : sinks) z = std::normal_distribution<double>(0.5, 1.0)(rng);
-  Tensor sinks_t({Hq}, Dt::kF32);
-  for (int64_t h = 0; h < Hq; ++h) sinks_t.Set(h, sinks[static_cast<size_t>(h)]);
+  std::vector<double> sinks;
+  Tensor sinks_t = SinkLogits(Hq, rng, &sinks);
 
-  std::vector<RankCache> caches;
-  for (int r = 0; r < c.n; ++r) caches.emplace_back(c, rng);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < c.lens[static_cast<size_t>(b)]; ++t) {
-      int rank = 0;
-      int64_t slot = 0;
-      Place(c, t, &rank, &slot);
-      RankCache& rc = caches[static_cast<size_t>(rank)];
-      for (int64_t h = 0; h < Hkv; ++h)
-        for (int64_t d = 0; d < D; ++d) {
-          rc.k.Set(rc.Index(c, b, slot, h) + d, kf.Get(((b * most + t) * Hkv + h) * D + d));
-          rc.v.Set(rc.Index(c, b, slot, h) + d, vf.Get(((b * most + t) * Hkv + h) * D + d));
-        }
-    }
+  std::vector<RankCache> caches = ShardCache(c, kf, vf, rng);
 
   ScoreMods mods;
   mods.softcap = c.softcap;
@@ -355,24 +370,9 @@ std::vector<std::vector<double>> RunPrefill(const Case& c, uint64_t seed) {
   kf.FillRandom(rng);
   vf.FillRandom(rng);
   qf.FillRandom(rng);
-  std::vector<double> sinks(static_cast<size_t>(Hq));
-  for (double& z : sinks) z = std::normal_distribution<double>(0.5, 1.0)(rng);
-  Tensor sinks_t({Hq}, Dt::kF32);
-  for (int64_t h = 0; h < Hq; ++h) sinks_t.Set(h, sinks[static_cast<size_t>(h)]);
-  std::vector<RankCache> caches;
-  for (int r = 0; r < c.n; ++r) caches.emplace_back(c, rng);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < c.lens[static_cast<size_t>(b)]; ++t) {
-      int rank = 0;
-      int64_t slot = 0;
-      Place(c, t, &rank, &slot);
-      RankCache& rc = caches[static_cast<size_t>(rank)];
-      for (int64_t h = 0; h < Hkv; ++h)
-        for (int64_t d = 0; d < D; ++d) {
-          rc.k.Set(rc.Index(c, b, slot, h) + d, kf.Get(((b * most + t) * Hkv + h) * D + d));
-          rc.v.Set(rc.Index(c, b, slot, h) + d, vf.Get(((b * most + t) * Hkv + h) * D + d));
-        }
-    }
+  std::vector<double> sinks;
+  Tensor sinks_t = SinkLogits(Hq, rng, &sinks);
+  std::vector<RankCache> caches = ShardCache(c, kf, vf, rng);
   // Each rank's new tokens: local token i is chunk position pos[r][i], at lens[b] + pos[r][i].
   std::vector<std::vector<int64_t>> pos(static_cast<size_t>(c.n), std::vector<int64_t>(static_cast<size_t>(L)));
   std::vector<Tensor> qs, ks, vs, outs, lses;

@@ -9,6 +9,7 @@ all-gather merges the partial results exactly, on every rank.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -60,6 +61,48 @@ def cache_placement(
     return np.where(front, chunk, 2 * n - 1 - chunk), np.where(front, 0, half) + pos % half
 
 
+@dataclass
+class _ServingCall:
+    """What a serving call passes the library beside its own tensors."""
+
+    handle: Any
+    params: Any
+    out: Tensor
+    lse: Tensor
+    stream: int
+    lens: np.ndarray
+    cache: list
+    table: Any
+    sinks: Any
+
+
+def _serving_call(func, ctx, q, out, lse, stream, layout, causal, softmax_scale, window_left, softcap, cache_lens,
+                  k_cache, v_cache, block_table, sinks, call_tag) -> _ServingCall:  # noqa: ANN001
+    """The checks and conversions attention_decode and attention_prefill share: outputs allocated like
+    q where not given, the params, the lengths on the host, the cache's tensors; the call tag set last."""
+    shape = shape_of(q, func, "q")
+    if out is None:
+        out = empty_like(q, shape, name="q")
+    if lse is None:
+        lse = empty_like(q, (shape[0], shape[2], shape[1]) if len(shape) == 4 else (1,), dtype="float32", name="q")
+    if stream is None:
+        stream = default_stream(q)
+    if isinstance(window_left, bool) or not isinstance(window_left, (int, np.integer)):
+        raise TypeError(f"{func}(): window_left must be an integer (-1: no window), not {window_left!r}")
+    handle = _handle(ctx, func)
+    params = attention_params(layout, causal, softmax_scale, None, None, softcap)
+    params.window_left = int(window_left)
+    lens = _host_int64(cache_lens, "cache_lens", func)
+    if lens.ndim != 1:
+        raise ValueError(f"{func}(): cache_lens must be 1-D, one length per sequence, not of shape {lens.shape}")
+    call = _ServingCall(
+        handle, params, out, lse, stream, lens, [for_dlpack(x) for x in (k_cache, v_cache)],
+        None if block_table is None else for_dlpack(block_table), None if sinks is None else for_dlpack(sinks),
+    )
+    _set_call_tag(handle, call_tag, func)
+    return call
+
+
 def attention_decode(
     ctx: Context,
     q: Tensor,
@@ -94,31 +137,14 @@ def attention_decode(
     the same bits on every rank. window_left bounds how far back a query sees (-1: no bound);
     softcap and sinks as in attention_forward.
     """
-    func = "attention_decode"
-    shape = shape_of(q, func, "q")
-    if out is None:
-        out = empty_like(q, shape, name="q")
-    if lse is None:
-        lse = empty_like(q, (shape[0], shape[2], shape[1]) if len(shape) == 4 else (1,), dtype="float32", name="q")
-    if stream is None:
-        stream = default_stream(q)
-    if isinstance(window_left, bool) or not isinstance(window_left, (int, np.integer)):
-        raise TypeError(f"{func}(): window_left must be an integer (-1: no window), not {window_left!r}")
-    handle = _handle(ctx, func)
-    params = attention_params(layout, causal, softmax_scale, None, None, softcap)
-    params.window_left = int(window_left)
-    lens = _host_int64(cache_lens, "cache_lens", func)
-    if lens.ndim != 1:
-        raise ValueError(f"{func}(): cache_lens must be 1-D, one length per sequence, not of shape {lens.shape}")
-    cache = [for_dlpack(x) for x in (k_cache, v_cache)]
-    table = None if block_table is None else for_dlpack(block_table)
+    a = _serving_call("attention_decode", ctx, q, out, lse, stream, layout, causal, softmax_scale, window_left,
+                      softcap, cache_lens, k_cache, v_cache, block_table, sinks, call_tag)
     new = [None if x is None else for_dlpack(x) for x in (k_new, v_new)]
-    z = None if sinks is None else for_dlpack(sinks)
-    _set_call_tag(handle, call_tag, func)
     capi.stria_py_attention_decode(
-        handle, params, *cache, table, lens, for_dlpack(q), *new, for_dlpack(out), for_dlpack(lse), z, stream
+        a.handle, a.params, *a.cache, a.table, a.lens, for_dlpack(q), *new, for_dlpack(a.out), for_dlpack(a.lse),
+        a.sinks, a.stream
     )
-    return out, lse
+    return a.out, a.lse
 
 
 PREFILL_MODES = {"auto": 0, "pass_kv": 1, "pass_q": 2}
@@ -158,33 +184,15 @@ def attention_prefill(
     around the ring, "pass_q" the queries (the partial results go home), "auto" whichever moves fewer
     bytes; the results agree to rounding.
     """
-    func = "attention_prefill"
-    shape = shape_of(q, func, "q")
-    if out is None:
-        out = empty_like(q, shape, name="q")
-    if lse is None:
-        lse = empty_like(q, (shape[0], shape[2], shape[1]) if len(shape) == 4 else (1,), dtype="float32", name="q")
-    if stream is None:
-        stream = default_stream(q)
     if mode not in PREFILL_MODES:
-        raise ValueError(f"{func}(): mode must be one of {sorted(PREFILL_MODES)}, not {mode!r}")
-    if isinstance(window_left, bool) or not isinstance(window_left, (int, np.integer)):
-        raise TypeError(f"{func}(): window_left must be an integer (-1: no window), not {window_left!r}")
-    handle = _handle(ctx, func)
-    params = attention_params(layout, causal, softmax_scale, None, None, softcap)
-    params.window_left = int(window_left)
-    lens = _host_int64(cache_lens, "cache_lens", func)
-    if lens.ndim != 1:
-        raise ValueError(f"{func}(): cache_lens must be 1-D, one length per sequence, not of shape {lens.shape}")
-    cache = [for_dlpack(x) for x in (k_cache, v_cache)]
-    table = None if block_table is None else for_dlpack(block_table)
-    z = None if sinks is None else for_dlpack(sinks)
-    _set_call_tag(handle, call_tag, func)
+        raise ValueError(f"attention_prefill(): mode must be one of {sorted(PREFILL_MODES)}, not {mode!r}")
+    a = _serving_call("attention_prefill", ctx, q, out, lse, stream, layout, causal, softmax_scale, window_left,
+                      softcap, cache_lens, k_cache, v_cache, block_table, sinks, call_tag)
     capi.stria_py_attention_prefill(
-        handle, params, *cache, table, lens, for_dlpack(q), PREFILL_MODES[mode], for_dlpack(k), for_dlpack(v),
-        for_dlpack(out), for_dlpack(lse), z, stream
+        a.handle, a.params, *a.cache, a.table, a.lens, for_dlpack(q), PREFILL_MODES[mode], for_dlpack(k),
+        for_dlpack(v), for_dlpack(a.out), for_dlpack(a.lse), a.sinks, a.stream
     )
-    return out, lse
+    return a.out, a.lse
 
 
 class KVCache:
