@@ -49,13 +49,16 @@ class GatheredResults {
 
   // The ranks' tokens by a document plan instead of the layout.
   void UsePlan(stria_plan_t plan) { plan_ = plan; }
+  // The ranks' tokens on a grid of all-to-all groups of `ulysses` (stria_grid_unshard).
+  void UseGrid(int ulysses) { ulysses_ = ulysses; }
 
   void Gather(int rank, const Tensor& out, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
     std::lock_guard<std::mutex> lock(mu_);
     auto unshard = [&](int seq_dim, const Tensor& local, Tensor& full) {
-      const stria_status_t st = plan_ != nullptr
-                                    ? stria_plan_unshard(plan_, rank, seq_dim, &local.dl, &full.dl, nullptr)
-                                    : stria_unshard(layout_, world_, rank, seq_dim, &local.dl, &full.dl, nullptr);
+      const stria_status_t st =
+          plan_ != nullptr ? stria_plan_unshard(plan_, rank, seq_dim, &local.dl, &full.dl, nullptr)
+          : ulysses_ > 1   ? stria_grid_unshard(layout_, world_, ulysses_, rank, seq_dim, &local.dl, &full.dl, nullptr)
+                           : stria_unshard(layout_, world_, rank, seq_dim, &local.dl, &full.dl, nullptr);
       EXPECT_EQ(st, STRIA_SUCCESS) << stria_get_last_error();
     };
     unshard(1, out, out_);
@@ -80,6 +83,7 @@ class GatheredResults {
   stria_layout_t layout_;
   int world_;
   stria_plan_t plan_ = nullptr;
+  int ulysses_ = 1;
   Tensor out_, lse_, dq_, dk_, dv_;
   std::mutex mu_;
 };

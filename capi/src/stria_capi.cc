@@ -16,6 +16,7 @@
 #include "engine/plan_registry.h"
 #include "engine/registry.h"
 #include "layout/balance.h"
+#include "layout/grid_layout.h"
 #include "layout/layout.h"
 #include "layout/plan.h"
 #include "layout/plan_balance.h"
@@ -546,6 +547,64 @@ STRIA_API stria_status_t stria_context_set_deterministic(stria_context_t ctx, in
   });
 }
 
+STRIA_API stria_status_t stria_context_set_grid(stria_context_t ctx, int ulysses_size) {
+  return Guard([&] {
+    std::shared_ptr<stria::Context> c;
+    STRIA_RETURN_IF_ERROR(Lookup(ctx, &c));
+    if (ulysses_size < 1 || c->world_size() % ulysses_size != 0)
+      return Error(STRIA_ERROR_INVALID_ARGUMENT,
+                   "ulysses_size %d must be >= 1 and divide the world size %d (all-to-all groups of ulysses_size "
+                   "consecutive ranks; 1: the plain ring)",
+                   ulysses_size, c->world_size());
+    stria::CallScope call(*c, "stria_context_set_grid");  // a running call keeps its grid
+    STRIA_RETURN_IF_ERROR(call.status());
+    STRIA_RETURN_IF_ERROR(c->Usable());
+    c->SetUlyssesSize(ulysses_size);
+    return Status::Ok();
+  });
+}
+
+STRIA_API stria_status_t stria_context_get_grid(stria_context_t ctx, int* ulysses_size) {
+  return Guard([&] {
+    std::shared_ptr<stria::Context> c;
+    STRIA_RETURN_IF_ERROR(Lookup(ctx, &c));
+    if (ulysses_size == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "ulysses_size is NULL");
+    stria::CallScope call(*c, "stria_context_get_grid");
+    STRIA_RETURN_IF_ERROR(call.status());
+    *ulysses_size = c->ulysses_size();
+    return Status::Ok();
+  });
+}
+
+STRIA_API stria_status_t stria_grid_positions(stria_layout_t layout, int64_t seq_len, int world_size, int ulysses_size,
+                                              int rank, int64_t* positions) {
+  return Guard([&] {
+    STRIA_RETURN_IF_ERROR(CheckLayoutArg(layout));
+    STRIA_RETURN_IF_ERROR(stria::CheckGrid(layout, seq_len, world_size, ulysses_size, rank));
+    if (positions == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "positions is NULL");
+    const int64_t L = seq_len / world_size;
+    for (int64_t i = 0; i < L; ++i)
+      positions[i] = stria::GridPosition(layout, L, world_size, ulysses_size, rank, i);
+    return Status::Ok();
+  });
+}
+
+STRIA_API stria_status_t stria_grid_shard(stria_layout_t layout, int world_size, int ulysses_size, int rank,
+                                          int seq_dim, const DLTensor* full, DLTensor* local, void* stream) {
+  return Guard([&] {
+    STRIA_RETURN_IF_ERROR(CheckLayoutArg(layout));
+    return stria::GridShardCopy(layout, world_size, ulysses_size, rank, seq_dim, full, local, true, stream);
+  });
+}
+
+STRIA_API stria_status_t stria_grid_unshard(stria_layout_t layout, int world_size, int ulysses_size, int rank,
+                                            int seq_dim, const DLTensor* local, DLTensor* full, void* stream) {
+  return Guard([&] {
+    STRIA_RETURN_IF_ERROR(CheckLayoutArg(layout));
+    return stria::GridShardCopy(layout, world_size, ulysses_size, rank, seq_dim, full, local, false, stream);
+  });
+}
+
 STRIA_API stria_status_t stria_layout_positions(stria_layout_t layout, int64_t seq_len, int world_size, int rank,
                                                 int64_t* positions) {
   return Guard([&] {
@@ -626,16 +685,20 @@ STRIA_API stria_status_t stria_context_get_traffic(stria_context_t ctx, stria_tr
     if (out == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "out is NULL");
     // An output struct: a caller built against a newer header may pass a larger one (zeroed past
     // what this library knows), which gets the fields this library has.
-    if (out->struct_size < sizeof(stria_traffic_t))
-      return stria::CheckStructSize(out, out->struct_size, sizeof(stria_traffic_t), "out", "sizeof(stria_traffic_t)");
-    STRIA_RETURN_IF_ERROR(
-        stria::CheckStructSize(out, out->struct_size, sizeof(stria_traffic_t), "out", "sizeof(stria_traffic_t)"));
+    // Before 0.6 the struct ended at `messages`: such a caller gets the fields its struct has.
+    constexpr size_t kTrafficV1 = offsetof(stria_traffic_t, all_to_all_bytes);
+    const size_t known = out->struct_size == kTrafficV1 ? kTrafficV1 : sizeof(stria_traffic_t);
+    if (out->struct_size < known)
+      return stria::CheckStructSize(out, out->struct_size, known, "out", "sizeof(stria_traffic_t)");
+    STRIA_RETURN_IF_ERROR(stria::CheckStructSize(out, out->struct_size, known, "out", "sizeof(stria_traffic_t)"));
     stria::CallScope call(*c, "stria_context_get_traffic");  // written by the calls
     STRIA_RETURN_IF_ERROR(call.status());
     const stria::Traffic& t = c->traffic();
     out->kv_bytes = t.kv_bytes;
     out->dkv_bytes = t.dkv_bytes;
     out->messages = t.messages;
+    if (out->struct_size >= offsetof(stria_traffic_t, all_to_all_bytes) + sizeof(out->all_to_all_bytes))
+      out->all_to_all_bytes = t.all_to_all_bytes;
     return Status::Ok();
   });
 }

@@ -23,6 +23,7 @@ struct StepTime {
 // What a rank's last call sent over its transport (stria_context_get_traffic).
 struct Traffic {
   uint64_t kv_bytes = 0, dkv_bytes = 0, messages = 0;
+  uint64_t all_to_all_bytes = 0;  // a grid's all-to-all within its group (sent to the other members)
 };
 
 class Context {
@@ -33,6 +34,14 @@ class Context {
 
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
+  // The hybrid grid (DESIGN.md, "Hybrid grid"; stria_context_set_grid): N = U x R, rank
+  // r = g·U + u in all-to-all group g (U consecutive ranks) at position u. U = 1: the plain ring.
+  int ulysses_size() const { return ulysses_; }
+  int ring_size() const { return world_size_ / ulysses_; }
+  int ring_rank() const { return rank_ / ulysses_; }  // g
+  int group_rank() const { return rank_ % ulysses_; }  // u
+  // Between calls, under the call guard (the caller checks world_size % u == 0).
+  void SetUlyssesSize(int u) { ulysses_ = u; }
   DLDevice device() const { return device_; }
   double timeout_s() const { return timeout_s_; }
   Backend& backend() { return *backend_; }
@@ -73,6 +82,7 @@ class Context {
   const double timeout_s_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Transport> transport_;
+  int ulysses_ = 1;
   uint64_t call_seq_ = 0;
   uint64_t call_tag_ = 0;
   std::atomic<bool> aborted_{false};

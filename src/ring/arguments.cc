@@ -8,6 +8,7 @@
 #include "core/raw_enum.h"
 #include "core/struct_size.h"
 #include "engine/plan_registry.h"
+#include "ring/grid_heads.h"
 
 namespace stria {
 namespace {
@@ -146,8 +147,10 @@ Status CheckQKV(Context& ctx, const DLTensor* q, const DLTensor* k, const DLTens
                    Dims(c->q).c_str(), static_cast<long long>(plan->batch()),
                    static_cast<long long>(plan->local_len()));
   } else {
-    STRIA_RETURN_IF_ERROR(CheckLayout(c->layout, seq_len, ctx.world_size(), ctx.rank()));
+    // On a grid the layout is the ring's: R positions, this rank's group at g (DESIGN.md).
+    STRIA_RETURN_IF_ERROR(CheckLayout(c->layout, seq_len, ctx.ring_size(), ctx.ring_rank()));
   }
+  if (ctx.ulysses_size() > 1) STRIA_RETURN_IF_ERROR(CheckGridCall(ctx.ulysses_size(), s, plan != nullptr));
   if (documents.given) {
     // On a CUDA context the boundaries may be a device tensor: read once here, on the call's stream.
     STRIA_RETURN_IF_ERROR(Documents::CheckCount(documents.cu_seqlens, documents.num_seqs, seq_len));
@@ -353,6 +356,7 @@ Status AgreeOnCall(Context& ctx, RingOp op, const Status& local, const Validated
                                                                     : c.documents.Hash();
     sig.softcap = c.shape.softcap;
     sig.sinks = c.sinks_given ? 1 : 0;
+    sig.grid = ctx.ulysses_size();
   }
   std::vector<CallSignature> all(static_cast<size_t>(ctx.world_size()));
   const std::string what = Format("%s call #%llu", RingOpName(op), static_cast<unsigned long long>(*seq));

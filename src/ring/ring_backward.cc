@@ -13,45 +13,58 @@
 // one that covers every row) and adds the partial of the others when it returns; the partial then
 // starts at the block's first hop, and a block no other rank sees sends nothing at all.
 #include "ring/arguments.h"
+#include "ring/grid.h"
 #include "ring/ring_common.h"
 
 namespace stria {
+
+Status BackwardWorkspace(Context& ctx, const RingGroup& g, const ValidatedCall& c, BackwardBuffers* b) {
+  Backend& be = ctx.backend();
+  const int n = g.n;
+  const bool trimmed = c.plan != nullptr && n > 1;
+  b->kv_bytes = be.KVWireFor(c.shape, true).bytes;
+  b->dkv_bytes = DKVWireFloats(c.shape) * sizeof(float);
+  Status st = ctx.RingBuffer(0, b->kv_bytes, &b->kv[0]);
+  if (st.ok()) st = ctx.RingBuffer(2, b->dkv_bytes, &b->dkv[0]);
+  if (st.ok() && n > 1) st = ctx.RingBuffer(1, b->kv_bytes, &b->kv[1]);
+  if (st.ok() && n > 1) st = ctx.RingBuffer(3, b->dkv_bytes, &b->dkv[1]);
+  if (st.ok() && n > 1) st = ctx.RingBuffer(4, b->dkv_bytes, &b->dkv_in);
+  if (st.ok() && trimmed) st = StagingBuffers(ctx, KVStagingBytes(c, be, true, b->kv_bytes, n, g.r), b->stage);
+  if (st.ok() && trimmed) st = ctx.RingBuffer(kDKVStagingSlot, b->dkv_bytes, &b->dkv_stage);
+  if (st.ok() && trimmed) st = ctx.RingBuffer(kOwnDKVSlot, b->dkv_bytes, &b->own);
+  return st;
+}
 
 Status RingBackward(Context& ctx, const BackwardCall& call) {
   STRIA_RETURN_IF_ERROR(ctx.Usable());
   ValidatedCall c;
   Status local = ValidateBackward(ctx, call, &c);
-  const int n = ctx.world_size(), r = ctx.rank();
-  const int next = (r + 1) % n, prev = (r - 1 + n) % n;
+  if (ctx.ulysses_size() > 1) return GridBackward(ctx, c, local);
+  const RingGroup g = RingGroup::Of(ctx);
+  // The workspace before the agreement, every later failure through ctx.Fail (as in the forward).
+  BackwardBuffers b;
+  if (local.ok()) local = BackwardWorkspace(ctx, g, c, &b);
+  if (local.ok()) local = ctx.backend().BackwardBegin(c.shape, c.q, c.out, c.lse, c.dout, c.stream);
+  uint64_t seq = 0;
+  STRIA_RETURN_IF_ERROR(AgreeOnCall(ctx, RingOp::kBackward, local, c, &seq));
+  ctx.traffic() = Traffic();
+  return BackwardSteps(ctx, g, c, seq, b);
+}
+
+Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, uint64_t seq,
+                     const BackwardBuffers& b) {
+  const int n = g.n, r = g.r, next = g.Next(), prev = g.Prev();
   Backend& be = ctx.backend();
   Transport& tr = ctx.transport();
   const AttentionShape& s = c.shape;
   const bool trimmed = c.plan != nullptr && n > 1;
-  // The workspace before the agreement, every later failure through ctx.Fail (as in the forward).
-  size_t kv_bytes = 0, dkv_bytes = 0;
-  void* kv[2] = {nullptr, nullptr};
-  void* stage[2] = {nullptr, nullptr};  // trimmed K/V messages: [0] outgoing, [1] incoming
-  void* dkv[2] = {nullptr, nullptr};    // this rank's partials, alternating while one is in flight
-  void* dkv_in = nullptr;               // the partial arriving from the previous rank
-  void* dkv_stage = nullptr;            // a trimmed partial going out
-  void* own = nullptr;                  // the contribution to this rank's own block
-  if (local.ok()) {
-    kv_bytes = be.KVWireFor(s, true).bytes;
-    dkv_bytes = DKVWireFloats(s) * sizeof(float);
-    local = ctx.RingBuffer(0, kv_bytes, &kv[0]);
-    if (local.ok()) local = ctx.RingBuffer(2, dkv_bytes, &dkv[0]);
-    if (local.ok() && n > 1) local = ctx.RingBuffer(1, kv_bytes, &kv[1]);
-    if (local.ok() && n > 1) local = ctx.RingBuffer(3, dkv_bytes, &dkv[1]);
-    if (local.ok() && n > 1) local = ctx.RingBuffer(4, dkv_bytes, &dkv_in);
-    if (local.ok() && trimmed) local = StagingBuffers(ctx, KVStagingBytes(c, be, true, kv_bytes, n, r), stage);
-    if (local.ok() && trimmed) local = ctx.RingBuffer(kDKVStagingSlot, dkv_bytes, &dkv_stage);
-    if (local.ok() && trimmed) local = ctx.RingBuffer(kOwnDKVSlot, dkv_bytes, &own);
-    if (local.ok()) local = be.BackwardBegin(s, c.q, c.out, c.lse, c.dout, c.stream);
-  }
-  uint64_t seq = 0;
-  STRIA_RETURN_IF_ERROR(AgreeOnCall(ctx, RingOp::kBackward, local, c, &seq));
-  ctx.traffic() = Traffic();
-
+  const size_t kv_bytes = b.kv_bytes, dkv_bytes = b.dkv_bytes;
+  void* const* kv = b.kv;
+  void* const* stage = b.stage;
+  void* const* dkv = b.dkv;
+  void* const dkv_in = b.dkv_in;
+  void* const dkv_stage = b.dkv_stage;
+  void* const own = b.own;
   // Packing the local block is step 0's work (a backend may do some of it in the block call).
   StepTimer pack_timer(be);
   pack_timer.ComputeBegin();
@@ -64,7 +77,7 @@ Status RingBackward(Context& ctx, const BackwardCall& call) {
   Documents::Bounds bounds;  // the document mask of the block at hand, if the call has one
   const int steps = RingSteps(c, n);
   // Where the last step's complete partial goes (the block's owner), and whence ours comes home.
-  const int home_to = (r - (steps - 1) + n) % n, home_from = (r + steps - 1) % n;
+  const int home_to = g.Peer((r - (steps - 1) + n) % n), home_from = g.Peer((r + steps - 1) % n);
   // The steps whose partial this rank passes on, and from which it receives one: every step, or
   // (trimmed) from the first hop on, the owner's contribution staying home.
   const int first_sent = trimmed ? 1 : 0;

@@ -9,8 +9,9 @@
 
 namespace stria {
 
-// kPartial: a prefill's partial results going home (the kind takes two bits of the tag).
-enum class MessageKind : int64_t { kKV = 1, kDKV = 2, kPartial = 3 };
+// kPartial: a prefill's partial results going home; kGrid: a grid's all-to-all within its group,
+// its phase in the step field (the kind takes two bits of the tag).
+enum class MessageKind : int64_t { kGrid = 0, kKV = 1, kDKV = 2, kPartial = 3 };
 
 // Tags are unique per (call, step, kind), so a late message of one call can never be taken for
 // a message of the next.
@@ -46,8 +47,49 @@ class StepTimer {
   double t0_ = 0, c0_ = 0, t1_ = 0;
 };
 
+// The ring a call runs on: the whole world on a plain context, or on a grid (N = U x R) the R
+// ranks that share this rank's place u in their all-to-all groups. Ring ranks are numbered
+// 0..n-1; ring rank i is transport rank i·stride + offset.
+struct RingGroup {
+  int n = 1, r = 0;
+  int stride = 1, offset = 0;
+  int Peer(int i) const { return i * stride + offset; }
+  int Next() const { return Peer((r + 1) % n); }
+  int Prev() const { return Peer((r - 1 + n) % n); }
+  static RingGroup Of(const Context& ctx) {
+    return RingGroup{ctx.ring_size(), ctx.ring_rank(), ctx.ulysses_size(), ctx.group_rank()};
+  }
+};
+
+// A forward's ring buffers, got before the agreement (ForwardWorkspace), and the ring's steps
+// after it and after the backend's ForwardBegin (ForwardSteps, which ends with ForwardEnd and the
+// sinks). RingForward runs both on the whole world; a grid's call (grid.cc) between its
+// all-to-alls, on its ring of R.
+struct ForwardBuffers {
+  size_t kv_bytes = 0;
+  void* kv[2] = {nullptr, nullptr};
+  void* stage[2] = {nullptr, nullptr};  // trimmed messages: [0] outgoing, [1] incoming
+};
+Status ForwardWorkspace(Context& ctx, const RingGroup& g, const ValidatedCall& c, ForwardBuffers* b);
+Status ForwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, uint64_t seq, const ForwardBuffers& b);
+
+// Likewise for the backward (BackwardSteps ends with BackwardEnd and the sinks' gradient).
+struct BackwardBuffers {
+  size_t kv_bytes = 0, dkv_bytes = 0;
+  void* kv[2] = {nullptr, nullptr};
+  void* stage[2] = {nullptr, nullptr};  // trimmed K/V messages: [0] outgoing, [1] incoming
+  void* dkv[2] = {nullptr, nullptr};    // this rank's partials, alternating while one is in flight
+  void* dkv_in = nullptr;               // the partial arriving from the previous rank
+  void* dkv_stage = nullptr;            // a trimmed partial going out
+  void* own = nullptr;                  // the contribution to this rank's own block
+};
+Status BackwardWorkspace(Context& ctx, const RingGroup& g, const ValidatedCall& c, BackwardBuffers* b);
+Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, uint64_t seq,
+                     const BackwardBuffers& b);
+
 // Ring buffer slots (Context::RingBuffer): K/V blocks 0 and 1, dK/dV partials 2 to 4, the
 // staging of trimmed messages (K/V out and in 5 and 6, dK/dV out 7), and a plan's own dK/dV 8.
+// Serving calls use 9 to 12; a grid's all-to-all 13 to 15 (grid.cc).
 constexpr int kKVStagingSlot = 5, kDKVStagingSlot = 7, kOwnDKVSlot = 8;
 
 // The largest trimmed K/V message rank r sends or receives in the call: its staging size.

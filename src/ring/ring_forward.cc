@@ -6,38 +6,48 @@
 // along the ring see, gathered from the whole block into a staging buffer and scattered back into
 // a whole one by the receiver, so the kernels always read whole blocks.
 #include "ring/arguments.h"
+#include "ring/grid.h"
 #include "ring/ring_common.h"
 
 namespace stria {
+
+Status ForwardWorkspace(Context& ctx, const RingGroup& g, const ValidatedCall& c, ForwardBuffers* b) {
+  Backend& be = ctx.backend();
+  b->kv_bytes = be.KVWireFor(c.shape, false).bytes;
+  Status st = ctx.RingBuffer(0, b->kv_bytes, &b->kv[0]);
+  if (st.ok() && g.n > 1) st = ctx.RingBuffer(1, b->kv_bytes, &b->kv[1]);
+  if (st.ok() && g.n > 1 && c.plan != nullptr)
+    st = StagingBuffers(ctx, KVStagingBytes(c, be, false, b->kv_bytes, g.n, g.r), b->stage);
+  return st;
+}
 
 Status RingForward(Context& ctx, const ForwardCall& call) {
   STRIA_RETURN_IF_ERROR(ctx.Usable());
   ValidatedCall c;
   Status local = ValidateForward(ctx, call, &c);
-  const int n = ctx.world_size(), r = ctx.rank();
-  const int next = (r + 1) % n, prev = (r - 1 + n) % n;
-  Backend& be = ctx.backend();
-  Transport& tr = ctx.transport();
-  const AttentionShape& s = c.shape;
+  if (ctx.ulysses_size() > 1) return GridForward(ctx, c, local);
+  const RingGroup g = RingGroup::Of(ctx);
   // What the call needs (ring buffers, the backend's state) is got before the agreement: a failure
   // there (a full device) then reaches every rank in the signature, and the group stays usable.
   // After the agreement every failure goes through ctx.Fail, which aborts this rank's transport,
   // so that peers waiting for it fail at once rather than at their timeout.
-  void* kv[2] = {nullptr, nullptr};
-  void* stage[2] = {nullptr, nullptr};  // trimmed messages: [0] outgoing, [1] incoming
-  size_t kv_bytes = 0;
-  if (local.ok()) {
-    kv_bytes = be.KVWireFor(s, false).bytes;
-    local = ctx.RingBuffer(0, kv_bytes, &kv[0]);
-    if (local.ok() && n > 1) local = ctx.RingBuffer(1, kv_bytes, &kv[1]);
-    if (local.ok() && n > 1 && c.plan != nullptr)
-      local = StagingBuffers(ctx, KVStagingBytes(c, be, false, kv_bytes, n, r), stage);
-    if (local.ok()) local = be.ForwardBegin(s, c.q, c.stream);
-  }
+  ForwardBuffers b;
+  if (local.ok()) local = ForwardWorkspace(ctx, g, c, &b);
+  if (local.ok()) local = ctx.backend().ForwardBegin(c.shape, c.q, c.stream);
   uint64_t seq = 0;
   STRIA_RETURN_IF_ERROR(AgreeOnCall(ctx, RingOp::kForward, local, c, &seq));
   ctx.traffic() = Traffic();
+  return ForwardSteps(ctx, g, c, seq, b);
+}
 
+Status ForwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, uint64_t seq, const ForwardBuffers& b) {
+  const int n = g.n, r = g.r, next = g.Next(), prev = g.Prev();
+  Backend& be = ctx.backend();
+  Transport& tr = ctx.transport();
+  const AttentionShape& s = c.shape;
+  const size_t kv_bytes = b.kv_bytes;
+  void* const* kv = b.kv;
+  void* const* stage = b.stage;
   // Packing the local block is step 0's work (a backend may do some of it in the block call).
   StepTimer pack_timer(be);
   pack_timer.ComputeBegin();

@@ -8,10 +8,10 @@
 
 namespace stria {
 
-// "STR5": the fifth form (the softcap and whether there are sinks; before them the document mask's
-// hash, the caller's tag, and a status in place of a valid flag), so that a rank of an older stria
-// in the ring is named as such instead of being misread.
-constexpr uint32_t kSignatureMagic = 0x53545235;
+// "STR6": the sixth form (the grid; before it the softcap and whether there are sinks, the
+// document mask's hash, the caller's tag, and a status in place of a valid flag), so that a rank of
+// an older stria in the ring is named as such instead of being misread.
+constexpr uint32_t kSignatureMagic = 0x53545236;
 
 const char* RingOpName(RingOp op) {
   switch (op) {
@@ -45,12 +45,13 @@ void MarkFailed(const Status& why, CallSignature* sig) {
 static std::string Describe(const CallSignature& s) {
   return Format(
       "%s call #%llu (tag %#llx): %s %s, causal %d, scale %g, softcap %g, %s, q [%lld, %lld, %lld, %lld], kv heads "
-      "%lld, K/V blocks as %s, %s",
+      "%lld, K/V blocks as %s, grid %s, %s",
       RingOpName(static_cast<RingOp>(s.op)), static_cast<unsigned long long>(s.seq),
       static_cast<unsigned long long>(s.tag), DTypeName(static_cast<DType>(s.dtype)),
       LayoutName(static_cast<stria_layout_t>(s.layout)), s.causal, static_cast<double>(s.scale),
       static_cast<double>(s.softcap), s.sinks ? "sinks" : "no sinks", (long long)s.B, (long long)s.L, (long long)s.Hq,
       (long long)s.D, (long long)s.Hkv, KVWireFormatName(static_cast<KVWireFormat>(s.kv_wire)),
+      s.grid <= 1 ? "none (a plain ring)" : Format("of all-to-all groups of %d", s.grid).c_str(),
       s.op == static_cast<uint32_t>(RingOp::kDecode) || s.op == static_cast<uint32_t>(RingOp::kPrefill)
           ? Format("cache lengths, capacity and window hashed %#llx", static_cast<unsigned long long>(s.documents))
                 .c_str()
@@ -63,7 +64,8 @@ static std::string Describe(const CallSignature& s) {
 static bool SameButTag(const CallSignature& a, const CallSignature& b) {
   return a.op == b.op && a.seq == b.seq && a.layout == b.layout && a.causal == b.causal && a.scale == b.scale &&
          a.dtype == b.dtype && a.B == b.B && a.L == b.L && a.Hq == b.Hq && a.Hkv == b.Hkv && a.D == b.D &&
-         a.kv_wire == b.kv_wire && a.documents == b.documents && a.softcap == b.softcap && a.sinks == b.sinks;
+         a.kv_wire == b.kv_wire && a.documents == b.documents && a.softcap == b.softcap && a.sinks == b.sinks &&
+         a.grid == b.grid;
 }
 
 static bool Same(const CallSignature& a, const CallSignature& b) {

@@ -28,7 +28,8 @@ struct CallSignature {
   uint64_t documents;  // Documents::Hash of the call's document mask (0: none)
   float softcap;       // 0: none
   int32_t sinks;       // whether the call has attention sinks
-  char reason[88];
+  int32_t grid;        // U of the context's grid (1: the plain ring)
+  char reason[84];
 };
 static_assert(sizeof(CallSignature) == 192, "the signature is exchanged as raw bytes");
 

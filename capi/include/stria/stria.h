@@ -25,7 +25,7 @@
 
 /* The CMake project reads the version from these three lines: they are the single source. */
 #define STRIA_VERSION_MAJOR 0
-#define STRIA_VERSION_MINOR 5
+#define STRIA_VERSION_MINOR 6
 #define STRIA_VERSION_PATCH 0
 #define STRIA_VERSION (STRIA_VERSION_MAJOR * 10000 + STRIA_VERSION_MINOR * 100 + STRIA_VERSION_PATCH)
 
@@ -388,6 +388,9 @@ typedef struct {
   uint64_t kv_bytes;  /* K/V blocks */
   uint64_t dkv_bytes; /* dK/dV partials (backward calls) */
   uint64_t messages;  /* ring messages (a trimmed message with nothing left to carry is still one, of 0 bytes) */
+  /* 0.6: what a context with a grid sent the other members of its all-to-all group (written where
+   * struct_size holds it; the messages are counted in `messages`). */
+  uint64_t all_to_all_bytes;
 } stria_traffic_t;
 STRIA_API stria_status_t stria_context_get_traffic(stria_context_t ctx, stria_traffic_t* out);
 
@@ -460,6 +463,35 @@ STRIA_API stria_status_t stria_attention_prefill(stria_context_t ctx, const stri
                                                  const stria_kv_cache_t* cache, stria_prefill_t mode, const DLTensor* q,
                                                  const DLTensor* k, const DLTensor* v, DLTensor* out, DLTensor* lse,
                                                  void* stream);
+
+/* Extension, 0.6: hybrid context parallelism (DESIGN.md, "Hybrid grid"). The N ranks form a grid
+ * of R = N / U all-to-all groups of U consecutive ranks: rank r = g*U + u is member u of group g.
+ * Ring group g holds the tokens the layout gives rank g of a ring of R, and its member u the u-th of
+ * U equal contiguous pieces of them (stria_grid_positions; L = S / N tokens per rank, as on a
+ * ring). An attention call then swaps sequence shards for head shards within each group (an
+ * all-to-all of q, k, v: member u gets query heads [u*Hq/U, (u+1)*Hq/U) of the group's S / R
+ * tokens, and the K/V heads they read), runs the ring across the R groups on those heads, and swaps
+ * the outputs back; the backward likewise. The result equals the plain ring's. U = 1 is the plain
+ * ring, U = N pure all-to-all (no ring). U must divide Hq, and divide Hkv or be a multiple of it
+ * (fewer K/V heads than members: each member takes the one K/V head its query heads read).
+ * Documents and windows (params or the _documents and _window calls), softcap and sinks work as on
+ * a ring; a document plan does not (it places tokens on a plain ring). The serving calls spread
+ * their cache over all N ranks whatever the grid. CPU contexts, every transport.
+ *
+ * stria_context_set_grid sets U (a divisor of the world size; 1 on a new context). Every rank of
+ * the context sets the same U before its next call (the call's agreement checks it), between
+ * calls, like stria_context_set_deterministic. A backward's dsinks is this rank's part: its own
+ * heads' entries (over its group's tokens), 0 for the others, so the ranks' parts still add up. */
+STRIA_API stria_status_t stria_context_set_grid(stria_context_t ctx, int ulysses_size);
+STRIA_API stria_status_t stria_context_get_grid(stria_context_t ctx, int* ulysses_size);
+/* stria_layout_positions, stria_shard and stria_unshard for rank `rank` of a grid of all-to-all
+ * groups of ulysses_size ranks (ulysses_size 1: the plain functions). */
+STRIA_API stria_status_t stria_grid_positions(stria_layout_t layout, int64_t seq_len, int world_size, int ulysses_size,
+                                              int rank, int64_t* positions);
+STRIA_API stria_status_t stria_grid_shard(stria_layout_t layout, int world_size, int ulysses_size, int rank,
+                                          int seq_dim, const DLTensor* full, DLTensor* local, void* stream);
+STRIA_API stria_status_t stria_grid_unshard(stria_layout_t layout, int world_size, int ulysses_size, int rank,
+                                            int seq_dim, const DLTensor* local, DLTensor* full, void* stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

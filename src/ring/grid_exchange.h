@@ -1,0 +1,37 @@
+// The all-to-all within a grid's group: every member sends every other member a message made of
+// boxes (strided regions of tensors) packed back to back, and unpacks the messages it gets into
+// its own boxes. Host memory (the CPU backend).
+#pragma once
+
+#include <vector>
+
+#include "engine/context.h"
+
+namespace stria {
+
+// A region of a tensor: a TensorView whose data and shape select it (strides as the tensor's).
+using Box = TensorView;
+
+// A compact view of `data`: dims in elements, row-major.
+Box CompactBox(void* data, DType dtype, std::initializer_list<int64_t> dims);
+// Indices [begin, begin + count) of dimension `dim` of `box`.
+Box SubBox(const Box& box, int dim, int64_t begin, int64_t count);
+size_t BoxBytes(const Box& box);
+
+// One phase of the all-to-all: to[m], the boxes this member sends member m, in order; from[m], the
+// boxes member m's message fills here, in order (each the size of the box m sends). A box listed
+// for several members is written once, with their sum (float32, rounded once to the box's dtype).
+struct Exchange {
+  std::vector<std::vector<Box>> to, from;
+  explicit Exchange(int members) : to(static_cast<size_t>(members)), from(static_cast<size_t>(members)) {}
+  size_t SendBytes() const;
+  size_t ReceiveBytes() const;
+};
+
+// Runs one phase among the members of this rank's group: `send` and `receive` hold at least
+// SendBytes and ReceiveBytes. Messages are tagged by the call's `seq` and `phase`; `what` names the
+// phase in timeout messages. Adds the bytes sent to other members to ctx.traffic().
+Status RunExchange(Context& ctx, uint64_t seq, int phase, const char* what, const Exchange& x, void* send,
+                   void* receive);
+
+}  // namespace stria
