@@ -211,10 +211,10 @@ def a2a_shard_bytes(problem, u):
     q = t * problem.hq * d * e
     kv = t * kv_heads_exchanged(problem.hkv, u) * d * e
     lse = t * problem.hq * F32
-    # dK/dV back: split heads are complete at their member and go in the caller's dtype; shared
-    # heads arrive as partials from U/Hkv members and are summed at the destination, so they
-    # travel in float32, as the ring's own dK/dV partials do.
-    dkv = kv if problem.hkv % u == 0 else t * kv_heads_exchanged(problem.hkv, u) * d * F32
+    # dK/dV go back in the caller's dtype, like K/V came: split heads are complete at their member;
+    # a shared head's U/Hkv partials are each sent to the destination and summed there (in float32
+    # arithmetic, as the engine's grid does), so the volume is K/V's again.
+    dkv = kv
     return {
         "fwd_in": {"q": q, "k": kv, "v": kv},
         "fwd_out": {"out": q, "lse": lse},

@@ -48,6 +48,7 @@ struct RankOptions {
   // > 0: a document plan of this many random documents over S = L * world - 1 tokens (every rank
   // draws the same boundaries), the calls through stria_attention_*_documents with them.
   int plan_docs = 0;
+  int ulysses = 1;  // --ulysses U: a grid of all-to-all groups of U ranks (stria_context_set_grid)
 
   void ReadEnvironment() {
     rank = EnvInt("RANK", "OMPI_COMM_WORLD_RANK");
@@ -67,6 +68,8 @@ struct RankOptions {
       causal = v != "0";
     else if (k == "--plan-docs")
       plan_docs = std::stoi(v);
+    else if (k == "--ulysses")
+      ulysses = std::stoi(v);
     else if (k == "--dtypes") {  // a comma-separated list of f32, f16, bf16
       dtypes.clear();
       for (size_t at = 0; at <= v.size();) {
@@ -229,7 +232,7 @@ struct RankTokens {
     }
     pos.resize(static_cast<size_t>(L));
     status = plan != nullptr ? stria_plan_positions(plan, o.rank, pos.data())
-                             : stria_layout_positions(o.layout, S, o.world, o.rank, pos.data());
+                             : stria_grid_positions(o.layout, S, o.world, o.ulysses, o.rank, pos.data());
   }
   ~RankTokens() {
     if (plan != nullptr) stria_plan_destroy(plan);
@@ -239,7 +242,7 @@ struct RankTokens {
   // The rank's tokens of a full [1, S, H, D] host tensor into local [1, L, H, D].
   stria_status_t Shard(const RankOptions& o, const Tensor& full, Tensor* local) const {
     if (plan != nullptr) return stria_plan_shard(plan, o.rank, 1, &full.dl, &local->dl, nullptr);
-    return stria_shard(o.layout, o.world, o.rank, 1, &full.dl, &local->dl, nullptr);
+    return stria_grid_shard(o.layout, o.world, o.ulysses, o.rank, 1, &full.dl, &local->dl, nullptr);
   }
   int64_t num_seqs() const { return documents.empty() ? 0 : static_cast<int64_t>(documents.size()) - 1; }
 };

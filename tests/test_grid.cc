@@ -439,8 +439,8 @@ TEST(GridContext, TrafficCountsTheAllToAllBytes) {
   EXPECT_EQ(old.kv_bytes, bwd[0].kv_bytes);
 }
 
-// A grid's result is the plain ring's, bit for bit where the order of the sums is the same: here
-// the deterministic backward on both, compared at float32 tolerance over repeated calls.
+// Deterministic: the same call twice gives the same bits (the all-to-all's sums run in member
+// order, the ring's as on a plain ring).
 TEST(GridContext, RepeatedCallsGiveTheSameBits) {
   const int n = 4;
   LocalGroup group(n);

@@ -171,7 +171,7 @@ void RunPlanCase(const PlanCase& c) {
     // First a call on a layout, with NaN everywhere, of the same local shape: it leaves NaN in every
     // ring buffer (the plan's trimmed messages fill only the rows the ranks see: the rest must never
     // reach a result) and sends whole blocks, against which the plan's traffic is measured.
-    stria_traffic_t whole_fwd{sizeof(stria_traffic_t), 0, 0, 0}, whole_bwd = whole_fwd;
+    stria_traffic_t whole_fwd{sizeof(stria_traffic_t), 0, 0, 0, 0}, whole_bwd = whole_fwd;
     stria_traffic_t plan_fwd = whole_fwd, plan_bwd = whole_fwd;
     {
       Tensor nq({c.B, L, c.Hq, c.D}, c.dt), nk({c.B, L, c.Hkv, c.D}, c.dt), nv({c.B, L, c.Hkv, c.D}, c.dt);

@@ -184,7 +184,7 @@ void RunCase(const Case& c) {
     // leaves NaN in every ring buffer and sends whole blocks. The plan's messages carry only the
     // rows later ranks see: the rest of a buffer must never reach a result, and they must be
     // shorter where the blocks hold such rows.
-    stria_traffic_t whole{sizeof(stria_traffic_t), 0, 0, 0}, planned = whole;
+    stria_traffic_t whole{sizeof(stria_traffic_t), 0, 0, 0, 0}, planned = whole;
     if (c.plan_tile > 0 && c.world > 1) {
       DeviceTensor nq(ql), nk(kl), nv(vl), nout(out), nlse(lse), ndq(ql), ndk(kl), ndv(kl);
       for (DeviceTensor* t : {&nq, &nk, &nv, &nout, &nlse}) t->Poison();

@@ -107,7 +107,7 @@ def check_pure_ulysses(failures):
 def a2a_expected(t, hq, hkv, dim, e, u):
     """Bytes one rank sends in each all-to-all phase, from the head split: (U-1)/U of each tensor's
     shard. K/V are Hkv heads' worth when split and U heads' worth when shared (each member receives
-    its head from every other member); shared heads' dK/dV come back as float32 partials."""
+    its head from every other member); dK/dV come back in the dtype, as many bytes as K/V went."""
     shared = hkv % u != 0
     kvh = u if shared else hkv
     share = (u - 1) / u
@@ -115,7 +115,7 @@ def a2a_expected(t, hq, hkv, dim, e, u):
         "fwd_in": share * t * dim * e * (hq + 2 * kvh),
         "fwd_out": share * t * hq * (dim * e + F32),
         "bwd_in": share * t * (3 * hq * dim * e + 2 * kvh * dim * e + hq * F32),
-        "bwd_out": share * t * dim * (hq * e + 2 * kvh * (F32 if shared else e)),
+        "bwd_out": share * t * dim * e * (hq + 2 * kvh),
     }
 
 

@@ -35,12 +35,14 @@ struct RingCase {
   int64_t window_left = -1;  // >= 0: a sliding window to the left (the contiguous ring then stops early)
   int plan_docs = 0;         // > 0: on a document plan of this many documents (ucx_rank's --plan-docs)
   int64_t L = 48;            // tokens per rank (a plan's about as many)
+  int ulysses = 1;           // > 1: a grid of all-to-all groups of this many processes
 };
 
 void PrintTo(const RingCase& c, std::ostream* os) {
   *os << "N" << c.world << " " << c.layout << (c.causal ? " causal" : " full") << (c.id_file ? " unique_id" : " env")
       << (c.window_left >= 0 ? " window " + std::to_string(c.window_left) : "")
-      << (c.plan_docs > 0 ? " plan of " + std::to_string(c.plan_docs) + " documents" : "") << " L " << c.L;
+      << (c.plan_docs > 0 ? " plan of " + std::to_string(c.plan_docs) + " documents" : "") << " L " << c.L
+      << (c.ulysses > 1 ? " grid of groups of " + std::to_string(c.ulysses) : "");
 }
 
 class UcxRing : public ::testing::TestWithParam<RingCase> {};
@@ -57,6 +59,8 @@ TEST_P(UcxRing, MatchesReference) {
     if (c.id_file) args.insert(args.end(), {"--id-file", dir + "/id"});
     if (c.window_left >= 0) args.insert(args.end(), {"--window-left", std::to_string(c.window_left)});
     if (c.plan_docs > 0) args.insert(args.end(), {"--plan-docs", std::to_string(c.plan_docs)});
+    if (c.ulysses > 1) args.insert(args.end(), {"--ulysses", std::to_string(c.ulysses)});
+    if (c.ulysses == 3) args.insert(args.end(), {"--heads", "6", "--kv-heads", "1"});  // U must divide Hq
     launch.Start(r, STRIA_UCX_RANK, args, c.id_file ? Env(0) : Env(port));
   }
   auto results = launch.Wait(120);
@@ -83,6 +87,11 @@ std::vector<RingCase> RingCases() {
   // Blocks of several kernel tiles: the plan's messages trimmed to the rows later ranks see, whose
   // sizes every process derives from the plan alone.
   cases.push_back({3, "striped", true, false, -1, 12, 400});
+  // Grids: the all-to-all within groups of processes, the ring across them (2 x 2, and pure
+  // all-to-all over 3 and 4), every layout; a window on a grid.
+  for (const char* layout : {"contiguous", "striped", "zigzag"}) cases.push_back({4, layout, true, false, -1, 0, 48, 2});
+  cases.push_back({4, "zigzag", false, false, -1, 0, 48, 4});
+  cases.push_back({3, "striped", true, false, 30, 0, 48, 3});
   return cases;
 }
 
@@ -90,7 +99,8 @@ std::string CaseName(const ::testing::TestParamInfo<RingCase>& info) {
   const RingCase& c = info.param;
   return "N" + std::to_string(c.world) + "_" + c.layout + (c.causal ? "_causal" : "_full") +
          (c.id_file ? "_unique_id" : "_env") + (c.window_left >= 0 ? "_window" + std::to_string(c.window_left) : "") +
-         (c.plan_docs > 0 ? "_plan" + std::to_string(c.plan_docs) : "") + (c.L != 48 ? "_L" + std::to_string(c.L) : "");
+         (c.plan_docs > 0 ? "_plan" + std::to_string(c.plan_docs) : "") + (c.L != 48 ? "_L" + std::to_string(c.L) : "") +
+         (c.ulysses > 1 ? "_grid" + std::to_string(c.ulysses) : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, UcxRing, ::testing::ValuesIn(RingCases()), CaseName);

@@ -204,6 +204,11 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::printf("rank %d: joined after %.3f s\n", o.rank, Now() - t0);
+  if (o.ulysses != 1 && (s = stria_context_set_grid(ctx, o.ulysses)) != STRIA_SUCCESS) {
+    Result(o, s, t0, stria_get_last_error());
+    stria_context_destroy(ctx);
+    return 0;
+  }
   if (o.decode_steps > 0) {
     const std::string failed = DecodeLoop(o, ctx, &s);
     const stria_status_t destroyed = stria_context_destroy(ctx);
