@@ -137,8 +137,8 @@ void RunCase(const Case& c) {
     stria_context_t ctx = group.ctx[static_cast<size_t>(r)];
     status[static_cast<size_t>(2 * r)] = stria_attention_forward(ctx, &p, &qv, &kv, &vv, &out.dl, &lse.dl, nullptr);
     std::string err = stria_get_last_error();
-    status[static_cast<size_t>(2 * r + 1)] = stria_attention_backward(ctx, &p, &qv, &kv, &vv, &out.dl, &lse.dl,
-                                                                      &dol.dl, &dq.dl, &dk.dl, &dv.dl, nullptr);
+    status[static_cast<size_t>(2 * r + 1)] =
+        stria_attention_backward(ctx, &p, &qv, &kv, &vv, &out.dl, &lse.dl, &dol.dl, &dq.dl, &dk.dl, &dv.dl, nullptr);
     errors[static_cast<size_t>(r)] = err + stria_get_last_error();
     full.Gather(r, out, lse, dq, dk, dv);
   });
@@ -282,8 +282,7 @@ TEST(GridLayout, UnshardInvertsShardAndU1IsThePlainLayout) {
 TEST(GridLayout, BadArgumentsAreRefusedWithAMessage) {
   std::vector<int64_t> pos(8);
   EXPECT_EQ(stria_grid_positions(STRIA_LAYOUT_STRIPED, 16, 4, 3, 0, pos.data()), STRIA_ERROR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(stria_get_last_error()).find("divide world_size"), std::string::npos)
-      << stria_get_last_error();
+  EXPECT_NE(std::string(stria_get_last_error()).find("divide world_size"), std::string::npos) << stria_get_last_error();
   EXPECT_EQ(stria_grid_positions(STRIA_LAYOUT_STRIPED, 16, 4, 0, 0, pos.data()), STRIA_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(stria_grid_positions(STRIA_LAYOUT_STRIPED, 16, 4, 2, 4, pos.data()), STRIA_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(stria_grid_positions(STRIA_LAYOUT_STRIPED, 18, 4, 2, 0, pos.data()), STRIA_ERROR_INVALID_ARGUMENT);
@@ -317,9 +316,8 @@ std::vector<stria_status_t> ForwardAll(LocalGroup& group, int64_t L, int64_t Hq,
   if (params != nullptr) p = *params;
   RunRanks(n, [&](int r) {
     AttentionTensors t(1, L, Hq, Hkv, 8, Dt::kF32, 7 + static_cast<uint64_t>(r));
-    st[static_cast<size_t>(r)] =
-        stria_attention_forward(group.ctx[static_cast<size_t>(r)], &p, &t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl, &t.lse.dl,
-                                nullptr);
+    st[static_cast<size_t>(r)] = stria_attention_forward(group.ctx[static_cast<size_t>(r)], &p, &t.q.dl, &t.k.dl,
+                                                         &t.v.dl, &t.out.dl, &t.lse.dl, nullptr);
     if (errors != nullptr) (*errors)[static_cast<size_t>(r)] = stria_get_last_error();
   });
   return st;
@@ -458,8 +456,8 @@ TEST(GridContext, RepeatedCallsGiveTheSameBits) {
       stria_context_t ctx = group.ctx[static_cast<size_t>(r)];
       ASSERT_EQ(stria_attention_forward(ctx, &p, &t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl, &t.lse.dl, nullptr),
                 STRIA_SUCCESS);
-      ASSERT_EQ(stria_attention_backward(ctx, &p, &t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl, &t.lse.dl, &t.dout.dl,
-                                         &t.dq.dl, &t.dk.dl, &t.dv.dl, nullptr),
+      ASSERT_EQ(stria_attention_backward(ctx, &p, &t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl, &t.lse.dl, &t.dout.dl, &t.dq.dl,
+                                         &t.dk.dl, &t.dv.dl, nullptr),
                 STRIA_SUCCESS);
       std::vector<double> all = t.dk.ToDouble();
       for (const Tensor* x : {&t.out, &t.dq, &t.dv}) {

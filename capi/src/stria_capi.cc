@@ -583,8 +583,7 @@ STRIA_API stria_status_t stria_grid_positions(stria_layout_t layout, int64_t seq
     STRIA_RETURN_IF_ERROR(stria::CheckGrid(layout, seq_len, world_size, ulysses_size, rank));
     if (positions == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "positions is NULL");
     const int64_t L = seq_len / world_size;
-    for (int64_t i = 0; i < L; ++i)
-      positions[i] = stria::GridPosition(layout, L, world_size, ulysses_size, rank, i);
+    for (int64_t i = 0; i < L; ++i) positions[i] = stria::GridPosition(layout, L, world_size, ulysses_size, rank, i);
     return Status::Ok();
   });
 }

@@ -38,7 +38,7 @@ class Context {
   // r = g·U + u in all-to-all group g (U consecutive ranks) at position u. U = 1: the plain ring.
   int ulysses_size() const { return ulysses_; }
   int ring_size() const { return world_size_ / ulysses_; }
-  int ring_rank() const { return rank_ / ulysses_; }  // g
+  int ring_rank() const { return rank_ / ulysses_; }   // g
   int group_rank() const { return rank_ % ulysses_; }  // u
   // Between calls, under the call guard (the caller checks world_size % u == 0).
   void SetUlyssesSize(int u) { ulysses_ = u; }

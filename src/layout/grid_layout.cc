@@ -26,8 +26,7 @@ Status CheckGrid(stria_layout_t layout, int64_t seq_len, int world_size, int uly
   return CheckLayout(layout, seq_len, world_size / ulysses_size, rank / ulysses_size);
 }
 
-int64_t GridPosition(stria_layout_t layout, int64_t local_len, int world_size, int ulysses_size, int rank,
-                     int64_t i) {
+int64_t GridPosition(stria_layout_t layout, int64_t local_len, int world_size, int ulysses_size, int rank, int64_t i) {
   const int u = rank % ulysses_size, g = rank / ulysses_size;
   return GlobalPosition(layout, local_len * ulysses_size, world_size / ulysses_size, g, u * local_len + i);
 }
@@ -46,7 +45,8 @@ DLTensor Slice(const DLTensor& t, int dim, int64_t begin, int64_t count, std::ve
     stride *= t.shape[d];
   }
   DLTensor s = t;
-  s.byte_offset += static_cast<uint64_t>(begin * (*strides)[static_cast<size_t>(dim)] * ((t.dtype.bits * t.dtype.lanes + 7) / 8));
+  s.byte_offset +=
+      static_cast<uint64_t>(begin * (*strides)[static_cast<size_t>(dim)] * ((t.dtype.bits * t.dtype.lanes + 7) / 8));
   (*shape)[static_cast<size_t>(dim)] = count;
   s.shape = shape->data();
   s.strides = strides->data();

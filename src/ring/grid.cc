@@ -69,8 +69,8 @@ Status CheckGridDevice(Context& ctx) {
 Status Staging(Context& ctx, const Exchange& in, const Exchange& out, void** send, void** receive) {
   Status st = ctx.RingBuffer(kGridSendSlot, std::max<size_t>(1, std::max(in.SendBytes(), out.SendBytes())), send);
   if (st.ok())
-    st = ctx.RingBuffer(kGridReceiveSlot, std::max<size_t>(1, std::max(in.ReceiveBytes(), out.ReceiveBytes())),
-                        receive);
+    st =
+        ctx.RingBuffer(kGridReceiveSlot, std::max<size_t>(1, std::max(in.ReceiveBytes(), out.ReceiveBytes())), receive);
   return st;
 }
 
@@ -167,7 +167,7 @@ Status GridBackward(Context& ctx, const ValidatedCall& c, Status local) {
       for (int m = 0; m < U; ++m) {
         const GridHeads& h = g.member[static_cast<size_t>(m)];
         const size_t mm = static_cast<size_t>(m);
-        in.to[mm] = {Heads(c.q, h, false), Heads(c.k, h, true),    Heads(c.v, h, true),
+        in.to[mm] = {Heads(c.q, h, false),   Heads(c.k, h, true),     Heads(c.v, h, true),
                      Heads(c.out, h, false), Heads(c.dout, h, false), LseHeads(c.lse, h)};
         in.from[mm] = {Tokens(g.rc.q, L, m),   Tokens(g.rc.k, L, m),    Tokens(g.rc.v, L, m),
                        Tokens(g.rc.out, L, m), Tokens(g.rc.dout, L, m), LseTokens(g.rc.lse, L, m)};

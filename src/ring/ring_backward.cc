@@ -51,8 +51,7 @@ Status RingBackward(Context& ctx, const BackwardCall& call) {
   return BackwardSteps(ctx, g, c, seq, b);
 }
 
-Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, uint64_t seq,
-                     const BackwardBuffers& b) {
+Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, uint64_t seq, const BackwardBuffers& b) {
   const int n = g.n, r = g.r, next = g.Next(), prev = g.Prev();
   Backend& be = ctx.backend();
   Transport& tr = ctx.transport();

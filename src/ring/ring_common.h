@@ -84,8 +84,7 @@ struct BackwardBuffers {
   void* own = nullptr;                  // the contribution to this rank's own block
 };
 Status BackwardWorkspace(Context& ctx, const RingGroup& g, const ValidatedCall& c, BackwardBuffers* b);
-Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, uint64_t seq,
-                     const BackwardBuffers& b);
+Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, uint64_t seq, const BackwardBuffers& b);
 
 // Ring buffer slots (Context::RingBuffer): K/V blocks 0 and 1, dK/dV partials 2 to 4, the
 // staging of trimmed messages (K/V out and in 5 and 6, dK/dV out 7), and a plan's own dK/dV 8.

@@ -89,7 +89,8 @@ std::vector<RingCase> RingCases() {
   cases.push_back({3, "striped", true, false, -1, 12, 400});
   // Grids: the all-to-all within groups of processes, the ring across them (2 x 2, and pure
   // all-to-all over 3 and 4), every layout; a window on a grid.
-  for (const char* layout : {"contiguous", "striped", "zigzag"}) cases.push_back({4, layout, true, false, -1, 0, 48, 2});
+  for (const char* layout : {"contiguous", "striped", "zigzag"})
+    cases.push_back({4, layout, true, false, -1, 0, 48, 2});
   cases.push_back({4, "zigzag", false, false, -1, 0, 48, 4});
   cases.push_back({3, "striped", true, false, 30, 0, 48, 3});
   return cases;
@@ -99,8 +100,8 @@ std::string CaseName(const ::testing::TestParamInfo<RingCase>& info) {
   const RingCase& c = info.param;
   return "N" + std::to_string(c.world) + "_" + c.layout + (c.causal ? "_causal" : "_full") +
          (c.id_file ? "_unique_id" : "_env") + (c.window_left >= 0 ? "_window" + std::to_string(c.window_left) : "") +
-         (c.plan_docs > 0 ? "_plan" + std::to_string(c.plan_docs) : "") + (c.L != 48 ? "_L" + std::to_string(c.L) : "") +
-         (c.ulysses > 1 ? "_grid" + std::to_string(c.ulysses) : "");
+         (c.plan_docs > 0 ? "_plan" + std::to_string(c.plan_docs) : "") +
+         (c.L != 48 ? "_L" + std::to_string(c.L) : "") + (c.ulysses > 1 ? "_grid" + std::to_string(c.ulysses) : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, UcxRing, ::testing::ValuesIn(RingCases()), CaseName);

@@ -180,6 +180,7 @@ class Context:
         timeout_s: float = 0.0,
         num_threads: int = 0,
         nccl_comm: int | None = None,
+        ulysses: int = 1,
     ):
         """Creates rank `rank` of `world_size` (stria_context_create).
 
@@ -192,6 +193,9 @@ class Context:
         nccl_comm: with transport NCCL, an ncclComm_t the caller already has, as its address (an
         int), whose rank, size and device match (stria_context_create_with_nccl_comm); stria
         never destroys it.
+
+        ulysses: a grid of all-to-all groups of that many consecutive ranks (see the ``ulysses``
+        property); every rank passes the same.
         """
         self._handle = None
         config = _config(rank, world_size, device, transport, unique_id, timeout_s, num_threads)
@@ -207,6 +211,16 @@ class Context:
         else:
             handle = capi.stria_context_create_with_nccl_comm(config, operator.index(nccl_comm))
         self._adopt(handle, parse_device(device))
+        self._set_grid_or_close(ulysses)
+
+    def _set_grid_or_close(self, ulysses: int) -> None:
+        """Applies a grid given at creation; a bad one closes the new context and raises."""
+        if ulysses != 1:
+            try:
+                self.ulysses = ulysses
+            except BaseException:
+                self.close()
+                raise
 
     @classmethod
     def _from_handle(cls, handle: Any, device: tuple[int, int]) -> Context:
@@ -240,6 +254,7 @@ class Context:
         transport: TransportLike = Transport.UCX,
         timeout_s: float = 0.0,
         num_threads: int = 0,
+        ulysses: int = 1,
     ) -> Context:
         """Rank `rank` of `world_size` processes that meet through a broadcast the caller has.
 
@@ -251,7 +266,10 @@ class Context:
         of one needs no rendezvous and does not call share.
         """
         if world_size == 1:
-            return cls(rank, 1, device=device, transport=transport, timeout_s=timeout_s, num_threads=num_threads)
+            return cls(
+                rank, 1, device=device, transport=transport, timeout_s=timeout_s, num_threads=num_threads,
+                ulysses=ulysses,
+            )
         payload = None
         failure: StriaError | None = None
         if rank == 0:
@@ -277,6 +295,7 @@ class Context:
             unique_id=got[1],
             timeout_s=timeout_s,
             num_threads=num_threads,
+            ulysses=ulysses,
         )
 
     @classmethod
@@ -288,6 +307,7 @@ class Context:
         timeout_s: float = 0.0,
         num_threads: int = 0,
         environ: Mapping[str, str] | None = None,
+        ulysses: int = 1,
     ) -> Context:
         """The context of this process under torchrun or mpirun.
 
@@ -304,6 +324,9 @@ class Context:
         values, or removed where the mapping has none, and restored afterwards, absence included.
         Meanwhile other threads see those values; from_env calls that need different ones wait
         for each other (calls with the same values, e.g. ranks created by threads, run together).
+
+        ulysses: a grid of all-to-all groups of that many consecutive ranks (the GPUs of a node,
+        typically the launcher's LOCAL_WORLD_SIZE); see the ``ulysses`` property.
         """
         env = os.environ if environ is None else environ
         if "RANK" in env and "WORLD_SIZE" in env:
@@ -337,7 +360,10 @@ class Context:
             dev = (capi.kDLCUDA, local_rank)
         if world_size == 1 and not env.get("STRIA_ROOT"):
             # A launcher's world of one (torchrun --nproc-per-node 1): no peer to meet.
-            return cls(rank, 1, device=dev, transport=Transport.LOCAL, timeout_s=timeout_s, num_threads=num_threads)
+            return cls(
+                rank, 1, device=dev, transport=Transport.LOCAL, timeout_s=timeout_s, num_threads=num_threads,
+                ulysses=ulysses,
+            )
 
         def create() -> Context:
             return cls(
@@ -348,6 +374,7 @@ class Context:
                 unique_id=None,
                 timeout_s=timeout_s,
                 num_threads=num_threads,
+                ulysses=ulysses,
             )
 
         if environ is None or environ is os.environ:
@@ -393,6 +420,22 @@ class Context:
     def deterministic(self, value: bool) -> None:
         _ops.apply_deterministic(self, bool(value))
         self._deterministic = bool(value)
+
+    @property
+    def ulysses(self) -> int:
+        """The size U of this context's all-to-all groups (stria_context_set_grid; 1, the plain
+        ring, by default). On a grid the world_size ranks form world_size / U groups of U
+        consecutive ranks: a call swaps sequence shards for head shards within each group (U must
+        divide the query heads, and divide the K/V heads or be a multiple of them), runs the ring
+        across the groups and swaps back. Tokens are placed by the layout on the ring of groups,
+        each group's share cut into U contiguous pieces: shard with ``stria.shard(...,
+        ulysses=ctx.ulysses)`` and take positions from ``stria.positions(..., ulysses=...)``.
+        Every rank sets the same U, between calls."""
+        return int(capi.stria_context_get_grid(self.handle))
+
+    @ulysses.setter
+    def ulysses(self, value: int) -> None:
+        _ops.set_grid(self, value)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
@@ -557,6 +600,7 @@ class LocalGroup(Sequence[Context]):
         devices: Sequence[DeviceLike] | None = None,
         timeout_s: float = 0.0,
         num_threads: int = 0,
+        ulysses: int = 1,
     ):
         config = _config(0, 1, device, Transport.LOCAL, None, timeout_s, num_threads)
         if devices is None:
@@ -572,6 +616,13 @@ class LocalGroup(Sequence[Context]):
         self._contexts = [Context._from_handle(h, dev) for h, dev in zip(handles, placed)]
         for c in self._contexts:
             c._in_local_group = True
+        if ulysses != 1:
+            try:
+                for c in self._contexts:
+                    c.ulysses = ulysses
+            except BaseException:
+                self.close()
+                raise
 
     def __len__(self) -> int:
         return len(self._contexts)
@@ -659,7 +710,11 @@ def local_group(
     devices: Sequence[DeviceLike] | None = None,
     timeout_s: float = 0.0,
     num_threads: int = 0,
+    ulysses: int = 1,
 ) -> LocalGroup:
     """world_size ranks in this process (stria_context_create_local_group), all on ``device``, or
-    rank r on ``devices[r]``; see LocalGroup."""
-    return LocalGroup(world_size, device=device, devices=devices, timeout_s=timeout_s, num_threads=num_threads)
+    rank r on ``devices[r]``; ulysses: a grid of all-to-all groups of that many ranks (see
+    Context.ulysses). See LocalGroup."""
+    return LocalGroup(
+        world_size, device=device, devices=devices, timeout_s=timeout_s, num_threads=num_threads, ulysses=ulysses
+    )

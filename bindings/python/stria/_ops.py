@@ -9,6 +9,8 @@ returned; one that is not is allocated like the inputs (same framework, device a
 
 from __future__ import annotations
 
+import operator
+
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -279,10 +281,14 @@ def attention_backward(
     return (dq, dk, dv) if sinks is None else (dq, dk, dv, dsinks)
 
 
-def positions(layout: LayoutLike, seq_len: int, world_size: int, rank: int) -> np.ndarray:
+def positions(layout: LayoutLike, seq_len: int, world_size: int, rank: int, *, ulysses: int = 1) -> np.ndarray:
     """The global position of each of this rank's seq_len / world_size tokens (int64), e.g. for
-    rotary position ids and for picking this rank's labels."""
-    raw = capi.stria_layout_positions(Layout.of(layout), seq_len, world_size, rank)
+    rotary position ids and for picking this rank's labels. ulysses > 1: rank of a grid of
+    all-to-all groups of that many ranks (Context.ulysses; stria_grid_positions)."""
+    if ulysses == 1:
+        raw = capi.stria_layout_positions(Layout.of(layout), seq_len, world_size, rank)
+    else:
+        raw = capi.stria_grid_positions(Layout.of(layout), seq_len, world_size, operator.index(ulysses), rank)
     return np.frombuffer(raw, dtype=np.int64)
 
 
@@ -305,15 +311,23 @@ def shard(
     seq_dim: int = 1,
     out: Tensor | None = None,
     stream: int | None = None,
+    ulysses: int = 1,
 ) -> Tensor:
     """This rank's tokens of a full-sequence tensor (along seq_dim; negative counts from the end),
-    copied into out (or a new tensor like full) in the order of the layout."""
+    copied into out (or a new tensor like full) in the order of the layout (on a grid of
+    all-to-all groups of `ulysses` ranks: stria_grid_shard)."""
     if out is None:
         full_shape = shape_of(full, "shard", "full")
         out = empty_like(full, _resized(full_shape, seq_dim, 1, world_size) or full_shape, name="full")
     if stream is None:
         stream = default_stream(full)
-    capi.stria_shard(Layout.of(layout), world_size, rank, seq_dim, for_dlpack(full), for_dlpack(out), stream)
+    if ulysses == 1:
+        capi.stria_shard(Layout.of(layout), world_size, rank, seq_dim, for_dlpack(full), for_dlpack(out), stream)
+    else:
+        capi.stria_grid_shard(
+            Layout.of(layout), world_size, operator.index(ulysses), rank, seq_dim, for_dlpack(full), for_dlpack(out),
+            stream,
+        )
     return out
 
 
@@ -326,8 +340,10 @@ def unshard(
     seq_dim: int = 1,
     out: Tensor | None = None,
     stream: int | None = None,
+    ulysses: int = 1,
 ) -> Tensor:
-    """Writes this rank's tokens back into their places in a full-sequence tensor and returns it.
+    """Writes this rank's tokens back into their places in a full-sequence tensor and returns it
+    (on a grid of all-to-all groups of `ulysses` ranks: stria_grid_unshard).
 
     Pass the same `out` from every rank to assemble the whole sequence; a new `out` is zero
     everywhere but this rank's positions.
@@ -338,7 +354,13 @@ def unshard(
         out = empty_like(local, shape, zero=True, name="local")
     if stream is None:
         stream = default_stream(local)
-    capi.stria_unshard(Layout.of(layout), world_size, rank, seq_dim, for_dlpack(local), for_dlpack(out), stream)
+    if ulysses == 1:
+        capi.stria_unshard(Layout.of(layout), world_size, rank, seq_dim, for_dlpack(local), for_dlpack(out), stream)
+    else:
+        capi.stria_grid_unshard(
+            Layout.of(layout), world_size, operator.index(ulysses), rank, seq_dim, for_dlpack(local), for_dlpack(out),
+            stream,
+        )
     return out
 
 
@@ -394,13 +416,19 @@ class Traffic:
 
     kv_bytes: int  #: K/V blocks
     dkv_bytes: int  #: dK/dV partials (backward calls)
-    messages: int  #: ring messages
+    messages: int  #: ring messages (and a grid's all-to-all messages)
+    all_to_all_bytes: int = 0  #: a grid's all-to-all, sent to the other members of the group
 
 
 def traffic(ctx: Context) -> Traffic:
     """What ctx sent in its last attention call (zeros before the first)."""
     t = capi.stria_context_get_traffic(ctx.handle)
-    return Traffic(int(t.kv_bytes), int(t.dkv_bytes), int(t.messages))
+    return Traffic(int(t.kv_bytes), int(t.dkv_bytes), int(t.messages), int(t.all_to_all_bytes))
+
+
+def set_grid(ctx: Context, ulysses: int) -> None:
+    """stria_context_set_grid: all-to-all groups of `ulysses` consecutive ranks (1: the ring)."""
+    capi.stria_context_set_grid(_handle(ctx, "ulysses"), operator.index(ulysses))
 
 
 def step_times(ctx: Context) -> list[StepTime]:

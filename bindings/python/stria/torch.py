@@ -506,6 +506,7 @@ def context_from_group(
     transport: TransportLike | None = None,
     timeout_s: float = 0.0,
     num_threads: int = 0,
+    ulysses: int = 1,
 ) -> Context:
     """This process's rank of a torch.distributed process group (default: the world) as a stria
     Context, the unique id shared over the group itself: no STRIA_ROOT, no port of its own to
@@ -514,7 +515,8 @@ def context_from_group(
     device: None is this process's current GPU where the group's backend is or includes NCCL (a
     group made without naming a backend, where torch sees a GPU), else the CPU;
     "cuda" is the current GPU. transport: None is NCCL on a GPU and UCX on the CPU (the
-    in-process transport for a group of one).
+    in-process transport for a group of one). ulysses: a grid of all-to-all groups of that many
+    consecutive ranks of the group (Context.ulysses; e.g. the GPUs of a node).
     """
     import torch.distributed as dist  # noqa: PLC0415 - only this function needs it
 
@@ -543,5 +545,12 @@ def context_from_group(
         return box[0]
 
     return Context.join(
-        rank, world_size, share, device=dev, transport=transport, timeout_s=timeout_s, num_threads=num_threads
+        rank,
+        world_size,
+        share,
+        device=dev,
+        transport=transport,
+        timeout_s=timeout_s,
+        num_threads=num_threads,
+        ulysses=ulysses,
     )

@@ -219,7 +219,8 @@ def shard_batch(
             picked[padding.to(x.device)] = fill
             return picked
     else:
-        index = torch.from_numpy(layout_positions(layout, seq, n, rank).astype(np.int64))
+        # On a grid the layout places tokens on the ring of groups, each group's cut in pieces.
+        index = torch.from_numpy(layout_positions(layout, seq, n, rank, ulysses=context.ulysses).astype(np.int64))
 
         def take(x: torch.Tensor, fill: int) -> torch.Tensor:  # noqa: ARG001 - every slot has a token
             return x[:, index.to(x.device)]

@@ -53,17 +53,19 @@ STRIA_RELEASE_GIL(stria_attention_forward)
 STRIA_RELEASE_GIL(stria_attention_backward)
 STRIA_RELEASE_GIL(stria_shard)
 STRIA_RELEASE_GIL(stria_unshard)
+STRIA_RELEASE_GIL(stria_grid_shard)
+STRIA_RELEASE_GIL(stria_grid_unshard)
 STRIA_RELEASE_GIL(stria_analyze_balance)
 STRIA_RELEASE_GIL(stria_analyze_balance_steps)
 
 /* ---- scalars and handles ---------------------------------------------------------------- */
 /* stria_context_get_rank / _get_world_size: the int as the result (typemaps.i's OUTPUT would not
  * replace the status's None under SWIG 4.3 and later: see STRIA_APPEND_OUTPUT). */
-%typemap(in, numinputs=0) int* rank (int temp), int* world_size (int temp) {
+%typemap(in, numinputs=0) int* rank (int temp), int* world_size (int temp), int* ulysses_size (int temp) {
   temp = 0;
   $1 = &temp;
 }
-%typemap(argout) int* rank, int* world_size {
+%typemap(argout) int* rank, int* world_size, int* ulysses_size {
   STRIA_APPEND_OUTPUT(PyLong_FromLong(*$1));
 }
 
@@ -405,6 +407,20 @@ STRIA_RELEASE_GIL(stria_plan_analyze_balance)
 }
 %typemap(freearg) (int64_t seq_len, int world_size, int rank, int64_t* positions) {
   free($4);
+}
+/* stria_grid_positions: seq_len / world_size entries likewise. */
+%typemap(check) (int64_t seq_len, int world_size, int ulysses_size, int rank, int64_t* positions) {
+  $5 = (int64_t*)calloc($1 > 0 && $2 > 0 && $1 >= $2 ? (size_t)($1 / $2) : 1, sizeof *$5);
+  if (!$5) {
+    PyErr_NoMemory();
+    SWIG_fail;
+  }
+}
+%typemap(argout) (int64_t seq_len, int world_size, int ulysses_size, int rank, int64_t* positions) {
+  STRIA_APPEND_OUTPUT(PyByteArray_FromStringAndSize((const char*)$5, ($1 / $2) * (Py_ssize_t)sizeof *$5));
+}
+%typemap(freearg) (int64_t seq_len, int world_size, int ulysses_size, int rank, int64_t* positions) {
+  free($5);
 }
 
 %typemap(check) (int world_size, int64_t tile, double* work) {

@@ -18,9 +18,9 @@ const libstria = "libstria.so.0"
 # ---- constants (object-like macros, evaluated by the C front end) ----
 const DLPACK_VERSION = 60
 const STRIA_VERSION_MAJOR = 0
-const STRIA_VERSION_MINOR = 5
+const STRIA_VERSION_MINOR = 6
 const STRIA_VERSION_PATCH = 0
-const STRIA_VERSION = 500
+const STRIA_VERSION = 600
 
 # ---- dlpack/dlpack.h ----
 
@@ -629,6 +629,9 @@ struct stria_traffic_t
     dkv_bytes::UInt64  # dK/dV partials (backward calls)
     # ring messages (a trimmed message with nothing left to carry is still one, of 0 bytes)
     messages::UInt64
+    # 0.6: what a context with a grid sent the other members of its all-to-all group (written where
+    # struct_size holds it; the messages are counted in `messages`).
+    all_to_all_bytes::UInt64
 end
 
 function stria_context_get_traffic(ctx, out)
@@ -719,6 +722,56 @@ function stria_attention_prefill(ctx, params, cache, mode, q, k, v, out, lse, st
           ctx, params, cache, mode, q, k, v, out, lse, stream)
 end
 
+# Extension, 0.6: hybrid context parallelism (DESIGN.md, "Hybrid grid"). The N ranks form a grid
+# of R = N / U all-to-all groups of U consecutive ranks: rank r = g*U + u is member u of group g.
+# Ring group g holds the tokens the layout gives rank g of a ring of R, and its member u the u-th of
+# U equal contiguous pieces of them (stria_grid_positions; L = S / N tokens per rank, as on a
+# ring). An attention call then swaps sequence shards for head shards within each group (an
+# all-to-all of q, k, v: member u gets query heads [u*Hq/U, (u+1)*Hq/U) of the group's S / R
+# tokens, and the K/V heads they read), runs the ring across the R groups on those heads, and swaps
+# the outputs back; the backward likewise. The result equals the plain ring's. U = 1 is the plain
+# ring, U = N pure all-to-all (no ring). U must divide Hq, and divide Hkv or be a multiple of it
+# (fewer K/V heads than members: each member takes the one K/V head its query heads read).
+# Documents and windows (params or the _documents and _window calls), softcap and sinks work as on
+# a ring; a document plan does not (it places tokens on a plain ring). The serving calls spread
+# their cache over all N ranks whatever the grid. CPU contexts, every transport.
+#
+# stria_context_set_grid sets U (a divisor of the world size; 1 on a new context). Every rank of
+# the context sets the same U before its next call (the call's agreement checks it), between
+# calls, like stria_context_set_deterministic. A backward's dsinks is this rank's part: its own
+# heads' entries (over its group's tokens), 0 for the others, so the ranks' parts still add up.
+function stria_context_set_grid(ctx, ulysses_size)
+    ccall((:stria_context_set_grid, libstria), stria_status_t,
+          (stria_context_t, Cint),
+          ctx, ulysses_size)
+end
+
+function stria_context_get_grid(ctx, ulysses_size)
+    ccall((:stria_context_get_grid, libstria), stria_status_t,
+          (stria_context_t, Ptr{Cint}),
+          ctx, ulysses_size)
+end
+
+# stria_layout_positions, stria_shard and stria_unshard for rank `rank` of a grid of all-to-all
+# groups of ulysses_size ranks (ulysses_size 1: the plain functions).
+function stria_grid_positions(layout, seq_len, world_size, ulysses_size, rank, positions)
+    ccall((:stria_grid_positions, libstria), stria_status_t,
+          (stria_layout_t, Int64, Cint, Cint, Cint, Ptr{Int64}),
+          layout, seq_len, world_size, ulysses_size, rank, positions)
+end
+
+function stria_grid_shard(layout, world_size, ulysses_size, rank, seq_dim, full, var"local", stream)
+    ccall((:stria_grid_shard, libstria), stria_status_t,
+          (stria_layout_t, Cint, Cint, Cint, Cint, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{Cvoid}),
+          layout, world_size, ulysses_size, rank, seq_dim, full, var"local", stream)
+end
+
+function stria_grid_unshard(layout, world_size, ulysses_size, rank, seq_dim, var"local", full, stream)
+    ccall((:stria_grid_unshard, libstria), stria_status_t,
+          (stria_layout_t, Cint, Cint, Cint, Cint, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{Cvoid}),
+          layout, world_size, ulysses_size, rank, seq_dim, var"local", full, stream)
+end
+
 export DLPACK_VERSION, STRIA_VERSION_MAJOR, STRIA_VERSION_MINOR, STRIA_VERSION_PATCH, STRIA_VERSION
 export DLDeviceType, kDLCPU, kDLCUDA, kDLCUDAHost, kDLOpenCL, kDLVulkan, kDLMetal, kDLVPI, kDLROCM
 export kDLROCMHost, kDLExtDev, kDLCUDAManaged, DLDevice, DLDataTypeCode, kDLInt, kDLUInt, kDLFloat
@@ -744,6 +797,7 @@ export stria_layout_positions, stria_shard, stria_unshard, stria_balance_t, stri
 export stria_analyze_balance_steps, stria_plan_analyze_balance, stria_step_time_t
 export stria_context_get_step_times, stria_traffic_t, stria_context_get_traffic, stria_kv_cache_t
 export stria_kv_cache_init, stria_attention_decode, stria_prefill_t, STRIA_PREFILL_AUTO
-export STRIA_PREFILL_PASS_KV, STRIA_PREFILL_PASS_Q, stria_attention_prefill
+export STRIA_PREFILL_PASS_KV, STRIA_PREFILL_PASS_Q, stria_attention_prefill, stria_context_set_grid
+export stria_context_get_grid, stria_grid_positions, stria_grid_shard, stria_grid_unshard
 
 end # module LibStria

@@ -40,7 +40,8 @@ include("attention.jl")
 include("serving.jl")
 include("layout.jl")
 
-export StriaError, Context, local_group, run_ranks, abort!, set_call_tag!, set_deterministic!, step_times, traffic, UniqueId,
+export StriaError, Context, local_group, run_ranks, abort!, set_call_tag!, set_deterministic!, set_grid!, grid, step_times,
+       traffic, UniqueId, grid_positions, grid_shard!, grid_unshard!,
        unique_id, attention_forward, attention_forward!, attention_backward, attention_backward!, attention_decode!, attention_prefill!,
        positions, shard, shard!, unshard, unshard!, analyze_balance, analyze_balance_steps,
        library_version, Plan, local_len, plan_info

@@ -249,17 +249,45 @@ function set_deterministic!(ctx::Context, on::Bool)
 end
 
 """
+    set_grid!(ctx, ulysses::Integer) -> ctx
+
+Makes the context's ranks a grid of all-to-all groups of `ulysses` consecutive ranks within a
+ring of `world_size ÷ ulysses` groups (`stria_context_set_grid`; 1, the plain ring, by default).
+A call then swaps sequence shards for head shards within the group, runs the ring across the
+groups and swaps back; `ulysses` must divide the query heads, and divide the K/V heads or be a
+multiple of them. Tokens are placed by `grid_positions` (`grid_shard!`). Every rank sets the
+same value, between calls.
+"""
+function set_grid!(ctx::Context, ulysses::Integer)
+    GC.@preserve ctx _call(() -> LibStria.stria_context_set_grid(ctx.handle, Cint(ulysses)), :stria_context_set_grid)
+    return ctx
+end
+
+"""
+    grid(ctx) -> Int
+
+The size of the context's all-to-all groups (`set_grid!`; `stria_context_get_grid`).
+"""
+function grid(ctx::Context)
+    out = Ref{Cint}(0)
+    GC.@preserve ctx _call(() -> LibStria.stria_context_get_grid(ctx.handle, out), :stria_context_get_grid)
+    return Int(out[])
+end
+
+"""
     traffic(ctx) -> NamedTuple
 
-What this rank sent in the context's last attention call: `(kv_bytes, dkv_bytes, messages)`
-(`stria_context_get_traffic`). A call on a document plan sends only the K/V rows that ranks
-further along the ring see.
+What this rank sent in the context's last attention call:
+`(kv_bytes, dkv_bytes, messages, all_to_all_bytes)` (`stria_context_get_traffic`). A call on a
+document plan sends only the K/V rows that ranks further along the ring see; a grid's call also
+sends its all-to-all within the group.
 """
 function traffic(ctx::Context)
-    out = Ref(LibStria.stria_traffic_t(sizeof(LibStria.stria_traffic_t), 0, 0, 0))
+    out = Ref(LibStria.stria_traffic_t(sizeof(LibStria.stria_traffic_t), 0, 0, 0, 0))
     GC.@preserve ctx _call(() -> LibStria.stria_context_get_traffic(ctx.handle, out), :stria_context_get_traffic)
     t = out[]
-    return (kv_bytes = Int(t.kv_bytes), dkv_bytes = Int(t.dkv_bytes), messages = Int(t.messages))
+    return (kv_bytes = Int(t.kv_bytes), dkv_bytes = Int(t.dkv_bytes), messages = Int(t.messages),
+            all_to_all_bytes = Int(t.all_to_all_bytes))
 end
 
 """

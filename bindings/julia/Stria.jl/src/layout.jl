@@ -99,6 +99,53 @@ function unshard(layout, parts::AbstractVector; dims::Integer = ndims(first(part
 end
 
 """
+    grid_positions(layout, seq_len, world_size, ulysses, rank) -> Vector{Int64}
+
+`positions` for `rank` of a grid of all-to-all groups of `ulysses` ranks (`set_grid!`): rank
+g·U + u holds the u-th of U contiguous pieces of the tokens `layout` gives rank g of a ring of
+`world_size ÷ ulysses` (`stria_grid_positions`).
+"""
+function grid_positions(layout, seq_len::Integer, world_size::Integer, ulysses::Integer, rank::Integer)
+    n = world_size > 0 ? max(Int(seq_len ÷ world_size), 0) : 0
+    result = Vector{Int64}(undef, n)
+    _call(() -> LibStria.stria_grid_positions(_layout(layout), seq_len, world_size, ulysses, rank, result),
+          :stria_grid_positions)
+    return result
+end
+
+"""
+    grid_shard!(local_part, layout, world_size, ulysses, rank, full; dims = ndims(full) - 1)
+    grid_unshard!(full, layout, world_size, ulysses, rank, local_part; dims = ndims(full) - 1)
+
+`shard!` and `unshard!` for `rank` of a grid of all-to-all groups of `ulysses` ranks
+(`stria_grid_shard`, `stria_grid_unshard`).
+"""
+function grid_shard!(local_part::AbstractArray, layout, world_size::Integer, ulysses::Integer, rank::Integer,
+                     full::AbstractArray; dims::Integer = ndims(full) - 1)
+    seq_dim = _seq_dim(full, dims)
+    tfull, tlocal = TensorRef(full), TensorRef(local_part)
+    GC.@preserve tfull tlocal begin
+        _call(:stria_grid_shard) do
+            LibStria.stria_grid_shard(_layout(layout), world_size, ulysses, rank, seq_dim, tfull.ref, tlocal.ref, C_NULL)
+        end
+    end
+    return local_part
+end
+
+function grid_unshard!(full::AbstractArray, layout, world_size::Integer, ulysses::Integer, rank::Integer,
+                       local_part::AbstractArray; dims::Integer = ndims(full) - 1)
+    seq_dim = _seq_dim(full, dims)
+    tfull, tlocal = TensorRef(full), TensorRef(local_part)
+    GC.@preserve tfull tlocal begin
+        _call(:stria_grid_unshard) do
+            LibStria.stria_grid_unshard(_layout(layout), world_size, ulysses, rank, seq_dim, tlocal.ref, tfull.ref,
+                                        C_NULL)
+        end
+    end
+    return full
+end
+
+"""
     analyze_balance(layout, seq_len, world_size; causal = true, tile = 1) -> NamedTuple
 
 The work of one attention call under `layout`, in visible (query, key) pairs at tile

@@ -42,16 +42,21 @@ poisoned(a) = fill!(similar(a), NaN)
 # compare with the dense reference of the whole sequence. With sinks, each rank's part of their
 # gradient (poisoned, then written by attention_backward!) is summed over the ranks.
 function check_ring(n, layout, causal, T, Hq, Hkv; B = 2, S = 24, D = 16, seed = 1, cu_seqlens = nothing,
-                    window = nothing, softcap = 0, sinks = nothing)
+                    window = nothing, softcap = 0, sinks = nothing, ulysses = 1)
     rng = MersenneTwister(seed)
     q = T.(randn(rng, Float32, D, Hq, S, B))
     k = T.(randn(rng, Float32, D, Hkv, S, B))
     v = T.(randn(rng, Float32, D, Hkv, S, B))
     dout = T.(randn(rng, Float32, D, Hq, S, B))
-    qs, ks, vs, douts = (shard(layout, n, x; dims = 3) for x in (q, k, v, dout))
     L = S ÷ n
+    # On a grid (ulysses > 1) every rank's tokens by grid_shard!, else by the layout alone.
+    cut(x) = ulysses == 1 ? shard(layout, n, x; dims = 3) :
+             [grid_shard!(similar(x, size(x, 1), size(x, 2), L, size(x, 4)), layout, n, ulysses, r, x; dims = 3)
+              for r in 0:(n - 1)]
+    qs, ks, vs, douts = (cut(x) for x in (q, k, v, dout))
 
     contexts = local_group(n; num_threads = 1, timeout_s = 60)
+    foreach(ctx -> set_grid!(ctx, ulysses), contexts)
     results = run_ranks(contexts) do ctx
         r = ctx.rank + 1
         out, lse = poisoned(qs[r]), fill(NaN32, L, Hq, B)
@@ -66,7 +71,17 @@ function check_ring(n, layout, causal, T, Hq, Hkv; B = 2, S = 24, D = 16, seed =
     end
     foreach(close, contexts)
 
-    gathered = [unshard(layout, [res[i] for res in results]; dims = i == 2 ? 1 : 3) for i in 1:5]
+    function gather(i)
+        ulysses == 1 && return unshard(layout, [res[i] for res in results]; dims = i == 2 ? 1 : 3)
+        part = results[1][i]
+        dims = i == 2 ? 1 : 3
+        full = fill!(similar(part, ntuple(d -> d == dims ? n * size(part, d) : size(part, d), ndims(part))), NaN)
+        for (r, res) in enumerate(results)
+            grid_unshard!(full, layout, n, ulysses, r - 1, res[i]; dims = dims)
+        end
+        return full
+    end
+    gathered = [gather(i) for i in 1:5]
     scale = 1 / sqrt(D)
     ref_out, ref_lse = reference_forward(q, k, v; causal = causal, scale = scale, cu_seqlens = cu_seqlens,
                                          window = window, softcap = softcap, sinks = sinks)
@@ -361,6 +376,22 @@ end
             check_ring(n, layout, causal, Float32, 4, 2; seed = seed, softcap = 2, sinks = sinks,
                        cu_seqlens = per_column, window = window)
         end
+    end
+
+    @testset "grids of all-to-all groups: $n ranks" for n in RANK_COUNTS
+        seed = 500
+        for ulysses in filter(u -> n % u == 0 && 4 % u == 0, 2:n), layout in (:contiguous, :striped, :zigzag),
+            causal in (true, false)
+            seed += 1
+            check_ring(n, layout, causal, Float32, 4, 2; seed = seed, ulysses = ulysses)
+            check_ring(n, layout, causal, Float32, 4, 1; seed = seed, ulysses = ulysses, softcap = 2,
+                       sinks = Float32[0.5, -1, 0, 1], cu_seqlens = [0, 9, 24])
+        end
+        @test grid_positions(:striped, 8, 4, 2, 3) == [5, 7]
+        ctx = Context()
+        @test grid(ctx) == 1
+        @test occursin("divide the world size", stria_error(() -> set_grid!(ctx, 2)).message)
+        close(ctx)
     end
 
     @testset "decode over a sharded cache: $n ranks" for n in RANK_COUNTS

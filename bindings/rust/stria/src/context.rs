@@ -296,6 +296,26 @@ impl Context {
         check(unsafe { sys::stria_context_set_deterministic(self.raw, c_int::from(on)) })
     }
 
+    /// Makes this context's ranks a grid of all-to-all groups of `ulysses` consecutive ranks
+    /// within a ring of `world_size / ulysses` groups (`stria_context_set_grid`; 1, the plain ring,
+    /// by default). A call then swaps sequence shards for head shards within the group, runs the
+    /// ring across the groups and swaps back; `ulysses` must divide the query heads, and divide the
+    /// K/V heads or be a multiple of them. Tokens are placed by
+    /// [`Layout::grid_positions`](crate::Layout::grid_positions) ([`grid_shard`](crate::grid_shard)).
+    /// Every rank sets the same value, between calls.
+    pub fn set_grid(&mut self, ulysses: i32) -> Result<()> {
+        // SAFETY: a live handle; `&mut self` keeps this context's calls on one thread.
+        check(unsafe { sys::stria_context_set_grid(self.raw, ulysses) })
+    }
+
+    /// The size of this context's all-to-all groups ([`set_grid`](Context::set_grid)).
+    pub fn grid(&mut self) -> Result<i32> {
+        let mut ulysses: c_int = 0;
+        // SAFETY: a live handle and a valid output pointer.
+        check(unsafe { sys::stria_context_get_grid(self.raw, &mut ulysses) })?;
+        Ok(ulysses)
+    }
+
     /// Where the time of this context's last attention call went, one entry per ring step.
     pub fn step_times(&mut self) -> Result<Vec<StepTime>> {
         let mut steps: c_int = 0;
@@ -330,6 +350,7 @@ impl Context {
             kv_bytes: 0,
             dkv_bytes: 0,
             messages: 0,
+            all_to_all_bytes: 0,
         };
         // SAFETY: a live handle and an output struct with its struct_size set.
         check(unsafe { sys::stria_context_get_traffic(self.raw, &mut t) })?;
@@ -337,6 +358,7 @@ impl Context {
             kv_bytes: t.kv_bytes,
             dkv_bytes: t.dkv_bytes,
             messages: t.messages,
+            all_to_all_bytes: t.all_to_all_bytes,
         })
     }
 
@@ -425,8 +447,10 @@ pub struct Traffic {
     pub kv_bytes: u64,
     /// Bytes of dK/dV partials (backward calls).
     pub dkv_bytes: u64,
-    /// Ring messages.
+    /// Ring messages (and a grid's all-to-all messages).
     pub messages: u64,
+    /// Bytes a grid's all-to-all sent to the other members of the group.
+    pub all_to_all_bytes: u64,
 }
 
 /// `world_size` contexts in this process, joined by the in-process transport: rank r is

@@ -75,6 +75,40 @@ impl Layout {
     }
 }
 
+impl Layout {
+    /// The global position of each of rank `rank`'s `seq_len / world_size` tokens on a grid of
+    /// all-to-all groups of `ulysses` ranks ([`Context::set_grid`](crate::Context::set_grid)):
+    /// rank g·U + u holds the u-th of U contiguous pieces of the tokens this layout gives rank g of
+    /// a ring of world_size / U. `ulysses` 1 is [`positions`](Layout::positions).
+    ///
+    /// ```
+    /// use stria::Layout;
+    /// // Two groups of two: group 1 holds positions 1, 3, 5, 7 (striped over 2), cut in two.
+    /// assert_eq!(Layout::Striped.grid_positions(8, 4, 2, 2).unwrap(), [1, 3]);
+    /// assert_eq!(Layout::Striped.grid_positions(8, 4, 2, 3).unwrap(), [5, 7]);
+    /// ```
+    pub fn grid_positions(self, seq_len: i64, world_size: i32, ulysses: i32, rank: i32) -> Result<Vec<i64>> {
+        // Arguments first, as in positions: a call without a destination fails for them, if any.
+        // SAFETY: a NULL destination, refused before anything is written.
+        let probe =
+            unsafe { sys::stria_grid_positions(self.raw(), seq_len, world_size, ulysses, rank, std::ptr::null_mut()) };
+        if let Err(err) = check(probe) {
+            if err.message() != "positions is NULL" {
+                return Err(err);
+            }
+        }
+        let n = (seq_len / i64::from(world_size)) as usize;
+        let mut positions = try_vec::<i64>(n)?;
+        // SAFETY: room for n = seq_len / world_size values, all the library writes on success.
+        check(unsafe {
+            sys::stria_grid_positions(self.raw(), seq_len, world_size, ulysses, rank, positions.as_mut_ptr())
+        })?;
+        // SAFETY: the call succeeded, so it wrote all n values.
+        unsafe { positions.set_len(n) };
+        Ok(positions)
+    }
+}
+
 impl std::fmt::Display for Layout {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.pad(self.name()) // honours width and alignment, for tables
@@ -144,6 +178,61 @@ pub fn unshard(
         sys::stria_unshard(
             layout.raw(),
             world_size,
+            rank,
+            seq_dim,
+            &local,
+            &mut full,
+            std::ptr::null_mut(),
+        )
+    })
+}
+
+/// [`shard`] for rank `rank` of a grid of all-to-all groups of `ulysses` ranks
+/// ([`Layout::grid_positions`]).
+pub fn grid_shard(
+    layout: Layout,
+    world_size: i32,
+    ulysses: i32,
+    rank: i32,
+    seq_dim: i32,
+    full: &impl Input,
+    local: &mut impl Output,
+) -> Result<()> {
+    let full = full.dl_tensor();
+    let mut local = local.dl_tensor_mut();
+    // SAFETY: as in shard.
+    check(unsafe {
+        sys::stria_grid_shard(
+            layout.raw(),
+            world_size,
+            ulysses,
+            rank,
+            seq_dim,
+            &full,
+            &mut local,
+            std::ptr::null_mut(),
+        )
+    })
+}
+
+/// The inverse of [`grid_shard`].
+pub fn grid_unshard(
+    layout: Layout,
+    world_size: i32,
+    ulysses: i32,
+    rank: i32,
+    seq_dim: i32,
+    local: &impl Input,
+    full: &mut impl Output,
+) -> Result<()> {
+    let local = local.dl_tensor();
+    let mut full = full.dl_tensor_mut();
+    // SAFETY: as in shard, with the roles swapped.
+    check(unsafe {
+        sys::stria_grid_unshard(
+            layout.raw(),
+            world_size,
+            ulysses,
             rank,
             seq_dim,
             &local,
