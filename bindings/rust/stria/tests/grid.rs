@@ -22,7 +22,12 @@ fn run(ulysses: usize, ring: usize, layout: Layout, causal: bool) -> Result<(), 
     let l = s / n;
     let mut rng = Rng::new(5 + n as u64);
     let mut draw = |count: usize| -> Vec<f64> { rng.normals(count).into_iter().map(|x| x as f32 as f64).collect() };
-    let (q, k, v, dout) = (draw(b * s * hq * d), draw(b * s * hkv * d), draw(b * s * hkv * d), draw(b * s * hq * d));
+    let (q, k, v, dout) = (
+        draw(b * s * hq * d),
+        draw(b * s * hkv * d),
+        draw(b * s * hkv * d),
+        draw(b * s * hq * d),
+    );
     let z: Vec<f64> = (0..hq).map(|h| 0.25 * h as f64).collect();
     let mods = Mods {
         softcap: 5.0,
@@ -31,7 +36,11 @@ fn run(ulysses: usize, ring: usize, layout: Layout, causal: bool) -> Result<(), 
     let scale = 1.0 / (d as f64).sqrt();
     let want = dense_attention_mods(&q, &k, &v, &dout, dims, causal, scale, None, None, mods);
     let full = |x: &[f64], h: usize| {
-        Tensor::new(x.iter().map(|&e| e as f32).collect(), &[b as i64, s as i64, h as i64, d as i64]).unwrap()
+        Tensor::new(
+            x.iter().map(|&e| e as f32).collect(),
+            &[b as i64, s as i64, h as i64, d as i64],
+        )
+        .unwrap()
     };
     let (qf, kf, vf, df) = (full(&q, hq), full(&k, hkv), full(&v, hkv), full(&dout, hq));
     let logits = Tensor::new(z.iter().map(|&x| x as f32).collect(), &[hq as i64]).unwrap();
@@ -64,7 +73,9 @@ fn run(ulysses: usize, ring: usize, layout: Layout, causal: bool) -> Result<(), 
         if ulysses > 1 {
             assert!(ctx.traffic()?.all_to_all_bytes > 0);
         }
-        ctx.backward_with_sinks_grad(&params, &ql, &kl, &vl, &out, &lse, &dl, &mut dq, &mut dk, &mut dv, &mut dz)?;
+        ctx.backward_with_sinks_grad(
+            &params, &ql, &kl, &vl, &out, &lse, &dl, &mut dq, &mut dk, &mut dv, &mut dz,
+        )?;
         Ok(vec![out, lse, dq, dk, dv, dz])
     });
     let mut got: Vec<Tensor<f32>> = vec![full(&vec![f64::NAN; b * s * hq * d], hq)];
