@@ -6,7 +6,7 @@ Forward: an all-to-all of Q, K, V inside each group (sequence shards -> head sha
 ring over the R groups on those heads, an all-to-all of out and LSE back. Backward: an all-to-all
 of q, k, v, out, dout, lse; the ring backward (K/V blocks travel, and the float32 dK/dV partials
 one hop behind them); an all-to-all of dq, dk, dv back. U = 1 is the plain ring, U = N pure
-Ulysses. The equations are in docs/hybrid-model.md.
+Ulysses. The equations are in docs/performance.md, "Hybrid grid".
 
 Usage:
   hybrid_model.py [options]            every U that divides N (invalid ones listed as invalid)
