@@ -56,7 +56,9 @@ def run_rank(ctx, layout: str, causal: bool, dtype: str, docs: bool = False) -> 
     import stria.jax as sj
 
     n, r = ctx.world_size, ctx.rank
-    q, k, v, w = (jnp.asarray(stria.shard(x, n, r, layout=layout), dtype=dtype) for x in full_inputs())
+    q, k, v, w = (
+        jnp.asarray(stria.shard(x, n, r, layout=layout, ulysses=ctx.ulysses), dtype=dtype) for x in full_inputs()
+    )
     cu = jnp.asarray(DOCUMENTS) if docs else None
 
     def loss(q, k, v, cu):
@@ -113,7 +115,7 @@ def run_shard_map(group, layout: str, causal: bool, dtype: str, docs: bool = Fal
     mesh = Mesh(np.array(jax.devices()[:n]), ("ring",))
     seq_spec, lse_spec = P(None, "ring"), P(None, None, "ring")
     q, k, v, w = full_inputs()
-    order = np.concatenate([stria.positions(layout, q.shape[1], n, r) for r in range(n)])
+    order = np.concatenate([stria.positions(layout, q.shape[1], n, r, ulysses=group[0].ulysses) for r in range(n)])
     q, k, v = (jnp.asarray(x[:, order], dtype=dtype) for x in (q, k, v))
     w = jnp.asarray(w[:, order])
     # The boundaries, global positions, replicated: every shard gets all of them.
@@ -174,6 +176,8 @@ def main(argv: list[str]) -> None:
     n, causal = int(n), causal == "1"
     mode, _, suffix = mode.partition("+")
     docs = suffix == "docs"
+    # "+gridU": the local group as a grid of all-to-all groups of U ranks (Context.ulysses).
+    ulysses = int(suffix[4:]) if suffix.startswith("grid") else 1
     if mode in ("shard_map", "two_devices"):
         import os
 
@@ -185,7 +189,7 @@ def main(argv: list[str]) -> None:
     import stria
 
     if mode == "local":
-        with stria.local_group(n, timeout_s=TIMEOUT_S, num_threads=1) as group:
+        with stria.local_group(n, timeout_s=TIMEOUT_S, num_threads=1, ulysses=ulysses) as group:
             results = group.run(lambda ctx: run_rank(ctx, layout, causal, dtype, docs))
         np.savez(path, **{f"{name}{r}": x for r, res in enumerate(results) for name, x in res.items()})
     elif mode == "mispaired":
@@ -196,7 +200,7 @@ def main(argv: list[str]) -> None:
         with open(path, "w") as f:
             json.dump(results, f)
     elif mode == "shard_map":
-        with stria.local_group(n, timeout_s=TIMEOUT_S, num_threads=1) as group:
+        with stria.local_group(n, timeout_s=TIMEOUT_S, num_threads=1, ulysses=ulysses) as group:
             results = run_shard_map(group, layout, causal, dtype, docs)
         np.savez(path, **{f"{name}{r}": x for r, res in enumerate(results) for name, x in res.items()})
     elif mode == "ucx":

@@ -127,7 +127,7 @@ def run_ring(mode: str, n: int, layout: str, causal: bool, dtype: str, tmp_path)
     return results
 
 
-def check_ring(results, n: int, layout: str, causal: bool, dtype: str, docs: bool = False) -> None:
+def check_ring(results, n: int, layout: str, causal: bool, dtype: str, docs: bool = False, ulysses: int = 1) -> None:
     sys.path.insert(0, HERE)
     import jax_ring
 
@@ -140,7 +140,7 @@ def check_ring(results, n: int, layout: str, causal: bool, dtype: str, docs: boo
     tol = TOLERANCE[dtype]
     seq = q.shape[1]
     for r in range(n):
-        pos = stria.positions(layout, seq, n, r)
+        pos = stria.positions(layout, seq, n, r, ulysses=ulysses)
         assert rel_err(results[f"out{r}"], out[:, pos]) < tol, r
         assert rel_err(results[f"lse{r}"], lse[:, :, pos]) < 1e-5, r
         for name, ref in (("dq", dq), ("dk", dk), ("dv", dv)):
@@ -164,6 +164,16 @@ def test_documents_over_a_ring(tmp_path, mode, n, layout, causal):
     """Packed documents over rings of threads and under shard_map (the boundaries replicated)."""
     results = run_ring(mode + "+docs", n, layout, causal, "float32", tmp_path)
     check_ring(results, n, layout, causal, "float32", docs=True)
+
+
+@pytest.mark.parametrize(("mode", "layout", "causal", "dtype"), [
+    ("local", "zigzag", True, "float32"), ("local", "striped", False, "bfloat16"), ("shard_map", "striped", True,
+                                                                                    "float32")])
+def test_a_grid_under_jit_and_shard_map(tmp_path, mode, layout, causal, dtype):
+    """A local group of 4 as a grid of all-to-all groups of 2 (Context.ulysses): jit, grad and
+    shard_map are the same as on a ring; the tokens by the grid's positions."""
+    results = run_ring(mode + "+grid2", 4, layout, causal, dtype, tmp_path)
+    check_ring(results, 4, layout, causal, dtype, ulysses=2)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
