@@ -124,8 +124,12 @@ if [ "${STRIA_PYTHON_WHEEL:-1}" = 1 ]; then
   "$py" -m pip install -q --no-deps --force-reinstall "$wheel_dir"/stria-*.whl
   installed=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')/stria
   tests=$(pwd)/bindings/python/tests
-  # From elsewhere, without PYTHONPATH: only the installed package can be imported.
+  # From elsewhere, without PYTHONPATH: only the installed package can be imported. Every suite
+  # that reaches the wheel's compiled parts (the library, the SWIG extension, the JAX handlers);
+  # the transformers and torch.compile suites test Python layers that are the same files as in
+  # the build tree, run above.
   (cd "$wheel_dir" && STRIA_EXPECT_PACKAGE_DIR=$installed timeout 900 "$py" -m pytest -q -p no:cacheprovider \
-    --rootdir "$tests" "$tests")
+    --rootdir "$tests" "$tests" --ignore "$tests/test_transformers.py" \
+    --ignore "$tests/test_transformers_generate.py" --ignore "$tests/test_torch_compile.py")
 fi
 echo "== Python bindings: all passed in $((SECONDS - started)) s"
