@@ -55,10 +55,13 @@ class GatheredResults {
   void Gather(int rank, const Tensor& out, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
     std::lock_guard<std::mutex> lock(mu_);
     auto unshard = [&](int seq_dim, const Tensor& local, Tensor& full) {
-      const stria_status_t st =
-          plan_ != nullptr ? stria_plan_unshard(plan_, rank, seq_dim, &local.dl, &full.dl, nullptr)
-          : ulysses_ > 1   ? stria_grid_unshard(layout_, world_, ulysses_, rank, seq_dim, &local.dl, &full.dl, nullptr)
-                           : stria_unshard(layout_, world_, rank, seq_dim, &local.dl, &full.dl, nullptr);
+      stria_status_t st;
+      if (plan_ != nullptr)
+        st = ulysses_ > 1 ? stria_plan_grid_unshard(plan_, ulysses_, rank, seq_dim, &local.dl, &full.dl, nullptr)
+                          : stria_plan_unshard(plan_, rank, seq_dim, &local.dl, &full.dl, nullptr);
+      else
+        st = ulysses_ > 1 ? stria_grid_unshard(layout_, world_, ulysses_, rank, seq_dim, &local.dl, &full.dl, nullptr)
+                          : stria_unshard(layout_, world_, rank, seq_dim, &local.dl, &full.dl, nullptr);
       EXPECT_EQ(st, STRIA_SUCCESS) << stria_get_last_error();
     };
     unshard(1, out, out_);

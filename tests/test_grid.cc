@@ -373,25 +373,132 @@ TEST(GridContext, RanksWithDifferentGridsDisagree) {
   for (stria_status_t s : ForwardAll(group, 4, 4, 2)) EXPECT_EQ(s, STRIA_SUCCESS);
 }
 
-TEST(GridContext, DocumentPlansAreRefusedOnAGrid) {
-  LocalGroup group(2);
-  ASSERT_EQ(group.status, STRIA_SUCCESS);
-  for (stria_context_t c : group.ctx) ASSERT_EQ(stria_context_set_grid(c, 2), STRIA_SUCCESS);
+// Document plans on a grid: a plan made for the ring of R groups, each group's slots cut into U
+// pieces (stria_plan_grid_shard), against the reference with the plan's documents; padding slots
+// (S not a multiple of anything) attend to nothing.
+struct PlanCase {
+  int U, R;
+  bool causal;
+  Dt dt;
+  int64_t Hq, Hkv;
+};
+void PrintTo(const PlanCase& c, std::ostream* os) {
+  *os << "U" << c.U << "xR" << c.R << (c.causal ? " causal " : " full ") << DtName(c.dt) << " H" << c.Hq << "x"
+      << c.Hkv;
+}
+class GridOnAPlan : public ::testing::TestWithParam<PlanCase> {};
+
+TEST_P(GridOnAPlan, MatchesReference) {
+  const PlanCase& c = GetParam();
+  const int n = c.U * c.R;
+  const int64_t B = 2, S = 53, D = 16;
+  std::mt19937_64 rng(31 + n);
+  const std::vector<int64_t> documents = RandomDocuments(B, S, 5, rng);
   stria_plan_config_t pc;
   stria_plan_config_init(&pc);
-  pc.world_size = 2;
-  const int64_t cu[] = {0, 3, 8};
+  pc.world_size = c.R;
+  pc.causal = c.causal;
+  pc.tile = 4;
   stria_plan_t plan = nullptr;
-  ASSERT_EQ(stria_plan_create(&pc, cu, 2, 1, 8, &plan), STRIA_SUCCESS) << stria_get_last_error();
+  ASSERT_EQ(stria_plan_create(&pc, documents.data(), 5, B, S, &plan), STRIA_SUCCESS) << stria_get_last_error();
   stria_plan_info_t info;
   info.struct_size = sizeof info;
   ASSERT_EQ(stria_plan_get_info(plan, &info), STRIA_SUCCESS);
+  if (info.local_len % c.U != 0) {  // a local_len the group splits evenly
+    stria_plan_destroy(plan);
+    pc.local_len = (info.local_len + c.U - 1) / c.U * c.U;
+    ASSERT_EQ(stria_plan_create(&pc, documents.data(), 5, B, S, &plan), STRIA_SUCCESS) << stria_get_last_error();
+    ASSERT_EQ(stria_plan_get_info(plan, &info), STRIA_SUCCESS);
+  }
+  const int64_t L = info.local_len / c.U;
+  Tensor q({B, S, c.Hq, D}, c.dt), k({B, S, c.Hkv, D}, c.dt), v({B, S, c.Hkv, D}, c.dt), dout({B, S, c.Hq, D}, c.dt);
+  for (Tensor* t : {&q, &k, &v, &dout}) t->FillRandom(rng);
+  const auto dd = dout.ToDouble();
+  const Reference ref = DenseAttention(q.ToDouble(), k.ToDouble(), v.ToDouble(), &dd, B, S, c.Hq, c.Hkv, D, c.causal,
+                                       1.0 / std::sqrt(static_cast<double>(D)), &documents);
+  GatheredResults full(STRIA_LAYOUT_STRIPED, n, B, S, c.Hq, c.Hkv, D, c.dt);
+  full.UsePlan(plan);
+  full.UseGrid(c.U);
+  LocalGroup group(n, 60.0, 1);
+  ASSERT_EQ(group.status, STRIA_SUCCESS);
+  for (stria_context_t ctx : group.ctx) ASSERT_EQ(stria_context_set_grid(ctx, c.U), STRIA_SUCCESS);
+  stria_attention_params_t params;
+  stria_attention_params_init(&params);
+  params.causal = c.causal;
+  params.plan = plan;
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  RunRanks(n, [&](int r) {
+    auto shard = [&](const Tensor& t) {
+      Tensor local({B, L, t.shape[2], D}, c.dt);
+      EXPECT_EQ(stria_plan_grid_shard(plan, c.U, r, 1, &t.dl, &local.dl, nullptr), STRIA_SUCCESS)
+          << stria_get_last_error();
+      return local;
+    };
+    Tensor ql = shard(q), kl = shard(k), vl = shard(v), dol = shard(dout);
+    Tensor out({B, L, c.Hq, D}, c.dt), lse({B, c.Hq, L}, Dt::kF32);
+    Tensor dq({B, L, c.Hq, D}, c.dt), dk({B, L, c.Hkv, D}, c.dt), dv({B, L, c.Hkv, D}, c.dt);
+    for (Tensor* t : {&out, &lse, &dq, &dk, &dv}) t->Poison();
+    stria_context_t ctx = group.ctx[static_cast<size_t>(r)];
+    stria_status_t st = stria_attention_forward(ctx, &params, &ql.dl, &kl.dl, &vl.dl, &out.dl, &lse.dl, nullptr);
+    if (st == STRIA_SUCCESS)
+      st = stria_attention_backward(ctx, &params, &ql.dl, &kl.dl, &vl.dl, &out.dl, &lse.dl, &dol.dl, &dq.dl, &dk.dl,
+                                    &dv.dl, nullptr);
+    if (st != STRIA_SUCCESS) errors[static_cast<size_t>(r)] = stria_get_last_error();
+    full.Gather(r, out, lse, dq, dk, dv);
+  });
+  for (int r = 0; r < n; ++r) ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+  full.ExpectMatches(ref, Tolerance(c.dt), c.dt == Dt::kF32 ? 1e-5 : 2e-2);
+  stria_plan_destroy(plan);
+}
+
+INSTANTIATE_TEST_SUITE_P(Plans, GridOnAPlan,
+                         ::testing::Values(PlanCase{2, 2, true, Dt::kF32, 4, 2}, PlanCase{2, 2, false, Dt::kF32, 4, 4},
+                                           PlanCase{3, 2, true, Dt::kF32, 6, 1}, PlanCase{2, 3, true, Dt::kBF16, 4, 2},
+                                           PlanCase{4, 1, true, Dt::kF32, 8, 2}));
+
+// A plan on a grid is made for the ring of groups: one made for all N ranks, or whose slots the
+// group cannot split evenly, is refused with the reason; its grid placement checks its arguments.
+TEST(GridContext, PlansForTheWrongRingAreRefused) {
+  LocalGroup group(4);
+  ASSERT_EQ(group.status, STRIA_SUCCESS);
+  for (stria_context_t c : group.ctx) ASSERT_EQ(stria_context_set_grid(c, 2), STRIA_SUCCESS);
+  const int64_t cu[] = {0, 3, 15};
+  stria_plan_config_t pc;
+  stria_plan_config_init(&pc);
+  pc.world_size = 4;  // all N ranks: wrong on a grid of 2 groups
+  pc.tile = 4;
+  stria_plan_t plan = nullptr;
+  ASSERT_EQ(stria_plan_create(&pc, cu, 2, 1, 15, &plan), STRIA_SUCCESS) << stria_get_last_error();
   stria_attention_params_t p;
   stria_attention_params_init(&p);
   p.plan = plan;
   std::vector<std::string> errors;
-  for (stria_status_t s : ForwardAll(group, info.local_len, 2, 2, &errors, &p)) EXPECT_NE(s, STRIA_SUCCESS);
-  for (const std::string& e : errors) EXPECT_NE(e.find("document plans run on a plain ring"), std::string::npos) << e;
+  for (stria_status_t s : ForwardAll(group, 4, 2, 2, &errors, &p)) EXPECT_EQ(s, STRIA_ERROR_INVALID_ARGUMENT);
+  for (const std::string& e : errors) EXPECT_NE(e.find("made for the ring of groups"), std::string::npos) << e;
+  stria_plan_destroy(plan);
+  pc.world_size = 2;
+  pc.local_len = 9;  // odd: two members cannot split it
+  ASSERT_EQ(stria_plan_create(&pc, cu, 2, 1, 15, &plan), STRIA_SUCCESS) << stria_get_last_error();
+  p.plan = plan;
+  for (stria_status_t s : ForwardAll(group, 4, 2, 2, &errors, &p)) EXPECT_EQ(s, STRIA_ERROR_INVALID_ARGUMENT);
+  for (const std::string& e : errors) EXPECT_NE(e.find("local_len / 2"), std::string::npos) << e;
+  std::vector<int64_t> pos(9);
+  EXPECT_EQ(stria_plan_grid_positions(plan, 2, 0, pos.data()), STRIA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(stria_get_last_error()).find("not divisible by ulysses_size 2"), std::string::npos);
+  EXPECT_EQ(stria_plan_grid_positions(plan, 3, 0, pos.data()), STRIA_SUCCESS);  // 9 slots in 3 pieces
+  EXPECT_EQ(stria_plan_grid_positions(plan, 3, 6, pos.data()), STRIA_ERROR_INVALID_ARGUMENT);  // 2 x 3 ranks
+  EXPECT_EQ(stria_plan_grid_positions(plan, 0, 0, pos.data()), STRIA_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(stria_plan_grid_positions(plan, 3, 0, nullptr), STRIA_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(stria_plan_grid_positions(nullptr, 3, 0, pos.data()), STRIA_ERROR_INVALID_ARGUMENT);
+  // The pieces of ring rank 1 are its plan slots, in order.
+  std::vector<int64_t> ring(9), pieces;
+  ASSERT_EQ(stria_plan_positions(plan, 1, ring.data()), STRIA_SUCCESS);
+  for (int u = 0; u < 3; ++u) {
+    std::vector<int64_t> piece(3);
+    ASSERT_EQ(stria_plan_grid_positions(plan, 3, 3 + u, piece.data()), STRIA_SUCCESS);
+    pieces.insert(pieces.end(), piece.begin(), piece.end());
+  }
+  EXPECT_EQ(pieces, ring);
   stria_plan_destroy(plan);
 }
 

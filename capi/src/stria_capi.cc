@@ -811,6 +811,41 @@ STRIA_API stria_status_t stria_plan_unshard(stria_plan_t plan, int rank, int seq
   });
 }
 
+STRIA_API stria_status_t stria_plan_grid_positions(stria_plan_t plan, int ulysses_size, int rank, int64_t* positions) {
+  return Guard([&] {
+    std::shared_ptr<const stria::Plan> p;
+    STRIA_RETURN_IF_ERROR(LookupPlanArg(plan, &p));
+    int ring_rank = 0;
+    int64_t first = 0, count = 0;
+    STRIA_RETURN_IF_ERROR(stria::PlanGridRank(*p, ulysses_size, rank, &ring_rank, &first, &count));
+    if (positions == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "positions is NULL");
+    std::vector<int64_t> slots(static_cast<size_t>(p->local_len()));
+    for (int64_t b = 0; b < p->batch(); ++b) {
+      p->Positions(b, ring_rank, slots.data());
+      std::copy(slots.begin() + first, slots.begin() + first + count, positions + b * count);
+    }
+    return Status::Ok();
+  });
+}
+
+STRIA_API stria_status_t stria_plan_grid_shard(stria_plan_t plan, int ulysses_size, int rank, int seq_dim,
+                                               const DLTensor* full, DLTensor* local, void* stream) {
+  return Guard([&] {
+    std::shared_ptr<const stria::Plan> p;
+    STRIA_RETURN_IF_ERROR(LookupPlanArg(plan, &p));
+    return stria::PlanShardCopy(*p, rank, seq_dim, full, local, true, stream, ulysses_size);
+  });
+}
+
+STRIA_API stria_status_t stria_plan_grid_unshard(stria_plan_t plan, int ulysses_size, int rank, int seq_dim,
+                                                 const DLTensor* local, DLTensor* full, void* stream) {
+  return Guard([&] {
+    std::shared_ptr<const stria::Plan> p;
+    STRIA_RETURN_IF_ERROR(LookupPlanArg(plan, &p));
+    return stria::PlanShardCopy(*p, rank, seq_dim, full, local, false, stream, ulysses_size);
+  });
+}
+
 STRIA_API stria_status_t stria_plan_analyze_balance(stria_plan_t plan, int64_t tile, stria_balance_t* out,
                                                     double* work) {
   return Guard([&] {

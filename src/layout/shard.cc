@@ -78,13 +78,32 @@ Status PairOfViews(const DLTensor* full_t, const DLTensor* local_t, DLDevice dev
 
 }  // namespace
 
-Status PlanShardCopy(const Plan& plan, int rank, int seq_dim, const DLTensor* full_t, const DLTensor* local_t,
-                     bool to_local, void* stream) {
+Status PlanGridRank(const Plan& plan, int ulysses, int rank, int* ring_rank, int64_t* first, int64_t* count) {
+  if (ulysses < 1)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "ulysses_size %d must be >= 1 (1: the plan's own ring)", ulysses);
+  const int64_t world = static_cast<int64_t>(plan.world_size()) * ulysses;
+  if (rank < 0 || rank >= world)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT,
+                 "rank %d is out of range for the plan's world_size %d times ulysses_size %d", rank,
+                 plan.world_size(), ulysses);
+  if (plan.local_len() % ulysses != 0)
+    return Error(STRIA_ERROR_INVALID_ARGUMENT,
+                 "the plan's local_len %lld is not divisible by ulysses_size %d: a grid's group splits its ring "
+                 "rank's slots into equal pieces (make the plan with local_len a multiple of it)",
+                 static_cast<long long>(plan.local_len()), ulysses);
+  *ring_rank = rank / ulysses;
+  *count = plan.local_len() / ulysses;
+  *first = (rank % ulysses) * *count;
+  return Status::Ok();
+}
+
+Status PlanShardCopy(const Plan& plan, int grid_rank, int seq_dim, const DLTensor* full_t, const DLTensor* local_t,
+                     bool to_local, void* stream, int ulysses) {
   if (full_t == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "full is NULL");
   if (local_t == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "local is NULL");
-  if (rank < 0 || rank >= plan.world_size())
-    return Error(STRIA_ERROR_INVALID_ARGUMENT, "rank %d is out of range for the plan's world_size %d", rank,
-                 plan.world_size());
+  int rank = 0;
+  int64_t first = 0, L = 0;
+  STRIA_RETURN_IF_ERROR(PlanGridRank(plan, ulysses, grid_rank, &rank, &first, &L));
   const DLDevice dev = full_t->device;
   const int dev_type = RawEnum(dev.device_type);
   if (dev_type != kDLCPU && dev_type != kDLCUDAHost) {
@@ -98,7 +117,7 @@ Status PlanShardCopy(const Plan& plan, int rank, int seq_dim, const DLTensor* fu
   TensorView full, local;
   int dim = 0;
   STRIA_RETURN_IF_ERROR(PairOfViews(full_t, local_t, dev, to_local, seq_dim, &full, &local, &dim));
-  const int64_t B = plan.batch(), L = plan.local_len();
+  const int64_t B = plan.batch();
   if (full.shape[dim] != plan.seq_len())
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "full has %lld tokens along seq_dim %d but the plan's seq_len is %lld",
                  static_cast<long long>(full.shape[dim]), dim, static_cast<long long>(plan.seq_len()));
@@ -112,8 +131,9 @@ Status PlanShardCopy(const Plan& plan, int rank, int seq_dim, const DLTensor* fu
     if (local.shape[i] != want)
       return Error(STRIA_ERROR_INVALID_ARGUMENT,
                    "local has shape %s but full %s: local must match full except along seq_dim %d, where it holds "
-                   "the plan's local_len = %lld slots",
-                   ShapeString(local).c_str(), ShapeString(full).c_str(), dim, static_cast<long long>(L));
+                   "the plan's local_len%s = %lld slots",
+                   ShapeString(local).c_str(), ShapeString(full).c_str(), dim, ulysses > 1 ? " / ulysses_size" : "",
+                   static_cast<long long>(L));
   }
   if (local.numel() == 0) return Status::Ok();
   // Each batch row of the plan is the slice of dimension 0 at b (all of it for one row): the copy
@@ -132,13 +152,14 @@ Status PlanShardCopy(const Plan& plan, int rank, int seq_dim, const DLTensor* fu
     ++sub_ls;
   }
   const int64_t elem = full.elem_bytes();
-  std::vector<int64_t> positions(static_cast<size_t>(L));
+  std::vector<int64_t> slots(static_cast<size_t>(plan.local_len()));
+  const int64_t* positions = slots.data() + first;  // this grid rank's piece of its ring rank's slots
   for (int64_t b = 0; b < B; ++b) {
-    plan.Positions(b, rank, positions.data());
+    plan.Positions(b, rank, slots.data());
     char* f0 = static_cast<char*>(full.data) + (batched ? b * full.strides[0] * elem : 0);
     char* l0 = static_cast<char*>(local.data) + (batched ? b * local.strides[0] * elem : 0);
     for (int64_t i = 0; i < L; ++i) {
-      const int64_t p = positions[static_cast<size_t>(i)];
+      const int64_t p = positions[i];
       char* l = l0 + i * local.strides[dim] * elem;
       if (p < 0) {
         if (to_local) ZeroStrided(nd, sub_shape, l, sub_ls, elem);

@@ -137,20 +137,29 @@ Status CheckQKV(Context& ctx, const DLTensor* q, const DLTensor* k, const DLTens
   int64_t seq_len = s.L * ctx.world_size();
   if (plan != nullptr) {
     seq_len = plan->seq_len();
-    if (plan->world_size() != ctx.world_size())
-      return Error(STRIA_ERROR_INVALID_ARGUMENT, "params->plan is for world_size %d, but the context's is %d",
-                   plan->world_size(), ctx.world_size());
-    if (plan->local_len() != s.L || plan->batch() != s.B)
+    // On a grid the plan places tokens on the ring of groups, each group's slots cut into U pieces.
+    const int U = ctx.ulysses_size();
+    if (plan->world_size() != ctx.ring_size())
+      return U == 1 ? Error(STRIA_ERROR_INVALID_ARGUMENT, "params->plan is for world_size %d, but the context's is %d",
+                            plan->world_size(), ctx.world_size())
+                    : Error(STRIA_ERROR_INVALID_ARGUMENT,
+                            "params->plan is for world_size %d, but the context's grid is a ring of %d groups of %d "
+                            "(a plan on a grid is made for the ring of groups)",
+                            plan->world_size(), ctx.ring_size(), U);
+    if (plan->local_len() % U != 0 || plan->local_len() / U != s.L || plan->batch() != s.B)
       return Error(STRIA_ERROR_INVALID_ARGUMENT,
                    "q has shape %s, but params->plan wants B = %lld batch rows of local_len = %lld slots (its "
-                   "stria_plan_get_info)",
-                   Dims(c->q).c_str(), static_cast<long long>(plan->batch()),
-                   static_cast<long long>(plan->local_len()));
+                   "stria_plan_get_info)%s",
+                   Dims(c->q).c_str(), static_cast<long long>(plan->batch()), static_cast<long long>(plan->local_len()),
+                   U == 1 ? ""
+                          : Format(", of which each member of a group of %d holds local_len / %d (a multiple of %d)",
+                                   U, U, U)
+                                .c_str());
   } else {
     // On a grid the layout is the ring's: R positions, this rank's group at g (DESIGN.md).
     STRIA_RETURN_IF_ERROR(CheckLayout(c->layout, seq_len, ctx.ring_size(), ctx.ring_rank()));
   }
-  if (ctx.ulysses_size() > 1) STRIA_RETURN_IF_ERROR(CheckGridCall(ctx.ulysses_size(), s, plan != nullptr));
+  if (ctx.ulysses_size() > 1) STRIA_RETURN_IF_ERROR(CheckGridHeads(ctx.ulysses_size(), s));
   if (documents.given) {
     // On a CUDA context the boundaries may be a device tensor: read once here, on the call's stream.
     STRIA_RETURN_IF_ERROR(Documents::CheckCount(documents.cu_seqlens, documents.num_seqs, seq_len));

@@ -30,13 +30,8 @@ inline GridHeads HeadsOfMember(int64_t Hq, int64_t Hkv, int U, int u) {
 }
 
 // What a call on a grid of all-to-all groups of U needs beyond a plain ring's: head counts that
-// split (the rule in the message), and no document plan (a plan places tokens on a plain ring).
-inline Status CheckGridCall(int U, const AttentionShape& s, bool plan) {
-  if (plan)
-    return Error(STRIA_ERROR_UNSUPPORTED,
-                 "params->plan is set on a context with a grid (all-to-all groups of %d): document plans run on a "
-                 "plain ring (stria_context_set_grid(ctx, 1)); on a grid give the documents as a mask on a layout",
-                 U);
+// split (the rule in the message).
+inline Status CheckGridHeads(int U, const AttentionShape& s) {
   if (s.Hq % U != 0 || (s.Hkv % U != 0 && U % s.Hkv != 0))
     return Error(STRIA_ERROR_INVALID_ARGUMENT,
                  "q has %lld heads and k %lld on a grid of all-to-all groups of %d: the group splits the heads, so U "

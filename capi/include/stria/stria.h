@@ -475,8 +475,10 @@ STRIA_API stria_status_t stria_attention_prefill(stria_context_t ctx, const stri
  * ring, U = N pure all-to-all (no ring). U must divide Hq, and divide Hkv or be a multiple of it
  * (fewer K/V heads than members: each member takes the one K/V head its query heads read).
  * Documents and windows (params or the _documents and _window calls), softcap and sinks work as on
- * a ring; a document plan does not (it places tokens on a plain ring). The serving calls spread
- * their cache over all N ranks whatever the grid. CPU contexts, every transport.
+ * a ring, and so do document plans: a plan made for world_size R (the ring of groups) with a
+ * local_len divisible by U, member u of group g holding the u-th of U pieces of the plan's slots of
+ * rank g (stria_plan_grid_positions, _shard, _unshard; q's L is then local_len / U). The serving
+ * calls spread their cache over all N ranks whatever the grid. CPU contexts, every transport.
  *
  * stria_context_set_grid sets U (a divisor of the world size; 1 on a new context). Every rank of
  * the context sets the same U before its next call (the call's agreement checks it), between
@@ -492,6 +494,13 @@ STRIA_API stria_status_t stria_grid_shard(stria_layout_t layout, int world_size,
                                           int seq_dim, const DLTensor* full, DLTensor* local, void* stream);
 STRIA_API stria_status_t stria_grid_unshard(stria_layout_t layout, int world_size, int ulysses_size, int rank,
                                             int seq_dim, const DLTensor* local, DLTensor* full, void* stream);
+/* stria_plan_positions ([batch][local_len / ulysses_size]), stria_plan_shard and stria_plan_unshard
+ * for rank `rank` (of the plan's world_size times ulysses_size) of a grid on the plan's ring. */
+STRIA_API stria_status_t stria_plan_grid_positions(stria_plan_t plan, int ulysses_size, int rank, int64_t* positions);
+STRIA_API stria_status_t stria_plan_grid_shard(stria_plan_t plan, int ulysses_size, int rank, int seq_dim,
+                                               const DLTensor* full, DLTensor* local, void* stream);
+STRIA_API stria_status_t stria_plan_grid_unshard(stria_plan_t plan, int ulysses_size, int rank, int seq_dim,
+                                                 const DLTensor* local, DLTensor* full, void* stream);
 
 #ifdef __cplusplus
 } /* extern "C" */
