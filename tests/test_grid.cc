@@ -485,7 +485,7 @@ TEST(GridContext, PlansForTheWrongRingAreRefused) {
   std::vector<int64_t> pos(9);
   EXPECT_EQ(stria_plan_grid_positions(plan, 2, 0, pos.data()), STRIA_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(stria_get_last_error()).find("not divisible by ulysses_size 2"), std::string::npos);
-  EXPECT_EQ(stria_plan_grid_positions(plan, 3, 0, pos.data()), STRIA_SUCCESS);  // 9 slots in 3 pieces
+  EXPECT_EQ(stria_plan_grid_positions(plan, 3, 0, pos.data()), STRIA_SUCCESS);                 // 9 slots in 3 pieces
   EXPECT_EQ(stria_plan_grid_positions(plan, 3, 6, pos.data()), STRIA_ERROR_INVALID_ARGUMENT);  // 2 x 3 ranks
   EXPECT_EQ(stria_plan_grid_positions(plan, 0, 0, pos.data()), STRIA_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(stria_plan_grid_positions(plan, 3, 0, nullptr), STRIA_ERROR_INVALID_ARGUMENT);

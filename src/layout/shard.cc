@@ -84,8 +84,8 @@ Status PlanGridRank(const Plan& plan, int ulysses, int rank, int* ring_rank, int
   const int64_t world = static_cast<int64_t>(plan.world_size()) * ulysses;
   if (rank < 0 || rank >= world)
     return Error(STRIA_ERROR_INVALID_ARGUMENT,
-                 "rank %d is out of range for the plan's world_size %d times ulysses_size %d", rank,
-                 plan.world_size(), ulysses);
+                 "rank %d is out of range for the plan's world_size %d times ulysses_size %d", rank, plan.world_size(),
+                 ulysses);
   if (plan.local_len() % ulysses != 0)
     return Error(STRIA_ERROR_INVALID_ARGUMENT,
                  "the plan's local_len %lld is not divisible by ulysses_size %d: a grid's group splits its ring "

@@ -147,14 +147,14 @@ Status CheckQKV(Context& ctx, const DLTensor* q, const DLTensor* k, const DLTens
                             "(a plan on a grid is made for the ring of groups)",
                             plan->world_size(), ctx.ring_size(), U);
     if (plan->local_len() % U != 0 || plan->local_len() / U != s.L || plan->batch() != s.B)
-      return Error(STRIA_ERROR_INVALID_ARGUMENT,
-                   "q has shape %s, but params->plan wants B = %lld batch rows of local_len = %lld slots (its "
-                   "stria_plan_get_info)%s",
-                   Dims(c->q).c_str(), static_cast<long long>(plan->batch()), static_cast<long long>(plan->local_len()),
-                   U == 1 ? ""
-                          : Format(", of which each member of a group of %d holds local_len / %d (a multiple of %d)",
-                                   U, U, U)
-                                .c_str());
+      return Error(
+          STRIA_ERROR_INVALID_ARGUMENT,
+          "q has shape %s, but params->plan wants B = %lld batch rows of local_len = %lld slots (its "
+          "stria_plan_get_info)%s",
+          Dims(c->q).c_str(), static_cast<long long>(plan->batch()), static_cast<long long>(plan->local_len()),
+          U == 1 ? ""
+                 : Format(", of which each member of a group of %d holds local_len / %d (a multiple of %d)", U, U, U)
+                       .c_str());
   } else {
     // On a grid the layout is the ring's: R positions, this rank's group at g (DESIGN.md).
     STRIA_RETURN_IF_ERROR(CheckLayout(c->layout, seq_len, ctx.ring_size(), ctx.ring_rank()));

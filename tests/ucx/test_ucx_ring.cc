@@ -283,20 +283,18 @@ TEST(UcxFaults, PeerStoppedMidCall) {
 // rank that dies or stalls is a peer in both dimensions (of its group's all-to-all and of its
 // ring), and every survivor fails within the timeout naming it or a rank stalled behind it.
 TEST(UcxFaults, GridPeerKilledMidCall) {
-  auto results = RunFault(4,
-                          {"--ulysses", "2", "--fault", "kill", "--fault-rank", "1", "--fault-iter", "2",
-                           "--fault-delay-ms", "5"},
-                          kTimeout * 3 + 20);
+  auto results = RunFault(
+      4, {"--ulysses", "2", "--fault", "kill", "--fault-rank", "1", "--fault-iter", "2", "--fault-delay-ms", "5"},
+      kTimeout * 3 + 20);
   ASSERT_EQ(results.count(1), 1u);
   EXPECT_EQ(results[1].signal, SIGKILL);
   ExpectSurvivorsFail(results, 4, 1, {STRIA_ERROR_TRANSPORT, STRIA_ERROR_TIMEOUT});
 }
 
 TEST(UcxFaults, GridPeerStoppedMidCall) {
-  auto results = RunFault(4,
-                          {"--ulysses", "2", "--fault", "stop", "--fault-rank", "2", "--fault-iter", "1",
-                           "--fault-delay-ms", "5"},
-                          kTimeout * 3 + 20, {}, {2});
+  auto results = RunFault(
+      4, {"--ulysses", "2", "--fault", "stop", "--fault-rank", "2", "--fault-iter", "1", "--fault-delay-ms", "5"},
+      kTimeout * 3 + 20, {}, {2});
   ExpectSurvivorsFail(results, 4, 2, {STRIA_ERROR_TIMEOUT, STRIA_ERROR_TRANSPORT});
 }
 

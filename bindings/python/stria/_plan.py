@@ -17,6 +17,7 @@ attends to them, so any S works with any N.
 from __future__ import annotations
 
 import itertools
+import operator
 import threading
 import weakref
 from dataclasses import dataclass
@@ -177,55 +178,81 @@ class Plan:
         state = "closed" if self.closed else f"local_len={self.local_len}"
         return f"stria.Plan(world_size={self.world_size}, batch={self.batch}, seq_len={self.seq_len}, {state})"
 
-    def positions(self, rank: int) -> np.ndarray:
+    def positions(self, rank: int, *, ulysses: int = 1) -> np.ndarray:
         """The global position of each of `rank`'s slots, ``[batch, local_len]`` int64, -1 for
-        padding: rotary position ids, and which labels the rank's tokens predict."""
-        raw = capi.stria_plan_positions(self.handle, int(rank))
-        return np.frombuffer(raw, dtype=np.int64).reshape(self.batch, self.local_len)
+        padding: rotary position ids, and which labels the rank's tokens predict. ulysses > 1:
+        rank of a grid of all-to-all groups of that many ranks on the plan's ring (Context.ulysses;
+        ``[batch, local_len / ulysses]``, stria_plan_grid_positions)."""
+        if ulysses == 1:
+            raw = capi.stria_plan_positions(self.handle, int(rank))
+            return np.frombuffer(raw, dtype=np.int64).reshape(self.batch, self.local_len)
+        raw = capi.stria_plan_grid_positions(self.handle, operator.index(ulysses), int(rank))
+        return np.frombuffer(raw, dtype=np.int64).reshape(self.batch, self.local_len // ulysses)
 
-    def shard(self, full: Tensor, rank: int, *, seq_dim: int = 1, out: Tensor | None = None) -> Tensor:
+    def shard(
+        self, full: Tensor, rank: int, *, seq_dim: int = 1, out: Tensor | None = None, ulysses: int = 1
+    ) -> Tensor:
         """`rank`'s tokens of a full-sequence tensor along seq_dim (padding slots zero), into out or
         a new tensor like full. With several batch rows, dimension 0 is the batch. Host tensors go
-        through the library; others (a CUDA torch tensor) are gathered by positions in torch."""
+        through the library; others (a CUDA torch tensor) are gathered by positions in torch.
+        ulysses: as in positions."""
         shape = shape_of(full, "Plan.shard", "full")
         dim = seq_dim % len(shape) if shape else seq_dim
         if not _is_host(full):
-            return self._gather_torch(full, rank, dim, out)
+            return self._gather_torch(full, rank, dim, out, ulysses)
         if out is None:
             local_shape = list(shape)
             if 0 <= dim < len(local_shape):
-                local_shape[dim] = self.local_len
+                local_shape[dim] = self.local_len // max(ulysses, 1)
             out = empty_like(full, tuple(local_shape), name="full")
-        capi.stria_plan_shard(self.handle, int(rank), seq_dim, for_dlpack(full), for_dlpack(out), default_stream(full))
+        if ulysses == 1:
+            capi.stria_plan_shard(
+                self.handle, int(rank), seq_dim, for_dlpack(full), for_dlpack(out), default_stream(full)
+            )
+        else:
+            capi.stria_plan_grid_shard(
+                self.handle, operator.index(ulysses), int(rank), seq_dim, for_dlpack(full), for_dlpack(out),
+                default_stream(full),
+            )
         return out
 
-    def unshard(self, local: Tensor, rank: int, *, seq_dim: int = 1, out: Tensor | None = None) -> Tensor:
+    def unshard(
+        self, local: Tensor, rank: int, *, seq_dim: int = 1, out: Tensor | None = None, ulysses: int = 1
+    ) -> Tensor:
         """Writes `rank`'s tokens back into their places in a full-sequence tensor and returns it;
         pass the same out from every rank to assemble the whole sequence (a new one is zero
-        elsewhere)."""
+        elsewhere). ulysses: as in positions."""
         shape = shape_of(local, "Plan.unshard", "local")
         dim = seq_dim % len(shape) if shape else seq_dim
         if not _is_host(local):
-            return self._scatter_torch(local, rank, dim, out)
+            return self._scatter_torch(local, rank, dim, out, ulysses)
         if out is None:
             full_shape = list(shape)
             if 0 <= dim < len(full_shape):
                 full_shape[dim] = self.seq_len
             out = empty_like(local, tuple(full_shape), zero=True, name="local")
-        capi.stria_plan_unshard(self.handle, int(rank), seq_dim, for_dlpack(local), for_dlpack(out), default_stream(local))
+        if ulysses == 1:
+            capi.stria_plan_unshard(
+                self.handle, int(rank), seq_dim, for_dlpack(local), for_dlpack(out), default_stream(local)
+            )
+        else:
+            capi.stria_plan_grid_unshard(
+                self.handle, operator.index(ulysses), int(rank), seq_dim, for_dlpack(local), for_dlpack(out),
+                default_stream(local),
+            )
         return out
 
-    def _index(self, x: Tensor, rank: int) -> tuple[Any, Any]:
+    def _index(self, x: Tensor, rank: int, ulysses: int = 1) -> tuple[Any, Any]:
         """The positions of `rank` as a torch index on x's device (padding at 0) and the padding mask."""
         import torch  # noqa: PLC0415 - only for tensors that are not on the host
 
-        pos = torch.as_tensor(self.positions(rank), device=x.device)
+        pos = torch.as_tensor(self.positions(rank, ulysses=ulysses), device=x.device)
         return pos.clamp(min=0), pos < 0
 
-    def _gather_torch(self, full: Tensor, rank: int, dim: int, out: Tensor | None) -> Tensor:
+    def _gather_torch(self, full: Tensor, rank: int, dim: int, out: Tensor | None, ulysses: int = 1) -> Tensor:
         import torch  # noqa: PLC0415 - only for tensors that are not on the host
 
-        index, pad = self._index(full, rank)
+        index, pad = self._index(full, rank, ulysses)
         rows = []
         for b in range(self.batch):
             row = full[b] if self.batch > 1 else full
@@ -240,10 +267,10 @@ class Plan:
         out.copy_(result)
         return out
 
-    def _scatter_torch(self, local: Tensor, rank: int, dim: int, out: Tensor | None) -> Tensor:
+    def _scatter_torch(self, local: Tensor, rank: int, dim: int, out: Tensor | None, ulysses: int = 1) -> Tensor:
         import torch  # noqa: PLC0415
 
-        index, pad = self._index(local, rank)
+        index, pad = self._index(local, rank, ulysses)
         if out is None:
             shape = list(local.shape)
             shape[dim] = self.seq_len

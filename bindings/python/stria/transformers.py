@@ -203,14 +203,16 @@ def shard_batch(
             valid = ends >= 0
             last[torch.arange(batch)[:, None].expand_as(ends)[valid], ends[valid]] = True
             shifted[last.to(shifted.device)] = ignore_index
-    n, rank = context.world_size, context.rank
+    n, rank, ulysses = context.world_size, context.rank, context.ulysses
     if plan is not None:
-        if plan.batch != batch or plan.seq_len != seq or plan.world_size != n:
+        # On a grid the plan is for the ring of groups, each group's slots cut into pieces.
+        if plan.batch != batch or plan.seq_len != seq or plan.world_size != n // ulysses:
             raise ValueError(
                 f"shard_batch(): the plan is for {plan.batch} rows of {plan.seq_len} tokens over {plan.world_size} "
-                f"ranks, the batch is {batch} rows of {seq} over {n}"
+                f"ranks, the batch is {batch} rows of {seq} over {n // ulysses}"
+                + (f" groups of {ulysses}" if ulysses > 1 else "")
             )
-        where = torch.from_numpy(plan.positions(rank).copy())  # [B, local_len], -1 for padding
+        where = torch.from_numpy(plan.positions(rank, ulysses=ulysses).copy())  # -1 for padding
         padding = where < 0
         index = where.clamp(min=0)
 

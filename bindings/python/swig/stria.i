@@ -342,6 +342,25 @@ static stria_plan_info_t stria_py_plan_info(stria_plan_t plan) {
 %typemap(freearg) (stria_plan_t plan, int rank, int64_t* positions) {
   free($3);
 }
+/* stria_plan_grid_positions: batch * local_len / ulysses_size entries (one where that does not
+ * divide: the library then refuses the call with its message). */
+%typemap(check) (stria_plan_t plan, int ulysses_size, int rank, int64_t* positions) (size_t count = 1) {
+  stria_plan_info_t info = stria_py_plan_info($1);
+  count = info.batch > 0 && info.local_len > 0 && $2 > 0 && info.local_len % $2 == 0
+              ? (size_t)(info.batch * (info.local_len / $2))
+              : 1;
+  $4 = (int64_t*)calloc(count, sizeof *$4);
+  if (!$4) {
+    PyErr_NoMemory();
+    SWIG_fail;
+  }
+}
+%typemap(argout) (stria_plan_t plan, int ulysses_size, int rank, int64_t* positions) {
+  STRIA_APPEND_OUTPUT(PyByteArray_FromStringAndSize((const char*)$4, (Py_ssize_t)(count$argnum * sizeof *$4)));
+}
+%typemap(freearg) (stria_plan_t plan, int ulysses_size, int rank, int64_t* positions) {
+  free($4);
+}
 %typemap(check) (stria_plan_t plan, int64_t tile, stria_balance_t* out, double* work) (size_t count = 1) {
   stria_plan_info_t info = stria_py_plan_info($1);
   count = info.world_size > 0 ? (size_t)info.world_size * (size_t)info.world_size : 1;

@@ -159,3 +159,38 @@ def test_torch_autograd_on_a_grid():
                 got[:, r[0]] = r[1 + i]
             assert rel_err(got, want) < tol, (dtype, i)
         assert rel_err(sum(r[5] for r in results), dz) < tol
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_a_plan_on_a_grid(causal):
+    """A document plan for the ring of 2 groups on a grid of 2 x 2: each group's slots in two pieces
+    (Plan.positions/shard/unshard with ulysses), padding included, against the reference."""
+    ulysses, ring, hq, hkv, seq = 2, 2, 4, 2, 29
+    cu = np.array([[0, 3, 11, 29], [0, 17, 20, 29]])
+    rng = np.random.default_rng(9)
+    q, k, v, dout = (rng.standard_normal((B, seq, h, D)).astype(np.float32) for h in (hq, hkv, hkv, hq))
+    plan = stria.Plan(cu, ring, seq_len=seq, causal=causal, tile=4)
+    if plan.local_len % ulysses:
+        plan = stria.Plan(cu, ring, seq_len=seq, causal=causal, tile=4, local_len=plan.local_len + 1)
+    n = ulysses * ring
+    # The pieces of ring rank 1 are its slots, in order.
+    np.testing.assert_array_equal(
+        np.concatenate([plan.positions(2 + u, ulysses=ulysses) for u in range(ulysses)], axis=1), plan.positions(1)
+    )
+
+    def rank_fn(ctx):
+        ql, kl, vl, dl = (plan.shard(x, ctx.rank, ulysses=ulysses) for x in (q, k, v, dout))
+        out, lse = ctx.attention_forward(ql, kl, vl, plan=plan, causal=causal)
+        grads = ctx.attention_backward(ql, kl, vl, out, lse, dl, plan=plan, causal=causal)
+        return out, *grads
+
+    with stria.local_group(n, timeout_s=TIMEOUT_S, ulysses=ulysses) as group:
+        results = group.run(rank_fn)
+    scale = 1 / np.sqrt(D)
+    out, _ = attention_ref(q, k, v, causal, scale, cu)
+    want = [out, *attention_backward_ref(q, k, v, dout, causal, scale, cu)]
+    for i, ref in enumerate(want):
+        got = np.zeros_like(ref, dtype=np.float32)
+        for r, res in enumerate(results):
+            plan.unshard(res[i], r, ulysses=ulysses, out=got)
+        assert rel_err(got, ref) < 1e-5, ("out", "dq", "dk", "dv")[i]

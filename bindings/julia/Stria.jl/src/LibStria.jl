@@ -733,8 +733,10 @@ end
 # ring, U = N pure all-to-all (no ring). U must divide Hq, and divide Hkv or be a multiple of it
 # (fewer K/V heads than members: each member takes the one K/V head its query heads read).
 # Documents and windows (params or the _documents and _window calls), softcap and sinks work as on
-# a ring; a document plan does not (it places tokens on a plain ring). The serving calls spread
-# their cache over all N ranks whatever the grid. CPU contexts, every transport.
+# a ring, and so do document plans: a plan made for world_size R (the ring of groups) with a
+# local_len divisible by U, member u of group g holding the u-th of U pieces of the plan's slots of
+# rank g (stria_plan_grid_positions, _shard, _unshard; q's L is then local_len / U). The serving
+# calls spread their cache over all N ranks whatever the grid. CPU contexts, every transport.
 #
 # stria_context_set_grid sets U (a divisor of the world size; 1 on a new context). Every rank of
 # the context sets the same U before its next call (the call's agreement checks it), between
@@ -772,6 +774,26 @@ function stria_grid_unshard(layout, world_size, ulysses_size, rank, seq_dim, var
           layout, world_size, ulysses_size, rank, seq_dim, var"local", full, stream)
 end
 
+# stria_plan_positions ([batch][local_len / ulysses_size]), stria_plan_shard and stria_plan_unshard
+# for rank `rank` (of the plan's world_size times ulysses_size) of a grid on the plan's ring.
+function stria_plan_grid_positions(plan, ulysses_size, rank, positions)
+    ccall((:stria_plan_grid_positions, libstria), stria_status_t,
+          (stria_plan_t, Cint, Cint, Ptr{Int64}),
+          plan, ulysses_size, rank, positions)
+end
+
+function stria_plan_grid_shard(plan, ulysses_size, rank, seq_dim, full, var"local", stream)
+    ccall((:stria_plan_grid_shard, libstria), stria_status_t,
+          (stria_plan_t, Cint, Cint, Cint, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{Cvoid}),
+          plan, ulysses_size, rank, seq_dim, full, var"local", stream)
+end
+
+function stria_plan_grid_unshard(plan, ulysses_size, rank, seq_dim, var"local", full, stream)
+    ccall((:stria_plan_grid_unshard, libstria), stria_status_t,
+          (stria_plan_t, Cint, Cint, Cint, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{Cvoid}),
+          plan, ulysses_size, rank, seq_dim, var"local", full, stream)
+end
+
 export DLPACK_VERSION, STRIA_VERSION_MAJOR, STRIA_VERSION_MINOR, STRIA_VERSION_PATCH, STRIA_VERSION
 export DLDeviceType, kDLCPU, kDLCUDA, kDLCUDAHost, kDLOpenCL, kDLVulkan, kDLMetal, kDLVPI, kDLROCM
 export kDLROCMHost, kDLExtDev, kDLCUDAManaged, DLDevice, DLDataTypeCode, kDLInt, kDLUInt, kDLFloat
@@ -799,5 +821,6 @@ export stria_context_get_step_times, stria_traffic_t, stria_context_get_traffic,
 export stria_kv_cache_init, stria_attention_decode, stria_prefill_t, STRIA_PREFILL_AUTO
 export STRIA_PREFILL_PASS_KV, STRIA_PREFILL_PASS_Q, stria_attention_prefill, stria_context_set_grid
 export stria_context_get_grid, stria_grid_positions, stria_grid_shard, stria_grid_unshard
+export stria_plan_grid_positions, stria_plan_grid_shard, stria_plan_grid_unshard
 
 end # module LibStria

@@ -146,6 +146,49 @@ function positions(plan::Plan, rank::Integer)
 end
 
 """
+    grid_positions(plan, ulysses, rank) -> Matrix{Int64}
+    grid_shard!(local_part, plan, ulysses, rank, full; dims = ndims(full) - 1)
+    grid_unshard!(full, plan, ulysses, rank, local_part; dims = ndims(full) - 1)
+
+`positions`, `shard!` and `unshard!` for `rank` of a grid of all-to-all groups of `ulysses` ranks
+on the plan's ring (`set_grid!`): rank g·U + u holds the u-th of U pieces of ring rank g's slots,
+`local_len ÷ ulysses` of them (`stria_plan_grid_positions`, `_shard`, `_unshard`).
+"""
+function grid_positions(plan::Plan, ulysses::Integer, rank::Integer)
+    ulysses > 0 || throw(ArgumentError("ulysses must be positive, not $ulysses"))
+    result = Matrix{Int64}(undef, plan.local_len ÷ ulysses, plan.batch)
+    GC.@preserve plan begin
+        _call(() -> LibStria.stria_plan_grid_positions(_plan_handle(plan), ulysses, rank, result),
+              :stria_plan_grid_positions)
+    end
+    return result
+end
+
+function grid_shard!(local_part::AbstractArray, plan::Plan, ulysses::Integer, rank::Integer, full::AbstractArray;
+                     dims::Integer = ndims(full) - 1)
+    seq_dim = _seq_dim(full, dims)
+    tfull, tlocal = TensorRef(full), TensorRef(local_part)
+    GC.@preserve plan tfull tlocal begin
+        _call(:stria_plan_grid_shard) do
+            LibStria.stria_plan_grid_shard(_plan_handle(plan), ulysses, rank, seq_dim, tfull.ref, tlocal.ref, C_NULL)
+        end
+    end
+    return local_part
+end
+
+function grid_unshard!(full::AbstractArray, plan::Plan, ulysses::Integer, rank::Integer, local_part::AbstractArray;
+                       dims::Integer = ndims(full) - 1)
+    seq_dim = _seq_dim(full, dims)
+    tfull, tlocal = TensorRef(full), TensorRef(local_part)
+    GC.@preserve plan tfull tlocal begin
+        _call(:stria_plan_grid_unshard) do
+            LibStria.stria_plan_grid_unshard(_plan_handle(plan), ulysses, rank, seq_dim, tlocal.ref, tfull.ref, C_NULL)
+        end
+    end
+    return full
+end
+
+"""
     shard!(local_part, plan, rank, full; dims = ndims(full) - 1)
 
 Copies the tokens of `rank` out of `full` along Julia dimension `dims` (the sequence, `seq_len`

@@ -388,6 +388,9 @@ end
                        sinks = Float32[0.5, -1, 0, 1], cu_seqlens = [0, 9, 24])
         end
         @test grid_positions(:striped, 8, 4, 2, 3) == [5, 7]
+        plan = Plan([0, 2, 7], 7; world_size = 2, tile = 1, local_len = 4)
+        @test vcat(grid_positions(plan, 2, 2), grid_positions(plan, 2, 3)) == positions(plan, 1)
+        close(plan)
         ctx = Context()
         @test grid(ctx) == 1
         @test occursin("divide the world size", stria_error(() -> set_grid!(ctx, 2)).message)

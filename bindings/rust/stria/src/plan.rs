@@ -306,6 +306,86 @@ impl Plan {
         check(unsafe { sys::stria_plan_unshard(self.raw, rank, seq_dim, &local, &mut full, std::ptr::null_mut()) })
     }
 
+    /// [`positions`](Plan::positions) for rank `rank` of a grid of all-to-all groups of `ulysses`
+    /// ranks on this plan's ring ([`Context::set_grid`](crate::Context::set_grid)): rank g·U + u
+    /// holds the u-th of U pieces of ring rank g's slots, `batch · local_len / ulysses` values.
+    ///
+    /// ```
+    /// use stria::PlanConfig;
+    /// let plan = PlanConfig::new(2).tile(1).local_len(4).create(&[0, 2, 7], 2, 1, 7).unwrap();
+    /// let ring = plan.positions(1).unwrap();
+    /// let mut pieces = plan.grid_positions(2, 2).unwrap();
+    /// pieces.extend(plan.grid_positions(2, 3).unwrap());
+    /// assert_eq!(pieces, ring);
+    /// ```
+    pub fn grid_positions(&self, ulysses: i32, rank: i32) -> Result<Vec<i64>> {
+        // SAFETY: a NULL destination, refused after the arguments are checked.
+        let probe = unsafe { sys::stria_plan_grid_positions(self.raw, ulysses, rank, std::ptr::null_mut()) };
+        if let Err(err) = check(probe) {
+            if err.message() != "positions is NULL" {
+                return Err(err);
+            }
+        }
+        let n = (self.info.batch * (self.info.local_len / i64::from(ulysses))) as usize;
+        let mut positions = try_vec::<i64>(n)?;
+        // SAFETY: room for batch · local_len / ulysses values, all the library writes on success.
+        check(unsafe { sys::stria_plan_grid_positions(self.raw, ulysses, rank, positions.as_mut_ptr()) })?;
+        // SAFETY: the call succeeded, so it wrote all n values.
+        unsafe { positions.set_len(n) };
+        Ok(positions)
+    }
+
+    /// [`shard`](Plan::shard) for rank `rank` of a grid of all-to-all groups of `ulysses` ranks
+    /// ([`grid_positions`](Plan::grid_positions)).
+    pub fn grid_shard(
+        &self,
+        ulysses: i32,
+        rank: i32,
+        seq_dim: i32,
+        full: &impl Input,
+        local: &mut impl Output,
+    ) -> Result<()> {
+        let full = full.dl_tensor();
+        let mut local = local.dl_tensor_mut();
+        // SAFETY: as in shard.
+        check(unsafe {
+            sys::stria_plan_grid_shard(
+                self.raw,
+                ulysses,
+                rank,
+                seq_dim,
+                &full,
+                &mut local,
+                std::ptr::null_mut(),
+            )
+        })
+    }
+
+    /// The inverse of [`grid_shard`](Plan::grid_shard).
+    pub fn grid_unshard(
+        &self,
+        ulysses: i32,
+        rank: i32,
+        seq_dim: i32,
+        local: &impl Input,
+        full: &mut impl Output,
+    ) -> Result<()> {
+        let local = local.dl_tensor();
+        let mut full = full.dl_tensor_mut();
+        // SAFETY: as in shard, with the roles swapped.
+        check(unsafe {
+            sys::stria_plan_grid_unshard(
+                self.raw,
+                ulysses,
+                rank,
+                seq_dim,
+                &local,
+                &mut full,
+                std::ptr::null_mut(),
+            )
+        })
+    }
+
     /// The balance of the plan's ring under the mask it was made for, at `tile` granularity (1:
     /// exact pairs), counted as the kernels compute; [`Balance::ideal_latency`] is the latency no
     /// ring can beat.
