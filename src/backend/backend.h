@@ -270,6 +270,29 @@ class Backend {
     return Error(STRIA_ERROR_UNSUPPORTED, "the %s backend has no decode over a sharded KV cache", name());
   }
 
+  // A grid's all-to-all (ring/grid_exchange.cc) on `stream` (the call's; the exchange comes before
+  // the Begin call that would set it). A box is a strided region of a tensor in this backend's
+  // memory, its last dimension contiguous. PackBox copies `box` into `dst`, compact; SumIntoBox
+  // sets `box` to the sum of `count` compact arrays, the first at `src` and each `src_step` bytes
+  // after the one before (one: a copy), added in float32 in their order and rounded once to the
+  // box's dtype. SyncStream returns once everything queued on `stream` is done. Whether the
+  // backend has them is said before any rank communicates.
+  virtual Status CheckGridSupported() const {
+    return Error(STRIA_ERROR_UNSUPPORTED, "the %s backend has no grid (all-to-all groups) yet", name());
+  }
+  virtual Status PackBox(const TensorView& box, void* dst, void* stream) {
+    (void)box, (void)dst, (void)stream;
+    return CheckGridSupported();
+  }
+  virtual Status SumIntoBox(const void* src, size_t src_step, int count, const TensorView& box, void* stream) {
+    (void)src, (void)src_step, (void)count, (void)box, (void)stream;
+    return CheckGridSupported();
+  }
+  virtual Status SyncStream(void* stream) {
+    (void)stream;
+    return Status::Ok();
+  }
+
   // Asynchronous backends (CUDA) queue their work on a stream and return. Before the engine hands
   // a ring buffer to the transport (to send it, or to receive into it), everything queued so far
   // that writes or reads ring buffers must be complete: this waits for it. The transfer of the

@@ -10,8 +10,9 @@ namespace stria {
 // 3: BlockMask::doc_*; 4: Backend::ReadOnHost, and AttentionShape without the documents flag that
 // no backend read (a block's mask says whether it has document bounds); 5: Backend::SetDeterministic;
 // 6: trimmed ring messages (Backend::KVWirePieces, CopyPieces, AccumulateDKV over pieces); 7:
-// AttentionShape::softcap, Backend::ApplySinks and SinksGradient; 8: Backend::Decode and DecodeMerge.
-constexpr int kBackendModuleAbiVersion = 8;
+// AttentionShape::softcap, Backend::ApplySinks and SinksGradient; 8: Backend::Decode and DecodeMerge;
+// 9: a grid's exchange (Backend::CheckGridSupported, PackBox, SumIntoBox, SyncStream).
+constexpr int kBackendModuleAbiVersion = 9;
 
 struct BackendModuleV1 {
   int abi_version;  // kBackendModuleAbiVersion

@@ -58,11 +58,9 @@ void RingCallOf(const Context& ctx, const ValidatedCall& c, GridCall* g) {
 }
 
 Status CheckGridDevice(Context& ctx) {
-  if (ctx.device().device_type == kDLCPU) return Status::Ok();
-  return Error(STRIA_ERROR_UNSUPPORTED,
-               "a grid (all-to-all groups of %d) runs on CPU contexts only for now: set the grid to 1 on this %s "
-               "context (stria_context_set_grid)",
-               ctx.ulysses_size(), ctx.backend().name());
+  Status st = ctx.backend().CheckGridSupported();
+  if (st.ok()) return st;
+  return Error(st.code(), "%s: set the grid to 1 on this context (stria_context_set_grid)", st.message().c_str());
 }
 
 // Staging for both phases: the larger of each side.
@@ -88,6 +86,16 @@ Box LseHeads(const TensorView& t, const GridHeads& h) {
 }
 Box LseTokens(const Box& group, int64_t L, int m) {
   return SubBox(group, 2, m * L, L);
+}
+
+// The exchange out, and the call's end: an asynchronous backend's unpacking must be done before
+// the next call's exchange reuses the staging (the ring's own buffers are handed over by the
+// backend's Begin call; these are not).
+Status FinishExchange(Context& ctx, uint64_t seq, const char* what, const Exchange& x, void* send, void* receive,
+                      void* stream) {
+  STRIA_RETURN_IF_ERROR(RunExchange(ctx, seq, kPhaseOut, what, x, send, receive, stream));
+  Status st = ctx.backend().SyncStream(stream);
+  return st.ok() ? st : ctx.Fail(st);
 }
 
 }  // namespace
@@ -133,11 +141,12 @@ Status GridForward(Context& ctx, const ValidatedCall& c, Status local) {
   uint64_t seq = 0;
   STRIA_RETURN_IF_ERROR(AgreeOnCall(ctx, RingOp::kForward, local, c, &seq));
   ctx.traffic() = Traffic();
-  STRIA_RETURN_IF_ERROR(RunExchange(ctx, seq, kPhaseIn, "the all-to-all of q, k and v", in, send, receive));
+  STRIA_RETURN_IF_ERROR(
+      RunExchange(ctx, seq, kPhaseIn, "the all-to-all of q, k and v", in, send, receive, g.rc.stream));
   Status st = ctx.backend().ForwardBegin(g.rc.shape, g.rc.q, g.rc.stream);
   if (!st.ok()) return ctx.Fail(st);
   STRIA_RETURN_IF_ERROR(ForwardSteps(ctx, ring, g.rc, seq, b));
-  return RunExchange(ctx, seq, kPhaseOut, "the all-to-all of out and lse", out, send, receive);
+  return FinishExchange(ctx, seq, "the all-to-all of out and lse", out, send, receive, g.rc.stream);
 }
 
 Status GridBackward(Context& ctx, const ValidatedCall& c, Status local) {
@@ -183,18 +192,21 @@ Status GridBackward(Context& ctx, const ValidatedCall& c, Status local) {
   STRIA_RETURN_IF_ERROR(AgreeOnCall(ctx, RingOp::kBackward, local, c, &seq));
   ctx.traffic() = Traffic();
   STRIA_RETURN_IF_ERROR(
-      RunExchange(ctx, seq, kPhaseIn, "the all-to-all of q, k, v, out, dout and lse", in, send, receive));
+      RunExchange(ctx, seq, kPhaseIn, "the all-to-all of q, k, v, out, dout and lse", in, send, receive, g.rc.stream));
   Status st = ctx.backend().BackwardBegin(g.rc.shape, g.rc.q, g.rc.out, g.rc.lse, g.rc.dout, g.rc.stream);
   if (!st.ok()) return ctx.Fail(st);
   STRIA_RETURN_IF_ERROR(BackwardSteps(ctx, ring, g.rc, seq, b));
   if (c.dsinks_given) {
     // This rank's part of the sinks' gradient covers its heads (over its group's tokens): the
-    // others' entries are 0, so that the ranks' parts still add up to the whole gradient.
-    float* dz = static_cast<float*>(c.dsinks.data);
-    for (int64_t h = 0; h < c.shape.Hq; ++h)
-      if (h < g.mine.q0 || h >= g.mine.q0 + g.mine.q) dz[h * c.dsinks.strides[0]] = 0.f;
+    // others' entries are 0 (a sum of no parts), so that the ranks' parts still add up.
+    const int64_t ends[2][2] = {{0, g.mine.q0}, {g.mine.q0 + g.mine.q, c.shape.Hq}};
+    for (const auto& e : ends) {
+      if (e[1] <= e[0]) continue;
+      st = ctx.backend().SumIntoBox(nullptr, 0, 0, SubBox(c.dsinks, 0, e[0], e[1] - e[0]), g.rc.stream);
+      if (!st.ok()) return ctx.Fail(st);
+    }
   }
-  return RunExchange(ctx, seq, kPhaseOut, "the all-to-all of dq, dk and dv", out, send, receive);
+  return FinishExchange(ctx, seq, "the all-to-all of dq, dk and dv", out, send, receive, g.rc.stream);
 }
 
 }  // namespace stria

@@ -1,6 +1,5 @@
 #include "ring/grid_exchange.h"
 
-#include <cstring>
 #include <map>
 #include <string>
 
@@ -19,94 +18,6 @@ DLDataType DLOf(DType t) {
       break;
   }
   return DLDataType{kDLFloat, 32, 1};
-}
-
-// Calls f(row pointer) for each innermost row of `box`, in row-major order; rows are contiguous
-// (an attention tensor's last dimension always is).
-template <typename F>
-void ForEachRow(const Box& box, F f) {
-  const int outer = box.ndim - 1;
-  int64_t rows = 1;
-  for (int d = 0; d < outer; ++d) rows *= box.shape[d];
-  const int64_t elem = box.elem_bytes();
-  int64_t index[kMaxDims] = {};
-  for (int64_t i = 0; i < rows; ++i) {
-    int64_t offset = 0;
-    for (int d = 0; d < outer; ++d) offset += index[d] * box.strides[d];
-    f(static_cast<char*>(box.data) + offset * elem);
-    for (int d = outer - 1; d >= 0; --d) {
-      if (++index[d] < box.shape[d]) break;
-      index[d] = 0;
-    }
-  }
-}
-
-size_t RowBytes(const Box& box) {
-  return static_cast<size_t>(box.shape[box.ndim - 1] * box.elem_bytes());
-}
-
-void PackBox(const Box& box, char* dst) {
-  const size_t row = RowBytes(box);
-  ForEachRow(box, [&](const char* p) {
-    std::memcpy(dst, p, row);
-    dst += row;
-  });
-}
-
-void UnpackBox(const char* src, const Box& box) {
-  const size_t row = RowBytes(box);
-  ForEachRow(box, [&](char* p) {
-    std::memcpy(p, src, row);
-    src += row;
-  });
-}
-
-float Load(DType t, const char* p) {
-  uint16_t h;
-  switch (t) {
-    case DType::kF16:
-      std::memcpy(&h, p, 2);
-      return F16ToF32(h);
-    case DType::kBF16:
-      std::memcpy(&h, p, 2);
-      return BF16ToF32(h);
-    case DType::kF32:
-      break;
-  }
-  float f;
-  std::memcpy(&f, p, 4);
-  return f;
-}
-
-void Store(DType t, float f, char* p) {
-  uint16_t h;
-  switch (t) {
-    case DType::kF16:
-      h = F32ToF16(f);
-      std::memcpy(p, &h, 2);
-      return;
-    case DType::kBF16:
-      h = F32ToBF16(f);
-      std::memcpy(p, &h, 2);
-      return;
-    case DType::kF32:
-      break;
-  }
-  std::memcpy(p, &f, 4);
-}
-
-// box = the sum of the compact copies at srcs, in their order (the same bits on every run).
-void SumIntoBox(const std::vector<const char*>& srcs, const Box& box) {
-  const int64_t width = box.shape[box.ndim - 1], elem = box.elem_bytes();
-  size_t packed = 0;
-  std::vector<float> acc(static_cast<size_t>(width));
-  ForEachRow(box, [&](char* p) {
-    for (int64_t j = 0; j < width; ++j) acc[static_cast<size_t>(j)] = 0.f;
-    for (const char* s : srcs)
-      for (int64_t j = 0; j < width; ++j) acc[static_cast<size_t>(j)] += Load(box.dtype, s + packed + j * elem);
-    for (int64_t j = 0; j < width; ++j) Store(box.dtype, acc[static_cast<size_t>(j)], p + j * elem);
-    packed += static_cast<size_t>(width * elem);
-  });
 }
 
 size_t ListBytes(const std::vector<Box>& boxes) {
@@ -157,9 +68,10 @@ size_t Exchange::ReceiveBytes() const {
 }
 
 Status RunExchange(Context& ctx, uint64_t seq, int phase, const char* what, const Exchange& x, void* send,
-                   void* receive) {
+                   void* receive, void* stream) {
   const int U = ctx.ulysses_size(), u = ctx.group_rank(), base = ctx.ring_rank() * U;
   Transport& tr = ctx.transport();
+  Backend& be = ctx.backend();
   const int64_t tag = RingTag(seq, phase, MessageKind::kGrid);
   std::vector<size_t> send_at(static_cast<size_t>(U)), receive_at(static_cast<size_t>(U));
   size_t s = 0, r = 0;
@@ -172,26 +84,30 @@ Status RunExchange(Context& ctx, uint64_t seq, int phase, const char* what, cons
   char* out = static_cast<char*>(send);
   char* in = static_cast<char*>(receive);
   std::vector<RequestId> recvs(static_cast<size_t>(U)), sends(static_cast<size_t>(U));
+  // Every message packed first (its own share straight to where it is unpacked from), then one
+  // fence: an asynchronous backend packs on the call's stream, and the transport reads the buffers.
   Status st;
+  for (int m = 0; m < U && st.ok(); ++m) {
+    const size_t mm = static_cast<size_t>(m);
+    char* dst = m == u ? in + receive_at[mm] : out + send_at[mm];
+    for (const Box& b : x.to[mm]) {
+      if (st.ok()) st = be.PackBox(b, dst, stream);
+      dst += BoxBytes(b);
+    }
+  }
+  if (st.ok()) st = be.SyncStream(stream);
   for (int m = 0; m < U && st.ok(); ++m) {
     if (m == u) continue;
     st = tr.Irecv(base + m, tag, in + receive_at[static_cast<size_t>(m)], ListBytes(x.from[static_cast<size_t>(m)]),
                   &recvs[static_cast<size_t>(m)]);
   }
   // Each member starts with the member after itself, so that no one member's link takes every
-  // first message; its own share goes straight to where it is unpacked from.
-  for (int i = 0; i < U && st.ok(); ++i) {
-    const int m = (u + i) % U;
-    const size_t mm = static_cast<size_t>(m);
-    char* dst = m == u ? in + receive_at[mm] : out + send_at[mm];
-    for (const Box& b : x.to[mm]) {
-      PackBox(b, dst);
-      dst += BoxBytes(b);
-    }
-    if (m == u) continue;
+  // first message.
+  for (int i = 1; i < U && st.ok(); ++i) {
+    const size_t mm = static_cast<size_t>((u + i) % U);
     const size_t bytes = ListBytes(x.to[mm]);
     st = ctx.CheckNotAborted();
-    if (st.ok()) st = tr.Isend(base + m, tag, out + send_at[mm], bytes, &sends[mm]);
+    if (st.ok()) st = tr.Isend(base + static_cast<int>(mm), tag, out + send_at[mm], bytes, &sends[mm]);
     if (st.ok()) {
       ctx.traffic().all_to_all_bytes += bytes;
       ++ctx.traffic().messages;
@@ -209,7 +125,8 @@ Status RunExchange(Context& ctx, uint64_t seq, int phase, const char* what, cons
   }
   if (!st.ok()) return ctx.Fail(st);
   // Unpack, member by member; a box that several members fill (a shared K/V head's gradient) once,
-  // with their sum in member order.
+  // with their sum in member order. Every member's message has the same layout (the members hold
+  // equal shares of heads and tokens), so the parts of one box lie one message apart.
   std::map<const void*, std::vector<const char*>> sums;
   std::vector<const Box*> order;
   for (int m = 0; m < U; ++m) {
@@ -223,13 +140,15 @@ Status RunExchange(Context& ctx, uint64_t seq, int phase, const char* what, cons
   }
   for (const Box* b : order) {
     const auto& srcs = sums[b->data];
-    if (srcs.size() == 1)
-      UnpackBox(srcs[0], *b);
-    else
-      SumIntoBox(srcs, *b);
+    const size_t step = srcs.size() > 1 ? static_cast<size_t>(srcs[1] - srcs[0]) : 0;
+    for (size_t k = 2; k < srcs.size(); ++k)
+      if (static_cast<size_t>(srcs[k] - srcs[k - 1]) != step)
+        return ctx.Fail(Error(STRIA_ERROR_INTERNAL, "a grid's exchange summed parts at uneven strides"));
+    st = be.SumIntoBox(srcs[0], step, static_cast<int>(srcs.size()), *b, stream);
+    if (!st.ok()) return ctx.Fail(st);
   }
-  Status done = ctx.CheckNotAborted();
-  return done.ok() ? done : ctx.Fail(done);
+  st = ctx.CheckNotAborted();
+  return st.ok() ? st : ctx.Fail(st);
 }
 
 }  // namespace stria

@@ -1,6 +1,6 @@
 // The all-to-all within a grid's group: every member sends every other member a message made of
 // boxes (strided regions of tensors) packed back to back, and unpacks the messages it gets into
-// its own boxes. Host memory (the CPU backend).
+// its own boxes, both through the backend (its memory, its stream).
 #pragma once
 
 #include <vector>
@@ -28,10 +28,12 @@ struct Exchange {
   size_t ReceiveBytes() const;
 };
 
-// Runs one phase among the members of this rank's group: `send` and `receive` hold at least
-// SendBytes and ReceiveBytes. Messages are tagged by the call's `seq` and `phase`; `what` names the
-// phase in timeout messages. Adds the bytes sent to other members to ctx.traffic().
+// Runs one phase among the members of this rank's group: `send` and `receive` (ring buffers) hold
+// at least SendBytes and ReceiveBytes. The backend packs and unpacks the boxes on `stream` (the
+// call's); the unpacking is queued there when this returns. Messages are tagged by the call's
+// `seq` and `phase`; `what` names the phase in timeout messages. Adds the bytes sent to other
+// members to ctx.traffic().
 Status RunExchange(Context& ctx, uint64_t seq, int phase, const char* what, const Exchange& x, void* send,
-                   void* receive);
+                   void* receive, void* stream);
 
 }  // namespace stria

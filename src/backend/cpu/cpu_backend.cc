@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_boxes.h"
 #include "backend/cpu/cpu_decode.h"
 #include "core/aligned_buffer.h"
 #include "core/thread_pool.h"
@@ -99,6 +100,15 @@ class CpuBackend final : public Backend {
   }
 
   Status CheckServingSupported() const override { return Status::Ok(); }
+  Status CheckGridSupported() const override { return Status::Ok(); }
+  Status PackBox(const TensorView& box, void* dst, void* /*stream*/) override {
+    HostPackBox(box, dst);
+    return Status::Ok();
+  }
+  Status SumIntoBox(const void* src, size_t src_step, int count, const TensorView& box, void* /*stream*/) override {
+    HostSumIntoBox(src, src_step, count, box);
+    return Status::Ok();
+  }
   Status Decode(const DecodeWork& work, float* partial) override {
     return CpuDecode(pool_, kern_, work, partial, &decode_bufs_);
   }
