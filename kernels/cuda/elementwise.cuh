@@ -172,5 +172,20 @@ STRIA_HD int64_t LayoutPosition(int layout, int64_t L, int world, int rank, int6
   }
 }
 
+// BoxArgs: a warp per row of the region, the sources added in float32 in their order and rounded
+// once.
+template <typename T>
+STRIA_GLOBAL void BoxSumKernel(BoxArgs a) {
+  STRIA_FOR_EACH_ROW(row, a.n0 * a.n1 * a.n2) {
+    const int64_t i2 = row % a.n2, r1 = row / a.n2, i1 = r1 % a.n1, i0 = r1 / a.n1;
+    const int64_t from = i0 * a.ss0 + i1 * a.ss1 + i2 * a.ss2, to = i0 * a.ds0 + i1 * a.ds1 + i2 * a.ds2;
+    STRIA_FOR_EACH_COLUMN(c, a.w) {
+      float acc = 0.f;
+      for (int k = 0; k < a.count; ++k) acc += LoadElem<T>(a.src, from + k * a.src_step + c);
+      StoreElem<T>(a.dst, to + c, acc);
+    }
+  }
+}
+
 }  // namespace cuda
 }  // namespace stria

@@ -233,6 +233,21 @@ cudaError_t LaunchDqFinish(Elem e, Dims d, const float* dq_acc, float scale, Row
   return cudaErrorInvalidValue;
 }
 
+cudaError_t LaunchBoxSum(Elem e, const BoxArgs& a, cudaStream_t s) {
+  const int64_t rows = a.n0 * a.n1 * a.n2;
+  if (rows * a.w == 0) return cudaSuccess;
+  const dim3 g = RowGrid(rows);
+  switch (e) {
+    case Elem::kF32:
+      return STRIA_LAUNCH(BoxSumKernel<Float>, g, 256, 0, s)(a);
+    case Elem::kF16:
+      return STRIA_LAUNCH(BoxSumKernel<Half>, g, 256, 0, s)(a);
+    case Elem::kBF16:
+      return STRIA_LAUNCH(BoxSumKernel<BFloat>, g, 256, 0, s)(a);
+  }
+  return cudaErrorInvalidValue;
+}
+
 cudaError_t LaunchKvGradFinish(Elem e, Dims d, const float* src, RowsOut dst, cudaStream_t s) {
   const int64_t rows = static_cast<int64_t>(d.B) * d.L * d.Hkv;
   if (rows * d.D == 0) return cudaSuccess;

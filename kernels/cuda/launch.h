@@ -46,6 +46,7 @@ cudaError_t LaunchSinksGrad(Dims d, const float* sinks, const float* lse2, const
 cudaError_t LaunchDqFinish(Elem e, Dims d, const float* dq_acc, float scale, RowsOut dq, cudaStream_t s);
 cudaError_t LaunchKvGradFinish(Elem e, Dims d, const float* src, RowsOut dst, cudaStream_t s);
 cudaError_t LaunchShard(const ShardArgs& a, cudaStream_t s);
+cudaError_t LaunchBoxSum(Elem e, const BoxArgs& a, cudaStream_t s);
 
 }  // namespace cuda
 }  // namespace stria

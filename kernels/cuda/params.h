@@ -120,5 +120,19 @@ struct ShardArgs {
   int to_local;
 };
 
+// A grid's exchange (Backend::PackBox, SumIntoBox): dst = the sum of `count` sources over a region
+// of up to four dimensions, the last one contiguous (width w) and the outer ones n0 x n1 x n2 (1
+// where unused); the sources lie src_step elements apart and share their strides. count 1 is a
+// strided copy, 0 writes zeros.
+struct BoxArgs {
+  int64_t n0, n1, n2, w;
+  const void* src;
+  int64_t src_step;
+  int count;
+  int64_t ss0, ss1, ss2;  // source strides, in elements
+  void* dst;
+  int64_t ds0, ds1, ds2;  // destination strides
+};
+
 }  // namespace cuda
 }  // namespace stria

@@ -96,18 +96,16 @@ Status RunExchange(Context& ctx, uint64_t seq, int phase, const char* what, cons
     }
   }
   if (st.ok()) st = be.SyncStream(stream);
-  for (int m = 0; m < U && st.ok(); ++m) {
-    if (m == u) continue;
-    st = tr.Irecv(base + m, tag, in + receive_at[static_cast<size_t>(m)], ListBytes(x.from[static_cast<size_t>(m)]),
-                  &recvs[static_cast<size_t>(m)]);
-  }
-  // Each member starts with the member after itself, so that no one member's link takes every
-  // first message.
+  // In rounds: at round i every member receives from the member i before it and sends to the one i
+  // after it, a shift of the group, posted as a pair. So no one member's link takes every first
+  // message, and a transport that launches a receive together with a send (NCCL: one group per
+  // pair, the ring's own pattern) never holds a send that a peer's posted receive waits for.
   for (int i = 1; i < U && st.ok(); ++i) {
-    const size_t mm = static_cast<size_t>((u + i) % U);
-    const size_t bytes = ListBytes(x.to[mm]);
-    st = ctx.CheckNotAborted();
-    if (st.ok()) st = tr.Isend(base + static_cast<int>(mm), tag, out + send_at[mm], bytes, &sends[mm]);
+    const size_t from = static_cast<size_t>((u - i + U) % U), to = static_cast<size_t>((u + i) % U);
+    st = tr.Irecv(base + static_cast<int>(from), tag, in + receive_at[from], ListBytes(x.from[from]), &recvs[from]);
+    const size_t bytes = ListBytes(x.to[to]);
+    if (st.ok()) st = ctx.CheckNotAborted();
+    if (st.ok()) st = tr.Isend(base + static_cast<int>(to), tag, out + send_at[to], bytes, &sends[to]);
     if (st.ok()) {
       ctx.traffic().all_to_all_bytes += bytes;
       ++ctx.traffic().messages;

@@ -35,6 +35,7 @@ struct Case {
   int64_t plan_tile = 0;          // > 0: on a document plan of this tile (with docs), S = L * world - 1 for world > 1
   bool sinks = false;             // attention sinks (params->sinks, in device memory) and their gradient
   float softcap = 0.f;            // > 0: logit softcapping (params->softcap)
+  int ulysses = 1;                // > 1: a grid of all-to-all groups of this many ranks (stria_context_set_grid)
 };
 
 std::string Name(const Case& c) {
@@ -45,7 +46,8 @@ std::string Name(const Case& c) {
      << (c.spread ? "_2gpus" : "") << (c.docs > 0 ? "_docs" + std::to_string(c.docs) : "")
      << (c.device_docs ? "_ondevice" : "") << (c.window.active() ? "_window" + WindowName(c.window) : "")
      << (c.deterministic ? "_deterministic" : "") << (c.plan_tile > 0 ? "_plan" + std::to_string(c.plan_tile) : "")
-     << (c.sinks ? "_sinks" : "") << (c.softcap > 0 ? "_softcap" + std::to_string(static_cast<int>(c.softcap)) : "");
+     << (c.sinks ? "_sinks" : "") << (c.softcap > 0 ? "_softcap" + std::to_string(static_cast<int>(c.softcap)) : "")
+     << (c.ulysses > 1 ? "_grid" + std::to_string(c.ulysses) : "");
   return os.str();
 }
 
@@ -58,7 +60,9 @@ void PrintTo(const Case& c, std::ostream* os) {
 Tensor ShardHost(const Tensor& full, const Case& c, int rank, stria_plan_t plan, int64_t local_len) {
   Tensor local({full.shape[0], local_len, full.shape[2], full.shape[3]}, full.dt);
   const stria_status_t st = plan != nullptr ? stria_plan_shard(plan, rank, 1, &full.dl, &local.dl, nullptr)
-                                            : stria_shard(c.layout, c.world, rank, 1, &full.dl, &local.dl, nullptr);
+                            : c.ulysses > 1
+                                ? stria_grid_shard(c.layout, c.world, c.ulysses, rank, 1, &full.dl, &local.dl, nullptr)
+                                : stria_shard(c.layout, c.world, rank, 1, &full.dl, &local.dl, nullptr);
   EXPECT_EQ(st, STRIA_SUCCESS) << stria_get_last_error();
   return local;
 }
@@ -108,6 +112,7 @@ void RunCase(const Case& c) {
   std::mutex dsinks_mu;
 
   GatheredResults full(c.layout, c.world, c.B, S, c.Hq, c.Hkv, c.D, c.dt);
+  full.UseGrid(c.ulysses);
   stria_plan_t plan = nullptr;  // destroyed at the end of the case
   int64_t Ll = c.L;             // each rank's tokens (slots)
   if (c.plan_tile > 0) {
@@ -139,6 +144,7 @@ void RunCase(const Case& c) {
   }
   CudaGroup group = c.spread ? CudaGroup(ordinals) : CudaGroup(c.world);
   ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
+  for (stria_context_t ctx : group.ctx) ASSERT_EQ(stria_context_set_grid(ctx, c.ulysses), STRIA_SUCCESS);
   stria_attention_params_t params;
   stria_attention_params_init(&params);
   params.layout = c.layout;
@@ -605,6 +611,34 @@ std::vector<Case> SoftcapSweep() {
   return cases;
 }
 
+// Grids: all-to-all groups of 2 and 4 within a ring, the exchange on the device (strided head slices
+// of the caller's tensors, a shared K/V head's gradients summed), every layout; with documents,
+// sinks and a softcap; the caller's stream; deterministic; the SIMT kernels (float32).
+std::vector<Case> GridSweep() {
+  std::vector<Case> cases;
+  for (stria_layout_t lay : {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG}) {
+    Case c{4, lay, lay != STRIA_LAYOUT_CONTIGUOUS, Dt::kBF16, 1, 40, 4, 2, 64};
+    c.ulysses = 2;
+    cases.push_back(c);
+  }
+  Case shared{4, STRIA_LAYOUT_ZIGZAG, true, Dt::kF16, 2, 40, 8, 2, 64};  // K/V heads shared by two members
+  shared.ulysses = 4;
+  shared.stream = true;
+  cases.push_back(shared);
+  Case mods{4, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 2, 40, 4, 1, 64};
+  mods.ulysses = 2;
+  mods.docs = 4;
+  mods.sinks = true;
+  mods.softcap = 5.f;
+  mods.deterministic = true;
+  cases.push_back(mods);
+  Case simt{2, STRIA_LAYOUT_STRIPED, false, Dt::kF32, 1, 24, 2, 2, 32};
+  simt.ulysses = 2;
+  simt.strided = true;
+  cases.push_back(simt);
+  return cases;
+}
+
 INSTANTIATE_TEST_SUITE_P(TensorCores, CudaRingVsReference, ::testing::ValuesIn(TensorCoreSweep()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaRingVsReference, ::testing::ValuesIn(ShapesAndPaths()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Wgmma, CudaRingVsReference, ::testing::ValuesIn(WgmmaSweep()), ParamName);
@@ -615,5 +649,6 @@ INSTANTIATE_TEST_SUITE_P(Devices, CudaRingVsReference, ::testing::ValuesIn(TwoGp
 INSTANTIATE_TEST_SUITE_P(Deterministic, CudaRingVsReference, ::testing::ValuesIn(DeterministicSweep()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Sinks, CudaRingVsReference, ::testing::ValuesIn(SinksSweep()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Softcap, CudaRingVsReference, ::testing::ValuesIn(SoftcapSweep()), ParamName);
+INSTANTIATE_TEST_SUITE_P(Grid, CudaRingVsReference, ::testing::ValuesIn(GridSweep()), ParamName);
 
 }  // namespace

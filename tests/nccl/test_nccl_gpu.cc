@@ -313,6 +313,78 @@ TEST(NcclContext, RingOfThreadsMatchesReference) {
   RunRanks(world, [&](int r) { EXPECT_EQ(stria_context_destroy(ctx[static_cast<size_t>(r)]), STRIA_SUCCESS); });
 }
 
+// A grid over NCCL: the all-to-all within a group (in rounds of one receive and one send, which
+// the lanes launch together) and the ring across groups: 2 x 2 on 4 GPUs, else one group of all
+// (3 GPUs: two rounds); K/V heads split over the group, and one K/V head shared by all.
+TEST(NcclContext, GridOfThreadsMatchesReference) {
+  REQUIRE_GPUS(2);
+  const int world = std::min(GpuCount(), 4), ulysses = world == 4 ? 2 : world;
+  stria_unique_id_t id;
+  ASSERT_EQ(stria_get_unique_id(&id), STRIA_SUCCESS) << stria_get_last_error();
+  std::vector<stria_context_t> ctx(static_cast<size_t>(world), nullptr);
+  std::vector<std::string> made(static_cast<size_t>(world));
+  RunRanks(world, [&](int r) {
+    cudaSetDevice(r);
+    stria_context_config_t cfg = NcclConfig(r, world, r);
+    cfg.unique_id = id;
+    stria_context_t& c = ctx[static_cast<size_t>(r)];
+    if (stria_context_create(&cfg, &c) != STRIA_SUCCESS || stria_context_set_grid(c, ulysses) != STRIA_SUCCESS)
+      made[static_cast<size_t>(r)] = stria_get_last_error();
+  });
+  for (int r = 0; r < world; ++r) ASSERT_EQ(made[static_cast<size_t>(r)], "") << "rank " << r;
+  const int64_t B = 1, L = 48, Hq = 12, D = 64, S = L * world;
+  for (stria_layout_t layout : {STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG}) {
+    const bool causal = layout == STRIA_LAYOUT_STRIPED;
+    const int64_t Hkv = causal ? 6 : 1;
+    if (kThreadSanitizer && !causal) continue;
+    SCOPED_TRACE(std::string(LayoutName(layout)) + (causal ? " causal" : " full") + " Hkv " + std::to_string(Hkv));
+    std::mt19937_64 rng(21 + static_cast<int>(layout));
+    Tensor q({B, S, Hq, D}, Dt::kBF16), k({B, S, Hkv, D}, Dt::kBF16), v({B, S, Hkv, D}, Dt::kBF16);
+    Tensor dout({B, S, Hq, D}, Dt::kBF16);
+    for (Tensor* t : {&q, &k, &v, &dout}) t->FillRandom(rng);
+    const auto dd = dout.ToDouble();
+    const Reference ref = DenseAttention(q.ToDouble(), k.ToDouble(), v.ToDouble(), &dd, B, S, Hq, Hkv, D, causal,
+                                         1.0 / std::sqrt(static_cast<double>(D)));
+    GatheredResults full(layout, world, B, S, Hq, Hkv, D, Dt::kBF16);
+    full.UseGrid(ulysses);
+    stria_attention_params_t p;
+    stria_attention_params_init(&p);
+    p.layout = layout;
+    p.causal = causal;
+    std::vector<std::string> errors(static_cast<size_t>(world));
+    RunRanks(world, [&](int r) {
+      cudaSetDevice(r);
+      auto shard = [&](const Tensor& t) {
+        Tensor local({B, L, t.shape[2], D}, t.dt);
+        stria_grid_shard(layout, world, ulysses, r, 1, &t.dl, &local.dl, nullptr);
+        return local;
+      };
+      Tensor ql = shard(q), kl = shard(k), vl = shard(v), dol = shard(dout);
+      Tensor out({B, L, Hq, D}, Dt::kBF16), lse({B, Hq, L}, Dt::kF32);
+      Tensor dq({B, L, Hq, D}, Dt::kBF16), dk({B, L, Hkv, D}, Dt::kBF16), dv({B, L, Hkv, D}, Dt::kBF16);
+      DeviceTensor q_d(ql), k_d(kl), v_d(vl), do_d(dol), out_d(out), lse_d(lse), dq_d(dq), dk_d(dk), dv_d(dv);
+      for (DeviceTensor* t : {&out_d, &lse_d, &dq_d, &dk_d, &dv_d}) t->Poison();
+      stria_context_t c = ctx[static_cast<size_t>(r)];
+      std::string& err = errors[static_cast<size_t>(r)];
+      if (stria_attention_forward(c, &p, &q_d.dl, &k_d.dl, &v_d.dl, &out_d.dl, &lse_d.dl, nullptr) != STRIA_SUCCESS)
+        err += std::string("forward: ") + stria_get_last_error();
+      if (stria_attention_backward(c, &p, &q_d.dl, &k_d.dl, &v_d.dl, &out_d.dl, &lse_d.dl, &do_d.dl, &dq_d.dl, &dk_d.dl,
+                                   &dv_d.dl, nullptr) != STRIA_SUCCESS)
+        err += std::string(" backward: ") + stria_get_last_error();
+      if (cudaDeviceSynchronize() != cudaSuccess) err += " cudaDeviceSynchronize failed";
+      out_d.CopyTo(&out);
+      lse_d.CopyTo(&lse);
+      dq_d.CopyTo(&dq);
+      dk_d.CopyTo(&dk);
+      dv_d.CopyTo(&dv);
+      full.Gather(r, out, lse, dq, dk, dv);
+    });
+    for (int r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+    full.ExpectMatches(ref, 2e-2, 1e-3);
+  }
+  RunRanks(world, [&](int r) { EXPECT_EQ(stria_context_destroy(ctx[static_cast<size_t>(r)]), STRIA_SUCCESS); });
+}
+
 // A caller's communicator, blocking or not: stria works off it, checks it against the config,
 // and leaves it to its owner, usable.
 TEST(NcclContext, CallersCommunicator) {

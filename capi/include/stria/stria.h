@@ -478,7 +478,8 @@ STRIA_API stria_status_t stria_attention_prefill(stria_context_t ctx, const stri
  * a ring, and so do document plans: a plan made for world_size R (the ring of groups) with a
  * local_len divisible by U, member u of group g holding the u-th of U pieces of the plan's slots of
  * rank g (stria_plan_grid_positions, _shard, _unshard; q's L is then local_len / U). The serving
- * calls spread their cache over all N ranks whatever the grid. CPU contexts, every transport.
+ * calls spread their cache over all N ranks whatever the grid. CPU and CUDA contexts, every
+ * transport; a grid call returns with its stream synchronised.
  *
  * stria_context_set_grid sets U (a divisor of the world size; 1 on a new context). Every rank of
  * the context sets the same U before its next call (the call's agreement checks it), between

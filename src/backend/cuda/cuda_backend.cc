@@ -507,6 +507,34 @@ class CudaBackend final : public Backend {
     return Status::Ok();
   }
 
+  // A grid's exchange: the boxes through one strided-sum kernel (a copy is a sum of one part) on
+  // the call's stream, which the engine passes (the exchange comes before the Begin call).
+  Status CheckGridSupported() const override { return Status::Ok(); }
+  Status PackBox(const TensorView& box, void* dst, void* stream) override {
+    cuda::BoxArgs a = BoxArgsOf(box);
+    a.src = box.data;
+    a.count = 1;
+    a.dst = dst;
+    CompactStrides(box, &a.ds0, &a.ds1, &a.ds2);
+    return LaunchBox(box, a, stream);
+  }
+  Status SumIntoBox(const void* src, size_t src_step, int count, const TensorView& box, void* stream) override {
+    cuda::BoxArgs a = BoxArgsOf(box);
+    a.src = src;
+    a.src_step = static_cast<int64_t>(src_step) / box.elem_bytes();
+    a.count = count;
+    CompactStrides(box, &a.ss0, &a.ss1, &a.ss2);
+    a.dst = box.data;
+    OuterStrides(box, &a.ds0, &a.ds1, &a.ds2);
+    return LaunchBox(box, a, stream);
+  }
+  Status SyncStream(void* stream) override {
+    DeviceScope scope(device_);
+    STRIA_RETURN_IF_ERROR(scope.status());
+    STRIA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+    return Status::Ok();
+  }
+
   // The pieces of a trimmed message, device to device on the call's stream, so that the block
   // kernels queued after a scatter read what it wrote.
   Status CopyPieces(void* dst, const void* src, const std::vector<WirePiece>& pieces, bool gather) override {
@@ -549,6 +577,43 @@ class CudaBackend final : public Backend {
  private:
   // Records handoff_ on the call's stream when a method that queued work returns, on every path:
   // the event then marks the end of everything this backend has queued so far.
+  // A box of up to four dimensions as BoxArgs: the outer ones right-aligned into n0 x n1 x n2 (1 in
+  // front where the box has fewer), the last as the contiguous width; source strides the box's.
+  static cuda::BoxArgs BoxArgsOf(const TensorView& box) {
+    cuda::BoxArgs a{};
+    a.n0 = a.n1 = a.n2 = 1;
+    a.w = box.shape[box.ndim - 1];
+    int64_t* n[3] = {&a.n0, &a.n1, &a.n2};
+    const int outer = box.ndim - 1;
+    for (int d = 0; d < outer; ++d) *n[3 - outer + d] = box.shape[d];
+    OuterStrides(box, &a.ss0, &a.ss1, &a.ss2);
+    return a;
+  }
+  // The box's own strides of its outer dimensions, right-aligned (0 in front).
+  static void OuterStrides(const TensorView& box, int64_t* s0, int64_t* s1, int64_t* s2) {
+    int64_t* s[3] = {s0, s1, s2};
+    *s0 = *s1 = *s2 = 0;
+    const int outer = box.ndim - 1;
+    for (int d = 0; d < outer; ++d) *s[3 - outer + d] = box.strides[d];
+  }
+  // Strides of a compact array of the box's shape, right-aligned likewise.
+  static void CompactStrides(const TensorView& box, int64_t* s0, int64_t* s1, int64_t* s2) {
+    int64_t* s[3] = {s0, s1, s2};
+    *s0 = *s1 = *s2 = 0;
+    int64_t stride = box.shape[box.ndim - 1];
+    for (int d = box.ndim - 2; d >= 0; --d) {
+      *s[3 - (box.ndim - 1) + d] = stride;
+      stride *= box.shape[d];
+    }
+  }
+  Status LaunchBox(const TensorView& box, const cuda::BoxArgs& a, void* stream) {
+    if (box.ndim < 1 || box.ndim > 4) return Error(STRIA_ERROR_INTERNAL, "a grid's box has %d dimensions", box.ndim);
+    DeviceScope scope(device_);
+    STRIA_RETURN_IF_ERROR(scope.status());
+    STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchBoxSum(ElemOf(box.dtype), a, static_cast<cudaStream_t>(stream)));
+    return Status::Ok();
+  }
+
   class Queued {
    public:
     explicit Queued(CudaBackend* b) : b_(b) {}
