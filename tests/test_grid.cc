@@ -579,3 +579,37 @@ TEST(GridContext, RepeatedCallsGiveTheSameBits) {
 }
 
 }  // namespace
+
+namespace {
+
+// The balance of a grid: the ring of groups, each member a U-th of the heads. A grid of N x 1 (one
+// group) has nothing to balance; U = 1 is the layout's own analysis; the zigzag ring of groups
+// balances causal work as the zigzag ring does.
+TEST(GridBalance, IsTheRingOfGroupsOverU) {
+  for (stria_layout_t lay : kLayouts)
+    for (int causal : {1, 0}) {
+      stria_balance_t ring{}, grid{}, plain{}, one_group{};
+      for (stria_balance_t* b : {&ring, &grid, &plain, &one_group}) b->struct_size = sizeof *b;
+      ASSERT_EQ(stria_analyze_balance(lay, causal, 96, 2, 4, &ring), STRIA_SUCCESS);
+      ASSERT_EQ(stria_grid_analyze_balance(lay, causal, 96, 8, 4, 4, &grid), STRIA_SUCCESS) << stria_get_last_error();
+      EXPECT_DOUBLE_EQ(grid.total_work, ring.total_work);
+      EXPECT_DOUBLE_EQ(grid.ring_latency, ring.ring_latency / 4);
+      EXPECT_DOUBLE_EQ(grid.speedup, ring.speedup * 4);
+      EXPECT_DOUBLE_EQ(grid.imbalance, ring.imbalance);  // the group adds no imbalance of its own
+      EXPECT_DOUBLE_EQ(grid.kv_rows_sent, 96.0);         // one step of the ring of 2 groups
+      ASSERT_EQ(stria_grid_analyze_balance(lay, causal, 96, 4, 1, 4, &grid), STRIA_SUCCESS);
+      ASSERT_EQ(stria_analyze_balance(lay, causal, 96, 4, 4, &plain), STRIA_SUCCESS);
+      EXPECT_DOUBLE_EQ(grid.ring_latency, plain.ring_latency);
+      EXPECT_DOUBLE_EQ(grid.ideal_latency, plain.ideal_latency);
+      ASSERT_EQ(stria_grid_analyze_balance(lay, causal, 96, 4, 4, 4, &one_group), STRIA_SUCCESS);
+      EXPECT_DOUBLE_EQ(one_group.imbalance, 1.0);
+      EXPECT_DOUBLE_EQ(one_group.kv_rows_sent, 0.0);
+    }
+  stria_balance_t b{};
+  b.struct_size = sizeof b;
+  EXPECT_EQ(stria_grid_analyze_balance(STRIA_LAYOUT_STRIPED, 1, 96, 8, 3, 4, &b), STRIA_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(stria_grid_analyze_balance(STRIA_LAYOUT_STRIPED, 1, 96, 8, 2, 4, nullptr), STRIA_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(stria_grid_analyze_balance(STRIA_LAYOUT_ZIGZAG, 1, 6, 6, 3, 4, &b), STRIA_ERROR_INVALID_ARGUMENT);
+}
+
+}  // namespace

@@ -647,6 +647,28 @@ STRIA_API stria_status_t stria_analyze_balance(stria_layout_t layout, int causal
   });
 }
 
+STRIA_API stria_status_t stria_grid_analyze_balance(stria_layout_t layout, int causal, int64_t seq_len, int world_size,
+                                                    int ulysses_size, int64_t tile, stria_balance_t* out) {
+  return Guard([&] {
+    STRIA_RETURN_IF_ERROR(CheckLayoutArg(layout));
+    STRIA_RETURN_IF_ERROR(stria::CheckGrid(layout, seq_len, world_size, ulysses_size, 0));
+    if (out == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "out is NULL");
+    STRIA_RETURN_IF_ERROR(CheckBalanceOut(out));
+    // The ring of R groups; each member computes its group's blocks for 1/U of the heads, so the
+    // busiest member's step is the ring rank's over U.
+    const int ring = world_size / ulysses_size;
+    stria_balance_t b{};
+    STRIA_RETURN_IF_ERROR(stria::AnalyzeBalance(layout, causal != 0, seq_len, ring, tile, &b));
+    b.ring_latency /= ulysses_size;
+    b.speedup = b.ring_latency > 0 ? b.total_work / b.ring_latency : 0;
+    b.imbalance = b.total_work > 0 ? b.ring_latency / (b.total_work / world_size) : 0;
+    b.ideal_latency = stria::IdealLatency(causal != 0, seq_len, world_size, tile);
+    b.kv_rows_sent = static_cast<double>(ring - 1) * static_cast<double>(seq_len);
+    WriteBalance(b, out);
+    return Status::Ok();
+  });
+}
+
 STRIA_API stria_status_t stria_analyze_balance_steps(stria_layout_t layout, int causal, int64_t seq_len, int world_size,
                                                      int64_t tile, double* work) {
   return Guard([&] {

@@ -381,10 +381,17 @@ class Balance:
 
 
 def analyze_balance(
-    layout: LayoutLike, seq_len: int, world_size: int, *, causal: bool = True, tile: int = 1
+    layout: LayoutLike, seq_len: int, world_size: int, *, causal: bool = True, tile: int = 1, ulysses: int = 1
 ) -> Balance:
-    """How evenly a layout spreads causal (or full) attention over the ring's ranks and steps."""
-    b = capi.stria_analyze_balance(Layout.of(layout), 1 if causal else 0, seq_len, world_size, tile)
+    """How evenly a layout spreads causal (or full) attention over the ring's ranks and steps; on a
+    grid of all-to-all groups of `ulysses` ranks, over the ring of groups, each member computing
+    its share of the heads (stria_grid_analyze_balance)."""
+    if ulysses == 1:
+        b = capi.stria_analyze_balance(Layout.of(layout), 1 if causal else 0, seq_len, world_size, tile)
+    else:
+        b = capi.stria_grid_analyze_balance(
+            Layout.of(layout), 1 if causal else 0, seq_len, world_size, operator.index(ulysses), tile
+        )
     return Balance(b.total_work, b.ring_latency, b.speedup, b.imbalance, b.ideal_latency, b.kv_rows_sent)
 
 

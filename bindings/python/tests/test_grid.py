@@ -194,3 +194,14 @@ def test_a_plan_on_a_grid(causal):
         for r, res in enumerate(results):
             plan.unshard(res[i], r, ulysses=ulysses, out=got)
         assert rel_err(got, ref) < 1e-5, ("out", "dq", "dk", "dv")[i]
+
+
+def test_balance_of_a_grid():
+    """The ring of groups, each member a U-th of the heads (stria_grid_analyze_balance)."""
+    ring = stria.analyze_balance("zigzag", 96, 2, tile=4)
+    grid = stria.analyze_balance("zigzag", 96, 8, tile=4, ulysses=4)
+    assert grid.total_work == ring.total_work
+    assert grid.ring_latency == pytest.approx(ring.ring_latency / 4)
+    assert grid.imbalance == pytest.approx(ring.imbalance)
+    with pytest.raises(stria.InvalidArgumentError, match="ulysses_size"):
+        stria.analyze_balance("striped", 96, 8, ulysses=3)

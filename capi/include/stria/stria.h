@@ -495,6 +495,13 @@ STRIA_API stria_status_t stria_grid_shard(stria_layout_t layout, int world_size,
                                           int seq_dim, const DLTensor* full, DLTensor* local, void* stream);
 STRIA_API stria_status_t stria_grid_unshard(stria_layout_t layout, int world_size, int ulysses_size, int rank,
                                             int seq_dim, const DLTensor* local, DLTensor* full, void* stream);
+/* stria_analyze_balance for a grid of all-to-all groups of ulysses_size ranks: the ring of
+ * world_size / ulysses_size groups, each member computing 1 / ulysses_size of the heads of its
+ * group's blocks, so work counts (query, key) pairs of all heads over their number; ideal_latency
+ * is one device's work over world_size; kv_rows_sent the ring's K/V token rows, all heads' worth
+ * (the all-to-all within the groups is not in it). */
+STRIA_API stria_status_t stria_grid_analyze_balance(stria_layout_t layout, int causal, int64_t seq_len, int world_size,
+                                                    int ulysses_size, int64_t tile, stria_balance_t* out);
 /* stria_plan_positions ([batch][local_len / ulysses_size]), stria_plan_shard and stria_plan_unshard
  * for rank `rank` (of the plan's world_size times ulysses_size) of a grid on the plan's ring. */
 STRIA_API stria_status_t stria_plan_grid_positions(stria_plan_t plan, int ulysses_size, int rank, int64_t* positions);

@@ -736,7 +736,8 @@ end
 # a ring, and so do document plans: a plan made for world_size R (the ring of groups) with a
 # local_len divisible by U, member u of group g holding the u-th of U pieces of the plan's slots of
 # rank g (stria_plan_grid_positions, _shard, _unshard; q's L is then local_len / U). The serving
-# calls spread their cache over all N ranks whatever the grid. CPU contexts, every transport.
+# calls spread their cache over all N ranks whatever the grid. CPU and CUDA contexts, every
+# transport; a grid call returns with its stream synchronised.
 #
 # stria_context_set_grid sets U (a divisor of the world size; 1 on a new context). Every rank of
 # the context sets the same U before its next call (the call's agreement checks it), between
@@ -772,6 +773,17 @@ function stria_grid_unshard(layout, world_size, ulysses_size, rank, seq_dim, var
     ccall((:stria_grid_unshard, libstria), stria_status_t,
           (stria_layout_t, Cint, Cint, Cint, Cint, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{Cvoid}),
           layout, world_size, ulysses_size, rank, seq_dim, var"local", full, stream)
+end
+
+# stria_analyze_balance for a grid of all-to-all groups of ulysses_size ranks: the ring of
+# world_size / ulysses_size groups, each member computing 1 / ulysses_size of the heads of its
+# group's blocks, so work counts (query, key) pairs of all heads over their number; ideal_latency
+# is one device's work over world_size; kv_rows_sent the ring's K/V token rows, all heads' worth
+# (the all-to-all within the groups is not in it).
+function stria_grid_analyze_balance(layout, causal, seq_len, world_size, ulysses_size, tile, out)
+    ccall((:stria_grid_analyze_balance, libstria), stria_status_t,
+          (stria_layout_t, Cint, Int64, Cint, Cint, Int64, Ptr{stria_balance_t}),
+          layout, causal, seq_len, world_size, ulysses_size, tile, out)
 end
 
 # stria_plan_positions ([batch][local_len / ulysses_size]), stria_plan_shard and stria_plan_unshard
@@ -821,6 +833,7 @@ export stria_context_get_step_times, stria_traffic_t, stria_context_get_traffic,
 export stria_kv_cache_init, stria_attention_decode, stria_prefill_t, STRIA_PREFILL_AUTO
 export STRIA_PREFILL_PASS_KV, STRIA_PREFILL_PASS_Q, stria_attention_prefill, stria_context_set_grid
 export stria_context_get_grid, stria_grid_positions, stria_grid_shard, stria_grid_unshard
-export stria_plan_grid_positions, stria_plan_grid_shard, stria_plan_grid_unshard
+export stria_grid_analyze_balance, stria_plan_grid_positions, stria_plan_grid_shard
+export stria_plan_grid_unshard
 
 end # module LibStria

@@ -146,7 +146,7 @@ function grid_unshard!(full::AbstractArray, layout, world_size::Integer, ulysses
 end
 
 """
-    analyze_balance(layout, seq_len, world_size; causal = true, tile = 1) -> NamedTuple
+    analyze_balance(layout, seq_len, world_size; causal = true, tile = 1, ulysses = 1) -> NamedTuple
 
 The work of one attention call under `layout`, in visible (query, key) pairs at tile
 granularity: `(total_work, ring_latency, speedup, imbalance, ideal_latency, kv_rows_sent)`,
@@ -154,12 +154,20 @@ where ring_latency sums over steps the busiest rank's work, speedup = total_work
 (world_size is perfect), imbalance = ring_latency / (total_work / world_size) (1 is perfect),
 ideal_latency is one device's work on the whole sequence at the same tile size over world_size
 (the latency no ring can beat) and kv_rows_sent the K/V token rows a forward call sends (whole
-blocks at every step but the last).
+blocks at every step but the last). `ulysses > 1`: a grid of all-to-all groups of that many ranks,
+the ring of groups with each member computing its share of the heads (`stria_grid_analyze_balance`).
 """
-function analyze_balance(layout, seq_len::Integer, world_size::Integer; causal::Bool = true, tile::Integer = 1)
+function analyze_balance(layout, seq_len::Integer, world_size::Integer; causal::Bool = true, tile::Integer = 1,
+                         ulysses::Integer = 1)
     out = _balance_out()
-    _call(:stria_analyze_balance) do
-        LibStria.stria_analyze_balance(_layout(layout), causal, seq_len, world_size, tile, out)
+    if ulysses == 1
+        _call(:stria_analyze_balance) do
+            LibStria.stria_analyze_balance(_layout(layout), causal, seq_len, world_size, tile, out)
+        end
+    else  # a grid: the ring of groups, each member a ulysses-th of the heads
+        _call(:stria_grid_analyze_balance) do
+            LibStria.stria_grid_analyze_balance(_layout(layout), causal, seq_len, world_size, ulysses, tile, out)
+        end
     end
     return _balance_tuple(out[])
 end

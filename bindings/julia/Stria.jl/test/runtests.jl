@@ -388,6 +388,8 @@ end
                        sinks = Float32[0.5, -1, 0, 1], cu_seqlens = [0, 9, 24])
         end
         @test grid_positions(:striped, 8, 4, 2, 3) == [5, 7]
+        @test analyze_balance(:zigzag, 96, 8; tile = 4, ulysses = 4).ring_latency ≈
+              analyze_balance(:zigzag, 96, 2; tile = 4).ring_latency / 4
         plan = Plan([0, 2, 7], 7; world_size = 2, tile = 1, local_len = 4)
         @test vcat(grid_positions(plan, 2, 2), grid_positions(plan, 2, 3)) == positions(plan, 1)
         close(plan)

@@ -310,6 +310,31 @@ pub fn analyze_balance(layout: Layout, causal: bool, seq_len: i64, world_size: i
     Ok(Balance::from_raw(&out))
 }
 
+/// [`analyze_balance`] for a grid of all-to-all groups of `ulysses` ranks: the ring of
+/// `world_size / ulysses` groups, each member computing a `ulysses`-th of the heads.
+///
+/// ```
+/// use stria::{analyze_balance, grid_analyze_balance, Layout};
+/// let ring = analyze_balance(Layout::Zigzag, true, 96, 2, 4).unwrap();
+/// let grid = grid_analyze_balance(Layout::Zigzag, true, 96, 8, 4, 4).unwrap();
+/// assert_eq!(grid.ring_latency, ring.ring_latency / 4.0);
+/// ```
+pub fn grid_analyze_balance(
+    layout: Layout,
+    causal: bool,
+    seq_len: i64,
+    world_size: i32,
+    ulysses: i32,
+    tile: i64,
+) -> Result<Balance> {
+    let mut out = Balance::raw_out();
+    // SAFETY: `out` is a stria_balance_t with its struct_size set.
+    check(unsafe {
+        sys::stria_grid_analyze_balance(layout.raw(), c_int::from(causal), seq_len, world_size, ulysses, tile, &mut out)
+    })?;
+    Ok(Balance::from_raw(&out))
+}
+
 /// The per-step, per-rank work behind [`analyze_balance`]: `work[s * world_size + r]` is the
 /// work of rank r at ring step s.
 ///

@@ -58,7 +58,9 @@ pub use context::{AbortHandle, Config, Context, LocalGroup, StepTime, Traffic, T
 pub use error::{Error, Result, Status};
 pub use half;
 pub use launch::Launch;
-pub use layout::{analyze_balance, balance_steps, grid_shard, grid_unshard, shard, unshard, Balance, Layout};
+pub use layout::{
+    analyze_balance, balance_steps, grid_analyze_balance, grid_shard, grid_unshard, shard, unshard, Balance, Layout,
+};
 pub use plan::{Plan, PlanConfig, PlanInfo, PlanStrategy};
 pub use serving::{KvCache, NewTokens, PrefillMode};
 pub use stria_sys as sys;
