@@ -330,7 +330,15 @@ pub fn grid_analyze_balance(
     let mut out = Balance::raw_out();
     // SAFETY: `out` is a stria_balance_t with its struct_size set.
     check(unsafe {
-        sys::stria_grid_analyze_balance(layout.raw(), c_int::from(causal), seq_len, world_size, ulysses, tile, &mut out)
+        sys::stria_grid_analyze_balance(
+            layout.raw(),
+            c_int::from(causal),
+            seq_len,
+            world_size,
+            ulysses,
+            tile,
+            &mut out,
+        )
     })?;
     Ok(Balance::from_raw(&out))
 }
