@@ -68,9 +68,10 @@ def reference(model, input_ids):
     return out.logits.detach(), out.loss.item(), {n: p.grad for n, p in ref.named_parameters()}
 
 
-def run_sharded(model, input_ids, n, layout="striped", plan=None, cu_seqlens=None):
+def run_sharded(model, input_ids, n, layout="striped", plan=None, cu_seqlens=None, ulysses=1):
     """Each rank of a local group of n runs the shared model on its shard; returns the full logits
-    (unsharded), the sum of the losses and the accumulated gradients."""
+    (unsharded), the sum of the losses and the accumulated gradients. ulysses > 1: the group as a
+    grid of all-to-all groups of that many ranks (its plan made for the ring of groups)."""
     model.zero_grad(set_to_none=True)
     logits = torch.full((BATCH, SEQ, VOCAB), float("nan"), dtype=torch.float64)
 
@@ -79,16 +80,16 @@ def run_sharded(model, input_ids, n, layout="striped", plan=None, cu_seqlens=Non
         out = model(**batch.model_inputs())
         out.loss.backward()
         if plan is not None:
-            where = torch.from_numpy(plan.positions(ctx.rank).copy())
+            where = torch.from_numpy(plan.positions(ctx.rank, ulysses=ulysses).copy())
             for b in range(BATCH):
                 keep = where[b] >= 0
                 logits[b, where[b][keep]] = out.logits[b][keep].detach().double()
         else:
-            pos = torch.from_numpy(stria.positions(layout, SEQ, n, ctx.rank))
+            pos = torch.from_numpy(stria.positions(layout, SEQ, n, ctx.rank, ulysses=ulysses))
             logits[:, pos] = out.logits.detach().double()
         return out.loss.item()
 
-    with stria.local_group(n, timeout_s=TIMEOUT_S) as group:
+    with stria.local_group(n, timeout_s=TIMEOUT_S, ulysses=ulysses) as group:
         losses = group.run(rank_fn)
     return logits, sum(losses), {name: p.grad for name, p in model.named_parameters()}
 
@@ -111,6 +112,23 @@ def test_model_matches_eager_attention(family, n, layout):
     input_ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(n))
     want = reference(model, input_ids)
     check(run_sharded(model, input_ids, n, layout), want, 2e-5)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt_oss"])
+@pytest.mark.parametrize("on_plan", [False, True], ids=["zigzag", "plan"])
+def test_model_on_a_grid_matches_eager_attention(family, on_plan):
+    """A local group of 4 as all-to-all groups of 2 in a ring of 2 (GQA heads split over each group;
+    Gemma 2's softcap and window, gpt-oss's sinks), by the layout or on a document plan made for
+    the ring of groups."""
+    model = make_model(family, "stria")
+    input_ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(4))
+    want = reference(model, input_ids)
+    plan = None
+    if on_plan:  # one document per row: the plan's slots of each ring rank, in two pieces
+        plan = stria.Plan([[0, SEQ]] * BATCH, 2, seq_len=SEQ, tile=4)
+        if plan.local_len % 2:
+            plan = stria.Plan([[0, SEQ]] * BATCH, 2, seq_len=SEQ, tile=4, local_len=plan.local_len + 1)
+    check(run_sharded(model, input_ids, 4, "zigzag", plan=plan, ulysses=2), want, 2e-5)
 
 
 @pytest.mark.parametrize("on_plan", [False, True], ids=["striped", "plan"])
