@@ -98,44 +98,57 @@ Status FinishExchange(Context& ctx, uint64_t seq, const char* what, const Exchan
   return st.ok() ? st : ctx.Fail(st);
 }
 
+// What both directions prepare before the agreement: the ring's call of the group, its tensors
+// carved from the arena (carve(arena) takes them into g->rc, counted first, then placed), each
+// member's boxes of both exchanges (boxes(m, heads of m, in, out)), and the staging. The ring's
+// own buffers the caller gets.
+template <typename Carve, typename Boxes>
+Status PrepareGrid(Context& ctx, const ValidatedCall& c, GridCall* g, Exchange* in, Exchange* out, void** send,
+                   void** receive, Carve carve, Boxes boxes) {
+  STRIA_RETURN_IF_ERROR(CheckGridDevice(ctx));
+  RingCallOf(ctx, c, g);
+  Arena count(nullptr);
+  carve(count);
+  void* arena = nullptr;
+  STRIA_RETURN_IF_ERROR(ctx.RingBuffer(kGridArenaSlot, count.used(), &arena));
+  Arena a(static_cast<char*>(arena));
+  carve(a);
+  for (int m = 0; m < ctx.ulysses_size(); ++m) {
+    const size_t mm = static_cast<size_t>(m);
+    boxes(m, g->member[mm], &in->to[mm], &in->from[mm], &out->to[mm], &out->from[mm]);
+  }
+  return Staging(ctx, *in, *out, send, receive);
+}
+
+using BoxList = std::vector<Box>;
+
 }  // namespace
 
 Status GridForward(Context& ctx, const ValidatedCall& c, Status local) {
   const int U = ctx.ulysses_size();
   const RingGroup ring = RingGroup::Of(ctx);
-  if (local.ok()) local = CheckGridDevice(ctx);
   GridCall g;
   Exchange in(U), out(U);
   ForwardBuffers b;
   void *send = nullptr, *receive = nullptr;
   if (local.ok()) {
-    RingCallOf(ctx, c, &g);
-    const AttentionShape& s = g.rc.shape;
     const int64_t L = c.shape.L;
-    auto carve = [&](Arena& a) {
-      g.rc.q = a.Take(s.dtype, {s.B, s.L, s.Hq, s.D});
-      g.rc.k = a.Take(s.dtype, {s.B, s.L, s.Hkv, s.D});
-      g.rc.v = a.Take(s.dtype, {s.B, s.L, s.Hkv, s.D});
-      g.rc.out = a.Take(s.dtype, {s.B, s.L, s.Hq, s.D});
-      g.rc.lse = a.Take(DType::kF32, {s.B, s.Hq, s.L});
-    };
-    Arena count(nullptr);
-    carve(count);
-    void* arena = nullptr;
-    local = ctx.RingBuffer(kGridArenaSlot, count.used(), &arena);
-    if (local.ok()) {
-      Arena a(static_cast<char*>(arena));
-      carve(a);
-      for (int m = 0; m < U; ++m) {
-        const GridHeads& h = g.member[static_cast<size_t>(m)];
-        const size_t mm = static_cast<size_t>(m);
-        in.to[mm] = {Heads(c.q, h, false), Heads(c.k, h, true), Heads(c.v, h, true)};
-        in.from[mm] = {Tokens(g.rc.q, L, m), Tokens(g.rc.k, L, m), Tokens(g.rc.v, L, m)};
-        out.to[mm] = {Tokens(g.rc.out, L, m), LseTokens(g.rc.lse, L, m)};
-        out.from[mm] = {Heads(c.out, h, false), LseHeads(c.lse, h)};
-      }
-      local = Staging(ctx, in, out, &send, &receive);
-    }
+    local = PrepareGrid(
+        ctx, c, &g, &in, &out, &send, &receive,
+        [&](Arena& a) {
+          const AttentionShape& s = g.rc.shape;
+          g.rc.q = a.Take(s.dtype, {s.B, s.L, s.Hq, s.D});
+          g.rc.k = a.Take(s.dtype, {s.B, s.L, s.Hkv, s.D});
+          g.rc.v = a.Take(s.dtype, {s.B, s.L, s.Hkv, s.D});
+          g.rc.out = a.Take(s.dtype, {s.B, s.L, s.Hq, s.D});
+          g.rc.lse = a.Take(DType::kF32, {s.B, s.Hq, s.L});
+        },
+        [&](int m, const GridHeads& h, BoxList* in_to, BoxList* in_from, BoxList* out_to, BoxList* out_from) {
+          *in_to = {Heads(c.q, h, false), Heads(c.k, h, true), Heads(c.v, h, true)};
+          *in_from = {Tokens(g.rc.q, L, m), Tokens(g.rc.k, L, m), Tokens(g.rc.v, L, m)};
+          *out_to = {Tokens(g.rc.out, L, m), LseTokens(g.rc.lse, L, m)};
+          *out_from = {Heads(c.out, h, false), LseHeads(c.lse, h)};
+        });
     if (local.ok()) local = ForwardWorkspace(ctx, ring, g.rc, &b);
   }
   uint64_t seq = 0;
@@ -152,40 +165,29 @@ Status GridForward(Context& ctx, const ValidatedCall& c, Status local) {
 Status GridBackward(Context& ctx, const ValidatedCall& c, Status local) {
   const int U = ctx.ulysses_size();
   const RingGroup ring = RingGroup::Of(ctx);
-  if (local.ok()) local = CheckGridDevice(ctx);
   GridCall g;
   Exchange in(U), out(U);
   BackwardBuffers b;
   void *send = nullptr, *receive = nullptr;
   if (local.ok()) {
-    RingCallOf(ctx, c, &g);
-    const AttentionShape& s = g.rc.shape;
     const int64_t L = c.shape.L;
-    auto carve = [&](Arena& a) {
-      for (TensorView* t : {&g.rc.q, &g.rc.out, &g.rc.dout, &g.rc.dq}) *t = a.Take(s.dtype, {s.B, s.L, s.Hq, s.D});
-      for (TensorView* t : {&g.rc.k, &g.rc.v, &g.rc.dk, &g.rc.dv}) *t = a.Take(s.dtype, {s.B, s.L, s.Hkv, s.D});
-      g.rc.lse = a.Take(DType::kF32, {s.B, s.Hq, s.L});
-    };
-    Arena count(nullptr);
-    carve(count);
-    void* arena = nullptr;
-    local = ctx.RingBuffer(kGridArenaSlot, count.used(), &arena);
-    if (local.ok()) {
-      Arena a(static_cast<char*>(arena));
-      carve(a);
-      for (int m = 0; m < U; ++m) {
-        const GridHeads& h = g.member[static_cast<size_t>(m)];
-        const size_t mm = static_cast<size_t>(m);
-        in.to[mm] = {Heads(c.q, h, false),   Heads(c.k, h, true),     Heads(c.v, h, true),
-                     Heads(c.out, h, false), Heads(c.dout, h, false), LseHeads(c.lse, h)};
-        in.from[mm] = {Tokens(g.rc.q, L, m),   Tokens(g.rc.k, L, m),    Tokens(g.rc.v, L, m),
-                       Tokens(g.rc.out, L, m), Tokens(g.rc.dout, L, m), LseTokens(g.rc.lse, L, m)};
-        // Members that share a K/V head each send their part of its gradient: summed on arrival.
-        out.to[mm] = {Tokens(g.rc.dq, L, m), Tokens(g.rc.dk, L, m), Tokens(g.rc.dv, L, m)};
-        out.from[mm] = {Heads(c.dq, h, false), Heads(c.dk, h, true), Heads(c.dv, h, true)};
-      }
-      local = Staging(ctx, in, out, &send, &receive);
-    }
+    local = PrepareGrid(
+        ctx, c, &g, &in, &out, &send, &receive,
+        [&](Arena& a) {
+          const AttentionShape& s = g.rc.shape;
+          for (TensorView* t : {&g.rc.q, &g.rc.out, &g.rc.dout, &g.rc.dq}) *t = a.Take(s.dtype, {s.B, s.L, s.Hq, s.D});
+          for (TensorView* t : {&g.rc.k, &g.rc.v, &g.rc.dk, &g.rc.dv}) *t = a.Take(s.dtype, {s.B, s.L, s.Hkv, s.D});
+          g.rc.lse = a.Take(DType::kF32, {s.B, s.Hq, s.L});
+        },
+        [&](int m, const GridHeads& h, BoxList* in_to, BoxList* in_from, BoxList* out_to, BoxList* out_from) {
+          *in_to = {Heads(c.q, h, false),   Heads(c.k, h, true),     Heads(c.v, h, true),
+                    Heads(c.out, h, false), Heads(c.dout, h, false), LseHeads(c.lse, h)};
+          *in_from = {Tokens(g.rc.q, L, m),   Tokens(g.rc.k, L, m),    Tokens(g.rc.v, L, m),
+                      Tokens(g.rc.out, L, m), Tokens(g.rc.dout, L, m), LseTokens(g.rc.lse, L, m)};
+          // Members that share a K/V head each send their part of its gradient: summed on arrival.
+          *out_to = {Tokens(g.rc.dq, L, m), Tokens(g.rc.dk, L, m), Tokens(g.rc.dv, L, m)};
+          *out_from = {Heads(c.dq, h, false), Heads(c.dk, h, true), Heads(c.dv, h, true)};
+        });
     if (local.ok()) local = BackwardWorkspace(ctx, ring, g.rc, &b);
   }
   uint64_t seq = 0;
