@@ -14,169 +14,17 @@
 #include <ostream>
 #include <string>
 
+#include "serving_cases.h"
 #include "test_util.h"
 
 namespace stria_test {
 namespace {
 
-struct Case {
-  int n = 2;
-  stria_layout_t layout = STRIA_LAYOUT_STRIPED;
-  bool paged = false;
-  int64_t block_size = 16;
-  Dt dt = Dt::kF32;
-  int64_t B = 2, T = 1, Hq = 4, Hkv = 2, D = 32;
-  int64_t capacity = 96;  // slots per rank (a paged cache: max_blocks * block_size)
-  std::vector<int64_t> lens;
-  bool append = true;
-  bool causal = true;
-  int64_t window_left = -1;
-  double softcap = 0;
-  bool sinks = false;
-  stria_prefill_t mode = STRIA_PREFILL_AUTO;  // prefill cases: T is the new tokens per rank
-  std::string Name() const {
-    std::string s =
-        Format("N%d_%s_%s_%s_B%lld_T%lld_H%lldx%lld_D%lld", n, LayoutName(layout), paged ? "paged" : "contig",
-               DtName(dt), (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)D);
-    if (!append) s += "_noappend";
-    if (!causal) s += "_full";
-    if (window_left >= 0) s += Format("_w%lld", (long long)window_left);
-    if (softcap > 0) s += "_softcap";
-    if (sinks) s += "_sinks";
-    return s;
-  }
-  static std::string Format(const char* fmt, ...) {
-    char buf[256];
-    va_list ap;
-    va_start(ap, fmt);
-    std::vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    return buf;
-  }
-};
-
-// gtest prints a parameter's bytes unless told otherwise (padding included); the name says it all.
-void PrintTo(const Case& c, std::ostream* os) {
-  *os << c.Name();
-}
-
-// Where the cache keeps position t (stria.h, stria_kv_cache_t), written out independently here.
-void Place(const Case& c, int64_t t, int* rank, int64_t* slot) {
-  const int64_t n = c.n, cap = c.capacity;
-  if (c.layout == STRIA_LAYOUT_STRIPED) {
-    *rank = static_cast<int>(t % n);
-    *slot = t / n;
-  } else if (c.layout == STRIA_LAYOUT_CONTIGUOUS) {
-    *rank = static_cast<int>(t / cap);
-    *slot = t % cap;
-  } else {
-    const int64_t half = cap / 2, chunk = t / half;
-    *rank = static_cast<int>(chunk < n ? chunk : 2 * n - 1 - chunk);
-    *slot = (chunk < n ? 0 : half) + t % half;
-  }
-}
-
-// One rank's cache: contiguous [B, cap, Hkv, D], or a pool [blocks, block_size, Hkv, D] with a
-// shuffled block table. Every slot starts as NaN: a read of a slot the call should not see fails.
-struct RankCache {
-  Tensor k, v, table;
-  std::vector<int32_t> table_data;
-  std::vector<int64_t> table_shape;
-  DLTensor table_dl{};
-  int64_t max_blocks = 0, num_blocks = 0;
-
-  RankCache(const Case& c, std::mt19937_64& rng) {
-    if (c.paged) {
-      max_blocks = c.capacity / c.block_size;
-      num_blocks = c.B * max_blocks + 3;  // spare blocks nobody uses
-      k.Init({num_blocks, c.block_size, c.Hkv, c.D}, c.dt);
-      v.Init({num_blocks, c.block_size, c.Hkv, c.D}, c.dt);
-      std::vector<int32_t> perm(static_cast<size_t>(num_blocks));
-      std::iota(perm.begin(), perm.end(), 0);
-      std::shuffle(perm.begin(), perm.end(), rng);
-      table_data.assign(perm.begin(), perm.begin() + c.B * max_blocks);
-      table_shape = {c.B, max_blocks};
-      table_dl.data = table_data.data();
-      table_dl.device = DLDevice{kDLCPU, 0};
-      table_dl.ndim = 2;
-      table_dl.dtype = DLDataType{kDLInt, 32, 1};
-      table_dl.shape = table_shape.data();
-    } else {
-      k.Init({c.B, c.capacity, c.Hkv, c.D}, c.dt);
-      v.Init({c.B, c.capacity, c.Hkv, c.D}, c.dt);
-    }
-    k.Poison();
-    v.Poison();
-  }
-  // Flat element index of (b, slot, h, 0).
-  int64_t Index(const Case& c, int64_t b, int64_t slot, int64_t h) const {
-    if (!c.paged) return ((b * c.capacity + slot) * c.Hkv + h) * c.D;
-    const int64_t block = table_data[static_cast<size_t>(b * max_blocks + slot / c.block_size)];
-    return ((block * c.block_size + slot % c.block_size) * c.Hkv + h) * c.D;
-  }
-};
-
-// Every rank's cache holding the prefix of the whole cache kf, vf ([B, S, Hkv, D]): positions below
-// lens[b] of sequence b, each in the slot that holds it.
-std::vector<RankCache> ShardCache(const Case& c, const Tensor& kf, const Tensor& vf, std::mt19937_64& rng) {
-  const int64_t most = kf.shape[1], Hkv = c.Hkv, D = c.D;
-  std::vector<RankCache> caches;
-  for (int r = 0; r < c.n; ++r) caches.emplace_back(c, rng);
-  for (int64_t b = 0; b < c.B; ++b)
-    for (int64_t t = 0; t < c.lens[static_cast<size_t>(b)]; ++t) {
-      int rank = 0;
-      int64_t slot = 0;
-      Place(c, t, &rank, &slot);
-      RankCache& rc = caches[static_cast<size_t>(rank)];
-      for (int64_t h = 0; h < Hkv; ++h)
-        for (int64_t d = 0; d < D; ++d) {
-          rc.k.Set(rc.Index(c, b, slot, h) + d, kf.Get(((b * most + t) * Hkv + h) * D + d));
-          rc.v.Set(rc.Index(c, b, slot, h) + d, vf.Get(((b * most + t) * Hkv + h) * D + d));
-        }
-    }
-  return caches;
-}
-
-// Random attention-sink logits, one per query head: *values for the reference, the tensor for the call.
-Tensor SinkLogits(int64_t Hq, std::mt19937_64& rng, std::vector<double>* values) {
-  values->resize(static_cast<size_t>(Hq));
-  for (double& z : *values) z = std::normal_distribution<double>(0.5, 1.0)(rng);
-  Tensor t({Hq}, Dt::kF32);
-  for (int64_t h = 0; h < Hq; ++h) t.Set(h, (*values)[static_cast<size_t>(h)]);
-  return t;
-}
-
 // Runs one decode call on a local group and checks it against the float64 reference.
 void RunCase(const Case& c, uint64_t seed) {
   SCOPED_TRACE(c.Name());
-  std::mt19937_64 rng(seed);
-  const int64_t B = c.B, T = c.T, Hq = c.Hq, Hkv = c.Hkv, D = c.D;
-  const int64_t added = c.append ? T : 0;
-  int64_t most = 0;
-  for (int64_t l : c.lens) most = std::max(most, l + added);
-  // The whole cache, as one device would hold it: [B, most, Hkv, D], and the queries.
-  Tensor kf({B, std::max<int64_t>(most, 1), Hkv, D}, c.dt), vf({B, std::max<int64_t>(most, 1), Hkv, D}, c.dt);
-  kf.FillRandom(rng);
-  vf.FillRandom(rng);
-  Tensor q({B, T, Hq, D}, c.dt), k_new({B, T, Hkv, D}, c.dt), v_new({B, T, Hkv, D}, c.dt);
-  q.FillRandom(rng);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < added; ++t)
-      for (int64_t i = 0; i < Hkv * D; ++i) {
-        k_new.Set((b * T + t) * Hkv * D + i, kf.Get((b * most + c.lens[static_cast<size_t>(b)] + t) * Hkv * D + i));
-        v_new.Set((b * T + t) * Hkv * D + i, vf.Get((b * most + c.lens[static_cast<size_t>(b)] + t) * Hkv * D + i));
-      }
-  std::vector<double> sinks;
-  Tensor sinks_t = SinkLogits(Hq, rng, &sinks);
-
-  std::vector<RankCache> caches = ShardCache(c, kf, vf, rng);
-
-  ScoreMods mods;
-  mods.softcap = c.softcap;
-  mods.sinks = c.sinks ? &sinks : nullptr;
-  const Reference ref = DecodeReference(q, kf, vf, c.lens, added, c.causal, c.window_left, mods);
-  const std::vector<double>&ref_out = ref.out, &ref_lse = ref.lse;
-
+  DecodeInputs in(c, seed);
+  const int64_t B = c.B, T = c.T, Hq = c.Hq, D = c.D;
   LocalGroup g(c.n);
   ASSERT_EQ(g.status, STRIA_SUCCESS) << stria_get_last_error();
   std::vector<Tensor> outs, lses;
@@ -189,14 +37,8 @@ void RunCase(const Case& c, uint64_t seed) {
   std::vector<stria_status_t> st(static_cast<size_t>(c.n));
   std::vector<std::string> err(static_cast<size_t>(c.n));
   RunRanks(c.n, [&](int r) {
-    stria_attention_params_t p;
-    stria_attention_params_init(&p);
-    p.layout = c.layout;
-    p.causal = c.causal ? 1 : 0;
-    p.window_left = c.window_left;
-    p.softcap = static_cast<float>(c.softcap);
-    p.sinks = c.sinks ? &sinks_t.dl : nullptr;
-    RankCache& rc = caches[static_cast<size_t>(r)];
+    stria_attention_params_t p = DecodeParams(c, &in.sinks_t.dl);
+    RankCache& rc = in.caches[static_cast<size_t>(r)];
     stria_kv_cache_t cache;
     stria_kv_cache_init(&cache);
     cache.k = &rc.k.dl;
@@ -204,46 +46,13 @@ void RunCase(const Case& c, uint64_t seed) {
     cache.block_table = c.paged ? &rc.table_dl : nullptr;
     cache.lens = c.lens.data();
     st[static_cast<size_t>(r)] = stria_attention_decode(
-        g.ctx[static_cast<size_t>(r)], &p, &cache, &q.dl, c.append ? &k_new.dl : nullptr,
-        c.append ? &v_new.dl : nullptr, &outs[static_cast<size_t>(r)].dl, &lses[static_cast<size_t>(r)].dl, nullptr);
+        g.ctx[static_cast<size_t>(r)], &p, &cache, &in.q.dl, c.append ? &in.k_new.dl : nullptr,
+        c.append ? &in.v_new.dl : nullptr, &outs[static_cast<size_t>(r)].dl, &lses[static_cast<size_t>(r)].dl, nullptr);
     if (st[static_cast<size_t>(r)] != STRIA_SUCCESS) err[static_cast<size_t>(r)] = stria_get_last_error();
   });
   for (int r = 0; r < c.n; ++r)
     ASSERT_EQ(st[static_cast<size_t>(r)], STRIA_SUCCESS) << "rank " << r << ": " << err[static_cast<size_t>(r)];
-
-  const double tol = c.dt == Dt::kF32 ? 1e-5 : 2e-2;
-  EXPECT_LT(RelError(outs[0].ToDouble(), ref_out), tol);
-  EXPECT_LT(RelError(lses[0].ToDouble(), ref_lse), c.dt == Dt::kF32 ? 1e-5 : 1e-3);
-  for (int r = 1; r < c.n; ++r) {
-    EXPECT_EQ(0,
-              std::memcmp(outs[0].storage.data(), outs[static_cast<size_t>(r)].storage.data(), outs[0].storage.size()))
-        << "rank " << r << "'s output differs from rank 0's";
-    EXPECT_EQ(0,
-              std::memcmp(lses[0].storage.data(), lses[static_cast<size_t>(r)].storage.data(), lses[0].storage.size()))
-        << "rank " << r << "'s LSE differs from rank 0's";
-  }
-  // The new tokens are in the slots of their ranks, exactly as given.
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < added; ++t) {
-      int rank = 0;
-      int64_t slot = 0;
-      Place(c, c.lens[static_cast<size_t>(b)] + t, &rank, &slot);
-      const RankCache& rc = caches[static_cast<size_t>(rank)];
-      for (int64_t h = 0; h < Hkv; ++h)
-        for (int64_t d = 0; d < D; ++d) {
-          ASSERT_EQ(rc.k.Get(rc.Index(c, b, slot, h) + d), k_new.Get(((b * T + t) * Hkv + h) * D + d));
-          ASSERT_EQ(rc.v.Get(rc.Index(c, b, slot, h) + d), v_new.Get(((b * T + t) * Hkv + h) * D + d));
-        }
-    }
-}
-
-// Random cache lengths in [0, room], one sequence empty and one full where B allows.
-std::vector<int64_t> Lengths(int64_t B, int64_t room, std::mt19937_64& rng) {
-  std::vector<int64_t> lens(static_cast<size_t>(B));
-  for (int64_t& l : lens) l = std::uniform_int_distribution<int64_t>(0, room)(rng);
-  if (B > 1) lens[0] = 0;
-  if (B > 2) lens[2] = room;
-  return lens;
+  ExpectDecodeResults(c, in, outs, lses, in.caches);
 }
 
 std::vector<Case> Cases() {

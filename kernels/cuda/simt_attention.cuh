@@ -12,6 +12,7 @@
 #include "cuda/params.h"
 #include "cuda/softcap.cuh"
 #include "cuda/tile_mask.cuh"
+#include "cuda/warp_reduce.cuh"
 
 namespace stria {
 namespace cuda {
@@ -19,15 +20,6 @@ namespace cuda {
 constexpr int kSimtRows = 16;   // rows per CTA: 4 warps x 4
 constexpr int kSimtTile = 32;   // keys (queries) per shared tile: one per lane
 constexpr int kSimtMaxD = 256;  // columns per lane: kSimtMaxD / 32
-
-STRIA_DEVICE float WarpMax(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, shfl_xor(v, o));
-  return v;
-}
-STRIA_DEVICE float WarpSum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += shfl_xor(v, o);
-  return v;
-}
 
 // `rows` rows starting at r0 (fixed b, h) into dst[rows][stride] as float; past `limit`: zeros.
 template <typename T>

@@ -154,6 +154,7 @@ struct DecodeWork {
   std::vector<int64_t> q_pos;          // [B][T]: query t of sequence b's position
   std::vector<CacheSegment> segments;  // the keys, sequence by sequence, positions increasing
   std::vector<CacheAppend> appends;    // written before the attention
+  void* stream = nullptr;              // the call's (a cudaStream_t on CUDA)
 };
 // A rank's decode result, before the merge across ranks: per (b, t, h) a record of D + 1 floats,
 // the output normalised over this rank's keys, then its natural-log LSE (-inf: saw no key).
@@ -246,22 +247,31 @@ class Backend {
 
   // Decode (stria_attention_decode): stores the new tokens this rank holds (work.appends), then
   // attends the queries to this rank's share of the cache, writing `partial`
-  // (DecodePartialFloats, the backend's memory). The merge takes every rank's partial, rank by
-  // rank in `all`, and writes out ([B, T, Hq, D]) and, if given, lse ([B, Hq, T]) after the sinks
-  // (if given); in a fixed order, so every rank writes the same bits.
-  // Whether this backend runs the serving calls: checked with the call's arguments, before any
-  // rank communicates, so that a backend without them fails every rank and leaves it usable.
-  virtual Status CheckServingSupported() const {
-    return Error(STRIA_ERROR_UNSUPPORTED, "the %s backend has no decode or prefill over a sharded KV cache yet",
-                 name());
+  // (DecodePartialFloats, the backend's memory). PartialsOnHost brings it where the host reads it
+  // (`partial` itself for host memory, the default; else a copy in `staged`, after the work queued
+  // on `stream`). The merge takes every rank's partial, rank by rank in `all` (host memory), and
+  // writes out ([B, T, Hq, D]) and, if given, lse ([B, Hq, T]) after the sinks (if given); in a
+  // fixed order, so every rank writes the same bits.
+  // Whether this backend runs the serving calls (a decode, or a prefill): checked with the call's
+  // arguments, before any rank communicates, so that a backend without them fails every rank and
+  // leaves it usable.
+  virtual Status CheckServingSupported(bool prefill) const {
+    return Error(STRIA_ERROR_UNSUPPORTED, "the %s backend has no %s over a sharded KV cache yet", name(),
+                 prefill ? "prefill" : "decode");
+  }
+  virtual Status PartialsOnHost(const float* partial, size_t floats, void* stream, std::vector<float>* staged,
+                                const float** host) {
+    (void)floats, (void)stream, (void)staged;
+    *host = partial;
+    return Status::Ok();
   }
   virtual Status Decode(const DecodeWork& work, float* partial) {
     (void)work, (void)partial;
     return Error(STRIA_ERROR_UNSUPPORTED, "the %s backend has no decode over a sharded KV cache", name());
   }
-  // Stores new tokens' rows into a cache (a prefill's, after its attention).
-  virtual Status StoreTokens(const DecodeShape& shape, const std::vector<CacheAppend>& appends) {
-    (void)shape, (void)appends;
+  // Stores new tokens' rows into a cache (a prefill's, after its attention), on `stream`.
+  virtual Status StoreTokens(const DecodeShape& shape, const std::vector<CacheAppend>& appends, void* stream) {
+    (void)shape, (void)appends, (void)stream;
     return Error(STRIA_ERROR_UNSUPPORTED, "the %s backend has no decode over a sharded KV cache", name());
   }
   virtual Status DecodeMerge(const DecodeWork& work, const float* all, int world_size, const TensorView* sinks,

@@ -11,8 +11,10 @@ namespace stria {
 // no backend read (a block's mask says whether it has document bounds); 5: Backend::SetDeterministic;
 // 6: trimmed ring messages (Backend::KVWirePieces, CopyPieces, AccumulateDKV over pieces); 7:
 // AttentionShape::softcap, Backend::ApplySinks and SinksGradient; 8: Backend::Decode and DecodeMerge;
-// 9: a grid's exchange (Backend::CheckGridSupported, PackBox, SumIntoBox, SyncStream).
-constexpr int kBackendModuleAbiVersion = 9;
+// 9: a grid's exchange (Backend::CheckGridSupported, PackBox, SumIntoBox, SyncStream); 10: decode on
+// device backends (CheckServingSupported by call, PartialsOnHost, DecodeWork::stream, StoreTokens'
+// stream).
+constexpr int kBackendModuleAbiVersion = 10;
 
 struct BackendModuleV1 {
   int abi_version;  // kBackendModuleAbiVersion

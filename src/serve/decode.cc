@@ -34,7 +34,7 @@ Status ValidateDecode(Context& ctx, const DecodeCall& call, ValidatedDecode* vd)
   DecodeWork& w = vd->work;
   Backend& be = ctx.backend();
   DocumentsArg mask;
-  STRIA_RETURN_IF_ERROR(CheckServingParams(ctx, call.params, &c, &mask));
+  STRIA_RETURN_IF_ERROR(CheckServingParams(ctx, call.params, false, &c, &mask));
 
   STRIA_RETURN_IF_ERROR(AttentionTensor(call.q, "q", 4, ctx.device(), false, &w.q));
   STRIA_RETURN_IF_ERROR(be.CheckMemory(w.q.data, "q"));
@@ -116,32 +116,48 @@ Status AttentionDecode(Context& ctx, const DecodeCall& call) {
   Backend& be = ctx.backend();
   const int n = ctx.world_size();
   void* mine = nullptr;
-  void* all = nullptr;
-  const size_t bytes = DecodePartialFloats(vd.work.shape) * sizeof(float);
+  void* all_host = nullptr;
+  const size_t floats = DecodePartialFloats(vd.work.shape), bytes = floats * sizeof(float);
+  // Every rank's records go where the host reads them: a ring buffer where the backend's memory is
+  // the host's, else host memory of this call (below).
+  const bool host_memory = ctx.device().device_type == kDLCPU;
   if (local.ok()) local = ctx.RingBuffer(kPartialSlot, bytes, &mine);
-  if (local.ok() && n > 1) local = ctx.RingBuffer(kAllPartialsSlot, bytes * static_cast<size_t>(n), &all);
+  if (local.ok() && n > 1 && host_memory)
+    local = ctx.RingBuffer(kAllPartialsSlot, bytes * static_cast<size_t>(n), &all_host);
   uint64_t seq = 0;
   STRIA_RETURN_IF_ERROR(AgreeOnCall(ctx, RingOp::kDecode, local, vd.call, &seq));
   ctx.traffic() = Traffic();
 
   StepTimer timer(be);
   timer.ComputeBegin();
+  vd.work.stream = vd.call.stream;
   Status st = be.Decode(vd.work, static_cast<float*>(mine));
+  // The partials where the host reads them: in place for a host backend; a device backend's
+  // copy (a few KB to a few hundred) after its kernels.
+  std::vector<float> staged;
+  const float* mine_host = nullptr;
+  if (st.ok()) st = be.PartialsOnHost(static_cast<const float*>(mine), floats, vd.call.stream, &staged, &mine_host);
   if (st.ok()) st = ctx.CheckNotAborted();
   if (!st.ok()) return ctx.Fail(st);
   timer.ComputeEnd();
+  const float* all = mine_host;
+  std::vector<float> gathered;
   if (n > 1) {
-    st = be.FenceBuffers();
+    void* dst = all_host;
+    if (dst == nullptr) {
+      gathered.resize(floats * static_cast<size_t>(n));
+      dst = gathered.data();
+    }
     const std::string what = Format("decode partials of call #%llu", static_cast<unsigned long long>(seq));
-    if (st.ok()) st = ctx.transport().AllGather(mine, all, bytes, ctx.timeout_s(), what.c_str());
+    st = be.FenceBuffers();
+    if (st.ok()) st = ctx.transport().AllGather(mine_host, dst, bytes, ctx.timeout_s(), what.c_str());
     if (!st.ok()) return ctx.Fail(st);
     ctx.traffic().messages = static_cast<uint64_t>(n - 1);
-  } else {
-    all = mine;
+    all = static_cast<const float*>(dst);
   }
   ctx.step_times().assign(1, timer.Finish());
-  st = be.DecodeMerge(vd.work, static_cast<const float*>(all), n, vd.call.sinks_given ? &vd.call.sinks : nullptr,
-                      vd.call.out, vd.lse_given ? &vd.call.lse : nullptr);
+  st = be.DecodeMerge(vd.work, all, n, vd.call.sinks_given ? &vd.call.sinks : nullptr, vd.call.out,
+                      vd.lse_given ? &vd.call.lse : nullptr);
   if (st.ok()) st = ctx.CheckNotAborted();
   return st.ok() ? st : ctx.Fail(st);
 }

@@ -82,7 +82,7 @@ Status ValidatePrefill(Context& ctx, const PrefillCall& call, ValidatedPrefill* 
   Backend& be = ctx.backend();
   const int n = ctx.world_size();
   DocumentsArg mask;
-  STRIA_RETURN_IF_ERROR(CheckServingParams(ctx, call.params, &c, &mask));
+  STRIA_RETURN_IF_ERROR(CheckServingParams(ctx, call.params, true, &c, &mask));
   if (call.mode < STRIA_PREFILL_AUTO || call.mode > STRIA_PREFILL_PASS_Q)
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "mode %d is not a stria_prefill_t (0 automatic, 1 pass-KV, 2 pass-Q)",
                  call.mode);
@@ -495,7 +495,7 @@ Status RunPassQ(Context& ctx, const ValidatedPrefill& vp, uint64_t seq, void* qb
           ++at;
         }
   }
-  Status st = be.StoreTokens(s, mine);
+  Status st = be.StoreTokens(s, mine, vp.call.stream);
   return st.ok() ? st : ctx.Fail(st);
 }
 

@@ -2,8 +2,9 @@
 
 namespace stria {
 
-Status CheckServingParams(Context& ctx, const stria_attention_params_t* params, ValidatedCall* c, DocumentsArg* mask) {
-  STRIA_RETURN_IF_ERROR(ctx.backend().CheckServingSupported());
+Status CheckServingParams(Context& ctx, const stria_attention_params_t* params, bool prefill, ValidatedCall* c,
+                          DocumentsArg* mask) {
+  STRIA_RETURN_IF_ERROR(ctx.backend().CheckServingSupported(prefill));
   STRIA_RETURN_IF_ERROR(CheckParams(params, DocumentsArg{}, c, mask));
   if (c->plan != nullptr)
     return Error(STRIA_ERROR_INVALID_ARGUMENT,

@@ -455,6 +455,9 @@ cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int dev
     case cudaDevAttrMemoryPoolsSupported:
       *value = 1;
       return cudaSuccess;
+    case cudaDevAttrMultiProcessorCount:
+      *value = 132;  // an H200's
+      return cudaSuccess;
     default:
       return Set(cudaErrorInvalidValue);  // not modelled: a new use must be added here
   }

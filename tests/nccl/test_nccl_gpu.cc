@@ -23,6 +23,7 @@
 #include "gpu/gpu_util.h"
 #include "launcher.h"
 #include "ring_results.h"
+#include "serving_cases.h"
 #include "transport/module_abi.h"
 #include "transport/rendezvous/rendezvous.h"
 
@@ -310,6 +311,71 @@ TEST(NcclContext, RingOfThreadsMatchesReference) {
         for (int r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
         full.ExpectMatches(ref, 2e-2, 1e-3);
       }
+  RunRanks(world, [&](int r) { EXPECT_EQ(stria_context_destroy(ctx[static_cast<size_t>(r)]), STRIA_SUCCESS); });
+}
+
+// Decode over a KV cache sharded across NCCL ranks (threads of this process, one GPU each, up to
+// four): each rank's partial records gathered by ncclAllGather and merged, the new tokens stored by
+// their ranks; striped and zigzag caches, GQA, a sequence whose cache is empty.
+TEST(NcclContext, DecodeOfThreadsMatchesReference) {
+  REQUIRE_GPUS(2);
+  const int world = std::min(GpuCount(), 4);
+  stria_unique_id_t id;
+  ASSERT_EQ(stria_get_unique_id(&id), STRIA_SUCCESS) << stria_get_last_error();
+  std::vector<stria_context_t> ctx(static_cast<size_t>(world), nullptr);
+  std::vector<std::string> made(static_cast<size_t>(world));
+  RunRanks(world, [&](int r) {
+    cudaSetDevice(r);
+    stria_context_config_t cfg = NcclConfig(r, world, r);
+    cfg.unique_id = id;
+    if (stria_context_create(&cfg, &ctx[static_cast<size_t>(r)]) != STRIA_SUCCESS)
+      made[static_cast<size_t>(r)] = stria_get_last_error();
+  });
+  for (int r = 0; r < world; ++r) ASSERT_EQ(made[static_cast<size_t>(r)], "") << "rank " << r;
+  for (stria_layout_t layout : {STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG}) {
+    Case c;
+    c.n = world;
+    c.layout = layout;
+    c.dt = Dt::kBF16;
+    c.B = 2;
+    c.Hq = 8;
+    c.Hkv = 2;
+    c.D = 64;
+    c.capacity = 64;
+    c.lens = {0, 150};
+    SCOPED_TRACE(c.Name());
+    DecodeInputs in(c, 31);
+    std::vector<Tensor> outs, lses;
+    for (int r = 0; r < world; ++r) {
+      outs.emplace_back(std::vector<int64_t>{c.B, c.T, c.Hq, c.D}, c.dt);
+      lses.emplace_back(std::vector<int64_t>{c.B, c.Hq, c.T}, Dt::kF32);
+    }
+    std::vector<std::string> errors(static_cast<size_t>(world));
+    RunRanks(world, [&](int r) {
+      cudaSetDevice(r);
+      RankCache& rc = in.caches[static_cast<size_t>(r)];
+      DeviceTensor q_d(in.q), k_new_d(in.k_new), v_new_d(in.v_new), k_d(rc.k), v_d(rc.v);
+      DeviceTensor out_d(outs[static_cast<size_t>(r)]), lse_d(lses[static_cast<size_t>(r)]);
+      out_d.Poison();
+      lse_d.Poison();
+      stria_attention_params_t p = DecodeParams(c, nullptr);
+      stria_kv_cache_t cache;
+      stria_kv_cache_init(&cache);
+      cache.k = &k_d.dl;
+      cache.v = &v_d.dl;
+      cache.lens = c.lens.data();
+      if (stria_attention_decode(ctx[static_cast<size_t>(r)], &p, &cache, &q_d.dl, &k_new_d.dl, &v_new_d.dl, &out_d.dl,
+                                 &lse_d.dl, nullptr) != STRIA_SUCCESS)
+        errors[static_cast<size_t>(r)] = stria_get_last_error();
+      if (cudaDeviceSynchronize() != cudaSuccess) errors[static_cast<size_t>(r)] += " cudaDeviceSynchronize failed";
+      out_d.CopyTo(&outs[static_cast<size_t>(r)]);
+      lse_d.CopyTo(&lses[static_cast<size_t>(r)]);
+      k_d.CopyTo(&rc.k);
+      v_d.CopyTo(&rc.v);
+    });
+    for (int r = 0; r < world; ++r) ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+    ExpectDecodeResults(c, in, outs, lses, in.caches);
+  }
   RunRanks(world, [&](int r) { EXPECT_EQ(stria_context_destroy(ctx[static_cast<size_t>(r)]), STRIA_SUCCESS); });
 }
 

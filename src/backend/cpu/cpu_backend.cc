@@ -99,7 +99,7 @@ class CpuBackend final : public Backend {
     return Status::Ok();
   }
 
-  Status CheckServingSupported() const override { return Status::Ok(); }
+  Status CheckServingSupported(bool /*prefill*/) const override { return Status::Ok(); }
   Status CheckGridSupported() const override { return Status::Ok(); }
   Status PackBox(const TensorView& box, void* dst, void* /*stream*/) override {
     HostPackBox(box, dst);
@@ -112,7 +112,7 @@ class CpuBackend final : public Backend {
   Status Decode(const DecodeWork& work, float* partial) override {
     return CpuDecode(pool_, kern_, work, partial, &decode_bufs_);
   }
-  Status StoreTokens(const DecodeShape& shape, const std::vector<CacheAppend>& appends) override {
+  Status StoreTokens(const DecodeShape& shape, const std::vector<CacheAppend>& appends, void* /*stream*/) override {
     CpuStoreTokens(shape, appends);
     return Status::Ok();
   }

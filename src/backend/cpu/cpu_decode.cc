@@ -10,6 +10,8 @@
 #include <cstring>
 #include <limits>
 
+#include "backend/decode_split.h"
+
 namespace stria {
 namespace {
 
@@ -23,43 +25,6 @@ int64_t RoundUp(int64_t x, int64_t m) {
 // Element (b, t, h, 0) of a [B, T, H, D] view.
 const char* Row4(const TensorView& v, int64_t b, int64_t t, int64_t h) {
   return static_cast<const char*>(v.data) + (b * v.strides[0] + t * v.strides[1] + h * v.strides[2]) * v.elem_bytes();
-}
-
-// Keys [j0, j0 + count) of segment `seg`.
-struct Piece {
-  int64_t seg, j0, count;
-};
-// Pieces [first, last) of one sequence: one work item per K/V head.
-struct Item {
-  int64_t b, first, last;
-};
-
-// Work items of about `target` keys each: long segments are cut, short ones (the pages of a paged
-// cache) joined, never across sequences.
-void PlanItems(const DecodeWork& w, int64_t target, std::vector<Piece>* pieces, std::vector<Item>* items) {
-  const std::vector<CacheSegment>& segs = w.segments;
-  size_t i = 0;
-  while (i < segs.size()) {
-    const int64_t b = segs[i].b;
-    Item item{b, static_cast<int64_t>(pieces->size()), 0};
-    int64_t keys = 0;
-    for (; i < segs.size() && segs[i].b == b; ++i) {
-      for (int64_t j0 = 0; j0 < segs[i].count;) {
-        const int64_t n = std::min(segs[i].count - j0, target - keys);
-        pieces->push_back(Piece{static_cast<int64_t>(i), j0, n});
-        j0 += n;
-        keys += n;
-        if (keys == target) {
-          item.last = static_cast<int64_t>(pieces->size());
-          items->push_back(item);
-          item.first = item.last;
-          keys = 0;
-        }
-      }
-    }
-    item.last = static_cast<int64_t>(pieces->size());
-    if (item.last > item.first) items->push_back(item);
-  }
 }
 
 }  // namespace
@@ -94,15 +59,14 @@ Status CpuDecode(ThreadPool& pool, const cpu::KernelTable& kern, const DecodeWor
     }
   });
 
-  int64_t keys = 0;
-  for (const CacheSegment& seg : w.segments) keys += seg.count;
+  const int64_t keys = DecodeKeyCount(w);
   // About four items per thread over all heads, but never so short that the per-item work (the
   // state's setup and merge) shows: 256 keys at least.
   const int64_t per_head = (4 * static_cast<int64_t>(pool.size()) + s.Hkv - 1) / s.Hkv;
   const int64_t target = std::max<int64_t>(256, (keys + per_head - 1) / std::max<int64_t>(per_head, 1));
-  std::vector<Piece> pieces;
-  std::vector<Item> items;
-  PlanItems(w, target, &pieces, &items);
+  std::vector<DecodeKeyPiece> pieces;
+  std::vector<DecodeWorkItem> items;
+  PlanDecodeItems(w, target, &pieces, &items);
 
   const int64_t state = rows * (dp + 2);  // m, l, acc of one item and head
   const int64_t nstates = static_cast<int64_t>(items.size()) * s.Hkv;
@@ -114,7 +78,7 @@ Status CpuDecode(ThreadPool& pool, const cpu::KernelTable& kern, const DecodeWor
   float* states = bufs->states.f32();
   const float softcap2 = s.softcap > 0.f ? s.softcap * cpu::kLog2e : 0.f;
   pool.ParallelFor(nstates, [&](int64_t n, int tid) {
-    const Item& item = items[static_cast<size_t>(n / s.Hkv)];
+    const DecodeWorkItem& item = items[static_cast<size_t>(n / s.Hkv)];
     const int64_t hkv = n % s.Hkv;
     float* st = states + n * state;
     cpu::DecodeChunkArgs a{};
@@ -133,7 +97,7 @@ Status CpuDecode(ThreadPool& pool, const cpu::KernelTable& kern, const DecodeWor
     a.acc = st + 2 * rows;
     a.scratch = bufs->scratch.f32() + tid * scratch_floats;
     for (int64_t p = item.first; p < item.last; ++p) {
-      const Piece& piece = pieces[static_cast<size_t>(p)];
+      const DecodeKeyPiece& piece = pieces[static_cast<size_t>(p)];
       const CacheSegment& seg = w.segments[static_cast<size_t>(piece.seg)];
       a.k = seg.k + hkv * seg.k_head + piece.j0 * seg.k_row;
       a.v = seg.v + hkv * seg.v_head + piece.j0 * seg.v_row;
@@ -150,7 +114,7 @@ Status CpuDecode(ThreadPool& pool, const cpu::KernelTable& kern, const DecodeWor
   // Merge each sequence's items in order into the rank's partial records (a sequence without keys
   // here: output 0, LSE -inf).
   std::vector<int64_t> first_item(static_cast<size_t>(s.B + 1), 0);
-  for (const Item& item : items) ++first_item[static_cast<size_t>(item.b + 1)];
+  for (const DecodeWorkItem& item : items) ++first_item[static_cast<size_t>(item.b + 1)];
   for (int64_t b = 0; b < s.B; ++b) first_item[static_cast<size_t>(b + 1)] += first_item[static_cast<size_t>(b)];
   const int64_t rec = s.D + 1;
   pool.ParallelFor(s.B * s.Hkv, [&](int64_t bg, int) {
@@ -199,47 +163,10 @@ Status CpuDecodeMerge(ThreadPool& pool, const cpu::KernelTable& kern, const Deco
     const int64_t b = bt / s.T, t = bt % s.T;
     std::vector<float> o(static_cast<size_t>(s.D));
     for (int64_t h = 0; h < s.Hq; ++h) {
-      const size_t at = static_cast<size_t>((bt * s.Hq + h) * rec);
-      // In rank order, in double: the same bits on every rank.
-      double mx = -std::numeric_limits<double>::infinity();
-      bool nan = false;
-      for (int r = 0; r < world_size; ++r) {
-        const float x = all[r * stride + at + static_cast<size_t>(s.D)];
-        nan |= x != x;
-        mx = std::max(mx, static_cast<double>(x));
-      }
-      double total = 0.0;
-      std::fill(o.begin(), o.end(), 0.f);
-      std::vector<double> acc(static_cast<size_t>(s.D), 0.0);
-      if (nan) {
-        mx = std::numeric_limits<double>::quiet_NaN();
-        std::fill(acc.begin(), acc.end(), mx);
-        total = 1.0;
-      } else if (mx != -std::numeric_limits<double>::infinity()) {
-        for (int r = 0; r < world_size; ++r) {
-          const float* p = all + r * stride + at;
-          if (p[s.D] == kNegInf) continue;
-          const double c = std::exp(static_cast<double>(p[s.D]) - mx);
-          total += c;
-          for (int64_t d = 0; d < s.D; ++d) acc[static_cast<size_t>(d)] += c * p[d];
-        }
-      }
-      double lse_row = total > 0.0 ? mx + std::log(total) : -std::numeric_limits<double>::infinity();
-      double scale = total > 0.0 ? 1.0 / total : 0.0;
-      if (sinks != nullptr) {
-        // The sink joins the row's denominator once: lse' = log(e^lse + e^z), out *= e^(lse - lse').
-        const double z = static_cast<const float*>(sinks->data)[h * sinks->strides[0]];
-        if (total > 0.0) {
-          const double top = std::max(lse_row, z);
-          const double merged = top + std::log(std::exp(lse_row - top) + std::exp(z - top));
-          scale *= std::exp(lse_row - merged);
-          lse_row = merged;
-        } else {
-          lse_row = z;
-        }
-      }
-      for (int64_t d = 0; d < s.D; ++d)
-        o[static_cast<size_t>(d)] = static_cast<float>(acc[static_cast<size_t>(d)] * scale);
+      double z = 0.0;
+      if (sinks != nullptr) z = static_cast<const float*>(sinks->data)[h * sinks->strides[0]];
+      const double lse_row = MergeDecodeRecord(all, stride, world_size, s.D, static_cast<size_t>((bt * s.Hq + h) * rec),
+                                               sinks != nullptr ? &z : nullptr, o.data());
       char* dst = static_cast<char*>(out.data) + (b * out.strides[0] + t * out.strides[1] + h * out.strides[2]) * esize;
       kern.store_row(o.data(), s.D, 1.0f, static_cast<int>(s.dtype), dst);
       if (lse != nullptr)

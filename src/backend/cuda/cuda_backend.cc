@@ -38,6 +38,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cuda/cuda_decode.h"
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/mask_args.h"
 #include "cuda/launch.h"
@@ -229,7 +230,7 @@ Status ParseKernelChoice(const char* env, KernelChoice* out) {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, KernelChoice want) : device_(device), want_(want) {}
+  CudaBackend(int device, KernelChoice want) : device_(device), want_(want), decoder_(device) {}
   // The last call's kernels may still be queued (calls return without waiting): they finish
   // before the workspaces they use are freed, on this context's device, whatever device the
   // destroying thread has current.
@@ -564,6 +565,47 @@ class CudaBackend final : public Backend {
     return Status::Ok();
   }
 
+  // Decode over a sharded KV cache (cuda_decode.cc). Prefill's ring moves its messages through
+  // host copies the engine makes (serve/prefill.cc), so it stays on the CPU for now.
+  Status CheckServingSupported(bool prefill) const override {
+    if (prefill)
+      return Error(STRIA_ERROR_UNSUPPORTED,
+                   "the cuda backend has no prefill over a sharded KV cache yet (decode runs on it; prefill on a CPU "
+                   "context)");
+    return Status::Ok();
+  }
+  Status Decode(const DecodeWork& work, float* partial) override { return decoder_.Decode(work, partial); }
+  Status PartialsOnHost(const float* partial, size_t floats, void* stream, std::vector<float>* staged,
+                        const float** host) override {
+    STRIA_RETURN_IF_ERROR(decoder_.ToHost(partial, floats, static_cast<cudaStream_t>(stream), staged));
+    *host = staged->data();
+    return Status::Ok();
+  }
+  Status StoreTokens(const DecodeShape& shape, const std::vector<CacheAppend>& appends, void* stream) override {
+    return decoder_.StoreTokens(shape, appends, static_cast<cudaStream_t>(stream));
+  }
+  // The ranks' records merged on the host (the CPU backend's code: the same bits), then written
+  // into out and lse at their strides by the box kernel (a copy is a sum of one part), on the
+  // call's stream.
+  Status DecodeMerge(const DecodeWork& work, const float* all, int world_size, const TensorView* sinks,
+                     const TensorView& out, const TensorView* lse) override {
+    const void* rows = nullptr;
+    const float* lses = nullptr;
+    STRIA_RETURN_IF_ERROR(
+        decoder_.Merge(work, all, world_size, sinks, static_cast<cudaStream_t>(work.stream), &rows, &lses));
+    Status st = SumIntoBox(rows, 0, 1, out, work.stream);
+    if (st.ok() && lse != nullptr) {
+      // [B, Hq, T] as a box of rows of one element: its last dimension need not be contiguous.
+      TensorView box = *lse;
+      box.ndim = 4;
+      box.shape[3] = 1;
+      box.strides[3] = 1;
+      st = SumIntoBox(lses, 0, 1, box, work.stream);
+    }
+    const Status done = decoder_.Done(static_cast<cudaStream_t>(work.stream));
+    return st.ok() ? done : st;
+  }
+
   // From BackwardBegin's per-row state: m_ holds lse2, l_ delta (BackwardPrepKernel).
   Status SinksGradient(const TensorView& sinks, const TensorView& dsinks) override {
     DeviceScope scope(device_);
@@ -757,6 +799,7 @@ class CudaBackend final : public Backend {
   };
   Staging staging_[2];
   int next_staging_ = 0;
+  CudaDecoder decoder_;  // the serving calls' buffers
 };
 
 }  // namespace

@@ -1,0 +1,54 @@
+// Launchers of the decode kernels (decode.cuh).
+#include <cuda_runtime.h>
+
+#include "cuda/decode.cuh"
+#include "cuda/decode_launch.h"
+
+namespace stria {
+namespace cuda {
+
+namespace {
+
+// Blocks of 256 threads, a warp per row, at most 4096 blocks (the kernels loop over the rest).
+dim3 WarpRowGrid(int64_t rows) {
+  const int64_t blocks = (rows + 7) / 8;
+  return dim3(static_cast<unsigned>(blocks < 4096 ? (blocks < 1 ? 1 : blocks) : 4096));
+}
+
+}  // namespace
+
+cudaError_t LaunchDecode(Elem e, const DecodeArgs& a, int64_t items, cudaStream_t s) {
+  if (items == 0) return cudaSuccess;
+  const int rows = a.T * (a.Hq / a.Hkv);
+  if (a.D < 1 || a.D > kMaxHeadDim || items > 0x7fffffff || a.Hkv > 65535 ||
+      (rows + kDecodeRows - 1) / kDecodeRows > 65535)
+    return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(items), static_cast<unsigned>(a.Hkv),
+                  static_cast<unsigned>((rows + kDecodeRows - 1) / kDecodeRows));
+  const size_t smem = static_cast<size_t>(DecodeSmemBytes(a.D));
+  switch (e) {
+    case Elem::kF32:
+      return STRIA_LAUNCH(DecodeKernel<Float>, grid, kDecodeThreads, smem, s)(a);
+    case Elem::kF16:
+      return STRIA_LAUNCH(DecodeKernel<Half>, grid, kDecodeThreads, smem, s)(a);
+    case Elem::kBF16:
+      return STRIA_LAUNCH(DecodeKernel<BFloat>, grid, kDecodeThreads, smem, s)(a);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchDecodeMerge(const DecodeMergeArgs& a, cudaStream_t s) {
+  const int64_t rows = static_cast<int64_t>(a.B) * a.T * a.Hq;
+  if (rows == 0) return cudaSuccess;
+  return STRIA_LAUNCH(DecodeMergeKernel, WarpRowGrid(rows), 256, 0, s)(a);
+}
+
+cudaError_t LaunchStoreTokens(int elem_bytes, const TokenCopy* copies, int64_t n, int Hkv, int D, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  const dim3 g = WarpRowGrid(n * Hkv * 2);
+  if (elem_bytes == 4) return STRIA_LAUNCH(StoreTokensKernel<4>, g, 256, 0, s)(copies, n, Hkv, D);
+  return STRIA_LAUNCH(StoreTokensKernel<2>, g, 256, 0, s)(copies, n, Hkv, D);
+}
+
+}  // namespace cuda
+}  // namespace stria

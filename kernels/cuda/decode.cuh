@@ -1,0 +1,228 @@
+// Decode over a sharded KV cache on the GPU: a few query rows per sequence (the new tokens times
+// the query heads of one K/V head) against this rank's share of the cache, read in place.
+//
+// Decode reads every cached key once and does little arithmetic per byte, so the kernel is built
+// around the reads: the rank's keys are cut into work items of about equal length (the split of
+// flash-decoding, planned on the host), a CTA takes one item for one K/V head and a chunk of the
+// query rows of that head's GQA group, so that all of the group's rows share each key tile it
+// loads. A key tile is converted to float32 in shared memory once; the scores, the online softmax
+// and the products with V run on CUDA cores. The items' states are then merged per sequence, in
+// item order (DecodeMergeKernel), so the result does not depend on the order the CTAs ran in.
+#pragma once
+
+#include <type_traits>
+
+#include "cuda/device_api.cuh"
+#include "cuda/elem_access.cuh"
+#include "cuda/decode_params.h"
+#include "cuda/softcap.cuh"
+#include "cuda/tile_mask.cuh"
+#include "cuda/warp_reduce.cuh"
+
+namespace stria {
+namespace cuda {
+
+constexpr int kDecodeThreads = 128;
+constexpr int kDecodeTileFloats = 4096;  // a K (and a V) tile in shared memory: up to 64 keys
+constexpr int kDecodeMaxKeys = 64;
+constexpr int kDecodeAccPerThread = kDecodeRows * 256 / kDecodeThreads;  // D <= 256
+
+// Keys per tile at head dim D.
+STRIA_HD int DecodeTileKeys(int D) {
+  const int k = kDecodeTileFloats / D;
+  return k < 1 ? 1 : k > kDecodeMaxKeys ? kDecodeMaxKeys : k;
+}
+// Dynamic shared memory of DecodeKernel at head dim D.
+STRIA_HD int DecodeSmemBytes(int D) {
+  const int kt = DecodeTileKeys(D);
+  return (kDecodeRows * D + 2 * kt * D + kDecodeRows * kDecodeMaxKeys + 3 * kDecodeRows) * 4 + kDecodeRows * 8;
+}
+
+template <typename T>
+STRIA_GLOBAL void DecodeKernel(DecodeArgs a) {
+  STRIA_DYNAMIC_SMEM(smem);
+  const int D = a.D, kt = DecodeTileKeys(D), group = a.Hq / a.Hkv, rows = a.T * group;
+  const int64_t item_index = blockIdx.x;
+  const int hkv = static_cast<int>(blockIdx.y), r0 = static_cast<int>(blockIdx.z) * kDecodeRows;
+  const int nr = rows - r0 < kDecodeRows ? rows - r0 : kDecodeRows;
+  const DecodeItem item = a.items[item_index];
+  const int tid = static_cast<int>(threadIdx.x);
+
+  float* qs = reinterpret_cast<float*>(smem);  // [kDecodeRows][D]
+  float* ks = qs + kDecodeRows * D;            // [kt][D]
+  float* vs = ks + kt * D;                     // [kt][D]
+  float* ss = vs + kt * D;                     // [kDecodeRows][kDecodeMaxKeys]: scores, then weights
+  float* m = ss + kDecodeRows * kDecodeMaxKeys;
+  float* l = m + kDecodeRows;
+  float* alpha = l + kDecodeRows;
+  int64_t* qpos = reinterpret_cast<int64_t*>(alpha + kDecodeRows);
+
+  for (int x = tid; x < nr * D; x += kDecodeThreads) {
+    const int r = x / D, d = x % D, row = r0 + r;
+    const int t = row / group, h = hkv * group + row % group;
+    qs[x] = LoadElem<T>(a.q, item.b * a.qb + t * a.qt + h * a.qh + d);
+  }
+  if (tid < kDecodeRows) {
+    m[tid] = NegInf();
+    l[tid] = 0.f;
+    qpos[tid] = tid < nr ? a.q_pos[item.b * a.T + (r0 + tid) / group] : 0;
+  }
+  float acc[kDecodeAccPerThread];
+  for (int i = 0; i < kDecodeAccPerThread; ++i) acc[i] = 0.f;
+  block_sync();
+  // The positions the rows may see: none past the last row's (causal), none more than
+  // window_left before the first row's.
+  int64_t q_first = qpos[0], q_last = qpos[0];
+  for (int r = 1; r < nr; ++r) {
+    q_first = qpos[r] < q_first ? qpos[r] : q_first;
+    q_last = qpos[r] > q_last ? qpos[r] : q_last;
+  }
+
+  for (int64_t p = item.first; p < item.last; ++p) {
+    const DecodePiece piece = a.pieces[p];
+    const char* kbase = piece.k + hkv * piece.k_head;
+    const char* vbase = piece.v + hkv * piece.v_head;
+    for (int64_t j0 = 0; j0 < piece.count; j0 += kt) {
+      const int nk = piece.count - j0 < kt ? static_cast<int>(piece.count - j0) : kt;
+      const int64_t pos_first = piece.pos0 + j0 * piece.pos_stride;
+      const int64_t pos_last = pos_first + (nk - 1) * piece.pos_stride;
+      // A uniform skip: every thread sees the same bounds.
+      if (a.causal && pos_first > q_last) continue;
+      if (a.window_left >= 0 && pos_last < q_first - a.window_left) continue;
+      for (int x = tid; x < nk * D; x += kDecodeThreads) {
+        const int j = x / D, d = x % D;
+        ks[x] = LoadElem<T>(kbase + (j0 + j) * piece.k_row, d);
+        vs[x] = LoadElem<T>(vbase + (j0 + j) * piece.v_row, d);
+      }
+      block_sync();
+      for (int x = tid; x < nr * kDecodeMaxKeys; x += kDecodeThreads) {
+        const int r = x / kDecodeMaxKeys, j = x % kDecodeMaxKeys;
+        float s = NegInf();
+        if (j < nk) {
+          const int64_t kpos = pos_first + j * piece.pos_stride;
+          const bool hidden = (a.causal && kpos > qpos[r]) || (a.window_left >= 0 && qpos[r] - kpos > a.window_left);
+          if (!hidden) {
+            float dot = 0.f;
+            for (int d = 0; d < D; ++d) dot += qs[r * D + d] * ks[j * D + d];
+            s = Log2Score(dot, a.scale_log2, a.softcap);
+          }
+        }
+        ss[x] = s;
+      }
+      block_sync();
+      // The online softmax, a warp per row. A NaN score reaches the row's state (NaN never
+      // passes): fmaxf passes over NaN, so the warp looks for one.
+      for (int r = warp_id(); r < nr; r += kDecodeThreads / 32) {
+        float* sr = ss + r * kDecodeMaxKeys;
+        const float s0 = sr[lane_id()], s1 = sr[lane_id() + 32];
+        float mx = WarpMax(fmaxf(s0, s1));
+        const float nan = WarpMax((s0 != s0 || s1 != s1) ? 1.f : 0.f);
+        if (nan > 0.f) mx = NaN();
+        const float m_old = m[r];
+        const float m_new = (mx != mx || m_old != m_old) ? NaN() : fmaxf(m_old, mx);
+        float c = 1.f, p0 = 0.f, p1 = 0.f;
+        if (m_new != NegInf()) {
+          c = m_old == NegInf() ? 0.f : fast_exp2(m_old - m_new);
+          p0 = fast_exp2(s0 - m_new);
+          p1 = fast_exp2(s1 - m_new);
+        }
+        sr[lane_id()] = p0;
+        sr[lane_id() + 32] = p1;
+        const float sum = WarpSum(p0 + p1);
+        warp_sync();
+        if (lane_id() == 0) {
+          m[r] = m_new;
+          l[r] = l[r] * c + sum;
+          alpha[r] = c;
+        }
+      }
+      block_sync();
+      for (int i = 0; i < kDecodeAccPerThread; ++i) {
+        const int x = tid + i * kDecodeThreads;
+        if (x >= nr * D) break;
+        const int r = x / D, d = x % D;
+        float o = acc[i] * alpha[r];
+        const float* pr = ss + r * kDecodeMaxKeys;
+        for (int j = 0; j < nk; ++j) o += pr[j] * vs[j * D + d];
+        acc[i] = o;
+      }
+      block_sync();  // the next tile overwrites ks, vs and ss
+    }
+  }
+  float* st = a.states + ((item_index * a.Hkv + hkv) * rows + r0) * static_cast<int64_t>(D + 2);
+  for (int i = 0; i < kDecodeAccPerThread; ++i) {
+    const int x = tid + i * kDecodeThreads;
+    if (x >= nr * D) break;
+    const int r = x / D, d = x % D;
+    st[r * static_cast<int64_t>(D + 2) + 2 + d] = acc[i];
+  }
+  if (tid < nr) {
+    st[tid * static_cast<int64_t>(D + 2)] = m[tid];
+    st[tid * static_cast<int64_t>(D + 2) + 1] = l[tid];
+  }
+}
+
+// A warp per (b, K/V head, row): the sequence's items merged in order.
+STRIA_GLOBAL void DecodeMergeKernel(DecodeMergeArgs a) {
+  const int group = a.Hq / a.Hkv, rows = a.T * group;
+  const int64_t stride = a.D + 2;
+  const float neg_inf = NegInf();
+  for (int64_t w = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+       w < static_cast<int64_t>(a.B) * a.Hkv * rows; w += static_cast<int64_t>(gridDim.x) * (blockDim.x / 32)) {
+    const int r = static_cast<int>(w % rows);
+    const int hkv = static_cast<int>(w / rows % a.Hkv);
+    const int64_t b = w / rows / a.Hkv;
+    const int t = r / group, h = hkv * group + r % group;
+    float* out = a.partial + ((b * a.T + t) * a.Hq + h) * static_cast<int64_t>(a.D + 1);
+    const int64_t i0 = a.first_item[b], i1 = a.first_item[b + 1];
+    auto state = [&](int64_t i) { return a.states + ((i * a.Hkv + hkv) * rows + r) * stride; };
+    float mx = neg_inf;
+    bool nan = false;
+    for (int64_t i = i0; i < i1; ++i) {
+      const float mi = state(i)[0];
+      nan |= mi != mi;
+      mx = fmaxf(mx, mi);
+    }
+    if (nan) mx = NaN();
+    if (mx == neg_inf) {
+      for (int d = lane_id(); d < a.D; d += 32) out[d] = 0.f;
+      if (lane_id() == 0) out[a.D] = neg_inf;
+      continue;
+    }
+    float total = 0.f;
+    for (int64_t i = i0; i < i1; ++i) {
+      const float mi = state(i)[0];
+      if (mi == neg_inf) continue;
+      total += state(i)[1] * fast_exp2(mi - mx);
+    }
+    const float inv = 1.f / total;
+    for (int d = lane_id(); d < a.D; d += 32) {
+      float o = 0.f;
+      for (int64_t i = i0; i < i1; ++i) {
+        const float mi = state(i)[0];
+        if (mi == neg_inf) continue;
+        o += state(i)[2 + d] * fast_exp2(mi - mx);
+      }
+      out[d] = o * inv;
+    }
+    if (lane_id() == 0) out[a.D] = (mx + log2f(total)) * 0.6931471805599453f;
+  }
+}
+
+// A warp per (entry, K/V head, K or V): D elements of kEb bytes.
+template <int kEb>
+STRIA_GLOBAL void StoreTokensKernel(const TokenCopy* copies, int64_t n, int Hkv, int D) {
+  using U = typename std::conditional<kEb == 4, uint32_t, uint16_t>::type;
+  for (int64_t w = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; w < n * Hkv * 2;
+       w += static_cast<int64_t>(gridDim.x) * (blockDim.x / 32)) {
+    const int which = static_cast<int>(w % 2);
+    const int h = static_cast<int>(w / 2 % Hkv);
+    const TokenCopy c = copies[w / 2 / Hkv];
+    const U* from = reinterpret_cast<const U*>(which == 0 ? c.k_src + h * c.k_src_head : c.v_src + h * c.v_src_head);
+    U* to = reinterpret_cast<U*>(which == 0 ? c.k_dst + h * c.k_dst_head : c.v_dst + h * c.v_dst_head);
+    for (int d = lane_id(); d < D; d += 32) to[d] = from[d];
+  }
+}
+
+}  // namespace cuda
+}  // namespace stria

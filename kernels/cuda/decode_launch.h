@@ -1,0 +1,20 @@
+// Host entry points of the decode kernels (decode.cu), called by the CUDA backend
+// (src/backend/cuda/cuda_decode.cc); each enqueues on `stream` and returns the launch's status.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/decode_params.h"
+#include "cuda/launch.h"
+
+namespace stria {
+namespace cuda {
+
+// The items' states of `items` work items, their merge into partial records, and new tokens' rows
+// into a cache (elem_bytes: 2 or 4).
+cudaError_t LaunchDecode(Elem e, const DecodeArgs& a, int64_t items, cudaStream_t s);
+cudaError_t LaunchDecodeMerge(const DecodeMergeArgs& a, cudaStream_t s);
+cudaError_t LaunchStoreTokens(int elem_bytes, const TokenCopy* copies, int64_t n, int Hkv, int D, cudaStream_t s);
+
+}  // namespace cuda
+}  // namespace stria

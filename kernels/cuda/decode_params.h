@@ -1,0 +1,66 @@
+// Parameter structs of the decode kernels (decode.cuh), shared with the CUDA backend's host code
+// (no CUDA types). Strides of q are in elements, those of the cache in bytes.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/params.h"
+
+namespace stria {
+namespace cuda {
+
+// A piece is a run of one sequence's cached keys at a fixed stride in memory: key j's row of K/V
+// head h starts at k + j * k_row + h * k_head (bytes; likewise v) and its position is pos0 + j *
+// pos_stride. A work item is pieces [first, last) of sequence b, of about equal key counts across
+// items (the split of flash-decoding).
+struct DecodePiece {
+  const char* k;
+  const char* v;
+  int64_t k_row, v_row, k_head, v_head;
+  int64_t count, pos0, pos_stride;
+};
+struct DecodeItem {
+  int64_t b, first, last;
+};
+
+constexpr int kDecodeRows = 8;  // query rows per CTA
+
+// One CTA per (work item, K/V head, chunk of kDecodeRows query rows): the rows of a K/V head are
+// its GQA group's query heads times the T new tokens (row r: token r / group, head
+// hkv * group + r % group). Each writes its rows' softmax state over the item's keys to
+// states[((item * Hkv + hkv) * rows + r) * (D + 2)]: the running maximum (log2 domain), the sum,
+// then the D unnormalised outputs.
+struct DecodeArgs {
+  const DecodePiece* pieces;
+  const DecodeItem* items;
+  const void* q;  // [B, T, Hq, D]
+  int64_t qb, qt, qh;
+  const int64_t* q_pos;  // [B][T]: the position of new token t of sequence b
+  int T, Hq, Hkv, D;
+  float scale_log2;
+  Softcap softcap;
+  int causal;
+  int64_t window_left;  // -1: none
+  float* states;
+};
+
+// The states of each sequence's items merged in item order into partial records: per (b, t, h)
+// the D outputs normalised over this rank's keys, then the natural-log LSE (-inf: no key here).
+struct DecodeMergeArgs {
+  const float* states;
+  const int64_t* first_item;  // [B + 1]: sequence b's items are [first_item[b], first_item[b + 1])
+  float* partial;             // [B, T, Hq, D + 1]
+  int B, T, Hq, Hkv, D;
+};
+
+// New tokens' rows into a cache: per entry and K/V head, D elements.
+struct TokenCopy {
+  const char* k_src;
+  const char* v_src;
+  char* k_dst;
+  char* v_dst;
+  int64_t k_src_head, v_src_head, k_dst_head, v_dst_head;
+};
+
+}  // namespace cuda
+}  // namespace stria

@@ -1,0 +1,223 @@
+#include "backend/cuda/cuda_decode.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backend/decode_split.h"
+#include "core/dtype.h"
+#include "cuda/decode_launch.h"
+#include "cuda_common/device_scope.h"
+
+namespace stria {
+namespace {
+
+cuda::Elem ElemOfDType(DType t) {
+  return t == DType::kF16 ? cuda::Elem::kF16 : t == DType::kBF16 ? cuda::Elem::kBF16 : cuda::Elem::kF32;
+}
+
+}  // namespace
+
+CudaDecoder::~CudaDecoder() {
+  DeviceScope scope(device_);
+  if (done_ != nullptr) {
+    cudaEventSynchronize(done_);
+    cudaEventDestroy(done_);
+  }
+  for (DeviceBuffer* b :
+       {&pieces_dev_, &items_dev_, &q_pos_dev_, &first_item_dev_, &states_, &copies_dev_, &rows_dev_, &lses_dev_})
+    b->Release();
+}
+
+// The previous call's copies read this decoder's host buffers and its kernels its device ones: the
+// host waits for them before refilling either (a decode call waits for its own kernels anyway).
+Status CudaDecoder::WaitForPreviousCall() {
+  if (done_ == nullptr) {
+    STRIA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+    return Status::Ok();
+  }
+  STRIA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(done_));
+  return Status::Ok();
+}
+
+Status CudaDecoder::Done(cudaStream_t stream) {
+  STRIA_CUDA_RETURN_IF_ERROR(cudaEventRecord(done_, stream));
+  return Status::Ok();
+}
+
+Status CudaDecoder::Upload(DeviceBuffer* dst, const void* src, size_t bytes, const char* what, cudaStream_t stream) {
+  STRIA_RETURN_IF_ERROR(dst->Reserve(std::max<size_t>(bytes, 16), what, nullptr));
+  if (bytes > 0) STRIA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst->data(), src, bytes, cudaMemcpyHostToDevice, stream));
+  return Status::Ok();
+}
+
+int CudaDecoder::SmCount() {
+  if (sms_ == 0) {
+    int n = 0;
+    const cudaError_t e = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device_);
+    ForgetError(e);
+    sms_ = e == cudaSuccess && n > 0 ? n : 1;
+  }
+  return sms_;
+}
+
+Status CudaDecoder::StoreTokens(const DecodeShape& s, const std::vector<CacheAppend>& appends, cudaStream_t stream) {
+  if (appends.empty()) return Status::Ok();
+  DeviceScope scope(device_);
+  STRIA_RETURN_IF_ERROR(scope.status());
+  STRIA_RETURN_IF_ERROR(WaitForPreviousCall());
+  STRIA_RETURN_IF_ERROR(QueueStore(s, appends, stream));
+  return Done(stream);
+}
+
+Status CudaDecoder::QueueStore(const DecodeShape& s, const std::vector<CacheAppend>& appends, cudaStream_t stream) {
+  if (appends.empty()) return Status::Ok();
+  copies_.clear();
+  for (const CacheAppend& a : appends)
+    copies_.push_back(cuda::TokenCopy{a.k_src, a.v_src, a.k_dst, a.v_dst, a.k_src_head, a.v_src_head, a.k_dst_head,
+                                      a.v_dst_head});
+  STRIA_RETURN_IF_ERROR(
+      Upload(&copies_dev_, copies_.data(), copies_.size() * sizeof(cuda::TokenCopy), "new tokens' copies", stream));
+  STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchStoreTokens(
+      static_cast<int>(DTypeSize(s.dtype)), static_cast<const cuda::TokenCopy*>(copies_dev_.data()),
+      static_cast<int64_t>(copies_.size()), static_cast<int>(s.Hkv), static_cast<int>(s.D), stream));
+  return Status::Ok();
+}
+
+Status CudaDecoder::Decode(const DecodeWork& w, float* partial) {
+  const DecodeShape& s = w.shape;
+  cudaStream_t stream = static_cast<cudaStream_t>(w.stream);
+  DeviceScope scope(device_);
+  STRIA_RETURN_IF_ERROR(scope.status());
+  STRIA_RETURN_IF_ERROR(WaitForPreviousCall());
+  // The new tokens first: the queries see them.
+  STRIA_RETURN_IF_ERROR(QueueStore(s, w.appends, stream));
+
+  // Items of about equal key counts: enough CTAs (items x K/V heads x row chunks) for about four
+  // per SM, but never so short that a CTA's setup and the items' merge show (256 keys at least).
+  const int64_t group = s.Hq / s.Hkv, rows = s.T * group;
+  const int64_t chunks = (rows + cuda::kDecodeRows - 1) / cuda::kDecodeRows;
+  const int64_t keys = DecodeKeyCount(w);
+  const int64_t per_head = std::max<int64_t>(1, (4 * SmCount() + s.Hkv * chunks - 1) / (s.Hkv * chunks));
+  const int64_t target = std::max<int64_t>(256, (keys + per_head - 1) / per_head);
+  std::vector<DecodeKeyPiece> pieces;
+  std::vector<DecodeWorkItem> items;
+  PlanDecodeItems(w, target, &pieces, &items);
+  pieces_.clear();
+  for (const DecodeKeyPiece& p : pieces) {
+    const CacheSegment& seg = w.segments[static_cast<size_t>(p.seg)];
+    pieces_.push_back(cuda::DecodePiece{seg.k + p.j0 * seg.k_row, seg.v + p.j0 * seg.v_row, seg.k_row, seg.v_row,
+                                        seg.k_head, seg.v_head, p.count, seg.pos0 + p.j0 * seg.pos_stride,
+                                        seg.pos_stride});
+  }
+  items_.clear();
+  first_item_.assign(static_cast<size_t>(s.B + 1), 0);
+  for (const DecodeWorkItem& it : items) {
+    items_.push_back(cuda::DecodeItem{it.b, it.first, it.last});
+    ++first_item_[static_cast<size_t>(it.b + 1)];
+  }
+  for (int64_t b = 0; b < s.B; ++b) first_item_[static_cast<size_t>(b + 1)] += first_item_[static_cast<size_t>(b)];
+
+  STRIA_RETURN_IF_ERROR(
+      Upload(&pieces_dev_, pieces_.data(), pieces_.size() * sizeof(cuda::DecodePiece), "decode key runs", stream));
+  STRIA_RETURN_IF_ERROR(
+      Upload(&items_dev_, items_.data(), items_.size() * sizeof(cuda::DecodeItem), "decode work items", stream));
+  STRIA_RETURN_IF_ERROR(Upload(&first_item_dev_, first_item_.data(), first_item_.size() * sizeof(int64_t),
+                               "decode items per sequence", stream));
+  STRIA_RETURN_IF_ERROR(
+      Upload(&q_pos_dev_, w.q_pos.data(), w.q_pos.size() * sizeof(int64_t), "decode query positions", stream));
+  const size_t state_floats = items_.size() * static_cast<size_t>(s.Hkv * rows * (s.D + 2));
+  STRIA_RETURN_IF_ERROR(states_.Reserve(std::max<size_t>(state_floats, 1) * 4, "decode work items' states", nullptr));
+
+  cuda::DecodeArgs a{};
+  a.pieces = static_cast<const cuda::DecodePiece*>(pieces_dev_.data());
+  a.items = static_cast<const cuda::DecodeItem*>(items_dev_.data());
+  a.q = w.q.data;
+  a.qb = w.q.strides[0];
+  a.qt = w.q.strides[1];
+  a.qh = w.q.strides[2];
+  a.q_pos = static_cast<const int64_t*>(q_pos_dev_.data());
+  a.T = static_cast<int>(s.T);
+  a.Hq = static_cast<int>(s.Hq);
+  a.Hkv = static_cast<int>(s.Hkv);
+  a.D = static_cast<int>(s.D);
+  a.scale_log2 = s.scale * cuda::kLog2e;
+  a.softcap = s.softcap > 0.f ? cuda::Softcap{s.softcap * cuda::kLog2e, s.scale / s.softcap} : cuda::Softcap{0.f, 0.f};
+  a.causal = s.causal ? 1 : 0;
+  a.window_left = s.window_left;
+  a.states = states_.f32();
+  STRIA_CUDA_RETURN_IF_ERROR(
+      cuda::LaunchDecode(ElemOfDType(s.dtype), a, static_cast<int64_t>(items_.size()), stream));
+  cuda::DecodeMergeArgs m{};
+  m.states = states_.f32();
+  m.first_item = static_cast<const int64_t*>(first_item_dev_.data());
+  m.partial = partial;
+  m.B = static_cast<int>(s.B);
+  m.T = static_cast<int>(s.T);
+  m.Hq = static_cast<int>(s.Hq);
+  m.Hkv = static_cast<int>(s.Hkv);
+  m.D = static_cast<int>(s.D);
+  STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchDecodeMerge(m, stream));
+  return Done(stream);
+}
+
+Status CudaDecoder::ToHost(const float* partial, size_t floats, cudaStream_t stream, std::vector<float>* host) {
+  DeviceScope scope(device_);
+  STRIA_RETURN_IF_ERROR(scope.status());
+  host->resize(floats);
+  STRIA_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(host->data(), partial, floats * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  STRIA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return Status::Ok();
+}
+
+Status CudaDecoder::Merge(const DecodeWork& w, const float* all, int world_size, const TensorView* sinks,
+                          cudaStream_t stream, const void** rows, const float** lses) {
+  const DecodeShape& s = w.shape;
+  DeviceScope scope(device_);
+  STRIA_RETURN_IF_ERROR(scope.status());
+  STRIA_RETURN_IF_ERROR(WaitForPreviousCall());
+  if (sinks != nullptr) {
+    // The logits are few ([Hq]): their span, then every stride-th.
+    const int64_t stride = sinks->strides[0], span = (s.Hq - 1) * stride + 1;
+    std::vector<float> spanned(static_cast<size_t>(span));
+    STRIA_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(spanned.data(), sinks->data, spanned.size() * 4, cudaMemcpyDeviceToHost, stream));
+    STRIA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    sinks_host_.resize(static_cast<size_t>(s.Hq));
+    for (int64_t h = 0; h < s.Hq; ++h) sinks_host_[static_cast<size_t>(h)] = spanned[static_cast<size_t>(h * stride)];
+  }
+  const size_t stride = DecodePartialFloats(s);
+  const int64_t rec = s.D + 1;
+  const int64_t esize = DTypeSize(s.dtype);
+  rows_host_.resize(static_cast<size_t>(s.B * s.T * s.Hq * s.D * esize));
+  lses_host_.resize(static_cast<size_t>(s.B * s.Hq * s.T));
+  std::vector<float> o(static_cast<size_t>(s.D));
+  for (int64_t bt = 0; bt < s.B * s.T; ++bt)
+    for (int64_t h = 0; h < s.Hq; ++h) {
+      const double z = sinks != nullptr ? sinks_host_[static_cast<size_t>(h)] : 0.0;
+      const double lse = MergeDecodeRecord(all, stride, world_size, s.D, static_cast<size_t>((bt * s.Hq + h) * rec),
+                                           sinks != nullptr ? &z : nullptr, o.data());
+      // In out's dtype, compact [B, T, Hq, D] (rounded to nearest even, as every backend stores).
+      char* row = rows_host_.data() + (bt * s.Hq + h) * s.D * esize;
+      for (int64_t d = 0; d < s.D; ++d) {
+        const float x = o[static_cast<size_t>(d)];
+        if (s.dtype == DType::kF32) {
+          std::memcpy(row + d * 4, &x, 4);
+        } else {
+          const uint16_t bits = s.dtype == DType::kBF16 ? F32ToBF16(x) : F32ToF16(x);
+          std::memcpy(row + d * 2, &bits, 2);
+        }
+      }
+      const int64_t b = bt / s.T, t = bt % s.T;
+      lses_host_[static_cast<size_t>((b * s.Hq + h) * s.T + t)] = static_cast<float>(lse);
+    }
+  STRIA_RETURN_IF_ERROR(Upload(&rows_dev_, rows_host_.data(), rows_host_.size(), "merged decode rows", stream));
+  STRIA_RETURN_IF_ERROR(
+      Upload(&lses_dev_, lses_host_.data(), lses_host_.size() * sizeof(float), "merged decode LSEs", stream));
+  *rows = rows_dev_.data();
+  *lses = lses_dev_.f32();
+  return Status::Ok();
+}
+
+}  // namespace stria

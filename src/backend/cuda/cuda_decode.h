@@ -1,0 +1,59 @@
+// Decode over a sharded KV cache on one GPU (the CUDA backend's Backend::Decode, StoreTokens and
+// the host half of DecodeMerge): the work items planned on the host, the kernels of
+// kernels/cuda/decode.cuh on the call's stream, the partial records brought to the host for the
+// ranks' all-gather, and the merge of every rank's records in double on the host (the same code
+// as the CPU backend's, so both give the same bits from the same records).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/device_buffer.h"
+#include "cuda/decode_params.h"
+
+namespace stria {
+
+class CudaDecoder {
+ public:
+  explicit CudaDecoder(int device) : device_(device) {}
+  ~CudaDecoder();
+  CudaDecoder(const CudaDecoder&) = delete;
+  CudaDecoder& operator=(const CudaDecoder&) = delete;
+
+  // The call's new tokens into the cache, on `stream`.
+  Status StoreTokens(const DecodeShape& s, const std::vector<CacheAppend>& appends, cudaStream_t stream);
+  // Stores work.appends, then attends: `partial` (device memory) gets this rank's records.
+  Status Decode(const DecodeWork& w, float* partial);
+  // `floats` of `partial` into `host`, after the work queued on `stream`.
+  Status ToHost(const float* partial, size_t floats, cudaStream_t stream, std::vector<float>* host);
+  // Every rank's records (`all`, host memory) merged into compact rows [B, T, Hq, D] in the call's
+  // dtype and float32 LSEs [B, Hq, T] in device memory (*rows, *lses), queued on `stream`; the
+  // caller writes them into the call's tensors on the same stream, then calls Done.
+  Status Merge(const DecodeWork& w, const float* all, int world_size, const TensorView* sinks, cudaStream_t stream,
+               const void** rows, const float** lses);
+  // Marks the end of the call's work on `stream`: the next call reuses the buffers after it.
+  Status Done(cudaStream_t stream);
+
+ private:
+  Status WaitForPreviousCall();
+  Status QueueStore(const DecodeShape& s, const std::vector<CacheAppend>& appends, cudaStream_t stream);
+  Status Upload(DeviceBuffer* dst, const void* src, size_t bytes, const char* what, cudaStream_t stream);
+  int SmCount();
+
+  const int device_;
+  int sms_ = 0;
+  cudaEvent_t done_ = nullptr;  // recorded at the end of the last call's work (Done)
+  // Host sources of the uploads: the copies read them when they run (pageable memory), so they
+  // live until the call's work is done.
+  std::vector<cuda::DecodePiece> pieces_;
+  std::vector<cuda::DecodeItem> items_;
+  std::vector<int64_t> first_item_;
+  std::vector<cuda::TokenCopy> copies_;
+  std::vector<char> rows_host_;
+  std::vector<float> lses_host_, sinks_host_;
+  DeviceBuffer pieces_dev_, items_dev_, q_pos_dev_, first_item_dev_, states_, copies_dev_, rows_dev_, lses_dev_;
+};
+
+}  // namespace stria

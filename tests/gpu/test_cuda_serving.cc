@@ -1,0 +1,280 @@
+// Decode over a KV cache sharded across CUDA ranks (stria_attention_decode on the CUDA backend),
+// against the float64 reference over the whole cache on one device: the decode cases of the CPU
+// suite (tests/serving_cases.h) with every tensor in device memory, on local groups of 1 to 5
+// ranks. Every rank must give the same bits, the new tokens must land in the slots of the rank
+// that holds their positions, and what the backend does not run yet (prefill, paged caches) must
+// fail every rank with a message and leave the group usable.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpu_util.h"
+#include "serving_cases.h"
+
+namespace stria_test {
+namespace {
+
+// Device copies of one rank's cache.
+struct DeviceCache {
+  std::unique_ptr<DeviceTensor> k, v;
+};
+
+// Runs one decode call on a CUDA local group. `on_stream`: the call's stream is one the test
+// creates (else the default stream); `lens_on_device`: cache->lens in device memory.
+void RunCudaCase(const Case& c, uint64_t seed, bool on_stream = false, bool lens_on_device = false) {
+  SCOPED_TRACE(c.Name());
+  DecodeInputs in(c, seed);
+  const int64_t B = c.B, T = c.T, Hq = c.Hq, D = c.D;
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  CudaGroup g(c.n);
+  ASSERT_EQ(g.status, STRIA_SUCCESS) << stria_get_last_error();
+  DeviceTensor q(in.q), k_new(in.k_new), v_new(in.v_new), sinks(in.sinks_t);
+  std::vector<DeviceCache> caches(static_cast<size_t>(c.n));
+  std::vector<std::unique_ptr<DeviceTensor>> outs, lses;
+  std::vector<Tensor> outs_host, lses_host;
+  for (int r = 0; r < c.n; ++r) {
+    caches[static_cast<size_t>(r)].k = std::make_unique<DeviceTensor>(in.caches[static_cast<size_t>(r)].k);
+    caches[static_cast<size_t>(r)].v = std::make_unique<DeviceTensor>(in.caches[static_cast<size_t>(r)].v);
+    outs_host.emplace_back(std::vector<int64_t>{B, T, Hq, D}, c.dt);
+    lses_host.emplace_back(std::vector<int64_t>{B, Hq, T}, Dt::kF32);
+    outs.push_back(std::make_unique<DeviceTensor>(outs_host.back()));
+    lses.push_back(std::make_unique<DeviceTensor>(lses_host.back()));
+    outs.back()->Poison();
+    lses.back()->Poison();
+  }
+  DeviceInt64s lens_dev(c.lens.size());
+  ASSERT_EQ(cudaMemcpy(lens_dev.ptr, c.lens.data(), c.lens.size() * sizeof(int64_t), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  std::vector<stria_status_t> st(static_cast<size_t>(c.n));
+  std::vector<std::string> err(static_cast<size_t>(c.n));
+  RunRanks(c.n, [&](int r) {
+    cudaSetDevice(0);
+    cudaStream_t stream = nullptr;
+    if (on_stream) cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    stria_attention_params_t p = DecodeParams(c, &sinks.dl);
+    DeviceCache& dc = caches[static_cast<size_t>(r)];
+    stria_kv_cache_t cache;
+    stria_kv_cache_init(&cache);
+    cache.k = &dc.k->dl;
+    cache.v = &dc.v->dl;
+    cache.lens = lens_on_device ? lens_dev.ptr : c.lens.data();
+    st[static_cast<size_t>(r)] = stria_attention_decode(
+        g.ctx[static_cast<size_t>(r)], &p, &cache, &q.dl, c.append ? &k_new.dl : nullptr,
+        c.append ? &v_new.dl : nullptr, &outs[static_cast<size_t>(r)]->dl, &lses[static_cast<size_t>(r)]->dl, stream);
+    if (st[static_cast<size_t>(r)] != STRIA_SUCCESS) err[static_cast<size_t>(r)] = stria_get_last_error();
+    if (stream != nullptr) {
+      cudaStreamSynchronize(stream);
+      cudaStreamDestroy(stream);
+    }
+  });
+  for (int r = 0; r < c.n; ++r)
+    ASSERT_EQ(st[static_cast<size_t>(r)], STRIA_SUCCESS) << "rank " << r << ": " << err[static_cast<size_t>(r)];
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (int r = 0; r < c.n; ++r) {
+    outs[static_cast<size_t>(r)]->CopyTo(&outs_host[static_cast<size_t>(r)]);
+    lses[static_cast<size_t>(r)]->CopyTo(&lses_host[static_cast<size_t>(r)]);
+    caches[static_cast<size_t>(r)].k->CopyTo(&in.caches[static_cast<size_t>(r)].k);
+    caches[static_cast<size_t>(r)].v->CopyTo(&in.caches[static_cast<size_t>(r)].v);
+  }
+  ExpectDecodeResults(c, in, outs_host, lses_host, in.caches);
+}
+
+std::vector<Case> CudaCases() {
+  std::vector<Case> cases;
+  std::mt19937_64 rng(11);
+  // Every rank count to 5 and layout; lengths that differ, one empty and one full.
+  for (int n : {1, 2, 3, 5})
+    for (stria_layout_t layout : {STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_ZIGZAG}) {
+      Case c;
+      c.n = n;
+      c.layout = layout;
+      c.dt = Dt::kBF16;
+      c.B = 3;
+      c.capacity = 64;
+      c.lens = Lengths(c.B, n * c.capacity - c.T, rng);
+      cases.push_back(c);
+    }
+  for (Dt dt : {Dt::kF32, Dt::kF16}) {
+    Case c;
+    c.n = 3;
+    c.dt = dt;
+    c.lens = Lengths(c.B, c.n * c.capacity - c.T, rng);
+    cases.push_back(c);
+  }
+  {  // speculative decode: several new tokens, causal among themselves; MQA; a head dim off the tiles
+    Case c;
+    c.n = 4;
+    c.T = 4;
+    c.Hq = 6;
+    c.Hkv = 1;
+    c.D = 40;
+    c.B = 2;
+    c.capacity = 48;
+    c.lens = Lengths(c.B, c.n * c.capacity - c.T, rng);
+    cases.push_back(c);
+    c.causal = false;  // every new token sees every other
+    cases.push_back(c);
+    c.causal = true;
+    c.append = false;  // the queries see the cache alone
+    c.layout = STRIA_LAYOUT_CONTIGUOUS;
+    cases.push_back(c);
+  }
+  {  // more rows than a CTA takes (GQA 12:1 times 2 tokens); windows, softcap, sinks over many items
+    Case c;
+    c.n = 3;
+    c.B = 2;
+    c.T = 2;
+    c.Hq = 24;
+    c.Hkv = 2;
+    c.D = 64;
+    c.dt = Dt::kBF16;
+    c.capacity = 400;
+    c.lens = {1100, 613};
+    cases.push_back(c);
+    c.T = 1;
+    c.Hq = 8;
+    for (int64_t w : {0, 7, 300}) {
+      c.window_left = w;
+      cases.push_back(c);
+    }
+    c.window_left = -1;
+    c.softcap = 5.0;
+    cases.push_back(c);
+    c.softcap = 0;
+    c.sinks = true;
+    cases.push_back(c);
+    c.lens = {0, 3};  // a sequence with no key at all: out 0 and LSE the sink
+    c.append = false;
+    cases.push_back(c);
+    c.sinks = false;  // and without a sink: out 0, LSE -inf
+    cases.push_back(c);
+  }
+  for (int64_t D : {128, 256}) {  // the head dims of the model families
+    Case c;
+    c.n = 2;
+    c.D = D;
+    c.dt = Dt::kBF16;
+    c.capacity = 150;
+    c.lens = {299 - 1, 57};
+    c.B = 2;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+class CudaDecode : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CudaDecode, MatchesOneDevice) {
+  STRIA_REQUIRE_GPU();
+  RunCudaCase(GetParam(), 4321);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaDecode, ::testing::ValuesIn(CudaCases()),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           return i.param.Name() + "_" + std::to_string(i.index);
+                         });
+
+// The caller's stream and cache->lens in device memory (a framework's tensor).
+TEST(CudaDecodeCalls, OnTheCallersStreamWithLengthsOnTheDevice) {
+  STRIA_REQUIRE_GPU();
+  Case c;
+  c.n = 3;
+  c.dt = Dt::kBF16;
+  c.layout = STRIA_LAYOUT_ZIGZAG;
+  c.lens = {37, 150, 0};
+  c.B = 3;
+  RunCudaCase(c, 99, /*on_stream=*/true, /*lens_on_device=*/true);
+}
+
+// A generation loop: each step's new token goes into the cache (across the ranks' slots as the
+// sequence grows) and the next step's queries see it.
+TEST(CudaDecodeCalls, GenerationLoopMatchesTheReferenceAtEveryStep) {
+  STRIA_REQUIRE_GPU();
+  Case c;
+  c.n = 3;
+  c.dt = Dt::kF32;
+  c.B = 2;
+  c.capacity = 16;
+  for (int step = 0; step < 5; ++step) {
+    c.lens = {static_cast<int64_t>(step * 7), static_cast<int64_t>(40 - step)};
+    RunCudaCase(c, static_cast<uint64_t>(500 + step));
+  }
+}
+
+// What the CUDA backend does not run yet fails every rank with a message naming it, before any
+// rank communicates, and the group stays usable: a decode call runs after it.
+TEST(CudaDecodeCalls, UnsupportedCallsFailEveryRankAndLeaveTheGroupUsable) {
+  STRIA_REQUIRE_GPU();
+  Case c;
+  c.n = 2;
+  c.dt = Dt::kBF16;
+  c.lens = {5, 9};
+  DecodeInputs in(c, 7);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  CudaGroup g(c.n);
+  ASSERT_EQ(g.status, STRIA_SUCCESS) << stria_get_last_error();
+  DeviceTensor q(in.q), k_new(in.k_new), v_new(in.v_new);
+  Tensor out_host({c.B, c.T, c.Hq, c.D}, c.dt);
+  std::vector<std::unique_ptr<DeviceTensor>> ks, vs, outs;
+  for (int r = 0; r < c.n; ++r) {
+    ks.push_back(std::make_unique<DeviceTensor>(in.caches[static_cast<size_t>(r)].k));
+    vs.push_back(std::make_unique<DeviceTensor>(in.caches[static_cast<size_t>(r)].v));
+    outs.push_back(std::make_unique<DeviceTensor>(out_host));
+  }
+  // A paged cache, its block table on the device as a serving engine keeps it.
+  std::vector<int32_t> table{0, 1, 2, 3};
+  std::vector<int64_t> table_shape{2, 2};
+  DeviceInt64s table_dev(2);  // 16 bytes: the four int32 entries
+  ASSERT_EQ(cudaMemcpy(table_dev.ptr, table.data(), 16, cudaMemcpyHostToDevice), cudaSuccess);
+  DLTensor table_dl{};
+  table_dl.data = table_dev.ptr;
+  table_dl.device = DLDevice{kDLCUDA, 0};
+  table_dl.ndim = 2;
+  table_dl.dtype = DLDataType{kDLInt, 32, 1};
+  table_dl.shape = table_shape.data();
+  std::vector<std::string> errs(static_cast<size_t>(c.n) * 2);
+  std::vector<stria_status_t> sts(static_cast<size_t>(c.n) * 2);
+  RunRanks(c.n, [&](int r) {
+    cudaSetDevice(0);
+    stria_attention_params_t p = DecodeParams(c, nullptr);
+    stria_kv_cache_t cache;
+    stria_kv_cache_init(&cache);
+    cache.k = &ks[static_cast<size_t>(r)]->dl;
+    cache.v = &vs[static_cast<size_t>(r)]->dl;
+    cache.lens = c.lens.data();
+    const size_t i = static_cast<size_t>(r) * 2;
+    sts[i] = stria_attention_prefill(g.ctx[static_cast<size_t>(r)], &p, &cache, STRIA_PREFILL_AUTO, &q.dl, &k_new.dl,
+                                     &v_new.dl, &outs[static_cast<size_t>(r)]->dl, nullptr, nullptr);
+    errs[i] = stria_get_last_error();
+    cache.block_table = &table_dl;
+    sts[i + 1] = stria_attention_decode(g.ctx[static_cast<size_t>(r)], &p, &cache, &q.dl, nullptr, nullptr,
+                                        &outs[static_cast<size_t>(r)]->dl, nullptr, nullptr);
+    errs[i + 1] = stria_get_last_error();
+  });
+  for (int r = 0; r < c.n; ++r) {
+    const size_t i = static_cast<size_t>(r) * 2;
+    EXPECT_EQ(sts[i], STRIA_ERROR_UNSUPPORTED) << errs[i];
+    EXPECT_NE(errs[i].find("prefill"), std::string::npos) << errs[i];
+    EXPECT_EQ(sts[i + 1], STRIA_ERROR_UNSUPPORTED) << errs[i + 1];
+    EXPECT_NE(errs[i + 1].find("block table"), std::string::npos) << errs[i + 1];
+  }
+  // The same group, a call that runs.
+  std::vector<stria_status_t> ok(static_cast<size_t>(c.n));
+  RunRanks(c.n, [&](int r) {
+    cudaSetDevice(0);
+    stria_attention_params_t p = DecodeParams(c, nullptr);
+    stria_kv_cache_t cache;
+    stria_kv_cache_init(&cache);
+    cache.k = &ks[static_cast<size_t>(r)]->dl;
+    cache.v = &vs[static_cast<size_t>(r)]->dl;
+    cache.lens = c.lens.data();
+    ok[static_cast<size_t>(r)] = stria_attention_decode(g.ctx[static_cast<size_t>(r)], &p, &cache, &q.dl, &k_new.dl,
+                                                        &v_new.dl, &outs[static_cast<size_t>(r)]->dl, nullptr, nullptr);
+  });
+  for (int r = 0; r < c.n; ++r) EXPECT_EQ(ok[static_cast<size_t>(r)], STRIA_SUCCESS) << "rank " << r;
+}
+
+}  // namespace
+}  // namespace stria_test
