@@ -12,9 +12,9 @@
 
 #include <type_traits>
 
+#include "cuda/decode_params.h"
 #include "cuda/device_api.cuh"
 #include "cuda/elem_access.cuh"
-#include "cuda/decode_params.h"
 #include "cuda/softcap.cuh"
 #include "cuda/tile_mask.cuh"
 #include "cuda/warp_reduce.cuh"

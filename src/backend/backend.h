@@ -180,6 +180,13 @@ class Backend {
     *host = src;
     return Status::Ok();
   }
+  // The same for `bytes` bytes of any type (a paged cache's int32 block table).
+  virtual Status ReadBytesOnHost(const void* src, size_t bytes, void* stream, const char* name,
+                                 std::vector<char>* staged, const void** host) {
+    (void)bytes, (void)stream, (void)name, (void)staged;
+    *host = src;
+    return Status::Ok();
+  }
   // Memory for ring messages, reused across calls by the engine.
   virtual Status Allocate(size_t bytes, void** ptr) = 0;
   virtual void Free(void* ptr) = 0;

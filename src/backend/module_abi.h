@@ -12,8 +12,8 @@ namespace stria {
 // 6: trimmed ring messages (Backend::KVWirePieces, CopyPieces, AccumulateDKV over pieces); 7:
 // AttentionShape::softcap, Backend::ApplySinks and SinksGradient; 8: Backend::Decode and DecodeMerge;
 // 9: a grid's exchange (Backend::CheckGridSupported, PackBox, SumIntoBox, SyncStream); 10: decode on
-// device backends (CheckServingSupported by call, PartialsOnHost, DecodeWork::stream, StoreTokens'
-// stream).
+// device backends (CheckServingSupported by call, PartialsOnHost, ReadBytesOnHost,
+// DecodeWork::stream, StoreTokens' stream).
 constexpr int kBackendModuleAbiVersion = 10;
 
 struct BackendModuleV1 {

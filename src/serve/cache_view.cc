@@ -121,13 +121,20 @@ Status ValidateCache(Context& ctx, const stria_kv_cache_t* cache, stria_layout_t
                    "cache->block_table must be an int32 tensor [B, max_blocks] with q's B = %lld (got %d dims, shape "
                    "%s)",
                    static_cast<long long>(B), table.ndim, ShapeString(table).c_str());
-    if (ctx.device().device_type != kDLCPU)
-      return Error(STRIA_ERROR_UNSUPPORTED, "a paged cache's block table on a GPU context is not supported yet");
     if (cv->k.shape[1] < 1 || table.shape[1] < 1)
       return Error(STRIA_ERROR_INVALID_ARGUMENT,
                    "a paged cache needs block_size >= 1 and max_blocks >= 1 (got %lld, %lld)",
                    static_cast<long long>(cv->k.shape[1]), static_cast<long long>(table.shape[1]));
-    cv->table = static_cast<const int32_t*>(table.data);
+    // The host looks every entry a call uses up (and checks it): a device table (a GPU context's)
+    // comes to the host first, its span read once after the work queued on the call's stream.
+    if (table.strides[0] < 0 || table.strides[1] < 0)
+      return Error(STRIA_ERROR_INVALID_ARGUMENT, "cache->block_table has negative strides (%lld, %lld)",
+                   static_cast<long long>(table.strides[0]), static_cast<long long>(table.strides[1]));
+    const int64_t span = (table.shape[0] - 1) * table.strides[0] + (table.shape[1] - 1) * table.strides[1] + 1;
+    const void* host = nullptr;
+    STRIA_RETURN_IF_ERROR(ctx.backend().ReadBytesOnHost(table.data, static_cast<size_t>(span) * sizeof(int32_t), stream,
+                                                        "cache->block_table", &cv->table_staged, &host));
+    cv->table = static_cast<const int32_t*>(host);
     cv->table_b = table.strides[0];
     cv->table_i = table.strides[1];
     cv->block_size = cv->k.shape[1];

@@ -18,7 +18,8 @@ struct CacheView {
   int64_t heads = 0;     // Hkv, dimension 2 of k and v
   int64_t capacity = 0;  // slots per sequence on each rank
   bool paged = false;
-  const int32_t* table = nullptr;  // paged: block_table, its strides in elements
+  const int32_t* table = nullptr;  // paged: block_table (or its host copy), its strides in elements
+  std::vector<char> table_staged;  // a device table's host copy
   int64_t table_b = 0, table_i = 0, block_size = 0, num_blocks = 0;
   std::vector<int64_t> lens;  // cache->lens, read on the host
 

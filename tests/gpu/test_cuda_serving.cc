@@ -16,9 +16,32 @@
 namespace stria_test {
 namespace {
 
-// Device copies of one rank's cache.
+// Device copies of one rank's cache: K, V and a paged cache's block table.
 struct DeviceCache {
   std::unique_ptr<DeviceTensor> k, v;
+  int32_t* table = nullptr;
+  DLTensor table_dl{};
+
+  DeviceCache(const Case& c, const RankCache& rc)
+      : k(std::make_unique<DeviceTensor>(rc.k)), v(std::make_unique<DeviceTensor>(rc.v)) {
+    if (!c.paged) return;
+    const size_t bytes = rc.table_data.size() * sizeof(int32_t);
+    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&table), bytes), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(table, rc.table_data.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    table_dl = rc.table_dl;
+    table_dl.data = table;
+    table_dl.device = DLDevice{kDLCUDA, 0};
+  }
+  DeviceCache(const DeviceCache&) = delete;
+  DeviceCache& operator=(const DeviceCache&) = delete;
+  ~DeviceCache() { cudaFree(table); }
+  void Fill(const Case& c, const std::vector<int64_t>& lens, stria_kv_cache_t* cache) {
+    stria_kv_cache_init(cache);
+    cache->k = &k->dl;
+    cache->v = &v->dl;
+    cache->block_table = c.paged ? &table_dl : nullptr;
+    cache->lens = lens.data();
+  }
 };
 
 // Runs one decode call on a CUDA local group. `on_stream`: the call's stream is one the test
@@ -31,12 +54,11 @@ void RunCudaCase(const Case& c, uint64_t seed, bool on_stream = false, bool lens
   CudaGroup g(c.n);
   ASSERT_EQ(g.status, STRIA_SUCCESS) << stria_get_last_error();
   DeviceTensor q(in.q), k_new(in.k_new), v_new(in.v_new), sinks(in.sinks_t);
-  std::vector<DeviceCache> caches(static_cast<size_t>(c.n));
+  std::vector<std::unique_ptr<DeviceCache>> caches;
   std::vector<std::unique_ptr<DeviceTensor>> outs, lses;
   std::vector<Tensor> outs_host, lses_host;
   for (int r = 0; r < c.n; ++r) {
-    caches[static_cast<size_t>(r)].k = std::make_unique<DeviceTensor>(in.caches[static_cast<size_t>(r)].k);
-    caches[static_cast<size_t>(r)].v = std::make_unique<DeviceTensor>(in.caches[static_cast<size_t>(r)].v);
+    caches.push_back(std::make_unique<DeviceCache>(c, in.caches[static_cast<size_t>(r)]));
     outs_host.emplace_back(std::vector<int64_t>{B, T, Hq, D}, c.dt);
     lses_host.emplace_back(std::vector<int64_t>{B, Hq, T}, Dt::kF32);
     outs.push_back(std::make_unique<DeviceTensor>(outs_host.back()));
@@ -54,12 +76,9 @@ void RunCudaCase(const Case& c, uint64_t seed, bool on_stream = false, bool lens
     cudaStream_t stream = nullptr;
     if (on_stream) cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
     stria_attention_params_t p = DecodeParams(c, &sinks.dl);
-    DeviceCache& dc = caches[static_cast<size_t>(r)];
     stria_kv_cache_t cache;
-    stria_kv_cache_init(&cache);
-    cache.k = &dc.k->dl;
-    cache.v = &dc.v->dl;
-    cache.lens = lens_on_device ? lens_dev.ptr : c.lens.data();
+    caches[static_cast<size_t>(r)]->Fill(c, c.lens, &cache);
+    if (lens_on_device) cache.lens = lens_dev.ptr;
     st[static_cast<size_t>(r)] = stria_attention_decode(
         g.ctx[static_cast<size_t>(r)], &p, &cache, &q.dl, c.append ? &k_new.dl : nullptr,
         c.append ? &v_new.dl : nullptr, &outs[static_cast<size_t>(r)]->dl, &lses[static_cast<size_t>(r)]->dl, stream);
@@ -75,8 +94,8 @@ void RunCudaCase(const Case& c, uint64_t seed, bool on_stream = false, bool lens
   for (int r = 0; r < c.n; ++r) {
     outs[static_cast<size_t>(r)]->CopyTo(&outs_host[static_cast<size_t>(r)]);
     lses[static_cast<size_t>(r)]->CopyTo(&lses_host[static_cast<size_t>(r)]);
-    caches[static_cast<size_t>(r)].k->CopyTo(&in.caches[static_cast<size_t>(r)].k);
-    caches[static_cast<size_t>(r)].v->CopyTo(&in.caches[static_cast<size_t>(r)].v);
+    caches[static_cast<size_t>(r)]->k->CopyTo(&in.caches[static_cast<size_t>(r)].k);
+    caches[static_cast<size_t>(r)]->v->CopyTo(&in.caches[static_cast<size_t>(r)].v);
   }
   ExpectDecodeResults(c, in, outs_host, lses_host, in.caches);
 }
@@ -84,12 +103,14 @@ void RunCudaCase(const Case& c, uint64_t seed, bool on_stream = false, bool lens
 std::vector<Case> CudaCases() {
   std::vector<Case> cases;
   std::mt19937_64 rng(11);
-  // Every rank count to 5 and layout; lengths that differ, one empty and one full.
+  // Every rank count to 5 and layout, contiguous and paged caches (a block table on the device, its
+  // blocks shuffled); lengths that differ, one empty and one full.
   for (int n : {1, 2, 3, 5})
     for (stria_layout_t layout : {STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_ZIGZAG}) {
       Case c;
       c.n = n;
       c.layout = layout;
+      c.paged = (n + static_cast<int>(layout)) % 2 == 1;
       c.dt = Dt::kBF16;
       c.B = 3;
       c.capacity = 64;
@@ -131,6 +152,7 @@ std::vector<Case> CudaCases() {
     c.D = 64;
     c.dt = Dt::kBF16;
     c.capacity = 400;
+    c.paged = true;  // pages of 16 keys, each a segment of its own: the items join them
     c.lens = {1100, 613};
     cases.push_back(c);
     c.T = 1;
@@ -203,62 +225,63 @@ TEST(CudaDecodeCalls, GenerationLoopMatchesTheReferenceAtEveryStep) {
   }
 }
 
-// What the CUDA backend does not run yet fails every rank with a message naming it, before any
-// rank communicates, and the group stays usable: a decode call runs after it.
-TEST(CudaDecodeCalls, UnsupportedCallsFailEveryRankAndLeaveTheGroupUsable) {
+// What the CUDA backend does not run yet (prefill) fails every rank with a message naming it,
+// before any rank communicates; so does one rank's block table entry outside the pool, read from
+// device memory; and the group stays usable: a decode call runs after them.
+TEST(CudaDecodeCalls, RefusedCallsFailEveryRankAndLeaveTheGroupUsable) {
   STRIA_REQUIRE_GPU();
   Case c;
   c.n = 2;
   c.dt = Dt::kBF16;
-  c.lens = {5, 9};
+  c.paged = true;
+  c.lens = {5, 40};
   DecodeInputs in(c, 7);
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
   CudaGroup g(c.n);
   ASSERT_EQ(g.status, STRIA_SUCCESS) << stria_get_last_error();
   DeviceTensor q(in.q), k_new(in.k_new), v_new(in.v_new);
   Tensor out_host({c.B, c.T, c.Hq, c.D}, c.dt);
-  std::vector<std::unique_ptr<DeviceTensor>> ks, vs, outs;
+  std::vector<std::unique_ptr<DeviceCache>> caches;
+  std::vector<std::unique_ptr<DeviceTensor>> outs;
   for (int r = 0; r < c.n; ++r) {
-    ks.push_back(std::make_unique<DeviceTensor>(in.caches[static_cast<size_t>(r)].k));
-    vs.push_back(std::make_unique<DeviceTensor>(in.caches[static_cast<size_t>(r)].v));
+    caches.push_back(std::make_unique<DeviceCache>(c, in.caches[static_cast<size_t>(r)]));
     outs.push_back(std::make_unique<DeviceTensor>(out_host));
   }
-  // A paged cache, its block table on the device as a serving engine keeps it.
-  std::vector<int32_t> table{0, 1, 2, 3};
-  std::vector<int64_t> table_shape{2, 2};
-  DeviceInt64s table_dev(2);  // 16 bytes: the four int32 entries
-  ASSERT_EQ(cudaMemcpy(table_dev.ptr, table.data(), 16, cudaMemcpyHostToDevice), cudaSuccess);
-  DLTensor table_dl{};
-  table_dl.data = table_dev.ptr;
-  table_dl.device = DLDevice{kDLCUDA, 0};
-  table_dl.ndim = 2;
-  table_dl.dtype = DLDataType{kDLInt, 32, 1};
-  table_dl.shape = table_shape.data();
+  // Rank 1's table: sequence 1's first block outside the pool.
+  const int32_t bad = static_cast<int32_t>(in.caches[1].num_blocks);
   std::vector<std::string> errs(static_cast<size_t>(c.n) * 2);
   std::vector<stria_status_t> sts(static_cast<size_t>(c.n) * 2);
   RunRanks(c.n, [&](int r) {
     cudaSetDevice(0);
     stria_attention_params_t p = DecodeParams(c, nullptr);
     stria_kv_cache_t cache;
-    stria_kv_cache_init(&cache);
-    cache.k = &ks[static_cast<size_t>(r)]->dl;
-    cache.v = &vs[static_cast<size_t>(r)]->dl;
-    cache.lens = c.lens.data();
+    caches[static_cast<size_t>(r)]->Fill(c, c.lens, &cache);
     const size_t i = static_cast<size_t>(r) * 2;
     sts[i] = stria_attention_prefill(g.ctx[static_cast<size_t>(r)], &p, &cache, STRIA_PREFILL_AUTO, &q.dl, &k_new.dl,
                                      &v_new.dl, &outs[static_cast<size_t>(r)]->dl, nullptr, nullptr);
     errs[i] = stria_get_last_error();
-    cache.block_table = &table_dl;
+    DLTensor table = caches[static_cast<size_t>(r)]->table_dl;
+    int32_t* entries = nullptr;
+    if (r == 1) {
+      cudaMalloc(reinterpret_cast<void**>(&entries), in.caches[1].table_data.size() * sizeof(int32_t));
+      std::vector<int32_t> broken = in.caches[1].table_data;
+      broken[static_cast<size_t>(in.caches[1].max_blocks)] = bad;
+      cudaMemcpy(entries, broken.data(), broken.size() * sizeof(int32_t), cudaMemcpyHostToDevice);
+      table.data = entries;
+    }
+    cache.block_table = &table;
     sts[i + 1] = stria_attention_decode(g.ctx[static_cast<size_t>(r)], &p, &cache, &q.dl, nullptr, nullptr,
                                         &outs[static_cast<size_t>(r)]->dl, nullptr, nullptr);
     errs[i + 1] = stria_get_last_error();
+    cudaFree(entries);
   });
   for (int r = 0; r < c.n; ++r) {
     const size_t i = static_cast<size_t>(r) * 2;
     EXPECT_EQ(sts[i], STRIA_ERROR_UNSUPPORTED) << errs[i];
-    EXPECT_NE(errs[i].find("prefill"), std::string::npos) << errs[i];
-    EXPECT_EQ(sts[i + 1], STRIA_ERROR_UNSUPPORTED) << errs[i + 1];
-    EXPECT_NE(errs[i + 1].find("block table"), std::string::npos) << errs[i + 1];
+    EXPECT_NE(errs[i].find("no prefill over a sharded KV cache"), std::string::npos) << errs[i];
+    EXPECT_EQ(sts[i + 1], STRIA_ERROR_INVALID_ARGUMENT) << errs[i + 1];
+    const std::string expected = r == 1 ? "cache->block_table[1][0]" : "rank 1";
+    EXPECT_NE(errs[i + 1].find(expected), std::string::npos) << "rank " << r << ": " << errs[i + 1];
   }
   // The same group, a call that runs.
   std::vector<stria_status_t> ok(static_cast<size_t>(c.n));
@@ -266,10 +289,7 @@ TEST(CudaDecodeCalls, UnsupportedCallsFailEveryRankAndLeaveTheGroupUsable) {
     cudaSetDevice(0);
     stria_attention_params_t p = DecodeParams(c, nullptr);
     stria_kv_cache_t cache;
-    stria_kv_cache_init(&cache);
-    cache.k = &ks[static_cast<size_t>(r)]->dl;
-    cache.v = &vs[static_cast<size_t>(r)]->dl;
-    cache.lens = c.lens.data();
+    caches[static_cast<size_t>(r)]->Fill(c, c.lens, &cache);
     ok[static_cast<size_t>(r)] = stria_attention_decode(g.ctx[static_cast<size_t>(r)], &p, &cache, &q.dl, &k_new.dl,
                                                         &v_new.dl, &outs[static_cast<size_t>(r)]->dl, nullptr, nullptr);
   });

@@ -297,22 +297,22 @@ class CudaBackend final : public Backend {
   Status ReadOnHost(const int64_t* src, size_t count, void* stream, const char* name, std::vector<int64_t>* staged,
                     const int64_t** host) override {
     *host = src;
-    if (src == nullptr || count == 0) return Status::Ok();
-    DeviceScope scope(device_);
-    STRIA_RETURN_IF_ERROR(scope.status());
-    cudaPointerAttributes attr;
-    if (cudaPointerGetAttributes(&attr, src) != cudaSuccess) {
-      cudaGetLastError();  // a runtime that does not know host memory: it is the host's
-      return Status::Ok();
-    }
-    if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) return Status::Ok();
-    if (attr.type == cudaMemoryTypeDevice && attr.device != device_)
-      return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s %p is memory of cuda:%d, but the context is on cuda:%d", name,
-                   static_cast<const void*>(src), attr.device, device_);
+    bool device = false;
+    STRIA_RETURN_IF_ERROR(OnDevice(src, count * sizeof(int64_t), name, &device));
+    if (!device) return Status::Ok();
     staged->resize(count);
-    cudaStream_t s = static_cast<cudaStream_t>(stream);
-    STRIA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staged->data(), src, count * sizeof(int64_t), cudaMemcpyDefault, s));
-    STRIA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+    STRIA_RETURN_IF_ERROR(CopyToHost(staged->data(), src, count * sizeof(int64_t), stream));
+    *host = staged->data();
+    return Status::Ok();
+  }
+  Status ReadBytesOnHost(const void* src, size_t bytes, void* stream, const char* name, std::vector<char>* staged,
+                         const void** host) override {
+    *host = src;
+    bool device = false;
+    STRIA_RETURN_IF_ERROR(OnDevice(src, bytes, name, &device));
+    if (!device) return Status::Ok();
+    staged->resize(bytes);
+    STRIA_RETURN_IF_ERROR(CopyToHost(staged->data(), src, bytes, stream));
     *host = staged->data();
     return Status::Ok();
   }
@@ -653,6 +653,35 @@ class CudaBackend final : public Backend {
     DeviceScope scope(device_);
     STRIA_RETURN_IF_ERROR(scope.status());
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchBoxSum(ElemOf(box.dtype), a, static_cast<cudaStream_t>(stream)));
+    return Status::Ok();
+  }
+
+  // Whether `src` (`bytes` of it) is device or managed memory (of this GPU: another's is an
+  // error); host memory, or a runtime that does not know the pointer, is the host's.
+  Status OnDevice(const void* src, size_t bytes, const char* name, bool* device) const {
+    *device = false;
+    if (src == nullptr || bytes == 0) return Status::Ok();
+    DeviceScope scope(device_);
+    STRIA_RETURN_IF_ERROR(scope.status());
+    cudaPointerAttributes attr;
+    if (cudaPointerGetAttributes(&attr, src) != cudaSuccess) {
+      cudaGetLastError();  // a runtime that does not know host memory: it is the host's
+      return Status::Ok();
+    }
+    if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) return Status::Ok();
+    if (attr.type == cudaMemoryTypeDevice && attr.device != device_)
+      return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s %p is memory of cuda:%d, but the context is on cuda:%d", name, src,
+                   attr.device, device_);
+    *device = true;
+    return Status::Ok();
+  }
+  // `bytes` from `src` into `dst` (host), after the work queued on `stream`; waits for it.
+  Status CopyToHost(void* dst, const void* src, size_t bytes, void* stream) {
+    DeviceScope scope(device_);
+    STRIA_RETURN_IF_ERROR(scope.status());
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    STRIA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
+    STRIA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
     return Status::Ok();
   }
 

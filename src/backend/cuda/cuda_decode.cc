@@ -74,8 +74,8 @@ Status CudaDecoder::QueueStore(const DecodeShape& s, const std::vector<CacheAppe
   if (appends.empty()) return Status::Ok();
   copies_.clear();
   for (const CacheAppend& a : appends)
-    copies_.push_back(cuda::TokenCopy{a.k_src, a.v_src, a.k_dst, a.v_dst, a.k_src_head, a.v_src_head, a.k_dst_head,
-                                      a.v_dst_head});
+    copies_.push_back(
+        cuda::TokenCopy{a.k_src, a.v_src, a.k_dst, a.v_dst, a.k_src_head, a.v_src_head, a.k_dst_head, a.v_dst_head});
   STRIA_RETURN_IF_ERROR(
       Upload(&copies_dev_, copies_.data(), copies_.size() * sizeof(cuda::TokenCopy), "new tokens' copies", stream));
   STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchStoreTokens(
@@ -146,8 +146,7 @@ Status CudaDecoder::Decode(const DecodeWork& w, float* partial) {
   a.causal = s.causal ? 1 : 0;
   a.window_left = s.window_left;
   a.states = states_.f32();
-  STRIA_CUDA_RETURN_IF_ERROR(
-      cuda::LaunchDecode(ElemOfDType(s.dtype), a, static_cast<int64_t>(items_.size()), stream));
+  STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchDecode(ElemOfDType(s.dtype), a, static_cast<int64_t>(items_.size()), stream));
   cuda::DecodeMergeArgs m{};
   m.states = states_.f32();
   m.first_item = static_cast<const int64_t*>(first_item_dev_.data());
