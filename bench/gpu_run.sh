@@ -23,6 +23,9 @@
 #                of each layout, lognormal lengths, 32k and 128k tokens, N 8
 #   nccl1        the NCCL transport at world 1 against the in-process one      6 s
 #   hide         the block length above which a step's transfer hides         3 s a family
+#   decode       decode over a sharded KV cache: one GPU's call at 32k-1M      not yet measured
+#                cached tokens beside torch SDPA's decode (flash, cuDNN,
+#                memory-efficient), and the modelled call over 2, 4, 8 ranks
 #   sanitizer    compute-sanitizer memcheck and racecheck, small rings         20 s
 #   python       torch CUDA tensors and stria.jax's CUDA handlers              75 s
 #   profile      ncu speed of light, occupancy, launch, warp states, causal D 128 4k   4 s a family
@@ -49,7 +52,7 @@ results=$out/gpu_results.txt
 budget=${BUDGET_S:-570}
 jobs=$(nproc)
 shards=${SHARDS:-$((jobs / 2 > 8 ? 8 : (jobs / 2 < 1 ? 1 : jobs / 2)))}
-all="build primitives tests wgmma tma kernels ring docs nccl1 hide sanitizer python profile"
+all="build primitives tests wgmma tma kernels ring docs nccl1 hide decode sanitizer python profile"
 stages=" ${STAGES:-$all} "
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -115,7 +118,8 @@ say "NCCL: ${NCCL_ROOT:-not found as a pip wheel}; compute-sanitizer: $(command 
   ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || echo no)"
 
 bin=${STRIA_GPU_BUILD_DIR:-build-gpu}  # another build with the GPU targets: CI's dry run of this script
-targets=(stria stria-cuda test_cuda_ring test_cuda_api test_hopper_primitives stria-cuda-bench)
+targets=(stria stria-cuda test_cuda_ring test_cuda_api test_cuda_serving test_hopper_primitives stria-cuda-bench
+  stria-decode-bench)
 nccl_targets=(stria-nccl test_nccl_gpu stria-nccl-rank stria-nccl-bench)
 # A later call on a machine that is no longer warm starts bare: rebuild whatever stages it runs.
 [ -x "$bin"/tests/gpu/test_cuda_ring ] || stages+="build "
@@ -194,6 +198,7 @@ if stage tests 90; then
       note_failure tests
   fi
   alone cuda_api "$(cap 150)" "$bin"/tests/gpu/test_cuda_api || note_failure tests
+  alone cuda_serving "$(cap 60)" "$bin"/tests/gpu/test_cuda_serving || note_failure tests
   if [ -x "$bin"/tests/nccl/test_nccl_gpu ]; then
     alone nccl_gpu "$(cap 120)" "$bin"/tests/nccl/test_nccl_gpu || note_failure tests
   else
@@ -284,6 +289,14 @@ if stage hide $((10 * nf)); then
     timeout -k 10 "$(cap 120)" "$bin"/bench/stria-cuda-bench hide --lens $lens --heads 16 --dim 128 --kernels "$family" 2>&1 |
       tee -a "$results" || { say "hide $family: failed or timed out"; note_failure hide; }
   done
+fi
+if stage decode 60; then
+  say "-- decode over a sharded KV cache (bf16, Hq 32, Hkv 8, D 128) beside torch SDPA's decode"
+  dlens=$([ "${QUICK:-0}" = 1 ] && echo 32768,131072 || echo 32768,131072,524288,1048576)
+  timeout -k 10 "$(cap 120)" "$bin"/bench/stria-decode-bench --lens $dlens 2>&1 | tee -a "$results" ||
+    { say "stria decode: failed or timed out"; note_failure decode; }
+  timeout -k 10 "$(cap 60)" python3 bench/torch_sdpa_gpu.py --decode $dlens 2>&1 | tee -a "$results" ||
+    { say "torch SDPA decode: failed or timed out"; note_failure decode; }
 fi
 report  # every benchmark has run: the tables survive a later stage that the call's limit stops
 

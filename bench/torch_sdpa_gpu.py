@@ -4,6 +4,11 @@ backend, on the shapes of `stria-cuda-bench kernels` (bf16, B*S = 16k tokens, H*
 Prints key=value lines in stria-cuda-bench's format. Same FLOP convention: forward 4*B*H*S^2*D,
 halved when causal; backward 2.5x; backward time is (forward + backward) minus forward, medians
 of CUDA-event timings.
+
+--decode S,...: instead, the anchor of stria-decode-bench: one query token (bf16, batch 1, Hq 32)
+against a cache of S tokens with Hkv 8 (GQA 4:1, enable_gqa: each K/V head read once where the
+backend takes it), per backend (flash, cuDNN, memory-efficient), median milliseconds, and the
+bandwidth of the cache's reads.
 """
 import argparse
 import statistics
@@ -13,6 +18,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+DECODE_BACKENDS = dict(BACKENDS, efficient=SDPBackend.EFFICIENT_ATTENTION)
 
 
 def time_ms(fn, reps):
@@ -29,12 +35,34 @@ def time_ms(fn, reps):
     return statistics.median(out)
 
 
+def decode(lens, reps, hq=32, hkv=8, d=128) -> None:
+    for s in lens:
+        q = torch.randn(1, hq, 1, d, device="cuda", dtype=torch.bfloat16)
+        kv = [torch.randn(1, hkv, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+        gbs = 2.0 * s * hkv * d * 2.0
+        for name, backend in DECODE_BACKENDS.items():
+            try:
+                with sdpa_kernel(backend):
+                    ms = time_ms(lambda: F.scaled_dot_product_attention(q, kv[0], kv[1], enable_gqa=True), reps)
+            except RuntimeError as e:  # a backend that does not take this shape
+                print(f"# {name} decode S={s}: {(str(e).splitlines() or ['?'])[0]}", flush=True)
+                continue
+            print(f"impl=torch_{name} decode S={s} Hq={hq} Hkv={hkv} D={d} ms={ms:.4f} kv_GBs={gbs / (ms * 1e6):.1f}",
+                  flush=True)
+        kv.clear()  # the next length's cache in its place
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dims", default="64,128")
     ap.add_argument("--lens", default="1024,2048,4096,8192,16384,32768")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--decode", default="", help="cache lengths: time decode instead")
     a = ap.parse_args()
+    if a.decode:
+        decode([int(x) for x in a.decode.split(",")], a.reps)
+        return
     for d in map(int, a.dims.split(",")):
         for s in map(int, a.lens.split(",")):
             for causal in (0, 1):

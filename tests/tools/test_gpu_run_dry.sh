@@ -23,7 +23,7 @@ expect() {  # expect FILE REGEX WHAT
 }
 
 # Everything but the build (this build is the one to use), the sanitizer, profile and python stages.
-OUT=$out/a STRIA_GPU_BUILD_DIR=$build STAGES="primitives tests wgmma tma kernels ring docs nccl1 hide" BUDGET_S=300 \
+OUT=$out/a STRIA_GPU_BUILD_DIR=$build STAGES="primitives tests wgmma tma kernels ring docs nccl1 hide decode" BUDGET_S=300 \
   "$src/bench/gpu_run.sh" >"$out/a.log" 2>&1
 rc=$?
 cat "$out/a.log"
@@ -33,12 +33,14 @@ expect "$r" '^GPU: none found by nvidia-smi' "the GPU line"
 expect "$r" '^hopper_primitives: 0 passed, 0 failed, [1-9][0-9]* skipped$' "the primitives' summary"
 expect "$r" '^cuda_ring: 0 passed, 0 failed, [1-9][0-9]* skipped$' "the ring suite's summary"
 expect "$r" '^cuda_api: 0 passed, 0 failed, [1-9][0-9]* skipped$' "the API suite's summary"
+expect "$r" '^cuda_serving: 0 passed, 0 failed, [1-9][0-9]* skipped$' "the serving suite's summary"
 expect "$r" '^cuda_ring_wgmma: 0 passed, 0 failed, [1-9][0-9]* skipped$' "the wgmma cases' summary"
 expect "$r" '^cuda_ring_tma: 0 passed, 0 failed, [1-9][0-9]* skipped$' "the TMA cases' summary"
 expect "$r" '^kernel families to time: mma ' "only mma is timed without sm_90"
 expect "$r" '^stria_mma kernels: failed or timed out$' "a failed benchmark is reported"
-expect "$r" '^== hide \(at [0-9]+ s of 300 s\)$' "the stages run in order to the last one asked for"
-expect "$r" '^== done in [0-9]+ s of 300 s; stages with a failure: kernels ring docs( nccl1)? hide$' "the closing line"
+expect "$r" '^stria decode: failed or timed out$' "a failed decode benchmark is reported"
+expect "$r" '^== decode \(at [0-9]+ s of 300 s\)$' "the stages run in order to the last one asked for"
+expect "$r" '^== done in [0-9]+ s of 300 s; stages with a failure: kernels ring docs( nccl1)? hide decode$' "the closing line"
 if grep -q -E '^not run \(the budget\)' "$r"; then
   echo "FAIL: a stage was left out of a 300 s budget"
   fail=1

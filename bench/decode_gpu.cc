@@ -1,0 +1,207 @@
+// Decode over a sharded KV cache on a GPU (stria_attention_decode on the CUDA backend):
+//
+//   stria-decode-bench [--lens 32768,131072,524288,1048576] [--worlds 2,4,8] [--heads 32]
+//                      [--kv-heads 8] [--dim 128] [--reps 20]
+//
+// One token per call (bf16, batch 1) against a cache of S tokens on one GPU: the call's time as the
+// caller sees it (it returns once out and lse are written: decode waits for the ranks' records),
+// and the bandwidth of its reads of K and V. Then, for each N, the modelled call over N ranks: one
+// rank's time at S / N (measured here) plus the call's fixed cost over N ranks (validation, the
+// records to the host, the all-gather, the merge), measured with N ranks of a local group on this
+// GPU and a cache of one token each: an upper bound, since those ranks share one GPU and one host.
+// Lines are key=value, as stria-cuda-bench's; the anchor (PyTorch SDPA's decode on the same shapes)
+// is bench/torch_sdpa_gpu.py --decode.
+#include <cuda_runtime_api.h>
+#include <stria/stria.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+#define CHECK_CUDA(x)                                                            \
+  do {                                                                           \
+    cudaError_t e_ = (x);                                                        \
+    if (e_ != cudaSuccess) {                                                     \
+      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));              \
+      std::exit(1);                                                              \
+    }                                                                            \
+  } while (0)
+#define CHECK_STRIA(x)                                              \
+  do {                                                              \
+    stria_status_t s_ = (x);                                        \
+    if (s_ != STRIA_SUCCESS) {                                      \
+      std::fprintf(stderr, "%s: %s\n", #x, stria_get_last_error()); \
+      std::exit(1);                                                 \
+    }                                                               \
+  } while (0)
+
+std::vector<int64_t> ParseList(const char* s) {
+  std::vector<int64_t> v;
+  for (const char* p = s; *p;) {
+    v.push_back(std::strtoll(p, const_cast<char**>(&p), 10));
+    if (*p == ',') ++p;
+  }
+  return v;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// A bf16 tensor in device memory, filled with a small constant (timing does not depend on values).
+struct DeviceTensor {
+  void* ptr = nullptr;
+  std::vector<int64_t> shape;
+  DLTensor dl{};
+  DeviceTensor(std::vector<int64_t> s, DLDataType dtype, int fill) : shape(std::move(s)) {
+    size_t n = static_cast<size_t>(dtype.bits / 8);
+    for (int64_t d : shape) n *= static_cast<size_t>(d);
+    CHECK_CUDA(cudaMalloc(&ptr, n));
+    CHECK_CUDA(cudaMemset(ptr, fill, n));
+    dl.data = ptr;
+    dl.device = DLDevice{kDLCUDA, 0};
+    dl.ndim = static_cast<int32_t>(shape.size());
+    dl.dtype = dtype;
+    dl.shape = shape.data();
+  }
+  DeviceTensor(const DeviceTensor&) = delete;
+  DeviceTensor& operator=(const DeviceTensor&) = delete;
+  ~DeviceTensor() { cudaFree(ptr); }
+};
+
+constexpr DLDataType kBF16{kDLBfloat, 16, 1};
+constexpr DLDataType kF32{kDLFloat, 32, 1};
+
+struct Shape {
+  int64_t Hq, Hkv, D;
+};
+
+// Median wall milliseconds of one decode call per rank of `ctx` (all ranks call together) over a
+// cache of `len` cached tokens per rank's share of a striped cache of n * cap slots.
+double DecodeMs(const std::vector<stria_context_t>& ctx, const Shape& s, int64_t cap, int64_t len, int reps) {
+  const int n = static_cast<int>(ctx.size());
+  std::vector<double> times;
+  struct Rank {
+    std::unique_ptr<DeviceTensor> k, v, q, out, lse;
+  };
+  std::vector<Rank> ranks(static_cast<size_t>(n));
+  for (Rank& r : ranks) {
+    r.k = std::make_unique<DeviceTensor>(std::vector<int64_t>{1, cap, s.Hkv, s.D}, kBF16, 0x3c);
+    r.v = std::make_unique<DeviceTensor>(std::vector<int64_t>{1, cap, s.Hkv, s.D}, kBF16, 0x3c);
+    r.q = std::make_unique<DeviceTensor>(std::vector<int64_t>{1, 1, s.Hq, s.D}, kBF16, 0x3c);
+    r.out = std::make_unique<DeviceTensor>(std::vector<int64_t>{1, 1, s.Hq, s.D}, kBF16, 0);
+    r.lse = std::make_unique<DeviceTensor>(std::vector<int64_t>{1, s.Hq, 1}, kF32, 0);
+  }
+  const int64_t lens[1] = {len};
+  std::vector<double> wall(static_cast<size_t>(n));
+  for (int rep = 0; rep <= reps; ++rep) {
+    std::vector<std::thread> threads;
+    for (int i = 0; i < n; ++i)
+      threads.emplace_back([&, i] {
+        CHECK_CUDA(cudaSetDevice(0));
+        stria_attention_params_t p;
+        stria_attention_params_init(&p);
+        p.layout = STRIA_LAYOUT_STRIPED;
+        stria_kv_cache_t cache;
+        stria_kv_cache_init(&cache);
+        Rank& r = ranks[static_cast<size_t>(i)];
+        cache.k = &r.k->dl;
+        cache.v = &r.v->dl;
+        cache.lens = lens;
+        const auto t0 = std::chrono::steady_clock::now();
+        CHECK_STRIA(stria_attention_decode(ctx[static_cast<size_t>(i)], &p, &cache, &r.q->dl, nullptr, nullptr,
+                                           &r.out->dl, &r.lse->dl, nullptr));
+        CHECK_CUDA(cudaStreamSynchronize(nullptr));
+        wall[static_cast<size_t>(i)] =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      });
+    for (std::thread& t : threads) t.join();
+    if (rep > 0) times.push_back(*std::max_element(wall.begin(), wall.end()));  // rep 0 warms up
+  }
+  return Median(times);
+}
+
+std::vector<stria_context_t> Group(int n) {
+  stria_context_config_t cfg;
+  stria_context_config_init(&cfg);
+  cfg.device = DLDevice{kDLCUDA, 0};
+  std::vector<stria_context_t> ctx(static_cast<size_t>(n), nullptr);
+  CHECK_STRIA(n == 1 ? stria_context_create(&cfg, ctx.data()) : stria_context_create_local_group(&cfg, n, ctx.data()));
+  return ctx;
+}
+
+void Destroy(std::vector<stria_context_t>* ctx) {
+  for (stria_context_t c : *ctx) stria_context_destroy(c);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int64_t> lens = {32768, 131072, 524288, 1048576}, worlds = {2, 4, 8};
+  Shape s{32, 8, 128};
+  int reps = 20;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    if (k == "--lens")
+      lens = ParseList(argv[i + 1]);
+    else if (k == "--worlds")
+      worlds = ParseList(argv[i + 1]);
+    else if (k == "--heads")
+      s.Hq = std::atoll(argv[i + 1]);
+    else if (k == "--kv-heads")
+      s.Hkv = std::atoll(argv[i + 1]);
+    else if (k == "--dim")
+      s.D = std::atoll(argv[i + 1]);
+    else if (k == "--reps")
+      reps = std::atoi(argv[i + 1]);
+    else {
+      std::fprintf(stderr, "unknown option %s\n", k.c_str());
+      return 2;
+    }
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::fprintf(stderr, "stria-decode-bench: no GPU here\n");
+    return 1;
+  }
+  std::vector<stria_context_t> one = Group(1);
+  // One device holding the whole cache, and one rank's share at each N.
+  std::vector<double> whole(lens.size());
+  for (size_t i = 0; i < lens.size(); ++i) {
+    const int64_t S = lens[i];
+    const double ms = DecodeMs(one, s, S, S - 1, reps);
+    whole[i] = ms;
+    const double gbs = 2.0 * static_cast<double>(S) * static_cast<double>(s.Hkv * s.D) * 2.0 / (ms * 1e6);
+    std::printf("impl=stria_cuda decode S=%lld Hq=%lld Hkv=%lld D=%lld ms=%.4f kv_GBs=%.1f\n",
+                static_cast<long long>(S), static_cast<long long>(s.Hq), static_cast<long long>(s.Hkv),
+                static_cast<long long>(s.D), ms, gbs);
+    std::fflush(stdout);
+  }
+  for (int64_t n : worlds) {
+    std::vector<stria_context_t> group = Group(static_cast<int>(n));
+    const double fixed = DecodeMs(group, s, 1, 1, reps);
+    Destroy(&group);
+    for (size_t i = 0; i < lens.size(); ++i) {
+      const int64_t share = (lens[i] + n - 1) / n;
+      const double rank_ms = DecodeMs(one, s, share, share, reps);
+      const double modelled = rank_ms + fixed, ideal = whole[i] / static_cast<double>(n);
+      std::printf(
+          "impl=stria_cuda decode_sharded S=%lld N=%lld rank_ms=%.4f fixed_ms=%.4f modelled_ms=%.4f ideal_ms=%.4f "
+          "of_ideal=%.3f fixed_share=%.3f\n",
+          static_cast<long long>(lens[i]), static_cast<long long>(n), rank_ms, fixed, modelled, ideal,
+          ideal / modelled, fixed / modelled);
+      std::fflush(stdout);
+    }
+  }
+  Destroy(&one);
+  return 0;
+}
