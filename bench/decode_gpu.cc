@@ -26,13 +26,13 @@
 
 namespace {
 
-#define CHECK_CUDA(x)                                                            \
-  do {                                                                           \
-    cudaError_t e_ = (x);                                                        \
-    if (e_ != cudaSuccess) {                                                     \
-      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));              \
-      std::exit(1);                                                              \
-    }                                                                            \
+#define CHECK_CUDA(x)                                               \
+  do {                                                              \
+    cudaError_t e_ = (x);                                           \
+    if (e_ != cudaSuccess) {                                        \
+      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                 \
+    }                                                               \
   } while (0)
 #define CHECK_STRIA(x)                                              \
   do {                                                              \
@@ -197,8 +197,8 @@ int main(int argc, char** argv) {
       std::printf(
           "impl=stria_cuda decode_sharded S=%lld N=%lld rank_ms=%.4f fixed_ms=%.4f modelled_ms=%.4f ideal_ms=%.4f "
           "of_ideal=%.3f fixed_share=%.3f\n",
-          static_cast<long long>(lens[i]), static_cast<long long>(n), rank_ms, fixed, modelled, ideal,
-          ideal / modelled, fixed / modelled);
+          static_cast<long long>(lens[i]), static_cast<long long>(n), rank_ms, fixed, modelled, ideal, ideal / modelled,
+          fixed / modelled);
       std::fflush(stdout);
     }
   }

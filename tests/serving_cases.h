@@ -227,6 +227,101 @@ inline void ExpectDecodeResults(const Case& c, const DecodeInputs& in, const std
     }
 }
 
+// Prefill: P = T * n new tokens per sequence, rank r holding those of the layout's chunk positions
+// (local token i is chunk position pos[r][i], at lens[b] + pos[r][i]); each attends to the cache and,
+// causally, to the new tokens. The inputs drawn from `seed`, every rank's share of the cache, and
+// the reference over the whole cache.
+struct PrefillInputs {
+  int64_t P = 0, most = 0;
+  Tensor kf, vf, qf, sinks_t;
+  std::vector<double> sinks;
+  std::vector<RankCache> caches;
+  std::vector<std::vector<int64_t>> pos;
+  std::vector<Tensor> qs, ks, vs;  // each rank's new tokens
+  Reference ref;
+
+  PrefillInputs(const Case& c, uint64_t seed) {
+    const int64_t B = c.B, L = c.T, Hq = c.Hq, Hkv = c.Hkv, D = c.D;
+    P = L * c.n;
+    std::mt19937_64 rng(seed);
+    for (int64_t l : c.lens) most = std::max(most, l + P);
+    kf.Init({B, most, Hkv, D}, c.dt);
+    vf.Init({B, most, Hkv, D}, c.dt);
+    qf.Init({B, P, Hq, D}, c.dt);
+    kf.FillRandom(rng);
+    vf.FillRandom(rng);
+    qf.FillRandom(rng);
+    sinks_t = SinkLogits(Hq, rng, &sinks);
+    caches = ShardCache(c, kf, vf, rng);
+    pos.assign(static_cast<size_t>(c.n), std::vector<int64_t>(static_cast<size_t>(L)));
+    for (int r = 0; r < c.n; ++r) {
+      EXPECT_EQ(stria_layout_positions(c.layout, P, c.n, r, pos[static_cast<size_t>(r)].data()), STRIA_SUCCESS);
+      qs.emplace_back(std::vector<int64_t>{B, L, Hq, D}, c.dt);
+      ks.emplace_back(std::vector<int64_t>{B, L, Hkv, D}, c.dt);
+      vs.emplace_back(std::vector<int64_t>{B, L, Hkv, D}, c.dt);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < L; ++i) {
+          const int64_t cp = pos[static_cast<size_t>(r)][static_cast<size_t>(i)];
+          const int64_t at = c.lens[static_cast<size_t>(b)] + cp;
+          for (int64_t x = 0; x < Hq * D; ++x)
+            qs.back().Set((b * L + i) * Hq * D + x, qf.Get((b * P + cp) * Hq * D + x));
+          for (int64_t x = 0; x < Hkv * D; ++x) {
+            ks.back().Set((b * L + i) * Hkv * D + x, kf.Get((b * most + at) * Hkv * D + x));
+            vs.back().Set((b * L + i) * Hkv * D + x, vf.Get((b * most + at) * Hkv * D + x));
+          }
+        }
+    }
+    ScoreMods mods;
+    mods.softcap = c.softcap;
+    mods.sinks = c.sinks ? &sinks : nullptr;
+    ref = DecodeReference(qf, kf, vf, c.lens, P, c.causal, c.window_left, mods);
+  }
+};
+
+// Every rank's out and LSE (host copies) against the reference's rows of its tokens, and every new
+// token in the slot that holds its position, exactly as given (`caches`: every rank's cache after
+// the call, on the host). Returns each rank's output.
+inline std::vector<std::vector<double>> ExpectPrefillResults(const Case& c, const PrefillInputs& in,
+                                                             const std::vector<Tensor>& outs,
+                                                             const std::vector<Tensor>& lses,
+                                                             const std::vector<RankCache>& caches) {
+  const int64_t B = c.B, L = c.T, Hq = c.Hq, Hkv = c.Hkv, D = c.D, P = in.P;
+  std::vector<std::vector<double>> results;
+  const double tol = c.dt == Dt::kF32 ? 1e-5 : 2e-2;
+  for (int r = 0; r < c.n; ++r) {
+    const std::vector<int64_t>& pos = in.pos[static_cast<size_t>(r)];
+    std::vector<double> want_out, want_lse;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < L; ++i)
+        for (int64_t x = 0; x < Hq * D; ++x)
+          want_out.push_back(in.ref.out[static_cast<size_t>((b * P + pos[static_cast<size_t>(i)]) * Hq * D + x)]);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < Hq; ++h)
+        for (int64_t i = 0; i < L; ++i)
+          want_lse.push_back(in.ref.lse[static_cast<size_t>((b * Hq + h) * P + pos[static_cast<size_t>(i)])]);
+    results.push_back(outs[static_cast<size_t>(r)].ToDouble());
+    EXPECT_LT(RelError(results.back(), want_out), tol) << "rank " << r;
+    EXPECT_LT(RelError(lses[static_cast<size_t>(r)].ToDouble(), want_lse), c.dt == Dt::kF32 ? 1e-5 : 1e-3)
+        << "rank " << r;
+  }
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < P; ++t) {
+      const int64_t at = c.lens[static_cast<size_t>(b)] + t;
+      int rank = 0;
+      int64_t slot = 0;
+      Place(c, at, &rank, &slot);
+      const RankCache& rc = caches[static_cast<size_t>(rank)];
+      for (int64_t h = 0; h < Hkv; ++h)
+        for (int64_t d = 0; d < D; ++d) {
+          EXPECT_EQ(rc.k.Get(rc.Index(c, b, slot, h) + d), in.kf.Get(((b * in.most + at) * Hkv + h) * D + d))
+              << "sequence " << b << " position " << at;
+          EXPECT_EQ(rc.v.Get(rc.Index(c, b, slot, h) + d), in.vf.Get(((b * in.most + at) * Hkv + h) * D + d));
+          if (::testing::Test::HasFailure()) return results;
+        }
+    }
+  return results;
+}
+
 // Random cache lengths in [0, room], one sequence empty and one full where B allows.
 inline std::vector<int64_t> Lengths(int64_t B, int64_t room, std::mt19937_64& rng) {
   std::vector<int64_t> lens(static_cast<size_t>(B));

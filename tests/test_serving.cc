@@ -166,63 +166,24 @@ TEST(DecodeLoop, GrowsAcrossRanksAndPages) {
   }
 }
 
-// Prefill: P = T * n new tokens per sequence, rank r holding those of the layout's chunk positions;
-// each attends to the cache and, causally, to the new tokens. Checked against the reference over the
-// whole cache, and the new tokens' rows against the slots that hold their positions. Returns each
-// rank's output, so that the modes can be compared with each other.
+// Prefill on a local group of CPU ranks (PrefillInputs, ExpectPrefillResults: serving_cases.h).
+// Returns each rank's output, so that the modes can be compared with each other.
 std::vector<std::vector<double>> RunPrefill(const Case& c, uint64_t seed) {
-  const int64_t B = c.B, L = c.T, Hq = c.Hq, Hkv = c.Hkv, D = c.D, P = L * c.n;
-  std::mt19937_64 rng(seed);
-  int64_t most = 0;
-  for (int64_t l : c.lens) most = std::max(most, l + P);
-  Tensor kf({B, most, Hkv, D}, c.dt), vf({B, most, Hkv, D}, c.dt), qf({B, P, Hq, D}, c.dt);
-  kf.FillRandom(rng);
-  vf.FillRandom(rng);
-  qf.FillRandom(rng);
-  std::vector<double> sinks;
-  Tensor sinks_t = SinkLogits(Hq, rng, &sinks);
-  std::vector<RankCache> caches = ShardCache(c, kf, vf, rng);
-  // Each rank's new tokens: local token i is chunk position pos[r][i], at lens[b] + pos[r][i].
-  std::vector<std::vector<int64_t>> pos(static_cast<size_t>(c.n), std::vector<int64_t>(static_cast<size_t>(L)));
-  std::vector<Tensor> qs, ks, vs, outs, lses;
-  for (int r = 0; r < c.n; ++r) {
-    EXPECT_EQ(stria_layout_positions(c.layout, P, c.n, r, pos[static_cast<size_t>(r)].data()), STRIA_SUCCESS);
-    qs.emplace_back(std::vector<int64_t>{B, L, Hq, D}, c.dt);
-    ks.emplace_back(std::vector<int64_t>{B, L, Hkv, D}, c.dt);
-    vs.emplace_back(std::vector<int64_t>{B, L, Hkv, D}, c.dt);
-    outs.emplace_back(std::vector<int64_t>{B, L, Hq, D}, c.dt);
-    lses.emplace_back(std::vector<int64_t>{B, Hq, L}, Dt::kF32);
-    outs.back().Poison();
-    lses.back().Poison();
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t i = 0; i < L; ++i) {
-        const int64_t cp = pos[static_cast<size_t>(r)][static_cast<size_t>(i)];
-        const int64_t at = c.lens[static_cast<size_t>(b)] + cp;
-        for (int64_t x = 0; x < Hq * D; ++x) qs.back().Set((b * L + i) * Hq * D + x, qf.Get((b * P + cp) * Hq * D + x));
-        for (int64_t x = 0; x < Hkv * D; ++x) {
-          ks.back().Set((b * L + i) * Hkv * D + x, kf.Get((b * most + at) * Hkv * D + x));
-          vs.back().Set((b * L + i) * Hkv * D + x, vf.Get((b * most + at) * Hkv * D + x));
-        }
-      }
-  }
-  ScoreMods mods;
-  mods.softcap = c.softcap;
-  mods.sinks = c.sinks ? &sinks : nullptr;
-  const Reference ref = DecodeReference(qf, kf, vf, c.lens, P, c.causal, c.window_left, mods);
-
+  PrefillInputs in(c, seed);
   LocalGroup g(c.n);
   EXPECT_EQ(g.status, STRIA_SUCCESS) << stria_get_last_error();
+  std::vector<Tensor> outs, lses;
+  for (int r = 0; r < c.n; ++r) {
+    outs.emplace_back(std::vector<int64_t>{c.B, c.T, c.Hq, c.D}, c.dt);
+    lses.emplace_back(std::vector<int64_t>{c.B, c.Hq, c.T}, Dt::kF32);
+    outs.back().Poison();
+    lses.back().Poison();
+  }
   std::vector<stria_status_t> st(static_cast<size_t>(c.n));
   std::vector<std::string> err(static_cast<size_t>(c.n));
   RunRanks(c.n, [&](int r) {
-    stria_attention_params_t p;
-    stria_attention_params_init(&p);
-    p.layout = c.layout;
-    p.causal = c.causal ? 1 : 0;
-    p.window_left = c.window_left;
-    p.softcap = static_cast<float>(c.softcap);
-    p.sinks = c.sinks ? &sinks_t.dl : nullptr;
-    RankCache& rc = caches[static_cast<size_t>(r)];
+    stria_attention_params_t p = DecodeParams(c, &in.sinks_t.dl);
+    RankCache& rc = in.caches[static_cast<size_t>(r)];
     stria_kv_cache_t cache;
     stria_kv_cache_init(&cache);
     cache.k = &rc.k.dl;
@@ -230,50 +191,15 @@ std::vector<std::vector<double>> RunPrefill(const Case& c, uint64_t seed) {
     cache.block_table = c.paged ? &rc.table_dl : nullptr;
     cache.lens = c.lens.data();
     const size_t i = static_cast<size_t>(r);
-    st[i] = stria_attention_prefill(g.ctx[i], &p, &cache, c.mode, &qs[i].dl, &ks[i].dl, &vs[i].dl, &outs[i].dl,
+    st[i] = stria_attention_prefill(g.ctx[i], &p, &cache, c.mode, &in.qs[i].dl, &in.ks[i].dl, &in.vs[i].dl, &outs[i].dl,
                                     &lses[i].dl, nullptr);
     if (st[i] != STRIA_SUCCESS) err[i] = stria_get_last_error();
   });
-  std::vector<std::vector<double>> results;
-  const double tol = c.dt == Dt::kF32 ? 1e-5 : 2e-2;
   for (int r = 0; r < c.n; ++r) {
     EXPECT_EQ(st[static_cast<size_t>(r)], STRIA_SUCCESS) << "rank " << r << ": " << err[static_cast<size_t>(r)];
-    if (st[static_cast<size_t>(r)] != STRIA_SUCCESS) return results;
-    // The reference's rows of this rank's tokens.
-    std::vector<double> want_out, want_lse;
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t i = 0; i < L; ++i) {
-        const int64_t cp = pos[static_cast<size_t>(r)][static_cast<size_t>(i)];
-        for (int64_t x = 0; x < Hq * D; ++x)
-          want_out.push_back(ref.out[static_cast<size_t>((b * P + cp) * Hq * D + x)]);
-      }
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < Hq; ++h)
-        for (int64_t i = 0; i < L; ++i)
-          want_lse.push_back(
-              ref.lse[static_cast<size_t>((b * Hq + h) * P + pos[static_cast<size_t>(r)][static_cast<size_t>(i)])]);
-    results.push_back(outs[static_cast<size_t>(r)].ToDouble());
-    EXPECT_LT(RelError(results.back(), want_out), tol) << "rank " << r;
-    EXPECT_LT(RelError(lses[static_cast<size_t>(r)].ToDouble(), want_lse), c.dt == Dt::kF32 ? 1e-5 : 1e-3)
-        << "rank " << r;
+    if (st[static_cast<size_t>(r)] != STRIA_SUCCESS) return {};
   }
-  // Every new token in the slot that holds its position, exactly as given.
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < P; ++t) {
-      const int64_t at = c.lens[static_cast<size_t>(b)] + t;
-      int rank = 0;
-      int64_t slot = 0;
-      Place(c, at, &rank, &slot);
-      const RankCache& rc = caches[static_cast<size_t>(rank)];
-      for (int64_t h = 0; h < Hkv; ++h)
-        for (int64_t d = 0; d < D; ++d) {
-          EXPECT_EQ(rc.k.Get(rc.Index(c, b, slot, h) + d), kf.Get(((b * most + at) * Hkv + h) * D + d))
-              << "sequence " << b << " position " << at;
-          EXPECT_EQ(rc.v.Get(rc.Index(c, b, slot, h) + d), vf.Get(((b * most + at) * Hkv + h) * D + d));
-          if (::testing::Test::HasFailure()) return results;
-        }
-    }
-  return results;
+  return ExpectPrefillResults(c, in, outs, lses, in.caches);
 }
 
 std::vector<Case> PrefillCases() {

@@ -187,15 +187,31 @@ void MessageSegments(const ValidatedPrefill& vp, int holder, char* k_part, char*
   }
 }
 
-// Copies `count` rows of Hkv * D elements from a segment's layout into a compact one.
-void CopyRows(const CacheSegment& seg, int64_t heads, int64_t row_bytes, char* k_dst, char* v_dst) {
-  for (int64_t j = 0; j < seg.count; ++j)
-    for (int64_t h = 0; h < heads; ++h) {
-      std::memcpy(k_dst + j * heads * row_bytes + h * row_bytes, seg.k + j * seg.k_row + h * seg.k_head,
-                  static_cast<size_t>(row_bytes));
-      std::memcpy(v_dst + j * heads * row_bytes + h * row_bytes, seg.v + j * seg.v_row + h * seg.v_head,
-                  static_cast<size_t>(row_bytes));
-    }
+// The segment's K (or V) rows at `base` as a box [count, Hkv, D] (element strides) of the call's
+// dtype.
+TensorView SegmentBox(const DecodeShape& s, const char* base, int64_t row_bytes, int64_t head_bytes, int64_t count) {
+  TensorView box;
+  const int64_t e = DTypeSize(s.dtype);
+  box.data = const_cast<char*>(base);
+  box.dtype = s.dtype;
+  box.dl_dtype =
+      DLDataType{static_cast<uint8_t>(s.dtype == DType::kBF16 ? kDLBfloat : kDLFloat), static_cast<uint8_t>(8 * e), 1};
+  box.ndim = 3;
+  box.shape[0] = count;
+  box.shape[1] = s.Hkv;
+  box.shape[2] = s.D;
+  box.strides[0] = row_bytes / e;
+  box.strides[1] = head_bytes / e;
+  box.strides[2] = 1;
+  return box;
+}
+
+// Copies `count` rows of Hkv * D elements from a segment's layout into a compact one, in the
+// backend's memory on the call's stream (Backend::PackBox: the copy of a device backend is queued).
+Status CopyRows(Backend& be, const DecodeShape& s, const CacheSegment& seg, char* k_dst, char* v_dst, void* stream) {
+  if (seg.count == 0) return Status::Ok();
+  STRIA_RETURN_IF_ERROR(be.PackBox(SegmentBox(s, seg.k, seg.k_row, seg.k_head, seg.count), k_dst, stream));
+  return be.PackBox(SegmentBox(s, seg.v, seg.v_row, seg.v_head, seg.count), v_dst, stream);
 }
 
 // This rank's own keys where they are: its cache share in place, its new tokens in k and v.
@@ -254,7 +270,8 @@ Status RunPassKV(Context& ctx, const ValidatedPrefill& vp, uint64_t seq, void* k
         b = seg.b;
         at = b * vp.max_rows;
       }
-      CopyRows(seg, s.Hkv, s.D * esize, k_part + at * row, v_part + at * row);
+      const Status st = CopyRows(be, s, seg, k_part + at * row, v_part + at * row, vp.call.stream);
+      if (!st.ok()) return ctx.Fail(st);
       at += seg.count;
     }
   }
@@ -262,6 +279,7 @@ Status RunPassKV(Context& ctx, const ValidatedPrefill& vp, uint64_t seq, void* k
   w.shape = s;
   w.q = vp.call.q;
   w.q_pos = QueryPositions(vp, r);
+  w.stream = vp.call.stream;
   auto& times = ctx.step_times();
   times.assign(static_cast<size_t>(n), StepTime());
   for (int step = 0; step < n; ++step) {
@@ -269,7 +287,8 @@ Status RunPassKV(Context& ctx, const ValidatedPrefill& vp, uint64_t seq, void* k
     RequestId send = 0, recv = 0;
     const bool forward = step < n - 1;
     if (forward) {
-      Status st = be.FenceBuffers();
+      // The message's packing (or the last step's kernels reading the other buffer) done first.
+      Status st = be.SyncStream(vp.call.stream);
       if (st.ok()) st = tr.Irecv(prev, RingTag(seq, step, MessageKind::kKV), kv[(step + 1) % 2], kv_bytes, &recv);
       if (st.ok()) st = tr.Isend(next, RingTag(seq, step, MessageKind::kKV), kv[step % 2], kv_bytes, &send);
       if (!st.ok()) return ctx.Fail(st);
@@ -318,30 +337,32 @@ Status RunPassQ(Context& ctx, const ValidatedPrefill& vp, uint64_t seq, void* qb
   const int64_t esize = DTypeSize(s.dtype);
   const size_t records = DecodePartialFloats(s);
   const size_t record_bytes = records * sizeof(float);
-  // The results of this rank's queries against every other rank's keys come home: rank k holds
-  // them at its step (k - r) mod N.
+  // The results of this rank's queries against every other rank's keys come home: rank k = r + t
+  // computes them at its step t. Each rank sends its step-t result at the start of step t + 1 (the
+  // last step's after the loop), paired with the receive of the result that rank r + t computed for
+  // it: every rank posts the same pairs in the same order, between two ranks the messages of each
+  // direction go in the order of their tags (the ring's query blocks from r - 1 to r at steps
+  // 0..N-2, then the partial of step N - 1), and a transport that matches in posting order and
+  // launches a receive with a send (NCCL's) forms the same groups on every rank.
   std::vector<RequestId> homes;
-  for (int k = 0; k < n; ++k) {
-    if (k == r) continue;
-    const int step = (k - r + n) % n;
+  auto exchange_partials = [&](int t, std::vector<RequestId>* sends) {
+    if (t < 1) return Status::Ok();  // step 0's result is this rank's own
+    const int k = (r + t) % n, to = (r - t + n) % n;
     RequestId id = 0;
-    Status st = tr.Irecv(k, RingTag(seq, step, MessageKind::kPartial), all + static_cast<size_t>(k) * records,
-                         record_bytes, &id);
-    if (!st.ok()) return ctx.Fail(st);
+    STRIA_RETURN_IF_ERROR(
+        tr.Irecv(k, RingTag(seq, t, MessageKind::kPartial), all + static_cast<size_t>(k) * records, record_bytes, &id));
     homes.push_back(id);
-  }
+    STRIA_RETURN_IF_ERROR(be.SyncStream(vp.call.stream));  // the result computed
+    STRIA_RETURN_IF_ERROR(tr.Isend(to, RingTag(seq, t, MessageKind::kPartial), sent + static_cast<size_t>(t) * records,
+                                   record_bytes, &id));
+    sends->push_back(id);
+    CountSent(record_bytes, true, &ctx.traffic());
+    return Status::Ok();
+  };
   // This rank's queries, compact [B, L, Hq, D], start the ring.
   {
-    const TensorView& q = vp.call.q;
-    const int64_t row = s.D * esize;
-    char* dst = static_cast<char*>(qbuf[0]);
-    for (int64_t b = 0; b < s.B; ++b)
-      for (int64_t i = 0; i < s.T; ++i)
-        for (int64_t h = 0; h < s.Hq; ++h)
-          std::memcpy(
-              dst + ((b * s.T + i) * s.Hq + h) * row,
-              static_cast<const char*>(q.data) + (b * q.strides[0] + i * q.strides[1] + h * q.strides[2]) * esize,
-              static_cast<size_t>(row));
+    const Status st = be.PackBox(vp.call.q, qbuf[0], vp.call.stream);
+    if (!st.ok()) return ctx.Fail(st);
   }
   DecodeWork w;
   w.shape = s;
@@ -351,6 +372,7 @@ Status RunPassQ(Context& ctx, const ValidatedPrefill& vp, uint64_t seq, void* qb
   w.q.strides[2] = s.D;
   w.q.strides[1] = s.Hq * s.D;
   w.q.strides[0] = s.T * s.Hq * s.D;
+  w.stream = vp.call.stream;
   {
     Status st = OwnSegments(vp, r, &w.segments);
     if (!st.ok()) return ctx.Fail(st);
@@ -362,8 +384,12 @@ Status RunPassQ(Context& ctx, const ValidatedPrefill& vp, uint64_t seq, void* qb
     const int holder = (r - step + n) % n;  // whose queries this rank holds now
     RequestId send = 0, recv = 0;
     const bool forward = step < n - 1;
+    {
+      const Status st = exchange_partials(step - 1, &sends);
+      if (!st.ok()) return ctx.Fail(st);
+    }
     if (forward) {
-      Status st = be.FenceBuffers();
+      Status st = be.SyncStream(vp.call.stream);
       if (st.ok()) st = tr.Irecv(prev, RingTag(seq, step, MessageKind::kKV), qbuf[(step + 1) % 2], q_bytes, &recv);
       if (st.ok()) st = tr.Isend(next, RingTag(seq, step, MessageKind::kKV), qbuf[step % 2], q_bytes, &send);
       if (!st.ok()) return ctx.Fail(st);
@@ -376,13 +402,6 @@ Status RunPassQ(Context& ctx, const ValidatedPrefill& vp, uint64_t seq, void* qb
     float* result = holder == r ? all + static_cast<size_t>(r) * records : sent + static_cast<size_t>(step) * records;
     Status st = be.Decode(w, result);
     if (st.ok()) st = ctx.CheckNotAborted();
-    if (st.ok() && holder != r) {
-      RequestId id = 0;
-      st = be.FenceBuffers();
-      if (st.ok()) st = tr.Isend(holder, RingTag(seq, step, MessageKind::kPartial), result, record_bytes, &id);
-      sends.push_back(id);
-      CountSent(record_bytes, true, &ctx.traffic());
-    }
     if (!st.ok()) return ctx.Fail(st);
     timer.ComputeEnd();
     if (forward) {
@@ -392,6 +411,10 @@ Status RunPassQ(Context& ctx, const ValidatedPrefill& vp, uint64_t seq, void* qb
       if (!st.ok()) return ctx.Fail(st);
     }
     times[static_cast<size_t>(step)] = timer.Finish();
+  }
+  {
+    const Status st = exchange_partials(n - 1, &sends);
+    if (!st.ok()) return ctx.Fail(st);
   }
 
   // The new tokens go to the ranks whose cache shares hold their positions: each rank sends every
@@ -441,31 +464,31 @@ Status RunPassQ(Context& ctx, const ValidatedPrefill& vp, uint64_t seq, void* qb
         seg.v_head = vp.v.strides[2] * ev;
         seg.count = 1;
         const int64_t at = fill[static_cast<size_t>(owner)]++;
-        CopyRows(seg, s.Hkv, head, rows_out + at * row, rows_out + (out_total + at) * row);
+        const Status st = CopyRows(be, s, seg, rows_out + at * row, rows_out + (out_total + at) * row, vp.call.stream);
+        if (!st.ok()) return ctx.Fail(st);
       }
+  {
+    const Status st = be.SyncStream(vp.call.stream);  // the rows packed before they are sent
+    if (!st.ok()) return ctx.Fail(st);
+  }
+  // In rounds, a shift of the ranks: at round i each rank receives from the rank i before it and
+  // sends to the one i after it, keys then values, each receive posted with its send (messages of
+  // no rows included, so that every rank posts the same pairs: see the partials above).
   std::vector<RequestId> row_ids;
-  for (int p = 0; p < n; ++p) {
-    Status st;
-    RequestId id = 0;
-    // Two messages per pair: keys then values, at the first and second half of each buffer.
-    if (out_rows[static_cast<size_t>(p)] > 0) {
-      for (int half = 0; half < 2; ++half) {
-        st = tr.Isend(p, RingTag(seq, n + half, MessageKind::kKV),
-                      rows_out + (half * out_total + out_at[static_cast<size_t>(p)]) * row,
-                      static_cast<size_t>(out_rows[static_cast<size_t>(p)] * row), &id);
-        if (!st.ok()) return ctx.Fail(st);
-        row_ids.push_back(id);
-        CountSent(static_cast<size_t>(out_rows[static_cast<size_t>(p)] * row), true, &ctx.traffic());
-      }
-    }
-    if (in_rows[static_cast<size_t>(p)] > 0) {
-      for (int half = 0; half < 2; ++half) {
-        st = tr.Irecv(p, RingTag(seq, n + half, MessageKind::kKV),
-                      rows_in + (half * in_total + in_at[static_cast<size_t>(p)]) * row,
-                      static_cast<size_t>(in_rows[static_cast<size_t>(p)] * row), &id);
-        if (!st.ok()) return ctx.Fail(st);
-        row_ids.push_back(id);
-      }
+  for (int i = 1; i < n; ++i) {
+    const size_t from = static_cast<size_t>((r - i + n) % n), to = static_cast<size_t>((r + i) % n);
+    for (int half = 0; half < 2; ++half) {
+      RequestId id = 0;
+      Status st =
+          tr.Irecv(static_cast<int>(from), RingTag(seq, n + half, MessageKind::kKV),
+                   rows_in + (half * in_total + in_at[from]) * row, static_cast<size_t>(in_rows[from] * row), &id);
+      if (st.ok()) row_ids.push_back(id);
+      if (st.ok())
+        st = tr.Isend(static_cast<int>(to), RingTag(seq, n + half, MessageKind::kKV),
+                      rows_out + (half * out_total + out_at[to]) * row, static_cast<size_t>(out_rows[to] * row), &id);
+      if (!st.ok()) return ctx.Fail(st);
+      row_ids.push_back(id);
+      CountSent(static_cast<size_t>(out_rows[to] * row), true, &ctx.traffic());
     }
   }
   for (RequestId id : homes) {
@@ -540,8 +563,15 @@ Status AttentionPrefill(Context& ctx, const PrefillCall& call) {
   STRIA_RETURN_IF_ERROR(st);
   DecodeWork w;
   w.shape = s;
-  st = ctx.backend().DecodeMerge(w, static_cast<const float*>(all), n, vp.call.sinks_given ? &vp.call.sinks : nullptr,
-                                 vp.call.out, vp.lse_given ? &vp.call.lse : nullptr);
+  w.stream = vp.call.stream;
+  // Every query's partials where the host merges them (in place for a host backend).
+  std::vector<float> staged;
+  const float* all_host = nullptr;
+  st = ctx.backend().PartialsOnHost(static_cast<const float*>(all), records * static_cast<size_t>(n), vp.call.stream,
+                                    &staged, &all_host);
+  if (st.ok())
+    st = ctx.backend().DecodeMerge(w, all_host, n, vp.call.sinks_given ? &vp.call.sinks : nullptr, vp.call.out,
+                                   vp.lse_given ? &vp.call.lse : nullptr);
   if (st.ok()) st = ctx.CheckNotAborted();
   return st.ok() ? st : ctx.Fail(st);
 }

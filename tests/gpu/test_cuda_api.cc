@@ -118,7 +118,9 @@ TEST(CudaErrors, HostMemoryIsRefusedOnEveryRank) {
   for (int r = 0; r < N; ++r) EXPECT_EQ(st[r], STRIA_SUCCESS) << msg[r];
 }
 
-TEST(CudaErrors, PrefillIsUnsupportedAndLeavesTheGroupUsable) {
+// The serving calls take the same checks as the ring's: a rank whose queries are in host memory
+// fails with the reason, the others name it, and the group runs a ring call after it.
+TEST(CudaErrors, ServingCallsRefuseHostMemoryOnEveryRank) {
   STRIA_REQUIRE_GPU();
   const int N = 2;
   CudaGroup group(N);
@@ -129,19 +131,22 @@ TEST(CudaErrors, PrefillIsUnsupportedAndLeavesTheGroupUsable) {
   std::vector<std::string> msg(N);
   RunRanks(N, [&](int r) {
     RankTensors t(64, 64, Dt::kBF16, 3 + r);
-    std::vector<int64_t> lens = {5};
+    std::vector<int64_t> lens = {0};  // the new tokens fill the cache
     stria_kv_cache_t cache;
     stria_kv_cache_init(&cache);
     cache.k = &t.k.dl;
     cache.v = &t.v.dl;
     cache.lens = lens.data();
-    st[r] = stria_attention_prefill(group.ctx[r], &p, &cache, STRIA_PREFILL_AUTO, &t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl,
-                                    nullptr, nullptr);
+    DLTensor host_q = t.host.q.dl;
+    host_q.device = DLDevice{kDLCUDA, 0};
+    st[r] = stria_attention_prefill(group.ctx[r], &p, &cache, STRIA_PREFILL_AUTO, r == 1 ? &host_q : &t.q.dl, &t.k.dl,
+                                    &t.v.dl, &t.out.dl, nullptr, nullptr);
     msg[r] = stria_get_last_error();
   });
   for (int r = 0; r < N; ++r) {
-    EXPECT_EQ(st[r], STRIA_ERROR_UNSUPPORTED) << "rank " << r << ": " << msg[r];
-    EXPECT_NE(msg[r].find("no prefill over a sharded KV cache"), std::string::npos) << "rank " << r << ": " << msg[r];
+    EXPECT_EQ(st[r], STRIA_ERROR_INVALID_ARGUMENT) << "rank " << r << ": " << msg[r];
+    const std::string expected = r == 1 ? "host memory" : "rank 1 rejected its arguments";
+    EXPECT_NE(msg[r].find(expected), std::string::npos) << "rank " << r << ": " << msg[r];
   }
   RunRanks(N, [&](int r) {
     RankTensors t(64, 64, Dt::kBF16, 7 + r);

@@ -1,9 +1,10 @@
-// Decode over a KV cache sharded across CUDA ranks (stria_attention_decode on the CUDA backend),
-// against the float64 reference over the whole cache on one device: the decode cases of the CPU
-// suite (tests/serving_cases.h) with every tensor in device memory, on local groups of 1 to 5
-// ranks. Every rank must give the same bits, the new tokens must land in the slots of the rank
-// that holds their positions, and what the backend does not run yet (prefill, paged caches) must
-// fail every rank with a message and leave the group usable.
+// Decode and prefill over a KV cache sharded across CUDA ranks (stria_attention_decode and
+// stria_attention_prefill on the CUDA backend), against the float64 reference over the whole cache
+// on one device: the cases of the CPU suite (tests/serving_cases.h) with every tensor in device
+// memory, block tables included, on local groups of 1 to 5 ranks. Every rank must give the same
+// bits, the new tokens must land in the slots of the ranks that hold their positions, pass-KV and
+// pass-Q must agree, and a bad block table entry must fail every rank with a message and leave the
+// group usable.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -225,9 +226,124 @@ TEST(CudaDecodeCalls, GenerationLoopMatchesTheReferenceAtEveryStep) {
   }
 }
 
-// What the CUDA backend does not run yet (prefill) fails every rank with a message naming it,
-// before any rank communicates; so does one rank's block table entry outside the pool, read from
-// device memory; and the group stays usable: a decode call runs after them.
+// Prefill on a CUDA local group, every tensor in device memory; each rank's output back.
+std::vector<std::vector<double>> RunCudaPrefill(const Case& c, uint64_t seed) {
+  PrefillInputs in(c, seed);
+  EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
+  CudaGroup g(c.n);
+  EXPECT_EQ(g.status, STRIA_SUCCESS) << stria_get_last_error();
+  DeviceTensor sinks(in.sinks_t);
+  std::vector<std::unique_ptr<DeviceCache>> caches;
+  std::vector<std::unique_ptr<DeviceTensor>> qs, ks, vs, outs, lses;
+  std::vector<Tensor> outs_host, lses_host;
+  for (int r = 0; r < c.n; ++r) {
+    const size_t i = static_cast<size_t>(r);
+    caches.push_back(std::make_unique<DeviceCache>(c, in.caches[i]));
+    qs.push_back(std::make_unique<DeviceTensor>(in.qs[i]));
+    ks.push_back(std::make_unique<DeviceTensor>(in.ks[i]));
+    vs.push_back(std::make_unique<DeviceTensor>(in.vs[i]));
+    outs_host.emplace_back(std::vector<int64_t>{c.B, c.T, c.Hq, c.D}, c.dt);
+    lses_host.emplace_back(std::vector<int64_t>{c.B, c.Hq, c.T}, Dt::kF32);
+    outs.push_back(std::make_unique<DeviceTensor>(outs_host.back()));
+    lses.push_back(std::make_unique<DeviceTensor>(lses_host.back()));
+    outs.back()->Poison();
+    lses.back()->Poison();
+  }
+  std::vector<stria_status_t> st(static_cast<size_t>(c.n));
+  std::vector<std::string> err(static_cast<size_t>(c.n));
+  RunRanks(c.n, [&](int r) {
+    cudaSetDevice(0);
+    const size_t i = static_cast<size_t>(r);
+    stria_attention_params_t p = DecodeParams(c, &sinks.dl);
+    stria_kv_cache_t cache;
+    caches[i]->Fill(c, c.lens, &cache);
+    st[i] = stria_attention_prefill(g.ctx[i], &p, &cache, c.mode, &qs[i]->dl, &ks[i]->dl, &vs[i]->dl, &outs[i]->dl,
+                                    &lses[i]->dl, nullptr);
+    if (st[i] != STRIA_SUCCESS) err[i] = stria_get_last_error();
+  });
+  for (int r = 0; r < c.n; ++r) {
+    EXPECT_EQ(st[static_cast<size_t>(r)], STRIA_SUCCESS) << "rank " << r << ": " << err[static_cast<size_t>(r)];
+    if (st[static_cast<size_t>(r)] != STRIA_SUCCESS) return {};
+  }
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (int r = 0; r < c.n; ++r) {
+    const size_t i = static_cast<size_t>(r);
+    outs[i]->CopyTo(&outs_host[i]);
+    lses[i]->CopyTo(&lses_host[i]);
+    caches[i]->k->CopyTo(&in.caches[i].k);
+    caches[i]->v->CopyTo(&in.caches[i].v);
+  }
+  return ExpectPrefillResults(c, in, outs_host, lses_host, in.caches);
+}
+
+std::vector<Case> CudaPrefillCases() {
+  std::vector<Case> cases;
+  std::mt19937_64 rng(13);
+  for (int n : {1, 2, 3, 5})
+    for (stria_layout_t layout : {STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_ZIGZAG}) {
+      Case c;
+      c.n = n;
+      c.layout = layout;
+      c.paged = (n + static_cast<int>(layout)) % 2 == 0;
+      c.dt = Dt::kBF16;
+      c.B = 2;
+      c.T = 4;  // new tokens per rank
+      c.capacity = 48;
+      c.lens = Lengths(c.B, n * c.capacity - n * c.T, rng);
+      cases.push_back(c);
+    }
+  {  // GQA 4:1 with a window, softcap and sinks, not causal, each dtype
+    Case c;
+    c.n = 3;
+    c.B = 2;
+    c.T = 6;
+    c.Hq = 8;
+    c.Hkv = 2;
+    c.D = 40;
+    c.capacity = 64;
+    c.paged = true;
+    c.block_size = 8;
+    c.lens = {100, 7};
+    c.window_left = 20;
+    cases.push_back(c);
+    c.window_left = -1;
+    c.softcap = 4.0;
+    c.sinks = true;
+    cases.push_back(c);
+    c.causal = false;
+    cases.push_back(c);
+    c.causal = true;
+    for (Dt dt : {Dt::kBF16, Dt::kF16}) {
+      c.dt = dt;
+      cases.push_back(c);
+    }
+  }
+  return cases;
+}
+
+class CudaPrefill : public ::testing::TestWithParam<Case> {};
+
+// Pass-KV and pass-Q each against the reference, and against each other.
+TEST_P(CudaPrefill, BothModesMatchOneDevice) {
+  STRIA_REQUIRE_GPU();
+  Case c = GetParam();
+  c.mode = STRIA_PREFILL_PASS_KV;
+  const auto kv = RunCudaPrefill(c, 78);
+  if (HasFailure()) return;
+  c.mode = STRIA_PREFILL_PASS_Q;
+  const auto q = RunCudaPrefill(c, 78);
+  if (HasFailure()) return;
+  for (size_t r = 0; r < kv.size(); ++r)
+    EXPECT_LT(RelError(q[r], kv[r]), c.dt == Dt::kF32 ? 1e-6 : 1e-2) << "rank " << r << ": pass-Q against pass-KV";
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaPrefill, ::testing::ValuesIn(CudaPrefillCases()),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           return i.param.Name() + "_" + std::to_string(i.index);
+                         });
+
+// One rank's block table entry outside the pool, read from device memory, fails every rank
+// naming it, before any rank communicates; and the group stays usable: a decode call runs after.
 TEST(CudaDecodeCalls, RefusedCallsFailEveryRankAndLeaveTheGroupUsable) {
   STRIA_REQUIRE_GPU();
   Case c;
@@ -249,17 +365,13 @@ TEST(CudaDecodeCalls, RefusedCallsFailEveryRankAndLeaveTheGroupUsable) {
   }
   // Rank 1's table: sequence 1's first block outside the pool.
   const int32_t bad = static_cast<int32_t>(in.caches[1].num_blocks);
-  std::vector<std::string> errs(static_cast<size_t>(c.n) * 2);
-  std::vector<stria_status_t> sts(static_cast<size_t>(c.n) * 2);
+  std::vector<std::string> errs(static_cast<size_t>(c.n));
+  std::vector<stria_status_t> sts(static_cast<size_t>(c.n));
   RunRanks(c.n, [&](int r) {
     cudaSetDevice(0);
     stria_attention_params_t p = DecodeParams(c, nullptr);
     stria_kv_cache_t cache;
     caches[static_cast<size_t>(r)]->Fill(c, c.lens, &cache);
-    const size_t i = static_cast<size_t>(r) * 2;
-    sts[i] = stria_attention_prefill(g.ctx[static_cast<size_t>(r)], &p, &cache, STRIA_PREFILL_AUTO, &q.dl, &k_new.dl,
-                                     &v_new.dl, &outs[static_cast<size_t>(r)]->dl, nullptr, nullptr);
-    errs[i] = stria_get_last_error();
     DLTensor table = caches[static_cast<size_t>(r)]->table_dl;
     int32_t* entries = nullptr;
     if (r == 1) {
@@ -270,18 +382,16 @@ TEST(CudaDecodeCalls, RefusedCallsFailEveryRankAndLeaveTheGroupUsable) {
       table.data = entries;
     }
     cache.block_table = &table;
-    sts[i + 1] = stria_attention_decode(g.ctx[static_cast<size_t>(r)], &p, &cache, &q.dl, nullptr, nullptr,
-                                        &outs[static_cast<size_t>(r)]->dl, nullptr, nullptr);
-    errs[i + 1] = stria_get_last_error();
+    sts[static_cast<size_t>(r)] = stria_attention_decode(g.ctx[static_cast<size_t>(r)], &p, &cache, &q.dl, nullptr,
+                                                         nullptr, &outs[static_cast<size_t>(r)]->dl, nullptr, nullptr);
+    errs[static_cast<size_t>(r)] = stria_get_last_error();
     cudaFree(entries);
   });
   for (int r = 0; r < c.n; ++r) {
-    const size_t i = static_cast<size_t>(r) * 2;
-    EXPECT_EQ(sts[i], STRIA_ERROR_UNSUPPORTED) << errs[i];
-    EXPECT_NE(errs[i].find("no prefill over a sharded KV cache"), std::string::npos) << errs[i];
-    EXPECT_EQ(sts[i + 1], STRIA_ERROR_INVALID_ARGUMENT) << errs[i + 1];
+    EXPECT_EQ(sts[static_cast<size_t>(r)], STRIA_ERROR_INVALID_ARGUMENT) << errs[static_cast<size_t>(r)];
     const std::string expected = r == 1 ? "cache->block_table[1][0]" : "rank 1";
-    EXPECT_NE(errs[i + 1].find(expected), std::string::npos) << "rank " << r << ": " << errs[i + 1];
+    EXPECT_NE(errs[static_cast<size_t>(r)].find(expected), std::string::npos)
+        << "rank " << r << ": " << errs[static_cast<size_t>(r)];
   }
   // The same group, a call that runs.
   std::vector<stria_status_t> ok(static_cast<size_t>(c.n));

@@ -314,10 +314,11 @@ TEST(NcclContext, RingOfThreadsMatchesReference) {
   RunRanks(world, [&](int r) { EXPECT_EQ(stria_context_destroy(ctx[static_cast<size_t>(r)]), STRIA_SUCCESS); });
 }
 
-// Decode over a KV cache sharded across NCCL ranks (threads of this process, one GPU each, up to
-// four): each rank's partial records gathered by ncclAllGather and merged, the new tokens stored by
-// their ranks; striped and zigzag caches, GQA, a sequence whose cache is empty.
-TEST(NcclContext, DecodeOfThreadsMatchesReference) {
+// Decode and prefill over a KV cache sharded across NCCL ranks (threads of this process, one GPU
+// each, up to four): decode's partial records gathered by ncclAllGather and merged, prefill's rings
+// in both modes; the new tokens stored by their ranks; striped and zigzag caches, GQA, a sequence
+// whose cache is empty.
+TEST(NcclContext, ServingOfThreadsMatchesReference) {
   REQUIRE_GPUS(2);
   const int world = std::min(GpuCount(), 4);
   stria_unique_id_t id;
@@ -341,7 +342,7 @@ TEST(NcclContext, DecodeOfThreadsMatchesReference) {
     c.Hq = 8;
     c.Hkv = 2;
     c.D = 64;
-    c.capacity = 64;
+    c.capacity = 96;  // 192 positions or more
     c.lens = {0, 150};
     SCOPED_TRACE(c.Name());
     DecodeInputs in(c, 31);
@@ -375,6 +376,55 @@ TEST(NcclContext, DecodeOfThreadsMatchesReference) {
     });
     for (int r = 0; r < world; ++r) ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
     ExpectDecodeResults(c, in, outs, lses, in.caches);
+  }
+  // Prefill over NCCL: pass-KV's ring of K/V messages, and pass-Q's ring of queries with every
+  // partial result sent home and the new tokens' rows sent to their owners at the end.
+  for (stria_prefill_t mode : {STRIA_PREFILL_PASS_KV, STRIA_PREFILL_PASS_Q}) {
+    Case c;
+    c.n = world;
+    c.layout = STRIA_LAYOUT_ZIGZAG;
+    c.dt = Dt::kBF16;
+    c.B = 2;
+    c.T = 4;
+    c.Hq = 8;
+    c.Hkv = 2;
+    c.D = 64;
+    c.capacity = 48;
+    c.lens = {0, 70};
+    c.mode = mode;
+    SCOPED_TRACE(c.Name() + (mode == STRIA_PREFILL_PASS_Q ? " pass-Q" : " pass-KV"));
+    PrefillInputs in(c, 41);
+    std::vector<Tensor> outs, lses;
+    for (int r = 0; r < world; ++r) {
+      outs.emplace_back(std::vector<int64_t>{c.B, c.T, c.Hq, c.D}, c.dt);
+      lses.emplace_back(std::vector<int64_t>{c.B, c.Hq, c.T}, Dt::kF32);
+    }
+    std::vector<std::string> errors(static_cast<size_t>(world));
+    RunRanks(world, [&](int r) {
+      cudaSetDevice(r);
+      const size_t i = static_cast<size_t>(r);
+      RankCache& rc = in.caches[i];
+      DeviceTensor q_d(in.qs[i]), k_d(in.ks[i]), v_d(in.vs[i]), ck(rc.k), cv(rc.v);
+      DeviceTensor out_d(outs[i]), lse_d(lses[i]);
+      out_d.Poison();
+      lse_d.Poison();
+      stria_attention_params_t p = DecodeParams(c, nullptr);
+      stria_kv_cache_t cache;
+      stria_kv_cache_init(&cache);
+      cache.k = &ck.dl;
+      cache.v = &cv.dl;
+      cache.lens = c.lens.data();
+      if (stria_attention_prefill(ctx[i], &p, &cache, c.mode, &q_d.dl, &k_d.dl, &v_d.dl, &out_d.dl, &lse_d.dl,
+                                  nullptr) != STRIA_SUCCESS)
+        errors[i] = stria_get_last_error();
+      if (cudaDeviceSynchronize() != cudaSuccess) errors[i] += " cudaDeviceSynchronize failed";
+      out_d.CopyTo(&outs[i]);
+      lse_d.CopyTo(&lses[i]);
+      ck.CopyTo(&rc.k);
+      cv.CopyTo(&rc.v);
+    });
+    for (int r = 0; r < world; ++r) ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+    ExpectPrefillResults(c, in, outs, lses, in.caches);
   }
   RunRanks(world, [&](int r) { EXPECT_EQ(stria_context_destroy(ctx[static_cast<size_t>(r)]), STRIA_SUCCESS); });
 }

@@ -565,15 +565,9 @@ class CudaBackend final : public Backend {
     return Status::Ok();
   }
 
-  // Decode over a sharded KV cache (cuda_decode.cc). Prefill's ring moves its messages through
-  // host copies the engine makes (serve/prefill.cc), so it stays on the CPU for now.
-  Status CheckServingSupported(bool prefill) const override {
-    if (prefill)
-      return Error(STRIA_ERROR_UNSUPPORTED,
-                   "the cuda backend has no prefill over a sharded KV cache yet (decode runs on it; prefill on a CPU "
-                   "context)");
-    return Status::Ok();
-  }
+  // Decode and prefill over a sharded KV cache (cuda_decode.cc; prefill's ring packs its messages
+  // with PackBox and attends with Decode).
+  Status CheckServingSupported(bool /*prefill*/) const override { return Status::Ok(); }
   Status Decode(const DecodeWork& work, float* partial) override { return decoder_.Decode(work, partial); }
   Status PartialsOnHost(const float* partial, size_t floats, void* stream, std::vector<float>* staged,
                         const float** host) override {

@@ -124,8 +124,9 @@ Status CudaDecoder::Decode(const DecodeWork& w, float* partial) {
       Upload(&items_dev_, items_.data(), items_.size() * sizeof(cuda::DecodeItem), "decode work items", stream));
   STRIA_RETURN_IF_ERROR(Upload(&first_item_dev_, first_item_.data(), first_item_.size() * sizeof(int64_t),
                                "decode items per sequence", stream));
+  q_pos_.assign(w.q_pos.begin(), w.q_pos.end());  // the caller's vector may go before the copy runs
   STRIA_RETURN_IF_ERROR(
-      Upload(&q_pos_dev_, w.q_pos.data(), w.q_pos.size() * sizeof(int64_t), "decode query positions", stream));
+      Upload(&q_pos_dev_, q_pos_.data(), q_pos_.size() * sizeof(int64_t), "decode query positions", stream));
   const size_t state_floats = items_.size() * static_cast<size_t>(s.Hkv * rows * (s.D + 2));
   STRIA_RETURN_IF_ERROR(states_.Reserve(std::max<size_t>(state_floats, 1) * 4, "decode work items' states", nullptr));
 

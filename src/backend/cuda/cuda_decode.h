@@ -45,11 +45,12 @@ class CudaDecoder {
   const int device_;
   int sms_ = 0;
   cudaEvent_t done_ = nullptr;  // recorded at the end of the last call's work (Done)
-  // Host sources of the uploads: the copies read them when they run (pageable memory), so they
-  // live until the call's work is done.
+  // Host sources of the uploads, the call's own copies: a copy from pageable memory may read its
+  // source when it runs rather than when it is queued (the runtime model's copies do), so they live
+  // until the call's work is done.
   std::vector<cuda::DecodePiece> pieces_;
   std::vector<cuda::DecodeItem> items_;
-  std::vector<int64_t> first_item_;
+  std::vector<int64_t> first_item_, q_pos_;
   std::vector<cuda::TokenCopy> copies_;
   std::vector<char> rows_host_;
   std::vector<float> lses_host_, sinks_host_;
