@@ -1,7 +1,8 @@
 """PyTorch on the GPU: the autograd function with CUDA tensors on N ranks of one GPU, against the
 float64 reference of the whole sequence (every layout, causal and not, float16/bfloat16 on the
 tensor cores at D = 64, float32 on the SIMT kernels), the kernels queued on torch's current
-stream, and the same under torch.compile. Skipped where torch sees no GPU."""
+stream, and the same under torch.compile; a KV cache sharded over the ranks through prefill and
+decode. Skipped where torch sees no GPU."""
 
 from __future__ import annotations
 
@@ -198,3 +199,38 @@ def test_deterministic_algorithms_give_the_same_bits_twice():
         for name, a, b in zip(("dq", "dk", "dv"), first, second):
             assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"rank {rank}: {name} differs"
 
+
+
+def test_kv_cache_on_the_gpu_matches_reference():
+    """stria.KVCache with CUDA tensors on 3 ranks of one GPU: a prompt prefilled over the ranks (both
+    modes), then decode steps appending one token each, on torch's current stream; against the
+    float64 reference of the whole cache."""
+    from test_serving import decode_ref
+
+    n, capacity, p, steps, b, hq, hkv, d = 3, 16, 12, 4, 2, 8, 2, 64
+    total = p + steps
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(b, total, h, d, generator=gen).bfloat16() for h in (hq, hkv, hkv))
+    qf, kf, vf = (x.float().numpy() for x in (q, k, v))
+    first_ref, _ = decode_ref(qf[:, :p], kf, vf, np.zeros(b, np.int64), p)
+    for mode in ("pass_kv", "pass_q"):
+
+        def rank_fn(ctx):
+            cache = stria.KVCache(ctx, q.cuda(), b, capacity, hkv, d)
+            mine = torch.as_tensor(stria.positions("striped", p, n, ctx.rank))
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):  # the library must queue on torch's current stream
+                first = cache.prefill(q[:, mine].cuda(), k[:, mine].cuda(), v[:, mine].cuda(), mode=mode)
+                outs = [cache.decode(*(x[:, p + s : p + s + 1].cuda() for x in (q, k, v))) for s in range(steps)]
+            stream.synchronize()
+            assert first.is_cuda and all(o.is_cuda for o in outs)
+            return mine, first.float().cpu(), [o.float().cpu() for o in outs], cache.lens
+
+        with stria.local_group(n, device="cuda", timeout_s=TIMEOUT_S) as group:
+            results = group.run(rank_fn)
+        for mine, first, outs, lens in results:
+            np.testing.assert_array_equal(lens, np.full(b, total))
+            assert rel_err(first.numpy(), first_ref[:, mine.numpy()]) < TOLERANCE["bfloat16"], mode
+            for s, out in enumerate(outs):
+                want, _ = decode_ref(qf[:, p + s : p + s + 1], kf, vf, np.full(b, p + s), 1)
+                assert rel_err(out.numpy(), want) < TOLERANCE["bfloat16"], (mode, s)
