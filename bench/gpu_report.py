@@ -4,15 +4,18 @@
 Usage: gpu_report.py gpu_results.txt > gpu_report.md
 
 Reads the key=value lines that bench/gpu_run.sh collects (stria-cuda-bench's `impl=`, `split`,
-`ring`, `hide_threshold` lines and bench/torch_sdpa_gpu.py's `impl=torch_*` lines; everything else
-is skipped) and prints, in markdown: forward and backward TFLOP/s of every stria kernel family beside
+`ring`, `hide_threshold` lines, stria-decode-bench's `decode` and `decode_sharded` lines and
+bench/torch_sdpa_gpu.py's `impl=torch_*` lines; everything else is skipped) and prints, in markdown: forward and backward TFLOP/s of every stria kernel family beside
 torch SDPA's flash and cuDNN backends on the same shapes; where a call's time goes (the call alone,
 per call queued back to back, the block kernel alone); the modelled N-rank ring against the
-ideal and the analytic ratio; the block lengths from which a step's transfer hides; and a last
+ideal and the analytic ratio; the block lengths from which a step's transfer hides; decode over a
+sharded KV cache (one GPU's call beside torch SDPA's, the modelled call over N ranks); and a last
 table of the bars:
   causal forward, D 128, 4k tokens and more: the best stria family >= 1.0x torch's flash backend;
   causal backward, the same shapes: >= 0.9x;
-  the modelled striped ring (N 8, 256k tokens): >= 95% of ideal and >= 1.75x contiguous.
+  the modelled striped ring (N 8, 256k tokens): >= 95% of ideal and >= 1.75x contiguous;
+  decode over N ranks with 64k or more cached tokens per rank: >= 0.8 of (one GPU's time / N);
+  decode's fixed cost (all-gather, merge) at 1M cached tokens: <= 10% of the modelled call.
 A bar is judged on every shape it covers that the run measured; "not measured" where none.
 """
 import math
@@ -96,10 +99,50 @@ def split_table(split, out):
     out.append("")
 
 
+DECODE_KEYS = {"S", "ms", "kv_GBs"}
+SHARDED_KEYS = {"S", "N", "modelled_ms", "ideal_ms", "of_ideal", "fixed_share"}
+
+
+def decode_tables(decode, sharded, out, bars):
+    """Decode on one GPU beside torch SDPA's backends, the modelled call over N ranks, and its bars."""
+    if decode:
+        impls = sorted({i for (_, i) in decode}, key=lambda i: (not i.startswith("stria"), i))
+        out.append("Decode, one token against S cached tokens (bf16, Hq 32, Hkv 8, D 128), one GPU: ms (cache-read "
+                   "GB/s):\n")
+        out.append("| S | " + " | ".join(impls) + " | stria / best torch |")
+        out.append("|---|" + "---|" * (len(impls) + 1))
+        for length in sorted({s for (s, _) in decode}):
+            cells = [f"{decode[(length, i)][0]:.3f} ({decode[(length, i)][1]:.0f})" if (length, i) in decode else "–"
+                     for i in impls]
+            ours = decode.get((length, "stria_cuda"))
+            torch_ms = [decode[(length, i)][0] for i in impls if i.startswith("torch") and (length, i) in decode]
+            ratio = f"{min(torch_ms) / ours[0]:.2f}x" if ours and torch_ms else "–"
+            out.append(f"| {length} | " + " | ".join(cells) + f" | {ratio} |")
+        out.append("")
+    if sharded:
+        out.append("Decode sharded over N ranks, modelled: one rank's measured share plus the call's fixed cost over "
+                   "N ranks (an upper bound: N ranks on one GPU):\n")
+        out.append("| S | N | modelled ms | ideal ms | of ideal | fixed share |")
+        out.append("|---|---|---|---|---|---|")
+        for r in sharded:
+            out.append(f"| {r['S']} | {r['N']} | {float(r['modelled_ms']):.3f} | {float(r['ideal_ms']):.3f} | "
+                       f"{float(r['of_ideal']):.3f} | {float(r['fixed_share']):.3f} |")
+        out.append("")
+    long = [float(r["of_ideal"]) for r in sharded if int(r["S"]) // int(r["N"]) >= 65536]
+    worst = min(long, default=None)
+    bars.append((f"decode over N ranks, 64k+ cached tokens per rank: of ideal ({len(long)} shapes)", ">= 0.8", worst,
+                 None if worst is None else worst >= 0.8))
+    at_1m = [float(r["fixed_share"]) for r in sharded if int(r["S"]) >= 1 << 20]
+    share = max(at_1m, default=None)
+    bars.append(("decode's fixed cost at 1M cached tokens: share of the call", "<= 0.10", share,
+                 None if share is None else share <= 0.10))
+
+
 def main(argv):
     if len(argv) != 2:
         sys.exit(__doc__)
     kern, split, ring, hide, nccl, docs = {}, [], [], [], [], []
+    decode, sharded = {}, []
     with open(argv[1], errors="replace") as f:
         for line in f:
             # The nccl1 stage prints its own markdown table (NCCL at world 1 against in-process).
@@ -108,7 +151,12 @@ def main(argv):
                 continue
             head, kv = fields(line.strip())
             try:
-                if "impl" in kv and "tflops" in kv:
+                if "impl" in kv and " decode " in f" {line} " and DECODE_KEYS <= kv.keys():
+                    decode[(int(kv["S"]), kv["impl"])] = (float(kv["ms"]), float(kv["kv_GBs"]))
+                elif "impl" in kv and " decode_sharded " in f" {line} " and SHARDED_KEYS <= kv.keys():
+                    float(kv["of_ideal"]), float(kv["fixed_share"])  # whole, or left out
+                    sharded.append(kv)
+                elif "impl" in kv and "tflops" in kv:
                     key = (kv["dir"], int(kv["dim"]), int(kv["causal"]), int(kv["len"]), kv["impl"])
                     kern[key] = float(kv["tflops"])
                 elif head == "split" and SPLIT_KEYS <= kv.keys():
@@ -175,6 +223,8 @@ def main(argv):
             out.append(f"| {h['kernels']} | {h['dir']} | {h['step']} | {h['link']} | {h['gbs']} | "
                        f"{'none measured' if length == '-1' else length} |")
         out.append("")
+    if decode or sharded:
+        decode_tables(decode, sharded, out, bars)
     if nccl:
         out.append("The NCCL transport at world 1 against the in-process transport (causal, H 16, D 128, bf16):\n")
         out.extend(nccl)

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """bench/gpu_report.py, which turns the GPU run's results into docs/performance.md's tables and
 judges the kernel targets, on lines in the formats stria-cuda-bench and bench/torch_sdpa_gpu.py print
-(some of them cut short, as a time limit leaves them), and on a run that measured nothing.
+and stria-decode-bench print (some of them cut short, as a time limit leaves them), and on a run
+that measured nothing.
 
 Usage: test_gpu_report.py GPU_REPORT_PY
 """
@@ -46,6 +47,16 @@ latency_ms=3.000 ideal_ms=1.400 of_i
 |---|---|---|---|---|---|
 | 4096 | striped | fwd | 1.000 | 1.100 | 1.100 |
 == hide (at 200 s of 570 s)
+impl=stria_cuda decode S=131072 Hq=32 Hkv=8 D=128 ms=0.2000 kv_GBs=2684.4
+impl=torch_flash decode S=131072 Hq=32 Hkv=8 D=128 ms=0.3000 kv_GBs=1789.6
+impl=torch_cudnn decode S=131072 Hq=32 Hkv=8 D=128 ms=0.2500 kv_GBs=2147.5
+impl=stria_cuda decode_sharded S=1048576 N=8 rank_ms=0.2000 fixed_ms=0.0300 modelled_ms=0.2300 ideal_ms=0.2000 \
+of_ideal=0.870 fixed_share=0.130
+impl=stria_cuda decode_sharded S=1048576 N=4 rank_ms=0.4000 fixed_ms=0.0200 modelled_ms=0.4200 ideal_ms=0.4000 \
+of_ideal=0.952 fixed_share=0.048
+impl=stria_cuda decode_sharded S=131072 N=8 rank_ms=0.0400 fixed_ms=0.0300 modelled_ms=0.0700 ideal_ms=0.0250 \
+of_ideal=0.357 fixed_share=0.429
+impl=stria_cuda decode_sharded S=1048576 N=2 rank_ms=0.8
 """.replace("\\\n", "")
 
 
@@ -77,14 +88,20 @@ def main(script):
         "| mma | fwd | 4096 | 0.500 | 0.480 | 0.600 | 0.020 | 0.80x |",
         # packed documents: the plan's modelled ring (the striped line is cut short: left out)
         "| mma | fwd | lognormal | 32768 | 8 | plan | 4224 | 1.50 | 1.40 | 0.933 |",
+        # decode: ours beside torch's backends (the best of them over ours), the modelled shards and their bars
+        "| 131072 | 0.200 (2684) | 0.250 (2148) | 0.300 (1790) | 1.25x |",
+        "| 1048576 | 8 | 0.230 | 0.200 | 0.870 | 0.130 |",
+        "| decode over N ranks, 64k+ cached tokens per rank: of ideal (2 shapes) | >= 0.8 | 0.870 | met |",
+        "| decode's fixed cost at 1M cached tokens: share of the call | <= 0.10 | 0.130 | missed |",
     ]
     for line in expected:
         if line not in out.splitlines():
             failures.append(f"missing: {line}")
-    if "stria tma" in out or "mma bwd" in out or "| mma | bwd |" in out or "| striped | 4096 |" in out:
+    if ("stria tma" in out or "mma bwd" in out or "| mma | bwd |" in out or "| striped | 4096 |" in out
+            or "| 1048576 | 2 |" in out):
         failures.append("a line cut short was read")
     empty = report(script, "== build failed: nothing else can run\n")
-    if empty.count("| not measured |") != 3:
+    if empty.count("| not measured |") != 3 or "decode" in empty:
         failures.append(f"a run that measured nothing: {empty!r}")
     for f in failures:
         print("FAIL:", f)
