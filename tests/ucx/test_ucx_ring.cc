@@ -298,6 +298,27 @@ TEST(UcxFaults, GridPeerStoppedMidCall) {
   ExpectSurvivorsFail(results, 4, 2, {STRIA_ERROR_TIMEOUT, STRIA_ERROR_TRANSPORT});
 }
 
+// The same faults in the serving calls: a rank killed during a decode step (the partial results'
+// all-gather), or stopped during a pass-Q prefill (its ring of queries, the partials going home
+// and the new tokens to their owners): every survivor fails within the timeout naming it.
+TEST(UcxFaults, ServingPeerKilledMidCall) {
+  auto results = RunFault(3,
+                          {"--decode-steps", "40", "--prefill-mode", "2", "--dtypes", "f32", "--fault", "kill",
+                           "--fault-rank", "1", "--fault-iter", "6", "--fault-delay-ms", "1"},
+                          kTimeout * 3 + 20);
+  ASSERT_EQ(results.count(1), 1u);
+  EXPECT_EQ(results[1].signal, SIGKILL);
+  ExpectSurvivorsFail(results, 3, 1, {STRIA_ERROR_TRANSPORT, STRIA_ERROR_TIMEOUT});
+}
+
+TEST(UcxFaults, ServingPeerStoppedMidCall) {
+  auto results = RunFault(3,
+                          {"--decode-steps", "40", "--prefill-mode", "2", "--dtypes", "f32", "--fault", "stop",
+                           "--fault-rank", "2", "--fault-iter", "0", "--fault-delay-ms", "0"},
+                          kTimeout * 3 + 20, {}, {2});
+  ExpectSurvivorsFail(results, 3, 2, {STRIA_ERROR_TIMEOUT, STRIA_ERROR_TRANSPORT});
+}
+
 TEST(UcxFaults, RankNeverJoins) {
   auto results = RunFault(3, {}, kTimeout * 3 + 20, /*skip=*/{2});
   ExpectSurvivorsFail(results, 3, -1, {STRIA_ERROR_TIMEOUT, STRIA_ERROR_TRANSPORT});

@@ -77,12 +77,21 @@ void Result(const Options& o, stria_status_t s, double t0, const std::string& ms
   PrintResult(o.rank, s, t0, msg);
 }
 
+// The fault of --fault kill or stop, played by the odd rank during its serving call number `call`
+// (the prefill, if any, is call 0) when that is --fault-iter: a thread to join after the call.
+std::thread ServingFault(const Options& o, int call) {
+  if (o.rank != o.fault_rank || call != o.fault_iter || (o.fault != "kill" && o.fault != "stop")) return {};
+  const int sig = o.fault == "kill" ? SIGKILL : SIGSTOP;
+  return AfterDelay(o.fault_delay_ms, [sig] { raise(sig); });
+}
+
 // The decode check: every process draws the same whole cache and queries, keeps its striped share
 // of the prefix and appends one token per sequence per step; each step's output must match the
 // float64 reference over the cache so far. Returns "" or what went wrong; *s gets the first failed
 // call's status.
 std::string DecodeLoop(const Options& o, stria_context_t ctx, stria_status_t* s) {
   const int64_t B = 3, Hq = o.Hq, Hkv = o.Hkv, D = o.D, capacity = 48;
+  int call = 0;
   const std::vector<int64_t> prefix = {0, 37, 61};
   for (Dt dt : o.dtypes) {
     std::mt19937_64 rng(77);
@@ -123,9 +132,12 @@ std::string DecodeLoop(const Options& o, stria_context_t ctx, stria_status_t* s)
       cache.k = &kc.dl;
       cache.v = &vc.dl;
       cache.lens = lens.data();
+      std::thread fault = ServingFault(o, call++);
       *s = stria_attention_prefill(ctx, &params, &cache, static_cast<stria_prefill_t>(o.prefill_mode), &q.dl, &k.dl,
                                    &v.dl, &out.dl, nullptr, nullptr);
-      if (*s != STRIA_SUCCESS) return stria_get_last_error();
+      const std::string error = stria_get_last_error();
+      if (fault.joinable()) fault.join();
+      if (*s != STRIA_SUCCESS) return error;
       const Reference ref = DecodeReference(qf, kf, vf, lens, P, true, -1);
       std::vector<double> want;
       for (int64_t b = 0; b < B; ++b)
@@ -156,8 +168,11 @@ std::string DecodeLoop(const Options& o, stria_context_t ctx, stria_status_t* s)
       cache.k = &kc.dl;
       cache.v = &vc.dl;
       cache.lens = lens.data();
+      std::thread fault = ServingFault(o, call++);
       *s = stria_attention_decode(ctx, &params, &cache, &q.dl, &kn.dl, &vn.dl, &out.dl, &lse.dl, nullptr);
-      if (*s != STRIA_SUCCESS) return stria_get_last_error();
+      const std::string error = stria_get_last_error();
+      if (fault.joinable()) fault.join();
+      if (*s != STRIA_SUCCESS) return error;
       const Reference ref = DecodeReference(q, kf, vf, lens, 1, true, -1);
       const double err = RelError(out.ToDouble(), ref.out), tol = dt == Dt::kF32 ? 1e-5 : 2e-2;
       if (!(err < tol)) {
