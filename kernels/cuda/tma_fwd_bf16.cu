@@ -1,2 +1,2 @@
-#include "cuda/mma_launch.cuh"
+#include "cuda/tma_launch.cuh"
 STRIA_MMA_ENTRY(TmaForwardBF16, LaunchTmaForward, BFloat, FwdParams)

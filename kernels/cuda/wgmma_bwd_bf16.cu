@@ -1,3 +1,3 @@
-#include "cuda/mma_launch.cuh"
+#include "cuda/wgmma_launch.cuh"
 STRIA_MMA_ENTRY(WgmmaBackwardBF16, LaunchWgmmaBackward, BFloat, BwdParams)
 STRIA_MMA_ENTRY(WgmmaBackwardKvBF16, LaunchWgmmaBackwardKv, BFloat, BwdParams)

@@ -1,2 +1,2 @@
-#include "cuda/mma_launch.cuh"
+#include "cuda/wgmma_launch.cuh"
 STRIA_MMA_ENTRY(WgmmaForwardBF16, LaunchWgmmaForward, BFloat, FwdParams)

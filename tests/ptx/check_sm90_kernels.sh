@@ -20,7 +20,7 @@ status=0
 for tu in wgmma_fwd wgmma_bwd tma_fwd tma_bwd; do
   for type in bf16 f16; do
     src="$kernels/cuda/${tu}_${type}.cu"
-    # The flags of the module's sm_90a pass (src/backend/cuda/CMakeLists.txt), less the host ones.
+    # The flags of the module's sm_90a pass (kernels/cuda/CMakeLists.txt), less the host ones.
     flags="-I$kernels -O3 -DNDEBUG -std=c++17"
     echo "$src:"
     "$nvcc" $flags -arch=sm_90a -ptx "$src" -o "$work/k.ptx"

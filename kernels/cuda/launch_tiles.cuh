@@ -1,0 +1,56 @@
+// What the tensor-core families' launchers share: the grids of a forward kernel over the block's
+// query tiles and of a backward kernel over its key tiles, and the macro that makes one translation
+// unit's entry points. Each family has a header of its own (mma_launch.cuh, wgmma_launch.cuh,
+// tma_launch.cuh), included by that family's translation units (one per direction and dtype, so the
+// slow template instantiations build in parallel) and by nothing else.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/device_api.cuh"
+#include "cuda/params.h"
+#include "cuda/smem_optin.cuh"
+#include "cuda/tile_mask.cuh"
+
+namespace stria {
+namespace cuda {
+
+// A forward tile kernel over the query tiles of the block's rows (Tile: kM, kThreads, kSmemBytes).
+template <typename Tile>
+cudaError_t LaunchForwardTiles(void (*kernel)(FwdParams), const FwdParams& p, cudaStream_t s) {
+  const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
+  if (allowed != cudaSuccess) return allowed;
+  const dim3 grid(QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(p.dims.B * p.dims.Hq));
+  return STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(p);
+}
+
+// A backward tile kernel over the key tiles of the block (Tile: kN, kThreads, kSmemBytes), one
+// grid row per (batch, K/V head).
+template <typename Tile>
+cudaError_t LaunchKeyTiles(void (*kernel)(BwdParams), const BwdParams& p, cudaStream_t s) {
+  const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
+  if (allowed != cudaSuccess) return allowed;
+  const dim3 grid(static_cast<unsigned>((p.dims.L + Tile::kN - 1) / Tile::kN),
+                  static_cast<unsigned>(p.dims.B * p.dims.Hkv));
+  return STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(p);
+}
+
+}  // namespace cuda
+}  // namespace stria
+
+// One translation unit's entry points: <Name>(D, params, stream) for the head dims we build.
+#define STRIA_MMA_ENTRY(Name, Launch, T, Params)             \
+  namespace stria {                                          \
+  namespace cuda {                                           \
+  cudaError_t Name(int D, const Params& p, cudaStream_t s) { \
+    switch (D) {                                             \
+      case 64:                                               \
+        return Launch<T, 64>(p, s);                          \
+      case 128:                                              \
+        return Launch<T, 128>(p, s);                         \
+      default:                                               \
+        return cudaErrorInvalidValue;                        \
+    }                                                        \
+  }                                                          \
+  }                                                          \
+  }

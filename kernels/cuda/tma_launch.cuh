@@ -1,0 +1,57 @@
+// The TMA family's launchers (sm_90a), for its translation units tma_*.cu.
+#pragma once
+
+// launch_tiles.cuh first: it includes the CUDA runtime's header before the device API, whose
+// emulated build defines threadIdx and the like as macros that the runtime's header must not see.
+#include "cuda/launch_tiles.cuh"
+#include "cuda/tma_backward.cuh"
+#include "cuda/tma_forward.cuh"
+#include "cuda/wgmma_launch.cuh"
+
+namespace stria {
+namespace cuda {
+
+// sm_90a only, like the wgmma forward. TMA needs what EncodeRowsMap checks (16-byte aligned
+// strides); a view it cannot describe takes the wgmma kernel that loads with cp.async instead.
+template <typename T, int D>
+cudaError_t LaunchTmaForward(const FwdParams& p, cudaStream_t s) {
+  using Tile = TmaFwdTile<D>;
+  TmaFwdParams tp{};
+  tp.p = p;
+  const Dims& d = p.dims;
+  const bool mapped =
+      EncodeViewMap(&tp.q_map, p.q, d, d.Hq, Tile::kM) && EncodeBlockMaps(&tp.k_map, &tp.v_map, p.k, p.v, d, Tile::kN);
+  if (!mapped) return LaunchWgmmaForward<T, D>(p, s);
+  void (*kernel)(TmaFwdParams) =
+      p.mask.doc_lo != nullptr ? WgmmaTmaForwardKernel<T, D, true> : WgmmaTmaForwardKernel<T, D, false>;
+  const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
+  if (allowed != cudaSuccess) return allowed;
+  const dim3 grid(QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(d.B * d.Hq));
+  return STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(tp);
+}
+
+// sm_90a only; like the TMA forward, a view TMA cannot describe takes the cp.async wgmma kernel.
+template <typename T, int D, bool kDq = true>
+cudaError_t LaunchTmaBackward(const BwdParams& p, cudaStream_t s) {
+  using Tile = TmaBwdTile<D>;
+  TmaBwdParams tp{};
+  tp.p = p;
+  const Dims& d = p.dims;
+  const bool mapped = EncodeViewMap(&tp.q_map, p.q, d, d.Hq, Tile::kM) &&
+                      EncodeViewMap(&tp.do_map, p.dout, d, d.Hq, Tile::kM) &&
+                      EncodeBlockMaps(&tp.k_map, &tp.v_map, p.k, p.v, d, Tile::kN);
+  if (!mapped) return LaunchWgmmaBackward<T, D, kDq>(p, s);
+  void (*kernel)(TmaBwdParams) =
+      p.mask.doc_lo != nullptr ? WgmmaTmaBackwardKernel<T, D, true, kDq> : WgmmaTmaBackwardKernel<T, D, false, kDq>;
+  const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
+  if (allowed != cudaSuccess) return allowed;
+  const dim3 grid(static_cast<unsigned>((d.L + Tile::kN - 1) / Tile::kN), static_cast<unsigned>(d.B * d.Hkv));
+  return STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(tp);
+}
+template <typename T, int D>
+cudaError_t LaunchTmaBackwardKv(const BwdParams& p, cudaStream_t s) {
+  return LaunchTmaBackward<T, D, false>(p, s);
+}
+
+}  // namespace cuda
+}  // namespace stria

@@ -1,0 +1,31 @@
+// The wgmma family's launchers (sm_90a), for its translation units wgmma_*.cu and as the TMA
+// family's fallback for views a tensor map cannot describe.
+#pragma once
+
+#include "cuda/launch_tiles.cuh"
+#include "cuda/wgmma_backward.cuh"
+#include "cuda/wgmma_forward.cuh"
+
+namespace stria {
+namespace cuda {
+
+// sm_90a only: the caller checks the device (the kernel is empty in the other builds).
+template <typename T, int D>
+cudaError_t LaunchWgmmaForward(const FwdParams& p, cudaStream_t s) {
+  return LaunchForwardTiles<WgmmaFwdTile<D>>(
+      p.mask.doc_lo != nullptr ? WgmmaForwardKernel<T, D, true> : WgmmaForwardKernel<T, D, false>, p, s);
+}
+
+// sm_90a only, like the wgmma forward. kDq false: the deterministic backward's dK/dV pass.
+template <typename T, int D, bool kDq = true>
+cudaError_t LaunchWgmmaBackward(const BwdParams& p, cudaStream_t s) {
+  return LaunchKeyTiles<WgmmaBwdTile<D>>(
+      p.mask.doc_lo != nullptr ? WgmmaBackwardKernel<T, D, true, kDq> : WgmmaBackwardKernel<T, D, false, kDq>, p, s);
+}
+template <typename T, int D>
+cudaError_t LaunchWgmmaBackwardKv(const BwdParams& p, cudaStream_t s) {
+  return LaunchWgmmaBackward<T, D, false>(p, s);
+}
+
+}  // namespace cuda
+}  // namespace stria
