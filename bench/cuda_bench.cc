@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "backend/cuda/mask_args.h"
+#include "bench_util.h"
 #include "cuda/launch.h"
 #include "document_lengths.h"
 #include "layout/layout.h"
@@ -51,22 +52,8 @@
 
 namespace {
 
-#define CHECK_CUDA(x)                                                                         \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
-#define CHECK_STRIA(x)                                              \
-  do {                                                              \
-    stria_status_t s_ = (x);                                        \
-    if (s_ != STRIA_SUCCESS) {                                      \
-      std::fprintf(stderr, "%s: %s\n", #x, stria_get_last_error()); \
-      std::exit(1);                                                 \
-    }                                                               \
-  } while (0)
+using bench::Median;
+using bench::ParseList;
 
 // A tensor-core family by its name (mma, wgmma, tma: KernelsName's), as --kernels and
 // STRIA_CUDA_KERNELS spell it.
@@ -77,20 +64,6 @@ bool TensorCoreFamily(const char* name, stria::cuda::Kernels* out) {
       return true;
     }
   return false;
-}
-
-std::vector<int64_t> ParseList(const char* s) {
-  std::vector<int64_t> v;
-  for (const char* p = s; *p;) {
-    v.push_back(std::strtoll(p, const_cast<char**>(&p), 10));
-    if (*p == ',') ++p;
-  }
-  return v;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // Median milliseconds of `fn` (queued on `stream`) over `reps` runs after one warm-up.

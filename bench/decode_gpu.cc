@@ -24,38 +24,12 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.h"
+
 namespace {
 
-#define CHECK_CUDA(x)                                               \
-  do {                                                              \
-    cudaError_t e_ = (x);                                           \
-    if (e_ != cudaSuccess) {                                        \
-      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                 \
-    }                                                               \
-  } while (0)
-#define CHECK_STRIA(x)                                              \
-  do {                                                              \
-    stria_status_t s_ = (x);                                        \
-    if (s_ != STRIA_SUCCESS) {                                      \
-      std::fprintf(stderr, "%s: %s\n", #x, stria_get_last_error()); \
-      std::exit(1);                                                 \
-    }                                                               \
-  } while (0)
-
-std::vector<int64_t> ParseList(const char* s) {
-  std::vector<int64_t> v;
-  for (const char* p = s; *p;) {
-    v.push_back(std::strtoll(p, const_cast<char**>(&p), 10));
-    if (*p == ',') ++p;
-  }
-  return v;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::Median;
+using bench::ParseList;
 
 // A bf16 tensor in device memory, filled with a small constant (timing does not depend on values).
 struct DeviceTensor {

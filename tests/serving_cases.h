@@ -322,6 +322,69 @@ inline std::vector<std::vector<double>> ExpectPrefillResults(const Case& c, cons
   return results;
 }
 
+// Decode cases over a long cache (`base`: its ranks, heads, capacity and lengths): windows of 0, 7
+// and 300 keys, softcap, sinks, and a sequence with no key at all, with and without a sink.
+inline void AppendDecodeScoreCases(Case c, std::vector<Case>* cases) {
+  for (int64_t w : {0, 7, 300}) {
+    c.window_left = w;
+    cases->push_back(c);
+  }
+  c.window_left = -1;
+  c.softcap = 5.0;
+  cases->push_back(c);
+  c.softcap = 0;
+  c.sinks = true;
+  cases->push_back(c);
+  c.lens = {0, 3};  // a sequence with no key at all: out 0 and LSE the sink
+  c.append = false;
+  cases->push_back(c);
+  c.sinks = false;  // and without a sink: out 0, LSE -inf
+  cases->push_back(c);
+}
+
+// The head dims of the model families (128, 256) on two ranks of `capacity` slots, bf16.
+inline void AppendDecodeHeadDimCases(int64_t capacity, std::vector<Case>* cases) {
+  for (int64_t D : {128, 256}) {
+    Case c;
+    c.n = 2;
+    c.D = D;
+    c.dt = Dt::kBF16;
+    c.capacity = capacity;
+    c.lens = {2 * capacity - 2, 57};
+    c.B = 2;
+    cases->push_back(c);
+  }
+}
+
+// The prefill cases beyond rank counts and layouts: GQA 4:1 on three ranks with a paged cache, a
+// window, softcap and sinks, not causal, each dtype.
+inline void AppendPrefillScoreCases(std::vector<Case>* cases) {
+  Case c;
+  c.n = 3;
+  c.B = 2;
+  c.T = 6;
+  c.Hq = 8;
+  c.Hkv = 2;
+  c.D = 40;
+  c.capacity = 64;
+  c.paged = true;
+  c.block_size = 8;
+  c.lens = {100, 7};
+  c.window_left = 20;
+  cases->push_back(c);
+  c.window_left = -1;
+  c.softcap = 4.0;
+  c.sinks = true;
+  cases->push_back(c);
+  c.causal = false;
+  cases->push_back(c);
+  c.causal = true;
+  for (Dt dt : {Dt::kBF16, Dt::kF16}) {
+    c.dt = dt;
+    cases->push_back(c);
+  }
+}
+
 // Random cache lengths in [0, room], one sequence empty and one full where B allows.
 inline std::vector<int64_t> Lengths(int64_t B, int64_t room, std::mt19937_64& rng) {
   std::vector<int64_t> lens(static_cast<size_t>(B));

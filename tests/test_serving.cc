@@ -108,32 +108,9 @@ std::vector<Case> Cases() {
     c.paged = true;
     c.block_size = 32;
     c.lens = {2500, 1337};
-    for (int64_t w : {0, 7, 300}) {
-      c.window_left = w;
-      cases.push_back(c);
-    }
-    c.window_left = -1;
-    c.softcap = 5.0;
-    cases.push_back(c);
-    c.softcap = 0;
-    c.sinks = true;
-    cases.push_back(c);
-    c.lens = {0, 3};  // a sequence with no key at all: out 0 and LSE the sink
-    c.append = false;
-    cases.push_back(c);
-    c.sinks = false;  // and without a sink: out 0, LSE -inf
-    cases.push_back(c);
+    AppendDecodeScoreCases(c, &cases);
   }
-  for (int64_t D : {128, 256}) {  // the head dims of the model families
-    Case c;
-    c.n = 2;
-    c.D = D;
-    c.dt = Dt::kBF16;
-    c.capacity = 200;
-    c.lens = {399 - 1, 57};
-    c.B = 2;
-    cases.push_back(c);
-  }
+  AppendDecodeHeadDimCases(200, &cases);
   return cases;
 }
 
@@ -218,32 +195,7 @@ std::vector<Case> PrefillCases() {
         c.lens = Lengths(c.B, n * c.capacity - n * c.T, rng);
         cases.push_back(c);
       }
-  {  // GQA 4:1 with a window, softcap and sinks, not causal, each dtype
-    Case c;
-    c.n = 3;
-    c.B = 2;
-    c.T = 6;
-    c.Hq = 8;
-    c.Hkv = 2;
-    c.D = 40;
-    c.capacity = 64;
-    c.paged = true;
-    c.block_size = 8;
-    c.lens = {100, 7};
-    c.window_left = 20;
-    cases.push_back(c);
-    c.window_left = -1;
-    c.softcap = 4.0;
-    c.sinks = true;
-    cases.push_back(c);
-    c.causal = false;
-    cases.push_back(c);
-    c.causal = true;
-    for (Dt dt : {Dt::kBF16, Dt::kF16}) {
-      c.dt = dt;
-      cases.push_back(c);
-    }
-  }
+  AppendPrefillScoreCases(&cases);
   return cases;
 }
 

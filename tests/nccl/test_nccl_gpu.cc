@@ -238,23 +238,30 @@ TEST(NcclContext, WorldOfOneMatchesReference) {
   EXPECT_EQ(stria_context_destroy(ctx), STRIA_SUCCESS);
 }
 
-// Ranks as threads of one process, a GPU each (a process that drives all of its GPUs), joined by
-// stria_get_unique_id: the ring through the C API, every layout, causal and not, against float64.
-TEST(NcclContext, RingOfThreadsMatchesReference) {
-  REQUIRE_GPUS(2);
-  const int world = std::min(GpuCount(), 4);
+// One NCCL context per GPU, rank r on GPU r, each made by a thread of its own (as a process that
+// drives all of its GPUs would), joined by stria_get_unique_id.
+void ThreadContexts(int world, std::vector<stria_context_t>* ctx) {
   stria_unique_id_t id;
   ASSERT_EQ(stria_get_unique_id(&id), STRIA_SUCCESS) << stria_get_last_error();
-  std::vector<stria_context_t> ctx(static_cast<size_t>(world), nullptr);
+  ctx->assign(static_cast<size_t>(world), nullptr);
   std::vector<std::string> made(static_cast<size_t>(world));
   RunRanks(world, [&](int r) {
     cudaSetDevice(r);
     stria_context_config_t cfg = NcclConfig(r, world, r);
     cfg.unique_id = id;
-    if (stria_context_create(&cfg, &ctx[static_cast<size_t>(r)]) != STRIA_SUCCESS)
+    if (stria_context_create(&cfg, &(*ctx)[static_cast<size_t>(r)]) != STRIA_SUCCESS)
       made[static_cast<size_t>(r)] = stria_get_last_error();
   });
   for (int r = 0; r < world; ++r) ASSERT_EQ(made[static_cast<size_t>(r)], "") << "rank " << r;
+}
+
+// Ranks as threads of one process, a GPU each (a process that drives all of its GPUs), joined by
+// stria_get_unique_id: the ring through the C API, every layout, causal and not, against float64.
+TEST(NcclContext, RingOfThreadsMatchesReference) {
+  REQUIRE_GPUS(2);
+  const int world = std::min(GpuCount(), 4);
+  std::vector<stria_context_t> ctx;
+  ASSERT_NO_FATAL_FAILURE(ThreadContexts(world, &ctx));
 
   const int64_t B = 1, L = 96, Hq = 4, Hkv = 2, D = 64, S = L * world;
   // Windows that shorten the contiguous ring: 2 steps (each partial home to the previous rank),
@@ -321,18 +328,8 @@ TEST(NcclContext, RingOfThreadsMatchesReference) {
 TEST(NcclContext, ServingOfThreadsMatchesReference) {
   REQUIRE_GPUS(2);
   const int world = std::min(GpuCount(), 4);
-  stria_unique_id_t id;
-  ASSERT_EQ(stria_get_unique_id(&id), STRIA_SUCCESS) << stria_get_last_error();
-  std::vector<stria_context_t> ctx(static_cast<size_t>(world), nullptr);
-  std::vector<std::string> made(static_cast<size_t>(world));
-  RunRanks(world, [&](int r) {
-    cudaSetDevice(r);
-    stria_context_config_t cfg = NcclConfig(r, world, r);
-    cfg.unique_id = id;
-    if (stria_context_create(&cfg, &ctx[static_cast<size_t>(r)]) != STRIA_SUCCESS)
-      made[static_cast<size_t>(r)] = stria_get_last_error();
-  });
-  for (int r = 0; r < world; ++r) ASSERT_EQ(made[static_cast<size_t>(r)], "") << "rank " << r;
+  std::vector<stria_context_t> ctx;
+  ASSERT_NO_FATAL_FAILURE(ThreadContexts(world, &ctx));
   for (stria_layout_t layout : {STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG}) {
     Case c;
     c.n = world;
