@@ -10,6 +10,7 @@
 // item order (DecodeMergeKernel), so the result does not depend on the order the CTAs ran in.
 #pragma once
 
+#include <cstring>
 #include <type_traits>
 
 #include "cuda/decode_params.h"
@@ -32,10 +33,28 @@ STRIA_HD int DecodeTileKeys(int D) {
   const int k = kDecodeTileFloats / D;
   return k < 1 ? 1 : k > kDecodeMaxKeys ? kDecodeMaxKeys : k;
 }
-// Dynamic shared memory of DecodeKernel at head dim D.
+// Dynamic shared memory of DecodeKernel at head dim D. The K tile's rows are D + 1 floats apart:
+// the scores' threads read one column of it across consecutive keys, which a stride of D (a
+// multiple of 32 at the usual head dims) would put in one bank.
 STRIA_HD int DecodeSmemBytes(int D) {
   const int kt = DecodeTileKeys(D);
-  return (kDecodeRows * D + 2 * kt * D + kDecodeRows * kDecodeMaxKeys + 3 * kDecodeRows) * 4 + kDecodeRows * 8;
+  return (kDecodeRows * D + kt * (D + 1) + kt * D + kDecodeRows * kDecodeMaxKeys + 3 * kDecodeRows) * 4 +
+         kDecodeRows * 8;
+}
+
+// Eight 16-bit values at p (16-byte aligned) as floats: one 16-byte load on the GPU.
+template <typename T>
+STRIA_DEVICE void LoadEight(const char* p, float* out) {
+  struct alignas(16) Chunk {
+    uint32_t w[4];
+  };
+  Chunk c;
+#if defined(STRIA_CUDA_EMULATE)
+  std::memcpy(&c, p, sizeof c);
+#else
+  c = *reinterpret_cast<const Chunk*>(p);
+#endif
+  for (int i = 0; i < 8; ++i) out[i] = to_float<T>(static_cast<uint16_t>(c.w[i / 2] >> (16 * (i % 2))));
 }
 
 template <typename T>
@@ -50,7 +69,7 @@ STRIA_GLOBAL void DecodeKernel(DecodeArgs a) {
 
   float* qs = reinterpret_cast<float*>(smem);  // [kDecodeRows][D]
   float* ks = qs + kDecodeRows * D;            // [kt][D]
-  float* vs = ks + kt * D;                     // [kt][D]
+  float* vs = ks + kt * (D + 1);               // [kt][D]
   float* ss = vs + kt * D;                     // [kDecodeRows][kDecodeMaxKeys]: scores, then weights
   float* m = ss + kDecodeRows * kDecodeMaxKeys;
   float* l = m + kDecodeRows;
@@ -89,10 +108,25 @@ STRIA_GLOBAL void DecodeKernel(DecodeArgs a) {
       // A uniform skip: every thread sees the same bounds.
       if (a.causal && pos_first > q_last) continue;
       if (a.window_left >= 0 && pos_last < q_first - a.window_left) continue;
-      for (int x = tid; x < nk * D; x += kDecodeThreads) {
-        const int j = x / D, d = x % D;
-        ks[x] = LoadElem<T>(kbase + (j0 + j) * piece.k_row, d);
-        vs[x] = LoadElem<T>(vbase + (j0 + j) * piece.v_row, d);
+      bool loaded = false;
+      if constexpr (ElemBytes<T>() == 2) {
+        if (piece.rows16) {
+          // 16-bit rows of whole 16-byte chunks (DecodePiece::rows16): eight elements per load.
+          const int chunks = D / 8;
+          for (int x = tid; x < nk * chunks; x += kDecodeThreads) {
+            const int j = x / chunks, c = x % chunks;
+            LoadEight<T>(kbase + (j0 + j) * piece.k_row + c * 16, ks + j * (D + 1) + c * 8);
+            LoadEight<T>(vbase + (j0 + j) * piece.v_row + c * 16, vs + j * D + c * 8);
+          }
+          loaded = true;
+        }
+      }
+      if (!loaded) {
+        for (int x = tid; x < nk * D; x += kDecodeThreads) {
+          const int j = x / D, d = x % D;
+          ks[j * (D + 1) + d] = LoadElem<T>(kbase + (j0 + j) * piece.k_row, d);
+          vs[x] = LoadElem<T>(vbase + (j0 + j) * piece.v_row, d);
+        }
       }
       block_sync();
       for (int x = tid; x < nr * kDecodeMaxKeys; x += kDecodeThreads) {
@@ -103,7 +137,7 @@ STRIA_GLOBAL void DecodeKernel(DecodeArgs a) {
           const bool hidden = (a.causal && kpos > qpos[r]) || (a.window_left >= 0 && qpos[r] - kpos > a.window_left);
           if (!hidden) {
             float dot = 0.f;
-            for (int d = 0; d < D; ++d) dot += qs[r * D + d] * ks[j * D + d];
+            for (int d = 0; d < D; ++d) dot += qs[r * D + d] * ks[j * (D + 1) + d];
             s = Log2Score(dot, a.scale_log2, a.softcap);
           }
         }

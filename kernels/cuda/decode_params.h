@@ -18,6 +18,10 @@ struct DecodePiece {
   const char* v;
   int64_t k_row, v_row, k_head, v_head;
   int64_t count, pos0, pos_stride;
+  // Whether every K and V row of the piece is 16-bit elements in whole 16-byte chunks at 16-byte
+  // aligned addresses (D a multiple of 8, the base and both strides multiples of 16 bytes): the
+  // kernel then loads them 16 bytes at a time.
+  int rows16;
 };
 struct DecodeItem {
   int64_t b, first, last;

@@ -104,11 +104,26 @@ Status CudaDecoder::Decode(const DecodeWork& w, float* partial) {
   std::vector<DecodeWorkItem> items;
   PlanDecodeItems(w, target, &pieces, &items);
   pieces_.clear();
+  auto whole16 = [](const void* base, int64_t a, int64_t b) {
+    return reinterpret_cast<uintptr_t>(base) % 16 == 0 && a % 16 == 0 && b % 16 == 0;
+  };
   for (const DecodeKeyPiece& p : pieces) {
     const CacheSegment& seg = w.segments[static_cast<size_t>(p.seg)];
-    pieces_.push_back(cuda::DecodePiece{seg.k + p.j0 * seg.k_row, seg.v + p.j0 * seg.v_row, seg.k_row, seg.v_row,
-                                        seg.k_head, seg.v_head, p.count, seg.pos0 + p.j0 * seg.pos_stride,
-                                        seg.pos_stride});
+    cuda::DecodePiece dp{seg.k + p.j0 * seg.k_row,
+                         seg.v + p.j0 * seg.v_row,
+                         seg.k_row,
+                         seg.v_row,
+                         seg.k_head,
+                         seg.v_head,
+                         p.count,
+                         seg.pos0 + p.j0 * seg.pos_stride,
+                         seg.pos_stride,
+                         0};
+    dp.rows16 = s.dtype != DType::kF32 && s.D % 8 == 0 && whole16(dp.k, dp.k_row, dp.k_head) &&
+                        whole16(dp.v, dp.v_row, dp.v_head)
+                    ? 1
+                    : 0;
+    pieces_.push_back(dp);
   }
   items_.clear();
   first_item_.assign(static_cast<size_t>(s.B + 1), 0);
