@@ -394,4 +394,26 @@ inline std::vector<int64_t> Lengths(int64_t B, int64_t room, std::mt19937_64& rn
   return lens;
 }
 
+// Speculative decode on four ranks of `capacity` slots: several new tokens per sequence, causal
+// among themselves, then seeing each other, then none appended (the queries see the cache alone);
+// MQA and a head dim off the kernels' tiles and vector widths.
+inline void AppendSpeculativeCases(int64_t B, int64_t capacity, std::mt19937_64& rng, std::vector<Case>* cases) {
+  Case c;
+  c.n = 4;
+  c.T = 4;
+  c.Hq = 6;
+  c.Hkv = 1;
+  c.D = 40;
+  c.B = B;
+  c.capacity = capacity;
+  c.lens = Lengths(c.B, c.n * c.capacity - c.T, rng);
+  cases->push_back(c);
+  c.causal = false;  // every new token sees every other
+  cases->push_back(c);
+  c.causal = true;
+  c.append = false;  // the queries see the cache alone
+  c.layout = STRIA_LAYOUT_CONTIGUOUS;
+  cases->push_back(c);
+}
+
 }  // namespace stria_test

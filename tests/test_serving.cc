@@ -80,23 +80,7 @@ std::vector<Case> Cases() {
       c.lens = Lengths(c.B, c.n * c.capacity - c.T, rng);
       cases.push_back(c);
     }
-  {  // speculative decode: several new tokens, causal among themselves; MQA; a head dim off the vector width
-    Case c;
-    c.n = 4;
-    c.T = 4;
-    c.Hq = 6;
-    c.Hkv = 1;
-    c.D = 40;
-    c.B = 3;
-    c.lens = Lengths(c.B, c.n * c.capacity - c.T, rng);
-    cases.push_back(c);
-    c.causal = false;  // every new token sees every other
-    cases.push_back(c);
-    c.causal = true;
-    c.append = false;  // the queries see the cache alone
-    c.layout = STRIA_LAYOUT_CONTIGUOUS;
-    cases.push_back(c);
-  }
+  AppendSpeculativeCases(3, 96, rng, &cases);
   {  // windows, softcap, sinks; long caches over many blocks with GQA 4:1
     Case c;
     c.n = 5;

@@ -125,24 +125,7 @@ std::vector<Case> CudaCases() {
     c.lens = Lengths(c.B, c.n * c.capacity - c.T, rng);
     cases.push_back(c);
   }
-  {  // speculative decode: several new tokens, causal among themselves; MQA; a head dim off the tiles
-    Case c;
-    c.n = 4;
-    c.T = 4;
-    c.Hq = 6;
-    c.Hkv = 1;
-    c.D = 40;
-    c.B = 2;
-    c.capacity = 48;
-    c.lens = Lengths(c.B, c.n * c.capacity - c.T, rng);
-    cases.push_back(c);
-    c.causal = false;  // every new token sees every other
-    cases.push_back(c);
-    c.causal = true;
-    c.append = false;  // the queries see the cache alone
-    c.layout = STRIA_LAYOUT_CONTIGUOUS;
-    cases.push_back(c);
-  }
+  AppendSpeculativeCases(2, 48, rng, &cases);
   {  // more rows than a CTA takes (GQA 12:1 times 2 tokens); windows, softcap, sinks over many items
     Case c;
     c.n = 3;
