@@ -191,7 +191,8 @@ if stage tests 90; then
   # The cases without a family of their own (the deterministic ones included; the Hopper families'
   # come in their own stages) twice: on the library's default (TMA on compute capability 9.0,
   # mma.sync elsewhere) and on mma.sync (STRIA_TEST_KERNELS).
-  default_cases='TensorCores/*:Shapes/*:Devices/*:Documents/*:Windows/*:Deterministic/*-Deterministic/*_wgmma*:Deterministic/*_tma*'
+  default_cases='TensorCores/*:Shapes/*:Devices/*:Documents/*:Windows/*:Deterministic/*:Grid/*:Softcap/*:Sinks/*'
+  default_cases+='-*_wgmma*:*_tma*'
   sharded cuda_ring "$(cap 200)" "$bin"/tests/gpu/test_cuda_ring "$default_cases" || note_failure tests
   if [ $hopper = 1 ]; then
     STRIA_TEST_KERNELS=mma sharded cuda_ring_mma "$(cap 200)" "$bin"/tests/gpu/test_cuda_ring "$default_cases" ||
@@ -208,7 +209,7 @@ fi
 for family in wgmma tma; do
   if stage "$family" 20; then
     suite=$([ $family = wgmma ] && echo Wgmma || echo Tma)
-    if sharded "cuda_ring_$family" "$(cap 120)" "$bin"/tests/gpu/test_cuda_ring "$suite/*:Deterministic/*_$family*"; then
+    if sharded "cuda_ring_$family" "$(cap 120)" "$bin"/tests/gpu/test_cuda_ring "$suite/*:*_$family*"; then
       [ $hopper = 1 ] && families+=("$family")
     else
       note_failure "$family"
@@ -368,7 +369,7 @@ if stage python 90; then
 fi
 
 # Where a family's time goes, for the next step if a bar is missed: Nsight Compute's speed-of-light,
-# occupancy, launch and warp-state sections of the causal forward and backward kernels at D 128,
+# occupancy, launch and warp-state sections (with each stall reason's share) of the causal forward and backward kernels at D 128,
 # 4k tokens (the benchmark's shape where the bars were missed; the first four launches are the
 # non-causal ones, with the deterministic backward left untimed so that the count holds, and the
 # split timings come after the counted ones). Clocks as found: ncu's default clock control has not
@@ -382,6 +383,7 @@ if stage profile $((30 * nf)); then
       STRIA_CUDA_KERNELS=$family timeout -k 10 "$(cap 120)" "$ncu" --clock-control none \
         --kernel-name regex:'(Forward|Backward)Kernel' --launch-skip 4 --launch-count 4 --section SpeedOfLight \
         --section Occupancy --section LaunchStats --section WarpStateStats \
+        --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
         "$bin"/bench/stria-cuda-bench kernels --dims 128 --lens 4096 --reps 1 --deterministic 0 \
         >>"$out/gpu_profile.txt" 2>&1 || { say "profile $family: failed or timed out"; note_failure profile; }
     done
