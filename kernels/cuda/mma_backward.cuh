@@ -113,24 +113,28 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) MmaBackwardKernel(const BwdParams p) 
       if (!FullyVisible<kDocs>(mask, i0, i0 + kM, j0, j0 + kN)) {
         for (int e = 0; e < 2; ++e) seen[e] = SeeingQueries<kDocs>(mask, key[e], i0, kM);
       }
-      STRIA_UNROLL
-      for (int nt = 0; nt < kQTiles; ++nt) {
+      WithSoftcap(p.softcap, [&](auto cap) {  // the test once per tile (softcap.cuh)
+        constexpr bool kCapped = decltype(cap)::kCapped;
         STRIA_UNROLL
-        for (int c = 0; c < 4; ++c) {
-          const int qi = nt * 8 + 2 * t4 + (c & 1);
-          const bool vis = In(seen[c >> 1], qi);
-          float slope;
-          const float pr = vis ? fast_exp2(Log2Score(st[nt][c], p.scale_log2, p.softcap, &slope) - lse2s[qi]) : 0.f;
-          st[nt][c] = pr;
-          dpt[nt][c] = vis ? pr * (dpt[nt][c] - deltas[qi]) * slope : 0.f;
+        for (int nt = 0; nt < kQTiles; ++nt) {
+          STRIA_UNROLL
+          for (int c = 0; c < 4; ++c) {
+            const int qi = nt * 8 + 2 * t4 + (c & 1);
+            const bool vis = In(seen[c >> 1], qi);
+            float slope;
+            const float pr =
+                vis ? fast_exp2(Log2ScoreOf<kCapped>(st[nt][c], p.scale_log2, p.softcap, &slope) - lse2s[qi]) : 0.f;
+            st[nt][c] = pr;
+            dpt[nt][c] = vis ? pr * (dpt[nt][c] - deltas[qi]) * slope : 0.f;
+          }
+          if (!kDq) continue;
+          // dS^T into shared memory (rows: keys, columns: queries) for dQ = dS K below.
+          uint32_t* row0 = reinterpret_cast<uint32_t*>(dss + (warp * 16 + g) * kDs + nt * 8 + 2 * t4);
+          uint32_t* row1 = reinterpret_cast<uint32_t*>(dss + (warp * 16 + g + 8) * kDs + nt * 8 + 2 * t4);
+          *row0 = pack2<T>(dpt[nt][0], dpt[nt][1]);
+          *row1 = pack2<T>(dpt[nt][2], dpt[nt][3]);
         }
-        if (!kDq) continue;
-        // dS^T into shared memory (rows: keys, columns: queries) for dQ = dS K below.
-        uint32_t* row0 = reinterpret_cast<uint32_t*>(dss + (warp * 16 + g) * kDs + nt * 8 + 2 * t4);
-        uint32_t* row1 = reinterpret_cast<uint32_t*>(dss + (warp * 16 + g + 8) * kDs + nt * 8 + 2 * t4);
-        *row0 = pack2<T>(dpt[nt][0], dpt[nt][1]);
-        *row1 = pack2<T>(dpt[nt][2], dpt[nt][3]);
-      }
+      });
 
       // dV += P^T dO, dK += dS^T Q.
       STRIA_UNROLL

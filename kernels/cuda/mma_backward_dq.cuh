@@ -120,17 +120,21 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) MmaBackwardDqKernel(const BwdParams p
       if (!FullyVisible<kDocs>(mask, wi0, wi1, j0, j0 + kN)) {
         for (int e = 0; e < 2; ++e) seen[e] = VisibleKeys<kDocs>(mask, row[e], j0, kN);
       }
-      STRIA_UNROLL
-      for (int nt = 0; nt < kNTiles; ++nt) {
+      WithSoftcap(p.softcap, [&](auto cap) {  // the test once per tile (softcap.cuh)
+        constexpr bool kCapped = decltype(cap)::kCapped;
         STRIA_UNROLL
-        for (int c = 0; c < 4; ++c) {
-          const int e = c >> 1;
-          const bool vis = In(seen[e], nt * 8 + 2 * t4 + (c & 1));
-          float slope;
-          const float pr = vis ? fast_exp2(Log2Score(s[nt][c], p.scale_log2, p.softcap, &slope) - lse2[e]) : 0.f;
-          dp[nt][c] = vis ? pr * (dp[nt][c] - delta[e]) * slope : 0.f;
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          STRIA_UNROLL
+          for (int c = 0; c < 4; ++c) {
+            const int e = c >> 1;
+            const bool vis = In(seen[e], nt * 8 + 2 * t4 + (c & 1));
+            float slope;
+            const float pr =
+                vis ? fast_exp2(Log2ScoreOf<kCapped>(s[nt][c], p.scale_log2, p.softcap, &slope) - lse2[e]) : 0.f;
+            dp[nt][c] = vis ? pr * (dp[nt][c] - delta[e]) * slope : 0.f;
+          }
         }
-      }
+      });
 
       // dQ += dS K: dS as the A fragments (rows, keys), K rows as B (keys, head dim).
       STRIA_UNROLL

@@ -115,32 +115,37 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) MmaForwardKernel(const FwdParams p) {
       }
 
       // Scaled scores; the element mask only in tiles that need it, each row's visible keys as
-      // one window (tile_mask.cuh), in a loop of its own so the other tiles pay nothing for it.
-      if (!FullyVisible<kDocs>(mask, wi0, wi1, j0, j0 + kN)) {
-        Window w[kR];
-        STRIA_UNROLL
-        for (int r = 0; r < kR; ++r) w[r] = VisibleKeys<kDocs>(mask, row[r], j0, kN);
-        STRIA_UNROLL
-        for (int mt = 0; mt < kMT; ++mt) {
+      // one window (tile_mask.cuh), in a loop of its own so the other tiles pay nothing for it;
+      // likewise the softcap (softcap.cuh).
+      const bool element_mask = !FullyVisible<kDocs>(mask, wi0, wi1, j0, j0 + kN);
+      WithSoftcap(p.softcap, [&](auto cap) {
+        constexpr bool kCapped = decltype(cap)::kCapped;
+        if (element_mask) {
+          Window w[kR];
           STRIA_UNROLL
-          for (int nt = 0; nt < kNTiles; ++nt) {
+          for (int r = 0; r < kR; ++r) w[r] = VisibleKeys<kDocs>(mask, row[r], j0, kN);
+          STRIA_UNROLL
+          for (int mt = 0; mt < kMT; ++mt) {
             STRIA_UNROLL
-            for (int c = 0; c < 4; ++c) {
-              const bool vis = In(w[2 * mt + (c >> 1)], nt * 8 + 2 * t4 + (c & 1));
-              s[mt][nt][c] = vis ? Log2Score(s[mt][nt][c], p.scale_log2, p.softcap) : NegInf();
+            for (int nt = 0; nt < kNTiles; ++nt) {
+              STRIA_UNROLL
+              for (int c = 0; c < 4; ++c) {
+                const bool vis = In(w[2 * mt + (c >> 1)], nt * 8 + 2 * t4 + (c & 1));
+                s[mt][nt][c] = vis ? Log2ScoreOf<kCapped>(s[mt][nt][c], p.scale_log2, p.softcap) : NegInf();
+              }
+            }
+          }
+        } else {
+          STRIA_UNROLL
+          for (int mt = 0; mt < kMT; ++mt) {
+            STRIA_UNROLL
+            for (int nt = 0; nt < kNTiles; ++nt) {
+              STRIA_UNROLL
+              for (int c = 0; c < 4; ++c) s[mt][nt][c] = Log2ScoreOf<kCapped>(s[mt][nt][c], p.scale_log2, p.softcap);
             }
           }
         }
-      } else {
-        STRIA_UNROLL
-        for (int mt = 0; mt < kMT; ++mt) {
-          STRIA_UNROLL
-          for (int nt = 0; nt < kNTiles; ++nt) {
-            STRIA_UNROLL
-            for (int c = 0; c < 4; ++c) s[mt][nt][c] = Log2Score(s[mt][nt][c], p.scale_log2, p.softcap);
-          }
-        }
-      }
+      });
       float mx[kR];
       STRIA_UNROLL
       for (int r = 0; r < kR; ++r) mx[r] = NegInf();

@@ -104,25 +104,28 @@ STRIA_DEVICE void BackwardStep(const BwdParams& p, const MaskArgs& mask, int64_t
   if (kDq) before_ds();
   const int row0 = 64 * wg + 16 * warp + g;
   uint32_t pa[kM / 16][4], sa[kM / 16][4];
-  STRIA_UNROLL
-  for (int kq = 0; kq < kM / 16; ++kq) {
+  WithSoftcap(p.softcap, [&](auto cap) {  // the test once per tile (softcap.cuh)
+    constexpr bool kCapped = decltype(cap)::kCapped;
     STRIA_UNROLL
-    for (int i = 8 * kq; i < 8 * kq + 8; ++i) {
-      const int qi = 8 * (i >> 2) + 2 * t4 + (i & 1);
-      const bool vis = In(seen[(i & 3) >> 1], qi);
-      float slope;
-      const float pr = vis ? fast_exp2(Log2Score(sT[i], p.scale_log2, p.softcap, &slope) - lse2[qi]) : 0.f;
-      sT[i] = pr;
-      dpT[i] = vis ? pr * (dpT[i] - delta[qi]) * slope : 0.f;
+    for (int kq = 0; kq < kM / 16; ++kq) {
+      STRIA_UNROLL
+      for (int i = 8 * kq; i < 8 * kq + 8; ++i) {
+        const int qi = 8 * (i >> 2) + 2 * t4 + (i & 1);
+        const bool vis = In(seen[(i & 3) >> 1], qi);
+        float slope;
+        const float pr = vis ? fast_exp2(Log2ScoreOf<kCapped>(sT[i], p.scale_log2, p.softcap, &slope) - lse2[qi]) : 0.f;
+        sT[i] = pr;
+        dpT[i] = vis ? pr * (dpT[i] - delta[qi]) * slope : 0.f;
+      }
+      STRIA_UNROLL
+      for (int i = 8 * kq; i < 8 * kq + 8; i += 2) {
+        const int col = 8 * (i >> 2) + 2 * t4, row = row0 + 8 * ((i & 3) >> 1);
+        if (kDq) *reinterpret_cast<uint32_t*>(dss + SwizzledOffset(kN, row, col)) = pack2<T>(dpT[i], dpT[i + 1]);
+      }
+      AccToA<T>(pa[kq], sT + 8 * kq, sT + 8 * kq + 4);
+      AccToA<T>(sa[kq], dpT + 8 * kq, dpT + 8 * kq + 4);
     }
-    STRIA_UNROLL
-    for (int i = 8 * kq; i < 8 * kq + 8; i += 2) {
-      const int col = 8 * (i >> 2) + 2 * t4, row = row0 + 8 * ((i & 3) >> 1);
-      if (kDq) *reinterpret_cast<uint32_t*>(dss + SwizzledOffset(kN, row, col)) = pack2<T>(dpT[i], dpT[i + 1]);
-    }
-    AccToA<T>(pa[kq], sT + 8 * kq, sT + 8 * kq + 4);
-    AccToA<T>(sa[kq], dpT + 8 * kq, dpT + 8 * kq + 4);
-  }
+  });
   wgmma_fence_operand(pa);
   wgmma_fence_operand(sa);
   wgmma_fence_operand(dv);

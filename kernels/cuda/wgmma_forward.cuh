@@ -47,15 +47,21 @@ STRIA_DEVICE void WgmmaSoftmax(const FwdParams& p, const MaskArgs& mask, float (
                                float alpha[2]) {
   // Two straight-line loops rather than one with a test per element: the unmasked tiles (nearly
   // all of them) then pay nothing for the mask.
-  if (masked) {
-    const Window w[2] = {VisibleKeys<kDocs>(mask, row[0], j0, kN), VisibleKeys<kDocs>(mask, row[1], j0, kN)};
-    STRIA_UNROLL
-    for (int i = 0; i < kN / 2; ++i)
-      s[i] = In(w[(i & 3) >> 1], 8 * (i >> 2) + 2 * t4 + (i & 1)) ? Log2Score(s[i], p.scale_log2, p.softcap) : NegInf();
-  } else {
-    STRIA_UNROLL
-    for (int i = 0; i < kN / 2; ++i) s[i] = Log2Score(s[i], p.scale_log2, p.softcap);
-  }
+  // Likewise the softcap (softcap.cuh).
+  WithSoftcap(p.softcap, [&](auto cap) {
+    constexpr bool kCapped = decltype(cap)::kCapped;
+    if (masked) {
+      const Window w[2] = {VisibleKeys<kDocs>(mask, row[0], j0, kN), VisibleKeys<kDocs>(mask, row[1], j0, kN)};
+      STRIA_UNROLL
+      for (int i = 0; i < kN / 2; ++i)
+        s[i] = In(w[(i & 3) >> 1], 8 * (i >> 2) + 2 * t4 + (i & 1))
+                   ? Log2ScoreOf<kCapped>(s[i], p.scale_log2, p.softcap)
+                   : NegInf();
+    } else {
+      STRIA_UNROLL
+      for (int i = 0; i < kN / 2; ++i) s[i] = Log2ScoreOf<kCapped>(s[i], p.scale_log2, p.softcap);
+    }
+  });
   float mx[2] = {NegInf(), NegInf()};
   STRIA_UNROLL
   for (int i = 0; i < kN / 2; ++i) mx[(i & 3) >> 1] = fmaxf(mx[(i & 3) >> 1], s[i]);

@@ -288,11 +288,13 @@ void RunCase(const Case& c) {
   const double tol = c.dt == Dt::kF32 ? 1e-5 : 2e-2;
   full.ExpectMatches(ref, tol, c.dt == Dt::kF32 ? 1e-5 : 1e-3);
   // The sinks' gradient sums terms of either sign computed from the rounded outputs: measured
-  // against their magnitudes (exactly against the reference in float32).
+  // against their magnitudes. In float32 too: the sum can cancel to a small fraction of its
+  // terms, and the GPU's float32 (fused multiply-adds, another order) then misses a bar relative to
+  // the sum by a hair (1.08e-5 on an H200) where the emulator's arithmetic does not.
   if (c.sinks)
     for (int64_t h = 0; h < c.Hq; ++h) {
       const size_t i = static_cast<size_t>(h);
-      const double bar = c.dt == Dt::kF32 ? tol * std::abs(ref.dsinks[i]) + 1e-12 : tol * ref.dsinks_terms[i];
+      const double bar = tol * ref.dsinks_terms[i] + 1e-12;
       EXPECT_LE(std::abs(dsinks[i] - ref.dsinks[i]), bar) << "dsinks of head " << h;
     }
 }
