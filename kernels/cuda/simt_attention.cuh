@@ -51,10 +51,11 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtForwardKernel(const FwdParams p) 
   float* ks = qs + kSimtRows * D;
   float* vs = ks + kSimtTile * (D + 1);
   const int warp = warp_id(), lane = lane_id();
-  const int bh = static_cast<int>(blockIdx.y), b = bh / d.Hq, h = bh % d.Hq, hk = h / (d.Hq / d.Hkv);
+  const CtaSlot cta = CtaSlotOf();
+  const int bh = static_cast<int>(cta.head), b = bh / d.Hq, h = bh % d.Hq, hk = h / (d.Hq / d.Hkv);
   const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, b) : MaskArgs{};  // as in mma_forward.cuh
   const MaskArgs& mask = kDocs ? docs_mask : p.mask;
-  const int64_t i0 = QueryTileStart(mask, kSimtRows, blockIdx.x, gridDim.x);
+  const int64_t i0 = QueryTileStart(mask, kSimtRows, cta.tile, gridDim.x);
   int64_t k_lo, k_hi;
   KeyRange<kDocs>(mask, i0, MinI(i0 + kSimtRows, d.L), &k_lo, &k_hi);
   if (k_lo >= k_hi) return IdleRows<T>(p, mask, bh, i0, kSimtRows, 128);
@@ -152,10 +153,11 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDqKernel(const BwdParams 
   float* ks = dos + kSimtRows * D;
   float* vs = ks + kSimtTile * (D + 1);
   const int warp = warp_id(), lane = lane_id();
-  const int bh = static_cast<int>(blockIdx.y), b = bh / d.Hq, h = bh % d.Hq, hk = h / (d.Hq / d.Hkv);
+  const CtaSlot cta = CtaSlotOf();
+  const int bh = static_cast<int>(cta.head), b = bh / d.Hq, h = bh % d.Hq, hk = h / (d.Hq / d.Hkv);
   const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, b) : MaskArgs{};  // as in mma_forward.cuh
   const MaskArgs& mask = kDocs ? docs_mask : p.mask;
-  const int64_t i0 = QueryTileStart(mask, kSimtRows, blockIdx.x, gridDim.x);
+  const int64_t i0 = QueryTileStart(mask, kSimtRows, cta.tile, gridDim.x);
   int64_t k_lo, k_hi;
   KeyRange<kDocs>(mask, i0, MinI(i0 + kSimtRows, d.L), &k_lo, &k_hi);
   if (k_lo >= k_hi) return;
@@ -236,11 +238,12 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDkvKernel(const BwdParams
   float* lse2s = dos + kSimtTile * (D + 1);
   float* deltas = lse2s + kSimtTile;
   const int warp = warp_id(), lane = lane_id();
-  const int bhk = static_cast<int>(blockIdx.y), b = bhk / d.Hkv, hk = bhk % d.Hkv;
+  const CtaSlot cta = CtaSlotOf();
+  const int bhk = static_cast<int>(cta.head), b = bhk / d.Hkv, hk = bhk % d.Hkv;
   const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, b) : MaskArgs{};  // as in mma_forward.cuh
   const MaskArgs& mask = kDocs ? docs_mask : p.mask;
   const int group = d.Hq / d.Hkv;
-  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kSimtRows;
+  const int64_t j0 = static_cast<int64_t>(cta.tile) * kSimtRows;
   const TileRun queries = QueryTilesOf<kDocs>(mask, j0, MinI(j0 + kSimtRows, d.L), kSimtTile);
   if (queries.count == 0) return ZeroKeyGrads<T>(p, b, hk, j0, kSimtRows, 128);
   constexpr int kEb = ElemBytes<T>();

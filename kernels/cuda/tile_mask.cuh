@@ -119,6 +119,20 @@ STRIA_HD int64_t QueryTileStart(const MaskArgs& m, int rows, unsigned cta, unsig
   return (m.q_begin / rows) * rows + static_cast<int64_t>(count - 1 - cta) * rows;
 }
 
+// The tile and the head (batch row times head) a CTA of a (tiles, heads) grid takes. CTAs start in
+// the order of their linear index (x fastest) and are read here tile-major, so the first wave
+// holds every head's first tiles: under a causal mask those see the most keys (a forward numbers
+// its query tiles from the last, QueryTileStart; a backward's first key tile is seen by every query
+// after it). The longest CTAs start first and the shortest fill the last wave, where head-major
+// order left a head's longest tiles for the end.
+struct CtaSlot {
+  unsigned tile, head;
+};
+STRIA_DEVICE CtaSlot CtaSlotOf() {
+  const uint64_t linear = blockIdx.x + static_cast<uint64_t>(gridDim.x) * blockIdx.y;
+  return CtaSlot{static_cast<unsigned>(linear / gridDim.y), static_cast<unsigned>(linear % gridDim.y)};
+}
+
 // Keys [k_lo, k_hi) that some query of [i0, i1) may see.
 template <bool kDocs = true>
 STRIA_HD void KeyRange(const MaskArgs& m, int64_t i0, int64_t i1, int64_t* k_lo, int64_t* k_hi) {

@@ -59,9 +59,10 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaBackwardKernel(const STRIA_GR
 
   const Dims& d = p.dims;
   const int tid = static_cast<int>(threadIdx.x), wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
-  const int bhk = static_cast<int>(blockIdx.y), b = bhk / d.Hkv, hk = bhk % d.Hkv;
+  const CtaSlot cta = CtaSlotOf();
+  const int bhk = static_cast<int>(cta.head), b = bhk / d.Hkv, hk = bhk % d.Hkv;
   const int group = d.Hq / d.Hkv;
-  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kN;
+  const int64_t j0 = static_cast<int64_t>(cta.tile) * kN;
   // With documents, this batch row's bounds (a copy); without, the launch's own mask as it is
   // (kDocs false compiles the clamp out: these kernels' registers are tight).
   const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, b) : MaskArgs{};

@@ -153,12 +153,13 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p)
   const Dims& d = p.dims;
   const int tid = static_cast<int>(threadIdx.x), group = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
-  const int bh = static_cast<int>(blockIdx.y);
+  const CtaSlot cta = CtaSlotOf();
+  const int bh = static_cast<int>(cta.head);
   // With documents, this batch row's bounds (a copy); without, the launch's own mask as it is
   // (kDocs false compiles the clamp out: these kernels' registers are tight).
   const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, bh / d.Hq) : MaskArgs{};
   const MaskArgs& mask = kDocs ? docs_mask : p.mask;
-  const int64_t i0 = QueryTileStart(mask, kM, blockIdx.x, gridDim.x);
+  const int64_t i0 = QueryTileStart(mask, kM, cta.tile, gridDim.x);
   const TileRun keys = KeyTilesOf<kDocs>(mask, i0, MinI(i0 + kM, d.L), kN);
   if (keys.count == 0) return IdleRows<T>(p, mask, bh, i0, kM, kThreads);  // the whole CTA, before any barrier
   const int64_t j_first = keys.first;
