@@ -160,6 +160,10 @@ int main(int argc, char** argv) {
                 static_cast<long long>(s.D), ms, gbs);
     std::fflush(stdout);
   }
+  // The call's fixed cost on one GPU: one cached token (validation, the tables' upload, the
+  // launches, the result written from the device).
+  std::printf("impl=stria_cuda decode_fixed N=1 ms=%.4f\n", DecodeMs(one, s, 1, 1, reps));
+  std::fflush(stdout);
   for (int64_t n : worlds) {
     std::vector<stria_context_t> group = Group(static_cast<int>(n));
     const double fixed = DecodeMs(group, s, 1, 1, reps);

@@ -103,7 +103,7 @@ DECODE_KEYS = {"S", "ms", "kv_GBs"}
 SHARDED_KEYS = {"S", "N", "modelled_ms", "ideal_ms", "of_ideal", "fixed_share"}
 
 
-def decode_tables(decode, sharded, out, bars):
+def decode_tables(decode, sharded, fixed, out, bars):
     """Decode on one GPU beside torch SDPA's backends, the modelled call over N ranks, and its bars."""
     if decode:
         impls = sorted({i for (_, i) in decode}, key=lambda i: (not i.startswith("stria"), i))
@@ -119,6 +119,8 @@ def decode_tables(decode, sharded, out, bars):
             ratio = f"{min(torch_ms) / ours[0]:.2f}x" if ours and torch_ms else "–"
             out.append(f"| {length} | " + " | ".join(cells) + f" | {ratio} |")
         out.append("")
+    if fixed is not None:
+        out.append(f"A call's fixed cost on one GPU (one cached token): {fixed:.3f} ms.\n")
     if sharded:
         out.append("Decode sharded over N ranks, modelled: one rank's measured share plus the call's fixed cost over "
                    "N ranks (an upper bound: N ranks on one GPU):\n")
@@ -142,7 +144,7 @@ def main(argv):
     if len(argv) != 2:
         sys.exit(__doc__)
     kern, split, ring, hide, nccl, docs = {}, [], [], [], [], []
-    decode, sharded = {}, []
+    decode, sharded, fixed = {}, [], None
     with open(argv[1], errors="replace") as f:
         for line in f:
             # The nccl1 stage prints its own markdown table (NCCL at world 1 against in-process).
@@ -153,6 +155,8 @@ def main(argv):
             try:
                 if "impl" in kv and " decode " in f" {line} " and DECODE_KEYS <= kv.keys():
                     decode[(int(kv["S"]), kv["impl"])] = (float(kv["ms"]), float(kv["kv_GBs"]))
+                elif "impl" in kv and " decode_fixed " in f" {line} " and "ms" in kv:
+                    fixed = float(kv["ms"])
                 elif "impl" in kv and " decode_sharded " in f" {line} " and SHARDED_KEYS <= kv.keys():
                     float(kv["of_ideal"]), float(kv["fixed_share"])  # whole, or left out
                     sharded.append(kv)
@@ -224,7 +228,7 @@ def main(argv):
                        f"{'none measured' if length == '-1' else length} |")
         out.append("")
     if decode or sharded:
-        decode_tables(decode, sharded, out, bars)
+        decode_tables(decode, sharded, fixed, out, bars)
     if nccl:
         out.append("The NCCL transport at world 1 against the in-process transport (causal, H 16, D 128, bf16):\n")
         out.extend(nccl)

@@ -43,6 +43,20 @@ cudaError_t LaunchDecodeMerge(const DecodeMergeArgs& a, cudaStream_t s) {
   return STRIA_LAUNCH(DecodeMergeKernel, WarpRowGrid(rows), 256, 0, s)(a);
 }
 
+cudaError_t LaunchDecodeFinish(Elem e, const DecodeFinishArgs& a, cudaStream_t s) {
+  const int64_t rows = static_cast<int64_t>(a.B) * a.T * a.Hq;
+  if (rows == 0) return cudaSuccess;
+  switch (e) {
+    case Elem::kF32:
+      return STRIA_LAUNCH(DecodeFinishKernel<Float>, WarpRowGrid(rows), 256, 0, s)(a);
+    case Elem::kF16:
+      return STRIA_LAUNCH(DecodeFinishKernel<Half>, WarpRowGrid(rows), 256, 0, s)(a);
+    case Elem::kBF16:
+      return STRIA_LAUNCH(DecodeFinishKernel<BFloat>, WarpRowGrid(rows), 256, 0, s)(a);
+  }
+  return cudaErrorInvalidValue;
+}
+
 cudaError_t LaunchStoreTokens(int elem_bytes, const TokenCopy* copies, int64_t n, int Hkv, int D, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
   const dim3 g = WarpRowGrid(n * Hkv * 2);

@@ -243,6 +243,34 @@ STRIA_GLOBAL void DecodeMergeKernel(DecodeMergeArgs a) {
   }
 }
 
+// A warp per (b, t, h) of a world of one: the record's row and LSE, the sink merged in as
+// MergeDecodeRecord does (a row that sees no key takes the sink's LSE and a zero row; NaN stays).
+template <typename T>
+STRIA_GLOBAL void DecodeFinishKernel(DecodeFinishArgs a) {
+  const float neg_inf = NegInf();
+  for (int64_t w = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+       w < static_cast<int64_t>(a.B) * a.T * a.Hq; w += static_cast<int64_t>(gridDim.x) * (blockDim.x / 32)) {
+    const int h = static_cast<int>(w % a.Hq);
+    const int64_t bt = w / a.Hq, b = bt / a.T, t = bt % a.T;
+    const float* rec = a.partial + w * (a.D + 1);
+    float lse = rec[a.D], scale = 1.f;
+    if (a.sinks != nullptr && lse == lse) {
+      const float z = a.sinks[h * a.sinks_stride];
+      if (lse == neg_inf) {
+        lse = z;
+        scale = 0.f;
+      } else {
+        const float top = fmaxf(lse, z);
+        const float merged = top + logf(expf(lse - top) + expf(z - top));
+        scale = expf(lse - merged);
+        lse = merged;
+      }
+    }
+    for (int d = lane_id(); d < a.D; d += 32) StoreElem<T>(a.rows, w * a.D + d, rec[d] * scale);
+    if (lane_id() == 0) a.lses[(b * a.Hq + h) * a.T + t] = lse;
+  }
+}
+
 // A warp per (entry, K/V head, K or V): D elements of kEb bytes.
 template <int kEb>
 STRIA_GLOBAL void StoreTokensKernel(const TokenCopy* copies, int64_t n, int Hkv, int D) {

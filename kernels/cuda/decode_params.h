@@ -27,9 +27,10 @@ struct DecodeItem {
   int64_t b, first, last;
 };
 
-constexpr int kDecodeRows = 8;  // query rows per CTA
+constexpr int kDecodeRows = 8;      // query rows per CTA of the SIMT decode (decode.cuh)
+constexpr int kDecodeMmaRows = 16;  // and of the tensor-core decode (decode_mma.cuh): one m16 tile
 
-// One CTA per (work item, K/V head, chunk of kDecodeRows query rows): the rows of a K/V head are
+// One CTA per (work item, K/V head, chunk of kDecodeRows or kDecodeMmaRows query rows): the rows of a K/V head are
 // its GQA group's query heads times the T new tokens (row r: token r / group, head
 // hkv * group + r % group). Each writes its rows' softmax state over the item's keys to
 // states[((item * Hkv + hkv) * rows + r) * (D + 2)]: the running maximum (log2 domain), the sum,
@@ -55,6 +56,17 @@ struct DecodeMergeArgs {
   const int64_t* first_item;  // [B + 1]: sequence b's items are [first_item[b], first_item[b + 1])
   float* partial;             // [B, T, Hq, D + 1]
   int B, T, Hq, Hkv, D;
+};
+
+// A world of one: the rank's partial records are the call's result, with the sinks merged in (as
+// the host's merge does for any world): rows [B, T, Hq, D] in the call's dtype and LSEs [B, Hq, T].
+struct DecodeFinishArgs {
+  const float* partial;  // [B, T, Hq, D + 1]
+  const float* sinks;    // [Hq] at sinks_stride, or null
+  int64_t sinks_stride;
+  void* rows;
+  float* lses;
+  int B, T, Hq, D;
 };
 
 // New tokens' rows into a cache: per entry and K/V head, D elements.

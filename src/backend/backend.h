@@ -286,6 +286,16 @@ class Backend {
     (void)work, (void)all, (void)world_size, (void)sinks, (void)out, (void)lse;
     return Error(STRIA_ERROR_UNSUPPORTED, "the %s backend has no decode over a sharded KV cache", name());
   }
+  // A world of one, in place of PartialsOnHost and DecodeMerge: this rank's `partial` is the
+  // result, and a device backend writes out and lse from it where it lies (*done = true), sparing
+  // the call its trip through the host. The default leaves *done false: a host backend's records
+  // are where the merge reads them already.
+  virtual Status DecodeFinishAlone(const DecodeWork& work, const float* partial, const TensorView* sinks,
+                                   const TensorView& out, const TensorView* lse, bool* done) {
+    (void)work, (void)partial, (void)sinks, (void)out, (void)lse;
+    *done = false;
+    return Status::Ok();
+  }
 
   // A grid's all-to-all (ring/grid_exchange.cc) on `stream` (the call's; the exchange comes before
   // the Begin call that would set it). A box is a strided region of a tensor in this backend's

@@ -144,6 +144,43 @@ std::vector<Case> CudaCases() {
     AppendDecodeScoreCases(c, &cases);
   }
   AppendDecodeHeadDimCases(150, &cases);
+  // The tensor-core decode (16-bit rows at D 64 and 128): each layout, contiguous and paged, both
+  // 16-bit dtypes, speculative tokens (causal among themselves, rows from several tokens in one
+  // m16 tile) and lengths that end in partial tiles of 64 keys.
+  for (Dt dt : {Dt::kBF16, Dt::kF16})
+    for (stria_layout_t layout : {STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_ZIGZAG}) {
+      Case c;
+      c.n = 3;
+      c.layout = layout;
+      c.paged = layout != STRIA_LAYOUT_CONTIGUOUS;
+      c.dt = dt;
+      c.B = 3;
+      c.T = dt == Dt::kF16 ? 3 : 1;
+      c.Hq = 8;
+      c.Hkv = 2;
+      c.D = layout == STRIA_LAYOUT_ZIGZAG ? 64 : 128;
+      c.capacity = 160;
+      c.lens = Lengths(c.B, c.n * c.capacity - c.T, rng);
+      cases.push_back(c);
+    }
+  {  // a world of one finishes on the device: with sinks, and a sequence that sees no key at all
+    Case c;
+    c.n = 1;
+    c.dt = Dt::kBF16;
+    c.B = 2;
+    c.Hq = 8;
+    c.Hkv = 2;
+    c.D = 128;
+    c.capacity = 300;
+    c.sinks = true;
+    c.lens = {0, 290};
+    c.append = false;
+    cases.push_back(c);
+    c.append = true;
+    c.dt = Dt::kF32;
+    c.D = 40;
+    cases.push_back(c);
+  }
   return cases;
 }
 
@@ -253,6 +290,22 @@ std::vector<Case> CudaPrefillCases() {
       cases.push_back(c);
     }
   AppendPrefillScoreCases(&cases);
+  // Prefill's attention on the tensor-core decode: a chunk's rows (tokens times the GQA group) in
+  // several m16 tiles, causal among the chunk's tokens.
+  for (Dt dt : {Dt::kBF16, Dt::kF16}) {
+    Case c;
+    c.n = 3;
+    c.dt = dt;
+    c.B = 2;
+    c.T = 6;
+    c.Hq = 8;
+    c.Hkv = 2;
+    c.D = dt == Dt::kBF16 ? 64 : 128;
+    c.capacity = 96;
+    c.paged = dt == Dt::kBF16;
+    c.lens = {150, 31};
+    cases.push_back(c);
+  }
   return cases;
 }
 

@@ -230,7 +230,8 @@ Status ParseKernelChoice(const char* env, KernelChoice* out) {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, KernelChoice want) : device_(device), want_(want), decoder_(device) {}
+  CudaBackend(int device, KernelChoice want)
+      : device_(device), want_(want), decoder_(device, want.automatic || want.family != cuda::Kernels::kSimt) {}
   // The last call's kernels may still be queued (calls return without waiting): they finish
   // before the workspaces they use are freed, on this context's device, whatever device the
   // destroying thread has current.
@@ -587,6 +588,21 @@ class CudaBackend final : public Backend {
     const float* lses = nullptr;
     STRIA_RETURN_IF_ERROR(
         decoder_.Merge(work, all, world_size, sinks, static_cast<cudaStream_t>(work.stream), &rows, &lses));
+    return WriteDecodeResult(work, rows, lses, out, lse);
+  }
+  // A world of one finishes on the device: its records are the result (FinishAlone).
+  Status DecodeFinishAlone(const DecodeWork& work, const float* partial, const TensorView* sinks, const TensorView& out,
+                           const TensorView* lse, bool* done) override {
+    const void* rows = nullptr;
+    const float* lses = nullptr;
+    STRIA_RETURN_IF_ERROR(
+        decoder_.FinishAlone(work, partial, sinks, static_cast<cudaStream_t>(work.stream), &rows, &lses));
+    *done = true;
+    return WriteDecodeResult(work, rows, lses, out, lse);
+  }
+  // The merged rows and LSEs (compact, device memory) into the call's out and lse at their strides.
+  Status WriteDecodeResult(const DecodeWork& work, const void* rows, const float* lses, const TensorView& out,
+                           const TensorView* lse) {
     Status st = SumIntoBox(rows, 0, 1, out, work.stream);
     if (st.ok() && lse != nullptr) {
       // [B, Hq, T] as a box of rows of one element: its last dimension need not be contiguous.

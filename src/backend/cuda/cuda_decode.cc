@@ -24,9 +24,7 @@ CudaDecoder::~CudaDecoder() {
     cudaEventSynchronize(done_);
     cudaEventDestroy(done_);
   }
-  for (DeviceBuffer* b :
-       {&pieces_dev_, &items_dev_, &q_pos_dev_, &first_item_dev_, &states_, &copies_dev_, &rows_dev_, &lses_dev_})
-    b->Release();
+  for (DeviceBuffer* b : {&tables_dev_, &states_, &copies_dev_, &rows_dev_, &lses_dev_}) b->Release();
 }
 
 // The previous call's copies read this decoder's host buffers and its kernels its device ones: the
@@ -93,20 +91,32 @@ Status CudaDecoder::Decode(const DecodeWork& w, float* partial) {
   // The new tokens first: the queries see them.
   STRIA_RETURN_IF_ERROR(QueueStore(s, w.appends, stream));
 
-  // Items of about equal key counts: enough CTAs (items x K/V heads x row chunks) for about four
-  // per SM, but never so short that a CTA's setup and the items' merge show (256 keys at least).
+  // The tensor-core kernel takes 16-bit rows of whole 16-byte chunks at its head dims; whether
+  // the cache's rows are such is a property of its base address and strides, segment by segment.
+  auto whole16 = [](const void* base, int64_t a, int64_t b) {
+    return reinterpret_cast<uintptr_t>(base) % 16 == 0 && a % 16 == 0 && b % 16 == 0;
+  };
+  auto rows16 = [&](const CacheSegment& seg) {
+    return s.dtype != DType::kF32 && s.D % 8 == 0 && whole16(seg.k, seg.k_row, seg.k_head) &&
+           whole16(seg.v, seg.v_row, seg.v_head);
+  };
+  bool mma = tensor_cores_ && s.dtype != DType::kF32 && (s.D == 64 || s.D == 128);
+  for (const CacheSegment& seg : w.segments) mma = mma && rows16(seg);
+
+  // Items of about equal key counts: enough CTAs (items x K/V heads x row chunks) for a wave of
+  // the kernel's resident CTAs (two per SM of the tensor-core kernel's 100 KB of stages, four of
+  // the SIMT one), but never so short that a CTA's setup and the items' merge show (256 keys at
+  // least).
   const int64_t group = s.Hq / s.Hkv, rows = s.T * group;
-  const int64_t chunks = (rows + cuda::kDecodeRows - 1) / cuda::kDecodeRows;
+  const int64_t rows_per_cta = mma ? cuda::kDecodeMmaRows : cuda::kDecodeRows, ctas_per_sm = mma ? 2 : 4;
+  const int64_t chunks = (rows + rows_per_cta - 1) / rows_per_cta;
   const int64_t keys = DecodeKeyCount(w);
-  const int64_t per_head = std::max<int64_t>(1, (4 * SmCount() + s.Hkv * chunks - 1) / (s.Hkv * chunks));
+  const int64_t per_head = std::max<int64_t>(1, (ctas_per_sm * SmCount() + s.Hkv * chunks - 1) / (s.Hkv * chunks));
   const int64_t target = std::max<int64_t>(256, (keys + per_head - 1) / per_head);
   std::vector<DecodeKeyPiece> pieces;
   std::vector<DecodeWorkItem> items;
   PlanDecodeItems(w, target, &pieces, &items);
   pieces_.clear();
-  auto whole16 = [](const void* base, int64_t a, int64_t b) {
-    return reinterpret_cast<uintptr_t>(base) % 16 == 0 && a % 16 == 0 && b % 16 == 0;
-  };
   for (const DecodeKeyPiece& p : pieces) {
     const CacheSegment& seg = w.segments[static_cast<size_t>(p.seg)];
     cuda::DecodePiece dp{seg.k + p.j0 * seg.k_row,
@@ -119,10 +129,7 @@ Status CudaDecoder::Decode(const DecodeWork& w, float* partial) {
                          seg.pos0 + p.j0 * seg.pos_stride,
                          seg.pos_stride,
                          0};
-    dp.rows16 = s.dtype != DType::kF32 && s.D % 8 == 0 && whole16(dp.k, dp.k_row, dp.k_head) &&
-                        whole16(dp.v, dp.v_row, dp.v_head)
-                    ? 1
-                    : 0;
+    dp.rows16 = rows16(seg) ? 1 : 0;  // a piece starts at a whole row of its segment
     pieces_.push_back(dp);
   }
   items_.clear();
@@ -133,26 +140,36 @@ Status CudaDecoder::Decode(const DecodeWork& w, float* partial) {
   }
   for (int64_t b = 0; b < s.B; ++b) first_item_[static_cast<size_t>(b + 1)] += first_item_[static_cast<size_t>(b)];
 
-  STRIA_RETURN_IF_ERROR(
-      Upload(&pieces_dev_, pieces_.data(), pieces_.size() * sizeof(cuda::DecodePiece), "decode key runs", stream));
-  STRIA_RETURN_IF_ERROR(
-      Upload(&items_dev_, items_.data(), items_.size() * sizeof(cuda::DecodeItem), "decode work items", stream));
-  STRIA_RETURN_IF_ERROR(Upload(&first_item_dev_, first_item_.data(), first_item_.size() * sizeof(int64_t),
-                               "decode items per sequence", stream));
-  q_pos_.assign(w.q_pos.begin(), w.q_pos.end());  // the caller's vector may go before the copy runs
-  STRIA_RETURN_IF_ERROR(
-      Upload(&q_pos_dev_, q_pos_.data(), q_pos_.size() * sizeof(int64_t), "decode query positions", stream));
+  // The call's tables (key runs, work items, items per sequence, query positions) in one upload:
+  // one copy's fixed cost instead of four, on a call whose kernels may take tens of microseconds.
+  size_t at = 0;
+  auto section = [&](size_t bytes) {
+    const size_t start = at;
+    at = (at + bytes + 15) / 16 * 16;
+    return start;
+  };
+  const size_t pieces_at = section(pieces_.size() * sizeof(cuda::DecodePiece));
+  const size_t items_at = section(items_.size() * sizeof(cuda::DecodeItem));
+  const size_t first_at = section(first_item_.size() * sizeof(int64_t));
+  const size_t q_pos_at = section(w.q_pos.size() * sizeof(int64_t));
+  tables_.assign(at, 0);  // the host copy lives until the call's work is done (the class comment)
+  std::memcpy(tables_.data() + pieces_at, pieces_.data(), pieces_.size() * sizeof(cuda::DecodePiece));
+  std::memcpy(tables_.data() + items_at, items_.data(), items_.size() * sizeof(cuda::DecodeItem));
+  std::memcpy(tables_.data() + first_at, first_item_.data(), first_item_.size() * sizeof(int64_t));
+  std::memcpy(tables_.data() + q_pos_at, w.q_pos.data(), w.q_pos.size() * sizeof(int64_t));
+  STRIA_RETURN_IF_ERROR(Upload(&tables_dev_, tables_.data(), tables_.size(), "decode tables", stream));
+  const char* tables = static_cast<const char*>(tables_dev_.data());
   const size_t state_floats = items_.size() * static_cast<size_t>(s.Hkv * rows * (s.D + 2));
   STRIA_RETURN_IF_ERROR(states_.Reserve(std::max<size_t>(state_floats, 1) * 4, "decode work items' states", nullptr));
 
   cuda::DecodeArgs a{};
-  a.pieces = static_cast<const cuda::DecodePiece*>(pieces_dev_.data());
-  a.items = static_cast<const cuda::DecodeItem*>(items_dev_.data());
+  a.pieces = reinterpret_cast<const cuda::DecodePiece*>(tables + pieces_at);
+  a.items = reinterpret_cast<const cuda::DecodeItem*>(tables + items_at);
   a.q = w.q.data;
   a.qb = w.q.strides[0];
   a.qt = w.q.strides[1];
   a.qh = w.q.strides[2];
-  a.q_pos = static_cast<const int64_t*>(q_pos_dev_.data());
+  a.q_pos = reinterpret_cast<const int64_t*>(tables + q_pos_at);
   a.T = static_cast<int>(s.T);
   a.Hq = static_cast<int>(s.Hq);
   a.Hkv = static_cast<int>(s.Hkv);
@@ -162,10 +179,12 @@ Status CudaDecoder::Decode(const DecodeWork& w, float* partial) {
   a.causal = s.causal ? 1 : 0;
   a.window_left = s.window_left;
   a.states = states_.f32();
-  STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchDecode(ElemOfDType(s.dtype), a, static_cast<int64_t>(items_.size()), stream));
+  const int64_t n_items = static_cast<int64_t>(items_.size());
+  STRIA_CUDA_RETURN_IF_ERROR(mma ? cuda::LaunchDecodeMma(ElemOfDType(s.dtype), a, n_items, stream)
+                                 : cuda::LaunchDecode(ElemOfDType(s.dtype), a, n_items, stream));
   cuda::DecodeMergeArgs m{};
   m.states = states_.f32();
-  m.first_item = static_cast<const int64_t*>(first_item_dev_.data());
+  m.first_item = reinterpret_cast<const int64_t*>(tables + first_at);
   m.partial = partial;
   m.B = static_cast<int>(s.B);
   m.T = static_cast<int>(s.T);
@@ -183,6 +202,31 @@ Status CudaDecoder::ToHost(const float* partial, size_t floats, cudaStream_t str
   STRIA_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(host->data(), partial, floats * sizeof(float), cudaMemcpyDeviceToHost, stream));
   STRIA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return Status::Ok();
+}
+
+Status CudaDecoder::FinishAlone(const DecodeWork& w, const float* partial, const TensorView* sinks, cudaStream_t stream,
+                                const void** rows, const float** lses) {
+  const DecodeShape& s = w.shape;
+  DeviceScope scope(device_);
+  STRIA_RETURN_IF_ERROR(scope.status());
+  const size_t n_rows = static_cast<size_t>(s.B * s.T * s.Hq);
+  STRIA_RETURN_IF_ERROR(rows_dev_.Reserve(std::max<size_t>(n_rows * static_cast<size_t>(s.D * DTypeSize(s.dtype)), 16),
+                                          "decode rows", nullptr));
+  STRIA_RETURN_IF_ERROR(lses_dev_.Reserve(std::max<size_t>(n_rows * sizeof(float), 16), "decode LSEs", nullptr));
+  cuda::DecodeFinishArgs a{};
+  a.partial = partial;
+  a.sinks = sinks != nullptr ? static_cast<const float*>(sinks->data) : nullptr;
+  a.sinks_stride = sinks != nullptr ? sinks->strides[0] : 0;
+  a.rows = rows_dev_.data();
+  a.lses = lses_dev_.f32();
+  a.B = static_cast<int>(s.B);
+  a.T = static_cast<int>(s.T);
+  a.Hq = static_cast<int>(s.Hq);
+  a.D = static_cast<int>(s.D);
+  STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchDecodeFinish(ElemOfDType(s.dtype), a, stream));
+  *rows = rows_dev_.data();
+  *lses = lses_dev_.f32();
   return Status::Ok();
 }
 

@@ -17,7 +17,9 @@ namespace stria {
 
 class CudaDecoder {
  public:
-  explicit CudaDecoder(int device) : device_(device) {}
+  // tensor_cores: the tensor-core decode kernel where the call allows it (16-bit rows of whole
+  // 16-byte chunks, D 64 or 128), else the SIMT one; false: SIMT always (STRIA_CUDA_KERNELS=simt).
+  CudaDecoder(int device, bool tensor_cores) : device_(device), tensor_cores_(tensor_cores) {}
   ~CudaDecoder();
   CudaDecoder(const CudaDecoder&) = delete;
   CudaDecoder& operator=(const CudaDecoder&) = delete;
@@ -33,6 +35,10 @@ class CudaDecoder {
   // caller writes them into the call's tensors on the same stream, then calls Done.
   Status Merge(const DecodeWork& w, const float* all, int world_size, const TensorView* sinks, cudaStream_t stream,
                const void** rows, const float** lses);
+  // A world of one: its own records (`partial`, device memory) are the result. The same compact
+  // rows and LSEs as Merge, made on the device on `stream`, with no trip through the host.
+  Status FinishAlone(const DecodeWork& w, const float* partial, const TensorView* sinks, cudaStream_t stream,
+                     const void** rows, const float** lses);
   // Marks the end of the call's work on `stream`: the next call reuses the buffers after it.
   Status Done(cudaStream_t stream);
 
@@ -43,6 +49,7 @@ class CudaDecoder {
   int SmCount();
 
   const int device_;
+  const bool tensor_cores_;
   int sms_ = 0;
   cudaEvent_t done_ = nullptr;  // recorded at the end of the last call's work (Done)
   // Host sources of the uploads, the call's own copies: a copy from pageable memory may read its
@@ -50,11 +57,12 @@ class CudaDecoder {
   // until the call's work is done.
   std::vector<cuda::DecodePiece> pieces_;
   std::vector<cuda::DecodeItem> items_;
-  std::vector<int64_t> first_item_, q_pos_;
+  std::vector<int64_t> first_item_;
+  std::vector<char> tables_;  // the tables of DecodeArgs and DecodeMergeArgs, back to back
   std::vector<cuda::TokenCopy> copies_;
   std::vector<char> rows_host_;
   std::vector<float> lses_host_, sinks_host_;
-  DeviceBuffer pieces_dev_, items_dev_, q_pos_dev_, first_item_dev_, states_, copies_dev_, rows_dev_, lses_dev_;
+  DeviceBuffer tables_dev_, states_, copies_dev_, rows_dev_, lses_dev_;
 };
 
 }  // namespace stria
