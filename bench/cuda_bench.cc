@@ -291,9 +291,12 @@ int Kernels(const std::vector<int64_t>& dims, const std::vector<int64_t>& lens, 
         const double bwd_ms = TimeMs(stream, reps, backward);
         const double flops = 4.0 * B * H * static_cast<double>(S) * S * D * (causal ? 0.5 : 1.0);
         // The kernel family: STRIA_CUDA_KERNELS, or "default" when unset (the library's choice for
-        // this device, cuda_backend.cc; gpu_run.sh names each family it times).
+        // this device, cuda_backend.cc; gpu_run.sh names each family it times), and the TMA
+        // backward's dQ path when one is named (STRIA_CUDA_TMA_DQ: stria_tma_atomicdq).
         const char* env = std::getenv("STRIA_CUDA_KERNELS");
-        const std::string impl = std::string("stria_") + (env != nullptr && *env != '\0' ? env : "default");
+        const char* dq = std::getenv("STRIA_CUDA_TMA_DQ");
+        const std::string impl = std::string("stria_") + (env != nullptr && *env != '\0' ? env : "default") +
+                                 (dq != nullptr && *dq != '\0' ? std::string("_") + dq + "dq" : "");
         std::printf("impl=%s dir=fwd dim=%lld causal=%d len=%lld batch=%lld heads=%lld ms=%.4f tflops=%.1f\n",
                     impl.c_str(), (long long)D, causal, (long long)S, (long long)B, (long long)H, fwd_ms,
                     flops / fwd_ms * 1e-9);

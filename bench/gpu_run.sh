@@ -153,6 +153,7 @@ say "GPU: $gpu; $jobs cores"
 hopper=0
 [[ "$gpu" == *", 9.0,"* ]] && hopper=1
 families=(mma)  # the Hopper families join once their tests pass (below)
+tma_atomic=0    # and the TMA backward's atomic dQ beside its default
 
 # Test logs: one per process, all appended to gpu_test_output.txt; gtest_summary.py says per suite
 # what passed, failed, or started and never ended (the case a time limit or a crash stopped).
@@ -214,6 +215,16 @@ for family in wgmma tma; do
     else
       note_failure "$family"
     fi
+    # The TMA backward's other dQ path (the consumers' atomics; the default is the dQ warp's bulk
+    # reductions), timed below beside the default once its cases pass.
+    if [ $family = tma ]; then
+      if STRIA_CUDA_TMA_DQ=atomic sharded cuda_ring_tma_atomicdq "$(cap 120)" "$bin"/tests/gpu/test_cuda_ring \
+        "Tma/*"; then
+        [ $hopper = 1 ] && [[ " ${families[*]} " == *" tma "* ]] && tma_atomic=1
+      else
+        note_failure tma
+      fi
+    fi
   fi
 done
 # FAMILIES: a later call's choice, from the tests of an earlier one.
@@ -233,6 +244,11 @@ if stage kernels $((20 + 25 * nf)); then
       "$bin"/bench/stria-cuda-bench kernels --dims $dims --lens $lens 2>&1 | tee -a "$results" ||
       { say "stria_$family kernels: failed or timed out"; note_failure kernels; }
   done
+  if [ $tma_atomic = 1 ]; then  # the backward is what differs; the forward comes along
+    STRIA_CUDA_KERNELS=tma STRIA_CUDA_TMA_DQ=atomic timeout -k 10 "$(cap 240)" \
+      "$bin"/bench/stria-cuda-bench kernels --dims $dims --lens $lens --deterministic 0 2>&1 | tee -a "$results" ||
+      { say "stria_tma_atomicdq kernels: failed or timed out"; note_failure kernels; }
+  fi
   timeout -k 10 "$(cap 240)" python3 bench/torch_sdpa_gpu.py --dims $dims --lens $lens 2>&1 | tee -a "$results" ||
     { say "torch SDPA: failed or timed out"; note_failure kernels; }
 fi
@@ -322,13 +338,17 @@ if stage sanitizer 60; then
     say "compute-sanitizer not found"
     note_failure sanitizer
   else
-    runs=("memcheck ring $filter" "memcheck primitives")
+    # Decode: the tensor-core kernel (16-bit at D 64 and 128) under both tools, the SIMT one under
+    # memcheck (float32 and the other head dims).
+    runs=("memcheck ring $filter" "memcheck primitives" "memcheck serving Cases/CudaDecode.*")
     for r in "${races[@]}"; do runs+=("racecheck ring $r"); done
-    runs+=("racecheck primitives")
+    runs+=("racecheck primitives" "racecheck serving Cases/CudaDecode.*N3_striped_paged_f16_B3_T3_H8x2_D128*")
     for run in "${runs[@]}"; do
       read -r tool what cases <<<"$run"
       if [ "$what" = ring ]; then
         args=("$bin"/tests/gpu/test_cuda_ring --gtest_filter="$cases") limit=$([ $tool = memcheck ] && echo 150 || echo 60)
+      elif [ "$what" = serving ]; then
+        args=("$bin"/tests/gpu/test_cuda_serving --gtest_filter="$cases") limit=90
       else
         args=("$bin"/tests/gpu/test_hopper_primitives) limit=60
       fi

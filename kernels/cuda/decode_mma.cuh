@@ -30,7 +30,7 @@ struct DecodeMmaTile {
   static constexpr int kStageBytes = 2 * kTileElems * 2;
   // The warps' states at the end (maximum, sum, D outputs per row), over the stages' space.
   static constexpr int kMergeBytes = kWarps * kRows * (D + 2) * 4;
-  static constexpr int kSmemBytes = kStages * kStageBytes > kMergeBytes ? kStages * kStageBytes : kMergeBytes;
+  static constexpr int kSmemBytes = kStages * kStageBytes > kMergeBytes ? kStages* kStageBytes : kMergeBytes;
 };
 
 // Where a CTA is in its item's keys: piece p, keys from j0 (a tile is up to kKeys of them).
@@ -232,7 +232,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) DecodeMmaKernel(DecodeArgs a) {
   block_sync();  // every warp is done with the stages: the states take their space
 
   // The warps' states meet: per warp and row the maximum, the sum and the D outputs.
-  float* ms = reinterpret_cast<float*>(smem);  // [kWarps][kRows]
+  float* ms = reinterpret_cast<float*>(smem);   // [kWarps][kRows]
   float* ls = ms + Tile::kWarps * Tile::kRows;  // [kWarps][kRows]
   float* os = ls + Tile::kWarps * Tile::kRows;  // [kWarps][kRows][D]
   STRIA_UNROLL

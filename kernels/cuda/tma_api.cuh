@@ -11,6 +11,12 @@
 // the copy retires them, and the barrier's phase completes when every expected arrival came and
 // no byte is outstanding. A waiter names the parity of the phase it waits for; phases alternate,
 // so a ring of buffers flips its parity bit each time around.
+//
+// A bulk reduction (cp.reduce.async.bulk .add.f32) adds a run of floats in shared memory into
+// global memory in the L2, whole lines at a time: what the TMA backward's dQ goes out by. Its
+// completion is counted per thread in bulk groups: bulk_wait_group_read<N> returns once at most N
+// of this thread's groups still read shared memory (the buffer may then be written again),
+// bulk_wait_group<N> once their writes are done.
 #pragma once
 
 #include <cstdint>
@@ -85,6 +91,20 @@ inline void named_barrier_sync(int id, int threads) {
 inline void named_barrier_arrive(int id, int threads) {
   emu::detail::NamedBarrier(id, threads, false);
 }
+// The emulator adds at issue (blocks run one at a time on one OS thread: the adds are atomic), so
+// the group waits have nothing left to wait for; the GPU's alignment rules are checked.
+inline void bulk_reduce_add_f32(float* gmem, const void* smem, uint32_t bytes) {
+  if (reinterpret_cast<uintptr_t>(gmem) % 16 != 0) emu::detail::Misaligned("bulk reduction (global)", gmem, 16);
+  if (reinterpret_cast<uintptr_t>(smem) % 16 != 0) emu::detail::Misaligned("bulk reduction (shared)", smem, 16);
+  if (bytes % 16 != 0) emu::detail::Misaligned("bulk reduction (size)", reinterpret_cast<void*>(uintptr_t{bytes}), 16);
+  const float* src = static_cast<const float*>(smem);
+  for (uint32_t i = 0; i < bytes / 4; ++i) gmem[i] += src[i];
+}
+inline void bulk_commit_group() {}
+template <int N>
+inline void bulk_wait_group_read() {}
+template <int N>
+inline void bulk_wait_group() {}
 
 }  // namespace cuda
 }  // namespace stria
@@ -150,6 +170,23 @@ STRIA_DEVICE void named_barrier_sync(int id, int threads) {
 }
 STRIA_DEVICE void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// gmem[0 .. bytes / 4) += smem[...] (floats; both addresses and `bytes` multiples of 16).
+STRIA_DEVICE void bulk_reduce_add_f32(float* gmem, const void* smem, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(gmem),
+               "r"(smem_addr(smem)), "r"(bytes)
+               : "memory");
+}
+STRIA_DEVICE void bulk_commit_group() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+template <int N>
+STRIA_DEVICE void bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+STRIA_DEVICE void bulk_wait_group() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 }  // namespace cuda

@@ -10,8 +10,16 @@
 //  - the two consumer warpgroups meet only where they exchange dS^T (a 256-thread named barrier
 //    before writing it, so the previous step's dQ products are done reading it, and one after, so
 //    both halves are in), never with the producer.
-// The products, masks and dQ atomics are wgmma_backward.cuh's, step for step (and, with kDq
-// false, its step without dQ: the consumers then never meet).
+// The products and masks are wgmma_backward.cuh's, step for step (and, with kDq false, its step
+// without dQ: the consumers then never meet). dQ goes out one of two ways:
+//  - kBulkDq (the default): each consumer warpgroup writes its 64 x 64 block of the step's dQ into
+//    a shared [kM][D] float buffer (two of them, alternating by step) and arrives on the buffer's
+//    "full" mbarrier; warp 1 of the producer warpgroup adds the whole tile into dq_acc with one bulk
+//    reduction (the tile's rows are contiguous there), waits until it has read the buffer and
+//    arrives on its "empty" mbarrier. The consumers' share of dQ is then a few shared stores, where
+//    per-element atomics held them for the L2's round trips, and the L2 adds whole lines;
+//  - otherwise the consumers' per-element atomics, as the wgmma kernel (STRIA_CUDA_TMA_DQ=atomic,
+//    for comparing the two).
 #pragma once
 
 #include "cuda/tma_api.cuh"
@@ -20,16 +28,19 @@
 namespace stria {
 namespace cuda {
 
-template <int D>
+template <int D, bool kBulkDq = false>
 struct TmaBwdTile {
   static constexpr int kConsumers = 2, kThreads = 128 * (kConsumers + 1), kN = 128;
   static constexpr int kM = WgmmaBwdTile<D>::kM, kStages = 2;
   static constexpr int kKvBytes = kN * D * 2, kQBytes = kM * D * 2, kDsBytes = kN * kM * 2;
-  // K/V full, then per stage Q/dO full and empty.
-  static constexpr int kBarriers = 1 + 2 * kStages;
-  // K, V; Q and dO per stage; dS^T; lse2 and delta per stage; the barriers; the alignment slack.
-  static constexpr int kSmemBytes =
-      2 * kKvBytes + 2 * kStages * kQBytes + kDsBytes + 2 * kStages * kM * 4 + 8 * kBarriers + kSwizzleAtomBytes;
+  // The bulk dQ's two [kM][D] float buffers (none with atomics).
+  static constexpr int kDqBuffers = kBulkDq ? 2 : 0, kDqBytes = kM * D * 4;
+  // K/V full, per stage Q/dO full and empty, per dQ buffer full and empty.
+  static constexpr int kBarriers = 1 + 2 * kStages + 2 * kDqBuffers;
+  // K, V; Q and dO per stage; dS^T; lse2 and delta per stage; the dQ buffers; the barriers; the
+  // alignment slack.
+  static constexpr int kSmemBytes = 2 * kKvBytes + 2 * kStages * kQBytes + kDsBytes + 2 * kStages * kM * 4 +
+                                    kDqBuffers * kDqBytes + 8 * kBarriers + kSwizzleAtomBytes;
 };
 
 // The block's parameters and the TMA maps of the caller's Q and dO (boxes of kM rows) and of the
@@ -39,10 +50,11 @@ struct TmaBwdParams {
   TensorMap q_map, do_map, k_map, v_map;
 };
 
-template <typename T, int D, bool kDocs = false, bool kDq = true>
+template <typename T, int D, bool kDocs = false, bool kDq = true, bool kBulkDq = false>
 STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaBackwardKernel(const STRIA_GRID_CONSTANT TmaBwdParams tp) {
 #if STRIA_HAS_WGMMA
-  using Tile = TmaBwdTile<D>;
+  static_assert(kDq || !kBulkDq, "the bulk dQ needs a dQ");
+  using Tile = TmaBwdTile<D, kBulkDq>;
   constexpr int kM = Tile::kM, kN = Tile::kN, kStages = Tile::kStages, kConsumerThreads = 128 * Tile::kConsumers;
   const BwdParams& p = tp.p;
   STRIA_DYNAMIC_SMEM(smem_raw);
@@ -53,9 +65,12 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaBackwardKernel(const STRIA_GR
   unsigned char* dss = dos + kStages * Tile::kQBytes;
   float* lse2s = reinterpret_cast<float*>(dss + Tile::kDsBytes);  // [kStages][kM]
   float* deltas = lse2s + kStages * kM;                           // [kStages][kM]
-  uint64_t* kv_full = reinterpret_cast<uint64_t*>(deltas + kStages * kM);
+  float* dqs = deltas + kStages * kM;                             // [kDqBuffers][kM][D]: 16-byte aligned
+  uint64_t* kv_full = reinterpret_cast<uint64_t*>(dqs + Tile::kDqBuffers * kM * D);
   uint64_t* q_full = kv_full + 1;
   uint64_t* q_empty = q_full + kStages;
+  uint64_t* dq_full = q_empty + kStages;            // per dQ buffer: both consumer warpgroups wrote it
+  uint64_t* dq_empty = dq_full + Tile::kDqBuffers;  // and the dQ warp's reduction has read it
 
   const Dims& d = p.dims;
   const int tid = static_cast<int>(threadIdx.x), wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
@@ -82,13 +97,37 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaBackwardKernel(const STRIA_GR
       mbar_init(&q_full[st], 32);
       mbar_init(&q_empty[st], kConsumerThreads);
     }
+    for (int buf = 0; buf < Tile::kDqBuffers; ++buf) {
+      mbar_init(&dq_full[buf], kConsumerThreads);
+      mbar_init(&dq_empty[buf], 1);
+    }
     fence_barrier_init();
   }
   block_sync();  // the last block-wide barrier
 
   if (wg == 0) {
-    // The producer: warp 0 (lane 0 issues the copies, all 32 lanes store lse2 and delta).
+    // The producer: warp 0 (lane 0 issues the copies, all 32 lanes store lse2 and delta), and with
+    // the bulk dQ lane 0 of warp 1, which adds each step's dQ tile into dq_acc.
     setmaxnreg_dec<24>();
+    if constexpr (kBulkDq) {
+      if (warp == 1) {
+        if (lane != 0) return;
+        for (int s = 0; s < steps; ++s) {
+          const int buf = s & 1;
+          mbar_wait(&dq_full[buf], (s >> 1) & 1);
+          const int64_t i0 = rows_of(s), bh = static_cast<int64_t>(b) * d.Hq + head_of(s);
+          // The tile's rows inside the block (its last tile may run past L); those outside the
+          // block's queries hold zeros (the consumers' stores).
+          const int64_t rows = MinI(static_cast<int64_t>(kM), d.L - i0);
+          bulk_reduce_add_f32(p.dq_acc + (bh * d.L + i0) * D, dqs + buf * kM * D, static_cast<uint32_t>(rows * D * 4));
+          bulk_commit_group();
+          bulk_wait_group_read<0>();  // the buffer has been read: the consumers may write it again
+          mbar_arrive(&dq_empty[buf]);
+        }
+        bulk_wait_group<0>();  // the adds are done before the CTA's shared memory goes
+        return;
+      }
+    }
     if (warp != 0) return;
     if (lane == 0) {
       prefetch_tensor_map(&tp.q_map);
@@ -144,14 +183,44 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaBackwardKernel(const STRIA_GR
     const float* lse2 = lse2s + st * kM;
     const float* delta = deltas + st * kM;
 
-    BackwardStep<T, D, kM, kN, kDocs, kDq>(
-        p, mask, j0, cw, i0, bh, k_addr, v_addr, q_addr, do_addr, dss, lse2, delta, key, dk, dv,
-        consumers_sync,  // both warpgroups' dQ products of the previous step are done reading dS^T
-        [&] {
-          fence_proxy_async();
-          consumers_sync();  // dS^T of both warpgroups written and visible to wgmma
-        },
-        [&] { mbar_arrive(&q_empty[st]); });  // this stage's Q, dO, lse2 and delta have been read
+    // The bulk dQ: this warpgroup's block of the tile into buffer s & 1 once the dQ warp has read
+    // what was there two steps ago; rows outside the block's queries as zeros, so that a NaN or an
+    // infinity in K that their zero dS met cannot reach rows the block does not own.
+    auto dq_to_buffer = [&](const float(&dq)[32], int qb, int cb) {
+      const int buf = s & 1;
+      mbar_wait(&dq_empty[buf], ((s >> 1) & 1) ^ 1);  // the first use of a buffer does not wait
+      float* tile = dqs + buf * kM * D;
+      STRIA_UNROLL
+      for (int e = 0; e < 2; ++e) {
+        const int r = 64 * qb + 16 * warp + g + 8 * e;
+        const bool own = i0 + r >= p.mask.q_begin && i0 + r < p.mask.q_end;
+        STRIA_UNROLL
+        for (int nt = 0; nt < 8; ++nt) {
+          float2 v;
+          v.x = own ? dq[4 * nt + 2 * e] : 0.f;
+          v.y = own ? dq[4 * nt + 2 * e + 1] : 0.f;
+          *reinterpret_cast<float2*>(tile + r * D + 64 * cb + 8 * nt + 2 * t4) = v;
+        }
+      }
+      fence_proxy_async();  // the stores, visible to the bulk reduction's reads
+      mbar_arrive(&dq_full[buf]);
+    };
+    auto dq_atomics = [&](const float(&dq)[32], int qb, int cb) { AddDqAtomics<D>(p, bh, i0, dq, qb, cb); };
+    auto step = [&](auto store_dq) {
+      BackwardStep<T, D, kM, kN, kDocs, kDq>(
+          p, mask, j0, cw, i0, k_addr, v_addr, q_addr, do_addr, dss, lse2, delta, key, dk, dv,
+          consumers_sync,  // both warpgroups' dQ products of the previous step are done reading dS^T
+          [&] {
+            fence_proxy_async();
+            consumers_sync();  // dS^T of both warpgroups written and visible to wgmma
+          },
+          [&] { mbar_arrive(&q_empty[st]); },  // this stage's Q, dO, lse2 and delta have been read
+          store_dq);
+    };
+    if constexpr (kBulkDq)
+      step(dq_to_buffer);
+    else
+      step(dq_atomics);
   }
 
   StoreKeyGrads<T, D>(p, b, hk, key, t4, dk, dv);

@@ -3,6 +3,10 @@
 
 // launch_tiles.cuh first: it includes the CUDA runtime's header before the device API, whose
 // emulated build defines threadIdx and the like as macros that the runtime's header must not see.
+#include <strings.h>
+
+#include <cstdlib>
+
 #include "cuda/launch_tiles.cuh"
 #include "cuda/tma_backward.cuh"
 #include "cuda/tma_forward.cuh"
@@ -30,10 +34,22 @@ cudaError_t LaunchTmaForward(const FwdParams& p, cudaStream_t s) {
   return STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(tp);
 }
 
+// How the TMA backward adds dQ (tma_backward.cuh): STRIA_CUDA_TMA_DQ unset or "bulk" (the dQ
+// warp's bulk reductions) or "atomic" (the consumers' atomics), read at every launch (a getenv
+// beside a kernel of milliseconds). False for any other value: a misspelt choice must not quietly
+// measure the default.
+inline bool TmaBulkDq(bool* bulk) {
+  const char* env = std::getenv("STRIA_CUDA_TMA_DQ");
+  *bulk = env == nullptr || *env == '\0' || strcasecmp(env, "bulk") == 0;
+  return *bulk || strcasecmp(env, "atomic") == 0;
+}
+
 // sm_90a only; like the TMA forward, a view TMA cannot describe takes the cp.async wgmma kernel.
 template <typename T, int D, bool kDq = true>
 cudaError_t LaunchTmaBackward(const BwdParams& p, cudaStream_t s) {
   using Tile = TmaBwdTile<D>;
+  bool bulk = false;
+  if (kDq && !TmaBulkDq(&bulk)) return cudaErrorInvalidValue;
   TmaBwdParams tp{};
   tp.p = p;
   const Dims& d = p.dims;
@@ -41,12 +57,20 @@ cudaError_t LaunchTmaBackward(const BwdParams& p, cudaStream_t s) {
                       EncodeViewMap(&tp.do_map, p.dout, d, d.Hq, Tile::kM) &&
                       EncodeBlockMaps(&tp.k_map, &tp.v_map, p.k, p.v, d, Tile::kN);
   if (!mapped) return LaunchWgmmaBackward<T, D, kDq>(p, s);
+  const bool docs = p.mask.doc_lo != nullptr;
   void (*kernel)(TmaBwdParams) =
-      p.mask.doc_lo != nullptr ? WgmmaTmaBackwardKernel<T, D, true, kDq> : WgmmaTmaBackwardKernel<T, D, false, kDq>;
-  const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
+      docs ? WgmmaTmaBackwardKernel<T, D, true, kDq> : WgmmaTmaBackwardKernel<T, D, false, kDq>;
+  int smem = TmaBwdTile<D>::kSmemBytes;
+  if constexpr (kDq) {
+    if (bulk) {
+      kernel = docs ? WgmmaTmaBackwardKernel<T, D, true, true, true> : WgmmaTmaBackwardKernel<T, D, false, true, true>;
+      smem = TmaBwdTile<D, true>::kSmemBytes;
+    }
+  }
+  const cudaError_t allowed = AllowSmem(kernel, smem);
   if (allowed != cudaSuccess) return allowed;
   const dim3 grid(static_cast<unsigned>((d.L + Tile::kN - 1) / Tile::kN), static_cast<unsigned>(d.B * d.Hkv));
-  return STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(tp);
+  return STRIA_LAUNCH(kernel, grid, Tile::kThreads, smem, s)(tp);
 }
 template <typename T, int D>
 cudaError_t LaunchTmaBackwardKv(const BwdParams& p, cudaStream_t s) {

@@ -60,15 +60,18 @@ STRIA_DEVICE void StoreKeyGrads(const BwdParams& p, int b, int hk, const int64_t
 // The CTA's synchronisation comes from the caller: `before_ds` runs before this warpgroup writes
 // dS^T (the other warpgroup's dQ products of the previous tile must be done reading it),
 // `published` after (every warpgroup's dS^T written and fenced for wgmma), `done` once every
-// product of the tile, the last readers of Q and dO, has completed. With kDq false the step leaves
-// dQ out (the deterministic backward computes it in a pass of its own: mma_backward_dq.cuh), and
-// with it dS^T's trip through shared memory and the two callbacks around it.
-template <typename T, int D, int kM, int kN, bool kDocs, bool kDq, typename BeforeDs, typename Published, typename Done>
-STRIA_DEVICE void BackwardStep(const BwdParams& p, const MaskArgs& mask, int64_t j0, int wg, int64_t i0, int64_t bh,
+// product of the tile, the last readers of Q and dO, has completed. `store_dq(dq, qb, cb)` takes the
+// warpgroup's 64 x 64 block of the tile's dQ (query rows 64 qb.., head-dim columns 64 cb.., in the
+// accumulator layout) into dq_acc: AddDqAtomics, or the TMA kernel's bulk reductions. With kDq false
+// the step leaves dQ out (the deterministic backward computes it in a pass of its own:
+// mma_backward_dq.cuh), and with it dS^T's trip through shared memory and the callbacks around it.
+template <typename T, int D, int kM, int kN, bool kDocs, bool kDq, typename BeforeDs, typename Published, typename Done,
+          typename StoreDq>
+STRIA_DEVICE void BackwardStep(const BwdParams& p, const MaskArgs& mask, int64_t j0, int wg, int64_t i0,
                                uint32_t k_addr, uint32_t v_addr, uint32_t q_addr, uint32_t do_addr, unsigned char* dss,
                                const float* lse2, const float* delta, const int64_t key[2], float (&dk)[D / 2],
-                               float (&dv)[D / 2], BeforeDs before_ds, Published published, Done done) {
-  const Dims& d = p.dims;
+                               float (&dv)[D / 2], BeforeDs before_ds, Published published, Done done,
+                               StoreDq store_dq) {
   const int warp = (static_cast<int>(threadIdx.x) >> 5) & 3, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, t4 = lane & 3;
   const uint32_t ds_addr = smem_addr(dss);
@@ -167,11 +170,21 @@ STRIA_DEVICE void BackwardStep(const BwdParams& p, const MaskArgs& mask, int64_t
   wgmma_fence_operand(dv);
   wgmma_fence_operand(dk);
   done();
+  store_dq(dq, qb, cb);
+}
+
+// A warpgroup's 64 x 64 block of a tile's dQ (rows 64 qb.. of the tile at i0, columns 64 cb..; the
+// accumulator layout) added into dq_acc with two-wide float atomics, rows outside the block's
+// queries left alone (dS is 0 there).
+template <int D>
+STRIA_DEVICE void AddDqAtomics(const BwdParams& p, int64_t bh, int64_t i0, const float (&dq)[32], int qb, int cb) {
+  const int warp = (static_cast<int>(threadIdx.x) >> 5) & 3, lane = static_cast<int>(threadIdx.x) & 31;
+  const int g = lane >> 2, t4 = lane & 3;
   STRIA_UNROLL
   for (int e = 0; e < 2; ++e) {
     const int64_t i = i0 + 64 * qb + 16 * warp + g + 8 * e;
     if (i < p.mask.q_begin || i >= p.mask.q_end) continue;  // dS is 0 there
-    float* dst = p.dq_acc + (bh * d.L + i) * D + 64 * cb + 2 * t4;
+    float* dst = p.dq_acc + (bh * p.dims.L + i) * D + 64 * cb + 2 * t4;
     STRIA_UNROLL
     for (int nt = 0; nt < 8; ++nt) atomic_add2(dst + 8 * nt, dq[4 * nt + 2 * e], dq[4 * nt + 2 * e + 1]);
   }
@@ -259,12 +272,12 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaBackwardKernel(const BwdParams p
     const float* delta = deltas + st * kM;
 
     BackwardStep<T, D, kM, kN, kDocs, kDq>(
-        p, mask, j0, wg, i0, bh, k_addr, v_addr, q_addr, do_addr, dss, lse2, delta, key, dk, dv, [] {},
+        p, mask, j0, wg, i0, k_addr, v_addr, q_addr, do_addr, dss, lse2, delta, key, dk, dv, [] {},
         [] {
           fence_proxy_async();
           block_sync();  // dS^T of both warpgroups written and visible to wgmma
         },
-        [] {});
+        [] {}, [&](const float(&dq)[32], int qb, int cb) { AddDqAtomics<D>(p, bh, i0, dq, qb, cb); });
   }
 
   StoreKeyGrads<T, D>(p, b, hk, key, t4, dk, dv);
