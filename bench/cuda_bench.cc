@@ -271,6 +271,7 @@ int Kernels(const std::vector<int64_t>& dims, const std::vector<int64_t>& lens, 
   int64_t heads = 1;
   for (int64_t D : dims) heads = std::max(heads, 2048 / D);
   Dev lse(static_cast<size_t>(tokens * heads) * 4, false);  // B*H*S floats
+  Dev sinks(static_cast<size_t>(heads) * 4), dsinks(static_cast<size_t>(heads) * 4, false);  // [H] floats
   for (int64_t D : dims)
     for (int64_t S : lens)
       for (int causal : {0, 1}) {
@@ -304,6 +305,35 @@ int Kernels(const std::vector<int64_t>& dims, const std::vector<int64_t>& lens, 
                     impl.c_str(), (long long)D, causal, (long long)S, (long long)B, (long long)H, bwd_ms,
                     2.5 * flops / bwd_ms * 1e-9);
         if (D == 128 && causal && S >= 4096) Split(impl, S, B, H, D, reps, fwd_ms, bwd_ms, forward, backward, stream);
+        if (D == 128 && causal) {
+          // Gemma 2's softcap (30) and gpt-oss's sinks (one logit per head, their gradient too),
+          // each beside the plain call above: what the score modifications cost on this family.
+          int64_t hshape[1] = {H};
+          DLTensor tsinks = View(sinks.p, hshape, 1, f32), tdsinks = View(dsinks.p, hshape, 1, f32);
+          for (int variant = 0; variant < 2; ++variant) {
+            stria_attention_params_t m = p;
+            if (variant == 0) {
+              m.softcap = 30.f;
+            } else {
+              m.sinks = &tsinks;
+              m.dsinks = &tdsinks;
+            }
+            const double f_ms = TimeMs(stream, reps, [&] {
+              CHECK_STRIA(stria_attention_forward(ctx, &m, &tq, &tk, &tv, &to, &tl, stream));
+            });
+            const double b_ms = TimeMs(stream, reps, [&] {
+              CHECK_STRIA(
+                  stria_attention_backward(ctx, &m, &tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk, &tdv, stream));
+            });
+            const char* name = variant == 0 ? "softcap30" : "sinks";
+            std::printf("impl=%s_%s dir=fwd dim=%lld causal=%d len=%lld batch=%lld heads=%lld ms=%.4f tflops=%.1f\n",
+                        impl.c_str(), name, (long long)D, causal, (long long)S, (long long)B, (long long)H, f_ms,
+                        flops / f_ms * 1e-9);
+            std::printf("impl=%s_%s dir=bwd dim=%lld causal=%d len=%lld batch=%lld heads=%lld ms=%.4f tflops=%.1f\n",
+                        impl.c_str(), name, (long long)D, causal, (long long)S, (long long)B, (long long)H, b_ms,
+                        2.5 * flops / b_ms * 1e-9);
+          }
+        }
         if (deterministic && D == 128) {
           // The deterministic backward (this family's dK/dV pass, then mma.sync's dQ pass), at the
           // head dim of the bars: what reproducible dQ costs beside the default backward.

@@ -17,7 +17,8 @@
 #                others: their kernels wait on mbarriers, so a misread phase
 #                hangs rather than fails
 #   kernels      each family whose tests passed (mma; wgmma and tma on sm_90)  60 s for three
-#                beside torch SDPA's flash and cuDNN backends, same shapes
+#                beside torch SDPA's flash and cuDNN backends, same shapes;
+#                at D 128, causal, softcap 30 and sinks beside the plain call
 #   ring         the modelled N = 8 ring at 256k tokens, per family            12 s a family
 #   docs         packed documents: the modelled ring of a document plan and    not yet measured
 #                of each layout, lognormal lengths, 32k and 128k tokens, N 8

@@ -101,8 +101,20 @@ def main(script):
             or "| 1048576 | 2 |" in out):
         failures.append("a line cut short was read")
     empty = report(script, "== build failed: nothing else can run\n")
-    if empty.count("| not measured |") != 3 or "decode" in empty:
+    if empty.count("| not measured |") != 5 or "decode" in empty:
         failures.append(f"a run that measured nothing: {empty!r}")
+    # Softcap and sinks: columns of their own, judged against their family's plain call on the same
+    # shape, never the best family against flash (the sinks line here is faster than the plain one).
+    shape = "dim=128 causal=1 len=4096 batch=4 heads=16 ms=1"
+    mods = report(script, "".join(f"impl={i} dir=fwd {shape} tflops={t}\n" for i, t in (
+        ("stria_tma", 450.0), ("stria_tma_softcap30", 400.0), ("stria_tma_sinks", 500.0), ("torch_flash", 300.0))))
+    for line in (
+            "| 128 | yes | 4096 | 450 | 500 | 400 | 300 | – | 1.50x |",
+            "| causal forward, D 128, 4k+ tokens: best stria / flash (1 shapes) | >= 1.0x | 1.500 | met |",
+            "| softcap 30, causal, D 128: time over the plain call's (1 shapes and passes) | <= 1.10 | 1.125 | missed |",
+            "| sinks, causal, D 128: time over the plain call's (1 shapes and passes) | <= 1.10 | 0.900 | met |"):
+        if line not in mods.splitlines():
+            failures.append(f"score modifications, missing: {line}\n{mods}")
     for f in failures:
         print("FAIL:", f)
     if failures:
