@@ -270,7 +270,7 @@ int Kernels(const std::vector<int64_t>& dims, const std::vector<int64_t>& lens, 
   Dev q(n), k(n), v(n), o(n, false), dout(n), dq(n, false), dk(n, false), dv(n, false);
   int64_t heads = 1;
   for (int64_t D : dims) heads = std::max(heads, 2048 / D);
-  Dev lse(static_cast<size_t>(tokens * heads) * 4, false);  // B*H*S floats
+  Dev lse(static_cast<size_t>(tokens * heads) * 4, false);                                   // B*H*S floats
   Dev sinks(static_cast<size_t>(heads) * 4), dsinks(static_cast<size_t>(heads) * 4, false);  // [H] floats
   for (int64_t D : dims)
     for (int64_t S : lens)
@@ -318,12 +318,10 @@ int Kernels(const std::vector<int64_t>& dims, const std::vector<int64_t>& lens, 
               m.sinks = &tsinks;
               m.dsinks = &tdsinks;
             }
-            const double f_ms = TimeMs(stream, reps, [&] {
-              CHECK_STRIA(stria_attention_forward(ctx, &m, &tq, &tk, &tv, &to, &tl, stream));
-            });
+            const double f_ms = TimeMs(
+                stream, reps, [&] { CHECK_STRIA(stria_attention_forward(ctx, &m, &tq, &tk, &tv, &to, &tl, stream)); });
             const double b_ms = TimeMs(stream, reps, [&] {
-              CHECK_STRIA(
-                  stria_attention_backward(ctx, &m, &tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk, &tdv, stream));
+              CHECK_STRIA(stria_attention_backward(ctx, &m, &tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk, &tdv, stream));
             });
             const char* name = variant == 0 ? "softcap30" : "sinks";
             std::printf("impl=%s_%s dir=fwd dim=%lld causal=%d len=%lld batch=%lld heads=%lld ms=%.4f tflops=%.1f\n",

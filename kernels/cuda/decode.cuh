@@ -243,8 +243,9 @@ STRIA_GLOBAL void DecodeMergeKernel(DecodeMergeArgs a) {
   }
 }
 
-// A warp per (b, t, h) of a world of one: the record's row and LSE, the sink merged in as
-// MergeDecodeRecord does (a row that sees no key takes the sink's LSE and a zero row; NaN stays).
+// A warp per (b, t, h) of a world of one: the record's row and LSE into the call's out and lse, the
+// sink merged in as MergeDecodeRecord does (a row that sees no key takes the sink's LSE and a zero
+// row; NaN stays).
 template <typename T>
 STRIA_GLOBAL void DecodeFinishKernel(DecodeFinishArgs a) {
   const float neg_inf = NegInf();
@@ -266,8 +267,10 @@ STRIA_GLOBAL void DecodeFinishKernel(DecodeFinishArgs a) {
         lse = merged;
       }
     }
-    for (int d = lane_id(); d < a.D; d += 32) StoreElem<T>(a.rows, w * a.D + d, rec[d] * scale);
-    if (lane_id() == 0) a.lses[(b * a.Hq + h) * a.T + t] = lse;
+    const int64_t row = b * a.out_strides[0] + t * a.out_strides[1] + h * a.out_strides[2];
+    for (int d = lane_id(); d < a.D; d += 32) StoreElem<T>(a.out, row + d * a.out_strides[3], rec[d] * scale);
+    if (lane_id() == 0 && a.lse != nullptr)
+      a.lse[b * a.lse_strides[0] + h * a.lse_strides[1] + t * a.lse_strides[2]] = lse;
   }
 }
 

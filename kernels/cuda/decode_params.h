@@ -59,13 +59,16 @@ struct DecodeMergeArgs {
 };
 
 // A world of one: the rank's partial records are the call's result, with the sinks merged in (as
-// the host's merge does for any world): rows [B, T, Hq, D] in the call's dtype and LSEs [B, Hq, T].
+// the host's merge does for any world), written straight into the call's out [B, T, Hq, D] (its
+// dtype) and lse [B, Hq, T] (float32, or none) at their strides (elements).
 struct DecodeFinishArgs {
   const float* partial;  // [B, T, Hq, D + 1]
   const float* sinks;    // [Hq] at sinks_stride, or null
   int64_t sinks_stride;
-  void* rows;
-  float* lses;
+  void* out;
+  int64_t out_strides[4];
+  float* lse;  // or null
+  int64_t lse_strides[3];
   int B, T, Hq, D;
 };
 

@@ -180,6 +180,12 @@ std::vector<Case> CudaCases() {
     c.dt = Dt::kF32;
     c.D = 40;
     cases.push_back(c);
+    c.sinks = false;  // and speculative tokens: every stride of out and lse in use
+    c.dt = Dt::kF16;
+    c.D = 64;
+    c.T = 3;
+    c.lens = {17, 250};
+    cases.push_back(c);
   }
   return cases;
 }

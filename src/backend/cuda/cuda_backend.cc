@@ -593,12 +593,9 @@ class CudaBackend final : public Backend {
   // A world of one finishes on the device: its records are the result (FinishAlone).
   Status DecodeFinishAlone(const DecodeWork& work, const float* partial, const TensorView* sinks, const TensorView& out,
                            const TensorView* lse, bool* done) override {
-    const void* rows = nullptr;
-    const float* lses = nullptr;
-    STRIA_RETURN_IF_ERROR(
-        decoder_.FinishAlone(work, partial, sinks, static_cast<cudaStream_t>(work.stream), &rows, &lses));
+    STRIA_RETURN_IF_ERROR(decoder_.FinishAlone(work, partial, sinks, out, lse, static_cast<cudaStream_t>(work.stream)));
     *done = true;
-    return WriteDecodeResult(work, rows, lses, out, lse);
+    return Status::Ok();
   }
   // The merged rows and LSEs (compact, device memory) into the call's out and lse at their strides.
   Status WriteDecodeResult(const DecodeWork& work, const void* rows, const float* lses, const TensorView& out,

@@ -205,29 +205,25 @@ Status CudaDecoder::ToHost(const float* partial, size_t floats, cudaStream_t str
   return Status::Ok();
 }
 
-Status CudaDecoder::FinishAlone(const DecodeWork& w, const float* partial, const TensorView* sinks, cudaStream_t stream,
-                                const void** rows, const float** lses) {
+Status CudaDecoder::FinishAlone(const DecodeWork& w, const float* partial, const TensorView* sinks,
+                                const TensorView& out, const TensorView* lse, cudaStream_t stream) {
   const DecodeShape& s = w.shape;
   DeviceScope scope(device_);
   STRIA_RETURN_IF_ERROR(scope.status());
-  const size_t n_rows = static_cast<size_t>(s.B * s.T * s.Hq);
-  STRIA_RETURN_IF_ERROR(rows_dev_.Reserve(std::max<size_t>(n_rows * static_cast<size_t>(s.D * DTypeSize(s.dtype)), 16),
-                                          "decode rows", nullptr));
-  STRIA_RETURN_IF_ERROR(lses_dev_.Reserve(std::max<size_t>(n_rows * sizeof(float), 16), "decode LSEs", nullptr));
   cuda::DecodeFinishArgs a{};
   a.partial = partial;
   a.sinks = sinks != nullptr ? static_cast<const float*>(sinks->data) : nullptr;
   a.sinks_stride = sinks != nullptr ? sinks->strides[0] : 0;
-  a.rows = rows_dev_.data();
-  a.lses = lses_dev_.f32();
+  a.out = out.data;
+  for (int i = 0; i < 4; ++i) a.out_strides[i] = out.strides[i];
+  a.lse = lse != nullptr ? static_cast<float*>(lse->data) : nullptr;
+  for (int i = 0; i < 3 && lse != nullptr; ++i) a.lse_strides[i] = lse->strides[i];
   a.B = static_cast<int>(s.B);
   a.T = static_cast<int>(s.T);
   a.Hq = static_cast<int>(s.Hq);
   a.D = static_cast<int>(s.D);
   STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchDecodeFinish(ElemOfDType(s.dtype), a, stream));
-  *rows = rows_dev_.data();
-  *lses = lses_dev_.f32();
-  return Status::Ok();
+  return Done(stream);
 }
 
 Status CudaDecoder::Merge(const DecodeWork& w, const float* all, int world_size, const TensorView* sinks,

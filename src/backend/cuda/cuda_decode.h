@@ -35,10 +35,10 @@ class CudaDecoder {
   // caller writes them into the call's tensors on the same stream, then calls Done.
   Status Merge(const DecodeWork& w, const float* all, int world_size, const TensorView* sinks, cudaStream_t stream,
                const void** rows, const float** lses);
-  // A world of one: its own records (`partial`, device memory) are the result. The same compact
-  // rows and LSEs as Merge, made on the device on `stream`, with no trip through the host.
-  Status FinishAlone(const DecodeWork& w, const float* partial, const TensorView* sinks, cudaStream_t stream,
-                     const void** rows, const float** lses);
+  // A world of one: its own records (`partial`, device memory) are the result, written into out
+  // and lse (if given) by one kernel on `stream`, with no trip through the host.
+  Status FinishAlone(const DecodeWork& w, const float* partial, const TensorView* sinks, const TensorView& out,
+                     const TensorView* lse, cudaStream_t stream);
   // Marks the end of the call's work on `stream`: the next call reuses the buffers after it.
   Status Done(cudaStream_t stream);
 
