@@ -196,10 +196,12 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaBackwardKernel(const STRIA_GR
         const bool own = i0 + r >= p.mask.q_begin && i0 + r < p.mask.q_end;
         STRIA_UNROLL
         for (int nt = 0; nt < 8; ++nt) {
-          float2 v;
-          v.x = own ? dq[4 * nt + 2 * e] : 0.f;
-          v.y = own ? dq[4 * nt + 2 * e + 1] : 0.f;
-          *reinterpret_cast<float2*>(tile + r * D + 64 * cb + 8 * nt + 2 * t4) = v;
+          // One 8-byte store (the pair's address is 8-byte aligned).
+          struct alignas(8) Pair {
+            float lo, hi;
+          };
+          *reinterpret_cast<Pair*>(tile + r * D + 64 * cb + 8 * nt + 2 * t4) =
+              Pair{own ? dq[4 * nt + 2 * e] : 0.f, own ? dq[4 * nt + 2 * e + 1] : 0.f};
         }
       }
       fence_proxy_async();  // the stores, visible to the bulk reduction's reads
