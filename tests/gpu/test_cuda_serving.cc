@@ -7,6 +7,7 @@
 // group usable.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -212,6 +213,68 @@ TEST(CudaDecodeCalls, OnTheCallersStreamWithLengthsOnTheDevice) {
   c.lens = {37, 150, 0};
   c.B = 3;
   RunCudaCase(c, 99, /*on_stream=*/true, /*lens_on_device=*/true);
+}
+
+// NaN never passes: a NaN in one new token's key (stored into the cache, then seen by the call's
+// queries) makes exactly the rows that see it NaN, out and LSE, on every rank; every other row
+// stays finite. On both decode kernels: the tensor-core one (bf16, D 128) and SIMT (float32, D 40).
+TEST(CudaDecodeCalls, ANaNInASeenKeyReachesExactlyTheRowsThatSeeIt) {
+  STRIA_REQUIRE_GPU();
+  for (const bool tensor_cores : {true, false}) {
+    Case c;
+    c.n = 3;
+    c.dt = tensor_cores ? Dt::kBF16 : Dt::kF32;
+    c.D = tensor_cores ? 128 : 40;
+    c.B = 2;
+    c.Hq = 8;
+    c.Hkv = 2;
+    c.capacity = 120;
+    c.lens = {150, 300};
+    SCOPED_TRACE(c.Name());
+    DecodeInputs in(c, 77);
+    const int64_t B = c.B, T = c.T, Hq = c.Hq, D = c.D, group = Hq / c.Hkv;
+    in.k_new.Set(((1 * T + 0) * c.Hkv + 1) * D + 3, std::nan(""));  // sequence 1, token 0, K/V head 1
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    CudaGroup g(c.n);
+    ASSERT_EQ(g.status, STRIA_SUCCESS) << stria_get_last_error();
+    DeviceTensor q(in.q), k_new(in.k_new), v_new(in.v_new), sinks(in.sinks_t);
+    std::vector<std::unique_ptr<DeviceCache>> caches;
+    std::vector<std::unique_ptr<DeviceTensor>> outs, lses;
+    std::vector<Tensor> outs_host, lses_host;
+    for (int r = 0; r < c.n; ++r) {
+      caches.push_back(std::make_unique<DeviceCache>(c, in.caches[static_cast<size_t>(r)]));
+      outs_host.emplace_back(std::vector<int64_t>{B, T, Hq, D}, c.dt);
+      lses_host.emplace_back(std::vector<int64_t>{B, Hq, T}, Dt::kF32);
+      outs.push_back(std::make_unique<DeviceTensor>(outs_host.back()));
+      lses.push_back(std::make_unique<DeviceTensor>(lses_host.back()));
+    }
+    std::vector<stria_status_t> st(static_cast<size_t>(c.n));
+    RunRanks(c.n, [&](int r) {
+      cudaSetDevice(0);
+      stria_attention_params_t p = DecodeParams(c, &sinks.dl);
+      stria_kv_cache_t cache;
+      caches[static_cast<size_t>(r)]->Fill(c, c.lens, &cache);
+      st[static_cast<size_t>(r)] =
+          stria_attention_decode(g.ctx[static_cast<size_t>(r)], &p, &cache, &q.dl, &k_new.dl, &v_new.dl,
+                                 &outs[static_cast<size_t>(r)]->dl, &lses[static_cast<size_t>(r)]->dl, nullptr);
+    });
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (int r = 0; r < c.n; ++r) {
+      ASSERT_EQ(st[static_cast<size_t>(r)], STRIA_SUCCESS) << "rank " << r;
+      outs[static_cast<size_t>(r)]->CopyTo(&outs_host[static_cast<size_t>(r)]);
+      lses[static_cast<size_t>(r)]->CopyTo(&lses_host[static_cast<size_t>(r)]);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < Hq; ++h) {
+          const bool sees = b == 1 && h / group == 1;
+          const double lse = lses_host[static_cast<size_t>(r)].Get(b * Hq + h);
+          EXPECT_EQ(std::isnan(lse), sees) << "rank " << r << ", sequence " << b << ", head " << h << ": lse " << lse;
+          for (int64_t d = 0; d < D; ++d) {
+            const double o = outs_host[static_cast<size_t>(r)].Get((b * Hq + h) * D + d);
+            ASSERT_EQ(std::isnan(o), sees) << "rank " << r << ", sequence " << b << ", head " << h << ", d " << d;
+          }
+        }
+    }
+  }
 }
 
 // A generation loop: each step's new token goes into the cache (across the ranks' slots as the
