@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
@@ -392,6 +393,41 @@ inline std::vector<int64_t> Lengths(int64_t B, int64_t room, std::mt19937_64& rn
   if (B > 1) lens[0] = 0;
   if (B > 2) lens[2] = room;
   return lens;
+}
+
+// NaN never passes: a NaN in one new token's key (sequence 1, token 0, K/V head 1; stored into
+// the cache, then seen by the call's queries) must make exactly the rows that see it NaN, out and
+// LSE, on every rank, and leave every other row finite. The case (a new token per sequence, GQA
+// 4:1, causal), the poison, and the check of every rank's results.
+inline Case NaNKeyCase(Dt dt, int64_t D) {
+  Case c;
+  c.n = 3;
+  c.dt = dt;
+  c.D = D;
+  c.B = 2;
+  c.Hq = 8;
+  c.Hkv = 2;
+  c.capacity = 120;
+  c.lens = {150, 300};
+  return c;
+}
+inline void PoisonOneNewKey(const Case& c, DecodeInputs* in) {
+  in->k_new.Set(((1 * c.T + 0) * c.Hkv + 1) * c.D + 3, std::nan(""));
+}
+inline void ExpectNaNExactlyWhereSeen(const Case& c, const std::vector<Tensor>& outs, const std::vector<Tensor>& lses) {
+  const int64_t group = c.Hq / c.Hkv;
+  for (size_t r = 0; r < outs.size(); ++r)
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t t = 0; t < c.T; ++t)
+        for (int64_t h = 0; h < c.Hq; ++h) {
+          const bool sees = b == 1 && h / group == 1;
+          const double lse = lses[r].Get((b * c.Hq + h) * c.T + t);
+          EXPECT_EQ(std::isnan(lse), sees) << "rank " << r << ", sequence " << b << ", head " << h << ": lse " << lse;
+          for (int64_t d = 0; d < c.D; ++d) {
+            const double o = outs[r].Get(((b * c.T + t) * c.Hq + h) * c.D + d);
+            ASSERT_EQ(std::isnan(o), sees) << "rank " << r << ", sequence " << b << ", head " << h << ", d " << d;
+          }
+        }
 }
 
 // Speculative decode on four ranks of `capacity` slots: several new tokens per sequence, causal

@@ -20,14 +20,11 @@
 namespace stria_test {
 namespace {
 
-// Runs one decode call on a local group and checks it against the float64 reference.
-void RunCase(const Case& c, uint64_t seed) {
-  SCOPED_TRACE(c.Name());
-  DecodeInputs in(c, seed);
+// Runs one decode call on a local group: every rank's out and LSE.
+void RunDecode(const Case& c, DecodeInputs& in, std::vector<Tensor>& outs, std::vector<Tensor>& lses) {
   const int64_t B = c.B, T = c.T, Hq = c.Hq, D = c.D;
   LocalGroup g(c.n);
   ASSERT_EQ(g.status, STRIA_SUCCESS) << stria_get_last_error();
-  std::vector<Tensor> outs, lses;
   for (int r = 0; r < c.n; ++r) {
     outs.emplace_back(std::vector<int64_t>{B, T, Hq, D}, c.dt);
     lses.emplace_back(std::vector<int64_t>{B, Hq, T}, Dt::kF32);
@@ -52,6 +49,15 @@ void RunCase(const Case& c, uint64_t seed) {
   });
   for (int r = 0; r < c.n; ++r)
     ASSERT_EQ(st[static_cast<size_t>(r)], STRIA_SUCCESS) << "rank " << r << ": " << err[static_cast<size_t>(r)];
+}
+
+// Runs one decode call on a local group and checks it against the float64 reference.
+void RunCase(const Case& c, uint64_t seed) {
+  SCOPED_TRACE(c.Name());
+  DecodeInputs in(c, seed);
+  std::vector<Tensor> outs, lses;
+  RunDecode(c, in, outs, lses);
+  if (::testing::Test::HasFatalFailure()) return;
   ExpectDecodeResults(c, in, outs, lses, in.caches);
 }
 
@@ -110,6 +116,20 @@ INSTANTIATE_TEST_SUITE_P(Cases, Decode, ::testing::ValuesIn(Cases()), [](const :
 
 // Every cache length a generation loop passes through, one token appended per step: across rank
 // boundaries (contiguous) and page ends (blocks of 4).
+// NaN never passes (NaNKeyCase): float32 and bf16 on the CPU kernels.
+TEST(DecodeNaN, ASeenKeyReachesExactlyTheRowsThatSeeIt) {
+  for (Dt dt : {Dt::kF32, Dt::kBF16}) {
+    const Case c = NaNKeyCase(dt, 64);
+    SCOPED_TRACE(c.Name());
+    DecodeInputs in(c, 77);
+    PoisonOneNewKey(c, &in);
+    std::vector<Tensor> outs, lses;
+    RunDecode(c, in, outs, lses);
+    if (HasFatalFailure()) return;
+    ExpectNaNExactlyWhereSeen(c, outs, lses);
+  }
+}
+
 TEST(DecodeLoop, GrowsAcrossRanksAndPages) {
   for (stria_layout_t layout : {STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_CONTIGUOUS}) {
     Case c;

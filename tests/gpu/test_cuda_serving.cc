@@ -7,7 +7,6 @@
 // group usable.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -215,25 +214,16 @@ TEST(CudaDecodeCalls, OnTheCallersStreamWithLengthsOnTheDevice) {
   RunCudaCase(c, 99, /*on_stream=*/true, /*lens_on_device=*/true);
 }
 
-// NaN never passes: a NaN in one new token's key (stored into the cache, then seen by the call's
-// queries) makes exactly the rows that see it NaN, out and LSE, on every rank; every other row
-// stays finite. On both decode kernels: the tensor-core one (bf16, D 128) and SIMT (float32, D 40).
+// NaN never passes (NaNKeyCase) on both decode kernels: the tensor-core one (bf16, D 128) and
+// SIMT (float32, D 40).
 TEST(CudaDecodeCalls, ANaNInASeenKeyReachesExactlyTheRowsThatSeeIt) {
   STRIA_REQUIRE_GPU();
   for (const bool tensor_cores : {true, false}) {
-    Case c;
-    c.n = 3;
-    c.dt = tensor_cores ? Dt::kBF16 : Dt::kF32;
-    c.D = tensor_cores ? 128 : 40;
-    c.B = 2;
-    c.Hq = 8;
-    c.Hkv = 2;
-    c.capacity = 120;
-    c.lens = {150, 300};
+    const Case c = NaNKeyCase(tensor_cores ? Dt::kBF16 : Dt::kF32, tensor_cores ? 128 : 40);
     SCOPED_TRACE(c.Name());
     DecodeInputs in(c, 77);
-    const int64_t B = c.B, T = c.T, Hq = c.Hq, D = c.D, group = Hq / c.Hkv;
-    in.k_new.Set(((1 * T + 0) * c.Hkv + 1) * D + 3, std::nan(""));  // sequence 1, token 0, K/V head 1
+    PoisonOneNewKey(c, &in);
+    const int64_t B = c.B, T = c.T, Hq = c.Hq, D = c.D;
     ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
     CudaGroup g(c.n);
     ASSERT_EQ(g.status, STRIA_SUCCESS) << stria_get_last_error();
@@ -263,17 +253,8 @@ TEST(CudaDecodeCalls, ANaNInASeenKeyReachesExactlyTheRowsThatSeeIt) {
       ASSERT_EQ(st[static_cast<size_t>(r)], STRIA_SUCCESS) << "rank " << r;
       outs[static_cast<size_t>(r)]->CopyTo(&outs_host[static_cast<size_t>(r)]);
       lses[static_cast<size_t>(r)]->CopyTo(&lses_host[static_cast<size_t>(r)]);
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t h = 0; h < Hq; ++h) {
-          const bool sees = b == 1 && h / group == 1;
-          const double lse = lses_host[static_cast<size_t>(r)].Get(b * Hq + h);
-          EXPECT_EQ(std::isnan(lse), sees) << "rank " << r << ", sequence " << b << ", head " << h << ": lse " << lse;
-          for (int64_t d = 0; d < D; ++d) {
-            const double o = outs_host[static_cast<size_t>(r)].Get((b * Hq + h) * D + d);
-            ASSERT_EQ(std::isnan(o), sees) << "rank " << r << ", sequence " << b << ", head " << h << ", d " << d;
-          }
-        }
     }
+    ExpectNaNExactlyWhereSeen(c, outs_host, lses_host);
   }
 }
 
