@@ -45,11 +45,11 @@ struct DeviceCache {
   }
 };
 
-// Runs one decode call on a CUDA local group. `on_stream`: the call's stream is one the test
-// creates (else the default stream); `lens_on_device`: cache->lens in device memory.
-void RunCudaCase(const Case& c, uint64_t seed, bool on_stream = false, bool lens_on_device = false) {
-  SCOPED_TRACE(c.Name());
-  DecodeInputs in(c, seed);
+// Runs one decode call on a CUDA local group: every rank's out and LSE back on the host, and every
+// rank's cache back into in.caches (where the new tokens landed). `on_stream`: the call's stream is
+// one the test creates (else the default stream); `lens_on_device`: cache->lens in device memory.
+void RunCudaDecode(const Case& c, DecodeInputs& in, std::vector<Tensor>& outs_host, std::vector<Tensor>& lses_host,
+                   bool on_stream = false, bool lens_on_device = false) {
   const int64_t B = c.B, T = c.T, Hq = c.Hq, D = c.D;
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
   CudaGroup g(c.n);
@@ -57,7 +57,6 @@ void RunCudaCase(const Case& c, uint64_t seed, bool on_stream = false, bool lens
   DeviceTensor q(in.q), k_new(in.k_new), v_new(in.v_new), sinks(in.sinks_t);
   std::vector<std::unique_ptr<DeviceCache>> caches;
   std::vector<std::unique_ptr<DeviceTensor>> outs, lses;
-  std::vector<Tensor> outs_host, lses_host;
   for (int r = 0; r < c.n; ++r) {
     caches.push_back(std::make_unique<DeviceCache>(c, in.caches[static_cast<size_t>(r)]));
     outs_host.emplace_back(std::vector<int64_t>{B, T, Hq, D}, c.dt);
@@ -98,7 +97,16 @@ void RunCudaCase(const Case& c, uint64_t seed, bool on_stream = false, bool lens
     caches[static_cast<size_t>(r)]->k->CopyTo(&in.caches[static_cast<size_t>(r)].k);
     caches[static_cast<size_t>(r)]->v->CopyTo(&in.caches[static_cast<size_t>(r)].v);
   }
-  ExpectDecodeResults(c, in, outs_host, lses_host, in.caches);
+}
+
+// One decode call against the float64 reference (RunCudaDecode's options).
+void RunCudaCase(const Case& c, uint64_t seed, bool on_stream = false, bool lens_on_device = false) {
+  SCOPED_TRACE(c.Name());
+  DecodeInputs in(c, seed);
+  std::vector<Tensor> outs, lses;
+  RunCudaDecode(c, in, outs, lses, on_stream, lens_on_device);
+  if (::testing::Test::HasFatalFailure()) return;
+  ExpectDecodeResults(c, in, outs, lses, in.caches);
 }
 
 std::vector<Case> CudaCases() {
@@ -223,38 +231,10 @@ TEST(CudaDecodeCalls, ANaNInASeenKeyReachesExactlyTheRowsThatSeeIt) {
     SCOPED_TRACE(c.Name());
     DecodeInputs in(c, 77);
     PoisonOneNewKey(c, &in);
-    const int64_t B = c.B, T = c.T, Hq = c.Hq, D = c.D;
-    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-    CudaGroup g(c.n);
-    ASSERT_EQ(g.status, STRIA_SUCCESS) << stria_get_last_error();
-    DeviceTensor q(in.q), k_new(in.k_new), v_new(in.v_new), sinks(in.sinks_t);
-    std::vector<std::unique_ptr<DeviceCache>> caches;
-    std::vector<std::unique_ptr<DeviceTensor>> outs, lses;
-    std::vector<Tensor> outs_host, lses_host;
-    for (int r = 0; r < c.n; ++r) {
-      caches.push_back(std::make_unique<DeviceCache>(c, in.caches[static_cast<size_t>(r)]));
-      outs_host.emplace_back(std::vector<int64_t>{B, T, Hq, D}, c.dt);
-      lses_host.emplace_back(std::vector<int64_t>{B, Hq, T}, Dt::kF32);
-      outs.push_back(std::make_unique<DeviceTensor>(outs_host.back()));
-      lses.push_back(std::make_unique<DeviceTensor>(lses_host.back()));
-    }
-    std::vector<stria_status_t> st(static_cast<size_t>(c.n));
-    RunRanks(c.n, [&](int r) {
-      cudaSetDevice(0);
-      stria_attention_params_t p = DecodeParams(c, &sinks.dl);
-      stria_kv_cache_t cache;
-      caches[static_cast<size_t>(r)]->Fill(c, c.lens, &cache);
-      st[static_cast<size_t>(r)] =
-          stria_attention_decode(g.ctx[static_cast<size_t>(r)], &p, &cache, &q.dl, &k_new.dl, &v_new.dl,
-                                 &outs[static_cast<size_t>(r)]->dl, &lses[static_cast<size_t>(r)]->dl, nullptr);
-    });
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    for (int r = 0; r < c.n; ++r) {
-      ASSERT_EQ(st[static_cast<size_t>(r)], STRIA_SUCCESS) << "rank " << r;
-      outs[static_cast<size_t>(r)]->CopyTo(&outs_host[static_cast<size_t>(r)]);
-      lses[static_cast<size_t>(r)]->CopyTo(&lses_host[static_cast<size_t>(r)]);
-    }
-    ExpectNaNExactlyWhereSeen(c, outs_host, lses_host);
+    std::vector<Tensor> outs, lses;
+    RunCudaDecode(c, in, outs, lses);
+    if (HasFatalFailure()) return;
+    ExpectNaNExactlyWhereSeen(c, outs, lses);
   }
 }
 
