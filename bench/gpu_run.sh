@@ -332,7 +332,7 @@ if stage sanitizer 60; then
   for family in wgmma tma; do
     [[ " ${families[*]} " == *" $family "* ]] || continue
     suite=$([ $family = wgmma ] && echo Wgmma || echo Tma)
-    filter+=":$suite/*N3_striped_causal_bf16_B2L264*"
+    filter+=":$suite/*N3_striped_causal_bf16_B2L264*:Deterministic/*N3_*_${family}_deterministic"
     races+=("$suite/*N1_striped_causal_bf16_B2L264H4x1D128_$family")
   done
   if [ ! -x "$sanitizer" ]; then

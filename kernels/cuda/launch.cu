@@ -29,6 +29,8 @@ cudaError_t WgmmaBackwardF16(int D, const BwdParams& p, cudaStream_t s);
 cudaError_t WgmmaBackwardBF16(int D, const BwdParams& p, cudaStream_t s);
 cudaError_t WgmmaBackwardKvF16(int D, const BwdParams& p, cudaStream_t s);
 cudaError_t WgmmaBackwardKvBF16(int D, const BwdParams& p, cudaStream_t s);
+cudaError_t WgmmaBackwardDqF16(int D, const BwdParams& p, cudaStream_t s);
+cudaError_t WgmmaBackwardDqBF16(int D, const BwdParams& p, cudaStream_t s);
 cudaError_t TmaBackwardKvF16(int D, const BwdParams& p, cudaStream_t s);
 cudaError_t TmaBackwardKvBF16(int D, const BwdParams& p, cudaStream_t s);
 
@@ -112,14 +114,16 @@ cudaError_t LaunchForwardBlock(Elem e, Kernels k, const FwdParams& p, cudaStream
 
 namespace {
 
-// The deterministic backward of a tensor-core family: its dK/dV pass without dQ, then mma.sync's
-// dQ pass (mma_backward_dq.cuh).
+// The deterministic backward of a tensor-core family: its dK/dV pass without dQ, then a dQ pass
+// over the query tiles: the Hopper families' on wgmma (wgmma_backward_dq.cuh), mma.sync's
+// elsewhere (mma_backward_dq.cuh).
 cudaError_t DeterministicBackward(bool f16, Kernels k, const BwdParams& p, cudaStream_t s) {
   const int D = p.dims.D;
   cudaError_t e = k == Kernels::kTma     ? (f16 ? TmaBackwardKvF16 : TmaBackwardKvBF16)(D, p, s)
                   : k == Kernels::kWgmma ? (f16 ? WgmmaBackwardKvF16 : WgmmaBackwardKvBF16)(D, p, s)
                                          : (f16 ? MmaBackwardKvF16 : MmaBackwardKvBF16)(D, p, s);
   if (e != cudaSuccess) return e;
+  if (k == Kernels::kTma || k == Kernels::kWgmma) return (f16 ? WgmmaBackwardDqF16 : WgmmaBackwardDqBF16)(D, p, s);
   return (f16 ? MmaBackwardDqF16 : MmaBackwardDqBF16)(D, p, s);
 }
 

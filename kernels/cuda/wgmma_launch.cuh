@@ -4,6 +4,7 @@
 
 #include "cuda/launch_tiles.cuh"
 #include "cuda/wgmma_backward.cuh"
+#include "cuda/wgmma_backward_dq.cuh"
 #include "cuda/wgmma_forward.cuh"
 
 namespace stria {
@@ -25,6 +26,18 @@ cudaError_t LaunchWgmmaBackward(const BwdParams& p, cudaStream_t s) {
 template <typename T, int D>
 cudaError_t LaunchWgmmaBackwardKv(const BwdParams& p, cudaStream_t s) {
   return LaunchWgmmaBackward<T, D, false>(p, s);
+}
+// The deterministic backward's dQ pass of both Hopper families (wgmma_backward_dq.cuh), over the
+// query tiles.
+template <typename T, int D>
+cudaError_t LaunchWgmmaBackwardDq(const BwdParams& p, cudaStream_t s) {
+  using Tile = WgmmaBwdDqTile<D>;
+  void (*kernel)(BwdParams) =
+      p.mask.doc_lo != nullptr ? WgmmaBackwardDqKernel<T, D, true> : WgmmaBackwardDqKernel<T, D, false>;
+  const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
+  if (allowed != cudaSuccess) return allowed;
+  const dim3 grid(QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(p.dims.B * p.dims.Hq));
+  return STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(p);
 }
 
 }  // namespace cuda

@@ -5,6 +5,8 @@
 #include "cuda/tma_fwd_bf16.cu"
 #include "cuda/tma_fwd_f16.cu"
 #include "cuda/wgmma_bwd_bf16.cu"
+#include "cuda/wgmma_bwd_det_bf16.cu"
+#include "cuda/wgmma_bwd_det_f16.cu"
 #include "cuda/wgmma_bwd_f16.cu"
 #include "cuda/wgmma_fwd_bf16.cu"
 #include "cuda/wgmma_fwd_f16.cu"

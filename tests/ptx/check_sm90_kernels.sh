@@ -17,7 +17,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 "$python" "$here/check_wgmma_operands.py" --self-test
 status=0
-for tu in wgmma_fwd wgmma_bwd tma_fwd tma_bwd; do
+for tu in wgmma_fwd wgmma_bwd wgmma_bwd_det tma_fwd tma_bwd; do
   for type in bf16 f16; do
     src="$kernels/cuda/${tu}_${type}.cu"
     # The flags of the module's sm_90a pass (kernels/cuda/CMakeLists.txt), less the host ones.
