@@ -49,7 +49,8 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaBackwardDqKernel(const BwdParams
   const MaskArgs& mask = kDocs ? docs_mask : p.mask;
   const int64_t i0 = QueryTileStart(mask, kM, cta.tile, gridDim.x);
   const TileRun keys = KeyTilesOf<kDocs>(mask, i0, MinI(i0 + kM, d.L), kN);
-  if (keys.count == 0) return;                          // the whole CTA, before any barrier: these rows get no dQ here
+  // No key for these rows in this block: no dQ here (the whole CTA, before any barrier).
+  if (keys.count == 0) return;
   const int64_t gi0 = i0 + 64 * group, gi1 = gi0 + 64;  // this warpgroup's rows
 
   const uint16_t* qg = static_cast<const uint16_t*>(p.q.data) + b * p.q.sb + h * p.q.sh;
