@@ -153,10 +153,15 @@ Status CudaDecoder::Decode(const DecodeWork& w, float* partial) {
   const size_t first_at = section(first_item_.size() * sizeof(int64_t));
   const size_t q_pos_at = section(w.q_pos.size() * sizeof(int64_t));
   tables_.assign(at, 0);  // the host copy lives until the call's work is done (the class comment)
-  std::memcpy(tables_.data() + pieces_at, pieces_.data(), pieces_.size() * sizeof(cuda::DecodePiece));
-  std::memcpy(tables_.data() + items_at, items_.data(), items_.size() * sizeof(cuda::DecodeItem));
-  std::memcpy(tables_.data() + first_at, first_item_.data(), first_item_.size() * sizeof(int64_t));
-  std::memcpy(tables_.data() + q_pos_at, w.q_pos.data(), w.q_pos.size() * sizeof(int64_t));
+  // A rank with no key has no pieces and no items: an empty vector's data() may be null, which
+  // memcpy may not take even for no bytes.
+  auto put = [&](size_t where, const void* src, size_t bytes) {
+    if (bytes > 0) std::memcpy(tables_.data() + where, src, bytes);
+  };
+  put(pieces_at, pieces_.data(), pieces_.size() * sizeof(cuda::DecodePiece));
+  put(items_at, items_.data(), items_.size() * sizeof(cuda::DecodeItem));
+  put(first_at, first_item_.data(), first_item_.size() * sizeof(int64_t));
+  put(q_pos_at, w.q_pos.data(), w.q_pos.size() * sizeof(int64_t));
   STRIA_RETURN_IF_ERROR(Upload(&tables_dev_, tables_.data(), tables_.size(), "decode tables", stream));
   const char* tables = static_cast<const char*>(tables_dev_.data());
   const size_t state_floats = items_.size() * static_cast<size_t>(s.Hkv * rows * (s.D + 2));
