@@ -64,15 +64,12 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) MmaBackwardDqKernel(const BwdParams p
   LoadRows<D, kThreads>(vs, vg, kv_row, keys.first, kN, d.L);
   cp_async_commit();
 
-  // This lane's two rows (g and g + 8 of the warp's 16), their lse2 and delta; +inf for a row
-  // past the end makes its probabilities 0.
+  // This lane's two rows (g and g + 8 of the warp's 16), their lse2 and delta.
   int64_t row[2];
   float lse2[2], delta[2];
   for (int e = 0; e < 2; ++e) {
     row[e] = wi0 + g + 8 * e;
-    const bool in = row[e] < d.L;
-    lse2[e] = in ? p.lse2[static_cast<int64_t>(bh) * d.L + row[e]] : PosInf();
-    delta[e] = in ? p.delta[static_cast<int64_t>(bh) * d.L + row[e]] : 0.f;
+    DqRowScalars(p, bh, row[e], &lse2[e], &delta[e]);
   }
   float dq[kDTiles][4];
   STRIA_UNROLL
@@ -154,17 +151,9 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) MmaBackwardDqKernel(const BwdParams p
     block_sync();  // every warp is done with tile n's buffers before tile n + 2 loads into them
   }
 
-  // This CTA is the only writer of its rows in this launch: a plain read-add-write.
+  // This CTA is the only writer of its rows in this launch.
   STRIA_UNROLL
-  for (int e = 0; e < 2; ++e) {
-    if (row[e] < mask.q_begin || row[e] >= mask.q_end) continue;  // dS is 0 there
-    float* dst = p.dq_acc + (static_cast<int64_t>(bh) * d.L + row[e]) * D + 2 * t4;
-    STRIA_UNROLL
-    for (int nt = 0; nt < kDTiles; ++nt) {
-      dst[nt * 8] += dq[nt][2 * e];
-      dst[nt * 8 + 1] += dq[nt][2 * e + 1];
-    }
-  }
+  for (int e = 0; e < 2; ++e) AddDqRow<D>(p, mask, bh, row[e], e, t4, &dq[0][0]);
 }
 
 }  // namespace cuda

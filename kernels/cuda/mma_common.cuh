@@ -93,6 +93,28 @@ STRIA_DEVICE float OnlineMaxStep(float tile_max, float* m_run, float* base) {
   return alpha;
 }
 
+// What the dQ passes of the deterministic backward (mma_backward_dq.cuh, wgmma_backward_dq.cuh)
+// share. A row's lse2 and delta; +inf for a row past the end makes its probabilities 0.
+STRIA_DEVICE void DqRowScalars(const BwdParams& p, int bh, int64_t row, float* lse2, float* delta) {
+  const bool in = row < p.dims.L;
+  *lse2 = in ? p.lse2[static_cast<int64_t>(bh) * p.dims.L + row] : PosInf();
+  *delta = in ? p.delta[static_cast<int64_t>(bh) * p.dims.L + row] : 0.f;
+}
+// A row's dQ added into dq_acc by its only writer in the launch (a plain read-add-write): row e of
+// this thread's two in the accumulator layout, `dq` flat (element 4 nt + c: row c >> 1, column
+// 8 nt + 2 t4 + (c & 1)); rows outside the block's queries left alone (dS is 0 there).
+template <int D>
+STRIA_DEVICE void AddDqRow(const BwdParams& p, const MaskArgs& mask, int bh, int64_t row, int e, int t4,
+                           const float* dq) {
+  if (row < mask.q_begin || row >= mask.q_end) return;
+  float* dst = p.dq_acc + (static_cast<int64_t>(bh) * p.dims.L + row) * D + 2 * t4;
+  STRIA_UNROLL
+  for (int nt = 0; nt < D / 8; ++nt) {
+    dst[nt * 8] += dq[4 * nt + 2 * e];
+    dst[nt * 8 + 1] += dq[4 * nt + 2 * e + 1];
+  }
+}
+
 // Accumulators of two n8 tiles (16 x 16) as the A fragment of the next product (P -> P V).
 template <typename T>
 STRIA_DEVICE void AccToA(uint32_t a[4], const float c0[4], const float c1[4]) {

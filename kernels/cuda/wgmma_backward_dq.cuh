@@ -69,15 +69,12 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaBackwardDqKernel(const BwdParams
   load_kv(0);
   cp_async_commit();
 
-  // This thread's two rows (accumulator rows g and g + 8 of its warp's 16), their lse2 and delta;
-  // +inf for a row past the end makes its probabilities 0.
+  // This thread's two rows (accumulator rows g and g + 8 of its warp's 16), their lse2 and delta.
   int64_t row[2];
   float lse2[2], delta[2];
   for (int e = 0; e < 2; ++e) {
     row[e] = gi0 + 16 * warp + g + 8 * e;
-    const bool in = row[e] < d.L;
-    lse2[e] = in ? p.lse2[static_cast<int64_t>(bh) * d.L + row[e]] : PosInf();
-    delta[e] = in ? p.delta[static_cast<int64_t>(bh) * d.L + row[e]] : 0.f;
+    DqRowScalars(p, bh, row[e], &lse2[e], &delta[e]);
   }
   float dq[D / 2];
   STRIA_UNROLL
@@ -135,18 +132,9 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaBackwardDqKernel(const BwdParams
     wgmma_fence_operand(sa);
   }
 
-  // This CTA is the only writer of its rows in this launch: a plain read-add-write (element
-  // 4 nt + c: row c >> 1 of this thread's two, column 8 nt + 2 t4 + (c & 1)).
+  // This CTA is the only writer of its rows in this launch.
   STRIA_UNROLL
-  for (int e = 0; e < 2; ++e) {
-    if (row[e] < mask.q_begin || row[e] >= mask.q_end) continue;  // dS is 0 there
-    float* dst = p.dq_acc + (static_cast<int64_t>(bh) * d.L + row[e]) * D + 2 * t4;
-    STRIA_UNROLL
-    for (int nt = 0; nt < D / 8; ++nt) {
-      dst[nt * 8] += dq[4 * nt + 2 * e];
-      dst[nt * 8 + 1] += dq[4 * nt + 2 * e + 1];
-    }
-  }
+  for (int e = 0; e < 2; ++e) AddDqRow<D>(p, mask, bh, row[e], e, t4, dq);
 #else
   (void)p;  // built for sm_90a only; the launcher never picks it elsewhere
 #endif
