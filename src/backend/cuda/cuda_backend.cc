@@ -588,18 +588,6 @@ class CudaBackend final : public Backend {
     const float* lses = nullptr;
     STRIA_RETURN_IF_ERROR(
         decoder_.Merge(work, all, world_size, sinks, static_cast<cudaStream_t>(work.stream), &rows, &lses));
-    return WriteDecodeResult(work, rows, lses, out, lse);
-  }
-  // A world of one finishes on the device: its records are the result (FinishAlone).
-  Status DecodeFinishAlone(const DecodeWork& work, const float* partial, const TensorView* sinks, const TensorView& out,
-                           const TensorView* lse, bool* done) override {
-    STRIA_RETURN_IF_ERROR(decoder_.FinishAlone(work, partial, sinks, out, lse, static_cast<cudaStream_t>(work.stream)));
-    *done = true;
-    return Status::Ok();
-  }
-  // The merged rows and LSEs (compact, device memory) into the call's out and lse at their strides.
-  Status WriteDecodeResult(const DecodeWork& work, const void* rows, const float* lses, const TensorView& out,
-                           const TensorView* lse) {
     Status st = SumIntoBox(rows, 0, 1, out, work.stream);
     if (st.ok() && lse != nullptr) {
       // [B, Hq, T] as a box of rows of one element: its last dimension need not be contiguous.
@@ -611,6 +599,13 @@ class CudaBackend final : public Backend {
     }
     const Status done = decoder_.Done(static_cast<cudaStream_t>(work.stream));
     return st.ok() ? done : st;
+  }
+  // A world of one finishes on the device: its records are the result (FinishAlone).
+  Status DecodeFinishAlone(const DecodeWork& work, const float* partial, const TensorView* sinks, const TensorView& out,
+                           const TensorView* lse, bool* done) override {
+    STRIA_RETURN_IF_ERROR(decoder_.FinishAlone(work, partial, sinks, out, lse, static_cast<cudaStream_t>(work.stream)));
+    *done = true;
+    return Status::Ok();
   }
 
   // From BackwardBegin's per-row state: m_ holds lse2, l_ delta (BackwardPrepKernel).
