@@ -4,14 +4,19 @@
 # Needs only the CUDA toolkit (no GPU). Compiles each kernel source once for the architecture
 # given (default sm_90a; sm_80 for the mma.sync and SIMT kernels of Ampere): a few minutes on 2 cores.
 #
-#   bench/kernel_resources.sh [sm_90a|sm_80] > table.md
+#   bench/kernel_resources.sh [sm_90a|sm_80] [BUILD_DIR] > table.md
+#
+# The tensor-core kernels' translation units are those the build generated from
+# kernels/cuda/kernel_matrix.def (BUILD_DIR/kernels/cuda/units; BUILD_DIR defaults to build, any
+# configured CUDA build): their bf16 units.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 arch=${1:-sm_90a}
+units=${2:-build}/kernels/cuda/units
 nvcc=${NVCC:-/usr/local/cuda/bin/nvcc}
-sources=(kernels/cuda/mma_fwd_bf16.cu kernels/cuda/mma_bwd_bf16.cu kernels/cuda/mma_bwd_det_bf16.cu)
-[ "$arch" = sm_90a ] && sources+=(kernels/cuda/wgmma_fwd_bf16.cu kernels/cuda/wgmma_bwd_bf16.cu
-  kernels/cuda/tma_fwd_bf16.cu kernels/cuda/tma_bwd_bf16.cu)
+[ -d "$units" ] || { echo "no $units: configure a CUDA build first (cmake -S . -B ${2:-build})" >&2; exit 1; }
+sources=("$units"/mma_*bf16.cu)
+[ "$arch" = sm_90a ] && sources+=("$units"/wgmma_*bf16.cu "$units"/tma_*bf16.cu)
 sources+=(kernels/cuda/launch.cu)  # the SIMT kernels and the elementwise ones
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -30,7 +35,7 @@ awk '
     match($0, /Used [0-9]+ registers/); regs = substr($0, RSTART + 5, RLENGTH - 15)
     cmd = "c++filt " name; cmd | getline pretty; close(cmd)
     sub(/^void /, "", pretty); sub(/\(.*$/, "", pretty); gsub(/stria::cuda::/, "", pretty)
-    if (pretty !~ /^(Flash|Wgmma|Simt)/ || pretty ~ /Half/ || pretty in seen) next
+    if (pretty !~ /^(Mma|Wgmma|Simt)/ || pretty ~ /Half/ || pretty in seen) next
     seen[pretty] = 1
     printf "| %s | %s | %s | %s |\n", pretty, regs, st, ld
   }' "$tmp/log"

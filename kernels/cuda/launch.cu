@@ -5,34 +5,16 @@
 #include <algorithm>
 
 #include "cuda/elementwise.cuh"
+#include "cuda/kernel_matrix.h"
 #include "cuda/launch.h"
 #include "cuda/smem_optin.cuh"
 
 namespace stria {
 namespace cuda {
 
-cudaError_t MmaForwardF16(int D, const FwdParams& p, cudaStream_t s);
-cudaError_t MmaForwardBF16(int D, const FwdParams& p, cudaStream_t s);
-cudaError_t MmaBackwardF16(int D, const BwdParams& p, cudaStream_t s);
-cudaError_t MmaBackwardBF16(int D, const BwdParams& p, cudaStream_t s);
-cudaError_t MmaBackwardKvF16(int D, const BwdParams& p, cudaStream_t s);
-cudaError_t MmaBackwardKvBF16(int D, const BwdParams& p, cudaStream_t s);
-cudaError_t MmaBackwardDqF16(int D, const BwdParams& p, cudaStream_t s);
-cudaError_t MmaBackwardDqBF16(int D, const BwdParams& p, cudaStream_t s);
-cudaError_t WgmmaForwardF16(int D, const FwdParams& p, cudaStream_t s);
-cudaError_t WgmmaForwardBF16(int D, const FwdParams& p, cudaStream_t s);
-cudaError_t TmaForwardF16(int D, const FwdParams& p, cudaStream_t s);
-cudaError_t TmaForwardBF16(int D, const FwdParams& p, cudaStream_t s);
-cudaError_t TmaBackwardF16(int D, const BwdParams& p, cudaStream_t s);
-cudaError_t TmaBackwardBF16(int D, const BwdParams& p, cudaStream_t s);
-cudaError_t WgmmaBackwardF16(int D, const BwdParams& p, cudaStream_t s);
-cudaError_t WgmmaBackwardBF16(int D, const BwdParams& p, cudaStream_t s);
-cudaError_t WgmmaBackwardKvF16(int D, const BwdParams& p, cudaStream_t s);
-cudaError_t WgmmaBackwardKvBF16(int D, const BwdParams& p, cudaStream_t s);
-cudaError_t WgmmaBackwardDqF16(int D, const BwdParams& p, cudaStream_t s);
-cudaError_t WgmmaBackwardDqBF16(int D, const BwdParams& p, cudaStream_t s);
-cudaError_t TmaBackwardKvF16(int D, const BwdParams& p, cudaStream_t s);
-cudaError_t TmaBackwardKvBF16(int D, const BwdParams& p, cudaStream_t s);
+#define STRIA_KERNEL(unit, family, pass, dtype) STRIA_KERNEL_DECLARE(family, pass, dtype)
+#include "cuda/kernel_matrix.def"
+#undef STRIA_KERNEL
 
 const char* KernelsName(Kernels k) {
   switch (k) {
@@ -49,10 +31,42 @@ const char* KernelsName(Kernels k) {
 }
 
 bool TensorCoreHeadDim(int D) {
-  return D == 64 || D == 128;
+#define STRIA_KERNEL_IS_HEAD_DIM(d) || D == d
+  return false STRIA_KERNEL_HEAD_DIMS(STRIA_KERNEL_IS_HEAD_DIM);
+#undef STRIA_KERNEL_IS_HEAD_DIM
 }
 
 namespace {
+
+// The tensor-core entry points by (family, pass, dtype): the dispatch table of kernel_matrix.def.
+enum class Pass { kForward, kBackward, kBackwardKv, kBackwardDq };
+using ForwardEntry = cudaError_t (*)(int, const FwdParams&, cudaStream_t);
+using BackwardEntry = cudaError_t (*)(int, const BwdParams&, cudaStream_t);
+struct Entry {
+  Kernels family;
+  Pass pass;
+  Elem elem;
+  ForwardEntry forward;    // of a Forward entry
+  BackwardEntry backward;  // of the others
+};
+constexpr Entry MakeEntry(Kernels k, Pass p, Elem e, ForwardEntry f) {
+  return Entry{k, p, e, f, nullptr};
+}
+constexpr Entry MakeEntry(Kernels k, Pass p, Elem e, BackwardEntry b) {
+  return Entry{k, p, e, nullptr, b};
+}
+constexpr Entry kMatrix[] = {
+#define STRIA_KERNEL(unit, family, pass, dtype) \
+  MakeEntry(Kernels::k##family, Pass::k##pass, Elem::k##dtype, &STRIA_KERNEL_NAME(family, pass, dtype)),
+#include "cuda/kernel_matrix.def"
+#undef STRIA_KERNEL
+};
+// The entry, or nullptr where the matrix has none (float32, SIMT: the SIMT kernels run those).
+const Entry* FindEntry(Kernels k, Pass p, Elem e) {
+  for (const Entry& x : kMatrix)
+    if (x.family == k && x.pass == p && x.elem == e) return &x;
+  return nullptr;
+}
 
 // Grids of the elementwise kernels: enough blocks to fill the GPU, grid-stride beyond that.
 dim3 ElementGrid(int64_t n) {
@@ -95,12 +109,7 @@ cudaError_t SimtBackward(const BwdParams& p, cudaStream_t s) {
 }  // namespace
 
 cudaError_t LaunchForwardBlock(Elem e, Kernels k, const FwdParams& p, cudaStream_t s) {
-  if (k == Kernels::kTma && e == Elem::kF16) return TmaForwardF16(p.dims.D, p, s);
-  if (k == Kernels::kTma && e == Elem::kBF16) return TmaForwardBF16(p.dims.D, p, s);
-  if (k == Kernels::kWgmma && e == Elem::kF16) return WgmmaForwardF16(p.dims.D, p, s);
-  if (k == Kernels::kWgmma && e == Elem::kBF16) return WgmmaForwardBF16(p.dims.D, p, s);
-  if (k == Kernels::kMma && e == Elem::kF16) return MmaForwardF16(p.dims.D, p, s);
-  if (k == Kernels::kMma && e == Elem::kBF16) return MmaForwardBF16(p.dims.D, p, s);
+  if (const Entry* x = FindEntry(k, Pass::kForward, e)) return x->forward(p.dims.D, p, s);
   switch (e) {
     case Elem::kF32:
       return SimtForward<Float>(p, s);
@@ -112,31 +121,19 @@ cudaError_t LaunchForwardBlock(Elem e, Kernels k, const FwdParams& p, cudaStream
   return cudaErrorInvalidValue;
 }
 
-namespace {
-
-// The deterministic backward of a tensor-core family: its dK/dV pass without dQ, then a dQ pass
-// over the query tiles: the Hopper families' on wgmma (wgmma_backward_dq.cuh), mma.sync's
-// elsewhere (mma_backward_dq.cuh).
-cudaError_t DeterministicBackward(bool f16, Kernels k, const BwdParams& p, cudaStream_t s) {
-  const int D = p.dims.D;
-  cudaError_t e = k == Kernels::kTma     ? (f16 ? TmaBackwardKvF16 : TmaBackwardKvBF16)(D, p, s)
-                  : k == Kernels::kWgmma ? (f16 ? WgmmaBackwardKvF16 : WgmmaBackwardKvBF16)(D, p, s)
-                                         : (f16 ? MmaBackwardKvF16 : MmaBackwardKvBF16)(D, p, s);
-  if (e != cudaSuccess) return e;
-  if (k == Kernels::kTma || k == Kernels::kWgmma) return (f16 ? WgmmaBackwardDqF16 : WgmmaBackwardDqBF16)(D, p, s);
-  return (f16 ? MmaBackwardDqF16 : MmaBackwardDqBF16)(D, p, s);
-}
-
-}  // namespace
-
 cudaError_t LaunchBackwardBlock(Elem e, Kernels k, bool deterministic, const BwdParams& p, cudaStream_t s) {
-  if (deterministic && k != Kernels::kSimt && e != Elem::kF32) return DeterministicBackward(e == Elem::kF16, k, p, s);
-  if (k == Kernels::kTma && e == Elem::kF16) return TmaBackwardF16(p.dims.D, p, s);
-  if (k == Kernels::kTma && e == Elem::kBF16) return TmaBackwardBF16(p.dims.D, p, s);
-  if (k == Kernels::kWgmma && e == Elem::kF16) return WgmmaBackwardF16(p.dims.D, p, s);
-  if (k == Kernels::kWgmma && e == Elem::kBF16) return WgmmaBackwardBF16(p.dims.D, p, s);
-  if (k == Kernels::kMma && e == Elem::kF16) return MmaBackwardF16(p.dims.D, p, s);
-  if (k == Kernels::kMma && e == Elem::kBF16) return MmaBackwardBF16(p.dims.D, p, s);
+  if (deterministic) {
+    // A tensor-core family's dK/dV pass without dQ, then a dQ pass over the query tiles: the
+    // Hopper families' on wgmma (wgmma_backward_dq.cuh), mma.sync's elsewhere (mma_backward_dq.cuh).
+    // The SIMT kernels give the same bits every run as they are.
+    const Entry* kv = FindEntry(k, Pass::kBackwardKv, e);
+    const Entry* dq = FindEntry(k == Kernels::kTma ? Kernels::kWgmma : k, Pass::kBackwardDq, e);
+    if (kv != nullptr && dq != nullptr) {
+      const cudaError_t err = kv->backward(p.dims.D, p, s);
+      return err != cudaSuccess ? err : dq->backward(p.dims.D, p, s);
+    }
+  }
+  if (const Entry* x = FindEntry(k, Pass::kBackward, e)) return x->backward(p.dims.D, p, s);
   switch (e) {
     case Elem::kF32:
       return SimtBackward<Float>(p, s);

@@ -1,8 +1,8 @@
 // What the tensor-core families' launchers share: the grids of a forward kernel over the block's
-// query tiles and of a backward kernel over its key tiles, and the macro that makes one translation
-// unit's entry points. Each family has a header of its own (mma_launch.cuh, wgmma_launch.cuh,
-// tma_launch.cuh), included by that family's translation units (one per direction and dtype, so the
-// slow template instantiations build in parallel) and by nothing else.
+// query tiles and of a backward kernel over its key tiles. Each family has a header of its own
+// (mma_launch.cuh, wgmma_launch.cuh, tma_launch.cuh), included by that family's translation units
+// (kernel_matrix.def: one per family, pass group and dtype, so the slow template instantiations
+// build in parallel) and by nothing else.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -37,20 +37,3 @@ cudaError_t LaunchKeyTiles(void (*kernel)(BwdParams), const BwdParams& p, cudaSt
 
 }  // namespace cuda
 }  // namespace stria
-
-// One translation unit's entry points: <Name>(D, params, stream) for the head dims we build.
-#define STRIA_MMA_ENTRY(Name, Launch, T, Params)             \
-  namespace stria {                                          \
-  namespace cuda {                                           \
-  cudaError_t Name(int D, const Params& p, cudaStream_t s) { \
-    switch (D) {                                             \
-      case 64:                                               \
-        return Launch<T, 64>(p, s);                          \
-      case 128:                                              \
-        return Launch<T, 128>(p, s);                         \
-      default:                                               \
-        return cudaErrorInvalidValue;                        \
-    }                                                        \
-  }                                                          \
-  }                                                          \
-  }

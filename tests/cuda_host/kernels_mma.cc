@@ -1,9 +1,12 @@
-// The mma.sync forward and backward entry points (kernels/cuda/mma_*.cu) and the tensor-core decode
-// (decode_mma.cu) for the emulator.
+// The mma.sync entries of kernels/cuda/kernel_matrix.def and the tensor-core decode (decode_mma.cu)
+// for the emulator.
 #include "cuda/decode_mma.cu"
-#include "cuda/mma_bwd_bf16.cu"
-#include "cuda/mma_bwd_det_bf16.cu"
-#include "cuda/mma_bwd_det_f16.cu"
-#include "cuda/mma_bwd_f16.cu"
-#include "cuda/mma_fwd_bf16.cu"
-#include "cuda/mma_fwd_f16.cu"
+#include "cuda/kernel_matrix.h"
+#include "cuda/mma_launch.cuh"
+
+#define STRIA_KERNEL(unit, family, pass, dtype) STRIA_KERNEL_OF_##family(family, pass, dtype)
+#define STRIA_KERNEL_OF_Mma STRIA_KERNEL_DEFINE
+#define STRIA_KERNEL_OF_Wgmma(family, pass, dtype)
+#define STRIA_KERNEL_OF_Tma(family, pass, dtype)
+#include "cuda/kernel_matrix.def"
+#undef STRIA_KERNEL

@@ -1,12 +1,12 @@
-// The Hopper wgmma forward and backward entry points (kernels/cuda/wgmma_*.cu, tma_*.cu) for the
+// The Hopper entries (the wgmma and tma families) of kernels/cuda/kernel_matrix.def for the
 // emulator.
-#include "cuda/tma_bwd_bf16.cu"
-#include "cuda/tma_bwd_f16.cu"
-#include "cuda/tma_fwd_bf16.cu"
-#include "cuda/tma_fwd_f16.cu"
-#include "cuda/wgmma_bwd_bf16.cu"
-#include "cuda/wgmma_bwd_det_bf16.cu"
-#include "cuda/wgmma_bwd_det_f16.cu"
-#include "cuda/wgmma_bwd_f16.cu"
-#include "cuda/wgmma_fwd_bf16.cu"
-#include "cuda/wgmma_fwd_f16.cu"
+#include "cuda/kernel_matrix.h"
+#include "cuda/tma_launch.cuh"
+#include "cuda/wgmma_launch.cuh"
+
+#define STRIA_KERNEL(unit, family, pass, dtype) STRIA_KERNEL_OF_##family(family, pass, dtype)
+#define STRIA_KERNEL_OF_Mma(family, pass, dtype)
+#define STRIA_KERNEL_OF_Wgmma STRIA_KERNEL_DEFINE
+#define STRIA_KERNEL_OF_Tma STRIA_KERNEL_DEFINE
+#include "cuda/kernel_matrix.def"
+#undef STRIA_KERNEL

@@ -8,37 +8,40 @@
 #  - every TMA kernel starts with exactly 168 registers per thread: its producer warpgroup gives
 #    168 - 24 back and its two consumer warpgroups take 240 - 168 each, which balances only at
 #    168 (ptxas drops the setmaxnreg pair silently in some cases where it does not).
-# Usage: check_sm90_kernels.sh NVCC KERNELS_DIR PYTHON
+# Usage: check_sm90_kernels.sh NVCC KERNELS_DIR PYTHON UNITS_DIR
+# UNITS_DIR: the translation units the build generated from kernels/cuda/kernel_matrix.def; the
+# sm_90a ones are the wgmma and tma units.
 set -eu
-nvcc=$1 kernels=$2 python=$3
+nvcc=$1 kernels=$2 python=$3 units=$4
 here=$(cd "$(dirname "$0")" && pwd)
 ptxas=$(dirname "$nvcc")/ptxas
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 "$python" "$here/check_wgmma_operands.py" --self-test
 status=0
-for tu in wgmma_fwd wgmma_bwd wgmma_bwd_det tma_fwd tma_bwd; do
-  for type in bf16 f16; do
-    src="$kernels/cuda/${tu}_${type}.cu"
-    # The flags of the module's sm_90a pass (kernels/cuda/CMakeLists.txt), less the host ones.
-    flags="-I$kernels -O3 -DNDEBUG -std=c++17"
-    echo "$src:"
-    "$nvcc" $flags -arch=sm_90a -ptx "$src" -o "$work/k.ptx"
-    "$python" "$here/check_wgmma_operands.py" "$work/k.ptx" || status=1
-    # ptxas on that same PTX (what nvcc would run next), not a second compile of the source.
-    "$ptxas" -arch=sm_90a -O3 -v "$work/k.ptx" -o "$work/k.cubin" 2>"$work/ptxas.log"
-    if grep -E "C75(0[89]|1[0-9]|20)|setmaxnreg|serializ" "$work/ptxas.log"; then
-      echo "$src: ptxas reports the lines above"
-      status=1
-    fi
-    awk '/Compiling entry function .*Tma/ { tma = 1; name = $0; next }
-         /Compiling entry function/ { tma = 0 }
-         tma && /Used [0-9]+ registers/ {
-           match($0, /Used [0-9]+ registers/); n = substr($0, RSTART + 5, RLENGTH - 15) + 0
-           if (n != 168) { print name ": " n " registers at entry, not 168"; bad = 1 }
-           tma = 0
-         }
-         END { exit bad }' "$work/ptxas.log" || status=1
-  done
+checked=0
+for src in "$units"/wgmma_*.cu "$units"/tma_*.cu; do
+  [ -f "$src" ] || continue
+  checked=$((checked + 1))
+  # The flags of the module's sm_90a pass (kernels/cuda/CMakeLists.txt), less the host ones.
+  flags="-I$kernels -O3 -DNDEBUG -std=c++17"
+  echo "$src:"
+  "$nvcc" $flags -arch=sm_90a -ptx "$src" -o "$work/k.ptx"
+  "$python" "$here/check_wgmma_operands.py" "$work/k.ptx" || status=1
+  # ptxas on that same PTX (what nvcc would run next), not a second compile of the source.
+  "$ptxas" -arch=sm_90a -O3 -v "$work/k.ptx" -o "$work/k.cubin" 2>"$work/ptxas.log"
+  if grep -E "C75(0[89]|1[0-9]|20)|setmaxnreg|serializ" "$work/ptxas.log"; then
+    echo "$src: ptxas reports the lines above"
+    status=1
+  fi
+  awk '/Compiling entry function .*Tma/ { tma = 1; name = $0; next }
+       /Compiling entry function/ { tma = 0 }
+       tma && /Used [0-9]+ registers/ {
+         match($0, /Used [0-9]+ registers/); n = substr($0, RSTART + 5, RLENGTH - 15) + 0
+         if (n != 168) { print name ": " n " registers at entry, not 168"; bad = 1 }
+         tma = 0
+       }
+       END { exit bad }' "$work/ptxas.log" || status=1
 done
+[ "$checked" -gt 0 ] || { echo "no sm_90a units in $units"; exit 1; }
 exit $status

@@ -1,2 +1,0 @@
-#include "cuda/tma_launch.cuh"
-STRIA_MMA_ENTRY(TmaForwardBF16, LaunchTmaForward, BFloat, FwdParams)

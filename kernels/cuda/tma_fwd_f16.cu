@@ -1,2 +1,0 @@
-#include "cuda/tma_launch.cuh"
-STRIA_MMA_ENTRY(TmaForwardF16, LaunchTmaForward, Half, FwdParams)
