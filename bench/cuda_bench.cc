@@ -17,7 +17,9 @@
 //     documents, modelled from measured per-block kernel times as in ring (every (rank, step)
 //     block with its document bounds), against the ideal: one GPU running the packed sequence
 //     with its document mask, divided by N. Distributions as stria-plan-bench's (lognormal:
-//     median 1k tokens, capped at 15k; fewlong; uniform; single).
+//     median 1k tokens, capped at 15k; fewlong; uniform; single). Per step (docs_step): the
+//     slowest and the mean rank's kernel times and the slowest forward's tiles; per block length
+//     (docs_idle): a block in which nothing is visible, what a step costs without work.
 //   stria-cuda-bench hide [--lens 1024,...,32768] [--heads 16] [--dim 128] [--kernels mma|wgmma|tma]
 //                         [--nvlink-gbs 450] [--ib-gbs 50]
 //     When does a ring step's transfer hide behind its compute? Times the block kernels of one
@@ -411,6 +413,27 @@ void CheckPlan(const stria::Status& st) {
   std::exit(1);
 }
 
+// A forward block's 128 x 128 tiles (per head), as the kernels walk them: each query tile takes
+// the key tiles from its first row's lowest visible key to its last row's highest (KeyTilesOf).
+struct ForwardTiles {
+  int64_t tiles = 0, busy_ctas = 0, longest = 0;
+};
+ForwardTiles CountForwardTiles(const std::vector<int64_t>& lo, const std::vector<int64_t>& hi) {
+  constexpr int64_t kTile = 128;
+  const int64_t L = static_cast<int64_t>(lo.size());
+  ForwardTiles t;
+  for (int64_t i0 = 0; i0 < L; i0 += kTile) {
+    const int64_t i1 = std::min(L, i0 + kTile), k_lo = lo[static_cast<size_t>(i0)],
+                  k_hi = hi[static_cast<size_t>(i1 - 1)];
+    if (k_hi <= k_lo) continue;
+    const int64_t n = (k_hi - (k_lo / kTile) * kTile + kTile - 1) / kTile;
+    t.tiles += n;
+    t.busy_ctas += 1;
+    t.longest = std::max(t.longest, n);
+  }
+  return t;
+}
+
 // The modelled ring of a plan and of each fixed layout on one row of packed documents.
 int Docs(int64_t S, int N, int64_t H, int64_t D, int reps, stria::cuda::Kernels kernels, const std::string& dist,
          uint64_t seed) {
@@ -461,9 +484,25 @@ int Docs(int64_t S, int N, int64_t H, int64_t D, int reps, stria::cuda::Kernels 
     const int64_t L = plan->local_len();
     BlockTimer t(L, H, D, reps);
     std::vector<int64_t> lo(static_cast<size_t>(L)), hi(static_cast<size_t>(L));
+    // A block in which no query sees a key: every CTA idles. What a step costs beyond its tiles'
+    // work starts here (the launch, and a CTA per query or key tile that finds nothing to do).
+    {
+      std::fill(lo.begin(), lo.end(), 0);
+      std::fill(hi.begin(), hi.end(), 0);
+      stria::BlockMask idle;
+      idle.q_end = idle.k_end = L;
+      idle.doc_lo = lo.data();
+      idle.doc_hi = hi.data();
+      idle.doc_batch_stride = L;
+      std::printf("docs_idle kernels=%s who=%s seq=%lld world=%d local_len=%lld fwd_ms=%.4f bwd_ms=%.4f\n",
+                  stria::cuda::KernelsName(kernels), w.name, (long long)S, N, (long long)L, t.Forward(idle, kernels),
+                  t.Backward(idle, kernels));
+    }
     double latency[2] = {0, 0};
     for (int step = 0; step < N; ++step) {
-      double slowest[2] = {0, 0};
+      double slowest[2] = {0, 0}, sum[2] = {0, 0};
+      int ranks = 0;
+      ForwardTiles busiest;  // of the rank whose forward is slowest at this step
       for (int r = 0; r < N; ++r) {
         if (!plan->Bounds(0, r, (r - step + N) % N, causal, lo.data(), hi.data())) continue;
         stria::BlockMask bm;
@@ -471,11 +510,25 @@ int Docs(int64_t S, int N, int64_t H, int64_t D, int reps, stria::cuda::Kernels 
         bm.doc_lo = lo.data();
         bm.doc_hi = hi.data();
         bm.doc_batch_stride = L;
-        slowest[0] = std::max(slowest[0], t.Forward(bm, kernels));
-        slowest[1] = std::max(slowest[1], t.Backward(bm, kernels));
+        const double f = t.Forward(bm, kernels), b = t.Backward(bm, kernels);
+        if (f > slowest[0]) busiest = CountForwardTiles(lo, hi);
+        slowest[0] = std::max(slowest[0], f);
+        slowest[1] = std::max(slowest[1], b);
+        sum[0] += f;
+        sum[1] += b;
+        ++ranks;
       }
       latency[0] += slowest[0];
       latency[1] += slowest[1];
+      // Where a step's time goes: its slowest rank against the mean of those with work, and the
+      // slowest forward's tiles (per head: all of them, the CTAs that have any, the longest CTA's).
+      if (ranks > 0)
+        std::printf(
+            "docs_step kernels=%s who=%s dist=%s seq=%lld world=%d step=%d ranks=%d fwd_ms=%.4f fwd_mean_ms=%.4f "
+            "bwd_ms=%.4f bwd_mean_ms=%.4f tiles=%lld busy_ctas=%lld longest_cta=%lld\n",
+            stria::cuda::KernelsName(kernels), w.name, dist.c_str(), (long long)S, N, step, ranks, slowest[0],
+            sum[0] / ranks, slowest[1], sum[1] / ranks, (long long)busiest.tiles, (long long)busiest.busy_ctas,
+            (long long)busiest.longest);
     }
     for (int dir = 0; dir < 2; ++dir)
       std::printf(

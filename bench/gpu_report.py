@@ -86,6 +86,9 @@ RING_KEYS = {"kernels", "dir", "layout", "world", "seq", "latency_ms", "ideal_ms
              "analytic_vs_contiguous"}
 HIDE_KEYS = {"kernels", "dir", "step", "link", "gbs", "smallest_hiding_len"}
 DOCS_KEYS = {"kernels", "dir", "who", "dist", "seq", "world", "local_len", "latency_ms", "ideal_ms", "of_ideal"}
+STEP_KEYS = {"kernels", "who", "dist", "seq", "world", "step", "ranks", "fwd_ms", "fwd_mean_ms", "bwd_ms",
+             "bwd_mean_ms", "tiles", "busy_ctas", "longest_cta"}
+IDLE_KEYS = {"kernels", "who", "seq", "world", "local_len", "fwd_ms", "bwd_ms"}
 SPLIT_KEYS = {"impl", "dir", "len", "call_ms", "loop_ms", "block_ms"}
 
 
@@ -144,10 +147,34 @@ def decode_tables(decode, sharded, fixed, out, bars):
                  None if share is None else share <= 0.10))
 
 
+def docs_steps_table(steps, idle, out):
+    """Where a document plan's ring spends its time: each step's slowest rank beside the mean rank,
+    the slowest forward's tiles, and what a block without work costs at the same length."""
+    out.append("Packed documents, the plan's modelled ring step by step (the slowest rank's block kernels; tiles "
+               "per head of its forward: all, the CTAs that have any, the longest CTA's; an idle block: nothing "
+               "visible):\n")
+    out.append("| kernels | documents | tokens | N | step | ranks | fwd ms (mean) | bwd ms (mean) | tiles | busy CTAs | "
+               "longest CTA |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in steps:
+        if r["who"] != "plan":
+            continue
+        out.append(f"| {r['kernels']} | {r['dist']} | {r['seq']} | {r['world']} | {r['step']} | {r['ranks']} | "
+                   f"{float(r['fwd_ms']):.3f} ({float(r['fwd_mean_ms']):.3f}) | "
+                   f"{float(r['bwd_ms']):.3f} ({float(r['bwd_mean_ms']):.3f}) | {r['tiles']} | {r['busy_ctas']} | "
+                   f"{r['longest_cta']} |")
+    for r in idle:
+        if r["who"] != "plan":
+            continue
+        out.append(f"| {r['kernels']} | idle block | {r['seq']} | {r['world']} | – | – | {float(r['fwd_ms']):.3f} | "
+                   f"{float(r['bwd_ms']):.3f} | 0 | 0 | 0 |")
+    out.append("")
+
+
 def main(argv):
     if len(argv) != 2:
         sys.exit(__doc__)
-    kern, split, ring, hide, nccl, docs = {}, [], [], [], [], []
+    kern, split, ring, hide, nccl, docs, steps, idle = {}, [], [], [], [], [], [], []
     decode, sharded, fixed = {}, [], None
     with open(argv[1], errors="replace") as f:
         for line in f:
@@ -177,6 +204,12 @@ def main(argv):
                 elif head == "docs" and DOCS_KEYS <= kv.keys():
                     float(kv["of_ideal"])  # whole, or left out
                     docs.append(kv)
+                elif head == "docs_step" and STEP_KEYS <= kv.keys():
+                    float(kv["fwd_ms"]), float(kv["bwd_ms"]), float(kv["fwd_mean_ms"]), float(kv["bwd_mean_ms"])
+                    steps.append(kv)
+                elif head == "docs_idle" and IDLE_KEYS <= kv.keys():
+                    float(kv["fwd_ms"]), float(kv["bwd_ms"])
+                    idle.append(kv)
             except (KeyError, ValueError):
                 continue  # a line cut short (a time limit): left out
     out = []
@@ -229,6 +262,8 @@ def main(argv):
                        f"{r['local_len']} | {float(r['latency_ms']):.2f} | {float(r['ideal_ms']):.2f} | "
                        f"{float(r['of_ideal']):.3f} |")
         out.append("")
+    if steps:
+        docs_steps_table(steps, idle, out)
     if hide:
         out.append("Smallest block length (tokens per rank) whose step kernels hide the step's transfer:\n")
         out.append("| kernels | pass | step | link | GB/s | from L |")

@@ -40,6 +40,12 @@ ring kernels=mma dir=bwd layout=striped seq=262144 world=8 heads=16 dim=128 late
 hide_threshold kernels=mma dir=bwd step=striped link=nvlink gbs=4
 docs kernels=mma dir=fwd who=plan dist=lognormal seq=32768 world=8 heads=16 dim=128 documents=26 local_len=4224 \
 latency_ms=1.500 ideal_ms=1.400 of_ideal=0.933 single_gpu_ms=11.200
+docs_idle kernels=mma who=plan seq=32768 world=8 local_len=4224 fwd_ms=0.0100 bwd_ms=0.0200
+docs_step kernels=mma who=plan dist=lognormal seq=32768 world=8 step=0 ranks=8 fwd_ms=0.3000 fwd_mean_ms=0.2800 \
+bwd_ms=0.9000 bwd_mean_ms=0.8500 tiles=86 busy_ctas=33 longest_cta=9
+docs_step kernels=mma who=striped dist=lognormal seq=32768 world=8 step=0 ranks=8 fwd_ms=0.5000 fwd_mean_ms=0.4000 \
+bwd_ms=1.9000 bwd_mean_ms=1.5000 tiles=200 busy_ctas=33 longest_cta=30
+docs_step kernels=mma who=plan dist=lognormal seq=32768 world=8 step=1 ranks=8 fwd_ms=0.2000 fwd_mean_ms=0.1
 docs kernels=mma dir=fwd who=striped dist=lognormal seq=32768 world=8 heads=16 dim=128 documents=26 local_len=4096 \
 latency_ms=3.000 ideal_ms=1.400 of_i
 -- NCCL transport at world 1 against the in-process transport (causal, H 16, D 128, bf16)
@@ -88,6 +94,9 @@ def main(script):
         "| mma | fwd | 4096 | 0.500 | 0.480 | 0.600 | 0.020 | 0.80x |",
         # packed documents: the plan's modelled ring (the striped line is cut short: left out)
         "| mma | fwd | lognormal | 32768 | 8 | plan | 4224 | 1.50 | 1.40 | 0.933 |",
+        # and step by step: the slowest rank beside the mean, its tiles, and a block without work
+        "| mma | lognormal | 32768 | 8 | 0 | 8 | 0.300 (0.280) | 0.900 (0.850) | 86 | 33 | 9 |",
+        "| mma | idle block | 32768 | 8 | – | – | 0.010 | 0.020 | 0 | 0 | 0 |",
         # decode: ours beside torch's backends (the best of them over ours), the modelled shards and their bars
         "| 131072 | 0.200 (2684) | 0.250 (2148) | 0.300 (1790) | 1.25x |",
         "| 1048576 | 8 | 0.230 | 0.200 | 0.870 | 0.130 |",
@@ -98,7 +107,7 @@ def main(script):
         if line not in out.splitlines():
             failures.append(f"missing: {line}")
     if ("stria tma" in out or "mma bwd" in out or "| mma | bwd |" in out or "| striped | 4096 |" in out
-            or "| 1048576 | 2 |" in out):
+            or "| 1048576 | 2 |" in out or "| 0.500 (0.400) |" in out or "| 8 | 1 | 8 |" in out):
         failures.append("a line cut short was read")
     empty = report(script, "== build failed: nothing else can run\n")
     if empty.count("| not measured |") != 5 or "decode" in empty:
