@@ -19,7 +19,9 @@
 //     with its document mask, divided by N. Distributions as stria-plan-bench's (lognormal:
 //     median 1k tokens, capped at 15k; fewlong; uniform; single). Per step (docs_step): the
 //     slowest and the mean rank's kernel times and the slowest forward's tiles; per block length
-//     (docs_idle): a block in which nothing is visible, what a step costs without work.
+//     (docs_idle): a block in which nothing is visible, what a step costs without work. Every
+//     forward launches over its query tiles with work only, as the backend's (busy_tiles.h);
+//     plan_all_tiles is the plan with a CTA for every query tile, what that list saves.
 //   stria-cuda-bench hide [--lens 1024,...,32768] [--heads 16] [--dim 128] [--kernels mma|wgmma|tma]
 //                         [--nvlink-gbs 450] [--ib-gbs 50]
 //     When does a ring step's transfer hide behind its compute? Times the block kernels of one
@@ -45,6 +47,7 @@
 #include <tuple>
 #include <vector>
 
+#include "backend/cuda/busy_tiles.h"
 #include "backend/cuda/mask_args.h"
 #include "bench_util.h"
 #include "cuda/launch.h"
@@ -170,20 +173,33 @@ struct BlockTimer {
   stria::cuda::RowsArg Rows(const Dev& t) const { return stria::cuda::RowsArg{t.p, L * H * D, H * D, D}; }
 
   // A block mask with document bounds (host arrays, [B][L] each): the device copy its kernels read.
-  stria::cuda::MaskArgs Mask(const stria::BlockMask& bm) {
+  // busy_tiles: with the forward's list of query tiles with work, as the backend launches a block
+  // in the middle of its call (busy_tiles.h); false: a CTA for every query tile.
+  stria::cuda::MaskArgs Mask(const stria::BlockMask& bm, bool busy_tiles = false) {
     stria::cuda::MaskArgs a = stria::MaskOf(bm);
     if (bm.doc_lo == nullptr) return a;
     const size_t n = static_cast<size_t>(B * L);
-    if (bounds == nullptr) bounds = std::make_unique<Dev>(2 * n * sizeof(int64_t), false);
+    const size_t list = static_cast<size_t>((L + stria::cuda::kForwardTileRows - 1) / stria::cuda::kForwardTileRows);
+    if (bounds == nullptr) bounds = std::make_unique<Dev>(2 * n * sizeof(int64_t) + list * 4, false);
     auto* dev = static_cast<int64_t*>(bounds->p);
     CHECK_CUDA(cudaMemcpy(dev, bm.doc_lo, n * sizeof(int64_t), cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(dev + n, bm.doc_hi, n * sizeof(int64_t), cudaMemcpyHostToDevice));
     a.doc_lo = dev;
     a.doc_hi = dev + n;
     a.doc_stride = bm.doc_batch_stride;
+    if (busy_tiles) {
+      std::vector<int32_t> tiles;
+      stria::BusyQueryTiles(bm, B, L, stria::cuda::kForwardTileRows, &tiles);
+      auto* dev_tiles = reinterpret_cast<int32_t*>(dev + 2 * n);
+      if (!tiles.empty()) CHECK_CUDA(cudaMemcpy(dev_tiles, tiles.data(), tiles.size() * 4, cudaMemcpyHostToDevice));
+      a.tiles = dev_tiles;
+      a.tile_count = static_cast<int32_t>(tiles.size());
+      a.tile_rows = stria::cuda::kForwardTileRows;
+    }
     return a;
   }
-  std::unique_ptr<Dev> bounds;  // Mask's device copy of the document bounds
+  std::unique_ptr<Dev> bounds;  // Mask's device copy of the document bounds and the tile list
+  bool busy_tiles = true;       // Forward's launches: as the backend's (Mask)
 
   double Forward(const stria::BlockMask& bm, stria::cuda::Kernels kernels = stria::cuda::Kernels::kMma) {
     if (bm.empty()) return 0.0;
@@ -196,7 +212,8 @@ struct BlockTimer {
     p.m = static_cast<float*>(m.p);
     p.l = static_cast<float*>(l.p);
     p.scale_log2 = stria::cuda::kLog2e / std::sqrt(static_cast<float>(D));
-    p.mask = Mask(bm);
+    p.mask = Mask(bm, busy_tiles);
+    if (p.mask.tiles != nullptr && p.mask.tile_count == 0) return 0.0;  // the backend launches nothing
     return TimeMs(stream, reps,
                   [&] { CHECK_CUDA(stria::cuda::LaunchForwardBlock(stria::cuda::Elem::kBF16, kernels, p, stream)); });
   }
@@ -447,11 +464,14 @@ int Docs(int64_t S, int N, int64_t H, int64_t D, int reps, stria::cuda::Kernels 
     const char* name;
     stria::Plan::Strategy strategy;
     stria_layout_t layout;
+    bool busy_tiles;  // forward launches over the query tiles with work only, as the backend's
   };
-  const Who who[] = {{"plan", stria::Plan::Strategy::kBalanced, STRIA_LAYOUT_STRIPED},
-                     {"striped", stria::Plan::Strategy::kLayout, STRIA_LAYOUT_STRIPED},
-                     {"zigzag", stria::Plan::Strategy::kLayout, STRIA_LAYOUT_ZIGZAG},
-                     {"contiguous", stria::Plan::Strategy::kLayout, STRIA_LAYOUT_CONTIGUOUS}};
+  // plan_all_tiles: the plan's forward with a CTA for every query tile, beside the plan's own.
+  const Who who[] = {{"plan", stria::Plan::Strategy::kBalanced, STRIA_LAYOUT_STRIPED, true},
+                     {"plan_all_tiles", stria::Plan::Strategy::kBalanced, STRIA_LAYOUT_STRIPED, false},
+                     {"striped", stria::Plan::Strategy::kLayout, STRIA_LAYOUT_STRIPED, true},
+                     {"zigzag", stria::Plan::Strategy::kLayout, STRIA_LAYOUT_ZIGZAG, true},
+                     {"contiguous", stria::Plan::Strategy::kLayout, STRIA_LAYOUT_CONTIGUOUS, true}};
   stria::MaskSpec causal;
   // The ideal: one GPU on the whole packed sequence with its document mask (a plan of one rank
   // keeps every document whole, in order), over N.
@@ -484,8 +504,10 @@ int Docs(int64_t S, int N, int64_t H, int64_t D, int reps, stria::cuda::Kernels 
     const int64_t L = plan->local_len();
     BlockTimer t(L, H, D, reps);
     std::vector<int64_t> lo(static_cast<size_t>(L)), hi(static_cast<size_t>(L));
-    // A block in which no query sees a key: every CTA idles. What a step costs beyond its tiles'
-    // work starts here (the launch, and a CTA per query or key tile that finds nothing to do).
+    // A block in which no query sees a key, launched over every tile: every CTA idles. What a step
+    // costs beyond its tiles' work starts here (the launch, and a CTA per query or key tile that
+    // finds nothing to do; the backend's forward launches no such block).
+    t.busy_tiles = false;
     {
       std::fill(lo.begin(), lo.end(), 0);
       std::fill(hi.begin(), hi.end(), 0);
@@ -498,6 +520,7 @@ int Docs(int64_t S, int N, int64_t H, int64_t D, int reps, stria::cuda::Kernels 
                   stria::cuda::KernelsName(kernels), w.name, (long long)S, N, (long long)L, t.Forward(idle, kernels),
                   t.Backward(idle, kernels));
     }
+    t.busy_tiles = w.busy_tiles;
     double latency[2] = {0, 0};
     for (int step = 0; step < N; ++step) {
       double slowest[2] = {0, 0}, sum[2] = {0, 0};

@@ -18,6 +18,7 @@ namespace cuda {
 // A forward tile kernel over the query tiles of the block's rows (Tile: kM, kThreads, kSmemBytes).
 template <typename Tile>
 cudaError_t LaunchForwardTiles(void (*kernel)(FwdParams), const FwdParams& p, cudaStream_t s) {
+  static_assert(Tile::kM == kForwardTileRows, "a forward's busy-tile lists are made for kForwardTileRows");
   const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
   if (allowed != cudaSuccess) return allowed;
   const dim3 grid(QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(p.dims.B * p.dims.Hq));

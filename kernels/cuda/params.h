@@ -22,7 +22,18 @@ struct MaskArgs {
   const int64_t* doc_lo = nullptr;  // nullptr: no document mask
   const int64_t* doc_hi = nullptr;
   int64_t doc_stride = 0;
+  // Where only some query tiles of `tile_rows` rows have work (a block of a document mask in the
+  // middle of its call, src/backend/cuda/busy_tiles.h): those tiles' indices, longest first. A
+  // launch over query tiles of that size then takes only these (QueryTileCount, QueryTileStart);
+  // nullptr: every tile of [q_begin, q_end).
+  const int32_t* tiles = nullptr;
+  int32_t tile_count = 0;
+  int32_t tile_rows = 0;
 };
+
+// The query tile of every tensor-core forward: the size their lists of busy tiles are made for
+// (MaskArgs::tile_rows). The SIMT kernels' tiles are smaller and take the whole grid.
+constexpr int kForwardTileRows = 128;
 
 struct Dims {
   int B, L, Hq, Hkv, D;

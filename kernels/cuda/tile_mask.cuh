@@ -110,12 +110,15 @@ STRIA_HD Window SeeingQueries(const MaskArgs& m, int64_t j, int64_t i0, int n) {
 
 // Query tiles of `rows` rows, aligned to multiples of `rows`, cover the block's queries
 // [q_begin, q_end). A grid has QueryTileCount of them; CTA `cta` takes tile count - 1 - cta, so
-// the later tiles, which see more keys under a causal mask, start first.
+// the later tiles, which see more keys under a causal mask, start first. Where the mask lists the
+// tiles with work at this size (MaskArgs::tiles), the grid has those alone, in the list's order.
 STRIA_HD unsigned QueryTileCount(const MaskArgs& m, int rows) {
+  if (m.tiles != nullptr && rows == m.tile_rows) return static_cast<unsigned>(m.tile_count);
   const int64_t first = (m.q_begin / rows) * rows;
   return static_cast<unsigned>((m.q_end - first + rows - 1) / rows);
 }
 STRIA_HD int64_t QueryTileStart(const MaskArgs& m, int rows, unsigned cta, unsigned count) {
+  if (m.tiles != nullptr && rows == m.tile_rows) return static_cast<int64_t>(m.tiles[cta]) * rows;
   return (m.q_begin / rows) * rows + static_cast<int64_t>(count - 1 - cta) * rows;
 }
 

@@ -20,6 +20,7 @@ namespace cuda {
 template <typename T, int D>
 cudaError_t LaunchTmaForward(const FwdParams& p, cudaStream_t s) {
   using Tile = TmaFwdTile<D>;
+  static_assert(Tile::kM == kForwardTileRows, "a forward's busy-tile lists are made for kForwardTileRows");
   TmaFwdParams tp{};
   tp.p = p;
   const Dims& d = p.dims;

@@ -38,6 +38,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cuda/busy_tiles.h"
 #include "backend/cuda/cuda_decode.h"
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/mask_args.h"
@@ -409,7 +410,14 @@ class CudaBackend final : public Backend {
       p.lh = step.lse->strides[1];
       p.li = step.lse->strides[2];
     }
-    STRIA_RETURN_IF_ERROR(UploadDocuments(mask, &p.mask));
+    // A block in the middle of its call: its CTAs own no rows, so a launch over only the query
+    // tiles with work does the same (busy_tiles.h), and none with no tile at all.
+    const bool middle = p.first == 0 && p.out.data == nullptr;
+    STRIA_RETURN_IF_ERROR(UploadDocuments(mask, &p.mask, middle));
+    if (p.mask.tiles != nullptr && p.mask.tile_count == 0) {
+      state_ = State::kRunning;
+      return Status::Ok();
+    }
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchForwardBlock(ElemOf(s_.dtype), kernels_, p, stream_));
     state_ = p.out.data != nullptr ? State::kFinished : State::kRunning;
     return Status::Ok();
@@ -759,11 +767,15 @@ class CudaBackend final : public Backend {
   // A document mask's bounds for the block at hand ([B][L] lo, then hi, from the ring: host
   // memory it reuses at the next step) go to the device on the compute stream, through one of two
   // host staging buffers that alternate: a buffer is refilled only once its previous copy has run,
-  // so the ring's next step never waits for this one's kernels.
-  Status UploadDocuments(const BlockMask& mask, cuda::MaskArgs* m) {
+  // so the ring's next step never waits for this one's kernels. With busy_tiles, the forward's
+  // list of query tiles with work goes in the same copy (MaskArgs::tiles).
+  Status UploadDocuments(const BlockMask& mask, cuda::MaskArgs* m, bool busy_tiles = false) {
     if (mask.doc_lo == nullptr) return Status::Ok();
     const size_t n = static_cast<size_t>(s_.B * s_.L);
-    STRIA_RETURN_IF_ERROR(docs_.Reserve(2 * n * sizeof(int64_t), "document bounds", handoff_));
+    if (busy_tiles) BusyQueryTiles(mask, s_.B, s_.L, cuda::kForwardTileRows, &tiles_);
+    // The list as int32 pairs packed into the staging's int64 words, after the bounds.
+    const size_t list_words = busy_tiles ? (tiles_.size() + 1) / 2 : 0, words = 2 * n + list_words;
+    STRIA_RETURN_IF_ERROR(docs_.Reserve(words * sizeof(int64_t), "document bounds", handoff_));
     Staging& st = staging_[next_staging_];
     next_staging_ ^= 1;
     if (st.copied == nullptr) {
@@ -771,16 +783,22 @@ class CudaBackend final : public Backend {
     } else {
       STRIA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(st.copied));
     }
-    st.bounds.resize(2 * n);
+    st.bounds.resize(words);
     std::memcpy(st.bounds.data(), mask.doc_lo, n * sizeof(int64_t));
     std::memcpy(st.bounds.data() + n, mask.doc_hi, n * sizeof(int64_t));
+    if (!tiles_.empty() && busy_tiles) std::memcpy(st.bounds.data() + 2 * n, tiles_.data(), tiles_.size() * 4);
     int64_t* dev = static_cast<int64_t*>(docs_.data());
     STRIA_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(dev, st.bounds.data(), 2 * n * sizeof(int64_t), cudaMemcpyHostToDevice, stream_));
+        cudaMemcpyAsync(dev, st.bounds.data(), words * sizeof(int64_t), cudaMemcpyHostToDevice, stream_));
     STRIA_CUDA_RETURN_IF_ERROR(cudaEventRecord(st.copied, stream_));
     m->doc_lo = dev;
     m->doc_hi = dev + n;
     m->doc_stride = mask.doc_batch_stride;
+    if (busy_tiles) {
+      m->tiles = reinterpret_cast<const int32_t*>(dev + 2 * n);
+      m->tile_count = static_cast<int32_t>(tiles_.size());
+      m->tile_rows = cuda::kForwardTileRows;
+    }
     return Status::Ok();
   }
 
@@ -824,6 +842,7 @@ class CudaBackend final : public Backend {
   bool kv_in_place_ = false;           // the local block is read from local_k_/local_v_, not the wire
   DeviceBuffer acc_, m_, l_, dq_acc_;  // m_/l_ hold lse2/delta in the backward
   DeviceBuffer docs_;                  // the block's document bounds (UploadDocuments)
+  std::vector<int32_t> tiles_;         // a forward block's query tiles with work (BusyQueryTiles)
   struct Staging {
     std::vector<int64_t> bounds;
     cudaEvent_t copied = nullptr;  // recorded after the copy out of `bounds`
