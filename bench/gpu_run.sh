@@ -20,8 +20,9 @@
 #                beside torch SDPA's flash and cuDNN backends, same shapes;
 #                at D 128, causal, softcap 30 and sinks beside the plain call
 #   ring         the modelled N = 8 ring at 256k tokens, per family            12 s a family
-#   docs         packed documents: the modelled ring of a document plan and    not yet measured
-#                of each layout, lognormal lengths, 32k and 128k tokens, N 8
+#   docs         packed documents: the modelled ring of a document plan and    3 s a family
+#                of each layout, lognormal lengths, 32k and 128k tokens, N 8;
+#                the plan also with a CTA for every query tile, and per step
 #   nccl1        the NCCL transport at world 1 against the in-process one      6 s
 #   hide         the block length above which a step's transfer hides         3 s a family
 #   decode       decode over a sharded KV cache: one GPU's call at 32k-1M      not yet measured
