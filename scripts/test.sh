@@ -1,13 +1,10 @@
 #!/usr/bin/env bash
 # Every test: the Release build (unit, ring-vs-reference, fault, multi-process UCX, fuzz, example
-# and install tests), the bindings' suites (Python, Rust, Julia generator) against it, the same
-# build without CUDA (what a machine with no CUDA toolkit builds), then the C++ tests again under
-# AddressSanitizer+UndefinedBehaviorSanitizer, and under ThreadSanitizer. Installs what it needs. SANITIZERS=0 skips the sanitizer builds; BINDINGS=0
+# and install tests), the same without CUDA (what a machine with no CUDA toolkit builds), the
+# bindings' suites (Python, Rust, Julia generator) against the first build,
+# then the C++ tests again under AddressSanitizer+UndefinedBehaviorSanitizer, and under
+# ThreadSanitizer. Installs what it needs. SANITIZERS=0 skips the sanitizer builds; BINDINGS=0
 # skips the bindings.
-#
-# The bindings' stage runs its suites mostly one process at a time, so while it runs, the builds
-# that need nothing from it (without CUDA, then AddressSanitizer's) compile at the lowest priority
-# on the cores it leaves idle; their tests run afterwards, each stage as before.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh --tests
@@ -29,59 +26,9 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRIA_WERROR=ON >/dev/
 ninja -C build -j"$jobs"
 (cd build && ctest -j"$jobs" --output-on-failure --no-tests=error)
 
-nocuda=(-DCMAKE_BUILD_TYPE=Release -DSTRIA_WERROR=ON -DSTRIA_WITH_CUDA=OFF -DSTRIA_WITH_NCCL=OFF -DSTRIA_BUILD_PYTHON=OFF)
-# Line tables only (-g1): the sanitizers' reports still name files and lines, and the two builds
-# compile about a fifth faster than with full debug information. The suites that need a real GPU
-# are left out (STRIA_BUILD_GPU_TESTS): here they would only skip; their sources run on the
-# host models, which are built.
-# The real CUDA module (nvcc, about half of a build's compile time) is left out too: it could
-# only fail to find a GPU here; the same sources run on the emulator and the runtime model.
-debug=(-DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG"
-  -DSTRIA_BUILD_CUDA_MODULE=OFF)
-asan=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "${debug[@]}" -DSTRIA_WERROR=ON -DSTRIA_SANITIZE="address;undefined"
-  -DSTRIA_BUILD_EXAMPLES=OFF -DSTRIA_BUILD_BENCHMARKS=OFF -DSTRIA_BUILD_GPU_TESTS=OFF)
-# Configures and builds the trees whose builds need nothing from the bindings' stage, each command
-# prefixed with the arguments (nice, in the background).
-early_builds() {
-  cmake -S . -B build-nocuda -G Ninja "${nocuda[@]}" >/dev/null
-  "$@" ninja -C build-nocuda -j"$jobs"
-  if [ "${SANITIZERS:-1}" = 1 ]; then
-    cmake -S . -B build-asan -G Ninja "${asan[@]}" >/dev/null
-    "$@" ninja -C build-asan -j"$jobs"
-  fi
-}
-
-if [ "${BINDINGS:-1}" = 1 ]; then
-  builds_log=$(mktemp)
-  early_builds nice -n 19 >"$builds_log" 2>&1 &
-  builds_pid=$!
-  # On a failure: ninja (the background job's child) stops its compilers when terminated.
-  trap '[ -z "$prepare_pid" ] || kill "$prepare_pid" 2>/dev/null || true
-    pkill -P "$builds_pid" 2>/dev/null || true; kill "$builds_pid" 2>/dev/null || true
-    rm -f "$prepare_log" "$builds_log"' EXIT
-  if [ -n "$prepare_pid" ]; then
-    stage "python environment (installed in the background)"
-    status=0
-    wait "$prepare_pid" || status=$?
-    prepare_pid=""
-    cat "$prepare_log"
-    [ "$status" = 0 ] || { echo "preparing the Python environment failed ($status)"; exit 1; }
-  fi
-  for lang in python rust julia; do
-    [ -x "scripts/test-$lang.sh" ] || continue
-    stage "$lang bindings"
-    STRIA_BUILD_DIR=build STRIA_JULIA_BUILD_DIR=build "scripts/test-$lang.sh"
-  done
-  stage "the builds without CUDA and under AddressSanitizer (begun with the bindings, in the background)"
-  status=0
-  wait "$builds_pid" || status=$?
-  tail -n 2 "$builds_log"
-  [ "$status" = 0 ] || { cat "$builds_log"; echo "a background build failed ($status)"; exit 1; }
-else
-  early_builds
-fi
-
 stage "Without CUDA: the build of a machine with no CUDA toolkit (build and ctest)"
+cmake -S . -B build-nocuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRIA_WERROR=ON -DSTRIA_WITH_CUDA=OFF \
+  -DSTRIA_WITH_NCCL=OFF -DSTRIA_BUILD_PYTHON=OFF >/dev/null
 ninja -C build-nocuda -j"$jobs"
 # The emulated CUDA kernel suites and the fuzz target compile the same sources with the same flags
 # in both builds (nothing in them depends on STRIA_WITH_CUDA) and ran above: built here, not rerun.
@@ -100,11 +47,38 @@ for opts in "-DSTRIA_WITH_CUDA=OFF" "-DSTRIA_WITH_CUDA=OFF -DSTRIA_WITH_NCCL=OFF
   rm -rf "$dir" "$dir.log"
 done
 
+if [ "${BINDINGS:-1}" = 1 ]; then
+  if [ -n "$prepare_pid" ]; then
+    stage "python environment (installed in the background)"
+    status=0
+    wait "$prepare_pid" || status=$?
+    prepare_pid=""
+    cat "$prepare_log"
+    [ "$status" = 0 ] || { echo "preparing the Python environment failed ($status)"; exit 1; }
+  fi
+  for lang in python rust julia; do
+    [ -x "scripts/test-$lang.sh" ] || continue
+    stage "$lang bindings"
+    STRIA_BUILD_DIR=build STRIA_JULIA_BUILD_DIR=build "scripts/test-$lang.sh"
+  done
+fi
+
 if [ "${SANITIZERS:-1}" = 1 ]; then
   # UCX's memory hooks (libucm patches malloc and mmap when it is loaded) do not mix with the
   # sanitizers' own interceptors; stria needs neither for host memory.
   export UCX_MEM_MALLOC_HOOKS=no UCX_MEM_EVENTS=no UCX_WARN_UNUSED_ENV_VARS=n
+  # Line tables only (-g1): the sanitizers' reports still name files and lines, and the two builds
+  # compile about a fifth faster than with full debug information. The suites that need a real GPU
+  # are left out (STRIA_BUILD_GPU_TESTS): here they would only skip; their sources run on the
+  # host models, which are built.
+  # The real CUDA module (nvcc, about half of a build's compile time) is left out too: it could
+  # only fail to find a GPU here; the same sources run on the emulator and the runtime model.
+  debug=(-DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG"
+    -DSTRIA_BUILD_CUDA_MODULE=OFF)
   stage "AddressSanitizer + UndefinedBehaviorSanitizer"
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${debug[@]}" -DSTRIA_WERROR=ON \
+    -DSTRIA_SANITIZE="address;undefined" -DSTRIA_BUILD_EXAMPLES=OFF -DSTRIA_BUILD_BENCHMARKS=OFF \
+    -DSTRIA_BUILD_GPU_TESTS=OFF >/dev/null
   ninja -C build-asan -j"$jobs"
   # Without the emulated kernels' float16 twins of their bfloat16 cases (the same template with
   # another 2-byte element type: the same addresses read and written); the shapes only float16
