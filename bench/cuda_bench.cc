@@ -430,13 +430,14 @@ void CheckPlan(const stria::Status& st) {
   std::exit(1);
 }
 
-// A forward block's 128 x 128 tiles (per head), as the kernels walk them: each query tile takes
-// the key tiles from its first row's lowest visible key to its last row's highest (KeyTilesOf).
+// A forward block's tiles (per head), as the kernels walk them: each query tile of
+// kForwardTileRows rows takes the key tiles (of as many keys: the TMA forward's) from its first
+// row's lowest visible key to its last row's highest (KeyTilesOf).
 struct ForwardTiles {
   int64_t tiles = 0, busy_ctas = 0, longest = 0;
 };
 ForwardTiles CountForwardTiles(const std::vector<int64_t>& lo, const std::vector<int64_t>& hi) {
-  constexpr int64_t kTile = 128;
+  constexpr int64_t kTile = stria::cuda::kForwardTileRows;
   const int64_t L = static_cast<int64_t>(lo.size());
   ForwardTiles t;
   for (int64_t i0 = 0; i0 < L; i0 += kTile) {
