@@ -68,8 +68,10 @@ STRIA_HD uint64_t SwizzledDesc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t 
 #define STRIA_F8(d, i)                                                                                        \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
       "+f"(d[i + 7])
+#define STRIA_F16(d) STRIA_F8(d, 0), STRIA_F8(d, 8)
 #define STRIA_F32(d) STRIA_F8(d, 0), STRIA_F8(d, 8), STRIA_F8(d, 16), STRIA_F8(d, 24)
 #define STRIA_F64(d) STRIA_F32(d), STRIA_F8(d, 32), STRIA_F8(d, 40), STRIA_F8(d, 48), STRIA_F8(d, 56)
+#define STRIA_R16 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
 #define STRIA_R32                                                                                           \
   "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27," \
   "%28,%29,%30,%31}"
@@ -134,6 +136,9 @@ STRIA_DEVICE void wgmma_rs_tb(float (&d)[N / 2], const uint32_t a[4], uint64_t d
 // its K index as rows (dS^T for dQ = dS K), B with its K index as rows too (K for the same).
 template <typename T, int N>
 STRIA_DEVICE void wgmma_ss_tt(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate);
+// The same with A K-major and B MN-major in shared memory (dV += P^T dO with P^T stored).
+template <typename T, int N>
+STRIA_DEVICE void wgmma_ss_tb(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate);
 
 // One specialisation per (dtype, N): N/2 accumulator operands come first, so the operand numbers
 // of the descriptors and the predicate depend on N (IA: A, IB: desc B, IP: accumulate). NAME and
@@ -160,12 +165,16 @@ STRIA_DEVICE void wgmma_ss_tt(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate))       \
                  : "memory");                                                                                       \
   }
+STRIA_WGMMA_SS(wgmma_ss, "0, 0", Half, "f16", 32, STRIA_R16, STRIA_F16, "16", "17", "18")
+STRIA_WGMMA_SS(wgmma_ss, "0, 0", BFloat, "bf16", 32, STRIA_R16, STRIA_F16, "16", "17", "18")
 STRIA_WGMMA_SS(wgmma_ss, "0, 0", Half, "f16", 64, STRIA_R32, STRIA_F32, "32", "33", "34")
 STRIA_WGMMA_SS(wgmma_ss, "0, 0", BFloat, "bf16", 64, STRIA_R32, STRIA_F32, "32", "33", "34")
 STRIA_WGMMA_SS(wgmma_ss, "0, 0", Half, "f16", 128, STRIA_R64, STRIA_F64, "64", "65", "66")
 STRIA_WGMMA_SS(wgmma_ss, "0, 0", BFloat, "bf16", 128, STRIA_R64, STRIA_F64, "64", "65", "66")
 STRIA_WGMMA_SS(wgmma_ss_tt, "1, 1", Half, "f16", 64, STRIA_R32, STRIA_F32, "32", "33", "34")
 STRIA_WGMMA_SS(wgmma_ss_tt, "1, 1", BFloat, "bf16", 64, STRIA_R32, STRIA_F32, "32", "33", "34")
+STRIA_WGMMA_SS(wgmma_ss_tb, "0, 1", Half, "f16", 128, STRIA_R64, STRIA_F64, "64", "65", "66")
+STRIA_WGMMA_SS(wgmma_ss_tb, "0, 1", BFloat, "bf16", 128, STRIA_R64, STRIA_F64, "64", "65", "66")
 STRIA_WGMMA_RS_TB(Half, "f16", 64, STRIA_R32, STRIA_F32, "{%32,%33,%34,%35}", "36", "37")
 STRIA_WGMMA_RS_TB(BFloat, "bf16", 64, STRIA_R32, STRIA_F32, "{%32,%33,%34,%35}", "36", "37")
 STRIA_WGMMA_RS_TB(Half, "f16", 128, STRIA_R64, STRIA_F64, "{%64,%65,%66,%67}", "68", "69")

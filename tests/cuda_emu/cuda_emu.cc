@@ -160,10 +160,10 @@ struct WgmmaOp {
   int n = 0, first = 0;
   uint64_t desc_a = 0, desc_b = 0;
   int arrived = 0, completed = 0;
-  uint32_t a[kWarpGroup][4];                   // kRSTransB: every thread's A fragment, as issued
-  const uint32_t* a_regs[kWarpGroup];          // and where it lives: unchanged until the wait
-  float* d[kWarpGroup];                        // every thread's accumulators
-  std::vector<uint32_t> a_offsets, b_offsets;  // where each operand element is (DescOffsets)
+  uint32_t a[kWarpGroup][4];           // kRSTransB: every thread's A fragment, as issued
+  const uint32_t* a_regs[kWarpGroup];  // and where it lives: unchanged until the wait
+  float* d[kWarpGroup];                // every thread's accumulators
+  std::vector<double> product;         // A B, 64 x n row-major: at the first completion
 };
 
 struct WarpGroup {
@@ -727,6 +727,52 @@ void HandBackAccumulators(Thread* t, float* d, int n) {
   PoisonAccumulators(d, n);
 }
 
+// A B of a completed operation (64 x n, row-major, in double), computed once for the warpgroup
+// when its first thread completes it: the hardware's operation is one for the warpgroup and has
+// read its operands once the first wait returns, so shared memory is read (and checked against the
+// async proxy's view) then, and every operand element is decoded once rather than by each of the
+// threads that hold a product of it.
+void ComputeWgmmaProduct(Thread* t, WgmmaOp& op) {
+  const int n = op.n;
+  const bool rs = op.kind == detail::WgmmaKind::kRSTransB;
+  auto val = [&](uint16_t x) -> double { return op.bf16 ? BFloatToFloat(x) : HalfToFloat(x); };
+  std::vector<double> A(64 * 16), B(static_cast<size_t>(n) * 16);
+  if (rs) {
+    // Lane 4g + tt of warp w holds row 16 w + g in registers 0, 2 and row + 8 in 1, 3: columns
+    // 2 tt (+1) in registers 0, 1 and 2 tt + 8 (+1) in 2, 3.
+    for (int w = 0; w < kWarpGroup / kWarp; ++w)
+      for (int gq = 0; gq < 8; ++gq)
+        for (int tt = 0; tt < 4; ++tt) {
+          const uint32_t* regs = op.a[kWarp * w + 4 * gq + tt];
+          for (int r = 0; r < 4; ++r) {
+            const int row = 16 * w + gq + 8 * (r & 1), col = 2 * tt + 8 * (r >> 1);
+            A[static_cast<size_t>(row * 16 + col)] = val(static_cast<uint16_t>(Lo(regs[r])));
+            A[static_cast<size_t>(row * 16 + col + 1)] = val(static_cast<uint16_t>(Hi(regs[r])));
+          }
+        }
+  } else {
+    // A is K-major in the forms kSS and kSSTransB, B in kSS only.
+    const bool a_kmajor = op.kind == detail::WgmmaKind::kSS || op.kind == detail::WgmmaKind::kSSTransB;
+    const std::vector<uint32_t> a_offsets = DescOffsets(t, op.desc_a, a_kmajor, 64);
+    for (int row = 0; row < 64; ++row)
+      for (int k = 0; k < 16; ++k) A[static_cast<size_t>(row * 16 + k)] = val(DescElement(t, a_offsets, row, k));
+  }
+  // B by K index, then column: the product's inner loop runs along a row of independent sums
+  // (each still adds its 16 terms in K order), which the compiler vectorises.
+  const std::vector<uint32_t> b_offsets = DescOffsets(t, op.desc_b, op.kind == detail::WgmmaKind::kSS, n);
+  for (int col = 0; col < n; ++col)
+    for (int k = 0; k < 16; ++k) B[static_cast<size_t>(k * n + col)] = val(DescElement(t, b_offsets, col, k));
+  op.product.assign(static_cast<size_t>(64) * n, 0.0);
+  for (int row = 0; row < 64; ++row) {
+    double* out = op.product.data() + static_cast<size_t>(row) * n;
+    for (int k = 0; k < 16; ++k) {
+      const double a = A[static_cast<size_t>(row * 16 + k)];
+      const double* b = B.data() + static_cast<size_t>(k) * n;
+      for (int col = 0; col < n; ++col) out[col] += a * b[col];
+    }
+  }
+}
+
 void CompleteWgmma(Thread* t, WgmmaOp& op, int me) {
   const int w = me / kWarp, lane = me % kWarp, gq = lane >> 2, t4 = lane & 3;
   // The GPU reads register operands while the operation runs. Where a kernel reuses them before
@@ -736,45 +782,15 @@ void CompleteWgmma(Thread* t, WgmmaOp& op, int me) {
     Fail(t,
          "wgmma_rs_tb: this thread's A fragment registers changed between the operation and the wgmma_wait "
          "that completes it (ptxas would serialise the MMAs there)");
-  auto val = [&](uint16_t x) -> double { return op.bf16 ? BFloatToFloat(x) : HalfToFloat(x); };
-  // The operands' element offsets, the first time a thread completes the operation.
-  if (op.kind != detail::WgmmaKind::kRSTransB && op.a_offsets.empty())
-    op.a_offsets = DescOffsets(t, op.desc_a, op.kind == detail::WgmmaKind::kSS, 64);
-  if (op.b_offsets.empty()) op.b_offsets = DescOffsets(t, op.desc_b, op.kind == detail::WgmmaKind::kSS, op.n);
-  double A[2][16];
-  for (int h = 0; h < 2; ++h) {
-    const int row = 16 * w + gq + 8 * h;
-    if (op.kind != detail::WgmmaKind::kRSTransB) {
-      for (int k = 0; k < 16; ++k) A[h][k] = val(DescElement(t, op.a_offsets, row, k));
-      continue;
-    }
-    // Lane 4g + tt of warp w holds row g in registers 0, 2 and row g + 8 in 1, 3: columns 2 tt
-    // (+1) in registers 0, 1 and 2 tt + 8 (+1) in 2, 3.
-    for (int tt = 0; tt < 4; ++tt) {
-      const uint32_t* regs = op.a[kWarp * w + 4 * gq + tt];
-      for (int r = h; r < 4; r += 2) {
-        const int col = 2 * tt + 8 * (r >> 1);
-        A[h][col] = val(static_cast<uint16_t>(Lo(regs[r])));
-        A[h][col + 1] = val(static_cast<uint16_t>(Hi(regs[r])));
-      }
-    }
-  }
+  if (op.product.empty()) ComputeWgmmaProduct(t, op);
   float* d = op.d[me];
   TakeBackAccumulators(t, d, op.n / 2);
-  // Accumulator i = 4 j + c: column 8 j + 2 t4 + (c & 1), row half c >> 1. Each column is read
-  // once for both of its row halves.
-  for (int i0 = 0; i0 < op.n / 2; i0 += 4)
-    for (int lo = 0; lo < 2; ++lo) {
-      const int col = 8 * (i0 >> 2) + 2 * t4 + lo;
-      double B[16];
-      for (int k = 0; k < 16; ++k) B[k] = val(DescElement(t, op.b_offsets, col, k));
-      for (int h = 0; h < 2; ++h) {
-        const int i = i0 + 2 * h + lo;
-        double acc = op.accumulate ? d[i] : 0.0;
-        for (int k = 0; k < 16; ++k) acc += A[h][k] * B[k];
-        d[i] = static_cast<float>(acc);
-      }
-    }
+  // Accumulator i = 4 j + c: row 16 w + g + 8 (c >> 1), column 8 j + 2 t4 + (c & 1).
+  for (int i = 0; i < op.n / 2; ++i) {
+    const int row = 16 * w + gq + 8 * ((i & 3) >> 1), col = 8 * (i >> 2) + 2 * t4 + (i & 1);
+    const double acc = op.accumulate ? d[i] : 0.0;
+    d[i] = static_cast<float>(acc + op.product[static_cast<size_t>(row) * op.n + col]);
+  }
   HandBackAccumulators(t, d, op.n / 2);
 }
 
@@ -1011,7 +1027,10 @@ void Wgmma(WgmmaKind kind, bool bf16, int n, float* d, const uint32_t* a, uint64
            bool accumulate) {
   Thread* t = Current();
   Block* b = t->block;
-  const char* name = kind == WgmmaKind::kSS ? "wgmma_ss" : kind == WgmmaKind::kSSTrans ? "wgmma_ss_tt" : "wgmma_rs_tb";
+  const char* name = kind == WgmmaKind::kSS         ? "wgmma_ss"
+                     : kind == WgmmaKind::kSSTrans  ? "wgmma_ss_tt"
+                     : kind == WgmmaKind::kSSTransB ? "wgmma_ss_tb"
+                                                    : "wgmma_rs_tb";
   if (b->n % kWarpGroup != 0)
     Fail(t, std::string(name) + ": the block is not a whole number of warpgroups (128 threads)");
   if (n % 8 != 0 || n < 8 || n > 256) Fail(t, std::string(name) + ": N must be a multiple of 8 in 8..256");

@@ -222,8 +222,8 @@ void CpAsyncWait(int n);
 // register A operand must stay unchanged until that wait too.
 constexpr uint32_t kSmemWindowBase = 0x480;
 // kSS: A and B K-major in shared memory; kRSTransB: A in registers, B MN-major; kSSTrans: A and
-// B MN-major in shared memory.
-enum class WgmmaKind : uint8_t { kSS, kRSTransB, kSSTrans };
+// B MN-major in shared memory; kSSTransB: both in shared memory, A K-major, B MN-major.
+enum class WgmmaKind : uint8_t { kSS, kRSTransB, kSSTrans, kSSTransB };
 uint32_t SmemAddr(const void* p);
 void WgmmaFence();
 void WgmmaCommit();
@@ -380,6 +380,11 @@ inline void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool a
 template <typename T, int N>
 inline void wgmma_ss_tt(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
   emu::detail::Wgmma(emu::detail::WgmmaKind::kSSTrans, std::is_same<T, BFloat>::value, N, d, nullptr, desc_a, desc_b,
+                     accumulate);
+}
+template <typename T, int N>
+inline void wgmma_ss_tb(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  emu::detail::Wgmma(emu::detail::WgmmaKind::kSSTransB, std::is_same<T, BFloat>::value, N, d, nullptr, desc_a, desc_b,
                      accumulate);
 }
 template <typename T, int N>

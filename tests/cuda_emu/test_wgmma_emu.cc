@@ -92,10 +92,15 @@ double RunProduct(const Layout* la, const Layout& lb) {
       const uint64_t da = Desc(smem_addr(a_base) + la->start, *la);
       if (N == 16) wgmma_ss_tt<BFloat, 16>(*reinterpret_cast<float(*)[8]>(d), da, db, false);
       if (N == 128) wgmma_ss_tt<BFloat, 128>(*reinterpret_cast<float(*)[64]>(d), da, db, false);
+    } else if (la != nullptr && !lb.k_major) {  // A K-major, B MN-major: the transposed-B form
+      const uint64_t da = Desc(smem_addr(a_base) + la->start, *la);
+      if (N == 16) wgmma_ss_tb<BFloat, 16>(*reinterpret_cast<float(*)[8]>(d), da, db, false);
+      if (N == 128) wgmma_ss_tb<BFloat, 128>(*reinterpret_cast<float(*)[64]>(d), da, db, false);
     } else if (la != nullptr) {
       const uint64_t da = Desc(smem_addr(a_base) + la->start, *la);
       if (N == 16) wgmma_ss<BFloat, 16>(*reinterpret_cast<float(*)[8]>(d), da, db, false);
       if (N == 24) wgmma_ss<BFloat, 24>(*reinterpret_cast<float(*)[12]>(d), da, db, false);
+      if (N == 128) wgmma_ss<BFloat, 128>(*reinterpret_cast<float(*)[64]>(d), da, db, false);
     } else {
       // Register r of lane 4g + t: row g + 8 (r & 1), columns 2t + 8 (r >> 1) and + 1.
       uint32_t a[4];
@@ -220,6 +225,30 @@ TEST(EmuWgmma, KMajorLayouts) {
   const Layout b128{"b 128B", true, 24,   [](int n, int k) -> uint32_t { return 64 * (n % 8) + 512 * (n / 8) + k; },
                     128,      16,   1024, 32};
   EXPECT_LT(RunProduct(&a128, b128), 1e-3) << "128B, k offset";
+}
+
+// A K-major and B MN-major, both in shared memory (dV += P^T dO with P^T stored, as the head-dim
+// 256 backward reads it): the 128B K-major A of KMajorLayouts, B N-major as in the PTX examples
+// (no swizzle, and 128B over two 64-column blocks).
+TEST(EmuWgmma, KMajorAWithMnMajorB) {
+  const Layout a128{"a 128B", true, 64,  [](int m, int k) -> uint32_t { return 64 * (m % 8) + 512 * (m / 8) + k; },
+                    128,      16,   1024};
+  const Layout b_none{
+      "b mn none", false,
+      16,          [](int n, int k) -> uint32_t { return n % 8 + 64 * (n / 8) + 8 * (k % 8) + 128 * (k / 8); },
+      0,           256,
+      128};
+  EXPECT_LT(RunProduct(&a128, b_none), 1e-3) << "none";
+  const Layout b128{
+      "b mn 128B", false,
+      128,         [](int n, int k) -> uint32_t { return n % 64 + 1024 * (n / 64) + 64 * (k % 8) + 512 * (k / 8); },
+      128,         2048,
+      1024};
+  EXPECT_LT(RunProduct(&a128, b128), 1e-3) << "128B";
+  // The same B decoded K-major (the plain shared-shared form) must not pass.
+  Layout wrong = b128;
+  wrong.k_major = true;
+  EXPECT_GT(RunProduct(&a128, wrong), 1e-1);
 }
 
 // The kernels' own layout helper agrees with the PTX layout it claims (128B, K-major rows).
