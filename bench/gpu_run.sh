@@ -253,6 +253,18 @@ if stage kernels $((20 + 25 * nf)); then
   fi
   timeout -k 10 "$(cap 240)" python3 bench/torch_sdpa_gpu.py --dims $dims --lens $lens 2>&1 | tee -a "$results" ||
     { say "torch SDPA: failed or timed out"; note_failure kernels; }
+  # Head dim 256 (Gemma's), on the Hopper families that have it, at two lengths beside the same
+  # anchors; the deterministic backward runs SIMT there and stays untimed.
+  if [ "${QUICK:-0}" != 1 ]; then
+    for family in "${families[@]}"; do
+      [ "$family" = mma ] && continue
+      STRIA_CUDA_KERNELS=$family timeout -k 10 "$(cap 120)" \
+        "$bin"/bench/stria-cuda-bench kernels --dims 256 --lens 4096,16384 --deterministic 0 2>&1 | tee -a "$results" ||
+        { say "stria_$family kernels, D 256: failed or timed out"; note_failure kernels; }
+    done
+    timeout -k 10 "$(cap 120)" python3 bench/torch_sdpa_gpu.py --dims 256 --lens 4096,16384 2>&1 | tee -a "$results" ||
+      { say "torch SDPA, D 256: failed or timed out"; note_failure kernels; }
+  fi
 fi
 if stage ring $((25 * nf)); then
   for family in "${families[@]}"; do

@@ -7,6 +7,7 @@
 
 #include <type_traits>
 
+#include "cuda/launch.h"
 #include "cuda/params.h"
 
 // The head dims of every tensor-core entry; other head dims (and float32) take the SIMT kernels.
@@ -28,14 +29,36 @@
 namespace stria {
 namespace cuda {
 
-// f(std::integral_constant<int, D>{}) for a head dim the entries are built for; otherwise
-// cudaErrorInvalidValue.
-template <typename F>
+// The passes of kernel_matrix.def.
+enum class Pass { kForward, kBackward, kBackwardKv, kBackwardDq };
+
+// Head dim 256 (Gemma's) is built where a family's pass has it (HasWideHeadDim): the Hopper
+// families' forward (K/V tiles half as long there: shared memory) and backward (a kernel of its
+// own, wgmma_backward_wide.cuh; both families run it). Elsewhere (mma.sync, the deterministic
+// backward) a block of that head dim takes the SIMT kernels: launch.cu's dispatch asks
+// EntryHasHeadDim.
+constexpr int kWideHeadDim = 256;
+constexpr bool HasWideHeadDim(Kernels family, Pass pass) {
+  return (pass == Pass::kForward || pass == Pass::kBackward) && (family == Kernels::kWgmma || family == Kernels::kTma);
+}
+constexpr bool EntryHasHeadDim(Kernels family, Pass pass, int D) {
+#define STRIA_KERNEL_IS_HEAD_DIM(d) || D == d
+  return (false STRIA_KERNEL_HEAD_DIMS(STRIA_KERNEL_IS_HEAD_DIM)) ||
+         (D == kWideHeadDim && HasWideHeadDim(family, pass));
+#undef STRIA_KERNEL_IS_HEAD_DIM
+}
+
+// f(std::integral_constant<int, D>{}) for a head dim the entry is built for (kWide: its
+// HasWideHeadDim); otherwise cudaErrorInvalidValue.
+template <bool kWide, typename F>
 cudaError_t ForKernelHeadDim(int D, F f) {
 #define STRIA_KERNEL_HEAD_DIM_CASE(d) \
   if (D == d) return f(std::integral_constant<int, d>{});
   STRIA_KERNEL_HEAD_DIMS(STRIA_KERNEL_HEAD_DIM_CASE)
 #undef STRIA_KERNEL_HEAD_DIM_CASE
+  if constexpr (kWide) {
+    if (D == kWideHeadDim) return f(std::integral_constant<int, kWideHeadDim>{});
+  }
   return cudaErrorInvalidValue;
 }
 
@@ -43,12 +66,12 @@ cudaError_t ForKernelHeadDim(int D, F f) {
 }  // namespace stria
 
 // The entry point: its family's launcher of its pass (Launch<family><pass><T, D>(p, s), in
-// <family>_launch.cuh) at each head dim.
+// <family>_launch.cuh) at each head dim it is built for.
 #define STRIA_KERNEL_DEFINE(family, pass, dtype)                                                                   \
   namespace stria {                                                                                                \
   namespace cuda {                                                                                                 \
   cudaError_t STRIA_KERNEL_NAME(family, pass, dtype)(int D, const STRIA_KERNEL_PARAMS_##pass& p, cudaStream_t s) { \
-    return ForKernelHeadDim(                                                                                       \
+    return ForKernelHeadDim<HasWideHeadDim(Kernels::k##family, Pass::k##pass)>(                                    \
         D, [&](auto d) { return Launch##family##pass<STRIA_KERNEL_ELEM_##dtype, decltype(d)::value>(p, s); });     \
   }                                                                                                                \
   }                                                                                                                \

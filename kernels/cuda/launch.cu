@@ -31,15 +31,12 @@ const char* KernelsName(Kernels k) {
 }
 
 bool TensorCoreHeadDim(int D) {
-#define STRIA_KERNEL_IS_HEAD_DIM(d) || D == d
-  return false STRIA_KERNEL_HEAD_DIMS(STRIA_KERNEL_IS_HEAD_DIM);
-#undef STRIA_KERNEL_IS_HEAD_DIM
+  return EntryHasHeadDim(Kernels::kTma, Pass::kForward, D);  // the widest set of any entry
 }
 
 namespace {
 
 // The tensor-core entry points by (family, pass, dtype): the dispatch table of kernel_matrix.def.
-enum class Pass { kForward, kBackward, kBackwardKv, kBackwardDq };
 using ForwardEntry = cudaError_t (*)(int, const FwdParams&, cudaStream_t);
 using BackwardEntry = cudaError_t (*)(int, const BwdParams&, cudaStream_t);
 struct Entry {
@@ -61,8 +58,10 @@ constexpr Entry kMatrix[] = {
 #include "cuda/kernel_matrix.def"
 #undef STRIA_KERNEL
 };
-// The entry, or nullptr where the matrix has none (float32, SIMT: the SIMT kernels run those).
-const Entry* FindEntry(Kernels k, Pass p, Elem e) {
+// The entry built for head dim D, or nullptr where the matrix has none (float32, SIMT, a head dim
+// the entry lacks: the SIMT kernels run those).
+const Entry* FindEntry(Kernels k, Pass p, Elem e, int D) {
+  if (!EntryHasHeadDim(k, p, D)) return nullptr;
   for (const Entry& x : kMatrix)
     if (x.family == k && x.pass == p && x.elem == e) return &x;
   return nullptr;
@@ -109,7 +108,7 @@ cudaError_t SimtBackward(const BwdParams& p, cudaStream_t s) {
 }  // namespace
 
 cudaError_t LaunchForwardBlock(Elem e, Kernels k, const FwdParams& p, cudaStream_t s) {
-  if (const Entry* x = FindEntry(k, Pass::kForward, e)) return x->forward(p.dims.D, p, s);
+  if (const Entry* x = FindEntry(k, Pass::kForward, e, p.dims.D)) return x->forward(p.dims.D, p, s);
   switch (e) {
     case Elem::kF32:
       return SimtForward<Float>(p, s);
@@ -125,15 +124,17 @@ cudaError_t LaunchBackwardBlock(Elem e, Kernels k, bool deterministic, const Bwd
   if (deterministic) {
     // A tensor-core family's dK/dV pass without dQ, then a dQ pass over the query tiles: the
     // Hopper families' on wgmma (wgmma_backward_dq.cuh), mma.sync's elsewhere (mma_backward_dq.cuh).
-    // The SIMT kernels give the same bits every run as they are.
-    const Entry* kv = FindEntry(k, Pass::kBackwardKv, e);
-    const Entry* dq = FindEntry(k == Kernels::kTma ? Kernels::kWgmma : k, Pass::kBackwardDq, e);
+    // The SIMT kernels give the same bits every run as they are, and run the head dims without
+    // those passes (never the family's Backward entry: its dQ atomics add in any order).
+    const Entry* kv = FindEntry(k, Pass::kBackwardKv, e, p.dims.D);
+    const Entry* dq = FindEntry(k == Kernels::kTma ? Kernels::kWgmma : k, Pass::kBackwardDq, e, p.dims.D);
     if (kv != nullptr && dq != nullptr) {
       const cudaError_t err = kv->backward(p.dims.D, p, s);
       return err != cudaSuccess ? err : dq->backward(p.dims.D, p, s);
     }
+  } else if (const Entry* x = FindEntry(k, Pass::kBackward, e, p.dims.D)) {
+    return x->backward(p.dims.D, p, s);
   }
-  if (const Entry* x = FindEntry(k, Pass::kBackward, e)) return x->backward(p.dims.D, p, s);
   switch (e) {
     case Elem::kF32:
       return SimtBackward<Float>(p, s);

@@ -28,7 +28,8 @@ namespace cuda {
 
 template <int D>
 struct TmaFwdTile {
-  static constexpr int kConsumers = 2, kThreads = 128 * (kConsumers + 1), kM = 64 * kConsumers, kN = 128;
+  static constexpr int kConsumers = 2, kThreads = 128 * (kConsumers + 1), kM = 64 * kConsumers;
+  static constexpr int kN = ForwardKeyTile<D>();  // 64 at D 256: shared memory (wgmma_forward.cuh)
   static constexpr int kStages = 2;
   static constexpr int kQBytes = kM * D * 2, kKvBytes = kN * D * 2;
   // The mbarriers: Q full, then per stage K full, K empty, V full, V empty.

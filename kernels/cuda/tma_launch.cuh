@@ -46,8 +46,8 @@ inline bool TmaBulkDq(bool* bulk) {
 }
 
 // sm_90a only; like the TMA forward, a view TMA cannot describe takes the cp.async wgmma kernel.
-template <typename T, int D, bool kDq = true>
-cudaError_t LaunchTmaBackward(const BwdParams& p, cudaStream_t s) {
+template <typename T, int D, bool kDq>
+cudaError_t LaunchTmaTileBackward(const BwdParams& p, cudaStream_t s) {
   using Tile = TmaBwdTile<D>;
   bool bulk = false;
   if (kDq && !TmaBulkDq(&bulk)) return cudaErrorInvalidValue;
@@ -72,6 +72,16 @@ cudaError_t LaunchTmaBackward(const BwdParams& p, cudaStream_t s) {
   if (allowed != cudaSuccess) return allowed;
   const dim3 grid(static_cast<unsigned>((d.L + Tile::kN - 1) / Tile::kN), static_cast<unsigned>(d.B * d.Hkv));
   return STRIA_LAUNCH(kernel, grid, Tile::kThreads, smem, s)(tp);
+}
+// Head dim 256 takes the wgmma family's kernel for it (wgmma_backward_wide.cuh): the TMA
+// backward's 128-key CTAs fit neither registers nor shared memory there.
+template <typename T, int D, bool kDq = true>
+cudaError_t LaunchTmaBackward(const BwdParams& p, cudaStream_t s) {
+  if constexpr (D > 128) {
+    return LaunchWgmmaBackward<T, D, kDq>(p, s);
+  } else {
+    return LaunchTmaTileBackward<T, D, kDq>(p, s);
+  }
 }
 template <typename T, int D>
 cudaError_t LaunchTmaBackwardKv(const BwdParams& p, cudaStream_t s) {

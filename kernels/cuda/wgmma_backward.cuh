@@ -36,18 +36,19 @@ struct WgmmaBwdTile {
   static constexpr int kSmemBytes = 2 * kKvBytes + 4 * kQBytes + kDsBytes + 4 * kM * 4 + kSwizzleAtomBytes;
 };
 
-// A thread's dK (times the softmax scale) and dV rows, from the accumulator layout, into the
-// block's partials or the call's result (key_grads.cuh).
-template <typename T, int D>
+// A thread's dK (times the softmax scale) and dV rows, from the accumulator layout of kCols
+// columns from col0, into the block's partials or the call's result (key_grads.cuh).
+template <typename T, int kCols>
 STRIA_DEVICE void StoreKeyGrads(const BwdParams& p, int b, int hk, const int64_t key[2], int t4,
-                                const float (&dk)[D / 2], const float (&dv)[D / 2]) {
+                                const float (&dk)[kCols / 2], const float (&dv)[kCols / 2], int col0 = 0) {
   STRIA_UNROLL
   for (int e = 0; e < 2; ++e) {
     if (key[e] >= p.dims.L) continue;
     STRIA_UNROLL
-    for (int nt = 0; nt < D / 8; ++nt) {
-      StoreKeyGrad<T>(p, b, hk, key[e], 8 * nt + 2 * t4, dk[4 * nt + 2 * e] * p.scale, dv[4 * nt + 2 * e]);
-      StoreKeyGrad<T>(p, b, hk, key[e], 8 * nt + 2 * t4 + 1, dk[4 * nt + 2 * e + 1] * p.scale, dv[4 * nt + 2 * e + 1]);
+    for (int nt = 0; nt < kCols / 8; ++nt) {
+      const int c = col0 + 8 * nt + 2 * t4;
+      StoreKeyGrad<T>(p, b, hk, key[e], c, dk[4 * nt + 2 * e] * p.scale, dv[4 * nt + 2 * e]);
+      StoreKeyGrad<T>(p, b, hk, key[e], c + 1, dk[4 * nt + 2 * e + 1] * p.scale, dv[4 * nt + 2 * e + 1]);
     }
   }
 }

@@ -41,8 +41,8 @@ struct WgmmaWideBwdTile {
 // kM queries, `pts` and `dss`), the tile's lse2 and delta rows at `lse2`, `delta`. The caller's
 // barrier before the step orders it after every read of P^T and dS^T by the step before.
 template <typename T, int D, bool kDocs>
-STRIA_DEVICE void WideBackwardStep(const BwdParams& p, const MaskArgs& mask, int64_t bh, int64_t j0, int wg,
-                                   int64_t i0, uint32_t k_addr, uint32_t v_addr, uint32_t q_addr, uint32_t do_addr,
+STRIA_DEVICE void WideBackwardStep(const BwdParams& p, const MaskArgs& mask, int64_t bh, int64_t j0, int wg, int64_t i0,
+                                   uint32_t k_addr, uint32_t v_addr, uint32_t q_addr, uint32_t do_addr,
                                    unsigned char* pts, unsigned char* dss, const float* lse2, const float* delta,
                                    const int64_t key[2], float (&dk)[D / 4], float (&dv)[D / 4]) {
   using Tile = WgmmaWideBwdTile<D>;
@@ -214,8 +214,8 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaWideBackwardKernel(const BwdPara
     block_sync();  // this step's tiles landed; every reader of the other stage, P^T and dS^T is done
     if (s + 1 < steps) load_step(s + 1);
     WideBackwardStep<T, D, kDocs>(p, mask, bh, j0, wg, i0, k_addr, v_addr, smem_addr(qs) + st * Tile::kQBytes,
-                                  smem_addr(dos) + st * Tile::kQBytes, pts, dss, lse2s + st * kM, deltas + st * kM,
-                                  key, dk, dv);
+                                  smem_addr(dos) + st * Tile::kQBytes, pts, dss, lse2s + st * kM, deltas + st * kM, key,
+                                  dk, dv);
   }
 
   StoreKeyGrads<T, kCols>(p, b, hk, key, t4, dk, dv, kCols * wg);

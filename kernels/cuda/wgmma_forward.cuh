@@ -28,9 +28,16 @@
 namespace stria {
 namespace cuda {
 
+// Key tiles of 128, or 64 at head dim 256: there Q (64 KB) and two K and two V buffers of 128 keys
+// would need 320 KB of shared memory, the SM has 227.
+template <int D>
+constexpr int ForwardKeyTile() {
+  return D > 128 ? 64 : 128;
+}
+
 template <int D>
 struct WgmmaFwdTile {
-  static constexpr int kGroups = 2, kThreads = 128 * kGroups, kM = 64 * kGroups, kN = 128;
+  static constexpr int kGroups = 2, kThreads = 128 * kGroups, kM = 64 * kGroups, kN = ForwardKeyTile<D>();
   static constexpr int kQBytes = kM * D * 2, kKvBytes = kN * D * 2;
   // Q, two K and two V buffers; + 1024: the dynamic shared memory's start need not be 1024-byte
   // aligned, the kernel aligns.
@@ -116,14 +123,23 @@ STRIA_DEVICE void IssueScores(float (&s)[kN / 2], uint32_t q_addr, uint32_t k_ad
 }
 
 // O += P V (issued and committed, not waited for): P as A fragments (keys 16 kk.. in pa[kk]), the
-// kN-row V tile at `v_addr` in the 128-byte swizzle, read in the transposed-B form.
+// kN-row V tile at `v_addr` in the 128-byte swizzle, read in the transposed-B form. Past 128
+// columns (D 256) the product is one wgmma per 128 columns: the accumulator layout of N 256 is
+// that of two N 128 halves one after the other (element i: column 8 (i >> 2) + ...), so o's
+// halves are the two products' accumulators as they are.
 template <typename T, int D, int kN>
 STRIA_DEVICE void IssuePV(float (&o)[D / 2], const uint32_t (&pa)[kN / 16][4], uint32_t v_addr) {
+  constexpr int kCols = D < 128 ? D : 128, kChunks = D / kCols;
   STRIA_UNROLL
   for (int kk = 0; kk < kN / 16; ++kk) {
-    // Keys 16 kk.. are rows 16 kk.. of V: 2048 bytes per 16 rows; LBO: the next 64 columns.
-    const uint64_t db = SwizzledDesc(v_addr + kk * 16 * kSwizzleBytes, kN * kSwizzleBytes, kSwizzleAtomBytes);
-    wgmma_rs_tb<T, D>(o, pa[kk], db, true);
+    STRIA_UNROLL
+    for (int c = 0; c < kChunks; ++c) {
+      // Keys 16 kk.. are rows 16 kk.. of V: 2048 bytes per 16 rows; LBO: the next 64 columns;
+      // columns kCols c.. start kCols / 64 column blocks in.
+      const uint32_t at = v_addr + (c * kCols / 64) * kN * kSwizzleBytes + kk * 16 * kSwizzleBytes;
+      const uint64_t db = SwizzledDesc(at, kN * kSwizzleBytes, kSwizzleAtomBytes);
+      wgmma_rs_tb<T, kCols>(*reinterpret_cast<float(*)[kCols / 2]>(o + c * kCols / 2), pa[kk], db, true);
+    }
   }
   wgmma_commit();
 }

@@ -5,6 +5,7 @@
 #include "cuda/launch_tiles.cuh"
 #include "cuda/wgmma_backward.cuh"
 #include "cuda/wgmma_backward_dq.cuh"
+#include "cuda/wgmma_backward_wide.cuh"
 #include "cuda/wgmma_forward.cuh"
 
 namespace stria {
@@ -17,11 +18,20 @@ cudaError_t LaunchWgmmaForward(const FwdParams& p, cudaStream_t s) {
       p.mask.doc_lo != nullptr ? WgmmaForwardKernel<T, D, true> : WgmmaForwardKernel<T, D, false>, p, s);
 }
 
-// sm_90a only, like the wgmma forward. kDq false: the deterministic backward's dK/dV pass.
+// sm_90a only, like the wgmma forward. kDq false: the deterministic backward's dK/dV pass. Head
+// dim 256 takes the kernel that splits the columns between its warpgroups (wgmma_backward_wide.cuh;
+// with dQ always: the matrix has no deterministic backward there).
 template <typename T, int D, bool kDq = true>
 cudaError_t LaunchWgmmaBackward(const BwdParams& p, cudaStream_t s) {
-  return LaunchKeyTiles<WgmmaBwdTile<D>>(
-      p.mask.doc_lo != nullptr ? WgmmaBackwardKernel<T, D, true, kDq> : WgmmaBackwardKernel<T, D, false, kDq>, p, s);
+  const bool docs = p.mask.doc_lo != nullptr;
+  if constexpr (D > 128) {
+    static_assert(kDq, "no dK/dV pass of its own past head dim 128");
+    return LaunchKeyTiles<WgmmaWideBwdTile<D>>(
+        docs ? WgmmaWideBackwardKernel<T, D, true> : WgmmaWideBackwardKernel<T, D, false>, p, s);
+  } else {
+    return LaunchKeyTiles<WgmmaBwdTile<D>>(
+        docs ? WgmmaBackwardKernel<T, D, true, kDq> : WgmmaBackwardKernel<T, D, false, kDq>, p, s);
+  }
 }
 template <typename T, int D>
 cudaError_t LaunchWgmmaBackwardKv(const BwdParams& p, cudaStream_t s) {

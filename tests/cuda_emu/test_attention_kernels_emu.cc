@@ -19,6 +19,7 @@
 #include "cuda/tma_backward.cuh"
 #include "cuda/tma_forward.cuh"
 #include "cuda/wgmma_backward.cuh"
+#include "cuda/wgmma_backward_wide.cuh"
 #include "cuda/wgmma_forward.cuh"
 
 using namespace stria_test;
@@ -79,6 +80,12 @@ void WgmmaBackward(const sc::BwdParams& p) {
 }
 // The TMA forward, as LaunchTmaForward runs it: maps of the compact K/V block and of Q.
 template <typename T, int D>
+void WideBackward(const sc::BwdParams& p) {
+  using Tile = sc::WgmmaWideBwdTile<D>;
+  emu::Launch(emu::Dim3{CeilDiv(p.dims.L, Tile::kN), static_cast<unsigned>(p.dims.B * p.dims.Hkv), 1},
+              emu::Dim3{Tile::kThreads, 1, 1}, Tile::kSmemBytes, [&] { sc::WgmmaWideBackwardKernel<T, D>(p); });
+}
+template <typename T, int D>
 void TmaForward(const sc::FwdParams& p) {
   using Tile = sc::TmaFwdTile<D>;
   const sc::Dims& d = p.dims;
@@ -128,6 +135,9 @@ void Forward(Path path, const sc::FwdParams& p) {
       return ForwardTiles<sc::WgmmaFwdTile<64>>(p, sc::WgmmaForwardKernel<T, 64>);
     if (path == Path::kWgmma && p.dims.D == 128)
       return ForwardTiles<sc::WgmmaFwdTile<128>>(p, sc::WgmmaForwardKernel<T, 128>);
+    if (path == Path::kTma && p.dims.D == 256) return TmaForward<T, 256>(p);
+    if (path == Path::kWgmma && p.dims.D == 256)
+      return ForwardTiles<sc::WgmmaFwdTile<256>>(p, sc::WgmmaForwardKernel<T, 256>);
     // mma.sync: the build the launcher takes, with the call's ends or without (mma_launch.cuh).
     const bool ends = p.first != 0 || p.out.data != nullptr;
     if (p.dims.D == 64)
@@ -147,6 +157,8 @@ void Backward(Path path, const sc::BwdParams& p) {
     if (path == Path::kTma && p.dims.D == 128) return TmaBackward<T, 128>(p);
     if (path == Path::kWgmma && p.dims.D == 64) return WgmmaBackward<T, 64>(p);
     if (path == Path::kWgmma && p.dims.D == 128) return WgmmaBackward<T, 128>(p);
+    // Head dim 256: both Hopper families run the wgmma kernel that splits the columns.
+    if (path != Path::kMma && p.dims.D == 256) return WideBackward<T, 256>(p);
     if (p.dims.D == 64) return MmaBackward<T, 64>(p);
     if (p.dims.D == 128) return MmaBackward<T, 128>(p);
   }
@@ -471,6 +483,20 @@ std::vector<Case> Cases() {
       capped.softcap = 2.f;
       cs.push_back(capped);
     }
+  // Head dim 256 on the Hopper forwards (64-key tiles, o of 128 floats a thread): four key tiles
+  // a CTA (the K/V buffers and stages wrap twice), causal offsets, GQA, two CTAs over two batch
+  // rows, softcap, idle CTAs of a last block; the backward's 64-key CTAs walk up to five query
+  // tiles (the Q/dO stages wrap) and, under GQA, each head's.
+  for (Path path : {Path::kWgmma, Path::kTma}) {
+    cs.push_back(
+        Case{"d256_causal_then_dense", Dt::kBF16, path, 1, 200, 4, 2, 256, {{Diagonal(200, 0), 30}, {Dense(200), 31}}});
+    cs.push_back(Case{"d256_two_ctas_striped", Dt::kF16, path, 2, 150, 2, 1, 256, {{Diagonal(150, -1), 32}}});
+    cs.push_back(
+        Case{"d256_idle_ctas_last", Dt::kBF16, path, 1, 290, 1, 1, 256, {{Dense(290), 34}, {Diagonal(290, -200), 35}}});
+    Case capped{"d256_softcap", Dt::kBF16, path, 1, 90, 2, 2, 256, {{Diagonal(90, 5), 33}}};
+    capped.softcap = 2.f;
+    cs.push_back(capped);
+  }
   Case capped_f32{"softcap_simt_f32", Dt::kF32, Path::kSimt, 1, 37, 2, 1, 24, {{Diagonal(37, -1), 26}}};
   capped_f32.softcap = 1.5f;
   cs.push_back(capped_f32);

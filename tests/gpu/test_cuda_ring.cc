@@ -334,11 +334,14 @@ std::vector<Case> WgmmaSweep() {
       c.kernels = "wgmma";
       cases.push_back(c);
     }
+  Case wide{2, STRIA_LAYOUT_ZIGZAG, true, Dt::kF16, 1, 136, 2, 1, 256};  // D 256: the forward's 64-key tiles
+  wide.kernels = "wgmma";
+  cases.push_back(wide);
   return cases;
 }
 
 // The TMA kernels (STRIA_CUDA_KERNELS=tma, sm_90 only like wgmma): rank counts, layouts, masks,
-// dtypes, GQA, D 64 and 128, several tiles per CTA, and q/k/v as head views of a packed QKV
+// dtypes, GQA, D 64, 128 and 256, several tiles per CTA, and q/k/v as head views of a packed QKV
 // tensor (the tensor maps' strides are the views').
 std::vector<Case> TmaSweep() {
   std::vector<Case> cases;
@@ -358,6 +361,22 @@ std::vector<Case> TmaSweep() {
   packed.kernels = "tma";
   packed.strided = true;
   cases.push_back(packed);
+  // Head dim 256 (the Hopper forwards' 64-key tiles; the backward takes SIMT): blocks of two query
+  // tiles and three key tiles, causal and not, documents, and the deterministic backward.
+  for (bool causal : {true, false}) {
+    Case c{3,  causal ? STRIA_LAYOUT_STRIPED : STRIA_LAYOUT_ZIGZAG, causal, causal ? Dt::kBF16 : Dt::kF16, 1, 136, 4, 2,
+           256};
+    c.kernels = "tma";
+    cases.push_back(c);
+  }
+  Case wide_docs{2, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 2, 72, 2, 1, 256};
+  wide_docs.kernels = "tma";
+  wide_docs.docs = 4;
+  cases.push_back(wide_docs);
+  Case wide_det{2, STRIA_LAYOUT_CONTIGUOUS, true, Dt::kBF16, 1, 72, 2, 1, 256};
+  wide_det.kernels = "tma";
+  wide_det.deterministic = true;
+  cases.push_back(wide_det);
   return cases;
 }
 
@@ -369,6 +388,8 @@ std::vector<Case> ShapesAndPaths() {
       cases.push_back(Case{n, lay, true, Dt::kBF16, 2, 136, 4, 1, 128});
       cases.push_back(Case{n, lay, false, Dt::kF16, 1, 136, 2, 2, 128});
     }
+  // D = 256 on the family the device takes (the Hopper forwards there, mma.sync's SIMT elsewhere).
+  cases.push_back(Case{2, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 1, 72, 2, 1, 256});
   // The SIMT kernels: float32, head dims the tensor cores do not take, and forced for bf16.
   for (int n : {1, 2, 5, 8})
     for (stria_layout_t lay : {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG})

@@ -8,7 +8,9 @@
 //  - S = Q K^T through the forward's own IssueScores (both operands K-major by descriptor), for one
 //    warpgroup and for the second of a 128-row tile;
 //  - O += P V through the forward's own IssuePV (P in registers, V in the transposed-B form);
-//  - dQ = dS K with both operands MN-major, with the backward's descriptors (wgmma_ss_tt).
+//  - dQ = dS K with both operands MN-major, with the backward's descriptors (wgmma_ss_tt);
+//  - dV += P^T dO with P^T in shared memory (A K-major, B MN-major: wgmma_ss_tb), as the head-dim
+//    256 backward issues it; S at N 32 and P V at D 256 through the forward's own helpers.
 // Each product is checked element by element, in the accumulator layout the kernels assume,
 // against a double-precision product of the same bf16 values.
 //
@@ -226,6 +228,37 @@ STRIA_GLOBAL void DqKernel(const uint16_t* ds_t, const uint16_t* k, int qb, int 
 #endif
 }
 
+// dV columns 128 h.. (64 keys x 128) = P^T (64 keys x 64 queries, rows: keys) dO (64 queries x
+// 256 columns, rows: queries), as the head-dim 256 backward issues it (wgmma_backward_wide.cuh): A
+// K-major and B MN-major, both in shared memory (wgmma_ss_tb).
+constexpr int kPtKeys = 64, kPtQueries = 64, kPtDim = 256;
+STRIA_GLOBAL void PtDoKernel(const uint16_t* p_t, const uint16_t* dout, int h, float* dv_out) {
+#if STRIA_HAS_WGMMA
+  STRIA_DYNAMIC_SMEM(smem_raw);
+  unsigned char* pts = sc::AlignToSwizzleAtom(smem_raw);
+  unsigned char* dos = pts + kPtKeys * kPtQueries * 2;
+  StoreSwizzled(pts, p_t, kPtKeys, kPtQueries);
+  StoreSwizzled(dos, dout, kPtQueries, kPtDim);
+  sc::fence_proxy_async();
+  sc::block_sync();
+  const uint32_t pt_addr = sc::smem_addr(pts), do_addr = sc::smem_addr(dos);
+  const uint32_t col_at = 2 * h * kPtQueries * sc::kSwizzleBytes;  // column block 128 h / 64
+  float dv[64];
+  sc::wgmma_fence();
+  for (int kq = 0; kq < kPtQueries / 16; ++kq) {
+    const uint64_t da = sc::SwizzledDesc(pt_addr + kq * 32, 16, sc::kSwizzleAtomBytes);
+    const uint64_t db = sc::SwizzledDesc(do_addr + col_at + kq * 16 * sc::kSwizzleBytes, kPtQueries * sc::kSwizzleBytes,
+                                         sc::kSwizzleAtomBytes);
+    sc::wgmma_ss_tb<sc::BFloat, 128>(dv, da, db, kq > 0);
+  }
+  sc::wgmma_commit();
+  sc::wgmma_wait<0>();
+  sc::wgmma_fence_operand(dv);
+  const int tid = static_cast<int>(threadIdx.x);
+  for (int i = 0; i < 64; ++i) dv_out[AccRow(tid, i) * 128 + AccCol(tid, i)] = dv[i];
+#endif
+}
+
 // Largest |got - want| / (1 + |want|) over a row-major result, and where.
 std::string Compare(const std::vector<float>& got, const std::vector<double>& want, int cols, double* worst) {
   *worst = 0;
@@ -290,6 +323,8 @@ TEST(HopperWgmma, ScoresAsTheForwardIssuesThem) {
   CheckScores<64, 64, 128>();
   CheckScores<128, 64, 128>();
   CheckScores<128, 128, 128>();  // the forward's tile: two warpgroups, the second at row 64
+  CheckScores<256, 128, 64>();   // head dim 256: 64-key tiles
+  CheckScores<256, 64, 32>();    // N 32: the head-dim 256 backward's S^T of 32 queries
 }
 
 template <int D, int kN>
@@ -318,6 +353,29 @@ TEST(HopperWgmma, PTimesVAsTheForwardIssuesIt) {
   CheckPV<64, 128>();
   CheckPV<128, 128>();
   CheckPV<128, 64>();  // 64 keys: the next 64 columns 8 KiB on, as dV and dK read dO and Q
+  CheckPV<256, 64>();  // head dim 256: two products of N 128
+}
+
+TEST(HopperWgmma, DvFromSharedPTransposedAsTheWideBackwardIssuesIt) {
+  REQUIRE_HOPPER();
+  const std::vector<uint16_t> p_t = RandomBf16(size_t{kPtKeys} * kPtQueries, 8),
+                              dout = RandomBf16(size_t{kPtQueries} * kPtDim, 9);
+  Dev dp(p_t), ddo(dout), out(size_t{64} * 128 * 4);
+  const int smem = (kPtKeys + kPtDim) * kPtQueries * 2 + sc::kSwizzleAtomBytes;
+  CUDA_OK(AllowSmem(PtDoKernel, smem));
+  for (int h = 0; h < 2; ++h) {
+    CUDA_OK(STRIA_LAUNCH(PtDoKernel, 1, 128, smem, kDefaultStream)(dp.as<uint16_t>(), ddo.as<uint16_t>(), h,
+                                                                   out.as<float>()));
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<double> want(size_t{64} * 128, 0);
+    for (int j = 0; j < kPtKeys; ++j)
+      for (int n = 0; n < 128; ++n)
+        for (int i = 0; i < kPtQueries; ++i)
+          want[j * 128 + n] += FromBf16(p_t[j * kPtQueries + i]) * FromBf16(dout[i * kPtDim + 128 * h + n]);
+    double worst;
+    const std::string where = Compare(ToHost<float>(out, want.size()), want, 128, &worst);
+    EXPECT_LT(worst, 1e-4) << "columns " << 128 * h << ".., worst at " << where;
+  }
 }
 
 TEST(HopperWgmma, DqFromTransposedOperandsAsTheBackwardIssuesIt) {
