@@ -115,8 +115,14 @@ if [ "${STRIA_PYTHON_WHEEL:-1}" = 1 ]; then
   # The build runs in pip's isolated environment, without jax: it is told where jaxlib's headers are.
   # As on a machine with only a compiler: SWIG from PyPI (the build requirement, first on the
   # isolated environment's PATH, checked below) and DLPack's bundled header.
+  # Its CUDA module for sm_80 alone (STRIA_CUDA_ARCHS): the suite runs no GPU code, and the Release
+  # build compiled the kernels for every architecture already.
   timeout 900 "$py" -m pip wheel -q --no-deps -w "$wheel_dir" -C cmake.define.STRIA_JAX_INCLUDE_DIR="$jax_include" \
-    -C cmake.define.STRIA_BUNDLED_DLPACK=ON -C build-dir="$wheel_dir/build" .
+    -C cmake.define.STRIA_BUNDLED_DLPACK=ON -C cmake.define.STRIA_CUDA_ARCHS=80 -C build-dir="$wheel_dir/build" .
+  if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null; then
+    grep -q "STRIA_CUDA_ARCHS:STRING=80$" "$wheel_dir/build/CMakeCache.txt" ||
+      { echo "the wheel's CUDA module was not built for the architectures asked"; exit 1; }
+  fi
   grep -q "SWIG_EXECUTABLE:FILEPATH=.*pip-build-env" "$wheel_dir/build/CMakeCache.txt" ||
     { echo "the wheel was not built with PyPI's SWIG: $(grep SWIG_EXECUTABLE "$wheel_dir/build/CMakeCache.txt")"; exit 1; }
   grep -q "DLPACK_INCLUDE_DIR:PATH=.*third_party/dlpack/include" "$wheel_dir/build/CMakeCache.txt" ||

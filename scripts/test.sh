@@ -39,13 +39,24 @@ ninja -C build-nocuda -j"$jobs"
 
 stage "Configure with other optional modules off (generate step only)"
 for opts in "-DSTRIA_WITH_CUDA=OFF" "-DSTRIA_WITH_CUDA=OFF -DSTRIA_WITH_NCCL=OFF -DSTRIA_WITH_UCX=OFF" \
-  "-DSTRIA_WITH_NCCL=OFF"; do
+  "-DSTRIA_WITH_NCCL=OFF" "-DSTRIA_CUDA_ARCHS=86;90a"; do
   dir=$(mktemp -d)
   # shellcheck disable=SC2086
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release $opts >"$dir.log" 2>&1 ||
     { cat "$dir.log"; echo "configure failed with $opts"; exit 1; }
   rm -rf "$dir" "$dir.log"
 done
+# An architecture the kernels are not built for (Hopper's families need 90a, not 90) is refused.
+if [ -x /usr/local/cuda/bin/nvcc ]; then
+  dir=$(mktemp -d)
+  if cmake -S . -B "$dir" -G Ninja -DSTRIA_CUDA_ARCHS=90 >"$dir.log" 2>&1 ||
+    ! grep -q "STRIA_CUDA_ARCHS: '90' is not one of" "$dir.log"; then
+    cat "$dir.log"
+    echo "STRIA_CUDA_ARCHS=90 was not refused"
+    exit 1
+  fi
+  rm -rf "$dir" "$dir.log"
+fi
 
 if [ "${BINDINGS:-1}" = 1 ]; then
   if [ -n "$prepare_pid" ]; then
