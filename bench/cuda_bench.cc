@@ -217,7 +217,9 @@ struct BlockTimer {
     return TimeMs(stream, reps,
                   [&] { CHECK_CUDA(stria::cuda::LaunchForwardBlock(stria::cuda::Elem::kBF16, kernels, p, stream)); });
   }
-  double Backward(const stria::BlockMask& bm, stria::cuda::Kernels kernels = stria::cuda::Kernels::kMma) {
+  // key_rows: BwdParams::key_rows, the rows of a trimmed partial that the engine reads (0: all).
+  double Backward(const stria::BlockMask& bm, stria::cuda::Kernels kernels = stria::cuda::Kernels::kMma,
+                  int64_t key_rows = 0) {
     if (bm.empty()) return 0.0;
     stria::cuda::BwdParams p{};
     p.dims = Dims();
@@ -233,6 +235,7 @@ struct BlockTimer {
     p.scale = 1.f / std::sqrt(static_cast<float>(D));
     p.scale_log2 = p.scale * stria::cuda::kLog2e;
     p.mask = Mask(bm);
+    p.key_rows = key_rows;
     return TimeMs(stream, reps, [&] {
       CHECK_CUDA(stria::cuda::LaunchBackwardBlock(stria::cuda::Elem::kBF16, kernels, false, p, stream));
     });
@@ -528,13 +531,19 @@ int Docs(int64_t S, int N, int64_t H, int64_t D, int reps, stria::cuda::Kernels 
       int ranks = 0;
       ForwardTiles busiest;  // of the rank whose forward is slowest at this step
       for (int r = 0; r < N; ++r) {
-        if (!plan->Bounds(0, r, (r - step + N) % N, causal, lo.data(), hi.data())) continue;
+        const int holder = (r - step + N) % N;
+        if (!plan->Bounds(0, r, holder, causal, lo.data(), hi.data())) continue;
         stria::BlockMask bm;
         bm.q_end = bm.k_end = L;
         bm.doc_lo = lo.data();
         bm.doc_hi = hi.data();
         bm.doc_batch_stride = L;
-        const double f = t.Forward(bm, kernels), b = t.Backward(bm, kernels);
+        // A plan's call trims a block's dK/dV partial after its owner to the rows other ranks see,
+        // and launches the backward over their key tiles only (BackwardStep::dkv_rows).
+        int64_t key_rows = 0;
+        if (w.strategy == stria::Plan::Strategy::kBalanced && step > 0)
+          plan->RowsStillNeeded(holder, 0, causal, &key_rows);
+        const double f = t.Forward(bm, kernels), b = t.Backward(bm, kernels, key_rows);
         if (f > slowest[0]) busiest = CountForwardTiles(lo, hi);
         slowest[0] = std::max(slowest[0], f);
         slowest[1] = std::max(slowest[1], b);

@@ -100,8 +100,7 @@ cudaError_t SimtBackward(const BwdParams& p, cudaStream_t s) {
   const dim3 dq_grid(QueryTileCount(p.mask, kSimtRows), static_cast<unsigned>(p.dims.B * p.dims.Hq));
   e = STRIA_LAUNCH(dq_kernel, dq_grid, 128, dq_bytes, s)(p);
   if (e != cudaSuccess) return e;
-  const dim3 dkv_grid(static_cast<unsigned>((p.dims.L + kSimtRows - 1) / kSimtRows),
-                      static_cast<unsigned>(p.dims.B * p.dims.Hkv));
+  const dim3 dkv_grid(KeyTileCount(p, kSimtRows), static_cast<unsigned>(p.dims.B * p.dims.Hkv));
   return STRIA_LAUNCH(dkv_kernel, dkv_grid, 128, dkv_bytes, s)(p);
 }
 

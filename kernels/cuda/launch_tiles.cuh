@@ -25,14 +25,13 @@ cudaError_t LaunchForwardTiles(void (*kernel)(FwdParams), const FwdParams& p, cu
   return STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(p);
 }
 
-// A backward tile kernel over the key tiles of the block (Tile: kN, kThreads, kSmemBytes), one
-// grid row per (batch, K/V head).
+// A backward tile kernel over the key tiles of the block (Tile: kN, kThreads, kSmemBytes; those
+// the caller reads: KeyTileCount), one grid row per (batch, K/V head).
 template <typename Tile>
 cudaError_t LaunchKeyTiles(void (*kernel)(BwdParams), const BwdParams& p, cudaStream_t s) {
   const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
   if (allowed != cudaSuccess) return allowed;
-  const dim3 grid(static_cast<unsigned>((p.dims.L + Tile::kN - 1) / Tile::kN),
-                  static_cast<unsigned>(p.dims.B * p.dims.Hkv));
+  const dim3 grid(KeyTileCount(p, Tile::kN), static_cast<unsigned>(p.dims.B * p.dims.Hkv));
   return STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(p);
 }
 

@@ -115,7 +115,18 @@ struct BwdParams {
   // kernels write them in the storage dtype at the caller's strides (dk_out, dv_out: [B, L, Hkv,
   // D]) instead of fp32 into dk and dv (key_grads.cuh).
   RowsOut dk_out, dv_out;
+  // > 0: the caller reads rows [0, key_rows) of dk and dv only, and no query of the block sees a
+  // key past them: the launch covers only the key tiles up to there (KeyTileCount), and the rows
+  // after stay unwritten. 0: every row.
+  int64_t key_rows;
 };
+
+// The key tiles of kN rows a backward launch covers: those holding rows [0, key_rows), or every
+// row's (BwdParams::key_rows).
+inline unsigned KeyTileCount(const BwdParams& p, int kN) {
+  const int64_t rows = p.key_rows > 0 && p.key_rows < p.dims.L ? p.key_rows : p.dims.L;
+  return static_cast<unsigned>((rows + kN - 1) / kN);
+}
 
 // Shard/unshard of a device tensor: one element per thread over the local tensor; along
 // seq_dim, local index i maps to the layout's global position (DESIGN.md).

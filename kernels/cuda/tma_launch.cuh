@@ -70,7 +70,7 @@ cudaError_t LaunchTmaTileBackward(const BwdParams& p, cudaStream_t s) {
   }
   const cudaError_t allowed = AllowSmem(kernel, smem);
   if (allowed != cudaSuccess) return allowed;
-  const dim3 grid(static_cast<unsigned>((d.L + Tile::kN - 1) / Tile::kN), static_cast<unsigned>(d.B * d.Hkv));
+  const dim3 grid(KeyTileCount(p, Tile::kN), static_cast<unsigned>(d.B * d.Hkv));
   return STRIA_LAUNCH(kernel, grid, Tile::kThreads, smem, s)(tp);
 }
 // Head dim 256 takes the wgmma family's kernel for it (wgmma_backward_wide.cuh): the TMA

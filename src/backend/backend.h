@@ -120,6 +120,11 @@ struct BackwardStep {
   // nullptr otherwise.
   const TensorView* dk = nullptr;
   const TensorView* dv = nullptr;
+  // The rows of the dK/dV partial (`dkv`) that the engine reads after the call, per batch row
+  // (B entries): rows [0, dkv_rows[b]), which hold every key this rank sees in the block; a backend
+  // may leave the others unwritten. nullptr: every row (the block's owner keeps its partial whole,
+  // and a call without a document plan sends it whole).
+  const int64_t* dkv_rows = nullptr;
 };
 
 // A decode call's work on one rank (serve/decode.cc; stria.h, stria_attention_decode).

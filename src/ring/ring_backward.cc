@@ -82,7 +82,8 @@ Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, u
   const int first_sent = trimmed ? 1 : 0;
   auto& times = ctx.step_times();
   times.assign(static_cast<size_t>(steps), StepTime());
-  RequestId dkv_send = 0;  // the partial sent at the previous step
+  RequestId dkv_send = 0;                                   // the partial sent at the previous step
+  std::vector<int64_t> dkv_rows(static_cast<size_t>(s.B));  // the rows of a trimmed partial (BackwardStep)
   for (int step = 0; step < steps; ++step) {
     const int holder = (r - step + n) % n;
     RequestId kv_send = 0, kv_recv = 0, dkv_recv = 0;
@@ -123,6 +124,10 @@ Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, u
     if (steps == 1) {  // nothing is added to this partial or sent on: it is the call's dK/dV
       where.dk = &c.dk;
       where.dv = &c.dv;
+    }
+    if (trimmed && step > 0) {  // only the partial's pieces are read: the rows other ranks see
+      c.plan->RowsStillNeeded(holder, 0, c.mask, dkv_rows.data());
+      where.dkv_rows = dkv_rows.data();
     }
     st = be.BackwardBlock(kv[step % 2], mask, mine, where);
     if (st.ok()) st = ctx.CheckNotAborted();

@@ -715,6 +715,17 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t strea
   return cudaSuccess;
 }
 
+cudaError_t cudaMemset2DAsync(void* p, size_t pitch, int value, size_t width, size_t height, cudaStream_t stream) {
+  if (width == 0 || height == 0) return cudaSuccess;
+  if (width > pitch) return Set(cudaErrorInvalidValue);
+  const cudaError_t e = CheckRange(p, pitch * (height - 1) + width, true);
+  if (e != cudaSuccess) return Set(e);
+  Enqueue(Resolve(stream), [=] {
+    for (size_t r = 0; r < height; ++r) std::memset(static_cast<char*>(p) + r * pitch, value, width);
+  });
+  return cudaSuccess;
+}
+
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, enum cudaMemcpyKind kind, cudaStream_t stream) {
   if (bytes == 0) return cudaSuccess;
   const cudaError_t e = CheckKind(dst, src, bytes, kind);

@@ -475,10 +475,20 @@ class CudaBackend final : public Backend {
     STRIA_RETURN_IF_ERROR(scope.status());
     Queued queued(this);
     const size_t per = static_cast<size_t>(s_.B * s_.L * s_.Hkv * s_.D);
-    // The kernels write every row of dkv (kernels/cuda/key_grads.cuh); a block without work has
-    // no kernel, and only zeros.
-    if (mask.empty()) {
-      STRIA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dkv, 0, 2 * per * 4, stream_));
+    // The kernels write every row of dkv they are launched for (kernels/cuda/key_grads.cuh): all
+    // of them, or the key tiles holding the rows the engine reads (step.dkv_rows: a trimmed
+    // partial's, every key this rank sees among them). A block without work has no kernel, and
+    // only zeros in those rows.
+    int64_t rows = s_.L;
+    if (step.dkv_rows != nullptr) rows = *std::max_element(step.dkv_rows, step.dkv_rows + s_.B);
+    if (mask.empty() || rows == 0) {
+      if (rows == s_.L) {
+        STRIA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dkv, 0, 2 * per * 4, stream_));
+      } else if (rows > 0) {  // rows [0, rows) of each batch row of dK and dV: 2 B strips
+        const size_t row_bytes = static_cast<size_t>(s_.Hkv * s_.D) * 4, pitch = static_cast<size_t>(s_.L) * row_bytes;
+        STRIA_CUDA_RETURN_IF_ERROR(cudaMemset2DAsync(dkv, pitch, 0, static_cast<size_t>(rows) * row_bytes,
+                                                     static_cast<size_t>(2 * s_.B), stream_));
+      }
       return Status::Ok();
     }
     cuda::BwdParams p{};
@@ -495,6 +505,7 @@ class CudaBackend final : public Backend {
     p.scale = s_.scale;
     p.softcap = SoftcapOf(s_);
     p.mask = MaskOf(mask);
+    p.key_rows = rows;
     if (step.dk != nullptr && !MeetsInputs(*step.dk, step.local, true) && !MeetsInputs(*step.dv, step.local, true)) {
       p.dk_out = RowsW(*step.dk);
       p.dv_out = RowsW(*step.dv);
