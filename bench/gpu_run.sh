@@ -253,8 +253,9 @@ if stage kernels $((20 + 25 * nf)); then
   fi
   timeout -k 10 "$(cap 240)" python3 bench/torch_sdpa_gpu.py --dims $dims --lens $lens 2>&1 | tee -a "$results" ||
     { say "torch SDPA: failed or timed out"; note_failure kernels; }
-  # Head dim 256 (Gemma's), on the Hopper families that have it, at two lengths beside the same
-  # anchors; the deterministic backward runs SIMT there and stays untimed.
+  # Head dim 256 (Gemma's), on the Hopper families (whose backward has it too; mma.sync's is
+  # SIMT's there), at two lengths beside the same anchors; the deterministic backward runs SIMT
+  # there and stays untimed.
   if [ "${QUICK:-0}" != 1 ]; then
     for family in "${families[@]}"; do
       [ "$family" = mma ] && continue

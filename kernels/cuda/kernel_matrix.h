@@ -32,14 +32,14 @@ namespace cuda {
 // The passes of kernel_matrix.def.
 enum class Pass { kForward, kBackward, kBackwardKv, kBackwardDq };
 
-// Head dim 256 (Gemma's) is built where a family's pass has it (HasWideHeadDim): the Hopper
-// families' forward (K/V tiles half as long there: shared memory) and backward (a kernel of its
-// own, wgmma_backward_wide.cuh; both families run it). Elsewhere (mma.sync, the deterministic
-// backward) a block of that head dim takes the SIMT kernels: launch.cu's dispatch asks
-// EntryHasHeadDim.
+// Head dim 256 (Gemma's) is built where a family's pass has it (HasWideHeadDim): every forward
+// (shorter K/V tiles there: shared memory; mma.sync with a warp per 16 rows) and the Hopper
+// families' backward (a kernel of its own, wgmma_backward_wide.cuh; both families run it).
+// Elsewhere (mma.sync's backward, the deterministic backward) a block of that head dim takes the
+// SIMT kernels: launch.cu's dispatch asks EntryHasHeadDim.
 constexpr int kWideHeadDim = 256;
 constexpr bool HasWideHeadDim(Kernels family, Pass pass) {
-  return (pass == Pass::kForward || pass == Pass::kBackward) && (family == Kernels::kWgmma || family == Kernels::kTma);
+  return pass == Pass::kForward || (pass == Pass::kBackward && (family == Kernels::kWgmma || family == Kernels::kTma));
 }
 constexpr bool EntryHasHeadDim(Kernels family, Pass pass, int D) {
 #define STRIA_KERNEL_IS_HEAD_DIM(d) || D == d

@@ -11,8 +11,9 @@ namespace cuda {
 
 enum class Elem { kF32, kF16, kBF16 };
 
-// Head dims some tensor-core kernel is built for: every pass has 64 and 128, the Hopper forwards
-// 256 too (kernel_matrix.h). A pass without the call's head dim (and float32) takes the SIMT kernels.
+// Head dims some tensor-core kernel is built for: every pass has 64 and 128, every forward and the
+// Hopper backward 256 too (kernel_matrix.h). A pass without the call's head dim (and float32) takes
+// the SIMT kernels.
 bool TensorCoreHeadDim(int D);
 constexpr int kMaxHeadDim = 256;
 

@@ -1,8 +1,8 @@
 // Tensor-core forward tile kernel (mma.sync m16n8k16, bf16/fp16 in, fp32 accumulate): one CTA of
-// 4 warps owns 128 queries of one head (32 rows per warp) and merges one ring block's keys into
-// their running softmax state (row max m, row sum l, unnormalised output acc, all fp32 in global
-// memory). Keeping the state across ring steps is the LSE merge of ring attention done in place:
-// no per-block output or LSE is written and merged later.
+// 4 warps (8 at head dim 256) owns 128 queries of one head (32 rows per warp, 16 at 256) and
+// merges one ring block's keys into their running softmax state (row max m, row sum l,
+// unnormalised output acc, all fp32 in global memory). Keeping the state across ring steps is the
+// LSE merge of ring attention done in place: no per-block output or LSE is written and merged later.
 //
 // Pipeline: the K tile of step n+1 loads (cp.async) while P V of step n runs, and the V tile of
 // step n while Q K^T of step n runs. Tiles wholly outside the block's mask are never visited; the
@@ -18,9 +18,12 @@ template <int D>
 struct FwdTile {
   // Each warp owns kMT m16 tiles (32 rows), so every K or V fragment loaded from shared memory
   // feeds kMT tensor-core products: with one m-tile per warp, ldmatrix bandwidth and not the
-  // tensor cores bounds the kernel.
-  static constexpr int kWarps = 4, kThreads = 32 * kWarps, kMT = 2;
-  static constexpr int kWarpRows = 16 * kMT, kM = kWarps * kWarpRows, kN = 64;
+  // tensor cores bounds the kernel. At head dim 256 a warp's output rows alone would take 256
+  // registers a thread with two m-tiles: there 8 warps own one each (the same 128 queries), over
+  // 32-key tiles, so that Q and two K/V tiles fit the 99 KB that Ampere's smaller SMs allow.
+  static constexpr bool kWide = D > 128;
+  static constexpr int kWarps = kWide ? 8 : 4, kThreads = 32 * kWarps, kMT = kWide ? 1 : 2;
+  static constexpr int kWarpRows = 16 * kMT, kM = kWarps * kWarpRows, kN = kWide ? 32 : 64;
   static constexpr int kStride = SmemRow<D>::kStride;
   static constexpr int kSmemBytes = (kM + 2 * kN) * kStride * 2;
 };
@@ -29,7 +32,7 @@ struct FwdTile {
 // The blocks between them take the build without (kEnds false): at D 128 this kernel holds 255
 // registers, and the ends' code, there in a build that never runs it, made ptxas spill in the loop.
 template <typename T, int D, bool kDocs = false, bool kEnds = true>
-STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) MmaForwardKernel(const FwdParams p) {
+STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(FwdTile<D>::kThreads) MmaForwardKernel(const FwdParams p) {
   using Tile = FwdTile<D>;
   constexpr int S = Tile::kStride, kM = Tile::kM, kN = Tile::kN, kMT = Tile::kMT, kR = 2 * kMT;
   constexpr int kThreads = Tile::kThreads, kDTiles = D / 8, kKSteps = D / 16, kNTiles = kN / 8;

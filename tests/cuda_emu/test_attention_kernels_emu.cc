@@ -146,6 +146,9 @@ void Forward(Path path, const sc::FwdParams& p) {
     if (p.dims.D == 128)
       return ForwardTiles<sc::FwdTile<128>>(
           p, ends ? sc::MmaForwardKernel<T, 128, false, true> : sc::MmaForwardKernel<T, 128, false, false>);
+    if (p.dims.D == 256)
+      return ForwardTiles<sc::FwdTile<256>>(
+          p, ends ? sc::MmaForwardKernel<T, 256, false, true> : sc::MmaForwardKernel<T, 256, false, false>);
   }
   FAIL() << "no tensor-core kernel for this case";
 }
@@ -157,8 +160,10 @@ void Backward(Path path, const sc::BwdParams& p) {
     if (path == Path::kTma && p.dims.D == 128) return TmaBackward<T, 128>(p);
     if (path == Path::kWgmma && p.dims.D == 64) return WgmmaBackward<T, 64>(p);
     if (path == Path::kWgmma && p.dims.D == 128) return WgmmaBackward<T, 128>(p);
-    // Head dim 256: both Hopper families run the wgmma kernel that splits the columns.
+    // Head dim 256: both Hopper families run the wgmma kernel that splits the columns; mma.sync
+    // has no backward there, the dispatcher takes SIMT's.
     if (path != Path::kMma && p.dims.D == 256) return WideBackward<T, 256>(p);
+    if (p.dims.D == 256) return SimtBackward<T>(p);
     if (p.dims.D == 64) return MmaBackward<T, 64>(p);
     if (p.dims.D == 128) return MmaBackward<T, 128>(p);
   }
@@ -487,7 +492,7 @@ std::vector<Case> Cases() {
   // a CTA (the K/V buffers and stages wrap twice), causal offsets, GQA, two CTAs over two batch
   // rows, softcap, idle CTAs of a last block; the backward's 64-key CTAs walk up to five query
   // tiles (the Q/dO stages wrap) and, under GQA, each head's.
-  for (Path path : {Path::kWgmma, Path::kTma}) {
+  for (Path path : {Path::kMma, Path::kWgmma, Path::kTma}) {
     cs.push_back(
         Case{"d256_causal_then_dense", Dt::kBF16, path, 1, 200, 4, 2, 256, {{Diagonal(200, 0), 30}, {Dense(200), 31}}});
     cs.push_back(Case{"d256_two_ctas_striped", Dt::kF16, path, 2, 150, 2, 1, 256, {{Diagonal(150, -1), 32}}});

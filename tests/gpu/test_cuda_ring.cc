@@ -388,7 +388,7 @@ std::vector<Case> ShapesAndPaths() {
       cases.push_back(Case{n, lay, true, Dt::kBF16, 2, 136, 4, 1, 128});
       cases.push_back(Case{n, lay, false, Dt::kF16, 1, 136, 2, 2, 128});
     }
-  // D = 256 on the family the device takes (the Hopper forwards there, mma.sync's SIMT elsewhere).
+  // D = 256 on the family the cases take here (mma.sync: its forward, SIMT's backward).
   cases.push_back(Case{2, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 1, 72, 2, 1, 256});
   // The SIMT kernels: float32, head dims the tensor cores do not take, and forced for bf16.
   for (int n : {1, 2, 5, 8})
