@@ -30,6 +30,15 @@ static const stria_py_error_kind stria_py_error_kinds[] = {
     {STRIA_ERROR_INTERNAL, "InternalError", NULL},
 };
 
+/* What the module's initialisation returns on failure: SWIG 4.4 and later initialise the module in
+   two phases (PEP 489), where %init is the body of the exec slot, which returns -1; before, the
+   module init function, which returns NULL. */
+#if SWIG_VERSION >= 0x040400
+#define STRIA_PY_INIT_FAILED -1
+#else
+#define STRIA_PY_INIT_FAILED NULL
+#endif
+
 /* Creates the classes and adds them to the module dict; 0 on success. */
 static int stria_py_init_errors(PyObject* dict) {
   stria_py_base_error = PyErr_NewExceptionWithDoc(
@@ -83,7 +92,7 @@ static void stria_py_raise(stria_status_t status) {
 %}
 
 %init %{
-  if (stria_py_init_errors(d) < 0) return NULL;
+  if (stria_py_init_errors(d) < 0) return STRIA_PY_INIT_FAILED;
 %}
 
 /* Every function returns a status: raise on failure, else return None (plus any outputs). */
