@@ -115,10 +115,12 @@ if [ "${STRIA_PYTHON_WHEEL:-1}" = 1 ]; then
   # The build runs in pip's isolated environment, without jax: it is told where jaxlib's headers are.
   # As on a machine with only a compiler: SWIG from PyPI (the build requirement, first on the
   # isolated environment's PATH, checked below) and DLPack's bundled header.
-  # Its CUDA module for sm_80 alone (STRIA_CUDA_ARCHS): the suite runs no GPU code, and the Release
-  # build compiled the kernels for every architecture already.
+  # Its CUDA module for sm_80 alone (STRIA_CUDA_ARCHS), with warnings as errors: the suite runs no
+  # GPU code, and the test command's Release build compiles the kernels for sm_90a, so each
+  # architecture is compiled once.
   timeout 900 "$py" -m pip wheel -q --no-deps -w "$wheel_dir" -C cmake.define.STRIA_JAX_INCLUDE_DIR="$jax_include" \
-    -C cmake.define.STRIA_BUNDLED_DLPACK=ON -C cmake.define.STRIA_CUDA_ARCHS=80 -C build-dir="$wheel_dir/build" .
+    -C cmake.define.STRIA_BUNDLED_DLPACK=ON -C cmake.define.STRIA_CUDA_ARCHS=80 -C cmake.define.STRIA_WERROR=ON \
+    -C build-dir="$wheel_dir/build" .
   if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null; then
     grep -q "STRIA_CUDA_ARCHS:STRING=80$" "$wheel_dir/build/CMakeCache.txt" ||
       { echo "the wheel's CUDA module was not built for the architectures asked"; exit 1; }

@@ -8,11 +8,14 @@
 #  - every TMA kernel starts with exactly 168 registers per thread: its producer warpgroup gives
 #    168 - 24 back and its two consumer warpgroups take 240 - 168 each, which balances only at
 #    168 (ptxas drops the setmaxnreg pair silently in some cases where it does not).
-# Usage: check_sm90_kernels.sh NVCC KERNELS_DIR PYTHON UNITS_DIR
+# Usage: check_sm90_kernels.sh NVCC KERNELS_DIR PYTHON UNITS_DIR [REPORTS_DIR]
 # UNITS_DIR: the translation units the build generated from kernels/cuda/kernel_matrix.def; the
 # sm_90a ones are the wgmma and tma units.
+# REPORTS_DIR: where the build kept each sm_90a unit's PTX and ptxas report
+# (kernels/cuda/ptxas_report.sh): REPORTS_DIR/<unit>/<unit>.compute_90a.ptx and ptxas.log. A unit
+# whose report is missing there, or without REPORTS_DIR, is compiled here with the module's flags.
 set -eu
-nvcc=$1 kernels=$2 python=$3 units=$4
+nvcc=$1 kernels=$2 python=$3 units=$4 reports=${5:-}
 here=$(cd "$(dirname "$0")" && pwd)
 ptxas=$(dirname "$nvcc")/ptxas
 work=$(mktemp -d)
@@ -23,25 +26,40 @@ checked=0
 for src in "$units"/wgmma_*.cu "$units"/tma_*.cu; do
   [ -f "$src" ] || continue
   checked=$((checked + 1))
-  # The flags of the module's sm_90a pass (kernels/cuda/CMakeLists.txt), less the host ones.
-  flags="-I$kernels -O3 -DNDEBUG -std=c++17"
-  echo "$src:"
-  "$nvcc" $flags -arch=sm_90a -ptx "$src" -o "$work/k.ptx"
-  "$python" "$here/check_wgmma_operands.py" "$work/k.ptx" || status=1
-  # ptxas on that same PTX (what nvcc would run next), not a second compile of the source.
-  "$ptxas" -arch=sm_90a -O3 -v "$work/k.ptx" -o "$work/k.cubin" 2>"$work/ptxas.log"
-  if grep -E "C75(0[89]|1[0-9]|20)|setmaxnreg|serializ" "$work/ptxas.log"; then
+  unit=$(basename "$src" .cu)
+  kept=$reports/$unit
+  if [ -n "$reports" ] && [ -f "$kept/$unit.compute_90a.ptx" ] && [ -f "$kept/ptxas.log" ] &&
+    [ ! "$src" -nt "$kept/ptxas.log" ]; then
+    echo "$src (as the build compiled it):"
+    ptx=$kept/$unit.compute_90a.ptx
+    log=$kept/ptxas.log
+  else
+    # The flags of the module's sm_90a pass (kernels/cuda/CMakeLists.txt), less the host ones.
+    flags="-I$kernels -O3 -DNDEBUG -std=c++17 -lineinfo"
+    echo "$src:"
+    ptx=$work/k.ptx
+    log=$work/ptxas.log
+    "$nvcc" $flags -arch=sm_90a -ptx "$src" -o "$ptx"
+    # ptxas on that same PTX (what nvcc would run next), not a second compile of the source.
+    "$ptxas" -arch=sm_90a -O3 -v "$ptx" -o "$work/k.cubin" 2>"$log"
+  fi
+  "$python" "$here/check_wgmma_operands.py" "$ptx" || status=1
+  if grep -E "C75(0[89]|1[0-9]|20)|setmaxnreg|serializ" "$log"; then
     echo "$src: ptxas reports the lines above"
     status=1
   fi
-  awk '/Compiling entry function .*Tma/ { tma = 1; name = $0; next }
+  # The build's report also holds the other architectures' passes (where the Hopper kernels are
+  # empty): only the sm_90a entries are read.
+  awk '/Compiling entry function .*Tma.*for .sm_90a./ { tma = 1; name = $0; next }
        /Compiling entry function/ { tma = 0 }
        tma && /Used [0-9]+ registers/ {
          match($0, /Used [0-9]+ registers/); n = substr($0, RSTART + 5, RLENGTH - 15) + 0
          if (n != 168) { print name ": " n " registers at entry, not 168"; bad = 1 }
          tma = 0
        }
-       END { exit bad }' "$work/ptxas.log" || status=1
+       END { exit bad }' "$log" || status=1
+  entries=$(grep -c "Compiling entry function .*for .sm_90a." "$log" || true)
+  [ "$entries" -gt 0 ] || { echo "$src: no sm_90a entry function in ptxas's report"; status=1; }
 done
 [ "$checked" -gt 0 ] || { echo "no sm_90a units in $units"; exit 1; }
 exit $status
