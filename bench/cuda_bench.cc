@@ -3,8 +3,8 @@
 //   stria-cuda-bench kernels [--dims 64,128] [--lens 1024,...,32768] [--reps 10] [--deterministic 1]
 //     Forward and backward through the public API on one CUDA rank (no transfers), bf16,
 //     B*S = 16k tokens and H*D = 2048 as in flash-attention's own benchmarks; prints one
-//     key=value line per (direction, D, causal, S): median ms and TFLOP/s; at D = 128 also the
-//     deterministic backward (stria_context_set_deterministic), as impl=stria_<family>_deterministic;
+//     key=value line per (direction, D, causal, S): median ms and TFLOP/s; at D = 128 and 256 also
+//     the deterministic backward (stria_context_set_deterministic), as impl=stria_<family>_deterministic;
 //     and at causal D = 128, with STRIA_CUDA_KERNELS naming a family, one `split` line per direction:
 //     the call alone, per call of calls queued back to back, and the block kernel alone (Split).
 //   stria-cuda-bench ring [--seq 262144] [--world 8] [--heads 16] [--dim 128]
@@ -354,9 +354,10 @@ int Kernels(const std::vector<int64_t>& dims, const std::vector<int64_t>& lens, 
                         2.5 * flops / b_ms * 1e-9);
           }
         }
-        if (deterministic && D == 128) {
-          // The deterministic backward (this family's dK/dV pass, then mma.sync's dQ pass), at the
-          // head dim of the bars: what reproducible dQ costs beside the default backward.
+        if (deterministic && (D == 128 || D == 256)) {
+          // The deterministic backward (this family's dK/dV pass, then a dQ pass: the wgmma one on
+          // Hopper), at the head dim of the bars and at Gemma's: what reproducible dQ costs beside
+          // the default backward.
           CHECK_STRIA(stria_context_set_deterministic(ctx, 1));
           const double det_ms = TimeMs(stream, reps, backward);
           CHECK_STRIA(stria_context_set_deterministic(ctx, 0));

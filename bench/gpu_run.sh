@@ -253,14 +253,13 @@ if stage kernels $((20 + 25 * nf)); then
   fi
   timeout -k 10 "$(cap 240)" python3 bench/torch_sdpa_gpu.py --dims $dims --lens $lens 2>&1 | tee -a "$results" ||
     { say "torch SDPA: failed or timed out"; note_failure kernels; }
-  # Head dim 256 (Gemma's), on the Hopper families (whose backward has it too; mma.sync's is
-  # SIMT's there), at two lengths beside the same anchors; the deterministic backward runs SIMT
-  # there and stays untimed.
+  # Head dim 256 (Gemma's), on the Hopper families (whose backward, atomic and deterministic, has
+  # it too; mma.sync's is SIMT's there), at two lengths beside the same anchors.
   if [ "${QUICK:-0}" != 1 ]; then
     for family in "${families[@]}"; do
       [ "$family" = mma ] && continue
       STRIA_CUDA_KERNELS=$family timeout -k 10 "$(cap 120)" \
-        "$bin"/bench/stria-cuda-bench kernels --dims 256 --lens 4096,16384 --deterministic 0 2>&1 | tee -a "$results" ||
+        "$bin"/bench/stria-cuda-bench kernels --dims 256 --lens 4096,16384 2>&1 | tee -a "$results" ||
         { say "stria_$family kernels, D 256: failed or timed out"; note_failure kernels; }
     done
     timeout -k 10 "$(cap 120)" python3 bench/torch_sdpa_gpu.py --dims 256 --lens 4096,16384 2>&1 | tee -a "$results" ||

@@ -4,7 +4,9 @@
 // receives its terms in one fixed order), with warpgroup MMAs in place of mma.sync, which the
 // wgmma and TMA families' deterministic backward took before at about half their tensor rate.
 //
-// Two warpgroups own 64 query rows each of a 128-row tile; per key tile of kN keys each computes
+// Two warpgroups own 64 query rows each of a 128-row tile (at head dim 256 one warpgroup and a
+// 64-row tile: Q, dO and two stages of K and V of 128 rows would be 256 KB of shared memory, past
+// the 227 KB a CTA may have); per key tile of kN keys each computes
 //   S = Q K^T and dP = dO V^T   both operands from shared memory (the forward's IssueScores),
 //   dS = P (dP - delta)         in registers, P = exp2(S * scale_log2 - lse2), the mask applied,
 //   dQ += dS K                  dS as the A fragments where the accumulators left it, K read in the
@@ -22,7 +24,7 @@ namespace cuda {
 
 template <int D>
 struct WgmmaBwdDqTile {
-  static constexpr int kGroups = 2, kThreads = 128 * kGroups, kM = 64 * kGroups, kN = 64;
+  static constexpr int kGroups = D > 128 ? 1 : 2, kThreads = 128 * kGroups, kM = 64 * kGroups, kN = 64;
   static constexpr int kQBytes = kM * D * 2, kKvBytes = kN * D * 2;
   // Q and dO once, K and V twice; the alignment slack.
   static constexpr int kSmemBytes = 2 * kQBytes + 4 * kKvBytes + kSwizzleAtomBytes;

@@ -12,7 +12,9 @@
 //   dV += P^T dO, dK += dS^T Q   A from shared memory (K-major), B MN-major, the warpgroup's 128
 //                                columns of dO and Q;
 //   dQ = dS K                    dS^T read MN-major, K's columns of the warpgroup, 64 at a time,
-//                                added to dq_acc with float atomics.
+//                                added to dq_acc with float atomics (not in the deterministic
+//                                backward's dK/dV pass, kDq false: its dQ pass is a kernel of its
+//                                own, wgmma_backward_dq.cuh).
 // No product is computed twice: S^T and dP^T are split by queries between the warpgroups, the
 // three others by columns. Shared memory (210 KB): K and V (32 KB each), Q and dO in two stages
 // (the next query tile's cp.async runs under this one's products), P^T and dS^T (8 KB each), lse2
@@ -40,7 +42,7 @@ struct WgmmaWideBwdTile {
 // shared memory at the given window addresses (K, V: kN rows; Q, dO: kM rows; P^T, dS^T: kN rows of
 // kM queries, `pts` and `dss`), the tile's lse2 and delta rows at `lse2`, `delta`. The caller's
 // barrier before the step orders it after every read of P^T and dS^T by the step before.
-template <typename T, int D, bool kDocs>
+template <typename T, int D, bool kDocs, bool kDq>
 STRIA_DEVICE void WideBackwardStep(const BwdParams& p, const MaskArgs& mask, int64_t bh, int64_t j0, int wg, int64_t i0,
                                    uint32_t k_addr, uint32_t v_addr, uint32_t q_addr, uint32_t do_addr,
                                    unsigned char* pts, unsigned char* dss, const float* lse2, const float* delta,
@@ -113,32 +115,38 @@ STRIA_DEVICE void WideBackwardStep(const BwdParams& p, const MaskArgs& mask, int
                           SwizzledDesc(q_addr + b_at, kM * kSwizzleBytes, kSwizzleAtomBytes), true);
   }
   wgmma_commit();
-
-  // dQ (64 queries x 64 columns at a time) = dS (all kN keys) K (columns 64 cb..): A is dS^T read
-  // MN-major, B is K's column block cb read MN-major. The first chunk's wait completes dV and dK.
-  STRIA_UNROLL
-  for (int c = 0; c < kCols / 64; ++c) {
-    const int cb = kCols * wg / 64 + c;
-    float dq[32];
-    wgmma_fence();
-    STRIA_UNROLL
-    for (int kk = 0; kk < kN / 16; ++kk) {
-      const uint64_t da = SwizzledDesc(ds_addr + kk * 16 * kSwizzleBytes, kN * kSwizzleBytes, kSwizzleAtomBytes);
-      const uint64_t db = SwizzledDesc(k_addr + cb * kN * kSwizzleBytes + kk * 16 * kSwizzleBytes, kN * kSwizzleBytes,
-                                       kSwizzleAtomBytes);
-      wgmma_ss_tt<T, 64>(dq, da, db, kk > 0);
-    }
-    wgmma_commit();
+  if constexpr (!kDq) {
     wgmma_wait<0>();
-    wgmma_fence_operand(dq);
     wgmma_fence_operand(dv);
     wgmma_fence_operand(dk);
-    AddDqAtomics<D>(p, bh, i0, dq, 0, cb);
+  } else {
+    // dQ (64 queries x 64 columns at a time) = dS (all kN keys) K (columns 64 cb..): A is dS^T
+    // read MN-major, B is K's column block cb read MN-major. The first chunk's wait completes dV
+    // and dK.
+    STRIA_UNROLL
+    for (int c = 0; c < kCols / 64; ++c) {
+      const int cb = kCols * wg / 64 + c;
+      float dq[32];
+      wgmma_fence();
+      STRIA_UNROLL
+      for (int kk = 0; kk < kN / 16; ++kk) {
+        const uint64_t da = SwizzledDesc(ds_addr + kk * 16 * kSwizzleBytes, kN * kSwizzleBytes, kSwizzleAtomBytes);
+        const uint64_t db = SwizzledDesc(k_addr + cb * kN * kSwizzleBytes + kk * 16 * kSwizzleBytes, kN * kSwizzleBytes,
+                                         kSwizzleAtomBytes);
+        wgmma_ss_tt<T, 64>(dq, da, db, kk > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_operand(dq);
+      wgmma_fence_operand(dv);
+      wgmma_fence_operand(dk);
+      AddDqAtomics<D>(p, bh, i0, dq, 0, cb);
+    }
   }
 }
 #endif
 
-template <typename T, int D, bool kDocs = false>
+template <typename T, int D, bool kDocs = false, bool kDq = true>
 STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaWideBackwardKernel(const BwdParams p) {
 #if STRIA_HAS_WGMMA
   using Tile = WgmmaWideBwdTile<D>;
@@ -213,9 +221,9 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaWideBackwardKernel(const BwdPara
     fence_proxy_async();
     block_sync();  // this step's tiles landed; every reader of the other stage, P^T and dS^T is done
     if (s + 1 < steps) load_step(s + 1);
-    WideBackwardStep<T, D, kDocs>(p, mask, bh, j0, wg, i0, k_addr, v_addr, smem_addr(qs) + st * Tile::kQBytes,
-                                  smem_addr(dos) + st * Tile::kQBytes, pts, dss, lse2s + st * kM, deltas + st * kM, key,
-                                  dk, dv);
+    WideBackwardStep<T, D, kDocs, kDq>(p, mask, bh, j0, wg, i0, k_addr, v_addr, smem_addr(qs) + st * Tile::kQBytes,
+                                       smem_addr(dos) + st * Tile::kQBytes, pts, dss, lse2s + st * kM, deltas + st * kM,
+                                       key, dk, dv);
   }
 
   StoreKeyGrads<T, kCols>(p, b, hk, key, t4, dk, dv, kCols * wg);

@@ -19,15 +19,13 @@ cudaError_t LaunchWgmmaForward(const FwdParams& p, cudaStream_t s) {
 }
 
 // sm_90a only, like the wgmma forward. kDq false: the deterministic backward's dK/dV pass. Head
-// dim 256 takes the kernel that splits the columns between its warpgroups (wgmma_backward_wide.cuh;
-// with dQ always: the matrix has no deterministic backward there).
+// dim 256 takes the kernel that splits the columns between its warpgroups (wgmma_backward_wide.cuh).
 template <typename T, int D, bool kDq = true>
 cudaError_t LaunchWgmmaBackward(const BwdParams& p, cudaStream_t s) {
   const bool docs = p.mask.doc_lo != nullptr;
   if constexpr (D > 128) {
-    static_assert(kDq, "no dK/dV pass of its own past head dim 128");
     return LaunchKeyTiles<WgmmaWideBwdTile<D>>(
-        docs ? WgmmaWideBackwardKernel<T, D, true> : WgmmaWideBackwardKernel<T, D, false>, p, s);
+        docs ? WgmmaWideBackwardKernel<T, D, true, kDq> : WgmmaWideBackwardKernel<T, D, false, kDq>, p, s);
   } else {
     return LaunchKeyTiles<WgmmaBwdTile<D>>(
         docs ? WgmmaBackwardKernel<T, D, true, kDq> : WgmmaBackwardKernel<T, D, false, kDq>, p, s);

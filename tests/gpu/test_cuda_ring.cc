@@ -361,8 +361,9 @@ std::vector<Case> TmaSweep() {
   packed.kernels = "tma";
   packed.strided = true;
   cases.push_back(packed);
-  // Head dim 256 (the Hopper forwards' 64-key tiles; the backward takes SIMT): blocks of two query
-  // tiles and three key tiles, causal and not, documents, and the deterministic backward.
+  // Head dim 256 (the Hopper forwards' 64-key tiles, the backward's kernel that splits the columns
+  // between its warpgroups): blocks of two query tiles and three key tiles, causal and not,
+  // documents, and the deterministic backward.
   for (bool causal : {true, false}) {
     Case c{3,  causal ? STRIA_LAYOUT_STRIPED : STRIA_LAYOUT_ZIGZAG, causal, causal ? Dt::kBF16 : Dt::kF16, 1, 136, 4, 2,
            256};
@@ -548,7 +549,8 @@ std::string ParamName(const ::testing::TestParamInfo<Case>& info) {
 // The deterministic backward (stria_context_set_deterministic): each case runs its backward twice
 // and compares the bits besides the reference. Rank counts, layouts, masks, dtypes, GQA, D 64 and
 // 128 (whose dK/dV pass takes 32-query tiles), documents, windows, packed views, and the Hopper
-// families (their own dK/dV pass without dQ, then mma.sync's dQ pass), D 64 and 128, documents.
+// families (their own dK/dV pass without dQ, then the wgmma dQ pass), D 64, 128 and 256 (where
+// both passes are other kernels: the wide dK/dV kernel, a dQ pass of one warpgroup), documents.
 std::vector<Case> DeterministicSweep() {
   std::vector<Case> cases;
   for (int n : {1, 3, 4})
@@ -583,6 +585,11 @@ std::vector<Case> DeterministicSweep() {
     docs_k.kernels = k;
     docs_k.docs = 4;
     more.push_back(docs_k);
+    // D 256: three 64-row dQ tiles and three 64-key dK/dV tiles a block, GQA 2:1, documents.
+    Case d256{3, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 1, 136, 4, 2, 256};
+    d256.kernels = k;
+    d256.docs = 3;
+    more.push_back(d256);
   }
   for (Case& c : more) {
     c.deterministic = true;
