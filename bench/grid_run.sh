@@ -4,8 +4,10 @@
 #     once, as a grid's exchange does) against a plain transfer of the same bytes from one process
 #     to another (the anchor), as the bytes each rank sends per second;
 # (2) one causal attention call (forward, backward) of 2 processes as a ring (U = 1) and as one
-#     all-to-all group (U = 2), with the time the model (bench/hybrid_model.py) predicts for each
-#     from this run's own kernel rate and transfer bandwidth.
+#     all-to-all group (U = 2; its heads in two chunks, the engine's default, whose exchanges
+#     overlap the other chunk's compute, and in one), with the time the model
+#     (bench/hybrid_model.py) predicts for each from this run's own kernel rate and transfer
+#     bandwidth.
 # Processes are pinned round-robin to the host's cores.
 # Usage: bench/grid_run.sh [build dir] [bytes per message] [tokens per rank]
 set -euo pipefail
@@ -63,6 +65,7 @@ echo
 echo "## One causal call of 2 processes, ring (U = 1) against one all-to-all group (U = 2): L = $L tokens per rank, H = $H, D = $D, f32 (median of 3)"
 echo
 for u in 1 2; do job "ring$u" 2 ring "$L" $H $D 3 "$u"; done
+(export STRIA_GRID_CHUNKS=1 && job "ring2one" 2 ring "$L" $H $D 3 2)
 job "bw" 2 transfer $((L * H * D * 4 * 2)) 20
 python3 - "$out" "$L" "$H" "$D" "$(dirname "$0")/hybrid_model.py" <<'PY'
 import json, statistics, subprocess, sys, collections
@@ -90,7 +93,7 @@ def calls(u):
         result[key] = (statistics.median(walls), statistics.median(computes))
     return result
 
-ring, grid = calls(1), calls(2)
+ring, grid, one_chunk = calls(1), calls(2), calls("2one")
 model_path = model
 # The kernels' rate on this machine: the ring's compute of the striped layout, whose steps carry
 # equal work (causal: half of the L x L block pairs... counted as the model counts them).
@@ -99,18 +102,20 @@ rate = {p: flops[p] / ring[("striped", p)][1] / 1e9 for p in ("fwd", "bwd")}
 print(f"kernel rate from the ring's compute (striped): forward {rate['fwd']:.1f}, backward {rate['bwd']:.1f} GFLOP/s; "
       f"transfer {bw:.2f} GB/s")
 print()
-print("| layout | pass | U = 1 (ring) ms | U = 2 (all-to-all) ms | U = 2 / U = 1 | model U = 1 ms | model U = 2 ms |")
-print("|---|---|---|---|---|---|---|")
+print("| layout | pass | U = 1 (ring) ms | U = 2 (all-to-all) ms | U = 2 / U = 1 | U = 2, one chunk ms | two chunks / one | model U = 1 ms | model U = 2 ms |")
+print("|---|---|---|---|---|---|---|---|---|")
 for (layout, p), (wall1, _) in sorted(ring.items()):
-    wall2 = grid[(layout, p)][0]
+    wall2, wall_one = grid[(layout, p)][0], one_chunk[(layout, p)][0]
     predicted = {}
     for u in (1, 2):
         args = [sys.executable, model_path, "--nodes", "1", "--ranks-per-node", "2", "--u", str(u), "--tokens-per-rank",
                 str(L), "--hq", str(H), "--hkv", str(H), "--dim", str(D), "--dtype-bytes", "4", "--rate-unit",
                 "gflops", "--fwd-rates", f"{rate['fwd']:.3f}", "--bwd-rates", f"{rate['bwd']:.3f}", "--intra-gbs",
-                f"{bw:.3f}", "--direction", "forward" if p == "fwd" else "backward", "--json"]
+                f"{bw:.3f}", "--direction", "forward" if p == "fwd" else "backward", "--overlap", "2", "--json"]
         answer = json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
-        predicted[u] = next(c["total_s"] for c in answer["rows"] if c["u"] == u)
+        row = next(c for c in answer["rows"] if c["u"] == u)
+        predicted[u] = row.get("total_overlap_s", row["total_s"])
     modelled = f"{predicted[1]*1e3:.1f} | {predicted[2]*1e3:.1f}" if layout == "striped" else "- | -"
-    print(f"| {layout} | {p} | {wall1*1e3:.1f} | {wall2*1e3:.1f} | {wall2/wall1:.2f} | {modelled} |")
+    print(f"| {layout} | {p} | {wall1*1e3:.1f} | {wall2*1e3:.1f} | {wall2/wall1:.2f} | {wall_one*1e3:.1f} | "
+          f"{wall2/wall_one:.2f} | {modelled} |")
 PY

@@ -214,6 +214,18 @@ std::vector<Case> Features() {
   }
   cases.push_back(Case{2, 2, STRIA_LAYOUT_STRIPED, true, Dt::kF32, 1, 130, 4, 2, 64});
   cases.push_back(Case{4, 2, STRIA_LAYOUT_ZIGZAG, false, Dt::kBF16, 1, 70, 4, 1, 64});
+  // Head chunks (grid.cc: a ring per chunk, the exchanges in flight beside them): members with two
+  // and three K/V heads, GQA 2:1 (two chunks and one by default; three where the suite runs again
+  // under STRIA_GRID_CHUNKS=4), with documents, sinks and softcap.
+  for (int64_t Hkv : {4, 6}) {
+    Case chunks{2, 3, STRIA_LAYOUT_STRIPED, true, Dt::kF32, 2, 8, 2 * Hkv, Hkv, 16};
+    chunks.docs = 3;
+    chunks.sinks = true;
+    chunks.softcap = 2.0;
+    cases.push_back(chunks);
+    Case plain{2, 2, STRIA_LAYOUT_ZIGZAG, false, Dt::kBF16, 1, 12, 2 * Hkv, Hkv, 32};
+    cases.push_back(plain);
+  }
   return cases;
 }
 

@@ -1,12 +1,19 @@
 // A call on a grid: the all-to-all in, the ring of R on the group's heads (ForwardSteps,
 // BackwardSteps, the same schedule as a plain ring's), the all-to-all out.
 //
-// The group's tensors (its tokens, this member's heads) live in one arena of the context's memory,
-// reused across calls like the ring buffers. Everything is got before the agreement, as in the
-// plain ring; the backend's Begin call reads the exchanged queries, so it comes after the
-// all-to-all, and a failure there goes through ctx.Fail like any other after the agreement.
+// The member's heads go in chunks (whole K/V heads with the query heads that read them), one
+// ring each, so that the exchanges overlap the compute: every chunk's inputs are posted at the
+// start, a chunk's ring starts once its own inputs are in, and its outputs leave while the next
+// chunk computes. What stays exposed is the first chunk's inputs and the last one's outputs.
+//
+// The group's tensors (its tokens, this member's heads, chunk by chunk) live in one arena of the
+// context's memory, reused across calls like the ring buffers. Everything is got before the
+// agreement, as in the plain ring; the backend's Begin call reads the exchanged queries, so it
+// comes after the chunk's exchange, and a failure there goes through ctx.Fail like any other
+// after the agreement.
 #include "ring/grid.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #include "ring/grid_exchange.h"
@@ -16,8 +23,7 @@
 namespace stria {
 namespace {
 
-constexpr int kGridSendSlot = 13, kGridReceiveSlot = 14, kGridArenaSlot = 15;
-constexpr int kPhaseIn = 0, kPhaseOut = 1;
+constexpr int kInSendSlot = 13, kInReceiveSlot = 14, kGridArenaSlot = 15, kOutSendSlot = 16, kOutReceiveSlot = 17;
 
 // Carves the group's tensors out of one buffer, each 64-byte aligned.
 class Arena {
@@ -36,40 +42,71 @@ class Arena {
   size_t used_ = 0;
 };
 
-// The group's view of a call: `rc` is the ring's call (the group's tokens, this member's heads).
+// At most this many chunks a call (STRIA_GRID_CHUNKS, 1 to 16; default 2): each is a ring of its
+// own, whose per-step costs (a launch, a message) a call pays once per chunk.
+int MaxChunks() {
+  const char* env = std::getenv("STRIA_GRID_CHUNKS");
+  if (env == nullptr || *env == '\0') return 2;
+  const int n = std::atoi(env);
+  return n < 1 ? 1 : n > 16 ? 16 : n;
+}
+
+// How many chunks the member's heads make: a divisor of its K/V heads (so that every chunk has the
+// same shape, and one workspace serves them all), at most MaxChunks. A K/V head shared between
+// members (fewer K/V heads than members) is one chunk: split, its K/V would travel the ring twice.
+int ChunkCount(const GridHeads& h, int64_t Hkv, int U) {
+  if (Hkv % U != 0) return 1;
+  for (int64_t c = std::min<int64_t>(MaxChunks(), h.kv); c > 1; --c)
+    if (h.kv % c == 0) return static_cast<int>(c);
+  return 1;
+}
+
+GridHeads ChunkOf(const GridHeads& h, int chunks, int k) {
+  GridHeads c;
+  c.q = h.q / chunks;
+  c.q0 = h.q0 + k * c.q;
+  c.kv = h.kv / chunks;
+  c.kv0 = h.kv0 + k * c.kv;
+  return c;
+}
+
+// The group's view of a call: chunk k's ring call rc[k] (the group's tokens, chunk k of this
+// member's heads), member[k][m] chunk k of member m's heads, and chunk k's exchanges.
 struct GridCall {
-  ValidatedCall rc;
-  GridHeads mine;
-  std::vector<GridHeads> member;  // every member's heads
+  int chunks = 1;
+  GridHeads mine;  // this member's heads, all chunks
+  std::vector<ValidatedCall> rc;
+  std::vector<std::vector<GridHeads>> member;
+  std::vector<Exchange> in, out;
 };
 
-// The ring's call: shapes of the group, the call's mask and scores, this member's sinks.
-void RingCallOf(const Context& ctx, const ValidatedCall& c, GridCall* g) {
+// The ring calls: shapes of the group and the chunk, the call's mask and scores, the chunk's sinks.
+void RingCallsOf(const Context& ctx, const ValidatedCall& c, GridCall* g) {
   const int U = ctx.ulysses_size();
-  for (int m = 0; m < U; ++m) g->member.push_back(HeadsOfMember(c.shape.Hq, c.shape.Hkv, U, m));
-  g->mine = g->member[static_cast<size_t>(ctx.group_rank())];
-  g->rc = c;
-  AttentionShape& s = g->rc.shape;
-  s.L = c.shape.L * U;
-  s.Hq = g->mine.q;
-  s.Hkv = g->mine.kv;
-  if (c.sinks_given) g->rc.sinks = SubBox(c.sinks, 0, g->mine.q0, g->mine.q);
-  if (c.dsinks_given) g->rc.dsinks = SubBox(c.dsinks, 0, g->mine.q0, g->mine.q);
+  g->mine = HeadsOfMember(c.shape.Hq, c.shape.Hkv, U, ctx.group_rank());
+  g->chunks = ChunkCount(g->mine, c.shape.Hkv, U);
+  for (int k = 0; k < g->chunks; ++k) {
+    std::vector<GridHeads> members;
+    for (int m = 0; m < U; ++m) members.push_back(ChunkOf(HeadsOfMember(c.shape.Hq, c.shape.Hkv, U, m), g->chunks, k));
+    const GridHeads& mine = members[static_cast<size_t>(ctx.group_rank())];
+    ValidatedCall rc = c;
+    rc.shape.L = c.shape.L * U;
+    rc.shape.Hq = mine.q;
+    rc.shape.Hkv = mine.kv;
+    if (c.sinks_given) rc.sinks = SubBox(c.sinks, 0, mine.q0, mine.q);
+    if (c.dsinks_given) rc.dsinks = SubBox(c.dsinks, 0, mine.q0, mine.q);
+    rc.lane = k;
+    g->rc.push_back(rc);
+    g->member.push_back(std::move(members));
+    g->in.emplace_back(U);
+    g->out.emplace_back(U);
+  }
 }
 
 Status CheckGridDevice(Context& ctx) {
   Status st = ctx.backend().CheckGridSupported();
   if (st.ok()) return st;
   return Error(st.code(), "%s: set the grid to 1 on this context (stria_context_set_grid)", st.message().c_str());
-}
-
-// Staging for both phases: the larger of each side.
-Status Staging(Context& ctx, const Exchange& in, const Exchange& out, void** send, void** receive) {
-  Status st = ctx.RingBuffer(kGridSendSlot, std::max<size_t>(1, std::max(in.SendBytes(), out.SendBytes())), send);
-  if (st.ok())
-    st =
-        ctx.RingBuffer(kGridReceiveSlot, std::max<size_t>(1, std::max(in.ReceiveBytes(), out.ReceiveBytes())), receive);
-  return st;
 }
 
 // Query-shaped tensors: the call's [B, L, Hq, D] (member m's heads) go to the group's [B, U·L, q, D]
@@ -88,36 +125,115 @@ Box LseTokens(const Box& group, int64_t L, int m) {
   return SubBox(group, 2, m * L, L);
 }
 
-// The exchange out, and the call's end: an asynchronous backend's unpacking must be done before
-// the next call's exchange reuses the staging (the ring's own buffers are handed over by the
+// The staging of every chunk's exchanges, each in a region of its own: the inputs' messages are
+// all in flight at once, and a chunk's outputs beside the next chunks' inputs.
+struct Staging {
+  char *in_send = nullptr, *in_receive = nullptr, *out_send = nullptr, *out_receive = nullptr;
+  std::vector<size_t> in_send_at, in_receive_at, out_send_at, out_receive_at;
+  std::vector<PendingExchange> in_pending, out_pending;
+};
+
+Status GetStaging(Context& ctx, const GridCall& g, Staging* s) {
+  size_t in_send = 0, in_receive = 0, out_send = 0, out_receive = 0;
+  for (int k = 0; k < g.chunks; ++k) {
+    const size_t kk = static_cast<size_t>(k);
+    s->in_send_at.push_back(in_send);
+    s->in_receive_at.push_back(in_receive);
+    s->out_send_at.push_back(out_send);
+    s->out_receive_at.push_back(out_receive);
+    in_send += g.in[kk].SendBytes();
+    in_receive += g.in[kk].ReceiveBytes();
+    out_send += g.out[kk].SendBytes();
+    out_receive += g.out[kk].ReceiveBytes();
+  }
+  s->in_pending.resize(static_cast<size_t>(g.chunks));
+  s->out_pending.resize(static_cast<size_t>(g.chunks));
+  void* p[4] = {};
+  const int slots[4] = {kInSendSlot, kInReceiveSlot, kOutSendSlot, kOutReceiveSlot};
+  const size_t bytes[4] = {in_send, in_receive, out_send, out_receive};
+  for (int i = 0; i < 4; ++i) STRIA_RETURN_IF_ERROR(ctx.RingBuffer(slots[i], std::max<size_t>(1, bytes[i]), &p[i]));
+  s->in_send = static_cast<char*>(p[0]);
+  s->in_receive = static_cast<char*>(p[1]);
+  s->out_send = static_cast<char*>(p[2]);
+  s->out_receive = static_cast<char*>(p[3]);
+  return Status::Ok();
+}
+
+// Every chunk's inputs packed, one fence, then posted (chunk k's as phase k). The phases go up in
+// the order a member posts them to its peers (the inputs, then each chunk's outputs as phase
+// chunks + k), as a transport that matches messages in posting order checks (NCCL's).
+Status PostInputs(Context& ctx, uint64_t seq, const GridCall& g, Staging* s, void* stream) {
+  for (size_t k = 0; k < g.in.size(); ++k)
+    STRIA_RETURN_IF_ERROR(
+        PackExchange(ctx, g.in[k], s->in_send + s->in_send_at[k], s->in_receive + s->in_receive_at[k], stream));
+  const Status st = ctx.backend().SyncStream(stream);
+  if (!st.ok()) return ctx.Fail(st);
+  for (size_t k = 0; k < g.in.size(); ++k)
+    STRIA_RETURN_IF_ERROR(PostExchange(ctx, seq, static_cast<int>(k), g.in[k], s->in_send + s->in_send_at[k],
+                                       s->in_receive + s->in_receive_at[k], &s->in_pending[k]));
+  return Status::Ok();
+}
+
+Status FinishInputs(Context& ctx, const char* what, const GridCall& g, int k, const Staging& s, void* stream) {
+  const size_t kk = static_cast<size_t>(k);
+  return FinishExchange(ctx, what, g.in[kk], s.in_pending[kk], s.in_receive + s.in_receive_at[kk], stream);
+}
+
+// Chunk k's outputs, once its ring is done: packed behind its compute, then posted (phase
+// chunks + k).
+Status PostOutputs(Context& ctx, uint64_t seq, const GridCall& g, int k, Staging* s, void* stream) {
+  const size_t kk = static_cast<size_t>(k);
+  char* send = s->out_send + s->out_send_at[kk];
+  char* receive = s->out_receive + s->out_receive_at[kk];
+  STRIA_RETURN_IF_ERROR(PackExchange(ctx, g.out[kk], send, receive, stream));
+  const Status st = ctx.backend().SyncStream(stream);
+  if (!st.ok()) return ctx.Fail(st);
+  return PostExchange(ctx, seq, g.chunks + k, g.out[kk], send, receive, &s->out_pending[kk]);
+}
+
+// Every chunk's outputs in, and the call's end: an asynchronous backend's unpacking must be done
+// before the next call's exchange reuses the staging (the ring's own buffers are handed over by the
 // backend's Begin call; these are not).
-Status FinishExchange(Context& ctx, uint64_t seq, const char* what, const Exchange& x, void* send, void* receive,
-                      void* stream) {
-  STRIA_RETURN_IF_ERROR(RunExchange(ctx, seq, kPhaseOut, what, x, send, receive, stream));
+Status FinishOutputs(Context& ctx, const char* what, const GridCall& g, const Staging& s, void* stream) {
+  for (size_t k = 0; k < g.out.size(); ++k)
+    STRIA_RETURN_IF_ERROR(
+        FinishExchange(ctx, what, g.out[k], s.out_pending[k], s.out_receive + s.out_receive_at[k], stream));
   Status st = ctx.backend().SyncStream(stream);
   return st.ok() ? st : ctx.Fail(st);
 }
 
-// What both directions prepare before the agreement: the ring's call of the group, its tensors
-// carved from the arena (carve(arena) takes them into g->rc, counted first, then placed), each
-// member's boxes of both exchanges (boxes(m, heads of m, in, out)), and the staging. The ring's
-// own buffers the caller gets.
+// Each ring writes the call's step times afresh: the call's are their sums, step by step.
+void AddStepTimes(Context& ctx, std::vector<StepTime>* sum) {
+  const std::vector<StepTime>& t = ctx.step_times();
+  if (sum->size() < t.size()) sum->resize(t.size());
+  for (size_t i = 0; i < t.size(); ++i) {
+    (*sum)[i].compute_s += t[i].compute_s;
+    (*sum)[i].compute_cpu_s += t[i].compute_cpu_s;
+    (*sum)[i].wait_s += t[i].wait_s;
+  }
+}
+
+// What both directions prepare before the agreement: the chunks' ring calls, their tensors carved
+// from the arena (carve(arena, rc) takes them into rc, counted first, then placed), each chunk's
+// and member's boxes of both exchanges (boxes(chunk, m, chunk k of m's heads, rc, in, out)), and
+// the staging. The ring's own buffers the caller gets.
 template <typename Carve, typename Boxes>
-Status PrepareGrid(Context& ctx, const ValidatedCall& c, GridCall* g, Exchange* in, Exchange* out, void** send,
-                   void** receive, Carve carve, Boxes boxes) {
+Status PrepareGrid(Context& ctx, const ValidatedCall& c, GridCall* g, Staging* s, Carve carve, Boxes boxes) {
   STRIA_RETURN_IF_ERROR(CheckGridDevice(ctx));
-  RingCallOf(ctx, c, g);
+  RingCallsOf(ctx, c, g);
   Arena count(nullptr);
-  carve(count);
+  for (ValidatedCall& rc : g->rc) carve(count, rc);
   void* arena = nullptr;
   STRIA_RETURN_IF_ERROR(ctx.RingBuffer(kGridArenaSlot, count.used(), &arena));
   Arena a(static_cast<char*>(arena));
-  carve(a);
-  for (int m = 0; m < ctx.ulysses_size(); ++m) {
-    const size_t mm = static_cast<size_t>(m);
-    boxes(m, g->member[mm], &in->to[mm], &in->from[mm], &out->to[mm], &out->from[mm]);
-  }
-  return Staging(ctx, *in, *out, send, receive);
+  for (ValidatedCall& rc : g->rc) carve(a, rc);
+  for (size_t k = 0; k < g->rc.size(); ++k)
+    for (int m = 0; m < ctx.ulysses_size(); ++m) {
+      const size_t mm = static_cast<size_t>(m);
+      boxes(m, g->member[k][mm], g->rc[k], &g->in[k].to[mm], &g->in[k].from[mm], &g->out[k].to[mm],
+            &g->out[k].from[mm]);
+    }
+  return GetStaging(ctx, *g, s);
 }
 
 using BoxList = std::vector<Box>;
@@ -125,90 +241,104 @@ using BoxList = std::vector<Box>;
 }  // namespace
 
 Status GridForward(Context& ctx, const ValidatedCall& c, Status local) {
-  const int U = ctx.ulysses_size();
   const RingGroup ring = RingGroup::Of(ctx);
   GridCall g;
-  Exchange in(U), out(U);
+  Staging stage;
   ForwardBuffers b;
-  void *send = nullptr, *receive = nullptr;
   if (local.ok()) {
     const int64_t L = c.shape.L;
     local = PrepareGrid(
-        ctx, c, &g, &in, &out, &send, &receive,
-        [&](Arena& a) {
-          const AttentionShape& s = g.rc.shape;
-          g.rc.q = a.Take(s.dtype, {s.B, s.L, s.Hq, s.D});
-          g.rc.k = a.Take(s.dtype, {s.B, s.L, s.Hkv, s.D});
-          g.rc.v = a.Take(s.dtype, {s.B, s.L, s.Hkv, s.D});
-          g.rc.out = a.Take(s.dtype, {s.B, s.L, s.Hq, s.D});
-          g.rc.lse = a.Take(DType::kF32, {s.B, s.Hq, s.L});
+        ctx, c, &g, &stage,
+        [&](Arena& a, ValidatedCall& rc) {
+          const AttentionShape& s = rc.shape;
+          rc.q = a.Take(s.dtype, {s.B, s.L, s.Hq, s.D});
+          rc.k = a.Take(s.dtype, {s.B, s.L, s.Hkv, s.D});
+          rc.v = a.Take(s.dtype, {s.B, s.L, s.Hkv, s.D});
+          rc.out = a.Take(s.dtype, {s.B, s.L, s.Hq, s.D});
+          rc.lse = a.Take(DType::kF32, {s.B, s.Hq, s.L});
         },
-        [&](int m, const GridHeads& h, BoxList* in_to, BoxList* in_from, BoxList* out_to, BoxList* out_from) {
+        [&](int m, const GridHeads& h, const ValidatedCall& rc, BoxList* in_to, BoxList* in_from, BoxList* out_to,
+            BoxList* out_from) {
           *in_to = {Heads(c.q, h, false), Heads(c.k, h, true), Heads(c.v, h, true)};
-          *in_from = {Tokens(g.rc.q, L, m), Tokens(g.rc.k, L, m), Tokens(g.rc.v, L, m)};
-          *out_to = {Tokens(g.rc.out, L, m), LseTokens(g.rc.lse, L, m)};
+          *in_from = {Tokens(rc.q, L, m), Tokens(rc.k, L, m), Tokens(rc.v, L, m)};
+          *out_to = {Tokens(rc.out, L, m), LseTokens(rc.lse, L, m)};
           *out_from = {Heads(c.out, h, false), LseHeads(c.lse, h)};
         });
-    if (local.ok()) local = ForwardWorkspace(ctx, ring, g.rc, &b);
+    if (local.ok()) local = ForwardWorkspace(ctx, ring, g.rc[0], &b);
   }
   uint64_t seq = 0;
   STRIA_RETURN_IF_ERROR(AgreeOnCall(ctx, RingOp::kForward, local, c, &seq));
   ctx.traffic() = Traffic();
-  STRIA_RETURN_IF_ERROR(
-      RunExchange(ctx, seq, kPhaseIn, "the all-to-all of q, k and v", in, send, receive, g.rc.stream));
-  Status st = ctx.backend().ForwardBegin(g.rc.shape, g.rc.q, g.rc.stream);
-  if (!st.ok()) return ctx.Fail(st);
-  STRIA_RETURN_IF_ERROR(ForwardSteps(ctx, ring, g.rc, seq, b));
-  return FinishExchange(ctx, seq, "the all-to-all of out and lse", out, send, receive, g.rc.stream);
+  void* stream = c.stream;
+  STRIA_RETURN_IF_ERROR(PostInputs(ctx, seq, g, &stage, stream));
+  std::vector<StepTime> times;
+  for (int k = 0; k < g.chunks; ++k) {
+    const ValidatedCall& rc = g.rc[static_cast<size_t>(k)];
+    STRIA_RETURN_IF_ERROR(FinishInputs(ctx, "the all-to-all of q, k and v", g, k, stage, stream));
+    Status st = ctx.backend().ForwardBegin(rc.shape, rc.q, stream);
+    if (!st.ok()) return ctx.Fail(st);
+    STRIA_RETURN_IF_ERROR(ForwardSteps(ctx, ring, rc, seq, b));
+    AddStepTimes(ctx, &times);
+    STRIA_RETURN_IF_ERROR(PostOutputs(ctx, seq, g, k, &stage, stream));
+  }
+  ctx.step_times() = times;
+  return FinishOutputs(ctx, "the all-to-all of out and lse", g, stage, stream);
 }
 
 Status GridBackward(Context& ctx, const ValidatedCall& c, Status local) {
-  const int U = ctx.ulysses_size();
   const RingGroup ring = RingGroup::Of(ctx);
   GridCall g;
-  Exchange in(U), out(U);
+  Staging stage;
   BackwardBuffers b;
-  void *send = nullptr, *receive = nullptr;
   if (local.ok()) {
     const int64_t L = c.shape.L;
     local = PrepareGrid(
-        ctx, c, &g, &in, &out, &send, &receive,
-        [&](Arena& a) {
-          const AttentionShape& s = g.rc.shape;
-          for (TensorView* t : {&g.rc.q, &g.rc.out, &g.rc.dout, &g.rc.dq}) *t = a.Take(s.dtype, {s.B, s.L, s.Hq, s.D});
-          for (TensorView* t : {&g.rc.k, &g.rc.v, &g.rc.dk, &g.rc.dv}) *t = a.Take(s.dtype, {s.B, s.L, s.Hkv, s.D});
-          g.rc.lse = a.Take(DType::kF32, {s.B, s.Hq, s.L});
+        ctx, c, &g, &stage,
+        [&](Arena& a, ValidatedCall& rc) {
+          const AttentionShape& s = rc.shape;
+          for (TensorView* t : {&rc.q, &rc.out, &rc.dout, &rc.dq}) *t = a.Take(s.dtype, {s.B, s.L, s.Hq, s.D});
+          for (TensorView* t : {&rc.k, &rc.v, &rc.dk, &rc.dv}) *t = a.Take(s.dtype, {s.B, s.L, s.Hkv, s.D});
+          rc.lse = a.Take(DType::kF32, {s.B, s.Hq, s.L});
         },
-        [&](int m, const GridHeads& h, BoxList* in_to, BoxList* in_from, BoxList* out_to, BoxList* out_from) {
+        [&](int m, const GridHeads& h, const ValidatedCall& rc, BoxList* in_to, BoxList* in_from, BoxList* out_to,
+            BoxList* out_from) {
           *in_to = {Heads(c.q, h, false),   Heads(c.k, h, true),     Heads(c.v, h, true),
                     Heads(c.out, h, false), Heads(c.dout, h, false), LseHeads(c.lse, h)};
-          *in_from = {Tokens(g.rc.q, L, m),   Tokens(g.rc.k, L, m),    Tokens(g.rc.v, L, m),
-                      Tokens(g.rc.out, L, m), Tokens(g.rc.dout, L, m), LseTokens(g.rc.lse, L, m)};
+          *in_from = {Tokens(rc.q, L, m),   Tokens(rc.k, L, m),    Tokens(rc.v, L, m),
+                      Tokens(rc.out, L, m), Tokens(rc.dout, L, m), LseTokens(rc.lse, L, m)};
           // Members that share a K/V head each send their part of its gradient: summed on arrival.
-          *out_to = {Tokens(g.rc.dq, L, m), Tokens(g.rc.dk, L, m), Tokens(g.rc.dv, L, m)};
+          *out_to = {Tokens(rc.dq, L, m), Tokens(rc.dk, L, m), Tokens(rc.dv, L, m)};
           *out_from = {Heads(c.dq, h, false), Heads(c.dk, h, true), Heads(c.dv, h, true)};
         });
-    if (local.ok()) local = BackwardWorkspace(ctx, ring, g.rc, &b);
+    if (local.ok()) local = BackwardWorkspace(ctx, ring, g.rc[0], &b);
   }
   uint64_t seq = 0;
   STRIA_RETURN_IF_ERROR(AgreeOnCall(ctx, RingOp::kBackward, local, c, &seq));
   ctx.traffic() = Traffic();
-  STRIA_RETURN_IF_ERROR(
-      RunExchange(ctx, seq, kPhaseIn, "the all-to-all of q, k, v, out, dout and lse", in, send, receive, g.rc.stream));
-  Status st = ctx.backend().BackwardBegin(g.rc.shape, g.rc.q, g.rc.out, g.rc.lse, g.rc.dout, g.rc.stream);
-  if (!st.ok()) return ctx.Fail(st);
-  STRIA_RETURN_IF_ERROR(BackwardSteps(ctx, ring, g.rc, seq, b));
+  void* stream = c.stream;
+  STRIA_RETURN_IF_ERROR(PostInputs(ctx, seq, g, &stage, stream));
+  std::vector<StepTime> times;
+  for (int k = 0; k < g.chunks; ++k) {
+    const ValidatedCall& rc = g.rc[static_cast<size_t>(k)];
+    STRIA_RETURN_IF_ERROR(FinishInputs(ctx, "the all-to-all of q, k, v, out, dout and lse", g, k, stage, stream));
+    Status st = ctx.backend().BackwardBegin(rc.shape, rc.q, rc.out, rc.lse, rc.dout, stream);
+    if (!st.ok()) return ctx.Fail(st);
+    STRIA_RETURN_IF_ERROR(BackwardSteps(ctx, ring, rc, seq, b));
+    AddStepTimes(ctx, &times);
+    STRIA_RETURN_IF_ERROR(PostOutputs(ctx, seq, g, k, &stage, stream));
+  }
+  ctx.step_times() = times;
   if (c.dsinks_given) {
     // This rank's part of the sinks' gradient covers its heads (over its group's tokens): the
     // others' entries are 0 (a sum of no parts), so that the ranks' parts still add up.
     const int64_t ends[2][2] = {{0, g.mine.q0}, {g.mine.q0 + g.mine.q, c.shape.Hq}};
     for (const auto& e : ends) {
       if (e[1] <= e[0]) continue;
-      st = ctx.backend().SumIntoBox(nullptr, 0, 0, SubBox(c.dsinks, 0, e[0], e[1] - e[0]), g.rc.stream);
+      Status st = ctx.backend().SumIntoBox(nullptr, 0, 0, SubBox(c.dsinks, 0, e[0], e[1] - e[0]), stream);
       if (!st.ok()) return ctx.Fail(st);
     }
   }
-  return FinishExchange(ctx, seq, "the all-to-all of dq, dk and dv", out, send, receive, g.rc.stream);
+  return FinishOutputs(ctx, "the all-to-all of dq, dk and dv", g, stage, stream);
 }
 
 }  // namespace stria

@@ -67,68 +67,95 @@ size_t Exchange::ReceiveBytes() const {
   return n;
 }
 
-Status RunExchange(Context& ctx, uint64_t seq, int phase, const char* what, const Exchange& x, void* send,
-                   void* receive, void* stream) {
-  const int U = ctx.ulysses_size(), u = ctx.group_rank(), base = ctx.ring_rank() * U;
-  Transport& tr = ctx.transport();
-  Backend& be = ctx.backend();
-  const int64_t tag = RingTag(seq, phase, MessageKind::kGrid);
-  std::vector<size_t> send_at(static_cast<size_t>(U)), receive_at(static_cast<size_t>(U));
+namespace {
+
+// Where each member's message starts in the send and the receive buffer.
+struct Offsets {
+  std::vector<size_t> send, receive;
+};
+Offsets OffsetsOf(const Exchange& x) {
+  Offsets o;
   size_t s = 0, r = 0;
-  for (int m = 0; m < U; ++m) {
-    send_at[static_cast<size_t>(m)] = s;
-    receive_at[static_cast<size_t>(m)] = r;
-    s += ListBytes(x.to[static_cast<size_t>(m)]);
-    r += ListBytes(x.from[static_cast<size_t>(m)]);
+  for (size_t m = 0; m < x.to.size(); ++m) {
+    o.send.push_back(s);
+    o.receive.push_back(r);
+    s += ListBytes(x.to[m]);
+    r += ListBytes(x.from[m]);
   }
-  char* out = static_cast<char*>(send);
-  char* in = static_cast<char*>(receive);
-  std::vector<RequestId> recvs(static_cast<size_t>(U)), sends(static_cast<size_t>(U));
-  // Every message packed first (its own share straight to where it is unpacked from), then one
-  // fence: an asynchronous backend packs on the call's stream, and the transport reads the buffers.
+  return o;
+}
+
+}  // namespace
+
+Status PackExchange(Context& ctx, const Exchange& x, void* send, void* receive, void* stream) {
+  const int U = ctx.ulysses_size(), u = ctx.group_rank();
+  const Offsets at = OffsetsOf(x);
   Status st;
   for (int m = 0; m < U && st.ok(); ++m) {
     const size_t mm = static_cast<size_t>(m);
-    char* dst = m == u ? in + receive_at[mm] : out + send_at[mm];
+    char* dst = m == u ? static_cast<char*>(receive) + at.receive[mm] : static_cast<char*>(send) + at.send[mm];
     for (const Box& b : x.to[mm]) {
-      if (st.ok()) st = be.PackBox(b, dst, stream);
+      if (st.ok()) st = ctx.backend().PackBox(b, dst, stream);
       dst += BoxBytes(b);
     }
   }
-  if (st.ok()) st = be.SyncStream(stream);
+  return st.ok() ? st : ctx.Fail(st);
+}
+
+Status PostExchange(Context& ctx, uint64_t seq, int phase, const Exchange& x, void* send, void* receive,
+                    PendingExchange* pending) {
+  const int U = ctx.ulysses_size(), u = ctx.group_rank(), base = ctx.ring_rank() * U;
+  Transport& tr = ctx.transport();
+  const int64_t tag = RingTag(seq, phase, MessageKind::kGrid);
+  const Offsets at = OffsetsOf(x);
+  pending->recvs.assign(static_cast<size_t>(U), 0);
+  pending->sends.assign(static_cast<size_t>(U), 0);
   // In rounds: at round i every member receives from the member i before it and sends to the one i
   // after it, a shift of the group, posted as a pair. So no one member's link takes every first
   // message, and a transport that launches a receive together with a send (NCCL: one group per
   // pair, the ring's own pattern) never holds a send that a peer's posted receive waits for.
+  Status st;
   for (int i = 1; i < U && st.ok(); ++i) {
     const size_t from = static_cast<size_t>((u - i + U) % U), to = static_cast<size_t>((u + i) % U);
-    st = tr.Irecv(base + static_cast<int>(from), tag, in + receive_at[from], ListBytes(x.from[from]), &recvs[from]);
+    st = tr.Irecv(base + static_cast<int>(from), tag, static_cast<char*>(receive) + at.receive[from],
+                  ListBytes(x.from[from]), &pending->recvs[from]);
     const size_t bytes = ListBytes(x.to[to]);
     if (st.ok()) st = ctx.CheckNotAborted();
-    if (st.ok()) st = tr.Isend(base + static_cast<int>(to), tag, out + send_at[to], bytes, &sends[to]);
+    if (st.ok())
+      st = tr.Isend(base + static_cast<int>(to), tag, static_cast<char*>(send) + at.send[to], bytes,
+                    &pending->sends[to]);
     if (st.ok()) {
       ctx.traffic().all_to_all_bytes += bytes;
       ++ctx.traffic().messages;
     }
   }
+  return st.ok() ? st : ctx.Fail(st);
+}
+
+Status FinishExchange(Context& ctx, const char* what, const Exchange& x, const PendingExchange& pending, void* receive,
+                      void* stream) {
+  const int U = ctx.ulysses_size(), u = ctx.group_rank(), base = ctx.ring_rank() * U;
+  Transport& tr = ctx.transport();
+  Status st;
   for (int m = 0; m < U && st.ok(); ++m) {
     if (m == u) continue;
     const std::string text = Format("%s from rank %d", what, base + m);
-    st = tr.Wait(recvs[static_cast<size_t>(m)], ctx.timeout_s(), text.c_str());
+    st = tr.Wait(pending.recvs[static_cast<size_t>(m)], ctx.timeout_s(), text.c_str());
   }
   for (int m = 0; m < U && st.ok(); ++m) {
     if (m == u) continue;
     const std::string text = Format("%s to rank %d", what, base + m);
-    st = tr.Wait(sends[static_cast<size_t>(m)], ctx.timeout_s(), text.c_str());
+    st = tr.Wait(pending.sends[static_cast<size_t>(m)], ctx.timeout_s(), text.c_str());
   }
   if (!st.ok()) return ctx.Fail(st);
   // Unpack, member by member; a box that several members fill (a shared K/V head's gradient) once,
   // with their sum in member order. Every member's message has the same layout (the members hold
   // equal shares of heads and tokens), so the parts of one box lie one message apart.
+  const Offsets at = OffsetsOf(x);
   std::map<const void*, std::vector<const char*>> sums;
   std::vector<const Box*> order;
   for (int m = 0; m < U; ++m) {
-    const char* src = in + receive_at[static_cast<size_t>(m)];
+    const char* src = static_cast<const char*>(receive) + at.receive[static_cast<size_t>(m)];
     for (const Box& b : x.from[static_cast<size_t>(m)]) {
       auto& list = sums[b.data];
       if (list.empty()) order.push_back(&b);
@@ -142,11 +169,23 @@ Status RunExchange(Context& ctx, uint64_t seq, int phase, const char* what, cons
     for (size_t k = 2; k < srcs.size(); ++k)
       if (static_cast<size_t>(srcs[k] - srcs[k - 1]) != step)
         return ctx.Fail(Error(STRIA_ERROR_INTERNAL, "a grid's exchange summed parts at uneven strides"));
-    st = be.SumIntoBox(srcs[0], step, static_cast<int>(srcs.size()), *b, stream);
+    st = ctx.backend().SumIntoBox(srcs[0], step, static_cast<int>(srcs.size()), *b, stream);
     if (!st.ok()) return ctx.Fail(st);
   }
   st = ctx.CheckNotAborted();
   return st.ok() ? st : ctx.Fail(st);
+}
+
+Status RunExchange(Context& ctx, uint64_t seq, int phase, const char* what, const Exchange& x, void* send,
+                   void* receive, void* stream) {
+  // Every message packed first, then one fence: an asynchronous backend packs on the call's
+  // stream, and the transport reads the buffers.
+  STRIA_RETURN_IF_ERROR(PackExchange(ctx, x, send, receive, stream));
+  Status st = ctx.backend().SyncStream(stream);
+  if (!st.ok()) return ctx.Fail(st);
+  PendingExchange pending;
+  STRIA_RETURN_IF_ERROR(PostExchange(ctx, seq, phase, x, send, receive, &pending));
+  return FinishExchange(ctx, what, x, pending, receive, stream);
 }
 
 }  // namespace stria

@@ -28,11 +28,24 @@ struct Exchange {
   size_t ReceiveBytes() const;
 };
 
-// Runs one phase among the members of this rank's group: `send` and `receive` (ring buffers) hold
-// at least SendBytes and ReceiveBytes. The backend packs and unpacks the boxes on `stream` (the
-// call's); the unpacking is queued there when this returns. Messages are tagged by the call's
-// `seq` and `phase`; `what` names the phase in timeout messages. Adds the bytes sent to other
-// members to ctx.traffic().
+// One phase among the members of this rank's group, in three parts, so that a call can keep
+// several phases in flight (a grid's head chunks) while it computes. `send` and `receive` (ring
+// buffers) hold at least SendBytes and ReceiveBytes.
+//  - PackExchange packs every message into `send` (this member's own share straight into
+//    `receive`) on `stream`, the call's: the caller synchronises the stream before posting.
+//  - PostExchange posts the receives and sends, tagged by the call's `seq` and `phase`, and adds
+//    the bytes sent to other members to ctx.traffic().
+//  - FinishExchange waits for them (`what` names the phase in timeout messages) and queues the
+//    unpacking on `stream`.
+// RunExchange is the three in a row.
+struct PendingExchange {
+  std::vector<RequestId> recvs, sends;
+};
+Status PackExchange(Context& ctx, const Exchange& x, void* send, void* receive, void* stream);
+Status PostExchange(Context& ctx, uint64_t seq, int phase, const Exchange& x, void* send, void* receive,
+                    PendingExchange* pending);
+Status FinishExchange(Context& ctx, const char* what, const Exchange& x, const PendingExchange& pending, void* receive,
+                      void* stream);
 Status RunExchange(Context& ctx, uint64_t seq, int phase, const char* what, const Exchange& x, void* send,
                    void* receive, void* stream);
 

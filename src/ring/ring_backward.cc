@@ -105,15 +105,15 @@ Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, u
     // step's compute.
     if (st.ok() && steps > 1) st = be.FenceBuffers();
     if (st.ok() && forward_block) {
-      st = tr.Irecv(prev, RingTag(seq, step, MessageKind::kKV), in.whole ? kv[(step + 1) % 2] : stage[1], in.bytes,
-                    &kv_recv);
+      st = tr.Irecv(prev, RingTag(seq, step, MessageKind::kKV, c.lane), in.whole ? kv[(step + 1) % 2] : stage[1],
+                    in.bytes, &kv_recv);
       if (st.ok())
-        st = tr.Isend(next, RingTag(seq, step, MessageKind::kKV), out.whole ? kv[step % 2] : stage[0], out.bytes,
-                      &kv_send);
+        st = tr.Isend(next, RingTag(seq, step, MessageKind::kKV, c.lane), out.whole ? kv[step % 2] : stage[0],
+                      out.bytes, &kv_send);
       if (st.ok()) CountSent(out.bytes, true, &ctx.traffic());
     }
     if (st.ok() && gets_partial)
-      st = tr.Irecv(prev, RingTag(seq, step, MessageKind::kDKV), dkv_in, partial.bytes, &dkv_recv);
+      st = tr.Irecv(prev, RingTag(seq, step, MessageKind::kDKV, c.lane), dkv_in, partial.bytes, &dkv_recv);
     if (!st.ok()) return ctx.Fail(st);
 
     StepTimer timer(be);
@@ -150,8 +150,8 @@ Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, u
       if (st.ok()) st = be.FenceBuffers();
       if (st.ok()) st = ctx.CheckNotAborted();
       if (st.ok())
-        st = tr.Isend(to, RingTag(seq, step + 1, MessageKind::kDKV), partial.whole ? mine : dkv_stage, partial.bytes,
-                      &dkv_send);
+        st = tr.Isend(to, RingTag(seq, step + 1, MessageKind::kDKV, c.lane), partial.whole ? mine : dkv_stage,
+                      partial.bytes, &dkv_send);
       if (st.ok()) CountSent(partial.bytes, false, &ctx.traffic());
       if (!st.ok()) return ctx.Fail(st);
     }
@@ -172,7 +172,7 @@ Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, u
     // Our own block's partial comes home after the last step (from the previous rank for N steps).
     const RingMessage home = DKVMessage(c, r, dkv_bytes);
     RequestId final_recv = 0;
-    Status st = tr.Irecv(home_from, RingTag(seq, steps, MessageKind::kDKV), dkv_in, home.bytes, &final_recv);
+    Status st = tr.Irecv(home_from, RingTag(seq, steps, MessageKind::kDKV, c.lane), dkv_in, home.bytes, &final_recv);
     if (st.ok()) st = tr.Wait(final_recv, ctx.timeout_s(), "the final dK/dV of this rank's block");
     if (st.ok()) st = tr.Wait(dkv_send, ctx.timeout_s(), "the last dK/dV partial");
     if (st.ok() && trimmed)  // the others' part joins the contribution kept home

@@ -13,10 +13,12 @@ namespace stria {
 // its phase in the step field (the kind takes two bits of the tag).
 enum class MessageKind : int64_t { kGrid = 0, kKV = 1, kDKV = 2, kPartial = 3 };
 
-// Tags are unique per (call, step, kind), so a late message of one call can never be taken for
-// a message of the next.
-inline int64_t RingTag(uint64_t seq, int64_t step, MessageKind kind) {
-  return static_cast<int64_t>((seq << 24) | (static_cast<uint64_t>(step) << 2) | static_cast<uint64_t>(kind));
+// Tags are unique per (call, lane, step, kind), so a late message of one call can never be taken
+// for a message of the next. A lane is one of the rings a call runs one after another (a grid's
+// head chunks, ValidatedCall::lane): up to 64 of them, of steps below 65536.
+inline int64_t RingTag(uint64_t seq, int64_t step, MessageKind kind, int lane = 0) {
+  const uint64_t field = (static_cast<uint64_t>(lane) << 16) | static_cast<uint64_t>(step);
+  return static_cast<int64_t>((seq << 24) | (field << 2) | static_cast<uint64_t>(kind));
 }
 
 inline double Seconds() {

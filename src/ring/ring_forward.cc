@@ -79,11 +79,11 @@ Status ForwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, ui
       // longer read by the previous step's compute.
       if (st.ok()) st = be.FenceBuffers();
       if (st.ok())
-        st = tr.Irecv(prev, RingTag(seq, step, MessageKind::kKV), in.whole ? kv[(step + 1) % 2] : stage[1], in.bytes,
-                      &recv);
+        st = tr.Irecv(prev, RingTag(seq, step, MessageKind::kKV, c.lane), in.whole ? kv[(step + 1) % 2] : stage[1],
+                      in.bytes, &recv);
       if (st.ok())
-        st =
-            tr.Isend(next, RingTag(seq, step, MessageKind::kKV), out.whole ? kv[step % 2] : stage[0], out.bytes, &send);
+        st = tr.Isend(next, RingTag(seq, step, MessageKind::kKV, c.lane), out.whole ? kv[step % 2] : stage[0],
+                      out.bytes, &send);
       if (!st.ok()) return ctx.Fail(st);
       CountSent(out.bytes, true, &ctx.traffic());
     }
