@@ -5,8 +5,9 @@
 # itself instead of compiling every unit a second time.
 #
 # A command with --keep-dir=DIR (the units' compile options add it with --keep and -Xptxas=-v)
-# leaves in DIR its sm_90a PTX (*.compute_90a.ptx) and ptxas's report (ptxas.log); nvcc's other
-# intermediate files are removed. ptxas's report stays out of the build's output: every other line
+# leaves in DIR its sm_90a PTX (sm_90a.ptx: nvcc names it after the unit, with the virtual
+# architecture when it builds several) and ptxas's report (ptxas.log); nvcc's other intermediate
+# files are removed. ptxas's report stays out of the build's output: every other line
 # nvcc prints (warnings, errors) passes through. Any other command runs unchanged.
 # Usage: ptxas_report.sh NVCC ARGS...
 keep=""
@@ -21,6 +22,10 @@ status=0
 grep -v -E '^ptxas info|^ +[0-9]+ bytes stack frame' "$keep/stderr.log" >&2
 mv "$keep/stderr.log" "$keep/ptxas.log"
 for file in "$keep"/*; do
-  case $file in *.compute_90a.ptx | */ptxas.log) ;; *) rm -f "$file" ;; esac
+  case $file in
+    */ptxas.log) ;;
+    *.ptx) if grep -q '^\.target sm_90a' "$file"; then mv "$file" "$keep/sm_90a.ptx"; else rm -f "$file"; fi ;;
+    *) rm -f "$file" ;;
+  esac
 done
 exit $status

@@ -12,8 +12,9 @@
 # UNITS_DIR: the translation units the build generated from kernels/cuda/kernel_matrix.def; the
 # sm_90a ones are the wgmma and tma units.
 # REPORTS_DIR: where the build kept each sm_90a unit's PTX and ptxas report
-# (kernels/cuda/ptxas_report.sh): REPORTS_DIR/<unit>/<unit>.compute_90a.ptx and ptxas.log. A unit
-# whose report is missing there, or without REPORTS_DIR, is compiled here with the module's flags.
+# (kernels/cuda/ptxas_report.sh): REPORTS_DIR/<unit>/sm_90a.ptx and ptxas.log; a unit without them
+# there fails (the build did not keep what it should have). A unit changed since its report, or
+# every unit without REPORTS_DIR, is compiled here with the module's flags.
 set -eu
 nvcc=$1 kernels=$2 python=$3 units=$4 reports=${5:-}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -28,10 +29,14 @@ for src in "$units"/wgmma_*.cu "$units"/tma_*.cu; do
   checked=$((checked + 1))
   unit=$(basename "$src" .cu)
   kept=$reports/$unit
-  if [ -n "$reports" ] && [ -f "$kept/$unit.compute_90a.ptx" ] && [ -f "$kept/ptxas.log" ] &&
-    [ ! "$src" -nt "$kept/ptxas.log" ]; then
+  if [ -n "$reports" ] && { [ ! -f "$kept/sm_90a.ptx" ] || [ ! -f "$kept/ptxas.log" ]; }; then
+    echo "$src: the build kept no sm_90a PTX or ptxas report in $kept (kernels/cuda/ptxas_report.sh)"
+    status=1
+    continue
+  fi
+  if [ -n "$reports" ] && [ ! "$src" -nt "$kept/ptxas.log" ]; then
     echo "$src (as the build compiled it):"
-    ptx=$kept/$unit.compute_90a.ptx
+    ptx=$kept/sm_90a.ptx
     log=$kept/ptxas.log
   else
     # The flags of the module's sm_90a pass (kernels/cuda/CMakeLists.txt), less the host ones.
