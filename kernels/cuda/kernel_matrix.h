@@ -33,13 +33,14 @@ namespace cuda {
 enum class Pass { kForward, kBackward, kBackwardKv, kBackwardDq };
 
 // Head dim 256 (Gemma's) is built where a family's pass has it (HasWideHeadDim): every forward
-// (shorter K/V tiles there: shared memory; mma.sync with a warp per 16 rows) and the Hopper
-// families' backward, atomic and deterministic (kernels of their own: wgmma_backward_wide.cuh for
-// dK/dV, with or without dQ; the dQ pass with one warpgroup a CTA). mma.sync's backward, both
-// kinds, takes the SIMT kernels at that head dim: launch.cu's dispatch asks EntryHasHeadDim.
+// (shorter K/V tiles there: shared memory; mma.sync with a warp per 16 rows), every backward
+// (mma.sync's with two warps per 16 keys; the Hopper families' kernels of their own:
+// wgmma_backward_wide.cuh for dK/dV, with or without dQ) and the Hopper families' deterministic
+// passes (the wgmma dQ pass with one warpgroup a CTA). mma.sync's deterministic passes take the
+// SIMT kernels at that head dim: launch.cu's dispatch asks EntryHasHeadDim.
 constexpr int kWideHeadDim = 256;
 constexpr bool HasWideHeadDim(Kernels family, Pass pass) {
-  return pass == Pass::kForward || family == Kernels::kWgmma || family == Kernels::kTma;
+  return pass == Pass::kForward || pass == Pass::kBackward || family == Kernels::kWgmma || family == Kernels::kTma;
 }
 constexpr bool EntryHasHeadDim(Kernels family, Pass pass, int D) {
 #define STRIA_KERNEL_IS_HEAD_DIM(d) || D == d

@@ -1,6 +1,11 @@
 // Tensor-core backward tile kernel: one CTA of 4 warps owns 64 keys of one K/V head (16 keys per
 // warp) of a ring block and walks every query tile (of every query head sharing that K/V head)
-// that can see them. Per query tile it recomputes P^T = exp2(K Q^T * scale_log2 - lse2) from the
+// that can see them. At head dim 256 a warp cannot hold dK and dV of its 16 keys over every column
+// (256 accumulators a thread): the CTA has 8 warps, two per 16 keys, each with dK and dV over half
+// the columns; both compute the keys' S^T and dP^T (the products' reduction runs over every
+// column), which keeps P^T and dS^T in the registers that dV and dK read, at the cost of computing
+// those two products twice. Its 16-query steps keep shared memory at 86 KB, under the 99 KB of
+// Ampere's and Ada's smaller SMs. Per query tile it recomputes P^T = exp2(K Q^T * scale_log2 - lse2) from the
 // forward's LSE, and with dP^T = V dO^T and dS^T = P^T (dP^T - delta):
 //   dV += P^T dO and dK += dS^T Q  in registers (this CTA alone owns these keys), and
 //   dQ += dS K                     through shared memory and float atomics into dq_acc.
@@ -16,20 +21,24 @@ namespace cuda {
 
 template <int D>
 struct BwdTile {
-  static constexpr int kN = 64, kThreads = 128;
-  static constexpr int kM = D <= 64 ? 64 : 32;  // queries per step: keeps dK/dV/S/dP in registers
+  static constexpr int kHalves = D > 128 ? 2 : 1;  // warps per 16 keys, each with D / kHalves columns
+  static constexpr int kN = 64, kWarps = 4 * kHalves, kThreads = 32 * kWarps;
+  // Queries per step: keeps dK/dV/S/dP in registers (and, at D 256, shared memory under 99 KB).
+  static constexpr int kM = D <= 64 ? 64 : D <= 128 ? 32 : 16;
   static constexpr int kStride = SmemRow<D>::kStride;
   static constexpr int kDsStride = kM + 8;
   static constexpr int kSmemBytes = (2 * kN + 2 * kM) * kStride * 2 + kN * kDsStride * 2 + 2 * kM * 4;
 };
 
 template <typename T, int D, bool kDocs = false, bool kDq = true>
-STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) MmaBackwardKernel(const BwdParams p) {
+STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(BwdTile<D>::kThreads) MmaBackwardKernel(const BwdParams p) {
   using Tile = BwdTile<D>;
-  constexpr int S = Tile::kStride, kM = Tile::kM, kN = Tile::kN, kDs = Tile::kDsStride;
-  constexpr int kDTiles = D / 8, kKSteps = D / 16, kQTiles = kM / 8;
-  // dQ = dS K: the CTA's kM x D output split among the 4 warps by 16-row groups and column slices.
-  constexpr int kRowGroups = kM / 16, kColSplit = 4 / kRowGroups, kQCols = D / kColSplit;
+  constexpr int S = Tile::kStride, kM = Tile::kM, kN = Tile::kN, kDs = Tile::kDsStride, kThreads = Tile::kThreads;
+  constexpr int kKSteps = D / 16, kQTiles = kM / 8;
+  // This warp's columns of dK and dV: kCols from ch * kCols (ch: which half, at D 256).
+  constexpr int kCols = D / Tile::kHalves, kDTiles = kCols / 8;
+  // dQ = dS K: the CTA's kM x D output split among the warps by 16-row groups and column slices.
+  constexpr int kRowGroups = kM / 16, kColSplit = Tile::kWarps / kRowGroups, kQCols = D / kColSplit;
   STRIA_DYNAMIC_SMEM(smem_raw);
   uint16_t* ks = reinterpret_cast<uint16_t*>(smem_raw);
   uint16_t* vs = ks + kN * S;
@@ -41,6 +50,9 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) MmaBackwardKernel(const BwdParams p) 
 
   const Dims& d = p.dims;
   const int warp = warp_id(), lane = lane_id(), g = lane >> 2, t4 = lane & 3;
+  // This warp's 16 keys (kw * 16..) and column half; constants where there is one half, so that
+  // the D 64 and 128 kernels compile as they did before the halves.
+  const int kw = Tile::kHalves == 1 ? warp : warp % 4, ch = Tile::kHalves == 1 ? 0 : warp / 4;
   const CtaSlot cta = CtaSlotOf();
   const int bhk = static_cast<int>(cta.head), b = bhk / d.Hkv, hk = bhk % d.Hkv;
   const int group = d.Hq / d.Hkv;
@@ -50,12 +62,12 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) MmaBackwardKernel(const BwdParams p) 
   const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, b) : MaskArgs{};
   const MaskArgs& mask = kDocs ? docs_mask : p.mask;
   const TileRun queries = QueryTilesOf<kDocs>(mask, j0, MinI(j0 + kN, d.L), kM);
-  if (queries.count == 0) return ZeroKeyGrads<T>(p, b, hk, j0, kN, Tile::kThreads);  // before any barrier
+  if (queries.count == 0) return ZeroKeyGrads<T>(p, b, hk, j0, kN, kThreads);  // before any barrier
 
   const int64_t kv_row = static_cast<int64_t>(d.Hkv) * D;
   const int64_t kv_off = (static_cast<int64_t>(b) * d.L * d.Hkv + hk) * D;
-  LoadRows<D, 128>(ks, static_cast<const uint16_t*>(p.k) + kv_off, kv_row, j0, kN, d.L);
-  LoadRows<D, 128>(vs, static_cast<const uint16_t*>(p.v) + kv_off, kv_row, j0, kN, d.L);
+  LoadRows<D, kThreads>(ks, static_cast<const uint16_t*>(p.k) + kv_off, kv_row, j0, kN, d.L);
+  LoadRows<D, kThreads>(vs, static_cast<const uint16_t*>(p.v) + kv_off, kv_row, j0, kN, d.L);
   cp_async_commit();
 
   float dk[kDTiles][4], dv[kDTiles][4];
@@ -63,7 +75,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) MmaBackwardKernel(const BwdParams p) 
   for (int nt = 0; nt < kDTiles; ++nt)
     for (int c = 0; c < 4; ++c) dk[nt][c] = dv[nt][c] = 0.f;
   int64_t key[2];
-  for (int e = 0; e < 2; ++e) key[e] = j0 + warp * 16 + g + e * 8;
+  for (int e = 0; e < 2; ++e) key[e] = j0 + kw * 16 + g + e * 8;
 
   const int rg = warp % kRowGroups, cs = warp / kRowGroups;
   for (int gi = 0; gi < group; ++gi) {
@@ -74,10 +86,10 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) MmaBackwardKernel(const BwdParams p) 
     for (int qt = 0; qt < queries.count; ++qt) {
       const int64_t i0 = queries.first + static_cast<int64_t>(qt) * kM;
       block_sync();  // the previous step's readers of qs/dos/dss/lse2s are done
-      LoadRows<D, 128>(qs, qg, p.q.sl, i0, kM, d.L);
-      LoadRows<D, 128>(dos, dog, p.dout.sl, i0, kM, d.L);
+      LoadRows<D, kThreads>(qs, qg, p.q.sl, i0, kM, d.L);
+      LoadRows<D, kThreads>(dos, dog, p.dout.sl, i0, kM, d.L);
       cp_async_commit();
-      for (int r = static_cast<int>(threadIdx.x); r < kM; r += 128) {
+      for (int r = static_cast<int>(threadIdx.x); r < kM; r += kThreads) {
         const bool in = i0 + r < d.L;
         // +inf makes exp2(s - lse2) = 0 for rows past the end.
         lse2s[r] = in ? p.lse2[bh * d.L + i0 + r] : PosInf();
@@ -94,8 +106,8 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) MmaBackwardKernel(const BwdParams p) 
       STRIA_UNROLL
       for (int kk = 0; kk < kKSteps; ++kk) {
         uint32_t ka[4], va[4];
-        LoadA<S>(ka, ks, warp * 16, kk * 16);
-        LoadA<S>(va, vs, warp * 16, kk * 16);
+        LoadA<S>(ka, ks, kw * 16, kk * 16);
+        LoadA<S>(va, vs, kw * 16, kk * 16);
         STRIA_UNROLL
         for (int np = 0; np < kQTiles / 2; ++np) {
           uint32_t qb[4], db[4];
@@ -128,16 +140,16 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) MmaBackwardKernel(const BwdParams p) 
             st[nt][c] = pr;
             dpt[nt][c] = vis ? pr * (dpt[nt][c] - deltas[qi]) * slope : 0.f;
           }
-          if (!kDq) continue;
+          if (!kDq || ch != 0) continue;  // the other half's warp holds the same values
           // dS^T into shared memory (rows: keys, columns: queries) for dQ = dS K below.
-          uint32_t* row0 = reinterpret_cast<uint32_t*>(dss + (warp * 16 + g) * kDs + nt * 8 + 2 * t4);
-          uint32_t* row1 = reinterpret_cast<uint32_t*>(dss + (warp * 16 + g + 8) * kDs + nt * 8 + 2 * t4);
+          uint32_t* row0 = reinterpret_cast<uint32_t*>(dss + (kw * 16 + g) * kDs + nt * 8 + 2 * t4);
+          uint32_t* row1 = reinterpret_cast<uint32_t*>(dss + (kw * 16 + g + 8) * kDs + nt * 8 + 2 * t4);
           *row0 = pack2<T>(dpt[nt][0], dpt[nt][1]);
           *row1 = pack2<T>(dpt[nt][2], dpt[nt][3]);
         }
       });
 
-      // dV += P^T dO, dK += dS^T Q.
+      // dV += P^T dO, dK += dS^T Q, over this warp's columns.
       STRIA_UNROLL
       for (int kq = 0; kq < kM / 16; ++kq) {
         uint32_t pa[4], sa[4];
@@ -146,8 +158,8 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) MmaBackwardKernel(const BwdParams p) 
         STRIA_UNROLL
         for (int dp = 0; dp < kDTiles / 2; ++dp) {
           uint32_t ob[4], qb[4];
-          LoadBFromRowsK<S>(ob, dos, kq * 16, dp * 16);
-          LoadBFromRowsK<S>(qb, qs, kq * 16, dp * 16);
+          LoadBFromRowsK<S>(ob, dos, kq * 16, ch * kCols + dp * 16);
+          LoadBFromRowsK<S>(qb, qs, kq * 16, ch * kCols + dp * 16);
           mma_16816<T>(dv[2 * dp], pa, ob);
           mma_16816<T>(dv[2 * dp + 1], pa, ob + 2);
           mma_16816<T>(dk[2 * dp], sa, qb);
@@ -190,8 +202,9 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) MmaBackwardKernel(const BwdParams p) 
     if (key[e] >= d.L) continue;
     STRIA_UNROLL
     for (int nt = 0; nt < kDTiles; ++nt) {
-      StoreKeyGrad<T>(p, b, hk, key[e], nt * 8 + 2 * t4, dk[nt][2 * e] * p.scale, dv[nt][2 * e]);
-      StoreKeyGrad<T>(p, b, hk, key[e], nt * 8 + 2 * t4 + 1, dk[nt][2 * e + 1] * p.scale, dv[nt][2 * e + 1]);
+      const int col = ch * kCols + nt * 8 + 2 * t4;
+      StoreKeyGrad<T>(p, b, hk, key[e], col, dk[nt][2 * e] * p.scale, dv[nt][2 * e]);
+      StoreKeyGrad<T>(p, b, hk, key[e], col + 1, dk[nt][2 * e + 1] * p.scale, dv[nt][2 * e + 1]);
     }
   }
 }

@@ -69,8 +69,9 @@ void ForwardTiles(const sc::FwdParams& p, void (*kernel)(sc::FwdParams)) {
 }
 template <typename T, int D>
 void MmaBackward(const sc::BwdParams& p) {
-  emu::Launch(emu::Dim3{CeilDiv(p.dims.L, 64), static_cast<unsigned>(p.dims.B * p.dims.Hkv), 1}, emu::Dim3{128, 1, 1},
-              sc::BwdTile<D>::kSmemBytes, [&] { sc::MmaBackwardKernel<T, D>(p); });
+  using Tile = sc::BwdTile<D>;
+  emu::Launch(emu::Dim3{CeilDiv(p.dims.L, Tile::kN), static_cast<unsigned>(p.dims.B * p.dims.Hkv), 1},
+              emu::Dim3{Tile::kThreads, 1, 1}, Tile::kSmemBytes, [&] { sc::MmaBackwardKernel<T, D>(p); });
 }
 template <typename T, int D>
 void WgmmaBackward(const sc::BwdParams& p) {
@@ -160,10 +161,10 @@ void Backward(Path path, const sc::BwdParams& p) {
     if (path == Path::kTma && p.dims.D == 128) return TmaBackward<T, 128>(p);
     if (path == Path::kWgmma && p.dims.D == 64) return WgmmaBackward<T, 64>(p);
     if (path == Path::kWgmma && p.dims.D == 128) return WgmmaBackward<T, 128>(p);
-    // Head dim 256: both Hopper families run the wgmma kernel that splits the columns; mma.sync
-    // has no backward there, the dispatcher takes SIMT's.
+    // Head dim 256: both Hopper families run the wgmma kernel that splits the columns between its
+    // warpgroups; mma.sync's splits them between two warps per 16 keys.
     if (path != Path::kMma && p.dims.D == 256) return WideBackward<T, 256>(p);
-    if (p.dims.D == 256) return SimtBackward<T>(p);
+    if (p.dims.D == 256) return MmaBackward<T, 256>(p);
     if (p.dims.D == 64) return MmaBackward<T, 64>(p);
     if (p.dims.D == 128) return MmaBackward<T, 128>(p);
   }
@@ -488,10 +489,11 @@ std::vector<Case> Cases() {
       capped.softcap = 2.f;
       cs.push_back(capped);
     }
-  // Head dim 256 on the Hopper forwards (64-key tiles, o of 128 floats a thread): four key tiles
-  // a CTA (the K/V buffers and stages wrap twice), causal offsets, GQA, two CTAs over two batch
-  // rows, softcap, idle CTAs of a last block; the backward's 64-key CTAs walk up to five query
-  // tiles (the Q/dO stages wrap) and, under GQA, each head's.
+  // Head dim 256 on every family (the Hopper forwards' 64-key tiles, o of 128 floats a thread;
+  // mma.sync's forward with a warp per 16 rows): four key tiles a CTA (the K/V buffers and stages
+  // wrap twice), causal offsets, GQA, two CTAs over two batch rows, softcap, idle CTAs of a last
+  // block; the backward's 64-key CTAs walk up to five query tiles (the Q/dO stages wrap; mma.sync's
+  // 16-query steps, thirteen) and, under GQA, each head's.
   for (Path path : {Path::kMma, Path::kWgmma, Path::kTma}) {
     cs.push_back(
         Case{"d256_causal_then_dense", Dt::kBF16, path, 1, 200, 4, 2, 256, {{Diagonal(200, 0), 30}, {Dense(200), 31}}});

@@ -389,8 +389,10 @@ std::vector<Case> ShapesAndPaths() {
       cases.push_back(Case{n, lay, true, Dt::kBF16, 2, 136, 4, 1, 128});
       cases.push_back(Case{n, lay, false, Dt::kF16, 1, 136, 2, 2, 128});
     }
-  // D = 256 on the family the cases take here (mma.sync: its forward, SIMT's backward).
+  // D = 256 on the family the cases take here (mma.sync: its forward, and its backward with two
+  // warps per 16 keys): a block of five 16-query steps and two key tiles, GQA; documents.
   cases.push_back(Case{2, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 1, 72, 2, 1, 256});
+  cases.push_back(Case{3, STRIA_LAYOUT_ZIGZAG, false, Dt::kF16, 2, 88, 4, 2, 256});
   // The SIMT kernels: float32, head dims the tensor cores do not take, and forced for bf16.
   for (int n : {1, 2, 5, 8})
     for (stria_layout_t lay : {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG})
