@@ -54,6 +54,23 @@ STRIA_DEVICE void StoreKeyGrads(const BwdParams& p, int b, int hk, const int64_t
 }
 
 #if STRIA_HAS_WGMMA  // BackwardStep issues wgmma: sm_90a (and the emulator) only
+// dQ (64 x 64) = dS (rows 64 qb.., all kN keys) K (columns 64 cb..), issued and committed, not
+// waited for: A is dS^T's column block qb (keys as rows, at `ds_addr`) read MN-major, B is K's
+// column block cb (at `k_addr`) read MN-major.
+template <typename T, int kN>
+STRIA_DEVICE void IssueDsK(float (&dq)[32], uint32_t ds_addr, uint32_t k_addr, int qb, int cb) {
+  wgmma_fence();
+  STRIA_UNROLL
+  for (int kk = 0; kk < kN / 16; ++kk) {
+    const uint64_t da = SwizzledDesc(ds_addr + qb * kN * kSwizzleBytes + kk * 16 * kSwizzleBytes, kN * kSwizzleBytes,
+                                     kSwizzleAtomBytes);
+    const uint64_t db =
+        SwizzledDesc(k_addr + cb * kN * kSwizzleBytes + kk * 16 * kSwizzleBytes, kN * kSwizzleBytes, kSwizzleAtomBytes);
+    wgmma_ss_tt<T, 64>(dq, da, db, kk > 0);
+  }
+  wgmma_commit();
+}
+
 // One query tile of a backward CTA, for warpgroup `wg` (keys j0 + 64 wg ..): S^T and dP^T, P^T and
 // dS^T in registers, dS^T to shared memory (`dss`) for dQ, dV += P^T dO and dK += dS^T Q, then
 // dQ = dS K added to dq_acc with atomics. The tiles are in shared memory at the given window
@@ -153,19 +170,9 @@ STRIA_DEVICE void BackwardStep(const BwdParams& p, const MaskArgs& mask, int64_t
   }
   published();
 
-  // dQ (64 x 64) = dS (rows 64 qb.., all kN keys) K (columns 64 cb..): A is dS^T's column block
-  // qb read MN-major, B is K's column block cb read MN-major.
+  // dQ (64 x 64) = dS (rows 64 qb.., all kN keys) K (columns 64 cb..).
   float dq[32];
-  wgmma_fence();
-  STRIA_UNROLL
-  for (int kk = 0; kk < kN / 16; ++kk) {
-    const uint64_t da = SwizzledDesc(ds_addr + qb * kN * kSwizzleBytes + kk * 16 * kSwizzleBytes, kN * kSwizzleBytes,
-                                     kSwizzleAtomBytes);
-    const uint64_t db =
-        SwizzledDesc(k_addr + cb * kN * kSwizzleBytes + kk * 16 * kSwizzleBytes, kN * kSwizzleBytes, kSwizzleAtomBytes);
-    wgmma_ss_tt<T, 64>(dq, da, db, kk > 0);
-  }
-  wgmma_commit();
+  IssueDsK<T, kN>(dq, ds_addr, k_addr, qb, cb);
   wgmma_wait<0>();
   wgmma_fence_operand(dq);
   wgmma_fence_operand(dv);

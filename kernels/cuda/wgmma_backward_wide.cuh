@@ -127,15 +127,7 @@ STRIA_DEVICE void WideBackwardStep(const BwdParams& p, const MaskArgs& mask, int
     for (int c = 0; c < kCols / 64; ++c) {
       const int cb = kCols * wg / 64 + c;
       float dq[32];
-      wgmma_fence();
-      STRIA_UNROLL
-      for (int kk = 0; kk < kN / 16; ++kk) {
-        const uint64_t da = SwizzledDesc(ds_addr + kk * 16 * kSwizzleBytes, kN * kSwizzleBytes, kSwizzleAtomBytes);
-        const uint64_t db = SwizzledDesc(k_addr + cb * kN * kSwizzleBytes + kk * 16 * kSwizzleBytes, kN * kSwizzleBytes,
-                                         kSwizzleAtomBytes);
-        wgmma_ss_tt<T, 64>(dq, da, db, kk > 0);
-      }
-      wgmma_commit();
+      IssueDsK<T, kN>(dq, ds_addr, k_addr, 0, cb);
       wgmma_wait<0>();
       wgmma_fence_operand(dq);
       wgmma_fence_operand(dv);

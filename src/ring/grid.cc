@@ -213,6 +213,24 @@ void AddStepTimes(Context& ctx, std::vector<StepTime>* sum) {
   }
 }
 
+// What both directions run after the agreement: every chunk's inputs posted; per chunk, its inputs
+// in, its ring (ring(rc): the backend's Begin and the ring's steps), its outputs posted. The call's
+// step times are the chunks' sums. The outputs are finished by the caller.
+template <typename Ring>
+Status RunChunks(Context& ctx, uint64_t seq, const GridCall& g, Staging* s, void* stream, const char* what_in,
+                 Ring ring) {
+  STRIA_RETURN_IF_ERROR(PostInputs(ctx, seq, g, s, stream));
+  std::vector<StepTime> times;
+  for (int k = 0; k < g.chunks; ++k) {
+    STRIA_RETURN_IF_ERROR(FinishInputs(ctx, what_in, g, k, *s, stream));
+    STRIA_RETURN_IF_ERROR(ring(g.rc[static_cast<size_t>(k)]));
+    AddStepTimes(ctx, &times);
+    STRIA_RETURN_IF_ERROR(PostOutputs(ctx, seq, g, k, s, stream));
+  }
+  ctx.step_times() = times;
+  return Status::Ok();
+}
+
 // What both directions prepare before the agreement: the chunks' ring calls, their tensors carved
 // from the arena (carve(arena, rc) takes them into rc, counted first, then placed), each chunk's
 // and member's boxes of both exchanges (boxes(chunk, m, chunk k of m's heads, rc, in, out)), and
@@ -270,18 +288,11 @@ Status GridForward(Context& ctx, const ValidatedCall& c, Status local) {
   STRIA_RETURN_IF_ERROR(AgreeOnCall(ctx, RingOp::kForward, local, c, &seq));
   ctx.traffic() = Traffic();
   void* stream = c.stream;
-  STRIA_RETURN_IF_ERROR(PostInputs(ctx, seq, g, &stage, stream));
-  std::vector<StepTime> times;
-  for (int k = 0; k < g.chunks; ++k) {
-    const ValidatedCall& rc = g.rc[static_cast<size_t>(k)];
-    STRIA_RETURN_IF_ERROR(FinishInputs(ctx, "the all-to-all of q, k and v", g, k, stage, stream));
-    Status st = ctx.backend().ForwardBegin(rc.shape, rc.q, stream);
-    if (!st.ok()) return ctx.Fail(st);
-    STRIA_RETURN_IF_ERROR(ForwardSteps(ctx, ring, rc, seq, b));
-    AddStepTimes(ctx, &times);
-    STRIA_RETURN_IF_ERROR(PostOutputs(ctx, seq, g, k, &stage, stream));
-  }
-  ctx.step_times() = times;
+  STRIA_RETURN_IF_ERROR(
+      RunChunks(ctx, seq, g, &stage, stream, "the all-to-all of q, k and v", [&](const ValidatedCall& rc) {
+        const Status st = ctx.backend().ForwardBegin(rc.shape, rc.q, stream);
+        return st.ok() ? ForwardSteps(ctx, ring, rc, seq, b) : ctx.Fail(st);
+      }));
   return FinishOutputs(ctx, "the all-to-all of out and lse", g, stage, stream);
 }
 
@@ -316,18 +327,11 @@ Status GridBackward(Context& ctx, const ValidatedCall& c, Status local) {
   STRIA_RETURN_IF_ERROR(AgreeOnCall(ctx, RingOp::kBackward, local, c, &seq));
   ctx.traffic() = Traffic();
   void* stream = c.stream;
-  STRIA_RETURN_IF_ERROR(PostInputs(ctx, seq, g, &stage, stream));
-  std::vector<StepTime> times;
-  for (int k = 0; k < g.chunks; ++k) {
-    const ValidatedCall& rc = g.rc[static_cast<size_t>(k)];
-    STRIA_RETURN_IF_ERROR(FinishInputs(ctx, "the all-to-all of q, k, v, out, dout and lse", g, k, stage, stream));
-    Status st = ctx.backend().BackwardBegin(rc.shape, rc.q, rc.out, rc.lse, rc.dout, stream);
-    if (!st.ok()) return ctx.Fail(st);
-    STRIA_RETURN_IF_ERROR(BackwardSteps(ctx, ring, rc, seq, b));
-    AddStepTimes(ctx, &times);
-    STRIA_RETURN_IF_ERROR(PostOutputs(ctx, seq, g, k, &stage, stream));
-  }
-  ctx.step_times() = times;
+  STRIA_RETURN_IF_ERROR(RunChunks(
+      ctx, seq, g, &stage, stream, "the all-to-all of q, k, v, out, dout and lse", [&](const ValidatedCall& rc) {
+        const Status st = ctx.backend().BackwardBegin(rc.shape, rc.q, rc.out, rc.lse, rc.dout, stream);
+        return st.ok() ? BackwardSteps(ctx, ring, rc, seq, b) : ctx.Fail(st);
+      }));
   if (c.dsinks_given) {
     // This rank's part of the sinks' gradient covers its heads (over its group's tokens): the
     // others' entries are 0 (a sum of no parts), so that the ranks' parts still add up.

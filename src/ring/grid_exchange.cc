@@ -176,16 +176,4 @@ Status FinishExchange(Context& ctx, const char* what, const Exchange& x, const P
   return st.ok() ? st : ctx.Fail(st);
 }
 
-Status RunExchange(Context& ctx, uint64_t seq, int phase, const char* what, const Exchange& x, void* send,
-                   void* receive, void* stream) {
-  // Every message packed first, then one fence: an asynchronous backend packs on the call's
-  // stream, and the transport reads the buffers.
-  STRIA_RETURN_IF_ERROR(PackExchange(ctx, x, send, receive, stream));
-  Status st = ctx.backend().SyncStream(stream);
-  if (!st.ok()) return ctx.Fail(st);
-  PendingExchange pending;
-  STRIA_RETURN_IF_ERROR(PostExchange(ctx, seq, phase, x, send, receive, &pending));
-  return FinishExchange(ctx, what, x, pending, receive, stream);
-}
-
 }  // namespace stria

@@ -37,7 +37,6 @@ struct Exchange {
 //    the bytes sent to other members to ctx.traffic().
 //  - FinishExchange waits for them (`what` names the phase in timeout messages) and queues the
 //    unpacking on `stream`.
-// RunExchange is the three in a row.
 struct PendingExchange {
   std::vector<RequestId> recvs, sends;
 };
@@ -46,7 +45,5 @@ Status PostExchange(Context& ctx, uint64_t seq, int phase, const Exchange& x, vo
                     PendingExchange* pending);
 Status FinishExchange(Context& ctx, const char* what, const Exchange& x, const PendingExchange& pending, void* receive,
                       void* stream);
-Status RunExchange(Context& ctx, uint64_t seq, int phase, const char* what, const Exchange& x, void* send,
-                   void* receive, void* stream);
 
 }  // namespace stria
