@@ -63,6 +63,21 @@ TEST(Signature, FieldsOutsideTheirEnumsAreMalformed) {
   }
 }
 
+// Ranks whose grids chunk the heads differently (STRIA_GRID_CHUNKS set apart) would exchange
+// messages of different sizes: the agreement names the rank instead.
+TEST(Signature, GridHeadChunksMustAgree) {
+  auto all = Ranks(3);
+  for (auto& s : all) {
+    s.grid = 3;
+    s.grid_chunks = 2;
+  }
+  all[1].grid_chunks = 1;
+  const Status s = CheckAgreement(all.data(), 3, 0);
+  EXPECT_EQ(s.code(), STRIA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("of all-to-all groups of 3, 1 head chunks"), std::string::npos) << s.message();
+}
+
 TEST(Signature, TagMessagesNameUntaggedCallsAndCountTheMajority) {
   auto all = Ranks(3, 0xa);
   all[2].tag = 0xb;

@@ -8,6 +8,7 @@
 #include "core/raw_enum.h"
 #include "core/struct_size.h"
 #include "engine/plan_registry.h"
+#include "ring/grid.h"
 #include "ring/grid_heads.h"
 
 namespace stria {
@@ -366,6 +367,8 @@ Status AgreeOnCall(Context& ctx, RingOp op, const Status& local, const Validated
     sig.softcap = c.shape.softcap;
     sig.sinks = c.sinks_given ? 1 : 0;
     sig.grid = ctx.ulysses_size();
+    if (sig.grid > 1 && (op == RingOp::kForward || op == RingOp::kBackward))
+      sig.grid_chunks = GridChunkCount(ctx, c.shape);
   }
   std::vector<CallSignature> all(static_cast<size_t>(ctx.world_size()));
   const std::string what = Format("%s call #%llu", RingOpName(op), static_cast<unsigned long long>(*seq));

@@ -84,7 +84,7 @@ struct GridCall {
 void RingCallsOf(const Context& ctx, const ValidatedCall& c, GridCall* g) {
   const int U = ctx.ulysses_size();
   g->mine = HeadsOfMember(c.shape.Hq, c.shape.Hkv, U, ctx.group_rank());
-  g->chunks = ChunkCount(g->mine, c.shape.Hkv, U);
+  g->chunks = GridChunkCount(ctx, c.shape);
   for (int k = 0; k < g->chunks; ++k) {
     std::vector<GridHeads> members;
     for (int m = 0; m < U; ++m) members.push_back(ChunkOf(HeadsOfMember(c.shape.Hq, c.shape.Hkv, U, m), g->chunks, k));
@@ -257,6 +257,11 @@ Status PrepareGrid(Context& ctx, const ValidatedCall& c, GridCall* g, Staging* s
 using BoxList = std::vector<Box>;
 
 }  // namespace
+
+int GridChunkCount(const Context& ctx, const AttentionShape& s) {
+  const int U = ctx.ulysses_size();
+  return ChunkCount(HeadsOfMember(s.Hq, s.Hkv, U, ctx.group_rank()), s.Hkv, U);
+}
 
 Status GridForward(Context& ctx, const ValidatedCall& c, Status local) {
   const RingGroup ring = RingGroup::Of(ctx);

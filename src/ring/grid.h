@@ -13,5 +13,9 @@ namespace stria {
 // rank (its local tokens, every head), `local` its validation's result.
 Status GridForward(Context& ctx, const ValidatedCall& c, Status local);
 Status GridBackward(Context& ctx, const ValidatedCall& c, Status local);
+// How many head chunks this rank's part of a grid call of shape `s` runs (one ring each; at most
+// STRIA_GRID_CHUNKS): part of the call's signature, since ranks that chunk differently would
+// exchange messages of different sizes. The shape's heads must split over the group.
+int GridChunkCount(const Context& ctx, const AttentionShape& s);
 
 }  // namespace stria

@@ -8,10 +8,10 @@
 
 namespace stria {
 
-// "STR6": the sixth form (the grid; before it the softcap and whether there are sinks, the
-// document mask's hash, the caller's tag, and a status in place of a valid flag), so that a rank of
-// an older stria in the ring is named as such instead of being misread.
-constexpr uint32_t kSignatureMagic = 0x53545236;
+// "STR7": the seventh form (the grid's head chunks; before them the grid, the softcap and whether
+// there are sinks, the document mask's hash, the caller's tag, and a status in place of a valid
+// flag), so that a rank of an older stria in the ring is named as such instead of being misread.
+constexpr uint32_t kSignatureMagic = 0x53545237;
 
 const char* RingOpName(RingOp op) {
   switch (op) {
@@ -51,7 +51,8 @@ static std::string Describe(const CallSignature& s) {
       LayoutName(static_cast<stria_layout_t>(s.layout)), s.causal, static_cast<double>(s.scale),
       static_cast<double>(s.softcap), s.sinks ? "sinks" : "no sinks", (long long)s.B, (long long)s.L, (long long)s.Hq,
       (long long)s.D, (long long)s.Hkv, KVWireFormatName(static_cast<KVWireFormat>(s.kv_wire)),
-      s.grid <= 1 ? "none (a plain ring)" : Format("of all-to-all groups of %d", s.grid).c_str(),
+      s.grid <= 1 ? "none (a plain ring)"
+                  : Format("of all-to-all groups of %d, %d head chunks", s.grid, s.grid_chunks).c_str(),
       s.op == static_cast<uint32_t>(RingOp::kDecode) || s.op == static_cast<uint32_t>(RingOp::kPrefill)
           ? Format("cache lengths, capacity and window hashed %#llx", static_cast<unsigned long long>(s.documents))
                 .c_str()
@@ -65,7 +66,7 @@ static bool SameButTag(const CallSignature& a, const CallSignature& b) {
   return a.op == b.op && a.seq == b.seq && a.layout == b.layout && a.causal == b.causal && a.scale == b.scale &&
          a.dtype == b.dtype && a.B == b.B && a.L == b.L && a.Hq == b.Hq && a.Hkv == b.Hkv && a.D == b.D &&
          a.kv_wire == b.kv_wire && a.documents == b.documents && a.softcap == b.softcap && a.sinks == b.sinks &&
-         a.grid == b.grid;
+         a.grid == b.grid && a.grid_chunks == b.grid_chunks;
 }
 
 static bool Same(const CallSignature& a, const CallSignature& b) {

@@ -25,11 +25,12 @@ struct CallSignature {
   int32_t dtype;
   uint32_t kv_wire;  // KVWireFormat of the rank's backend for this call
   int64_t B, L, Hq, Hkv, D;
-  uint64_t documents;  // Documents::Hash of the call's document mask (0: none)
-  float softcap;       // 0: none
-  int32_t sinks;       // whether the call has attention sinks
-  int32_t grid;        // U of the context's grid (1: the plain ring)
-  char reason[84];
+  uint64_t documents;   // Documents::Hash of the call's document mask (0: none)
+  float softcap;        // 0: none
+  int32_t sinks;        // whether the call has attention sinks
+  int32_t grid;         // U of the context's grid (1: the plain ring)
+  int32_t grid_chunks;  // the head chunks of a grid's forward or backward (grid.cc; 0: none)
+  char reason[80];
 };
 static_assert(sizeof(CallSignature) == 192, "the signature is exchanged as raw bytes");
 
