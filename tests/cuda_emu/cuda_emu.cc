@@ -200,6 +200,15 @@ struct Block {
   Schedule schedule = Schedule::kRoundRobin;
   uint64_t rng = 0;
   std::vector<int> order, pos;
+  // A waiting thread becomes ready only through what the running thread does: completing a warp
+  // collective, a barrier or an mbarrier phase, a warpgroup operation's last arrival, queuing a
+  // copy on an mbarrier, initialising an mbarrier, an error (or a new block). Each of those counts
+  // a wake. Between wakes a thread found not ready stays so, and the scheduler's scan skips it:
+  // `blocked` holds a bit per position in `order`, cleared when wakes moves past blocked_at.
+  // (Otherwise every switch rescans the waiting threads: a warp collective under the warp-serial
+  // schedules cost O(threads) per lane, and these schedules took three times round robin's time.)
+  uint64_t wakes = 0, blocked_at = ~uint64_t{0};
+  std::vector<uint64_t> blocked;
 };
 
 uint64_t SplitMix(uint64_t* state) {
@@ -275,6 +284,7 @@ std::string Where(const Thread* t) {
 void Record(Block* b, const std::string& what) {
   if (!b->aborting) b->error = "cuda emulator: " + what;
   b->aborting = true;
+  ++b->wakes;
 }
 
 [[noreturn]] void Fail(Thread* t, const std::string& what) {
@@ -315,13 +325,33 @@ bool Ready(const Block* b, const Thread* t) {
 // The thread to run when `cur` waits or returns (not `cur`; null if none can run): round robin,
 // the next ready one after `cur`; otherwise the first ready one in the order of priority.
 Thread* PickNext(Block* b, const Thread* cur) {
-  int i = b->schedule == Schedule::kRoundRobin ? b->pos[cur->linear] + 1 : 0;
-  for (int k = 0; k < b->n; ++k, ++i) {  // no division per step: this loop is the scheduler's hot path
-    if (i == b->n) i = 0;
-    Thread* t = &b->threads[b->order[i]];
-    if (t != cur && Ready(b, t)) return t;
+  if (b->blocked_at != b->wakes) {
+    std::fill(b->blocked.begin(), b->blocked.end(), uint64_t{0});
+    b->blocked_at = b->wakes;
   }
-  return nullptr;
+  // The first ready thread at positions [from, to) of the order, skipping those known blocked.
+  auto scan = [&](int from, int to) -> Thread* {
+    for (int i = from; i < to;) {  // this loop is the scheduler's hot path
+      const uint64_t open = ~b->blocked[static_cast<size_t>(i >> 6)] >> (i & 63);
+      if (open == 0) {
+        i = (i | 63) + 1;
+        continue;
+      }
+      i += __builtin_ctzll(open);
+      if (i >= to) break;
+      Thread* t = &b->threads[b->order[i]];
+      if (t != cur) {
+        if (Ready(b, t)) return t;
+        b->blocked[static_cast<size_t>(i >> 6)] |= uint64_t{1} << (i & 63);
+      }
+      ++i;
+    }
+    return nullptr;
+  };
+  if (b->schedule != Schedule::kRoundRobin) return scan(0, b->n);
+  const int after = b->pos[cur->linear] + 1;
+  Thread* next = scan(after, b->n);
+  return next != nullptr ? next : scan(0, after);
 }
 
 void SwitchTo(Thread* from, Thread* to) {
@@ -596,6 +626,7 @@ const Slot& Arrive(Thread* t, Op op, uint64_t seq) {
     Compute(op, set);
     w.arrived = 0;
     w.completed = seq + 1;
+    ++t->block->wakes;
   } else {
     t->state = State::kWarpWait;
     t->waiting_at = op;
@@ -832,8 +863,9 @@ Mbarrier& BarrierAt(Thread* t, const std::string& what, const void* bar, size_t*
 }
 
 // Completes the current phase of `m` if nothing more is outstanding in it; whether it did.
-bool CompletePhaseIfDone(Mbarrier* m) {
+bool CompletePhaseIfDone(Block* b, Mbarrier* m) {
   if (m->pending != 0 || m->tx != 0) return false;
+  ++b->wakes;
   ++m->phase;
   m->pending = m->count;
   return true;
@@ -914,6 +946,7 @@ void BlockSync() {
   if (++b->barrier_arrived == b->n) {
     b->barrier_arrived = 0;
     ++b->barrier_gen;
+    ++b->wakes;
     bool all_fenced = true;
     for (Thread& o : b->threads) {
       all_fenced = all_fenced && o.proxy_fenced;
@@ -1069,7 +1102,7 @@ void Wgmma(WgmmaKind kind, bool bf16, int n, float* d, const uint32_t* a, uint64
     std::memcpy(op.a[t->linear % kWarpGroup], a, 16);
     op.a_regs[t->linear % kWarpGroup] = a;
   }
-  ++op.arrived;
+  if (++op.arrived == kWarpGroup) ++b->wakes;
   t->wgmma_open.push_back(seq);
   op.d[t->linear % kWarpGroup] = d;  // written at the wait that completes the operation
   OwnAccumulators(t, d, n / 2);
@@ -1121,6 +1154,7 @@ void MbarInit(uint64_t* bar, int count) {
   Mbarrier& m = b->mbarriers[off];
   m = Mbarrier{};
   m.count = count;
+  ++b->wakes;
   m.pending = count;
   std::memcpy(b->info.smem + off, &kMbarrierTag, 8);
 }
@@ -1143,7 +1177,7 @@ void MbarArrive(uint64_t* bar, uint32_t tx_bytes) {
                 std::to_string(off) + " (" + std::to_string(m.tx) + ")");
   }
   --m.pending;
-  if (CompletePhaseIfDone(&m)) YieldToPriority(t->block, t);
+  if (CompletePhaseIfDone(t->block, &m)) YieldToPriority(t->block, t);
 }
 
 void MbarWait(uint64_t* bar, int parity) {
@@ -1161,7 +1195,7 @@ void MbarWait(uint64_t* bar, int parity) {
       for (const TmaCopy& c : copies) {
         LandTma(t->block, c);
         m.tx -= c.bytes;
-        CompletePhaseIfDone(&m);
+        CompletePhaseIfDone(t->block, &m);
       }
       continue;
     }
@@ -1207,6 +1241,7 @@ void TmaLoad4d(void* smem_dst, const TensorMap* map, int c0, int c1, int c2, int
   std::memset(bi.smem + dst, 0xff, bytes);
   std::memset(b->async_view.data() + dst, 0xff, bytes);
   m.copies.push_back(TmaCopy{dst, f, {c0, c1, c2, c3}, bytes});
+  ++b->wakes;
 }
 
 void NamedBarrier(int id, int threads, bool wait) {
@@ -1233,6 +1268,7 @@ void NamedBarrier(int id, int threads, bool wait) {
   if (++nb.arrived == nb.expected) {
     nb.arrived = 0;
     ++nb.gen;
+    ++b->wakes;
     // As at block_sync, for the threads of this barrier: when every one of them fenced the async
     // proxy since its last barrier, what they stored is what wgmma may now read (conservative in
     // the same way: the whole of shared memory is taken).
@@ -1349,6 +1385,8 @@ void Launch(Dim3 grid, Dim3 block, size_t dynamic_smem_bytes, const std::functio
     // Runs the whole block: the fibers switch among themselves, the last one comes back.
     DrawThreadOrder(b.get());
     Thread* first = &b->threads[b->order[0]];
+    b->blocked.assign(static_cast<size_t>(b->n + 63) / 64, uint64_t{0});
+    ++b->wakes;  // a new block: what was known blocked concerned the last one
     detail::tls_thread = &first->info;
     fiber::Switch(&b->main, &first->ctx);
     detail::tls_thread = nullptr;
