@@ -86,6 +86,9 @@ double RunProduct(const Layout* la, const Layout& lb) {
     const int w = warp_id(), l = lane_id(), g = l >> 2, t = l & 3;
     float d[128];
     for (float& x : d) x = 1e30f;  // must be ignored: scale-d = 0
+    // The register A fragment outlives the branch that fills it: the emulator compares it at the
+    // wait, as the GPU reads register operands until the operation completes.
+    uint32_t a[4];
     wgmma_fence();
     const uint64_t db = Desc(smem_addr(b_base) + lb.start, lb);
     if (la != nullptr && !la->k_major) {  // both MN-major: the transposed form
@@ -103,7 +106,6 @@ double RunProduct(const Layout* la, const Layout& lb) {
       if (N == 128) wgmma_ss<BFloat, 128>(*reinterpret_cast<float(*)[64]>(d), da, db, false);
     } else {
       // Register r of lane 4g + t: row g + 8 (r & 1), columns 2t + 8 (r >> 1) and + 1.
-      uint32_t a[4];
       for (int r = 0; r < 4; ++r) {
         const int row = 16 * w + g + 8 * (r & 1), col = 2 * t + 8 * (r >> 1);
         a[r] = A[static_cast<size_t>(row * 16 + col)] |
