@@ -19,8 +19,10 @@ build_dir=${STRIA_PYTHON_BUILD_DIR:-${STRIA_BUILD_DIR:-build-python}}
 venv=${STRIA_PYTHON_VENV:-.venv-python}
 python=${PYTHON:-python3}
 started=$SECONDS
+# Each section says when it began (seconds into this script), so a CI log shows where the time goes.
+section() { echo "== $* (at $((SECONDS - started)) s)"; }
 
-echo "== system packages"
+section "system packages"
 missing=()
 command -v cmake >/dev/null || missing+=(cmake)
 command -v ninja >/dev/null || missing+=(ninja-build)
@@ -39,7 +41,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-echo "== virtual environment $venv"
+section "virtual environment $venv"
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 py=$(cd "$venv/bin" && pwd)/python
 "$py" -c 'import numpy, pytest' 2>/dev/null || "$py" -m pip install -q numpy pytest
@@ -68,7 +70,7 @@ if [ "${STRIA_PYTHON_PREPARE_ONLY:-0}" = 1 ]; then
   exit 0
 fi
 
-echo "== build ($build_dir)"
+section "build ($build_dir)"
 configure=(-DSTRIA_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$py" -DSTRIA_JAX_INCLUDE_DIR="$jax_include")
 if [ ! -f "$build_dir/CMakeCache.txt" ]; then
   # A new build directory builds only the library and the bindings; an existing one keeps its options.
@@ -80,28 +82,28 @@ cmake --build "$build_dir" --target stria_python -j "$(nproc)"
 package_dir=$(cd "$build_dir/bindings/python" && pwd)
 
 export STRIA_REQUIRE_TORCH=1 STRIA_REQUIRE_JAX=1 STRIA_REQUIRE_TRANSFORMERS=1
-echo "== pytest against the build tree"
+section "pytest against the build tree"
 PYTHONPATH=$package_dir STRIA_EXPECT_PACKAGE_DIR=$package_dir/stria \
   timeout 900 "$py" -m pytest -q -p no:cacheprovider bindings/python/tests
 
-echo "== examples/python/train_tiny.py"
+section "examples/python/train_tiny.py"
 PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_tiny.py --ranks 4 --steps 12 --check
 PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_tiny.py --ranks 3 --layout zigzag --seq 48 \
   --steps 12 --check
 PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_tiny.py --ranks 2 --steps 8 --check --compile
 PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_tiny.py --ranks 4 --packed 4 --steps 12 --check
-echo "== examples/python/train_transformers.py"
+section "examples/python/train_transformers.py"
 PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_transformers.py --family gpt_oss --ranks 4 --steps 4 \
   --check
 PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_transformers.py --family mistral --ranks 3 --seq 48 \
   --packed 3 --layout zigzag --steps 4 --check
-echo "== examples/python/generate_sharded_cache.py"
+section "examples/python/generate_sharded_cache.py"
 PYTHONPATH=$package_dir timeout 300 "$py" examples/python/generate_sharded_cache.py --ranks 4 --check
 PYTHONPATH=$package_dir timeout 300 "$py" examples/python/generate_sharded_cache.py --family gpt_oss --ranks 3 \
   --layout zigzag --new-tokens 40 --check
-echo "== examples/python/train_packed.py"
+section "examples/python/train_packed.py"
 PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_packed.py --ranks 3 --steps 12 --check
-echo "== examples/python/train_tiny_jax.py"
+section "examples/python/train_tiny_jax.py"
 PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_tiny_jax.py --devices 4 --steps 12 --check
 PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_tiny_jax.py --devices 3 --layout zigzag --seq 48 \
   --steps 12 --check
@@ -109,7 +111,7 @@ PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_tiny_jax.py --de
   --steps 12 --check
 
 if [ "${STRIA_PYTHON_WHEEL:-1}" = 1 ]; then
-  echo "== wheel: build, install, pytest against the installed package"
+  section "wheel: build, install, pytest against the installed package"
   wheel_dir=$(mktemp -d)
   trap 'rm -rf "$wheel_dir"' EXIT
   # The build runs in pip's isolated environment, without jax: it is told where jaxlib's headers are.
