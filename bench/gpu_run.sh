@@ -253,8 +253,9 @@ if stage kernels $((20 + 25 * nf)); then
   fi
   timeout -k 10 "$(cap 240)" python3 bench/torch_sdpa_gpu.py --dims $dims --lens $lens 2>&1 | tee -a "$results" ||
     { say "torch SDPA: failed or timed out"; note_failure kernels; }
-  # Head dim 256 (Gemma's), on the Hopper families (whose backward, atomic and deterministic, has
-  # it too; mma.sync's is SIMT's there), at two lengths beside the same anchors.
+  # Head dim 256 (Gemma's), on the Hopper families (forward, backward and the deterministic
+  # backward), at two lengths beside the same anchors. mma.sync has every pass at 256 too, for
+  # Ampere and Ada; on this GPU the Hopper families are what runs.
   if [ "${QUICK:-0}" != 1 ]; then
     for family in "${families[@]}"; do
       [ "$family" = mma ] && continue

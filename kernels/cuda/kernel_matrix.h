@@ -11,10 +11,12 @@
 #include "cuda/params.h"
 
 // The head dims of every tensor-core entry; other head dims (and float32) take the SIMT kernels.
-#define STRIA_KERNEL_HEAD_DIMS(X) X(64) X(128)
+// At 256 (Gemma's) the kernels change shape where registers or shared memory run short: shorter
+// K/V tiles in the forwards, two warps per 16 rows splitting the columns in mma.sync's backward
+// and its deterministic dQ pass, the Hopper families' wide backward (wgmma_backward_wide.cuh) and
+// one warpgroup a CTA in their dQ pass.
+#define STRIA_KERNEL_HEAD_DIMS(X) X(64) X(128) X(256)
 
-// <family><pass><dtype>(int D, const Params& p, cudaStream_t s), in stria::cuda: the parameters of
-// its pass, the element type of its dtype.
 #define STRIA_KERNEL_NAME(family, pass, dtype) family##pass##dtype
 #define STRIA_KERNEL_PARAMS_Forward FwdParams
 #define STRIA_KERNEL_PARAMS_Backward BwdParams
@@ -32,34 +34,21 @@ namespace cuda {
 // The passes of kernel_matrix.def.
 enum class Pass { kForward, kBackward, kBackwardKv, kBackwardDq };
 
-// Head dim 256 (Gemma's) is built where a family's pass has it (HasWideHeadDim): every forward
-// (shorter K/V tiles there: shared memory; mma.sync with a warp per 16 rows), every backward
-// (mma.sync's with two warps per 16 keys; the Hopper families' kernels of their own:
-// wgmma_backward_wide.cuh for dK/dV, with or without dQ) and the Hopper families' deterministic
-// passes (the wgmma dQ pass with one warpgroup a CTA). mma.sync's deterministic passes take the
-// SIMT kernels at that head dim: launch.cu's dispatch asks EntryHasHeadDim.
-constexpr int kWideHeadDim = 256;
-constexpr bool HasWideHeadDim(Kernels family, Pass pass) {
-  return pass == Pass::kForward || pass == Pass::kBackward || family == Kernels::kWgmma || family == Kernels::kTma;
-}
-constexpr bool EntryHasHeadDim(Kernels family, Pass pass, int D) {
+// Whether the entries are built for head dim D.
+constexpr bool IsKernelHeadDim(int D) {
 #define STRIA_KERNEL_IS_HEAD_DIM(d) || D == d
-  return (false STRIA_KERNEL_HEAD_DIMS(STRIA_KERNEL_IS_HEAD_DIM)) ||
-         (D == kWideHeadDim && HasWideHeadDim(family, pass));
+  return false STRIA_KERNEL_HEAD_DIMS(STRIA_KERNEL_IS_HEAD_DIM);
 #undef STRIA_KERNEL_IS_HEAD_DIM
 }
 
-// f(std::integral_constant<int, D>{}) for a head dim the entry is built for (kWide: its
-// HasWideHeadDim); otherwise cudaErrorInvalidValue.
-template <bool kWide, typename F>
+// f(std::integral_constant<int, D>{}) for a head dim the entries are built for; otherwise
+// cudaErrorInvalidValue.
+template <typename F>
 cudaError_t ForKernelHeadDim(int D, F f) {
 #define STRIA_KERNEL_HEAD_DIM_CASE(d) \
   if (D == d) return f(std::integral_constant<int, d>{});
   STRIA_KERNEL_HEAD_DIMS(STRIA_KERNEL_HEAD_DIM_CASE)
 #undef STRIA_KERNEL_HEAD_DIM_CASE
-  if constexpr (kWide) {
-    if (D == kWideHeadDim) return f(std::integral_constant<int, kWideHeadDim>{});
-  }
   return cudaErrorInvalidValue;
 }
 
@@ -72,7 +61,7 @@ cudaError_t ForKernelHeadDim(int D, F f) {
   namespace stria {                                                                                                \
   namespace cuda {                                                                                                 \
   cudaError_t STRIA_KERNEL_NAME(family, pass, dtype)(int D, const STRIA_KERNEL_PARAMS_##pass& p, cudaStream_t s) { \
-    return ForKernelHeadDim<HasWideHeadDim(Kernels::k##family, Pass::k##pass)>(                                    \
+    return ForKernelHeadDim(                                                                                       \
         D, [&](auto d) { return Launch##family##pass<STRIA_KERNEL_ELEM_##dtype, decltype(d)::value>(p, s); });     \
   }                                                                                                                \
   }                                                                                                                \

@@ -31,7 +31,7 @@ const char* KernelsName(Kernels k) {
 }
 
 bool TensorCoreHeadDim(int D) {
-  return EntryHasHeadDim(Kernels::kTma, Pass::kForward, D);  // the widest set of any entry
+  return IsKernelHeadDim(D);
 }
 
 namespace {
@@ -59,9 +59,9 @@ constexpr Entry kMatrix[] = {
 #undef STRIA_KERNEL
 };
 // The entry built for head dim D, or nullptr where the matrix has none (float32, SIMT, a head dim
-// the entry lacks: the SIMT kernels run those).
+// the entries lack: the SIMT kernels run those).
 const Entry* FindEntry(Kernels k, Pass p, Elem e, int D) {
-  if (!EntryHasHeadDim(k, p, D)) return nullptr;
+  if (!IsKernelHeadDim(D)) return nullptr;
   for (const Entry& x : kMatrix)
     if (x.family == k && x.pass == p && x.elem == e) return &x;
   return nullptr;

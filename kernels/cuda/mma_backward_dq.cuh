@@ -1,6 +1,6 @@
 // The deterministic backward's dQ pass (mma.sync m16n8k16): one CTA of 4 warps owns 64 queries of
-// one query head (16 rows per warp) and walks the key tiles of the ring block they may see. Per
-// key tile it recomputes, for its own rows only,
+// one query head (16 rows per warp; at head dim 256, 32 queries, two warps per 16 rows) and walks
+// the key tiles of the ring block they may see. Per key tile it recomputes, for its own rows only,
 //   P = exp2(Q K^T * scale_log2 - lse2), dP = dO V^T, dS = P (dP - delta),
 // and adds dS K into dQ, held in registers; at the end it adds its dQ to dq_acc with plain loads
 // and stores. No other CTA writes these rows in this launch, and the ring orders the launches of
@@ -20,17 +20,27 @@ namespace cuda {
 
 template <int D>
 struct BwdDqTile {
-  static constexpr int kWarps = 4, kThreads = 32 * kWarps, kM = 16 * kWarps, kN = 64;
+  // Warps per 16 query rows, each with D / kHalves columns of dQ. At D 256 two: both compute the
+  // rows' S and dP (a reduction over every column), so that dS stays in the registers the dQ
+  // product reads (as in the D 256 backward, mma_backward.cuh), and each holds 128 columns of dQ.
+  static constexpr int kHalves = D > 128 ? 2 : 1;
+  static constexpr int kWarps = 4, kThreads = 32 * kWarps, kRowGroups = kWarps / kHalves, kM = 16 * kRowGroups;
+  // Keys per tile: Q, dO and two stages of K and V within 99 KB, sm_86's and sm_89's largest
+  // opt-in shared memory a block (at D 128, 64 keys took 102 KB: the pass could not launch there).
+  // D 128: 68 KB; D 256: 99 KB exactly.
+  static constexpr int kN = D > 64 ? 32 : 64;
   static constexpr int kStride = SmemRow<D>::kStride;
   // Q and dO once; K and V twice (the next tile loads while this one is used).
   static constexpr int kSmemBytes = (2 * kM + 4 * kN) * kStride * 2;
+  static_assert(kSmemBytes <= 99 * 1024, "over the opt-in shared memory of sm_86 and sm_89");
 };
 
 template <typename T, int D, bool kDocs = false>
 STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) MmaBackwardDqKernel(const BwdParams p) {
   using Tile = BwdDqTile<D>;
   constexpr int S = Tile::kStride, kM = Tile::kM, kN = Tile::kN, kThreads = Tile::kThreads;
-  constexpr int kDTiles = D / 8, kKSteps = D / 16, kNTiles = kN / 8;
+  // This warp's columns of dQ: kCols from ch * kCols.
+  constexpr int kCols = D / Tile::kHalves, kDTiles = kCols / 8, kKSteps = D / 16, kNTiles = kN / 8;
   STRIA_DYNAMIC_SMEM(smem_raw);
   uint16_t* qs = reinterpret_cast<uint16_t*>(smem_raw);
   uint16_t* dos = qs + kM * S;
@@ -39,6 +49,10 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) MmaBackwardDqKernel(const BwdParams p
 
   const Dims& d = p.dims;
   const int warp = warp_id(), lane = lane_id(), g = lane >> 2, t4 = lane & 3;
+  // This warp's 16 rows (rg * 16..) and column half; constants where there is one half, so that the
+  // D 64 and 128 kernels compile as they did before the halves.
+  const int rg = Tile::kHalves == 1 ? warp : warp % Tile::kRowGroups;
+  const int ch = Tile::kHalves == 1 ? 0 : warp / Tile::kRowGroups;
   const CtaSlot cta = CtaSlotOf();
   const int bh = static_cast<int>(cta.head), b = bh / d.Hq, h = bh % d.Hq, hk = h / (d.Hq / d.Hkv);
   const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, b) : MaskArgs{};
@@ -47,7 +61,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) MmaBackwardDqKernel(const BwdParams p
   const TileRun keys = KeyTilesOf<kDocs>(mask, i0, MinI(i0 + kM, d.L), kN);
   if (keys.count == 0) return;  // the whole CTA, before any barrier
   // This warp's 16 rows and the keys they may see (a warp-uniform skip, as in the forward).
-  const int w0 = warp * 16;
+  const int w0 = rg * 16;
   const int64_t wi0 = i0 + w0, wi1 = wi0 + 16;
   int64_t wk_lo, wk_hi;
   KeyRange<kDocs>(mask, wi0, MinI(wi1, d.L), &wk_lo, &wk_hi);
@@ -142,7 +156,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) MmaBackwardDqKernel(const BwdParams p
         STRIA_UNROLL
         for (int dt = 0; dt < kDTiles / 2; ++dt) {
           uint32_t kb[4];
-          LoadBFromRowsK<S>(kb, kt, kk * 16, dt * 16);
+          LoadBFromRowsK<S>(kb, kt, kk * 16, ch * kCols + dt * 16);
           mma_16816<T>(dq[2 * dt], sa, kb);
           mma_16816<T>(dq[2 * dt + 1], sa, kb + 2);
         }
@@ -153,7 +167,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) MmaBackwardDqKernel(const BwdParams p
 
   // This CTA is the only writer of its rows in this launch.
   STRIA_UNROLL
-  for (int e = 0; e < 2; ++e) AddDqRow<D>(p, mask, bh, row[e], e, t4, &dq[0][0]);
+  for (int e = 0; e < 2; ++e) AddDqRow<D, kCols>(p, mask, bh, row[e], e, t4, &dq[0][0], ch * kCols);
 }
 
 }  // namespace cuda

@@ -102,14 +102,15 @@ STRIA_DEVICE void DqRowScalars(const BwdParams& p, int bh, int64_t row, float* l
 }
 // A row's dQ added into dq_acc by its only writer in the launch (a plain read-add-write): row e of
 // this thread's two in the accumulator layout, `dq` flat (element 4 nt + c: row c >> 1, column
-// 8 nt + 2 t4 + (c & 1)); rows outside the block's queries left alone (dS is 0 there).
-template <int D>
+// col0 + 8 nt + 2 t4 + (c & 1), kCols of the row's D); rows outside the block's queries left alone
+// (dS is 0 there).
+template <int D, int kCols = D>
 STRIA_DEVICE void AddDqRow(const BwdParams& p, const MaskArgs& mask, int bh, int64_t row, int e, int t4,
-                           const float* dq) {
+                           const float* dq, int col0 = 0) {
   if (row < mask.q_begin || row >= mask.q_end) return;
-  float* dst = p.dq_acc + (static_cast<int64_t>(bh) * p.dims.L + row) * D + 2 * t4;
+  float* dst = p.dq_acc + (static_cast<int64_t>(bh) * p.dims.L + row) * D + col0 + 2 * t4;
   STRIA_UNROLL
-  for (int nt = 0; nt < D / 8; ++nt) {
+  for (int nt = 0; nt < kCols / 8; ++nt) {
     dst[nt * 8] += dq[4 * nt + 2 * e];
     dst[nt * 8 + 1] += dq[4 * nt + 2 * e + 1];
   }

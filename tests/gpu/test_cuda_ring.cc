@@ -593,6 +593,16 @@ std::vector<Case> DeterministicSweep() {
     d256.docs = 3;
     more.push_back(d256);
   }
+  // mma.sync's passes at D 256: the dK/dV pass of the backward's two warps per 16 keys, the dQ
+  // pass's 32-row tiles (two warps per 16 rows) over 32-key tiles; causal with documents and GQA,
+  // and a dense float16 ring.
+  Case mma_d256{3, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 1, 136, 4, 2, 256};
+  mma_d256.kernels = "mma";
+  mma_d256.docs = 3;
+  more.push_back(mma_d256);
+  Case mma_d256_dense{2, STRIA_LAYOUT_ZIGZAG, false, Dt::kF16, 1, 72, 2, 1, 256};
+  mma_d256_dense.kernels = "mma";
+  more.push_back(mma_d256_dense);
   for (Case& c : more) {
     c.deterministic = true;
     cases.push_back(c);
