@@ -529,6 +529,10 @@ TEST(NcclHostModel, AbortFromAnotherThreadEndsTheWaitAndTheRing) {
   ASSERT_FALSE(HasFailure());
   std::vector<Status> out(world);
   std::vector<double> took(world);
+  // The ranks' buffers outlive the transports, as device memory outlives the work queued on it
+  // (cudaFree waits for it): rank 0 never waits for its send, which the model's stream may still
+  // be copying from when the abort ends rank 0's wait.
+  std::vector<std::vector<uint8_t>> sent(world, std::vector<uint8_t>(64)), received(world, std::vector<uint8_t>(64));
   std::thread aborter([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     cudaSetDevice(2);  // any thread, any current device
@@ -538,16 +542,16 @@ TEST(NcclHostModel, AbortFromAnotherThreadEndsTheWaitAndTheRing) {
     cudaSetDevice(r);
     const auto start = std::chrono::steady_clock::now();
     Transport& tr = *ranks.t[static_cast<size_t>(r)];
+    std::vector<uint8_t>& a = sent[static_cast<size_t>(r)];
+    std::vector<uint8_t>& b = received[static_cast<size_t>(r)];
     if (r == 0) {
       // Rank 0 waits for a block that never comes (rank 2 sends nothing yet).
-      std::vector<uint8_t> a(64), b(64);
       RequestId rr = 0, rs = 0;
       Status s = tr.Irecv(2, Tag(1, 0, 1), b.data(), b.size(), &rr);
       if (s.ok()) s = tr.Isend(1, Tag(1, 0, 1), a.data(), a.size(), &rs);
       if (s.ok()) s = tr.Wait(rr, 60, "K/V block of ring step 0");
       out[0] = s;
     } else {
-      std::vector<uint8_t> b(64);
       RequestId rr = 0;
       Status s = tr.Irecv(r - 1, Tag(1, 0, 1), b.data(), b.size(), &rr);
       if (s.ok() && r == 1) s = tr.Wait(rr, 2, "K/V block of ring step 0");
