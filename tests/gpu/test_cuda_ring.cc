@@ -587,19 +587,16 @@ std::vector<Case> DeterministicSweep() {
     docs_k.kernels = k;
     docs_k.docs = 4;
     more.push_back(docs_k);
-    // D 256: three 64-row dQ tiles and three 64-key dK/dV tiles a block, GQA 2:1, documents.
+  }
+  // D 256, GQA 2:1, documents: on the Hopper families three 64-row dQ tiles and three 64-key dK/dV
+  // tiles a block; on mma.sync the dK/dV pass's two warps per 16 keys and the dQ pass's 32-row
+  // tiles (two warps per 16 rows) over 32-key tiles, and a dense float16 ring besides.
+  for (const char* k : {"mma", "wgmma", "tma"}) {
     Case d256{3, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 1, 136, 4, 2, 256};
     d256.kernels = k;
     d256.docs = 3;
     more.push_back(d256);
   }
-  // mma.sync's passes at D 256: the dK/dV pass of the backward's two warps per 16 keys, the dQ
-  // pass's 32-row tiles (two warps per 16 rows) over 32-key tiles; causal with documents and GQA,
-  // and a dense float16 ring.
-  Case mma_d256{3, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 1, 136, 4, 2, 256};
-  mma_d256.kernels = "mma";
-  mma_d256.docs = 3;
-  more.push_back(mma_d256);
   Case mma_d256_dense{2, STRIA_LAYOUT_ZIGZAG, false, Dt::kF16, 1, 72, 2, 1, 256};
   mma_d256_dense.kernels = "mma";
   more.push_back(mma_d256_dense);
