@@ -532,6 +532,24 @@ uint32_t Hi(uint32_t r) {
   return r >> 16;
 }
 
+// D += A B for one m16n8k16 operation, a row of D (eight independent sums, each adding its terms
+// in K order) as one vector: written with vector types, since the compiler's own vectorisation of
+// the loops mixed scalar adds and shuffles. Cloned for AVX-512 (a row in one register) and AVX2
+// (two); the products of 16-bit values are exact in double, so every build gives the same sums.
+using Row8 = double __attribute__((vector_size(64)));
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void MmaProduct(const double (&A)[16][16],
+                                                                                              const double (&B)[16][8],
+                                                                                              double (&D)[16][8]) {
+  Row8 b[16];
+  std::memcpy(b, B, sizeof b);
+  for (int row = 0; row < 16; ++row) {
+    Row8 acc;
+    std::memcpy(&acc, D[row], sizeof acc);
+    for (int k = 0; k < 16; ++k) acc += A[row][k] * b[k];
+    std::memcpy(D[row], &acc, sizeof acc);
+  }
+}
+
 template <float (*Conv)(uint16_t)>
 void ComputeMma(Slot* s) {
   // Whole matrices from the fragments (PTX ISA, mma.m16n8k16 .row.col): lane = 4g + t. In double:
@@ -553,15 +571,7 @@ void ComputeMma(Slot* s) {
     }
     for (int r = 0; r < 4; ++r) D[g + 8 * (r >> 1)][2 * t + (r & 1)] = BitsFloat(c[r]);
   }
-  // k outermost: the eight columns of a row are independent sums (vectorised, no long chain).
-  for (int row = 0; row < 16; ++row) {
-    double acc[8];
-    for (int n = 0; n < 8; ++n) acc[n] = D[row][n];
-    for (int k = 0; k < 16; ++k) {
-      for (int n = 0; n < 8; ++n) acc[n] += A[row][k] * B[k][n];
-    }
-    for (int n = 0; n < 8; ++n) D[row][n] = acc[n];
-  }
+  MmaProduct(A, B, D);
   for (int lane = 0; lane < kWarp; ++lane) {
     const int g = lane >> 2, t = lane & 3;
     for (int r = 0; r < 4; ++r) s[lane].out[r] = FloatBits(static_cast<float>(D[g + 8 * (r >> 1)][2 * t + (r & 1)]));
@@ -758,6 +768,21 @@ void HandBackAccumulators(Thread* t, float* d, int n) {
   PoisonAccumulators(d, n);
 }
 
+// out (64 x n) += A (64 x 16) B (16 x n), all row-major: the inner loop runs along a row of
+// independent sums (each adds its 16 terms in K order), vectorised. Cloned for AVX-512 and AVX2
+// as MmaProduct is, with the same sums in every build.
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void WgmmaProduct(const double* A,
+                                                                                                const double* B, int n,
+                                                                                                double* out) {
+  for (int row = 0; row < 64; ++row, out += n) {
+    for (int k = 0; k < 16; ++k) {
+      const double a = A[row * 16 + k];
+      const double* b = B + static_cast<ptrdiff_t>(k) * n;
+      for (int col = 0; col < n; ++col) out[col] += a * b[col];
+    }
+  }
+}
+
 // A B of a completed operation (64 x n, row-major, in double), computed once for the warpgroup
 // when its first thread completes it: the hardware's operation is one for the warpgroup and has
 // read its operands once the first wait returns, so shared memory is read (and checked against the
@@ -794,14 +819,7 @@ void ComputeWgmmaProduct(Thread* t, WgmmaOp& op) {
   for (int col = 0; col < n; ++col)
     for (int k = 0; k < 16; ++k) B[static_cast<size_t>(k * n + col)] = val(DescElement(t, b_offsets, col, k));
   op.product.assign(static_cast<size_t>(64) * n, 0.0);
-  for (int row = 0; row < 64; ++row) {
-    double* out = op.product.data() + static_cast<size_t>(row) * n;
-    for (int k = 0; k < 16; ++k) {
-      const double a = A[static_cast<size_t>(row * 16 + k)];
-      const double* b = B.data() + static_cast<size_t>(k) * n;
-      for (int col = 0; col < n; ++col) out[col] += a * b[col];
-    }
-  }
+  WgmmaProduct(A.data(), B.data(), n, op.product.data());
 }
 
 void CompleteWgmma(Thread* t, WgmmaOp& op, int me) {
