@@ -532,14 +532,18 @@ uint32_t Hi(uint32_t r) {
   return r >> 16;
 }
 
+// The two products the emulated tensor-core operations spend their arithmetic in, each compiled
+// for AVX-512, AVX2 and the baseline, the version picked once by what the CPU has. (Not GCC's
+// target_clones: its resolvers run while the program is relocated, before a sanitizer's runtime
+// has started, and crash the TSan build.) Products of 16-bit values are exact in double and every
+// version adds the same terms in the same order, so all give the same sums.
+#define STRIA_EMU_PRODUCT_BODY inline __attribute__((always_inline))
+
 // D += A B for one m16n8k16 operation, a row of D (eight independent sums, each adding its terms
-// in K order) as one vector: written with vector types, since the compiler's own vectorisation of
-// the loops mixed scalar adds and shuffles. Cloned for AVX-512 (a row in one register) and AVX2
-// (two); the products of 16-bit values are exact in double, so every build gives the same sums.
+// in K order) as one vector: written with a vector type, since the compiler's own vectorisation of
+// the loops mixed scalar adds and shuffles.
 using Row8 = double __attribute__((vector_size(64)));
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void MmaProduct(const double (&A)[16][16],
-                                                                                              const double (&B)[16][8],
-                                                                                              double (&D)[16][8]) {
+STRIA_EMU_PRODUCT_BODY void MmaProductBody(const double (&A)[16][16], const double (&B)[16][8], double (&D)[16][8]) {
   Row8 b[16];
   std::memcpy(b, B, sizeof b);
   for (int row = 0; row < 16; ++row) {
@@ -548,6 +552,54 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
     for (int k = 0; k < 16; ++k) acc += A[row][k] * b[k];
     std::memcpy(D[row], &acc, sizeof acc);
   }
+}
+
+// out (64 x n) += A (64 x 16) B (16 x n), all row-major: the inner loop runs along a row of
+// independent sums (each adds its 16 terms in K order), vectorised.
+STRIA_EMU_PRODUCT_BODY void WgmmaProductBody(const double* A, const double* B, int n, double* out) {
+  for (int row = 0; row < 64; ++row, out += n) {
+    for (int k = 0; k < 16; ++k) {
+      const double a = A[row * 16 + k];
+      const double* b = B + static_cast<ptrdiff_t>(k) * n;
+      for (int col = 0; col < n; ++col) out[col] += a * b[col];
+    }
+  }
+}
+
+struct Products {
+  void (*mma)(const double (&)[16][16], const double (&)[16][8], double (&)[16][8]);
+  void (*wgmma)(const double*, const double*, int, double*);
+};
+#define STRIA_EMU_PRODUCTS(name, attributes)                                                        \
+  attributes void name##Mma(const double(&A)[16][16], const double(&B)[16][8], double(&D)[16][8]) { \
+    MmaProductBody(A, B, D);                                                                        \
+  }                                                                                                 \
+  attributes void name##Wgmma(const double* A, const double* B, int n, double* out) {               \
+    WgmmaProductBody(A, B, n, out);                                                                 \
+  }
+STRIA_EMU_PRODUCTS(Baseline, )
+#if defined(__x86_64__) && defined(__GNUC__)
+STRIA_EMU_PRODUCTS(Avx512, __attribute__((target("avx512f"))))
+STRIA_EMU_PRODUCTS(Avx2, __attribute__((target("avx2"))))
+#endif
+
+const Products& PickedProducts() {
+  static const Products picked = [] {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return Products{Avx512Mma, Avx512Wgmma};
+    if (__builtin_cpu_supports("avx2")) return Products{Avx2Mma, Avx2Wgmma};
+#endif
+    return Products{BaselineMma, BaselineWgmma};
+  }();
+  return picked;
+}
+
+void MmaProduct(const double (&A)[16][16], const double (&B)[16][8], double (&D)[16][8]) {
+  PickedProducts().mma(A, B, D);
+}
+void WgmmaProduct(const double* A, const double* B, int n, double* out) {
+  PickedProducts().wgmma(A, B, n, out);
 }
 
 template <float (*Conv)(uint16_t)>
@@ -766,21 +818,6 @@ void HandBackAccumulators(Thread* t, float* d, int n) {
   }
   it->second.held.assign(d, d + n);
   PoisonAccumulators(d, n);
-}
-
-// out (64 x n) += A (64 x 16) B (16 x n), all row-major: the inner loop runs along a row of
-// independent sums (each adds its 16 terms in K order), vectorised. Cloned for AVX-512 and AVX2
-// as MmaProduct is, with the same sums in every build.
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void WgmmaProduct(const double* A,
-                                                                                                const double* B, int n,
-                                                                                                double* out) {
-  for (int row = 0; row < 64; ++row, out += n) {
-    for (int k = 0; k < 16; ++k) {
-      const double a = A[row * 16 + k];
-      const double* b = B + static_cast<ptrdiff_t>(k) * n;
-      for (int col = 0; col < n; ++col) out[col] += a * b[col];
-    }
-  }
 }
 
 // A B of a completed operation (64 x n, row-major, in double), computed once for the warpgroup
