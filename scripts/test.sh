@@ -106,8 +106,8 @@ if [ "${SANITIZERS:-1}" = 1 ]; then
     ninja -C "$1" -j"$jobs"
   }
   stage "AddressSanitizer + UndefinedBehaviorSanitizer"
-  # At -O1, the level ASan's documentation suggests: the build compiles in about half the time of
-  # -O2 (the instrumented templates of the emulated kernels dominate it), the suites run about a
+  # At -O1, the level ASan's documentation suggests: the build compiled in about half the time of
+  # -O2 (when it built the runtime model's emulated kernels, which dominated it), the suites run about a
   # sixth slower, and scopes stay exact (a stack use after scope that -O2 hid was found so). The
   # emulated kernels' suite takes a cross-section there (tests/cuda_emu/CMakeLists.txt).
   sanitized_build build-asan 1 "address;undefined"

@@ -537,13 +537,12 @@ uint32_t Hi(uint32_t r) {
 // target_clones: its resolvers run while the program is relocated, before a sanitizer's runtime
 // has started, and crash the TSan build.) Products of 16-bit values are exact in double and every
 // version adds the same terms in the same order, so all give the same sums.
-#define STRIA_EMU_PRODUCT_BODY inline __attribute__((always_inline))
-
 // D += A B for one m16n8k16 operation, a row of D (eight independent sums, each adding its terms
 // in K order) as one vector: written with a vector type, since the compiler's own vectorisation of
 // the loops mixed scalar adds and shuffles.
 using Row8 = double __attribute__((vector_size(64)));
-STRIA_EMU_PRODUCT_BODY void MmaProductBody(const double (&A)[16][16], const double (&B)[16][8], double (&D)[16][8]) {
+inline __attribute__((always_inline)) void MmaProductBody(const double (&A)[16][16], const double (&B)[16][8],
+                                                          double (&D)[16][8]) {
   Row8 b[16];
   std::memcpy(b, B, sizeof b);
   for (int row = 0; row < 16; ++row) {
@@ -556,7 +555,7 @@ STRIA_EMU_PRODUCT_BODY void MmaProductBody(const double (&A)[16][16], const doub
 
 // out (64 x n) += A (64 x 16) B (16 x n), all row-major: the inner loop runs along a row of
 // independent sums (each adds its 16 terms in K order), vectorised.
-STRIA_EMU_PRODUCT_BODY void WgmmaProductBody(const double* A, const double* B, int n, double* out) {
+inline __attribute__((always_inline)) void WgmmaProductBody(const double* A, const double* B, int n, double* out) {
   for (int row = 0; row < 64; ++row, out += n) {
     for (int k = 0; k < 16; ++k) {
       const double a = A[row * 16 + k];
@@ -582,6 +581,7 @@ STRIA_EMU_PRODUCTS(Baseline, )
 STRIA_EMU_PRODUCTS(Avx512, __attribute__((target("avx512f"))))
 STRIA_EMU_PRODUCTS(Avx2, __attribute__((target("avx2"))))
 #endif
+#undef STRIA_EMU_PRODUCTS
 
 const Products& PickedProducts() {
   static const Products picked = [] {
