@@ -34,6 +34,7 @@
 // FLOP convention (flash-attention's): forward 4*B*H*S^2*D, halved when causal; backward 2.5x.
 #include <cuda_runtime.h>
 #include <stria/stria.h>
+#include <strings.h>
 
 #include <algorithm>
 #include <cmath>
@@ -69,6 +70,18 @@ bool TensorCoreFamily(const char* name, stria::cuda::Kernels* out) {
       return true;
     }
   return false;
+}
+
+// The TMA forward's kernel when one is named (STRIA_CUDA_TMA_FWD, kernels/cuda/tma_launch.cuh):
+// "_persistent", or "" for the default (a CTA per query tile).
+std::string TmaForwardSuffix() {
+  const char* fwd = std::getenv("STRIA_CUDA_TMA_FWD");
+  return fwd != nullptr && *fwd != '\0' && strcasecmp(fwd, "tiles") != 0 ? std::string("_") + fwd : std::string();
+}
+// A family as the ring, docs and hide lines name it: tma_persistent for the TMA family with the
+// persistent forward.
+std::string FamilyLabel(stria::cuda::Kernels k) {
+  return stria::cuda::KernelsName(k) + (k == stria::cuda::Kernels::kTma ? TmaForwardSuffix() : std::string());
 }
 
 // Median milliseconds of `fn` (queued on `stream`) over `reps` runs after one warm-up.
@@ -315,11 +328,14 @@ int Kernels(const std::vector<int64_t>& dims, const std::vector<int64_t>& lens, 
         const double flops = 4.0 * B * H * static_cast<double>(S) * S * D * (causal ? 0.5 : 1.0);
         // The kernel family: STRIA_CUDA_KERNELS, or "default" when unset (the library's choice for
         // this device, cuda_backend.cc; gpu_run.sh names each family it times), and the TMA
-        // backward's dQ path when one is named (STRIA_CUDA_TMA_DQ: stria_tma_atomicdq).
+        // backward's dQ path when one is named (STRIA_CUDA_TMA_DQ: stria_tma_atomicdq), and the
+        // TMA forward's kernel (STRIA_CUDA_TMA_FWD: stria_tma_persistent; its backward is the
+        // default's, timed again).
         const char* env = std::getenv("STRIA_CUDA_KERNELS");
         const char* dq = std::getenv("STRIA_CUDA_TMA_DQ");
         const std::string impl = std::string("stria_") + (env != nullptr && *env != '\0' ? env : "default") +
-                                 (dq != nullptr && *dq != '\0' ? std::string("_") + dq + "dq" : "");
+                                 (dq != nullptr && *dq != '\0' ? std::string("_") + dq + "dq" : "") +
+                                 TmaForwardSuffix();
         std::printf("impl=%s dir=fwd dim=%lld causal=%d len=%lld batch=%lld heads=%lld ms=%.4f tflops=%.1f\n",
                     impl.c_str(), (long long)D, causal, (long long)S, (long long)B, (long long)H, fwd_ms,
                     flops / fwd_ms * 1e-9);
@@ -421,7 +437,7 @@ int Ring(int64_t S, int N, int64_t H, int64_t D, int reps, stria::cuda::Kernels 
       std::printf(
           "ring kernels=%s dir=%s layout=%s seq=%lld world=%d heads=%lld dim=%lld latency_ms=%.3f ideal_ms=%.3f "
           "of_ideal=%.3f vs_contiguous=%.3f analytic_vs_contiguous=%.3f single_gpu_ms=%.3f\n",
-          stria::cuda::KernelsName(kernels), dir == 0 ? "fwd" : "bwd", stria::LayoutName(layouts[li]), (long long)S, N,
+          FamilyLabel(kernels).c_str(), dir == 0 ? "fwd" : "bwd", stria::LayoutName(layouts[li]), (long long)S, N,
           (long long)H, (long long)D, latency[dir][li], ideal, ideal / latency[dir][li],
           latency[dir][0] / latency[dir][li], cont.ring_latency / bal.ring_latency, single[dir]);
     }
@@ -522,7 +538,7 @@ int Docs(int64_t S, int N, int64_t H, int64_t D, int reps, stria::cuda::Kernels 
       idle.doc_hi = hi.data();
       idle.doc_batch_stride = L;
       std::printf("docs_idle kernels=%s who=%s seq=%lld world=%d local_len=%lld fwd_ms=%.4f bwd_ms=%.4f\n",
-                  stria::cuda::KernelsName(kernels), w.name, (long long)S, N, (long long)L, t.Forward(idle, kernels),
+                  FamilyLabel(kernels).c_str(), w.name, (long long)S, N, (long long)L, t.Forward(idle, kernels),
                   t.Backward(idle, kernels));
     }
     t.busy_tiles = w.busy_tiles;
@@ -560,7 +576,7 @@ int Docs(int64_t S, int N, int64_t H, int64_t D, int reps, stria::cuda::Kernels 
         std::printf(
             "docs_step kernels=%s who=%s dist=%s seq=%lld world=%d step=%d ranks=%d fwd_ms=%.4f fwd_mean_ms=%.4f "
             "bwd_ms=%.4f bwd_mean_ms=%.4f tiles=%lld busy_ctas=%lld longest_cta=%lld\n",
-            stria::cuda::KernelsName(kernels), w.name, dist.c_str(), (long long)S, N, step, ranks, slowest[0],
+            FamilyLabel(kernels).c_str(), w.name, dist.c_str(), (long long)S, N, step, ranks, slowest[0],
             sum[0] / ranks, slowest[1], sum[1] / ranks, (long long)busiest.tiles, (long long)busiest.busy_ctas,
             (long long)busiest.longest);
     }
@@ -568,9 +584,9 @@ int Docs(int64_t S, int N, int64_t H, int64_t D, int reps, stria::cuda::Kernels 
       std::printf(
           "docs kernels=%s dir=%s who=%s dist=%s seq=%lld world=%d heads=%lld dim=%lld documents=%lld local_len=%lld "
           "latency_ms=%.3f ideal_ms=%.3f of_ideal=%.3f single_gpu_ms=%.3f\n",
-          stria::cuda::KernelsName(kernels), dir == 0 ? "fwd" : "bwd", w.name, dist.c_str(), (long long)S, N,
-          (long long)H, (long long)D, (long long)docs, (long long)L, latency[dir], single[dir] / N,
-          single[dir] / N / latency[dir], single[dir]);
+          FamilyLabel(kernels).c_str(), dir == 0 ? "fwd" : "bwd", w.name, dist.c_str(), (long long)S, N, (long long)H,
+          (long long)D, (long long)docs, (long long)L, latency[dir], single[dir] / N, single[dir] / N / latency[dir],
+          single[dir]);
   }
   return 0;
 }
@@ -603,13 +619,13 @@ int Hide(const std::vector<int64_t>& lens, int64_t H, int64_t D, int reps, stria
         std::printf(
             "hide kernels=%s dir=%s step=%s len=%lld heads=%lld dim=%lld compute_ms=%.4f bytes=%.0f nvlink_ms=%.4f "
             "ib_ms=%.4f hides_nvlink=%d hides_ib=%d\n",
-            stria::cuda::KernelsName(kernels), dir == 0 ? "fwd" : "bwd", st.name, (long long)L, (long long)H,
-            (long long)D, ms, bytes, link_ms[0], link_ms[1], link_ms[0] <= ms ? 1 : 0, link_ms[1] <= ms ? 1 : 0);
+            FamilyLabel(kernels).c_str(), dir == 0 ? "fwd" : "bwd", st.name, (long long)L, (long long)H, (long long)D,
+            ms, bytes, link_ms[0], link_ms[1], link_ms[0] <= ms ? 1 : 0, link_ms[1] <= ms ? 1 : 0);
       }
       for (int k = 0; k < 2; ++k)
         std::printf("hide_threshold kernels=%s dir=%s step=%s link=%s gbs=%.0f smallest_hiding_len=%lld\n",
-                    stria::cuda::KernelsName(kernels), dir == 0 ? "fwd" : "bwd", st.name, link_names[k],
-                    links[k] * 1e-9, (long long)smallest[k]);
+                    FamilyLabel(kernels).c_str(), dir == 0 ? "fwd" : "bwd", st.name, link_names[k], links[k] * 1e-9,
+                    (long long)smallest[k]);
     }
   return 0;
 }

@@ -90,13 +90,15 @@ STRIA_DEVICE void StoreRowState(const FwdParams& p, int bh, int64_t i, int t4, b
 // A CTA of `threads` threads whose query rows [i0, i0 + rows) of head bh see no key of the block
 // (it returns before its first barrier) still owns those rows' state in the call's first and
 // last blocks: it writes the empty state (first), or finishes the rows (last; from the empty
-// state when the block is also the first). Every thread of the CTA calls it.
+// state when the block is also the first). Each of the `threads` threads calls it with its own
+// index `thread` among them (a persistent kernel's consumers: not the CTA's thread index).
 template <typename T>
-STRIA_DEVICE void IdleRows(const FwdParams& p, const MaskArgs& mask, int bh, int64_t i0, int rows, int threads) {
+STRIA_DEVICE void IdleRows(const FwdParams& p, const MaskArgs& mask, int bh, int64_t i0, int rows, int thread,
+                           int threads) {
   if (!p.first && p.out.data == nullptr) return;  // the state stays as it is
   const int D = p.dims.D;
   const int64_t lo = MaxI(i0, mask.q_begin), hi = MinI(MinI(i0 + rows, mask.q_end), p.dims.L);
-  for (int64_t x = threadIdx.x; x < (hi - lo) * D; x += threads) {
+  for (int64_t x = thread; x < (hi - lo) * D; x += threads) {
     const int64_t i = lo + x / D, sr = static_cast<int64_t>(bh) * p.dims.L + i;
     const int c = static_cast<int>(x % D);
     if (p.out.data == nullptr) {
@@ -111,6 +113,11 @@ STRIA_DEVICE void IdleRows(const FwdParams& p, const MaskArgs& mask, int bh, int
     StoreElem<T>(p.out.data, OutAt(p, bh, i) + c, p.first ? 0.f : p.acc[sr * D + c] * OutputScale(l));
     if (c == 0) p.lse[LseAt(p, bh, i)] = p.first ? NegInf() : RowLse(p.m[sr], l);
   }
+}
+// Every thread of the CTA.
+template <typename T>
+STRIA_DEVICE void IdleRows(const FwdParams& p, const MaskArgs& mask, int bh, int64_t i0, int rows, int threads) {
+  IdleRows<T>(p, mask, bh, i0, rows, static_cast<int>(threadIdx.x), threads);
 }
 
 }  // namespace cuda

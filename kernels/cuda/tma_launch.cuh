@@ -10,10 +10,33 @@
 #include "cuda/launch_tiles.cuh"
 #include "cuda/tma_backward.cuh"
 #include "cuda/tma_forward.cuh"
+#include "cuda/tma_forward_persistent.cuh"
 #include "cuda/wgmma_launch.cuh"
 
 namespace stria {
 namespace cuda {
+
+// Which TMA forward runs (tma_forward_persistent.cuh): STRIA_CUDA_TMA_FWD unset, "" or "tiles" (a
+// CTA per query tile and head, the default), or "persistent" (a CTA per SM walking those items),
+// read at every launch. False for any other value: a misspelt choice must not quietly measure the
+// default.
+inline bool TmaPersistentForward(bool* persistent) {
+  const char* env = std::getenv("STRIA_CUDA_TMA_FWD");
+  *persistent = env != nullptr && strcasecmp(env, "persistent") == 0;
+  return *persistent || env == nullptr || *env == '\0' || strcasecmp(env, "tiles") == 0;
+}
+
+// The current device's SMs: the persistent grid's size (one CTA per SM: a CTA's 384 threads at
+// the consumers' 240 registers fill an SM's register file). 1 where the runtime cannot say.
+inline unsigned SmCount() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms < 1) {
+    (void)cudaGetLastError();  // nothing to report: the grid is only smaller
+    return 1;
+  }
+  return static_cast<unsigned>(sms);
+}
 
 // sm_90a only, like the wgmma forward. TMA needs what EncodeRowsMap checks (16-byte aligned
 // strides); a view it cannot describe takes the wgmma kernel that loads with cp.async instead.
@@ -21,17 +44,30 @@ template <typename T, int D>
 cudaError_t LaunchTmaForward(const FwdParams& p, cudaStream_t s) {
   using Tile = TmaFwdTile<D>;
   static_assert(Tile::kM == kForwardTileRows, "a forward's busy-tile lists are made for kForwardTileRows");
+  bool persistent = false;
+  if (!TmaPersistentForward(&persistent)) return cudaErrorInvalidValue;
   TmaFwdParams tp{};
   tp.p = p;
   const Dims& d = p.dims;
   const bool mapped =
       EncodeViewMap(&tp.q_map, p.q, d, d.Hq, Tile::kM) && EncodeBlockMaps(&tp.k_map, &tp.v_map, p.k, p.v, d, Tile::kN);
   if (!mapped) return LaunchWgmmaForward<T, D>(p, s);
-  void (*kernel)(TmaFwdParams) =
-      p.mask.doc_lo != nullptr ? WgmmaTmaForwardKernel<T, D, true> : WgmmaTmaForwardKernel<T, D, false>;
+  const bool docs = p.mask.doc_lo != nullptr;
+  const unsigned tiles = QueryTileCount(p.mask, Tile::kM), heads = static_cast<unsigned>(d.B * d.Hq);
+  if (persistent) {
+    using Persistent = TmaPersistentFwdTile<D>;
+    void (*kernel)(TmaFwdParams) =
+        docs ? WgmmaTmaPersistentForwardKernel<T, D, true> : WgmmaTmaPersistentForwardKernel<T, D, false>;
+    const cudaError_t allowed = AllowSmem(kernel, Persistent::kSmemBytes);
+    if (allowed != cudaSuccess) return allowed;
+    const unsigned items = ForwardItems{tiles, heads}.count(), sms = SmCount();
+    const dim3 grid(items < sms ? items : sms);
+    return STRIA_LAUNCH(kernel, grid, Persistent::kThreads, Persistent::kSmemBytes, s)(tp);
+  }
+  void (*kernel)(TmaFwdParams) = docs ? WgmmaTmaForwardKernel<T, D, true> : WgmmaTmaForwardKernel<T, D, false>;
   const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
   if (allowed != cudaSuccess) return allowed;
-  const dim3 grid(QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(d.B * d.Hq));
+  const dim3 grid(tiles, heads);
   return STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(tp);
 }
 

@@ -18,6 +18,7 @@
 #include "cuda/mma_forward.cuh"
 #include "cuda/tma_backward.cuh"
 #include "cuda/tma_forward.cuh"
+#include "cuda/tma_forward_persistent.cuh"
 #include "cuda/wgmma_backward.cuh"
 #include "cuda/wgmma_backward_wide.cuh"
 #include "cuda/wgmma_forward.cuh"
@@ -33,9 +34,10 @@ struct Block {
   uint64_t seed;
 };
 
-// Which kernels run: SIMT, the mma.sync forward and backward, the wgmma (sm_90a) ones, or the TMA
-// warp-specialised ones (sm_90a).
-enum class Path { kSimt, kMma, kWgmma, kTma };
+// Which kernels run: SIMT, the mma.sync forward and backward, the wgmma (sm_90a) ones, the TMA
+// warp-specialised ones (sm_90a), or the TMA forward's persistent kernel (its backward is the TMA
+// family's, which kTma checks: these cases run the forward alone).
+enum class Path { kSimt, kMma, kWgmma, kTma, kTmaPersistent };
 
 struct Case {
   std::string name;
@@ -97,6 +99,22 @@ void TmaForward(const sc::FwdParams& p) {
   emu::Launch(emu::Dim3{sc::QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(d.B * d.Hq), 1},
               emu::Dim3{Tile::kThreads, 1, 1}, Tile::kSmemBytes, [&] { sc::WgmmaTmaForwardKernel<T, D>(tp); });
 }
+// The persistent TMA forward (tma_forward_persistent.cuh) on a grid of two CTAs, where its
+// launcher takes one per SM: every CTA walks several items (idle ones too), so the stages' and
+// Q's barrier phases and the consumers' turns carry across items.
+template <typename T, int D>
+void TmaPersistentForward(const sc::FwdParams& p) {
+  using Tile = sc::TmaPersistentFwdTile<D>;
+  const sc::Dims& d = p.dims;
+  sc::TmaFwdParams tp{};
+  tp.p = p;
+  ASSERT_TRUE(sc::EncodeViewMap(&tp.q_map, p.q, d, d.Hq, Tile::kM));
+  ASSERT_TRUE(sc::EncodeBlockMaps(&tp.k_map, &tp.v_map, p.k, p.v, d, Tile::kN));
+  const unsigned items =
+      sc::ForwardItems{sc::QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(d.B * d.Hq)}.count();
+  emu::Launch(emu::Dim3{std::min(items, 2u), 1, 1}, emu::Dim3{Tile::kThreads, 1, 1}, Tile::kSmemBytes,
+              [&] { sc::WgmmaTmaPersistentForwardKernel<T, D>(tp); });
+}
 // The TMA backward, as LaunchTmaBackward runs it.
 template <typename T, int D>
 void TmaBackward(const sc::BwdParams& p) {
@@ -130,6 +148,9 @@ template <typename T>
 void Forward(Path path, const sc::FwdParams& p) {
   if (path == Path::kSimt) return SimtForward<T>(p);
   if constexpr (!std::is_same<T, sc::Float>::value) {
+    if (path == Path::kTmaPersistent && p.dims.D == 64) return TmaPersistentForward<T, 64>(p);
+    if (path == Path::kTmaPersistent && p.dims.D == 128) return TmaPersistentForward<T, 128>(p);
+    if (path == Path::kTmaPersistent && p.dims.D == 256) return TmaPersistentForward<T, 256>(p);
     if (path == Path::kTma && p.dims.D == 64) return TmaForward<T, 64>(p);
     if (path == Path::kTma && p.dims.D == 128) return TmaForward<T, 128>(p);
     if (path == Path::kWgmma && p.dims.D == 64)
@@ -333,6 +354,7 @@ void RunCase(const Case& c) {
     EXPECT_LT(RelError(lse.ToDouble(), lse_ref), c.dt == Dt::kF32 ? 1e-5 : 1e-3) << "lse";
   }
 
+  if (c.path == Path::kTmaPersistent) return;  // the TMA family's backward: its kTma cases
   // Backward from the reference's own output and LSE (as the ring's backward gets the forward's).
   Tensor o_in({B, L, Hq, D}, c.dt), lse_in({B, Hq, L}, Dt::kF32);
   for (int64_t x = 0; x < o_in.numel(); ++x) o_in.Set(x, out_ref[static_cast<size_t>(x)]);
@@ -429,7 +451,7 @@ sc::MaskArgs Diagonal(int64_t L, int64_t offset) {
 
 std::vector<Case> Cases() {
   std::vector<Case> cs;
-  for (Path path : {Path::kMma, Path::kWgmma, Path::kTma, Path::kSimt})
+  for (Path path : {Path::kMma, Path::kWgmma, Path::kTma, Path::kTmaPersistent, Path::kSimt})
     for (Dt dt : {Dt::kBF16, Dt::kF16})
       for (int D : {64, 128}) {
         // The own block of a causal striped/contiguous rank, and the dense block before it.
@@ -449,7 +471,7 @@ std::vector<Case> Cases() {
                           {{sc::MaskArgs{0, 96, 0, 48, 0, 0}, 4}, {sc::MaskArgs{48, 96, 0, 96, 0, 0}, 5}}});
       }
   // Shapes the tiles cut unevenly: 1 and 2 tokens, 130 (three 64-wide tiles), GQA 4:1, D 128.
-  for (Path path : {Path::kMma, Path::kWgmma, Path::kTma}) {
+  for (Path path : {Path::kMma, Path::kWgmma, Path::kTma, Path::kTmaPersistent}) {
     cs.push_back(Case{"one_token", Dt::kBF16, path, 1, 1, 2, 1, 64, {{Diagonal(1, 0), 6}}});
     cs.push_back(Case{"two_tokens_offset", Dt::kF16, path, 1, 2, 2, 2, 128, {{Diagonal(2, -1), 7}, {Dense(2), 8}}});
     cs.push_back(Case{"three_tiles_gqa", Dt::kBF16, path, 1, 130, 4, 1, 64, {{Diagonal(130, 0), 9}}});
@@ -462,7 +484,7 @@ std::vector<Case> Cases() {
   // CTAs whose rows see no key of a block (rows 0-199 under j <= i - 200): in the call's first or
   // last block they still own their rows (forward_state.cuh, IdleRows), as the only block, the
   // last after one that set the state, and the first before one that reads it.
-  for (Path path : {Path::kMma, Path::kWgmma, Path::kTma, Path::kSimt}) {
+  for (Path path : {Path::kMma, Path::kWgmma, Path::kTma, Path::kTmaPersistent, Path::kSimt}) {
     const sc::MaskArgs far = Diagonal(290, -200);
     cs.push_back(Case{"idle_ctas_alone", Dt::kBF16, path, 1, 290, 2, 1, 64, {{far, 19}}});
     cs.push_back(Case{"idle_ctas_last", Dt::kF16, path, 1, 290, 2, 1, 64, {{Dense(290), 20}, {far, 21}}});
@@ -471,7 +493,7 @@ std::vector<Case> Cases() {
   // Five key tiles per query tile: the wgmma forward's double-buffered K/V pipeline wraps around
   // its buffers twice (the TMA kernels' stages flip their barrier parities twice); the backward
   // walks five query tiles per key tile.
-  for (Path path : {Path::kWgmma, Path::kTma}) {
+  for (Path path : {Path::kWgmma, Path::kTma, Path::kTmaPersistent}) {
     cs.push_back(Case{"three_ctas_d128", Dt::kBF16, path, 1, 300, 2, 2, 128, {{Diagonal(300, 3), 16}}});
     cs.push_back(Case{"five_key_tiles", Dt::kBF16, path, 1, 560, 1, 1, 64, {{Dense(560), 18}}});
   }
@@ -482,7 +504,7 @@ std::vector<Case> Cases() {
     cs.push_back(Case{"gqa_restarts_d128", Dt::kF16, path, 1, 200, 3, 1, 128, {{Diagonal(200, 0), 17}}});
   // Logit softcapping on every family, forward and backward, over a diagonal and a dense block (a cap of 2
   // bends scores of this size well away from the identity).
-  for (Path path : {Path::kMma, Path::kWgmma, Path::kTma, Path::kSimt})
+  for (Path path : {Path::kMma, Path::kWgmma, Path::kTma, Path::kTmaPersistent, Path::kSimt})
     for (int D : {64, 128}) {
       Case capped{"softcap", D == 64 ? Dt::kBF16 : Dt::kF16,          path, 1, 80, 4, 2,
                   D,         {{Diagonal(80, 0), 24}, {Dense(80), 25}}};
@@ -494,7 +516,7 @@ std::vector<Case> Cases() {
   // wrap twice), causal offsets, GQA, two CTAs over two batch rows, softcap, idle CTAs of a last
   // block; the backward's 64-key CTAs walk up to five query tiles (the Q/dO stages wrap; mma.sync's
   // 16-query steps, thirteen) and, under GQA, each head's.
-  for (Path path : {Path::kMma, Path::kWgmma, Path::kTma}) {
+  for (Path path : {Path::kMma, Path::kWgmma, Path::kTma, Path::kTmaPersistent}) {
     cs.push_back(
         Case{"d256_causal_then_dense", Dt::kBF16, path, 1, 200, 4, 2, 256, {{Diagonal(200, 0), 30}, {Dense(200), 31}}});
     cs.push_back(Case{"d256_two_ctas_striped", Dt::kF16, path, 2, 150, 2, 1, 256, {{Diagonal(150, -1), 32}}});
@@ -517,10 +539,11 @@ std::vector<Case> Cases() {
 std::string Name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
   std::ostringstream os;
-  const char* path = c.path == Path::kSimt  ? "_simt"
-                     : c.path == Path::kMma ? "_tc"
-                     : c.path == Path::kTma ? "_tma"
-                                            : "_wgmma";
+  const char* path = c.path == Path::kSimt            ? "_simt"
+                     : c.path == Path::kMma           ? "_tc"
+                     : c.path == Path::kTma           ? "_tma"
+                     : c.path == Path::kTmaPersistent ? "_tma_persistent"
+                                                      : "_wgmma";
   os << c.name << "_" << DtName(c.dt) << path << "_L" << c.L << "_D" << c.D;
   return os.str();
 }
@@ -536,8 +559,8 @@ std::vector<Case> RandomCases() {
   std::vector<Case> cs;
   std::mt19937_64 rng(20261123);
   auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
-  for (Path path : {Path::kMma, Path::kWgmma, Path::kTma})
-    for (int i = 0; i < (path == Path::kTma ? 8 : 16); ++i) {
+  for (Path path : {Path::kMma, Path::kWgmma, Path::kTma, Path::kTmaPersistent})
+    for (int i = 0; i < (path == Path::kTma || path == Path::kTmaPersistent ? 8 : 16); ++i) {
       const int L = static_cast<int>(pick(1, 260)), Hkv = static_cast<int>(pick(1, 2));
       const int Hq = Hkv * static_cast<int>(pick(1, 3)), B = static_cast<int>(pick(1, 2));
       Case c{"random" + std::to_string(i),

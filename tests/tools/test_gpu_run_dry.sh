@@ -36,6 +36,7 @@ expect "$r" '^cuda_api: 0 passed, 0 failed, [1-9][0-9]* skipped$' "the API suite
 expect "$r" '^cuda_serving: 0 passed, 0 failed, [1-9][0-9]* skipped$' "the serving suite's summary"
 expect "$r" '^cuda_ring_wgmma: 0 passed, 0 failed, [1-9][0-9]* skipped$' "the wgmma cases' summary"
 expect "$r" '^cuda_ring_tma: 0 passed, 0 failed, [1-9][0-9]* skipped$' "the TMA cases' summary"
+expect "$r" '^cuda_ring_tma_persistent: 0 passed, 0 failed, [1-9][0-9]* skipped$' "the persistent forward's summary"
 expect "$r" '^kernel families to time: mma ' "only mma is timed without sm_90"
 expect "$r" '^stria_mma kernels: failed or timed out$' "a failed benchmark is reported"
 expect "$r" '^stria decode: failed or timed out$' "a failed decode benchmark is reported"
