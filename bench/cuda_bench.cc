@@ -72,16 +72,17 @@ bool TensorCoreFamily(const char* name, stria::cuda::Kernels* out) {
   return false;
 }
 
-// The TMA forward's kernel when one is named (STRIA_CUDA_TMA_FWD, kernels/cuda/tma_launch.cuh):
-// "_persistent", or "" for the default (a CTA per query tile).
-std::string TmaForwardSuffix() {
-  const char* fwd = std::getenv("STRIA_CUDA_TMA_FWD");
-  return fwd != nullptr && *fwd != '\0' && strcasecmp(fwd, "tiles") != 0 ? std::string("_") + fwd : std::string();
+// The TMA kernels' schedule when one is named (STRIA_CUDA_TMA_SCHEDULE, kernels/cuda/tma_launch.cuh):
+// "_persistent", or "" for the default (a CTA per tile).
+std::string TmaScheduleSuffix() {
+  const char* schedule = std::getenv("STRIA_CUDA_TMA_SCHEDULE");
+  return schedule != nullptr && *schedule != '\0' && strcasecmp(schedule, "tiles") != 0 ? std::string("_") + schedule
+                                                                                        : std::string();
 }
-// A family as the ring, docs and hide lines name it: tma_persistent for the TMA family with the
-// persistent forward.
+// A family as the ring, docs and hide lines name it: tma_persistent for the TMA family on its
+// persistent kernels.
 std::string FamilyLabel(stria::cuda::Kernels k) {
-  return stria::cuda::KernelsName(k) + (k == stria::cuda::Kernels::kTma ? TmaForwardSuffix() : std::string());
+  return stria::cuda::KernelsName(k) + (k == stria::cuda::Kernels::kTma ? TmaScheduleSuffix() : std::string());
 }
 
 // Median milliseconds of `fn` (queued on `stream`) over `reps` runs after one warm-up.
@@ -329,13 +330,12 @@ int Kernels(const std::vector<int64_t>& dims, const std::vector<int64_t>& lens, 
         // The kernel family: STRIA_CUDA_KERNELS, or "default" when unset (the library's choice for
         // this device, cuda_backend.cc; gpu_run.sh names each family it times), and the TMA
         // backward's dQ path when one is named (STRIA_CUDA_TMA_DQ: stria_tma_atomicdq), and the
-        // TMA forward's kernel (STRIA_CUDA_TMA_FWD: stria_tma_persistent; its backward is the
-        // default's, timed again).
+        // TMA kernels' schedule (STRIA_CUDA_TMA_SCHEDULE: stria_tma_persistent).
         const char* env = std::getenv("STRIA_CUDA_KERNELS");
         const char* dq = std::getenv("STRIA_CUDA_TMA_DQ");
         const std::string impl = std::string("stria_") + (env != nullptr && *env != '\0' ? env : "default") +
                                  (dq != nullptr && *dq != '\0' ? std::string("_") + dq + "dq" : "") +
-                                 TmaForwardSuffix();
+                                 TmaScheduleSuffix();
         std::printf("impl=%s dir=fwd dim=%lld causal=%d len=%lld batch=%lld heads=%lld ms=%.4f tflops=%.1f\n",
                     impl.c_str(), (long long)D, causal, (long long)S, (long long)B, (long long)H, fwd_ms,
                     flops / fwd_ms * 1e-9);

@@ -19,12 +19,12 @@
 #   kernels      each family whose tests passed (mma; wgmma and tma on sm_90)  60 s for three
 #                beside torch SDPA's flash and cuDNN backends, same shapes;
 #                at D 128, causal, softcap 30 and sinks beside the plain call;
-#                the TMA backward's atomic dQ and its persistent forward too
+#                the TMA backward's atomic dQ and the TMA persistent kernels too
 #   ring         the modelled N = 8 ring at 256k tokens, per family            12 s a family
 #   docs         packed documents: the modelled ring of a document plan and    3 s a family
 #                of each layout, lognormal lengths, 32k and 128k tokens, N 8;
 #                the plan also with a CTA for every query tile, and per step;
-#                again on the TMA forward's persistent kernel
+#                again on the TMA family's persistent kernels
 #   nccl1        the NCCL transport at world 1 against the in-process one      6 s
 #   hide         the block length above which a step's transfer hides         3 s a family
 #   decode       decode over a sharded KV cache: one GPU's call at 32k-1M      not yet measured
@@ -158,7 +158,7 @@ hopper=0
 [[ "$gpu" == *", 9.0,"* ]] && hopper=1
 families=(mma)  # the Hopper families join once their tests pass (below)
 tma_atomic=0    # and the TMA backward's atomic dQ beside its default
-tma_persistent=0  # and the TMA forward's persistent kernel beside its default
+tma_persistent=0  # and the TMA family's persistent kernels beside its default
 
 # Test logs: one per process, all appended to gpu_test_output.txt; gtest_summary.py says per suite
 # what passed, failed, or started and never ended (the case a time limit or a crash stopped).
@@ -229,10 +229,10 @@ for family in wgmma tma; do
       else
         note_failure tma
       fi
-      # The TMA forward's persistent kernel (a CTA per SM; the default is a CTA per query tile),
-      # timed below beside the default once its cases pass.
-      if STRIA_CUDA_TMA_FWD=persistent sharded cuda_ring_tma_persistent "$(cap 120)" "$bin"/tests/gpu/test_cuda_ring \
-        "Tma/*:Documents/*_tma*:Softcap/*_tma*:Sinks/*_tma*:Windows/*_tma*"; then
+      # The TMA family's persistent kernels (a CTA per SM; the default is a CTA per tile), timed
+      # below beside the default once their cases pass.
+      if STRIA_CUDA_TMA_SCHEDULE=persistent sharded cuda_ring_tma_persistent "$(cap 120)" "$bin"/tests/gpu/test_cuda_ring \
+        "Tma/*:Documents/*_tma*:Softcap/*_tma*:Sinks/*_tma*:Windows/*_tma*:Deterministic/*_tma*"; then
         [ $hopper = 1 ] && [[ " ${families[*]} " == *" tma "* ]] && tma_persistent=1
       else
         note_failure tma
@@ -262,8 +262,8 @@ if stage kernels $((20 + 25 * nf)); then
       "$bin"/bench/stria-cuda-bench kernels --dims $dims --lens $lens --deterministic 0 2>&1 | tee -a "$results" ||
       { say "stria_tma_atomicdq kernels: failed or timed out"; note_failure kernels; }
   fi
-  if [ $tma_persistent = 1 ]; then  # the forward is what differs; the backward comes along
-    STRIA_CUDA_KERNELS=tma STRIA_CUDA_TMA_FWD=persistent timeout -k 10 "$(cap 240)" \
+  if [ $tma_persistent = 1 ]; then
+    STRIA_CUDA_KERNELS=tma STRIA_CUDA_TMA_SCHEDULE=persistent timeout -k 10 "$(cap 240)" \
       "$bin"/bench/stria-cuda-bench kernels --dims $dims --lens $lens --deterministic 0 2>&1 | tee -a "$results" ||
       { say "stria_tma_persistent kernels: failed or timed out"; note_failure kernels; }
   fi
@@ -296,11 +296,11 @@ if stage docs $((20 * nf)); then
         --reps 5 --kernels "$family" 2>&1 | tee -a "$results" || { say "docs $family: failed or timed out"; note_failure docs; }
     done
   done
-  # The document plan's steps are short blocks of few key tiles per CTA: the persistent forward's
-  # case (kernels=tma_persistent; its backward is the default's).
+  # The document plan's steps are short blocks of few tiles per CTA: the persistent kernels' case
+  # (kernels=tma_persistent).
   if [ $tma_persistent = 1 ]; then
     for dseq in 32768 131072; do
-      STRIA_CUDA_TMA_FWD=persistent timeout -k 10 "$(cap 120)" "$bin"/bench/stria-cuda-bench docs --seq $dseq \
+      STRIA_CUDA_TMA_SCHEDULE=persistent timeout -k 10 "$(cap 120)" "$bin"/bench/stria-cuda-bench docs --seq $dseq \
         --world 8 --heads 16 --dim 128 --reps 5 --kernels tma 2>&1 | tee -a "$results" ||
         { say "docs tma_persistent: failed or timed out"; note_failure docs; }
     done
@@ -382,7 +382,7 @@ if stage sanitizer 60; then
     # memcheck (float32 and the other head dims).
     runs=("memcheck ring $filter" "memcheck primitives" "memcheck serving Cases/CudaDecode.*")
     for r in "${races[@]}"; do runs+=("racecheck ring $r"); done
-    # The TMA forward's persistent kernel: its Q buffer and stages are reused across work items.
+    # The TMA persistent kernels: their buffers and stages are reused across work items.
     if [ $tma_persistent = 1 ]; then
       runs+=("memcheck ring_persistent Tma/*N3_striped_causal_bf16_B2L264*:Documents/*_tma_docs9")
       runs+=("racecheck ring_persistent Tma/*N1_striped_causal_bf16_B2L264H4x1D128_tma")
@@ -390,16 +390,16 @@ if stage sanitizer 60; then
     runs+=("racecheck primitives" "racecheck serving Cases/CudaDecode.*N3_striped_paged_f16_B3_T3_H8x2_D128*")
     for run in "${runs[@]}"; do
       read -r tool what cases <<<"$run"
-      fwd=tiles
+      schedule=tiles
       if [ "$what" = ring ] || [ "$what" = ring_persistent ]; then
         args=("$bin"/tests/gpu/test_cuda_ring --gtest_filter="$cases") limit=$([ $tool = memcheck ] && echo 150 || echo 60)
-        [ "$what" = ring_persistent ] && fwd=persistent
+        [ "$what" = ring_persistent ] && schedule=persistent
       elif [ "$what" = serving ]; then
         args=("$bin"/tests/gpu/test_cuda_serving --gtest_filter="$cases") limit=90
       else
         args=("$bin"/tests/gpu/test_hopper_primitives) limit=60
       fi
-      STRIA_CUDA_TMA_FWD=$fwd STRIA_TEST_KERNELS=mma timeout -k 10 "$(cap $limit)" "$sanitizer" --tool "$tool" --error-exitcode 9 "${args[@]}" \
+      STRIA_CUDA_TMA_SCHEDULE=$schedule STRIA_TEST_KERNELS=mma timeout -k 10 "$(cap $limit)" "$sanitizer" --tool "$tool" --error-exitcode 9 "${args[@]}" \
         >"$tmp/san.log" 2>&1
       rc=$?
       # Apart from the test logs and capped: a flood of race reports must not make the files too

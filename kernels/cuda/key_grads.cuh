@@ -28,14 +28,20 @@ STRIA_DEVICE void StoreKeyGrad(const BwdParams& p, int b, int hk, int64_t j, int
   p.dv[at] = dv;
 }
 
-// Zeros as the dK/dV rows [j0, j0 + rows) of K/V head hk of batch row b; every thread of the
-// CTA (`threads` of them) calls it.
+// Zeros as the dK/dV rows [j0, j0 + rows) of K/V head hk of batch row b; each of `threads`
+// threads calls it with its own index `thread` among them (a persistent kernel's consumers: not
+// the CTA's thread index).
 template <typename T>
-STRIA_DEVICE void ZeroKeyGrads(const BwdParams& p, int b, int hk, int64_t j0, int rows, int threads) {
+STRIA_DEVICE void ZeroKeyGrads(const BwdParams& p, int b, int hk, int64_t j0, int rows, int thread, int threads) {
   const int D = p.dims.D;
   const int64_t n = MaxI(MinI(j0 + rows, p.dims.L) - j0, 0) * D;
-  for (int64_t x = threadIdx.x; x < n; x += threads)
+  for (int64_t x = thread; x < n; x += threads)
     StoreKeyGrad<T>(p, b, hk, j0 + x / D, static_cast<int>(x % D), 0.f, 0.f);
+}
+// Every thread of the CTA.
+template <typename T>
+STRIA_DEVICE void ZeroKeyGrads(const BwdParams& p, int b, int hk, int64_t j0, int rows, int threads) {
+  ZeroKeyGrads<T>(p, b, hk, j0, rows, static_cast<int>(threadIdx.x), threads);
 }
 
 }  // namespace cuda

@@ -40,8 +40,7 @@ struct ForwardItems {
 };
 
 template <typename T, int D, bool kDocs = false>
-STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384)
-    WgmmaTmaPersistentForwardKernel(const STRIA_GRID_CONSTANT TmaFwdParams tp) {
+STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaPersistentForwardKernel(const STRIA_GRID_CONSTANT TmaFwdParams tp) {
 #if STRIA_HAS_WGMMA
   using Tile = TmaPersistentFwdTile<D>;
   constexpr int kM = Tile::kM, kN = Tile::kN, kStages = Tile::kStages, kConsumerThreads = 128 * Tile::kConsumers;

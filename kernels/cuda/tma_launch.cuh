@@ -9,6 +9,7 @@
 
 #include "cuda/launch_tiles.cuh"
 #include "cuda/tma_backward.cuh"
+#include "cuda/tma_backward_persistent.cuh"
 #include "cuda/tma_forward.cuh"
 #include "cuda/tma_forward_persistent.cuh"
 #include "cuda/wgmma_launch.cuh"
@@ -16,12 +17,13 @@
 namespace stria {
 namespace cuda {
 
-// Which TMA forward runs (tma_forward_persistent.cuh): STRIA_CUDA_TMA_FWD unset, "" or "tiles" (a
-// CTA per query tile and head, the default), or "persistent" (a CTA per SM walking those items),
-// read at every launch. False for any other value: a misspelt choice must not quietly measure the
-// default.
-inline bool TmaPersistentForward(bool* persistent) {
-  const char* env = std::getenv("STRIA_CUDA_TMA_FWD");
+// How the TMA kernels take their work items (tma_forward_persistent.cuh,
+// tma_backward_persistent.cuh): STRIA_CUDA_TMA_SCHEDULE unset, "" or "tiles" (a CTA per item: a
+// forward's query tile or a backward's key tile of one head; the default), or "persistent" (a CTA
+// per SM walking the items), read at every launch. False for any other value: a misspelt choice
+// must not quietly measure the default.
+inline bool TmaPersistent(bool* persistent) {
+  const char* env = std::getenv("STRIA_CUDA_TMA_SCHEDULE");
   *persistent = env != nullptr && strcasecmp(env, "persistent") == 0;
   return *persistent || env == nullptr || *env == '\0' || strcasecmp(env, "tiles") == 0;
 }
@@ -45,7 +47,7 @@ cudaError_t LaunchTmaForward(const FwdParams& p, cudaStream_t s) {
   using Tile = TmaFwdTile<D>;
   static_assert(Tile::kM == kForwardTileRows, "a forward's busy-tile lists are made for kForwardTileRows");
   bool persistent = false;
-  if (!TmaPersistentForward(&persistent)) return cudaErrorInvalidValue;
+  if (!TmaPersistent(&persistent)) return cudaErrorInvalidValue;
   TmaFwdParams tp{};
   tp.p = p;
   const Dims& d = p.dims;
@@ -81,12 +83,38 @@ inline bool TmaBulkDq(bool* bulk) {
   return *bulk || strcasecmp(env, "atomic") == 0;
 }
 
+// The persistent TMA backward on the kernel the plain launch below picked, in a grid of at most
+// one CTA per SM.
+template <typename T, int D, bool kDq>
+cudaError_t LaunchTmaPersistentBackward(const TmaBwdParams& tp, bool bulk, cudaStream_t s) {
+  const BwdParams& p = tp.p;
+  const bool docs = p.mask.doc_lo != nullptr;
+  void (*kernel)(TmaBwdParams) =
+      docs ? WgmmaTmaPersistentBackwardKernel<T, D, true, kDq> : WgmmaTmaPersistentBackwardKernel<T, D, false, kDq>;
+  int smem = TmaPersistentBwdTile<D>::kSmemBytes;
+  if constexpr (kDq) {
+    if (bulk) {
+      kernel = docs ? WgmmaTmaPersistentBackwardKernel<T, D, true, true, true>
+                    : WgmmaTmaPersistentBackwardKernel<T, D, false, true, true>;
+      smem = TmaPersistentBwdTile<D, true>::kSmemBytes;
+    }
+  }
+  const cudaError_t allowed = AllowSmem(kernel, smem);
+  if (allowed != cudaSuccess) return allowed;
+  const unsigned items =
+      BackwardItems{KeyTileCount(p, TmaBwdTile<D>::kN), static_cast<unsigned>(p.dims.B * p.dims.Hkv)}.count();
+  const unsigned sms = SmCount();
+  const dim3 grid(items < sms ? items : sms);
+  return STRIA_LAUNCH(kernel, grid, TmaBwdTile<D>::kThreads, smem, s)(tp);
+}
+
 // sm_90a only; like the TMA forward, a view TMA cannot describe takes the cp.async wgmma kernel.
 template <typename T, int D, bool kDq>
 cudaError_t LaunchTmaTileBackward(const BwdParams& p, cudaStream_t s) {
   using Tile = TmaBwdTile<D>;
-  bool bulk = false;
+  bool bulk = false, persistent = false;
   if (kDq && !TmaBulkDq(&bulk)) return cudaErrorInvalidValue;
+  if (!TmaPersistent(&persistent)) return cudaErrorInvalidValue;
   TmaBwdParams tp{};
   tp.p = p;
   const Dims& d = p.dims;
@@ -94,6 +122,7 @@ cudaError_t LaunchTmaTileBackward(const BwdParams& p, cudaStream_t s) {
                       EncodeViewMap(&tp.do_map, p.dout, d, d.Hq, Tile::kM) &&
                       EncodeBlockMaps(&tp.k_map, &tp.v_map, p.k, p.v, d, Tile::kN);
   if (!mapped) return LaunchWgmmaBackward<T, D, kDq>(p, s);
+  if (persistent) return LaunchTmaPersistentBackward<T, D, kDq>(tp, bulk, s);
   const bool docs = p.mask.doc_lo != nullptr;
   void (*kernel)(TmaBwdParams) =
       docs ? WgmmaTmaBackwardKernel<T, D, true, kDq> : WgmmaTmaBackwardKernel<T, D, false, kDq>;

@@ -17,6 +17,7 @@
 #include "cuda/mma_backward.cuh"
 #include "cuda/mma_forward.cuh"
 #include "cuda/tma_backward.cuh"
+#include "cuda/tma_backward_persistent.cuh"
 #include "cuda/tma_forward.cuh"
 #include "cuda/tma_forward_persistent.cuh"
 #include "cuda/wgmma_backward.cuh"
@@ -35,8 +36,8 @@ struct Block {
 };
 
 // Which kernels run: SIMT, the mma.sync forward and backward, the wgmma (sm_90a) ones, the TMA
-// warp-specialised ones (sm_90a), or the TMA forward's persistent kernel (its backward is the TMA
-// family's, which kTma checks: these cases run the forward alone).
+// warp-specialised ones (sm_90a), or the TMA family's persistent kernels (at head dim 256 the
+// backward is the wgmma family's, as for kTma).
 enum class Path { kSimt, kMma, kWgmma, kTma, kTmaPersistent };
 
 struct Case {
@@ -99,9 +100,9 @@ void TmaForward(const sc::FwdParams& p) {
   emu::Launch(emu::Dim3{sc::QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(d.B * d.Hq), 1},
               emu::Dim3{Tile::kThreads, 1, 1}, Tile::kSmemBytes, [&] { sc::WgmmaTmaForwardKernel<T, D>(tp); });
 }
-// The persistent TMA forward (tma_forward_persistent.cuh) on a grid of two CTAs, where its
-// launcher takes one per SM: every CTA walks several items (idle ones too), so the stages' and
-// Q's barrier phases and the consumers' turns carry across items.
+// The persistent TMA kernels (tma_forward_persistent.cuh, tma_backward_persistent.cuh) on a grid of
+// two CTAs, where their launchers take one per SM: every CTA walks several items (idle ones too),
+// so the barriers' phases and the consumers' turns carry across items.
 template <typename T, int D>
 void TmaPersistentForward(const sc::FwdParams& p) {
   using Tile = sc::TmaPersistentFwdTile<D>;
@@ -114,6 +115,27 @@ void TmaPersistentForward(const sc::FwdParams& p) {
       sc::ForwardItems{sc::QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(d.B * d.Hq)}.count();
   emu::Launch(emu::Dim3{std::min(items, 2u), 1, 1}, emu::Dim3{Tile::kThreads, 1, 1}, Tile::kSmemBytes,
               [&] { sc::WgmmaTmaPersistentForwardKernel<T, D>(tp); });
+}
+// The backward's dQ by the dQ warp's bulk reductions (the launcher's default) where the case's L is
+// even, by the consumers' atomics where it is odd.
+template <typename T, int D>
+void TmaPersistentBackward(const sc::BwdParams& p) {
+  using Tile = sc::TmaPersistentBwdTile<D, true>;
+  const sc::Dims& d = p.dims;
+  sc::TmaBwdParams tp{};
+  tp.p = p;
+  ASSERT_TRUE(sc::EncodeViewMap(&tp.q_map, p.q, d, d.Hq, Tile::kM));
+  ASSERT_TRUE(sc::EncodeViewMap(&tp.do_map, p.dout, d, d.Hq, Tile::kM));
+  ASSERT_TRUE(sc::EncodeBlockMaps(&tp.k_map, &tp.v_map, p.k, p.v, d, Tile::kN));
+  const unsigned items = sc::BackwardItems{CeilDiv(d.L, Tile::kN), static_cast<unsigned>(d.B * d.Hkv)}.count();
+  const bool bulk = d.L % 2 == 0;
+  emu::Launch(emu::Dim3{std::min(items, 2u), 1, 1}, emu::Dim3{Tile::kThreads, 1, 1},
+              bulk ? Tile::kSmemBytes : sc::TmaPersistentBwdTile<D>::kSmemBytes, [&] {
+                if (bulk)
+                  sc::WgmmaTmaPersistentBackwardKernel<T, D, false, true, true>(tp);
+                else
+                  sc::WgmmaTmaPersistentBackwardKernel<T, D>(tp);
+              });
 }
 // The TMA backward, as LaunchTmaBackward runs it.
 template <typename T, int D>
@@ -178,6 +200,8 @@ template <typename T>
 void Backward(Path path, const sc::BwdParams& p) {
   if (path == Path::kSimt) return SimtBackward<T>(p);
   if constexpr (!std::is_same<T, sc::Float>::value) {
+    if (path == Path::kTmaPersistent && p.dims.D == 64) return TmaPersistentBackward<T, 64>(p);
+    if (path == Path::kTmaPersistent && p.dims.D == 128) return TmaPersistentBackward<T, 128>(p);
     if (path == Path::kTma && p.dims.D == 64) return TmaBackward<T, 64>(p);
     if (path == Path::kTma && p.dims.D == 128) return TmaBackward<T, 128>(p);
     if (path == Path::kWgmma && p.dims.D == 64) return WgmmaBackward<T, 64>(p);
@@ -354,7 +378,6 @@ void RunCase(const Case& c) {
     EXPECT_LT(RelError(lse.ToDouble(), lse_ref), c.dt == Dt::kF32 ? 1e-5 : 1e-3) << "lse";
   }
 
-  if (c.path == Path::kTmaPersistent) return;  // the TMA family's backward: its kTma cases
   // Backward from the reference's own output and LSE (as the ring's backward gets the forward's).
   Tensor o_in({B, L, Hq, D}, c.dt), lse_in({B, Hq, L}, Dt::kF32);
   for (int64_t x = 0; x < o_in.numel(); ++x) o_in.Set(x, out_ref[static_cast<size_t>(x)]);
@@ -500,7 +523,7 @@ std::vector<Case> Cases() {
   // The wgmma backward's key warpgroups: under GQA each query head restarts the causal walk, so
   // the second warpgroup of a key tile sits out the first query tile of every head (its dS^T
   // in shared memory is the previous head's) while the first one works.
-  for (Path path : {Path::kWgmma, Path::kTma})
+  for (Path path : {Path::kWgmma, Path::kTma, Path::kTmaPersistent})
     cs.push_back(Case{"gqa_restarts_d128", Dt::kF16, path, 1, 200, 3, 1, 128, {{Diagonal(200, 0), 17}}});
   // Logit softcapping on every family, forward and backward, over a diagonal and a dense block (a cap of 2
   // bends scores of this size well away from the identity).
