@@ -7,13 +7,14 @@
 // mbarrier). So the next item's loads overlap the previous one's last step and the store of its
 // dK/dV, and no item waits for a CTA to be scheduled and set up. Items go to CTAs in the
 // CTA-per-item grid's order (every head's first key tiles first: under a causal mask the
-// longest), item w to CTA w mod G.
+// longest), in rounds back and forth (persistent_schedule.cuh).
 //
 // Every barrier's phase counts across items: the Q/dO stages and the dQ buffers by the CTA's
 // step (all items' steps in sequence), K/V by the items with work. An item whose keys no query
 // sees costs its consumers the zeros of its dK/dV rows.
 #pragma once
 
+#include "cuda/persistent_schedule.cuh"
 #include "cuda/tma_backward.cuh"
 
 namespace stria {
@@ -63,6 +64,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaPersistentBackwardKernel(cons
   // The launch's key tiles: KeyTileCount's (a host function of params.h).
   const int64_t key_rows = p.key_rows > 0 && p.key_rows < d.L ? p.key_rows : d.L;
   const BackwardItems items{static_cast<unsigned>((key_rows + kN - 1) / kN), static_cast<unsigned>(d.B * d.Hkv)};
+  const PersistentItems schedule{items.count(), blockIdx.x, gridDim.x};
   // Item w: its batch row, K/V head and first key, and the query tiles that see its keys under
   // `mask` (the item's: with documents, its batch row's bounds), as every role of the CTA walks
   // them. (The mask stays a reference to the launch's own without documents, as in
@@ -110,7 +112,9 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaPersistentBackwardKernel(cons
         // The dQ warp: each step's tile into dq_acc, the CTA's steps in sequence.
         if (lane != 0) return;
         int gs = 0;
-        for (unsigned w = blockIdx.x; w < items.count(); w += gridDim.x) {
+        for (unsigned k = 0; schedule.HasRound(k); ++k) {
+          const unsigned w = schedule.At(k);
+          if (w >= items.count()) continue;
           const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, batch_of(w)) : MaskArgs{};
           const Item it = item_of(w, kDocs ? docs_mask : p.mask);
           const int steps = it.queries.count * group;
@@ -137,7 +141,9 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaPersistentBackwardKernel(cons
       prefetch_tensor_map(&tp.do_map);
     }
     int gs = 0, kv_uses = 0;
-    for (unsigned w = blockIdx.x; w < items.count(); w += gridDim.x) {
+    for (unsigned k = 0; schedule.HasRound(k); ++k) {
+      const unsigned w = schedule.At(k);
+      if (w >= items.count()) continue;
       const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, batch_of(w)) : MaskArgs{};
       const Item it = item_of(w, kDocs ? docs_mask : p.mask);
       if (it.queries.count == 0) continue;
@@ -185,7 +191,9 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaPersistentBackwardKernel(cons
   const uint32_t k_addr = smem_addr(ks), v_addr = smem_addr(vs);
   auto consumers_sync = [] { named_barrier_sync(1, kConsumerThreads); };
   int gs = 0, kv_uses = 0;
-  for (unsigned w = blockIdx.x; w < items.count(); w += gridDim.x) {
+  for (unsigned k = 0; schedule.HasRound(k); ++k) {
+    const unsigned w = schedule.At(k);
+    if (w >= items.count()) continue;
     const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, batch_of(w)) : MaskArgs{};
     const MaskArgs& mask = kDocs ? docs_mask : p.mask;
     const Item it = item_of(w, mask);

@@ -5,8 +5,8 @@
 //    rows' store), the next item's Q and first K/V tiles are already on their way, so an item's
 //    start no longer waits for its loads, and its end no longer leaves the tensor cores idle while
 //    a new CTA is scheduled, initialises its barriers and loads;
-//  - a launch's tail: the items go to the CTAs in the non-persistent grid's order (every head's
-//    longest tiles first), item w to CTA w mod G, so the short items fill the end on every SM;
+//  - a launch's tail: the items go to the CTAs in rounds, longest first, back and forth
+//    (persistent_schedule.cuh), so the short items fill the end on every SM;
 //  - idle items (tiles of a document block with nothing visible) cost a few stores, not a CTA.
 // Short blocks and document blocks, whose CTAs run for a handful of key tiles, are where a CTA's
 // fixed cost weighs most: a ring step of packed documents is made of them.
@@ -19,6 +19,7 @@
 // the next.
 #pragma once
 
+#include "cuda/persistent_schedule.cuh"
 #include "cuda/tma_forward.cuh"
 
 namespace stria {
@@ -59,6 +60,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaPersistentForwardKernel(const
   const Dims& d = p.dims;
   const int tid = static_cast<int>(threadIdx.x), wg = tid >> 7;
   const ForwardItems items{QueryTileCount(p.mask, kM), static_cast<unsigned>(d.B * d.Hq)};
+  const PersistentItems schedule{items.count(), blockIdx.x, gridDim.x};
   auto stage_of = [](int t) { return t % kStages; };
   auto parity_of = [](int t) { return (t / kStages) & 1; };
 
@@ -83,7 +85,9 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaPersistentForwardKernel(const
     prefetch_tensor_map(&tp.k_map);
     prefetch_tensor_map(&tp.v_map);
     int t = 0, q_uses = 0;  // K/V tiles and Q tiles loaded so far
-    for (unsigned w = blockIdx.x; w < items.count(); w += gridDim.x) {
+    for (unsigned k = 0; schedule.HasRound(k); ++k) {
+      const unsigned w = schedule.At(k);
+      if (w >= items.count()) continue;
       const int bh = static_cast<int>(w % items.heads);
       const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, bh / d.Hq) : MaskArgs{};
       const MaskArgs& mask = kDocs ? docs_mask : p.mask;
@@ -132,7 +136,9 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaPersistentForwardKernel(const
   if (group == 1) your_turn();
 
   int t = 0, q_uses = 0;  // as the producer counts them
-  for (unsigned w = blockIdx.x; w < items.count(); w += gridDim.x) {
+  for (unsigned k = 0; schedule.HasRound(k); ++k) {
+    const unsigned w = schedule.At(k);
+    if (w >= items.count()) continue;
     const int bh = static_cast<int>(w % items.heads);
     const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, bh / d.Hq) : MaskArgs{};
     const MaskArgs& mask = kDocs ? docs_mask : p.mask;
