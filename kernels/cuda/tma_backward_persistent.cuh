@@ -12,6 +12,10 @@
 // Every barrier's phase counts across items: the Q/dO stages and the dQ buffers by the CTA's
 // step (all items' steps in sequence), K/V by the items with work. An item whose keys no query
 // sees costs its consumers the zeros of its dK/dV rows.
+//
+// The roles' loops repeat tma_backward.cuh's (its bulk dQ store included) on purpose, as the
+// persistent forward does: the CTA-per-tile kernel stays the default, as measured, until a GPU run
+// has timed the two side by side.
 #pragma once
 
 #include "cuda/persistent_schedule.cuh"

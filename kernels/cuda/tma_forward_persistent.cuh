@@ -17,6 +17,10 @@
 // of Q, has completed). The consumers' ping-pong carries on across items: both take an item's
 // n_tiles + 1 turns, so the turn that warpgroup 1 opens at an item's end is warpgroup 0's first of
 // the next.
+//
+// The consumers' item body repeats tma_forward.cuh's loop on purpose: the CTA-per-tile kernel
+// stays the default, as measured, until a GPU run has timed the two side by side; then the one that
+// loses goes, rather than reshaping the default's register-tight loop unmeasured.
 #pragma once
 
 #include "cuda/persistent_schedule.cuh"
