@@ -24,7 +24,8 @@
 // - devices: STRIA_CUDA_MODEL_DEVICES (default 2, so that tests of a second device run) of compute
 //   capability STRIA_CUDA_MODEL_CC
 //   (default 90, so the Hopper kernels run too), STRIA_CUDA_MODEL_MEMORY_MB each (default 80 GiB;
-//   the host allocates only what is asked for).
+//   the host allocates only what is asked for) and STRIA_CUDA_MODEL_SMS SMs each (default 132, an
+//   H200's; fewer make a persistent kernel's CTAs walk several work items each).
 // Streams are never freed (cudaStreamDestroy lets the worker end once its work is done): the
 // model is for tests, and a late use then finds a stopped stream, not freed memory.
 #include <cuda.h>
@@ -88,6 +89,7 @@ struct Model {
   std::map<uintptr_t, Allocation> allocations;  // by start address
   std::set<std::pair<int, int>> peer_access;    // (device, peer) pairs enabled
   int cc = 90;
+  int sms = 132;
   size_t device_bytes = size_t{80} << 30;  // each device's memory
 };
 
@@ -101,6 +103,7 @@ Model& M() {
     auto* model = new Model();  // never destroyed: worker threads may outlive static destructors
     model->devices.resize(static_cast<size_t>(std::max(0, EnvInt("STRIA_CUDA_MODEL_DEVICES", 2))));
     model->cc = EnvInt("STRIA_CUDA_MODEL_CC", 90);
+    model->sms = std::max(1, EnvInt("STRIA_CUDA_MODEL_SMS", 132));
     const int mib = EnvInt("STRIA_CUDA_MODEL_MEMORY_MB", 0);
     if (mib > 0) model->device_bytes = static_cast<size_t>(mib) << 20;
     return model;
@@ -456,7 +459,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int dev
       *value = 1;
       return cudaSuccess;
     case cudaDevAttrMultiProcessorCount:
-      *value = 132;  // an H200's
+      *value = M().sms;
       return cudaSuccess;
     default:
       return Set(cudaErrorInvalidValue);  // not modelled: a new use must be added here
