@@ -29,15 +29,18 @@ inline bool TmaPersistent(bool* persistent) {
 }
 
 // The current device's SMs: the persistent grid's size (one CTA per SM: a CTA's 384 threads at
-// the consumers' 240 registers fill an SM's register file). 1 where the runtime cannot say.
+// the consumers' 240 registers fill an SM's register file). 1 where the runtime cannot say; its
+// record of that failure is dropped (nothing to report: the grid is only smaller), and a caller's
+// pending error of another kind is left as it was.
 inline unsigned SmCount() {
   int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms < 1) {
-    (void)cudaGetLastError();  // nothing to report: the grid is only smaller
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e != cudaSuccess) {
+    if (cudaPeekAtLastError() == e) (void)cudaGetLastError();
     return 1;
   }
-  return static_cast<unsigned>(sms);
+  return sms > 0 ? static_cast<unsigned>(sms) : 1u;
 }
 
 // sm_90a only, like the wgmma forward. TMA needs what EncodeRowsMap checks (16-byte aligned
