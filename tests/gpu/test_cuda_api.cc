@@ -258,6 +258,37 @@ TEST(CudaErrors, OrdinalOutOfRange) {
   for (stria_context_t c : group.ctx) EXPECT_EQ(c, nullptr);
 }
 
+// The kernel switches a test or benchmark sets (STRIA_CUDA_KERNELS, and the TMA family's
+// STRIA_CUDA_TMA_DQ and STRIA_CUDA_TMA_SCHEDULE): a misspelt value is refused at context
+// creation, by name; a valid one is taken.
+TEST(CudaErrors, MisspeltKernelSwitchesAreRefusedByName) {
+  STRIA_REQUIRE_GPU();
+  struct Case {
+    const char* var;
+    const char* bad;
+    const char* good;
+  };
+  for (const Case& c : {Case{"STRIA_CUDA_KERNELS", "tmaa", "tma"}, Case{"STRIA_CUDA_TMA_DQ", "atomics", "atomic"},
+                        Case{"STRIA_CUDA_TMA_SCHEDULE", "persistant", "persistent"}}) {
+    SCOPED_TRACE(c.var);
+    stria_context_config_t cfg;
+    stria_context_config_init(&cfg);
+    cfg.device = DLDevice{kDLCUDA, 0};
+    stria_context_t ctx = nullptr;
+    setenv(c.var, c.bad, 1);
+    EXPECT_EQ(stria_context_create(&cfg, &ctx), STRIA_ERROR_INVALID_ARGUMENT);
+    const std::string msg = stria_get_last_error();
+    EXPECT_NE(msg.find(c.var), std::string::npos) << msg;
+    EXPECT_NE(msg.find(c.bad), std::string::npos) << msg;
+    EXPECT_EQ(ctx, nullptr);
+    setenv(c.var, c.good, 1);
+    const stria_status_t st = stria_context_create(&cfg, &ctx);
+    unsetenv(c.var);
+    EXPECT_EQ(st, STRIA_SUCCESS) << stria_get_last_error();
+    stria_context_destroy(ctx);
+  }
+}
+
 // In a group on two GPUs, each rank's tensors must be on its own GPU: a rank handing in memory of
 // the other GPU is refused by name, and every rank fails at once.
 TEST(CudaDevices, EachRankOfAGroupOnDevicesChecksItsOwnGpu) {

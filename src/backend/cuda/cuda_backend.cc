@@ -229,6 +229,27 @@ Status ParseKernelChoice(const char* env, KernelChoice* out) {
                env);
 }
 
+// The TMA family's switches, which its launchers read at every launch (kernels/cuda/tma_launch.cuh):
+// STRIA_CUDA_TMA_DQ (bulk, atomic) and STRIA_CUDA_TMA_SCHEDULE (tiles, persistent), in any case,
+// unset or empty for the default. A misspelt value is refused here, by name, rather than as a
+// launch's "invalid argument" in the middle of a ring call; the launchers still refuse a value set
+// after the context was created.
+Status CheckTmaSwitches() {
+  struct Switch {
+    const char* name;
+    const char* a;
+    const char* b;
+  };
+  for (const Switch& sw :
+       {Switch{"STRIA_CUDA_TMA_DQ", "bulk", "atomic"}, Switch{"STRIA_CUDA_TMA_SCHEDULE", "tiles", "persistent"}}) {
+    const char* env = std::getenv(sw.name);
+    if (env == nullptr || *env == '\0' || strcasecmp(env, sw.a) == 0 || strcasecmp(env, sw.b) == 0) continue;
+    return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s=\"%.64s\" is not one of %s, %s: use one, or leave it unset", sw.name,
+                 env, sw.a, sw.b);
+  }
+  return Status::Ok();
+}
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, KernelChoice want)
@@ -868,6 +889,7 @@ class CudaBackend final : public Backend {
 Status CreateCudaBackend(DLDevice device, Backend** out) {
   KernelChoice kernels;  // the configuration first: its error does not depend on the machine
   STRIA_RETURN_IF_ERROR(ParseKernelChoice(std::getenv("STRIA_CUDA_KERNELS"), &kernels));
+  STRIA_RETURN_IF_ERROR(CheckTmaSwitches());
   STRIA_RETURN_IF_ERROR(CheckCudaDevice(device.device_id));
   DeviceScope scope(device.device_id);
   STRIA_RETURN_IF_ERROR(scope.status());
