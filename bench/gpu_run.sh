@@ -33,6 +33,7 @@
 #   sanitizer    compute-sanitizer memcheck and racecheck, small rings         20 s
 #   python       torch CUDA tensors and stria.jax's CUDA handlers              75 s
 #   profile      ncu speed of light, occupancy, launch, warp states, causal D 128 4k   4 s a family
+#                (and the TMA persistent kernels)
 #
 # On a GPU machine whose image lacks the DLPack header or GoogleTest: run scripts/device-deps.sh
 # where they are installed, copy .device-deps with the checkout, and run
@@ -446,13 +447,16 @@ if stage profile $((30 * nf)); then
   if [ -z "$ncu" ]; then
     say "ncu not found"
   else
-    for family in "${families[@]}"; do
-      STRIA_CUDA_KERNELS=$family timeout -k 10 "$(cap 120)" "$ncu" --clock-control none \
+    runs=("${families[@]}")
+    [ $tma_persistent = 1 ] && runs+=(tma_persistent)  # the TMA family's persistent kernels too
+    for run in "${runs[@]}"; do
+      family=${run%_persistent} schedule=$([ "$run" = tma_persistent ] && echo persistent || echo tiles)
+      STRIA_CUDA_KERNELS=$family STRIA_CUDA_TMA_SCHEDULE=$schedule timeout -k 10 "$(cap 120)" "$ncu" --clock-control none \
         --kernel-name regex:'(Forward|Backward)Kernel' --launch-skip 4 --launch-count 4 --section SpeedOfLight \
         --section Occupancy --section LaunchStats --section WarpStateStats \
         --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
         "$bin"/bench/stria-cuda-bench kernels --dims 128 --lens 4096 --reps 1 --deterministic 0 \
-        >>"$out/gpu_profile.txt" 2>&1 || { say "profile $family: failed or timed out"; note_failure profile; }
+        >>"$out/gpu_profile.txt" 2>&1 || { say "profile $run: failed or timed out"; note_failure profile; }
     done
     say "profile: $(grep -c ', Context [0-9]*, Stream ' "$out/gpu_profile.txt" 2>/dev/null) kernel reports in gpu_profile.txt"
   fi
