@@ -89,14 +89,30 @@ void WideBackward(const sc::BwdParams& p) {
   emu::Launch(emu::Dim3{CeilDiv(p.dims.L, Tile::kN), static_cast<unsigned>(p.dims.B * p.dims.Hkv), 1},
               emu::Dim3{Tile::kThreads, 1, 1}, Tile::kSmemBytes, [&] { sc::WgmmaWideBackwardKernel<T, D>(p); });
 }
+// The TMA kernels' parameters as their launchers make them: maps of Q (and dO) in boxes of the
+// tile's query rows, and of the compact K/V block in boxes of its key rows. False: a view TMA
+// cannot describe.
+template <typename Tile>
+bool TmaMaps(const sc::FwdParams& p, sc::TmaFwdParams* tp) {
+  const sc::Dims& d = p.dims;
+  tp->p = p;
+  return sc::EncodeViewMap(&tp->q_map, p.q, d, d.Hq, Tile::kM) &&
+         sc::EncodeBlockMaps(&tp->k_map, &tp->v_map, p.k, p.v, d, Tile::kN);
+}
+template <typename Tile>
+bool TmaMaps(const sc::BwdParams& p, sc::TmaBwdParams* tp) {
+  const sc::Dims& d = p.dims;
+  tp->p = p;
+  return sc::EncodeViewMap(&tp->q_map, p.q, d, d.Hq, Tile::kM) &&
+         sc::EncodeViewMap(&tp->do_map, p.dout, d, d.Hq, Tile::kM) &&
+         sc::EncodeBlockMaps(&tp->k_map, &tp->v_map, p.k, p.v, d, Tile::kN);
+}
 template <typename T, int D>
 void TmaForward(const sc::FwdParams& p) {
   using Tile = sc::TmaFwdTile<D>;
   const sc::Dims& d = p.dims;
   sc::TmaFwdParams tp{};
-  tp.p = p;
-  ASSERT_TRUE(sc::EncodeViewMap(&tp.q_map, p.q, d, d.Hq, Tile::kM));
-  ASSERT_TRUE(sc::EncodeBlockMaps(&tp.k_map, &tp.v_map, p.k, p.v, d, Tile::kN));
+  ASSERT_TRUE(TmaMaps<Tile>(p, &tp));
   emu::Launch(emu::Dim3{sc::QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(d.B * d.Hq), 1},
               emu::Dim3{Tile::kThreads, 1, 1}, Tile::kSmemBytes, [&] { sc::WgmmaTmaForwardKernel<T, D>(tp); });
 }
@@ -108,9 +124,7 @@ void TmaPersistentForward(const sc::FwdParams& p) {
   using Tile = sc::TmaPersistentFwdTile<D>;
   const sc::Dims& d = p.dims;
   sc::TmaFwdParams tp{};
-  tp.p = p;
-  ASSERT_TRUE(sc::EncodeViewMap(&tp.q_map, p.q, d, d.Hq, Tile::kM));
-  ASSERT_TRUE(sc::EncodeBlockMaps(&tp.k_map, &tp.v_map, p.k, p.v, d, Tile::kN));
+  ASSERT_TRUE(TmaMaps<Tile>(p, &tp));
   const unsigned items =
       sc::ForwardItems{sc::QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(d.B * d.Hq)}.count();
   emu::Launch(emu::Dim3{std::min(items, 2u), 1, 1}, emu::Dim3{Tile::kThreads, 1, 1}, Tile::kSmemBytes,
@@ -123,10 +137,7 @@ void TmaPersistentBackward(const sc::BwdParams& p) {
   using Tile = sc::TmaPersistentBwdTile<D, true>;
   const sc::Dims& d = p.dims;
   sc::TmaBwdParams tp{};
-  tp.p = p;
-  ASSERT_TRUE(sc::EncodeViewMap(&tp.q_map, p.q, d, d.Hq, Tile::kM));
-  ASSERT_TRUE(sc::EncodeViewMap(&tp.do_map, p.dout, d, d.Hq, Tile::kM));
-  ASSERT_TRUE(sc::EncodeBlockMaps(&tp.k_map, &tp.v_map, p.k, p.v, d, Tile::kN));
+  ASSERT_TRUE(TmaMaps<Tile>(p, &tp));
   const unsigned items = sc::BackwardItems{CeilDiv(d.L, Tile::kN), static_cast<unsigned>(d.B * d.Hkv)}.count();
   const bool bulk = d.L % 2 == 0;
   emu::Launch(emu::Dim3{std::min(items, 2u), 1, 1}, emu::Dim3{Tile::kThreads, 1, 1},
@@ -143,10 +154,7 @@ void TmaBackward(const sc::BwdParams& p) {
   using Tile = sc::TmaBwdTile<D>;
   const sc::Dims& d = p.dims;
   sc::TmaBwdParams tp{};
-  tp.p = p;
-  ASSERT_TRUE(sc::EncodeViewMap(&tp.q_map, p.q, d, d.Hq, Tile::kM));
-  ASSERT_TRUE(sc::EncodeViewMap(&tp.do_map, p.dout, d, d.Hq, Tile::kM));
-  ASSERT_TRUE(sc::EncodeBlockMaps(&tp.k_map, &tp.v_map, p.k, p.v, d, Tile::kN));
+  ASSERT_TRUE(TmaMaps<Tile>(p, &tp));
   emu::Launch(emu::Dim3{CeilDiv(d.L, Tile::kN), static_cast<unsigned>(d.B * d.Hkv), 1}, emu::Dim3{Tile::kThreads, 1, 1},
               Tile::kSmemBytes, [&] { sc::WgmmaTmaBackwardKernel<T, D>(tp); });
 }
