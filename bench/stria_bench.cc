@@ -8,6 +8,10 @@
 //       FLOPs: the time is what to compare); with --softcap, logit softcapping at c; with --sinks 1,
 //       a sink logit per head and the backward's gradient of them. The same FLOPs are counted, so
 //       the rates beside the plain call's give the cost of each.
+//   stria-bench fp8 --dim D --len L --heads H [--causal 0|1] [--dtype f32|bf16] [--threads T]
+//       the forward of the same block with float8_e4m3fn q, k and v (per-head descales for q, one
+//       for k and for v) and out in --dtype, beside the forward of --dtype inputs in the same run:
+//       the cost of taking FP8 inputs (their widening) next to the attention itself.
 //   stria-bench ring --world N --len L --heads H --dim D [--threads-per-rank T] [--docs n]
 //                    [--window w]
 //       a local group per layout: wall time of the ring against the slowest rank's compute, and
@@ -84,6 +88,29 @@ struct Buf {
   }
 };
 
+// float8_e4m3fn codes of magnitudes 2^-3 .. 2^2 (exponent fields 4..8), random signs and
+// mantissas: values of a unit's order, as scaled FP8 activations are.
+struct Fp8Buf {
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> codes;
+  DLTensor dl{};
+  explicit Fp8Buf(std::vector<int64_t> s) : shape(std::move(s)) {
+    int64_t n = 1;
+    for (auto x : shape) n *= x;
+    std::mt19937 rng(static_cast<unsigned>(n) + 7u);
+    codes.resize(static_cast<size_t>(n));
+    for (auto& c : codes) {
+      const unsigned r = static_cast<unsigned>(rng());
+      c = static_cast<uint8_t>(((r & 1u) << 7) | ((4u + (r >> 1) % 5u) << 3) | ((r >> 8) & 7u));
+    }
+    dl.data = codes.data();
+    dl.device = DLDevice{kDLCPU, 0};
+    dl.ndim = static_cast<int>(shape.size());
+    dl.shape = shape.data();
+    dl.dtype = DLDataType{STRIA_DL_FLOAT8_E4M3FN, 8, 1};
+  }
+};
+
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -131,6 +158,46 @@ int Kernel(const Args& a) {
       "bwd_s=%.6f fwd_gflops=%.1f bwd_gflops=%.1f\n",
       a.bf16 ? "bf16" : "f32", a.causal, (long long)D, (long long)L, (long long)H, a.threads, (long long)a.docs,
       static_cast<double>(a.softcap), a.sinks, mf, mb, flops / mf / 1e9, 2.5 * flops / mb / 1e9);
+  stria_context_destroy(ctx);
+  return 0;
+}
+
+int Fp8(const Args& a) {
+  stria_context_config_t cfg;
+  stria_context_config_init(&cfg);
+  cfg.num_threads = a.threads;
+  stria_context_t ctx;
+  if (stria_context_create(&cfg, &ctx) != STRIA_SUCCESS) Die("stria_context_create");
+  stria_attention_params_t p;
+  stria_attention_params_init(&p);
+  p.causal = a.causal;
+  const int64_t L = a.len, H = a.heads, D = a.dim;
+  Fp8Buf q8({1, L, H, D}), k8({1, L, H, D}), v8({1, L, H, D});
+  Buf q({1, L, H, D}, a.bf16), k({1, L, H, D}, a.bf16), v({1, L, H, D}, a.bf16), o({1, L, H, D}, a.bf16),
+      lse({1, H, L}, a.bf16, true);
+  Buf q_scale({H}, false, true), kv_scale({1}, false, true);
+  for (float& x : q_scale.f) x = 0.5f + 0.01f * std::fabs(x);
+  kv_scale.f[0] = 0.75f;
+  std::vector<double> times[2];
+  for (int rep = 0; rep < a.reps + 1; ++rep)
+    for (int fp8 = 0; fp8 < 2; ++fp8) {  // alternating, so that both see the machine alike
+      p.q_descale = fp8 ? &q_scale.dl : nullptr;
+      p.k_descale = p.v_descale = fp8 ? &kv_scale.dl : nullptr;
+      const double t0 = Now();
+      const stria_status_t st = fp8 ? stria_attention_forward(ctx, &p, &q8.dl, &k8.dl, &v8.dl, &o.dl, &lse.dl, nullptr)
+                                    : stria_attention_forward(ctx, &p, &q.dl, &k.dl, &v.dl, &o.dl, &lse.dl, nullptr);
+      if (st != STRIA_SUCCESS) Die("forward");
+      if (rep > 0) times[fp8].push_back(Now() - t0);  // the first call sizes the workspaces
+    }
+  const double flops = 4.0 * L * L * H * D * (a.causal ? 0.5 : 1.0);
+  const char* dt = a.bf16 ? "bf16" : "f32";
+  for (int fp8 = 0; fp8 < 2; ++fp8) {
+    const double m = Median(times[fp8]);
+    std::printf(
+        "fp8 impl=stria inputs=%s out=%s causal=%d D=%lld L=%lld H=%lld threads=%d fwd_s=%.6f fwd_gflops=%.1f\n",
+        fp8 ? "float8_e4m3fn" : dt, dt, a.causal, (long long)D, (long long)L, (long long)H, a.threads, m,
+        flops / m / 1e9);
+  }
   stria_context_destroy(ctx);
   return 0;
 }
@@ -237,7 +304,7 @@ int main(int argc, char** argv) {
   Args a;
   if (argc < 2) {
     std::fprintf(stderr,
-                 "usage: stria-bench kernel|ring [--dim D] [--len L] [--heads H] [--causal 0|1] "
+                 "usage: stria-bench kernel|fp8|ring [--dim D] [--len L] [--heads H] [--causal 0|1] "
                  "[--dtype f32|bf16] [--threads T] [--world N] [--reps R] [--docs n] [--window w] [--softcap c] "
                  "[--sinks 0|1]\n");
     return 2;
@@ -272,6 +339,7 @@ int main(int argc, char** argv) {
       a.window = std::atoll(v);
   }
   if (a.mode == "kernel") return Kernel(a);
+  if (a.mode == "fp8") return Fp8(a);
   if (a.mode == "ring") return Ring(a);
   std::fprintf(stderr, "unknown mode %s\n", a.mode.c_str());
   return 2;

@@ -455,20 +455,24 @@ TEST(PlanBalance, OlderBalanceStruct) {
   EXPECT_EQ(std::memcmp(&b.ideal_latency, &untouched, sizeof untouched), 0);
 }
 
-// stria_attention_params_t grew `plan` in 0.3 and the mask and score fields in 0.4: a program built
-// against an older header binds to that version's stria_attention_params_init (libstria.map), which
-// must fill the older struct only, and the calls must take that struct (with the fields it lacks at
-// their defaults). One built now gets the whole struct.
+// stria_attention_params_t grew `plan` in 0.3, the mask and score fields in 0.4 and the FP8 descales
+// in 0.7: a program built against an older header binds to that version's
+// stria_attention_params_init (libstria.map), which must fill the older struct only, and the calls
+// must take that struct (with the fields it lacks at their defaults). One built now gets the whole
+// struct.
 TEST(PlanParams, OlderCallersGetTheOlderStruct) {
   using Init = stria_status_t (*)(stria_attention_params_t*);
   auto init_0_2 = reinterpret_cast<Init>(dlvsym(RTLD_DEFAULT, "stria_attention_params_init", "STRIA_0.2"));
   auto init_0_3 = reinterpret_cast<Init>(dlvsym(RTLD_DEFAULT, "stria_attention_params_init", "STRIA_0.3"));
-  auto new_init = reinterpret_cast<Init>(dlvsym(RTLD_DEFAULT, "stria_attention_params_init", "STRIA_0.4"));
+  auto init_0_4 = reinterpret_cast<Init>(dlvsym(RTLD_DEFAULT, "stria_attention_params_init", "STRIA_0.4"));
+  auto new_init = reinterpret_cast<Init>(dlvsym(RTLD_DEFAULT, "stria_attention_params_init", "STRIA_0.7"));
   ASSERT_NE(init_0_2, nullptr) << dlerror();
   ASSERT_NE(init_0_3, nullptr) << dlerror();
+  ASSERT_NE(init_0_4, nullptr) << dlerror();
   ASSERT_NE(new_init, nullptr) << dlerror();
   EXPECT_EQ(reinterpret_cast<void*>(new_init), reinterpret_cast<void*>(&stria_attention_params_init));
-  const size_t v1 = offsetof(stria_attention_params_t, plan), v2 = offsetof(stria_attention_params_t, cu_seqlens);
+  const size_t v1 = offsetof(stria_attention_params_t, plan), v2 = offsetof(stria_attention_params_t, cu_seqlens),
+               v3 = offsetof(stria_attention_params_t, q_descale);
   alignas(stria_attention_params_t) unsigned char buf[sizeof(stria_attention_params_t) + 16];
   auto* p = reinterpret_cast<stria_attention_params_t*>(buf);
   stria_context_config_t cfg;
@@ -477,7 +481,8 @@ TEST(PlanParams, OlderCallersGetTheOlderStruct) {
   ASSERT_EQ(stria_context_create(&cfg, &ctx), STRIA_SUCCESS);
   AttentionTensors t(1, 8, 2, 2, 8, Dt::kF32, 3);
   // The older structs run a call (the layout's; the bytes after them are never read).
-  for (auto [init, size] : {std::pair<Init, size_t>{init_0_2, v1}, std::pair<Init, size_t>{init_0_3, v2}}) {
+  for (auto [init, size] : {std::pair<Init, size_t>{init_0_2, v1}, std::pair<Init, size_t>{init_0_3, v2},
+                            std::pair<Init, size_t>{init_0_4, v3}}) {
     std::memset(buf, 0xab, sizeof buf);
     ASSERT_EQ(init(p), STRIA_SUCCESS);
     EXPECT_EQ(p->struct_size, size);
@@ -494,9 +499,12 @@ TEST(PlanParams, OlderCallersGetTheOlderStruct) {
   EXPECT_EQ(p->window_right, -1);
   EXPECT_EQ(p->softcap, 0.f);
   EXPECT_EQ(p->sinks, nullptr);
+  EXPECT_EQ(p->q_descale, nullptr);
+  EXPECT_EQ(p->k_descale, nullptr);
+  EXPECT_EQ(p->v_descale, nullptr);
   EXPECT_EQ(stria_attention_forward(ctx, p, &t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl, &t.lse.dl, nullptr), STRIA_SUCCESS);
   // A struct of neither size, or fields beyond the library's set: refused, the context usable.
-  for (size_t bad : {v1 - 4, v1 + 4, v2 + 8}) {
+  for (size_t bad : {v1 - 4, v1 + 4, v2 + 8, v3 + 8}) {
     p->struct_size = bad;
     EXPECT_EQ(stria_attention_forward(ctx, p, &t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl, &t.lse.dl, nullptr),
               STRIA_ERROR_INVALID_ARGUMENT)

@@ -364,10 +364,11 @@ stria_status_t InitParams(stria_attention_params_t* params, size_t size) {
 }
 }  // namespace
 
-// stria_attention_params_init. The struct grew `plan` in 0.3 and the mask and score fields from
-// `cu_seqlens` on in 0.4: programs built against an older header pass the older, smaller struct to
-// their _init. They bind to that version's definition (libstria.map), which fills that much, and
-// the calls read no further than its struct_size; programs built now bind to STRIA_0.4's. None of
+// stria_attention_params_init. The struct grew `plan` in 0.3, the mask and score fields from
+// `cu_seqlens` on in 0.4 and the FP8 descales in 0.7: programs built against an older header pass
+// the older, smaller struct to their _init. They bind to that version's definition (libstria.map),
+// which fills that much, and the calls read no further than its struct_size; programs built now
+// bind to STRIA_0.7's. None of
 // the implementations' own names is exported (libstria.map keeps everything outside stria_*
 // local), only the versions of the C name.
 extern "C" __attribute__((visibility("default"))) stria_status_t params_init_0_2(stria_attention_params_t* params) {
@@ -377,11 +378,15 @@ extern "C" __attribute__((visibility("default"))) stria_status_t params_init_0_3
   return InitParams(params, offsetof(stria_attention_params_t, cu_seqlens));
 }
 extern "C" __attribute__((visibility("default"))) stria_status_t params_init_0_4(stria_attention_params_t* params) {
+  return InitParams(params, offsetof(stria_attention_params_t, q_descale));
+}
+extern "C" __attribute__((visibility("default"))) stria_status_t params_init_0_7(stria_attention_params_t* params) {
   return InitParams(params, sizeof *params);
 }
 __asm__(".symver params_init_0_2,stria_attention_params_init@STRIA_0.2");
 __asm__(".symver params_init_0_3,stria_attention_params_init@STRIA_0.3");
-__asm__(".symver params_init_0_4,stria_attention_params_init@@STRIA_0.4");
+__asm__(".symver params_init_0_4,stria_attention_params_init@STRIA_0.4");
+__asm__(".symver params_init_0_7,stria_attention_params_init@@STRIA_0.7");
 
 STRIA_API stria_status_t stria_attention_forward(stria_context_t ctx, const stria_attention_params_t* params,
                                                  const DLTensor* q, const DLTensor* k, const DLTensor* v, DLTensor* out,

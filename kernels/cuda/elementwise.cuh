@@ -1,11 +1,14 @@
 // The memory-bound kernels around the tile kernels: packing a K/V ring message, initialising and
 // finishing the forward state, the backward's per-row preprocessing, writing gradients back in
-// the caller's dtype and strides, dK/dV accumulation, and shard/unshard of device tensors.
+// the caller's dtype and strides, dK/dV accumulation, shard/unshard of device tensors, and the
+// widening of FP8 inputs.
 #pragma once
 
 #include <type_traits>
 
+#include "common/float8.h"
 #include "cuda/simt_attention.cuh"
+#include "cuda/widen_args.h"
 
 namespace stria {
 namespace cuda {
@@ -184,6 +187,17 @@ STRIA_GLOBAL void BoxSumKernel(BoxArgs a) {
       for (int k = 0; k < a.count; ++k) acc += LoadElem<T>(a.src, from + k * a.src_step + c);
       StoreElem<T>(a.dst, to + c, acc);
     }
+  }
+}
+
+// WidenArgs: a warp per row (b, i, h), the descale read once per row.
+template <typename T>
+STRIA_GLOBAL void WidenFp8Kernel(WidenArgs a) {
+  STRIA_FOR_EACH_ROW(row, a.n0 * a.n1 * a.n2) {
+    const int64_t i2 = row % a.n2, r1 = row / a.n2, i1 = r1 % a.n1, i0 = r1 / a.n1;
+    const unsigned char* from = a.src + i0 * a.ss0 + i1 * a.ss1 + i2 * a.ss2;
+    const float scale = a.descale != nullptr ? a.descale[i2 * a.descale_step] : 1.f;
+    STRIA_FOR_EACH_COLUMN(c, a.w) StoreElem<T>(a.dst, row * a.w + c, Float8E4M3ToF32(from[c]) * scale);
   }
 }
 

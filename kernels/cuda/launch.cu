@@ -8,6 +8,7 @@
 #include "cuda/kernel_matrix.h"
 #include "cuda/launch.h"
 #include "cuda/smem_optin.cuh"
+#include "cuda/widen.h"
 
 namespace stria {
 namespace cuda {
@@ -245,6 +246,21 @@ cudaError_t LaunchBoxSum(Elem e, const BoxArgs& a, cudaStream_t s) {
       return STRIA_LAUNCH(BoxSumKernel<Half>, g, 256, 0, s)(a);
     case Elem::kBF16:
       return STRIA_LAUNCH(BoxSumKernel<BFloat>, g, 256, 0, s)(a);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchWidenFp8(Elem e, const WidenArgs& a, cudaStream_t s) {
+  const int64_t rows = a.n0 * a.n1 * a.n2;
+  if (rows * a.w == 0) return cudaSuccess;
+  const dim3 g = RowGrid(rows);
+  switch (e) {
+    case Elem::kF32:
+      return STRIA_LAUNCH(WidenFp8Kernel<Float>, g, 256, 0, s)(a);
+    case Elem::kF16:
+      return STRIA_LAUNCH(WidenFp8Kernel<Half>, g, 256, 0, s)(a);
+    case Elem::kBF16:
+      return STRIA_LAUNCH(WidenFp8Kernel<BFloat>, g, 256, 0, s)(a);
   }
   return cudaErrorInvalidValue;
 }

@@ -229,6 +229,15 @@ class Backend {
   virtual Status PackKV(const AttentionShape& shape, const TensorView& k, const TensorView& v, void* wire,
                         bool sent) = 0;
 
+  // FP8 inputs (stria.h, params->q_descale and the others): `src`, a float8_e4m3fn tensor [B, L, H, D]
+  // in this backend's memory (last dimension contiguous), into a compact tensor of its shape in
+  // dtype `to` at `dst`, each value times its head's descale: `descale` NULL (1) or a contiguous
+  // float32 [1] or [H]. On `stream`, before the call's Begin (which takes the widened tensors).
+  virtual Status WidenFp8(const TensorView& src, const TensorView* descale, DType to, void* dst, void* stream) {
+    (void)src, (void)descale, (void)to, (void)dst, (void)stream;
+    return Error(STRIA_ERROR_UNSUPPORTED, "the %s backend does not take float8_e4m3fn inputs", name());
+  }
+
   // `stream`: the call's stream (a cudaStream_t on CUDA; NULL on the CPU), checked by CheckSupported.
   virtual Status ForwardBegin(const AttentionShape& shape, const TensorView& q, void* stream) = 0;
   virtual Status ForwardBlock(const void* kv_wire, const BlockMask& mask, const ForwardStep& step) = 0;

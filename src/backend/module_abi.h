@@ -13,8 +13,8 @@ namespace stria {
 // AttentionShape::softcap, Backend::ApplySinks and SinksGradient; 8: Backend::Decode and DecodeMerge;
 // 9: a grid's exchange (Backend::CheckGridSupported, PackBox, SumIntoBox, SyncStream); 10: decode on
 // device backends (CheckServingSupported by call, PartialsOnHost, ReadBytesOnHost,
-// DecodeWork::stream, StoreTokens' stream); 11: Backend::DecodeFinishAlone.
-constexpr int kBackendModuleAbiVersion = 11;
+// DecodeWork::stream, StoreTokens' stream); 11: Backend::DecodeFinishAlone; 12: Backend::WidenFp8.
+constexpr int kBackendModuleAbiVersion = 12;
 
 struct BackendModuleV1 {
   int abi_version;  // kBackendModuleAbiVersion

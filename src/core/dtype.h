@@ -18,6 +18,11 @@ inline int DTypeSize(DType t) {
 const char* DTypeName(DType t);
 // Maps a DLPack dtype to ours; false for anything else (ints, float64, lanes != 1).
 bool DTypeFromDL(DLDataType dt, DType* out);
+// float8_e4m3fn (DLPack code 10, 8 bits, one lane): the FP8 inputs a forward takes (stria.h,
+// params->q_descale), widened before the kernels see them.
+inline bool IsFloat8E4M3(DLDataType dt) {
+  return dt.code == 10 && dt.bits == 8 && dt.lanes == 1;
+}
 // Any DLPack dtype rendered for messages, e.g. "int32", "float16x4", "bool8", "float8_e4m3fn".
 const char* DLDataTypeName(DLDataType dt, char* buf, int buflen);
 

@@ -173,6 +173,11 @@ Status AttentionTensor(const DLTensor* t, const char* name, int ndim, DLDevice d
                    DLDataTypeName(t->dtype, b, sizeof b));
     out->dtype = DType::kF32;
   } else if (!DTypeFromDL(t->dtype, &out->dtype)) {
+    if (IsFloat8E4M3(t->dtype))
+      return Error(STRIA_ERROR_UNSUPPORTED,
+                   "%s has dtype float8_e4m3fn, which only stria_attention_forward takes (as q, k and v, with "
+                   "out float32, float16 or bfloat16); here: float32, float16, bfloat16",
+                   name);
     return Error(STRIA_ERROR_UNSUPPORTED, "%s has dtype %s; supported: float32, float16, bfloat16", name,
                  DLDataTypeName(t->dtype, b, sizeof b));
   }

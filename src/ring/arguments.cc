@@ -15,10 +15,11 @@ namespace stria {
 namespace {
 
 // The params struct grew at its end: `plan` in 0.3, the mask and score fields from `cu_seqlens`
-// on in 0.4. A caller built against an older header passes the smaller struct, whose fields then
-// keep their defaults.
+// on in 0.4, the FP8 descales in 0.7. A caller built against an older header passes the smaller
+// struct, whose fields then keep their defaults.
 constexpr size_t kParamsV1 = offsetof(stria_attention_params_t, plan);
 constexpr size_t kParamsV2 = offsetof(stria_attention_params_t, cu_seqlens);
+constexpr size_t kParamsV3 = offsetof(stria_attention_params_t, q_descale);
 
 }  // namespace
 
@@ -27,11 +28,11 @@ constexpr size_t kParamsV2 = offsetof(stria_attention_params_t, cu_seqlens);
 Status CheckParams(const stria_attention_params_t* p, const DocumentsArg& args, ValidatedCall* c, DocumentsArg* mask) {
   if (p == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "params is NULL (use stria_attention_params_init)");
   const size_t size = p->struct_size, full = sizeof(stria_attention_params_t);
-  if (size != kParamsV1 && size != kParamsV2 && size < full)
+  if (size != kParamsV1 && size != kParamsV2 && size != kParamsV3 && size < full)
     return Error(STRIA_ERROR_INVALID_ARGUMENT,
-                 "params->struct_size is %zu, the size of no stria_attention_params_t (%zu, %zu or %zu): set it "
-                 "with stria_attention_params_init",
-                 size, kParamsV1, kParamsV2, full);
+                 "params->struct_size is %zu, the size of no stria_attention_params_t (%zu, %zu, %zu or %zu): set "
+                 "it with stria_attention_params_init",
+                 size, kParamsV1, kParamsV2, kParamsV3, full);
   STRIA_RETURN_IF_ERROR(CheckStructSize(p, size, std::min(size, full), "params", "stria_attention_params_init"));
   c->plan.reset();
   if (size > kParamsV1 && p->plan != nullptr) {
@@ -52,7 +53,7 @@ Status CheckParams(const stria_attention_params_t* p, const DocumentsArg& args, 
   c->sinks_given = false;
   c->dsinks_given = false;
   *mask = args;
-  if (size < full) return Status::Ok();
+  if (size < kParamsV3) return Status::Ok();
   if (!std::isfinite(p->softcap) || p->softcap < 0.f)
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "params->softcap %g must be finite and >= 0 (0: no softcapping)",
                  static_cast<double>(p->softcap));
@@ -69,6 +70,15 @@ Status CheckParams(const stria_attention_params_t* p, const DocumentsArg& args, 
                    documents ? "cu_seqlens/num_seqs" : "a window");
     *mask = DocumentsArg{documents, p->cu_seqlens, p->num_seqs, p->window_left, p->window_right};
   }
+  // The descales belong to FP8 inputs, which a forward widens before it gets here (fp8_inputs.h).
+  if (size >= full && !c->fp8_inputs)
+    for (const auto& [t, name] :
+         {std::pair{p->q_descale, "q_descale"}, {p->k_descale, "k_descale"}, {p->v_descale, "v_descale"}})
+      if (t != nullptr)
+        return Error(STRIA_ERROR_INVALID_ARGUMENT,
+                     "params->%s is set, but descales are for float8_e4m3fn inputs, which only "
+                     "stria_attention_forward takes: pass NULL",
+                     name);
   return Status::Ok();
 }
 
@@ -323,6 +333,7 @@ Status CheckSinks(Context& ctx, const stria_attention_params_t* p, bool backward
 }
 
 Status ValidateForward(Context& ctx, const ForwardCall& call, ValidatedCall* c) {
+  c->fp8_inputs = call.fp8_widened;
   STRIA_RETURN_IF_ERROR(CheckQKV(ctx, call.q, call.k, call.v, call.params, call.documents, call.stream, c));
   STRIA_RETURN_IF_ERROR(CheckSinks(ctx, call.params, false, c));
   STRIA_RETURN_IF_ERROR(CheckLike(ctx, call.out, "out", c->q, "q", Role::kOutput, &c->out));

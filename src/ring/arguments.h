@@ -28,6 +28,9 @@ struct ValidatedCall {
   // What else ranks must agree on, hashed (0: nothing): a decode call's cache (lengths, capacity,
   // kind), window and whether it appends.
   uint64_t call_hash = 0;
+  // A forward whose float8_e4m3fn inputs were widened (fp8_inputs.h): params' descales are then
+  // the widening's, and accepted.
+  bool fp8_inputs = false;
   // Which of the rings of one call this is (a grid's head chunks run one ring each): their messages
   // are tagged apart (RingTag).
   int lane = 0;

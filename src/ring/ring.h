@@ -24,6 +24,7 @@ struct ForwardCall {
   DLTensor *out, *lse;
   void* stream;
   DocumentsArg documents{};
+  bool fp8_widened = false;  // q, k and v are the widened float8_e4m3fn inputs (fp8_inputs.h)
 };
 
 struct BackwardCall {

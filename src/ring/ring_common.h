@@ -90,7 +90,8 @@ Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, u
 
 // Ring buffer slots (Context::RingBuffer): K/V blocks 0 and 1, dK/dV partials 2 to 4, the
 // staging of trimmed messages (K/V out and in 5 and 6, dK/dV out 7), and a plan's own dK/dV 8.
-// Serving calls use 9 to 12; a grid's all-to-all 13 to 15 (grid.cc).
+// Serving calls use 9 to 12; a grid's all-to-all 13 to 17 (grid.cc); a forward's widened FP8
+// inputs 18 to 20 (fp8_inputs.cc).
 constexpr int kKVStagingSlot = 5, kDKVStagingSlot = 7, kOwnDKVSlot = 8;
 
 // The largest trimmed K/V message rank r sends or receives in the call: its staging size.

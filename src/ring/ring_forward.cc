@@ -6,6 +6,7 @@
 // along the ring see, gathered from the whole block into a staging buffer and scattered back into
 // a whole one by the receiver, so the kernels always read whole blocks.
 #include "ring/arguments.h"
+#include "ring/fp8_inputs.h"
 #include "ring/grid.h"
 #include "ring/ring_common.h"
 
@@ -23,8 +24,13 @@ Status ForwardWorkspace(Context& ctx, const RingGroup& g, const ValidatedCall& c
 
 Status RingForward(Context& ctx, const ForwardCall& call) {
   STRIA_RETURN_IF_ERROR(ctx.Usable());
+  // FP8 inputs become inputs of out's dtype first; a failure there fails the call on every rank
+  // like any bad argument.
+  WidenedInputs widened;
+  ForwardCall widened_call;
+  Status local = WidenFp8Inputs(ctx, call, &widened, &widened_call);
   ValidatedCall c;
-  Status local = ValidateForward(ctx, call, &c);
+  if (local.ok()) local = ValidateForward(ctx, widened_call, &c);
   if (ctx.ulysses_size() > 1) return GridForward(ctx, c, local);
   const RingGroup g = RingGroup::Of(ctx);
   // What the call needs (ring buffers, the backend's state) is got before the agreement: a failure

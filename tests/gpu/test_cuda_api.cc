@@ -11,8 +11,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <thread>
 
+#include "fp8_inputs.h"
 #include "gpu_util.h"
 
 using namespace stria_test;
@@ -737,6 +739,78 @@ TEST(CudaDocuments, BoundariesInDeviceMemory) {
   upload(good, &cu_d);
   EXPECT_EQ(forward(cu_d.ptr, &t.out.dl), STRIA_SUCCESS) << stria_get_last_error();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+// FP8 inputs in device memory with descales there too: widened on the device (WidenFp8Kernel) and
+// run on the default family through a ring of two, against the float64 reference on the values
+// the codes stand for. A descale in host memory is refused by name.
+TEST(CudaFp8, ForwardMatchesReference) {
+  STRIA_REQUIRE_GPU();
+  const int world = 2;
+  const int64_t B = 1, L = 64, S = L * world, Hq = 4, Hkv = 2, D = 64;
+  std::mt19937_64 rng(77);
+  Fp8Input q({B, S, Hq, D}, Descale::kHead, 1.0, rng), k({B, S, Hkv, D}, Descale::kTensor, 1.0, rng),
+      v({B, S, Hkv, D}, Descale::kNone, 1.0, rng);
+  const Reference ref = DenseAttention(q.Values(), k.Values(), v.Values(), nullptr, B, S, Hq, Hkv, D, true,
+                                       1.0 / std::sqrt(static_cast<double>(D)));
+  Tensor out_full({B, S, Hq, D}, Dt::kBF16), lse_full({B, Hq, S}, Dt::kF32);
+  out_full.Poison();
+  lse_full.Poison();
+  CudaGroup group(world);
+  ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
+  std::vector<std::string> errors(world);
+  std::mutex mu;
+  RunRanks(world, [&](int r) {
+    std::string& err = errors[static_cast<size_t>(r)];
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    Fp8Shard ql(q, L), kl(k, L), vl(v, L);
+    for (auto [full, local] : {std::pair{&q, &ql}, {&k, &kl}, {&v, &vl}})
+      if (stria_shard(STRIA_LAYOUT_STRIPED, world, r, 1, &full->dl, &local->dl, nullptr) != STRIA_SUCCESS)
+        err += std::string("shard: ") + stria_get_last_error();
+    // The codes to the device as they are: DeviceTensor copies bytes, whatever the dtype says.
+    std::vector<void*> codes;
+    std::vector<DLTensor> dl;
+    for (Fp8Shard* t : {&ql, &kl, &vl}) {
+      void* p = nullptr;
+      EXPECT_EQ(cudaMalloc(&p, t->codes.size()), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(p, t->codes.data(), t->codes.size(), cudaMemcpyHostToDevice), cudaSuccess);
+      codes.push_back(p);
+      DLTensor d = t->dl;
+      d.data = p;
+      d.device = DLDevice{kDLCUDA, 0};
+      dl.push_back(d);
+    }
+    DeviceTensor q_scale(ql.scale), k_scale(kl.scale);
+    Tensor out({B, L, Hq, D}, Dt::kBF16), lse({B, Hq, L}, Dt::kF32);
+    DeviceTensor out_d(out), lse_d(lse);
+    out_d.Poison();
+    lse_d.Poison();
+    stria_attention_params_t params;
+    stria_attention_params_init(&params);
+    params.q_descale = &q_scale.dl;
+    params.k_descale = &k_scale.dl;
+    stria_context_t ctx = group.ctx[static_cast<size_t>(r)];
+    if (stria_attention_forward(ctx, &params, &dl[0], &dl[1], &dl[2], &out_d.dl, &lse_d.dl, nullptr) != STRIA_SUCCESS)
+      err += std::string("forward: ") + stria_get_last_error();
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    out_d.CopyTo(&out);
+    lse_d.CopyTo(&lse);
+    // Host memory for a descale: refused on every rank by name, the group usable after.
+    params.q_descale = &ql.scale.dl;
+    const stria_status_t host =
+        stria_attention_forward(ctx, &params, &dl[0], &dl[1], &dl[2], &out_d.dl, &lse_d.dl, nullptr);
+    if (host != STRIA_ERROR_INVALID_ARGUMENT ||
+        std::string(stria_get_last_error()).find("q_descale") == std::string::npos)
+      err += std::string("host descale: ") + stria_get_last_error();
+    for (void* p : codes) cudaFree(p);
+    std::lock_guard<std::mutex> lock(mu);
+    if (stria_unshard(STRIA_LAYOUT_STRIPED, world, r, 1, &out.dl, &out_full.dl, nullptr) != STRIA_SUCCESS ||
+        stria_unshard(STRIA_LAYOUT_STRIPED, world, r, 2, &lse.dl, &lse_full.dl, nullptr) != STRIA_SUCCESS)
+      err += std::string("unshard: ") + stria_get_last_error();
+  });
+  for (int r = 0; r < world; ++r) ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+  EXPECT_LT(RelError(out_full.ToDouble(), ref.out), 2e-2);
+  EXPECT_LT(RelError(lse_full.ToDouble(), ref.lse), 1e-2);
 }
 
 }  // namespace

@@ -458,6 +458,9 @@ class Context:
         plan: Any = None,
         softcap: float | None = None,
         sinks: Any = None,
+        q_descale: Any = None,
+        k_descale: Any = None,
+        v_descale: Any = None,
         stream: int | None = None,
         call_tag: int = 0,
     ) -> tuple[Any, Any]:
@@ -477,6 +480,9 @@ class Context:
             plan=plan,
             softcap=softcap,
             sinks=sinks,
+            q_descale=q_descale,
+            k_descale=k_descale,
+            v_descale=v_descale,
             stream=stream,
             call_tag=call_tag,
         )

@@ -167,6 +167,9 @@ def attention_forward(
     plan: Plan | None = None,
     softcap: float | None = None,
     sinks: Tensor | None = None,
+    q_descale: Tensor | None = None,
+    k_descale: Tensor | None = None,
+    v_descale: Tensor | None = None,
     stream: int | None = None,
     call_tag: int = 0,
 ) -> tuple[Tensor, Tensor]:
@@ -205,9 +208,16 @@ def attention_forward(
     the context's device: each joins its head's softmax denominators once and carries no value
     (gpt-oss); lse includes it, and a row that sees no key gets out 0 and lse z. The same values on
     every rank.
+
+    FP8 inputs: q, k and v may all be float8_e4m3fn (torch.float8_e4m3fn, say). out is then
+    float32, float16 or bfloat16 (a new out is bfloat16), and the attention sees q * q_descale,
+    k * k_descale and v * v_descale: each descale None (1) or a float32 tensor ``[1]`` (the
+    tensor's) or ``[H]`` (one per head: Hq for q, Hkv for k and v) on the context's device. The
+    forward only: the backward takes float32, float16 or bfloat16.
     """
     if out is None:
-        out = empty_like(q, shape_of(q, "attention_forward", "q"), name="q")
+        fp8 = "float8_e4m3fn" in str(getattr(q, "dtype", ""))
+        out = empty_like(q, shape_of(q, "attention_forward", "q"), dtype="bfloat16" if fp8 else None, name="q")
     if lse is None:
         lse = empty_like(q, _lse_shape(q), dtype="float32", name="q")
     if stream is None:
@@ -218,8 +228,9 @@ def attention_forward(
     docs = _documents_for(cu_seqlens, q, "attention_forward")
     tensors = [for_dlpack(x) for x in (q, k, v, out, lse)]
     z = None if sinks is None else for_dlpack(sinks)
+    descales = [None if x is None else for_dlpack(x) for x in (q_descale, k_descale, v_descale)]
     _set_call_tag(handle, call_tag, "attention_forward")  # last, so that little can fail in between
-    capi.stria_py_attention_forward(handle, params, docs, *tensors, z, stream)
+    capi.stria_py_attention_forward(handle, params, docs, *tensors, z, *descales, stream)
     return out, lse
 
 

@@ -53,6 +53,7 @@ __all__ = [
     "attention_prefill",
     "context_from_group",
     "ring_attention",
+    "ring_attention_fp8",
     "scaled_dot_product_attention",
 ]
 
@@ -419,6 +420,70 @@ def ring_attention(
     args = _op_args("ring_attention", context, layout, causal, softmax_scale, cu_seqlens, window, plan, softcap, sinks)
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
     return _forward_op(q, k, v, *args)[0]
+
+
+def ring_attention_fp8(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    context: Context,
+    *,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    layout: LayoutLike = Layout.STRIPED,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+    cu_seqlens: Any = None,
+    window: tuple[int, int] | None = None,
+    plan: Plan | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """ring_attention on FP8 inputs, for inference: q, k and v torch.float8_e4m3fn, and the
+    attention sees q * q_descale, k * k_descale and v * v_descale, each descale None (1) or a
+    ``[1]`` (per tensor) or ``[H]`` (per head: Hq for q, Hkv for k and v) tensor, used as float32.
+    Returns ``[B, L, Hq, D]`` in out_dtype (bfloat16, float16 or float32), which the call computes
+    in. The other arguments are ring_attention's. No gradient: FP8 is the forward only."""
+    func = "ring_attention_fp8"
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(func, name, x)
+        if x.dtype != torch.float8_e4m3fn:
+            raise TypeError(f"{func}(): {name} must be torch.float8_e4m3fn, not {x.dtype}")
+    if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise TypeError(f"{func}(): out_dtype must be torch.bfloat16, torch.float16 or torch.float32, not {out_dtype}")
+    scales = []
+    for name, x in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if x is not None:
+            _check_tensor(func, name, x)
+            x = x.detach().to(torch.float32).contiguous()
+        scales.append(x)
+    if not isinstance(context, Context):
+        raise TypeError(f"{func}(): argument 'context' must be a stria.Context, not {type(context).__name__}")
+    q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
+    out = torch.empty(q.shape, dtype=out_dtype, device=q.device)
+    lse = torch.empty(_lse_shape(q, func), dtype=torch.float32, device=q.device)
+    _ops.attention_forward(
+        context,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        layout=layout,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        cu_seqlens=cu_seqlens,
+        window=window,
+        plan=plan,
+        softcap=softcap,
+        sinks=None if sinks is None else sinks.detach().to(torch.float32).contiguous(),
+        q_descale=scales[0],
+        k_descale=scales[1],
+        v_descale=scales[2],
+    )
+    return out
 
 
 def scaled_dot_product_attention(

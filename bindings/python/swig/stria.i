@@ -494,12 +494,23 @@ STRIA_RELEASE_GIL(stria_plan_analyze_balance)
  * document boundaries, the sinks and their gradient) are not attributes here. stria_py_attention_
  * forward and _backward take that memory as arguments instead, set the fields to it for the call
  * only, and run stria_attention_forward / _backward: one call for every mask (documents, window,
- * plan) and score modification (softcap, sinks). cu_seqlens takes the typemap above; sinks and
- * dsinks are a DLPack object or None. */
+ * plan) and score modification (softcap, sinks). cu_seqlens takes the typemap above; sinks,
+ * dsinks and the FP8 descales are a DLPack object or None. */
 %ignore stria_attention_params_t::cu_seqlens;
 %ignore stria_attention_params_t::num_seqs;
 %ignore stria_attention_params_t::sinks;
 %ignore stria_attention_params_t::dsinks;
+%ignore stria_attention_params_t::q_descale;
+%ignore stria_attention_params_t::k_descale;
+%ignore stria_attention_params_t::v_descale;
+%typemap(in) const DLTensor* q_descale (PyObject* keep = NULL), const DLTensor* k_descale (PyObject* keep = NULL),
+    const DLTensor* v_descale (PyObject* keep = NULL) {
+  $1 = NULL;
+  if ($input != Py_None) {
+    $1 = stria_py_dltensor($input, 0, "$symname", "$1_name", &keep);
+    if (!$1) SWIG_fail;
+  }
+}
 %typemap(in) const DLTensor* sinks (PyObject* keep = NULL) {
   $1 = NULL;
   if ($input != Py_None) {
@@ -586,10 +597,16 @@ static const stria_attention_params_t* stria_py_params(const stria_attention_par
 stria_status_t stria_py_attention_forward(stria_context_t ctx, const stria_attention_params_t* params,
                                           const int64_t* cu_seqlens, int64_t num_seqs, const DLTensor* q,
                                           const DLTensor* k, const DLTensor* v, DLTensor* out, DLTensor* lse,
-                                          const DLTensor* sinks, void* stream) {
+                                          const DLTensor* sinks, const DLTensor* q_descale,
+                                          const DLTensor* k_descale, const DLTensor* v_descale, void* stream) {
   stria_attention_params_t copy;
-  return stria_attention_forward(ctx, stria_py_params(params, cu_seqlens, num_seqs, sinks, NULL, &copy), q, k, v,
-                                 out, lse, stream);
+  const stria_attention_params_t* p = stria_py_params(params, cu_seqlens, num_seqs, sinks, NULL, &copy);
+  if (p == &copy) {
+    copy.q_descale = q_descale;
+    copy.k_descale = k_descale;
+    copy.v_descale = v_descale;
+  }
+  return stria_attention_forward(ctx, p, q, k, v, out, lse, stream);
 }
 stria_status_t stria_py_attention_backward(stria_context_t ctx, const stria_attention_params_t* params,
                                            const int64_t* cu_seqlens, int64_t num_seqs, const DLTensor* q,

@@ -221,9 +221,9 @@ def test_sdpa_views_reach_the_library_without_a_copy(monkeypatch):
     seen = []
     forward = stria.capi.stria_py_attention_forward
 
-    def spy(ctx, params, cu_seqlens, q, k, v, out, lse, sinks, stream=None):
+    def spy(ctx, params, cu_seqlens, q, k, v, out, lse, sinks, *descales_and_stream):
         seen.extend((t.data_ptr(), t.stride()) for t in (q, k, v))
-        return forward(ctx, params, cu_seqlens, q, k, v, out, lse, sinks, stream)
+        return forward(ctx, params, cu_seqlens, q, k, v, out, lse, sinks, *descales_and_stream)
 
     monkeypatch.setattr(stria.capi, "stria_py_attention_forward", spy)
     qkv = torch.randn(1, 3, 16, 3 * D)  # [B, H, L, 3D]: q, k, v are slices of one projection

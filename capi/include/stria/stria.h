@@ -25,7 +25,7 @@
 
 /* The CMake project reads the version from these three lines: they are the single source. */
 #define STRIA_VERSION_MAJOR 0
-#define STRIA_VERSION_MINOR 6
+#define STRIA_VERSION_MINOR 7
 #define STRIA_VERSION_PATCH 0
 #define STRIA_VERSION (STRIA_VERSION_MAJOR * 10000 + STRIA_VERSION_MINOR * 100 + STRIA_VERSION_PATCH)
 
@@ -176,10 +176,23 @@ typedef struct {
    * as for any weight every rank holds. NULL with sinks: the gradient is not computed. Unused by the
    * forward. */
   DLTensor* dsinks;
+  /* Extension, 0.7 (fields added at the end, as above): FP8 inputs. stria_attention_forward takes q,
+   * k and v of DLPack dtype float8_e4m3fn (code STRIA_DL_FLOAT8_E4M3FN, 8 bits; torch.float8_e4m3fn,
+   * ml_dtypes.float8_e4m3fn), all three or none; out is then float32, float16 or bfloat16, and the
+   * call computes in out's dtype. The values the attention sees are q * q_descale, k * k_descale and
+   * v * v_descale: each NULL (a scale of 1) or a float32 tensor in the context's memory of shape [1]
+   * (one scale for the tensor) or [H] (one per head: Hq for q, Hkv for k and v). A descale with
+   * inputs of another dtype is refused; so are FP8 inputs in the backward, decode and prefill. */
+  const DLTensor* q_descale;
+  const DLTensor* k_descale;
+  const DLTensor* v_descale;
 } stria_attention_params_t;
 
+/* DLPack's type code of float8_e4m3fn (DLPack 1.0 on; the dlpack.h of some systems predates it). */
+#define STRIA_DL_FLOAT8_E4M3FN 10
+
 /* Fills the defaults: striped, causal, scale 1/sqrt(D), no plan, no documents, no window, no
- * softcap, no sinks. */
+ * softcap, no sinks, no FP8 descales. */
 STRIA_API stria_status_t stria_attention_params_init(stria_attention_params_t* params);
 
 /* q: [B, L, Hq, D]; k, v: [B, L, Hkv, D]; out like q; lse: [B, Hq, L] float32.

@@ -14,6 +14,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_boxes.h"
 #include "backend/cpu/cpu_decode.h"
+#include "backend/cpu/cpu_widen.h"
 #include "core/aligned_buffer.h"
 #include "core/thread_pool.h"
 #include "cpu/attention_kernels.h"
@@ -107,6 +108,10 @@ class CpuBackend final : public Backend {
   }
   Status SumIntoBox(const void* src, size_t src_step, int count, const TensorView& box, void* /*stream*/) override {
     HostSumIntoBox(src, src_step, count, box);
+    return Status::Ok();
+  }
+  Status WidenFp8(const TensorView& src, const TensorView* descale, DType to, void* dst, void* /*stream*/) override {
+    HostWidenFp8(pool_, src, descale, to, dst);
     return Status::Ok();
   }
   Status Decode(const DecodeWork& work, float* partial) override {

@@ -43,6 +43,7 @@
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/mask_args.h"
 #include "cuda/launch.h"
+#include "cuda/widen.h"
 #include "cuda_common/cuda_status.h"
 
 namespace stria {
@@ -569,6 +570,24 @@ class CudaBackend final : public Backend {
     a.dst = box.data;
     OuterStrides(box, &a.ds0, &a.ds1, &a.ds2);
     return LaunchBox(box, a, stream);
+  }
+  Status WidenFp8(const TensorView& src, const TensorView* descale, DType to, void* dst, void* stream) override {
+    cuda::WidenArgs a{};
+    a.n0 = src.shape[0];
+    a.n1 = src.shape[1];
+    a.n2 = src.shape[2];
+    a.w = src.shape[3];
+    a.src = static_cast<const unsigned char*>(src.data);
+    a.ss0 = src.strides[0];
+    a.ss1 = src.strides[1];
+    a.ss2 = src.strides[2];
+    a.descale = descale != nullptr ? static_cast<const float*>(descale->data) : nullptr;
+    a.descale_step = descale != nullptr && descale->shape[0] > 1 ? 1 : 0;
+    a.dst = dst;
+    DeviceScope scope(device_);
+    STRIA_RETURN_IF_ERROR(scope.status());
+    STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchWidenFp8(ElemOf(to), a, static_cast<cudaStream_t>(stream)));
+    return Status::Ok();
   }
   Status SyncStream(void* stream) override {
     DeviceScope scope(device_);

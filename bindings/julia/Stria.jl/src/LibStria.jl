@@ -18,9 +18,10 @@ const libstria = "libstria.so.0"
 # ---- constants (object-like macros, evaluated by the C front end) ----
 const DLPACK_VERSION = 60
 const STRIA_VERSION_MAJOR = 0
-const STRIA_VERSION_MINOR = 6
+const STRIA_VERSION_MINOR = 7
 const STRIA_VERSION_PATCH = 0
-const STRIA_VERSION = 600
+const STRIA_VERSION = 700
+const STRIA_DL_FLOAT8_E4M3FN = 10
 
 # ---- dlpack/dlpack.h ----
 
@@ -329,10 +330,20 @@ struct stria_attention_params_t
     # as for any weight every rank holds. NULL with sinks: the gradient is not computed. Unused by the
     # forward.
     dsinks::Ptr{DLTensor}
+    # Extension, 0.7 (fields added at the end, as above): FP8 inputs. stria_attention_forward takes q,
+    # k and v of DLPack dtype float8_e4m3fn (code STRIA_DL_FLOAT8_E4M3FN, 8 bits; torch.float8_e4m3fn,
+    # ml_dtypes.float8_e4m3fn), all three or none; out is then float32, float16 or bfloat16, and the
+    # call computes in out's dtype. The values the attention sees are q * q_descale, k * k_descale and
+    # v * v_descale: each NULL (a scale of 1) or a float32 tensor in the context's memory of shape [1]
+    # (one scale for the tensor) or [H] (one per head: Hq for q, Hkv for k and v). A descale with
+    # inputs of another dtype is refused; so are FP8 inputs in the backward, decode and prefill.
+    q_descale::Ptr{DLTensor}
+    k_descale::Ptr{DLTensor}
+    v_descale::Ptr{DLTensor}
 end
 
 # Fills the defaults: striped, causal, scale 1/sqrt(D), no plan, no documents, no window, no
-# softcap, no sinks.
+# softcap, no sinks, no FP8 descales.
 function stria_attention_params_init(params)
     ccall((:stria_attention_params_init, libstria), stria_status_t,
           (Ptr{stria_attention_params_t},),
@@ -807,17 +818,17 @@ function stria_plan_grid_unshard(plan, ulysses_size, rank, seq_dim, var"local", 
 end
 
 export DLPACK_VERSION, STRIA_VERSION_MAJOR, STRIA_VERSION_MINOR, STRIA_VERSION_PATCH, STRIA_VERSION
-export DLDeviceType, kDLCPU, kDLCUDA, kDLCUDAHost, kDLOpenCL, kDLVulkan, kDLMetal, kDLVPI, kDLROCM
-export kDLROCMHost, kDLExtDev, kDLCUDAManaged, DLDevice, DLDataTypeCode, kDLInt, kDLUInt, kDLFloat
-export kDLOpaqueHandle, kDLBfloat, kDLComplex, DLDataType, DLTensor, DLManagedTensor
-export stria_status_t, STRIA_SUCCESS, STRIA_ERROR_INVALID_ARGUMENT, STRIA_ERROR_UNSUPPORTED
-export STRIA_ERROR_OUT_OF_MEMORY, STRIA_ERROR_TRANSPORT, STRIA_ERROR_TIMEOUT, STRIA_ERROR_CUDA
-export STRIA_ERROR_ABORTED, STRIA_ERROR_INTERNAL, stria_layout_t, STRIA_LAYOUT_CONTIGUOUS
-export STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG, stria_transport_t, STRIA_TRANSPORT_LOCAL
-export STRIA_TRANSPORT_UCX, STRIA_TRANSPORT_NCCL, stria_context_t, stria_unique_id_t
-export stria_get_version, stria_status_string, stria_get_last_error, stria_context_config_t
-export stria_context_config_init, stria_get_unique_id, stria_context_create
-export stria_context_create_with_nccl_comm, stria_context_create_local_group
+export STRIA_DL_FLOAT8_E4M3FN, DLDeviceType, kDLCPU, kDLCUDA, kDLCUDAHost, kDLOpenCL, kDLVulkan
+export kDLMetal, kDLVPI, kDLROCM, kDLROCMHost, kDLExtDev, kDLCUDAManaged, DLDevice, DLDataTypeCode
+export kDLInt, kDLUInt, kDLFloat, kDLOpaqueHandle, kDLBfloat, kDLComplex, DLDataType, DLTensor
+export DLManagedTensor, stria_status_t, STRIA_SUCCESS, STRIA_ERROR_INVALID_ARGUMENT
+export STRIA_ERROR_UNSUPPORTED, STRIA_ERROR_OUT_OF_MEMORY, STRIA_ERROR_TRANSPORT
+export STRIA_ERROR_TIMEOUT, STRIA_ERROR_CUDA, STRIA_ERROR_ABORTED, STRIA_ERROR_INTERNAL
+export stria_layout_t, STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG
+export stria_transport_t, STRIA_TRANSPORT_LOCAL, STRIA_TRANSPORT_UCX, STRIA_TRANSPORT_NCCL
+export stria_context_t, stria_unique_id_t, stria_get_version, stria_status_string
+export stria_get_last_error, stria_context_config_t, stria_context_config_init, stria_get_unique_id
+export stria_context_create, stria_context_create_with_nccl_comm, stria_context_create_local_group
 export stria_context_create_local_group_on_devices, stria_context_get_rank
 export stria_context_get_world_size, stria_context_abort, stria_context_destroy, stria_plan_t
 export stria_attention_params_t, stria_attention_params_init, stria_attention_forward

@@ -192,6 +192,10 @@ impl AttentionParams<'_> {
             softcap: self.softcap.unwrap_or(0.0),
             sinks: sinks.map_or(std::ptr::null(), |t| t as *const sys::DLTensor),
             dsinks: sinks_grad.map_or(std::ptr::null_mut(), |t| t as *mut sys::DLTensor),
+            // FP8 inputs' descales: this crate passes float32, float16 and bfloat16 tensors only.
+            q_descale: std::ptr::null(),
+            k_descale: std::ptr::null(),
+            v_descale: std::ptr::null(),
         }
     }
 
