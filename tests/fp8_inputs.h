@@ -25,20 +25,19 @@ inline double Fp8Value(uint8_t c) {
   return (c & 0x80) ? -mag : mag;
 }
 
-// The nearest code to x (ties to the even code), saturating at +-448.
+// The nearest code to x (ties to the even code), saturating at +-448; x's sign (zero too).
 inline uint8_t Fp8Nearest(double x) {
-  uint8_t best = 0;
+  const double a = std::min(std::fabs(x), 448.0);
+  int best = 0;
   double best_err = std::numeric_limits<double>::infinity();
-  for (int c = 0; c < 256; ++c) {
-    const double v = Fp8Value(static_cast<uint8_t>(c));
-    if (std::isnan(v)) continue;
-    const double err = std::fabs(v - std::clamp(x, -448.0, 448.0));
+  for (int c = 0; c < 127; ++c) {  // the non-negative finite codes, in increasing order
+    const double err = std::fabs(Fp8Value(static_cast<uint8_t>(c)) - a);
     if (err < best_err || (err == best_err && (c & 1) == 0)) {
-      best = static_cast<uint8_t>(c);
+      best = c;
       best_err = err;
     }
   }
-  return best;
+  return static_cast<uint8_t>(best | (std::signbit(x) ? 0x80 : 0));
 }
 
 // How a test scales its FP8 inputs: no descale (params' NULL), one per tensor, or one per head.

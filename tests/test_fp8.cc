@@ -37,6 +37,29 @@ TEST(Float8, DecodesEveryCodeAsTheFormatSays) {
   EXPECT_EQ(Fp8Nearest(1000.0), 0x7e);  // saturates
 }
 
+// The rounding from float32 against the nearest code by search (ties to the even code), and the
+// saturation of satfinite: every code's value and the midpoints between neighbours, and random
+// values across the whole range.
+TEST(Float8, RoundsFromFloat32ToTheNearestCode) {
+  std::vector<float> xs;
+  for (int c = 0; c < 127; ++c) {
+    const double v = Fp8Value(static_cast<uint8_t>(c));
+    xs.push_back(static_cast<float>(v));
+    if (c < 126) xs.push_back(static_cast<float>((v + Fp8Value(static_cast<uint8_t>(c + 1))) / 2));  // exact ties
+  }
+  std::mt19937_64 rng(3);
+  std::uniform_real_distribution<double> e(-14.0, 10.0);
+  for (int i = 0; i < 20000; ++i) xs.push_back(static_cast<float>(std::exp2(e(rng))));
+  for (float x : xs)
+    for (float y : {x, -x}) {
+      const uint8_t got = stria::F32ToFloat8E4M3(y);
+      EXPECT_EQ(got, Fp8Nearest(y)) << "value " << y;
+    }
+  EXPECT_EQ(stria::F32ToFloat8E4M3(1e30f), 0x7e);
+  EXPECT_EQ(stria::F32ToFloat8E4M3(-INFINITY), 0xfe);
+  EXPECT_EQ(stria::F32ToFloat8E4M3(NAN) & 0x7f, 0x7f);
+}
+
 struct Case {
   int world;
   stria_layout_t layout;

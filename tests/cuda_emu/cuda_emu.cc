@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/float8.h"
 #include "cuda/device_api.cuh"
 #include "cuda/tma_api.cuh"
 #include "fiber.h"
@@ -153,17 +154,23 @@ struct Thread {
 
 constexpr int kWarpGroup = 128;
 
+// The operand type of a wgmma: 16-bit (K 16 per instruction) or e4m3 (K 32).
+enum class WgmmaElem : uint8_t { kF16, kBF16, kE4M3 };
+
 // One wgmma.mma_async of a warpgroup: the k-th operation of every thread of the group.
 struct WgmmaOp {
-  detail::WgmmaKind kind;
-  bool bf16 = false, accumulate = false;
+  WgmmaElem elem = WgmmaElem::kF16;
+  bool a_regs = false;   // A in registers (a, a_regs below), else by descriptor
+  bool a_kmajor = true;  // the layouts the descriptors describe
+  bool b_kmajor = true;
+  bool accumulate = false;
   int n = 0, first = 0;
   uint64_t desc_a = 0, desc_b = 0;
   int arrived = 0, completed = 0;
-  uint32_t a[kWarpGroup][4];           // kRSTransB: every thread's A fragment, as issued
-  const uint32_t* a_regs[kWarpGroup];  // and where it lives: unchanged until the wait
-  float* d[kWarpGroup];                // every thread's accumulators
-  std::vector<double> product;         // A B, 64 x n row-major: at the first completion
+  uint32_t a[kWarpGroup][4];              // kRSTransB: every thread's A fragment, as issued
+  const uint32_t* a_regs_at[kWarpGroup];  // and where it lives: unchanged until the wait
+  float* d[kWarpGroup];                   // every thread's accumulators
+  std::vector<double> product;            // A B, 64 x n row-major: at the first completion
 };
 
 struct WarpGroup {
@@ -553,12 +560,13 @@ inline __attribute__((always_inline)) void MmaProductBody(const double (&A)[16][
   }
 }
 
-// out (64 x n) += A (64 x 16) B (16 x n), all row-major: the inner loop runs along a row of
-// independent sums (each adds its 16 terms in K order), vectorised.
-inline __attribute__((always_inline)) void WgmmaProductBody(const double* A, const double* B, int n, double* out) {
+// out (64 x n) += A (64 x kdim) B (kdim x n), all row-major: the inner loop runs along a row of
+// independent sums (each adds its kdim terms in K order), vectorised.
+inline __attribute__((always_inline)) void WgmmaProductBody(const double* A, const double* B, int n, int kdim,
+                                                            double* out) {
   for (int row = 0; row < 64; ++row, out += n) {
-    for (int k = 0; k < 16; ++k) {
-      const double a = A[row * 16 + k];
+    for (int k = 0; k < kdim; ++k) {
+      const double a = A[row * kdim + k];
       const double* b = B + static_cast<ptrdiff_t>(k) * n;
       for (int col = 0; col < n; ++col) out[col] += a * b[col];
     }
@@ -567,14 +575,14 @@ inline __attribute__((always_inline)) void WgmmaProductBody(const double* A, con
 
 struct Products {
   void (*mma)(const double (&)[16][16], const double (&)[16][8], double (&)[16][8]);
-  void (*wgmma)(const double*, const double*, int, double*);
+  void (*wgmma)(const double*, const double*, int, int, double*);
 };
 #define STRIA_EMU_PRODUCTS(name, attributes)                                                        \
   attributes void name##Mma(const double(&A)[16][16], const double(&B)[16][8], double(&D)[16][8]) { \
     MmaProductBody(A, B, D);                                                                        \
   }                                                                                                 \
-  attributes void name##Wgmma(const double* A, const double* B, int n, double* out) {               \
-    WgmmaProductBody(A, B, n, out);                                                                 \
+  attributes void name##Wgmma(const double* A, const double* B, int n, int kdim, double* out) {     \
+    WgmmaProductBody(A, B, n, kdim, out);                                                           \
   }
 STRIA_EMU_PRODUCTS(Baseline, )
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -598,8 +606,8 @@ const Products& PickedProducts() {
 void MmaProduct(const double (&A)[16][16], const double (&B)[16][8], double (&D)[16][8]) {
   PickedProducts().mma(A, B, D);
 }
-void WgmmaProduct(const double* A, const double* B, int n, double* out) {
-  PickedProducts().wgmma(A, B, n, out);
+void WgmmaProduct(const double* A, const double* B, int n, int kdim, double* out) {
+  PickedProducts().wgmma(A, B, n, kdim, out);
 }
 
 template <float (*Conv)(uint16_t)>
@@ -716,14 +724,16 @@ void Land(const Copy& c) {
   }
 }
 
-// Where the 16-bit elements (mn, k) of the matrix a wgmma descriptor describes are: shared-memory
-// offsets at [mn * 16 + k], mn < rows the M or N index, k the K index (0..15). PTX ISA, canonical
-// layouts, with T = 8 elements per 16 bytes:
+// Where the elements (mn, k) of the matrix a wgmma descriptor describes are: shared-memory
+// offsets at [mn * kdim + k], mn < rows the M or N index, k the K index (0..kdim - 1; kdim 16 for
+// 16-bit elements, 32 for 8-bit ones: 32 bytes of a row either way). PTX ISA, canonical layouts,
+// with T = 16 / esize elements per 16 bytes (written below for 16-bit T = 8):
 // K-major:  none ((8,m),(T,2k)):((T,SBO),(1,LBO));  W-byte swizzle ((8,m),(T,2k)):((W/2,SBO),(1,T))
 // MN-major: none ((T,1,m),(8,k)):((1,T,SBO),(T,LBO)); W-byte swizzle ((W/2,m),(8,k)):((1,LBO),(W/2,SBO))
 // then the swizzle XORs address bits [4, 4 + log2(W/16)) with the bits from 7 up. Computed once
 // per operation, not once per element that each of its 128 threads reads.
-std::vector<uint32_t> DescOffsets(Thread* t, uint64_t desc, bool k_major, int rows) {
+std::vector<uint32_t> DescOffsets(Thread* t, uint64_t desc, bool k_major, int rows, int esize = 2) {
+  const int kdim = 32 / esize, per16 = 16 / esize;
   const uint32_t start = static_cast<uint32_t>(desc & 0x3FFFu) << 4;
   const uint32_t lbo = static_cast<uint32_t>((desc >> 16) & 0x3FFFu) << 4;
   const uint32_t sbo = static_cast<uint32_t>((desc >> 32) & 0x3FFFu) << 4;
@@ -731,42 +741,46 @@ std::vector<uint32_t> DescOffsets(Thread* t, uint64_t desc, bool k_major, int ro
   if (base_offset != 0) Fail(t, "wgmma descriptor: a non-zero matrix base offset is not emulated");
   const uint32_t width = mode == 0 ? 0u : mode == 1 ? 128u : mode == 2 ? 64u : 32u;
   const detail::BlockInfo& bi = t->block->info;
-  std::vector<uint32_t> offsets(static_cast<size_t>(rows) * 16);
+  if (!k_major && esize != 2)
+    Fail(t, "wgmma descriptor: 8-bit operands are K-major only (the PTX ISA has no transpose)");
+  const uint32_t ue = static_cast<uint32_t>(esize), up = static_cast<uint32_t>(per16);
+  std::vector<uint32_t> offsets(static_cast<size_t>(rows) * kdim);
   for (int mn = 0; mn < rows; ++mn)
-    for (int k = 0; k < 16; ++k) {
+    for (int k = 0; k < kdim; ++k) {
       const uint32_t umn = static_cast<uint32_t>(mn), uk = static_cast<uint32_t>(k);
       uint32_t addr = start;
       if (k_major) {
         addr += (umn / 8) * sbo +
-                (width == 0 ? (umn % 8) * 16 + (uk % 8) * 2 + (uk / 8) * lbo : (umn % 8) * width + uk * 2);
+                (width == 0 ? (umn % 8) * 16 + (uk % up) * ue + (uk / up) * lbo : (umn % 8) * width + uk * ue);
       } else if (width == 0) {
         addr += (umn % 8) * 2 + (umn / 8) * sbo + (uk % 8) * 16 + (uk / 8) * lbo;
       } else {
         addr += (umn % (width / 2)) * 2 + (umn / (width / 2)) * lbo + (uk % 8) * width + (uk / 8) * sbo;
       }
       if (width != 0) addr ^= ((addr >> 7) & (width / 16 - 1)) << 4;
-      if (addr < detail::kSmemWindowBase || addr - detail::kSmemWindowBase + 2 > bi.smem_bytes) {
+      if (addr < detail::kSmemWindowBase || addr - detail::kSmemWindowBase + ue > bi.smem_bytes) {
         Fail(t, "wgmma descriptor: element (" + std::to_string(mn) + ", " + std::to_string(k) +
                     ") is at window address " + std::to_string(addr) + ", outside the " +
                     std::to_string(bi.smem_bytes) + "-byte dynamic shared memory");
       }
-      offsets[static_cast<size_t>(mn) * 16 + static_cast<size_t>(k)] = addr - detail::kSmemWindowBase;
+      offsets[static_cast<size_t>(mn) * kdim + static_cast<size_t>(k)] = addr - detail::kSmemWindowBase;
     }
   return offsets;
 }
 
-// The 16-bit element (mn, k) as this thread's read sees it now, at the offset DescOffsets found;
-// an element that differs from the async proxy's view fails (a write not fenced, or a race).
-uint16_t DescElement(Thread* t, const std::vector<uint32_t>& offsets, int mn, int k) {
+// The element (mn, k) of `esize` bytes as this thread's read sees it now, at the offset DescOffsets
+// found; an element that differs from the async proxy's view fails (a write not fenced, or a race).
+uint16_t DescElement(Thread* t, const std::vector<uint32_t>& offsets, int mn, int k, int esize = 2) {
   const detail::BlockInfo& bi = t->block->info;
-  const size_t off = offsets[static_cast<size_t>(mn) * 16 + static_cast<size_t>(k)];
-  if (std::memcmp(bi.smem + off, t->block->async_view.data() + off, 2) != 0) {
+  const size_t off = offsets[static_cast<size_t>(mn) * (32 / esize) + static_cast<size_t>(k)];
+  if (std::memcmp(bi.smem + off, t->block->async_view.data() + off, static_cast<size_t>(esize)) != 0) {
     Fail(t, "wgmma descriptor: element (" + std::to_string(mn) + ", " + std::to_string(k) + ") at window address " +
                 std::to_string(off + detail::kSmemWindowBase) +
                 " changed after the last barrier that every thread reached with a fence_proxy_async since the one "
                 "before: a shared-memory store or cp.async not fenced for the async proxy, or a write racing the "
                 "wgmma");
   }
+  if (esize == 1) return bi.smem[off];
   uint16_t v;
   std::memcpy(&v, bi.smem + off, 2);
   return v;
@@ -827,36 +841,43 @@ void HandBackAccumulators(Thread* t, float* d, int n) {
 // threads that hold a product of it.
 void ComputeWgmmaProduct(Thread* t, WgmmaOp& op) {
   const int n = op.n;
-  const bool rs = op.kind == detail::WgmmaKind::kRSTransB;
-  auto val = [&](uint16_t x) -> double { return op.bf16 ? BFloatToFloat(x) : HalfToFloat(x); };
-  std::vector<double> A(64 * 16), B(static_cast<size_t>(n) * 16);
-  if (rs) {
-    // Lane 4g + tt of warp w holds row 16 w + g in registers 0, 2 and row + 8 in 1, 3: columns
-    // 2 tt (+1) in registers 0, 1 and 2 tt + 8 (+1) in 2, 3.
+  const bool e4m3 = op.elem == WgmmaElem::kE4M3;
+  const int esize = e4m3 ? 1 : 2, kdim = 32 / esize;
+  auto val = [&](uint16_t x) -> double {
+    return e4m3                          ? Float8E4M3ToF32(static_cast<uint8_t>(x))
+           : op.elem == WgmmaElem::kBF16 ? BFloatToFloat(x)
+                                         : HalfToFloat(x);
+  };
+  std::vector<double> A(static_cast<size_t>(64) * kdim), B(static_cast<size_t>(n) * kdim);
+  if (op.a_regs) {
+    // Lane 4g + tt of warp w holds row 16 w + g in registers 0, 2 and row + 8 in 1, 3. 16-bit:
+    // columns 2 tt (+1) in registers 0, 1 and 2 tt + 8 (+1) in 2, 3. e4m3: columns 4 tt .. + 3 in
+    // registers 0, 1 and 16 + 4 tt .. in 2, 3, the lowest byte the lowest column.
     for (int w = 0; w < kWarpGroup / kWarp; ++w)
       for (int gq = 0; gq < 8; ++gq)
         for (int tt = 0; tt < 4; ++tt) {
           const uint32_t* regs = op.a[kWarp * w + 4 * gq + tt];
           for (int r = 0; r < 4; ++r) {
-            const int row = 16 * w + gq + 8 * (r & 1), col = 2 * tt + 8 * (r >> 1);
-            A[static_cast<size_t>(row * 16 + col)] = val(static_cast<uint16_t>(Lo(regs[r])));
-            A[static_cast<size_t>(row * 16 + col + 1)] = val(static_cast<uint16_t>(Hi(regs[r])));
+            const int row = 16 * w + gq + 8 * (r & 1);
+            const size_t at = static_cast<size_t>(row * kdim + (e4m3 ? 4 * tt + 16 * (r >> 1) : 2 * tt + 8 * (r >> 1)));
+            for (int e = 0; e < 4 / esize; ++e)
+              A[at + static_cast<size_t>(e)] =
+                  val(static_cast<uint16_t>((regs[r] >> (8 * esize * e)) & (e4m3 ? 0xFFu : 0xFFFFu)));
           }
         }
   } else {
-    // A is K-major in the forms kSS and kSSTransB, B in kSS only.
-    const bool a_kmajor = op.kind == detail::WgmmaKind::kSS || op.kind == detail::WgmmaKind::kSSTransB;
-    const std::vector<uint32_t> a_offsets = DescOffsets(t, op.desc_a, a_kmajor, 64);
+    const std::vector<uint32_t> a_offsets = DescOffsets(t, op.desc_a, op.a_kmajor, 64, esize);
     for (int row = 0; row < 64; ++row)
-      for (int k = 0; k < 16; ++k) A[static_cast<size_t>(row * 16 + k)] = val(DescElement(t, a_offsets, row, k));
+      for (int k = 0; k < kdim; ++k)
+        A[static_cast<size_t>(row * kdim + k)] = val(DescElement(t, a_offsets, row, k, esize));
   }
   // B by K index, then column: the product's inner loop runs along a row of independent sums
-  // (each still adds its 16 terms in K order), which the compiler vectorises.
-  const std::vector<uint32_t> b_offsets = DescOffsets(t, op.desc_b, op.kind == detail::WgmmaKind::kSS, n);
+  // (each still adds its terms in K order), which the compiler vectorises.
+  const std::vector<uint32_t> b_offsets = DescOffsets(t, op.desc_b, op.b_kmajor, n, esize);
   for (int col = 0; col < n; ++col)
-    for (int k = 0; k < 16; ++k) B[static_cast<size_t>(k * n + col)] = val(DescElement(t, b_offsets, col, k));
+    for (int k = 0; k < kdim; ++k) B[static_cast<size_t>(k * n + col)] = val(DescElement(t, b_offsets, col, k, esize));
   op.product.assign(static_cast<size_t>(64) * n, 0.0);
-  WgmmaProduct(A.data(), B.data(), n, op.product.data());
+  WgmmaProduct(A.data(), B.data(), n, kdim, op.product.data());
 }
 
 void CompleteWgmma(Thread* t, WgmmaOp& op, int me) {
@@ -864,10 +885,10 @@ void CompleteWgmma(Thread* t, WgmmaOp& op, int me) {
   // The GPU reads register operands while the operation runs. Where a kernel reuses them before
   // the wait, ptxas keeps them by waiting for the operation right there (a silent serialisation,
   // warning C7517), so the emulator refuses it instead of modelling either outcome.
-  if (op.kind == detail::WgmmaKind::kRSTransB && std::memcmp(op.a_regs[me], op.a[me], 16) != 0)
+  if (op.a_regs && std::memcmp(op.a_regs_at[me], op.a[me], 16) != 0)
     Fail(t,
-         "wgmma_rs_tb: this thread's A fragment registers changed between the operation and the wgmma_wait "
-         "that completes it (ptxas would serialise the MMAs there)");
+         "wgmma with A in registers: this thread's A fragment registers changed between the operation and the "
+         "wgmma_wait that completes it (ptxas would serialise the MMAs there)");
   if (op.product.empty()) ComputeWgmmaProduct(t, op);
   float* d = op.d[me];
   TakeBackAccumulators(t, d, op.n / 2);
@@ -1111,14 +1132,13 @@ void FenceProxyAsync() {
   t->proxy_fenced = true;
 }
 
-void Wgmma(WgmmaKind kind, bool bf16, int n, float* d, const uint32_t* a, uint64_t desc_a, uint64_t desc_b,
-           bool accumulate) {
+namespace {
+
+// Issues one thread's part of a warpgroup operation; `form`: its operand type and layouts.
+void IssueWgmma(const char* name, const WgmmaOp& form, int n, float* d, const uint32_t* a, uint64_t desc_a,
+                uint64_t desc_b, bool accumulate) {
   Thread* t = Current();
   Block* b = t->block;
-  const char* name = kind == WgmmaKind::kSS         ? "wgmma_ss"
-                     : kind == WgmmaKind::kSSTrans  ? "wgmma_ss_tt"
-                     : kind == WgmmaKind::kSSTransB ? "wgmma_ss_tb"
-                                                    : "wgmma_rs_tb";
   if (b->n % kWarpGroup != 0)
     Fail(t, std::string(name) + ": the block is not a whole number of warpgroups (128 threads)");
   if (n % 8 != 0 || n < 8 || n > 256) Fail(t, std::string(name) + ": N must be a multiple of 8 in 8..256");
@@ -1141,26 +1161,52 @@ void Wgmma(WgmmaKind kind, bool bf16, int n, float* d, const uint32_t* a, uint64
   auto [it, fresh] = g.ops.try_emplace(seq);
   WgmmaOp& op = it->second;
   if (fresh) {
-    op.kind = kind;
-    op.bf16 = bf16;
+    op.elem = form.elem;
+    op.a_regs = form.a_regs;
+    op.a_kmajor = form.a_kmajor;
+    op.b_kmajor = form.b_kmajor;
     op.n = n;
     op.first = t->linear;
     op.desc_a = desc_a;
     op.desc_b = desc_b;
     op.accumulate = accumulate;
-  } else if (op.kind != kind || op.bf16 != bf16 || op.n != n || op.desc_a != desc_a || op.desc_b != desc_b ||
+  } else if (op.elem != form.elem || op.a_regs != form.a_regs || op.a_kmajor != form.a_kmajor ||
+             op.b_kmajor != form.b_kmajor || op.n != n || op.desc_a != desc_a || op.desc_b != desc_b ||
              op.accumulate != accumulate) {
     Fail(t, std::string(name) + ": its shape, type, descriptors or scale-d differ from those thread " +
                 std::to_string(op.first) + " gave to the same warpgroup operation (they must be uniform)");
   }
-  if (kind == WgmmaKind::kRSTransB) {
+  if (form.a_regs) {
     std::memcpy(op.a[t->linear % kWarpGroup], a, 16);
-    op.a_regs[t->linear % kWarpGroup] = a;
+    op.a_regs_at[t->linear % kWarpGroup] = a;
   }
   if (++op.arrived == kWarpGroup) ++b->wakes;
   t->wgmma_open.push_back(seq);
   op.d[t->linear % kWarpGroup] = d;  // written at the wait that completes the operation
   OwnAccumulators(t, d, n / 2);
+}
+
+}  // namespace
+
+void Wgmma(WgmmaKind kind, bool bf16, int n, float* d, const uint32_t* a, uint64_t desc_a, uint64_t desc_b,
+           bool accumulate) {
+  const char* name = kind == WgmmaKind::kSS         ? "wgmma_ss"
+                     : kind == WgmmaKind::kSSTrans  ? "wgmma_ss_tt"
+                     : kind == WgmmaKind::kSSTransB ? "wgmma_ss_tb"
+                                                    : "wgmma_rs_tb";
+  WgmmaOp form;
+  form.elem = bf16 ? WgmmaElem::kBF16 : WgmmaElem::kF16;
+  form.a_regs = kind == WgmmaKind::kRSTransB;
+  form.a_kmajor = kind == WgmmaKind::kSS || kind == WgmmaKind::kSSTransB;
+  form.b_kmajor = kind == WgmmaKind::kSS;
+  IssueWgmma(name, form, n, d, a, desc_a, desc_b, accumulate);
+}
+
+void WgmmaE4m3(int n, float* d, const uint32_t* a, uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  WgmmaOp form;
+  form.elem = WgmmaElem::kE4M3;
+  form.a_regs = a != nullptr;
+  IssueWgmma(a != nullptr ? "wgmma_rs_e4m3" : "wgmma_ss_e4m3", form, n, d, a, desc_a, desc_b, accumulate);
 }
 
 void WgmmaWait(int n) {

@@ -10,7 +10,10 @@
 //  - O += P V through the forward's own IssuePV (P in registers, V in the transposed-B form);
 //  - dQ = dS K with both operands MN-major, with the backward's descriptors (wgmma_ss_tt);
 //  - dV += P^T dO with P^T in shared memory (A K-major, B MN-major: wgmma_ss_tb), as the head-dim
-//    256 backward issues it; S at N 32 and P V at D 256 through the forward's own helpers.
+//    256 backward issues it; S at N 32 and P V at D 256 through the forward's own helpers;
+//  - the FP8 (e4m3) products: S = Q K^T with both operands K-major, and O += P V with P packed
+//    from the accumulator layout into e4m3 A fragments (PackPE4m3) against V transposed with its
+//    keys in E4m3PvKey's order, which checks the register fragment layout the packing assumes.
 // Each product is checked element by element, in the accumulator layout the kernels assume,
 // against a double-precision product of the same bf16 values.
 //
@@ -28,6 +31,7 @@
 
 #include "cuda/tma_api.cuh"
 #include "cuda/wgmma_forward.cuh"
+#include "cuda/wgmma_fp8.cuh"
 
 namespace sc = stria::cuda;
 
@@ -259,6 +263,84 @@ STRIA_GLOBAL void PtDoKernel(const uint16_t* p_t, const uint16_t* dout, int h, f
 #endif
 }
 
+// `rows` x 128 e4m3 values, row-major in global memory, into a swizzled shared tile: a row is one
+// 128-byte swizzle row, its 16-byte chunk c at chunk c ^ (row % 8).
+STRIA_DEVICE void StoreSwizzledBytes(unsigned char* tile, const uint8_t* src, int rows) {
+  for (int x = static_cast<int>(threadIdx.x); x < rows * 128; x += static_cast<int>(blockDim.x)) {
+    const int r = x / 128, c = x % 128;
+    tile[r * 128 + (((c >> 4) ^ (r & 7)) << 4) + (c & 15)] = src[x];
+  }
+}
+
+// S (64 x kN) = Q (64 x 128) K^T in e4m3: four products of K 32, each 32 bytes further along the
+// swizzled rows, as the 16-bit forward steps 16 columns.
+template <int kN>
+STRIA_GLOBAL void ScoresE4m3Kernel(const uint8_t* q, const uint8_t* k, float* s_out) {
+#if STRIA_HAS_WGMMA
+  STRIA_DYNAMIC_SMEM(smem_raw);
+  unsigned char* qs = sc::AlignToSwizzleAtom(smem_raw);
+  unsigned char* ks = qs + 64 * 128;
+  StoreSwizzledBytes(qs, q, 64);
+  StoreSwizzledBytes(ks, k, kN);
+  sc::fence_proxy_async();
+  sc::block_sync();
+  const int tid = static_cast<int>(threadIdx.x);
+  float s[kN / 2];
+  sc::wgmma_fence();
+  for (int kk = 0; kk < 4; ++kk) {
+    const uint64_t qa = sc::SwizzledDesc(sc::smem_addr(qs) + 32 * kk, 16, sc::kSwizzleAtomBytes);
+    const uint64_t kb = sc::SwizzledDesc(sc::smem_addr(ks) + 32 * kk, 16, sc::kSwizzleAtomBytes);
+    sc::wgmma_ss_e4m3<kN>(s, qa, kb, kk > 0);
+  }
+  sc::wgmma_commit();
+  sc::wgmma_wait<0>();
+  sc::wgmma_fence_operand(s);
+  for (int i = 0; i < kN / 2; ++i) s_out[AccRow(tid, i) * kN + AccCol(tid, i)] = s[i];
+#endif
+}
+
+// O (64 x D) = P (64 x 128 keys, f32 in the accumulator layout, packed to e4m3 by PackPE4m3) V,
+// with V given transposed (D rows of 128 keys, in E4m3PvKey's order): four products of K 32.
+template <int D>
+STRIA_GLOBAL void PVE4m3Kernel(const float* p_in, const uint8_t* vt, float* o_out) {
+#if STRIA_HAS_WGMMA
+  constexpr int kN = 128;
+  STRIA_DYNAMIC_SMEM(smem_raw);
+  unsigned char* vs = sc::AlignToSwizzleAtom(smem_raw);
+  StoreSwizzledBytes(vs, vt, D);
+  sc::fence_proxy_async();
+  sc::block_sync();
+  const int tid = static_cast<int>(threadIdx.x);
+  float s[kN / 2], o[D / 2];
+  for (int i = 0; i < kN / 2; ++i) s[i] = p_in[AccRow(tid, i) * kN + AccCol(tid, i)];
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  uint32_t pa[kN / 32][4];
+  sc::PackPE4m3<kN>(s, pa);
+  sc::wgmma_fence_operand(o);
+  sc::wgmma_fence_operand(pa);
+  sc::wgmma_fence();
+  for (int kk = 0; kk < kN / 32; ++kk) {
+    const uint64_t vb = sc::SwizzledDesc(sc::smem_addr(vs) + 32 * kk, 16, sc::kSwizzleAtomBytes);
+    sc::wgmma_rs_e4m3<D>(o, pa[kk], vb, true);
+  }
+  sc::wgmma_commit();
+  sc::wgmma_wait<0>();
+  sc::wgmma_fence_operand(o);
+  for (int i = 0; i < D / 2; ++i) o_out[AccRow(tid, i) * D + AccCol(tid, i)] = o[i];
+#endif
+}
+
+// Random e4m3 codes of magnitudes 2^-3 .. 2^2, either sign (no NaN).
+std::vector<uint8_t> RandomE4m3(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> v(n);
+  for (auto& x : v) {
+    const uint64_t r = rng();
+    x = static_cast<uint8_t>(((r & 1) << 7) | ((4 + (r >> 1) % 5) << 3) | ((r >> 8) & 7));
+  }
+  return v;
+}
+
 // Largest |got - want| / (1 + |want|) over a row-major result, and where.
 std::string Compare(const std::vector<float>& got, const std::vector<double>& want, int cols, double* worst) {
   *worst = 0;
@@ -354,6 +436,62 @@ TEST(HopperWgmma, PTimesVAsTheForwardIssuesIt) {
   CheckPV<128, 128>();
   CheckPV<128, 64>();  // 64 keys: the next 64 columns 8 KiB on, as dV and dK read dO and Q
   CheckPV<256, 64>();  // head dim 256: two products of N 128
+}
+
+// e4m3 products are exact in f32 here (few terms of few bits); the GPU's FP8 accumulation is
+// coarser than f32's, hence the looser bound than the 16-bit checks'.
+TEST(HopperWgmma, E4m3ScoresBothOperandsKMajor) {
+  REQUIRE_HOPPER();
+  for (int kn : {64, 128}) {
+    const std::vector<uint8_t> q = RandomE4m3(64 * 128, 11), k = RandomE4m3(size_t(kn) * 128, 12 + kn);
+    Dev dq(q), dk(k), out(size_t{64} * kn * 4);
+    const int smem = (64 + kn) * 128 + sc::kSwizzleAtomBytes;
+    void (*kernel)(const uint8_t*, const uint8_t*, float*) = kn == 64 ? ScoresE4m3Kernel<64> : ScoresE4m3Kernel<128>;
+    CUDA_OK(AllowSmem(kernel, smem));
+    CUDA_OK(STRIA_LAUNCH(kernel, 1, 128, smem, kDefaultStream)(dq.as<uint8_t>(), dk.as<uint8_t>(), out.as<float>()));
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<double> want(size_t{64} * kn, 0);
+    for (int i = 0; i < 64; ++i)
+      for (int j = 0; j < kn; ++j)
+        for (int d = 0; d < 128; ++d)
+          want[i * kn + j] += stria::Float8E4M3ToF32(q[i * 128 + d]) * stria::Float8E4M3ToF32(k[j * 128 + d]);
+    double worst;
+    const std::string where = Compare(ToHost<float>(out, want.size()), want, kn, &worst);
+    EXPECT_LT(worst, 2e-3) << "N " << kn << ", worst at " << where;
+  }
+}
+
+template <int D>
+void CheckPVE4m3() {
+  constexpr int kN = 128;
+  std::mt19937_64 rng(40 + D);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  std::vector<float> p(size_t{64} * kN);
+  for (auto& x : p) x = u(rng);
+  const std::vector<uint8_t> v = RandomE4m3(size_t{kN} * D, 41 + D);  // [keys, D]
+  std::vector<uint8_t> vt(size_t{D} * kN);                            // [D, keys in P V's order]
+  for (int d = 0; d < D; ++d)
+    for (int pos = 0; pos < kN; ++pos) vt[d * kN + pos] = v[sc::E4m3PvKey(pos) * D + d];
+  Dev dp(p), dvt(vt), out(size_t{64} * D * 4);
+  const int smem = D * kN + sc::kSwizzleAtomBytes;
+  void (*kernel)(const float*, const uint8_t*, float*) = PVE4m3Kernel<D>;
+  CUDA_OK(AllowSmem(kernel, smem));
+  CUDA_OK(STRIA_LAUNCH(kernel, 1, 128, smem, kDefaultStream)(dp.as<float>(), dvt.as<uint8_t>(), out.as<float>()));
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<double> want(size_t{64} * D, 0);  // P as the kernel packs it: rounded to e4m3
+  for (int i = 0; i < 64; ++i)
+    for (int j = 0; j < kN; ++j)
+      for (int d = 0; d < D; ++d)
+        want[i * D + d] +=
+            stria::Float8E4M3ToF32(stria::F32ToFloat8E4M3(p[i * kN + j])) * stria::Float8E4M3ToF32(v[j * D + d]);
+  double worst;
+  const std::string where = Compare(ToHost<float>(out, want.size()), want, D, &worst);
+  EXPECT_LT(worst, 2e-3) << "D " << D << ", worst at " << where;
+}
+TEST(HopperWgmma, E4m3PTimesVWithPFromTheAccumulatorLayout) {
+  REQUIRE_HOPPER();
+  CheckPVE4m3<64>();
+  CheckPVE4m3<128>();
 }
 
 TEST(HopperWgmma, DvFromSharedPTransposedAsTheWideBackwardIssuesIt) {
