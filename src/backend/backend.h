@@ -22,11 +22,23 @@
 
 namespace stria {
 
+// A forward's float8_e4m3fn q, k and v that the backend takes as they are (Backend::TakesFp8;
+// stria.h, params->q_descale): each descale NULL (1) or float32 [1] (step 0) or [H] (step 1), in the
+// backend's memory. The call's dtype (AttentionShape::dtype) is then that of its outputs and state.
+struct Fp8Inputs {
+  bool on = false;
+  const float* q_descale = nullptr;
+  const float* k_descale = nullptr;
+  const float* v_descale = nullptr;
+  int q_step = 0, k_step = 0, v_step = 0;
+};
+
 struct AttentionShape {
   int64_t B = 0, L = 0, Hq = 0, Hkv = 0, D = 0;
   DType dtype = DType::kF32;
   float scale = 0.f;    // resolved: never 0
   float softcap = 0.f;  // > 0: a score s = scale·q·k becomes softcap·tanh(s / softcap); 0: none
+  Fp8Inputs fp8{};      // on: q, k and v are float8_e4m3fn (a forward only)
 };
 
 // Bytes of one K/V ring message: K then V, each compact [B, L, Hkv, D] in the storage dtype.
@@ -37,9 +49,10 @@ inline size_t KVWireBytes(const AttentionShape& s) {
 // call signature carries it), and it may depend only on the call, never on the machine: ranks in
 // different processes can run on different CPUs.
 enum class KVWireFormat : uint32_t {
-  kRows = 0,         // KVWireBytes: K then V, compact [B, L, Hkv, D], storage dtype
-  kCpuF32Tiles = 1,  // the CPU kernels' float32 operands (backend/cpu/cpu_backend.cc)
-  kCpuBf16Tiles = 2  // the CPU AMX kernels' bf16 operands (likewise)
+  kRows = 0,          // KVWireBytes: K then V, compact [B, L, Hkv, D], storage dtype
+  kCpuF32Tiles = 1,   // the CPU kernels' float32 operands (backend/cpu/cpu_backend.cc)
+  kCpuBf16Tiles = 2,  // the CPU AMX kernels' bf16 operands (likewise)
+  kCudaE4m3 = 3       // FP8 inputs on Hopper: K's e4m3 rows, then V transposed (kernels/cuda/tma_forward_fp8.cuh)
 };
 inline const char* KVWireFormatName(KVWireFormat f) {
   switch (f) {
@@ -49,6 +62,8 @@ inline const char* KVWireFormatName(KVWireFormat f) {
       return "cpu-f32-tiles";
     case KVWireFormat::kCpuBf16Tiles:
       return "cpu-bf16-tiles";
+    case KVWireFormat::kCudaE4m3:
+      return "cuda-e4m3";
   }
   return "unknown";
 }
@@ -233,6 +248,14 @@ class Backend {
   // in this backend's memory (last dimension contiguous), into a compact tensor of its shape in
   // dtype `to` at `dst`, each value times its head's descale: `descale` NULL (1) or a contiguous
   // float32 [1] or [H]. On `stream`, before the call's Begin (which takes the widened tensors).
+  // Whether the backend takes FP8 inputs of this shape as they are (`shape`: the call's, its dtype
+  // out's, its fp8 unset; q: the caller's float8_e4m3fn view), so that nothing is widened: then
+  // the call's shape has fp8 on, and PackKV, ForwardBegin, the blocks and ForwardEnd get the e4m3
+  // tensors, ForwardEnd applying v's descale to the outputs.
+  virtual bool TakesFp8(const AttentionShape& shape, const TensorView& q) {
+    (void)shape, (void)q;
+    return false;
+  }
   virtual Status WidenFp8(const TensorView& src, const TensorView* descale, DType to, void* dst, void* stream) {
     (void)src, (void)descale, (void)to, (void)dst, (void)stream;
     return Error(STRIA_ERROR_UNSUPPORTED, "the %s backend does not take float8_e4m3fn inputs", name());

@@ -160,7 +160,7 @@ Status ViewOf(const DLTensor* t, const char* name, DLDevice device, TensorView* 
 }
 
 Status AttentionTensor(const DLTensor* t, const char* name, int ndim, DLDevice device, bool float32_only,
-                       TensorView* out) {
+                       TensorView* out, const DType* fp8_as) {
   if (t == nullptr) return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s is NULL", name);
   if (t->ndim != ndim)
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s has ndim %d, expected %d (%s)", name, t->ndim, ndim,
@@ -172,6 +172,8 @@ Status AttentionTensor(const DLTensor* t, const char* name, int ndim, DLDevice d
       return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s has dtype %s, expected float32", name,
                    DLDataTypeName(t->dtype, b, sizeof b));
     out->dtype = DType::kF32;
+  } else if (fp8_as != nullptr && IsFloat8E4M3(t->dtype)) {
+    out->dtype = *fp8_as;
   } else if (!DTypeFromDL(t->dtype, &out->dtype)) {
     if (IsFloat8E4M3(t->dtype))
       return Error(STRIA_ERROR_UNSUPPORTED,

@@ -35,8 +35,10 @@ Status ViewOf(const DLTensor* t, const char* name, DLDevice device, TensorView* 
 
 // ViewOf plus: exactly `ndim` dims, a float32/float16/bfloat16 dtype (or exactly float32 if
 // `float32_only`), and a contiguous last dimension.
+// `fp8_as` (a forward's FP8 inputs that the backend takes as they are): float8_e4m3fn is accepted
+// too, the view's dtype then set to *fp8_as (the call's dtype; dl_dtype stays the tensor's).
 Status AttentionTensor(const DLTensor* t, const char* name, int ndim, DLDevice device, bool float32_only,
-                       TensorView* out);
+                       TensorView* out, const DType* fp8_as = nullptr);
 
 // What a call writes may not be a broadcast view (stride 0 along a dimension of size > 1, as
 // torch's expand makes): several elements would land on one, and the result would be whichever

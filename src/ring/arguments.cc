@@ -114,13 +114,14 @@ namespace {
 
 // The shapes shared by forward and backward: q, k, v and the derived attention shape.
 Status CheckQKV(Context& ctx, const DLTensor* q, const DLTensor* k, const DLTensor* v,
-                const stria_attention_params_t* p, const DocumentsArg& args, void* stream, ValidatedCall* c) {
+                const stria_attention_params_t* p, const DocumentsArg& args, void* stream, ValidatedCall* c,
+                const DType* fp8_as = nullptr) {
   const DLDevice dev = ctx.device();
   DocumentsArg documents;
   STRIA_RETURN_IF_ERROR(CheckParams(p, args, c, &documents));
-  STRIA_RETURN_IF_ERROR(AttentionTensor(q, "q", 4, dev, false, &c->q));
-  STRIA_RETURN_IF_ERROR(AttentionTensor(k, "k", 4, dev, false, &c->k));
-  STRIA_RETURN_IF_ERROR(AttentionTensor(v, "v", 4, dev, false, &c->v));
+  STRIA_RETURN_IF_ERROR(AttentionTensor(q, "q", 4, dev, false, &c->q, fp8_as));
+  STRIA_RETURN_IF_ERROR(AttentionTensor(k, "k", 4, dev, false, &c->k, fp8_as));
+  STRIA_RETURN_IF_ERROR(AttentionTensor(v, "v", 4, dev, false, &c->v, fp8_as));
   STRIA_RETURN_IF_ERROR(ctx.backend().CheckMemory(c->q.data, "q"));
   STRIA_RETURN_IF_ERROR(ctx.backend().CheckMemory(c->k.data, "k"));
   STRIA_RETURN_IF_ERROR(ctx.backend().CheckMemory(c->v.data, "v"));
@@ -333,8 +334,14 @@ Status CheckSinks(Context& ctx, const stria_attention_params_t* p, bool backward
 }
 
 Status ValidateForward(Context& ctx, const ForwardCall& call, ValidatedCall* c) {
-  c->fp8_inputs = call.fp8_widened;
-  STRIA_RETURN_IF_ERROR(CheckQKV(ctx, call.q, call.k, call.v, call.params, call.documents, call.stream, c));
+  c->fp8_inputs = call.fp8_mode != ForwardCall::Fp8::kNone;
+  // FP8 inputs the backend takes as they are: views of out's dtype over the e4m3 tensors.
+  DType out_dtype = DType::kF32;
+  const bool native =
+      call.fp8_mode == ForwardCall::Fp8::kNative && call.out != nullptr && DTypeFromDL(call.out->dtype, &out_dtype);
+  STRIA_RETURN_IF_ERROR(CheckQKV(ctx, call.q, call.k, call.v, call.params, call.documents, call.stream, c,
+                                 native ? &out_dtype : nullptr));
+  if (native) c->shape.fp8 = call.fp8;
   STRIA_RETURN_IF_ERROR(CheckSinks(ctx, call.params, false, c));
   STRIA_RETURN_IF_ERROR(CheckLike(ctx, call.out, "out", c->q, "q", Role::kOutput, &c->out));
   return CheckLse(ctx, call.lse, "lse", c->shape, Role::kOutput, &c->lse);

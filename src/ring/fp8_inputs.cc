@@ -86,6 +86,19 @@ Status WidenFp8Inputs(Context& ctx, const ForwardCall& call, WidenedInputs* w, F
       STRIA_RETURN_IF_ERROR(
           CheckDescale(ctx, given[i], scale_names[i], views[i].shape[2], heads_names[i], &scale_views[i], &scales[i]));
   }
+  // A backend that takes them as they are (the Hopper FP8 kernel) gets them so, on a plain ring.
+  if (ctx.ulysses_size() == 1 && ctx.backend().TakesFp8(s, views[0])) {
+    Fp8Inputs& f = widened_call->fp8;
+    f.on = true;
+    f.q_descale = scales[0] != nullptr ? static_cast<const float*>(scales[0]->data) : nullptr;
+    f.k_descale = scales[1] != nullptr ? static_cast<const float*>(scales[1]->data) : nullptr;
+    f.v_descale = scales[2] != nullptr ? static_cast<const float*>(scales[2]->data) : nullptr;
+    f.q_step = scales[0] != nullptr && scales[0]->shape[0] > 1 ? 1 : 0;
+    f.k_step = scales[1] != nullptr && scales[1]->shape[0] > 1 ? 1 : 0;
+    f.v_step = scales[2] != nullptr && scales[2]->shape[0] > 1 ? 1 : 0;
+    widened_call->fp8_mode = ForwardCall::Fp8::kNative;
+    return Status::Ok();
+  }
   DLTensor* widened[3] = {&w->q, &w->k, &w->v};
   for (int i = 0; i < 3; ++i) {
     const size_t bytes = static_cast<size_t>(views[i].numel()) * static_cast<size_t>(DTypeSize(out.dtype));
@@ -104,7 +117,7 @@ Status WidenFp8Inputs(Context& ctx, const ForwardCall& call, WidenedInputs* w, F
   widened_call->q = &w->q;
   widened_call->k = &w->k;
   widened_call->v = &w->v;
-  widened_call->fp8_widened = true;
+  widened_call->fp8_mode = ForwardCall::Fp8::kWidened;
   return Status::Ok();
 }
 

@@ -24,7 +24,10 @@ struct ForwardCall {
   DLTensor *out, *lse;
   void* stream;
   DocumentsArg documents{};
-  bool fp8_widened = false;  // q, k and v are the widened float8_e4m3fn inputs (fp8_inputs.h)
+  // float8_e4m3fn inputs (fp8_inputs.h): kWidened, q, k and v are their widened copies; kNative,
+  // they are the caller's, which the backend takes as they are, with `fp8` their descales.
+  enum class Fp8 { kNone, kWidened, kNative } fp8_mode = Fp8::kNone;
+  Fp8Inputs fp8{};
 };
 
 struct BackwardCall {

@@ -80,7 +80,7 @@ static bool WellFormed(const CallSignature& s) {
          s.op <= static_cast<uint32_t>(RingOp::kPrefill) && s.status >= STRIA_SUCCESS &&
          s.status <= STRIA_ERROR_INTERNAL && s.layout >= STRIA_LAYOUT_CONTIGUOUS && s.layout <= STRIA_LAYOUT_ZIGZAG &&
          s.dtype >= static_cast<int32_t>(DType::kF32) && s.dtype <= static_cast<int32_t>(DType::kBF16) &&
-         s.kv_wire <= static_cast<uint32_t>(KVWireFormat::kCpuBf16Tiles);
+         s.kv_wire <= static_cast<uint32_t>(KVWireFormat::kCudaE4m3);
 }
 
 // A tag as the messages print it.

@@ -640,6 +640,7 @@ class CpuBackend final : public Backend {
         Bf16TilesToF32(WireBf16(kv_wire), own.f);  // no bf16 kernels here
         return own;
       case KVWireFormat::kRows:
+      case KVWireFormat::kCudaE4m3:  // never this backend's (its FP8 inputs are widened)
         break;
     }
     UnpackBlock(WireRows(kv_wire), own);

@@ -42,6 +42,7 @@
 #include "backend/cuda/cuda_decode.h"
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/mask_args.h"
+#include "cuda/fp8_launch.h"
 #include "cuda/launch.h"
 #include "cuda/widen.h"
 #include "cuda_common/cuda_status.h"
@@ -293,6 +294,29 @@ class CudaBackend final : public Backend {
     return Status::Ok();
   }
 
+  // FP8 inputs as they are: the Hopper e4m3 kernel (tma_forward_fp8.cuh) at head dim 128, where
+  // the TMA family would run (the automatic choice or STRIA_CUDA_KERNELS=tma on compute capability
+  // 9.0) and TMA can describe q. Elsewhere the engine widens them (fp8_inputs.h).
+  bool TakesFp8(const AttentionShape& s, const TensorView& q) override {
+    if (s.D != 128 || !(want_.automatic || want_.family == cuda::Kernels::kTma)) return false;
+    DeviceScope scope(device_);
+    if (!scope.status().ok() || !ComputeCapability().ok() || cc_ != 90) return false;
+    return cuda::Fp8QueriesMappable(Rows(q), DimsOf(s));
+  }
+  // The e4m3 message: K's rows, then V transposed (tma_forward_fp8.cuh). A plan's trimmed message
+  // carries K's rows as the rows format does and Vt whole (its tokens are its columns).
+  KVWire KVWireFor(const AttentionShape& s, bool backward) const override {
+    if (!s.fp8.on) return Backend::KVWireFor(s, backward);
+    return KVWire{KVWireFormat::kCudaE4m3, static_cast<size_t>(cuda::Fp8KvWireBytes(DimsOf(s)))};
+  }
+  void KVWirePieces(const AttentionShape& s, bool backward, const int64_t* rows,
+                    std::vector<WirePiece>* pieces) const override {
+    if (!s.fp8.on) return Backend::KVWirePieces(s, backward, rows, pieces);
+    RowPieces(s, 1, s.Hkv, static_cast<size_t>(s.D), rows, kRowsKeyTile, pieces);
+    const size_t k_bytes = static_cast<size_t>(s.B * s.L * s.Hkv * s.D);
+    AddPiece(k_bytes, static_cast<size_t>(cuda::Fp8KvWireBytes(DimsOf(s))) - k_bytes, pieces);
+  }
+
   Status CheckMemory(const void* data, const char* name) const override {
     if (data == nullptr) return Status::Ok();  // empty tensors: the shape checks decide
     // Asked on this context's device: a thread with no device of its own must not wake device 0.
@@ -371,13 +395,17 @@ class CudaBackend final : public Backend {
     auto as_message = [&](const TensorView& t) {
       return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && cuda::CompactRows(Rows(t), dims_, H);
     };
-    kv_in_place_ = !sent && as_message(k) && as_message(v);
+    kv_in_place_ = !s.fp8.on && !sent && as_message(k) && as_message(v);
     local_k_ = k;
     local_v_ = v;
     if (kv_in_place_) return Status::Ok();
     DeviceScope scope(device_);
     STRIA_RETURN_IF_ERROR(scope.status());
     Queued queued(this);
+    if (s.fp8.on) {
+      STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchPackKvE4m3(dims_, Rows(k), Rows(v), wire, stream_));
+      return Status::Ok();
+    }
     const int eb = static_cast<int>(DTypeSize(s.dtype));
     char* kd = static_cast<char*>(wire);
     char* vd = kd + s.B * s.L * s.Hkv * s.D * eb;
@@ -397,7 +425,11 @@ class CudaBackend final : public Backend {
     STRIA_RETURN_IF_ERROR(l_.Reserve(rows * 4, "row sums", handoff_));
     q_ = Rows(q);
     q_view_ = q;
-    STRIA_RETURN_IF_ERROR(Choose(s, RowsAligned16(q)));
+    if (s.fp8.on) {
+      kernels_ = cuda::Kernels::kTma;  // TakesFp8 said so: the e4m3 kernel of the TMA family
+    } else {
+      STRIA_RETURN_IF_ERROR(Choose(s, RowsAligned16(q)));
+    }
     state_ = State::kUnset;
     return Status::Ok();
   }
@@ -440,20 +472,35 @@ class CudaBackend final : public Backend {
       state_ = State::kRunning;
       return Status::Ok();
     }
-    STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchForwardBlock(ElemOf(s_.dtype), kernels_, p, stream_));
+    if (s_.fp8.on) {
+      p.k = kv_wire;  // the e4m3 message (never the caller's tensors: V travels transposed)
+      p.v = nullptr;
+      STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchFp8ForwardBlock(ElemOf(s_.dtype), p,
+                                                             cuda::Descale{s_.fp8.q_descale, s_.fp8.q_step},
+                                                             cuda::Descale{s_.fp8.k_descale, s_.fp8.k_step}, stream_));
+    } else {
+      STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchForwardBlock(ElemOf(s_.dtype), kernels_, p, stream_));
+    }
     state_ = p.out.data != nullptr ? State::kFinished : State::kRunning;
     return Status::Ok();
   }
 
+  // With FP8 inputs the rows so far are in units of v's codes: v's descale comes last.
   Status ForwardEnd(const TensorView& out, const TensorView& lse) override {
-    if (state_ == State::kFinished) return Status::Ok();
+    const bool scale_v = s_.fp8.on && s_.fp8.v_descale != nullptr;
+    if (state_ == State::kFinished && !scale_v) return Status::Ok();
     DeviceScope scope(device_);
     STRIA_RETURN_IF_ERROR(scope.status());
     Queued queued(this);
-    if (state_ == State::kUnset) STRIA_RETURN_IF_ERROR(ClearState());  // no block ran: every row saw no key
-    STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchForwardFinish(ElemOf(s_.dtype), dims_, acc_.f32(), m_.f32(), l_.f32(),
-                                                         RowsW(out), static_cast<float*>(lse.data), lse.strides[0],
-                                                         lse.strides[1], lse.strides[2], stream_));
+    if (state_ != State::kFinished) {
+      if (state_ == State::kUnset) STRIA_RETURN_IF_ERROR(ClearState());  // no block ran: every row saw no key
+      STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchForwardFinish(ElemOf(s_.dtype), dims_, acc_.f32(), m_.f32(), l_.f32(),
+                                                           RowsW(out), static_cast<float*>(lse.data), lse.strides[0],
+                                                           lse.strides[1], lse.strides[2], stream_));
+    }
+    if (scale_v)
+      STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchScaleRowsByHead(
+          ElemOf(s_.dtype), dims_, cuda::Descale{s_.fp8.v_descale, s_.fp8.v_step}, RowsW(out), stream_));
     return Status::Ok();
   }
 
@@ -853,6 +900,20 @@ class CudaBackend final : public Backend {
     return Status::Ok();
   }
 
+  // The device's compute capability, asked once (cc_). Needs the device current.
+  Status ComputeCapability() {
+    if (cc_ >= 0) return Status::Ok();
+    int major = 0, minor = 0;
+    STRIA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
+    STRIA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_));
+    cc_ = 10 * major + minor;
+    return Status::Ok();
+  }
+  static cuda::Dims DimsOf(const AttentionShape& s) {
+    return cuda::Dims{static_cast<int>(s.B), static_cast<int>(s.L), static_cast<int>(s.Hq), static_cast<int>(s.Hkv),
+                      static_cast<int>(s.D)};
+  }
+
   // The kernel family of this call (see the top of the file). Needs the device current.
   Status Choose(const AttentionShape& s, bool rows_aligned) {
     if (want_.family == cuda::Kernels::kSimt || s.dtype == DType::kF32 ||
@@ -862,12 +923,7 @@ class CudaBackend final : public Backend {
     }
     const bool hopper_family =
         want_.automatic || want_.family == cuda::Kernels::kWgmma || want_.family == cuda::Kernels::kTma;
-    if (hopper_family && cc_ < 0) {
-      int major = 0, minor = 0;
-      STRIA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
-      STRIA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_));
-      cc_ = 10 * major + minor;
-    }
+    if (hopper_family) STRIA_RETURN_IF_ERROR(ComputeCapability());
     // sm_90a code runs on compute capability 9.0 only (not on later majors).
     const cuda::Kernels hopper = want_.automatic ? cuda::Kernels::kTma : want_.family;
     kernels_ = hopper_family && cc_ == 90 ? hopper : cuda::Kernels::kMma;
