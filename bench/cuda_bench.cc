@@ -5,6 +5,7 @@
 //     B*S = 16k tokens and H*D = 2048 as in flash-attention's own benchmarks; prints one
 //     key=value line per (direction, D, causal, S): median ms and TFLOP/s; at D = 128 and 256 also
 //     the deterministic backward (stria_context_set_deterministic), as impl=stria_<family>_deterministic;
+//     at D = 128 (STRIA_CUDA_KERNELS unset or tma) the forward on float8_e4m3fn inputs (impl=stria_fp8);
 //     and at causal D = 128, with STRIA_CUDA_KERNELS naming a family, one `split` line per direction:
 //     the call alone, per call of calls queued back to back, and the block kernel alone (Split).
 //   stria-cuda-bench ring [--seq 262144] [--world 8] [--heads 16] [--dim 128]
@@ -137,6 +138,22 @@ struct Dev {
   Dev& operator=(const Dev&) = delete;
   ~Dev() { cudaFree(p); }
 };
+
+// `bytes` of float8_e4m3fn codes of magnitudes 1/8 .. 4, either sign (never NaN), as Dev draws:
+// the first 4 MiB on the host, repeated on the device.
+void FillE4m3(void* p, size_t bytes) {
+  std::vector<uint8_t> h(std::min<size_t>(bytes, size_t{4} << 20));
+  uint32_t x = 777;
+  for (auto& e : h) {
+    x = x * 1664525u + 1013904223u;
+    e = static_cast<uint8_t>(((x >> 31) << 7) | ((4u + (x >> 8) % 5u) << 3) | ((x >> 4) & 7u));
+  }
+  if (h.empty()) return;
+  CHECK_CUDA(cudaMemcpy(p, h.data(), h.size(), cudaMemcpyHostToDevice));
+  auto* base = static_cast<char*>(p);
+  for (size_t done = h.size(); done < bytes; done *= 2)
+    CHECK_CUDA(cudaMemcpy(base + done, base, std::min(done, bytes - done), cudaMemcpyDeviceToDevice));
+}
 
 DLTensor View(void* p, int64_t* shape, int ndim, DLDataType t) {
   DLTensor d{};
@@ -308,6 +325,18 @@ int Kernels(const std::vector<int64_t>& dims, const std::vector<int64_t>& lens, 
   for (int64_t D : dims) heads = std::max(heads, 2048 / D);
   Dev lse(static_cast<size_t>(tokens * heads) * 4, false);                                   // B*H*S floats
   Dev sinks(static_cast<size_t>(heads) * 4), dsinks(static_cast<size_t>(heads) * 4, false);  // [H] floats
+  // FP8 inputs (float8_e4m3fn q, k, v with descales) for the e4m3 forward, timed at D 128 where the
+  // library takes them as they are: one byte per value.
+  const char* family = std::getenv("STRIA_CUDA_KERNELS");
+  const bool fp8 = std::find(dims.begin(), dims.end(), int64_t{128}) != dims.end() &&
+                   (family == nullptr || *family == '\0' || std::string(family) == "tma");
+  const size_t n8 = fp8 ? n / 2 : 1;
+  Dev q8(n8, false), k8(n8, false), v8(n8, false), descales(static_cast<size_t>(heads + 2) * 4, false);
+  if (fp8) {
+    for (Dev* t : {&q8, &k8, &v8}) FillE4m3(t->p, n8);
+    const std::vector<float> ds(static_cast<size_t>(heads + 2), 0.0625f);  // q's per head, then k's, v's
+    CHECK_CUDA(cudaMemcpy(descales.p, ds.data(), ds.size() * 4, cudaMemcpyHostToDevice));
+  }
   for (int64_t D : dims)
     for (int64_t S : lens)
       for (int causal : {0, 1}) {
@@ -343,6 +372,25 @@ int Kernels(const std::vector<int64_t>& dims, const std::vector<int64_t>& lens, 
                     impl.c_str(), (long long)D, causal, (long long)S, (long long)B, (long long)H, bwd_ms,
                     2.5 * flops / bwd_ms * 1e-9);
         if (D == 128 && causal && S >= 4096) Split(impl, S, B, H, D, reps, fwd_ms, bwd_ms, forward, backward, stream);
+        if (fp8 && D == 128) {
+          // The same forward on float8_e4m3fn q, k and v (per-head descales for q, one each for k
+          // and v), out in bf16: the e4m3 TMA kernel (tma_forward_fp8.cuh).
+          const DLDataType e4m3{STRIA_DL_FLOAT8_E4M3FN, 8, 1};
+          DLTensor tq8 = View(q8.p, shape, 4, e4m3), tk8 = View(k8.p, shape, 4, e4m3), tv8 = View(v8.p, shape, 4, e4m3);
+          int64_t qs_shape[1] = {H}, one[1] = {1};
+          auto* ds = static_cast<float*>(descales.p);
+          DLTensor tqs = View(ds, qs_shape, 1, f32), tks = View(ds + H, one, 1, f32),
+                   tvs = View(ds + H + 1, one, 1, f32);
+          stria_attention_params_t p8 = p;
+          p8.q_descale = &tqs;
+          p8.k_descale = &tks;
+          p8.v_descale = &tvs;
+          const double f8_ms = TimeMs(stream, reps, [&] {
+            CHECK_STRIA(stria_attention_forward(ctx, &p8, &tq8, &tk8, &tv8, &to, &tl, stream));
+          });
+          std::printf("impl=stria_fp8 dir=fwd dim=%lld causal=%d len=%lld batch=%lld heads=%lld ms=%.4f tflops=%.1f\n",
+                      (long long)D, causal, (long long)S, (long long)B, (long long)H, f8_ms, flops / f8_ms * 1e-9);
+        }
         if (D == 128 && causal) {
           // Gemma 2's softcap (30) and gpt-oss's sinks (one logit per head, their gradient too),
           // each beside the plain call above: what the score modifications cost on this family.
