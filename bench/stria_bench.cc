@@ -116,12 +116,18 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-int Kernel(const Args& a) {
+// A CPU context of `threads` threads (0: every core).
+stria_context_t CpuContext(int threads) {
   stria_context_config_t cfg;
   stria_context_config_init(&cfg);
-  cfg.num_threads = a.threads;
+  cfg.num_threads = threads;
   stria_context_t ctx;
   if (stria_context_create(&cfg, &ctx) != STRIA_SUCCESS) Die("stria_context_create");
+  return ctx;
+}
+
+int Kernel(const Args& a) {
+  stria_context_t ctx = CpuContext(a.threads);
   stria_attention_params_t p;
   stria_attention_params_init(&p);
   p.causal = a.causal;
@@ -163,11 +169,7 @@ int Kernel(const Args& a) {
 }
 
 int Fp8(const Args& a) {
-  stria_context_config_t cfg;
-  stria_context_config_init(&cfg);
-  cfg.num_threads = a.threads;
-  stria_context_t ctx;
-  if (stria_context_create(&cfg, &ctx) != STRIA_SUCCESS) Die("stria_context_create");
+  stria_context_t ctx = CpuContext(a.threads);
   stria_attention_params_t p;
   stria_attention_params_init(&p);
   p.causal = a.causal;

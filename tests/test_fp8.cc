@@ -236,12 +236,22 @@ struct Fp8Call {
   }
 };
 
+// A CPU context of the library's defaults, destroyed at scope exit.
+struct OneContext {
+  stria_context_t ctx = nullptr;
+  OneContext() {
+    stria_context_config_t cfg;
+    stria_context_config_init(&cfg);
+    EXPECT_EQ(stria_context_create(&cfg, &ctx), STRIA_SUCCESS) << stria_get_last_error();
+  }
+  ~OneContext() { stria_context_destroy(ctx); }
+};
+
 // Each bad call: refused with a status and a message naming the problem; the context usable after.
 TEST(Fp8Errors, BadCallsAreRefusedAndLeaveTheContextUsable) {
-  stria_context_config_t cfg;
-  stria_context_config_init(&cfg);
-  stria_context_t ctx = nullptr;
-  ASSERT_EQ(stria_context_create(&cfg, &ctx), STRIA_SUCCESS);
+  OneContext one;
+  stria_context_t ctx = one.ctx;
+  ASSERT_NE(ctx, nullptr);
   std::mt19937_64 rng(5);
   Fp8Call call(rng);
   ASSERT_EQ(call.Forward(ctx), STRIA_SUCCESS) << stria_get_last_error();
@@ -304,15 +314,13 @@ TEST(Fp8Errors, BadCallsAreRefusedAndLeaveTheContextUsable) {
            STRIA_ERROR_UNSUPPORTED, "q has dtype float8_e4m3fn, which only stria_attention_forward takes");
     call.params.q_descale = &call.q_scale.dl;
   }
-  stria_context_destroy(ctx);
 }
 
 // A caller built against the 0.4 header (no descale fields) may pass FP8 inputs: scales of 1.
 TEST(Fp8Errors, OlderParamsStructTakesFp8InputsUnscaled) {
-  stria_context_config_t cfg;
-  stria_context_config_init(&cfg);
-  stria_context_t ctx = nullptr;
-  ASSERT_EQ(stria_context_create(&cfg, &ctx), STRIA_SUCCESS);
+  OneContext one;
+  stria_context_t ctx = one.ctx;
+  ASSERT_NE(ctx, nullptr);
   std::mt19937_64 rng(8);
   Fp8Input q({1, 12, 2, 16}, Descale::kNone, 1.0, rng), k({1, 12, 2, 16}, Descale::kNone, 1.0, rng),
       v({1, 12, 2, 16}, Descale::kNone, 1.0, rng);
@@ -326,7 +334,6 @@ TEST(Fp8Errors, OlderParamsStructTakesFp8InputsUnscaled) {
       << stria_get_last_error();
   const Reference ref = DenseAttention(q.Values(), k.Values(), v.Values(), nullptr, 1, 12, 2, 2, 16, true, 0.25);
   EXPECT_LT(RelError(out.ToDouble(), ref.out), 1e-5);
-  stria_context_destroy(ctx);
 }
 
 // One rank's bad descale fails the call on every rank of the group, which stays usable.

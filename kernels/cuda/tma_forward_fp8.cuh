@@ -11,6 +11,10 @@
 //  - P is packed to e4m3 (PackPE4m3), the row sums taken before the rounding (the LSE is as exact
 //    as the 16-bit kernels'); the output stays in units of v's codes until the call's outputs are
 //    scaled by v's descale (ScaleRowsByHeadKernel, once per call, after the finishing).
+// The barrier setup, the turns and the loop's order repeat tma_forward.cuh's rather than sharing
+// them through another template layer: the products, tile bytes and the descale step differ in
+// most lines of it, and the 16-bit kernel, whose register allocation is measured on the GPU, is
+// left as it was.
 #pragma once
 
 #include "cuda/elem_access.cuh"
