@@ -443,7 +443,8 @@ def ring_attention_fp8(
 ) -> torch.Tensor:
     """ring_attention on FP8 inputs, for inference: q, k and v torch.float8_e4m3fn, and the
     attention sees q * q_descale, k * k_descale and v * v_descale, each descale None (1) or a
-    ``[1]`` (per tensor) or ``[H]`` (per head: Hq for q, Hkv for k and v) tensor, used as float32.
+    ``[1]`` (per tensor) or ``[H]`` (per head: Hq for q, Hkv for k and v) tensor, used as float32 on
+    q's device.
     Returns ``[B, L, Hq, D]`` in out_dtype (bfloat16, float16 or float32), which the call computes
     in. The other arguments are ring_attention's. No gradient: FP8 is the forward only."""
     func = "ring_attention_fp8"
@@ -457,7 +458,7 @@ def ring_attention_fp8(
     for name, x in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
         if x is not None:
             _check_tensor(func, name, x)
-            x = x.detach().to(torch.float32).contiguous()
+            x = x.detach().to(device=q.device, dtype=torch.float32).contiguous()  # where the library reads it
         scales.append(x)
     if not isinstance(context, Context):
         raise TypeError(f"{func}(): argument 'context' must be a stria.Context, not {type(context).__name__}")
@@ -478,7 +479,7 @@ def ring_attention_fp8(
         window=window,
         plan=plan,
         softcap=softcap,
-        sinks=None if sinks is None else sinks.detach().to(torch.float32).contiguous(),
+        sinks=None if sinks is None else sinks.detach().to(device=q.device, dtype=torch.float32).contiguous(),
         q_descale=scales[0],
         k_descale=scales[1],
         v_descale=scales[2],
