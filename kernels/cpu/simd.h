@@ -126,7 +126,7 @@ inline vf Exp2(vf x) {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// tanh(x), for logit softcapping, within about 2.5e-7 relative. Near 0 an odd Taylor polynomial
+// tanh(x), for logit softcapping, within about 3.6e-7 relative (test_cpu_tanh). Near 0 an odd Taylor polynomial
 // (|x| < 0.3, the terms past x^11 below 2e-8); further out (1 - e) / (1 + e) with e = e^(-2|x|),
 // where 1 - e >= 0.45 keeps the exponential's error from cancelling. NaN stays NaN.
 inline vf Tanh(vf x) {
