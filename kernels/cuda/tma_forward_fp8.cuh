@@ -4,7 +4,7 @@
 // queries of one head), producer and consumer warpgroups, two-stage K/V ring, intra-warpgroup
 // overlap and ping-pong between the consumers. What differs:
 //  - Q and K are e4m3 rows of 128 bytes (one 128-byte swizzle row each): one TMA box per tile;
-//  - V comes transposed (Vt: D rows of the block's keys, packed by PackKvE4m3Kernel), since an
+//  - V comes transposed (Vt: D rows of the block's keys, packed by TransposeVE4m3Kernel), since an
 //    8-bit B operand must be K-major, with the keys of every 16 in E4m3PvKey's order;
 //  - the scores are multiplied by the head's q and k descales before the softmax (the descales of
 //    q, k and v are the caller's: stria.h, params->q_descale);
@@ -286,28 +286,47 @@ inline bool Fp8ForwardParams(const FwdParams& p, const float* q_descale, int q_s
                         int64_t{Tile::D} * lp, Tile::D);
 }
 
-// One thread per 16 bytes of the message: a K row chunk, or 16 keys of one d of Vt.
-[[maybe_unused]] static STRIA_GLOBAL void PackKvE4m3Kernel(PackKvE4m3Args a) {
-  const int64_t k_chunks = static_cast<int64_t>(a.B) * a.L * a.Hkv * 8;
-  const int64_t v_chunks = static_cast<int64_t>(a.B) * a.Hkv * 128 * (a.Lp / 16);
-  for (int64_t x = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; x < k_chunks + v_chunks;
+// K's half of the message: one thread per 16 bytes of a row (consecutive threads, consecutive
+// bytes: the reads and writes coalesce).
+[[maybe_unused]] static STRIA_GLOBAL void PackKE4m3Kernel(PackKvE4m3Args a) {
+  const int64_t chunks = static_cast<int64_t>(a.B) * a.L * a.Hkv * 8;
+  for (int64_t x = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; x < chunks;
        x += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    if (x < k_chunks) {
-      const int64_t c = x % 8, row = x / 8, hk = row % a.Hkv, j = (row / a.Hkv) % a.L,
-                    bb = row / (int64_t{a.Hkv} * a.L);
-      const unsigned char* src = a.k + bb * a.ksb + j * a.ksl + hk * a.ksh + 16 * c;
-      unsigned char* dst = a.wire + row * 128 + 16 * c;
+    const int64_t c = x % 8, row = x / 8, hk = row % a.Hkv, j = (row / a.Hkv) % a.L, bb = row / (int64_t{a.Hkv} * a.L);
+    const unsigned char* src = a.k + bb * a.ksb + j * a.ksl + hk * a.ksh + 16 * c;
+    unsigned char* dst = a.wire + row * 128 + 16 * c;
+    for (int e = 0; e < 16; ++e) dst[e] = src[e];
+  }
+}
+
+// V's half: a CTA (256 threads) per 128 keys of one (batch, K/V head), grid (Lp / 128, B * Hkv).
+// The keys' rows land in shared memory as they lie (each thread 16 consecutive bytes of a row),
+// then every d's 128 keys leave as one row of Vt in E4m3PvKey's order (each thread 16 of them);
+// rows of 132 bytes put one d of consecutive keys in different banks. Keys past L are zeros.
+constexpr int kVtTileStride = 132;
+constexpr int kVtTileSmemBytes = 128 * kVtTileStride;
+[[maybe_unused]] static STRIA_GLOBAL void TransposeVE4m3Kernel(PackKvE4m3Args a) {
+  STRIA_DYNAMIC_SMEM(tile);
+  const int64_t j0 = int64_t{blockIdx.x} * 128;
+  const int bh = static_cast<int>(blockIdx.y), bb = bh / a.Hkv, hk = bh % a.Hkv;
+  const int tid = static_cast<int>(threadIdx.x);
+  for (int x = tid; x < 128 * 8; x += 256) {
+    const int key = x / 8, c = x % 8;
+    const int64_t j = j0 + key;
+    unsigned char* dst = tile + key * kVtTileStride + 16 * c;
+    if (j < a.L) {
+      const unsigned char* src = a.v + bb * a.vsb + j * a.vsl + hk * a.vsh + 16 * c;
       for (int e = 0; e < 16; ++e) dst[e] = src[e];
-      continue;
+    } else {
+      for (int e = 0; e < 16; ++e) dst[e] = 0;
     }
-    const int64_t y = x - k_chunks, groups = a.Lp / 16;
-    const int64_t grp = y % groups, dd = (y / groups) % 128, hk = (y / (groups * 128)) % a.Hkv,
-                  bb = y / (groups * 128 * a.Hkv);
-    unsigned char* dst = a.wire + PackedKBytes(a.B, a.L, a.Hkv) + ((bb * a.Hkv + hk) * 128 + dd) * a.Lp + 16 * grp;
-    for (int pos = 0; pos < 16; ++pos) {
-      const int64_t j = 16 * grp + E4m3PvKey(pos);
-      dst[pos] = j < a.L ? a.v[bb * a.vsb + j * a.vsl + hk * a.vsh + dd] : 0;
-    }
+  }
+  block_sync();
+  unsigned char* vt = a.wire + PackedKBytes(a.B, a.L, a.Hkv) + (int64_t{bb} * a.Hkv + hk) * 128 * a.Lp + j0;
+  for (int x = tid; x < 128 * 8; x += 256) {
+    const int dd = x / 8, grp = x % 8;
+    unsigned char* dst = vt + int64_t{dd} * a.Lp + 16 * grp;
+    for (int pos = 0; pos < 16; ++pos) dst[pos] = tile[(16 * grp + E4m3PvKey(pos)) * kVtTileStride + dd];
   }
 }
 

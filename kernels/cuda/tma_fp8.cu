@@ -34,8 +34,10 @@ cudaError_t LaunchPackKvE4m3(const Dims& d, RowsArg k, RowsArg v, void* wire, cu
                    v.sl,
                    v.sh,
                    static_cast<unsigned char*>(wire)};
-  const int64_t chunks = static_cast<int64_t>(d.B) * d.Hkv * (int64_t{d.L} * 8 + int64_t{128} * (a.Lp / 16));
-  return STRIA_LAUNCH(PackKvE4m3Kernel, Blocks(chunks, 256), 256, 0, s)(a);
+  const cudaError_t e = STRIA_LAUNCH(PackKE4m3Kernel, Blocks(int64_t{d.B} * d.L * d.Hkv * 8, 256), 256, 0, s)(a);
+  if (e != cudaSuccess) return e;
+  const dim3 tiles(static_cast<unsigned>(a.Lp / 128), static_cast<unsigned>(d.B * d.Hkv));
+  return STRIA_LAUNCH(TransposeVE4m3Kernel, tiles, 256, kVtTileSmemBytes, s)(a);
 }
 
 bool Fp8QueriesMappable(const RowsArg& q, const Dims& d) {

@@ -1,9 +1,9 @@
 // The FP8 forward (kernels/cuda/tma_forward_fp8.cuh) on the emulator, against a float64 reference on
-// the values the e4m3 codes stand for: each block's message packed by PackKvE4m3Kernel (K rows, V
-// transposed with its keys permuted), the kernel over the blocks of a ring step sequence, the state
-// finished by ForwardFinishKernel or by the last block itself, the outputs scaled by v's descale
-// (ScaleRowsByHeadKernel). Causal and full blocks, a document mask, lengths that are not multiples
-// of the tiles, GQA, per-head and per-tensor descales, each output dtype.
+// the values the e4m3 codes stand for: each block's message packed by PackKE4m3Kernel and TransposeVE4m3Kernel (K rows,
+// V transposed with its keys permuted), the kernel over the blocks of a ring step sequence, the state finished by
+// ForwardFinishKernel or by the last block itself, the outputs scaled by v's descale (ScaleRowsByHeadKernel). Causal
+// and full blocks, a document mask, lengths that are not multiples of the tiles, GQA, per-head and per-tensor descales,
+// each output dtype.
 //
 // The probabilities are rounded to e4m3 for P V, as on the GPU, so the output carries FP8's own
 // error (up to 2^-4 relative per probability; 2.1-2.2% of the output, relative L2, in these cases),
@@ -170,7 +170,9 @@ void RunCase(const Case& c) {
                             int64_t{Hkv} * D,
                             D,
                             wire.data()};
-      emu::Launch(emu::Dim3{8, 1, 1}, emu::Dim3{256, 1, 1}, 0, [&] { sc::PackKvE4m3Kernel(pk); });
+      emu::Launch(emu::Dim3{8, 1, 1}, emu::Dim3{256, 1, 1}, 0, [&] { sc::PackKE4m3Kernel(pk); });
+      emu::Launch(emu::Dim3{static_cast<unsigned>(pk.Lp / 128), static_cast<unsigned>(B * Hkv), 1},
+                  emu::Dim3{256, 1, 1}, sc::kVtTileSmemBytes, [&] { sc::TransposeVE4m3Kernel(pk); });
       sc::FwdParams p{};
       p.dims = dims;
       p.q = qa;
