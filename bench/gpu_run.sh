@@ -31,6 +31,7 @@
 #                cached tokens beside torch SDPA's decode (flash, cuDNN,
 #                memory-efficient), and the modelled call over 2, 4, 8 ranks
 #   sanitizer    compute-sanitizer memcheck and racecheck, small rings         20 s
+#                (and the FP8 forward's cases)
 #   python       torch CUDA tensors and stria.jax's CUDA handlers              75 s
 #   profile      ncu speed of light, occupancy, launch, warp states, causal D 128 4k   4 s a family
 #                (and the TMA persistent kernels)
@@ -388,6 +389,10 @@ if stage sanitizer 60; then
       runs+=("memcheck ring_persistent Tma/*N3_striped_causal_bf16_B2L264*:Documents/*_tma_docs9")
       runs+=("racecheck ring_persistent Tma/*N1_striped_causal_bf16_B2L264H4x1D128_tma")
     fi
+    # The e4m3 forward and its message's transposing pass (FP8 inputs at head dim 128 on Hopper).
+    if [[ " ${families[*]} " == *" tma "* ]]; then
+      runs+=("memcheck api CudaFp8.*" "racecheck api CudaFp8.E4m3KernelAtHeadDim128")
+    fi
     runs+=("racecheck primitives" "racecheck serving Cases/CudaDecode.*N3_striped_paged_f16_B3_T3_H8x2_D128*")
     for run in "${runs[@]}"; do
       read -r tool what cases <<<"$run"
@@ -397,6 +402,8 @@ if stage sanitizer 60; then
         [ "$what" = ring_persistent ] && schedule=persistent
       elif [ "$what" = serving ]; then
         args=("$bin"/tests/gpu/test_cuda_serving --gtest_filter="$cases") limit=90
+      elif [ "$what" = api ]; then
+        args=("$bin"/tests/gpu/test_cuda_api --gtest_filter="$cases") limit=60
       else
         args=("$bin"/tests/gpu/test_hopper_primitives) limit=60
       fi
