@@ -113,6 +113,64 @@ impl PartialEq for Sinks<'_> {
 unsafe impl Send for Sinks<'_> {}
 unsafe impl Sync for Sinks<'_> {}
 
+/// The descales of a forward's FP8 inputs (q, k and v of [`DType::E4M3`](crate::DType::E4M3)):
+/// the attention sees q·q_descale, k·k_descale and v·v_descale. Each is unset (1) or a float32
+/// tensor in the context's memory of shape `[1]` (the tensor's) or `[H]` (one per head: Hq for
+/// q, Hkv for k and v); the library checks them, and refuses descales with other inputs.
+#[derive(Clone, Copy, Default)]
+pub struct Descales<'a> {
+    q: Option<sys::DLTensor>,
+    k: Option<sys::DLTensor>,
+    v: Option<sys::DLTensor>,
+    tensors: PhantomData<&'a ()>,
+}
+
+impl<'a> Descales<'a> {
+    /// No descale (every input at scale 1).
+    pub fn none() -> Self {
+        Descales::default()
+    }
+    /// With q's descale from `t` (borrowed while the params are used).
+    pub fn q(mut self, t: &'a impl Input) -> Self {
+        self.q = Some(t.dl_tensor());
+        self
+    }
+    /// With k's descale.
+    pub fn k(mut self, t: &'a impl Input) -> Self {
+        self.k = Some(t.dl_tensor());
+        self
+    }
+    /// With v's descale.
+    pub fn v(mut self, t: &'a impl Input) -> Self {
+        self.v = Some(t.dl_tensor());
+        self
+    }
+}
+
+impl fmt::Debug for Descales<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let at = |t: &Option<sys::DLTensor>| t.map(|t| t.data);
+        f.debug_struct("Descales")
+            .field("q", &at(&self.q))
+            .field("k", &at(&self.k))
+            .field("v", &at(&self.v))
+            .finish()
+    }
+}
+
+impl PartialEq for Descales<'_> {
+    /// The same descales: the same memory.
+    fn eq(&self, other: &Self) -> bool {
+        let at = |t: &Option<sys::DLTensor>| t.map(|t| (t.data, t.byte_offset));
+        at(&self.q) == at(&other.q) && at(&self.k) == at(&other.k) && at(&self.v) == at(&other.v)
+    }
+}
+
+// SAFETY: as for Sinks: read-only views of memory borrowed for 'a from `Input`s, which the
+// library only reads during a call.
+unsafe impl Send for Descales<'_> {}
+unsafe impl Sync for Descales<'_> {}
+
 /// The settings every rank of a call must share.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttentionParams<'a> {
@@ -142,11 +200,13 @@ pub struct AttentionParams<'a> {
     /// Attention sinks; `None`: none. Their gradient comes from
     /// [`backward_with_sinks_grad`](Context::backward_with_sinks_grad).
     pub sinks: Option<Sinks<'a>>,
+    /// The descales of FP8 inputs (the forward only); [`Descales::none`] for any other call.
+    pub descales: Descales<'a>,
 }
 
 impl Default for AttentionParams<'_> {
     /// The library's defaults: striped, causal, 1/√D, one document, no window, no plan, no
-    /// softcap, no sinks.
+    /// softcap, no sinks, no descales.
     fn default() -> Self {
         AttentionParams {
             layout: Layout::Striped,
@@ -157,6 +217,7 @@ impl Default for AttentionParams<'_> {
             plan: None,
             softcap: None,
             sinks: None,
+            descales: Descales::none(),
         }
     }
 }
@@ -192,10 +253,21 @@ impl AttentionParams<'_> {
             softcap: self.softcap.unwrap_or(0.0),
             sinks: sinks.map_or(std::ptr::null(), |t| t as *const sys::DLTensor),
             dsinks: sinks_grad.map_or(std::ptr::null_mut(), |t| t as *mut sys::DLTensor),
-            // FP8 inputs' descales: this crate passes float32, float16 and bfloat16 tensors only.
-            q_descale: std::ptr::null(),
-            k_descale: std::ptr::null(),
-            v_descale: std::ptr::null(),
+            q_descale: self
+                .descales
+                .q
+                .as_ref()
+                .map_or(std::ptr::null(), |t| t as *const sys::DLTensor),
+            k_descale: self
+                .descales
+                .k
+                .as_ref()
+                .map_or(std::ptr::null(), |t| t as *const sys::DLTensor),
+            v_descale: self
+                .descales
+                .v
+                .as_ref()
+                .map_or(std::ptr::null(), |t| t as *const sys::DLTensor),
         }
     }
 

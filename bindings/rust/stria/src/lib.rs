@@ -53,7 +53,7 @@ mod plan;
 mod serving;
 mod tensor;
 
-pub use attention::{AttentionParams, Documents, Sinks};
+pub use attention::{AttentionParams, Descales, Documents, Sinks};
 pub use context::{AbortHandle, Config, Context, LocalGroup, StepTime, Traffic, Transport, UniqueId};
 pub use error::{Error, Result, Status};
 pub use half;
@@ -64,7 +64,7 @@ pub use layout::{
 pub use plan::{Plan, PlanConfig, PlanInfo, PlanStrategy};
 pub use serving::{KvCache, NewTokens, PrefillMode};
 pub use stria_sys as sys;
-pub use tensor::{DType, Device, Element, Input, Output, Tensor, TensorView, TensorViewMut};
+pub use tensor::{DType, Device, Element, Input, Output, Tensor, TensorView, TensorViewMut, F8E4M3};
 
 /// A library version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

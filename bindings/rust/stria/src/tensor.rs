@@ -39,12 +39,16 @@ pub enum DType {
     I32,
     /// `i64` (shard/unshard only; token ids, labels).
     I64,
+    /// float8_e4m3fn ([`F8E4M3`]): the forward's FP8 q, k and v (with
+    /// [`Descales`](crate::Descales)); shard/unshard too.
+    E4M3,
 }
 
 impl DType {
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
+            DType::E4M3 => 1,
             DType::F16 | DType::BF16 => 2,
             DType::F32 | DType::I32 => 4,
             DType::F64 | DType::I64 => 8,
@@ -56,6 +60,7 @@ impl DType {
             DType::F32 | DType::F16 | DType::F64 => sys::kDLFloat,
             DType::BF16 => sys::kDLBfloat,
             DType::I32 | DType::I64 => sys::kDLInt,
+            DType::E4M3 => sys::STRIA_DL_FLOAT8_E4M3FN as _,
         };
         sys::DLDataType {
             code: code as u8,
@@ -66,7 +71,8 @@ impl DType {
 }
 
 /// A Rust type that a [`Tensor`] or a slice view may hold: `f32`, [`half::f16`],
-/// [`half::bf16`] (attention's dtypes), and `f64`, `i32`, `i64` (for shard/unshard).
+/// [`half::bf16`] (attention's dtypes), [`F8E4M3`] (the forward's FP8 inputs), and `f64`, `i32`,
+/// `i64` (for shard/unshard).
 pub trait Element: Copy + Send + Sync + 'static + sealed::Sealed {
     /// Its DLPack dtype.
     const DTYPE: DType;
@@ -89,6 +95,59 @@ element!(bf16, BF16, bf16::ZERO);
 element!(f64, F64, 0.0);
 element!(i32, I32, 0);
 element!(i64, I64, 0);
+element!(F8E4M3, E4M3, F8E4M3(0));
+
+/// A float8_e4m3fn value by its code, as `torch.float8_e4m3fn` stores it: 1 sign bit, 4 exponent
+/// bits of bias 7, 3 mantissa bits; no infinities, 448 the largest magnitude, S.1111.111 NaN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(transparent)]
+pub struct F8E4M3(pub u8);
+
+impl F8E4M3 {
+    /// The value this code stands for (exact in `f32`).
+    pub fn to_f32(self) -> f32 {
+        let (sign, exp, mant) = (self.0 >> 7, (self.0 >> 3) & 15, self.0 & 7);
+        let magnitude = if exp == 15 && mant == 7 {
+            f32::NAN
+        } else if exp == 0 {
+            f32::from(mant) / 512.0
+        } else {
+            (1.0 + f32::from(mant) / 8.0) * 2f32.powi(i32::from(exp) - 7)
+        };
+        if sign == 1 {
+            -magnitude
+        } else {
+            magnitude
+        }
+    }
+
+    /// The nearest code to `x` (ties to the even code), saturating at ±448; NaN gives NaN.
+    pub fn from_f32(x: f32) -> Self {
+        if x.is_nan() {
+            return F8E4M3(0x7f | if x.is_sign_negative() { 0x80 } else { 0 });
+        }
+        let sign = if x.is_sign_negative() { 0x80 } else { 0 };
+        let a = x.abs().min(448.0);
+        // The non-negative finite codes in increasing order: the first whose value is past `a`,
+        // then the nearer of it and the one before (the even one on a tie).
+        let mut hi = 0u8;
+        while hi < 126 && F8E4M3(hi).to_f32() < a {
+            hi += 1;
+        }
+        let code = if hi == 0 {
+            0
+        } else {
+            let (below, above) = (F8E4M3(hi - 1).to_f32(), F8E4M3(hi).to_f32());
+            let (d_below, d_above) = (a - below, above - a);
+            if d_below < d_above || (d_below == d_above && (hi - 1) % 2 == 0) {
+                hi - 1
+            } else {
+                hi
+            }
+        };
+        F8E4M3(code | sign)
+    }
+}
 
 /// Where a tensor's memory (or a context) lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
