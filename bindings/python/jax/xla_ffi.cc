@@ -51,6 +51,8 @@ struct CallAttributes {
   bool has_documents;
   bool has_sinks;
   float softcap;  // logit softcapping; 0: none
+  // FP8 inputs' descales (a forward's, float32 [1] or [H]) after the sinks: bit 0 q's, 1 k's, 2 v's.
+  int32_t descales;
 };
 
 }  // namespace stria_jax
@@ -63,7 +65,8 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
     xla::ffi::StructMember<int64_t>("plan_tile"), xla::ffi::StructMember<int64_t>("plan_local_len"),
     xla::ffi::StructMember<bool>("plan_causal"), xla::ffi::StructMember<int64_t>("plan_window_left"),
     xla::ffi::StructMember<int64_t>("plan_window_right"), xla::ffi::StructMember<bool>("has_documents"),
-    xla::ffi::StructMember<bool>("has_sinks"), xla::ffi::StructMember<float>("softcap"));
+    xla::ffi::StructMember<bool>("has_sinks"), xla::ffi::StructMember<float>("softcap"),
+    xla::ffi::StructMember<int32_t>("descales"));
 
 namespace {
 
@@ -172,6 +175,9 @@ struct View {
         break;
       case ffi::DataType::F64:
         t.dtype = DLDataType{kDLFloat, 64, 1};
+        break;
+      case ffi::DataType::F8E4M3FN:
+        t.dtype = DLDataType{STRIA_DL_FLOAT8_E4M3FN, 8, 1};
         break;
       case ffi::DataType::S8:
       case ffi::DataType::S16:
@@ -386,11 +392,19 @@ ffi::Error SinksUnderVmap(const CallAttributes& a) {
                         At(a.site));
 }
 
+// A forward's FP8 descales (q's, k's, v's: those the attributes announce), as views.
+struct Descales {
+  std::optional<View> views[3];
+  const DLTensor* at(int i) const { return views[i] ? &views[i]->t : nullptr; }
+};
+
 // The optional operands after the attention tensors, as the attributes announce them: the
-// boundaries (into *docs) and the sinks (into *sinks, a [Hq] float32 view).
+// boundaries (into *docs), the sinks (into *sinks, a [Hq] float32 view) and, in a forward, the FP8
+// descales (into *descales).
 ffi::Error Extras(const ffi::RemainingArgs& rest, const CallAttributes& a, DLDevice device, int64_t batch,
-                  Boundaries* docs, View** sinks, std::optional<View>* sinks_view) {
-  const size_t want = (a.has_documents ? 1 : 0) + (a.has_sinks ? 1 : 0);
+                  Boundaries* docs, View** sinks, std::optional<View>* sinks_view, Descales* descales = nullptr) {
+  const size_t want = (a.has_documents ? 1 : 0) + (a.has_sinks ? 1 : 0) +
+                      static_cast<size_t>(__builtin_popcount(static_cast<unsigned>(a.descales) & 7u));
   if (rest.size() != want)
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
                       "stria: the call has " + std::to_string(rest.size()) + " operands after the attention tensors, " +
@@ -409,6 +423,15 @@ ffi::Error Extras(const ffi::RemainingArgs& rest, const CallAttributes& a, DLDev
     sinks_view->emplace(*z, device, 1);
     *sinks = &**sinks_view;
   }
+  for (int i = 0; i < 3; ++i) {
+    if ((a.descales & (1 << i)) == 0) continue;
+    ffi::ErrorOr<ffi::AnyBuffer> ds = rest.get<ffi::AnyBuffer>(next++);
+    if (ds.has_error()) return ds.error();
+    if (descales == nullptr || ds->dimensions().size() != 1)
+      return ffi::Error(ffi::ErrorCode::kUnimplemented,
+                        "stria: FP8 descales are taken by the forward outside jax.vmap only" + At(a.site));
+    descales->views[i].emplace(*ds, device, 1);
+  }
   return ffi::Error::Success();
 }
 
@@ -424,12 +447,17 @@ ffi::Error Forward(bool cuda, void* stream, int32_t xla_device, const CallAttrib
   Boundaries docs;
   View* sinks = nullptr;
   std::optional<View> sinks_view;
-  if (ffi::Error e = Extras(rest, a, m.device, vq.t.shape[0], &docs, &sinks, &sinks_view); e.failure()) return e;
+  Descales descales;
+  if (ffi::Error e = Extras(rest, a, m.device, vq.t.shape[0], &docs, &sinks, &sinks_view, &descales); e.failure())
+    return e;
   if (ffi::Error e = CheckPlan(m, a, docs); e.failure()) return e;
   stria_attention_params_t params = Params(a);
   params.cu_seqlens = docs.data;
   params.num_seqs = docs.num_seqs;
   params.sinks = sinks != nullptr ? &sinks->t : nullptr;
+  params.q_descale = descales.at(0);
+  params.k_descale = descales.at(1);
+  params.v_descale = descales.at(2);
   return Run(m, xla_device, a, "attention_forward", [&] {
     const stria_status_t planned = PlanOf(m, a, docs, vq.t.shape[0], &params.plan);
     if (planned != STRIA_SUCCESS) return planned;

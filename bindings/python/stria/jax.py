@@ -67,7 +67,8 @@ from ._context import Context, DeviceLike, LocalGroup, parse_device
 from ._enums import Layout, LayoutLike, Transport, TransportLike
 from ._plan import Plan, PlanConfig
 
-__all__ = ["attention_backward", "attention_forward", "context_from_distributed", "ring_attention"]
+__all__ = ["attention_backward", "attention_forward", "attention_forward_fp8", "context_from_distributed",
+           "ring_attention"]
 
 _FFI_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_xla_ffi.so")
 if not os.path.exists(_FFI_PATH):
@@ -303,10 +304,12 @@ def _attrs(
     softcap: float | None = None,
     has_documents: bool = False,
     has_sinks: bool = False,
+    descales: int = 0,
 ) -> dict:
     """The custom call's attributes: the key of the context (or group), the parameters, the
     call's tag and site, the sliding window (-1, -1: none), the plan's config (tile 0: none), the
-    softcap (0: none), and which optional operands follow the attention tensors."""
+    softcap (0: none), and which optional operands follow the attention tensors (descales: a
+    forward's FP8 descales, bit 0 q's, 1 k's, 2 v's)."""
     # Checked as the float32 the call carries: a positive value below float32's range would round
     # to 0, which stria reads as 1/sqrt(D).
     with np.errstate(over="ignore"):  # a value beyond float32's range is refused below, as inf
@@ -350,6 +353,7 @@ def _attrs(
         "has_documents": bool(has_documents),
         "has_sinks": bool(has_sinks),
         "softcap": cap32,
+        "descales": np.int32(descales),
     }
 
 
@@ -383,7 +387,7 @@ def _check_4d(func: str, **arrays: Any) -> None:
 def _like(x: Any, shape: tuple[int, ...] | None = None, dtype: Any = None) -> Any:
     """The type of a result shaped `shape` (default x's) of `dtype` (default x's)."""
     shape = tuple(np.shape(x)) if shape is None else shape
-    dtype = jnp.dtype(dtype or jnp.result_type(x))
+    dtype = jnp.dtype(jnp.result_type(x) if dtype is None else dtype)  # (a dtype object is falsy)
     if hasattr(jax, "typeof"):
         # x's own type, reshaped: inside shard_map it names the mesh axes x varies over, and the
         # results vary alike (custom_vjp requires dq to have q's type); update() fits its sharding
@@ -436,12 +440,13 @@ def _sinks(sinks: Any, q: Any, func: str) -> Any:
 
 
 def _forward(context, q, k, v, cu, layout, causal, softmax_scale, call, window=None, plan=None, softcap=None,  # noqa: ANN001, ANN202
-             sinks=None):
+             sinks=None, descales=(None, None, None), out_dtype=None):
     b, l, hq, _ = np.shape(q)
-    results = (_like(q), _like(q, (b, hq, l), jnp.float32))
+    results = (_like(q, dtype=out_dtype), _like(q, (b, hq, l), jnp.float32))
+    mask = sum(1 << i for i, x in enumerate(descales) if x is not None)
     attrs = _attrs(context, "attention_forward", layout, causal, softmax_scale, call, window, plan, softcap,
-                   cu is not None, sinks is not None)
-    extras = tuple(x for x in (cu, sinks) if x is not None)
+                   cu is not None, sinks is not None, mask)
+    extras = tuple(x for x in (cu, sinks, *descales) if x is not None)
     return jax.ffi.ffi_call(_FORWARD, results, vmap_method=_VMAP)(q, k, v, *extras, **attrs)
 
 
@@ -506,6 +511,50 @@ def attention_forward(
     z = _sinks(sinks, q, "attention_forward")
     call = _tag_of("attention_forward", tag, (q, k, v))
     return _forward(context, q, k, v, cu, layout, causal, softmax_scale, call, win, config, softcap, z)
+
+
+def attention_forward_fp8(
+    context: Context | LocalGroup,
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    q_descale: Any = None,
+    k_descale: Any = None,
+    v_descale: Any = None,
+    out_dtype: Any = jnp.bfloat16,
+    layout: LayoutLike = Layout.STRIPED,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+    tag: int | None = None,
+    cu_seqlens: Any = None,
+    window: tuple[int, int] | None = None,
+    plan: Plan | PlanConfig | None = None,
+    softcap: float | None = None,
+    sinks: Any = None,
+) -> tuple[jax.Array, jax.Array]:
+    """attention_forward on FP8 inputs, for inference: q, k and v float8_e4m3fn, and the attention
+    sees q * q_descale, k * k_descale and v * v_descale, each descale None (1) or a ``[1]`` (per
+    tensor) or ``[H]`` (per head: Hq for q, Hkv for k and v) array, used as float32. Returns this
+    rank's output ``[B, L, Hq, D]`` in out_dtype (bfloat16, float16 or float32, which the call
+    computes in) and its log-sum-exp. The other arguments are attention_forward's. No gradient, and
+    not under jax.vmap."""
+    func = "attention_forward_fp8"
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if np.ndim(x) != 4:
+            raise ValueError(f"{func}(): {name} must be [B, L, H, D], got shape {tuple(np.shape(x))}")
+        if jnp.result_type(x).name != "float8_e4m3fn":
+            raise ValueError(f"{func}(): {name} has dtype {jnp.result_type(x).name}; it must be float8_e4m3fn")
+    if jnp.dtype(out_dtype).name not in _DTYPES:
+        raise ValueError(f"{func}(): out_dtype must be one of {', '.join(_DTYPES)}, not {jnp.dtype(out_dtype).name}")
+    descales = tuple(None if x is None else jnp.asarray(x, jnp.float32) for x in (q_descale, k_descale, v_descale))
+    config, cu_seqlens = _plan_config(plan, cu_seqlens, func)
+    cu = _boundaries(cu_seqlens, np.shape(q)[0], func)
+    win = _ops.sliding_window(window, func)
+    z = _sinks(sinks, q, func)
+    call = _tag_of(func, tag, (q, k, v))
+    return _forward(context, q, k, v, cu, layout, causal, softmax_scale, call, win, config, softcap, z, descales,
+                    jnp.dtype(out_dtype))
 
 
 def attention_backward(

@@ -463,6 +463,31 @@ def test_an_unsupported_dtype_is_named(ctx, rng, dtype):
             jax.jit(call)()
 
 
+@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
+def test_fp8_forward_matches_reference(ctx, rng, out_dtype):
+    """float8_e4m3fn q, k and v with a per-head descale for q and one for k, under jit, against
+    float64 on the values the codes stand for; a descale of the wrong shape is the library's error."""
+    q, k, v = inputs(rng)
+    q_scale = np.abs(q).max(axis=(0, 1, 3)) / 448
+    k_scale = np.array([np.abs(k).max() / 448], np.float32)
+    q8 = jnp.asarray(q / q_scale[None, None, :, None]).astype(jnp.float8_e4m3fn)
+    k8 = jnp.asarray(k / k_scale).astype(jnp.float8_e4m3fn)
+    v8 = jnp.asarray(v).astype(jnp.float8_e4m3fn)
+    seen = [np.asarray(x.astype(jnp.float32) * s, np.float64)
+            for x, s in ((q8, q_scale[None, None, :, None]), (k8, k_scale), (v8, 1.0))]
+    out, lse = jax.jit(lambda q, k, v: sj.attention_forward_fp8(ctx, q, k, v, q_descale=q_scale, k_descale=k_scale,
+                                                                out_dtype=out_dtype))(q8, k8, v8)
+    assert out.dtype == jnp.dtype(out_dtype) and lse.dtype == jnp.float32
+    out_ref, lse_ref = attention_ref(*seen, True, 1 / np.sqrt(q.shape[-1]))
+    assert rel_err(out, out_ref) < TOLERANCE[out_dtype]
+    # In bfloat16 the scaled inputs are rounded to it, which moves the scores (and the LSE) a little.
+    assert rel_err(lse, lse_ref) < (1e-5 if out_dtype == "float32" else 1e-3)
+    with pytest.raises(XLA_ERRORS, match=r"INVALID_ARGUMENT: stria attention_forward: .*params->q_descale has shape"):
+        jax.block_until_ready(sj.attention_forward_fp8(ctx, q8, k8, v8, q_descale=np.ones(3, np.float32)))
+    with pytest.raises(ValueError, match=r"q has dtype float32; it must be float8_e4m3fn"):
+        sj.attention_forward_fp8(ctx, jnp.asarray(q), k8, v8)
+
+
 def test_a_closed_context_is_not_touched(rng):
     q, k, v = inputs(rng)
     c = stria.Context(0, 1, timeout_s=TIMEOUT_S)
