@@ -201,5 +201,17 @@ STRIA_GLOBAL void WidenFp8Kernel(WidenArgs a) {
   }
 }
 
+// A forward's outputs on FP8 inputs from units of v's codes to values (tma_forward_fp8.cuh): row
+// (b, i, h) times the descale of h's K/V head, descale[hk * step] (step 0: one value for all).
+template <typename T>
+STRIA_GLOBAL void ScaleRowsByHeadKernel(Dims d, const float* descale, int step, RowsOut out) {
+  STRIA_FOR_EACH_ROW(row, static_cast<int64_t>(d.B) * d.L * d.Hq) {
+    const int64_t h = row % d.Hq, bi = row / d.Hq, i = bi % d.L, b = bi / d.L;
+    const float scale = descale[(h / (d.Hq / d.Hkv)) * step];
+    const int64_t at = b * out.sb + i * out.sl + h * out.sh;
+    STRIA_FOR_EACH_COLUMN(c, d.D) StoreElem<T>(out.data, at + c, LoadElem<T>(out.data, at + c) * scale);
+  }
+}
+
 }  // namespace cuda
 }  // namespace stria

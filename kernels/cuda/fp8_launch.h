@@ -29,7 +29,7 @@ cudaError_t LaunchFp8ForwardBlock(Elem e, const FwdParams& p, Descale q, Descale
 // Whether TMA can describe the e4m3 view q of `d`'s shape (the condition LaunchFp8ForwardBlock
 // needs), without launching anything.
 bool Fp8QueriesMappable(const RowsArg& q, const Dims& d);
-// The call's outputs times v's descale of each row's K/V head.
+// The call's outputs times v's descale of each row's K/V head (an elementwise kernel: launch.cu).
 cudaError_t LaunchScaleRowsByHead(Elem e, const Dims& d, Descale v, RowsOut out, cudaStream_t s);
 
 }  // namespace cuda

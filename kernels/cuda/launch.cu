@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "cuda/elementwise.cuh"
+#include "cuda/fp8_launch.h"
 #include "cuda/kernel_matrix.h"
 #include "cuda/launch.h"
 #include "cuda/smem_optin.cuh"
@@ -261,6 +262,21 @@ cudaError_t LaunchWidenFp8(Elem e, const WidenArgs& a, cudaStream_t s) {
       return STRIA_LAUNCH(WidenFp8Kernel<Half>, g, 256, 0, s)(a);
     case Elem::kBF16:
       return STRIA_LAUNCH(WidenFp8Kernel<BFloat>, g, 256, 0, s)(a);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchScaleRowsByHead(Elem e, const Dims& d, Descale v, RowsOut out, cudaStream_t s) {
+  const int64_t rows = static_cast<int64_t>(d.B) * d.L * d.Hq;
+  if (v.data == nullptr || rows * d.D == 0) return cudaSuccess;
+  const dim3 g = RowGrid(rows);
+  switch (e) {
+    case Elem::kF32:
+      return STRIA_LAUNCH(ScaleRowsByHeadKernel<Float>, g, 256, 0, s)(d, v.data, v.step, out);
+    case Elem::kF16:
+      return STRIA_LAUNCH(ScaleRowsByHeadKernel<Half>, g, 256, 0, s)(d, v.data, v.step, out);
+    case Elem::kBF16:
+      return STRIA_LAUNCH(ScaleRowsByHeadKernel<BFloat>, g, 256, 0, s)(d, v.data, v.step, out);
   }
   return cudaErrorInvalidValue;
 }

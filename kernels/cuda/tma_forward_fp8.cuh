@@ -10,7 +10,7 @@
 //    q, k and v are the caller's: stria.h, params->q_descale);
 //  - P is packed to e4m3 (PackPE4m3), the row sums taken before the rounding (the LSE is as exact
 //    as the 16-bit kernels'); the output stays in units of v's codes until the call's outputs are
-//    scaled by v's descale (ScaleRowsByHeadKernel, once per call, after the finishing).
+//    scaled by v's descale (elementwise.cuh's ScaleRowsByHeadKernel, once per call, after the finishing).
 // The barrier setup, the turns and the loop's order repeat tma_forward.cuh's rather than sharing
 // them through another template layer: the products, tile bytes and the descale step differ in
 // most lines of it, and the 16-bit kernel, whose register allocation is measured on the GPU, is
@@ -327,25 +327,6 @@ constexpr int kVtTileSmemBytes = 128 * kVtTileStride;
     const int dd = x / 8, grp = x % 8;
     unsigned char* dst = vt + int64_t{dd} * a.Lp + 16 * grp;
     for (int pos = 0; pos < 16; ++pos) dst[pos] = tile[(16 * grp + E4m3PvKey(pos)) * kVtTileStride + dd];
-  }
-}
-
-// The call's outputs from units of v's codes to values: out rows (b, i, h) times v's descale of
-// h's K/V head (one value when descale_step is 0). A warp per row.
-[[maybe_unused]] static STRIA_GLOBAL void ScaleRowsByHeadKernel(Dims d, const float* descale, int descale_step,
-                                                                RowsOut out, int elem) {
-  const int64_t rows = static_cast<int64_t>(d.B) * d.L * d.Hq;
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  for (int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; row < rows;
-       row += static_cast<int64_t>(gridDim.x) * blockDim.x / 32) {
-    const int64_t h = row % d.Hq, i = (row / d.Hq) % d.L, bb = row / (int64_t{d.Hq} * d.L);
-    const float scale = descale[(h / (d.Hq / d.Hkv)) * descale_step];
-    const int64_t at = bb * out.sb + i * out.sl + h * out.sh;
-    for (int c = lane; c < d.D; c += 32) {
-      if (elem == 0) StoreElem<Float>(out.data, at + c, LoadElem<Float>(out.data, at + c) * scale);
-      if (elem == 1) StoreElem<Half>(out.data, at + c, LoadElem<Half>(out.data, at + c) * scale);
-      if (elem == 2) StoreElem<BFloat>(out.data, at + c, LoadElem<BFloat>(out.data, at + c) * scale);
-    }
   }
 }
 

@@ -69,12 +69,5 @@ cudaError_t LaunchFp8ForwardBlock(Elem e, const FwdParams& p, Descale q, Descale
   return STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(tp);
 }
 
-cudaError_t LaunchScaleRowsByHead(Elem e, const Dims& d, Descale v, RowsOut out, cudaStream_t s) {
-  if (v.data == nullptr) return cudaSuccess;
-  const int64_t rows = static_cast<int64_t>(d.B) * d.L * d.Hq;
-  const int elem = e == Elem::kF32 ? 0 : e == Elem::kF16 ? 1 : 2;
-  return STRIA_LAUNCH(ScaleRowsByHeadKernel, Blocks(rows, 8), 256, 0, s)(d, v.data, v.step, out, elem);
-}
-
 }  // namespace cuda
 }  // namespace stria

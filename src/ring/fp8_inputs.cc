@@ -90,12 +90,12 @@ Status WidenFp8Inputs(Context& ctx, const ForwardCall& call, WidenedInputs* w, F
   if (ctx.ulysses_size() == 1 && ctx.backend().TakesFp8(s, views[0])) {
     Fp8Inputs& f = widened_call->fp8;
     f.on = true;
-    f.q_descale = scales[0] != nullptr ? static_cast<const float*>(scales[0]->data) : nullptr;
-    f.k_descale = scales[1] != nullptr ? static_cast<const float*>(scales[1]->data) : nullptr;
-    f.v_descale = scales[2] != nullptr ? static_cast<const float*>(scales[2]->data) : nullptr;
-    f.q_step = scales[0] != nullptr && scales[0]->shape[0] > 1 ? 1 : 0;
-    f.k_step = scales[1] != nullptr && scales[1]->shape[0] > 1 ? 1 : 0;
-    f.v_step = scales[2] != nullptr && scales[2]->shape[0] > 1 ? 1 : 0;
+    const float** data[3] = {&f.q_descale, &f.k_descale, &f.v_descale};
+    int* step[3] = {&f.q_step, &f.k_step, &f.v_step};
+    for (int i = 0; i < 3; ++i) {
+      *data[i] = scales[i] != nullptr ? static_cast<const float*>(scales[i]->data) : nullptr;
+      *step[i] = scales[i] != nullptr && scales[i]->shape[0] > 1 ? 1 : 0;  // [H]: one a head
+    }
     widened_call->fp8_mode = ForwardCall::Fp8::kNative;
     return Status::Ok();
   }

@@ -216,11 +216,9 @@ void RunCase(const Case& c) {
         sc::ForwardFinishKernel<T>(dims, acc.data(), m.data(), l.data(), oa, static_cast<float*>(lse.dl.data),
                                    int64_t{Hq} * L, L, 1);
       });
-    if (v_ds != nullptr) {
-      const int elem = std::is_same<T, sc::Float>::value ? 0 : std::is_same<T, sc::Half>::value ? 1 : 2;
+    if (v_ds != nullptr)
       emu::Launch(emu::Dim3{64, 1, 1}, emu::Dim3{256, 1, 1}, 0,
-                  [&] { sc::ScaleRowsByHeadKernel(dims, v_ds, step(*vs[0]), oa, elem); });
-    }
+                  [&] { sc::ScaleRowsByHeadKernel<T>(dims, v_ds, step(*vs[0]), oa); });
     EXPECT_LT(RelError(out.ToDouble(), out_ref), 4e-2) << "out";
     EXPECT_LT(RelError(lse.ToDouble(), lse_ref), 1e-5) << "lse";
   }
