@@ -70,7 +70,8 @@ Status CheckParams(const stria_attention_params_t* p, const DocumentsArg& args, 
                    documents ? "cu_seqlens/num_seqs" : "a window");
     *mask = DocumentsArg{documents, p->cu_seqlens, p->num_seqs, p->window_left, p->window_right};
   }
-  // The descales belong to FP8 inputs, which a forward widens before it gets here (fp8_inputs.h).
+  // The descales belong to FP8 inputs, which a forward has handled before it gets here (widened,
+  // or marked for a backend that takes them as they are: fp8_inputs.h).
   if (size >= full && !c->fp8_inputs)
     for (const auto& [t, name] :
          {std::pair{p->q_descale, "q_descale"}, {p->k_descale, "k_descale"}, {p->v_descale, "v_descale"}})
