@@ -3,12 +3,12 @@
 //   stria-decode-bench [--lens 32768,131072,524288,1048576] [--worlds 2,4,8] [--heads 32]
 //                      [--kv-heads 8] [--dim 128] [--reps 20]
 //
-// One token per call (bf16, batch 1) against a cache of S tokens on one GPU: the call's time as the
-// caller sees it (it returns once out and lse are written: decode waits for the ranks' records),
-// and the bandwidth of its reads of K and V. Then, for each N, the modelled call over N ranks: one
-// rank's time at S / N (measured here) plus the call's fixed cost over N ranks (validation, the
-// records to the host, the all-gather, the merge), measured with N ranks of a local group on this
-// GPU and a cache of one token each: an upper bound, since those ranks share one GPU and one host.
+// One token per call (bf16, batch 1) against a cache of S tokens on one GPU: the call's time until
+// out and lse are written (the call and a synchronisation of its stream), and the bandwidth of its
+// reads of K and V. Then, for each N, the modelled call over N ranks: one rank's time at S / N
+// (measured here) plus the call's fixed cost over N ranks (validation, the agreement, the records'
+// exchange device to device, the merge kernel), measured with N ranks of a local group on this GPU
+// and a cache of one token each: an upper bound, since those ranks share one GPU and one host.
 // Lines are key=value, as stria-cuda-bench's; the anchor (PyTorch SDPA's decode on the same shapes)
 // is bench/torch_sdpa_gpu.py --decode.
 #include <cuda_runtime_api.h>

@@ -7,6 +7,8 @@
 namespace stria {
 namespace cuda {
 
+static_assert(kDecodeMaxHeadDim >= kMaxHeadDim && kDecodeMaxHeadDim % 32 == 0, "the merge's registers");
+
 namespace {
 
 // Blocks of 256 threads, a warp per row, at most 4096 blocks (the kernels loop over the rest).
@@ -45,6 +47,7 @@ cudaError_t LaunchDecodeMerge(const DecodeMergeArgs& a, cudaStream_t s) {
 
 cudaError_t LaunchDecodeFinish(Elem e, const DecodeFinishArgs& a, cudaStream_t s) {
   const int64_t rows = static_cast<int64_t>(a.B) * a.T * a.Hq;
+  if (a.world < 1 || a.D < 1 || a.D > kDecodeMaxHeadDim) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   switch (e) {
     case Elem::kF32:

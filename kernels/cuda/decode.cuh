@@ -243,34 +243,68 @@ STRIA_GLOBAL void DecodeMergeKernel(DecodeMergeArgs a) {
   }
 }
 
-// A warp per (b, t, h) of a world of one: the record's row and LSE into the call's out and lse, the
-// sink merged in as MergeDecodeRecord does (a row that sees no key takes the sink's LSE and a zero
-// row; NaN stays).
+// A warp per (b, t, h): every rank's record of the row merged, the sink with them, into the call's
+// out and lse. The arithmetic is MergeDecodeRecord's (src/backend/decode_split.cc), in double and
+// in rank order, so the device's merge and the host's agree to the last bits but for exp and log:
+// shares weighted by e^(lse_r - max), a row that sees no key takes the sink's LSE and a zero row
+// (with no sink: zeros and -inf), and a NaN in any rank's LSE makes the row NaN.
 template <typename T>
 STRIA_GLOBAL void DecodeFinishKernel(DecodeFinishArgs a) {
-  const float neg_inf = NegInf();
+  constexpr int kMaxPerLane = kDecodeMaxHeadDim / 32;
+  const double neg_inf = static_cast<double>(NegInf());
   for (int64_t w = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
        w < static_cast<int64_t>(a.B) * a.T * a.Hq; w += static_cast<int64_t>(gridDim.x) * (blockDim.x / 32)) {
     const int h = static_cast<int>(w % a.Hq);
     const int64_t bt = w / a.Hq, b = bt / a.T, t = bt % a.T;
     const float* rec = a.partial + w * (a.D + 1);
-    float lse = rec[a.D], scale = 1.f;
-    if (a.sinks != nullptr && lse == lse) {
-      const float z = a.sinks[h * a.sinks_stride];
-      if (lse == neg_inf) {
-        lse = z;
-        scale = 0.f;
-      } else {
-        const float top = fmaxf(lse, z);
-        const float merged = top + logf(expf(lse - top) + expf(z - top));
-        scale = expf(lse - merged);
+    double mx = neg_inf;
+    bool nan = false;
+    for (int r = 0; r < a.world; ++r) {
+      const float x = rec[r * a.record_stride + a.D];
+      nan |= x != x;
+      mx = x > mx ? static_cast<double>(x) : mx;
+    }
+    double acc[kMaxPerLane];
+    for (int i = 0; i < kMaxPerLane; ++i) acc[i] = 0.0;
+    double total = 0.0;
+    if (nan) {
+      mx = static_cast<double>(NaN());
+      for (int i = 0; i < kMaxPerLane; ++i) acc[i] = mx;
+      total = 1.0;
+    } else if (mx != neg_inf) {
+      for (int r = 0; r < a.world; ++r) {
+        const float* p = rec + r * a.record_stride;
+        if (static_cast<double>(p[a.D]) == neg_inf) continue;
+        const double c = exp(static_cast<double>(p[a.D]) - mx);
+        total += c;
+        STRIA_UNROLL
+        for (int i = 0; i < kMaxPerLane; ++i) {
+          const int d = lane_id() + 32 * i;
+          if (d < a.D) acc[i] += c * static_cast<double>(p[d]);
+        }
+      }
+    }
+    double lse = total > 0.0 ? mx + log(total) : neg_inf;
+    double scale = total > 0.0 ? 1.0 / total : 0.0;
+    if (a.sinks != nullptr) {
+      const double z = a.sinks[h * a.sinks_stride];
+      if (total > 0.0) {
+        const double top = lse > z ? lse : z;
+        const double merged = top + log(exp(lse - top) + exp(z - top));
+        scale *= exp(lse - merged);
         lse = merged;
+      } else {
+        lse = z;
       }
     }
     const int64_t row = b * a.out_strides[0] + t * a.out_strides[1] + h * a.out_strides[2];
-    for (int d = lane_id(); d < a.D; d += 32) StoreElem<T>(a.out, row + d * a.out_strides[3], rec[d] * scale);
+    STRIA_UNROLL
+    for (int i = 0; i < kMaxPerLane; ++i) {  // static indices: acc stays in registers
+      const int d = lane_id() + 32 * i;
+      if (d < a.D) StoreElem<T>(a.out, row + d * a.out_strides[3], static_cast<float>(acc[i] * scale));
+    }
     if (lane_id() == 0 && a.lse != nullptr)
-      a.lse[b * a.lse_strides[0] + h * a.lse_strides[1] + t * a.lse_strides[2]] = lse;
+      a.lse[b * a.lse_strides[0] + h * a.lse_strides[1] + t * a.lse_strides[2]] = static_cast<float>(lse);
   }
 }
 

@@ -17,7 +17,7 @@ cudaError_t LaunchDecode(Elem e, const DecodeArgs& a, int64_t items, cudaStream_
 // rows16; cudaErrorInvalidValue otherwise.
 cudaError_t LaunchDecodeMma(Elem e, const DecodeArgs& a, int64_t items, cudaStream_t s);
 cudaError_t LaunchDecodeMerge(const DecodeMergeArgs& a, cudaStream_t s);
-// A world of one's result from its partial records, on the device (DecodeFinishArgs).
+// The call's result from every rank's partial records, merged on the device (DecodeFinishArgs).
 cudaError_t LaunchDecodeFinish(Elem e, const DecodeFinishArgs& a, cudaStream_t s);
 cudaError_t LaunchStoreTokens(int elem_bytes, const TokenCopy* copies, int64_t n, int Hkv, int D, cudaStream_t s);
 

@@ -27,8 +27,9 @@ struct DecodeItem {
   int64_t b, first, last;
 };
 
-constexpr int kDecodeRows = 8;      // query rows per CTA of the SIMT decode (decode.cuh)
-constexpr int kDecodeMmaRows = 16;  // and of the tensor-core decode (decode_mma.cuh): one m16 tile
+constexpr int kDecodeRows = 8;          // query rows per CTA of the SIMT decode (decode.cuh)
+constexpr int kDecodeMmaRows = 16;      // and of the tensor-core decode (decode_mma.cuh): one m16 tile
+constexpr int kDecodeMaxHeadDim = 256;  // the merge's per-lane registers (kMaxHeadDim, launch.h)
 
 // One CTA per (work item, K/V head, chunk of kDecodeRows or kDecodeMmaRows query rows): the rows of a K/V head are
 // its GQA group's query heads times the T new tokens (row r: token r / group, head
@@ -58,12 +59,14 @@ struct DecodeMergeArgs {
   int B, T, Hq, Hkv, D;
 };
 
-// A world of one: the rank's partial records are the call's result, with the sinks merged in (as
-// the host's merge does for any world), written straight into the call's out [B, T, Hq, D] (its
-// dtype) and lse [B, Hq, T] (float32, or none) at their strides (elements).
+// The call's result from every rank's partial records (a world of one: its own), with the sinks
+// merged in, written straight into the call's out [B, T, Hq, D] (its dtype) and lse [B, Hq, T]
+// (float32, or none) at their strides (elements): the merge across ranks on the device.
 struct DecodeFinishArgs {
-  const float* partial;  // [B, T, Hq, D + 1]
-  const float* sinks;    // [Hq] at sinks_stride, or null
+  const float* partial;   // world records [B, T, Hq, D + 1], rank r's at partial + r * record_stride
+  int world;              // >= 1
+  int64_t record_stride;  // floats
+  const float* sinks;     // [Hq] at sinks_stride, or null
   int64_t sinks_stride;
   void* out;
   int64_t out_strides[4];

@@ -289,13 +289,6 @@ class Backend {
   // A fixed order of summation: the same bits every run.
   virtual Status SinksGradient(const TensorView& sinks, const TensorView& dsinks) = 0;
 
-  // Decode (stria_attention_decode): stores the new tokens this rank holds (work.appends), then
-  // attends the queries to this rank's share of the cache, writing `partial`
-  // (DecodePartialFloats, the backend's memory). PartialsOnHost brings it where the host reads it
-  // (`partial` itself for host memory, the default; else a copy in `staged`, after the work queued
-  // on `stream`). The merge takes every rank's partial, rank by rank in `all` (host memory), and
-  // writes out ([B, T, Hq, D]) and, if given, lse ([B, Hq, T]) after the sinks (if given); in a
-  // fixed order, so every rank writes the same bits.
   // Whether this backend runs the serving calls (a decode, or a prefill): checked with the call's
   // arguments, before any rank communicates, so that a backend without them fails every rank and
   // leaves it usable.
@@ -303,12 +296,12 @@ class Backend {
     return Error(STRIA_ERROR_UNSUPPORTED, "the %s backend has no %s over a sharded KV cache yet", name(),
                  prefill ? "prefill" : "decode");
   }
-  virtual Status PartialsOnHost(const float* partial, size_t floats, void* stream, std::vector<float>* staged,
-                                const float** host) {
-    (void)floats, (void)stream, (void)staged;
-    *host = partial;
-    return Status::Ok();
-  }
+  // Decode (stria_attention_decode): stores the new tokens this rank holds (work.appends), then
+  // attends the queries to this rank's share of the cache, writing `partial`
+  // (DecodePartialFloats, the backend's memory). The merge takes every rank's partial, rank by
+  // rank in `all`, and writes out ([B, T, Hq, D]) and, if given, lse ([B, Hq, T]) after the sinks
+  // (if given); in a fixed order, so every rank writes the same bits. DecodeMerge reads `all` in
+  // host memory (a host backend's), DecodeMergeOnDevice (below) in the backend's.
   virtual Status Decode(const DecodeWork& work, float* partial) {
     (void)work, (void)partial;
     return Error(STRIA_ERROR_UNSUPPORTED, "the %s backend has no decode over a sharded KV cache", name());
@@ -323,15 +316,17 @@ class Backend {
     (void)work, (void)all, (void)world_size, (void)sinks, (void)out, (void)lse;
     return Error(STRIA_ERROR_UNSUPPORTED, "the %s backend has no decode over a sharded KV cache", name());
   }
-  // A world of one, in place of PartialsOnHost and DecodeMerge: this rank's `partial` is the
-  // result, and a device backend writes out and lse from it where it lies (*done = true), sparing
-  // the call its trip through the host. The default leaves *done false: a host backend's records
-  // are where the merge reads them already.
-  virtual Status DecodeFinishAlone(const DecodeWork& work, const float* partial, const TensorView* sinks,
-                                   const TensorView& out, const TensorView* lse, bool* done) {
-    (void)work, (void)partial, (void)sinks, (void)out, (void)lse;
-    *done = false;
-    return Status::Ok();
+  // Whether this backend merges the ranks' records where its kernels wrote them (a device
+  // backend): the engine then gathers every rank's partial into the backend's memory, rank by
+  // rank, with the transport's point-to-point messages (what the ring's blocks travel by), and
+  // calls DecodeMergeOnDevice, which writes out and lse on the call's stream with no trip through
+  // the host; a world of one merges its own records. Otherwise the records lie in host memory, the
+  // transport all-gathers them there, and DecodeMerge writes the result.
+  virtual bool MergesOnDevice() const { return false; }
+  virtual Status DecodeMergeOnDevice(const DecodeWork& work, const float* all, int world_size, const TensorView* sinks,
+                                     const TensorView& out, const TensorView* lse) {
+    (void)work, (void)all, (void)world_size, (void)sinks, (void)out, (void)lse;
+    return Error(STRIA_ERROR_INTERNAL, "the %s backend merges decode records on the host", name());
   }
 
   // A grid's all-to-all (ring/grid_exchange.cc) on `stream` (the call's; the exchange comes before

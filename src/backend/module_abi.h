@@ -13,8 +13,10 @@ namespace stria {
 // AttentionShape::softcap, Backend::ApplySinks and SinksGradient; 8: Backend::Decode and DecodeMerge;
 // 9: a grid's exchange (Backend::CheckGridSupported, PackBox, SumIntoBox, SyncStream); 10: decode on
 // device backends (CheckServingSupported by call, PartialsOnHost, ReadBytesOnHost,
-// DecodeWork::stream, StoreTokens' stream); 11: Backend::DecodeFinishAlone; 12: Backend::WidenFp8.
-constexpr int kBackendModuleAbiVersion = 12;
+// DecodeWork::stream, StoreTokens' stream); 11: Backend::DecodeFinishAlone; 12: Backend::WidenFp8;
+// 13: the merge on the device (MergesOnDevice, DecodeMergeOnDevice in place of DecodeFinishAlone;
+// PartialsOnHost gone).
+constexpr int kBackendModuleAbiVersion = 13;
 
 struct BackendModuleV1 {
   int abi_version;  // kBackendModuleAbiVersion

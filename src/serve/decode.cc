@@ -3,7 +3,10 @@
 // computes attention over its own share, and the shares' results, an output row and an LSE per
 // query row, combine exactly (out = sum_r e^(lse_r - lse) out_r, lse = log sum_r e^(lse_r)) after a
 // single all-gather of those records: B·T·Hq·(D + 1) floats per rank, a few hundred KB at most,
-// against a cache of gigabytes.
+// against a cache of gigabytes. A host backend's records are all-gathered by the transport in host
+// memory and merged there; a device backend's stay on the device: they travel as point-to-point
+// messages between the ranks' buffers (device to device, as the ring's blocks do) and one kernel
+// merges them into out and lse, so a decode step never waits for a copy to the host.
 #include "serve/decode.h"
 
 #include <algorithm>
@@ -18,7 +21,8 @@
 namespace stria {
 namespace {
 
-// Ring buffer slots of a decode call: this rank's partial records, and every rank's.
+// Ring buffer slots of a decode call: this rank's partial records (where the host gathers them),
+// and every rank's, rank by rank.
 constexpr int kPartialSlot = 9, kAllPartialsSlot = 10;
 
 // Everything a rank validates before the call's agreement; the work it will do.
@@ -107,6 +111,36 @@ Status ValidateDecode(Context& ctx, const DecodeCall& call, ValidatedDecode* vd)
   return Status::Ok();
 }
 
+// A device backend's records gathered where they lie: rank k's partial at all[k]. Each rank sends
+// its own to every other rank and receives theirs, in N - 1 pairs (at pair t: from rank r - t, to
+// rank r + t), posted in the same order on every rank, so a transport that matches messages in
+// posting order and launches a receive with a send (NCCL's) forms the same groups everywhere.
+// The caller has synchronised the stream that wrote this rank's records.
+Status GatherOnDevice(Context& ctx, uint64_t seq, float* all, size_t floats) {
+  Transport& tr = ctx.transport();
+  const int n = ctx.world_size(), r = ctx.rank();
+  const size_t bytes = floats * sizeof(float);
+  std::vector<RequestId> requests;
+  Status st;
+  for (int t = 1; t < n && st.ok(); ++t) {
+    const int from = (r - t + n) % n, to = (r + t) % n;
+    RequestId id = 0;
+    st = tr.Irecv(from, RingTag(seq, t, MessageKind::kPartial), all + static_cast<size_t>(from) * floats, bytes, &id);
+    if (!st.ok()) break;
+    requests.push_back(id);
+    st = tr.Isend(to, RingTag(seq, t, MessageKind::kPartial), all + static_cast<size_t>(r) * floats, bytes, &id);
+    if (st.ok()) requests.push_back(id);
+  }
+  const std::string what = Format("decode partials of call #%llu", static_cast<unsigned long long>(seq));
+  for (RequestId id : requests) {
+    const Status w = tr.Wait(id, ctx.timeout_s(), what.c_str());
+    if (st.ok()) st = w;
+    if (!st.ok()) break;
+  }
+  ctx.traffic().messages = static_cast<uint64_t>(n - 1);
+  return st;
+}
+
 }  // namespace
 
 Status AttentionDecode(Context& ctx, const DecodeCall& call) {
@@ -114,16 +148,15 @@ Status AttentionDecode(Context& ctx, const DecodeCall& call) {
   ValidatedDecode vd;
   Status local = ValidateDecode(ctx, call, &vd);
   Backend& be = ctx.backend();
-  const int n = ctx.world_size();
-  void* mine = nullptr;
-  void* all_host = nullptr;
+  const int n = ctx.world_size(), r = ctx.rank();
   const size_t floats = DecodePartialFloats(vd.work.shape), bytes = floats * sizeof(float);
-  // Every rank's records go where the host reads them: a ring buffer where the backend's memory is
-  // the host's, else host memory of this call (below).
-  const bool host_memory = ctx.device().device_type == kDLCPU;
-  if (local.ok()) local = ctx.RingBuffer(kPartialSlot, bytes, &mine);
-  if (local.ok() && n > 1 && host_memory)
-    local = ctx.RingBuffer(kAllPartialsSlot, bytes * static_cast<size_t>(n), &all_host);
+  // Every rank's records, rank by rank, where the merge reads them: in the backend's memory where
+  // it merges on its device, else in host memory (a host backend's ring buffer).
+  const bool on_device = be.MergesOnDevice();
+  void* all = nullptr;
+  void* own = nullptr;
+  if (local.ok()) local = ctx.RingBuffer(kAllPartialsSlot, bytes * static_cast<size_t>(n), &all);
+  if (local.ok() && !on_device) local = ctx.RingBuffer(kPartialSlot, bytes, &own);
   uint64_t seq = 0;
   STRIA_RETURN_IF_ERROR(AgreeOnCall(ctx, RingOp::kDecode, local, vd.call, &seq));
   ctx.traffic() = Traffic();
@@ -131,45 +164,37 @@ Status AttentionDecode(Context& ctx, const DecodeCall& call) {
   StepTimer timer(be);
   timer.ComputeBegin();
   vd.work.stream = vd.call.stream;
-  Status st = be.Decode(vd.work, static_cast<float*>(mine));
-  if (st.ok() && n == 1) {  // a world of one: a device backend finishes where the records lie
-    bool done = false;
-    st = be.DecodeFinishAlone(vd.work, static_cast<const float*>(mine), vd.call.sinks_given ? &vd.call.sinks : nullptr,
-                              vd.call.out, vd.lse_given ? &vd.call.lse : nullptr, &done);
-    if (st.ok()) st = ctx.CheckNotAborted();
-    if (!st.ok()) return ctx.Fail(st);
-    if (done) {
-      timer.ComputeEnd();
-      ctx.step_times().assign(1, timer.Finish());
-      return Status::Ok();
-    }
-  }
-  // The partials where the host reads them: in place for a host backend; a device backend's
-  // copy (a few KB to a few hundred) after its kernels.
-  std::vector<float> staged;
-  const float* mine_host = nullptr;
-  if (st.ok()) st = be.PartialsOnHost(static_cast<const float*>(mine), floats, vd.call.stream, &staged, &mine_host);
+  float* mine = on_device ? static_cast<float*>(all) + static_cast<size_t>(r) * floats : static_cast<float*>(own);
+  const TensorView* sinks = vd.call.sinks_given ? &vd.call.sinks : nullptr;
+  const TensorView* lse = vd.lse_given ? &vd.call.lse : nullptr;
+  Status st = be.Decode(vd.work, mine);
   if (st.ok()) st = ctx.CheckNotAborted();
   if (!st.ok()) return ctx.Fail(st);
-  timer.ComputeEnd();
-  const float* all = mine_host;
-  std::vector<float> gathered;
-  if (n > 1) {
-    void* dst = all_host;
-    if (dst == nullptr) {
-      gathered.resize(floats * static_cast<size_t>(n));
-      dst = gathered.data();
+  if (on_device) {
+    if (n > 1) {
+      st = be.SyncStream(vd.call.stream);  // the records written: the step's compute ends here
+      if (!st.ok()) return ctx.Fail(st);
+      timer.ComputeEnd();
+      st = GatherOnDevice(ctx, seq, static_cast<float*>(all), floats);
+      if (!st.ok()) return ctx.Fail(st);
+      ctx.step_times().assign(1, timer.Finish());
     }
-    const std::string what = Format("decode partials of call #%llu", static_cast<unsigned long long>(seq));
-    st = be.FenceBuffers();
-    if (st.ok()) st = ctx.transport().AllGather(mine_host, dst, bytes, ctx.timeout_s(), what.c_str());
-    if (!st.ok()) return ctx.Fail(st);
-    ctx.traffic().messages = static_cast<uint64_t>(n - 1);
-    all = static_cast<const float*>(dst);
+    st = be.DecodeMergeOnDevice(vd.work, static_cast<const float*>(all), n, sinks, vd.call.out, lse);
+    if (n == 1) {
+      timer.ComputeEnd();
+      ctx.step_times().assign(1, timer.Finish());
+    }
+  } else {
+    timer.ComputeEnd();
+    if (n > 1) {
+      const std::string what = Format("decode partials of call #%llu", static_cast<unsigned long long>(seq));
+      st = ctx.transport().AllGather(mine, all, bytes, ctx.timeout_s(), what.c_str());
+      if (!st.ok()) return ctx.Fail(st);
+      ctx.traffic().messages = static_cast<uint64_t>(n - 1);
+    }
+    ctx.step_times().assign(1, timer.Finish());
+    st = be.DecodeMerge(vd.work, static_cast<const float*>(n > 1 ? all : mine), n, sinks, vd.call.out, lse);
   }
-  ctx.step_times().assign(1, timer.Finish());
-  st = be.DecodeMerge(vd.work, all, n, vd.call.sinks_given ? &vd.call.sinks : nullptr, vd.call.out,
-                      vd.lse_given ? &vd.call.lse : nullptr);
   if (st.ok()) st = ctx.CheckNotAborted();
   return st.ok() ? st : ctx.Fail(st);
 }

@@ -264,6 +264,16 @@ cudaError_t CheckRange(const void* p, size_t bytes, bool must_be_device) {
   return cudaSuccess;
 }
 
+// Whether a copy goes from device memory to host memory, by its addresses (as cudaMemcpyDefault's
+// direction is found).
+bool IsDeviceToHost(const void* dst, const void* src, size_t bytes) {
+  Allocation al;
+  bool bad = false;
+  const bool src_dev = Find(src, bytes, &al, &bad);
+  const bool dst_dev = Find(dst, bytes, &al, &bad);
+  return src_dev && !dst_dev;
+}
+
 // Gives an allocation back (cudaFree and cudaFreeAsync, once nothing may use it any more).
 void Release(void* p) {
   std::lock_guard<std::mutex> lock(M().mu);
@@ -298,6 +308,8 @@ namespace emu {
 // stria_cuda_runtime_model_shuffle_blocks's seed (0: off), and the launches numbered under it.
 std::atomic<uint64_t> g_shuffle_seed{0};
 std::atomic<uint64_t> g_launches{0};
+// Copies from device to host memory ever queued (stria_cuda_runtime_model_copies_to_host).
+std::atomic<uint64_t> g_copies_to_host{0};
 
 int LaunchOnStream(const void* kernel, void* stream, Dim3 grid, Dim3 block, size_t smem_bytes,
                    std::function<void()> body) {
@@ -354,6 +366,12 @@ int stria_cuda_runtime_model(void) {
 // the launch's number, as a GPU may schedule them; 0 goes back to STRIA_EMU_SCHEDULE's order.
 void stria_cuda_runtime_model_shuffle_blocks(uint64_t seed) {
   stria::cuda::emu::g_shuffle_seed.store(seed);
+}
+
+// Also the model's (tests/gpu/gpu_util.h): how many copies from device to host memory the process
+// has queued so far, so that a suite can show a call that never waits for one.
+uint64_t stria_cuda_runtime_model_copies_to_host(void) {
+  return stria::cuda::emu::g_copies_to_host.load();
 }
 
 const char* cudaGetErrorName(cudaError_t e) {
@@ -733,6 +751,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, enum cudaM
   if (bytes == 0) return cudaSuccess;
   const cudaError_t e = CheckKind(dst, src, bytes, kind);
   if (e != cudaSuccess) return Set(e);
+  if (IsDeviceToHost(dst, src, bytes)) stria::cuda::emu::g_copies_to_host.fetch_add(1);
   Enqueue(Resolve(stream), [=] { std::memmove(dst, src, bytes); });
   return cudaSuccess;
 }

@@ -33,6 +33,8 @@ extern "C" __attribute__((weak)) int stria_cuda_runtime_model(void);
 // Also the model's: from a nonzero seed on, every launch runs its CTAs in a random order drawn
 // from the seed and the launch's number (0: index order again).
 extern "C" __attribute__((weak)) void stria_cuda_runtime_model_shuffle_blocks(uint64_t seed);
+// And how many copies from device to host memory the process has queued so far.
+extern "C" __attribute__((weak)) uint64_t stria_cuda_runtime_model_copies_to_host(void);
 
 // True when the suite runs on that model, where every kernel runs on the warp emulator, thousands
 // of times slower than a GPU: a test whose shape is long only to keep a real GPU busy uses a

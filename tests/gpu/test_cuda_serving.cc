@@ -47,9 +47,10 @@ struct DeviceCache {
 
 // Runs one decode call on a CUDA local group: every rank's out and LSE back on the host, and every
 // rank's cache back into in.caches (where the new tokens landed). `on_stream`: the call's stream is
-// one the test creates (else the default stream); `lens_on_device`: cache->lens in device memory.
+// one the test creates (else the default stream); `lens_on_device`: cache->lens in device memory;
+// `copies_to_host` (on the runtime model): the copies from device to host the ranks' calls made.
 void RunCudaDecode(const Case& c, DecodeInputs& in, std::vector<Tensor>& outs_host, std::vector<Tensor>& lses_host,
-                   bool on_stream = false, bool lens_on_device = false) {
+                   bool on_stream = false, bool lens_on_device = false, uint64_t* copies_to_host = nullptr) {
   const int64_t B = c.B, T = c.T, Hq = c.Hq, D = c.D;
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
   CudaGroup g(c.n);
@@ -71,6 +72,7 @@ void RunCudaDecode(const Case& c, DecodeInputs& in, std::vector<Tensor>& outs_ho
             cudaSuccess);
   std::vector<stria_status_t> st(static_cast<size_t>(c.n));
   std::vector<std::string> err(static_cast<size_t>(c.n));
+  const uint64_t copies_before = copies_to_host != nullptr ? stria_cuda_runtime_model_copies_to_host() : 0;
   RunRanks(c.n, [&](int r) {
     cudaSetDevice(0);
     cudaStream_t stream = nullptr;
@@ -91,6 +93,7 @@ void RunCudaDecode(const Case& c, DecodeInputs& in, std::vector<Tensor>& outs_ho
   for (int r = 0; r < c.n; ++r)
     ASSERT_EQ(st[static_cast<size_t>(r)], STRIA_SUCCESS) << "rank " << r << ": " << err[static_cast<size_t>(r)];
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  if (copies_to_host != nullptr) *copies_to_host = stria_cuda_runtime_model_copies_to_host() - copies_before;
   for (int r = 0; r < c.n; ++r) {
     outs[static_cast<size_t>(r)]->CopyTo(&outs_host[static_cast<size_t>(r)]);
     lses[static_cast<size_t>(r)]->CopyTo(&lses_host[static_cast<size_t>(r)]);
@@ -235,6 +238,31 @@ TEST(CudaDecodeCalls, ANaNInASeenKeyReachesExactlyTheRowsThatSeeIt) {
     RunCudaDecode(c, in, outs, lses);
     if (HasFatalFailure()) return;
     ExpectNaNExactlyWhereSeen(c, outs, lses);
+  }
+}
+
+// The ranks' records travel device to device and one kernel merges them, sinks included: a decode
+// call on several ranks (cache lengths and sinks in device memory) copies nothing to the host. Seen
+// on the runtime model, which counts the copies.
+TEST(CudaDecodeCalls, RanksMergeOnTheDeviceWithNoCopyToTheHost) {
+  STRIA_REQUIRE_GPU();
+  if (stria_cuda_runtime_model_copies_to_host == nullptr) GTEST_SKIP() << "counts copies on the runtime model only";
+  for (const int n : {2, 4}) {
+    Case c;
+    c.n = n;
+    c.dt = Dt::kBF16;
+    c.B = 2;
+    c.T = 2;
+    c.lens = {45, 130};
+    c.sinks = true;
+    SCOPED_TRACE(c.Name());
+    DecodeInputs in(c, 31 + static_cast<uint64_t>(n));
+    std::vector<Tensor> outs, lses;
+    uint64_t copies = 0;
+    RunCudaDecode(c, in, outs, lses, /*on_stream=*/true, /*lens_on_device=*/false, &copies);
+    if (HasFatalFailure()) return;
+    EXPECT_EQ(copies, 0u);
+    ExpectDecodeResults(c, in, outs, lses, in.caches);
   }
 }
 

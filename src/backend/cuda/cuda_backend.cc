@@ -676,42 +676,15 @@ class CudaBackend final : public Backend {
   // with PackBox and attends with Decode).
   Status CheckServingSupported(bool /*prefill*/) const override { return Status::Ok(); }
   Status Decode(const DecodeWork& work, float* partial) override { return decoder_.Decode(work, partial); }
-  Status PartialsOnHost(const float* partial, size_t floats, void* stream, std::vector<float>* staged,
-                        const float** host) override {
-    STRIA_RETURN_IF_ERROR(decoder_.ToHost(partial, floats, static_cast<cudaStream_t>(stream), staged));
-    *host = staged->data();
-    return Status::Ok();
-  }
   Status StoreTokens(const DecodeShape& shape, const std::vector<CacheAppend>& appends, void* stream) override {
     return decoder_.StoreTokens(shape, appends, static_cast<cudaStream_t>(stream));
   }
-  // The ranks' records merged on the host (the CPU backend's code: the same bits), then written
-  // into out and lse at their strides by the box kernel (a copy is a sum of one part), on the
-  // call's stream.
-  Status DecodeMerge(const DecodeWork& work, const float* all, int world_size, const TensorView* sinks,
-                     const TensorView& out, const TensorView* lse) override {
-    const void* rows = nullptr;
-    const float* lses = nullptr;
-    STRIA_RETURN_IF_ERROR(
-        decoder_.Merge(work, all, world_size, sinks, static_cast<cudaStream_t>(work.stream), &rows, &lses));
-    Status st = SumIntoBox(rows, 0, 1, out, work.stream);
-    if (st.ok() && lse != nullptr) {
-      // [B, Hq, T] as a box of rows of one element: its last dimension need not be contiguous.
-      TensorView box = *lse;
-      box.ndim = 4;
-      box.shape[3] = 1;
-      box.strides[3] = 1;
-      st = SumIntoBox(lses, 0, 1, box, work.stream);
-    }
-    const Status done = decoder_.Done(static_cast<cudaStream_t>(work.stream));
-    return st.ok() ? done : st;
-  }
-  // A world of one finishes on the device: its records are the result (FinishAlone).
-  Status DecodeFinishAlone(const DecodeWork& work, const float* partial, const TensorView* sinks, const TensorView& out,
-                           const TensorView* lse, bool* done) override {
-    STRIA_RETURN_IF_ERROR(decoder_.FinishAlone(work, partial, sinks, out, lse, static_cast<cudaStream_t>(work.stream)));
-    *done = true;
-    return Status::Ok();
+  // Every rank's records are merged where they lie, by one kernel writing out and lse on the
+  // call's stream (cuda_decode.h).
+  bool MergesOnDevice() const override { return true; }
+  Status DecodeMergeOnDevice(const DecodeWork& work, const float* all, int world_size, const TensorView* sinks,
+                             const TensorView& out, const TensorView* lse) override {
+    return decoder_.MergeOnDevice(work, all, world_size, sinks, out, lse, static_cast<cudaStream_t>(work.stream));
   }
 
   // From BackwardBegin's per-row state: m_ holds lse2, l_ delta (BackwardPrepKernel).

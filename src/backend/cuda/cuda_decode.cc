@@ -24,7 +24,7 @@ CudaDecoder::~CudaDecoder() {
     cudaEventSynchronize(done_);
     cudaEventDestroy(done_);
   }
-  for (DeviceBuffer* b : {&tables_dev_, &states_, &copies_dev_, &rows_dev_, &lses_dev_}) b->Release();
+  for (DeviceBuffer* b : {&tables_dev_, &states_, &copies_dev_}) b->Release();
 }
 
 // The previous call's copies read this decoder's host buffers and its kernels its device ones: the
@@ -200,23 +200,15 @@ Status CudaDecoder::Decode(const DecodeWork& w, float* partial) {
   return Done(stream);
 }
 
-Status CudaDecoder::ToHost(const float* partial, size_t floats, cudaStream_t stream, std::vector<float>* host) {
-  DeviceScope scope(device_);
-  STRIA_RETURN_IF_ERROR(scope.status());
-  host->resize(floats);
-  STRIA_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(host->data(), partial, floats * sizeof(float), cudaMemcpyDeviceToHost, stream));
-  STRIA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  return Status::Ok();
-}
-
-Status CudaDecoder::FinishAlone(const DecodeWork& w, const float* partial, const TensorView* sinks,
-                                const TensorView& out, const TensorView* lse, cudaStream_t stream) {
+Status CudaDecoder::MergeOnDevice(const DecodeWork& w, const float* all, int world_size, const TensorView* sinks,
+                                  const TensorView& out, const TensorView* lse, cudaStream_t stream) {
   const DecodeShape& s = w.shape;
   DeviceScope scope(device_);
   STRIA_RETURN_IF_ERROR(scope.status());
   cuda::DecodeFinishArgs a{};
-  a.partial = partial;
+  a.partial = all;
+  a.world = world_size;
+  a.record_stride = static_cast<int64_t>(DecodePartialFloats(s));
   a.sinks = sinks != nullptr ? static_cast<const float*>(sinks->data) : nullptr;
   a.sinks_stride = sinks != nullptr ? sinks->strides[0] : 0;
   a.out = out.data;
@@ -229,55 +221,6 @@ Status CudaDecoder::FinishAlone(const DecodeWork& w, const float* partial, const
   a.D = static_cast<int>(s.D);
   STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchDecodeFinish(ElemOfDType(s.dtype), a, stream));
   return Done(stream);
-}
-
-Status CudaDecoder::Merge(const DecodeWork& w, const float* all, int world_size, const TensorView* sinks,
-                          cudaStream_t stream, const void** rows, const float** lses) {
-  const DecodeShape& s = w.shape;
-  DeviceScope scope(device_);
-  STRIA_RETURN_IF_ERROR(scope.status());
-  STRIA_RETURN_IF_ERROR(WaitForPreviousCall());
-  if (sinks != nullptr) {
-    // The logits are few ([Hq]): their span, then every stride-th.
-    const int64_t stride = sinks->strides[0], span = (s.Hq - 1) * stride + 1;
-    std::vector<float> spanned(static_cast<size_t>(span));
-    STRIA_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(spanned.data(), sinks->data, spanned.size() * 4, cudaMemcpyDeviceToHost, stream));
-    STRIA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-    sinks_host_.resize(static_cast<size_t>(s.Hq));
-    for (int64_t h = 0; h < s.Hq; ++h) sinks_host_[static_cast<size_t>(h)] = spanned[static_cast<size_t>(h * stride)];
-  }
-  const size_t stride = DecodePartialFloats(s);
-  const int64_t rec = s.D + 1;
-  const int64_t esize = DTypeSize(s.dtype);
-  rows_host_.resize(static_cast<size_t>(s.B * s.T * s.Hq * s.D * esize));
-  lses_host_.resize(static_cast<size_t>(s.B * s.Hq * s.T));
-  std::vector<float> o(static_cast<size_t>(s.D));
-  for (int64_t bt = 0; bt < s.B * s.T; ++bt)
-    for (int64_t h = 0; h < s.Hq; ++h) {
-      const double z = sinks != nullptr ? sinks_host_[static_cast<size_t>(h)] : 0.0;
-      const double lse = MergeDecodeRecord(all, stride, world_size, s.D, static_cast<size_t>((bt * s.Hq + h) * rec),
-                                           sinks != nullptr ? &z : nullptr, o.data());
-      // In out's dtype, compact [B, T, Hq, D] (rounded to nearest even, as every backend stores).
-      char* row = rows_host_.data() + (bt * s.Hq + h) * s.D * esize;
-      for (int64_t d = 0; d < s.D; ++d) {
-        const float x = o[static_cast<size_t>(d)];
-        if (s.dtype == DType::kF32) {
-          std::memcpy(row + d * 4, &x, 4);
-        } else {
-          const uint16_t bits = s.dtype == DType::kBF16 ? F32ToBF16(x) : F32ToF16(x);
-          std::memcpy(row + d * 2, &bits, 2);
-        }
-      }
-      const int64_t b = bt / s.T, t = bt % s.T;
-      lses_host_[static_cast<size_t>((b * s.Hq + h) * s.T + t)] = static_cast<float>(lse);
-    }
-  STRIA_RETURN_IF_ERROR(Upload(&rows_dev_, rows_host_.data(), rows_host_.size(), "merged decode rows", stream));
-  STRIA_RETURN_IF_ERROR(
-      Upload(&lses_dev_, lses_host_.data(), lses_host_.size() * sizeof(float), "merged decode LSEs", stream));
-  *rows = rows_dev_.data();
-  *lses = lses_dev_.f32();
-  return Status::Ok();
 }
 
 }  // namespace stria

@@ -1,8 +1,8 @@
 // Decode over a sharded KV cache on one GPU (the CUDA backend's Backend::Decode, StoreTokens and
-// the host half of DecodeMerge): the work items planned on the host, the kernels of
-// kernels/cuda/decode.cuh on the call's stream, the partial records brought to the host for the
-// ranks' all-gather, and the merge of every rank's records in double on the host (the same code
-// as the CPU backend's, so both give the same bits from the same records).
+// DecodeMergeOnDevice): the work items planned on the host, the kernels of kernels/cuda/decode.cuh
+// on the call's stream, and the merge of every rank's records, which the engine gathers into
+// device memory, by one kernel (in double and in rank order, as the CPU backend's merge on the
+// host) writing the call's out and lse: a decode step never waits for a copy to the host.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -28,17 +28,10 @@ class CudaDecoder {
   Status StoreTokens(const DecodeShape& s, const std::vector<CacheAppend>& appends, cudaStream_t stream);
   // Stores work.appends, then attends: `partial` (device memory) gets this rank's records.
   Status Decode(const DecodeWork& w, float* partial);
-  // `floats` of `partial` into `host`, after the work queued on `stream`.
-  Status ToHost(const float* partial, size_t floats, cudaStream_t stream, std::vector<float>* host);
-  // Every rank's records (`all`, host memory) merged into compact rows [B, T, Hq, D] in the call's
-  // dtype and float32 LSEs [B, Hq, T] in device memory (*rows, *lses), queued on `stream`; the
-  // caller writes them into the call's tensors on the same stream, then calls Done.
-  Status Merge(const DecodeWork& w, const float* all, int world_size, const TensorView* sinks, cudaStream_t stream,
-               const void** rows, const float** lses);
-  // A world of one: its own records (`partial`, device memory) are the result, written into out
-  // and lse (if given) by one kernel on `stream`, with no trip through the host.
-  Status FinishAlone(const DecodeWork& w, const float* partial, const TensorView* sinks, const TensorView& out,
-                     const TensorView* lse, cudaStream_t stream);
+  // Every rank's records (`all`, device memory, world_size of DecodePartialFloats each; a world of
+  // one: its own) merged with the sinks into out and lse (if given) by one kernel on `stream`.
+  Status MergeOnDevice(const DecodeWork& w, const float* all, int world_size, const TensorView* sinks,
+                       const TensorView& out, const TensorView* lse, cudaStream_t stream);
   // Marks the end of the call's work on `stream`: the next call reuses the buffers after it.
   Status Done(cudaStream_t stream);
 
@@ -60,9 +53,7 @@ class CudaDecoder {
   std::vector<int64_t> first_item_;
   std::vector<char> tables_;  // the tables of DecodeArgs and DecodeMergeArgs, back to back
   std::vector<cuda::TokenCopy> copies_;
-  std::vector<char> rows_host_;
-  std::vector<float> lses_host_, sinks_host_;
-  DeviceBuffer tables_dev_, states_, copies_dev_, rows_dev_, lses_dev_;
+  DeviceBuffer tables_dev_, states_, copies_dev_;
 };
 
 }  // namespace stria
