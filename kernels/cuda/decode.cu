@@ -45,6 +45,20 @@ cudaError_t LaunchDecodeMerge(const DecodeMergeArgs& a, cudaStream_t s) {
   return STRIA_LAUNCH(DecodeMergeKernel, WarpRowGrid(rows), 256, 0, s)(a);
 }
 
+cudaError_t LaunchDecodeMergeFinish(Elem e, const DecodeMergeArgs& a, const DecodeFinishArgs& f, cudaStream_t s) {
+  const int64_t rows = static_cast<int64_t>(a.B) * a.T * a.Hq;
+  if (rows == 0) return cudaSuccess;
+  switch (e) {
+    case Elem::kF32:
+      return STRIA_LAUNCH(DecodeMergeFinishKernel<Float>, WarpRowGrid(rows), 256, 0, s)(a, f);
+    case Elem::kF16:
+      return STRIA_LAUNCH(DecodeMergeFinishKernel<Half>, WarpRowGrid(rows), 256, 0, s)(a, f);
+    case Elem::kBF16:
+      return STRIA_LAUNCH(DecodeMergeFinishKernel<BFloat>, WarpRowGrid(rows), 256, 0, s)(a, f);
+  }
+  return cudaErrorInvalidValue;
+}
+
 cudaError_t LaunchDecodeFinish(Elem e, const DecodeFinishArgs& a, cudaStream_t s) {
   const int64_t rows = static_cast<int64_t>(a.B) * a.T * a.Hq;
   if (a.world < 1 || a.D < 1 || a.D > kDecodeMaxHeadDim) return cudaErrorInvalidValue;

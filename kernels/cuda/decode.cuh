@@ -196,10 +196,51 @@ STRIA_GLOBAL void DecodeKernel(DecodeArgs a) {
   }
 }
 
-// A warp per (b, K/V head, row): the sequence's items merged in order.
+// Row r of K/V head hkv (its GQA group's query heads times the new tokens) over work items
+// [i0, i1) of its sequence: the items' largest running maximum (log2 domain; NaN if any state is
+// NaN, -inf if no item saw a key) and their sums rescaled to it, added in item order.
+STRIA_DEVICE void ItemsMaxAndSum(const DecodeMergeArgs& a, int64_t i0, int64_t i1, int hkv, int r, float* mx_out,
+                                 float* total_out) {
+  const int rows = a.T * (a.Hq / a.Hkv);
+  const int64_t stride = a.D + 2;
+  const float neg_inf = NegInf();
+  float mx = neg_inf;
+  bool nan = false;
+  for (int64_t i = i0; i < i1; ++i) {
+    const float mi = a.states[((i * a.Hkv + hkv) * rows + r) * stride];
+    nan |= mi != mi;
+    mx = fmaxf(mx, mi);
+  }
+  if (nan) mx = NaN();
+  float total = 0.f;
+  if (mx != neg_inf) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const float* st = a.states + ((i * a.Hkv + hkv) * rows + r) * stride;
+      if (st[0] == neg_inf) continue;
+      total += st[1] * fast_exp2(st[0] - mx);
+    }
+  }
+  *mx_out = mx;
+  *total_out = total;
+}
+
+// Output d of that row, unnormalised, rescaled to the items' maximum mx (not -inf).
+STRIA_DEVICE float ItemsOutput(const DecodeMergeArgs& a, int64_t i0, int64_t i1, int hkv, int r, float mx, int d) {
+  const int rows = a.T * (a.Hq / a.Hkv);
+  const int64_t stride = a.D + 2;
+  float o = 0.f;
+  for (int64_t i = i0; i < i1; ++i) {
+    const float* st = a.states + ((i * a.Hkv + hkv) * rows + r) * stride;
+    if (st[0] == NegInf()) continue;
+    o += st[2 + d] * fast_exp2(st[0] - mx);
+  }
+  return o;
+}
+
+// A warp per (b, K/V head, row): the sequence's items merged in order into the row's partial
+// record (outputs normalised over this rank's keys, natural-log LSE; zeros and -inf: no key).
 STRIA_GLOBAL void DecodeMergeKernel(DecodeMergeArgs a) {
   const int group = a.Hq / a.Hkv, rows = a.T * group;
-  const int64_t stride = a.D + 2;
   const float neg_inf = NegInf();
   for (int64_t w = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
        w < static_cast<int64_t>(a.B) * a.Hkv * rows; w += static_cast<int64_t>(gridDim.x) * (blockDim.x / 32)) {
@@ -209,37 +250,54 @@ STRIA_GLOBAL void DecodeMergeKernel(DecodeMergeArgs a) {
     const int t = r / group, h = hkv * group + r % group;
     float* out = a.partial + ((b * a.T + t) * a.Hq + h) * static_cast<int64_t>(a.D + 1);
     const int64_t i0 = a.first_item[b], i1 = a.first_item[b + 1];
-    auto state = [&](int64_t i) { return a.states + ((i * a.Hkv + hkv) * rows + r) * stride; };
-    float mx = neg_inf;
-    bool nan = false;
-    for (int64_t i = i0; i < i1; ++i) {
-      const float mi = state(i)[0];
-      nan |= mi != mi;
-      mx = fmaxf(mx, mi);
-    }
-    if (nan) mx = NaN();
+    float mx, total;
+    ItemsMaxAndSum(a, i0, i1, hkv, r, &mx, &total);
     if (mx == neg_inf) {
       for (int d = lane_id(); d < a.D; d += 32) out[d] = 0.f;
       if (lane_id() == 0) out[a.D] = neg_inf;
       continue;
     }
-    float total = 0.f;
-    for (int64_t i = i0; i < i1; ++i) {
-      const float mi = state(i)[0];
-      if (mi == neg_inf) continue;
-      total += state(i)[1] * fast_exp2(mi - mx);
-    }
     const float inv = 1.f / total;
-    for (int d = lane_id(); d < a.D; d += 32) {
-      float o = 0.f;
-      for (int64_t i = i0; i < i1; ++i) {
-        const float mi = state(i)[0];
-        if (mi == neg_inf) continue;
-        o += state(i)[2 + d] * fast_exp2(mi - mx);
-      }
-      out[d] = o * inv;
-    }
+    for (int d = lane_id(); d < a.D; d += 32) out[d] = ItemsOutput(a, i0, i1, hkv, r, mx, d) * inv;
     if (lane_id() == 0) out[a.D] = (mx + log2f(total)) * 0.6931471805599453f;
+  }
+}
+
+// A world of one on the device: the items merged as DecodeMergeKernel does, with the sink, straight
+// into the call's out and lse (f's outputs; f.partial and f.world unused), so that the rank's
+// records are never written and read back. The sink as MergeDecodeRecord merges it: a row that
+// sees no key takes the sink's LSE and a zero row; NaN stays.
+template <typename T>
+STRIA_GLOBAL void DecodeMergeFinishKernel(DecodeMergeArgs a, DecodeFinishArgs f) {
+  const int group = a.Hq / a.Hkv, rows = a.T * group;
+  const float neg_inf = NegInf();
+  for (int64_t w = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+       w < static_cast<int64_t>(a.B) * a.Hkv * rows; w += static_cast<int64_t>(gridDim.x) * (blockDim.x / 32)) {
+    const int r = static_cast<int>(w % rows);
+    const int hkv = static_cast<int>(w / rows % a.Hkv);
+    const int64_t b = w / rows / a.Hkv;
+    const int t = r / group, h = hkv * group + r % group;
+    const int64_t i0 = a.first_item[b], i1 = a.first_item[b + 1];
+    float mx, total;
+    ItemsMaxAndSum(a, i0, i1, hkv, r, &mx, &total);
+    const bool seen = mx != neg_inf;
+    float lse = seen ? (mx + log2f(total)) * 0.6931471805599453f : neg_inf, scale = seen ? 1.f / total : 0.f;
+    if (f.sinks != nullptr && lse == lse) {
+      const float z = f.sinks[h * f.sinks_stride];
+      if (!seen) {
+        lse = z;
+      } else {
+        const float top = fmaxf(lse, z);
+        const float merged = top + logf(expf(lse - top) + expf(z - top));
+        scale *= expf(lse - merged);
+        lse = merged;
+      }
+    }
+    const int64_t row = b * f.out_strides[0] + t * f.out_strides[1] + h * f.out_strides[2];
+    for (int d = lane_id(); d < a.D; d += 32)
+      StoreElem<T>(f.out, row + d * f.out_strides[3], seen ? ItemsOutput(a, i0, i1, hkv, r, mx, d) * scale : 0.f);
+    if (lane_id() == 0 && f.lse != nullptr)
+      f.lse[b * f.lse_strides[0] + h * f.lse_strides[1] + t * f.lse_strides[2]] = lse;
   }
 }
 

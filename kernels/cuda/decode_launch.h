@@ -17,6 +17,8 @@ cudaError_t LaunchDecode(Elem e, const DecodeArgs& a, int64_t items, cudaStream_
 // rows16; cudaErrorInvalidValue otherwise.
 cudaError_t LaunchDecodeMma(Elem e, const DecodeArgs& a, int64_t items, cudaStream_t s);
 cudaError_t LaunchDecodeMerge(const DecodeMergeArgs& a, cudaStream_t s);
+// A world of one: the items' merge writes the call's out and lse (f's outputs and sinks) itself.
+cudaError_t LaunchDecodeMergeFinish(Elem e, const DecodeMergeArgs& a, const DecodeFinishArgs& f, cudaStream_t s);
 // The call's result from every rank's partial records, merged on the device (DecodeFinishArgs).
 cudaError_t LaunchDecodeFinish(Elem e, const DecodeFinishArgs& a, cudaStream_t s);
 cudaError_t LaunchStoreTokens(int elem_bytes, const TokenCopy* copies, int64_t n, int Hkv, int D, cudaStream_t s);

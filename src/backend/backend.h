@@ -175,6 +175,12 @@ struct DecodeWork {
   std::vector<CacheSegment> segments;  // the keys, sequence by sequence, positions increasing
   std::vector<CacheAppend> appends;    // written before the attention
   void* stream = nullptr;              // the call's (a cudaStream_t on CUDA)
+  // A world of one on a backend that merges on its device (MergesOnDevice): the call's out, lse
+  // (or null) and sinks (or null), which Decode then writes itself, the sinks merged in, instead of
+  // `partial`. Null out: write `partial` (several ranks, a prefill's step, a host backend).
+  const TensorView* finish_out = nullptr;
+  const TensorView* finish_lse = nullptr;
+  const TensorView* finish_sinks = nullptr;
 };
 // A rank's decode result, before the merge across ranks: per (b, t, h) a record of D + 1 floats,
 // the output normalised over this rank's keys, then its natural-log LSE (-inf: saw no key).

@@ -167,23 +167,25 @@ Status AttentionDecode(Context& ctx, const DecodeCall& call) {
   float* mine = on_device ? static_cast<float*>(all) + static_cast<size_t>(r) * floats : static_cast<float*>(own);
   const TensorView* sinks = vd.call.sinks_given ? &vd.call.sinks : nullptr;
   const TensorView* lse = vd.lse_given ? &vd.call.lse : nullptr;
+  if (on_device && n == 1) {  // a world of one: the decode writes the result itself
+    vd.work.finish_out = &vd.call.out;
+    vd.work.finish_lse = lse;
+    vd.work.finish_sinks = sinks;
+  }
   Status st = be.Decode(vd.work, mine);
   if (st.ok()) st = ctx.CheckNotAborted();
   if (!st.ok()) return ctx.Fail(st);
-  if (on_device) {
-    if (n > 1) {
-      st = be.SyncStream(vd.call.stream);  // the records written: the step's compute ends here
-      if (!st.ok()) return ctx.Fail(st);
-      timer.ComputeEnd();
-      st = GatherOnDevice(ctx, seq, static_cast<float*>(all), floats);
-      if (!st.ok()) return ctx.Fail(st);
-      ctx.step_times().assign(1, timer.Finish());
-    }
+  if (on_device && n == 1) {
+    timer.ComputeEnd();
+    ctx.step_times().assign(1, timer.Finish());
+  } else if (on_device) {
+    st = be.SyncStream(vd.call.stream);  // the records written: the step's compute ends here
+    if (!st.ok()) return ctx.Fail(st);
+    timer.ComputeEnd();
+    st = GatherOnDevice(ctx, seq, static_cast<float*>(all), floats);
+    if (!st.ok()) return ctx.Fail(st);
+    ctx.step_times().assign(1, timer.Finish());
     st = be.DecodeMergeOnDevice(vd.work, static_cast<const float*>(all), n, sinks, vd.call.out, lse);
-    if (n == 1) {
-      timer.ComputeEnd();
-      ctx.step_times().assign(1, timer.Finish());
-    }
   } else {
     timer.ComputeEnd();
     if (n > 1) {

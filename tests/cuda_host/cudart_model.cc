@@ -87,6 +87,7 @@ struct Model {
   std::mutex mu;
   std::vector<Device> devices;
   std::map<uintptr_t, Allocation> allocations;  // by start address
+  std::map<uintptr_t, size_t> pinned;           // page-locked host memory: bytes by start address
   std::set<std::pair<int, int>> peer_access;    // (device, peer) pairs enabled
   int cc = 90;
   int sms = 132;
@@ -264,14 +265,12 @@ cudaError_t CheckRange(const void* p, size_t bytes, bool must_be_device) {
   return cudaSuccess;
 }
 
-// Whether a copy goes from device memory to host memory, by its addresses (as cudaMemcpyDefault's
-// direction is found).
-bool IsDeviceToHost(const void* dst, const void* src, size_t bytes) {
+// Whether `device` lies in device memory and `host` does not, by the addresses (as cudaMemcpyDefault
+// finds a copy's direction).
+bool IsCopyBetween(const void* device, const void* host, size_t bytes) {
   Allocation al;
   bool bad = false;
-  const bool src_dev = Find(src, bytes, &al, &bad);
-  const bool dst_dev = Find(dst, bytes, &al, &bad);
-  return src_dev && !dst_dev;
+  return Find(device, bytes, &al, &bad) && !Find(host, bytes, &al, &bad);
 }
 
 // Gives an allocation back (cudaFree and cudaFreeAsync, once nothing may use it any more).
@@ -308,8 +307,9 @@ namespace emu {
 // stria_cuda_runtime_model_shuffle_blocks's seed (0: off), and the launches numbered under it.
 std::atomic<uint64_t> g_shuffle_seed{0};
 std::atomic<uint64_t> g_launches{0};
-// Copies from device to host memory ever queued (stria_cuda_runtime_model_copies_to_host).
-std::atomic<uint64_t> g_copies_to_host{0};
+// What the process has queued so far (stria_cuda_runtime_model_counts): kernel launches, copies
+// from host to device memory and from device to host memory.
+std::atomic<uint64_t> g_all_launches{0}, g_copies_to_device{0}, g_copies_to_host{0};
 
 int LaunchOnStream(const void* kernel, void* stream, Dim3 grid, Dim3 block, size_t smem_bytes,
                    std::function<void()> body) {
@@ -334,6 +334,7 @@ int LaunchOnStream(const void* kernel, void* stream, Dim3 grid, Dim3 block, size
       return Set(cudaErrorInvalidValue);
   }
   // stria_cuda_runtime_model_shuffle_blocks: this launch's own order of CTAs (and of warps).
+  g_all_launches.fetch_add(1);
   const uint64_t shuffle = g_shuffle_seed.load();
   const uint64_t seed = shuffle == 0 ? 0 : shuffle ^ (g_launches.fetch_add(1) * 0x9e3779b97f4a7c15ull);
   Enqueue(s, [=] {
@@ -368,10 +369,13 @@ void stria_cuda_runtime_model_shuffle_blocks(uint64_t seed) {
   stria::cuda::emu::g_shuffle_seed.store(seed);
 }
 
-// Also the model's (tests/gpu/gpu_util.h): how many copies from device to host memory the process
-// has queued so far, so that a suite can show a call that never waits for one.
-uint64_t stria_cuda_runtime_model_copies_to_host(void) {
-  return stria::cuda::emu::g_copies_to_host.load();
+// Also the model's (tests/gpu/gpu_util.h): how many kernel launches, copies to the device and
+// copies to the host the process has queued so far, so that a suite can hold a call to what it
+// queues.
+void stria_cuda_runtime_model_counts(uint64_t* launches, uint64_t* to_device, uint64_t* to_host) {
+  *launches = stria::cuda::emu::g_all_launches.load();
+  *to_device = stria::cuda::emu::g_copies_to_device.load();
+  *to_host = stria::cuda::emu::g_copies_to_host.load();
 }
 
 const char* cudaGetErrorName(cudaError_t e) {
@@ -558,6 +562,37 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
   return cudaSuccess;
 }
 
+// Page-locked host memory: host memory the model only remembers, so that the pointer's attributes
+// say what it is.
+cudaError_t cudaMallocHost(void** p, size_t bytes) {
+  Touch();
+  void* mem = ::operator new (std::max<size_t>(bytes, 1), std::align_val_t{256});
+  std::lock_guard<std::mutex> lock(M().mu);
+  M().pinned[reinterpret_cast<uintptr_t>(mem)] = bytes;
+  *p = mem;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void* p) {
+  Touch();
+  if (p == nullptr) return cudaSuccess;
+  {
+    std::lock_guard<std::mutex> lock(M().mu);
+    if (M().pinned.erase(reinterpret_cast<uintptr_t>(p)) == 0) return Set(cudaErrorInvalidValue);
+  }
+  ::operator delete (p, std::align_val_t{256});
+  return cudaSuccess;
+}
+
+static bool IsPinned(const void* p) {
+  std::lock_guard<std::mutex> lock(M().mu);
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  auto it = M().pinned.upper_bound(a);
+  if (it == M().pinned.begin()) return false;
+  --it;
+  return a < it->first + std::max<size_t>(it->second, 1);
+}
+
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* attr, const void* p) {
   std::memset(attr, 0, sizeof(*attr));
   Allocation al;
@@ -566,6 +601,10 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* attr, const v
     attr->type = cudaMemoryTypeDevice;
     attr->device = al.device;
     attr->devicePointer = const_cast<void*>(p);
+  } else if (p != nullptr && IsPinned(p)) {
+    attr->type = cudaMemoryTypeHost;
+    attr->device = tls_device;
+    attr->hostPointer = const_cast<void*>(p);
   } else {
     attr->type = cudaMemoryTypeUnregistered;
     attr->device = -2;
@@ -751,7 +790,8 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, enum cudaM
   if (bytes == 0) return cudaSuccess;
   const cudaError_t e = CheckKind(dst, src, bytes, kind);
   if (e != cudaSuccess) return Set(e);
-  if (IsDeviceToHost(dst, src, bytes)) stria::cuda::emu::g_copies_to_host.fetch_add(1);
+  if (IsCopyBetween(src, dst, bytes)) stria::cuda::emu::g_copies_to_host.fetch_add(1);
+  if (IsCopyBetween(dst, src, bytes)) stria::cuda::emu::g_copies_to_device.fetch_add(1);
   Enqueue(Resolve(stream), [=] { std::memmove(dst, src, bytes); });
   return cudaSuccess;
 }

@@ -33,8 +33,24 @@ extern "C" __attribute__((weak)) int stria_cuda_runtime_model(void);
 // Also the model's: from a nonzero seed on, every launch runs its CTAs in a random order drawn
 // from the seed and the launch's number (0: index order again).
 extern "C" __attribute__((weak)) void stria_cuda_runtime_model_shuffle_blocks(uint64_t seed);
-// And how many copies from device to host memory the process has queued so far.
-extern "C" __attribute__((weak)) uint64_t stria_cuda_runtime_model_copies_to_host(void);
+// And how many kernel launches, copies to the device and copies to the host the process has
+// queued so far.
+extern "C" __attribute__((weak)) void stria_cuda_runtime_model_counts(uint64_t* launches, uint64_t* to_device,
+                                                                      uint64_t* to_host);
+
+// What a stretch of work queued on the runtime model, by ModelCounts::Now() before and after.
+struct ModelCounts {
+  uint64_t launches = 0, to_device = 0, to_host = 0;
+  static bool Available() { return stria_cuda_runtime_model_counts != nullptr; }
+  static ModelCounts Now() {
+    ModelCounts c;
+    stria_cuda_runtime_model_counts(&c.launches, &c.to_device, &c.to_host);
+    return c;
+  }
+  ModelCounts operator-(const ModelCounts& o) const {
+    return ModelCounts{launches - o.launches, to_device - o.to_device, to_host - o.to_host};
+  }
+};
 
 // True when the suite runs on that model, where every kernel runs on the warp emulator, thousands
 // of times slower than a GPU: a test whose shape is long only to keep a real GPU busy uses a

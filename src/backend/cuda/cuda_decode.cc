@@ -16,6 +16,25 @@ cuda::Elem ElemOfDType(DType t) {
   return t == DType::kF16 ? cuda::Elem::kF16 : t == DType::kBF16 ? cuda::Elem::kBF16 : cuda::Elem::kF32;
 }
 
+// The call's outputs and sinks as the finishing kernels take them (records: none yet).
+cuda::DecodeFinishArgs FinishArgs(const DecodeWork& w, const TensorView& out, const TensorView* lse,
+                                  const TensorView* sinks) {
+  const DecodeShape& s = w.shape;
+  cuda::DecodeFinishArgs a{};
+  a.world = 1;
+  a.sinks = sinks != nullptr ? static_cast<const float*>(sinks->data) : nullptr;
+  a.sinks_stride = sinks != nullptr ? sinks->strides[0] : 0;
+  a.out = out.data;
+  for (int i = 0; i < 4; ++i) a.out_strides[i] = out.strides[i];
+  a.lse = lse != nullptr ? static_cast<float*>(lse->data) : nullptr;
+  for (int i = 0; i < 3 && lse != nullptr; ++i) a.lse_strides[i] = lse->strides[i];
+  a.B = static_cast<int>(s.B);
+  a.T = static_cast<int>(s.T);
+  a.Hq = static_cast<int>(s.Hq);
+  a.D = static_cast<int>(s.D);
+  return a;
+}
+
 }  // namespace
 
 CudaDecoder::~CudaDecoder() {
@@ -24,7 +43,8 @@ CudaDecoder::~CudaDecoder() {
     cudaEventSynchronize(done_);
     cudaEventDestroy(done_);
   }
-  for (DeviceBuffer* b : {&tables_dev_, &states_, &copies_dev_}) b->Release();
+  for (DeviceBuffer* b : {&tables_dev_, &states_}) b->Release();
+  staging_.Release();
 }
 
 // The previous call's copies read this decoder's host buffers and its kernels its device ones: the
@@ -43,9 +63,30 @@ Status CudaDecoder::Done(cudaStream_t stream) {
   return Status::Ok();
 }
 
-Status CudaDecoder::Upload(DeviceBuffer* dst, const void* src, size_t bytes, const char* what, cudaStream_t stream) {
-  STRIA_RETURN_IF_ERROR(dst->Reserve(std::max<size_t>(bytes, 16), what, nullptr));
-  if (bytes > 0) STRIA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst->data(), src, bytes, cudaMemcpyHostToDevice, stream));
+// The call's tables, laid out in staging_ by Stage, in one copy: one copy's fixed cost however many
+// tables a call has.
+Status CudaDecoder::UploadTables(cudaStream_t stream) {
+  STRIA_RETURN_IF_ERROR(tables_dev_.Reserve(std::max<size_t>(staged_, 16), "decode tables", nullptr));
+  if (staged_ > 0)
+    STRIA_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(tables_dev_.data(), staging_.data(), staged_, cudaMemcpyHostToDevice, stream));
+  return Status::Ok();
+}
+
+// Tables go back to back at 16-byte boundaries: Layout gives each one's offset, then Stage fills
+// them in (page-locked memory grown to the call's total first).
+size_t CudaDecoder::Layout(size_t bytes) {
+  const size_t start = staged_;
+  staged_ = (staged_ + bytes + 15) / 16 * 16;
+  return start;
+}
+
+Status CudaDecoder::Stage(std::initializer_list<Table> tables) {
+  STRIA_RETURN_IF_ERROR(staging_.Reserve(std::max<size_t>(staged_, 16), "decode tables (page-locked)"));
+  // A rank with no key has no pieces and no items: an empty vector's data() may be null, which
+  // memcpy may not take even for no bytes.
+  for (const Table& t : tables)
+    if (t.bytes > 0) std::memcpy(staging_.data() + t.at, t.src, t.bytes);
   return Status::Ok();
 }
 
@@ -64,21 +105,29 @@ Status CudaDecoder::StoreTokens(const DecodeShape& s, const std::vector<CacheApp
   DeviceScope scope(device_);
   STRIA_RETURN_IF_ERROR(scope.status());
   STRIA_RETURN_IF_ERROR(WaitForPreviousCall());
-  STRIA_RETURN_IF_ERROR(QueueStore(s, appends, stream));
+  staged_ = 0;
+  const size_t copies_at = CollectCopies(appends);
+  STRIA_RETURN_IF_ERROR(Stage({{copies_at, copies_.data(), copies_.size() * sizeof(cuda::TokenCopy)}}));
+  STRIA_RETURN_IF_ERROR(UploadTables(stream));
+  STRIA_RETURN_IF_ERROR(LaunchStore(s, copies_at, stream));
   return Done(stream);
 }
 
-Status CudaDecoder::QueueStore(const DecodeShape& s, const std::vector<CacheAppend>& appends, cudaStream_t stream) {
-  if (appends.empty()) return Status::Ok();
+size_t CudaDecoder::CollectCopies(const std::vector<CacheAppend>& appends) {
   copies_.clear();
   for (const CacheAppend& a : appends)
     copies_.push_back(
         cuda::TokenCopy{a.k_src, a.v_src, a.k_dst, a.v_dst, a.k_src_head, a.v_src_head, a.k_dst_head, a.v_dst_head});
-  STRIA_RETURN_IF_ERROR(
-      Upload(&copies_dev_, copies_.data(), copies_.size() * sizeof(cuda::TokenCopy), "new tokens' copies", stream));
-  STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchStoreTokens(
-      static_cast<int>(DTypeSize(s.dtype)), static_cast<const cuda::TokenCopy*>(copies_dev_.data()),
-      static_cast<int64_t>(copies_.size()), static_cast<int>(s.Hkv), static_cast<int>(s.D), stream));
+  return Layout(copies_.size() * sizeof(cuda::TokenCopy));
+}
+
+Status CudaDecoder::LaunchStore(const DecodeShape& s, size_t copies_at, cudaStream_t stream) {
+  if (copies_.empty()) return Status::Ok();
+  const auto* copies =
+      reinterpret_cast<const cuda::TokenCopy*>(static_cast<const char*>(tables_dev_.data()) + copies_at);
+  STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchStoreTokens(static_cast<int>(DTypeSize(s.dtype)), copies,
+                                                     static_cast<int64_t>(copies_.size()), static_cast<int>(s.Hkv),
+                                                     static_cast<int>(s.D), stream));
   return Status::Ok();
 }
 
@@ -88,8 +137,6 @@ Status CudaDecoder::Decode(const DecodeWork& w, float* partial) {
   DeviceScope scope(device_);
   STRIA_RETURN_IF_ERROR(scope.status());
   STRIA_RETURN_IF_ERROR(WaitForPreviousCall());
-  // The new tokens first: the queries see them.
-  STRIA_RETURN_IF_ERROR(QueueStore(s, w.appends, stream));
 
   // The tensor-core kernel takes 16-bit rows of whole 16-byte chunks at its head dims; whether
   // the cache's rows are such is a property of its base address and strides, segment by segment.
@@ -140,29 +187,23 @@ Status CudaDecoder::Decode(const DecodeWork& w, float* partial) {
   }
   for (int64_t b = 0; b < s.B; ++b) first_item_[static_cast<size_t>(b + 1)] += first_item_[static_cast<size_t>(b)];
 
-  // The call's tables (key runs, work items, items per sequence, query positions) in one upload:
-  // one copy's fixed cost instead of four, on a call whose kernels may take tens of microseconds.
-  size_t at = 0;
-  auto section = [&](size_t bytes) {
-    const size_t start = at;
-    at = (at + bytes + 15) / 16 * 16;
-    return start;
-  };
-  const size_t pieces_at = section(pieces_.size() * sizeof(cuda::DecodePiece));
-  const size_t items_at = section(items_.size() * sizeof(cuda::DecodeItem));
-  const size_t first_at = section(first_item_.size() * sizeof(int64_t));
-  const size_t q_pos_at = section(w.q_pos.size() * sizeof(int64_t));
-  tables_.assign(at, 0);  // the host copy lives until the call's work is done (the class comment)
-  // A rank with no key has no pieces and no items: an empty vector's data() may be null, which
-  // memcpy may not take even for no bytes.
-  auto put = [&](size_t where, const void* src, size_t bytes) {
-    if (bytes > 0) std::memcpy(tables_.data() + where, src, bytes);
-  };
-  put(pieces_at, pieces_.data(), pieces_.size() * sizeof(cuda::DecodePiece));
-  put(items_at, items_.data(), items_.size() * sizeof(cuda::DecodeItem));
-  put(first_at, first_item_.data(), first_item_.size() * sizeof(int64_t));
-  put(q_pos_at, w.q_pos.data(), w.q_pos.size() * sizeof(int64_t));
-  STRIA_RETURN_IF_ERROR(Upload(&tables_dev_, tables_.data(), tables_.size(), "decode tables", stream));
+  // The call's tables (the new tokens' copies, key runs, work items, items per sequence, query
+  // positions) in one upload from page-locked memory, which the host keeps until the call's work is
+  // done (the class comment).
+  staged_ = 0;
+  const size_t copies_at = CollectCopies(w.appends);
+  const size_t pieces_at = Layout(pieces_.size() * sizeof(cuda::DecodePiece));
+  const size_t items_at = Layout(items_.size() * sizeof(cuda::DecodeItem));
+  const size_t first_at = Layout(first_item_.size() * sizeof(int64_t));
+  const size_t q_pos_at = Layout(w.q_pos.size() * sizeof(int64_t));
+  STRIA_RETURN_IF_ERROR(Stage({{copies_at, copies_.data(), copies_.size() * sizeof(cuda::TokenCopy)},
+                               {pieces_at, pieces_.data(), pieces_.size() * sizeof(cuda::DecodePiece)},
+                               {items_at, items_.data(), items_.size() * sizeof(cuda::DecodeItem)},
+                               {first_at, first_item_.data(), first_item_.size() * sizeof(int64_t)},
+                               {q_pos_at, w.q_pos.data(), w.q_pos.size() * sizeof(int64_t)}}));
+  STRIA_RETURN_IF_ERROR(UploadTables(stream));
+  // The new tokens first: the queries see them.
+  STRIA_RETURN_IF_ERROR(LaunchStore(s, copies_at, stream));
   const char* tables = static_cast<const char*>(tables_dev_.data());
   const size_t state_floats = items_.size() * static_cast<size_t>(s.Hkv * rows * (s.D + 2));
   STRIA_RETURN_IF_ERROR(states_.Reserve(std::max<size_t>(state_floats, 1) * 4, "decode work items' states", nullptr));
@@ -196,7 +237,12 @@ Status CudaDecoder::Decode(const DecodeWork& w, float* partial) {
   m.Hq = static_cast<int>(s.Hq);
   m.Hkv = static_cast<int>(s.Hkv);
   m.D = static_cast<int>(s.D);
-  STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchDecodeMerge(m, stream));
+  if (w.finish_out == nullptr) {
+    STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchDecodeMerge(m, stream));
+  } else {
+    STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchDecodeMergeFinish(
+        ElemOfDType(s.dtype), m, FinishArgs(w, *w.finish_out, w.finish_lse, w.finish_sinks), stream));
+  }
   return Done(stream);
 }
 
@@ -205,20 +251,10 @@ Status CudaDecoder::MergeOnDevice(const DecodeWork& w, const float* all, int wor
   const DecodeShape& s = w.shape;
   DeviceScope scope(device_);
   STRIA_RETURN_IF_ERROR(scope.status());
-  cuda::DecodeFinishArgs a{};
+  cuda::DecodeFinishArgs a = FinishArgs(w, out, lse, sinks);
   a.partial = all;
   a.world = world_size;
   a.record_stride = static_cast<int64_t>(DecodePartialFloats(s));
-  a.sinks = sinks != nullptr ? static_cast<const float*>(sinks->data) : nullptr;
-  a.sinks_stride = sinks != nullptr ? sinks->strides[0] : 0;
-  a.out = out.data;
-  for (int i = 0; i < 4; ++i) a.out_strides[i] = out.strides[i];
-  a.lse = lse != nullptr ? static_cast<float*>(lse->data) : nullptr;
-  for (int i = 0; i < 3 && lse != nullptr; ++i) a.lse_strides[i] = lse->strides[i];
-  a.B = static_cast<int>(s.B);
-  a.T = static_cast<int>(s.T);
-  a.Hq = static_cast<int>(s.Hq);
-  a.D = static_cast<int>(s.D);
   STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchDecodeFinish(ElemOfDType(s.dtype), a, stream));
   return Done(stream);
 }

@@ -7,6 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <initializer_list>
 #include <vector>
 
 #include "backend/backend.h"
@@ -26,34 +27,45 @@ class CudaDecoder {
 
   // The call's new tokens into the cache, on `stream`.
   Status StoreTokens(const DecodeShape& s, const std::vector<CacheAppend>& appends, cudaStream_t stream);
-  // Stores work.appends, then attends: `partial` (device memory) gets this rank's records.
+  // Stores work.appends, then attends: `partial` (device memory) gets this rank's records, or with
+  // w.finish_out (a world of one) the call's out and lse are written directly.
   Status Decode(const DecodeWork& w, float* partial);
-  // Every rank's records (`all`, device memory, world_size of DecodePartialFloats each; a world of
-  // one: its own) merged with the sinks into out and lse (if given) by one kernel on `stream`.
+  // Every rank's records (`all`, device memory, world_size of DecodePartialFloats each) merged
+  // with the sinks into out and lse (if given) by one kernel on `stream`.
   Status MergeOnDevice(const DecodeWork& w, const float* all, int world_size, const TensorView* sinks,
                        const TensorView& out, const TensorView* lse, cudaStream_t stream);
   // Marks the end of the call's work on `stream`: the next call reuses the buffers after it.
   Status Done(cudaStream_t stream);
 
  private:
+  // A table of the call's upload: `bytes` from `src` to offset `at` (Layout's).
+  struct Table {
+    size_t at;
+    const void* src;
+    size_t bytes;
+  };
   Status WaitForPreviousCall();
-  Status QueueStore(const DecodeShape& s, const std::vector<CacheAppend>& appends, cudaStream_t stream);
-  Status Upload(DeviceBuffer* dst, const void* src, size_t bytes, const char* what, cudaStream_t stream);
+  size_t Layout(size_t bytes);
+  Status Stage(std::initializer_list<Table> tables);
+  Status UploadTables(cudaStream_t stream);
+  // The appends as the store kernel's copies (copies_), laid out in the call's tables.
+  size_t CollectCopies(const std::vector<CacheAppend>& appends);
+  Status LaunchStore(const DecodeShape& s, size_t copies_at, cudaStream_t stream);
   int SmCount();
 
   const int device_;
   const bool tensor_cores_;
   int sms_ = 0;
   cudaEvent_t done_ = nullptr;  // recorded at the end of the last call's work (Done)
-  // Host sources of the uploads, the call's own copies: a copy from pageable memory may read its
-  // source when it runs rather than when it is queued (the runtime model's copies do), so they live
-  // until the call's work is done.
   std::vector<cuda::DecodePiece> pieces_;
   std::vector<cuda::DecodeItem> items_;
   std::vector<int64_t> first_item_;
-  std::vector<char> tables_;  // the tables of DecodeArgs and DecodeMergeArgs, back to back
   std::vector<cuda::TokenCopy> copies_;
-  DeviceBuffer tables_dev_, states_, copies_dev_;
+  // The call's tables, back to back (staged_ bytes), in page-locked memory: the upload's source,
+  // which lives until the call's work is done (WaitForPreviousCall before it is refilled).
+  PinnedBuffer staging_;
+  size_t staged_ = 0;
+  DeviceBuffer tables_dev_, states_;
 };
 
 }  // namespace stria

@@ -51,4 +51,41 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// Page-locked host memory that grows and is then reused: the source of a call's small uploads.
+// A copy from pageable memory makes the driver stage it through a buffer of its own, and it may
+// wait for the stream first; from page-locked memory the copy is queued and the call goes on.
+// The caller keeps the contents until the copies that read them have run.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer() { Release(); }
+
+  // Grows to `bytes` if smaller (the contents are not kept); no copy may still read it.
+  Status Reserve(size_t bytes, const char* what) {
+    if (bytes <= bytes_) return Status::Ok();
+    Release();
+    const cudaError_t e = cudaMallocHost(&ptr_, bytes);
+    if (e != cudaSuccess) {
+      ptr_ = nullptr;
+      cudaGetLastError();
+      return Error(e == cudaErrorMemoryAllocation ? STRIA_ERROR_OUT_OF_MEMORY : STRIA_ERROR_CUDA,
+                   "cudaMallocHost of %zu bytes for %s failed: %s", bytes, what, cudaGetErrorString(e));
+    }
+    bytes_ = bytes;
+    return Status::Ok();
+  }
+  void Release() {
+    if (ptr_ != nullptr) cudaFreeHost(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+  char* data() const { return static_cast<char*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 }  // namespace stria
