@@ -5,10 +5,11 @@
 //
 // One token per call (bf16, batch 1) against a cache of S tokens on one GPU: the call's time until
 // out and lse are written (the call and a synchronisation of its stream), and the bandwidth of its
-// reads of K and V. Then, for each N, the modelled call over N ranks: one rank's time at S / N
-// (measured here) plus the call's fixed cost over N ranks (validation, the agreement, the records'
-// exchange device to device, the merge kernel), measured with N ranks of a local group on this GPU
-// and a cache of one token each: an upper bound, since those ranks share one GPU and one host.
+// reads of K and V. Then, for each N, the modelled call over N ranks: one rank's call at S / N
+// (measured here as a world of one) plus what N ranks add to a call, the merge (the agreement, the
+// records' exchange device to device, the merge kernel): an N-rank local group's call on this GPU
+// at one cached token each less a world of one's, an upper bound, since those ranks share one GPU
+// and one host.
 // Lines are key=value, as stria-cuda-bench's; the anchor (PyTorch SDPA's decode on the same shapes)
 // is bench/torch_sdpa_gpu.py --decode.
 #include <cuda_runtime_api.h>
@@ -59,11 +60,20 @@ struct Shape {
   int64_t Hq, Hkv, D;
 };
 
-// Median wall milliseconds of one decode call per rank of `ctx` (all ranks call together) over a
-// cache of `len` cached tokens per rank's share of a striped cache of n * cap slots.
-double DecodeMs(const std::vector<stria_context_t>& ctx, const Shape& s, int64_t cap, int64_t len, int reps) {
+// A decode call's time, median over the repetitions: `wall_ms` from the call until its stream is
+// synchronised (the slowest rank's), and, in a world of one, `gpu_ms` between CUDA events recorded
+// on the call's stream just before and after it, the anchor's method (bench/torch_sdpa_gpu.py):
+// it counts the host's work up to the first queued operation and the GPU's, not the wake-up from
+// the final synchronisation.
+struct Timing {
+  double wall_ms = 0, gpu_ms = 0;
+};
+
+// One decode call per rank of `ctx` (all ranks call together) over a cache of `len` cached tokens
+// per rank's share of a striped cache of n * cap slots.
+Timing DecodeMs(const std::vector<stria_context_t>& ctx, const Shape& s, int64_t cap, int64_t len, int reps) {
   const int n = static_cast<int>(ctx.size());
-  std::vector<double> times;
+  std::vector<double> times, gpu_times;
   struct Rank {
     std::unique_ptr<DeviceTensor> k, v, q, out, lse;
   };
@@ -75,6 +85,9 @@ double DecodeMs(const std::vector<stria_context_t>& ctx, const Shape& s, int64_t
     r.out = std::make_unique<DeviceTensor>(std::vector<int64_t>{1, 1, s.Hq, s.D}, kBF16, 0);
     r.lse = std::make_unique<DeviceTensor>(std::vector<int64_t>{1, s.Hq, 1}, kF32, 0);
   }
+  cudaEvent_t before = nullptr, after = nullptr;
+  CHECK_CUDA(cudaEventCreate(&before));
+  CHECK_CUDA(cudaEventCreate(&after));
   const int64_t lens[1] = {len};
   std::vector<double> wall(static_cast<size_t>(n));
   for (int rep = 0; rep <= reps; ++rep) {
@@ -92,16 +105,29 @@ double DecodeMs(const std::vector<stria_context_t>& ctx, const Shape& s, int64_t
         cache.v = &r.v->dl;
         cache.lens = lens;
         const auto t0 = std::chrono::steady_clock::now();
+        if (n == 1) CHECK_CUDA(cudaEventRecord(before, nullptr));
         CHECK_STRIA(stria_attention_decode(ctx[static_cast<size_t>(i)], &p, &cache, &r.q->dl, nullptr, nullptr,
                                            &r.out->dl, &r.lse->dl, nullptr));
+        if (n == 1) CHECK_CUDA(cudaEventRecord(after, nullptr));
         CHECK_CUDA(cudaStreamSynchronize(nullptr));
         wall[static_cast<size_t>(i)] =
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       });
     for (std::thread& t : threads) t.join();
-    if (rep > 0) times.push_back(*std::max_element(wall.begin(), wall.end()));  // rep 0 warms up
+    if (rep == 0) continue;  // it warms up
+    times.push_back(*std::max_element(wall.begin(), wall.end()));
+    if (n == 1) {
+      float ms = 0;
+      CHECK_CUDA(cudaEventElapsedTime(&ms, before, after));
+      gpu_times.push_back(ms);
+    }
   }
-  return Median(times);
+  CHECK_CUDA(cudaEventDestroy(before));
+  CHECK_CUDA(cudaEventDestroy(after));
+  Timing t;
+  t.wall_ms = Median(times);
+  t.gpu_ms = n == 1 ? Median(gpu_times) : t.wall_ms;
+  return t;
 }
 
 std::vector<stria_context_t> Group(int n) {
@@ -152,31 +178,37 @@ int main(int argc, char** argv) {
   std::vector<double> whole(lens.size());
   for (size_t i = 0; i < lens.size(); ++i) {
     const int64_t S = lens[i];
-    const double ms = DecodeMs(one, s, S, S - 1, reps);
-    whole[i] = ms;
-    const double gbs = 2.0 * static_cast<double>(S) * static_cast<double>(s.Hkv * s.D) * 2.0 / (ms * 1e6);
-    std::printf("impl=stria_cuda decode S=%lld Hq=%lld Hkv=%lld D=%lld ms=%.4f kv_GBs=%.1f\n",
+    const Timing t = DecodeMs(one, s, S, S - 1, reps);
+    whole[i] = t.gpu_ms;
+    const double gbs = 2.0 * static_cast<double>(S) * static_cast<double>(s.Hkv * s.D) * 2.0 / (t.gpu_ms * 1e6);
+    std::printf("impl=stria_cuda decode S=%lld Hq=%lld Hkv=%lld D=%lld ms=%.4f kv_GBs=%.1f wall_ms=%.4f\n",
                 static_cast<long long>(S), static_cast<long long>(s.Hq), static_cast<long long>(s.Hkv),
-                static_cast<long long>(s.D), ms, gbs);
+                static_cast<long long>(s.D), t.gpu_ms, gbs, t.wall_ms);
     std::fflush(stdout);
   }
   // The call's fixed cost on one GPU: one cached token (validation, the tables' upload, the
-  // launches, the result written from the device).
-  std::printf("impl=stria_cuda decode_fixed N=1 ms=%.4f\n", DecodeMs(one, s, 1, 1, reps));
+  // launches, the result written on the device).
+  const Timing fixed_one = DecodeMs(one, s, 1, 1, reps);
+  std::printf("impl=stria_cuda decode_fixed N=1 ms=%.4f wall_ms=%.4f\n", fixed_one.gpu_ms, fixed_one.wall_ms);
   std::fflush(stdout);
+  // A call over N ranks: one rank's call on its share (measured as a world of one, its own fixed
+  // cost included) plus what N ranks add to a call, the merge: the agreement, the records'
+  // exchange and the merge kernel, measured as N ranks' call against one rank's at one cached
+  // token.
   for (int64_t n : worlds) {
     std::vector<stria_context_t> group = Group(static_cast<int>(n));
-    const double fixed = DecodeMs(group, s, 1, 1, reps);
+    const double fixed = DecodeMs(group, s, 1, 1, reps).wall_ms;
+    const double merge = std::max(0.0, fixed - fixed_one.wall_ms);
     Destroy(&group);
     for (size_t i = 0; i < lens.size(); ++i) {
       const int64_t share = (lens[i] + n - 1) / n;
-      const double rank_ms = DecodeMs(one, s, share, share, reps);
-      const double modelled = rank_ms + fixed, ideal = whole[i] / static_cast<double>(n);
+      const double rank_ms = DecodeMs(one, s, share, share, reps).gpu_ms;
+      const double modelled = rank_ms + merge, ideal = whole[i] / static_cast<double>(n);
       std::printf(
-          "impl=stria_cuda decode_sharded S=%lld N=%lld rank_ms=%.4f fixed_ms=%.4f modelled_ms=%.4f ideal_ms=%.4f "
-          "of_ideal=%.3f fixed_share=%.3f\n",
-          static_cast<long long>(lens[i]), static_cast<long long>(n), rank_ms, fixed, modelled, ideal, ideal / modelled,
-          fixed / modelled);
+          "impl=stria_cuda decode_sharded S=%lld N=%lld rank_ms=%.4f fixed_ms=%.4f merge_ms=%.4f modelled_ms=%.4f "
+          "ideal_ms=%.4f of_ideal=%.3f merge_share=%.3f\n",
+          static_cast<long long>(lens[i]), static_cast<long long>(n), rank_ms, fixed, merge, modelled, ideal,
+          ideal / modelled, merge / modelled);
       std::fflush(stdout);
     }
   }
