@@ -208,7 +208,7 @@ int Transfer(int rank, int world, int device, size_t bytes, int iters) {
     std::fprintf(stderr, "%s\n", dlerror());
     return 1;
   }
-  auto* module = static_cast<const stria::TransportModule*>(dlsym(lib, "stria_nccl_module_v2"));
+  auto* module = static_cast<const stria::TransportModule*>(dlsym(lib, "stria_nccl_module_v3"));
   stria_context_config_t cfg;
   stria_context_config_init(&cfg);
   cfg.rank = rank;

@@ -116,7 +116,7 @@ stria::Transport* OpenTransport(int rank, int world) {
     std::fprintf(stderr, "%s\n", dlerror());
     return nullptr;
   }
-  auto* module = static_cast<const stria::TransportModule*>(dlsym(lib, "stria_ucx_module_v2"));
+  auto* module = static_cast<const stria::TransportModule*>(dlsym(lib, "stria_ucx_module_v3"));
   stria_context_config_t cfg;
   stria_context_config_init(&cfg);
   cfg.rank = rank;

@@ -111,36 +111,6 @@ Status ValidateDecode(Context& ctx, const DecodeCall& call, ValidatedDecode* vd)
   return Status::Ok();
 }
 
-// A device backend's records gathered where they lie: rank k's partial at all[k]. Each rank sends
-// its own to every other rank and receives theirs, in N - 1 pairs (at pair t: from rank r - t, to
-// rank r + t), posted in the same order on every rank, so a transport that matches messages in
-// posting order and launches a receive with a send (NCCL's) forms the same groups everywhere.
-// The caller has synchronised the stream that wrote this rank's records.
-Status GatherOnDevice(Context& ctx, uint64_t seq, float* all, size_t floats) {
-  Transport& tr = ctx.transport();
-  const int n = ctx.world_size(), r = ctx.rank();
-  const size_t bytes = floats * sizeof(float);
-  std::vector<RequestId> requests;
-  Status st;
-  for (int t = 1; t < n && st.ok(); ++t) {
-    const int from = (r - t + n) % n, to = (r + t) % n;
-    RequestId id = 0;
-    st = tr.Irecv(from, RingTag(seq, t, MessageKind::kPartial), all + static_cast<size_t>(from) * floats, bytes, &id);
-    if (!st.ok()) break;
-    requests.push_back(id);
-    st = tr.Isend(to, RingTag(seq, t, MessageKind::kPartial), all + static_cast<size_t>(r) * floats, bytes, &id);
-    if (st.ok()) requests.push_back(id);
-  }
-  const std::string what = Format("decode partials of call #%llu", static_cast<unsigned long long>(seq));
-  for (RequestId id : requests) {
-    const Status w = tr.Wait(id, ctx.timeout_s(), what.c_str());
-    if (st.ok()) st = w;
-    if (!st.ok()) break;
-  }
-  ctx.traffic().messages = static_cast<uint64_t>(n - 1);
-  return st;
-}
-
 }  // namespace
 
 Status AttentionDecode(Context& ctx, const DecodeCall& call) {
@@ -182,8 +152,12 @@ Status AttentionDecode(Context& ctx, const DecodeCall& call) {
     st = be.SyncStream(vd.call.stream);  // the records written: the step's compute ends here
     if (!st.ok()) return ctx.Fail(st);
     timer.ComputeEnd();
-    st = GatherOnDevice(ctx, seq, static_cast<float*>(all), floats);
+    // The records gathered where they lie, device to device (the transport's in-place all-gather).
+    const std::string what = Format("decode partials of call #%llu", static_cast<unsigned long long>(seq));
+    st = ctx.transport().AllGatherInPlace(all, bytes, RingTag(seq, 0, MessageKind::kPartial), ctx.timeout_s(),
+                                          what.c_str());
     if (!st.ok()) return ctx.Fail(st);
+    ctx.traffic().messages = static_cast<uint64_t>(n - 1);
     ctx.step_times().assign(1, timer.Finish());
     st = be.DecodeMergeOnDevice(vd.work, static_cast<const float*>(all), n, sinks, vd.call.out, lse);
   } else {

@@ -6,8 +6,9 @@
 
 namespace stria {
 
-// 2: create takes the caller's NCCL communicator as an argument (it left the config struct).
-constexpr int kTransportModuleAbiVersion = 2;
+// 2: create takes the caller's NCCL communicator as an argument (it left the config struct); 3:
+// Transport::AllGatherInPlace.
+constexpr int kTransportModuleAbiVersion = 3;
 
 struct TransportModule {
   int abi_version;  // kTransportModuleAbiVersion

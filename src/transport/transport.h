@@ -29,6 +29,13 @@ class Transport {
   // Every rank contributes `bytes` bytes; `all` receives world_size() records, rank-ordered.
   // `what` names the operation in timeout messages.
   virtual Status AllGather(const void* mine, void* all, size_t bytes, double timeout_s, const char* what) = 0;
+  // Every rank's `bytes` at all + rank * bytes of a buffer that messages may read and write (a ring
+  // buffer: a device's memory on a device backend) to the same place of every other rank's, in
+  // place. `tag` is the call's own, as a ring step's (each pair of ranks exchanges one message
+  // each way under it). The default posts the N - 1 receives and sends, pair t from rank r - t and
+  // to rank r + t, in the same order on every rank, and waits for them all; a transport with a
+  // collective on such memory (NCCL's ncclAllGather) runs that instead.
+  virtual Status AllGatherInPlace(void* all, size_t bytes, int64_t tag, double timeout_s, const char* what);
   virtual Status Isend(int peer, int64_t tag, const void* buf, size_t bytes, RequestId* req) = 0;
   virtual Status Irecv(int peer, int64_t tag, void* buf, size_t bytes, RequestId* req) = 0;
   virtual Status Wait(RequestId req, double timeout_s, const char* what) = 0;
@@ -44,6 +51,27 @@ class Transport {
   // instead of failing at once because this rank left.
   virtual void LeaveAfterError() { Abort(); }
 };
+
+inline Status Transport::AllGatherInPlace(void* all, size_t bytes, int64_t tag, double timeout_s, const char* what) {
+  const int n = world_size(), r = rank();
+  char* base = static_cast<char*>(all);
+  std::vector<RequestId> requests;
+  Status st;
+  for (int t = 1; t < n && st.ok(); ++t) {
+    const int from = (r - t + n) % n, to = (r + t) % n;
+    RequestId id = 0;
+    st = Irecv(from, tag, base + static_cast<size_t>(from) * bytes, bytes, &id);
+    if (!st.ok()) break;
+    requests.push_back(id);
+    st = Isend(to, tag, base + static_cast<size_t>(r) * bytes, bytes, &id);
+    if (st.ok()) requests.push_back(id);
+  }
+  for (RequestId id : requests) {
+    if (!st.ok()) break;
+    st = Wait(id, timeout_s, what);
+  }
+  return st;
+}
 
 // Moves the bytes of a matched message between two ring buffers of a local group. The CUDA module
 // supplies one for device memory (a copy on its own stream); host memory needs none (memcpy).

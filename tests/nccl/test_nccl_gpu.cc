@@ -50,7 +50,7 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
 
 const stria::TransportModule* Module() {
   static void* handle = dlopen(STRIA_NCCL_MODULE, RTLD_NOW | RTLD_LOCAL);
-  return handle ? static_cast<const stria::TransportModule*>(dlsym(handle, "stria_nccl_module_v2")) : nullptr;
+  return handle ? static_cast<const stria::TransportModule*>(dlsym(handle, "stria_nccl_module_v3")) : nullptr;
 }
 
 stria_context_config_t NcclConfig(int rank, int world, int device, double timeout_s = 60) {

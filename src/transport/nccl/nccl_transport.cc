@@ -342,23 +342,23 @@ class NcclTransport final : public Transport {
     cudaError_t e =
         cudaMemcpyAsync(base + static_cast<size_t>(rank_) * bytes, mine, bytes, cudaMemcpyHostToDevice, stream);
     if (e != cudaSuccess) return FailLocked(CudaStatus(e, "cudaMemcpyAsync"));
-    const auto deadline = DeadlineAfter(timeout_s);
-    std::unique_lock<std::mutex> issue;
-    STRIA_RETURN_IF_ERROR(AcquireIssueLocked(lock, &issue, deadline, what));
-    const ncclResult_t r =
-        ncclAllGather(base + static_cast<size_t>(rank_) * bytes, base, bytes, ncclUint8, comms_[kKvLane], stream);
-    if (r != ncclSuccess && r != ncclInProgress) return FailLocked(NcclError("ncclAllGather", r, comms_[kKvLane]));
-    if (r == ncclInProgress) STRIA_RETURN_IF_ERROR(AwaitCommLocked(lock, kKvLane, deadline, what));
-    issue.unlock();
-    STRIA_RETURN_IF_ERROR(AwaitStreamLocked(lock, stream, deadline, [&] {
-      return Error(STRIA_ERROR_TIMEOUT,
-                   "timed out after %.3g s in the all-gather of %s: a rank has not called, or is stuck", timeout_s,
-                   what);
-    }));
+    STRIA_RETURN_IF_ERROR(GatherInPlaceLocked(lock, base, bytes, timeout_s, what));
     e = cudaMemcpyAsync(out, base, total, cudaMemcpyDeviceToHost, stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
     if (e != cudaSuccess) return FailLocked(CudaStatus(e, "cudaMemcpyAsync (all-gather result)"));
     return Status::Ok();
+  }
+
+  // Device memory of this rank's GPU, gathered where it lies by one ncclAllGather (NCCL's in-place
+  // form: this rank's share already at its place): one collective instead of N - 1 pairs, which
+  // would run one after another on the lane's stream.
+  Status AllGatherInPlace(void* all, size_t bytes, int64_t /*tag*/, double timeout_s, const char* what) override {
+    Lock lock(mu_);
+    STRIA_RETURN_IF_ERROR(UsableLocked());
+    if (world_ == 1 || bytes == 0) return Status::Ok();
+    DeviceScope dev(device_);
+    if (!dev.status().ok()) return FailLocked(dev.status());
+    return GatherInPlaceLocked(lock, static_cast<char*>(all), bytes, timeout_s, what);
   }
 
   Status Isend(int peer, int64_t tag, const void* buf, size_t bytes, RequestId* req) override {
@@ -500,6 +500,25 @@ class NcclTransport final : public Transport {
       if (comm != nullptr) (void)ncclCommDestroy(comm);
       comm = nullptr;
     }
+  }
+
+  // ncclAllGather of `bytes` per rank in device memory at base (this rank's share at its place)
+  // on the K/V lane's stream, idle between calls, and the wait for it.
+  Status GatherInPlaceLocked(Lock& lock, char* base, size_t bytes, double timeout_s, const char* what) {
+    cudaStream_t stream = streams_[kKvLane];
+    const auto deadline = DeadlineAfter(timeout_s);
+    std::unique_lock<std::mutex> issue;
+    STRIA_RETURN_IF_ERROR(AcquireIssueLocked(lock, &issue, deadline, what));
+    const ncclResult_t r =
+        ncclAllGather(base + static_cast<size_t>(rank_) * bytes, base, bytes, ncclUint8, comms_[kKvLane], stream);
+    if (r != ncclSuccess && r != ncclInProgress) return FailLocked(NcclError("ncclAllGather", r, comms_[kKvLane]));
+    if (r == ncclInProgress) STRIA_RETURN_IF_ERROR(AwaitCommLocked(lock, kKvLane, deadline, what));
+    issue.unlock();
+    return AwaitStreamLocked(lock, stream, deadline, [&] {
+      return Error(STRIA_ERROR_TIMEOUT,
+                   "timed out after %.3g s in the all-gather of %s: a rank has not called, or is stuck", timeout_s,
+                   what);
+    });
   }
 
   // Waits, polling to `deadline`, until `stream` has run everything queued on it so far. The event
@@ -967,5 +986,5 @@ Status NcclCreate(const stria_context_config_t& config, void* nccl_comm, double 
 }  // namespace
 }  // namespace stria
 
-extern "C" __attribute__((visibility("default"))) const stria::TransportModule stria_nccl_module_v2 = {
+extern "C" __attribute__((visibility("default"))) const stria::TransportModule stria_nccl_module_v3 = {
     stria::kTransportModuleAbiVersion, "nccl", &stria::NcclGetUniqueId, &stria::NcclCreate};

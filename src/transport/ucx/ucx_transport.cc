@@ -578,5 +578,5 @@ Status UcxCreate(const stria_context_config_t& config, void* /*nccl_comm: always
 }  // namespace
 }  // namespace stria
 
-extern "C" __attribute__((visibility("default"))) const stria::TransportModule stria_ucx_module_v2 = {
+extern "C" __attribute__((visibility("default"))) const stria::TransportModule stria_ucx_module_v3 = {
     stria::kTransportModuleAbiVersion, "ucx", &stria::UcxGetUniqueId, &stria::UcxCreate};
