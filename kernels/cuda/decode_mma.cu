@@ -11,10 +11,10 @@ namespace cuda {
 
 namespace {
 
-template <typename T, int D>
+template <typename T, int D, bool kWide>
 cudaError_t LaunchDecodeMmaOf(const DecodeArgs& a, int64_t items, cudaStream_t s) {
-  using Tile = DecodeMmaTile<D>;
-  void (*kernel)(DecodeArgs) = DecodeMmaKernel<T, D>;
+  using Tile = DecodeMmaTile<D, kWide>;
+  void (*kernel)(DecodeArgs) = DecodeMmaKernel<T, D, kWide>;
   const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
   if (allowed != cudaSuccess) return allowed;
   const int rows = a.T * (a.Hq / a.Hkv);
@@ -23,13 +23,21 @@ cudaError_t LaunchDecodeMmaOf(const DecodeArgs& a, int64_t items, cudaStream_t s
   return STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(a);
 }
 
+// The narrow form for up to 16 rows per K/V head, the wide one above (DecodeMmaRowsPerCta).
+template <typename T, int D>
+cudaError_t LaunchDecodeMmaRows(const DecodeArgs& a, int64_t items, cudaStream_t s) {
+  const int rows = a.T * (a.Hq / a.Hkv);
+  return DecodeMmaRowsPerCta(rows) == kDecodeMmaWideRows ? LaunchDecodeMmaOf<T, D, true>(a, items, s)
+                                                         : LaunchDecodeMmaOf<T, D, false>(a, items, s);
+}
+
 template <typename T>
 cudaError_t LaunchDecodeMmaDims(const DecodeArgs& a, int64_t items, cudaStream_t s) {
   switch (a.D) {
     case 64:
-      return LaunchDecodeMmaOf<T, 64>(a, items, s);
+      return LaunchDecodeMmaRows<T, 64>(a, items, s);
     case 128:
-      return LaunchDecodeMmaOf<T, 128>(a, items, s);
+      return LaunchDecodeMmaRows<T, 128>(a, items, s);
     default:
       return cudaErrorInvalidValue;
   }

@@ -27,11 +27,17 @@ struct DecodeItem {
   int64_t b, first, last;
 };
 
-constexpr int kDecodeRows = 8;          // query rows per CTA of the SIMT decode (decode.cuh)
-constexpr int kDecodeMmaRows = 16;      // and of the tensor-core decode (decode_mma.cuh): one m16 tile
+constexpr int kDecodeRows = 8;      // query rows per CTA of the SIMT decode (decode.cuh)
+constexpr int kDecodeMmaRows = 16;  // and of the tensor-core decode (decode_mma.cuh): one m16 tile
+// The tensor-core decode's wide form: four m16 tiles, a warp's each, so that a K/V tile read once
+// serves 64 rows (many new tokens, or a wide GQA group): taken when a head has more than 16 rows.
+constexpr int kDecodeMmaWideRows = 64;
+inline int DecodeMmaRowsPerCta(int rows) {
+  return rows > kDecodeMmaRows ? kDecodeMmaWideRows : kDecodeMmaRows;
+}
 constexpr int kDecodeMaxHeadDim = 256;  // the merge's per-lane registers (kMaxHeadDim, launch.h)
 
-// One CTA per (work item, K/V head, chunk of kDecodeRows or kDecodeMmaRows query rows): the rows of a K/V head are
+// One CTA per (work item, K/V head, chunk of kDecodeRows or DecodeMmaRowsPerCta query rows): the rows of a K/V head are
 // its GQA group's query heads times the T new tokens (row r: token r / group, head
 // hkv * group + r % group). Each writes its rows' softmax state over the item's keys to
 // states[((item * Hkv + hkv) * rows + r) * (D + 2)]: the running maximum (log2 domain), the sum,

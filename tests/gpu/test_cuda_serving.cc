@@ -174,6 +174,26 @@ std::vector<Case> CudaCases() {
       c.lens = Lengths(c.B, c.n * c.capacity - c.T, rng);
       cases.push_back(c);
     }
+  {  // many new tokens (the wide tensor-core form: 160 rows a K/V head, two whole CTAs of 64 rows
+     // and part of a third) over several work items, causal among themselves, with a window
+    Case c;
+    c.n = 2;
+    c.dt = Dt::kBF16;
+    c.B = 2;
+    c.T = 20;
+    c.Hq = 16;
+    c.Hkv = 2;
+    c.D = 128;
+    c.capacity = 700;
+    c.paged = true;
+    c.lens = {1200, 75};
+    cases.push_back(c);
+    c.window_left = 300;
+    c.dt = Dt::kF16;
+    c.D = 64;
+    c.paged = false;
+    cases.push_back(c);
+  }
   {  // a world of one finishes on the device: with sinks, and a sequence that sees no key at all
     Case c;
     c.n = 1;
@@ -225,12 +245,17 @@ TEST(CudaDecodeCalls, OnTheCallersStreamWithLengthsOnTheDevice) {
   RunCudaCase(c, 99, /*on_stream=*/true, /*lens_on_device=*/true);
 }
 
-// NaN never passes (NaNKeyCase) on both decode kernels: the tensor-core one (bf16, D 128) and
-// SIMT (float32, D 40).
+// NaN never passes (NaNKeyCase) on both decode kernels: the tensor-core one (bf16, D 128) in its
+// narrow and wide forms, and SIMT (float32, D 40).
 TEST(CudaDecodeCalls, ANaNInASeenKeyReachesExactlyTheRowsThatSeeIt) {
   STRIA_REQUIRE_GPU();
-  for (const bool tensor_cores : {true, false}) {
-    const Case c = NaNKeyCase(tensor_cores ? Dt::kBF16 : Dt::kF32, tensor_cores ? 128 : 40);
+  // Forms 0-2: tensor cores narrow, wide (5 tokens x 4 heads), SIMT; 3: wide over empty caches, where
+  // the first token's only key is the NaN (a maximum of -inf beside a NaN sum).
+  for (const int form : {0, 1, 2, 3}) {
+    const bool tensor_cores = form != 2;
+    Case c = NaNKeyCase(tensor_cores ? Dt::kBF16 : Dt::kF32, tensor_cores ? 128 : 40);
+    if (form == 1 || form == 3) c.T = 5;
+    if (form == 3) c.lens = {0, 0};
     SCOPED_TRACE(c.Name());
     DecodeInputs in(c, 77);
     PoisonOneNewKey(c, &in);
@@ -353,8 +378,9 @@ std::vector<Case> CudaPrefillCases() {
       cases.push_back(c);
     }
   AppendPrefillScoreCases(&cases);
-  // Prefill's attention on the tensor-core decode: a chunk's rows (tokens times the GQA group) in
-  // several m16 tiles, causal among the chunk's tokens.
+  // Prefill's attention on the tensor-core decode's wide form: a chunk's rows (tokens times the
+  // GQA group) in m16 tiles a warp each, causal among the chunk's tokens; 24 rows (one CTA, part
+  // of it), then 88 (a whole CTA of 64 and part of a second).
   for (Dt dt : {Dt::kBF16, Dt::kF16}) {
     Case c;
     c.n = 3;
@@ -367,6 +393,19 @@ std::vector<Case> CudaPrefillCases() {
     c.capacity = 96;
     c.paged = dt == Dt::kBF16;
     c.lens = {150, 31};
+    cases.push_back(c);
+  }
+  {
+    Case c;
+    c.n = 2;
+    c.dt = Dt::kBF16;
+    c.B = 2;
+    c.T = 22;
+    c.Hq = 8;
+    c.Hkv = 2;
+    c.D = 128;
+    c.capacity = 160;
+    c.lens = {230, 0};
     cases.push_back(c);
   }
   return cases;

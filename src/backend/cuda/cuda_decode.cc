@@ -155,7 +155,8 @@ Status CudaDecoder::Decode(const DecodeWork& w, float* partial) {
   // the SIMT one), but never so short that a CTA's setup and the items' merge show (256 keys at
   // least).
   const int64_t group = s.Hq / s.Hkv, rows = s.T * group;
-  const int64_t rows_per_cta = mma ? cuda::kDecodeMmaRows : cuda::kDecodeRows, ctas_per_sm = mma ? 2 : 4;
+  const int64_t rows_per_cta = mma ? cuda::DecodeMmaRowsPerCta(static_cast<int>(rows)) : cuda::kDecodeRows;
+  const int64_t ctas_per_sm = mma ? 2 : 4;
   const int64_t chunks = (rows + rows_per_cta - 1) / rows_per_cta;
   const int64_t keys = DecodeKeyCount(w);
   const int64_t per_head = std::max<int64_t>(1, (ctas_per_sm * SmCount() + s.Hkv * chunks - 1) / (s.Hkv * chunks));
