@@ -112,12 +112,12 @@ DECODE_KEYS = {"S", "ms", "kv_GBs"}
 SHARDED_KEYS = {"S", "N", "modelled_ms", "ideal_ms", "of_ideal", "merge_share"}
 
 
-def decode_tables(decode, sharded, fixed, out, bars):
+def decode_tables(decode, sharded, fixed, shape, out, bars):
     """Decode on one GPU beside torch SDPA's backends, the modelled call over N ranks, and its bars."""
     if decode:
         impls = sorted({i for (_, i) in decode}, key=lambda i: (not i.startswith("stria"), i))
-        out.append("Decode, one token against S cached tokens (bf16, Hq 32, Hkv 8, D 128), one GPU: ms (cache-read "
-                   "GB/s):\n")
+        out.append(f"Decode, one token against S cached tokens (bf16, {shape or 'Hq 32, Hkv 8, D 128'}), one GPU: ms "
+                   "(cache-read GB/s):\n")
         out.append("| S | " + " | ".join(impls) + " | stria / best torch |")
         out.append("|---|" + "---|" * (len(impls) + 1))
         for length in sorted({s for (s, _) in decode}):
@@ -177,7 +177,7 @@ def main(argv):
     if len(argv) != 2:
         sys.exit(__doc__)
     kern, split, ring, hide, nccl, docs, steps, idle = {}, [], [], [], [], [], [], []
-    decode, sharded, fixed = {}, [], None
+    decode, sharded, fixed, decode_shape = {}, [], None, None
     with open(argv[1], errors="replace") as f:
         for line in f:
             # The nccl1 stage prints its own markdown table (NCCL at world 1 against in-process).
@@ -188,6 +188,8 @@ def main(argv):
             try:
                 if "impl" in kv and " decode " in f" {line} " and DECODE_KEYS <= kv.keys():
                     decode[(int(kv["S"]), kv["impl"])] = (float(kv["ms"]), float(kv["kv_GBs"]))
+                    if decode_shape is None and {"Hq", "Hkv", "D"} <= kv.keys():
+                        decode_shape = f"Hq {kv['Hq']}, Hkv {kv['Hkv']}, D {kv['D']}"
                 elif "impl" in kv and " decode_fixed " in f" {line} " and "ms" in kv:
                     fixed = float(kv["ms"])
                 elif "impl" in kv and " decode_sharded " in f" {line} " and SHARDED_KEYS <= kv.keys():
@@ -281,7 +283,7 @@ def main(argv):
                        f"{'none measured' if length == '-1' else length} |")
         out.append("")
     if decode or sharded:
-        decode_tables(decode, sharded, fixed, out, bars)
+        decode_tables(decode, sharded, fixed, decode_shape, out, bars)
     if nccl:
         out.append("The NCCL transport at world 1 against the in-process transport (causal, H 16, D 128, bf16):\n")
         out.extend(nccl)

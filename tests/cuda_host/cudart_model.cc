@@ -33,6 +33,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
@@ -41,6 +42,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <set>
@@ -64,6 +66,9 @@ struct CUevent_st {
   std::mutex mu;
   CUstream_st* stream = nullptr;  // the last record: complete once stream->done >= ticket
   uint64_t ticket = 0;
+  // When the stream reached the last record (steady clock, ns; -1 until then), for
+  // cudaEventElapsedTime: the record's own work item writes it, and owns it with the event.
+  std::shared_ptr<std::atomic<int64_t>> stamp;
 };
 
 namespace {
@@ -706,6 +711,10 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int /*flags*/) {
   return cudaSuccess;
 }
 
+cudaError_t cudaEventCreate(cudaEvent_t* e) {
+  return cudaEventCreateWithFlags(e, 0);
+}
+
 // Freed at once, as the runtime allows even with a record pending (a stream never refers to an
 // event: a record or a wait copies what it needs), so that a late use is a use after free.
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
@@ -720,11 +729,42 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
   if (e == nullptr) return Set(cudaErrorInvalidResourceHandle);
   CUstream_st* s = Resolve(stream);
-  std::lock_guard<std::mutex> lock(s->mu);
-  if (s->stopping) return Set(cudaErrorInvalidResourceHandle);
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    if (s->stopping) return Set(cudaErrorInvalidResourceHandle);
+  }
+  // A work item of its own stamps the time the stream reaches the record; the event completes
+  // with it, so with everything queued before it.
+  auto stamp = std::make_shared<std::atomic<int64_t>>(-1);
+  const uint64_t ticket = Enqueue(s, [stamp] {
+    stamp->store(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+            .count());
+  });
   std::lock_guard<std::mutex> elock(e->mu);
   e->stream = s;
-  e->ticket = s->queued;
+  e->ticket = ticket;
+  e->stamp = std::move(stamp);
+  return cudaSuccess;
+}
+
+// Between two completed records, in milliseconds, as the runtime measures it; cudaErrorNotReady
+// while either is pending, an invalid handle for one never recorded.
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (ms == nullptr || start == nullptr || end == nullptr) return Set(cudaErrorInvalidValue);
+  int64_t t[2];
+  cudaEvent_t events[2] = {start, end};
+  for (int i = 0; i < 2; ++i) {
+    std::shared_ptr<std::atomic<int64_t>> stamp;
+    {
+      std::lock_guard<std::mutex> lock(events[i]->mu);
+      stamp = events[i]->stamp;
+    }
+    if (stamp == nullptr) return Set(cudaErrorInvalidResourceHandle);
+    t[i] = stamp->load();
+    if (t[i] < 0) return Set(cudaErrorNotReady);
+  }
+  *ms = static_cast<float>(static_cast<double>(t[1] - t[0]) * 1e-6);
   return cudaSuccess;
 }
 

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# stria-decode-bench on the CUDA runtime model at small shapes, and its lines through
+# bench/gpu_report.py: every kind of line the GPU run's decode stage reads must come out, and the
+# report must build its decode tables and bars from them.
+#
+# Usage: test_decode_bench_model.sh BENCH PYTHON GPU_REPORT
+set -uo pipefail
+bench=$1 python=$2 report=$3
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+if ! "$bench" --lens 300,1024 --worlds 2,3 --reps 1 --heads 4 --kv-heads 2 --dim 64 >"$out/results.txt" 2>&1; then
+  cat "$out/results.txt"
+  echo "FAIL: stria-decode-bench failed on the model"
+  exit 1
+fi
+cat "$out/results.txt"
+fail=0
+expect() {  # expect FILE REGEX WHAT
+  if ! grep -q -E "$2" "$1"; then
+    echo "FAIL: $3 (no line matching /$2/)"
+    fail=1
+  fi
+}
+num='[0-9]+\.[0-9]+'
+r=$out/results.txt
+expect "$r" "^impl=stria_cuda decode S=1024 Hq=4 Hkv=2 D=64 ms=$num kv_GBs=$num wall_ms=$num$" "the one-device call"
+expect "$r" "^impl=stria_cuda decode_fixed N=1 ms=$num wall_ms=$num$" "the fixed cost"
+expect "$r" "^impl=stria_cuda decode_sharded S=1024 N=3 rank_ms=$num fixed_ms=$num merge_ms=$num modelled_ms=$num \
+ideal_ms=$num of_ideal=$num merge_share=$num$" "the modelled call over 3 ranks"
+"$python" "$report" "$r" >"$out/report.md" || { echo "FAIL: gpu_report.py failed on the lines"; fail=1; }
+cat "$out/report.md"
+expect "$out/report.md" '^\| 1024 \| [0-9.]+ \(' "the report's decode table"
+expect "$out/report.md" '^\| 1024 \| 3 \| ' "the report's modelled call"
+exit $fail
