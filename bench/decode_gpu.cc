@@ -1,7 +1,7 @@
 // Decode over a sharded KV cache on a GPU (stria_attention_decode on the CUDA backend):
 //
 //   stria-decode-bench [--lens 32768,131072,524288,1048576] [--worlds 2,4,8] [--heads 32]
-//                      [--kv-heads 8] [--dim 128] [--reps 20]
+//                      [--kv-heads 8] [--dim 128] [--reps 20] [--prefill 512,4096]
 //
 // One token per call (bf16, batch 1) against a cache of S tokens on one GPU: the call's time until
 // out and lse are written (the call and a synchronisation of its stream), and the bandwidth of its
@@ -10,6 +10,8 @@
 // records' exchange device to device, the merge kernel): an N-rank local group's call on this GPU
 // at one cached token each less a world of one's, an upper bound, since those ranks share one GPU
 // and one host.
+// And a prefill on one GPU: P new tokens (--prefill) against each S up to 128k, timed the same
+// way, in TFLOP/s (the tensor-core decode's wide form attends them).
 // Lines are key=value, as stria-cuda-bench's; the anchor (PyTorch SDPA's decode on the same shapes)
 // is bench/torch_sdpa_gpu.py --decode.
 #include <cuda_runtime_api.h>
@@ -130,6 +132,42 @@ Timing DecodeMs(const std::vector<stria_context_t>& ctx, const Shape& s, int64_t
   return t;
 }
 
+// A prefill of P new tokens against a cache of S tokens on one GPU (a world of one): median ms
+// between CUDA events around the call, as the decode's.
+double PrefillMs(stria_context_t ctx, const Shape& s, int64_t S, int64_t P, int reps) {
+  DeviceTensor k(std::vector<int64_t>{1, S + P, s.Hkv, s.D}, kBF16, 0x3c);
+  DeviceTensor v(std::vector<int64_t>{1, S + P, s.Hkv, s.D}, kBF16, 0x3c);
+  DeviceTensor q(std::vector<int64_t>{1, P, s.Hq, s.D}, kBF16, 0x3c);
+  DeviceTensor k_new(std::vector<int64_t>{1, P, s.Hkv, s.D}, kBF16, 0x3c);
+  DeviceTensor v_new(std::vector<int64_t>{1, P, s.Hkv, s.D}, kBF16, 0x3c);
+  DeviceTensor out(std::vector<int64_t>{1, P, s.Hq, s.D}, kBF16, 0);
+  const int64_t lens[1] = {S};
+  cudaEvent_t before = nullptr, after = nullptr;
+  CHECK_CUDA(cudaEventCreate(&before));
+  CHECK_CUDA(cudaEventCreate(&after));
+  std::vector<double> times;
+  for (int rep = 0; rep <= reps; ++rep) {
+    stria_attention_params_t p;
+    stria_attention_params_init(&p);
+    stria_kv_cache_t cache;
+    stria_kv_cache_init(&cache);
+    cache.k = &k.dl;
+    cache.v = &v.dl;
+    cache.lens = lens;  // the call stores the new tokens at S..S+P-1 every time: the same work
+    CHECK_CUDA(cudaEventRecord(before, nullptr));
+    CHECK_STRIA(stria_attention_prefill(ctx, &p, &cache, STRIA_PREFILL_PASS_KV, &q.dl, &k_new.dl, &v_new.dl, &out.dl,
+                                        nullptr, nullptr));
+    CHECK_CUDA(cudaEventRecord(after, nullptr));
+    CHECK_CUDA(cudaEventSynchronize(after));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, before, after));
+    if (rep > 0) times.push_back(ms);  // rep 0 warms up
+  }
+  CHECK_CUDA(cudaEventDestroy(before));
+  CHECK_CUDA(cudaEventDestroy(after));
+  return Median(times);
+}
+
 std::vector<stria_context_t> Group(int n) {
   stria_context_config_t cfg;
   stria_context_config_init(&cfg);
@@ -149,6 +187,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> lens = {32768, 131072, 524288, 1048576}, worlds = {2, 4, 8};
   Shape s{32, 8, 128};
   int reps = 20;
+  std::vector<int64_t> prefill = {512, 4096};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     if (k == "--lens")
@@ -163,6 +202,8 @@ int main(int argc, char** argv) {
       s.D = std::atoll(argv[i + 1]);
     else if (k == "--reps")
       reps = std::atoi(argv[i + 1]);
+    else if (k == "--prefill")
+      prefill = ParseList(argv[i + 1]);
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -186,6 +227,19 @@ int main(int argc, char** argv) {
                 static_cast<long long>(s.D), t.gpu_ms, gbs, t.wall_ms);
     std::fflush(stdout);
   }
+  // Prefill on one GPU: P new tokens against S cached ones, causal among themselves (FLOPs as
+  // flash-attention counts them: 4 * P * (S + P / 2) * Hq * D).
+  for (int64_t P : prefill)
+    for (int64_t S : lens) {
+      if (S > (int64_t{1} << 17)) continue;  // a prefill's chunk against up to 128k cached tokens
+      const double ms = PrefillMs(one[0], s, S, P, std::min(reps, 5));
+      const double flops = 4.0 * static_cast<double>(P) * (static_cast<double>(S) + static_cast<double>(P) / 2.0) *
+                           static_cast<double>(s.Hq * s.D);
+      std::printf("impl=stria_cuda prefill S=%lld P=%lld Hq=%lld Hkv=%lld D=%lld ms=%.4f tflops=%.1f\n",
+                  static_cast<long long>(S), static_cast<long long>(P), static_cast<long long>(s.Hq),
+                  static_cast<long long>(s.Hkv), static_cast<long long>(s.D), ms, flops / (ms * 1e9));
+      std::fflush(stdout);
+    }
   // The call's fixed cost on one GPU: one cached token (validation, the tables' upload, the
   // launches, the result written on the device).
   const Timing fixed_one = DecodeMs(one, s, 1, 1, reps);

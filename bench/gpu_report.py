@@ -4,13 +4,14 @@
 Usage: gpu_report.py gpu_results.txt > gpu_report.md
 
 Reads the key=value lines that bench/gpu_run.sh collects (stria-cuda-bench's `impl=`, `split`,
-`ring`, `hide_threshold` lines, stria-decode-bench's `decode` and `decode_sharded` lines and
-bench/torch_sdpa_gpu.py's `impl=torch_*` lines; everything else is skipped) and prints, in markdown: forward and backward TFLOP/s of every stria kernel family beside
+`ring`, `hide_threshold` lines, stria-decode-bench's `decode`, `decode_sharded` and `prefill` lines
+and bench/torch_sdpa_gpu.py's `impl=torch_*` lines; everything else is skipped) and prints, in
+markdown: forward and backward TFLOP/s of every stria kernel family beside
 torch SDPA's flash and cuDNN backends on the same shapes; where a call's time goes (the call alone,
 per call queued back to back, the block kernel alone); the modelled N-rank ring against the
 ideal and the analytic ratio; the block lengths from which a step's transfer hides; decode over a
-sharded KV cache (one GPU's call beside torch SDPA's, the modelled call over N ranks); and a last
-table of the bars:
+sharded KV cache (one GPU's call beside torch SDPA's, the modelled call over N ranks); prefill
+chunks beside SDPA's; and a last table of the bars:
   causal forward, D 128, 4k tokens and more: the best stria family >= 1.0x torch's flash backend;
   causal backward, the same shapes: >= 0.9x;
   the modelled striped ring (N 8, 256k tokens): >= 95% of ideal and >= 1.75x contiguous;
@@ -149,6 +150,25 @@ def decode_tables(decode, sharded, fixed, shape, out, bars):
                  None if share is None else share <= 0.10))
 
 
+def prefill_table(prefill, out):
+    """Prefill chunks on one GPU beside SDPA's flash and memory-efficient backends: ms (TFLOP/s)."""
+    if not prefill:
+        return
+    impls = sorted({i for (_, _, i) in prefill}, key=lambda i: (not i.startswith("stria"), i))
+    out.append("Prefill on one GPU, P new tokens against S cached ones and themselves (causal, bf16): ms (TFLOP/s):\n")
+    out.append("| S | P | " + " | ".join(impls) + " | stria / best torch |")
+    out.append("|---|---|" + "---|" * (len(impls) + 1))
+    for length, chunk in sorted({(s, p) for (s, p, _) in prefill}):
+        cells = [f"{prefill[(length, chunk, i)][0]:.3f} ({prefill[(length, chunk, i)][1]:.0f})"
+                 if (length, chunk, i) in prefill else "–" for i in impls]
+        ours = prefill.get((length, chunk, "stria_cuda"))
+        torch_ms = [prefill[(length, chunk, i)][0] for i in impls
+                    if i.startswith("torch") and (length, chunk, i) in prefill]
+        ratio = f"{min(torch_ms) / ours[0]:.2f}x" if ours and torch_ms else "–"
+        out.append(f"| {length} | {chunk} | " + " | ".join(cells) + f" | {ratio} |")
+    out.append("")
+
+
 def docs_steps_table(steps, idle, out):
     """Where a document plan's ring spends its time: each step's slowest rank beside the mean rank,
     the slowest forward's tiles, and what a block without work costs at the same length."""
@@ -177,7 +197,7 @@ def main(argv):
     if len(argv) != 2:
         sys.exit(__doc__)
     kern, split, ring, hide, nccl, docs, steps, idle = {}, [], [], [], [], [], [], []
-    decode, sharded, fixed, decode_shape = {}, [], None, None
+    decode, sharded, fixed, decode_shape, prefill = {}, [], None, None, {}
     with open(argv[1], errors="replace") as f:
         for line in f:
             # The nccl1 stage prints its own markdown table (NCCL at world 1 against in-process).
@@ -190,6 +210,8 @@ def main(argv):
                     decode[(int(kv["S"]), kv["impl"])] = (float(kv["ms"]), float(kv["kv_GBs"]))
                     if decode_shape is None and {"Hq", "Hkv", "D"} <= kv.keys():
                         decode_shape = f"Hq {kv['Hq']}, Hkv {kv['Hkv']}, D {kv['D']}"
+                elif "impl" in kv and " prefill " in f" {line} " and {"S", "P", "ms", "tflops"} <= kv.keys():
+                    prefill[(int(kv["S"]), int(kv["P"]), kv["impl"])] = (float(kv["ms"]), float(kv["tflops"]))
                 elif "impl" in kv and " decode_fixed " in f" {line} " and "ms" in kv:
                     fixed = float(kv["ms"])
                 elif "impl" in kv and " decode_sharded " in f" {line} " and SHARDED_KEYS <= kv.keys():
@@ -284,6 +306,7 @@ def main(argv):
         out.append("")
     if decode or sharded:
         decode_tables(decode, sharded, fixed, decode_shape, out, bars)
+    prefill_table(prefill, out)
     if nccl:
         out.append("The NCCL transport at world 1 against the in-process transport (causal, H 16, D 128, bf16):\n")
         out.extend(nccl)

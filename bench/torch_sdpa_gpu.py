@@ -9,6 +9,12 @@ of CUDA-event timings.
 against a cache of S tokens with Hkv 8 (GQA 4:1, enable_gqa: each K/V head read once where the
 backend takes it), per backend (flash, cuDNN, memory-efficient), median milliseconds, and the
 bandwidth of the cache's reads.
+
+--prefill P,... (with --decode's lengths): the anchor of stria-decode-bench's prefill lines: P new
+query tokens against a cache of S tokens and themselves (bf16, batch 1, Hq 32, Hkv 8 expanded to
+Hq heads beforehand), causal with the diagonal at the bottom right (torch.nn.attention.bias's
+causal_lower_right, which SDPA's flash and memory-efficient backends take), per backend, median
+milliseconds and TFLOP/s (4 * P * (S + P / 2) * Hq * D).
 """
 import argparse
 import statistics
@@ -53,15 +59,45 @@ def decode(lens, reps, hq=32, hkv=8, d=128) -> None:
         torch.cuda.empty_cache()
 
 
+def prefill(lens, chunks, reps, hq=32, hkv=8, d=128) -> None:
+    from torch.nn.attention.bias import causal_lower_right
+
+    for p in chunks:
+        for s in lens:
+            if s > 1 << 17:  # a prefill's chunk against up to 128k cached tokens, as stria-decode-bench
+                continue
+            q = torch.randn(1, hq, p, d, device="cuda", dtype=torch.bfloat16)
+            kv = [torch.randn(1, hkv, s + p, d, device="cuda", dtype=torch.bfloat16)
+                  .repeat_interleave(hq // hkv, dim=1) for _ in range(2)]
+            mask = causal_lower_right(p, s + p)
+            flops = 4.0 * p * (s + p / 2.0) * hq * d
+            for name, backend in {"flash": SDPBackend.FLASH_ATTENTION,
+                                  "efficient": SDPBackend.EFFICIENT_ATTENTION}.items():
+                try:
+                    with sdpa_kernel(backend):
+                        ms = time_ms(lambda: F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask), reps)
+                except RuntimeError as e:  # a backend that does not take this shape
+                    print(f"# {name} prefill S={s} P={p}: {(str(e).splitlines() or ['?'])[0]}", flush=True)
+                    continue
+                print(f"impl=torch_{name} prefill S={s} P={p} Hq={hq} Hkv={hkv} D={d} ms={ms:.4f} "
+                      f"tflops={flops / (ms * 1e9):.1f}", flush=True)
+            kv.clear()
+            torch.cuda.empty_cache()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dims", default="64,128")
     ap.add_argument("--lens", default="1024,2048,4096,8192,16384,32768")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--decode", default="", help="cache lengths: time decode instead")
+    ap.add_argument("--prefill", default="", help="with --decode: new tokens per prefill, timed after decode")
     a = ap.parse_args()
     if a.decode:
-        decode([int(x) for x in a.decode.split(",")], a.reps)
+        lens = [int(x) for x in a.decode.split(",")]
+        decode(lens, a.reps)
+        if a.prefill:
+            prefill(lens, [int(x) for x in a.prefill.split(",")], min(a.reps, 5))
         return
     for d in map(int, a.dims.split(",")):
         for s in map(int, a.lens.split(",")):

@@ -237,19 +237,33 @@ STRIA_DEVICE float ItemsOutput(const DecodeMergeArgs& a, int64_t i0, int64_t i1,
   return o;
 }
 
+// The row a warp of the items' merge takes: warp w is row r of K/V head hkv of sequence b (query
+// token t, head h).
+struct ItemRow {
+  int64_t b;
+  int hkv, r, t, h;
+};
+STRIA_DEVICE ItemRow ItemRowOf(const DecodeMergeArgs& a, int64_t w) {
+  const int group = a.Hq / a.Hkv, rows = a.T * group;
+  ItemRow x;
+  x.r = static_cast<int>(w % rows);
+  x.hkv = static_cast<int>(w / rows % a.Hkv);
+  x.b = w / rows / a.Hkv;
+  x.t = x.r / group;
+  x.h = x.hkv * group + x.r % group;
+  return x;
+}
+
 // A warp per (b, K/V head, row): the sequence's items merged in order into the row's partial
 // record (outputs normalised over this rank's keys, natural-log LSE; zeros and -inf: no key).
 STRIA_GLOBAL void DecodeMergeKernel(DecodeMergeArgs a) {
-  const int group = a.Hq / a.Hkv, rows = a.T * group;
   const float neg_inf = NegInf();
   for (int64_t w = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-       w < static_cast<int64_t>(a.B) * a.Hkv * rows; w += static_cast<int64_t>(gridDim.x) * (blockDim.x / 32)) {
-    const int r = static_cast<int>(w % rows);
-    const int hkv = static_cast<int>(w / rows % a.Hkv);
-    const int64_t b = w / rows / a.Hkv;
-    const int t = r / group, h = hkv * group + r % group;
-    float* out = a.partial + ((b * a.T + t) * a.Hq + h) * static_cast<int64_t>(a.D + 1);
-    const int64_t i0 = a.first_item[b], i1 = a.first_item[b + 1];
+       w < static_cast<int64_t>(a.B) * a.T * a.Hq; w += static_cast<int64_t>(gridDim.x) * (blockDim.x / 32)) {
+    const ItemRow x = ItemRowOf(a, w);
+    const int hkv = x.hkv, r = x.r;
+    float* out = a.partial + ((x.b * a.T + x.t) * a.Hq + x.h) * static_cast<int64_t>(a.D + 1);
+    const int64_t i0 = a.first_item[x.b], i1 = a.first_item[x.b + 1];
     float mx, total;
     ItemsMaxAndSum(a, i0, i1, hkv, r, &mx, &total);
     if (mx == neg_inf) {
@@ -269,14 +283,12 @@ STRIA_GLOBAL void DecodeMergeKernel(DecodeMergeArgs a) {
 // sees no key takes the sink's LSE and a zero row; NaN stays.
 template <typename T>
 STRIA_GLOBAL void DecodeMergeFinishKernel(DecodeMergeArgs a, DecodeFinishArgs f) {
-  const int group = a.Hq / a.Hkv, rows = a.T * group;
   const float neg_inf = NegInf();
   for (int64_t w = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-       w < static_cast<int64_t>(a.B) * a.Hkv * rows; w += static_cast<int64_t>(gridDim.x) * (blockDim.x / 32)) {
-    const int r = static_cast<int>(w % rows);
-    const int hkv = static_cast<int>(w / rows % a.Hkv);
-    const int64_t b = w / rows / a.Hkv;
-    const int t = r / group, h = hkv * group + r % group;
+       w < static_cast<int64_t>(a.B) * a.T * a.Hq; w += static_cast<int64_t>(gridDim.x) * (blockDim.x / 32)) {
+    const ItemRow x = ItemRowOf(a, w);
+    const int hkv = x.hkv, r = x.r, h = x.h;
+    const int64_t b = x.b, t = x.t;
     const int64_t i0 = a.first_item[b], i1 = a.first_item[b + 1];
     float mx, total;
     ItemsMaxAndSum(a, i0, i1, hkv, r, &mx, &total);

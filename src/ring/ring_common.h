@@ -9,8 +9,10 @@
 
 namespace stria {
 
-// kPartial: a prefill's partial results going home; kGrid: a grid's all-to-all within its group,
-// its phase in the step field (the kind takes two bits of the tag).
+// kPartial: a prefill's partial results going home, a decode's records gathered on the device
+// (their step is never 0: a transport's own all-gather may tag its messages as kind 3 at step 0,
+// the UCX one does); kGrid: a grid's all-to-all within its group, its phase in the step field (the
+// kind takes two bits of the tag).
 enum class MessageKind : int64_t { kGrid = 0, kKV = 1, kDKV = 2, kPartial = 3 };
 
 // Tags are unique per (call, lane, step, kind), so a late message of one call can never be taken

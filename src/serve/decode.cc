@@ -153,8 +153,9 @@ Status AttentionDecode(Context& ctx, const DecodeCall& call) {
     if (!st.ok()) return ctx.Fail(st);
     timer.ComputeEnd();
     // The records gathered where they lie, device to device (the transport's in-place all-gather).
+    // Step 1: a partial's tag never has step 0 (ring_common.h).
     const std::string what = Format("decode partials of call #%llu", static_cast<unsigned long long>(seq));
-    st = ctx.transport().AllGatherInPlace(all, bytes, RingTag(seq, 0, MessageKind::kPartial), ctx.timeout_s(),
+    st = ctx.transport().AllGatherInPlace(all, bytes, RingTag(seq, 1, MessageKind::kPartial), ctx.timeout_s(),
                                           what.c_str());
     if (!st.ok()) return ctx.Fail(st);
     ctx.traffic().messages = static_cast<uint64_t>(n - 1);

@@ -8,7 +8,8 @@ set -uo pipefail
 bench=$1 python=$2 report=$3
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-if ! "$bench" --lens 300,1024 --worlds 2,3 --reps 1 --heads 4 --kv-heads 2 --dim 64 >"$out/results.txt" 2>&1; then
+if ! "$bench" --lens 300,1024 --worlds 2,3 --reps 1 --heads 4 --kv-heads 2 --dim 64 --prefill 48 \
+  >"$out/results.txt" 2>&1; then
   cat "$out/results.txt"
   echo "FAIL: stria-decode-bench failed on the model"
   exit 1
@@ -25,10 +26,12 @@ num='[0-9]+\.[0-9]+'
 r=$out/results.txt
 expect "$r" "^impl=stria_cuda decode S=1024 Hq=4 Hkv=2 D=64 ms=$num kv_GBs=$num wall_ms=$num$" "the one-device call"
 expect "$r" "^impl=stria_cuda decode_fixed N=1 ms=$num wall_ms=$num$" "the fixed cost"
+expect "$r" "^impl=stria_cuda prefill S=1024 P=48 Hq=4 Hkv=2 D=64 ms=$num tflops=$num$" "a prefill chunk"
 expect "$r" "^impl=stria_cuda decode_sharded S=1024 N=3 rank_ms=$num fixed_ms=$num merge_ms=$num modelled_ms=$num \
 ideal_ms=$num of_ideal=$num merge_share=$num$" "the modelled call over 3 ranks"
 "$python" "$report" "$r" >"$out/report.md" || { echo "FAIL: gpu_report.py failed on the lines"; fail=1; }
 cat "$out/report.md"
 expect "$out/report.md" '^\| 1024 \| [0-9.]+ \(' "the report's decode table"
 expect "$out/report.md" '^\| 1024 \| 3 \| ' "the report's modelled call"
+expect "$out/report.md" '^\| 1024 \| 48 \| [0-9.]+ \(' "the report's prefill table"
 exit $fail

@@ -134,6 +134,14 @@ def main(script):
             "| FP8 (e4m3) forward, D 128, 16k tokens (1 shapes) | >= 900 TFLOP/s | 880.000 | missed |"):
         if line not in fp8.splitlines():
             failures.append(f"FP8, missing: {line}\n{fp8}")
+    # Prefill chunks: ours beside SDPA's backends, ms (TFLOP/s), never read as kernel lines.
+    pre = report(script, "".join(f"impl={i} prefill S=32768 P=512 Hq=32 Hkv=8 D=128 ms={ms} tflops={t}\n" for i, ms, t in (
+        ("stria_cuda", "1.0000", "140.0"), ("torch_flash", "0.8000", "175.0"), ("torch_efficient", "1.6000", "87.5"))))
+    for line in ("| 32768 | 512 | 1.000 (140) | 1.600 (88) | 0.800 (175) | 0.80x |",):
+        if line not in pre.splitlines():
+            failures.append(f"prefill, missing: {line}\n{pre}")
+    if "| 128 |" in pre:
+        failures.append(f"prefill lines read as kernel lines\n{pre}")
     for f in failures:
         print("FAIL:", f)
     if failures:

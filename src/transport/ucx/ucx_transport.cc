@@ -42,8 +42,9 @@ using Clock = std::chrono::steady_clock;
 constexpr int kRankShift = 48;
 constexpr uint64_t kLowMask = (uint64_t{1} << kRankShift) - 1;
 constexpr uint64_t kFullMask = ~uint64_t{0};
-// Engine tags end in a kind of 1 or 2 (ring_common.h); the all-gather uses kind 3, and kind 0
-// with step 0 (the whole low part zero) is the "bye".
+// Engine tags end in a kind (ring_common.h); the all-gather uses kind 3 at step 0, which the
+// engine's kind-3 messages never use, and kind 0 with step 0 and call 0 (the whole low part zero)
+// is the "bye".
 constexpr uint64_t kAllGatherKind = 3;
 constexpr uint64_t kByeTag = 0;
 constexpr size_t kByeBytes = 256;  // a bye carries why the rank left, so peers can say what happened
