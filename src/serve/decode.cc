@@ -4,9 +4,10 @@
 // query row, combine exactly (out = sum_r e^(lse_r - lse) out_r, lse = log sum_r e^(lse_r)) after a
 // single all-gather of those records: B·T·Hq·(D + 1) floats per rank, a few hundred KB at most,
 // against a cache of gigabytes. A host backend's records are all-gathered by the transport in host
-// memory and merged there; a device backend's stay on the device: they travel as point-to-point
-// messages between the ranks' buffers (device to device, as the ring's blocks do) and one kernel
-// merges them into out and lse, so a decode step never waits for a copy to the host.
+// memory and merged there; a device backend's stay on the device: the transport gathers them in
+// place, device to device (Transport::AllGatherInPlace), and one kernel merges them into out and
+// lse, so a decode step never waits for a copy to the host (a world of one's decode writes out and
+// lse itself).
 #include "serve/decode.h"
 
 #include <algorithm>
@@ -125,7 +126,8 @@ Status AttentionDecode(Context& ctx, const DecodeCall& call) {
   const bool on_device = be.MergesOnDevice();
   void* all = nullptr;
   void* own = nullptr;
-  if (local.ok()) local = ctx.RingBuffer(kAllPartialsSlot, bytes * static_cast<size_t>(n), &all);
+  if (local.ok() && (on_device || n > 1))
+    local = ctx.RingBuffer(kAllPartialsSlot, bytes * static_cast<size_t>(n), &all);
   if (local.ok() && !on_device) local = ctx.RingBuffer(kPartialSlot, bytes, &own);
   uint64_t seq = 0;
   STRIA_RETURN_IF_ERROR(AgreeOnCall(ctx, RingOp::kDecode, local, vd.call, &seq));
