@@ -175,9 +175,9 @@ struct DecodeWork {
   std::vector<CacheSegment> segments;  // the keys, sequence by sequence, positions increasing
   std::vector<CacheAppend> appends;    // written before the attention
   void* stream = nullptr;              // the call's (a cudaStream_t on CUDA)
-  // A world of one on a backend that merges on its device (MergesOnDevice): the call's out, lse
-  // (or null) and sinks (or null), which Decode then writes itself, the sinks merged in, instead of
-  // `partial`. Null out: write `partial` (several ranks, a prefill's step, a host backend).
+  // A world of one: the call's out, lse (or null) and sinks (or null), which Decode then writes
+  // itself, the sinks merged in, instead of `partial`. Null out: write `partial` (several ranks, a
+  // prefill's step).
   const TensorView* finish_out = nullptr;
   const TensorView* finish_lse = nullptr;
   const TensorView* finish_sinks = nullptr;
@@ -304,10 +304,10 @@ class Backend {
   }
   // Decode (stria_attention_decode): stores the new tokens this rank holds (work.appends), then
   // attends the queries to this rank's share of the cache, writing `partial`
-  // (DecodePartialFloats, the backend's memory). The merge takes every rank's partial, rank by
-  // rank in `all`, and writes out ([B, T, Hq, D]) and, if given, lse ([B, Hq, T]) after the sinks
-  // (if given); in a fixed order, so every rank writes the same bits. DecodeMerge reads `all` in
-  // host memory (a host backend's), DecodeMergeOnDevice (below) in the backend's.
+  // (DecodePartialFloats, the backend's memory), or in a world of one the result (work.finish_out).
+  // DecodeMerge takes every rank's partial, rank by rank in `all` (the backend's memory), and
+  // writes out ([B, T, Hq, D]) and, if given, lse ([B, Hq, T]) after the sinks (if given); in a
+  // fixed order, so every rank writes the same bits.
   virtual Status Decode(const DecodeWork& work, float* partial) {
     (void)work, (void)partial;
     return Error(STRIA_ERROR_UNSUPPORTED, "the %s backend has no decode over a sharded KV cache", name());
@@ -322,18 +322,11 @@ class Backend {
     (void)work, (void)all, (void)world_size, (void)sinks, (void)out, (void)lse;
     return Error(STRIA_ERROR_UNSUPPORTED, "the %s backend has no decode over a sharded KV cache", name());
   }
-  // Whether this backend merges the ranks' records where its kernels wrote them (a device
-  // backend): the engine then gathers every rank's partial into the backend's memory, rank by
-  // rank, with the transport's point-to-point messages (what the ring's blocks travel by), and
-  // calls DecodeMergeOnDevice, which writes out and lse on the call's stream with no trip through
-  // the host; a world of one merges its own records. Otherwise the records lie in host memory, the
-  // transport all-gathers them there, and DecodeMerge writes the result.
+  // Whether this backend's records lie in device memory (a device backend's): the engine then
+  // gathers them where they lie, device to device (Transport::AllGatherInPlace), and DecodeMerge
+  // writes out and lse on the call's stream with no trip through the host. Otherwise they lie in
+  // host memory, where the transport's all-gather gathers them.
   virtual bool MergesOnDevice() const { return false; }
-  virtual Status DecodeMergeOnDevice(const DecodeWork& work, const float* all, int world_size, const TensorView* sinks,
-                                     const TensorView& out, const TensorView* lse) {
-    (void)work, (void)all, (void)world_size, (void)sinks, (void)out, (void)lse;
-    return Error(STRIA_ERROR_INTERNAL, "the %s backend merges decode records on the host", name());
-  }
 
   // A grid's all-to-all (ring/grid_exchange.cc) on `stream` (the call's; the exchange comes before
   // the Begin call that would set it). A box is a strided region of a tensor in this backend's

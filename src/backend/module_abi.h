@@ -14,8 +14,8 @@ namespace stria {
 // 9: a grid's exchange (Backend::CheckGridSupported, PackBox, SumIntoBox, SyncStream); 10: decode on
 // device backends (CheckServingSupported by call, PartialsOnHost, ReadBytesOnHost,
 // DecodeWork::stream, StoreTokens' stream); 11: Backend::DecodeFinishAlone; 12: Backend::WidenFp8;
-// 13: the merge on the device (MergesOnDevice, DecodeMergeOnDevice in place of DecodeFinishAlone;
-// PartialsOnHost gone).
+// 13: the merge on the device (MergesOnDevice; DecodeMerge reads the backend's memory; a world of
+// one finishes in Decode, DecodeFinishAlone and PartialsOnHost gone).
 constexpr int kBackendModuleAbiVersion = 13;
 
 struct BackendModuleV1 {

@@ -139,41 +139,29 @@ Status AttentionDecode(Context& ctx, const DecodeCall& call) {
   float* mine = on_device ? static_cast<float*>(all) + static_cast<size_t>(r) * floats : static_cast<float*>(own);
   const TensorView* sinks = vd.call.sinks_given ? &vd.call.sinks : nullptr;
   const TensorView* lse = vd.lse_given ? &vd.call.lse : nullptr;
-  if (on_device && n == 1) {  // a world of one: the decode writes the result itself
+  if (n == 1) {  // a world of one: the decode writes the result itself
     vd.work.finish_out = &vd.call.out;
     vd.work.finish_lse = lse;
     vd.work.finish_sinks = sinks;
   }
   Status st = be.Decode(vd.work, mine);
+  if (st.ok() && on_device && n > 1) st = be.SyncStream(vd.call.stream);  // the records written
   if (st.ok()) st = ctx.CheckNotAborted();
   if (!st.ok()) return ctx.Fail(st);
-  if (on_device && n == 1) {
-    timer.ComputeEnd();
-    ctx.step_times().assign(1, timer.Finish());
-  } else if (on_device) {
-    st = be.SyncStream(vd.call.stream);  // the records written: the step's compute ends here
-    if (!st.ok()) return ctx.Fail(st);
-    timer.ComputeEnd();
-    // The records gathered where they lie, device to device (the transport's in-place all-gather).
-    // Step 1: a partial's tag never has step 0 (ring_common.h).
+  timer.ComputeEnd();
+  if (n > 1) {
+    // Every rank's records gathered into `all`: where they lie, device to device, on a device
+    // backend (step 1: a partial's tag never has step 0, ring_common.h); else by the transport's
+    // all-gather in host memory.
     const std::string what = Format("decode partials of call #%llu", static_cast<unsigned long long>(seq));
-    st = ctx.transport().AllGatherInPlace(all, bytes, RingTag(seq, 1, MessageKind::kPartial), ctx.timeout_s(),
-                                          what.c_str());
+    st = on_device ? ctx.transport().AllGatherInPlace(all, bytes, RingTag(seq, 1, MessageKind::kPartial),
+                                                      ctx.timeout_s(), what.c_str())
+                   : ctx.transport().AllGather(mine, all, bytes, ctx.timeout_s(), what.c_str());
     if (!st.ok()) return ctx.Fail(st);
     ctx.traffic().messages = static_cast<uint64_t>(n - 1);
-    ctx.step_times().assign(1, timer.Finish());
-    st = be.DecodeMergeOnDevice(vd.work, static_cast<const float*>(all), n, sinks, vd.call.out, lse);
-  } else {
-    timer.ComputeEnd();
-    if (n > 1) {
-      const std::string what = Format("decode partials of call #%llu", static_cast<unsigned long long>(seq));
-      st = ctx.transport().AllGather(mine, all, bytes, ctx.timeout_s(), what.c_str());
-      if (!st.ok()) return ctx.Fail(st);
-      ctx.traffic().messages = static_cast<uint64_t>(n - 1);
-    }
-    ctx.step_times().assign(1, timer.Finish());
-    st = be.DecodeMerge(vd.work, static_cast<const float*>(n > 1 ? all : mine), n, sinks, vd.call.out, lse);
   }
+  ctx.step_times().assign(1, timer.Finish());
+  if (n > 1) st = be.DecodeMerge(vd.work, static_cast<const float*>(all), n, sinks, vd.call.out, lse);
   if (st.ok()) st = ctx.CheckNotAborted();
   return st.ok() ? st : ctx.Fail(st);
 }

@@ -8,8 +8,8 @@
 // merge they would get in the other.
 //
 // The attention of one query block against one rank's keys is Backend::Decode (the same kernel as a
-// decode call, with L query tokens per sequence); the merge is Backend::DecodeMerge, or on a device
-// backend DecodeMergeOnDevice, where the partials lie.
+// decode call, with L query tokens per sequence); the merge is Backend::DecodeMerge, where the
+// partials lie.
 #include "serve/prefill.h"
 
 #include <algorithm>
@@ -566,11 +566,8 @@ Status AttentionPrefill(Context& ctx, const PrefillCall& call) {
   w.shape = s;
   w.stream = vp.call.stream;
   // Every query's partials lie in `all` (the backend's memory), merged there.
-  const TensorView* sinks = vp.call.sinks_given ? &vp.call.sinks : nullptr;
-  const TensorView* lse = vp.lse_given ? &vp.call.lse : nullptr;
-  Backend& be = ctx.backend();
-  st = be.MergesOnDevice() ? be.DecodeMergeOnDevice(w, static_cast<const float*>(all), n, sinks, vp.call.out, lse)
-                           : be.DecodeMerge(w, static_cast<const float*>(all), n, sinks, vp.call.out, lse);
+  st = ctx.backend().DecodeMerge(w, static_cast<const float*>(all), n, vp.call.sinks_given ? &vp.call.sinks : nullptr,
+                                 vp.call.out, vp.lse_given ? &vp.call.lse : nullptr);
   if (st.ok()) st = ctx.CheckNotAborted();
   return st.ok() ? st : ctx.Fail(st);
 }

@@ -115,7 +115,10 @@ class CpuBackend final : public Backend {
     return Status::Ok();
   }
   Status Decode(const DecodeWork& work, float* partial) override {
-    return CpuDecode(pool_, kern_, work, partial, &decode_bufs_);
+    STRIA_RETURN_IF_ERROR(CpuDecode(pool_, kern_, work, partial, &decode_bufs_));
+    if (work.finish_out == nullptr) return Status::Ok();
+    // A world of one: its records are the result, merged with the sinks as any world's.
+    return CpuDecodeMerge(pool_, kern_, work, partial, 1, work.finish_sinks, *work.finish_out, work.finish_lse);
   }
   Status StoreTokens(const DecodeShape& shape, const std::vector<CacheAppend>& appends, void* /*stream*/) override {
     CpuStoreTokens(shape, appends);

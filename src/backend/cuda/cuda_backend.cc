@@ -682,8 +682,8 @@ class CudaBackend final : public Backend {
   // Every rank's records are merged where they lie, by one kernel writing out and lse on the
   // call's stream (cuda_decode.h).
   bool MergesOnDevice() const override { return true; }
-  Status DecodeMergeOnDevice(const DecodeWork& work, const float* all, int world_size, const TensorView* sinks,
-                             const TensorView& out, const TensorView* lse) override {
+  Status DecodeMerge(const DecodeWork& work, const float* all, int world_size, const TensorView* sinks,
+                     const TensorView& out, const TensorView* lse) override {
     return decoder_.MergeOnDevice(work, all, world_size, sinks, out, lse, static_cast<cudaStream_t>(work.stream));
   }
 

@@ -1,5 +1,5 @@
 // Decode over a sharded KV cache on one GPU (the CUDA backend's Backend::Decode, StoreTokens and
-// DecodeMergeOnDevice): the work items planned on the host, the kernels of kernels/cuda/decode.cuh
+// DecodeMerge): the work items planned on the host, the kernels of kernels/cuda/decode.cuh
 // on the call's stream, and the merge of every rank's records, which the engine gathers into
 // device memory, by one kernel (in double and in rank order, as the CPU backend's merge on the
 // host) writing the call's out and lse: a decode step never waits for a copy to the host.
