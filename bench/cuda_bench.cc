@@ -49,6 +49,7 @@
 #include <tuple>
 #include <vector>
 
+#include "backend/backend.h"
 #include "backend/cuda/busy_tiles.h"
 #include "backend/cuda/mask_args.h"
 #include "bench_util.h"
@@ -192,7 +193,11 @@ struct BlockTimer {
         dkv(2 * Bytes(4), false) {
     CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   }
-  ~BlockTimer() { cudaStreamDestroy(stream); }
+  ~BlockTimer() {
+    cudaStreamDestroy(stream);
+    for (cudaStream_t st : {hi, lo})
+      if (st != nullptr) cudaStreamDestroy(st);
+  }
   BlockTimer(const BlockTimer&) = delete;
   BlockTimer& operator=(const BlockTimer&) = delete;
   size_t Bytes(int es) const { return static_cast<size_t>(B * L * H * D) * es; }
@@ -203,16 +208,19 @@ struct BlockTimer {
   // A [B, L, H, D] bf16 buffer's rows, compact.
   stria::cuda::RowsArg Rows(const Dev& t) const { return stria::cuda::RowsArg{t.p, L * H * D, H * D, D}; }
 
-  // A block mask with document bounds (host arrays, [B][L] each): the device copy its kernels read.
-  // busy_tiles: with the forward's list of query tiles with work, as the backend launches a block
-  // in the middle of its call (busy_tiles.h); false: a CTA for every query tile.
-  stria::cuda::MaskArgs Mask(const stria::BlockMask& bm, bool busy_tiles = false) {
+  // A block mask with document bounds (host arrays, [B][L] each): the device copy its kernels read,
+  // in `*store` (made on first use; `bounds` by default). busy_tiles: with the forward's list of
+  // query tiles with work, as the backend launches a block in the middle of its call
+  // (busy_tiles.h); false: a CTA for every query tile.
+  stria::cuda::MaskArgs Mask(const stria::BlockMask& bm, bool busy_tiles = false,
+                             std::unique_ptr<Dev>* store = nullptr) {
     stria::cuda::MaskArgs a = stria::MaskOf(bm);
     if (bm.doc_lo == nullptr) return a;
+    if (store == nullptr) store = &bounds;
     const size_t n = static_cast<size_t>(B * L);
     const size_t list = static_cast<size_t>((L + stria::cuda::kForwardTileRows - 1) / stria::cuda::kForwardTileRows);
-    if (bounds == nullptr) bounds = std::make_unique<Dev>(2 * n * sizeof(int64_t) + list * 4, false);
-    auto* dev = static_cast<int64_t*>(bounds->p);
+    if (*store == nullptr) *store = std::make_unique<Dev>(2 * n * sizeof(int64_t) + list * 4, false);
+    auto* dev = static_cast<int64_t*>((*store)->p);
     CHECK_CUDA(cudaMemcpy(dev, bm.doc_lo, n * sizeof(int64_t), cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(dev + n, bm.doc_hi, n * sizeof(int64_t), cudaMemcpyHostToDevice));
     a.doc_lo = dev;
@@ -232,8 +240,8 @@ struct BlockTimer {
   std::unique_ptr<Dev> bounds;  // Mask's device copy of the document bounds and the tile list
   bool busy_tiles = true;       // Forward's launches: as the backend's (Mask)
 
-  double Forward(const stria::BlockMask& bm, stria::cuda::Kernels kernels = stria::cuda::Kernels::kMma) {
-    if (bm.empty()) return 0.0;
+  // A forward block in the middle of its call (the state read and written), its bounds in *store.
+  stria::cuda::FwdParams ForwardParams(const stria::BlockMask& bm, std::unique_ptr<Dev>* store = nullptr) {
     stria::cuda::FwdParams p{};
     p.dims = Dims();
     p.q = Rows(q);
@@ -243,15 +251,13 @@ struct BlockTimer {
     p.m = static_cast<float*>(m.p);
     p.l = static_cast<float*>(l.p);
     p.scale_log2 = stria::cuda::kLog2e / std::sqrt(static_cast<float>(D));
-    p.mask = Mask(bm, busy_tiles);
-    if (p.mask.tiles != nullptr && p.mask.tile_count == 0) return 0.0;  // the backend launches nothing
-    return TimeMs(stream, reps,
-                  [&] { CHECK_CUDA(stria::cuda::LaunchForwardBlock(stria::cuda::Elem::kBF16, kernels, p, stream)); });
+    p.mask = Mask(bm, busy_tiles, store);
+    return p;
   }
-  // key_rows: BwdParams::key_rows, the rows of a trimmed partial that the engine reads (0: all).
-  double Backward(const stria::BlockMask& bm, stria::cuda::Kernels kernels = stria::cuda::Kernels::kMma,
-                  int64_t key_rows = 0) {
-    if (bm.empty()) return 0.0;
+  // key_rows: BwdParams::key_rows, the rows of a trimmed partial that the engine reads (0: all);
+  // key_begin: BwdParams::key_begin (a home part's keys).
+  stria::cuda::BwdParams BackwardParams(const stria::BlockMask& bm, int64_t key_rows, int64_t key_begin = 0,
+                                        std::unique_ptr<Dev>* store = nullptr) {
     stria::cuda::BwdParams p{};
     p.dims = Dims();
     p.q = Rows(q);
@@ -265,12 +271,64 @@ struct BlockTimer {
     p.dv = static_cast<float*>(dkv.p) + B * L * H * D;
     p.scale = 1.f / std::sqrt(static_cast<float>(D));
     p.scale_log2 = p.scale * stria::cuda::kLog2e;
-    p.mask = Mask(bm);
+    p.mask = Mask(bm, false, store);
     p.key_rows = key_rows;
+    p.key_begin = key_begin;
+    return p;
+  }
+
+  double Forward(const stria::BlockMask& bm, stria::cuda::Kernels kernels = stria::cuda::Kernels::kMma) {
+    if (bm.empty()) return 0.0;
+    const stria::cuda::FwdParams p = ForwardParams(bm);
+    if (p.mask.tiles != nullptr && p.mask.tile_count == 0) return 0.0;  // the backend launches nothing
+    return TimeMs(stream, reps,
+                  [&] { CHECK_CUDA(stria::cuda::LaunchForwardBlock(stria::cuda::Elem::kBF16, kernels, p, stream)); });
+  }
+  double Backward(const stria::BlockMask& bm, stria::cuda::Kernels kernels = stria::cuda::Kernels::kMma,
+                  int64_t key_rows = 0, int64_t key_begin = 0) {
+    if (bm.empty()) return 0.0;
+    const stria::cuda::BwdParams p = BackwardParams(bm, key_rows, key_begin);
     return TimeMs(stream, reps, [&] {
       CHECK_CUDA(stria::cuda::LaunchBackwardBlock(stria::cuda::Elem::kBF16, kernels, false, p, stream));
     });
   }
+
+  // A rank's call with a home part, as the backend queues it (src/backend/cuda, DetachesHome): the
+  // ring's launches one after another on a stream of the device's greatest priority, the home
+  // part's on one of its least, both from one start; the time until both are done (median of
+  // reps). Without the transfers: each ring block's launch follows the previous one at once.
+  template <typename Ring, typename Home>
+  double Overlapped(Ring ring, Home home) {
+    if (hi == nullptr) {
+      int least = 0, greatest = 0;
+      CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+      CHECK_CUDA(cudaStreamCreateWithPriority(&hi, cudaStreamNonBlocking, greatest));
+      CHECK_CUDA(cudaStreamCreateWithPriority(&lo, cudaStreamNonBlocking, least));
+    }
+    cudaEvent_t start, lo_done, end;
+    CHECK_CUDA(cudaEventCreate(&start));
+    CHECK_CUDA(cudaEventCreate(&lo_done));
+    CHECK_CUDA(cudaEventCreate(&end));
+    std::vector<double> ms;
+    for (int i = 0; i <= reps; ++i) {  // the first run warms up
+      CHECK_CUDA(cudaEventRecord(start, hi));
+      CHECK_CUDA(cudaStreamWaitEvent(lo, start, 0));
+      ring(hi);
+      home(lo);
+      CHECK_CUDA(cudaEventRecord(lo_done, lo));
+      CHECK_CUDA(cudaStreamWaitEvent(hi, lo_done, 0));
+      CHECK_CUDA(cudaEventRecord(end, hi));
+      CHECK_CUDA(cudaEventSynchronize(end));
+      float t = 0;
+      CHECK_CUDA(cudaEventElapsedTime(&t, start, end));
+      if (i > 0) ms.push_back(t);
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(lo_done);
+    cudaEventDestroy(end);
+    return Median(ms);
+  }
+  cudaStream_t hi = nullptr, lo = nullptr;  // Overlapped's streams
 };
 
 // Where a call's time goes, at the shapes of the kernel targets (causal, D 128): `call_ms`, a call
@@ -520,6 +578,118 @@ ForwardTiles CountForwardTiles(const std::vector<int64_t>& lo, const std::vector
   return t;
 }
 
+// The plan's ring with each rank's home part (its kept documents) apart from the ring, as the CUDA
+// backend runs it (DetachesHome): the ring's blocks, their rows and keys below the rank's
+// HomeBegin, chain across ranks step by step (the slowest rank's block at each step, as in Docs);
+// each rank's home part runs beside its own blocks on a lower-priority stream. The modelled
+// latency is the longer of the chain and the slowest rank's own blocks and home part overlapped
+// (BlockTimer::Overlapped); both are lower bounds of the call's time, so the model leans
+// optimistic where they are close.
+void DocsHome(const stria::Plan& plan, int64_t H, int64_t D, int reps, stria::cuda::Kernels kernels,
+              const std::string& dist, const double single[2]) {
+  const int N = plan.world_size();
+  const int64_t L = plan.local_len(), S = plan.seq_len();
+  stria::MaskSpec causal;
+  BlockTimer t(L, H, D, reps);
+  std::vector<int64_t> lo(static_cast<size_t>(L)), hi(static_cast<size_t>(L));
+  std::vector<int64_t> home(static_cast<size_t>(N));
+  for (int r = 0; r < N; ++r) home[static_cast<size_t>(r)] = plan.HomeBegin(r, stria::kRowsKeyTile);
+  // The ring's block of rank r at `step` (its rows below the home part's; at step 0 its keys too),
+  // and its backward's key rows; false when nothing of it is visible.
+  auto ring_block = [&](int r, int step, stria::BlockMask* bm, int64_t* key_rows) {
+    const int holder = (r - step + N) % N;
+    const int64_t h = home[static_cast<size_t>(r)];
+    if (!plan.Bounds(0, r, holder, causal, lo.data(), hi.data())) return false;
+    *bm = stria::BlockMask();
+    bm->q_end = h;
+    bm->k_end = step == 0 ? h : L;
+    bm->doc_lo = lo.data();
+    bm->doc_hi = hi.data();
+    bm->doc_batch_stride = L;
+    *key_rows = 0;
+    if (step == 0) *key_rows = h;
+    if (step > 0) plan.RowsStillNeeded(holder, 0, causal, key_rows);
+    bool any = false;
+    for (int64_t i = 0; i < h && !any; ++i) any = hi[static_cast<size_t>(i)] > lo[static_cast<size_t>(i)];
+    return any;
+  };
+  double chain[2] = {0, 0}, slowest_rank[2] = {0, 0};
+  for (int step = 0; step < N; ++step) {
+    double slowest[2] = {0, 0};
+    for (int r = 0; r < N; ++r) {
+      stria::BlockMask bm;
+      int64_t key_rows = 0;
+      if (!ring_block(r, step, &bm, &key_rows)) continue;
+      slowest[0] = std::max(slowest[0], t.Forward(bm, kernels));
+      slowest[1] = std::max(slowest[1], t.Backward(bm, kernels, key_rows));
+    }
+    chain[0] += slowest[0];
+    chain[1] += slowest[1];
+  }
+  for (int r = 0; r < N; ++r) {
+    const int64_t h = home[static_cast<size_t>(r)];
+    std::vector<stria::cuda::FwdParams> fwd;
+    std::vector<stria::cuda::BwdParams> bwd;
+    std::vector<std::unique_ptr<Dev>> stores(static_cast<size_t>(2 * N + 2));
+    for (int step = 0; step < N; ++step) {
+      stria::BlockMask bm;
+      int64_t key_rows = 0;
+      if (!ring_block(r, step, &bm, &key_rows)) continue;
+      fwd.push_back(t.ForwardParams(bm, &stores[static_cast<size_t>(2 * step)]));
+      if (fwd.back().mask.tiles != nullptr && fwd.back().mask.tile_count == 0) fwd.pop_back();
+      bwd.push_back(t.BackwardParams(bm, key_rows, 0, &stores[static_cast<size_t>(2 * step + 1)]));
+    }
+    bool has_home = false;
+    stria::cuda::FwdParams home_fwd{};
+    stria::cuda::BwdParams home_bwd{};
+    if (h < L && plan.Bounds(0, r, r, causal, lo.data(), hi.data())) {
+      stria::BlockMask bm;
+      bm.q_begin = bm.k_begin = h;
+      bm.q_end = bm.k_end = L;
+      bm.doc_lo = lo.data();
+      bm.doc_hi = hi.data();
+      bm.doc_batch_stride = L;
+      home_fwd = t.ForwardParams(bm, &stores[static_cast<size_t>(2 * N)]);
+      home_bwd = t.BackwardParams(bm, 0, h, &stores[static_cast<size_t>(2 * N + 1)]);
+      has_home = true;
+    }
+    double rank_ms[2];
+    for (int dir = 0; dir < 2; ++dir) {
+      rank_ms[dir] = t.Overlapped(
+          [&](cudaStream_t st) {
+            if (dir == 0)
+              for (const auto& p : fwd)
+                CHECK_CUDA(stria::cuda::LaunchForwardBlock(stria::cuda::Elem::kBF16, kernels, p, st));
+            else
+              for (const auto& p : bwd)
+                CHECK_CUDA(stria::cuda::LaunchBackwardBlock(stria::cuda::Elem::kBF16, kernels, false, p, st));
+          },
+          [&](cudaStream_t st) {
+            if (!has_home) return;
+            if (dir == 0)
+              CHECK_CUDA(stria::cuda::LaunchForwardBlock(stria::cuda::Elem::kBF16, kernels, home_fwd, st));
+            else
+              CHECK_CUDA(stria::cuda::LaunchBackwardBlock(stria::cuda::Elem::kBF16, kernels, false, home_bwd, st));
+          });
+      slowest_rank[dir] = std::max(slowest_rank[dir], rank_ms[dir]);
+    }
+    std::printf(
+        "docs_home kernels=%s dist=%s seq=%lld world=%d rank=%d home_begin=%lld local_len=%lld fwd_ms=%.4f "
+        "bwd_ms=%.4f\n",
+        FamilyLabel(kernels).c_str(), dist.c_str(), (long long)S, N, r, (long long)h, (long long)L, rank_ms[0],
+        rank_ms[1]);
+  }
+  for (int dir = 0; dir < 2; ++dir) {
+    const double latency = std::max(chain[dir], slowest_rank[dir]);
+    std::printf(
+        "docs kernels=%s dir=%s who=plan_home dist=%s seq=%lld world=%d heads=%lld dim=%lld local_len=%lld "
+        "latency_ms=%.3f ideal_ms=%.3f of_ideal=%.3f chain_ms=%.3f slowest_rank_ms=%.3f single_gpu_ms=%.3f\n",
+        FamilyLabel(kernels).c_str(), dir == 0 ? "fwd" : "bwd", dist.c_str(), (long long)S, N, (long long)H,
+        (long long)D, (long long)L, latency, single[dir] / N, single[dir] / N / latency, chain[dir], slowest_rank[dir],
+        single[dir]);
+  }
+}
+
 // The modelled ring of a plan and of each fixed layout on one row of packed documents.
 int Docs(int64_t S, int N, int64_t H, int64_t D, int reps, stria::cuda::Kernels kernels, const std::string& dist,
          uint64_t seed) {
@@ -635,6 +805,7 @@ int Docs(int64_t S, int N, int64_t H, int64_t D, int reps, stria::cuda::Kernels 
           FamilyLabel(kernels).c_str(), dir == 0 ? "fwd" : "bwd", w.name, dist.c_str(), (long long)S, N, (long long)H,
           (long long)D, (long long)docs, (long long)L, latency[dir], single[dir] / N, single[dir] / N / latency[dir],
           single[dir]);
+    if (std::string(w.name) == "plan") DocsHome(*plan, H, D, reps, kernels, dist, single);
   }
   return 0;
 }

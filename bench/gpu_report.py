@@ -92,6 +92,7 @@ DOCS_KEYS = {"kernels", "dir", "who", "dist", "seq", "world", "local_len", "late
 STEP_KEYS = {"kernels", "who", "dist", "seq", "world", "step", "ranks", "fwd_ms", "fwd_mean_ms", "bwd_ms",
              "bwd_mean_ms", "tiles", "busy_ctas", "longest_cta"}
 IDLE_KEYS = {"kernels", "who", "seq", "world", "local_len", "fwd_ms", "bwd_ms"}
+HOME_KEYS = {"kernels", "dist", "seq", "world", "rank", "home_begin", "local_len", "fwd_ms", "bwd_ms"}
 SPLIT_KEYS = {"impl", "dir", "len", "call_ms", "loop_ms", "block_ms"}
 
 
@@ -193,10 +194,23 @@ def docs_steps_table(steps, idle, out):
     out.append("")
 
 
+def docs_home_table(homes, out):
+    """Each rank's own time in the plan's ring with its home part apart (plan_home): its ring blocks on
+    the high-priority stream and its kept documents on the low one, overlapped."""
+    out.append("Packed documents, each rank's blocks with its kept documents (rows from home_begin on) "
+               "computed apart, overlapped on two streams:\n")
+    out.append("| kernels | documents | tokens | N | rank | home from | local_len | fwd ms | bwd ms |")
+    out.append("|---|---|---|---|---|---|---|---|---|")
+    for r in homes:
+        out.append(f"| {r['kernels']} | {r['dist']} | {r['seq']} | {r['world']} | {r['rank']} | {r['home_begin']} | "
+                   f"{r['local_len']} | {float(r['fwd_ms']):.3f} | {float(r['bwd_ms']):.3f} |")
+    out.append("")
+
+
 def main(argv):
     if len(argv) != 2:
         sys.exit(__doc__)
-    kern, split, ring, hide, nccl, docs, steps, idle = {}, [], [], [], [], [], [], []
+    kern, split, ring, hide, nccl, docs, steps, idle, homes = {}, [], [], [], [], [], [], [], []
     decode, sharded, fixed, decode_shape, prefill = {}, [], None, None, {}
     with open(argv[1], errors="replace") as f:
         for line in f:
@@ -233,6 +247,8 @@ def main(argv):
                 elif head == "docs_step" and STEP_KEYS <= kv.keys():
                     float(kv["fwd_ms"]), float(kv["bwd_ms"]), float(kv["fwd_mean_ms"]), float(kv["bwd_mean_ms"])
                     steps.append(kv)
+                elif head == "docs_home" and HOME_KEYS <= kv.keys():
+                    homes.append(kv)
                 elif head == "docs_idle" and IDLE_KEYS <= kv.keys():
                     float(kv["fwd_ms"]), float(kv["bwd_ms"])
                     idle.append(kv)
@@ -295,6 +311,8 @@ def main(argv):
         out.append("")
     if steps:
         docs_steps_table(steps, idle, out)
+    if homes:
+        docs_home_table(homes, out)
     if hide:
         out.append("Smallest block length (tokens per rank) whose step kernels hide the step's transfer:\n")
         out.append("| kernels | pass | step | link | GB/s | from L |")

@@ -103,6 +103,7 @@ cudaError_t SimtBackward(const BwdParams& p, cudaStream_t s) {
   e = STRIA_LAUNCH(dq_kernel, dq_grid, 128, dq_bytes, s)(p);
   if (e != cudaSuccess) return e;
   const dim3 dkv_grid(KeyTileCount(p, kSimtRows), static_cast<unsigned>(p.dims.B * p.dims.Hkv));
+  if (dkv_grid.x == 0) return cudaSuccess;
   return STRIA_LAUNCH(dkv_kernel, dkv_grid, 128, dkv_bytes, s)(p);
 }
 

@@ -32,6 +32,7 @@ cudaError_t LaunchKeyTiles(void (*kernel)(BwdParams), const BwdParams& p, cudaSt
   const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
   if (allowed != cudaSuccess) return allowed;
   const dim3 grid(KeyTileCount(p, Tile::kN), static_cast<unsigned>(p.dims.B * p.dims.Hkv));
+  if (grid.x == 0) return cudaSuccess;  // key_begin at or past the last row: no key of this launch
   return STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(p);
 }
 

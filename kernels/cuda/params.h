@@ -119,13 +119,17 @@ struct BwdParams {
   // key past them: the launch covers only the key tiles up to there (KeyTileCount), and the rows
   // after stay unwritten. 0: every row.
   int64_t key_rows;
+  // A multiple of 128 (every family's key tile divides it): the launch starts at this key row, and
+  // rows [0, key_begin) of dk and dv are another launch's (a document plan's kept documents,
+  // computed apart from the ring's part of the same block: src/backend/cuda). 0: from the first.
+  int64_t key_begin;
 };
 
-// The key tiles of kN rows a backward launch covers: those holding rows [0, key_rows), or every
-// row's (BwdParams::key_rows).
+// The key tiles of kN rows a backward launch covers: those holding rows [key_begin, key_rows), or
+// from key_begin to the last row (BwdParams::key_rows). Tile t starts at key_begin + t kN.
 inline unsigned KeyTileCount(const BwdParams& p, int kN) {
   const int64_t rows = p.key_rows > 0 && p.key_rows < p.dims.L ? p.key_rows : p.dims.L;
-  return static_cast<unsigned>((rows + kN - 1) / kN);
+  return rows > p.key_begin ? static_cast<unsigned>((rows - p.key_begin + kN - 1) / kN) : 0u;
 }
 
 // Shard/unshard of a device tensor: one element per thread over the local tensor; along

@@ -243,7 +243,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDkvKernel(const BwdParams
   const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, b) : MaskArgs{};  // as in mma_forward.cuh
   const MaskArgs& mask = kDocs ? docs_mask : p.mask;
   const int group = d.Hq / d.Hkv;
-  const int64_t j0 = static_cast<int64_t>(cta.tile) * kSimtRows;
+  const int64_t j0 = p.key_begin + static_cast<int64_t>(cta.tile) * kSimtRows;
   const TileRun queries = QueryTilesOf<kDocs>(mask, j0, MinI(j0 + kSimtRows, d.L), kSimtTile);
   if (queries.count == 0) return ZeroKeyGrads<T>(p, b, hk, j0, kSimtRows, 128);
   constexpr int kEb = ElemBytes<T>();

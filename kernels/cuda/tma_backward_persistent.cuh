@@ -67,7 +67,9 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaPersistentBackwardKernel(cons
   const int group = d.Hq / d.Hkv;
   // The launch's key tiles: KeyTileCount's (a host function of params.h).
   const int64_t key_rows = p.key_rows > 0 && p.key_rows < d.L ? p.key_rows : d.L;
-  const BackwardItems items{static_cast<unsigned>((key_rows + kN - 1) / kN), static_cast<unsigned>(d.B * d.Hkv)};
+  const unsigned key_tiles =
+      key_rows > p.key_begin ? static_cast<unsigned>((key_rows - p.key_begin + kN - 1) / kN) : 0u;
+  const BackwardItems items{key_tiles, static_cast<unsigned>(d.B * d.Hkv)};
   const PersistentItems schedule{items.count(), blockIdx.x, gridDim.x};
   // Item w: its batch row, K/V head and first key, and the query tiles that see its keys under
   // `mask` (the item's: with documents, its batch row's bounds), as every role of the CTA walks
@@ -83,7 +85,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaPersistentBackwardKernel(cons
     const int bhk = static_cast<int>(w % items.heads);
     it.b = bhk / d.Hkv;
     it.hk = bhk % d.Hkv;
-    it.j0 = static_cast<int64_t>(w / items.heads) * kN;
+    it.j0 = p.key_begin + static_cast<int64_t>(w / items.heads) * kN;
     it.queries = QueryTilesOf<kDocs>(mask, it.j0, MinI(it.j0 + kN, d.L), kM);
     return it;
   };

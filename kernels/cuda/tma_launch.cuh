@@ -106,6 +106,7 @@ cudaError_t LaunchTmaPersistentBackward(const TmaBwdParams& tp, bool bulk, cudaS
   if (allowed != cudaSuccess) return allowed;
   const unsigned items =
       BackwardItems{KeyTileCount(p, TmaBwdTile<D>::kN), static_cast<unsigned>(p.dims.B * p.dims.Hkv)}.count();
+  if (items == 0) return cudaSuccess;
   const unsigned sms = SmCount();
   const dim3 grid(items < sms ? items : sms);
   return STRIA_LAUNCH(kernel, grid, TmaBwdTile<D>::kThreads, smem, s)(tp);
@@ -139,6 +140,7 @@ cudaError_t LaunchTmaTileBackward(const BwdParams& p, cudaStream_t s) {
   const cudaError_t allowed = AllowSmem(kernel, smem);
   if (allowed != cudaSuccess) return allowed;
   const dim3 grid(KeyTileCount(p, Tile::kN), static_cast<unsigned>(d.B * d.Hkv));
+  if (grid.x == 0) return cudaSuccess;
   return STRIA_LAUNCH(kernel, grid, Tile::kThreads, smem, s)(tp);
 }
 // Head dim 256 takes the wgmma family's kernel for it (wgmma_backward_wide.cuh): the TMA

@@ -160,7 +160,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaWideBackwardKernel(const BwdPara
   const CtaSlot cta = CtaSlotOf();
   const int bhk = static_cast<int>(cta.head), b = bhk / d.Hkv, hk = bhk % d.Hkv;
   const int group = d.Hq / d.Hkv;
-  const int64_t j0 = static_cast<int64_t>(cta.tile) * kN;
+  const int64_t j0 = p.key_begin + static_cast<int64_t>(cta.tile) * kN;
   // With documents, this batch row's bounds (a copy); without, the launch's own mask as it is.
   const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, b) : MaskArgs{};
   const MaskArgs& mask = kDocs ? docs_mask : p.mask;

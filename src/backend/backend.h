@@ -124,6 +124,17 @@ struct ForwardStep {
   // than in a pass of its own; nullptr before the last block.
   const TensorView* out = nullptr;
   const TensorView* lse = nullptr;
+  // On the local block of a document plan's call whose rank keeps documents of its own (the
+  // plan's HomeBegin, a multiple of kRowsKeyTile; -1 otherwise): rows at or past it, in every batch
+  // row, see keys of this block only, and, backward, its keys at or past it are seen by those rows
+  // only. A backend that DetachesHome may compute that part of the block apart from the rest,
+  // concurrently with the blocks that follow: it then reads kv_wire (which the engine keeps as it
+  // is) and writes only those rows (forward: their out and lse, in place of the state; backward:
+  // their dQ and the rows of dkv) until ForwardEnd / BackwardEnd, or JoinDetached.
+  int64_t home_begin = -1;
+  // With home_begin: the call's outputs (those of ForwardEnd), which the home part may write.
+  const TensorView* home_out = nullptr;
+  const TensorView* home_lse = nullptr;
 };
 
 // Where a backward block call stands in its ring call.
@@ -140,6 +151,7 @@ struct BackwardStep {
   // may leave the others unwritten. nullptr: every row (the block's owner keeps its partial whole,
   // and a call without a document plan sends it whole).
   const int64_t* dkv_rows = nullptr;
+  int64_t home_begin = -1;  // as ForwardStep::home_begin
 };
 
 // A decode call's work on one rank (serve/decode.cc; stria.h, stria_attention_decode).
@@ -356,6 +368,17 @@ class Backend {
   // that writes or reads ring buffers must be complete: this waits for it. The transfer of the
   // next block then overlaps the compute queued after it.
   virtual Status FenceBuffers() { return Status::Ok(); }
+  // Whether this backend may run a local block's home part (ForwardStep::home_begin) apart from
+  // the ring's: the engine then keeps that block in a buffer of its own for the whole call, since
+  // the ring's two K/V buffers are received into while the part may still read it. CUDA runs it
+  // on a stream of its own, at a lower priority than the ring's kernels, so that it fills the
+  // SMs the later steps' small blocks leave idle and the gaps while the host waits for their
+  // transfers (docs/plans.md).
+  virtual bool DetachesHome() const { return false; }
+  // Joins the work a call queued apart from its stream (DetachesHome) back into it: the engine
+  // calls it when a call's steps end, on every path, so that a failed call's work, too, is
+  // ordered before whatever the caller queues next.
+  virtual Status JoinDetached() { return Status::Ok(); }
   // How a local group of contexts of this backend moves ring messages between its ranks; nullptr
   // means plain memcpy (host memory).
   virtual std::shared_ptr<BufferCopier> CreateLocalCopier() { return nullptr; }

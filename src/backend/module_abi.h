@@ -15,8 +15,9 @@ namespace stria {
 // device backends (CheckServingSupported by call, PartialsOnHost, ReadBytesOnHost,
 // DecodeWork::stream, StoreTokens' stream); 11: Backend::DecodeFinishAlone; 12: Backend::WidenFp8;
 // 13: the merge on the device (MergesOnDevice; DecodeMerge reads the backend's memory; a world of
-// one finishes in Decode, DecodeFinishAlone and PartialsOnHost gone).
-constexpr int kBackendModuleAbiVersion = 13;
+// one finishes in Decode, DecodeFinishAlone and PartialsOnHost gone); 14: a plan's home part
+// (ForwardStep/BackwardStep::home_begin, Backend::DetachesHome and JoinDetached).
+constexpr int kBackendModuleAbiVersion = 14;
 
 struct BackendModuleV1 {
   int abi_version;  // kBackendModuleAbiVersion

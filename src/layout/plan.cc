@@ -209,6 +209,33 @@ int64_t Plan::used(int64_t b, int rank) const {
   return r.empty() ? 0 : r.back().local_begin + r.back().count + r.back().pad_after;
 }
 
+int64_t Plan::HomeBegin(int rank, int64_t align) const {
+  auto round_up = [align](int64_t x) { return (x + align - 1) / align * align; };
+  // Past every shared document's slots (segment 0 comes first in a rank's order), on a multiple of
+  // `align`...
+  int64_t h = 0;
+  for (int64_t b = 0; b < batch_; ++b)
+    for (const Run& run : runs(b, rank))
+      if (run.segment == 0) h = std::max(h, run.local_begin + run.count + run.pad_after);
+  h = round_up(h);
+  // ...and past every kept document that would cross it. Moving h on can make it cross another
+  // batch row's document, hence the repetition (each pass only moves it on).
+  for (bool moved = true; moved && h < local_len_;) {
+    moved = false;
+    for (int64_t b = 0; b < batch_; ++b)
+      for (const Run& run : runs(b, rank))
+        if (run.local_begin < h && h < run.local_begin + run.count) {
+          h = round_up(run.local_begin + run.count);
+          moved = true;
+        }
+  }
+  if (h >= local_len_) return local_len_;
+  for (int64_t b = 0; b < batch_; ++b)
+    for (const Run& run : runs(b, rank))
+      if (run.count > 0 && run.local_begin >= h) return h;  // a kept token past it
+  return local_len_;
+}
+
 void Plan::Positions(int64_t b, int rank, int64_t* positions) const {
   int64_t i = 0;
   for (const Run& run : runs(b, rank)) {

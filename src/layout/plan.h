@@ -113,6 +113,13 @@ class Plan {
   // for the table (world_size * RingSteps * batch above 2^22) keeps every row (local_len).
   void RowsStillNeeded(int k_rank, int step, const MaskSpec& mask, int64_t* rows) const;
 
+  // The first local slot, a multiple of `align`, from which rank's slots in every batch row hold
+  // only documents it keeps whole (and padding), no such document crossing it: local_len() when
+  // there is none past it. Queries at or past it see keys of their own rank only, and their keys
+  // are seen by those queries only, under any mask; so a call may compute that part of the local
+  // block apart from the ring's, concurrently with the later steps (ForwardStep::home_begin).
+  int64_t HomeBegin(int rank, int64_t align) const;
+
  private:
   Plan() = default;
   void BuildFromLayout();

@@ -32,6 +32,8 @@ Status BackwardWorkspace(Context& ctx, const RingGroup& g, const ValidatedCall& 
   if (st.ok() && trimmed) st = StagingBuffers(ctx, KVStagingBytes(c, be, true, b->kv_bytes, n, g.r), b->stage);
   if (st.ok() && trimmed) st = ctx.RingBuffer(kDKVStagingSlot, b->dkv_bytes, &b->dkv_stage);
   if (st.ok() && trimmed) st = ctx.RingBuffer(kOwnDKVSlot, b->dkv_bytes, &b->own);
+  b->home_begin = HomeBeginOf(c, be, n, g.r);
+  if (st.ok() && b->home_begin >= 0) st = ctx.RingBuffer(kLocalKVSlot, b->kv_bytes, &b->local);
   return st;
 }
 
@@ -58,16 +60,16 @@ Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, u
   const AttentionShape& s = c.shape;
   const bool trimmed = c.plan != nullptr && n > 1;
   const size_t kv_bytes = b.kv_bytes, dkv_bytes = b.dkv_bytes;
-  void* const* kv = b.kv;
   void* const* stage = b.stage;
   void* const* dkv = b.dkv;
   void* const dkv_in = b.dkv_in;
   void* const dkv_stage = b.dkv_stage;
   void* const own = b.own;
+  JoinDetachedOnExit join(be);
   // Packing the local block is step 0's work (a backend may do some of it in the block call).
   StepTimer pack_timer(be);
   pack_timer.ComputeBegin();
-  Status packed = be.PackKV(s, c.k, c.v, kv[0], n > 1);
+  Status packed = be.PackKV(s, c.k, c.v, b.Held(0), n > 1);
   if (packed.ok()) packed = ctx.CheckNotAborted();  // an abort may cut the packing short: send none of it
   if (!packed.ok()) return ctx.Fail(packed);
   pack_timer.ComputeEnd();
@@ -98,17 +100,17 @@ Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, u
     if (forward_block) {
       out = KVMessage(c, be, true, kv_bytes, holder, step);
       in = KVMessage(c, be, true, kv_bytes, (holder - 1 + n) % n, step);
-      if (!out.whole) st = be.CopyPieces(stage[0], kv[step % 2], out.pieces, true);
+      if (!out.whole) st = be.CopyPieces(stage[0], b.Held(step), out.pieces, true);
     }
     // Asynchronous backends: the K/V block to send is packed (or gathered) and the buffers we
     // receive into (the other K/V slot or the staging, dkv_in) are no longer read by the previous
     // step's compute.
     if (st.ok() && steps > 1) st = be.FenceBuffers();
     if (st.ok() && forward_block) {
-      st = tr.Irecv(prev, RingTag(seq, step, MessageKind::kKV, c.lane), in.whole ? kv[(step + 1) % 2] : stage[1],
-                    in.bytes, &kv_recv);
+      st = tr.Irecv(prev, RingTag(seq, step, MessageKind::kKV, c.lane), in.whole ? b.Into(step) : stage[1], in.bytes,
+                    &kv_recv);
       if (st.ok())
-        st = tr.Isend(next, RingTag(seq, step, MessageKind::kKV, c.lane), out.whole ? kv[step % 2] : stage[0],
+        st = tr.Isend(next, RingTag(seq, step, MessageKind::kKV, c.lane), out.whole ? b.Held(step) : stage[0],
                       out.bytes, &kv_send);
       if (st.ok()) CountSent(out.bytes, true, &ctx.traffic());
     }
@@ -129,7 +131,8 @@ Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, u
       c.plan->RowsStillNeeded(holder, 0, c.mask, dkv_rows.data());
       where.dkv_rows = dkv_rows.data();
     }
-    st = be.BackwardBlock(kv[step % 2], mask, mine, where);
+    if (step == 0) where.home_begin = b.home_begin;
+    st = be.BackwardBlock(b.Held(step), mask, mine, where);
     if (st.ok()) st = ctx.CheckNotAborted();
     if (!st.ok()) return ctx.Fail(st);
     timer.ComputeEnd();
@@ -160,7 +163,7 @@ Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, u
       st = tr.Wait(kv_recv, ctx.timeout_s(), kv_what.c_str());
       if (st.ok()) st = tr.Wait(kv_send, ctx.timeout_s(), kv_what.c_str());
       // After this step's compute in the backend's order, into the block the next step reads.
-      if (st.ok() && !in.whole) st = be.CopyPieces(kv[(step + 1) % 2], stage[1], in.pieces, false);
+      if (st.ok() && !in.whole) st = be.CopyPieces(b.Into(step), stage[1], in.pieces, false);
       if (!st.ok()) return ctx.Fail(st);
     }
     times[static_cast<size_t>(step)] = timer.Finish();
@@ -182,6 +185,7 @@ Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, u
   }
   Status st = be.BackwardEnd(c.dq, done, c.dk, c.dv);
   if (st.ok() && c.dsinks_given) st = be.SinksGradient(c.sinks, c.dsinks);
+  if (st.ok()) st = be.JoinDetached();
   if (st.ok()) st = ctx.CheckNotAborted();
   return st.ok() ? st : ctx.Fail(st);
 }

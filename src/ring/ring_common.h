@@ -73,6 +73,13 @@ struct ForwardBuffers {
   size_t kv_bytes = 0;
   void* kv[2] = {nullptr, nullptr};
   void* stage[2] = {nullptr, nullptr};  // trimmed messages: [0] outgoing, [1] incoming
+  // A plan's home part (HomeBeginOf): the local block in a buffer of its own, which the ring never
+  // receives into; nullptr without one, and the local block is kv[0] as ever.
+  int64_t home_begin = -1;
+  void* local = nullptr;
+  // The K/V block the rank holds at `step`, and the one it receives into then.
+  void* Held(int step) const { return local == nullptr ? kv[step % 2] : step == 0 ? local : kv[(step - 1) % 2]; }
+  void* Into(int step) const { return local == nullptr ? kv[(step + 1) % 2] : kv[step % 2]; }
 };
 Status ForwardWorkspace(Context& ctx, const RingGroup& g, const ValidatedCall& c, ForwardBuffers* b);
 Status ForwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, uint64_t seq, const ForwardBuffers& b);
@@ -86,6 +93,10 @@ struct BackwardBuffers {
   void* dkv_in = nullptr;               // the partial arriving from the previous rank
   void* dkv_stage = nullptr;            // a trimmed partial going out
   void* own = nullptr;                  // the contribution to this rank's own block
+  int64_t home_begin = -1;              // as in ForwardBuffers
+  void* local = nullptr;
+  void* Held(int step) const { return local == nullptr ? kv[step % 2] : step == 0 ? local : kv[(step - 1) % 2]; }
+  void* Into(int step) const { return local == nullptr ? kv[(step + 1) % 2] : kv[step % 2]; }
 };
 Status BackwardWorkspace(Context& ctx, const RingGroup& g, const ValidatedCall& c, BackwardBuffers* b);
 Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, uint64_t seq, const BackwardBuffers& b);
@@ -95,6 +106,31 @@ Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, u
 // Serving calls use 9 to 12; a grid's all-to-all 13 to 17 (grid.cc); a forward's widened FP8
 // inputs 18 to 20 (fp8_inputs.cc).
 constexpr int kKVStagingSlot = 5, kDKVStagingSlot = 7, kOwnDKVSlot = 8;
+// A plan's local K/V block while its home part may still read it (ForwardBuffers::local).
+constexpr int kLocalKVSlot = 21;
+
+// Where a plan's call may compute the rank's kept documents apart from the ring
+// (ForwardStep::home_begin): the plan's HomeBegin, on a backend that runs such a part
+// concurrently with the ring, when there is a ring to overlap (more than one step) and something
+// past it; -1 otherwise.
+inline int64_t HomeBeginOf(const ValidatedCall& c, const Backend& be, int n, int r) {
+  if (c.plan == nullptr || n < 2 || !be.DetachesHome() || RingSteps(c, n) < 2) return -1;
+  const int64_t h = c.plan->HomeBegin(r, kRowsKeyTile);
+  return h < c.shape.L ? h : -1;
+}
+
+// Joins a call's detached work (Backend::JoinDetached) when its steps end on a failure; the
+// success path joins explicitly, to report the join's own failure.
+class JoinDetachedOnExit {
+ public:
+  explicit JoinDetachedOnExit(Backend& be) : be_(be) {}
+  ~JoinDetachedOnExit() { (void)be_.JoinDetached(); }
+  JoinDetachedOnExit(const JoinDetachedOnExit&) = delete;
+  JoinDetachedOnExit& operator=(const JoinDetachedOnExit&) = delete;
+
+ private:
+  Backend& be_;
+};
 
 // The largest trimmed K/V message rank r sends or receives in the call: its staging size.
 inline size_t KVStagingBytes(const ValidatedCall& c, const Backend& be, bool backward, size_t kv_bytes, int n, int r) {

@@ -19,6 +19,8 @@ Status ForwardWorkspace(Context& ctx, const RingGroup& g, const ValidatedCall& c
   if (st.ok() && g.n > 1) st = ctx.RingBuffer(1, b->kv_bytes, &b->kv[1]);
   if (st.ok() && g.n > 1 && c.plan != nullptr)
     st = StagingBuffers(ctx, KVStagingBytes(c, be, false, b->kv_bytes, g.n, g.r), b->stage);
+  b->home_begin = HomeBeginOf(c, be, g.n, g.r);
+  if (st.ok() && b->home_begin >= 0) st = ctx.RingBuffer(kLocalKVSlot, b->kv_bytes, &b->local);
   return st;
 }
 
@@ -52,12 +54,12 @@ Status ForwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, ui
   Transport& tr = ctx.transport();
   const AttentionShape& s = c.shape;
   const size_t kv_bytes = b.kv_bytes;
-  void* const* kv = b.kv;
   void* const* stage = b.stage;
+  JoinDetachedOnExit join(be);
   // Packing the local block is step 0's work (a backend may do some of it in the block call).
   StepTimer pack_timer(be);
   pack_timer.ComputeBegin();
-  Status packed = be.PackKV(s, c.k, c.v, kv[0], n > 1);
+  Status packed = be.PackKV(s, c.k, c.v, b.Held(0), n > 1);
   if (packed.ok()) packed = ctx.CheckNotAborted();  // an abort may cut the packing short: send none of it
   if (!packed.ok()) return ctx.Fail(packed);
   pack_timer.ComputeEnd();
@@ -80,15 +82,15 @@ Status ForwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, ui
     if (forward_block) {
       out = KVMessage(c, be, false, kv_bytes, holder, step);
       in = KVMessage(c, be, false, kv_bytes, (holder - 1 + n) % n, step);
-      Status st = out.whole ? Status::Ok() : be.CopyPieces(stage[0], kv[step % 2], out.pieces, true);
+      Status st = out.whole ? Status::Ok() : be.CopyPieces(stage[0], b.Held(step), out.pieces, true);
       // The block we send must be packed (step 0) or gathered, and the one we receive into no
       // longer read by the previous step's compute.
       if (st.ok()) st = be.FenceBuffers();
       if (st.ok())
-        st = tr.Irecv(prev, RingTag(seq, step, MessageKind::kKV, c.lane), in.whole ? kv[(step + 1) % 2] : stage[1],
-                      in.bytes, &recv);
+        st = tr.Irecv(prev, RingTag(seq, step, MessageKind::kKV, c.lane), in.whole ? b.Into(step) : stage[1], in.bytes,
+                      &recv);
       if (st.ok())
-        st = tr.Isend(next, RingTag(seq, step, MessageKind::kKV, c.lane), out.whole ? kv[step % 2] : stage[0],
+        st = tr.Isend(next, RingTag(seq, step, MessageKind::kKV, c.lane), out.whole ? b.Held(step) : stage[0],
                       out.bytes, &send);
       if (!st.ok()) return ctx.Fail(st);
       CountSent(out.bytes, true, &ctx.traffic());
@@ -102,7 +104,12 @@ Status ForwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, ui
         where.out = &c.out;
         where.lse = &c.lse;
       }
-      Status st = be.ForwardBlock(kv[step % 2], mask, where);
+      if (step == 0 && b.home_begin >= 0) {
+        where.home_begin = b.home_begin;
+        where.home_out = &c.out;
+        where.home_lse = &c.lse;
+      }
+      Status st = be.ForwardBlock(b.Held(step), mask, where);
       if (st.ok()) st = ctx.CheckNotAborted();
       if (!st.ok()) return ctx.Fail(st);
     }
@@ -112,7 +119,7 @@ Status ForwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, ui
       Status st = tr.Wait(recv, ctx.timeout_s(), what.c_str());
       if (st.ok()) st = tr.Wait(send, ctx.timeout_s(), what.c_str());
       // After this step's compute in the backend's order, into the block the next step reads.
-      if (st.ok() && !in.whole) st = be.CopyPieces(kv[(step + 1) % 2], stage[1], in.pieces, false);
+      if (st.ok() && !in.whole) st = be.CopyPieces(b.Into(step), stage[1], in.pieces, false);
       if (!st.ok()) return ctx.Fail(st);
     }
     times[static_cast<size_t>(step)] = timer.Finish();
@@ -121,6 +128,7 @@ Status ForwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, ui
   Status st = be.ForwardEnd(c.out, c.lse);
   // The sinks join each finished row once, whatever the ring: after every block's merge.
   if (st.ok() && c.sinks_given) st = be.ApplySinks(c.sinks, c.out, c.lse);
+  if (st.ok()) st = be.JoinDetached();
   if (st.ok()) st = ctx.CheckNotAborted();
   return st.ok() ? st : ctx.Fail(st);
 }

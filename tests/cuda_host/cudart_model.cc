@@ -25,7 +25,9 @@
 //   capability STRIA_CUDA_MODEL_CC
 //   (default 90, so the Hopper kernels run too), STRIA_CUDA_MODEL_MEMORY_MB each (default 80 GiB;
 //   the host allocates only what is asked for) and STRIA_CUDA_MODEL_SMS SMs each (default 132, an
-//   H200's; fewer make a persistent kernel's CTAs walk several work items each).
+//   H200's; fewer make a persistent kernel's CTAs walk several work items each);
+// - stream priorities order nothing (each stream is a thread), but STRIA_CUDA_MODEL_LEAST_PRIORITY_DELAY_MS
+//   runs the work of least-priority streams that much late, item by item.
 // Streams are never freed (cudaStreamDestroy lets the worker end once its work is done): the
 // model is for tests, and a late use then finds a stopped stream, not freed memory.
 #include <cuda.h>
@@ -59,6 +61,9 @@ struct CUstream_st {
   std::deque<std::function<void()>> work;
   uint64_t queued = 0, done = 0;  // items ever queued, items finished
   bool stopping = false;
+  // -1 / +1: created with the device's least / greatest priority (cudaStreamCreateWithPriority),
+  // for stria_cuda_runtime_model_priority_launches; 0 otherwise.
+  int priority_class = 0;
   std::thread worker;
 };
 
@@ -180,6 +185,14 @@ void RunStream(CUstream_st* s) {
       fn = std::move(s->work.front());
       s->work.pop_front();
     }
+    // STRIA_CUDA_MODEL_LEAST_PRIORITY_DELAY_MS: the least-priority streams' work runs that much
+    // late, item by item, as a GPU busy with higher-priority work may run it: whatever waits for
+    // such a stream must then really wait (a document plan's home part, src/backend/cuda).
+    static const int delay_ms = [] {
+      const char* env = std::getenv("STRIA_CUDA_MODEL_LEAST_PRIORITY_DELAY_MS");
+      return env != nullptr ? std::atoi(env) : 0;
+    }();
+    if (s->priority_class < 0 && delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
     fn();
     {
       std::lock_guard<std::mutex> lock(s->mu);
@@ -315,6 +328,8 @@ std::atomic<uint64_t> g_launches{0};
 // What the process has queued so far (stria_cuda_runtime_model_counts): kernel launches, copies
 // from host to device memory and from device to host memory.
 std::atomic<uint64_t> g_all_launches{0}, g_copies_to_device{0}, g_copies_to_host{0};
+// Launches on streams of the least and of the greatest priority.
+std::atomic<uint64_t> g_least_priority_launches{0}, g_greatest_priority_launches{0};
 
 int LaunchOnStream(const void* kernel, void* stream, Dim3 grid, Dim3 block, size_t smem_bytes,
                    std::function<void()> body) {
@@ -340,6 +355,8 @@ int LaunchOnStream(const void* kernel, void* stream, Dim3 grid, Dim3 block, size
   }
   // stria_cuda_runtime_model_shuffle_blocks: this launch's own order of CTAs (and of warps).
   g_all_launches.fetch_add(1);
+  if (s->priority_class < 0) g_least_priority_launches.fetch_add(1);
+  if (s->priority_class > 0) g_greatest_priority_launches.fetch_add(1);
   const uint64_t shuffle = g_shuffle_seed.load();
   const uint64_t seed = shuffle == 0 ? 0 : shuffle ^ (g_launches.fetch_add(1) * 0x9e3779b97f4a7c15ull);
   Enqueue(s, [=] {
@@ -381,6 +398,13 @@ void stria_cuda_runtime_model_counts(uint64_t* launches, uint64_t* to_device, ui
   *launches = stria::cuda::emu::g_all_launches.load();
   *to_device = stria::cuda::emu::g_copies_to_device.load();
   *to_host = stria::cuda::emu::g_copies_to_host.load();
+}
+
+// Also the model's: the kernel launches queued so far on streams created with the device's least
+// priority and with its greatest (a document plan's home part and its ring, src/backend/cuda).
+void stria_cuda_runtime_model_priority_launches(uint64_t* least, uint64_t* greatest) {
+  *least = stria::cuda::emu::g_least_priority_launches.load();
+  *greatest = stria::cuda::emu::g_greatest_priority_launches.load();
 }
 
 const char* cudaGetErrorName(cudaError_t e) {
@@ -645,16 +669,23 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int /*flags*/) {
   return cudaSuccess;
 }
 
-// Priorities are accepted and ignored: every stream of the model is a thread of its own anyway.
+// Priorities order nothing here (every stream of the model is a thread of its own); they are
+// recorded for the launch counts by priority. The range is an H200's.
+constexpr int kLeastPriority = 0, kGreatestPriority = -5;
 cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
-  *least = 0;
-  *greatest = -5;
+  *least = kLeastPriority;
+  *greatest = kGreatestPriority;
   return cudaSuccess;
 }
 
-cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int flags, int /*priority*/) {
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int flags, int priority) {
   Touch();
-  return cudaStreamCreateWithFlags(s, flags);
+  const cudaError_t e = cudaStreamCreateWithFlags(s, flags);
+  if (e == cudaSuccess) {
+    const int clamped = std::max(kGreatestPriority, std::min(kLeastPriority, priority));
+    (*s)->priority_class = clamped == kLeastPriority ? -1 : clamped == kGreatestPriority ? 1 : 0;
+  }
+  return e;
 }
 
 // Returns at once, as the runtime does: the stream's worker runs what is queued, then ends (work

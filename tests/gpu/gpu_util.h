@@ -38,17 +38,25 @@ extern "C" __attribute__((weak)) void stria_cuda_runtime_model_shuffle_blocks(ui
 extern "C" __attribute__((weak)) void stria_cuda_runtime_model_counts(uint64_t* launches, uint64_t* to_device,
                                                                       uint64_t* to_host);
 
+extern "C" __attribute__((weak)) void stria_cuda_runtime_model_priority_launches(uint64_t* least, uint64_t* greatest);
+
 // What a stretch of work queued on the runtime model, by ModelCounts::Now() before and after.
+// least and greatest: the launches on streams created with the device's least and greatest
+// priority.
 struct ModelCounts {
-  uint64_t launches = 0, to_device = 0, to_host = 0;
-  static bool Available() { return stria_cuda_runtime_model_counts != nullptr; }
+  uint64_t launches = 0, to_device = 0, to_host = 0, least = 0, greatest = 0;
+  static bool Available() {
+    return stria_cuda_runtime_model_counts != nullptr && stria_cuda_runtime_model_priority_launches != nullptr;
+  }
   static ModelCounts Now() {
     ModelCounts c;
     stria_cuda_runtime_model_counts(&c.launches, &c.to_device, &c.to_host);
+    stria_cuda_runtime_model_priority_launches(&c.least, &c.greatest);
     return c;
   }
   ModelCounts operator-(const ModelCounts& o) const {
-    return ModelCounts{launches - o.launches, to_device - o.to_device, to_host - o.to_host};
+    return ModelCounts{launches - o.launches, to_device - o.to_device, to_host - o.to_host, least - o.least,
+                       greatest - o.greatest};
   }
 };
 

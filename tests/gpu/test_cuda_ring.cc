@@ -18,6 +18,31 @@ using namespace stria_test;
 
 namespace {
 
+// `docs` documents per batch row of S tokens: one of S / 2 (longer than a rank's share: the plan
+// shares it), the (b % docs)-th of row b, and short ones cut at random from the rest (which the
+// plan keeps whole, past it: a home part on most ranks).
+std::vector<int64_t> HomeDocuments(int64_t B, int64_t S, int docs, std::mt19937_64& rng) {
+  std::vector<int64_t> cu;
+  const int64_t long_len = S / 2;
+  std::uniform_int_distribution<int64_t> pos(1, S - long_len - 1);
+  for (int64_t b = 0; b < B; ++b) {
+    std::vector<int64_t> cuts;
+    for (int d = 2; d < docs; ++d) cuts.push_back(pos(rng));
+    std::sort(cuts.begin(), cuts.end());
+    std::vector<int64_t> lengths;
+    int64_t at = 0;
+    for (int64_t x : cuts) {
+      lengths.push_back(x - at);
+      at = x;
+    }
+    lengths.push_back(S - long_len - at);
+    lengths.insert(lengths.begin() + b % docs, long_len);
+    cu.push_back(0);
+    for (int64_t n : lengths) cu.push_back(cu.back() + n);
+  }
+  return cu;
+}
+
 struct Case {
   int world;
   stria_layout_t layout;
@@ -36,6 +61,10 @@ struct Case {
   bool sinks = false;             // attention sinks (params->sinks, in device memory) and their gradient
   float softcap = 0.f;            // > 0: logit softcapping (params->softcap)
   int ulysses = 1;                // > 1: a grid of all-to-all groups of this many ranks (stria_context_set_grid)
+  // On a plan whose ranks keep documents of their own past a kernel tile or more: their part of the
+  // local block runs apart from the ring's (ForwardStep::home_begin), on the runtime model's
+  // least-priority stream for the tensor-core families, which the case then counts.
+  bool home = false;
 };
 
 std::string Name(const Case& c) {
@@ -46,7 +75,8 @@ std::string Name(const Case& c) {
      << (c.spread ? "_2gpus" : "") << (c.docs > 0 ? "_docs" + std::to_string(c.docs) : "")
      << (c.device_docs ? "_ondevice" : "") << (c.window.active() ? "_window" + WindowName(c.window) : "")
      << (c.deterministic ? "_deterministic" : "") << (c.plan_tile > 0 ? "_plan" + std::to_string(c.plan_tile) : "")
-     << (c.sinks ? "_sinks" : "") << (c.softcap > 0 ? "_softcap" + std::to_string(static_cast<int>(c.softcap)) : "")
+     << (c.home ? "_home" : "") << (c.sinks ? "_sinks" : "")
+     << (c.softcap > 0 ? "_softcap" + std::to_string(static_cast<int>(c.softcap)) : "")
      << (c.ulysses > 1 ? "_grid" + std::to_string(c.ulysses) : "");
   return os.str();
 }
@@ -95,7 +125,9 @@ void RunCase(const Case& c) {
   for (Tensor* t : {&v, &dout}) t->FillRandom(rng);
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
   const auto dod = dout.ToDouble();
-  const std::vector<int64_t> documents = c.docs > 0 ? RandomDocuments(c.B, S, c.docs, rng) : std::vector<int64_t>();
+  const std::vector<int64_t> documents = c.home       ? HomeDocuments(c.B, S, c.docs, rng)
+                                         : c.docs > 0 ? RandomDocuments(c.B, S, c.docs, rng)
+                                                      : std::vector<int64_t>();
   // Sink logits around the rows' LSE, so that they matter; -inf (no sink) for head 1.
   std::vector<double> sinks(static_cast<size_t>(c.Hq));
   Tensor z({c.Hq}, Dt::kF32);
@@ -158,6 +190,7 @@ void RunCase(const Case& c) {
   std::vector<stria_status_t> fwd(static_cast<size_t>(c.world)), bwd(static_cast<size_t>(c.world));
   std::vector<std::string> errors(static_cast<size_t>(c.world)), repeat(static_cast<size_t>(c.world));
   std::vector<uint64_t> sent_whole(static_cast<size_t>(c.world)), sent_planned(static_cast<size_t>(c.world));
+  const ModelCounts before = ModelCounts::Available() ? ModelCounts::Now() : ModelCounts();
   RunRanks(c.world, [&](int r) {
     cudaSetDevice(ordinals[static_cast<size_t>(r)]);  // the rank's tensors and stream live there
     Tensor ql = ShardHost(q, c, r, plan, Ll), kl = ShardHost(k, c, r, plan, Ll), vl = ShardHost(v, c, r, plan, Ll);
@@ -206,6 +239,18 @@ void RunCase(const Case& c) {
     }
     if (c.deterministic) {
       EXPECT_EQ(stria_context_set_deterministic(ctx, 1), STRIA_SUCCESS) << stria_get_last_error();
+    }
+    if (c.home) {
+      // A call first that gets every buffer the plan's calls use: a buffer's first allocation
+      // frees a smaller one (cudaFree waits for every stream of the device), which would order
+      // the home part before whatever follows and hide a missing join.
+      if (AttentionForward(ctx, &rank_params, documents, c.docs, &qv, &kv, &vv, &out_d.dl, &lse_d.dl, stream,
+                           c.window) != STRIA_SUCCESS ||
+          AttentionBackward(ctx, &rank_params, documents, c.docs, &qv, &kv, &vv, &out_d.dl, &lse_d.dl, &do_d.dl,
+                            &dq_d.dl, &dk_d.dl, &dv_d.dl, stream, c.window) != STRIA_SUCCESS)
+        err += std::string("the first plan call: ") + stria_get_last_error();
+      EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      for (DeviceTensor* t : {&dq_d, &dk_d, &dv_d, &out_d, &lse_d}) t->Poison();
     }
     auto backward = [&] {
       return AttentionBackward(ctx, &rank_params, documents, c.docs, &qv, &kv, &vv, &out_d.dl, &lse_d.dl, &do_d.dl,
@@ -272,6 +317,22 @@ void RunCase(const Case& c) {
       for (int64_t h = 0; h < c.Hq; ++h) dsinks[static_cast<size_t>(h)] += dz.Get(h);
     }
   });
+  if (c.home && ModelCounts::Available()) {
+    // Each rank's home part is one launch forward and one (or two: deterministic) backward, on the
+    // least-priority stream; the ring's work from there on goes to the greatest. SIMT kernels and a
+    // persistent schedule keep the block whole.
+    const ModelCounts queued = ModelCounts::Now() - before;
+    const char* schedule = std::getenv("STRIA_CUDA_TMA_SCHEDULE");
+    const bool persistent = schedule != nullptr && std::string(schedule) == "persistent";
+    const std::string family = c.kernels != nullptr ? c.kernels : "";
+    const bool apart = family != "simt" && !(family == "tma" && persistent);
+    if (apart) {
+      EXPECT_GE(queued.least, 2u) << "no home part ran apart";
+      EXPECT_GT(queued.greatest, 0u) << "the ring's work stayed on the caller's stream";
+    } else {
+      EXPECT_EQ(queued.least, 0u) << "a home part ran apart on the SIMT kernels";
+    }
+  }
   if (c.plan_tile > 0 && c.world > 1 && c.L >= 256) {  // blocks of more than two kernel tiles: some rows stay home
     uint64_t whole = 0, planned = 0;
     for (int r = 0; r < c.world; ++r) {
@@ -494,6 +555,46 @@ std::vector<Case> DocumentSweep() {
     c.docs = 5;
     c.plan_tile = 64;
     cases.push_back(c);
+  }
+  // Plans whose ranks keep short documents of their own past whole kernel tiles (a home part)
+  // beside longer ones they share: every family, causal and not, the deterministic backward, more
+  // ranks, head dim 128, and the persistent TMA schedule (which keeps the block whole).
+  for (const char* k : {"mma", "wgmma", "tma", "simt"}) {
+    const bool simt = k == std::string("simt");  // float32: a smaller case keeps the emulator quick
+    Case c{3, STRIA_LAYOUT_STRIPED, true, simt ? Dt::kF32 : Dt::kBF16, simt ? 1 : 2, simt ? 384 : 640, 4, 2, 64};
+    c.kernels = k;
+    c.docs = 8;
+    c.plan_tile = 128;
+    c.home = true;
+    cases.push_back(c);
+  }
+  {
+    Case full{3, STRIA_LAYOUT_STRIPED, false, Dt::kF16, 2, 640, 4, 2, 64};
+    full.kernels = "tma";
+    full.docs = 8;
+    full.plan_tile = 128;
+    full.home = true;
+    cases.push_back(full);
+    Case det = full;
+    det.causal = true;
+    det.dt = Dt::kBF16;
+    det.deterministic = true;
+    cases.push_back(det);
+    // Under a short window the last step's block is empty for some ranks: the ring's rows are
+    // finished apart from the home part's (FinishRingRows).
+    Case window{4, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 1, 512, 4, 2, 64};
+    window.kernels = "tma";
+    window.docs = 8;
+    window.plan_tile = 128;
+    window.window = Window{100, -1};
+    window.home = true;
+    cases.push_back(window);
+    Case five{5, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 1, 512, 2, 1, 128};
+    five.kernels = "tma";
+    five.docs = 8;
+    five.plan_tile = 128;
+    five.home = true;
+    cases.push_back(five);
   }
   // A plan under a short window: blocks some rank sees nothing of (no kernel: zeros in the rows of
   // the trimmed partial) while others see them.

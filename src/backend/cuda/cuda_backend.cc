@@ -262,13 +262,21 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     DeviceScope scope(device_);
     if (handoff_ != nullptr) cudaEventSynchronize(handoff_);
-    for (Staging& st : staging_) {
+    for (Staging* st_ptr : {&staging_[0], &staging_[1], &home_staging_}) {
+      Staging& st = *st_ptr;
       if (st.copied == nullptr) continue;
       cudaEventSynchronize(st.copied);  // its host buffer is freed with this backend
       cudaEventDestroy(st.copied);
     }
-    for (DeviceBuffer* b : {&acc_, &m_, &l_, &dq_acc_, &docs_}) b->Release();
-    if (handoff_ != nullptr) cudaEventDestroy(handoff_);
+    // A call's home part joins its stream before the call returns (JoinDetached); these wait for
+    // a call that failed before it could.
+    for (cudaStream_t st : {side_, ring_stream_})
+      if (st != nullptr) cudaStreamSynchronize(st);
+    for (DeviceBuffer* b : {&acc_, &m_, &l_, &dq_acc_, &docs_, &home_docs_}) b->Release();
+    for (cudaEvent_t e : {handoff_, fork_, home_done_, join_})
+      if (e != nullptr) cudaEventDestroy(e);
+    for (cudaStream_t st : {side_, ring_stream_})
+      if (st != nullptr) cudaStreamDestroy(st);
   }
   const char* name() const override { return "cuda"; }
   void SetDeterministic(bool on) override { deterministic_ = on; }
@@ -385,6 +393,28 @@ class CudaBackend final : public Backend {
 
   std::shared_ptr<BufferCopier> CreateLocalCopier() override { return std::make_shared<CudaCopier>(device_); }
 
+  // A plan's home part (ForwardStep::home_begin) runs on side_, at the device's lowest stream
+  // priority, and the ring's work from there to the call's end on ring_stream_, at its highest:
+  // the home part's CTAs then fill what the ring leaves idle (its later steps' small blocks, and
+  // the time each step's kernel waits while the host fences and posts the next transfer), and a
+  // ring kernel's CTAs go first wherever both wait for an SM. The caller's stream forks to both at
+  // the local block and joins them when the call ends (JoinDetached).
+  bool DetachesHome() const override { return true; }
+  Status JoinDetached() override {
+    if (!detached_) return Status::Ok();
+    DeviceScope scope(device_);
+    STRIA_RETURN_IF_ERROR(scope.status());
+    detached_ = false;
+    ring_rows_ = s_.L;
+    const cudaError_t recorded = cudaEventRecord(join_, stream_);
+    stream_ = caller_;  // whatever fails below, the call's later work goes to the caller's stream
+    Queued queued(this);
+    STRIA_CUDA_RETURN_IF_ERROR(recorded);
+    STRIA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(caller_, join_, 0));
+    STRIA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(caller_, home_done_, 0));
+    return Status::Ok();
+  }
+
   // The block kernels read K/V from the wire. A world of one sends nothing, and when the caller's
   // K and V already lie as the wire's rows (compact [B, L, Hkv, D], a framework's usual tensor)
   // its block is read in place: the copy, a pass over both tensors each way, is skipped.
@@ -437,10 +467,25 @@ class CudaBackend final : public Backend {
   // A block whose mask covers every query row starts the state when it is the call's first (no
   // clearing pass before it) and finishes the rows when it is the last (no finishing pass after
   // it): forward_state.cuh. Any other block needs the state cleared before it and finished after.
-  Status ForwardBlock(const void* kv_wire, const BlockMask& mask, const ForwardStep& step) override {
+  Status ForwardBlock(const void* kv_wire, const BlockMask& block, const ForwardStep& step) override {
     DeviceScope scope(device_);
     STRIA_RETURN_IF_ERROR(scope.status());
+    const bool home = step.local && step.home_begin >= 0 && step.home_begin < s_.L && step.home_out != nullptr &&
+                      Detachable() && OutputsClear(*step.home_out, *step.home_lse, true);
+    if (home) STRIA_RETURN_IF_ERROR(Detach(step.home_begin));
     Queued queued(this);
+    last_kv_ = kv_wire;
+    // While detached, the ring's blocks own rows [0, ring_rows_) only (the rest see nothing in any
+    // other block, and the home part has them). The ring's part goes first, ahead of the home
+    // part's CTAs.
+    BlockMask mask = block;
+    mask.q_end = std::min(mask.q_end, ring_rows_);
+    Status st = mask.empty() ? Status::Ok() : ForwardRing(kv_wire, mask, step);
+    if (st.ok() && home) st = ForwardHome(kv_wire, block, *step.home_out, *step.home_lse);
+    return st;
+  }
+  // A block's launch over the ring's rows (all of them, unless a home part has the rest).
+  Status ForwardRing(const void* kv_wire, const BlockMask& mask, const ForwardStep& step) {
     cuda::FwdParams p{};
     p.dims = dims_;
     p.q = q_;
@@ -451,7 +496,7 @@ class CudaBackend final : public Backend {
     p.scale_log2 = s_.scale * cuda::kLog2e;
     p.softcap = SoftcapOf(s_);
     p.mask = MaskOf(mask);
-    const bool every_row = cuda::CoversEveryRow(p.mask, s_.L);
+    const bool every_row = cuda::CoversEveryRow(p.mask, ring_rows_);
     if (state_ == State::kUnset && every_row) {
       p.first = 1;
     } else if (state_ == State::kUnset) {
@@ -488,11 +533,15 @@ class CudaBackend final : public Backend {
   // With FP8 inputs the rows so far are in units of v's codes: v's descale comes last.
   Status ForwardEnd(const TensorView& out, const TensorView& lse) override {
     const bool scale_v = s_.fp8.on && s_.fp8.v_descale != nullptr;
-    if (state_ == State::kFinished && !scale_v) return Status::Ok();
+    if (state_ == State::kFinished && !scale_v && !detached_) return Status::Ok();
     DeviceScope scope(device_);
     STRIA_RETURN_IF_ERROR(scope.status());
     Queued queued(this);
-    if (state_ != State::kFinished) {
+    if (detached_) {
+      // The home part's rows are finished (it wrote them); the ring's may not be.
+      STRIA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, home_done_, 0));
+      if (state_ != State::kFinished && ring_rows_ > 0) STRIA_RETURN_IF_ERROR(FinishRingRows(out, lse));
+    } else if (state_ != State::kFinished) {
       if (state_ == State::kUnset) STRIA_RETURN_IF_ERROR(ClearState());  // no block ran: every row saw no key
       STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchForwardFinish(ElemOf(s_.dtype), dims_, acc_.f32(), m_.f32(), l_.f32(),
                                                            RowsW(out), static_cast<float*>(lse.data), lse.strides[0],
@@ -539,10 +588,23 @@ class CudaBackend final : public Backend {
 
   // With the call's dK and dV in the step (a world of one), the kernels write them directly,
   // unless they share memory with an input the kernels still read.
-  Status BackwardBlock(const void* kv_wire, const BlockMask& mask, float* dkv, const BackwardStep& step) override {
+  Status BackwardBlock(const void* kv_wire, const BlockMask& block, float* dkv, const BackwardStep& step) override {
     DeviceScope scope(device_);
     STRIA_RETURN_IF_ERROR(scope.status());
+    const bool home =
+        step.local && step.home_begin >= 0 && step.home_begin < s_.L && step.dk == nullptr && Detachable();
+    if (home) STRIA_RETURN_IF_ERROR(Detach(step.home_begin));
     Queued queued(this);
+    // While detached, the ring's part of the local block is its rows and keys [0, ring_rows_),
+    // and the later blocks' rows past it see nothing. The ring's part goes first.
+    BlockMask mask = block;
+    mask.q_end = std::min(mask.q_end, ring_rows_);
+    if (home) mask.k_end = std::min(mask.k_end, ring_rows_);
+    Status st = BackwardRing(kv_wire, mask, dkv, step, home);
+    if (st.ok() && home) st = BackwardHome(kv_wire, block, dkv);
+    return st;
+  }
+  Status BackwardRing(const void* kv_wire, const BlockMask& mask, float* dkv, const BackwardStep& step, bool home) {
     const size_t per = static_cast<size_t>(s_.B * s_.L * s_.Hkv * s_.D);
     // The kernels write every row of dkv they are launched for (kernels/cuda/key_grads.cuh): all
     // of them, or the key tiles holding the rows the engine reads (step.dkv_rows: a trimmed
@@ -550,6 +612,7 @@ class CudaBackend final : public Backend {
     // only zeros in those rows.
     int64_t rows = s_.L;
     if (step.dkv_rows != nullptr) rows = *std::max_element(step.dkv_rows, step.dkv_rows + s_.B);
+    if (home) rows = std::min(rows, ring_rows_);
     if (mask.empty() || rows == 0) {
       if (rows == s_.L) {
         STRIA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dkv, 0, 2 * per * 4, stream_));
@@ -665,6 +728,7 @@ class CudaBackend final : public Backend {
     Queued queued(this);
     const Elem e = ElemOf(s_.dtype);
     const size_t per = static_cast<size_t>(s_.B * s_.L * s_.Hkv * s_.D);
+    if (detached_) STRIA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, home_done_, 0));
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchDqFinish(e, dims_, dq_acc_.f32(), s_.scale, RowsW(dq), stream_));
     if (grads_written_) return Status::Ok();
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchKvGradFinish(e, dims_, dkv, RowsW(dk), stream_));
@@ -786,7 +850,9 @@ class CudaBackend final : public Backend {
   // since, or passed a handle (a new stream at a freed one's address, cudaStreamPerThread from
   // another thread) that names another stream now.
   Status SetShape(const AttentionShape& s, void* stream) {
+    STRIA_RETURN_IF_ERROR(JoinDetached());  // never left set by the engine: a guard for direct use
     s_ = s;
+    ring_rows_ = s.L;
     cudaStream_t next = static_cast<cudaStream_t>(stream);
     if (handoff_ == nullptr) STRIA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&handoff_, cudaEventDisableTiming));
     // Before the first record this wait is a no-op, as CUDA defines it for an event never recorded.
@@ -840,15 +906,24 @@ class CudaBackend final : public Backend {
   // host staging buffers that alternate: a buffer is refilled only once its previous copy has run,
   // so the ring's next step never waits for this one's kernels. With busy_tiles, the forward's
   // list of query tiles with work goes in the same copy (MaskArgs::tiles).
+  struct Staging;  // below, with the members
   Status UploadDocuments(const BlockMask& mask, cuda::MaskArgs* m, bool busy_tiles = false) {
+    Staging& st = staging_[next_staging_];
+    next_staging_ ^= 1;
+    return UploadDocumentsTo(mask, m, busy_tiles, &docs_, &st, stream_);
+  }
+  // The same into `dst` through `st` on `stream`: the home part's bounds go to a buffer of their
+  // own, which no later step of the ring overwrites while the part may still read it, through a
+  // staging buffer of their own, so that the ring's uploads never wait for the home part's stream.
+  Status UploadDocumentsTo(const BlockMask& mask, cuda::MaskArgs* m, bool busy_tiles, DeviceBuffer* dst, Staging* sp,
+                           cudaStream_t stream) {
     if (mask.doc_lo == nullptr) return Status::Ok();
     const size_t n = static_cast<size_t>(s_.B * s_.L);
     if (busy_tiles) BusyQueryTiles(mask, s_.B, s_.L, cuda::kForwardTileRows, &tiles_);
     // The list as int32 pairs packed into the staging's int64 words, after the bounds.
     const size_t list_words = busy_tiles ? (tiles_.size() + 1) / 2 : 0, words = 2 * n + list_words;
-    STRIA_RETURN_IF_ERROR(docs_.Reserve(words * sizeof(int64_t), "document bounds", handoff_));
-    Staging& st = staging_[next_staging_];
-    next_staging_ ^= 1;
+    STRIA_RETURN_IF_ERROR(dst->Reserve(words * sizeof(int64_t), "document bounds", handoff_));
+    Staging& st = *sp;
     if (st.copied == nullptr) {
       STRIA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&st.copied, cudaEventDisableTiming));
     } else {
@@ -858,10 +933,10 @@ class CudaBackend final : public Backend {
     std::memcpy(st.bounds.data(), mask.doc_lo, n * sizeof(int64_t));
     std::memcpy(st.bounds.data() + n, mask.doc_hi, n * sizeof(int64_t));
     if (!tiles_.empty() && busy_tiles) std::memcpy(st.bounds.data() + 2 * n, tiles_.data(), tiles_.size() * 4);
-    int64_t* dev = static_cast<int64_t*>(docs_.data());
+    int64_t* dev = static_cast<int64_t*>(dst->data());
     STRIA_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(dev, st.bounds.data(), words * sizeof(int64_t), cudaMemcpyHostToDevice, stream_));
-    STRIA_CUDA_RETURN_IF_ERROR(cudaEventRecord(st.copied, stream_));
+        cudaMemcpyAsync(dev, st.bounds.data(), words * sizeof(int64_t), cudaMemcpyHostToDevice, stream));
+    STRIA_CUDA_RETURN_IF_ERROR(cudaEventRecord(st.copied, stream));
     m->doc_lo = dev;
     m->doc_hi = dev + n;
     m->doc_stride = mask.doc_batch_stride;
@@ -870,6 +945,121 @@ class CudaBackend final : public Backend {
       m->tile_count = static_cast<int32_t>(tiles_.size());
       m->tile_rows = cuda::kForwardTileRows;
     }
+    return Status::Ok();
+  }
+
+  // Whether this call's kernels may run a home part on a stream of their own: the tensor-core
+  // families, whose launches honour the part's row and key ranges (query tiles from q_begin's,
+  // key tiles from BwdParams::key_begin) and write only the rows they own, or add into dQ
+  // atomically. Not the SIMT kernels (their dQ pass rewrites rows that see nothing), the FP8
+  // forward, or the persistent TMA schedule, whose grid holds every SM until it is done.
+  bool Detachable() const {
+    if (s_.fp8.on || kernels_ == cuda::Kernels::kSimt) return false;
+    if (kernels_ != cuda::Kernels::kTma) return true;
+    const char* env = std::getenv("STRIA_CUDA_TMA_SCHEDULE");
+    return env == nullptr || strcasecmp(env, "persistent") != 0;
+  }
+  // Forks the caller's stream to the ring's and the home part's (DetachesHome): rows and keys
+  // [0, h) stay the ring's.
+  Status Detach(int64_t h) {
+    int least = 0, greatest = 0;
+    if (side_ == nullptr || ring_stream_ == nullptr)
+      STRIA_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    if (side_ == nullptr)
+      STRIA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, least));
+    if (ring_stream_ == nullptr)
+      STRIA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&ring_stream_, cudaStreamNonBlocking, greatest));
+    for (cudaEvent_t* e : {&fork_, &home_done_, &join_})
+      if (*e == nullptr) STRIA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+    STRIA_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork_, stream_));
+    STRIA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(ring_stream_, fork_, 0));
+    STRIA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side_, fork_, 0));
+    // Recorded now as well, so that a join never waits on an earlier call's record.
+    STRIA_CUDA_RETURN_IF_ERROR(cudaEventRecord(home_done_, side_));
+    caller_ = stream_;
+    stream_ = ring_stream_;
+    detached_ = true;
+    ring_rows_ = h;
+    return Status::Ok();
+  }
+  // The local block's rows [ring_rows_, L) on side_: the call's first and last block for them, so
+  // the kernel writes their out and lse directly.
+  Status ForwardHome(const void* kv_wire, const BlockMask& block, const TensorView& out, const TensorView& lse) {
+    cuda::FwdParams p{};
+    p.dims = dims_;
+    p.q = q_;
+    SetBlock(kv_wire, true, &p.k, &p.v);
+    p.acc = acc_.f32();
+    p.m = m_.f32();
+    p.l = l_.f32();
+    p.scale_log2 = s_.scale * cuda::kLog2e;
+    p.softcap = SoftcapOf(s_);
+    BlockMask mask = block;
+    mask.q_begin = std::max(mask.q_begin, ring_rows_);
+    p.mask = MaskOf(mask);
+    p.first = 1;
+    p.out = RowsW(out);
+    p.lse = static_cast<float*>(lse.data);
+    p.lb = lse.strides[0];
+    p.lh = lse.strides[1];
+    p.li = lse.strides[2];
+    STRIA_RETURN_IF_ERROR(UploadDocumentsTo(block, &p.mask, false, &home_docs_, &home_staging_, side_));
+    STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchForwardBlock(ElemOf(s_.dtype), kernels_, p, side_));
+    STRIA_CUDA_RETURN_IF_ERROR(cudaEventRecord(home_done_, side_));
+    return Status::Ok();
+  }
+  // The ring's rows when no block finished them (the last step's block saw none of this rank's):
+  // a launch over rows [0, ring_rows_) with no key visible, whose CTAs finish their rows from the
+  // state (forward_state.cuh, IdleRows) and leave the home part's alone.
+  Status FinishRingRows(const TensorView& out, const TensorView& lse) {
+    cuda::FwdParams p{};
+    p.dims = dims_;
+    p.q = q_;
+    SetBlock(last_kv_, false, &p.k, &p.v);
+    p.acc = acc_.f32();
+    p.m = m_.f32();
+    p.l = l_.f32();
+    p.scale_log2 = s_.scale * cuda::kLog2e;
+    p.softcap = SoftcapOf(s_);
+    BlockMask none;
+    none.q_end = ring_rows_;
+    none.k_end = 0;
+    p.mask = MaskOf(none);
+    p.first = state_ == State::kUnset ? 1 : 0;
+    p.out = RowsW(out);
+    p.lse = static_cast<float*>(lse.data);
+    p.lb = lse.strides[0];
+    p.lh = lse.strides[1];
+    p.li = lse.strides[2];
+    STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchForwardBlock(ElemOf(s_.dtype), kernels_, p, stream_));
+    state_ = State::kFinished;
+    return Status::Ok();
+  }
+  // The local block's keys and rows [ring_rows_, L) on side_: their dK/dV rows of `dkv`, and their
+  // dQ added into dq_acc.
+  Status BackwardHome(const void* kv_wire, const BlockMask& block, float* dkv) {
+    const size_t per = static_cast<size_t>(s_.B * s_.L * s_.Hkv * s_.D);
+    cuda::BwdParams p{};
+    p.dims = dims_;
+    p.q = q_;
+    p.dout = dout_;
+    SetBlock(kv_wire, true, &p.k, &p.v);
+    p.lse2 = m_.f32();
+    p.delta = l_.f32();
+    p.dq_acc = dq_acc_.f32();
+    p.dk = dkv;
+    p.dv = dkv + per;
+    p.scale_log2 = s_.scale * cuda::kLog2e;
+    p.scale = s_.scale;
+    p.softcap = SoftcapOf(s_);
+    BlockMask mask = block;
+    mask.q_begin = std::max(mask.q_begin, ring_rows_);
+    mask.k_begin = std::max(mask.k_begin, ring_rows_);
+    p.mask = MaskOf(mask);
+    p.key_begin = ring_rows_;
+    STRIA_RETURN_IF_ERROR(UploadDocumentsTo(block, &p.mask, false, &home_docs_, &home_staging_, side_));
+    STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchBackwardBlock(ElemOf(s_.dtype), kernels_, deterministic_, p, side_));
+    STRIA_CUDA_RETURN_IF_ERROR(cudaEventRecord(home_done_, side_));
     return Status::Ok();
   }
 
@@ -929,7 +1119,16 @@ class CudaBackend final : public Backend {
   };
   Staging staging_[2];
   int next_staging_ = 0;
-  CudaDecoder decoder_;  // the serving calls' buffers
+  // A plan's home part (DetachesHome): while detached_, stream_ is ring_stream_ and the caller's
+  // stream is caller_; the ring's blocks own rows [0, ring_rows_) (L otherwise).
+  bool detached_ = false;
+  int64_t ring_rows_ = 0;
+  cudaStream_t caller_ = nullptr, ring_stream_ = nullptr, side_ = nullptr;
+  cudaEvent_t fork_ = nullptr, home_done_ = nullptr, join_ = nullptr;
+  DeviceBuffer home_docs_;         // the home part's document bounds
+  Staging home_staging_;           // and their host staging
+  const void* last_kv_ = nullptr;  // the last forward block's K/V (FinishRingRows' pointers)
+  CudaDecoder decoder_;            // the serving calls' buffers
 };
 
 }  // namespace
