@@ -393,6 +393,8 @@ if stage sanitizer 60; then
     # The e4m3 forward and its message's transposing pass (FP8 inputs at head dim 128 on Hopper).
     if [[ " ${families[*]} " == *" tma "* ]]; then
       runs+=("memcheck api CudaFp8.*" "racecheck api CudaFp8.E4m3KernelAtHeadDim128")
+      # A plan's kept documents on their own stream beside the ring's (the home part).
+      runs+=("memcheck ring Documents/*_tma_docs8_plan128_home")
     fi
     runs+=("racecheck primitives" "racecheck serving Cases/CudaDecode.*N3_striped_paged_f16_B3_T3_H8x2_D128*")
     for run in "${runs[@]}"; do
