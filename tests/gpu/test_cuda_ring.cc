@@ -557,45 +557,30 @@ std::vector<Case> DocumentSweep() {
     cases.push_back(c);
   }
   // Plans whose ranks keep short documents of their own past whole kernel tiles (a home part)
-  // beside longer ones they share: every family, causal and not, the deterministic backward, more
-  // ranks, head dim 128, and the persistent TMA schedule (which keeps the block whole).
-  for (const char* k : {"mma", "wgmma", "tma", "simt"}) {
-    const bool simt = k == std::string("simt");  // float32: a smaller case keeps the emulator quick
-    Case c{3, STRIA_LAYOUT_STRIPED, true, simt ? Dt::kF32 : Dt::kBF16, simt ? 1 : 2, simt ? 384 : 640, 4, 2, 64};
-    c.kernels = k;
+  // beside longer ones they share (HomeDocuments): every family, causal and not, the deterministic
+  // backward, a window, more ranks, head dim 128. (The persistent TMA schedule, which keeps the
+  // block whole, runs the TMA ones in model:tma_persistent.)
+  auto home = [](int world, bool causal, Dt dt, int64_t B, int64_t L, int64_t Hq, int64_t Hkv, int64_t D,
+                 const char* kernels) {
+    Case c{world, STRIA_LAYOUT_STRIPED, causal, dt, B, L, Hq, Hkv, D};
+    c.kernels = kernels;
     c.docs = 8;
     c.plan_tile = 128;
     c.home = true;
-    cases.push_back(c);
-  }
-  {
-    Case full{3, STRIA_LAYOUT_STRIPED, false, Dt::kF16, 2, 640, 4, 2, 64};
-    full.kernels = "tma";
-    full.docs = 8;
-    full.plan_tile = 128;
-    full.home = true;
-    cases.push_back(full);
-    Case det = full;
-    det.causal = true;
-    det.dt = Dt::kBF16;
-    det.deterministic = true;
-    cases.push_back(det);
-    // Under a short window the last step's block is empty for some ranks: the ring's rows are
-    // finished apart from the home part's (FinishRingRows).
-    Case window{4, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 1, 512, 4, 2, 64};
-    window.kernels = "tma";
-    window.docs = 8;
-    window.plan_tile = 128;
-    window.window = Window{100, -1};
-    window.home = true;
-    cases.push_back(window);
-    Case five{5, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 1, 512, 2, 1, 128};
-    five.kernels = "tma";
-    five.docs = 8;
-    five.plan_tile = 128;
-    five.home = true;
-    cases.push_back(five);
-  }
+    return c;
+  };
+  for (const char* k : {"mma", "wgmma", "tma"}) cases.push_back(home(3, true, Dt::kBF16, 2, 640, 4, 2, 64, k));
+  cases.push_back(home(3, true, Dt::kF32, 1, 384, 4, 2, 64, "simt"));  // smaller: float32 on the emulator
+  cases.push_back(home(3, false, Dt::kF16, 2, 640, 4, 2, 64, "tma"));
+  Case det = home(3, true, Dt::kBF16, 2, 640, 4, 2, 64, "tma");
+  det.deterministic = true;
+  cases.push_back(det);
+  // Under a short window the last step's block is empty for some ranks: the ring's rows are
+  // finished apart from the home part's (FinishRingRows).
+  Case window = home(4, true, Dt::kBF16, 1, 512, 4, 2, 64, "tma");
+  window.window = Window{100, -1};
+  cases.push_back(window);
+  cases.push_back(home(5, true, Dt::kBF16, 1, 512, 2, 1, 128, "tma"));
   // A plan under a short window: blocks some rank sees nothing of (no kernel: zeros in the rows of
   // the trimmed partial) while others see them.
   for (int n : {3, 4}) {

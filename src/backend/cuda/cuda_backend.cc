@@ -486,29 +486,15 @@ class CudaBackend final : public Backend {
   }
   // A block's launch over the ring's rows (all of them, unless a home part has the rest).
   Status ForwardRing(const void* kv_wire, const BlockMask& mask, const ForwardStep& step) {
-    cuda::FwdParams p{};
-    p.dims = dims_;
-    p.q = q_;
-    SetBlock(kv_wire, step.local, &p.k, &p.v);
-    p.acc = acc_.f32();
-    p.m = m_.f32();
-    p.l = l_.f32();
-    p.scale_log2 = s_.scale * cuda::kLog2e;
-    p.softcap = SoftcapOf(s_);
-    p.mask = MaskOf(mask);
+    cuda::FwdParams p = ForwardParams(kv_wire, step.local, mask);
     const bool every_row = cuda::CoversEveryRow(p.mask, ring_rows_);
     if (state_ == State::kUnset && every_row) {
       p.first = 1;
     } else if (state_ == State::kUnset) {
       STRIA_RETURN_IF_ERROR(ClearState());
     }
-    if (step.out != nullptr && every_row && OutputsClear(*step.out, *step.lse, step.local)) {
-      p.out = RowsW(*step.out);
-      p.lse = static_cast<float*>(step.lse->data);
-      p.lb = step.lse->strides[0];
-      p.lh = step.lse->strides[1];
-      p.li = step.lse->strides[2];
-    }
+    if (step.out != nullptr && every_row && OutputsClear(*step.out, *step.lse, step.local))
+      SetOutputs(*step.out, *step.lse, &p);
     // A block in the middle of its call: its CTAs own no rows, so a launch over only the query
     // tiles with work does the same (busy_tiles.h), and none with no tile at all.
     const bool middle = p.first == 0 && p.out.data == nullptr;
@@ -623,20 +609,7 @@ class CudaBackend final : public Backend {
       }
       return Status::Ok();
     }
-    cuda::BwdParams p{};
-    p.dims = dims_;
-    p.q = q_;
-    p.dout = dout_;
-    SetBlock(kv_wire, step.local, &p.k, &p.v);
-    p.lse2 = m_.f32();
-    p.delta = l_.f32();
-    p.dq_acc = dq_acc_.f32();
-    p.dk = dkv;
-    p.dv = dkv + per;
-    p.scale_log2 = s_.scale * cuda::kLog2e;
-    p.scale = s_.scale;
-    p.softcap = SoftcapOf(s_);
-    p.mask = MaskOf(mask);
+    cuda::BwdParams p = BackwardParams(kv_wire, step.local, mask, dkv);
     p.key_rows = rows;
     if (step.dk != nullptr && !MeetsInputs(*step.dk, step.local, true) && !MeetsInputs(*step.dv, step.local, true)) {
       p.dk_out = RowsW(*step.dk);
@@ -948,6 +921,48 @@ class CudaBackend final : public Backend {
     return Status::Ok();
   }
 
+  // A forward block launch's parameters: the call's queries and running state, the block's K/V
+  // (the wire, or the caller's tensors for the local block read in place) and `mask`.
+  cuda::FwdParams ForwardParams(const void* kv_wire, bool local, const BlockMask& mask) const {
+    cuda::FwdParams p{};
+    p.dims = dims_;
+    p.q = q_;
+    SetBlock(kv_wire, local, &p.k, &p.v);
+    p.acc = acc_.f32();
+    p.m = m_.f32();
+    p.l = l_.f32();
+    p.scale_log2 = s_.scale * cuda::kLog2e;
+    p.softcap = SoftcapOf(s_);
+    p.mask = MaskOf(mask);
+    return p;
+  }
+  // The launch writes the finished rows into the call's out and lse (FwdParams::out).
+  static void SetOutputs(const TensorView& out, const TensorView& lse, cuda::FwdParams* p) {
+    p->out = RowsW(out);
+    p->lse = static_cast<float*>(lse.data);
+    p->lb = lse.strides[0];
+    p->lh = lse.strides[1];
+    p->li = lse.strides[2];
+  }
+  // A backward block launch's parameters: the call's rows and their state, the block's K/V,
+  // `mask`, and the block's dK/dV contribution into `dkv` (a dK/dV message: dK, then dV).
+  cuda::BwdParams BackwardParams(const void* kv_wire, bool local, const BlockMask& mask, float* dkv) const {
+    cuda::BwdParams p{};
+    p.dims = dims_;
+    p.q = q_;
+    p.dout = dout_;
+    SetBlock(kv_wire, local, &p.k, &p.v);
+    p.lse2 = m_.f32();
+    p.delta = l_.f32();
+    p.dq_acc = dq_acc_.f32();
+    p.dk = dkv;
+    p.dv = dkv + static_cast<size_t>(s_.B * s_.L * s_.Hkv * s_.D);
+    p.scale_log2 = s_.scale * cuda::kLog2e;
+    p.scale = s_.scale;
+    p.softcap = SoftcapOf(s_);
+    p.mask = MaskOf(mask);
+    return p;
+  }
   // Whether this call's kernels may run a home part on a stream of their own: the tensor-core
   // families, whose launches honour the part's row and key ranges (query tiles from q_begin's,
   // key tiles from BwdParams::key_begin) and write only the rows they own, or add into dQ
@@ -985,24 +1000,11 @@ class CudaBackend final : public Backend {
   // The local block's rows [ring_rows_, L) on side_: the call's first and last block for them, so
   // the kernel writes their out and lse directly.
   Status ForwardHome(const void* kv_wire, const BlockMask& block, const TensorView& out, const TensorView& lse) {
-    cuda::FwdParams p{};
-    p.dims = dims_;
-    p.q = q_;
-    SetBlock(kv_wire, true, &p.k, &p.v);
-    p.acc = acc_.f32();
-    p.m = m_.f32();
-    p.l = l_.f32();
-    p.scale_log2 = s_.scale * cuda::kLog2e;
-    p.softcap = SoftcapOf(s_);
     BlockMask mask = block;
     mask.q_begin = std::max(mask.q_begin, ring_rows_);
-    p.mask = MaskOf(mask);
+    cuda::FwdParams p = ForwardParams(kv_wire, true, mask);
     p.first = 1;
-    p.out = RowsW(out);
-    p.lse = static_cast<float*>(lse.data);
-    p.lb = lse.strides[0];
-    p.lh = lse.strides[1];
-    p.li = lse.strides[2];
+    SetOutputs(out, lse, &p);
     STRIA_RETURN_IF_ERROR(UploadDocumentsTo(block, &p.mask, false, &home_docs_, &home_staging_, side_));
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchForwardBlock(ElemOf(s_.dtype), kernels_, p, side_));
     STRIA_CUDA_RETURN_IF_ERROR(cudaEventRecord(home_done_, side_));
@@ -1012,25 +1014,12 @@ class CudaBackend final : public Backend {
   // a launch over rows [0, ring_rows_) with no key visible, whose CTAs finish their rows from the
   // state (forward_state.cuh, IdleRows) and leave the home part's alone.
   Status FinishRingRows(const TensorView& out, const TensorView& lse) {
-    cuda::FwdParams p{};
-    p.dims = dims_;
-    p.q = q_;
-    SetBlock(last_kv_, false, &p.k, &p.v);
-    p.acc = acc_.f32();
-    p.m = m_.f32();
-    p.l = l_.f32();
-    p.scale_log2 = s_.scale * cuda::kLog2e;
-    p.softcap = SoftcapOf(s_);
     BlockMask none;
     none.q_end = ring_rows_;
     none.k_end = 0;
-    p.mask = MaskOf(none);
+    cuda::FwdParams p = ForwardParams(last_kv_, false, none);
     p.first = state_ == State::kUnset ? 1 : 0;
-    p.out = RowsW(out);
-    p.lse = static_cast<float*>(lse.data);
-    p.lb = lse.strides[0];
-    p.lh = lse.strides[1];
-    p.li = lse.strides[2];
+    SetOutputs(out, lse, &p);
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchForwardBlock(ElemOf(s_.dtype), kernels_, p, stream_));
     state_ = State::kFinished;
     return Status::Ok();
@@ -1038,24 +1027,10 @@ class CudaBackend final : public Backend {
   // The local block's keys and rows [ring_rows_, L) on side_: their dK/dV rows of `dkv`, and their
   // dQ added into dq_acc.
   Status BackwardHome(const void* kv_wire, const BlockMask& block, float* dkv) {
-    const size_t per = static_cast<size_t>(s_.B * s_.L * s_.Hkv * s_.D);
-    cuda::BwdParams p{};
-    p.dims = dims_;
-    p.q = q_;
-    p.dout = dout_;
-    SetBlock(kv_wire, true, &p.k, &p.v);
-    p.lse2 = m_.f32();
-    p.delta = l_.f32();
-    p.dq_acc = dq_acc_.f32();
-    p.dk = dkv;
-    p.dv = dkv + per;
-    p.scale_log2 = s_.scale * cuda::kLog2e;
-    p.scale = s_.scale;
-    p.softcap = SoftcapOf(s_);
     BlockMask mask = block;
     mask.q_begin = std::max(mask.q_begin, ring_rows_);
     mask.k_begin = std::max(mask.k_begin, ring_rows_);
-    p.mask = MaskOf(mask);
+    cuda::BwdParams p = BackwardParams(kv_wire, true, mask, dkv);
     p.key_begin = ring_rows_;
     STRIA_RETURN_IF_ERROR(UploadDocumentsTo(block, &p.mask, false, &home_docs_, &home_staging_, side_));
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchBackwardBlock(ElemOf(s_.dtype), kernels_, deterministic_, p, side_));
