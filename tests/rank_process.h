@@ -48,6 +48,10 @@ struct RankOptions {
   // > 0: a document plan of this many random documents over S = L * world - 1 tokens (every rank
   // draws the same boundaries), the calls through stria_attention_*_documents with them.
   int plan_docs = 0;
+  // --plan-home 1: the plan's documents as HomeDocuments draws them (one shared across the ranks,
+  // short ones each rank keeps) and the plan made for 128-token tiles, so that ranks keep
+  // documents of their own past whole kernel tiles (a home part, ForwardStep::home_begin).
+  bool plan_home = false;
   int ulysses = 1;  // --ulysses U: a grid of all-to-all groups of U ranks (stria_context_set_grid)
 
   void ReadEnvironment() {
@@ -68,6 +72,8 @@ struct RankOptions {
       causal = v != "0";
     else if (k == "--plan-docs")
       plan_docs = std::stoi(v);
+    else if (k == "--plan-home")
+      plan_home = v != "0";
     else if (k == "--ulysses")
       ulysses = std::stoi(v);
     else if (k == "--dtypes") {  // a comma-separated list of f32, f16, bf16
@@ -217,12 +223,12 @@ struct RankTokens {
     if (o.plan_docs > 0) {
       if (o.world > 1) --S;  // any S works on a plan: one token short leaves some rank padding
       std::mt19937_64 cuts(17);
-      documents = RandomDocuments(1, S, o.plan_docs, cuts);
+      documents = o.plan_home ? HomeDocuments(1, S, o.plan_docs, cuts) : RandomDocuments(1, S, o.plan_docs, cuts);
       stria_plan_config_t pc;
       stria_plan_config_init(&pc);
       pc.world_size = o.world;
       pc.causal = o.causal;
-      pc.tile = 16;
+      pc.tile = o.plan_home ? 128 : 16;
       stria_plan_info_t info;
       info.struct_size = sizeof info;
       status = stria_plan_create(&pc, documents.data(), o.plan_docs, 1, S, &plan);

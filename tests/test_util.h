@@ -384,6 +384,31 @@ inline Reference DecodeReference(const Tensor& q, const Tensor& kf, const Tensor
 // Document boundaries for B rows of S tokens, [B][docs + 1] as cu_seqlens takes them: docs - 1
 // random cuts per row (cuts may coincide: empty documents); odd rows get half as many documents
 // and repeat S at their end, as a caller pads rows with fewer documents.
+// `docs` documents per batch row of S tokens: one of S / 2 (longer than a rank's share: the plan
+// shares it), the (b % docs)-th of row b, and short ones cut at random from the rest (which the
+// plan keeps whole, past it: a home part on most ranks).
+inline std::vector<int64_t> HomeDocuments(int64_t B, int64_t S, int docs, std::mt19937_64& rng) {
+  std::vector<int64_t> cu;
+  const int64_t long_len = S / 2;
+  std::uniform_int_distribution<int64_t> pos(1, S - long_len - 1);
+  for (int64_t b = 0; b < B; ++b) {
+    std::vector<int64_t> cuts;
+    for (int d = 2; d < docs; ++d) cuts.push_back(pos(rng));
+    std::sort(cuts.begin(), cuts.end());
+    std::vector<int64_t> lengths;
+    int64_t at = 0;
+    for (int64_t x : cuts) {
+      lengths.push_back(x - at);
+      at = x;
+    }
+    lengths.push_back(S - long_len - at);
+    lengths.insert(lengths.begin() + b % docs, long_len);
+    cu.push_back(0);
+    for (int64_t n : lengths) cu.push_back(cu.back() + n);
+  }
+  return cu;
+}
+
 inline std::vector<int64_t> RandomDocuments(int64_t B, int64_t S, int docs, std::mt19937_64& rng) {
   std::vector<int64_t> cu;
   std::uniform_int_distribution<int64_t> pos(0, S);

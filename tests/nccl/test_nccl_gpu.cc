@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -319,6 +320,72 @@ TEST(NcclContext, RingOfThreadsMatchesReference) {
         full.ExpectMatches(ref, 2e-2, 1e-3);
       }
   RunRanks(world, [&](int r) { EXPECT_EQ(stria_context_destroy(ctx[static_cast<size_t>(r)]), STRIA_SUCCESS); });
+}
+
+// Packed documents on a plan whose ranks keep documents of their own past whole tiles: their part
+// of the local block runs on a stream of its own beside the ring's, whose K/V blocks and dK/dV
+// partials NCCL moves (the kept documents' K/V stay in a buffer the ring never receives into).
+TEST(NcclContext, PlanOfThreadsKeepsDocumentsApart) {
+  REQUIRE_GPUS(2);
+  const int world = std::min(GpuCount(), 3);
+  std::vector<stria_context_t> ctx;
+  ASSERT_NO_FATAL_FAILURE(ThreadContexts(world, &ctx));
+  const int64_t B = 1, Hq = 4, Hkv = 2, D = 64, S = 640 * world - 1;
+  std::mt19937_64 rng(23);
+  const std::vector<int64_t> documents = HomeDocuments(B, S, 8, rng);
+  stria_plan_config_t pc;
+  stria_plan_config_init(&pc);
+  pc.world_size = world;
+  pc.tile = 128;
+  stria_plan_t plan = nullptr;
+  ASSERT_EQ(stria_plan_create(&pc, documents.data(), 8, B, S, &plan), STRIA_SUCCESS) << stria_get_last_error();
+  stria_plan_info_t info;
+  info.struct_size = sizeof info;
+  ASSERT_EQ(stria_plan_get_info(plan, &info), STRIA_SUCCESS);
+  const int64_t L = info.local_len;
+  Tensor q({B, S, Hq, D}, Dt::kBF16), k({B, S, Hkv, D}, Dt::kBF16), v({B, S, Hkv, D}, Dt::kBF16);
+  Tensor dout({B, S, Hq, D}, Dt::kBF16);
+  for (Tensor* t : {&q, &k, &v, &dout}) t->FillRandom(rng);
+  const auto dd = dout.ToDouble();
+  const Reference ref = DenseAttention(q.ToDouble(), k.ToDouble(), v.ToDouble(), &dd, B, S, Hq, Hkv, D, true,
+                                       1.0 / std::sqrt(static_cast<double>(D)), &documents);
+  GatheredResults full(STRIA_LAYOUT_STRIPED, world, B, S, Hq, Hkv, D, Dt::kBF16);
+  full.UsePlan(plan);
+  stria_attention_params_t p;
+  stria_attention_params_init(&p);
+  p.plan = plan;
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  RunRanks(world, [&](int r) {
+    cudaSetDevice(r);
+    auto shard = [&](const Tensor& t) {
+      Tensor local({B, L, t.shape[2], D}, t.dt);
+      EXPECT_EQ(stria_plan_shard(plan, r, 1, &t.dl, &local.dl, nullptr), STRIA_SUCCESS);
+      return local;
+    };
+    Tensor ql = shard(q), kl = shard(k), vl = shard(v), dol = shard(dout);
+    Tensor out({B, L, Hq, D}, Dt::kBF16), lse({B, Hq, L}, Dt::kF32);
+    Tensor dq({B, L, Hq, D}, Dt::kBF16), dk({B, L, Hkv, D}, Dt::kBF16), dv({B, L, Hkv, D}, Dt::kBF16);
+    DeviceTensor q_d(ql), k_d(kl), v_d(vl), do_d(dol), out_d(out), lse_d(lse), dq_d(dq), dk_d(dk), dv_d(dv);
+    for (DeviceTensor* t : {&out_d, &lse_d, &dq_d, &dk_d, &dv_d}) t->Poison();
+    stria_context_t c = ctx[static_cast<size_t>(r)];
+    std::string& err = errors[static_cast<size_t>(r)];
+    if (stria_attention_forward(c, &p, &q_d.dl, &k_d.dl, &v_d.dl, &out_d.dl, &lse_d.dl, nullptr) != STRIA_SUCCESS)
+      err += std::string("forward: ") + stria_get_last_error();
+    if (stria_attention_backward(c, &p, &q_d.dl, &k_d.dl, &v_d.dl, &out_d.dl, &lse_d.dl, &do_d.dl, &dq_d.dl, &dk_d.dl,
+                                 &dv_d.dl, nullptr) != STRIA_SUCCESS)
+      err += std::string(" backward: ") + stria_get_last_error();
+    if (cudaDeviceSynchronize() != cudaSuccess) err += " cudaDeviceSynchronize failed";
+    out_d.CopyTo(&out);
+    lse_d.CopyTo(&lse);
+    dq_d.CopyTo(&dq);
+    dk_d.CopyTo(&dk);
+    dv_d.CopyTo(&dv);
+    full.Gather(r, out, lse, dq, dk, dv);
+  });
+  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+  full.ExpectMatches(ref, 2e-2, 1e-3);
+  RunRanks(world, [&](int r) { EXPECT_EQ(stria_context_destroy(ctx[static_cast<size_t>(r)]), STRIA_SUCCESS); });
+  stria_plan_destroy(plan);
 }
 
 // Decode and prefill over a KV cache sharded across NCCL ranks (threads of this process, one GPU
@@ -640,6 +707,10 @@ struct RingCase {
   bool id_file;              // the id from stria_get_unique_id through a file, instead of STRIA_ROOT
   int64_t window_left = -1;  // >= 0: a sliding window to the left (the contiguous ring then stops early)
   int plan_docs = 0;         // > 0: on a document plan of this many documents (nccl_rank's --plan-docs)
+  // With plan_docs: documents each rank keeps past whole tiles (--plan-home), at a shape the
+  // tensor-core kernels take (640 tokens a rank, D 64, bf16): their part of the local block runs on
+  // a stream of its own beside the ring's, whose transfers NCCL makes.
+  bool plan_home = false;
 };
 
 class NcclRing : public ::testing::TestWithParam<RingCase> {};
@@ -660,6 +731,10 @@ TEST_P(NcclRing, MatchesReference) {
     }
     if (c.window_left >= 0) args.insert(args.end(), {"--window-left", std::to_string(c.window_left)});
     if (c.plan_docs > 0) args.insert(args.end(), {"--plan-docs", std::to_string(c.plan_docs)});
+    if (c.plan_home) {
+      args.insert(args.end(), {"--plan-home", "1", "--L", "640", "--dim", "64"});
+      args[std::find(args.begin(), args.end(), "--dtypes") - args.begin() + 1] = "bf16";
+    }
     launch.Start(r, STRIA_NCCL_RANK, args,
                  c.id_file ? std::vector<std::string>{}
                            : std::vector<std::string>{"STRIA_ROOT=127.0.0.1:" + std::to_string(port)});
@@ -679,6 +754,7 @@ std::vector<RingCase> RingCases() {
   cases.push_back(RingCase{4, "contiguous", true, false, 80});
   // Packed documents on a plan (S one short of whole blocks).
   cases.push_back(RingCase{3, "striped", true, false, -1, 7});
+  cases.push_back(RingCase{3, "striped", true, false, -1, 8, true});
   return cases;
 }
 
@@ -686,7 +762,7 @@ std::string CaseName(const ::testing::TestParamInfo<RingCase>& info) {
   const RingCase& c = info.param;
   return "N" + std::to_string(c.world) + "_" + c.layout + (c.causal ? "_causal" : "_full") +
          (c.id_file ? "_unique_id" : "_env") + (c.window_left >= 0 ? "_window" + std::to_string(c.window_left) : "") +
-         (c.plan_docs > 0 ? "_plan" + std::to_string(c.plan_docs) : "");
+         (c.plan_docs > 0 ? "_plan" + std::to_string(c.plan_docs) : "") + (c.plan_home ? "_home" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, NcclRing, ::testing::ValuesIn(RingCases()), CaseName);
