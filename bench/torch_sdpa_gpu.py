@@ -41,18 +41,26 @@ def time_ms(fn, reps):
     return statistics.median(out)
 
 
+def timed(backends, what, reps, fn):
+    """(name, median ms of fn()) under each of SDPA's `backends` that takes the shape; a comment line
+    for one that does not."""
+    for name, backend in backends.items():
+        try:
+            with sdpa_kernel(backend):
+                ms = time_ms(fn, reps)
+        except RuntimeError as e:  # a backend that does not take this shape
+            print(f"# {name} {what}: {(str(e).splitlines() or ['?'])[0]}", flush=True)
+            continue
+        yield name, ms
+
+
 def decode(lens, reps, hq=32, hkv=8, d=128) -> None:
     for s in lens:
         q = torch.randn(1, hq, 1, d, device="cuda", dtype=torch.bfloat16)
         kv = [torch.randn(1, hkv, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
         gbs = 2.0 * s * hkv * d * 2.0
-        for name, backend in DECODE_BACKENDS.items():
-            try:
-                with sdpa_kernel(backend):
-                    ms = time_ms(lambda: F.scaled_dot_product_attention(q, kv[0], kv[1], enable_gqa=True), reps)
-            except RuntimeError as e:  # a backend that does not take this shape
-                print(f"# {name} decode S={s}: {(str(e).splitlines() or ['?'])[0]}", flush=True)
-                continue
+        for name, ms in timed(DECODE_BACKENDS, f"decode S={s}", reps,
+                              lambda: F.scaled_dot_product_attention(q, kv[0], kv[1], enable_gqa=True)):
             print(f"impl=torch_{name} decode S={s} Hq={hq} Hkv={hkv} D={d} ms={ms:.4f} kv_GBs={gbs / (ms * 1e6):.1f}",
                   flush=True)
         kv.clear()  # the next length's cache in its place
@@ -71,14 +79,9 @@ def prefill(lens, chunks, reps, hq=32, hkv=8, d=128) -> None:
                   .repeat_interleave(hq // hkv, dim=1) for _ in range(2)]
             mask = causal_lower_right(p, s + p)
             flops = 4.0 * p * (s + p / 2.0) * hq * d
-            for name, backend in {"flash": SDPBackend.FLASH_ATTENTION,
-                                  "efficient": SDPBackend.EFFICIENT_ATTENTION}.items():
-                try:
-                    with sdpa_kernel(backend):
-                        ms = time_ms(lambda: F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask), reps)
-                except RuntimeError as e:  # a backend that does not take this shape
-                    print(f"# {name} prefill S={s} P={p}: {(str(e).splitlines() or ['?'])[0]}", flush=True)
-                    continue
+            backends = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION}
+            for name, ms in timed(backends, f"prefill S={s} P={p}", reps,
+                                  lambda: F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask)):
                 print(f"impl=torch_{name} prefill S={s} P={p} Hq={hq} Hkv={hkv} D={d} ms={ms:.4f} "
                       f"tflops={flops / (ms * 1e9):.1f}", flush=True)
             kv.clear()

@@ -12,21 +12,11 @@
 #include "cuda/tma_backward_persistent.cuh"
 #include "cuda/tma_forward.cuh"
 #include "cuda/tma_forward_persistent.cuh"
+#include "cuda/tma_schedule.h"
 #include "cuda/wgmma_launch.cuh"
 
 namespace stria {
 namespace cuda {
-
-// How the TMA kernels take their work items (tma_forward_persistent.cuh,
-// tma_backward_persistent.cuh): STRIA_CUDA_TMA_SCHEDULE unset, "" or "tiles" (a CTA per item: a
-// forward's query tile or a backward's key tile of one head; the default), or "persistent" (a CTA
-// per SM walking the items), read at every launch. False for any other value: a misspelt choice
-// must not quietly measure the default.
-inline bool TmaPersistent(bool* persistent) {
-  const char* env = std::getenv("STRIA_CUDA_TMA_SCHEDULE");
-  *persistent = env != nullptr && strcasecmp(env, "persistent") == 0;
-  return *persistent || env == nullptr || *env == '\0' || strcasecmp(env, "tiles") == 0;
-}
 
 // The current device's SMs: the persistent grid's size (one CTA per SM: a CTA's 384 threads at
 // the consumers' 240 registers fill an SM's register file). 1 where the runtime cannot say; its

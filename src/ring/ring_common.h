@@ -72,7 +72,7 @@ struct RingGroup {
 struct ForwardBuffers {
   size_t kv_bytes = 0;
   void* kv[2] = {nullptr, nullptr};
-  void* stage[2] = {nullptr, nullptr};  // trimmed messages: [0] outgoing, [1] incoming
+  void* stage[2] = {nullptr, nullptr};  // trimmed K/V messages: [0] outgoing, [1] incoming
   // A plan's home part (HomeBeginOf): the local block in a buffer of its own, which the ring never
   // receives into; nullptr without one, and the local block is kv[0] as ever.
   int64_t home_begin = -1;
@@ -84,19 +84,14 @@ struct ForwardBuffers {
 Status ForwardWorkspace(Context& ctx, const RingGroup& g, const ValidatedCall& c, ForwardBuffers* b);
 Status ForwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, uint64_t seq, const ForwardBuffers& b);
 
-// Likewise for the backward (BackwardSteps ends with BackwardEnd and the sinks' gradient).
-struct BackwardBuffers {
-  size_t kv_bytes = 0, dkv_bytes = 0;
-  void* kv[2] = {nullptr, nullptr};
-  void* stage[2] = {nullptr, nullptr};  // trimmed K/V messages: [0] outgoing, [1] incoming
-  void* dkv[2] = {nullptr, nullptr};    // this rank's partials, alternating while one is in flight
-  void* dkv_in = nullptr;               // the partial arriving from the previous rank
-  void* dkv_stage = nullptr;            // a trimmed partial going out
-  void* own = nullptr;                  // the contribution to this rank's own block
-  int64_t home_begin = -1;              // as in ForwardBuffers
-  void* local = nullptr;
-  void* Held(int step) const { return local == nullptr ? kv[step % 2] : step == 0 ? local : kv[(step - 1) % 2]; }
-  void* Into(int step) const { return local == nullptr ? kv[(step + 1) % 2] : kv[step % 2]; }
+// Likewise for the backward (BackwardSteps ends with BackwardEnd and the sinks' gradient): the
+// K/V blocks travel as in the forward, with the dK/dV partials beside them.
+struct BackwardBuffers : ForwardBuffers {
+  size_t dkv_bytes = 0;
+  void* dkv[2] = {nullptr, nullptr};  // this rank's partials, alternating while one is in flight
+  void* dkv_in = nullptr;             // the partial arriving from the previous rank
+  void* dkv_stage = nullptr;          // a trimmed partial going out
+  void* own = nullptr;                // the contribution to this rank's own block
 };
 Status BackwardWorkspace(Context& ctx, const RingGroup& g, const ValidatedCall& c, BackwardBuffers* b);
 Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, uint64_t seq, const BackwardBuffers& b);
@@ -104,10 +99,9 @@ Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, u
 // Ring buffer slots (Context::RingBuffer): K/V blocks 0 and 1, dK/dV partials 2 to 4, the
 // staging of trimmed messages (K/V out and in 5 and 6, dK/dV out 7), and a plan's own dK/dV 8.
 // Serving calls use 9 to 12; a grid's all-to-all 13 to 17 (grid.cc); a forward's widened FP8
-// inputs 18 to 20 (fp8_inputs.cc).
-constexpr int kKVStagingSlot = 5, kDKVStagingSlot = 7, kOwnDKVSlot = 8;
-// A plan's local K/V block while its home part may still read it (ForwardBuffers::local).
-constexpr int kLocalKVSlot = 21;
+// inputs 18 to 20 (fp8_inputs.cc); a plan's local K/V block while its home part may still read it
+// 21 (ForwardBuffers::local).
+constexpr int kKVStagingSlot = 5, kDKVStagingSlot = 7, kOwnDKVSlot = 8, kLocalKVSlot = 21;
 
 // Where a plan's call may compute the rank's kept documents apart from the ring
 // (ForwardStep::home_begin): the plan's HomeBegin, on a backend that runs such a part

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <thread>
@@ -256,6 +257,35 @@ void ThreadContexts(int world, std::vector<stria_context_t>* ctx) {
   for (int r = 0; r < world; ++r) ASSERT_EQ(made[static_cast<size_t>(r)], "") << "rank " << r;
 }
 
+// One rank of a ring test over NCCL threads: its forward and backward (bf16, on the default
+// stream) on the shards of q, k, v and dO that `shard` cuts (L slots each), gathered into `full`;
+// what failed goes to *err.
+void RankForwardBackward(stria_context_t c, const stria_attention_params_t& p, const Window& window, int64_t L,
+                         const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
+                         const std::function<Tensor(const Tensor&)>& shard, int r, GatheredResults* full,
+                         std::string* err) {
+  const int64_t B = q.shape[0], Hq = q.shape[2], Hkv = k.shape[2], D = q.shape[3];
+  Tensor ql = shard(q), kl = shard(k), vl = shard(v), dol = shard(dout);
+  Tensor out({B, L, Hq, D}, Dt::kBF16), lse({B, Hq, L}, Dt::kF32);
+  Tensor dq({B, L, Hq, D}, Dt::kBF16), dk({B, L, Hkv, D}, Dt::kBF16), dv({B, L, Hkv, D}, Dt::kBF16);
+  DeviceTensor q_d(ql), k_d(kl), v_d(vl), do_d(dol), out_d(out), lse_d(lse), dq_d(dq), dk_d(dk), dv_d(dv);
+  for (DeviceTensor* t : {&out_d, &lse_d, &dq_d, &dk_d, &dv_d}) t->Poison();
+  const std::vector<int64_t> no_documents;
+  if (AttentionForward(c, &p, no_documents, 0, &q_d.dl, &k_d.dl, &v_d.dl, &out_d.dl, &lse_d.dl, nullptr, window) !=
+      STRIA_SUCCESS)
+    *err += std::string("forward: ") + stria_get_last_error();
+  if (AttentionBackward(c, &p, no_documents, 0, &q_d.dl, &k_d.dl, &v_d.dl, &out_d.dl, &lse_d.dl, &do_d.dl, &dq_d.dl,
+                        &dk_d.dl, &dv_d.dl, nullptr, window) != STRIA_SUCCESS)
+    *err += std::string(" backward: ") + stria_get_last_error();
+  if (cudaDeviceSynchronize() != cudaSuccess) *err += " cudaDeviceSynchronize failed";
+  out_d.CopyTo(&out);
+  lse_d.CopyTo(&lse);
+  dq_d.CopyTo(&dq);
+  dk_d.CopyTo(&dk);
+  dv_d.CopyTo(&dv);
+  full->Gather(r, out, lse, dq, dk, dv);
+}
+
 // Ranks as threads of one process, a GPU each (a process that drives all of its GPUs), joined by
 // stria_get_unique_id: the ring through the C API, every layout, causal and not, against float64.
 TEST(NcclContext, RingOfThreadsMatchesReference) {
@@ -294,27 +324,8 @@ TEST(NcclContext, RingOfThreadsMatchesReference) {
             stria_shard(layout, world, r, 1, &t.dl, &local.dl, nullptr);
             return local;
           };
-          Tensor ql = shard(q), kl = shard(k), vl = shard(v), dol = shard(dout);
-          Tensor out({B, L, Hq, D}, Dt::kBF16), lse({B, Hq, L}, Dt::kF32);
-          Tensor dq({B, L, Hq, D}, Dt::kBF16), dk({B, L, Hkv, D}, Dt::kBF16), dv({B, L, Hkv, D}, Dt::kBF16);
-          DeviceTensor q_d(ql), k_d(kl), v_d(vl), do_d(dol), out_d(out), lse_d(lse), dq_d(dq), dk_d(dk), dv_d(dv);
-          for (DeviceTensor* t : {&out_d, &lse_d, &dq_d, &dk_d, &dv_d}) t->Poison();
-          stria_context_t c = ctx[static_cast<size_t>(r)];
-          std::string& err = errors[static_cast<size_t>(r)];
-          const std::vector<int64_t> no_documents;
-          if (AttentionForward(c, &p, no_documents, 0, &q_d.dl, &k_d.dl, &v_d.dl, &out_d.dl, &lse_d.dl, nullptr,
-                               window) != STRIA_SUCCESS)
-            err += std::string("forward: ") + stria_get_last_error();
-          if (AttentionBackward(c, &p, no_documents, 0, &q_d.dl, &k_d.dl, &v_d.dl, &out_d.dl, &lse_d.dl, &do_d.dl,
-                                &dq_d.dl, &dk_d.dl, &dv_d.dl, nullptr, window) != STRIA_SUCCESS)
-            err += std::string(" backward: ") + stria_get_last_error();
-          if (cudaDeviceSynchronize() != cudaSuccess) err += " cudaDeviceSynchronize failed";
-          out_d.CopyTo(&out);
-          lse_d.CopyTo(&lse);
-          dq_d.CopyTo(&dq);
-          dk_d.CopyTo(&dk);
-          dv_d.CopyTo(&dv);
-          full.Gather(r, out, lse, dq, dk, dv);
+          RankForwardBackward(ctx[static_cast<size_t>(r)], p, window, L, q, k, v, dout, shard, r, &full,
+                              &errors[static_cast<size_t>(r)]);
         });
         for (int r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
         full.ExpectMatches(ref, 2e-2, 1e-3);
@@ -362,25 +373,8 @@ TEST(NcclContext, PlanOfThreadsKeepsDocumentsApart) {
       EXPECT_EQ(stria_plan_shard(plan, r, 1, &t.dl, &local.dl, nullptr), STRIA_SUCCESS);
       return local;
     };
-    Tensor ql = shard(q), kl = shard(k), vl = shard(v), dol = shard(dout);
-    Tensor out({B, L, Hq, D}, Dt::kBF16), lse({B, Hq, L}, Dt::kF32);
-    Tensor dq({B, L, Hq, D}, Dt::kBF16), dk({B, L, Hkv, D}, Dt::kBF16), dv({B, L, Hkv, D}, Dt::kBF16);
-    DeviceTensor q_d(ql), k_d(kl), v_d(vl), do_d(dol), out_d(out), lse_d(lse), dq_d(dq), dk_d(dk), dv_d(dv);
-    for (DeviceTensor* t : {&out_d, &lse_d, &dq_d, &dk_d, &dv_d}) t->Poison();
-    stria_context_t c = ctx[static_cast<size_t>(r)];
-    std::string& err = errors[static_cast<size_t>(r)];
-    if (stria_attention_forward(c, &p, &q_d.dl, &k_d.dl, &v_d.dl, &out_d.dl, &lse_d.dl, nullptr) != STRIA_SUCCESS)
-      err += std::string("forward: ") + stria_get_last_error();
-    if (stria_attention_backward(c, &p, &q_d.dl, &k_d.dl, &v_d.dl, &out_d.dl, &lse_d.dl, &do_d.dl, &dq_d.dl, &dk_d.dl,
-                                 &dv_d.dl, nullptr) != STRIA_SUCCESS)
-      err += std::string(" backward: ") + stria_get_last_error();
-    if (cudaDeviceSynchronize() != cudaSuccess) err += " cudaDeviceSynchronize failed";
-    out_d.CopyTo(&out);
-    lse_d.CopyTo(&lse);
-    dq_d.CopyTo(&dq);
-    dk_d.CopyTo(&dk);
-    dv_d.CopyTo(&dv);
-    full.Gather(r, out, lse, dq, dk, dv);
+    RankForwardBackward(ctx[static_cast<size_t>(r)], p, Window{}, L, q, k, v, dout, shard, r, &full,
+                        &errors[static_cast<size_t>(r)]);
   });
   for (int r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
   full.ExpectMatches(ref, 2e-2, 1e-3);
@@ -539,25 +533,8 @@ TEST(NcclContext, GridOfThreadsMatchesReference) {
         stria_grid_shard(layout, world, ulysses, r, 1, &t.dl, &local.dl, nullptr);
         return local;
       };
-      Tensor ql = shard(q), kl = shard(k), vl = shard(v), dol = shard(dout);
-      Tensor out({B, L, Hq, D}, Dt::kBF16), lse({B, Hq, L}, Dt::kF32);
-      Tensor dq({B, L, Hq, D}, Dt::kBF16), dk({B, L, Hkv, D}, Dt::kBF16), dv({B, L, Hkv, D}, Dt::kBF16);
-      DeviceTensor q_d(ql), k_d(kl), v_d(vl), do_d(dol), out_d(out), lse_d(lse), dq_d(dq), dk_d(dk), dv_d(dv);
-      for (DeviceTensor* t : {&out_d, &lse_d, &dq_d, &dk_d, &dv_d}) t->Poison();
-      stria_context_t c = ctx[static_cast<size_t>(r)];
-      std::string& err = errors[static_cast<size_t>(r)];
-      if (stria_attention_forward(c, &p, &q_d.dl, &k_d.dl, &v_d.dl, &out_d.dl, &lse_d.dl, nullptr) != STRIA_SUCCESS)
-        err += std::string("forward: ") + stria_get_last_error();
-      if (stria_attention_backward(c, &p, &q_d.dl, &k_d.dl, &v_d.dl, &out_d.dl, &lse_d.dl, &do_d.dl, &dq_d.dl, &dk_d.dl,
-                                   &dv_d.dl, nullptr) != STRIA_SUCCESS)
-        err += std::string(" backward: ") + stria_get_last_error();
-      if (cudaDeviceSynchronize() != cudaSuccess) err += " cudaDeviceSynchronize failed";
-      out_d.CopyTo(&out);
-      lse_d.CopyTo(&lse);
-      dq_d.CopyTo(&dq);
-      dk_d.CopyTo(&dk);
-      dv_d.CopyTo(&dv);
-      full.Gather(r, out, lse, dq, dk, dv);
+      RankForwardBackward(ctx[static_cast<size_t>(r)], p, Window{}, L, q, k, v, dout, shard, r, &full,
+                          &errors[static_cast<size_t>(r)]);
     });
     for (int r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
     full.ExpectMatches(ref, 2e-2, 1e-3);

@@ -44,6 +44,7 @@
 #include "backend/cuda/mask_args.h"
 #include "cuda/fp8_launch.h"
 #include "cuda/launch.h"
+#include "cuda/tma_schedule.h"
 #include "cuda/widen.h"
 #include "cuda_common/cuda_status.h"
 
@@ -970,9 +971,8 @@ class CudaBackend final : public Backend {
   // forward, or the persistent TMA schedule, whose grid holds every SM until it is done.
   bool Detachable() const {
     if (s_.fp8.on || kernels_ == cuda::Kernels::kSimt) return false;
-    if (kernels_ != cuda::Kernels::kTma) return true;
-    const char* env = std::getenv("STRIA_CUDA_TMA_SCHEDULE");
-    return env == nullptr || strcasecmp(env, "persistent") != 0;
+    bool persistent = false;
+    return kernels_ != cuda::Kernels::kTma || !cuda::TmaPersistent(&persistent) || !persistent;
   }
   // Forks the caller's stream to the ring's and the home part's (DetachesHome): rows and keys
   // [0, h) stay the ring's.
