@@ -4,7 +4,8 @@
 //     Forward and backward through the public API on one CUDA rank (no transfers), bf16,
 //     B*S = 16k tokens and H*D = 2048 as in flash-attention's own benchmarks; prints one
 //     key=value line per (direction, D, causal, S): median ms and TFLOP/s; at D = 128 and 256 also
-//     the deterministic backward (stria_context_set_deterministic), as impl=stria_<family>_deterministic;
+//     the deterministic backward (stria_context_set_deterministic), as impl=stria_<family>_deterministic
+//     (on the TMA family at D = 128 also with its dQ in a pass of its own, _deterministic_passes);
 //     at D = 128 (STRIA_CUDA_KERNELS unset or tma) the forward on float8_e4m3fn inputs (impl=stria_fp8);
 //     and at causal D = 128, with STRIA_CUDA_KERNELS naming a family, one `split` line per direction:
 //     the call alone, per call of calls queued back to back, and the block kernel alone (Split).
@@ -477,17 +478,32 @@ int Kernels(const std::vector<int64_t>& dims, const std::vector<int64_t>& lens, 
           }
         }
         if (deterministic && (D == 128 || D == 256)) {
-          // The deterministic backward (this family's dK/dV pass, then a dQ pass: the wgmma one on
-          // Hopper), at the head dim of the bars and at Gemma's: what reproducible dQ costs beside
-          // the default backward.
+          // The deterministic backward, at the head dim of the bars and at Gemma's: what
+          // reproducible dQ costs beside the default backward. As the library runs it (the TMA
+          // family's one pass with ordered dQ adds, kernels/cuda/ordered_dq.cuh; elsewhere the
+          // family's dK/dV pass, then a dQ pass), and on the TMA family at D 128 also with the dQ
+          // pass (STRIA_CUDA_DETERMINISTIC_DQ=passes, _deterministic_passes) for comparison.
+          // STRIA_CUDA_DETERMINISTIC_DQ=passes: only the dQ pass, labelled as such.
+          const char* chosen = std::getenv("STRIA_CUDA_DETERMINISTIC_DQ");
+          const bool passes_chosen = chosen != nullptr && strcasecmp(chosen, "passes") == 0;
+          const bool two_ways = D == 128 && (env == nullptr || *env == '\0' || std::string(env) == "tma");
+          auto time_deterministic = [&](const char* suffix) {
+            const double det_ms = TimeMs(stream, reps, backward);
+            std::printf(
+                "impl=%s_deterministic%s dir=bwd dim=%lld causal=%d len=%lld batch=%lld heads=%lld ms=%.4f "
+                "tflops=%.1f\n",
+                impl.c_str(), suffix, (long long)D, causal, (long long)S, (long long)B, (long long)H, det_ms,
+                2.5 * flops / det_ms * 1e-9);
+          };
           CHECK_STRIA(stria_context_set_deterministic(ctx, 1));
-          const double det_ms = TimeMs(stream, reps, backward);
+          if (!(two_ways && passes_chosen)) time_deterministic("");
+          if (two_ways && passes_chosen) time_deterministic("_passes");
+          if (two_ways && (chosen == nullptr || *chosen == '\0')) {
+            setenv("STRIA_CUDA_DETERMINISTIC_DQ", "passes", 1);
+            time_deterministic("_passes");
+            unsetenv("STRIA_CUDA_DETERMINISTIC_DQ");
+          }
           CHECK_STRIA(stria_context_set_deterministic(ctx, 0));
-          std::printf(
-              "impl=%s_deterministic dir=bwd dim=%lld causal=%d len=%lld batch=%lld heads=%lld ms=%.4f "
-              "tflops=%.1f\n",
-              impl.c_str(), (long long)D, causal, (long long)S, (long long)B, (long long)H, det_ms,
-              2.5 * flops / det_ms * 1e-9);
         }
         std::fflush(stdout);
       }

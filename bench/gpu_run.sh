@@ -162,6 +162,7 @@ hopper=0
 families=(mma)  # the Hopper families join once their tests pass (below)
 tma_atomic=0    # and the TMA backward's atomic dQ beside its default
 tma_persistent=0  # and the TMA family's persistent kernels beside its default
+tma_ordered=0     # the TMA family's deterministic backward in one pass passed its cases
 
 # Test logs: one per process, all appended to gpu_test_output.txt; gtest_summary.py says per suite
 # what passed, failed, or started and never ended (the case a time limit or a crash stopped).
@@ -218,10 +219,21 @@ fi
 for family in wgmma tma; do
   if stage "$family" 20; then
     suite=$([ $family = wgmma ] && echo Wgmma || echo Tma)
-    if sharded "cuda_ring_$family" "$(cap 120)" "$bin"/tests/gpu/test_cuda_ring "$suite/*:*_$family*"; then
+    # The TMA family's deterministic cases apart: they run its one-pass ordered dQ, whose failure
+    # leaves the family's own figures to be timed (its deterministic backward then on the dQ pass).
+    own="$suite/*:*_$family*"
+    [ $family = tma ] && own+="-Deterministic/*"
+    if sharded "cuda_ring_$family" "$(cap 120)" "$bin"/tests/gpu/test_cuda_ring "$own"; then
       [ $hopper = 1 ] && families+=("$family")
     else
       note_failure "$family"
+    fi
+    if [ $family = tma ]; then
+      if sharded cuda_ring_tma_ordered "$(cap 60)" "$bin"/tests/gpu/test_cuda_ring "Deterministic/*_tma*"; then
+        tma_ordered=1
+      else
+        note_failure tma
+      fi
     fi
     # The TMA backward's other dQ path (the consumers' atomics; the default is the dQ warp's bulk
     # reductions), timed below beside the default once its cases pass.
@@ -256,7 +268,9 @@ nf=${#families[@]}  # the timed stages' usual times grow with the families timed
 if stage kernels $((20 + 25 * nf)); then
   say "-- stria's kernels beside torch SDPA (flash, cuDNN), bf16, the same shapes"
   for family in "${families[@]}"; do
-    STRIA_CUDA_KERNELS=$family timeout -k 10 "$(cap 240)" \
+    # The TMA family's deterministic backward on its dQ pass where its ordered dQ failed its cases.
+    dq_way=$([ $family = tma ] && [ $tma_ordered = 0 ] && echo passes || echo)
+    STRIA_CUDA_DETERMINISTIC_DQ=$dq_way STRIA_CUDA_KERNELS=$family timeout -k 10 "$(cap 240)" \
       "$bin"/bench/stria-cuda-bench kernels --dims $dims --lens $lens 2>&1 | tee -a "$results" ||
       { say "stria_$family kernels: failed or timed out"; note_failure kernels; }
   done
@@ -395,6 +409,8 @@ if stage sanitizer 60; then
       runs+=("memcheck api CudaFp8.*" "racecheck api CudaFp8.E4m3KernelAtHeadDim128")
       # A plan's kept documents on their own stream beside the ring's (the home part).
       runs+=("memcheck ring Documents/*_tma_docs8_plan128_home")
+      # The deterministic backward's ordered dQ (its CTAs wait on counts in global memory).
+      runs+=("racecheck ring Deterministic/*N1_striped_causal_bf16_B2L264H4x1D128_tma_deterministic")
     fi
     runs+=("racecheck primitives" "racecheck serving Cases/CudaDecode.*N3_striped_paged_f16_B3_T3_H8x2_D128*")
     for run in "${runs[@]}"; do

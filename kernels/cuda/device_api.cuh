@@ -5,7 +5,8 @@
 //    tests/cuda_emu runs every CUDA thread of a block as a fiber, so the tile indexing, masks,
 //    fragment layouts and online softmax are tested on machines without a GPU.
 // Kernels use only what is declared here (plus plain C++): thread/block indices, barriers, warp
-// shuffles, ldmatrix, mma.sync m16n8k16, cp.async, float atomics and 16-bit float conversions.
+// shuffles, ldmatrix, mma.sync m16n8k16, cp.async, float atomics, counters that order CTAs and
+// 16-bit float conversions.
 // 16-bit floats are carried as uint16_t storage everywhere; `Half` and `BFloat` are tags.
 #pragma once
 
@@ -112,6 +113,28 @@ STRIA_DEVICE void atomic_add2(float* p, float a, float b) {
   atomicAdd(p, a);
   atomicAdd(p + 1, b);
 #endif
+}
+// Counters in global memory that order work across CTAs (the ordered dQ, ordered_dq.cuh).
+// take_ticket: the counter's value before this call's add, every caller a different one.
+STRIA_DEVICE int take_ticket(int* counter) {
+  return atomicAdd(counter, 1);
+}
+// Waits until *counter == want, with acquire semantics: what the CTA that made it so wrote before
+// its release is visible after. A count that never gets there is a defect; the wait then stops
+// the kernel with a trap (a launch error) after some seconds instead of holding the device.
+STRIA_DEVICE void wait_count(const int* counter, int want) {
+  for (uint32_t n = 0;; ++n) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(counter) : "memory");
+    if (v == want) return;
+    if (n == (1u << 24)) __trap();
+    __nanosleep(256);
+  }
+}
+// *counter += 1 with release semantics: this thread's writes before it (and those it has
+// observed) are visible to a wait_count that sees the new value.
+STRIA_DEVICE void release_count(int* counter) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
 }
 STRIA_DEVICE float fast_exp2(float x) {
   return exp2f(x);

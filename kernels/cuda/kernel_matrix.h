@@ -22,6 +22,7 @@
 #define STRIA_KERNEL_PARAMS_Backward BwdParams
 #define STRIA_KERNEL_PARAMS_BackwardKv BwdParams
 #define STRIA_KERNEL_PARAMS_BackwardDq BwdParams
+#define STRIA_KERNEL_PARAMS_BackwardOrdered BwdParams
 #define STRIA_KERNEL_ELEM_F16 Half
 #define STRIA_KERNEL_ELEM_BF16 BFloat
 
@@ -32,7 +33,7 @@ namespace stria {
 namespace cuda {
 
 // The passes of kernel_matrix.def.
-enum class Pass { kForward, kBackward, kBackwardKv, kBackwardDq };
+enum class Pass { kForward, kBackward, kBackwardKv, kBackwardDq, kBackwardOrdered };
 
 // Whether the entries are built for head dim D.
 constexpr bool IsKernelHeadDim(int D) {

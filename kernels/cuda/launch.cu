@@ -1,8 +1,10 @@
 // Dispatch from run-time (dtype, head dim, path) to the kernel instantiations, grid sizes, and the
 // SIMT and elementwise kernels (instantiated here).
 #include <cuda_runtime.h>
+#include <strings.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "cuda/elementwise.cuh"
 #include "cuda/fp8_launch.h"
@@ -107,6 +109,15 @@ cudaError_t SimtBackward(const BwdParams& p, cudaStream_t s) {
   return STRIA_LAUNCH(dkv_kernel, dkv_grid, 128, dkv_bytes, s)(p);
 }
 
+// How a deterministic backward computes dQ where the family has both ways: STRIA_CUDA_DETERMINISTIC_DQ
+// unset, "" or "ordered" (one pass, its adds in the order of the key tiles: ordered_dq.cuh) or
+// "passes" (a dQ pass of its own), read at every launch. False for any other value.
+bool OrderedDq(bool* ordered) {
+  const char* env = std::getenv("STRIA_CUDA_DETERMINISTIC_DQ");
+  *ordered = env == nullptr || *env == '\0' || strcasecmp(env, "ordered") == 0;
+  return *ordered || strcasecmp(env, "passes") == 0;
+}
+
 }  // namespace
 
 cudaError_t LaunchForwardBlock(Elem e, Kernels k, const FwdParams& p, cudaStream_t s) {
@@ -124,10 +135,16 @@ cudaError_t LaunchForwardBlock(Elem e, Kernels k, const FwdParams& p, cudaStream
 
 cudaError_t LaunchBackwardBlock(Elem e, Kernels k, bool deterministic, const BwdParams& p, cudaStream_t s) {
   if (deterministic) {
-    // A tensor-core family's dK/dV pass without dQ, then a dQ pass over the query tiles: the
-    // Hopper families' on wgmma (wgmma_backward_dq.cuh), mma.sync's elsewhere (mma_backward_dq.cuh).
-    // The SIMT kernels give the same bits every run as they are, and run the head dims without
-    // those passes (never the family's Backward entry: its dQ atomics add in any order).
+    // The family's one-pass ordered dQ where it has one and it is chosen (it takes the two passes
+    // itself where its kernel cannot run). Otherwise a tensor-core family's dK/dV pass without dQ,
+    // then a dQ pass over the query tiles: the Hopper families' on wgmma (wgmma_backward_dq.cuh),
+    // mma.sync's elsewhere (mma_backward_dq.cuh). The SIMT kernels give the same bits every run as
+    // they are, and run the head dims without those passes (never the family's Backward entry: its
+    // dQ atomics add in any order).
+    bool ordered = false;
+    if (!OrderedDq(&ordered)) return cudaErrorInvalidValue;
+    if (const Entry* x = ordered ? FindEntry(k, Pass::kBackwardOrdered, e, p.dims.D) : nullptr)
+      return x->backward(p.dims.D, p, s);
     const Entry* kv = FindEntry(k, Pass::kBackwardKv, e, p.dims.D);
     const Entry* dq = FindEntry(k == Kernels::kTma ? Kernels::kWgmma : k, Pass::kBackwardDq, e, p.dims.D);
     if (kv != nullptr && dq != nullptr) {

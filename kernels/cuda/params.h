@@ -123,7 +123,18 @@ struct BwdParams {
   // rows [0, key_begin) of dk and dv are another launch's (a document plan's kept documents,
   // computed apart from the ring's part of the same block: src/backend/cuda). 0: from the first.
   int64_t key_begin;
+  // The deterministic backward's ordered dQ (ordered_dq.cuh), where the family has it: a ticket,
+  // then a count per batch row, K/V head and query tile; at least OrderedDqInts(dims) ints, which
+  // the launch zeroes on its stream. One launch at a time may use them. Null: no ordered dQ (the
+  // deterministic backward then takes its two passes).
+  int* dq_order;
 };
+
+// The ints BwdParams::dq_order needs for blocks of these dims (query tiles of 64 rows, the
+// shortest any family's ordered dQ takes).
+inline int64_t OrderedDqInts(const Dims& d) {
+  return 1 + static_cast<int64_t>(d.B) * d.Hkv * ((d.L + 63) / 64);
+}
 
 // The key tiles of kN rows a backward launch covers: those holding rows [key_begin, key_rows), or
 // from key_begin to the last row (BwdParams::key_rows). Tile t starts at key_begin + t kN.

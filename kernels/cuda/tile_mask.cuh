@@ -131,9 +131,13 @@ STRIA_HD int64_t QueryTileStart(const MaskArgs& m, int rows, unsigned cta, unsig
 struct CtaSlot {
   unsigned tile, head;
 };
+// The slot of the CTA that starts `linear`-th in a grid of `heads` heads (the ordered dQ numbers
+// its CTAs by the order they start in, ordered_dq.cuh).
+STRIA_HD CtaSlot CtaSlotAt(uint64_t linear, unsigned heads) {
+  return CtaSlot{static_cast<unsigned>(linear / heads), static_cast<unsigned>(linear % heads)};
+}
 STRIA_DEVICE CtaSlot CtaSlotOf() {
-  const uint64_t linear = blockIdx.x + static_cast<uint64_t>(gridDim.x) * blockIdx.y;
-  return CtaSlot{static_cast<unsigned>(linear / gridDim.y), static_cast<unsigned>(linear % gridDim.y)};
+  return CtaSlotAt(blockIdx.x + static_cast<uint64_t>(gridDim.x) * blockIdx.y, gridDim.y);
 }
 
 // Keys [k_lo, k_hi) that some query of [i0, i1) may see.

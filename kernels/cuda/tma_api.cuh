@@ -105,6 +105,7 @@ template <int N>
 inline void bulk_wait_group_read() {}
 template <int N>
 inline void bulk_wait_group() {}
+inline void fence_proxy_async_global() {}
 
 }  // namespace cuda
 }  // namespace stria
@@ -187,6 +188,12 @@ STRIA_DEVICE void bulk_wait_group_read() {
 template <int N>
 STRIA_DEVICE void bulk_wait_group() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// Orders this thread's generic-proxy accesses of global memory with its async-proxy ones (the
+// bulk reductions): between a wait_count and the reduction it admits, and between a reduction's
+// completion and the release_count that publishes it.
+STRIA_DEVICE void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 
 }  // namespace cuda

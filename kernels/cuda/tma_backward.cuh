@@ -20,15 +20,20 @@
 //    per-element atomics held them for the L2's round trips, and the L2 adds whole lines;
 //  - otherwise the consumers' per-element atomics, as the wgmma kernel (STRIA_CUDA_TMA_DQ=atomic,
 //    for comparing the two).
+// With kOrderedDq (the deterministic backward, ordered_dq.cuh) the bulk dQ's adds into each query
+// tile come in the order of the key tiles: the CTA takes its key tile by ticket, walks its query
+// tiles from the last with the heads of its group inside, and the dQ warp passes every query tile
+// linked to its key tile, waiting for the key tiles before it and releasing the ones after.
 #pragma once
 
+#include "cuda/ordered_dq.cuh"
 #include "cuda/tma_api.cuh"
 #include "cuda/wgmma_backward.cuh"
 
 namespace stria {
 namespace cuda {
 
-template <int D, bool kBulkDq = false>
+template <int D, bool kBulkDq = false, bool kOrderedDq = false>
 struct TmaBwdTile {
   static constexpr int kConsumers = 2, kThreads = 128 * (kConsumers + 1), kN = 128;
   static constexpr int kM = WgmmaBwdTile<D>::kM, kStages = 2;
@@ -37,10 +42,12 @@ struct TmaBwdTile {
   static constexpr int kDqBuffers = kBulkDq ? 2 : 0, kDqBytes = kM * D * 4;
   // K/V full, per stage Q/dO full and empty, per dQ buffer full and empty.
   static constexpr int kBarriers = 1 + 2 * kStages + 2 * kDqBuffers;
+  // The ordered dQ's ticket, as thread 0 took it for the CTA.
+  static constexpr int kTicketBytes = kOrderedDq ? 16 : 0;
   // K, V; Q and dO per stage; dS^T; lse2 and delta per stage; the dQ buffers; the barriers; the
-  // alignment slack.
+  // ticket; the alignment slack.
   static constexpr int kSmemBytes = 2 * kKvBytes + 2 * kStages * kQBytes + kDsBytes + 2 * kStages * kM * 4 +
-                                    kDqBuffers * kDqBytes + 8 * kBarriers + kSwizzleAtomBytes;
+                                    kDqBuffers * kDqBytes + 8 * kBarriers + kTicketBytes + kSwizzleAtomBytes;
 };
 
 // The block's parameters and the TMA maps of the caller's Q and dO (boxes of kM rows) and of the
@@ -50,11 +57,12 @@ struct TmaBwdParams {
   TensorMap q_map, do_map, k_map, v_map;
 };
 
-template <typename T, int D, bool kDocs = false, bool kDq = true, bool kBulkDq = false>
+template <typename T, int D, bool kDocs = false, bool kDq = true, bool kBulkDq = false, bool kOrderedDq = false>
 STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaBackwardKernel(const STRIA_GRID_CONSTANT TmaBwdParams tp) {
 #if STRIA_HAS_WGMMA
   static_assert(kDq || !kBulkDq, "the bulk dQ needs a dQ");
-  using Tile = TmaBwdTile<D, kBulkDq>;
+  static_assert(kBulkDq || !kOrderedDq, "the ordered dQ orders the bulk dQ's adds");
+  using Tile = TmaBwdTile<D, kBulkDq, kOrderedDq>;
   constexpr int kM = Tile::kM, kN = Tile::kN, kStages = Tile::kStages, kConsumerThreads = 128 * Tile::kConsumers;
   const BwdParams& p = tp.p;
   STRIA_DYNAMIC_SMEM(smem_raw);
@@ -74,7 +82,14 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaBackwardKernel(const STRIA_GR
 
   const Dims& d = p.dims;
   const int tid = static_cast<int>(threadIdx.x), wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
-  const CtaSlot cta = CtaSlotOf();
+  CtaSlot cta = CtaSlotOf();
+  if constexpr (kOrderedDq) {
+    // The key tile by ticket, in the order of CtaSlotOf (ordered_dq.cuh).
+    int* ticket = reinterpret_cast<int*>(dq_empty + Tile::kDqBuffers);
+    if (tid == 0) *ticket = take_ticket(p.dq_order);
+    block_sync();
+    cta = CtaSlotAt(static_cast<uint64_t>(*ticket), gridDim.y);
+  }
   const int bhk = static_cast<int>(cta.head), b = bhk / d.Hkv, hk = bhk % d.Hkv;
   const int group = d.Hq / d.Hkv;
   const int64_t j0 = p.key_begin + static_cast<int64_t>(cta.tile) * kN;
@@ -83,13 +98,22 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaBackwardKernel(const STRIA_GR
   const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, b) : MaskArgs{};
   const MaskArgs& mask = kDocs ? docs_mask : p.mask;
   const TileRun queries = QueryTilesOf<kDocs>(mask, j0, MinI(j0 + kN, d.L), kM);
-  if (queries.count == 0)
-    return ZeroKeyGrads<T>(p, b, hk, j0, kN, Tile::kThreads);  // the whole CTA, before any barrier
+  if (queries.count == 0) {
+    ZeroKeyGrads<T>(p, b, hk, j0, kN, Tile::kThreads);  // the whole CTA, before any barrier
+    if constexpr (kOrderedDq) {
+      // No work here, but the key tile may be linked to query tiles all the same.
+      if (tid < 32) PassLinkedTiles<kDocs>(p, mask, kM, kN, cta.tile, cta.head, [](int64_t) {});
+    }
+    return;
+  }
   const int64_t i_first = queries.first;
   const int q_tiles = queries.count, steps = q_tiles * group;
-  // Step s is query tile s % q_tiles of query head hk * group + s / q_tiles, in stage s % kStages.
-  auto head_of = [&](int s) { return hk * group + s / q_tiles; };
-  auto rows_of = [&](int s) { return i_first + static_cast<int64_t>(s % q_tiles) * kM; };
+  // Step s is query tile s % q_tiles of query head hk * group + s / q_tiles, in stage s % kStages;
+  // with the ordered dQ query tile q_tiles - 1 - s / group of head hk * group + s % group.
+  auto head_of = [&](int s) { return hk * group + (kOrderedDq ? s % group : s / q_tiles); };
+  auto rows_of = [&](int s) {
+    return i_first + static_cast<int64_t>(kOrderedDq ? q_tiles - 1 - s / group : s % q_tiles) * kM;
+  };
 
   if (tid == 0) {
     mbar_init(kv_full, 1);
@@ -109,7 +133,26 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaBackwardKernel(const STRIA_GR
     // The producer: warp 0 (lane 0 issues the copies, all 32 lanes store lse2 and delta), and with
     // the bulk dQ lane 0 of warp 1, which adds each step's dQ tile into dq_acc.
     setmaxnreg_dec<24>();
-    if constexpr (kBulkDq) {
+    if constexpr (kOrderedDq) {
+      if (warp == 1) {
+        int s = 0;  // the next step whose dQ the consumers hand over
+        PassLinkedTiles<kDocs>(p, mask, kM, kN, cta.tile, cta.head, [&](int64_t m) {
+          for (; s < steps && rows_of(s) == m * kM; ++s) {  // the heads of the group, in step order
+            const int buf = s & 1;
+            mbar_wait(&dq_full[buf], (s >> 1) & 1);
+            const int64_t i0 = rows_of(s), bh = static_cast<int64_t>(b) * d.Hq + head_of(s);
+            const int64_t rows = MinI(static_cast<int64_t>(kM), d.L - i0);
+            bulk_reduce_add_f32(p.dq_acc + (bh * d.L + i0) * D, dqs + buf * kM * D,
+                                static_cast<uint32_t>(rows * D * 4));
+            bulk_commit_group();
+            bulk_wait_group_read<0>();
+            mbar_arrive(&dq_empty[buf]);
+          }
+          bulk_wait_group<0>();  // complete before the release publishes them
+        });
+        return;
+      }
+    } else if constexpr (kBulkDq) {
       if (warp == 1) {
         if (lane != 0) return;
         for (int s = 0; s < steps; ++s) {

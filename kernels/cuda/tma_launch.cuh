@@ -148,5 +148,38 @@ cudaError_t LaunchTmaBackwardKv(const BwdParams& p, cudaStream_t s) {
   return LaunchTmaBackward<T, D, false>(p, s);
 }
 
+// The deterministic backward (kernel_matrix.def's BackwardOrdered; ordered_dq.cuh): one pass whose
+// dQ adds come in the order of the key tiles, where that kernel runs (head dims 64 and 128, the
+// CTA-per-tile schedule, the bulk dQ, views TMA can describe, and counters to order them by in
+// p.dq_order); elsewhere the two passes, this family's dK/dV pass and then the wgmma family's dQ
+// pass. Either gives the same bits every run.
+template <typename T, int D>
+cudaError_t LaunchTmaBackwardOrdered(const BwdParams& p, cudaStream_t s) {
+  if constexpr (D <= 128) {
+    using Tile = TmaBwdTile<D, true, true>;
+    bool bulk = false, persistent = false;
+    if (!TmaBulkDq(&bulk) || !TmaPersistent(&persistent)) return cudaErrorInvalidValue;
+    TmaBwdParams tp{};
+    tp.p = p;
+    const Dims& d = p.dims;
+    const bool ordered = bulk && !persistent && p.dq_order != nullptr &&
+                         EncodeViewMap(&tp.q_map, p.q, d, d.Hq, Tile::kM) &&
+                         EncodeViewMap(&tp.do_map, p.dout, d, d.Hq, Tile::kM) &&
+                         EncodeBlockMaps(&tp.k_map, &tp.v_map, p.k, p.v, d, Tile::kN);
+    if (ordered) {
+      const dim3 grid(KeyTileCount(p, Tile::kN), static_cast<unsigned>(d.B * d.Hkv));
+      if (grid.x == 0) return cudaSuccess;
+      void (*kernel)(TmaBwdParams) = p.mask.doc_lo != nullptr ? WgmmaTmaBackwardKernel<T, D, true, true, true, true>
+                                                              : WgmmaTmaBackwardKernel<T, D, false, true, true, true>;
+      cudaError_t e = AllowSmem(kernel, Tile::kSmemBytes);
+      if (e == cudaSuccess) e = cudaMemsetAsync(p.dq_order, 0, static_cast<size_t>(OrderedDqInts(d)) * 4, s);
+      if (e != cudaSuccess) return e;
+      return STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(tp);
+    }
+  }
+  const cudaError_t e = LaunchTmaBackward<T, D, false>(p, s);
+  return e != cudaSuccess ? e : LaunchWgmmaBackwardDq<T, D>(p, s);
+}
+
 }  // namespace cuda
 }  // namespace stria

@@ -1012,6 +1012,14 @@ void Misaligned(const char* what, const void* p, int bytes) {
   Fail(Current(), std::string(what) + ": address " + buf + " is not " + std::to_string(bytes) + "-byte aligned");
 }
 
+void CountNeverReached(const int* counter, int have, int want) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%p", static_cast<const void*>(counter));
+  Fail(Current(), std::string("a wait for the count at ") + buf + " to be " + std::to_string(want) + ", which is " +
+                      std::to_string(have) +
+                      " with every block before this one finished: no other block can make it so");
+}
+
 void NotInKernel() {
   throw std::logic_error("cuda emulator: a device primitive was called outside emu::Launch");
 }

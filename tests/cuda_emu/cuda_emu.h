@@ -195,6 +195,9 @@ ThreadInfo* CurrentThreadInfo();
 [[noreturn]] void NotInKernel();
 // Fails the launch: `what` got an address `p` that is not `bytes`-aligned.
 [[noreturn]] void Misaligned(const char* what, const void* p, int bytes);
+// Fails the launch: a CTA waits for a count of `want` at `counter`, which holds `have` with every
+// earlier block finished.
+[[noreturn]] void CountNeverReached(const int* counter, int have, int want);
 inline const ThreadInfo& Self() {
   const ThreadInfo* t = CurrentThreadInfo();
   if (__builtin_expect(t == nullptr, 0)) NotInKernel();
@@ -292,6 +295,18 @@ inline void atomic_add2(float* p, float a, float b) {
   if (reinterpret_cast<uintptr_t>(p) % 8 != 0) emu::detail::Misaligned("atomic_add2", p, 8);  // as the GPU faults
   p[0] += a;
   p[1] += b;
+}
+// Blocks run one after another here, each to its end: a count that other CTAs must bring to
+// `want` is there when a CTA waits for it, or never will be (on the GPU: a wait on a CTA that
+// started later, or on a release nobody makes), which fails the launch.
+inline int take_ticket(int* counter) {
+  return (*counter)++;
+}
+inline void wait_count(const int* counter, int want) {
+  if (*counter != want) emu::detail::CountNeverReached(counter, *counter, want);
+}
+inline void release_count(int* counter) {
+  ++*counter;
 }
 inline float fast_exp2(float x) {
   return std::exp2(x);

@@ -649,6 +649,11 @@ std::vector<Case> DeterministicSweep() {
     docs_k.docs = 4;
     more.push_back(docs_k);
   }
+  // The TMA family's ordered dQ in a world of one: three key tiles adding into most query tiles
+  // of each of four heads (GQA 4:1), for the GPU run's racecheck of that kernel alone.
+  Case ordered{1, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 2, 264, 4, 1, 128};
+  ordered.kernels = "tma";
+  more.push_back(ordered);
   // D 256, GQA 2:1, documents: on the Hopper families three 64-row dQ tiles and three 64-key dK/dV
   // tiles a block; on mma.sync the dK/dV pass's two warps per 16 keys and the dQ pass's 32-row
   // tiles (two warps per 16 rows) over 32-key tiles, and a dense float16 ring besides.

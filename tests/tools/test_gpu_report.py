@@ -118,7 +118,7 @@ def main(script):
             or "| 4224 | 0.200 |" in out):
         failures.append("a line cut short was read")
     empty = report(script, "== build failed: nothing else can run\n")
-    if empty.count("| not measured |") != 6 or "decode" in empty:
+    if empty.count("| not measured |") != 7 or "decode" in empty:
         failures.append(f"a run that measured nothing: {empty!r}")
     # Softcap and sinks: columns of their own, judged against their family's plain call on the same
     # shape, never the best family against flash (the sinks line here is faster than the plain one).
@@ -132,6 +132,16 @@ def main(script):
             "| sinks, causal, D 128: time over the plain call's (1 shapes and passes) | <= 1.10 | 0.900 | met |"):
         if line not in mods.splitlines():
             failures.append(f"score modifications, missing: {line}\n{mods}")
+    # The deterministic backward: columns of their own (as the library runs it, and with its dQ
+    # pass for comparison), judged against the family's default backward, never against flash.
+    det = report(script, "".join(f"impl={i} dir=bwd {shape} tflops={t}\n" for i, t in (
+        ("stria_tma", 360.0), ("stria_tma_deterministic", 300.0), ("stria_tma_deterministic_passes", 220.0),
+        ("torch_flash", 250.0))))
+    for line in (
+            "| 128 | yes | 4096 | 360 | 300 | 220 | 250 | – | 1.44x |",
+            "| deterministic backward, D 128: time over the default's (1 shapes) | <= 1.30 | 1.200 | met |"):
+        if line not in det.splitlines():
+            failures.append(f"deterministic backward, missing: {line}\n{det}")
     # The e4m3 forward: a column of its own, judged against its own bar (900 TFLOP/s at D 128, 16k),
     # never the best 16-bit family against flash.
     big = "dim=128 causal=1 len=16384 batch=1 heads=16 ms=1"

@@ -24,7 +24,9 @@
 // forces mma.sync. Unset, the choice is the fastest family that passed the GPU suite on the device:
 // TMA on compute capability 9.0 (on an H200, 1.6-2.4x mma.sync's forward and 1.2-1.9x its
 // backward, docs/performance.md), mma.sync on every other device. A deterministic backward
-// (stria_context_set_deterministic) runs the family's dK/dV pass without dQ, then mma.sync's dQ pass.
+// (stria_context_set_deterministic) runs the TMA family's one pass with its dQ added in the order
+// of the key tiles (kernels/cuda/ordered_dq.cuh, counters in order_ and home_order_); elsewhere
+// the family's dK/dV pass without dQ, then a dQ pass (wgmma's on Hopper, mma.sync's otherwise).
 #include "backend/cuda/cuda_backend.h"
 
 #include <cuda_runtime_api.h>
@@ -273,7 +275,7 @@ class CudaBackend final : public Backend {
     // a call that failed before it could.
     for (cudaStream_t st : {side_, ring_stream_})
       if (st != nullptr) cudaStreamSynchronize(st);
-    for (DeviceBuffer* b : {&acc_, &m_, &l_, &dq_acc_, &docs_, &home_docs_}) b->Release();
+    for (DeviceBuffer* b : {&acc_, &m_, &l_, &dq_acc_, &docs_, &home_docs_, &order_, &home_order_}) b->Release();
     for (cudaEvent_t e : {handoff_, fork_, home_done_, join_})
       if (e != nullptr) cudaEventDestroy(e);
     for (cudaStream_t st : {side_, ring_stream_})
@@ -566,6 +568,11 @@ class CudaBackend final : public Backend {
     dout_view_ = dout;
     grads_written_ = false;
     STRIA_RETURN_IF_ERROR(Choose(s, RowsAligned16(q) && RowsAligned16(dout)));
+    if (deterministic_) {  // the ordered dQ's counters, one set per stream that may run a block
+      const size_t bytes = static_cast<size_t>(cuda::OrderedDqInts(dims_)) * 4;
+      STRIA_RETURN_IF_ERROR(order_.Reserve(bytes, "the ordered dQ's counters", handoff_));
+      STRIA_RETURN_IF_ERROR(home_order_.Reserve(bytes, "the ordered dQ's counters", handoff_));
+    }
     STRIA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dq_acc_.f32(), 0, rows * static_cast<size_t>(s.D) * 4, stream_));
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchBackwardPrep(ElemOf(s.dtype), dims_, Rows(out), dout_,
                                                         static_cast<const float*>(lse.data), lse.strides[0],
@@ -962,6 +969,7 @@ class CudaBackend final : public Backend {
     p.scale = s_.scale;
     p.softcap = SoftcapOf(s_);
     p.mask = MaskOf(mask);
+    if (deterministic_) p.dq_order = static_cast<int*>(order_.data());
     return p;
   }
   // Whether this call's kernels may run a home part on a stream of their own: the tensor-core
@@ -1032,6 +1040,7 @@ class CudaBackend final : public Backend {
     mask.k_begin = std::max(mask.k_begin, ring_rows_);
     cuda::BwdParams p = BackwardParams(kv_wire, true, mask, dkv);
     p.key_begin = ring_rows_;
+    if (deterministic_) p.dq_order = static_cast<int*>(home_order_.data());  // beside the ring's launches
     STRIA_RETURN_IF_ERROR(UploadDocumentsTo(block, &p.mask, false, &home_docs_, &home_staging_, side_));
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchBackwardBlock(ElemOf(s_.dtype), kernels_, deterministic_, p, side_));
     STRIA_CUDA_RETURN_IF_ERROR(cudaEventRecord(home_done_, side_));
@@ -1087,6 +1096,7 @@ class CudaBackend final : public Backend {
   bool kv_in_place_ = false;           // the local block is read from local_k_/local_v_, not the wire
   DeviceBuffer acc_, m_, l_, dq_acc_;  // m_/l_ hold lse2/delta in the backward
   DeviceBuffer docs_;                  // the block's document bounds (UploadDocuments)
+  DeviceBuffer order_, home_order_;    // a deterministic backward's dQ order (BwdParams::dq_order)
   std::vector<int32_t> tiles_;         // a forward block's query tiles with work (BusyQueryTiles)
   struct Staging {
     std::vector<int64_t> bounds;
