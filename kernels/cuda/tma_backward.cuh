@@ -57,6 +57,30 @@ struct TmaBwdParams {
   TensorMap q_map, do_map, k_map, v_map;
 };
 
+#if STRIA_HAS_WGMMA
+// The bulk dQ warp's add of the dQ tile the consumers handed over as their step s (in buffer
+// s & 1 of dqs): rows [i0, i0 + kM) of query head row bh (tile(), asked once the tile is
+// there, so that the warp's few registers do not hold it across the wait) into dq_acc in one bulk
+// reduction, then the buffer back to the consumers once it has been read. The tile's rows past L
+// are left out (the last tile may run past the block); those outside the block's queries hold
+// zeros (the consumers' stores).
+struct DqTile {
+  int64_t bh, i0;
+};
+template <int D, int kM, typename Tile>
+STRIA_DEVICE void AddDqTile(const BwdParams& p, const float* dqs, uint64_t* dq_full, uint64_t* dq_empty, int s,
+                            Tile tile) {
+  const int buf = s & 1;
+  mbar_wait(&dq_full[buf], (s >> 1) & 1);
+  const DqTile t = tile();
+  const int64_t rows = MinI(static_cast<int64_t>(kM), p.dims.L - t.i0);
+  bulk_reduce_add_f32(p.dq_acc + (t.bh * p.dims.L + t.i0) * D, dqs + buf * kM * D, static_cast<uint32_t>(rows * D * 4));
+  bulk_commit_group();
+  bulk_wait_group_read<0>();  // the buffer has been read: the consumers may write it again
+  mbar_arrive(&dq_empty[buf]);
+}
+#endif
+
 template <typename T, int D, bool kDocs = false, bool kDq = true, bool kBulkDq = false, bool kOrderedDq = false>
 STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaBackwardKernel(const STRIA_GRID_CONSTANT TmaBwdParams tp) {
 #if STRIA_HAS_WGMMA
@@ -114,6 +138,10 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaBackwardKernel(const STRIA_GR
   auto rows_of = [&](int s) {
     return i_first + static_cast<int64_t>(kOrderedDq ? q_tiles - 1 - s / group : s % q_tiles) * kM;
   };
+  // Step s's dQ tile for AddDqTile: its query head row and first row.
+  auto dq_tile_of = [&](int s) {
+    return [&, s] { return DqTile{static_cast<int64_t>(b) * d.Hq + head_of(s), rows_of(s)}; };
+  };
 
   if (tid == 0) {
     mbar_init(kv_full, 1);
@@ -137,17 +165,8 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaBackwardKernel(const STRIA_GR
       if (warp == 1) {
         int s = 0;  // the next step whose dQ the consumers hand over
         PassLinkedTiles<kDocs>(p, mask, kM, kN, cta.tile, cta.head, [&](int64_t m) {
-          for (; s < steps && rows_of(s) == m * kM; ++s) {  // the heads of the group, in step order
-            const int buf = s & 1;
-            mbar_wait(&dq_full[buf], (s >> 1) & 1);
-            const int64_t i0 = rows_of(s), bh = static_cast<int64_t>(b) * d.Hq + head_of(s);
-            const int64_t rows = MinI(static_cast<int64_t>(kM), d.L - i0);
-            bulk_reduce_add_f32(p.dq_acc + (bh * d.L + i0) * D, dqs + buf * kM * D,
-                                static_cast<uint32_t>(rows * D * 4));
-            bulk_commit_group();
-            bulk_wait_group_read<0>();
-            mbar_arrive(&dq_empty[buf]);
-          }
+          for (; s < steps && rows_of(s) == m * kM; ++s)  // the heads of the group, in step order
+            AddDqTile<D, kM>(p, dqs, dq_full, dq_empty, s, dq_tile_of(s));
           bulk_wait_group<0>();  // complete before the release publishes them
         });
         return;
@@ -155,18 +174,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaBackwardKernel(const STRIA_GR
     } else if constexpr (kBulkDq) {
       if (warp == 1) {
         if (lane != 0) return;
-        for (int s = 0; s < steps; ++s) {
-          const int buf = s & 1;
-          mbar_wait(&dq_full[buf], (s >> 1) & 1);
-          const int64_t i0 = rows_of(s), bh = static_cast<int64_t>(b) * d.Hq + head_of(s);
-          // The tile's rows inside the block (its last tile may run past L); those outside the
-          // block's queries hold zeros (the consumers' stores).
-          const int64_t rows = MinI(static_cast<int64_t>(kM), d.L - i0);
-          bulk_reduce_add_f32(p.dq_acc + (bh * d.L + i0) * D, dqs + buf * kM * D, static_cast<uint32_t>(rows * D * 4));
-          bulk_commit_group();
-          bulk_wait_group_read<0>();  // the buffer has been read: the consumers may write it again
-          mbar_arrive(&dq_empty[buf]);
-        }
+        for (int s = 0; s < steps; ++s) AddDqTile<D, kM>(p, dqs, dq_full, dq_empty, s, dq_tile_of(s));
         bulk_wait_group<0>();  // the adds are done before the CTA's shared memory goes
         return;
       }

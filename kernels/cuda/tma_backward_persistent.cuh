@@ -124,17 +124,10 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaPersistentBackwardKernel(cons
           const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, batch_of(w)) : MaskArgs{};
           const Item it = item_of(w, kDocs ? docs_mask : p.mask);
           const int steps = it.queries.count * group;
-          for (int s = 0; s < steps; ++s, ++gs) {
-            const int buf = gs & 1;
-            mbar_wait(&dq_full[buf], (gs >> 1) & 1);
-            const int64_t i0 = rows_of(it, s), bh = static_cast<int64_t>(it.b) * d.Hq + head_of(it, s);
-            const int64_t rows = MinI(static_cast<int64_t>(kM), d.L - i0);
-            bulk_reduce_add_f32(p.dq_acc + (bh * d.L + i0) * D, dqs + buf * kM * D,
-                                static_cast<uint32_t>(rows * D * 4));
-            bulk_commit_group();
-            bulk_wait_group_read<0>();
-            mbar_arrive(&dq_empty[buf]);
-          }
+          for (int s = 0; s < steps; ++s, ++gs)
+            AddDqTile<D, kM>(p, dqs, dq_full, dq_empty, gs, [&] {
+              return DqTile{static_cast<int64_t>(it.b) * d.Hq + head_of(it, s), rows_of(it, s)};
+            });
         }
         bulk_wait_group<0>();  // the adds are done before the CTA's shared memory goes
         return;
