@@ -65,13 +65,27 @@ def vs_flash(kern, direction, d, c, s):
     return best / flash if best is not None and flash else None
 
 
+# FlashAttention-3's published figures (H100 80GB SXM5, BF16/FP16, B·S = 16k tokens and H·D = 2048 as
+# here; TFLOP/s as printed on the bars of the paper's Figures 5 and 6: Shah et al., "FlashAttention-3:
+# Fast and Accurate Attention with Asynchrony and Low-precision", arXiv:2407.08608): a column beside
+# each run's own anchors, never a bar. The backward figure has no causal mask. Keys: (direction, head
+# dim, causal, S).
+FA3_PUBLISHED = {
+    **{("fwd", 128, 0, s): t for s, t in zip((1024, 2048, 4096, 8192, 16384), (565, 625, 638, 646, 648))},
+    **{("fwd", 128, 1, s): t for s, t in zip((1024, 2048, 4096, 8192, 16384), (423, 521, 579, 602, 616))},
+    **{("bwd", 64, 0, s): t for s, t in zip((1024, 2048, 4096, 8192, 16384), (363, 422, 453, 472, 474))},
+    **{("bwd", 128, 0, s): t for s, t in zip((1024, 2048, 4096, 8192, 16384), (424, 501, 542, 559, 561))},
+}
+
+
 def kernels_tables(kern, out):
     measured = {i for (_, _, _, _, i) in kern if i.startswith("stria_")}
     impls = [i for i in FAMILIES if i in measured] + sorted(measured - set(FAMILIES))
     shapes = sorted({(d, c, s) for (_, d, c, s, _) in kern})
     for direction, title in (("fwd", "Forward"), ("bwd", "Backward")):
         out.append(f"{title}, bf16, TFLOP/s (B·S = 16k tokens, H·D = 2048):\n")
-        cols = [i.replace("stria_", "stria ") for i in impls] + ["torch flash", "torch cuDNN", "best stria / flash"]
+        cols = [i.replace("stria_", "stria ") for i in impls] + ["torch flash", "torch cuDNN",
+                                                                 "FA3, H100 (published)", "best stria / flash"]
         out.append("| D | causal | S | " + " | ".join(cols) + " |")
         out.append("|" + "---|" * (3 + len(cols)))
         for d, c, s in shapes:
@@ -79,6 +93,7 @@ def kernels_tables(kern, out):
             ratio = vs_flash(kern, direction, d, c, s)
             cells = [fmt(x) for x in ours] + [fmt(kern.get((direction, d, c, s, "torch_flash"))),
                                               fmt(kern.get((direction, d, c, s, "torch_cudnn"))),
+                                              fmt(FA3_PUBLISHED.get((direction, d, c, s))),
                                               fmt(ratio, ".2f") + ("x" if ratio else "")]
             out.append(f"| {d} | {'yes' if c else 'no'} | {s} | " + " | ".join(cells) + " |")
         out.append("")
