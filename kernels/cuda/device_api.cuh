@@ -131,6 +131,10 @@ STRIA_DEVICE void wait_count(const int* counter, int want) {
     __nanosleep(256);
   }
 }
+// Stops the kernel with an error (a launch failure the stream reports) where going on would hang.
+STRIA_DEVICE void trap() {
+  __trap();
+}
 // *counter += 1 with release semantics: this thread's writes before it (and those it has
 // observed) are visible to a wait_count that sees the new value.
 STRIA_DEVICE void release_count(int* counter) {

@@ -169,6 +169,9 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaBackwardKernel(const STRIA_GR
             AddDqTile<D, kM>(p, dqs, dq_full, dq_empty, s, dq_tile_of(s));
           bulk_wait_group<0>();  // complete before the release publishes them
         });
+        // A step the walk did not take would leave the consumers waiting for its buffer forever
+        // (a query tile walked but not linked: LinkedPlace's contract broken): an error instead.
+        if (lane == 0 && s < steps) trap();
         return;
       }
     } else if constexpr (kBulkDq) {

@@ -1020,6 +1020,10 @@ void CountNeverReached(const int* counter, int have, int want) {
                       " with every block before this one finished: no other block can make it so");
 }
 
+void Trapped() {
+  Fail(Current(), "the kernel trapped");
+}
+
 void NotInKernel() {
   throw std::logic_error("cuda emulator: a device primitive was called outside emu::Launch");
 }

@@ -198,6 +198,8 @@ ThreadInfo* CurrentThreadInfo();
 // Fails the launch: a CTA waits for a count of `want` at `counter`, which holds `have` with every
 // earlier block finished.
 [[noreturn]] void CountNeverReached(const int* counter, int have, int want);
+// Fails the launch: a thread called trap().
+[[noreturn]] void Trapped();
 inline const ThreadInfo& Self() {
   const ThreadInfo* t = CurrentThreadInfo();
   if (__builtin_expect(t == nullptr, 0)) NotInKernel();
@@ -307,6 +309,9 @@ inline void wait_count(const int* counter, int want) {
 }
 inline void release_count(int* counter) {
   ++*counter;
+}
+inline void trap() {
+  emu::detail::Trapped();
 }
 inline float fast_exp2(float x) {
   return std::exp2(x);
