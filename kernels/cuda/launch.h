@@ -28,8 +28,9 @@ cudaError_t LaunchForwardBlock(Elem e, Kernels k, const FwdParams& p, cudaStream
 // kTma blocks that took the cp.async wgmma forward because their tensor maps could not be made
 // (tma_api.cuh, EncodeRowsMap), in this process: what a TMA benchmark must show is zero.
 uint64_t TmaMapFailures();
-// deterministic: the same bits from every run (the SIMT kernels always give them; a tensor-core
-// family then runs its dK/dV pass without dQ, and mma.sync's dQ pass adds dQ without atomics).
+// deterministic: the same bits from every run (the SIMT kernels always give them; the TMA family
+// then orders its dQ adds in its one pass, ordered_dq.cuh, where its kernel runs; other tensor-core
+// families run their dK/dV pass without dQ, then a dQ pass that adds dQ without atomics).
 cudaError_t LaunchBackwardBlock(Elem e, Kernels k, bool deterministic, const BwdParams& p, cudaStream_t s);
 
 cudaError_t LaunchPackRows(int elem_bytes, Dims d, int H, RowsArg src, void* dst, cudaStream_t s);

@@ -411,7 +411,8 @@ class Context:
     def deterministic(self) -> bool:
         """Whether backward calls on this context give the same bits on every run
         (stria_context_set_deterministic; default False). CPU contexts always do; on CUDA the
-        tensor-core backward then computes dQ in a pass of its own instead of with float atomics
+        Hopper TMA kernels then add dQ in a fixed order in the same pass, and the other
+        tensor-core kernels compute dQ in a pass of its own instead of with float atomics
         (slower). A call's ``deterministic`` argument overrides it for that call; stria.torch
         turns it on while ``torch.are_deterministic_algorithms_enabled()``."""
         return self._deterministic

@@ -438,10 +438,11 @@ end
 # Extension: deterministic backward. With deterministic = 1, this context's backward calls give
 # the same bits every time they run on the same inputs, world size, layout and device (as the
 # forward always does); 0 (the default) lets the CUDA backend add dQ with float atomics, whose
-# order, and so the last bits of dQ, the GPU's scheduling decides. On CUDA contexts the
-# tensor-core backward then runs its dK/dV pass without dQ and computes dQ in a pass of its own
-# over the query tiles: 7 tile products per tile pair instead of 5. CPU contexts, and the CUDA
-# kernels for float32 and other head dims, are deterministic either way.
+# order, and so the last bits of dQ, the GPU's scheduling decides. On CUDA contexts the Hopper
+# TMA kernels (head dims 64 and 128) then add each query tile's dQ in the order of the key tiles,
+# in the same one pass; the other tensor-core kernels run their dK/dV pass without dQ and compute
+# dQ in a pass of its own over the query tiles (7 tile products per tile pair instead of 5). CPU
+# contexts, and the CUDA kernels for float32 and other head dims, are deterministic either way.
 # Ranks may differ in this setting. Driven by the thread that drives the context, like the calls;
 # deterministic other than 0 or 1 is STRIA_ERROR_INVALID_ARGUMENT.
 function stria_context_set_deterministic(ctx, deterministic)

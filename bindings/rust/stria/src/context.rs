@@ -289,8 +289,9 @@ impl Context {
 
     /// Makes this context's backward calls give the same bits on every run
     /// (`stria_context_set_deterministic`; off by default). CPU contexts always do; on CUDA the
-    /// tensor-core backward then computes dQ in a pass of its own instead of with float atomics,
-    /// at the cost of recomputing the scores (7 tile products per tile pair instead of 5).
+    /// Hopper TMA kernels then add dQ in a fixed order in the same pass, and the other
+    /// tensor-core kernels compute dQ in a pass of its own instead of with float atomics, at the
+    /// cost of recomputing the scores (7 tile products per tile pair instead of 5).
     pub fn set_deterministic(&mut self, on: bool) -> Result<()> {
         // SAFETY: a live handle; `&mut self` keeps this context's calls on one thread.
         check(unsafe { sys::stria_context_set_deterministic(self.raw, c_int::from(on)) })
