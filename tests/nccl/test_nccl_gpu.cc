@@ -286,6 +286,31 @@ void RankForwardBackward(stria_context_t c, const stria_attention_params_t& p, c
   full->Gather(r, out, lse, dq, dk, dv);
 }
 
+// A rank's shard of a full tensor, cut by the layout, plan or grid a test uses (stria_shard and
+// its kin): cut(r, full, local) into `local` of L slots.
+using Cut = std::function<stria_status_t(int r, const DLTensor* full, DLTensor* local)>;
+
+// Every rank of `ctx` (a thread each, on GPU r) runs its forward and backward on the shards
+// `cut` makes (RankForwardBackward); the gathered results must match `ref`.
+void RingOfThreadsMatches(const std::vector<stria_context_t>& ctx, const stria_attention_params_t& p,
+                          const Window& window, int64_t L, const Tensor& q, const Tensor& k, const Tensor& v,
+                          const Tensor& dout, const Cut& cut, GatheredResults* full, const Reference& ref) {
+  const int world = static_cast<int>(ctx.size());
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  RunRanks(world, [&](int r) {
+    cudaSetDevice(r);
+    auto shard = [&](const Tensor& t) {
+      Tensor local({t.shape[0], L, t.shape[2], t.shape[3]}, t.dt);
+      EXPECT_EQ(cut(r, &t.dl, &local.dl), STRIA_SUCCESS) << stria_get_last_error();
+      return local;
+    };
+    RankForwardBackward(ctx[static_cast<size_t>(r)], p, window, L, q, k, v, dout, shard, r, full,
+                        &errors[static_cast<size_t>(r)]);
+  });
+  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+  full->ExpectMatches(ref, 2e-2, 1e-3);
+}
+
 // Ranks as threads of one process, a GPU each (a process that drives all of its GPUs), joined by
 // stria_get_unique_id: the ring through the C API, every layout, causal and not, against float64.
 TEST(NcclContext, RingOfThreadsMatchesReference) {
@@ -316,19 +341,12 @@ TEST(NcclContext, RingOfThreadsMatchesReference) {
         stria_attention_params_init(&p);
         p.layout = layout;
         p.causal = causal;
-        std::vector<std::string> errors(static_cast<size_t>(world));
-        RunRanks(world, [&](int r) {
-          cudaSetDevice(r);
-          auto shard = [&](const Tensor& t) {
-            Tensor local({B, L, t.shape[2], D}, t.dt);
-            stria_shard(layout, world, r, 1, &t.dl, &local.dl, nullptr);
-            return local;
-          };
-          RankForwardBackward(ctx[static_cast<size_t>(r)], p, window, L, q, k, v, dout, shard, r, &full,
-                              &errors[static_cast<size_t>(r)]);
-        });
-        for (int r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
-        full.ExpectMatches(ref, 2e-2, 1e-3);
+        RingOfThreadsMatches(
+            ctx, p, window, L, q, k, v, dout,
+            [&](int r, const DLTensor* t, DLTensor* local) {
+              return stria_shard(layout, world, r, 1, t, local, nullptr);
+            },
+            &full, ref);
       }
   RunRanks(world, [&](int r) { EXPECT_EQ(stria_context_destroy(ctx[static_cast<size_t>(r)]), STRIA_SUCCESS); });
 }
@@ -365,19 +383,10 @@ TEST(NcclContext, PlanOfThreadsKeepsDocumentsApart) {
   stria_attention_params_t p;
   stria_attention_params_init(&p);
   p.plan = plan;
-  std::vector<std::string> errors(static_cast<size_t>(world));
-  RunRanks(world, [&](int r) {
-    cudaSetDevice(r);
-    auto shard = [&](const Tensor& t) {
-      Tensor local({B, L, t.shape[2], D}, t.dt);
-      EXPECT_EQ(stria_plan_shard(plan, r, 1, &t.dl, &local.dl, nullptr), STRIA_SUCCESS);
-      return local;
-    };
-    RankForwardBackward(ctx[static_cast<size_t>(r)], p, Window{}, L, q, k, v, dout, shard, r, &full,
-                        &errors[static_cast<size_t>(r)]);
-  });
-  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
-  full.ExpectMatches(ref, 2e-2, 1e-3);
+  RingOfThreadsMatches(
+      ctx, p, Window{}, L, q, k, v, dout,
+      [&](int r, const DLTensor* t, DLTensor* local) { return stria_plan_shard(plan, r, 1, t, local, nullptr); }, &full,
+      ref);
   RunRanks(world, [&](int r) { EXPECT_EQ(stria_context_destroy(ctx[static_cast<size_t>(r)]), STRIA_SUCCESS); });
   stria_plan_destroy(plan);
 }
@@ -525,19 +534,12 @@ TEST(NcclContext, GridOfThreadsMatchesReference) {
     stria_attention_params_init(&p);
     p.layout = layout;
     p.causal = causal;
-    std::vector<std::string> errors(static_cast<size_t>(world));
-    RunRanks(world, [&](int r) {
-      cudaSetDevice(r);
-      auto shard = [&](const Tensor& t) {
-        Tensor local({B, L, t.shape[2], D}, t.dt);
-        stria_grid_shard(layout, world, ulysses, r, 1, &t.dl, &local.dl, nullptr);
-        return local;
-      };
-      RankForwardBackward(ctx[static_cast<size_t>(r)], p, Window{}, L, q, k, v, dout, shard, r, &full,
-                          &errors[static_cast<size_t>(r)]);
-    });
-    for (int r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
-    full.ExpectMatches(ref, 2e-2, 1e-3);
+    RingOfThreadsMatches(
+        ctx, p, Window{}, L, q, k, v, dout,
+        [&](int r, const DLTensor* t, DLTensor* local) {
+          return stria_grid_shard(layout, world, ulysses, r, 1, t, local, nullptr);
+        },
+        &full, ref);
   }
   RunRanks(world, [&](int r) { EXPECT_EQ(stria_context_destroy(ctx[static_cast<size_t>(r)]), STRIA_SUCCESS); });
 }
