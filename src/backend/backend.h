@@ -366,8 +366,20 @@ class Backend {
   // Asynchronous backends (CUDA) queue their work on a stream and return. Before the engine hands
   // a ring buffer to the transport (to send it, or to receive into it), everything queued so far
   // that writes or reads ring buffers must be complete: this waits for it. The transfer of the
-  // next block then overlaps the compute queued after it.
+  // next block then overlaps the compute queued after it. (With a transport that orders its
+  // transfers on the device, the engine calls MarkBuffers instead: src/ring/ring_order.h.)
   virtual Status FenceBuffers() { return Status::Ok(); }
+  // Device ordering, with a transport that has it (Transport::OrdersOnDevice): instead of
+  // FenceBuffers, MarkBuffers records an event after everything queued so far on the stream the
+  // ring's work goes to and returns it (a cudaEvent_t, recorded again by the next MarkBuffers),
+  // for the transport's OrderAfter; ComputeStream is that stream, for its DeviceWait. A backend
+  // whose work the host runs (the CPU's) has neither.
+  virtual bool OrdersOnDevice() const { return false; }
+  virtual Status MarkBuffers(void** event) {
+    *event = nullptr;
+    return Status(STRIA_ERROR_INTERNAL, "this backend does not order work on a device");
+  }
+  virtual void* ComputeStream() { return nullptr; }
   // Whether this backend may run a local block's home part (ForwardStep::home_begin) apart from
   // the ring's: the engine then keeps that block in a buffer of its own for the whole call, since
   // the ring's two K/V buffers are received into while the part may still read it. CUDA runs it

@@ -15,6 +15,7 @@
 #include "ring/arguments.h"
 #include "ring/grid.h"
 #include "ring/ring_common.h"
+#include "ring/ring_order.h"
 
 namespace stria {
 
@@ -66,6 +67,7 @@ Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, u
   void* const dkv_stage = b.dkv_stage;
   void* const own = b.own;
   JoinDetachedOnExit join(be);
+  RingOrder order(be, tr, ctx.timeout_s());
   // Packing the local block is step 0's work (a backend may do some of it in the block call).
   StepTimer pack_timer(be);
   pack_timer.ComputeBegin();
@@ -87,6 +89,7 @@ Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, u
   RequestId dkv_send = 0;                                   // the partial sent at the previous step
   std::vector<int64_t> dkv_rows(static_cast<size_t>(s.B));  // the rows of a trimmed partial (BackwardStep)
   for (int step = 0; step < steps; ++step) {
+    order.Step(step);
     const int holder = (r - step + n) % n;
     RequestId kv_send = 0, kv_recv = 0, dkv_recv = 0;
     const bool forward_block = step < steps - 1;
@@ -105,7 +108,7 @@ Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, u
     // Asynchronous backends: the K/V block to send is packed (or gathered) and the buffers we
     // receive into (the other K/V slot or the staging, dkv_in) are no longer read by the previous
     // step's compute.
-    if (st.ok() && steps > 1) st = be.FenceBuffers();
+    if (st.ok() && steps > 1) st = order.BeforePosting();
     if (st.ok() && forward_block) {
       st = tr.Irecv(prev, RingTag(seq, step, MessageKind::kKV, c.lane), in.whole ? b.Into(step) : stage[1], in.bytes,
                     &kv_recv);
@@ -139,10 +142,10 @@ Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, u
 
     const std::string what = Format("dK/dV partial of ring step %d", step);
     if (gets_partial) {
-      st = tr.Wait(dkv_recv, ctx.timeout_s(), what.c_str());
+      st = order.Arrived(dkv_recv, what);
       if (st.ok()) st = be.AccumulateDKV(mine, static_cast<const float*>(dkv_in), partial.pieces);
       // The partial sent last step lives in the buffer we fill next (or the staging): it must have left.
-      if (st.ok()) st = tr.Wait(dkv_send, ctx.timeout_s(), what.c_str());
+      if (st.ok()) st = order.Arrived(dkv_send, what);
       if (!st.ok()) return ctx.Fail(st);
     }
     if (sends_partial) {
@@ -150,7 +153,7 @@ Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, u
       // complete, and goes home.
       const int to = step == steps - 1 ? home_to : next;
       if (!partial.whole) st = be.CopyPieces(dkv_stage, mine, partial.pieces, true);
-      if (st.ok()) st = be.FenceBuffers();
+      if (st.ok()) st = order.BeforePosting();
       if (st.ok()) st = ctx.CheckNotAborted();
       if (st.ok())
         st = tr.Isend(to, RingTag(seq, step + 1, MessageKind::kDKV, c.lane), partial.whole ? mine : dkv_stage,
@@ -160,12 +163,15 @@ Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, u
     }
     if (forward_block) {
       const std::string kv_what = Format("K/V block of ring step %d", step);
-      st = tr.Wait(kv_recv, ctx.timeout_s(), kv_what.c_str());
-      if (st.ok()) st = tr.Wait(kv_send, ctx.timeout_s(), kv_what.c_str());
+      st = order.Arrived(kv_recv, kv_what);
+      if (st.ok()) st = order.Arrived(kv_send, kv_what);
       // After this step's compute in the backend's order, into the block the next step reads.
       if (st.ok() && !in.whole) st = be.CopyPieces(b.Into(step), stage[1], in.pieces, false);
       if (!st.ok()) return ctx.Fail(st);
     }
+    // Ordered on the device, the host waits for the previous step's transfers while this one's
+    // work runs.
+    if (st = order.Retire(); !st.ok()) return ctx.Fail(st);
     times[static_cast<size_t>(step)] = timer.Finish();
     if (step == 0) AddCompute(pack_time, &times[0]);
   }
@@ -175,9 +181,10 @@ Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, u
     // Our own block's partial comes home after the last step (from the previous rank for N steps).
     const RingMessage home = DKVMessage(c, r, dkv_bytes);
     RequestId final_recv = 0;
+    order.Step(steps);
     Status st = tr.Irecv(home_from, RingTag(seq, steps, MessageKind::kDKV, c.lane), dkv_in, home.bytes, &final_recv);
-    if (st.ok()) st = tr.Wait(final_recv, ctx.timeout_s(), "the final dK/dV of this rank's block");
-    if (st.ok()) st = tr.Wait(dkv_send, ctx.timeout_s(), "the last dK/dV partial");
+    if (st.ok()) st = order.Arrived(final_recv, "the final dK/dV of this rank's block");
+    if (st.ok()) st = order.Arrived(dkv_send, "the last dK/dV partial");
     if (st.ok() && trimmed)  // the others' part joins the contribution kept home
       st = be.AccumulateDKV(static_cast<float*>(own), static_cast<const float*>(dkv_in), home.pieces);
     if (!st.ok()) return ctx.Fail(st);
@@ -185,6 +192,7 @@ Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, u
   }
   Status st = be.BackwardEnd(c.dq, done, c.dk, c.dv);
   if (st.ok() && c.dsinks_given) st = be.SinksGradient(c.sinks, c.dsinks);
+  if (st.ok()) st = order.Finish();  // the last transfers, while the device finishes
   if (st.ok()) st = be.JoinDetached();
   if (st.ok()) st = ctx.CheckNotAborted();
   return st.ok() ? st : ctx.Fail(st);

@@ -9,6 +9,7 @@
 #include "ring/fp8_inputs.h"
 #include "ring/grid.h"
 #include "ring/ring_common.h"
+#include "ring/ring_order.h"
 
 namespace stria {
 
@@ -56,6 +57,7 @@ Status ForwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, ui
   const size_t kv_bytes = b.kv_bytes;
   void* const* stage = b.stage;
   JoinDetachedOnExit join(be);
+  RingOrder order(be, tr, ctx.timeout_s());
   // Packing the local block is step 0's work (a backend may do some of it in the block call).
   StepTimer pack_timer(be);
   pack_timer.ComputeBegin();
@@ -72,6 +74,7 @@ Status ForwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, ui
   auto& times = ctx.step_times();
   times.assign(static_cast<size_t>(steps), StepTime());
   for (int step = 0; step < steps; ++step) {
+    order.Step(step);
     const int holder = (r - step + n) % n;  // whose K/V this rank holds now
     RequestId send = 0, recv = 0;
     const bool forward_block = step < steps - 1;
@@ -85,7 +88,7 @@ Status ForwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, ui
       Status st = out.whole ? Status::Ok() : be.CopyPieces(stage[0], b.Held(step), out.pieces, true);
       // The block we send must be packed (step 0) or gathered, and the one we receive into no
       // longer read by the previous step's compute.
-      if (st.ok()) st = be.FenceBuffers();
+      if (st.ok()) st = order.BeforePosting();
       if (st.ok())
         st = tr.Irecv(prev, RingTag(seq, step, MessageKind::kKV, c.lane), in.whole ? b.Into(step) : stage[1], in.bytes,
                       &recv);
@@ -116,18 +119,22 @@ Status ForwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, ui
     timer.ComputeEnd();
     if (forward_block) {
       const std::string what = Format("K/V block of ring step %d", step);
-      Status st = tr.Wait(recv, ctx.timeout_s(), what.c_str());
-      if (st.ok()) st = tr.Wait(send, ctx.timeout_s(), what.c_str());
+      Status st = order.Arrived(recv, what);
+      if (st.ok()) st = order.Arrived(send, what);
       // After this step's compute in the backend's order, into the block the next step reads.
       if (st.ok() && !in.whole) st = be.CopyPieces(b.Into(step), stage[1], in.pieces, false);
       if (!st.ok()) return ctx.Fail(st);
     }
+    // Ordered on the device, the host waits for the previous step's transfers while this one's
+    // work runs.
+    if (Status st = order.Retire(); !st.ok()) return ctx.Fail(st);
     times[static_cast<size_t>(step)] = timer.Finish();
     if (step == 0) AddCompute(pack_time, &times[0]);
   }
   Status st = be.ForwardEnd(c.out, c.lse);
   // The sinks join each finished row once, whatever the ring: after every block's merge.
   if (st.ok() && c.sinks_given) st = be.ApplySinks(c.sinks, c.out, c.lse);
+  if (st.ok()) st = order.Finish();  // the last transfers, while the device finishes
   if (st.ok()) st = be.JoinDetached();
   if (st.ok()) st = ctx.CheckNotAborted();
   return st.ok() ? st : ctx.Fail(st);

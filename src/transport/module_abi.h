@@ -7,8 +7,8 @@
 namespace stria {
 
 // 2: create takes the caller's NCCL communicator as an argument (it left the config struct); 3:
-// Transport::AllGatherInPlace.
-constexpr int kTransportModuleAbiVersion = 3;
+// Transport::AllGatherInPlace; 4: device ordering (Transport::OrdersOnDevice and its kin).
+constexpr int kTransportModuleAbiVersion = 4;
 
 struct TransportModule {
   int abi_version;  // kTransportModuleAbiVersion

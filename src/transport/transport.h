@@ -42,6 +42,26 @@ class Transport {
   // Withdraws every request of this rank still outstanding and returns once no transfer touches
   // this rank's buffers any more (used after an error, before the buffers are reused or freed).
   virtual void CancelAll() = 0;
+  // Device ordering, for a transport whose transfers run on device streams (NCCL). Without it
+  // the engine keeps a ring buffer's device work and its transfers apart on the host: it waits
+  // for its compute before posting a transfer (Backend::FenceBuffers) and for the transfer
+  // before queuing the compute that reads it (Wait). With it the device keeps them apart, and the
+  // host queues a step while the device runs the one before:
+  // - OrderAfter(event): the transfers launched from now on start, on the device, only after the
+  //   work that `event` (a cudaEvent_t just recorded on the device's compute stream) marks;
+  // - DeviceWait(req, stream): the work queued on `stream` (a cudaStream_t of this transport's
+  //   device) from now on starts only once the transfer of `req` is over, launching it if it is
+  //   held back. The request stays this rank's: the engine still Waits for it on the host (for
+  //   its timeout and its faults), only later.
+  virtual bool OrdersOnDevice() const { return false; }
+  virtual Status OrderAfter(void* event) {
+    (void)event;
+    return Status(STRIA_ERROR_INTERNAL, "this transport does not order transfers on a device");
+  }
+  virtual Status DeviceWait(RequestId req, void* stream) {
+    (void)req, (void)stream;
+    return Status(STRIA_ERROR_INTERNAL, "this transport does not order transfers on a device");
+  }
   // Thread-safe: makes current and future waits of this rank fail with STRIA_ERROR_ABORTED and
   // tells the peers that this rank has left.
   virtual void Abort() = 0;

@@ -64,6 +64,10 @@ struct CUstream_st {
   // -1 / +1: created with the device's least / greatest priority (cudaStreamCreateWithPriority),
   // for stria_cuda_runtime_model_priority_launches; 0 otherwise.
   int priority_class = 0;
+  // How often the host waited for this stream's work: its synchronization, an event of it, the
+  // device's, and copies between it and pageable host memory (which the runtime may do only
+  // after the stream's earlier work), for stria_cuda_runtime_model_host_waits.
+  std::atomic<uint64_t> host_waits{0};
   std::thread worker;
 };
 
@@ -400,6 +404,12 @@ void stria_cuda_runtime_model_counts(uint64_t* launches, uint64_t* to_device, ui
   *to_host = stria::cuda::emu::g_copies_to_host.load();
 }
 
+// Also the model's (tests/gpu/gpu_util.h, HostWaits): how often the host has waited for the work
+// of `stream` (the calling thread's device's legacy stream for null), as CUstream_st counts it.
+uint64_t stria_cuda_runtime_model_host_waits(cudaStream_t stream) {
+  return Resolve(stream)->host_waits.load();
+}
+
 // Also the model's: the kernel launches queued so far on streams created with the device's least
 // priority and with its greatest (a document plan's home part and its ring, src/backend/cuda).
 void stria_cuda_runtime_model_priority_launches(uint64_t* least, uint64_t* greatest) {
@@ -703,6 +713,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   CUstream_st* s = Resolve(stream);
+  s->host_waits.fetch_add(1);
   Drain(s);
   return Set(Sticky(s->device));
 }
@@ -732,7 +743,10 @@ cudaError_t cudaDeviceSynchronize(void) {
     std::lock_guard<std::mutex> lock(M().mu);
     streams = M().devices[static_cast<size_t>(tls_device)].streams;
   }
-  for (CUstream_st* s : streams) Drain(s);
+  for (CUstream_st* s : streams) {
+    s->host_waits.fetch_add(1);
+    Drain(s);
+  }
   return Set(Sticky(tls_device));
 }
 
@@ -815,6 +829,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   uint64_t ticket;
   CUstream_st* s = LastRecord(e, &ticket);
   if (s == nullptr) return cudaSuccess;  // never recorded
+  s->host_waits.fetch_add(1);
   WaitFor(s, ticket);
   return Set(Sticky(s->device));
 }
@@ -863,7 +878,10 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, enum cudaM
   if (e != cudaSuccess) return Set(e);
   if (IsCopyBetween(src, dst, bytes)) stria::cuda::emu::g_copies_to_host.fetch_add(1);
   if (IsCopyBetween(dst, src, bytes)) stria::cuda::emu::g_copies_to_device.fetch_add(1);
-  Enqueue(Resolve(stream), [=] { std::memmove(dst, src, bytes); });
+  CUstream_st* s = Resolve(stream);
+  if ((IsCopyBetween(src, dst, bytes) && !IsPinned(dst)) || (IsCopyBetween(dst, src, bytes) && !IsPinned(src)))
+    s->host_waits.fetch_add(1);
+  Enqueue(s, [=] { std::memmove(dst, src, bytes); });
   return cudaSuccess;
 }
 

@@ -39,6 +39,9 @@ extern "C" __attribute__((weak)) void stria_cuda_runtime_model_counts(uint64_t* 
                                                                       uint64_t* to_host);
 
 extern "C" __attribute__((weak)) void stria_cuda_runtime_model_priority_launches(uint64_t* least, uint64_t* greatest);
+// And how often the host has waited for a stream's work (its synchronization, an event's, the
+// device's, a copy to or from pageable memory).
+extern "C" __attribute__((weak)) uint64_t stria_cuda_runtime_model_host_waits(cudaStream_t stream);
 
 // What a stretch of work queued on the runtime model, by ModelCounts::Now() before and after.
 // least and greatest: the launches on streams created with the device's least and greatest

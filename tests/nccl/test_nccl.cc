@@ -32,7 +32,7 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
 const TransportModule* Module() {
   static void* handle = dlopen(STRIA_NCCL_MODULE, RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) return nullptr;
-  return static_cast<const TransportModule*>(dlsym(handle, "stria_nccl_module_v3"));
+  return static_cast<const TransportModule*>(dlsym(handle, "stria_nccl_module_v4"));
 }
 
 stria_context_config_t NcclConfig(int rank, int world) {

@@ -20,7 +20,7 @@
 #include "transport/module_abi.h"
 #include "transport/rendezvous/rendezvous.h"
 
-extern "C" const stria::TransportModule stria_nccl_module_v3;
+extern "C" const stria::TransportModule stria_nccl_module_v4;
 int ModelSizeMismatches();
 int ModelAbortStalls();
 int ModelFinalizeCalls();
@@ -58,7 +58,7 @@ struct Ranks {
       : t(static_cast<size_t>(world)), s(static_cast<size_t>(world)) {
     unsetenv("STRIA_ROOT");
     stria_unique_id_t id;
-    EXPECT_TRUE(stria_nccl_module_v3.get_unique_id(&id).ok());
+    EXPECT_TRUE(stria_nccl_module_v4.get_unique_id(&id).ok());
     Run(world, [&](int r) {
       cudaSetDevice(r);
       stria_context_config_t cfg = Config(r, world, timeout_s);
@@ -66,7 +66,7 @@ struct Ranks {
       void* comm = nullptr;
       if (edit) edit(r, &cfg, &comm);
       Transport* made = nullptr;
-      s[static_cast<size_t>(r)] = stria_nccl_module_v3.create(cfg, comm, timeout_s, &made);
+      s[static_cast<size_t>(r)] = stria_nccl_module_v4.create(cfg, comm, timeout_s, &made);
       t[static_cast<size_t>(r)].reset(made);
     });
   }
@@ -309,15 +309,15 @@ TEST(NcclHostModel, CallersCommunicatorIsUsedAndLeftAlone) {
     stria_context_config_t cfg = Config(1, world, 5);
     cudaSetDevice(1);
     Transport* t = nullptr;
-    Status s = stria_nccl_module_v3.create(cfg, user[0], 5, &t);
+    Status s = stria_nccl_module_v4.create(cfg, user[0], 5, &t);
     EXPECT_EQ(s.code(), STRIA_ERROR_INVALID_ARGUMENT);
     EXPECT_NE(s.message().find("rank 0 of its communicator but config->rank is 1"), std::string::npos) << s.message();
     cfg = Config(0, 2, 5);
-    s = stria_nccl_module_v3.create(cfg, user[0], 5, &t);
+    s = stria_nccl_module_v4.create(cfg, user[0], 5, &t);
     EXPECT_NE(s.message().find("has 3 ranks but config->world_size is 2"), std::string::npos) << s.message();
     cfg = Config(0, world, 5);
     cfg.device.device_id = 4;
-    s = stria_nccl_module_v3.create(cfg, user[0], 5, &t);
+    s = stria_nccl_module_v4.create(cfg, user[0], 5, &t);
     EXPECT_NE(s.message().find("device 0 but config->device names device 4"), std::string::npos) << s.message();
     EXPECT_EQ(t, nullptr);
     for (ncclComm_t c : user) ncclCommDestroy(c);
@@ -337,7 +337,7 @@ TEST(NcclHostModel, CallersCommunicatorTimesOutWhenARankNeverCreates) {
     stria_context_config_t cfg = Config(0, world, 0.5);
     Transport* t = nullptr;
     const auto t0 = std::chrono::steady_clock::now();
-    Status s = stria_nccl_module_v3.create(cfg, user[0], 0.5, &t);
+    Status s = stria_nccl_module_v4.create(cfg, user[0], 0.5, &t);
     EXPECT_EQ(s.code(), STRIA_ERROR_TIMEOUT) << s.message();
     EXPECT_NE(s.message().find("its owner should abort"), std::string::npos) << s.message();
     EXPECT_LT(SecondsSince(t0), 5) << "neither the wait nor the cleanup may block";
@@ -479,7 +479,7 @@ TEST(NcclHostModel, EnvironmentThatBreaksTheTransportIsRefused) {
     cudaSetDevice(0);
     stria_context_config_t cfg = Config(0, 1, 5);
     Transport* t = nullptr;
-    Status s = stria_nccl_module_v3.create(cfg, nullptr, 5, &t);
+    Status s = stria_nccl_module_v4.create(cfg, nullptr, 5, &t);
     unsetenv(name);
     EXPECT_EQ(s.code(), STRIA_ERROR_UNSUPPORTED) << s.message();
     EXPECT_NE(s.message().find(name), std::string::npos) << s.message();
@@ -488,7 +488,7 @@ TEST(NcclHostModel, EnvironmentThatBreaksTheTransportIsRefused) {
   setenv("NCCL_COMM_BLOCKING", "0", 1);  // what stria asks for anyway
   stria_context_config_t cfg = Config(0, 1, 5);
   Transport* t = nullptr;
-  Status s = stria_nccl_module_v3.create(cfg, nullptr, 5, &t);
+  Status s = stria_nccl_module_v4.create(cfg, nullptr, 5, &t);
   unsetenv("NCCL_COMM_BLOCKING");
   EXPECT_TRUE(s.ok()) << s.message();
   delete t;
@@ -502,7 +502,7 @@ TEST(NcclHostModel, AnNcclLibraryOlderThan222IsRefused) {
   cudaSetDevice(0);
   stria_context_config_t cfg = Config(0, 1, 5);
   Transport* t = nullptr;
-  Status s = stria_nccl_module_v3.create(cfg, nullptr, 5, &t);
+  Status s = stria_nccl_module_v4.create(cfg, nullptr, 5, &t);
   unsetenv("STRIA_NCCL_MODEL_VERSION");
   EXPECT_EQ(s.code(), STRIA_ERROR_UNSUPPORTED) << s.message();
   EXPECT_NE(s.message().find("2.21.3"), std::string::npos) << s.message();
@@ -626,7 +626,7 @@ TEST(NcclHostModel, LoneRequestsGoOutWhenWaitedOn) {
 TEST(NcclHostModel, SetupTimesOutWhenARankNeverGetsToNccl) {
   unsetenv("STRIA_ROOT");
   stria_unique_id_t raw;
-  ASSERT_TRUE(stria_nccl_module_v3.get_unique_id(&raw).ok());
+  ASSERT_TRUE(stria_nccl_module_v4.get_unique_id(&raw).ok());
   RendezvousId id;
   ASSERT_TRUE(DecodeId(raw, &id).ok());
   std::thread impostor([&] {
@@ -642,7 +642,7 @@ TEST(NcclHostModel, SetupTimesOutWhenARankNeverGetsToNccl) {
   cfg.unique_id = raw;
   Transport* t = nullptr;
   const auto start = std::chrono::steady_clock::now();
-  Status s = stria_nccl_module_v3.create(cfg, nullptr, 0.5, &t);
+  Status s = stria_nccl_module_v4.create(cfg, nullptr, 0.5, &t);
   impostor.join();
   EXPECT_EQ(s.code(), STRIA_ERROR_TIMEOUT) << s.message();
   EXPECT_NE(s.message().find("ncclCommInitRankConfig"), std::string::npos) << s.message();
@@ -653,7 +653,7 @@ TEST(NcclHostModel, SetupTimesOutWhenARankNeverGetsToNccl) {
 TEST(NcclHostModel, AnotherTransportInTheRendezvousIsNamed) {
   unsetenv("STRIA_ROOT");
   stria_unique_id_t raw;
-  ASSERT_TRUE(stria_nccl_module_v3.get_unique_id(&raw).ok());
+  ASSERT_TRUE(stria_nccl_module_v4.get_unique_id(&raw).ok());
   RendezvousId id;
   ASSERT_TRUE(DecodeId(raw, &id).ok());
   Status joined;
@@ -666,7 +666,7 @@ TEST(NcclHostModel, AnotherTransportInTheRendezvousIsNamed) {
   cfg.unique_id = raw;
   Transport* t = nullptr;
   const int roots = ModelOpenRoots();
-  Status s = stria_nccl_module_v3.create(cfg, nullptr, 5, &t);
+  Status s = stria_nccl_module_v4.create(cfg, nullptr, 5, &t);
   ucx_rank.join();
   EXPECT_EQ(s.code(), STRIA_ERROR_TRANSPORT) << s.message();
   const std::string why = "rank 1 joined this rendezvous with another transport";
@@ -683,13 +683,13 @@ TEST(NcclHostModel, AnotherTransportInTheRendezvousIsNamed) {
 TEST(NcclHostModel, ARingThatNeverFormsLeavesNoNcclRootBehind) {
   unsetenv("STRIA_ROOT");
   stria_unique_id_t raw;
-  ASSERT_TRUE(stria_nccl_module_v3.get_unique_id(&raw).ok());
+  ASSERT_TRUE(stria_nccl_module_v4.get_unique_id(&raw).ok());
   cudaSetDevice(0);
   stria_context_config_t cfg = Config(0, 2, 0.5);
   cfg.unique_id = raw;
   Transport* t = nullptr;
   const int roots = ModelOpenRoots();
-  const Status s = stria_nccl_module_v3.create(cfg, nullptr, 0.5, &t);  // rank 1 never comes
+  const Status s = stria_nccl_module_v4.create(cfg, nullptr, 0.5, &t);  // rank 1 never comes
   EXPECT_EQ(s.code(), STRIA_ERROR_TIMEOUT) << s.message();
   EXPECT_EQ(t, nullptr);
   EXPECT_EQ(ModelOpenRoots(), roots) << "rank 0 made NCCL ids for a ring that never formed";

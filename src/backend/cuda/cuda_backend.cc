@@ -1,10 +1,11 @@
 // The CUDA backend. Per call it keeps the running softmax state (forward) or the dQ accumulator
 // and per-row LSE/delta (backward) in device workspaces that are reused across calls, and queues
 // every kernel on the caller's stream. It never synchronizes except where the engine asks
-// (FenceBuffers, before a ring buffer is handed to the transport), on errors, when a workspace
-// grows or the context is destroyed (queued work still reads the old allocation), and, for a
-// document mask, before refilling the host staging buffer of the block before last (whose copy
-// the engine's fence has already seen through).
+// (FenceBuffers, before a ring buffer is handed to a transport that does not order its transfers
+// on the device; with one that does, MarkBuffers records an event instead), on errors, when a
+// workspace grows or the context is destroyed (queued work still reads the old allocation), and,
+// for a document mask, before refilling a host staging buffer whose last copy has not run (the
+// ring's order makes that never happen: UploadDocuments).
 //
 // The forward's state makes no round trip it does not need: a block that covers every query row
 // starts the state when it is the call's first and writes the outputs when it is the last
@@ -265,18 +266,19 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     DeviceScope scope(device_);
     if (handoff_ != nullptr) cudaEventSynchronize(handoff_);
-    for (Staging* st_ptr : {&staging_[0], &staging_[1], &home_staging_}) {
+    for (Staging* st_ptr : {&staging_[0], &staging_[1], &staging_[2], &home_staging_}) {
       Staging& st = *st_ptr;
       if (st.copied == nullptr) continue;
       cudaEventSynchronize(st.copied);  // its host buffer is freed with this backend
       cudaEventDestroy(st.copied);
+      cudaFreeHost(st.bounds);
     }
     // A call's home part joins its stream before the call returns (JoinDetached); these wait for
     // a call that failed before it could.
     for (cudaStream_t st : {side_, ring_stream_})
       if (st != nullptr) cudaStreamSynchronize(st);
     for (DeviceBuffer* b : {&acc_, &m_, &l_, &dq_acc_, &docs_, &home_docs_, &order_, &home_order_}) b->Release();
-    for (cudaEvent_t e : {handoff_, fork_, home_done_, join_})
+    for (cudaEvent_t e : {handoff_, fork_, home_done_, join_, buffers_ready_})
       if (e != nullptr) cudaEventDestroy(e);
     for (cudaStream_t st : {side_, ring_stream_})
       if (st != nullptr) cudaStreamDestroy(st);
@@ -393,6 +395,21 @@ class CudaBackend final : public Backend {
     STRIA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     return Status::Ok();
   }
+
+  // Device ordering (backend.h): one event serves every step, as the transport's wait takes it as
+  // last recorded.
+  bool OrdersOnDevice() const override { return true; }
+  Status MarkBuffers(void** event) override {
+    *event = nullptr;
+    DeviceScope scope(device_);
+    STRIA_RETURN_IF_ERROR(scope.status());
+    if (buffers_ready_ == nullptr)
+      STRIA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&buffers_ready_, cudaEventDisableTiming));
+    STRIA_CUDA_RETURN_IF_ERROR(cudaEventRecord(buffers_ready_, stream_));
+    *event = buffers_ready_;
+    return Status::Ok();
+  }
+  void* ComputeStream() override { return stream_; }
 
   std::shared_ptr<BufferCopier> CreateLocalCopier() override { return std::make_shared<CudaCopier>(device_); }
 
@@ -883,14 +900,17 @@ class CudaBackend final : public Backend {
   }
 
   // A document mask's bounds for the block at hand ([B][L] lo, then hi, from the ring: host
-  // memory it reuses at the next step) go to the device on the compute stream, through one of two
-  // host staging buffers that alternate: a buffer is refilled only once its previous copy has run,
-  // so the ring's next step never waits for this one's kernels. With busy_tiles, the forward's
-  // list of query tiles with work goes in the same copy (MaskArgs::tiles).
+  // memory it reuses at the next step) go to the device on the compute stream, through one of three
+  // page-locked host staging buffers in turn (a copy from pageable memory may wait for the stream's
+  // earlier work on the host). A buffer is refilled only once its previous copy has run, and that
+  // copy is two blocks back: the ring's host has by then seen the transfer of the step after it
+  // through, which followed the copy on the device (a fence, or the transport's device ordering),
+  // so refilling never waits. With busy_tiles, the forward's list of query tiles with work goes in
+  // the same copy (MaskArgs::tiles).
   struct Staging;  // below, with the members
   Status UploadDocuments(const BlockMask& mask, cuda::MaskArgs* m, bool busy_tiles = false) {
     Staging& st = staging_[next_staging_];
-    next_staging_ ^= 1;
+    next_staging_ = (next_staging_ + 1) % 3;
     return UploadDocumentsTo(mask, m, busy_tiles, &docs_, &st, stream_);
   }
   // The same into `dst` through `st` on `stream`: the home part's bounds go to a buffer of their
@@ -908,15 +928,23 @@ class CudaBackend final : public Backend {
     if (st.copied == nullptr) {
       STRIA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&st.copied, cudaEventDisableTiming));
     } else {
-      STRIA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(st.copied));
+      const cudaError_t q = cudaEventQuery(st.copied);
+      if (q == cudaErrorNotReady) ForgetError(q);
+      if (q != cudaSuccess) STRIA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(st.copied));
     }
-    st.bounds.resize(words);
-    std::memcpy(st.bounds.data(), mask.doc_lo, n * sizeof(int64_t));
-    std::memcpy(st.bounds.data() + n, mask.doc_hi, n * sizeof(int64_t));
-    if (!tiles_.empty() && busy_tiles) std::memcpy(st.bounds.data() + 2 * n, tiles_.data(), tiles_.size() * 4);
+    if (st.words < words) {
+      cudaFreeHost(st.bounds);
+      st.bounds = nullptr;
+      st.words = 0;
+      STRIA_CUDA_RETURN_IF_ERROR(cudaMallocHost(reinterpret_cast<void**>(&st.bounds), words * sizeof(int64_t)));
+      st.words = words;
+    }
+    std::memcpy(st.bounds, mask.doc_lo, n * sizeof(int64_t));
+    std::memcpy(st.bounds + n, mask.doc_hi, n * sizeof(int64_t));
+    if (!tiles_.empty() && busy_tiles) std::memcpy(st.bounds + 2 * n, tiles_.data(), tiles_.size() * 4);
     int64_t* dev = static_cast<int64_t*>(dst->data());
     STRIA_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(dev, st.bounds.data(), words * sizeof(int64_t), cudaMemcpyHostToDevice, stream));
+        cudaMemcpyAsync(dev, st.bounds, words * sizeof(int64_t), cudaMemcpyHostToDevice, stream));
     STRIA_CUDA_RETURN_IF_ERROR(cudaEventRecord(st.copied, stream));
     m->doc_lo = dev;
     m->doc_hi = dev + n;
@@ -1099,10 +1127,11 @@ class CudaBackend final : public Backend {
   DeviceBuffer order_, home_order_;    // a deterministic backward's dQ order (BwdParams::dq_order)
   std::vector<int32_t> tiles_;         // a forward block's query tiles with work (BusyQueryTiles)
   struct Staging {
-    std::vector<int64_t> bounds;
+    int64_t* bounds = nullptr;  // page-locked (cudaMallocHost), `words` long
+    size_t words = 0;
     cudaEvent_t copied = nullptr;  // recorded after the copy out of `bounds`
   };
-  Staging staging_[2];
+  Staging staging_[3];
   int next_staging_ = 0;
   // A plan's home part (DetachesHome): while detached_, stream_ is ring_stream_ and the caller's
   // stream is caller_; the ring's blocks own rows [0, ring_rows_) (L otherwise).
@@ -1110,10 +1139,11 @@ class CudaBackend final : public Backend {
   int64_t ring_rows_ = 0;
   cudaStream_t caller_ = nullptr, ring_stream_ = nullptr, side_ = nullptr;
   cudaEvent_t fork_ = nullptr, home_done_ = nullptr, join_ = nullptr;
-  DeviceBuffer home_docs_;         // the home part's document bounds
-  Staging home_staging_;           // and their host staging
-  const void* last_kv_ = nullptr;  // the last forward block's K/V (FinishRingRows' pointers)
-  CudaDecoder decoder_;            // the serving calls' buffers
+  cudaEvent_t buffers_ready_ = nullptr;  // MarkBuffers'
+  DeviceBuffer home_docs_;               // the home part's document bounds
+  Staging home_staging_;                 // and their host staging
+  const void* last_kv_ = nullptr;        // the last forward block's K/V (FinishRingRows' pointers)
+  CudaDecoder decoder_;                  // the serving calls' buffers
 };
 
 }  // namespace

@@ -36,8 +36,16 @@
 //
 // Completion. A group's end is an event recorded on the lane's stream after the launch; Wait()
 // polls it (and NCCL's asynchronous error state) until it completes, fails, or the timeout
-// passes, so Wait returning OK means the data is in device memory for any later work. The
-// engine fences its compute before posting, so launches need no dependency on its streams.
+// passes, so Wait returning OK means the data is in device memory for any later work.
+//
+// Device ordering. The engine does not wait on the host for its compute before posting, nor for a
+// transfer before queuing the compute that reads it: OrderAfter makes both lanes' streams wait for
+// an event of the compute stream (every launch after it follows the compute queued before it),
+// and DeviceWait makes the compute stream wait for a group's event. The host still Waits for every
+// request (its timeout and faults as above), a step later, while the device runs the step. A
+// launch's kernel that waits on the device for compute holds no NCCL resource a peer needs first:
+// every rank's step-s transfer waits only for its own compute of steps before s, which waits
+// only for transfers before s, so no cycle forms.
 //
 // Faults. stria's communicators are nonblocking (ncclConfig_t::blocking = 0), so no NCCL call on
 // them can hang a rank: launches and set-up are polled with ncclCommGetAsyncError under the
@@ -388,6 +396,41 @@ class NcclTransport final : public Transport {
         });
     if (s.ok()) ReleaseLocked(id);
     return s;
+  }
+
+  // Device ordering (transport.h): both lanes' streams wait for the engine's event, so every
+  // launch from now on follows the work it marks (cudaStreamWaitEvent takes the event as last
+  // recorded, so the engine may record it again at once); a DeviceWait holds the engine's stream
+  // until the request's group has run.
+  bool OrdersOnDevice() const override { return true; }
+  Status OrderAfter(void* event) override {
+    Lock lock(mu_);
+    STRIA_RETURN_IF_ERROR(UsableLocked());
+    DeviceScope dev(device_);
+    if (!dev.status().ok()) return FailLocked(dev.status());
+    for (cudaStream_t s : streams_) {
+      const cudaError_t e = cudaStreamWaitEvent(s, static_cast<cudaEvent_t>(event), 0);
+      if (e != cudaSuccess) return FailLocked(CudaStatus(e, "cudaStreamWaitEvent (a lane after the compute)"));
+    }
+    return Status::Ok();
+  }
+  Status DeviceWait(RequestId id, void* stream) override {
+    Lock lock(mu_);
+    STRIA_RETURN_IF_ERROR(UsableLocked());
+    auto it = ops_.find(id);
+    if (it == ops_.end()) return Error(STRIA_ERROR_INTERNAL, "unknown transport request %lld", (long long)id);
+    if (it->second.group == 0) {
+      STRIA_RETURN_IF_ERROR(
+          LaunchLocked(lock, it->second.lane, DeadlineAfter(timeout_s_), "a transfer the device waits for"));
+      it = ops_.find(id);
+      if (it == ops_.end())
+        return UsableLocked().ok() ? Error(STRIA_ERROR_INTERNAL, "a request was withdrawn") : UsableLocked();
+    }
+    DeviceScope dev(device_);
+    if (!dev.status().ok()) return FailLocked(dev.status());
+    const cudaError_t e = cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), groups_.at(it->second.group).done, 0);
+    if (e != cudaSuccess) return FailLocked(CudaStatus(e, "cudaStreamWaitEvent (the compute after a transfer)"));
+    return Status::Ok();
   }
 
   void CancelAll() override {
@@ -986,5 +1029,5 @@ Status NcclCreate(const stria_context_config_t& config, void* nccl_comm, double 
 }  // namespace
 }  // namespace stria
 
-extern "C" __attribute__((visibility("default"))) const stria::TransportModule stria_nccl_module_v3 = {
+extern "C" __attribute__((visibility("default"))) const stria::TransportModule stria_nccl_module_v4 = {
     stria::kTransportModuleAbiVersion, "nccl", &stria::NcclGetUniqueId, &stria::NcclCreate};

@@ -579,5 +579,5 @@ Status UcxCreate(const stria_context_config_t& config, void* /*nccl_comm: always
 }  // namespace
 }  // namespace stria
 
-extern "C" __attribute__((visibility("default"))) const stria::TransportModule stria_ucx_module_v3 = {
+extern "C" __attribute__((visibility("default"))) const stria::TransportModule stria_ucx_module_v4 = {
     stria::kTransportModuleAbiVersion, "ucx", &stria::UcxGetUniqueId, &stria::UcxCreate};

@@ -1,0 +1,59 @@
+// How a ring call keeps the device work on its buffers and the transfers of those buffers apart.
+//
+// On the host (every backend that computes on the host, and every transport that moves bytes from
+// the host): before handing buffers to the transport the engine waits until the work queued on
+// them is done (Backend::FenceBuffers), and it waits for a transfer before queuing the work that
+// reads what it brought (Transport::Wait). On an asynchronous device each such wait empties the
+// device's queue: at every ring step the device idles while the host wakes up, posts the next
+// transfer and launches the next kernels, which at short steps (small blocks, a plan's later
+// steps) is a large part of the step.
+//
+// On the device (a CUDA backend with the NCCL transport): the transfers wait for an event of the
+// compute stream (Backend::MarkBuffers, Transport::OrderAfter), and the compute stream waits for
+// the transfers it reads (Transport::DeviceWait), so the host queues step s + 1 while the device
+// runs step s. The host still waits for every transfer, for its timeout and its faults, one step
+// later (Retire). STRIA_RING_ORDER=host keeps the host's order on such a pair too, to compare.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "transport/transport.h"
+
+namespace stria {
+
+class RingOrder {
+ public:
+  RingOrder(Backend& backend, Transport& transport, double timeout_s);
+  bool on_device() const { return on_device_; }
+
+  // Before the engine hands buffers that work queued so far reads or writes to the transport.
+  Status BeforePosting();
+  // The work queued from now on may read what `req` received or reuse the buffer it sent from.
+  // On the host: waits for it now. On the device: the compute stream waits for it, and the host
+  // waits at the first Retire of a later step.
+  Status Arrived(RequestId req, const std::string& what);
+  // Starts ring step `step`; Retire then waits on the host for what Arrived at earlier steps (the
+  // device has the step's work queued meanwhile), and Finish for everything.
+  void Step(int step) { step_ = step; }
+  Status Retire();
+  Status Finish();
+
+ private:
+  struct Deferred {
+    RequestId req;
+    int step;
+    std::string what;
+  };
+  Status WaitDeferred(int before_step);
+
+  Backend& backend_;
+  Transport& transport_;
+  double timeout_s_;
+  bool on_device_;
+  int step_ = 0;
+  std::vector<Deferred> deferred_;
+};
+
+}  // namespace stria
