@@ -5,7 +5,12 @@
 #       the ring sends them) against plain NCCL ncclSend/ncclRecv at the same size (the anchor);
 #   (2) the causal ring per layout on N GPUs, one process each, bf16: wall time per call, beside
 #       the same ring in one process without NCCL (a local group on the N GPUs, peer-to-peer
-#       copies: stria-nccl-bench ring-gpus), the anchor.
+#       copies: stria-nccl-bench ring-gpus), the anchor;
+#   (3) the same NCCL ring with its order kept on the device (the default: events between the
+#       compute and the transfers, the host a step ahead) against the host's order
+#       (STRIA_RING_ORDER=host: the host waits for the compute before every transfer and for
+#       every transfer before the kernels that read it), at 1k-4k tokens per rank too, where a
+#       step's kernels are short and the host's gaps between steps show.
 # Usage: bench/nccl_run.sh [build dir] [N GPUs (default: all visible)] [L tokens per rank...]
 set -euo pipefail
 build=${1:-build}
@@ -18,13 +23,14 @@ H=16
 D=128
 out=$(mktemp -d)
 
-job() {  # job NAME WORLD args...: ranks 0..WORLD-1, rank r on GPU r
+job_env=()
+job() {  # job NAME WORLD args...: ranks 0..WORLD-1, rank r on GPU r, with the environment job_env adds
   local name=$1 world=$2
   shift 2
   local port=$((20000 + RANDOM % 30000))
   for ((r = 0; r < world; ++r)); do
-    RANK=$r LOCAL_RANK=$r WORLD_SIZE=$world STRIA_ROOT=127.0.0.1:$port NCCL_ID_FILE=$out/$name.id \
-      "$bin" "$@" >"$out/$name.$r" 2>&1 &
+    env "${job_env[@]}" RANK=$r LOCAL_RANK=$r WORLD_SIZE=$world STRIA_ROOT=127.0.0.1:$port \
+      NCCL_ID_FILE=$out/$name.id "$bin" "$@" >"$out/$name.$r" 2>&1 &
   done
   wait
 }
@@ -79,6 +85,44 @@ for L in sizes:
     local = walls([f"{out}/gpus{L}.0"])
     for key, ms in nccl.items():
         other = local.get(key)
+        ratio = f"{ms / other:.3f}" if other else "-"
+        other_ms = f"{other * 1e3:.2f}" if other else "-"
+        print(f"| {L} | {key[0]} | {key[1]} | {ms * 1e3:.2f} | {other_ms} | {ratio} |")
+PY
+
+echo
+echo "## Causal ring over NCCL, $gpus GPUs, H=$H, D=$D, bf16 (median of 5 calls, ms): the ring's order kept"
+echo "## on the device (default) against the host's (STRIA_RING_ORDER=host)"
+order_sizes=(1024 2048 4096 "${sizes[@]}")
+for L in "${order_sizes[@]}"; do
+  job_env=()
+  job "device$L" "$gpus" ring "$L" $H $D 5
+  job_env=(STRIA_RING_ORDER=host)
+  job "host$L" "$gpus" ring "$L" $H $D 5
+done
+job_env=()
+python3 - "$out" "$gpus" "${order_sizes[@]}" <<'PY'
+import collections, statistics, sys
+out, n, sizes = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+
+def walls(files):
+    calls = collections.defaultdict(lambda: collections.defaultdict(dict))
+    for path in files:
+        for line in open(path):
+            f = line.split()
+            if not f or f[0] != "CALL":
+                continue
+            calls[(f[1], f[2])][int(f[3])][int(f[4])] = (float(f[5]), float(f[6]))
+    return {key: statistics.median(max(e for _, e in d.values()) - max(s for s, _ in d.values())
+                                   for d in reps.values()) for key, reps in calls.items()}
+
+print("| tokens per rank | layout | pass | device order ms | host order ms | device / host |")
+print("|---|---|---|---|---|---|")
+for L in dict.fromkeys(sizes):
+    device = walls([f"{out}/device{L}.{r}" for r in range(n)])
+    host = walls([f"{out}/host{L}.{r}" for r in range(n)])
+    for key, ms in device.items():
+        other = host.get(key)
         ratio = f"{ms / other:.3f}" if other else "-"
         other_ms = f"{other * 1e3:.2f}" if other else "-"
         print(f"| {L} | {key[0]} | {key[1]} | {ms * 1e3:.2f} | {other_ms} | {ratio} |")

@@ -34,9 +34,13 @@ Status RingOrder::Arrived(RequestId req, const std::string& what) {
   return Status::Ok();
 }
 
-Status RingOrder::Retire() { return WaitDeferred(step_); }
+Status RingOrder::Retire() {
+  return WaitDeferred(step_);
+}
 
-Status RingOrder::Finish() { return WaitDeferred(std::numeric_limits<int>::max()); }
+Status RingOrder::Finish() {
+  return WaitDeferred(std::numeric_limits<int>::max());
+}
 
 // In the order they arrived: a request's wait names the earliest transfer that did not come.
 Status RingOrder::WaitDeferred(int before_step) {
