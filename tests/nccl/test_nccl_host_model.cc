@@ -10,6 +10,7 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -17,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/status.h"
 #include "transport/module_abi.h"
 #include "transport/rendezvous/rendezvous.h"
 
@@ -219,6 +221,186 @@ void RunCalls(Ranks& ranks, int calls, size_t kv_bytes, size_t dkv_floats, int s
   });
   for (int r = 0; r < world; ++r)
     EXPECT_TRUE(out[static_cast<size_t>(r)].ok()) << out[static_cast<size_t>(r)].message();
+}
+
+// The same schedules with their order kept on the device, as src/ring/ring_order.h keeps it over
+// NCCL: a rank's "compute" is host functions on a stream of its own (the model runs a stream's
+// work on a thread), its transfers wait for an event of that stream (OrderAfter), the compute
+// waits for the transfers it reads (DeviceWait), and the host waits for each transfer a step later
+// and never for the compute until the call's end. Every block is checked where the compute runs.
+struct DeviceOrder {
+  Transport& tr;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t ready = nullptr;
+  std::vector<std::pair<RequestId, int>> deferred;  // (request, step) not yet waited for
+  std::string error;                                // the compute's first complaint (its thread only)
+
+  explicit DeviceOrder(Transport& t) : tr(t) {
+    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
+  }
+  ~DeviceOrder() {
+    cudaStreamSynchronize(stream);
+    cudaEventDestroy(ready);
+    cudaStreamDestroy(stream);
+  }
+  Status BeforePosting() {
+    if (cudaEventRecord(ready, stream) != cudaSuccess) return Error(STRIA_ERROR_INTERNAL, "cudaEventRecord");
+    return tr.OrderAfter(ready);
+  }
+  Status Arrived(RequestId id, int step) {
+    CHECK_OK(tr.DeviceWait(id, stream));
+    deferred.emplace_back(id, step);
+    return Status::Ok();
+  }
+  Status Retire(int before_step) {
+    size_t done = 0;
+    for (; done < deferred.size() && deferred[done].second < before_step; ++done)
+      CHECK_OK(tr.Wait(deferred[done].first, 30, "a transfer waited for on the device"));
+    deferred.erase(deferred.begin(), deferred.begin() + static_cast<std::ptrdiff_t>(done));
+    return Status::Ok();
+  }
+  void Compute(std::function<void()> fn) {
+    auto* f = new std::function<void()>(std::move(fn));
+    cudaLaunchHostFunc(
+        stream,
+        [](void* p) {
+          auto* g = static_cast<std::function<void()>*>(p);
+          (*g)();
+          delete g;
+        },
+        f);
+  }
+  void Complain(const std::string& what) {
+    if (error.empty()) error = what;
+  }
+  // The call's end: every transfer, then the compute, then what the compute found.
+  Status Finish() {
+    CHECK_OK(Retire(1 << 30));
+    CHECK_THAT(cudaStreamSynchronize(stream) == cudaSuccess, "cudaStreamSynchronize");
+    CHECK_THAT(error.empty(), "%s", error.c_str());
+    return Status::Ok();
+  }
+};
+
+Status ForwardOnDevice(Transport& tr, uint64_t seq, size_t kv_bytes, int steps) {
+  const int n = tr.world_size(), r = tr.rank(), next = (r + 1) % n, prev = (r - 1 + n) % n;
+  CHECK_OK(Agree(tr, seq));
+  DeviceOrder order(tr);
+  std::vector<uint8_t> kv[2] = {std::vector<uint8_t>(kv_bytes), std::vector<uint8_t>(kv_bytes)};
+  order.Compute([&kv, r] { FillKV(&kv[0], r); });  // the packing
+  for (int step = 0; step < steps; ++step) {
+    const int holder = (r - step + n) % n;
+    RequestId send = 0, recv = 0;
+    const bool forward_block = step < steps - 1;
+    if (forward_block) {
+      CHECK_OK(order.BeforePosting());
+      CHECK_OK(tr.Irecv(prev, Tag(seq, step, 1), kv[(step + 1) % 2].data(), kv_bytes, &recv));
+      CHECK_OK(tr.Isend(next, Tag(seq, step, 1), kv[step % 2].data(), kv_bytes, &send));
+    }
+    order.Compute([&, step, holder] {
+      if (!IsKV(kv[step % 2], holder)) order.Complain(Format("rank %d step %d: not rank %d's K/V", r, step, holder));
+    });
+    if (forward_block) {
+      CHECK_OK(order.Arrived(recv, step));
+      CHECK_OK(order.Arrived(send, step));
+    }
+    CHECK_OK(order.Retire(step));
+  }
+  return order.Finish();
+}
+
+Status BackwardOnDevice(Transport& tr, uint64_t seq, size_t kv_bytes, size_t dkv_floats, int steps) {
+  const int n = tr.world_size(), r = tr.rank(), next = (r + 1) % n, prev = (r - 1 + n) % n;
+  const int home_to = (r - (steps - 1) + n) % n, home_from = (r + steps - 1) % n;
+  CHECK_OK(Agree(tr, seq));
+  DeviceOrder order(tr);
+  const size_t dkv_bytes = dkv_floats * sizeof(float);
+  std::vector<uint8_t> kv[2] = {std::vector<uint8_t>(kv_bytes), std::vector<uint8_t>(kv_bytes)};
+  std::vector<float> dkv[2] = {std::vector<float>(dkv_floats), std::vector<float>(dkv_floats)};
+  std::vector<float> dkv_in(dkv_floats);
+  order.Compute([&kv, r] { FillKV(&kv[0], r); });
+  RequestId dkv_send = 0;
+  for (int step = 0; step < steps; ++step) {
+    const int holder = (r - step + n) % n;
+    RequestId kv_send = 0, kv_recv = 0, dkv_recv = 0;
+    const bool forward_block = step < steps - 1;
+    if (steps > 1) CHECK_OK(order.BeforePosting());
+    if (forward_block) {
+      CHECK_OK(tr.Irecv(prev, Tag(seq, step, 1), kv[(step + 1) % 2].data(), kv_bytes, &kv_recv));
+      CHECK_OK(tr.Isend(next, Tag(seq, step, 1), kv[step % 2].data(), kv_bytes, &kv_send));
+    }
+    if (step > 0) CHECK_OK(tr.Irecv(prev, Tag(seq, step, 2), dkv_in.data(), dkv_bytes, &dkv_recv));
+    std::vector<float>& mine = dkv[step % 2];
+    order.Compute([&, step, holder] {
+      if (!IsKV(kv[step % 2], holder)) order.Complain(Format("rank %d step %d: not rank %d's K/V", r, step, holder));
+      for (size_t i = 0; i < dkv_floats; ++i) mine[i] = static_cast<float>((r + 1) * (holder + 1) + i % 5);
+    });
+    if (step > 0) {
+      CHECK_OK(order.Arrived(dkv_recv, step));
+      order.Compute([&] {
+        for (size_t i = 0; i < dkv_floats; ++i) mine[i] += dkv_in[i];
+      });
+      CHECK_OK(order.Arrived(dkv_send, step));
+    }
+    if (steps > 1) {
+      CHECK_OK(order.BeforePosting());
+      CHECK_OK(tr.Isend(step == steps - 1 ? home_to : next, Tag(seq, step + 1, 2), mine.data(), dkv_bytes, &dkv_send));
+    }
+    if (forward_block) {
+      CHECK_OK(order.Arrived(kv_recv, step));
+      CHECK_OK(order.Arrived(kv_send, step));
+    }
+    CHECK_OK(order.Retire(step));
+  }
+  const std::vector<float>* done = &dkv[0];
+  if (steps > 1) {
+    RequestId final_recv = 0;
+    CHECK_OK(tr.Irecv(home_from, Tag(seq, steps, 2), dkv_in.data(), dkv_bytes, &final_recv));
+    CHECK_OK(order.Arrived(final_recv, steps));
+    CHECK_OK(order.Arrived(dkv_send, steps));
+    done = &dkv_in;
+  }
+  int holders = 0;  // the sum of rank + 1 over the ranks that held this rank's block
+  for (int j = 0; j < steps; ++j) holders += (r + j) % n + 1;
+  order.Compute([&, holders] {
+    for (size_t i = 0; i < dkv_floats; ++i) {
+      const float want = static_cast<float>((r + 1) * holders + steps * static_cast<int>(i % 5));
+      if ((*done)[i] != want) {
+        order.Complain(Format("rank %d: dK/dV[%zu] is %g, want %g", r, i, (*done)[i], want));
+        return;
+      }
+    }
+  });
+  return order.Finish();
+}
+
+TEST(NcclHostModel, RingSchedulesOrderedOnTheDevice) {
+  for (int world = 1; world <= 5; ++world) {
+    Ranks ranks(world, 30);
+    ranks.ExpectAllOk();
+    if (HasFailure()) return;
+    for (int steps = 1; steps <= world; ++steps) {
+      SCOPED_TRACE("world " + std::to_string(world) + ", " + std::to_string(steps) + " steps");
+      std::vector<Status> out(static_cast<size_t>(world));
+      const uint64_t seq = ranks.next_call;
+      ranks.next_call += 4;
+      Ranks::Run(world, [&](int r) {
+        cudaSetDevice(r);
+        Transport& tr = *ranks.t[static_cast<size_t>(r)];
+        EXPECT_TRUE(tr.OrdersOnDevice());
+        Status s;
+        for (uint64_t call = 0; s.ok() && call < 2; ++call) {
+          s = ForwardOnDevice(tr, seq + 2 * call, 3000, steps);
+          if (s.ok()) s = BackwardOnDevice(tr, seq + 2 * call + 1, 3000, 1000, steps);
+        }
+        out[static_cast<size_t>(r)] = s;
+      });
+      for (int r = 0; r < world; ++r)
+        EXPECT_TRUE(out[static_cast<size_t>(r)].ok()) << out[static_cast<size_t>(r)].message();
+    }
+  }
+  EXPECT_EQ(ModelSizeMismatches(), 0);
 }
 
 TEST(NcclHostModel, RingSchedulesAtEveryWorldSize) {
