@@ -62,38 +62,13 @@ for L in "${sizes[@]}"; do
   job "ring$L" "$gpus" ring "$L" $H $D 5
   RANK=0 LOCAL_RANK=0 WORLD_SIZE=$gpus "$bin" ring-gpus "$L" $H $D 5 >"$out/gpus$L.0" 2>&1
 done
-python3 - "$out" "$gpus" "${sizes[@]}" <<'PY'
-import collections, statistics, sys
-out, n, sizes = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-
-def walls(files):
-    """Median wall per (layout, pass): from the last rank's entry to the last rank's exit."""
-    calls = collections.defaultdict(lambda: collections.defaultdict(dict))
-    for path in files:
-        for line in open(path):
-            f = line.split()
-            if not f or f[0] != "CALL":
-                continue
-            calls[(f[1], f[2])][int(f[3])][int(f[4])] = (float(f[5]), float(f[6]))
-    return {key: statistics.median(max(e for _, e in d.values()) - max(s for s, _ in d.values())
-                                   for d in reps.values()) for key, reps in calls.items()}
-
-print("| tokens per rank | layout | pass | NCCL ring ms | in-process ring ms | NCCL / in-process |")
-print("|---|---|---|---|---|---|")
-for L in sizes:
-    nccl = walls([f"{out}/ring{L}.{r}" for r in range(n)])
-    local = walls([f"{out}/gpus{L}.0"])
-    for key, ms in nccl.items():
-        other = local.get(key)
-        ratio = f"{ms / other:.3f}" if other else "-"
-        other_ms = f"{other * 1e3:.2f}" if other else "-"
-        print(f"| {L} | {key[0]} | {key[1]} | {ms * 1e3:.2f} | {other_ms} | {ratio} |")
-PY
+python3 "$(dirname "$0")/ring_walls.py" "$out" "NCCL ring ms" "ring{L}.{r}" "$gpus" "in-process ring ms" "gpus{L}.{r}" 1 \
+  "${sizes[@]}"
 
 echo
 echo "## Causal ring over NCCL, $gpus GPUs, H=$H, D=$D, bf16 (median of 5 calls, ms): the ring's order kept"
 echo "## on the device (default) against the host's (STRIA_RING_ORDER=host)"
-order_sizes=(1024 2048 4096 "${sizes[@]}")
+mapfile -t order_sizes < <(printf '%s\n' 1024 2048 4096 "${sizes[@]}" | awk '!seen[$0]++')
 for L in "${order_sizes[@]}"; do
   job_env=()
   job "device$L" "$gpus" ring "$L" $H $D 5
@@ -101,30 +76,6 @@ for L in "${order_sizes[@]}"; do
   job "host$L" "$gpus" ring "$L" $H $D 5
 done
 job_env=()
-python3 - "$out" "$gpus" "${order_sizes[@]}" <<'PY'
-import collections, statistics, sys
-out, n, sizes = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-
-def walls(files):
-    calls = collections.defaultdict(lambda: collections.defaultdict(dict))
-    for path in files:
-        for line in open(path):
-            f = line.split()
-            if not f or f[0] != "CALL":
-                continue
-            calls[(f[1], f[2])][int(f[3])][int(f[4])] = (float(f[5]), float(f[6]))
-    return {key: statistics.median(max(e for _, e in d.values()) - max(s for s, _ in d.values())
-                                   for d in reps.values()) for key, reps in calls.items()}
-
-print("| tokens per rank | layout | pass | device order ms | host order ms | device / host |")
-print("|---|---|---|---|---|---|")
-for L in dict.fromkeys(sizes):
-    device = walls([f"{out}/device{L}.{r}" for r in range(n)])
-    host = walls([f"{out}/host{L}.{r}" for r in range(n)])
-    for key, ms in device.items():
-        other = host.get(key)
-        ratio = f"{ms / other:.3f}" if other else "-"
-        other_ms = f"{other * 1e3:.2f}" if other else "-"
-        print(f"| {L} | {key[0]} | {key[1]} | {ms * 1e3:.2f} | {other_ms} | {ratio} |")
-PY
+python3 "$(dirname "$0")/ring_walls.py" "$out" "device order ms" "device{L}.{r}" "$gpus" "host order ms" "host{L}.{r}" \
+  "$gpus" "${order_sizes[@]}"
 rm -rf "$out"
