@@ -527,6 +527,12 @@ TEST(NcclHostModel, CallersCommunicatorTimesOutWhenARankNeverCreates) {
     // Not stria's to abort.
     ncclResult_t st = ncclInternalError;
     EXPECT_EQ(ncclCommGetAsyncError(user[0], &st), ncclSuccess);
+    // The owner aborts it, as the message says it should: its pending broadcast would otherwise
+    // hold device 0, where a later abort of another communicator waits for it (on a GPU too).
+    cudaSetDevice(0);
+    EXPECT_EQ(ncclCommAbort(user[0]), ncclSuccess);
+    cudaSetDevice(1);
+    EXPECT_EQ(ncclCommAbort(user[1]), ncclSuccess);
   }
 }
 
