@@ -370,12 +370,14 @@ class Backend {
   // transfers on the device, the engine calls MarkBuffers instead: src/ring/ring_order.h.)
   virtual Status FenceBuffers() { return Status::Ok(); }
   // Device ordering, with a transport that has it (Transport::OrdersOnDevice): instead of
-  // FenceBuffers, MarkBuffers records an event after everything queued so far on the stream the
-  // ring's work goes to and returns it (a cudaEvent_t, recorded again by the next MarkBuffers),
-  // for the transport's OrderAfter; ComputeStream is that stream, for its DeviceWait. A backend
-  // whose work the host runs (the CPU's) has neither.
+  // FenceBuffers (or SyncStream), MarkBuffers records an event after everything queued so far on
+  // `stream` and returns it (a cudaEvent_t, recorded again by the next MarkBuffers), for the
+  // transport's OrderAfter; ComputeStream is the stream the ring's work goes to (the training
+  // calls'; a serving call's is the caller's). A backend whose work the host runs (the CPU's) has
+  // neither.
   virtual bool OrdersOnDevice() const { return false; }
-  virtual Status MarkBuffers(void** event) {
+  virtual Status MarkBuffers(void* stream, void** event) {
+    (void)stream;
     *event = nullptr;
     return Status(STRIA_ERROR_INTERNAL, "this backend does not order work on a device");
   }

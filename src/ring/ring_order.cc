@@ -20,16 +20,22 @@ RingOrder::RingOrder(Backend& backend, Transport& transport, double timeout_s)
       timeout_s_(timeout_s),
       on_device_(backend.OrdersOnDevice() && transport.OrdersOnDevice() && !HostOrderAsked()) {}
 
+RingOrder::RingOrder(Backend& backend, Transport& transport, double timeout_s, void* stream)
+    : RingOrder(backend, transport, timeout_s) {
+  own_stream_ = true;
+  stream_ = stream;
+}
+
 Status RingOrder::BeforePosting() {
-  if (!on_device_) return backend_.FenceBuffers();
+  if (!on_device_) return own_stream_ ? backend_.SyncStream(stream_) : backend_.FenceBuffers();
   void* event = nullptr;
-  STRIA_RETURN_IF_ERROR(backend_.MarkBuffers(&event));
+  STRIA_RETURN_IF_ERROR(backend_.MarkBuffers(Stream(), &event));
   return transport_.OrderAfter(event);
 }
 
 Status RingOrder::Arrived(RequestId req, const std::string& what) {
   if (!on_device_) return transport_.Wait(req, timeout_s_, what.c_str());
-  STRIA_RETURN_IF_ERROR(transport_.DeviceWait(req, backend_.ComputeStream()));
+  STRIA_RETURN_IF_ERROR(transport_.DeviceWait(req, Stream()));
   deferred_.push_back(Deferred{req, step_, what});
   return Status::Ok();
 }

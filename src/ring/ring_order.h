@@ -25,7 +25,11 @@ namespace stria {
 
 class RingOrder {
  public:
+  // A training call's ring: its work goes to the backend's compute stream (ComputeStream, which a
+  // plan's call moves to a stream of its own at the local block), fenced by FenceBuffers.
   RingOrder(Backend& backend, Transport& transport, double timeout_s);
+  // A serving call's: its work goes to `stream`, the caller's, fenced by SyncStream.
+  RingOrder(Backend& backend, Transport& transport, double timeout_s, void* stream);
   bool on_device() const { return on_device_; }
 
   // Before the engine hands buffers that work queued so far reads or writes to the transport.
@@ -48,10 +52,14 @@ class RingOrder {
   };
   Status WaitDeferred(int before_step);
 
+  void* Stream() { return own_stream_ ? stream_ : backend_.ComputeStream(); }
+
   Backend& backend_;
   Transport& transport_;
   double timeout_s_;
   bool on_device_;
+  bool own_stream_ = false;
+  void* stream_ = nullptr;
   int step_ = 0;
   std::vector<Deferred> deferred_;
 };

@@ -16,6 +16,7 @@
 
 #include "ring/arguments.h"
 #include "ring/ring_common.h"
+#include "ring/ring_order.h"
 #include "serve/cache_view.h"
 #include "serve/serving_common.h"
 
@@ -145,8 +146,28 @@ Status AttentionDecode(Context& ctx, const DecodeCall& call) {
     vd.work.finish_sinks = sinks;
   }
   Status st = be.Decode(vd.work, mine);
-  if (st.ok() && on_device && n > 1) st = be.SyncStream(vd.call.stream);  // the records written
   if (st.ok()) st = ctx.CheckNotAborted();
+  if (!st.ok()) return ctx.Fail(st);
+  // Over a transport that orders its transfers on the device (NCCL), the records are gathered
+  // after the decode's kernels and merged after the gather without the host waiting for either
+  // (ring_order.h); it waits for the gather only once the merge is queued.
+  RingOrder order(be, ctx.transport(), ctx.timeout_s(), vd.call.stream);
+  if (on_device && n > 1 && order.on_device()) {
+    const std::string what = Format("decode partials of call #%llu", static_cast<unsigned long long>(seq));
+    RequestId gather = 0;
+    st = order.BeforePosting();
+    if (st.ok()) st = ctx.transport().AllGatherInPlaceOnDevice(all, bytes, &gather);
+    if (st.ok()) st = order.Arrived(gather, what);
+    if (!st.ok()) return ctx.Fail(st);
+    timer.ComputeEnd();
+    ctx.traffic().messages = static_cast<uint64_t>(n - 1);
+    ctx.step_times().assign(1, timer.Finish());
+    st = be.DecodeMerge(vd.work, static_cast<const float*>(all), n, sinks, vd.call.out, lse);
+    if (st.ok()) st = order.Finish();
+    if (st.ok()) st = ctx.CheckNotAborted();
+    return st.ok() ? st : ctx.Fail(st);
+  }
+  if (st.ok() && on_device && n > 1) st = be.SyncStream(vd.call.stream);  // the records written
   if (!st.ok()) return ctx.Fail(st);
   timer.ComputeEnd();
   if (n > 1) {

@@ -62,6 +62,12 @@ class Transport {
     (void)req, (void)stream;
     return Status(STRIA_ERROR_INTERNAL, "this transport does not order transfers on a device");
   }
+  // AllGatherInPlace's exchange launched (after OrderAfter's event, like a transfer) without
+  // waiting for it: its completion is *req, for DeviceWait and Wait.
+  virtual Status AllGatherInPlaceOnDevice(void* all, size_t bytes, RequestId* req) {
+    (void)all, (void)bytes, (void)req;
+    return Status(STRIA_ERROR_INTERNAL, "this transport does not order transfers on a device");
+  }
   // Thread-safe: makes current and future waits of this rank fail with STRIA_ERROR_ABORTED and
   // tells the peers that this rank has left.
   virtual void Abort() = 0;

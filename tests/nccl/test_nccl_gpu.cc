@@ -240,6 +240,12 @@ TEST(NcclContext, WorldOfOneMatchesReference) {
   EXPECT_EQ(stria_context_destroy(ctx), STRIA_SUCCESS);
 }
 
+// How often the host has waited for the calling thread's default stream so far, on the CUDA
+// runtime model (0 on a GPU).
+uint64_t HostWaits() {
+  return stria_cuda_runtime_model_host_waits != nullptr ? stria_cuda_runtime_model_host_waits(nullptr) : 0;
+}
+
 // One NCCL context per GPU, rank r on GPU r, each made by a thread of its own (as a process that
 // drives all of its GPUs would), joined by stria_get_unique_id.
 void ThreadContexts(int world, std::vector<stria_context_t>* ctx) {
@@ -555,8 +561,9 @@ TEST(NcclContext, PlanOfThreadsKeepsDocumentsApart) {
 }
 
 // Decode and prefill over a KV cache sharded across NCCL ranks (threads of this process, one GPU
-// each, up to four): decode's partial records gathered by ncclAllGather and merged, prefill's rings
-// in both modes; the new tokens stored by their ranks; striped and zigzag caches, GQA, a sequence
+// each, up to four): decode's partial records gathered by ncclAllGather and merged (the gather
+// after the decode's kernels and the merge after the gather, on the device), prefill's rings in
+// both modes; the new tokens stored by their ranks; striped and zigzag caches, GQA, a sequence
 // whose cache is empty.
 TEST(NcclContext, ServingOfThreadsMatchesReference) {
   REQUIRE_GPUS(2);
@@ -595,9 +602,13 @@ TEST(NcclContext, ServingOfThreadsMatchesReference) {
       cache.k = &k_d.dl;
       cache.v = &v_d.dl;
       cache.lens = c.lens.data();
+      const uint64_t before = HostWaits();
       if (stria_attention_decode(ctx[static_cast<size_t>(r)], &p, &cache, &q_d.dl, &k_new_d.dl, &v_new_d.dl, &out_d.dl,
                                  &lse_d.dl, nullptr) != STRIA_SUCCESS)
         errors[static_cast<size_t>(r)] = stria_get_last_error();
+      // Gathered and merged in the device's order: the host waits for none of the call's work on
+      // its stream (counted on the runtime model; the host's order waits once).
+      EXPECT_EQ(HostWaits() - before, 0u) << "rank " << r;
       if (cudaDeviceSynchronize() != cudaSuccess) errors[static_cast<size_t>(r)] += " cudaDeviceSynchronize failed";
       out_d.CopyTo(&outs[static_cast<size_t>(r)]);
       lse_d.CopyTo(&lses[static_cast<size_t>(r)]);

@@ -375,6 +375,31 @@ Status BackwardOnDevice(Transport& tr, uint64_t seq, size_t kv_bytes, size_t dkv
   return order.Finish();
 }
 
+// A decode's gather in the device's order: each rank's records written by its compute, gathered
+// in place after them, read by the compute after the gather (the merge).
+Status GatherOnDevice(Transport& tr, uint64_t seq, size_t bytes) {
+  const int n = tr.world_size(), r = tr.rank();
+  CHECK_OK(Agree(tr, seq));
+  DeviceOrder order(tr);
+  std::vector<uint8_t> all(bytes * static_cast<size_t>(n), 0xEE);
+  order.Compute([&all, bytes, r] {
+    for (size_t i = 0; i < bytes; ++i) all[static_cast<size_t>(r) * bytes + i] = static_cast<uint8_t>(r * 31 + i);
+  });
+  CHECK_OK(order.BeforePosting());
+  RequestId gather = 0;
+  CHECK_OK(tr.AllGatherInPlaceOnDevice(all.data(), bytes, &gather));
+  CHECK_OK(order.Arrived(gather, 0));
+  order.Compute([&] {
+    for (int q = 0; q < n; ++q)
+      for (size_t i = 0; i < bytes; ++i)
+        if (all[static_cast<size_t>(q) * bytes + i] != static_cast<uint8_t>(q * 31 + i)) {
+          order.Complain(Format("rank %d: byte %zu of rank %d's records is wrong", r, i, q));
+          return;
+        }
+  });
+  return order.Finish();
+}
+
 TEST(NcclHostModel, RingSchedulesOrderedOnTheDevice) {
   for (int world = 1; world <= 5; ++world) {
     Ranks ranks(world, 30);
@@ -384,15 +409,16 @@ TEST(NcclHostModel, RingSchedulesOrderedOnTheDevice) {
       SCOPED_TRACE("world " + std::to_string(world) + ", " + std::to_string(steps) + " steps");
       std::vector<Status> out(static_cast<size_t>(world));
       const uint64_t seq = ranks.next_call;
-      ranks.next_call += 4;
+      ranks.next_call += 6;
       Ranks::Run(world, [&](int r) {
         cudaSetDevice(r);
         Transport& tr = *ranks.t[static_cast<size_t>(r)];
         EXPECT_TRUE(tr.OrdersOnDevice());
         Status s;
         for (uint64_t call = 0; s.ok() && call < 2; ++call) {
-          s = ForwardOnDevice(tr, seq + 2 * call, 3000, steps);
-          if (s.ok()) s = BackwardOnDevice(tr, seq + 2 * call + 1, 3000, 1000, steps);
+          s = ForwardOnDevice(tr, seq + 3 * call, 3000, steps);
+          if (s.ok()) s = BackwardOnDevice(tr, seq + 3 * call + 1, 3000, 1000, steps);
+          if (s.ok()) s = GatherOnDevice(tr, seq + 3 * call + 2, 777);
         }
         out[static_cast<size_t>(r)] = s;
       });

@@ -399,13 +399,13 @@ class CudaBackend final : public Backend {
   // Device ordering (backend.h): one event serves every step, as the transport's wait takes it as
   // last recorded.
   bool OrdersOnDevice() const override { return true; }
-  Status MarkBuffers(void** event) override {
+  Status MarkBuffers(void* stream, void** event) override {
     *event = nullptr;
     DeviceScope scope(device_);
     STRIA_RETURN_IF_ERROR(scope.status());
     if (buffers_ready_ == nullptr)
       STRIA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&buffers_ready_, cudaEventDisableTiming));
-    STRIA_CUDA_RETURN_IF_ERROR(cudaEventRecord(buffers_ready_, stream_));
+    STRIA_CUDA_RETURN_IF_ERROR(cudaEventRecord(buffers_ready_, static_cast<cudaStream_t>(stream)));
     *event = buffers_ready_;
     return Status::Ok();
   }

@@ -43,18 +43,22 @@ CudaDecoder::~CudaDecoder() {
     cudaEventSynchronize(done_);
     cudaEventDestroy(done_);
   }
+  for (Staging& st : staging_)
+    if (st.uploaded != nullptr) cudaEventDestroy(st.uploaded);
   for (DeviceBuffer* b : {&tables_dev_, &states_}) b->Release();
-  staging_.Release();
+  for (Staging& st : staging_) st.buffer.Release();
 }
 
-// The previous call's copies read this decoder's host buffers and its kernels its device ones: the
-// host waits for them before refilling either (a decode call waits for its own kernels anyway).
-Status CudaDecoder::WaitForPreviousCall() {
+// The previous call's kernels read this decoder's device buffers: this call's work follows them
+// on the device, whatever stream either runs on (on one stream the order holds anyway). The host
+// does not wait: a decode over NCCL no longer waits for its own kernels, and a caller may queue
+// the next call while the device runs this one.
+Status CudaDecoder::AfterPreviousCall(cudaStream_t stream) {
   if (done_ == nullptr) {
     STRIA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
     return Status::Ok();
   }
-  STRIA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(done_));
+  STRIA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, done_, 0));
   return Status::Ok();
 }
 
@@ -67,9 +71,11 @@ Status CudaDecoder::Done(cudaStream_t stream) {
 // tables a call has.
 Status CudaDecoder::UploadTables(cudaStream_t stream) {
   STRIA_RETURN_IF_ERROR(tables_dev_.Reserve(std::max<size_t>(staged_, 16), "decode tables", nullptr));
+  Staging& st = staging_[current_];
   if (staged_ > 0)
     STRIA_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(tables_dev_.data(), staging_.data(), staged_, cudaMemcpyHostToDevice, stream));
+        cudaMemcpyAsync(tables_dev_.data(), st.buffer.data(), staged_, cudaMemcpyHostToDevice, stream));
+  STRIA_CUDA_RETURN_IF_ERROR(cudaEventRecord(st.uploaded, stream));
   return Status::Ok();
 }
 
@@ -82,11 +88,20 @@ size_t CudaDecoder::Layout(size_t bytes) {
 }
 
 Status CudaDecoder::Stage(std::initializer_list<Table> tables) {
-  STRIA_RETURN_IF_ERROR(staging_.Reserve(std::max<size_t>(staged_, 16), "decode tables (page-locked)"));
+  current_ ^= 1;
+  Staging& st = staging_[current_];
+  if (st.uploaded == nullptr) {
+    STRIA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&st.uploaded, cudaEventDisableTiming));
+  } else {
+    const cudaError_t q = cudaEventQuery(st.uploaded);  // two calls back: as a rule long done
+    if (q == cudaErrorNotReady) ForgetError(q);
+    if (q != cudaSuccess) STRIA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(st.uploaded));
+  }
+  STRIA_RETURN_IF_ERROR(st.buffer.Reserve(std::max<size_t>(staged_, 16), "decode tables (page-locked)"));
   // A rank with no key has no pieces and no items: an empty vector's data() may be null, which
   // memcpy may not take even for no bytes.
   for (const Table& t : tables)
-    if (t.bytes > 0) std::memcpy(staging_.data() + t.at, t.src, t.bytes);
+    if (t.bytes > 0) std::memcpy(st.buffer.data() + t.at, t.src, t.bytes);
   return Status::Ok();
 }
 
@@ -104,7 +119,7 @@ Status CudaDecoder::StoreTokens(const DecodeShape& s, const std::vector<CacheApp
   if (appends.empty()) return Status::Ok();
   DeviceScope scope(device_);
   STRIA_RETURN_IF_ERROR(scope.status());
-  STRIA_RETURN_IF_ERROR(WaitForPreviousCall());
+  STRIA_RETURN_IF_ERROR(AfterPreviousCall(stream));
   staged_ = 0;
   const size_t copies_at = CollectCopies(appends);
   STRIA_RETURN_IF_ERROR(Stage({{copies_at, copies_.data(), copies_.size() * sizeof(cuda::TokenCopy)}}));
@@ -136,7 +151,7 @@ Status CudaDecoder::Decode(const DecodeWork& w, float* partial) {
   cudaStream_t stream = static_cast<cudaStream_t>(w.stream);
   DeviceScope scope(device_);
   STRIA_RETURN_IF_ERROR(scope.status());
-  STRIA_RETURN_IF_ERROR(WaitForPreviousCall());
+  STRIA_RETURN_IF_ERROR(AfterPreviousCall(stream));
 
   // The tensor-core kernel takes 16-bit rows of whole 16-byte chunks at its head dims; whether
   // the cache's rows are such is a property of its base address and strides, segment by segment.

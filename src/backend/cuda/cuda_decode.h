@@ -44,7 +44,7 @@ class CudaDecoder {
     const void* src;
     size_t bytes;
   };
-  Status WaitForPreviousCall();
+  Status AfterPreviousCall(cudaStream_t stream);
   size_t Layout(size_t bytes);
   Status Stage(std::initializer_list<Table> tables);
   Status UploadTables(cudaStream_t stream);
@@ -61,9 +61,15 @@ class CudaDecoder {
   std::vector<cuda::DecodeItem> items_;
   std::vector<int64_t> first_item_;
   std::vector<cuda::TokenCopy> copies_;
-  // The call's tables, back to back (staged_ bytes), in page-locked memory: the upload's source,
-  // which lives until the call's work is done (WaitForPreviousCall before it is refilled).
-  PinnedBuffer staging_;
+  // The call's tables, back to back (staged_ bytes), in page-locked memory: the upload's source.
+  // Two in turn, each refilled once its own last upload has run (two calls back), so that the host
+  // never waits for the call before (it may queue a call while the device runs the previous one).
+  struct Staging {
+    PinnedBuffer buffer;
+    cudaEvent_t uploaded = nullptr;  // recorded after its last upload
+  };
+  Staging staging_[2];
+  int current_ = 0;  // the staging of the call at hand
   size_t staged_ = 0;
   DeviceBuffer tables_dev_, states_;
 };

@@ -196,6 +196,7 @@ Status CheckDevice(int ordinal) {
 struct Op {
   int lane = 0;
   bool is_send = false;
+  bool gather = false;  // an all-gather's (AllGatherInPlaceOnDevice), not a transfer to or from `peer`
   int peer = 0;
   void* buf = nullptr;
   size_t bytes = 0;
@@ -391,6 +392,10 @@ class NcclTransport final : public Transport {
     Status s = PollLocked(
         lock, deadline, [&](bool* done) { return EventDone(groups_.at(op.group).done, done); },
         [&] {
+          if (op.gather)
+            return Error(STRIA_ERROR_TIMEOUT,
+                         "timed out after %.3g s in the all-gather of %s: a rank has not called, or is stuck",
+                         timeout_s, what);
           return Error(STRIA_ERROR_TIMEOUT, "timed out after %.3g s waiting for rank %d to %s (%s)", timeout_s, op.peer,
                        op.is_send ? "take a message" : "send", what);
         });
@@ -430,6 +435,39 @@ class NcclTransport final : public Transport {
     if (!dev.status().ok()) return FailLocked(dev.status());
     const cudaError_t e = cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), groups_.at(it->second.group).done, 0);
     if (e != cudaSuccess) return FailLocked(CudaStatus(e, "cudaStreamWaitEvent (the compute after a transfer)"));
+    return Status::Ok();
+  }
+
+  // GatherInPlaceLocked's collective without the wait: its completion event makes a request of
+  // its own (a group of one), which DeviceWait and Wait take like a transfer's.
+  Status AllGatherInPlaceOnDevice(void* all, size_t bytes, RequestId* req) override {
+    Lock lock(mu_);
+    STRIA_RETURN_IF_ERROR(UsableLocked());
+    DeviceScope dev(device_);
+    if (!dev.status().ok()) return FailLocked(dev.status());
+    const char* what = "an all-gather ordered on the device";
+    const auto deadline = DeadlineAfter(timeout_s_);
+    std::unique_lock<std::mutex> issue;
+    STRIA_RETURN_IF_ERROR(AcquireIssueLocked(lock, &issue, deadline, what));
+    if (world_ > 1 && bytes > 0) {
+      char* base = static_cast<char*>(all);
+      const ncclResult_t r = ncclAllGather(base + static_cast<size_t>(rank_) * bytes, base, bytes, ncclUint8,
+                                           comms_[kKvLane], streams_[kKvLane]);
+      if (r != ncclSuccess && r != ncclInProgress) return FailLocked(NcclError("ncclAllGather", r, comms_[kKvLane]));
+      if (r == ncclInProgress) STRIA_RETURN_IF_ERROR(AwaitCommLocked(lock, kKvLane, deadline, what));
+    }
+    issue.unlock();
+    const int64_t gid = next_group_++;
+    groups_[gid].refs = 1;
+    Op op;
+    op.lane = kKvLane;
+    op.gather = true;
+    op.peer = -1;
+    op.group = gid;
+    const RequestId id = next_id_++;
+    ops_.emplace(id, op);
+    STRIA_RETURN_IF_ERROR(RecordDoneLocked(gid, streams_[kKvLane]));
+    *req = id;
     return Status::Ok();
   }
 
@@ -787,6 +825,11 @@ class NcclTransport final : public Transport {
     if (r != ncclSuccess && r != ncclInProgress) return FailLocked(NcclError("ncclGroupEnd", r, comm));
     if (r == ncclInProgress) STRIA_RETURN_IF_ERROR(AwaitCommLocked(lock, lane, deadline, what));
     issue.unlock();  // enqueued: what follows is stria's own
+    return RecordDoneLocked(gid, stream);
+  }
+
+  // The completion event of group `gid`, recorded on `stream` after its launch.
+  Status RecordDoneLocked(int64_t gid, cudaStream_t stream) {
     cudaEvent_t ev = nullptr;
     STRIA_RETURN_IF_ERROR(TakeEventLocked(&ev));
     const cudaError_t e = cudaEventRecord(ev, stream);
