@@ -19,6 +19,7 @@
 
 #include "ring/arguments.h"
 #include "ring/ring_common.h"
+#include "ring/ring_order.h"
 #include "serve/cache_layout.h"
 #include "serve/cache_view.h"
 #include "serve/serving_common.h"
@@ -283,13 +284,15 @@ Status RunPassKV(Context& ctx, const ValidatedPrefill& vp, uint64_t seq, void* k
   w.stream = vp.call.stream;
   auto& times = ctx.step_times();
   times.assign(static_cast<size_t>(n), StepTime());
+  RingOrder order(be, tr, ctx.timeout_s(), vp.call.stream);
   for (int step = 0; step < n; ++step) {
+    order.Step(step);
     const int holder = (r - step + n) % n;
     RequestId send = 0, recv = 0;
     const bool forward = step < n - 1;
     if (forward) {
       // The message's packing (or the last step's kernels reading the other buffer) done first.
-      Status st = be.SyncStream(vp.call.stream);
+      Status st = order.BeforePosting();
       if (st.ok()) st = tr.Irecv(prev, RingTag(seq, step, MessageKind::kKV), kv[(step + 1) % 2], kv_bytes, &recv);
       if (st.ok()) st = tr.Isend(next, RingTag(seq, step, MessageKind::kKV), kv[step % 2], kv_bytes, &send);
       if (!st.ok()) return ctx.Fail(st);
@@ -320,13 +323,15 @@ Status RunPassKV(Context& ctx, const ValidatedPrefill& vp, uint64_t seq, void* k
     timer.ComputeEnd();
     if (forward) {
       const std::string what = Format("K/V block of prefill step %d", step);
-      st = tr.Wait(recv, ctx.timeout_s(), what.c_str());
-      if (st.ok()) st = tr.Wait(send, ctx.timeout_s(), what.c_str());
+      st = order.Arrived(recv, what);
+      if (st.ok()) st = order.Arrived(send, what);
       if (!st.ok()) return ctx.Fail(st);
     }
+    if (st = order.Retire(); !st.ok()) return ctx.Fail(st);
     times[static_cast<size_t>(step)] = timer.Finish();
   }
-  return Status::Ok();
+  const Status st = order.Finish();
+  return st.ok() ? st : ctx.Fail(st);
 }
 
 Status RunPassQ(Context& ctx, const ValidatedPrefill& vp, uint64_t seq, void* qbuf[2], size_t q_bytes, float* all,
@@ -346,6 +351,7 @@ Status RunPassQ(Context& ctx, const ValidatedPrefill& vp, uint64_t seq, void* qb
   // 0..N-2, then the partial of step N - 1), and a transport that matches in posting order and
   // launches a receive with a send (NCCL's) forms the same groups on every rank.
   std::vector<RequestId> homes;
+  RingOrder order(be, tr, ctx.timeout_s(), vp.call.stream);
   auto exchange_partials = [&](int t, std::vector<RequestId>* sends) {
     if (t < 1) return Status::Ok();  // step 0's result is this rank's own
     const int k = (r + t) % n, to = (r - t + n) % n;
@@ -353,7 +359,7 @@ Status RunPassQ(Context& ctx, const ValidatedPrefill& vp, uint64_t seq, void* qb
     STRIA_RETURN_IF_ERROR(
         tr.Irecv(k, RingTag(seq, t, MessageKind::kPartial), all + static_cast<size_t>(k) * records, record_bytes, &id));
     homes.push_back(id);
-    STRIA_RETURN_IF_ERROR(be.SyncStream(vp.call.stream));  // the result computed
+    STRIA_RETURN_IF_ERROR(order.BeforePosting());  // the result computed
     STRIA_RETURN_IF_ERROR(tr.Isend(to, RingTag(seq, t, MessageKind::kPartial), sent + static_cast<size_t>(t) * records,
                                    record_bytes, &id));
     sends->push_back(id);
@@ -382,6 +388,7 @@ Status RunPassQ(Context& ctx, const ValidatedPrefill& vp, uint64_t seq, void* qb
   auto& times = ctx.step_times();
   times.assign(static_cast<size_t>(n), StepTime());
   for (int step = 0; step < n; ++step) {
+    order.Step(step);
     const int holder = (r - step + n) % n;  // whose queries this rank holds now
     RequestId send = 0, recv = 0;
     const bool forward = step < n - 1;
@@ -390,7 +397,7 @@ Status RunPassQ(Context& ctx, const ValidatedPrefill& vp, uint64_t seq, void* qb
       if (!st.ok()) return ctx.Fail(st);
     }
     if (forward) {
-      Status st = be.SyncStream(vp.call.stream);
+      Status st = order.BeforePosting();
       if (st.ok()) st = tr.Irecv(prev, RingTag(seq, step, MessageKind::kKV), qbuf[(step + 1) % 2], q_bytes, &recv);
       if (st.ok()) st = tr.Isend(next, RingTag(seq, step, MessageKind::kKV), qbuf[step % 2], q_bytes, &send);
       if (!st.ok()) return ctx.Fail(st);
@@ -407,12 +414,14 @@ Status RunPassQ(Context& ctx, const ValidatedPrefill& vp, uint64_t seq, void* qb
     timer.ComputeEnd();
     if (forward) {
       const std::string what = Format("query block of prefill step %d", step);
-      st = tr.Wait(recv, ctx.timeout_s(), what.c_str());
-      if (st.ok()) st = tr.Wait(send, ctx.timeout_s(), what.c_str());
+      st = order.Arrived(recv, what);
+      if (st.ok()) st = order.Arrived(send, what);
       if (!st.ok()) return ctx.Fail(st);
     }
+    if (st = order.Retire(); !st.ok()) return ctx.Fail(st);
     times[static_cast<size_t>(step)] = timer.Finish();
   }
+  order.Step(n);
   {
     const Status st = exchange_partials(n - 1, &sends);
     if (!st.ok()) return ctx.Fail(st);
@@ -469,7 +478,7 @@ Status RunPassQ(Context& ctx, const ValidatedPrefill& vp, uint64_t seq, void* qb
         if (!st.ok()) return ctx.Fail(st);
       }
   {
-    const Status st = be.SyncStream(vp.call.stream);  // the rows packed before they are sent
+    const Status st = order.BeforePosting();  // the rows packed before they are sent
     if (!st.ok()) return ctx.Fail(st);
   }
   // In rounds, a shift of the ranks: at round i each rank receives from the rank i before it and
@@ -493,15 +502,15 @@ Status RunPassQ(Context& ctx, const ValidatedPrefill& vp, uint64_t seq, void* qb
     }
   }
   for (RequestId id : homes) {
-    Status st = tr.Wait(id, ctx.timeout_s(), "partial results of this rank's queries");
+    Status st = order.Arrived(id, "partial results of this rank's queries");
     if (!st.ok()) return ctx.Fail(st);
   }
   for (RequestId id : sends) {
-    Status st = tr.Wait(id, ctx.timeout_s(), "partial results sent home");
+    Status st = order.Arrived(id, "partial results sent home");
     if (!st.ok()) return ctx.Fail(st);
   }
   for (RequestId id : row_ids) {
-    Status st = tr.Wait(id, ctx.timeout_s(), "new tokens' rows for their cache shares");
+    Status st = order.Arrived(id, "new tokens' rows for their cache shares");
     if (!st.ok()) return ctx.Fail(st);
   }
   // The rows received, in the sender's sequence and token order.
@@ -520,6 +529,7 @@ Status RunPassQ(Context& ctx, const ValidatedPrefill& vp, uint64_t seq, void* qb
         }
   }
   Status st = be.StoreTokens(s, mine, vp.call.stream);
+  if (st.ok()) st = order.Finish();
   return st.ok() ? st : ctx.Fail(st);
 }
 

@@ -561,10 +561,10 @@ TEST(NcclContext, PlanOfThreadsKeepsDocumentsApart) {
 }
 
 // Decode and prefill over a KV cache sharded across NCCL ranks (threads of this process, one GPU
-// each, up to four): decode's partial records gathered by ncclAllGather and merged (the gather
-// after the decode's kernels and the merge after the gather, on the device), prefill's rings in
-// both modes; the new tokens stored by their ranks; striped and zigzag caches, GQA, a sequence
-// whose cache is empty.
+// each, up to four): decode's partial records gathered by ncclAllGather and merged, prefill's rings
+// in both modes, all in the device's order (the host waits for none of a call's work on its
+// stream, counted on the runtime model); the new tokens stored by their ranks; striped and zigzag
+// caches, GQA, a sequence whose cache is empty.
 TEST(NcclContext, ServingOfThreadsMatchesReference) {
   REQUIRE_GPUS(2);
   const int world = std::min(GpuCount(), 4);
@@ -655,9 +655,12 @@ TEST(NcclContext, ServingOfThreadsMatchesReference) {
       cache.k = &ck.dl;
       cache.v = &cv.dl;
       cache.lens = c.lens.data();
+      const uint64_t before = HostWaits();
       if (stria_attention_prefill(ctx[i], &p, &cache, c.mode, &q_d.dl, &k_d.dl, &v_d.dl, &out_d.dl, &lse_d.dl,
                                   nullptr) != STRIA_SUCCESS)
         errors[i] = stria_get_last_error();
+      // Both rings in the device's order (the host's waits twice in pass-KV, five times in pass-Q).
+      EXPECT_EQ(HostWaits() - before, 0u) << "rank " << r;
       if (cudaDeviceSynchronize() != cudaSuccess) errors[i] += " cudaDeviceSynchronize failed";
       out_d.CopyTo(&outs[i]);
       lse_d.CopyTo(&lses[i]);

@@ -88,12 +88,12 @@ size_t CudaDecoder::Layout(size_t bytes) {
 }
 
 Status CudaDecoder::Stage(std::initializer_list<Table> tables) {
-  current_ ^= 1;
+  current_ = (current_ + 1) % 3;
   Staging& st = staging_[current_];
   if (st.uploaded == nullptr) {
     STRIA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&st.uploaded, cudaEventDisableTiming));
   } else {
-    const cudaError_t q = cudaEventQuery(st.uploaded);  // two calls back: as a rule long done
+    const cudaError_t q = cudaEventQuery(st.uploaded);  // three calls back: long done
     if (q == cudaErrorNotReady) ForgetError(q);
     if (q != cudaSuccess) STRIA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(st.uploaded));
   }
