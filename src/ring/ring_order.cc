@@ -35,7 +35,7 @@ Status RingOrder::BeforePosting() {
 
 Status RingOrder::Arrived(RequestId req, const std::string& what) {
   if (!on_device_) return transport_.Wait(req, timeout_s_, what.c_str());
-  STRIA_RETURN_IF_ERROR(transport_.DeviceWait(req, Stream()));
+  STRIA_RETURN_IF_ERROR(transport_.DeviceWait(req, Stream(), timeout_s_, what.c_str()));
   deferred_.push_back(Deferred{req, step_, what});
   return Status::Ok();
 }

@@ -1,14 +1,15 @@
 // How a ring call keeps the device work on its buffers and the transfers of those buffers apart.
 //
-// On the host (every backend that computes on the host, and every transport that moves bytes from
-// the host): before handing buffers to the transport the engine waits until the work queued on
+// On the host (every backend that computes on the host, and UCX, which moves bytes from the
+// host): before handing buffers to the transport the engine waits until the work queued on
 // them is done (Backend::FenceBuffers), and it waits for a transfer before queuing the work that
 // reads what it brought (Transport::Wait). On an asynchronous device each such wait empties the
 // device's queue: at every ring step the device idles while the host wakes up, posts the next
 // transfer and launches the next kernels, which at short steps (small blocks, a plan's later
 // steps) is a large part of the step.
 //
-// On the device (a CUDA backend with the NCCL transport): the transfers wait for an event of the
+// On the device (a CUDA backend with the NCCL transport, or in a local group, whose copies the
+// CUDA module queues on streams): the transfers wait for an event of the
 // compute stream (Backend::MarkBuffers, Transport::OrderAfter), and the compute stream waits for
 // the transfers it reads (Transport::DeviceWait), so the host queues step s + 1 while the device
 // runs step s. The host still waits for every transfer, for its timeout and its faults, one step

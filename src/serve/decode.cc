@@ -154,10 +154,11 @@ Status AttentionDecode(Context& ctx, const DecodeCall& call) {
   RingOrder order(be, ctx.transport(), ctx.timeout_s(), vd.call.stream);
   if (on_device && n > 1 && order.on_device()) {
     const std::string what = Format("decode partials of call #%llu", static_cast<unsigned long long>(seq));
-    RequestId gather = 0;
+    std::vector<RequestId> gather;
     st = order.BeforePosting();
-    if (st.ok()) st = ctx.transport().AllGatherInPlaceOnDevice(all, bytes, &gather);
-    if (st.ok()) st = order.Arrived(gather, what);
+    if (st.ok())
+      st = ctx.transport().AllGatherInPlaceOnDevice(all, bytes, RingTag(seq, 1, MessageKind::kPartial), &gather);
+    for (size_t i = 0; i < gather.size() && st.ok(); ++i) st = order.Arrived(gather[i], what);
     if (!st.ok()) return ctx.Fail(st);
     timer.ComputeEnd();
     ctx.traffic().messages = static_cast<uint64_t>(n - 1);

@@ -4,15 +4,25 @@
 // meet in the group's tables; once both are posted, the receiving rank's copy thread moves the
 // bytes while both ranks go on computing. One mutex guards the whole group: messages are few and
 // large (a K/V block per ring step), so contention is negligible next to the copies.
+//
+// Device ordering (a group on GPUs, whose copier orders copies on the device): OrderAfter turns
+// the engine's event into a marker of the rank's (BufferCopier::Mark), and each post carries its
+// rank's marker at the time; the copy thread queues a matched copy behind both halves' markers
+// and leaves it running (kQueued, its completion an event), DeviceWait makes the engine's stream
+// wait for that event (waiting on the host only for the peer's half to be posted and queued), and
+// Wait polls it. So neither rank's host waits for its compute, nor for a copy before queuing the
+// kernels that read it.
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <list>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "core/deadline.h"
 #include "transport/transport.h"
@@ -22,7 +32,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-enum class ReqState { kPosted, kMatched, kDone, kFailed };
+enum class ReqState { kPosted, kMatched, kQueued, kDone, kFailed };
 
 struct Request {
   int owner = 0;  // the rank that posted it
@@ -35,6 +45,9 @@ struct Request {
   ReqState state = ReqState::kPosted;
   std::string error;
   stria_status_t code = STRIA_ERROR_TRANSPORT;  // of a failure
+  // Device ordering: the owner's marker when it posted (null: none), and once queued the copy's
+  // completion (shared by both halves).
+  std::shared_ptr<void> after, done;
 };
 
 struct CopyJob {
@@ -46,6 +59,8 @@ class LocalGroup {
   LocalGroup(int n, std::shared_ptr<BufferCopier> copier)
       : n_(n),
         copier_(std::move(copier)),
+        ordered_(copier_ != nullptr && copier_->OrdersOnDevice()),
+        marker_(static_cast<size_t>(n)),
         gone_(n, false),
         gone_after_error_(n, false),
         posted_round_(n, 0),
@@ -63,6 +78,45 @@ class LocalGroup {
   }
 
   int size() const { return n_; }
+  bool ordered() const { return ordered_; }
+
+  // The transfers `rank` posts from now on start after the work `event` marks.
+  Status OrderAfter(int rank, void* event) {
+    void* m = nullptr;
+    STRIA_RETURN_IF_ERROR(copier_->Mark(rank, event, &m));
+    std::shared_ptr<void> marker = Owned(m);
+    std::lock_guard<std::mutex> lock(mu_);
+    marker_[static_cast<size_t>(rank)] = std::move(marker);
+    return Status::Ok();
+  }
+
+  // `stream` goes on once request `id`'s copy is done: on the device once the copy is queued, which
+  // the host waits for (the peer's half posted, the copy thread's turn).
+  Status DeviceWait(int rank, RequestId id, void* stream, double timeout_s, const char* what) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const auto deadline = DeadlineAfter(timeout_s);
+    for (;;) {
+      auto it = requests_.find(id);
+      if (it == requests_.end()) return Error(STRIA_ERROR_INTERNAL, "unknown transport request %lld", (long long)id);
+      Request& req = it->second;
+      if (req.state == ReqState::kFailed) return Status(req.code, req.error);
+      if (req.state == ReqState::kDone) return Status::Ok();
+      if (req.state == ReqState::kQueued) {
+        const std::shared_ptr<void> done = req.done;
+        lock.unlock();
+        return copier_->StreamWait(stream, done.get());
+      }
+      if (gone_[static_cast<size_t>(rank)]) return Aborted(rank);
+      if (req.state == ReqState::kPosted && gone_[static_cast<size_t>(req.peer)])
+        return Error(STRIA_ERROR_TRANSPORT, "rank %d left the group (%s) during %s", req.peer, HowLeft(req.peer), what);
+      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && Clock::now() >= deadline) {
+        const Request& late = requests_[id];
+        if (late.state == ReqState::kPosted)
+          return Error(STRIA_ERROR_TIMEOUT, "timed out after %.3g s waiting for rank %d to %s (%s)", timeout_s,
+                       late.peer, late.is_send ? "receive" : "send", what);
+      }
+    }
+  }
 
   Status AllGather(int rank, uint64_t round, const void* mine, void* all, size_t bytes, double timeout_s,
                    const char* what) {
@@ -137,6 +191,7 @@ class LocalGroup {
     req.src = src;
     req.dst = dst;
     req.bytes = bytes;
+    if (ordered_) req.after = marker_[static_cast<size_t>(rank)];
     *out = id;
     // Look for the matching half among the peer's unmatched posts.
     auto& pending = unmatched_;
@@ -172,7 +227,7 @@ class LocalGroup {
   Status Wait(int rank, RequestId id, double timeout_s, const char* what) {
     std::unique_lock<std::mutex> lock(mu_);
     auto deadline = DeadlineAfter(timeout_s);
-    for (;;) {
+    for (int polls = 0;;) {
       auto it = requests_.find(id);
       if (it == requests_.end()) return Error(STRIA_ERROR_INTERNAL, "unknown transport request %lld", (long long)id);
       Request& req = it->second;
@@ -186,6 +241,20 @@ class LocalGroup {
         return s;
       }
       if (gone_[static_cast<size_t>(rank)]) return Aborted(rank);
+      if (req.state == ReqState::kQueued) {  // on the device: polled
+        bool complete = false;
+        Status polled = copier_->Poll(req.done.get(), &complete);
+        if (!polled.ok() || complete) {
+          requests_.erase(it);
+          return polled;
+        }
+        if (Clock::now() >= deadline)
+          return Error(STRIA_ERROR_TIMEOUT,
+                       "timed out after %.3g s waiting for the copy %s rank %d to finish on the device (%s)", timeout_s,
+                       req.is_send ? "to" : "from", req.peer, what);
+        cv_.wait_for(lock, std::chrono::microseconds(polls++ < 64 ? 10 : 100));
+        continue;
+      }
       if (req.state == ReqState::kPosted && gone_[static_cast<size_t>(req.peer)])
         return Error(STRIA_ERROR_TRANSPORT, "rank %d left the group (%s) during %s", req.peer, HowLeft(req.peer), what);
       if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && Clock::now() >= deadline &&
@@ -201,8 +270,17 @@ class LocalGroup {
     unmatched_.erase(
         std::remove_if(unmatched_.begin(), unmatched_.end(), [&](RequestId id) { return requests_[id].owner == rank; }),
         unmatched_.end());
-    // Copies already matched touch our buffers: let them finish (they are short and never block).
+    // Copies already matched touch our buffers: let them finish (they are short and never block),
+    // on the device too (a queued copy waits only for work already queued there).
     cv_.wait(lock, [&] { return inflight_[rank] == 0; });
+    std::vector<std::shared_ptr<void>> queued;
+    for (auto& [id, req] : requests_)
+      if (req.owner == rank && req.state == ReqState::kQueued) queued.push_back(req.done);
+    if (!queued.empty()) {
+      lock.unlock();
+      for (const auto& done : queued) copier_->Finish(done.get());
+      lock.lock();
+    }
     for (auto it = requests_.begin(); it != requests_.end();) {
       it = it->second.owner == rank ? requests_.erase(it) : std::next(it);
     }
@@ -225,6 +303,13 @@ class LocalGroup {
   static Status Aborted(int rank) {
     return Error(STRIA_ERROR_ABORTED, "rank %d was aborted (stria_context_abort) and can only be destroyed", rank);
   }
+  // A copier's event, released by the copier when its last holder lets go.
+  std::shared_ptr<void> Owned(void* event) {
+    std::shared_ptr<BufferCopier> copier = copier_;
+    return std::shared_ptr<void>(event, [copier](void* e) {
+      if (e != nullptr) copier->Release(e);
+    });
+  }
   void Fail(Request& r, const std::string& msg) {
     r.state = ReqState::kFailed;
     r.error = msg;
@@ -244,9 +329,15 @@ class LocalGroup {
       const void* src = s.src;
       void* dst = r.dst;
       size_t bytes = s.bytes;
+      const std::shared_ptr<void> after_send = s.after, after_receive = r.after;
       lock.unlock();
       Status copied;
-      if (bytes && copier_) {
+      std::shared_ptr<void> done;
+      if (bytes && ordered_) {
+        void* event = nullptr;
+        copied = copier_->CopyAfter(rank, dst, src, bytes, after_send.get(), after_receive.get(), &event);
+        done = Owned(event);
+      } else if (bytes && copier_) {
         copied = copier_->Copy(rank, dst, src, bytes);
       } else if (bytes) {
         std::memcpy(dst, src, bytes);
@@ -255,7 +346,10 @@ class LocalGroup {
       // The map may have rehashed while unlocked: look both up again.
       Request& s2 = requests_[job.send];
       Request& r2 = requests_[job.recv];
-      if (copied.ok()) {
+      if (copied.ok() && done != nullptr) {
+        s2.state = r2.state = ReqState::kQueued;
+        s2.done = r2.done = done;
+      } else if (copied.ok()) {
         s2.state = r2.state = ReqState::kDone;
       } else {
         s2.state = r2.state = ReqState::kFailed;
@@ -270,6 +364,8 @@ class LocalGroup {
 
   const int n_;
   const std::shared_ptr<BufferCopier> copier_;
+  const bool ordered_;                         // copies ordered on the device (the copier's)
+  std::vector<std::shared_ptr<void>> marker_;  // per rank: its last OrderAfter's marker
   std::mutex mu_;
   std::condition_variable cv_;       // request completion, arrivals, departures
   std::condition_variable copy_cv_;  // work for the copy threads
@@ -308,6 +404,11 @@ class LocalTransport final : public Transport {
   }
   Status Wait(RequestId req, double timeout_s, const char* what) override {
     return group_->Wait(rank_, req, timeout_s, what);
+  }
+  bool OrdersOnDevice() const override { return group_->ordered(); }
+  Status OrderAfter(void* event) override { return group_->OrderAfter(rank_, event); }
+  Status DeviceWait(RequestId req, void* stream, double timeout_s, const char* what) override {
+    return group_->DeviceWait(rank_, req, stream, timeout_s, what);
   }
   void CancelAll() override { group_->CancelAll(rank_); }
   void Abort() override { group_->Leave(rank_); }

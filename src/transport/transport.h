@@ -49,25 +49,24 @@ class Transport {
   // host queues a step while the device runs the one before:
   // - OrderAfter(event): the transfers launched from now on start, on the device, only after the
   //   work that `event` (a cudaEvent_t just recorded on the device's compute stream) marks;
-  // - DeviceWait(req, stream): the work queued on `stream` (a cudaStream_t of this transport's
-  //   device) from now on starts only once the transfer of `req` is over, launching it if it is
-  //   held back. The request stays this rank's: the engine still Waits for it on the host (for
-  //   its timeout and its faults), only later.
+  // - DeviceWait(req, stream, timeout_s, what): the work queued on `stream` (a cudaStream_t of
+  //   this rank's device) from now on starts only once the transfer of `req` is over, launching it
+  //   if it is held back (a transport that needs the peer's half to launch waits for it, up to
+  //   timeout_s, naming `what`). The request stays this rank's: the engine still Waits for it on
+  //   the host (for its timeout and its faults), only later.
   virtual bool OrdersOnDevice() const { return false; }
   virtual Status OrderAfter(void* event) {
     (void)event;
     return Status(STRIA_ERROR_INTERNAL, "this transport does not order transfers on a device");
   }
-  virtual Status DeviceWait(RequestId req, void* stream) {
-    (void)req, (void)stream;
+  virtual Status DeviceWait(RequestId req, void* stream, double timeout_s, const char* what) {
+    (void)req, (void)stream, (void)timeout_s, (void)what;
     return Status(STRIA_ERROR_INTERNAL, "this transport does not order transfers on a device");
   }
-  // AllGatherInPlace's exchange launched (after OrderAfter's event, like a transfer) without
-  // waiting for it: its completion is *req, for DeviceWait and Wait.
-  virtual Status AllGatherInPlaceOnDevice(void* all, size_t bytes, RequestId* req) {
-    (void)all, (void)bytes, (void)req;
-    return Status(STRIA_ERROR_INTERNAL, "this transport does not order transfers on a device");
-  }
+  // AllGatherInPlace's exchange posted (after OrderAfter's event, like a transfer) without waiting
+  // for it: its requests, for DeviceWait and Wait. The default posts AllGatherInPlace's pairs; a
+  // transport with a collective on such memory (NCCL) returns that one's completion.
+  virtual Status AllGatherInPlaceOnDevice(void* all, size_t bytes, int64_t tag, std::vector<RequestId>* reqs);
   // Thread-safe: makes current and future waits of this rank fail with STRIA_ERROR_ABORTED and
   // tells the peers that this rank has left.
   virtual void Abort() = 0;
@@ -78,20 +77,24 @@ class Transport {
   virtual void LeaveAfterError() { Abort(); }
 };
 
-inline Status Transport::AllGatherInPlace(void* all, size_t bytes, int64_t tag, double timeout_s, const char* what) {
+inline Status Transport::AllGatherInPlaceOnDevice(void* all, size_t bytes, int64_t tag, std::vector<RequestId>* reqs) {
   const int n = world_size(), r = rank();
   char* base = static_cast<char*>(all);
-  std::vector<RequestId> requests;
-  Status st;
-  for (int t = 1; t < n && st.ok(); ++t) {
+  reqs->clear();
+  for (int t = 1; t < n; ++t) {
     const int from = (r - t + n) % n, to = (r + t) % n;
     RequestId id = 0;
-    st = Irecv(from, tag, base + static_cast<size_t>(from) * bytes, bytes, &id);
-    if (!st.ok()) break;
-    requests.push_back(id);
-    st = Isend(to, tag, base + static_cast<size_t>(r) * bytes, bytes, &id);
-    if (st.ok()) requests.push_back(id);
+    STRIA_RETURN_IF_ERROR(Irecv(from, tag, base + static_cast<size_t>(from) * bytes, bytes, &id));
+    reqs->push_back(id);
+    STRIA_RETURN_IF_ERROR(Isend(to, tag, base + static_cast<size_t>(r) * bytes, bytes, &id));
+    reqs->push_back(id);
   }
+  return Status::Ok();
+}
+
+inline Status Transport::AllGatherInPlace(void* all, size_t bytes, int64_t tag, double timeout_s, const char* what) {
+  std::vector<RequestId> requests;
+  Status st = Transport::AllGatherInPlaceOnDevice(all, bytes, tag, &requests);
   for (RequestId id : requests) {
     if (!st.ok()) break;
     st = Wait(id, timeout_s, what);
@@ -105,7 +108,41 @@ inline Status Transport::AllGatherInPlace(void* all, size_t bytes, int64_t tag, 
 class BufferCopier {
  public:
   virtual ~BufferCopier() = default;
+  // Copies and returns once the bytes are there (the group's order on the host).
   virtual Status Copy(int dst_rank, void* dst, const void* src, size_t bytes) = 0;
+
+  // Device ordering (Transport::OrdersOnDevice for a local group on GPUs): the copy is queued on
+  // the device behind two markers and completes there, its completion an event. Markers and
+  // completions are the copier's events (void*), each released once by Release.
+  virtual bool OrdersOnDevice() const { return false; }
+  // A marker that completes with the work `event` (a cudaEvent_t of rank `rank`'s device, just
+  // recorded) marks now, whatever is recorded on `event` later.
+  virtual Status Mark(int rank, void* event, void** marker) {
+    (void)rank, (void)event;
+    *marker = nullptr;
+    return Status(STRIA_ERROR_INTERNAL, "this copier does not order copies on a device");
+  }
+  // Queues the copy into rank dst_rank's buffer after both markers (null: none) and returns its
+  // completion in *done.
+  virtual Status CopyAfter(int dst_rank, void* dst, const void* src, size_t bytes, void* after_send,
+                           void* after_receive, void** done) {
+    (void)dst_rank, (void)dst, (void)src, (void)bytes, (void)after_send, (void)after_receive;
+    *done = nullptr;
+    return Status(STRIA_ERROR_INTERNAL, "this copier does not order copies on a device");
+  }
+  // `stream` (a cudaStream_t) goes on only after `done`.
+  virtual Status StreamWait(void* stream, void* done) {
+    (void)stream, (void)done;
+    return Status(STRIA_ERROR_INTERNAL, "this copier does not order copies on a device");
+  }
+  // Whether `done` has completed (a failed copy is an error); Finish blocks until it has.
+  virtual Status Poll(void* done, bool* complete) {
+    (void)done;
+    *complete = true;
+    return Status::Ok();
+  }
+  virtual void Finish(void* done) { (void)done; }
+  virtual void Release(void* event) { (void)event; }
 };
 
 // N transports joined in this process. Transfers are done by a copy thread per receiving rank,

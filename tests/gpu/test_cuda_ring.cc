@@ -11,6 +11,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "gpu/ring_order_check.h"
 #include "gpu_util.h"
 #include "ring_results.h"
 
@@ -751,6 +752,29 @@ std::vector<Case> GridSweep() {
   simt.strided = true;
   cases.push_back(simt);
   return cases;
+}
+
+// A local group on GPUs keeps its ring's order on the device as NCCL does: its copies wait for
+// both ranks' markers and the compute for the copies (gpu/ring_order_check.h). Three ranks on one
+// device, and spread over two where there are two.
+TEST(CudaLocalGroup, RingOrdersItsStepsOnTheDevice) {
+  STRIA_REQUIRE_GPU();
+  if (stria_cuda_runtime_model_host_waits == nullptr)
+    GTEST_SKIP() << "the host's waits are counted by the CUDA runtime model only";
+  {
+    SCOPED_TRACE("one device");
+    CudaGroup group(3);
+    ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
+    ExpectRingOrderedOnTheDevice(group.ctx, [](int) { return 0; });
+  }
+  int gpus = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&gpus), cudaSuccess);
+  if (gpus < 2) return;
+  SCOPED_TRACE("two devices");
+  const std::vector<int> ordinals{0, 1, 0};
+  CudaGroup group(ordinals);
+  ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
+  ExpectRingOrderedOnTheDevice(group.ctx, [&](int r) { return ordinals[static_cast<size_t>(r)]; });
 }
 
 INSTANTIATE_TEST_SUITE_P(TensorCores, CudaRingVsReference, ::testing::ValuesIn(TensorCoreSweep()), ParamName);

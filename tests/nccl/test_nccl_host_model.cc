@@ -249,7 +249,7 @@ struct DeviceOrder {
     return tr.OrderAfter(ready);
   }
   Status Arrived(RequestId id, int step) {
-    CHECK_OK(tr.DeviceWait(id, stream));
+    CHECK_OK(tr.DeviceWait(id, stream, 30, "a transfer the device waits for"));
     deferred.emplace_back(id, step);
     return Status::Ok();
   }
@@ -386,9 +386,9 @@ Status GatherOnDevice(Transport& tr, uint64_t seq, size_t bytes) {
     for (size_t i = 0; i < bytes; ++i) all[static_cast<size_t>(r) * bytes + i] = static_cast<uint8_t>(r * 31 + i);
   });
   CHECK_OK(order.BeforePosting());
-  RequestId gather = 0;
-  CHECK_OK(tr.AllGatherInPlaceOnDevice(all.data(), bytes, &gather));
-  CHECK_OK(order.Arrived(gather, 0));
+  std::vector<RequestId> gather;
+  CHECK_OK(tr.AllGatherInPlaceOnDevice(all.data(), bytes, Tag(seq, 1, 3), &gather));
+  for (RequestId id : gather) CHECK_OK(order.Arrived(id, 0));
   order.Compute([&] {
     for (int q = 0; q < n; ++q)
       for (size_t i = 0; i < bytes; ++i)

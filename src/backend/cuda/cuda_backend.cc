@@ -146,6 +146,9 @@ class CudaCopier final : public BufferCopier {
       DeviceScope scope(lane.device);
       cudaStreamDestroy(lane.stream);
     }
+    DeviceScope scope(home_);
+    for (cudaStream_t s : marker_streams_)
+      if (s != nullptr) cudaStreamDestroy(s);
   }
   Status Copy(int dst_rank, void* dst, const void* src, size_t bytes) override {
     Lane lane;
@@ -156,6 +159,66 @@ class CudaCopier final : public BufferCopier {
     STRIA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(lane.stream));
     return Status::Ok();
   }
+
+  // Device ordering (transport.h): a rank's marker is an event recorded on a stream of the rank's
+  // own (on the home device; a stream may wait for another device's event) after it waited for
+  // the engine's event, so that the engine may record its event again at once; a copy waits on
+  // the receiver's lane for both halves' markers and records its completion there.
+  bool OrdersOnDevice() const override { return true; }
+  Status Mark(int rank, void* event, void** marker) override {
+    *marker = nullptr;
+    cudaStream_t stream = nullptr;
+    STRIA_RETURN_IF_ERROR(MarkerStream(rank, &stream));
+    DeviceScope scope(home_);
+    STRIA_RETURN_IF_ERROR(scope.status());
+    cudaEvent_t m = nullptr;
+    STRIA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&m, cudaEventDisableTiming));
+    cudaError_t e = cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(event), 0);
+    if (e == cudaSuccess) e = cudaEventRecord(m, stream);
+    if (e != cudaSuccess) {
+      cudaEventDestroy(m);
+      STRIA_CUDA_RETURN_IF_ERROR(e);
+    }
+    *marker = m;
+    return Status::Ok();
+  }
+  Status CopyAfter(int dst_rank, void* dst, const void* src, size_t bytes, void* after_send, void* after_receive,
+                   void** done) override {
+    *done = nullptr;
+    Lane lane;
+    STRIA_RETURN_IF_ERROR(LaneFor(dst_rank, dst, src, &lane));
+    DeviceScope scope(lane.device);
+    STRIA_RETURN_IF_ERROR(scope.status());
+    for (void* m : {after_send, after_receive})
+      if (m != nullptr) STRIA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(lane.stream, static_cast<cudaEvent_t>(m), 0));
+    STRIA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, lane.stream));
+    cudaEvent_t e = nullptr;
+    STRIA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    const cudaError_t recorded = cudaEventRecord(e, lane.stream);
+    if (recorded != cudaSuccess) {
+      cudaEventDestroy(e);
+      STRIA_CUDA_RETURN_IF_ERROR(recorded);
+    }
+    *done = e;
+    return Status::Ok();
+  }
+  Status StreamWait(void* stream, void* done) override {
+    STRIA_CUDA_RETURN_IF_ERROR(
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(done), 0));
+    return Status::Ok();
+  }
+  Status Poll(void* done, bool* complete) override {
+    const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(done));
+    *complete = e == cudaSuccess;
+    if (e == cudaErrorNotReady) {
+      ForgetError(e);
+      return Status::Ok();
+    }
+    STRIA_CUDA_RETURN_IF_ERROR(e);
+    return Status::Ok();
+  }
+  void Finish(void* done) override { ForgetError(cudaEventSynchronize(static_cast<cudaEvent_t>(done))); }
+  void Release(void* event) override { cudaEventDestroy(static_cast<cudaEvent_t>(event)); }
 
  private:
   struct Lane {
@@ -206,10 +269,25 @@ class CudaCopier final : public BufferCopier {
     ForgetError(cudaDeviceEnablePeerAccess(peer, 0));  // already on, or refused: copies are staged then
   }
 
+  // Rank `rank`'s marker stream, made on its first marker.
+  Status MarkerStream(int rank, cudaStream_t* out) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (marker_streams_.size() <= static_cast<size_t>(rank)) marker_streams_.resize(static_cast<size_t>(rank) + 1);
+    cudaStream_t& s = marker_streams_[static_cast<size_t>(rank)];
+    if (s == nullptr) {
+      DeviceScope scope(home_);
+      STRIA_RETURN_IF_ERROR(scope.status());
+      STRIA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    }
+    *out = s;
+    return Status::Ok();
+  }
+
   const int home_;
   std::mutex mu_;
-  std::vector<Lane> lanes_;              // by receiving rank
-  std::set<std::pair<int, int>> peers_;  // (device, peer) pairs already seen
+  std::vector<cudaStream_t> marker_streams_;  // by rank (Mark)
+  std::vector<Lane> lanes_;                   // by receiving rank
+  std::set<std::pair<int, int>> peers_;       // (device, peer) pairs already seen
 };
 
 // The kernel family a context asked for: STRIA_CUDA_KERNELS, or the device's best when unset.

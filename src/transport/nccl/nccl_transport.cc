@@ -419,7 +419,7 @@ class NcclTransport final : public Transport {
     }
     return Status::Ok();
   }
-  Status DeviceWait(RequestId id, void* stream) override {
+  Status DeviceWait(RequestId id, void* stream, double /*timeout_s*/, const char* /*what*/) override {
     Lock lock(mu_);
     STRIA_RETURN_IF_ERROR(UsableLocked());
     auto it = ops_.find(id);
@@ -440,7 +440,7 @@ class NcclTransport final : public Transport {
 
   // GatherInPlaceLocked's collective without the wait: its completion event makes a request of
   // its own (a group of one), which DeviceWait and Wait take like a transfer's.
-  Status AllGatherInPlaceOnDevice(void* all, size_t bytes, RequestId* req) override {
+  Status AllGatherInPlaceOnDevice(void* all, size_t bytes, int64_t /*tag*/, std::vector<RequestId>* reqs) override {
     Lock lock(mu_);
     STRIA_RETURN_IF_ERROR(UsableLocked());
     DeviceScope dev(device_);
@@ -467,7 +467,7 @@ class NcclTransport final : public Transport {
     const RequestId id = next_id_++;
     ops_.emplace(id, op);
     STRIA_RETURN_IF_ERROR(RecordDoneLocked(gid, streams_[kKvLane]));
-    *req = id;
+    reqs->assign(1, id);
     return Status::Ok();
   }
 
