@@ -321,5 +321,21 @@ inline Status GatherOnDevice(Transport& tr, uint64_t seq, size_t bytes) {
   return order.Finish();
 }
 
+// Two rounds of the device-ordered forward, backward and gather over `steps` ring steps (with
+// host_too, each round also the host-ordered forward and backward), from call sequence number
+// `seq` on: ten numbers in all.
+inline Status CallsOnDevice(Transport& tr, uint64_t seq, int steps, bool host_too) {
+  Status s;
+  for (uint64_t round = 0; s.ok() && round < 2; ++round) {
+    const uint64_t at = seq + 5 * round;
+    s = ForwardOnDevice(tr, at, 3000, steps);
+    if (s.ok()) s = BackwardOnDevice(tr, at + 1, 3000, 1000, steps);
+    if (s.ok()) s = GatherOnDevice(tr, at + 2, 777);
+    if (s.ok() && host_too) s = Forward(tr, at + 3, 3000, steps);
+    if (s.ok() && host_too) s = Backward(tr, at + 4, 3000, 1000, steps);
+  }
+  return s;
+}
+
 }  // namespace ring_schedules
 }  // namespace stria

@@ -113,17 +113,12 @@ TEST(NcclHostModel, RingSchedulesOrderedOnTheDevice) {
       SCOPED_TRACE("world " + std::to_string(world) + ", " + std::to_string(steps) + " steps");
       std::vector<Status> out(static_cast<size_t>(world));
       const uint64_t seq = ranks.next_call;
-      ranks.next_call += 6;
+      ranks.next_call += 10;
       Ranks::Run(world, [&](int r) {
         cudaSetDevice(r);
         Transport& tr = *ranks.t[static_cast<size_t>(r)];
         EXPECT_TRUE(tr.OrdersOnDevice());
-        Status s;
-        for (uint64_t call = 0; s.ok() && call < 2; ++call) {
-          s = ForwardOnDevice(tr, seq + 3 * call, 3000, steps);
-          if (s.ok()) s = BackwardOnDevice(tr, seq + 3 * call + 1, 3000, 1000, steps);
-          if (s.ok()) s = GatherOnDevice(tr, seq + 3 * call + 2, 777);
-        }
+        const Status s = CallsOnDevice(tr, seq, steps, /*host_too=*/false);
         if (!s.ok()) tr.Abort();  // the others fail at once, not at their timeout
         out[static_cast<size_t>(r)] = s;
       });
