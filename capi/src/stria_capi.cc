@@ -22,6 +22,7 @@
 #include "layout/plan_balance.h"
 #include "layout/shard.h"
 #include "ring/ring.h"
+#include "ring/ring_order.h"
 #include "serve/decode.h"
 #include "serve/prefill.h"
 #include "transport/module_abi.h"
@@ -84,7 +85,7 @@ Status CheckConfig(const stria_context_config_t* c) {
   if (!stria::ValidTransport(stria::RawEnum(c->transport)))
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "config->transport %d is not a transport (0 local, 1 ucx, 2 nccl)",
                  stria::RawEnum(c->transport));
-  return Status::Ok();
+  return stria::CheckRingOrderSwitch();
 }
 
 double Timeout(const stria_context_config_t* c) {

@@ -1,5 +1,6 @@
 #include "ring/ring_order.h"
 
+#include <strings.h>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -9,10 +10,18 @@ namespace {
 
 bool HostOrderAsked() {
   const char* env = std::getenv("STRIA_RING_ORDER");
-  return env != nullptr && std::strcmp(env, "host") == 0;
+  return env != nullptr && strcasecmp(env, "host") == 0;
 }
 
 }  // namespace
+
+Status CheckRingOrderSwitch() {
+  const char* env = std::getenv("STRIA_RING_ORDER");
+  if (env == nullptr || *env == '\0' || strcasecmp(env, "device") == 0 || strcasecmp(env, "host") == 0)
+    return Status::Ok();
+  return Error(STRIA_ERROR_INVALID_ARGUMENT,
+               "STRIA_RING_ORDER=\"%.64s\" is not one of device, host: use one, or leave it unset", env);
+}
 
 RingOrder::RingOrder(Backend& backend, Transport& transport, double timeout_s)
     : backend_(backend),

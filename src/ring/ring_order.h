@@ -13,7 +13,8 @@
 // compute stream (Backend::MarkBuffers, Transport::OrderAfter), and the compute stream waits for
 // the transfers it reads (Transport::DeviceWait), so the host queues step s + 1 while the device
 // runs step s. The host still waits for every transfer, for its timeout and its faults, one step
-// later (Retire). STRIA_RING_ORDER=host keeps the host's order on such a pair too, to compare.
+// later (Retire). STRIA_RING_ORDER=host keeps the host's order on such a pair too, to compare
+// (`device`, or unset: the default).
 #pragma once
 
 #include <string>
@@ -23,6 +24,10 @@
 #include "transport/transport.h"
 
 namespace stria {
+
+// STRIA_RING_ORDER unset, empty, "device" or "host" (any case); anything else is refused at context
+// creation, naming the variable, rather than quietly taken for the default.
+Status CheckRingOrderSwitch();
 
 class RingOrder {
  public:

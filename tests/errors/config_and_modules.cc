@@ -306,6 +306,32 @@ TEST(Config, CpuIsaIsChecked) {
   unsetenv("STRIA_CPU_ISA");
 }
 
+// STRIA_RING_ORDER (how a ring keeps its compute and transfers apart: device or host) is checked
+// like the other switches: a misspelt value is refused, naming the variable, by stria_context_create
+// and the local groups, rather than quietly taken for the default; either value, in any case, is
+// taken.
+TEST(Config, RingOrderIsChecked) {
+  stria_context_config_t cfg;
+  stria_context_config_init(&cfg);
+  stria_context_t ctx = reinterpret_cast<stria_context_t>(0x99);
+  setenv("STRIA_RING_ORDER", "hots", 1);
+  EXPECT_EQ(stria_context_create(&cfg, &ctx), STRIA_ERROR_INVALID_ARGUMENT);
+  const std::string msg = stria_get_last_error();
+  EXPECT_NE(msg.find("STRIA_RING_ORDER=\"hots\""), std::string::npos) << msg;
+  EXPECT_NE(msg.find("device, host"), std::string::npos) << msg;
+  EXPECT_EQ(ctx, nullptr);
+  stria_context_t group[2] = {nullptr, nullptr};
+  EXPECT_EQ(stria_context_create_local_group(&cfg, 2, group), STRIA_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(group[0], nullptr);
+  for (const char* good : {"host", "HOST", "device", ""}) {
+    setenv("STRIA_RING_ORDER", good, 1);
+    ASSERT_EQ(stria_context_create_local_group(&cfg, 2, group), STRIA_SUCCESS)
+        << good << ": " << stria_get_last_error();
+    for (stria_context_t c : group) EXPECT_EQ(stria_context_destroy(c), STRIA_SUCCESS);
+  }
+  unsetenv("STRIA_RING_ORDER");
+}
+
 // STRIA_CPU_ISA is read when each context is created, not once per process: a context forced
 // onto the generic build after one on the default build runs the generic kernels (its vectors of
 // 4 floats sum in another order than AVX2's 8 or AVX-512's 16, so the outputs differ in their
