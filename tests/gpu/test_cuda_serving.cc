@@ -311,54 +311,107 @@ TEST(CudaDecodeCalls, GenerationLoopMatchesTheReferenceAtEveryStep) {
   }
 }
 
-// Prefill on a CUDA local group, every tensor in device memory; each rank's output back.
-std::vector<std::vector<double>> RunCudaPrefill(const Case& c, uint64_t seed) {
-  PrefillInputs in(c, seed);
-  EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
-  CudaGroup g(c.n);
-  EXPECT_EQ(g.status, STRIA_SUCCESS) << stria_get_last_error();
-  DeviceTensor sinks(in.sinks_t);
+// A prefill call on a CUDA local group, every tensor in device memory: its inputs, each rank's
+// tensors, and its outputs back (Finish).
+struct CudaPrefillCall {
+  Case c;
+  PrefillInputs in;
+  std::unique_ptr<DeviceTensor> sinks;
   std::vector<std::unique_ptr<DeviceCache>> caches;
   std::vector<std::unique_ptr<DeviceTensor>> qs, ks, vs, outs, lses;
   std::vector<Tensor> outs_host, lses_host;
-  for (int r = 0; r < c.n; ++r) {
-    const size_t i = static_cast<size_t>(r);
-    caches.push_back(std::make_unique<DeviceCache>(c, in.caches[i]));
-    qs.push_back(std::make_unique<DeviceTensor>(in.qs[i]));
-    ks.push_back(std::make_unique<DeviceTensor>(in.ks[i]));
-    vs.push_back(std::make_unique<DeviceTensor>(in.vs[i]));
-    outs_host.emplace_back(std::vector<int64_t>{c.B, c.T, c.Hq, c.D}, c.dt);
-    lses_host.emplace_back(std::vector<int64_t>{c.B, c.Hq, c.T}, Dt::kF32);
-    outs.push_back(std::make_unique<DeviceTensor>(outs_host.back()));
-    lses.push_back(std::make_unique<DeviceTensor>(lses_host.back()));
-    outs.back()->Poison();
-    lses.back()->Poison();
+
+  CudaPrefillCall(const Case& cs, uint64_t seed) : c(cs), in(cs, seed) {
+    EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
+    sinks = std::make_unique<DeviceTensor>(in.sinks_t);
+    for (int r = 0; r < c.n; ++r) {
+      const size_t i = static_cast<size_t>(r);
+      caches.push_back(std::make_unique<DeviceCache>(c, in.caches[i]));
+      qs.push_back(std::make_unique<DeviceTensor>(in.qs[i]));
+      ks.push_back(std::make_unique<DeviceTensor>(in.ks[i]));
+      vs.push_back(std::make_unique<DeviceTensor>(in.vs[i]));
+      outs_host.emplace_back(std::vector<int64_t>{c.B, c.T, c.Hq, c.D}, c.dt);
+      lses_host.emplace_back(std::vector<int64_t>{c.B, c.Hq, c.T}, Dt::kF32);
+      outs.push_back(std::make_unique<DeviceTensor>(outs_host.back()));
+      lses.push_back(std::make_unique<DeviceTensor>(lses_host.back()));
+      outs.back()->Poison();
+      lses.back()->Poison();
+    }
   }
-  std::vector<stria_status_t> st(static_cast<size_t>(c.n));
-  std::vector<std::string> err(static_cast<size_t>(c.n));
-  RunRanks(c.n, [&](int r) {
-    cudaSetDevice(0);
-    const size_t i = static_cast<size_t>(r);
-    stria_attention_params_t p = DecodeParams(c, &sinks.dl);
-    stria_kv_cache_t cache;
-    caches[i]->Fill(c, c.lens, &cache);
-    st[i] = stria_attention_prefill(g.ctx[i], &p, &cache, c.mode, &qs[i]->dl, &ks[i]->dl, &vs[i]->dl, &outs[i]->dl,
-                                    &lses[i]->dl, nullptr);
-    if (st[i] != STRIA_SUCCESS) err[i] = stria_get_last_error();
-  });
-  for (int r = 0; r < c.n; ++r) {
-    EXPECT_EQ(st[static_cast<size_t>(r)], STRIA_SUCCESS) << "rank " << r << ": " << err[static_cast<size_t>(r)];
-    if (st[static_cast<size_t>(r)] != STRIA_SUCCESS) return {};
+  // Every rank's call, rank r's on streams[r] (the default stream where there are none).
+  bool Launch(const CudaGroup& g, const std::vector<cudaStream_t>& streams = {}) {
+    std::vector<stria_status_t> st(static_cast<size_t>(c.n));
+    std::vector<std::string> err(static_cast<size_t>(c.n));
+    RunRanks(c.n, [&](int r) {
+      cudaSetDevice(0);
+      const size_t i = static_cast<size_t>(r);
+      stria_attention_params_t p = DecodeParams(c, &sinks->dl);
+      stria_kv_cache_t cache;
+      caches[i]->Fill(c, c.lens, &cache);
+      st[i] = stria_attention_prefill(g.ctx[i], &p, &cache, c.mode, &qs[i]->dl, &ks[i]->dl, &vs[i]->dl, &outs[i]->dl,
+                                      &lses[i]->dl, streams.empty() ? nullptr : streams[i]);
+      if (st[i] != STRIA_SUCCESS) err[i] = stria_get_last_error();
+    });
+    for (int r = 0; r < c.n; ++r)
+      EXPECT_EQ(st[static_cast<size_t>(r)], STRIA_SUCCESS) << "rank " << r << ": " << err[static_cast<size_t>(r)];
+    return !::testing::Test::HasFailure();
   }
+  // After the device is done: each rank's output against the reference.
+  std::vector<std::vector<double>> Finish() {
+    for (int r = 0; r < c.n; ++r) {
+      const size_t i = static_cast<size_t>(r);
+      outs[i]->CopyTo(&outs_host[i]);
+      lses[i]->CopyTo(&lses_host[i]);
+      caches[i]->k->CopyTo(&in.caches[i].k);
+      caches[i]->v->CopyTo(&in.caches[i].v);
+    }
+    return ExpectPrefillResults(c, in, outs_host, lses_host, in.caches);
+  }
+};
+
+std::vector<std::vector<double>> RunCudaPrefill(const Case& c, uint64_t seed) {
+  CudaPrefillCall call(c, seed);
+  CudaGroup g(c.n);
+  EXPECT_EQ(g.status, STRIA_SUCCESS) << stria_get_last_error();
+  if (!call.Launch(g)) return {};
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  for (int r = 0; r < c.n; ++r) {
-    const size_t i = static_cast<size_t>(r);
-    outs[i]->CopyTo(&outs_host[i]);
-    lses[i]->CopyTo(&lses_host[i]);
-    caches[i]->k->CopyTo(&in.caches[i].k);
-    caches[i]->v->CopyTo(&in.caches[i].v);
+  return call.Finish();
+}
+
+// Two prefill calls on one group, the host waiting for neither: the first on streams of the
+// device's least priority, which the runtime model runs late under
+// STRIA_CUDA_MODEL_LEAST_PRIORITY_DELAY_MS (the model:serving_late case), the second at once on
+// other streams. They share each rank's ring buffers, so the second's work must follow the
+// first's on the device whatever the streams; both match the reference.
+TEST(CudaPrefillCalls, ConsecutiveCallsOnTwoStreams) {
+  STRIA_REQUIRE_GPU();
+  Case c;
+  c.n = 2;
+  c.dt = Dt::kF32;
+  c.B = 2;
+  c.T = 4;
+  c.capacity = 32;
+  c.lens = {9, 40};
+  c.mode = STRIA_PREFILL_PASS_KV;
+  CudaGroup g(c.n);
+  ASSERT_EQ(g.status, STRIA_SUCCESS) << stria_get_last_error();
+  int least = 0, greatest = 0;
+  ASSERT_EQ(cudaDeviceGetStreamPriorityRange(&least, &greatest), cudaSuccess);
+  std::vector<cudaStream_t> late(2), soon(2);
+  for (cudaStream_t& s : late) ASSERT_EQ(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, least), cudaSuccess);
+  for (cudaStream_t& s : soon) ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  for (stria_prefill_t mode : {STRIA_PREFILL_PASS_KV, STRIA_PREFILL_PASS_Q}) {
+    SCOPED_TRACE(mode == STRIA_PREFILL_PASS_Q ? "pass-Q" : "pass-KV");
+    c.mode = mode;
+    CudaPrefillCall first(c, 91), second(c, 92);
+    ASSERT_TRUE(first.Launch(g, late));
+    ASSERT_TRUE(second.Launch(g, soon));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    first.Finish();
+    second.Finish();
   }
-  return ExpectPrefillResults(c, in, outs_host, lses_host, in.caches);
+  for (auto* streams : {&late, &soon})
+    for (cudaStream_t s : *streams) cudaStreamDestroy(s);
 }
 
 std::vector<Case> CudaPrefillCases() {

@@ -770,8 +770,8 @@ class CudaBackend final : public Backend {
     a.descale = descale != nullptr ? static_cast<const float*>(descale->data) : nullptr;
     a.descale_step = descale != nullptr && descale->shape[0] > 1 ? 1 : 0;
     a.dst = dst;
-    DeviceScope scope(device_);
-    STRIA_RETURN_IF_ERROR(scope.status());
+    OnStream on(this, stream);
+    STRIA_RETURN_IF_ERROR(on.status());
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchWidenFp8(ElemOf(to), a, static_cast<cudaStream_t>(stream)));
     return Status::Ok();
   }
@@ -815,8 +815,14 @@ class CudaBackend final : public Backend {
   // Decode and prefill over a sharded KV cache (cuda_decode.cc; prefill's ring packs its messages
   // with PackBox and attends with Decode).
   Status CheckServingSupported(bool /*prefill*/) const override { return Status::Ok(); }
-  Status Decode(const DecodeWork& work, float* partial) override { return decoder_.Decode(work, partial); }
+  Status Decode(const DecodeWork& work, float* partial) override {
+    OnStream on(this, work.stream);
+    STRIA_RETURN_IF_ERROR(on.status());
+    return decoder_.Decode(work, partial);
+  }
   Status StoreTokens(const DecodeShape& shape, const std::vector<CacheAppend>& appends, void* stream) override {
+    OnStream on(this, stream);
+    STRIA_RETURN_IF_ERROR(on.status());
     return decoder_.StoreTokens(shape, appends, static_cast<cudaStream_t>(stream));
   }
   // Every rank's records are merged where they lie, by one kernel writing out and lse on the
@@ -824,6 +830,8 @@ class CudaBackend final : public Backend {
   bool MergesOnDevice() const override { return true; }
   Status DecodeMerge(const DecodeWork& work, const float* all, int world_size, const TensorView* sinks,
                      const TensorView& out, const TensorView* lse) override {
+    OnStream on(this, work.stream);
+    STRIA_RETURN_IF_ERROR(on.status());
     return decoder_.MergeOnDevice(work, all, world_size, sinks, out, lse, static_cast<cudaStream_t>(work.stream));
   }
 
@@ -871,8 +879,8 @@ class CudaBackend final : public Backend {
   }
   Status LaunchBox(const TensorView& box, const cuda::BoxArgs& a, void* stream) {
     if (box.ndim < 1 || box.ndim > 4) return Error(STRIA_ERROR_INTERNAL, "a grid's box has %d dimensions", box.ndim);
-    DeviceScope scope(device_);
-    STRIA_RETURN_IF_ERROR(scope.status());
+    OnStream on(this, stream);
+    STRIA_RETURN_IF_ERROR(on.status());
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchBoxSum(ElemOf(box.dtype), a, static_cast<cudaStream_t>(stream)));
     return Status::Ok();
   }
@@ -905,6 +913,37 @@ class CudaBackend final : public Backend {
     STRIA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
     return Status::Ok();
   }
+
+  // Work queued on a stream the call names rather than the backend's (the serving calls, a grid's
+  // boxes, FP8 widening) follows on the device everything this backend queued before, whatever its
+  // stream, and marks its end for the next (handoff_): the ring buffers and workspaces are shared
+  // by every kind of call, and consecutive calls may come on different streams.
+  class OnStream {
+   public:
+    OnStream(CudaBackend* b, void* stream) : b_(b), scope_(b->device_), stream_(static_cast<cudaStream_t>(stream)) {
+      status_ = scope_.status();
+      if (status_.ok() && b_->handoff_ == nullptr) {
+        const cudaError_t e = cudaEventCreateWithFlags(&b_->handoff_, cudaEventDisableTiming);
+        if (e != cudaSuccess) status_ = CudaStatus(e, "cudaEventCreateWithFlags");
+      }
+      if (status_.ok()) {
+        const cudaError_t e = cudaStreamWaitEvent(stream_, b_->handoff_, 0);
+        if (e != cudaSuccess) status_ = CudaStatus(e, "cudaStreamWaitEvent");
+      }
+    }
+    ~OnStream() {
+      if (status_.ok()) ForgetError(cudaEventRecord(b_->handoff_, stream_));
+    }
+    OnStream(const OnStream&) = delete;
+    OnStream& operator=(const OnStream&) = delete;
+    const Status& status() const { return status_; }
+
+   private:
+    CudaBackend* b_;
+    DeviceScope scope_;
+    cudaStream_t stream_;
+    Status status_;
+  };
 
   class Queued {
    public:
