@@ -106,15 +106,7 @@ class LocalGroup {
         lock.unlock();
         return copier_->StreamWait(stream, done.get());
       }
-      if (gone_[static_cast<size_t>(rank)]) return Aborted(rank);
-      if (req.state == ReqState::kPosted && gone_[static_cast<size_t>(req.peer)])
-        return Error(STRIA_ERROR_TRANSPORT, "rank %d left the group (%s) during %s", req.peer, HowLeft(req.peer), what);
-      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && Clock::now() >= deadline) {
-        const Request& late = requests_[id];
-        if (late.state == ReqState::kPosted)
-          return Error(STRIA_ERROR_TIMEOUT, "timed out after %.3g s waiting for rank %d to %s (%s)", timeout_s,
-                       late.peer, late.is_send ? "receive" : "send", what);
-      }
+      STRIA_RETURN_IF_ERROR(AwaitProgress(lock, rank, id, deadline, timeout_s, what));
     }
   }
 
@@ -255,13 +247,7 @@ class LocalGroup {
         cv_.wait_for(lock, std::chrono::microseconds(polls++ < 64 ? 10 : 100));
         continue;
       }
-      if (req.state == ReqState::kPosted && gone_[static_cast<size_t>(req.peer)])
-        return Error(STRIA_ERROR_TRANSPORT, "rank %d left the group (%s) during %s", req.peer, HowLeft(req.peer), what);
-      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && Clock::now() >= deadline &&
-          requests_[id].state == ReqState::kPosted) {
-        return Error(STRIA_ERROR_TIMEOUT, "timed out after %.3g s waiting for rank %d to %s (%s)", timeout_s, req.peer,
-                     req.is_send ? "receive" : "send", what);
-      }
+      STRIA_RETURN_IF_ERROR(AwaitProgress(lock, rank, id, deadline, timeout_s, what));
     }
   }
 
@@ -302,6 +288,23 @@ class LocalGroup {
   }
   static Status Aborted(int rank) {
     return Error(STRIA_ERROR_ABORTED, "rank %d was aborted (stria_context_abort) and can only be destroyed", rank);
+  }
+  // One wait (mu_ held) for request `id`, not yet done or queued, to get further: an error when
+  // this rank was aborted, when the peer left before posting its half, or when the deadline
+  // passed with the half still missing; otherwise OK once woken, for the caller to look again.
+  Status AwaitProgress(std::unique_lock<std::mutex>& lock, int rank, RequestId id, Clock::time_point deadline,
+                       double timeout_s, const char* what) {
+    if (gone_[static_cast<size_t>(rank)]) return Aborted(rank);
+    const Request& req = requests_[id];
+    if (req.state == ReqState::kPosted && gone_[static_cast<size_t>(req.peer)])
+      return Error(STRIA_ERROR_TRANSPORT, "rank %d left the group (%s) during %s", req.peer, HowLeft(req.peer), what);
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && Clock::now() >= deadline) {
+      const Request& late = requests_[id];  // the map may have rehashed meanwhile
+      if (late.state == ReqState::kPosted)
+        return Error(STRIA_ERROR_TIMEOUT, "timed out after %.3g s waiting for rank %d to %s (%s)", timeout_s, late.peer,
+                     late.is_send ? "receive" : "send", what);
+    }
+    return Status::Ok();
   }
   // A copier's event, released by the copier when its last holder lets go.
   std::shared_ptr<void> Owned(void* event) {

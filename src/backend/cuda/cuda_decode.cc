@@ -37,34 +37,17 @@ cuda::DecodeFinishArgs FinishArgs(const DecodeWork& w, const TensorView& out, co
 
 }  // namespace
 
+// The uploads may still be reading the page-locked tables; the device buffers are freed by
+// cudaFree, which waits for the device.
 CudaDecoder::~CudaDecoder() {
   DeviceScope scope(device_);
-  if (done_ != nullptr) {
-    cudaEventSynchronize(done_);
-    cudaEventDestroy(done_);
-  }
   for (Staging& st : staging_)
-    if (st.uploaded != nullptr) cudaEventDestroy(st.uploaded);
+    if (st.uploaded != nullptr) {
+      cudaEventSynchronize(st.uploaded);
+      cudaEventDestroy(st.uploaded);
+    }
   for (DeviceBuffer* b : {&tables_dev_, &states_}) b->Release();
   for (Staging& st : staging_) st.buffer.Release();
-}
-
-// The previous call's kernels read this decoder's device buffers: this call's work follows them
-// on the device, whatever stream either runs on (on one stream the order holds anyway). The host
-// does not wait: a decode over NCCL no longer waits for its own kernels, and a caller may queue
-// the next call while the device runs this one.
-Status CudaDecoder::AfterPreviousCall(cudaStream_t stream) {
-  if (done_ == nullptr) {
-    STRIA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
-    return Status::Ok();
-  }
-  STRIA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, done_, 0));
-  return Status::Ok();
-}
-
-Status CudaDecoder::Done(cudaStream_t stream) {
-  STRIA_CUDA_RETURN_IF_ERROR(cudaEventRecord(done_, stream));
-  return Status::Ok();
 }
 
 // The call's tables, laid out in staging_ by Stage, in one copy: one copy's fixed cost however many
@@ -119,13 +102,12 @@ Status CudaDecoder::StoreTokens(const DecodeShape& s, const std::vector<CacheApp
   if (appends.empty()) return Status::Ok();
   DeviceScope scope(device_);
   STRIA_RETURN_IF_ERROR(scope.status());
-  STRIA_RETURN_IF_ERROR(AfterPreviousCall(stream));
   staged_ = 0;
   const size_t copies_at = CollectCopies(appends);
   STRIA_RETURN_IF_ERROR(Stage({{copies_at, copies_.data(), copies_.size() * sizeof(cuda::TokenCopy)}}));
   STRIA_RETURN_IF_ERROR(UploadTables(stream));
   STRIA_RETURN_IF_ERROR(LaunchStore(s, copies_at, stream));
-  return Done(stream);
+  return Status::Ok();
 }
 
 size_t CudaDecoder::CollectCopies(const std::vector<CacheAppend>& appends) {
@@ -151,7 +133,6 @@ Status CudaDecoder::Decode(const DecodeWork& w, float* partial) {
   cudaStream_t stream = static_cast<cudaStream_t>(w.stream);
   DeviceScope scope(device_);
   STRIA_RETURN_IF_ERROR(scope.status());
-  STRIA_RETURN_IF_ERROR(AfterPreviousCall(stream));
 
   // The tensor-core kernel takes 16-bit rows of whole 16-byte chunks at its head dims; whether
   // the cache's rows are such is a property of its base address and strides, segment by segment.
@@ -259,7 +240,7 @@ Status CudaDecoder::Decode(const DecodeWork& w, float* partial) {
     STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchDecodeMergeFinish(
         ElemOfDType(s.dtype), m, FinishArgs(w, *w.finish_out, w.finish_lse, w.finish_sinks), stream));
   }
-  return Done(stream);
+  return Status::Ok();
 }
 
 Status CudaDecoder::MergeOnDevice(const DecodeWork& w, const float* all, int world_size, const TensorView* sinks,
@@ -272,7 +253,7 @@ Status CudaDecoder::MergeOnDevice(const DecodeWork& w, const float* all, int wor
   a.world = world_size;
   a.record_stride = static_cast<int64_t>(DecodePartialFloats(s));
   STRIA_CUDA_RETURN_IF_ERROR(cuda::LaunchDecodeFinish(ElemOfDType(s.dtype), a, stream));
-  return Done(stream);
+  return Status::Ok();
 }
 
 }  // namespace stria

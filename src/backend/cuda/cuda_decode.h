@@ -2,7 +2,10 @@
 // DecodeMerge): the work items planned on the host, the kernels of kernels/cuda/decode.cuh
 // on the call's stream, and the merge of every rank's records, which the engine gathers into
 // device memory, by one kernel (in double and in rank order, as the CPU backend's merge on the
-// host) writing the call's out and lse: a decode step never waits for a copy to the host.
+// host) writing the call's out and lse: a decode step never waits for a copy to the host. Its
+// device buffers are reused from call to call: the backend orders each call after the previous
+// one on the device, whatever their streams (CudaBackend's OnStream), and the host waits for
+// neither.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -34,8 +37,6 @@ class CudaDecoder {
   // with the sinks into out and lse (if given) by one kernel on `stream`.
   Status MergeOnDevice(const DecodeWork& w, const float* all, int world_size, const TensorView* sinks,
                        const TensorView& out, const TensorView* lse, cudaStream_t stream);
-  // Marks the end of the call's work on `stream`: the next call reuses the buffers after it.
-  Status Done(cudaStream_t stream);
 
  private:
   // A table of the call's upload: `bytes` from `src` to offset `at` (Layout's).
@@ -44,7 +45,6 @@ class CudaDecoder {
     const void* src;
     size_t bytes;
   };
-  Status AfterPreviousCall(cudaStream_t stream);
   size_t Layout(size_t bytes);
   Status Stage(std::initializer_list<Table> tables);
   Status UploadTables(cudaStream_t stream);
@@ -56,7 +56,6 @@ class CudaDecoder {
   const int device_;
   const bool tensor_cores_;
   int sms_ = 0;
-  cudaEvent_t done_ = nullptr;  // recorded at the end of the last call's work (Done)
   std::vector<cuda::DecodePiece> pieces_;
   std::vector<cuda::DecodeItem> items_;
   std::vector<int64_t> first_item_;
