@@ -36,6 +36,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <utility>
@@ -344,7 +345,9 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     DeviceScope scope(device_);
     if (handoff_ != nullptr) cudaEventSynchronize(handoff_);
-    for (Staging* st_ptr : {&staging_[0], &staging_[1], &staging_[2], &home_staging_}) {
+    std::vector<Staging*> all{&home_staging_};
+    for (auto& st : staging_) all.push_back(st.get());
+    for (Staging* st_ptr : all) {
       Staging& st = *st_ptr;
       if (st.copied == nullptr) continue;
       cudaEventSynchronize(st.copied);  // its host buffer is freed with this backend
@@ -1017,18 +1020,38 @@ class CudaBackend final : public Backend {
   }
 
   // A document mask's bounds for the block at hand ([B][L] lo, then hi, from the ring: host
-  // memory it reuses at the next step) go to the device on the compute stream, through one of three
-  // page-locked host staging buffers in turn (a copy from pageable memory may wait for the stream's
-  // earlier work on the host). A buffer is refilled only once its previous copy has run, and that
-  // copy is two blocks back: the ring's host has by then seen the transfer of the step after it
-  // through, which followed the copy on the device (a fence, or the transport's device ordering),
-  // so refilling never waits. With busy_tiles, the forward's list of query tiles with work goes in
-  // the same copy (MaskArgs::tiles).
+  // memory it reuses at the next step) go to the device on the compute stream, through a
+  // page-locked host staging buffer (a copy from pageable memory may wait for the stream's earlier
+  // work on the host). A buffer is refilled only once its last copy has run: the first one, in
+  // turn, whose copy has, or a new one while there are fewer than kMaxStaging. The host runs only a
+  // few blocks ahead of the device (with the ring's order on the device it waits for each step's
+  // transfers a step later; the last steps of a call and the first of the next are the most it
+  // gets ahead), so refilling never waits. With busy_tiles, the forward's list of query tiles with
+  // work goes in the same copy (MaskArgs::tiles).
+  static constexpr size_t kMaxStaging = 8;
   struct Staging;  // below, with the members
   Status UploadDocuments(const BlockMask& mask, cuda::MaskArgs* m, bool busy_tiles = false) {
-    Staging& st = staging_[next_staging_];
-    next_staging_ = (next_staging_ + 1) % 3;
-    return UploadDocumentsTo(mask, m, busy_tiles, &docs_, &st, stream_);
+    return UploadDocumentsTo(mask, m, busy_tiles, &docs_, FreeStaging(), stream_);
+  }
+  Staging* FreeStaging() {
+    for (size_t k = 0; k < staging_.size(); ++k) {
+      const size_t i = (next_staging_ + k) % staging_.size();
+      Staging& st = *staging_[i];
+      const cudaError_t q = st.copied == nullptr ? cudaSuccess : cudaEventQuery(st.copied);
+      if (q == cudaErrorNotReady) ForgetError(q);
+      if (q == cudaSuccess) {
+        next_staging_ = (i + 1) % staging_.size();
+        return &st;
+      }
+    }
+    if (staging_.size() < kMaxStaging) {
+      staging_.push_back(std::make_unique<Staging>());
+      next_staging_ = 0;
+      return staging_.back().get();
+    }
+    Staging& oldest = *staging_[next_staging_];  // UploadDocumentsTo waits for its copy
+    next_staging_ = (next_staging_ + 1) % staging_.size();
+    return &oldest;
   }
   // The same into `dst` through `st` on `stream`: the home part's bounds go to a buffer of their
   // own, which no later step of the ring overwrites while the part may still read it, through a
@@ -1248,8 +1271,8 @@ class CudaBackend final : public Backend {
     size_t words = 0;
     cudaEvent_t copied = nullptr;  // recorded after the copy out of `bounds`
   };
-  Staging staging_[3];
-  int next_staging_ = 0;
+  std::vector<std::unique_ptr<Staging>> staging_;  // FreeStaging's
+  size_t next_staging_ = 0;
   // A plan's home part (DetachesHome): while detached_, stream_ is ring_stream_ and the caller's
   // stream is caller_; the ring's blocks own rows [0, ring_rows_) (L otherwise).
   bool detached_ = false;
