@@ -159,14 +159,15 @@ Status GetStaging(Context& ctx, const GridCall& g, Staging* s) {
   return Status::Ok();
 }
 
-// Every chunk's inputs packed, one fence, then posted (chunk k's as phase k). The phases go up in
-// the order a member posts them to its peers (the inputs, then each chunk's outputs as phase
-// chunks + k), as a transport that matches messages in posting order checks (NCCL's).
-Status PostInputs(Context& ctx, uint64_t seq, const GridCall& g, Staging* s, void* stream) {
+// Every chunk's inputs packed, the transfers ordered after the packing once, then posted (chunk
+// k's as phase k). The phases go up in the order a member posts them to its peers (the inputs,
+// then each chunk's outputs as phase chunks + k), as a transport that matches messages in posting
+// order checks (NCCL's).
+Status PostInputs(Context& ctx, RingOrder& order, uint64_t seq, const GridCall& g, Staging* s, void* stream) {
   for (size_t k = 0; k < g.in.size(); ++k)
     STRIA_RETURN_IF_ERROR(
         PackExchange(ctx, g.in[k], s->in_send + s->in_send_at[k], s->in_receive + s->in_receive_at[k], stream));
-  const Status st = ctx.backend().SyncStream(stream);
+  const Status st = order.BeforePosting();
   if (!st.ok()) return ctx.Fail(st);
   for (size_t k = 0; k < g.in.size(); ++k)
     STRIA_RETURN_IF_ERROR(PostExchange(ctx, seq, static_cast<int>(k), g.in[k], s->in_send + s->in_send_at[k],
@@ -174,31 +175,34 @@ Status PostInputs(Context& ctx, uint64_t seq, const GridCall& g, Staging* s, voi
   return Status::Ok();
 }
 
-Status FinishInputs(Context& ctx, const char* what, const GridCall& g, int k, const Staging& s, void* stream) {
+Status FinishInputs(Context& ctx, RingOrder& order, const char* what, const GridCall& g, int k, const Staging& s,
+                    void* stream) {
   const size_t kk = static_cast<size_t>(k);
-  return FinishExchange(ctx, what, g.in[kk], s.in_pending[kk], s.in_receive + s.in_receive_at[kk], stream);
+  return FinishExchange(ctx, order, what, g.in[kk], s.in_pending[kk], s.in_receive + s.in_receive_at[kk], stream);
 }
 
 // Chunk k's outputs, once its ring is done: packed behind its compute, then posted (phase
 // chunks + k).
-Status PostOutputs(Context& ctx, uint64_t seq, const GridCall& g, int k, Staging* s, void* stream) {
+Status PostOutputs(Context& ctx, RingOrder& order, uint64_t seq, const GridCall& g, int k, Staging* s, void* stream) {
   const size_t kk = static_cast<size_t>(k);
   char* send = s->out_send + s->out_send_at[kk];
   char* receive = s->out_receive + s->out_receive_at[kk];
   STRIA_RETURN_IF_ERROR(PackExchange(ctx, g.out[kk], send, receive, stream));
-  const Status st = ctx.backend().SyncStream(stream);
+  const Status st = order.BeforePosting();
   if (!st.ok()) return ctx.Fail(st);
   return PostExchange(ctx, seq, g.chunks + k, g.out[kk], send, receive, &s->out_pending[kk]);
 }
 
-// Every chunk's outputs in, and the call's end: an asynchronous backend's unpacking must be done
-// before the next call's exchange reuses the staging (the ring's own buffers are handed over by the
-// backend's Begin call; these are not).
-Status FinishOutputs(Context& ctx, const char* what, const GridCall& g, const Staging& s, void* stream) {
+// Every chunk's outputs in, and the call's end once the host has seen every transfer complete. The
+// unpacking may still be queued on the stream, like any call's work: the next call's exchange,
+// which reuses the staging, follows it (its packing follows everything this call queued, on the
+// backend's order of calls, and its transfers follow its packing).
+Status FinishOutputs(Context& ctx, RingOrder& order, const char* what, const GridCall& g, const Staging& s,
+                     void* stream) {
   for (size_t k = 0; k < g.out.size(); ++k)
     STRIA_RETURN_IF_ERROR(
-        FinishExchange(ctx, what, g.out[k], s.out_pending[k], s.out_receive + s.out_receive_at[k], stream));
-  Status st = ctx.backend().SyncStream(stream);
+        FinishExchange(ctx, order, what, g.out[k], s.out_pending[k], s.out_receive + s.out_receive_at[k], stream));
+  const Status st = order.Finish();
   return st.ok() ? st : ctx.Fail(st);
 }
 
@@ -214,18 +218,24 @@ void AddStepTimes(Context& ctx, std::vector<StepTime>* sum) {
 }
 
 // What both directions run after the agreement: every chunk's inputs posted; per chunk, its inputs
-// in, its ring (ring(rc): the backend's Begin and the ring's steps), its outputs posted. The call's
-// step times are the chunks' sums. The outputs are finished by the caller.
+// in, its ring (ring(rc, &order): the backend's Begin and the ring's steps, whose host waits first
+// wait for the inputs), its outputs posted. The call's step times are the chunks' sums. The
+// outputs are finished by the caller.
+//
+// `order` keeps the exchanges' order as the ring keeps its steps' (ring_order.h): on the device the
+// transfers wait for the packing's event and the stream for the transfers, and the host queues the
+// whole call without waiting for the stream.
 template <typename Ring>
-Status RunChunks(Context& ctx, uint64_t seq, const GridCall& g, Staging* s, void* stream, const char* what_in,
-                 Ring ring) {
-  STRIA_RETURN_IF_ERROR(PostInputs(ctx, seq, g, s, stream));
+Status RunChunks(Context& ctx, RingOrder& order, uint64_t seq, const GridCall& g, Staging* s, void* stream,
+                 const char* what_in, Ring ring) {
+  STRIA_RETURN_IF_ERROR(PostInputs(ctx, order, seq, g, s, stream));
   std::vector<StepTime> times;
   for (int k = 0; k < g.chunks; ++k) {
-    STRIA_RETURN_IF_ERROR(FinishInputs(ctx, what_in, g, k, *s, stream));
-    STRIA_RETURN_IF_ERROR(ring(g.rc[static_cast<size_t>(k)]));
+    order.Step(k);
+    STRIA_RETURN_IF_ERROR(FinishInputs(ctx, order, what_in, g, k, *s, stream));
+    STRIA_RETURN_IF_ERROR(ring(g.rc[static_cast<size_t>(k)], &order));
     AddStepTimes(ctx, &times);
-    STRIA_RETURN_IF_ERROR(PostOutputs(ctx, seq, g, k, s, stream));
+    STRIA_RETURN_IF_ERROR(PostOutputs(ctx, order, seq, g, k, s, stream));
   }
   ctx.step_times() = times;
   return Status::Ok();
@@ -293,12 +303,13 @@ Status GridForward(Context& ctx, const ValidatedCall& c, Status local) {
   STRIA_RETURN_IF_ERROR(AgreeOnCall(ctx, RingOp::kForward, local, c, &seq));
   ctx.traffic() = Traffic();
   void* stream = c.stream;
-  STRIA_RETURN_IF_ERROR(
-      RunChunks(ctx, seq, g, &stage, stream, "the all-to-all of q, k and v", [&](const ValidatedCall& rc) {
-        const Status st = ctx.backend().ForwardBegin(rc.shape, rc.q, stream);
-        return st.ok() ? ForwardSteps(ctx, ring, rc, seq, b) : ctx.Fail(st);
-      }));
-  return FinishOutputs(ctx, "the all-to-all of out and lse", g, stage, stream);
+  RingOrder order(ctx.backend(), ctx.transport(), ctx.timeout_s(), stream);
+  STRIA_RETURN_IF_ERROR(RunChunks(ctx, order, seq, g, &stage, stream, "the all-to-all of q, k and v",
+                                  [&](const ValidatedCall& rc, RingOrder* earlier) {
+                                    const Status st = ctx.backend().ForwardBegin(rc.shape, rc.q, stream);
+                                    return st.ok() ? ForwardSteps(ctx, ring, rc, seq, b, earlier) : ctx.Fail(st);
+                                  }));
+  return FinishOutputs(ctx, order, "the all-to-all of out and lse", g, stage, stream);
 }
 
 Status GridBackward(Context& ctx, const ValidatedCall& c, Status local) {
@@ -332,11 +343,13 @@ Status GridBackward(Context& ctx, const ValidatedCall& c, Status local) {
   STRIA_RETURN_IF_ERROR(AgreeOnCall(ctx, RingOp::kBackward, local, c, &seq));
   ctx.traffic() = Traffic();
   void* stream = c.stream;
-  STRIA_RETURN_IF_ERROR(RunChunks(
-      ctx, seq, g, &stage, stream, "the all-to-all of q, k, v, out, dout and lse", [&](const ValidatedCall& rc) {
-        const Status st = ctx.backend().BackwardBegin(rc.shape, rc.q, rc.out, rc.lse, rc.dout, stream);
-        return st.ok() ? BackwardSteps(ctx, ring, rc, seq, b) : ctx.Fail(st);
-      }));
+  RingOrder order(ctx.backend(), ctx.transport(), ctx.timeout_s(), stream);
+  STRIA_RETURN_IF_ERROR(RunChunks(ctx, order, seq, g, &stage, stream, "the all-to-all of q, k, v, out, dout and lse",
+                                  [&](const ValidatedCall& rc, RingOrder* earlier) {
+                                    const Status st =
+                                        ctx.backend().BackwardBegin(rc.shape, rc.q, rc.out, rc.lse, rc.dout, stream);
+                                    return st.ok() ? BackwardSteps(ctx, ring, rc, seq, b, earlier) : ctx.Fail(st);
+                                  }));
   if (c.dsinks_given) {
     // This rank's part of the sinks' gradient covers its heads (over its group's tokens): the
     // others' entries are 0 (a sum of no parts), so that the ranks' parts still add up.
@@ -347,7 +360,7 @@ Status GridBackward(Context& ctx, const ValidatedCall& c, Status local) {
       if (!st.ok()) return ctx.Fail(st);
     }
   }
-  return FinishOutputs(ctx, "the all-to-all of dq, dk and dv", g, stage, stream);
+  return FinishOutputs(ctx, order, "the all-to-all of dq, dk and dv", g, stage, stream);
 }
 
 }  // namespace stria

@@ -132,20 +132,17 @@ Status PostExchange(Context& ctx, uint64_t seq, int phase, const Exchange& x, vo
   return st.ok() ? st : ctx.Fail(st);
 }
 
-Status FinishExchange(Context& ctx, const char* what, const Exchange& x, const PendingExchange& pending, void* receive,
-                      void* stream) {
+Status FinishExchange(Context& ctx, RingOrder& order, const char* what, const Exchange& x,
+                      const PendingExchange& pending, void* receive, void* stream) {
   const int U = ctx.ulysses_size(), u = ctx.group_rank(), base = ctx.ring_rank() * U;
-  Transport& tr = ctx.transport();
   Status st;
   for (int m = 0; m < U && st.ok(); ++m) {
     if (m == u) continue;
-    const std::string text = Format("%s from rank %d", what, base + m);
-    st = tr.Wait(pending.recvs[static_cast<size_t>(m)], ctx.timeout_s(), text.c_str());
+    st = order.Arrived(pending.recvs[static_cast<size_t>(m)], Format("%s from rank %d", what, base + m));
   }
   for (int m = 0; m < U && st.ok(); ++m) {
     if (m == u) continue;
-    const std::string text = Format("%s to rank %d", what, base + m);
-    st = tr.Wait(pending.sends[static_cast<size_t>(m)], ctx.timeout_s(), text.c_str());
+    st = order.Arrived(pending.sends[static_cast<size_t>(m)], Format("%s to rank %d", what, base + m));
   }
   if (!st.ok()) return ctx.Fail(st);
   // Unpack, member by member; a box that several members fill (a shared K/V head's gradient) once,
@@ -153,17 +150,17 @@ Status FinishExchange(Context& ctx, const char* what, const Exchange& x, const P
   // equal shares of heads and tokens), so the parts of one box lie one message apart.
   const Offsets at = OffsetsOf(x);
   std::map<const void*, std::vector<const char*>> sums;
-  std::vector<const Box*> order;
+  std::vector<const Box*> boxes;  // in the order first met
   for (int m = 0; m < U; ++m) {
     const char* src = static_cast<const char*>(receive) + at.receive[static_cast<size_t>(m)];
     for (const Box& b : x.from[static_cast<size_t>(m)]) {
       auto& list = sums[b.data];
-      if (list.empty()) order.push_back(&b);
+      if (list.empty()) boxes.push_back(&b);
       list.push_back(src);
       src += BoxBytes(b);
     }
   }
-  for (const Box* b : order) {
+  for (const Box* b : boxes) {
     const auto& srcs = sums[b->data];
     const size_t step = srcs.size() > 1 ? static_cast<size_t>(srcs[1] - srcs[0]) : 0;
     for (size_t k = 2; k < srcs.size(); ++k)

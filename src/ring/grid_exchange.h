@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "engine/context.h"
+#include "ring/ring_order.h"
 
 namespace stria {
 
@@ -32,18 +33,21 @@ struct Exchange {
 // several phases in flight (a grid's head chunks) while it computes. `send` and `receive` (ring
 // buffers) hold at least SendBytes and ReceiveBytes.
 //  - PackExchange packs every message into `send` (this member's own share straight into
-//    `receive`) on `stream`, the call's: the caller synchronises the stream before posting.
+//    `receive`) on `stream`, the call's: the caller orders the posting after it
+//    (RingOrder::BeforePosting: on the host, a synchronisation of the stream; on the device, the
+//    transfers wait for an event of it).
 //  - PostExchange posts the receives and sends, tagged by the call's `seq` and `phase`, and adds
 //    the bytes sent to other members to ctx.traffic().
-//  - FinishExchange waits for them (`what` names the phase in timeout messages) and queues the
-//    unpacking on `stream`.
+//  - FinishExchange hands them to `order` (RingOrder::Arrived: waited for on the host, or by the
+//    stream with the host's wait deferred; `what` names the phase in timeout messages) and queues
+//    the unpacking on `stream`.
 struct PendingExchange {
   std::vector<RequestId> recvs, sends;
 };
 Status PackExchange(Context& ctx, const Exchange& x, void* send, void* receive, void* stream);
 Status PostExchange(Context& ctx, uint64_t seq, int phase, const Exchange& x, void* send, void* receive,
                     PendingExchange* pending);
-Status FinishExchange(Context& ctx, const char* what, const Exchange& x, const PendingExchange& pending, void* receive,
-                      void* stream);
+Status FinishExchange(Context& ctx, RingOrder& order, const char* what, const Exchange& x,
+                      const PendingExchange& pending, void* receive, void* stream);
 
 }  // namespace stria

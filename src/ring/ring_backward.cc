@@ -54,7 +54,8 @@ Status RingBackward(Context& ctx, const BackwardCall& call) {
   return BackwardSteps(ctx, g, c, seq, b);
 }
 
-Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, uint64_t seq, const BackwardBuffers& b) {
+Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, uint64_t seq, const BackwardBuffers& b,
+                     RingOrder* earlier) {
   const int n = g.n, r = g.r, next = g.Next(), prev = g.Prev();
   Backend& be = ctx.backend();
   Transport& tr = ctx.transport();
@@ -68,6 +69,7 @@ Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, u
   void* const own = b.own;
   JoinDetachedOnExit join(be);
   RingOrder order(be, tr, ctx.timeout_s());
+  order.After(earlier);
   // Packing the local block is step 0's work (a backend may do some of it in the block call).
   StepTimer pack_timer(be);
   pack_timer.ComputeBegin();

@@ -9,6 +9,8 @@
 
 namespace stria {
 
+class RingOrder;  // ring_order.h
+
 // kPartial: a prefill's partial results going home, a decode's records gathered on the device
 // (their step is never 0: a transport's own all-gather may tag its messages as kind 3 at step 0,
 // the UCX one does); kGrid: a grid's all-to-all within its group, its phase in the step field (the
@@ -82,7 +84,10 @@ struct ForwardBuffers {
   void* Into(int step) const { return local == nullptr ? kv[(step + 1) % 2] : kv[step % 2]; }
 };
 Status ForwardWorkspace(Context& ctx, const RingGroup& g, const ValidatedCall& c, ForwardBuffers* b);
-Status ForwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, uint64_t seq, const ForwardBuffers& b);
+// `earlier`: the transfers the ring's work follows on the device, whose host waits come first
+// (RingOrder::After): a grid's exchange.
+Status ForwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, uint64_t seq, const ForwardBuffers& b,
+                    RingOrder* earlier = nullptr);
 
 // Likewise for the backward (BackwardSteps ends with BackwardEnd and the sinks' gradient): the
 // K/V blocks travel as in the forward, with the dK/dV partials beside them.
@@ -94,7 +99,8 @@ struct BackwardBuffers : ForwardBuffers {
   void* own = nullptr;                // the contribution to this rank's own block
 };
 Status BackwardWorkspace(Context& ctx, const RingGroup& g, const ValidatedCall& c, BackwardBuffers* b);
-Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, uint64_t seq, const BackwardBuffers& b);
+Status BackwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, uint64_t seq, const BackwardBuffers& b,
+                     RingOrder* earlier = nullptr);
 
 // Ring buffer slots (Context::RingBuffer): K/V blocks 0 and 1, dK/dV partials 2 to 4, the
 // staging of trimmed messages (K/V out and in 5 and 6, dK/dV out 7), and a plan's own dK/dV 8.

@@ -49,7 +49,8 @@ Status RingForward(Context& ctx, const ForwardCall& call) {
   return ForwardSteps(ctx, g, c, seq, b);
 }
 
-Status ForwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, uint64_t seq, const ForwardBuffers& b) {
+Status ForwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, uint64_t seq, const ForwardBuffers& b,
+                    RingOrder* earlier) {
   const int n = g.n, r = g.r, next = g.Next(), prev = g.Prev();
   Backend& be = ctx.backend();
   Transport& tr = ctx.transport();
@@ -58,6 +59,7 @@ Status ForwardSteps(Context& ctx, const RingGroup& g, const ValidatedCall& c, ui
   void* const* stage = b.stage;
   JoinDetachedOnExit join(be);
   RingOrder order(be, tr, ctx.timeout_s());
+  order.After(earlier);
   // Packing the local block is step 0's work (a backend may do some of it in the block call).
   StepTimer pack_timer(be);
   pack_timer.ComputeBegin();

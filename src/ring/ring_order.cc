@@ -59,6 +59,7 @@ Status RingOrder::Finish() {
 
 // In the order they arrived: a request's wait names the earliest transfer that did not come.
 Status RingOrder::WaitDeferred(int before_step) {
+  if (earlier_ != nullptr) STRIA_RETURN_IF_ERROR(earlier_->Finish());
   size_t done = 0;
   Status st;
   for (; done < deferred_.size() && deferred_[done].step < before_step; ++done) {

@@ -49,6 +49,10 @@ class RingOrder {
   void Step(int step) { step_ = step; }
   Status Retire();
   Status Finish();
+  // The transfers `earlier` defers come before this order's: each of this order's host waits
+  // first waits for all of them (a grid's exchange before the ring that reads what it brought),
+  // so that a transfer that never comes is named rather than one queued behind it on the device.
+  void After(RingOrder* earlier) { earlier_ = earlier; }
 
  private:
   struct Deferred {
@@ -68,6 +72,7 @@ class RingOrder {
   void* stream_ = nullptr;
   int step_ = 0;
   std::vector<Deferred> deferred_;
+  RingOrder* earlier_ = nullptr;
 };
 
 }  // namespace stria

@@ -777,6 +777,18 @@ TEST(CudaLocalGroup, RingOrdersItsStepsOnTheDevice) {
   ExpectRingOrderedOnTheDevice(group.ctx, [&](int r) { return ordinals[static_cast<size_t>(r)]; });
 }
 
+// A grid in a local group on GPUs: the exchanges around its ring of two groups keep the device's
+// order too, and the group's ring waits on the host for its inputs before its own transfers.
+TEST(CudaLocalGroup, GridOrdersItsExchangesOnTheDevice) {
+  STRIA_REQUIRE_GPU();
+  if (stria_cuda_runtime_model_host_waits == nullptr)
+    GTEST_SKIP() << "the host's waits are counted by the CUDA runtime model only";
+  CudaGroup group(4);
+  ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
+  ExpectRingOrderedOnTheDevice(
+      group.ctx, [](int) { return 0; }, 2);
+}
+
 INSTANTIATE_TEST_SUITE_P(TensorCores, CudaRingVsReference, ::testing::ValuesIn(TensorCoreSweep()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaRingVsReference, ::testing::ValuesIn(ShapesAndPaths()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Wgmma, CudaRingVsReference, ::testing::ValuesIn(WgmmaSweep()), ParamName);

@@ -369,11 +369,24 @@ TEST(NcclContext, RingOrdersItsStepsOnTheDevice) {
   RunRanks(3, [&](int r) { EXPECT_EQ(stria_context_destroy(ctx[static_cast<size_t>(r)]), STRIA_SUCCESS); });
 }
 
+// A grid's all-to-all exchanges keep the same order: the host queues the exchanges, their
+// unpacking and the compute without waiting for the stream (three ranks as one all-to-all group).
+TEST(NcclContext, GridOrdersItsExchangesOnTheDevice) {
+  REQUIRE_GPUS(3);
+  if (stria_cuda_runtime_model_host_waits == nullptr)
+    GTEST_SKIP() << "the host's waits are counted by the CUDA runtime model only";
+  std::vector<stria_context_t> ctx;
+  ASSERT_NO_FATAL_FAILURE(ThreadContexts(3, &ctx));
+  ExpectRingOrderedOnTheDevice(
+      ctx, [](int r) { return r; }, 3);
+  RunRanks(3, [&](int r) { EXPECT_EQ(stria_context_destroy(ctx[static_cast<size_t>(r)]), STRIA_SUCCESS); });
+}
+
 // A rank aborted while the ring runs, its steps ordered on the device: it fails ABORTED, its
 // peers fail with an error within their timeout instead of waiting on the device for a transfer
-// that never comes, and every context is destroyed.
-TEST(NcclContext, AbortMidRingEndsEveryRank) {
-  REQUIRE_GPUS(3);
+// that never comes, and every context is destroyed. On a grid (`ulysses` 3: one all-to-all group)
+// the same holds for its exchanges.
+void AbortMidCallEndsEveryRank(int ulysses) {
   const int world = 3;
   const double timeout = 5;
   stria_unique_id_t id;
@@ -384,9 +397,12 @@ TEST(NcclContext, AbortMidRingEndsEveryRank) {
     stria_context_config_t cfg = NcclConfig(r, world, r, timeout);
     cfg.unique_id = id;
     EXPECT_EQ(stria_context_create(&cfg, &ctx[static_cast<size_t>(r)]), STRIA_SUCCESS) << stria_get_last_error();
+    if (ctx[static_cast<size_t>(r)] != nullptr) {
+      EXPECT_EQ(stria_context_set_grid(ctx[static_cast<size_t>(r)], ulysses), STRIA_SUCCESS);
+    }
   });
   for (stria_context_t c : ctx) ASSERT_NE(c, nullptr);
-  const int64_t B = 1, L = OnRuntimeModel() ? 256 : 8192, Hq = 4, Hkv = 2, D = 64;
+  const int64_t B = 1, L = OnRuntimeModel() ? 256 : 8192, Hkv = 2 * ulysses, Hq = 2 * Hkv, D = 64;
   std::vector<stria_status_t> code(static_cast<size_t>(world), STRIA_SUCCESS);
   std::vector<double> seconds(static_cast<size_t>(world), 0);
   RunRanks(world, [&](int r) {
@@ -426,6 +442,16 @@ TEST(NcclContext, AbortMidRingEndsEveryRank) {
   const auto t0 = std::chrono::steady_clock::now();
   RunRanks(world, [&](int r) { EXPECT_EQ(stria_context_destroy(ctx[static_cast<size_t>(r)]), STRIA_SUCCESS); });
   EXPECT_LT(SecondsSince(t0), 3 * timeout + 30);
+}
+
+TEST(NcclContext, AbortMidRingEndsEveryRank) {
+  REQUIRE_GPUS(3);
+  AbortMidCallEndsEveryRank(1);
+}
+
+TEST(NcclContext, AbortMidGridEndsEveryRank) {
+  REQUIRE_GPUS(3);
+  AbortMidCallEndsEveryRank(3);
 }
 
 // Packed documents on a plan whose ranks keep documents of their own past whole tiles: their part

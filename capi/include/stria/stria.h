@@ -493,7 +493,7 @@ STRIA_API stria_status_t stria_attention_prefill(stria_context_t ctx, const stri
  * local_len divisible by U, member u of group g holding the u-th of U pieces of the plan's slots of
  * rank g (stria_plan_grid_positions, _shard, _unshard; q's L is then local_len / U). The serving
  * calls spread their cache over all N ranks whatever the grid. CPU and CUDA contexts, every
- * transport; a grid call returns with its stream synchronised.
+ * transport; on a CUDA context a grid call's work is queued on its stream as a ring call's is.
  *
  * stria_context_set_grid sets U (a divisor of the world size; 1 on a new context). Every rank of
  * the context sets the same U before its next call (the call's agreement checks it), between
