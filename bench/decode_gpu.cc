@@ -5,11 +5,18 @@
 //
 // One token per call (bf16, batch 1) against a cache of S tokens on one GPU: the call's time until
 // out and lse are written (the call and a synchronisation of its stream), and the bandwidth of its
-// reads of K and V. Then, for each N, the modelled call over N ranks: one rank's call at S / N
-// (measured here as a world of one) plus what N ranks add to a call, the merge (the agreement, the
-// records' exchange device to device, the merge kernel): an N-rank local group's call on this GPU
-// at one cached token each less a world of one's, an upper bound, since those ranks share one GPU
-// and one host.
+// reads of K and V; beside it the call's device time alone (`device_ms`: its kernels and its
+// tables' upload, queued while the stream is held, then run back to back) and the host's (`host_ms`:
+// the call's return, validation and launches). Then, for each N, two models of the call over N
+// ranks:
+//  - from the device's times, the measure (`device_*`): one rank's device time at S / N,
+//    the merge kernel over N records (`decode_merge`, measured), and the records' all-gather,
+//    which one GPU cannot measure: --gather-us (default 20: a small NCCL all-gather within an
+//    NVLink node) plus their bytes at --link-GBs (450);
+//  - from the calls' times (`modelled_ms`): one rank's call at S / N (measured here as a world of
+//    one) plus what N ranks add to a call, the merge (the agreement, the records' exchange device
+//    to device, the merge kernel): an N-rank local group's call on this GPU at one cached token
+//    each less a world of one's, an upper bound, since those ranks share one GPU and one host.
 // And a prefill on one GPU: P new tokens (--prefill) against each S up to 128k, timed the same
 // way, in TFLOP/s (the tensor-core decode's wide form attends them).
 // Lines are key=value, as stria-cuda-bench's; the anchor (PyTorch SDPA's decode on the same shapes)
@@ -18,6 +25,7 @@
 #include <stria/stria.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +36,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "cuda/decode_launch.h"
 
 namespace {
 
@@ -62,13 +71,47 @@ struct Shape {
   int64_t Hq, Hkv, D;
 };
 
+// Holds a stream while the host queues work behind it: a host function queued first spins until
+// Open. The work then runs back to back, so that CUDA events around it time the device alone,
+// without the host's launches between. A call that waited on the host for the held stream would
+// hold it for ever: the function gives up after two seconds, and the timing is marked invalid.
+class StreamGate {
+ public:
+  void Close(cudaStream_t stream) {
+    open_.store(false);
+    gave_up_.store(false);
+    CHECK_CUDA(cudaLaunchHostFunc(stream, &Hold, this));
+  }
+  // Whether the stream was held until now.
+  bool Open() {
+    open_.store(true);
+    return !gave_up_.load();
+  }
+
+ private:
+  static void CUDART_CB Hold(void* self) {
+    auto* g = static_cast<StreamGate*>(self);
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!g->open_.load()) {
+      if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(2)) {
+        g->gave_up_.store(true);
+        return;
+      }
+      std::this_thread::yield();
+    }
+  }
+  std::atomic<bool> open_{true}, gave_up_{false};
+};
+
 // A decode call's time, median over the repetitions: `wall_ms` from the call until its stream is
 // synchronised (the slowest rank's), and, in a world of one, `gpu_ms` between CUDA events recorded
 // on the call's stream just before and after it, the anchor's method (bench/torch_sdpa_gpu.py):
 // it counts the host's work up to the first queued operation and the GPU's, not the wake-up from
-// the final synchronisation.
+// the final synchronisation. In a world of one also `device_ms`, the same events around the call
+// queued behind a StreamGate (the device's work alone; negative if the gate gave up), and
+// `host_ms`, the call's own time on the host.
 struct Timing {
-  double wall_ms = 0, gpu_ms = 0;
+  double wall_ms = 0, gpu_ms = 0, device_ms = -1, host_ms = 0;
 };
 
 // One decode call per rank of `ctx` (all ranks call together) over a cache of `len` cached tokens
@@ -92,36 +135,60 @@ Timing DecodeMs(const std::vector<stria_context_t>& ctx, const Shape& s, int64_t
   CHECK_CUDA(cudaEventCreate(&after));
   const int64_t lens[1] = {len};
   std::vector<double> wall(static_cast<size_t>(n));
+  std::vector<double> device_times, host_times;
+  bool gated_ok = true;
+  StreamGate gate;
+  auto call = [&](int i) {
+    stria_attention_params_t p;
+    stria_attention_params_init(&p);
+    p.layout = STRIA_LAYOUT_STRIPED;
+    stria_kv_cache_t cache;
+    stria_kv_cache_init(&cache);
+    Rank& r = ranks[static_cast<size_t>(i)];
+    cache.k = &r.k->dl;
+    cache.v = &r.v->dl;
+    cache.lens = lens;
+    CHECK_STRIA(stria_attention_decode(ctx[static_cast<size_t>(i)], &p, &cache, &r.q->dl, nullptr, nullptr, &r.out->dl,
+                                       &r.lse->dl, nullptr));
+  };
   for (int rep = 0; rep <= reps; ++rep) {
     std::vector<std::thread> threads;
     for (int i = 0; i < n; ++i)
       threads.emplace_back([&, i] {
         CHECK_CUDA(cudaSetDevice(0));
-        stria_attention_params_t p;
-        stria_attention_params_init(&p);
-        p.layout = STRIA_LAYOUT_STRIPED;
-        stria_kv_cache_t cache;
-        stria_kv_cache_init(&cache);
-        Rank& r = ranks[static_cast<size_t>(i)];
-        cache.k = &r.k->dl;
-        cache.v = &r.v->dl;
-        cache.lens = lens;
         const auto t0 = std::chrono::steady_clock::now();
         if (n == 1) CHECK_CUDA(cudaEventRecord(before, nullptr));
-        CHECK_STRIA(stria_attention_decode(ctx[static_cast<size_t>(i)], &p, &cache, &r.q->dl, nullptr, nullptr,
-                                           &r.out->dl, &r.lse->dl, nullptr));
+        call(i);
         if (n == 1) CHECK_CUDA(cudaEventRecord(after, nullptr));
         CHECK_CUDA(cudaStreamSynchronize(nullptr));
         wall[static_cast<size_t>(i)] =
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       });
     for (std::thread& t : threads) t.join();
-    if (rep == 0) continue;  // it warms up
-    times.push_back(*std::max_element(wall.begin(), wall.end()));
-    if (n == 1) {
+    if (rep > 0) {  // rep 0 warms up
+      times.push_back(*std::max_element(wall.begin(), wall.end()));
+      if (n == 1) {
+        float ms = 0;
+        CHECK_CUDA(cudaEventElapsedTime(&ms, before, after));
+        gpu_times.push_back(ms);
+      }
+    }
+    // Then the device's time and the host's, the call queued behind the gate (after the warm-up
+    // call, which grows the buffers: freeing one waits for the device). Once the gate gives up
+    // (the call waited for the held stream), no more: each try would cost its two seconds.
+    if (n == 1 && gated_ok) {
+      gate.Close(nullptr);
+      CHECK_CUDA(cudaEventRecord(before, nullptr));
+      const auto t0 = std::chrono::steady_clock::now();
+      call(0);
+      const double host = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      CHECK_CUDA(cudaEventRecord(after, nullptr));
+      gated_ok = gate.Open();
+      CHECK_CUDA(cudaStreamSynchronize(nullptr));
       float ms = 0;
       CHECK_CUDA(cudaEventElapsedTime(&ms, before, after));
-      gpu_times.push_back(ms);
+      device_times.push_back(ms);
+      host_times.push_back(host);
     }
   }
   CHECK_CUDA(cudaEventDestroy(before));
@@ -129,7 +196,60 @@ Timing DecodeMs(const std::vector<stria_context_t>& ctx, const Shape& s, int64_t
   Timing t;
   t.wall_ms = Median(times);
   t.gpu_ms = n == 1 ? Median(gpu_times) : t.wall_ms;
+  if (n == 1) {
+    t.device_ms = gated_ok ? Median(device_times) : -1;
+    t.host_ms = host_times.empty() ? 0 : Median(host_times);
+  }
   return t;
+}
+
+// The merge kernel of a call over N ranks (the records of N ranks into out and lse, as
+// CudaDecoder::MergeOnDevice launches it), device time per launch: `reps` launches queued behind a
+// StreamGate. The records' values do not change its time.
+double MergeKernelMs(const Shape& s, int world, int reps) {
+  const int64_t record = s.Hq * (s.D + 1);  // B = T = 1
+  void* records = nullptr;
+  CHECK_CUDA(cudaMalloc(&records, static_cast<size_t>(record * world) * sizeof(float)));
+  const float* partial = static_cast<const float*>(records);
+  CHECK_CUDA(cudaMemset(records, 0, static_cast<size_t>(record * world) * sizeof(float)));
+  DeviceTensor out(std::vector<int64_t>{1, 1, s.Hq, s.D}, kBF16, 0);
+  DeviceTensor lse(std::vector<int64_t>{1, s.Hq, 1}, kF32, 0);
+  stria::cuda::DecodeFinishArgs a{};
+  a.partial = partial;
+  a.world = world;
+  a.record_stride = record;
+  a.out = out.ptr;
+  a.out_strides[0] = s.Hq * s.D;
+  a.out_strides[1] = s.Hq * s.D;
+  a.out_strides[2] = s.D;
+  a.out_strides[3] = 1;
+  a.lse = static_cast<float*>(lse.ptr);
+  a.lse_strides[0] = s.Hq;
+  a.lse_strides[1] = 1;
+  a.lse_strides[2] = 1;
+  a.B = a.T = 1;
+  a.Hq = static_cast<int>(s.Hq);
+  a.D = static_cast<int>(s.D);
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaEvent_t before = nullptr, after = nullptr;
+  CHECK_CUDA(cudaEventCreate(&before));
+  CHECK_CUDA(cudaEventCreate(&after));
+  CHECK_CUDA(stria::cuda::LaunchDecodeFinish(stria::cuda::Elem::kBF16, a, stream));  // warms up
+  StreamGate gate;
+  gate.Close(stream);
+  CHECK_CUDA(cudaEventRecord(before, stream));
+  for (int i = 0; i < reps; ++i) CHECK_CUDA(stria::cuda::LaunchDecodeFinish(stria::cuda::Elem::kBF16, a, stream));
+  CHECK_CUDA(cudaEventRecord(after, stream));
+  const bool held = gate.Open();
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  float ms = 0;
+  CHECK_CUDA(cudaEventElapsedTime(&ms, before, after));
+  CHECK_CUDA(cudaEventDestroy(before));
+  CHECK_CUDA(cudaEventDestroy(after));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  CHECK_CUDA(cudaFree(records));
+  return held ? ms / reps : -1;
 }
 
 // A prefill of P new tokens against a cache of S tokens on one GPU (a world of one): median ms
@@ -187,6 +307,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> lens = {32768, 131072, 524288, 1048576}, worlds = {2, 4, 8};
   Shape s{32, 8, 128};
   int reps = 20;
+  double gather_us = 20, link_gbs = 450;
   std::vector<int64_t> prefill = {512, 4096};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
@@ -204,6 +325,10 @@ int main(int argc, char** argv) {
       reps = std::atoi(argv[i + 1]);
     else if (k == "--prefill")
       prefill = ParseList(argv[i + 1]);
+    else if (k == "--gather-us")
+      gather_us = std::atof(argv[i + 1]);
+    else if (k == "--link-GBs")
+      link_gbs = std::atof(argv[i + 1]);
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -216,15 +341,18 @@ int main(int argc, char** argv) {
   }
   std::vector<stria_context_t> one = Group(1);
   // One device holding the whole cache, and one rank's share at each N.
-  std::vector<double> whole(lens.size());
+  std::vector<double> whole(lens.size()), whole_device(lens.size());
   for (size_t i = 0; i < lens.size(); ++i) {
     const int64_t S = lens[i];
     const Timing t = DecodeMs(one, s, S, S - 1, reps);
     whole[i] = t.gpu_ms;
+    whole_device[i] = t.device_ms;
     const double gbs = 2.0 * static_cast<double>(S) * static_cast<double>(s.Hkv * s.D) * 2.0 / (t.gpu_ms * 1e6);
-    std::printf("impl=stria_cuda decode S=%lld Hq=%lld Hkv=%lld D=%lld ms=%.4f kv_GBs=%.1f wall_ms=%.4f\n",
-                static_cast<long long>(S), static_cast<long long>(s.Hq), static_cast<long long>(s.Hkv),
-                static_cast<long long>(s.D), t.gpu_ms, gbs, t.wall_ms);
+    std::printf(
+        "impl=stria_cuda decode S=%lld Hq=%lld Hkv=%lld D=%lld ms=%.4f kv_GBs=%.1f wall_ms=%.4f device_ms=%.4f "
+        "host_ms=%.4f\n",
+        static_cast<long long>(S), static_cast<long long>(s.Hq), static_cast<long long>(s.Hkv),
+        static_cast<long long>(s.D), t.gpu_ms, gbs, t.wall_ms, t.device_ms, t.host_ms);
     std::fflush(stdout);
   }
   // Prefill on one GPU: P new tokens against S cached ones, causal among themselves (FLOPs as
@@ -243,7 +371,8 @@ int main(int argc, char** argv) {
   // The call's fixed cost on one GPU: one cached token (validation, the tables' upload, the
   // launches, the result written on the device).
   const Timing fixed_one = DecodeMs(one, s, 1, 1, reps);
-  std::printf("impl=stria_cuda decode_fixed N=1 ms=%.4f wall_ms=%.4f\n", fixed_one.gpu_ms, fixed_one.wall_ms);
+  std::printf("impl=stria_cuda decode_fixed N=1 ms=%.4f wall_ms=%.4f device_ms=%.4f host_ms=%.4f\n", fixed_one.gpu_ms,
+              fixed_one.wall_ms, fixed_one.device_ms, fixed_one.host_ms);
   std::fflush(stdout);
   // A call over N ranks: one rank's call on its share (measured as a world of one, its own fixed
   // cost included) plus what N ranks add to a call, the merge: the agreement, the records'
@@ -254,15 +383,34 @@ int main(int argc, char** argv) {
     const double fixed = DecodeMs(group, s, 1, 1, reps).wall_ms;
     const double merge = std::max(0.0, fixed - fixed_one.wall_ms);
     Destroy(&group);
+    // The device's merge: the records' all-gather (modelled: B T Hq (D + 1) floats from each rank)
+    // and the merge kernel (measured).
+    const double merge_kernel = MergeKernelMs(s, static_cast<int>(n), reps);
+    const double record_bytes = static_cast<double>(s.Hq * (s.D + 1)) * 4.0;
+    const double gather = gather_us / 1e3 + record_bytes * static_cast<double>(n - 1) / (link_gbs * 1e6);
+    std::printf(
+        "impl=stria_cuda decode_merge N=%lld kernel_ms=%.4f gather_ms=%.4f (modelled: %.0f us + %.0f bytes "
+        "a rank at %.0f GB/s)\n",
+        static_cast<long long>(n), merge_kernel, gather, gather_us, record_bytes, link_gbs);
     for (size_t i = 0; i < lens.size(); ++i) {
       const int64_t share = (lens[i] + n - 1) / n;
-      const double rank_ms = DecodeMs(one, s, share, share, reps).gpu_ms;
-      const double modelled = rank_ms + merge, ideal = whole[i] / static_cast<double>(n);
+      const Timing rank = DecodeMs(one, s, share, share, reps);
+      const double modelled = rank.gpu_ms + merge, ideal = whole[i] / static_cast<double>(n);
+      const double device_merge = merge_kernel + gather, device_modelled = rank.device_ms + device_merge;
+      const double device_ideal = whole_device[i] / static_cast<double>(n);
+      const bool device_ok = rank.device_ms > 0 && merge_kernel > 0 && whole_device[i] > 0;
       std::printf(
           "impl=stria_cuda decode_sharded S=%lld N=%lld rank_ms=%.4f fixed_ms=%.4f merge_ms=%.4f modelled_ms=%.4f "
-          "ideal_ms=%.4f of_ideal=%.3f merge_share=%.3f\n",
-          static_cast<long long>(lens[i]), static_cast<long long>(n), rank_ms, fixed, merge, modelled, ideal,
+          "ideal_ms=%.4f of_ideal=%.3f merge_share=%.3f",
+          static_cast<long long>(lens[i]), static_cast<long long>(n), rank.gpu_ms, fixed, merge, modelled, ideal,
           ideal / modelled, merge / modelled);
+      if (device_ok)
+        std::printf(
+            " device_rank_ms=%.4f device_merge_ms=%.4f device_modelled_ms=%.4f device_ideal_ms=%.4f "
+            "device_of_ideal=%.3f device_merge_share=%.3f",
+            rank.device_ms, device_merge, device_modelled, device_ideal, device_ideal / device_modelled,
+            device_merge / device_modelled);
+      std::printf("\n");
       std::fflush(stdout);
     }
   }

@@ -27,7 +27,7 @@
 #                again on the TMA family's persistent kernels
 #   nccl1        the NCCL transport at world 1 against the in-process one      6 s
 #   hide         the block length above which a step's transfer hides         3 s a family
-#   decode       decode over a sharded KV cache: one GPU's call at 32k-1M      6-7 s (+3 s)
+#   decode       decode over a sharded KV cache: one GPU's call at 32k-1M      8-10 s (+3 s)
 #                cached tokens beside torch SDPA's decode (flash, cuDNN,
 #                memory-efficient), the modelled call over 2, 4, 8 ranks, and
 #                prefill chunks of 512 and 4096 tokens beside SDPA's
