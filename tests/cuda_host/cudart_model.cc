@@ -68,8 +68,14 @@ struct CUstream_st {
   // device's, and copies between it and pageable host memory (which the runtime may do only
   // after the stream's earlier work), for stria_cuda_runtime_model_host_waits.
   std::atomic<uint64_t> host_waits{0};
+  // Between cudaStreamBeginCapture and cudaStreamEndCapture. The model records no graph: work
+  // queued while capturing runs as ever, which only a caller that refuses capture never meets.
+  std::atomic<bool> capturing{false};
   std::thread worker;
 };
+
+// What cudaStreamEndCapture hands out: a graph of nothing (the model captures no work).
+struct CUgraph_st {};
 
 struct CUevent_st {
   std::mutex mu;
@@ -733,6 +739,29 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
 cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_data) {
   if (fn == nullptr) return Set(cudaErrorInvalidValue);
   Enqueue(Resolve(stream), [fn, user_data] { fn(user_data); });
+  return cudaSuccess;
+}
+
+// Capture, as far as a caller that refuses it needs: the stream's state, and a graph to destroy.
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode /*mode*/) {
+  if (stream == nullptr) return Set(cudaErrorStreamCaptureUnsupported);  // as the legacy stream
+  if (stream->capturing.exchange(true)) return Set(cudaErrorIllegalState);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  if (stream == nullptr || !stream->capturing.exchange(false)) return Set(cudaErrorIllegalState);
+  *graph = new CUgraph_st;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus* status) {
+  *status = Resolve(stream)->capturing.load() ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
   return cudaSuccess;
 }
 

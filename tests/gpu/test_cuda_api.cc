@@ -562,6 +562,56 @@ TEST(CudaStreams, AStreamDestroyedBetweenCallsIsNotUsedAgain) {
   EXPECT_EQ(run(nullptr), want) << "after the last stream was destroyed";
 }
 
+// A call on a stream being captured into a CUDA graph is refused before it queues anything: its
+// replay would reuse tables and workspaces that later calls refill or free. The capture ends
+// valid (on a GPU, queuing work or waiting for the stream would have invalidated it, in the
+// strictest mode), and the same calls then run on that stream outside it.
+TEST(CudaStreams, ACallBeingCapturedIsRefusedAndTheCaptureStaysValid) {
+  STRIA_REQUIRE_GPU();
+  CudaGroup group(1);
+  ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
+  const stria_context_t ctx = group.ctx[0];
+  stria_attention_params_t p;
+  stria_attention_params_init(&p);
+  p.causal = 1;
+  RankTensors t(64, 64, Dt::kBF16, 29);
+  const std::vector<int64_t> lens = {32};  // the cache: t.k and t.v, 64 slots, the first 32 used
+  stria_kv_cache_t cache;
+  stria_kv_cache_init(&cache);
+  cache.k = &t.k.dl;
+  cache.v = &t.v.dl;
+  cache.lens = lens.data();
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  auto calls = [&](std::vector<std::string>* messages) {
+    std::vector<stria_status_t> st;
+    st.push_back(stria_attention_forward(ctx, &p, &t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl, &t.lse.dl, s));
+    messages->push_back(stria_get_last_error());
+    st.push_back(stria_attention_backward(ctx, &p, &t.q.dl, &t.k.dl, &t.v.dl, &t.out.dl, &t.lse.dl, &t.dout.dl,
+                                          &t.dq.dl, &t.dk.dl, &t.dv.dl, s));
+    messages->push_back(stria_get_last_error());
+    st.push_back(stria_attention_decode(ctx, &p, &cache, &t.q.dl, nullptr, nullptr, &t.out.dl, nullptr, s));
+    messages->push_back(stria_get_last_error());
+    return st;
+  };
+  std::vector<std::string> messages;
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  const std::vector<stria_status_t> captured = calls(&messages);
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess) << "the refused calls invalidated the capture";
+  if (graph != nullptr) {
+    EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  }
+  for (size_t i = 0; i < captured.size(); ++i) {
+    EXPECT_EQ(captured[i], STRIA_ERROR_UNSUPPORTED) << "call " << i << ": " << messages[i];
+    EXPECT_NE(messages[i].find("being captured into a CUDA graph"), std::string::npos) << messages[i];
+  }
+  messages.clear();
+  for (stria_status_t st : calls(&messages)) EXPECT_EQ(st, STRIA_SUCCESS) << messages.front();
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+}
+
 TEST(CudaNumerics, NanInAQueryRowStaysInThatRow) {
   STRIA_REQUIRE_GPU();
   CudaGroup group(1);

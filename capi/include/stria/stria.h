@@ -7,6 +7,11 @@
  * validates its arguments and returns a status; on failure it leaves a message for
  * stria_get_last_error() on the calling thread. Nothing aborts, exits or throws.
  *
+ * On a CUDA context a call queues its work on its stream and returns without synchronising it. A
+ * call on a stream being captured into a CUDA graph is refused (STRIA_ERROR_UNSUPPORTED) before it
+ * queues anything, the capture left valid: its work depends on host state at the call (tables,
+ * workspaces, peers' transfers) that a graph's replay would not reproduce.
+ *
  * A context is driven by one thread at a time; different contexts may run concurrently, and
  * stria_context_abort/stria_context_destroy may come from any thread. A call on a context that
  * is in a call on another thread (an attention call, or stria_context_get_step_times during one)

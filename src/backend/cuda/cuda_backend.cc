@@ -369,7 +369,8 @@ class CudaBackend final : public Backend {
   double cpu_seconds() const override { return 0.0; }
   int num_threads() const override { return 1; }
 
-  Status CheckSupported(const AttentionShape& s, void* /*stream*/) const override {
+  Status CheckSupported(const AttentionShape& s, void* stream) const override {
+    STRIA_RETURN_IF_ERROR(CheckNotCapturing(stream));
     if (s.D < 1 || s.D > cuda::kMaxHeadDim)
       return Error(STRIA_ERROR_UNSUPPORTED,
                    "head dim %lld is not supported by the CUDA backend (supported: 1..%d; the tensor-core kernels "
@@ -409,6 +410,31 @@ class CudaBackend final : public Backend {
     RowPieces(s, 1, s.Hkv, static_cast<size_t>(s.D), rows, kRowsKeyTile, pieces);
     const size_t k_bytes = static_cast<size_t>(s.B * s.L * s.Hkv * s.D);
     AddPiece(k_bytes, static_cast<size_t>(cuda::Fp8KvWireBytes(DimsOf(s))) - k_bytes, pieces);
+  }
+
+  // A call's work depends on the host's state at the call: its tables in page-locked staging that
+  // later calls refill, workspaces a later call may grow (and free), its peers' transfers matched
+  // on the host. A CUDA graph's replay reproduces none of that, so a call on a stream being
+  // captured is refused before it queues anything (the capture stays valid; the caller runs the
+  // call outside it). The legacy stream reports an implicit capture while another stream
+  // captures in the global mode, where queuing on it would invalidate that capture.
+  Status CheckNotCapturing(void* stream) const {
+    DeviceScope scope(device_);
+    STRIA_RETURN_IF_ERROR(scope.status());
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    const cudaError_t e = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture);
+    if (e == cudaErrorStreamCaptureImplicit) {
+      cudaGetLastError();
+      capture = cudaStreamCaptureStatusActive;
+    } else {
+      STRIA_RETURN_IF_ERROR(CudaStatus(e, "cudaStreamIsCapturing"));
+    }
+    if (capture == cudaStreamCaptureStatusNone) return Status::Ok();
+    return Error(STRIA_ERROR_UNSUPPORTED,
+                 "the call's stream is %s a CUDA graph: stria calls cannot be captured (a call's work depends on "
+                 "host state a graph's replay would not reproduce: its tables, its workspaces, its peers' "
+                 "transfers); make the call outside the capture",
+                 capture == cudaStreamCaptureStatusActive ? "being captured into" : "in an invalidated capture of");
   }
 
   Status CheckMemory(const void* data, const char* name) const override {
