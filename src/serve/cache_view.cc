@@ -113,8 +113,14 @@ Status ValidateCache(Context& ctx, const stria_kv_cache_t* cache, stria_layout_t
                                       "a paged cache's pool [num_blocks, block_size, Hkv, D] with q's D"));
     STRIA_RETURN_IF_ERROR(
         ExpectShape(cv->v, "cache->v", {cv->k.shape[0], cv->k.shape[1], cv->heads, D}, "like cache->k"));
+    // In the context's memory, or in host memory, where the host reads it without a copy (serving
+    // engines keep their tables there too).
     TensorView table;
-    STRIA_RETURN_IF_ERROR(ViewOf(cache->block_table, "cache->block_table", ctx.device(), &table));
+    const DLDeviceType table_type = cache->block_table != nullptr ? cache->block_table->device.device_type : kDLCPU;
+    const bool host_table = table_type == kDLCPU || table_type == kDLCUDAHost;
+    STRIA_RETURN_IF_ERROR(ViewOf(cache->block_table, "cache->block_table",
+                                 host_table ? cache->block_table->device : ctx.device(), &table,
+                                 "the context's device or the host"));
     if (!(table.dl_dtype.code == kDLInt && table.dl_dtype.bits == 32 && table.dl_dtype.lanes == 1) || table.ndim != 2 ||
         table.shape[0] != B)
       return Error(STRIA_ERROR_INVALID_ARGUMENT,
@@ -126,7 +132,8 @@ Status ValidateCache(Context& ctx, const stria_kv_cache_t* cache, stria_layout_t
                    "a paged cache needs block_size >= 1 and max_blocks >= 1 (got %lld, %lld)",
                    static_cast<long long>(cv->k.shape[1]), static_cast<long long>(table.shape[1]));
     // The host looks every entry a call uses up (and checks it): a device table (a GPU context's)
-    // comes to the host first, its span read once after the work queued on the call's stream.
+    // comes to the host first, its span read once after the work queued on the call's stream, for
+    // which the host waits; a table in host memory is read where it is.
     if (table.strides[0] < 0 || table.strides[1] < 0)
       return Error(STRIA_ERROR_INVALID_ARGUMENT, "cache->block_table has negative strides (%lld, %lld)",
                    static_cast<long long>(table.strides[0]), static_cast<long long>(table.strides[1]));

@@ -17,15 +17,20 @@
 namespace stria_test {
 namespace {
 
-// Device copies of one rank's cache: K, V and a paged cache's block table.
+// Device copies of one rank's cache: K, V and a paged cache's block table (or, `table_on_host`, the
+// table where the test keeps it, in host memory, as serving engines keep one beside the device's).
 struct DeviceCache {
   std::unique_ptr<DeviceTensor> k, v;
   int32_t* table = nullptr;
   DLTensor table_dl{};
 
-  DeviceCache(const Case& c, const RankCache& rc)
+  DeviceCache(const Case& c, const RankCache& rc, bool table_on_host = false)
       : k(std::make_unique<DeviceTensor>(rc.k)), v(std::make_unique<DeviceTensor>(rc.v)) {
     if (!c.paged) return;
+    if (table_on_host) {
+      table_dl = rc.table_dl;  // its data: rc.table_data, host memory
+      return;
+    }
     const size_t bytes = rc.table_data.size() * sizeof(int32_t);
     EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&table), bytes), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(table, rc.table_data.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
@@ -48,9 +53,11 @@ struct DeviceCache {
 // Runs one decode call on a CUDA local group: every rank's out and LSE back on the host, and every
 // rank's cache back into in.caches (where the new tokens landed). `on_stream`: the call's stream is
 // one the test creates (else the default stream); `lens_on_device`: cache->lens in device memory;
-// `counts` (on the runtime model): what the ranks' calls queued.
+// `counts` (on the runtime model): what the ranks' calls queued; `table_on_host`: a paged cache's
+// block table in host memory.
 void RunCudaDecode(const Case& c, DecodeInputs& in, std::vector<Tensor>& outs_host, std::vector<Tensor>& lses_host,
-                   bool on_stream = false, bool lens_on_device = false, ModelCounts* counts = nullptr) {
+                   bool on_stream = false, bool lens_on_device = false, ModelCounts* counts = nullptr,
+                   bool table_on_host = false) {
   const int64_t B = c.B, T = c.T, Hq = c.Hq, D = c.D;
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
   CudaGroup g(c.n);
@@ -59,7 +66,7 @@ void RunCudaDecode(const Case& c, DecodeInputs& in, std::vector<Tensor>& outs_ho
   std::vector<std::unique_ptr<DeviceCache>> caches;
   std::vector<std::unique_ptr<DeviceTensor>> outs, lses;
   for (int r = 0; r < c.n; ++r) {
-    caches.push_back(std::make_unique<DeviceCache>(c, in.caches[static_cast<size_t>(r)]));
+    caches.push_back(std::make_unique<DeviceCache>(c, in.caches[static_cast<size_t>(r)], table_on_host));
     outs_host.emplace_back(std::vector<int64_t>{B, T, Hq, D}, c.dt);
     lses_host.emplace_back(std::vector<int64_t>{B, Hq, T}, Dt::kF32);
     outs.push_back(std::make_unique<DeviceTensor>(outs_host.back()));
@@ -293,6 +300,37 @@ TEST(CudaDecodeCalls, RanksMergeOnTheDeviceWithNoCopyToTheHost) {
       EXPECT_EQ(counts.launches, 3u);
     }
     ExpectDecodeResults(c, in, outs, lses, in.caches);
+  }
+}
+
+// A paged cache's block table in host memory (serving engines keep one there beside the device's):
+// the call reads it where it is, while a table in device memory comes to the host first (a copy
+// after the stream's work, which the host waits for) at every call. The same results either way.
+TEST(CudaDecodeCalls, ABlockTableOnTheHostIsReadWithoutACopy) {
+  STRIA_REQUIRE_GPU();
+  if (!ModelCounts::Available()) GTEST_SKIP() << "counts what a call queues on the runtime model only";
+  for (const int n : {1, 3}) {
+    for (const bool on_host : {false, true}) {
+      Case c;
+      c.n = n;
+      c.dt = Dt::kBF16;
+      c.B = 2;
+      c.T = 1;
+      c.capacity = 192;  // per rank: a world of one holds both sequences whole
+      c.paged = true;
+      c.lens = {45, 130};
+      SCOPED_TRACE(c.Name() + (on_host ? " table on the host" : " table on the device"));
+      DecodeInputs in(c, 57 + static_cast<uint64_t>(n));
+      std::vector<Tensor> outs, lses;
+      ModelCounts counts;
+      RunCudaDecode(c, in, outs, lses, /*on_stream=*/true, /*lens_on_device=*/false, &counts, on_host);
+      if (HasFatalFailure()) return;
+      if (on_host)
+        EXPECT_EQ(counts.to_host, 0u);
+      else
+        EXPECT_EQ(counts.to_host, static_cast<uint64_t>(n));  // each rank's table, once
+      ExpectDecodeResults(c, in, outs, lses, in.caches);
+    }
   }
 }
 

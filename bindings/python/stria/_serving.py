@@ -130,7 +130,9 @@ def attention_decode(
     position ``cache_lens[b] + t``), the same cache_lens (``[B]`` integers, the tokens cached per
     sequence before the call) and its own share of the cache: k_cache and v_cache
     ``[B, C, Hkv, D]``, or with block_table (int32 ``[B, max_blocks]``) pools
-    ``[num_blocks, block_size, Hkv, D]`` as paged serving engines keep them. k_new and v_new
+    ``[num_blocks, block_size, Hkv, D]`` as paged serving engines keep them (the library reads
+    the table on the host: a CPU tensor spares a GPU context the copy and the wait for the stream
+    that a table on the GPU costs each call). k_new and v_new
     (``[B, T, Hkv, D]``, or None) are the new tokens' keys and values: the rank that holds each
     stores it into its share first and the queries see them (causally unless causal is False);
     the caller then advances cache_lens by T. out (like q) and lse (float32 ``[B, Hq, T]``) are
