@@ -785,8 +785,8 @@ TEST(CudaLocalGroup, GridOrdersItsExchangesOnTheDevice) {
     GTEST_SKIP() << "the host's waits are counted by the CUDA runtime model only";
   CudaGroup group(4);
   ASSERT_EQ(group.status, STRIA_SUCCESS) << stria_get_last_error();
-  ExpectRingOrderedOnTheDevice(
-      group.ctx, [](int) { return 0; }, 2);
+  const auto device_of = [](int) { return 0; };
+  ExpectRingOrderedOnTheDevice(group.ctx, device_of, 2);
 }
 
 INSTANTIATE_TEST_SUITE_P(TensorCores, CudaRingVsReference, ::testing::ValuesIn(TensorCoreSweep()), ParamName);
