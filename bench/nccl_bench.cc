@@ -2,6 +2,8 @@
 //   ring:     the causal ring per layout on GPUs, forward and backward, bf16; prints each call's
 //             wall time (from the last rank's entry to the last rank's exit, CLOCK_MONOTONIC,
 //             which all processes of a host share), each after a device synchronisation.
+//             With STRIA_BENCH_GRID=U, on a grid of all-to-all groups of U ranks (the ring
+//             across the groups, the heads exchanged within each).
 //   ring-local: the same at world 1 through the in-process transport (a local group of one),
 //             the anchor of the NCCL transport's overhead at world 1 (bench/gpu_run.sh).
 //   ring-gpus: the same ring over WORLD_SIZE GPUs in one process (run with RANK=0): a local group
@@ -129,6 +131,13 @@ int Ring(int rank, int world, int device, int64_t L, int64_t H, int64_t D, int r
       local ? stria_context_create_local_group(&cfg, 1, &ctx) : stria_context_create(&cfg, &ctx);
   if (created != STRIA_SUCCESS) {
     std::fprintf(stderr, "rank %d: %s\n", rank, stria_get_last_error());
+    return 1;
+  }
+  // STRIA_BENCH_GRID=U: the calls on a grid of all-to-all groups of U ranks (stria_context_set_grid).
+  const int grid = EnvInt("STRIA_BENCH_GRID", 1);
+  if (grid > 1 && stria_context_set_grid(ctx, grid) != STRIA_SUCCESS) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, stria_get_last_error());
+    stria_context_destroy(ctx);
     return 1;
   }
   const int rc = TimeCalls(ctx, rank, device, L, H, D, reps);

@@ -10,7 +10,10 @@
 #       compute and the transfers, the host a step ahead) against the host's order
 #       (STRIA_RING_ORDER=host: the host waits for the compute before every transfer and for
 #       every transfer before the kernels that read it), at 1k-4k tokens per rank too, where a
-#       step's kernels are short and the host's gaps between steps show.
+#       step's kernels are short and the host's gaps between steps show;
+#   (4) the same comparison on a grid (stria_context_set_grid: the GPUs as one all-to-all group of
+#       U = N, heads exchanged within it, which the grid's exchanges order on the device too),
+#       where N divides the 16 heads.
 # Usage: bench/nccl_run.sh [build dir] [N GPUs (default: all visible)] [L tokens per rank...]
 set -euo pipefail
 build=${1:-build}
@@ -78,4 +81,19 @@ done
 job_env=()
 python3 "$(dirname "$0")/ring_walls.py" "$out" "device order ms" "device{L}.{r}" "$gpus" "host order ms" "host{L}.{r}" \
   "$gpus" "${order_sizes[@]}"
+
+if ((H % gpus == 0)); then
+  echo
+  echo "## Causal calls on a grid of one all-to-all group of $gpus GPUs (heads exchanged, no ring), H=$H, D=$D,"
+  echo "## bf16 (median of 5 calls, ms): the exchanges' order kept on the device (default) against the host's"
+  for L in "${order_sizes[@]}"; do
+    job_env=(STRIA_BENCH_GRID=$gpus)
+    job "gdevice$L" "$gpus" ring "$L" $H $D 5
+    job_env=(STRIA_BENCH_GRID=$gpus STRIA_RING_ORDER=host)
+    job "ghost$L" "$gpus" ring "$L" $H $D 5
+  done
+  job_env=()
+  python3 "$(dirname "$0")/ring_walls.py" "$out" "device order ms" "gdevice{L}.{r}" "$gpus" "host order ms" \
+    "ghost{L}.{r}" "$gpus" "${order_sizes[@]}"
+fi
 rm -rf "$out"
