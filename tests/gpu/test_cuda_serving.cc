@@ -544,35 +544,43 @@ TEST(CudaDecodeCalls, RefusedCallsFailEveryRankAndLeaveTheGroupUsable) {
     caches.push_back(std::make_unique<DeviceCache>(c, in.caches[static_cast<size_t>(r)]));
     outs.push_back(std::make_unique<DeviceTensor>(out_host));
   }
-  // Rank 1's table: sequence 1's first block outside the pool.
+  // Rank 1's table: sequence 1's first block outside the pool; the table in device memory, then in
+  // host memory (read where it is, checked the same).
   const int32_t bad = static_cast<int32_t>(in.caches[1].num_blocks);
-  std::vector<std::string> errs(static_cast<size_t>(c.n));
-  std::vector<stria_status_t> sts(static_cast<size_t>(c.n));
-  RunRanks(c.n, [&](int r) {
-    cudaSetDevice(0);
-    stria_attention_params_t p = DecodeParams(c, nullptr);
-    stria_kv_cache_t cache;
-    caches[static_cast<size_t>(r)]->Fill(c, c.lens, &cache);
-    DLTensor table = caches[static_cast<size_t>(r)]->table_dl;
-    int32_t* entries = nullptr;
-    if (r == 1) {
-      cudaMalloc(reinterpret_cast<void**>(&entries), in.caches[1].table_data.size() * sizeof(int32_t));
-      std::vector<int32_t> broken = in.caches[1].table_data;
-      broken[static_cast<size_t>(in.caches[1].max_blocks)] = bad;
-      cudaMemcpy(entries, broken.data(), broken.size() * sizeof(int32_t), cudaMemcpyHostToDevice);
-      table.data = entries;
+  std::vector<int32_t> broken = in.caches[1].table_data;
+  broken[static_cast<size_t>(in.caches[1].max_blocks)] = bad;
+  for (const bool host_table : {false, true}) {
+    SCOPED_TRACE(host_table ? "the bad table in host memory" : "the bad table in device memory");
+    std::vector<std::string> errs(static_cast<size_t>(c.n));
+    std::vector<stria_status_t> sts(static_cast<size_t>(c.n));
+    RunRanks(c.n, [&](int r) {
+      cudaSetDevice(0);
+      stria_attention_params_t p = DecodeParams(c, nullptr);
+      stria_kv_cache_t cache;
+      caches[static_cast<size_t>(r)]->Fill(c, c.lens, &cache);
+      DLTensor table = caches[static_cast<size_t>(r)]->table_dl;
+      int32_t* entries = nullptr;
+      if (r == 1 && host_table) {
+        table.data = broken.data();
+        table.device = DLDevice{kDLCPU, 0};
+      } else if (r == 1) {
+        cudaMalloc(reinterpret_cast<void**>(&entries), broken.size() * sizeof(int32_t));
+        cudaMemcpy(entries, broken.data(), broken.size() * sizeof(int32_t), cudaMemcpyHostToDevice);
+        table.data = entries;
+      }
+      cache.block_table = &table;
+      sts[static_cast<size_t>(r)] =
+          stria_attention_decode(g.ctx[static_cast<size_t>(r)], &p, &cache, &q.dl, nullptr, nullptr,
+                                 &outs[static_cast<size_t>(r)]->dl, nullptr, nullptr);
+      errs[static_cast<size_t>(r)] = stria_get_last_error();
+      cudaFree(entries);
+    });
+    for (int r = 0; r < c.n; ++r) {
+      EXPECT_EQ(sts[static_cast<size_t>(r)], STRIA_ERROR_INVALID_ARGUMENT) << errs[static_cast<size_t>(r)];
+      const std::string expected = r == 1 ? "cache->block_table[1][0]" : "rank 1";
+      EXPECT_NE(errs[static_cast<size_t>(r)].find(expected), std::string::npos)
+          << "rank " << r << ": " << errs[static_cast<size_t>(r)];
     }
-    cache.block_table = &table;
-    sts[static_cast<size_t>(r)] = stria_attention_decode(g.ctx[static_cast<size_t>(r)], &p, &cache, &q.dl, nullptr,
-                                                         nullptr, &outs[static_cast<size_t>(r)]->dl, nullptr, nullptr);
-    errs[static_cast<size_t>(r)] = stria_get_last_error();
-    cudaFree(entries);
-  });
-  for (int r = 0; r < c.n; ++r) {
-    EXPECT_EQ(sts[static_cast<size_t>(r)], STRIA_ERROR_INVALID_ARGUMENT) << errs[static_cast<size_t>(r)];
-    const std::string expected = r == 1 ? "cache->block_table[1][0]" : "rank 1";
-    EXPECT_NE(errs[static_cast<size_t>(r)].find(expected), std::string::npos)
-        << "rank " << r << ": " << errs[static_cast<size_t>(r)];
   }
   // The same group, a call that runs.
   std::vector<stria_status_t> ok(static_cast<size_t>(c.n));
