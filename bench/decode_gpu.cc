@@ -5,11 +5,11 @@
 //
 // One token per call (bf16, batch 1) against a cache of S tokens on one GPU: the call's time until
 // out and lse are written (the call and a synchronisation of its stream), and the bandwidth of its
-// reads of K and V; beside it the call's device time alone (`device_ms`: its kernels and its
+// reads of K and V; beside it the call's work on the GPU alone (`work_ms`: its kernels and its
 // tables' upload, queued while the stream is held, then run back to back) and the host's (`host_ms`:
 // the call's return, validation and launches). Then, for each N, two models of the call over N
 // ranks:
-//  - from the device's times, the measure (`device_*`): one rank's device time at S / N,
+//  - from the kernels' times (`work_*`), the measure the decode targets take: one rank's work at S / N,
 //    the merge kernel over N records (`decode_merge`, measured), and the records' all-gather,
 //    which one GPU cannot measure: --gather-us (default 20: a small NCCL all-gather within an
 //    NVLink node) plus their bytes at --link-GBs (450);
@@ -107,11 +107,11 @@ class StreamGate {
 // synchronised (the slowest rank's), and, in a world of one, `gpu_ms` between CUDA events recorded
 // on the call's stream just before and after it, the anchor's method (bench/torch_sdpa_gpu.py):
 // it counts the host's work up to the first queued operation and the GPU's, not the wake-up from
-// the final synchronisation. In a world of one also `device_ms`, the same events around the call
-// queued behind a StreamGate (the device's work alone; negative if the gate gave up), and
+// the final synchronisation. In a world of one also `work_ms`, the same events around the call
+// queued behind a StreamGate (the GPU's work alone; negative if the gate gave up), and
 // `host_ms`, the call's own time on the host.
 struct Timing {
-  double wall_ms = 0, gpu_ms = 0, device_ms = -1, host_ms = 0;
+  double wall_ms = 0, gpu_ms = 0, work_ms = -1, host_ms = 0;
 };
 
 // One decode call per rank of `ctx` (all ranks call together) over a cache of `len` cached tokens
@@ -135,7 +135,7 @@ Timing DecodeMs(const std::vector<stria_context_t>& ctx, const Shape& s, int64_t
   CHECK_CUDA(cudaEventCreate(&after));
   const int64_t lens[1] = {len};
   std::vector<double> wall(static_cast<size_t>(n));
-  std::vector<double> device_times, host_times;
+  std::vector<double> work_times, host_times;
   bool gated_ok = true;
   StreamGate gate;
   auto call = [&](int i) {
@@ -173,7 +173,7 @@ Timing DecodeMs(const std::vector<stria_context_t>& ctx, const Shape& s, int64_t
         gpu_times.push_back(ms);
       }
     }
-    // Then the device's time and the host's, the call queued behind the gate (after the warm-up
+    // Then the work's time on the GPU and the host's, the call queued behind the gate (after the warm-up
     // call, which grows the buffers: freeing one waits for the device). Once the gate gives up
     // (the call waited for the held stream), no more: each try would cost its two seconds.
     if (n == 1 && gated_ok) {
@@ -187,7 +187,7 @@ Timing DecodeMs(const std::vector<stria_context_t>& ctx, const Shape& s, int64_t
       CHECK_CUDA(cudaStreamSynchronize(nullptr));
       float ms = 0;
       CHECK_CUDA(cudaEventElapsedTime(&ms, before, after));
-      device_times.push_back(ms);
+      work_times.push_back(ms);
       host_times.push_back(host);
     }
   }
@@ -197,14 +197,14 @@ Timing DecodeMs(const std::vector<stria_context_t>& ctx, const Shape& s, int64_t
   t.wall_ms = Median(times);
   t.gpu_ms = n == 1 ? Median(gpu_times) : t.wall_ms;
   if (n == 1) {
-    t.device_ms = gated_ok ? Median(device_times) : -1;
+    t.work_ms = gated_ok ? Median(work_times) : -1;
     t.host_ms = host_times.empty() ? 0 : Median(host_times);
   }
   return t;
 }
 
 // The merge kernel of a call over N ranks (the records of N ranks into out and lse, as
-// CudaDecoder::MergeOnDevice launches it), device time per launch: `reps` launches queued behind a
+// CudaDecoder::MergeOnDevice launches it), time per launch on the GPU: `reps` launches queued behind a
 // StreamGate. The records' values do not change its time.
 double MergeKernelMs(const Shape& s, int world, int reps) {
   const int64_t record = s.Hq * (s.D + 1);  // B = T = 1
@@ -341,18 +341,18 @@ int main(int argc, char** argv) {
   }
   std::vector<stria_context_t> one = Group(1);
   // One device holding the whole cache, and one rank's share at each N.
-  std::vector<double> whole(lens.size()), whole_device(lens.size());
+  std::vector<double> whole(lens.size()), whole_work(lens.size());
   for (size_t i = 0; i < lens.size(); ++i) {
     const int64_t S = lens[i];
     const Timing t = DecodeMs(one, s, S, S - 1, reps);
     whole[i] = t.gpu_ms;
-    whole_device[i] = t.device_ms;
+    whole_work[i] = t.work_ms;
     const double gbs = 2.0 * static_cast<double>(S) * static_cast<double>(s.Hkv * s.D) * 2.0 / (t.gpu_ms * 1e6);
     std::printf(
-        "impl=stria_cuda decode S=%lld Hq=%lld Hkv=%lld D=%lld ms=%.4f kv_GBs=%.1f wall_ms=%.4f device_ms=%.4f "
+        "impl=stria_cuda decode S=%lld Hq=%lld Hkv=%lld D=%lld ms=%.4f kv_GBs=%.1f wall_ms=%.4f work_ms=%.4f "
         "host_ms=%.4f\n",
         static_cast<long long>(S), static_cast<long long>(s.Hq), static_cast<long long>(s.Hkv),
-        static_cast<long long>(s.D), t.gpu_ms, gbs, t.wall_ms, t.device_ms, t.host_ms);
+        static_cast<long long>(s.D), t.gpu_ms, gbs, t.wall_ms, t.work_ms, t.host_ms);
     std::fflush(stdout);
   }
   // Prefill on one GPU: P new tokens against S cached ones, causal among themselves (FLOPs as
@@ -371,8 +371,8 @@ int main(int argc, char** argv) {
   // The call's fixed cost on one GPU: one cached token (validation, the tables' upload, the
   // launches, the result written on the device).
   const Timing fixed_one = DecodeMs(one, s, 1, 1, reps);
-  std::printf("impl=stria_cuda decode_fixed N=1 ms=%.4f wall_ms=%.4f device_ms=%.4f host_ms=%.4f\n", fixed_one.gpu_ms,
-              fixed_one.wall_ms, fixed_one.device_ms, fixed_one.host_ms);
+  std::printf("impl=stria_cuda decode_fixed N=1 ms=%.4f wall_ms=%.4f work_ms=%.4f host_ms=%.4f\n", fixed_one.gpu_ms,
+              fixed_one.wall_ms, fixed_one.work_ms, fixed_one.host_ms);
   std::fflush(stdout);
   // A call over N ranks: one rank's call on its share (measured as a world of one, its own fixed
   // cost included) plus what N ranks add to a call, the merge: the agreement, the records'
@@ -383,7 +383,7 @@ int main(int argc, char** argv) {
     const double fixed = DecodeMs(group, s, 1, 1, reps).wall_ms;
     const double merge = std::max(0.0, fixed - fixed_one.wall_ms);
     Destroy(&group);
-    // The device's merge: the records' all-gather (modelled: B T Hq (D + 1) floats from each rank)
+    // The merge on the GPU: the records' all-gather (modelled: B T Hq (D + 1) floats from each rank)
     // and the merge kernel (measured).
     const double merge_kernel = MergeKernelMs(s, static_cast<int>(n), reps);
     const double record_bytes = static_cast<double>(s.Hq * (s.D + 1)) * 4.0;
@@ -396,20 +396,20 @@ int main(int argc, char** argv) {
       const int64_t share = (lens[i] + n - 1) / n;
       const Timing rank = DecodeMs(one, s, share, share, reps);
       const double modelled = rank.gpu_ms + merge, ideal = whole[i] / static_cast<double>(n);
-      const double device_merge = merge_kernel + gather, device_modelled = rank.device_ms + device_merge;
-      const double device_ideal = whole_device[i] / static_cast<double>(n);
-      const bool device_ok = rank.device_ms > 0 && merge_kernel > 0 && whole_device[i] > 0;
+      const double work_merge = merge_kernel + gather, work_modelled = rank.work_ms + work_merge;
+      const double work_ideal = whole_work[i] / static_cast<double>(n);
+      const bool work_ok = rank.work_ms > 0 && merge_kernel > 0 && whole_work[i] > 0;
       std::printf(
           "impl=stria_cuda decode_sharded S=%lld N=%lld rank_ms=%.4f fixed_ms=%.4f merge_ms=%.4f modelled_ms=%.4f "
           "ideal_ms=%.4f of_ideal=%.3f merge_share=%.3f",
           static_cast<long long>(lens[i]), static_cast<long long>(n), rank.gpu_ms, fixed, merge, modelled, ideal,
           ideal / modelled, merge / modelled);
-      if (device_ok)
+      if (work_ok)
         std::printf(
-            " device_rank_ms=%.4f device_merge_ms=%.4f device_modelled_ms=%.4f device_ideal_ms=%.4f "
-            "device_of_ideal=%.3f device_merge_share=%.3f",
-            rank.device_ms, device_merge, device_modelled, device_ideal, device_ideal / device_modelled,
-            device_merge / device_modelled);
+            " work_rank_ms=%.4f work_merge_ms=%.4f work_modelled_ms=%.4f work_ideal_ms=%.4f "
+            "work_of_ideal=%.3f work_merge_share=%.3f",
+            rank.work_ms, work_merge, work_modelled, work_ideal, work_ideal / work_modelled,
+            work_merge / work_modelled);
       std::printf("\n");
       std::fflush(stdout);
     }

@@ -17,7 +17,7 @@ chunks beside SDPA's; and a last table of the bars:
   causal backward, the same shapes: >= 0.9x;
   the modelled striped ring (N 8, 256k tokens): >= 95% of ideal and >= 1.75x contiguous;
   decode over N ranks with 64k or more cached tokens per rank: >= 0.8 of (one GPU's time / N), modelled
-  from the device's times where the run has them (one rank's call, the merge kernel, a modelled
+  from the kernels' times where the run has them (one rank's call, the merge kernel, a modelled
   all-gather), else from the calls' (stria-decode-bench's two models);
   decode's merge across ranks (exchange, merge kernel) at 1M cached tokens: <= 10% of the modelled call;
   softcap 30 and sinks, causal, D 128: at most 1.10x the plain call's time on the same family;
@@ -136,9 +136,8 @@ SHARDED_KEYS = {"S", "N", "modelled_ms", "ideal_ms", "of_ideal", "merge_share"}
 def decode_tables(decode, sharded, fixed, shape, out, bars, split=None, merges=None):
     """Decode on one GPU beside torch SDPA's backends, the modelled call over N ranks, and its bars.
 
-    split: {S: (device_ms, host_ms)} of stria's calls; merges: {N: (kernel_ms, gather_ms)}. The bars
-    judge the model from the device's times where the run printed it (what the decode issue asks:
-    kernel times), else the one from the calls' times."""
+    split: {S: (work_ms, host_ms)} of stria's calls; merges: {N: (kernel_ms, gather_ms)}. The bars
+    judge the model from the kernels' times where the run printed it (the decode targets' measure), else the one from the calls' times."""
     split, merges = split or {}, merges or {}
     if decode:
         impls = sorted({i for (_, i) in decode}, key=lambda i: (not i.startswith("stria"), i))
@@ -155,9 +154,9 @@ def decode_tables(decode, sharded, fixed, shape, out, bars, split=None, merges=N
             out.append(f"| {length} | " + " | ".join(cells) + f" | {ratio} |")
         out.append("")
     if split:
-        out.append("stria's call, its device time alone (queued while the stream is held, then run back to back) "
+        out.append("stria's call, its work on the GPU alone (queued while the stream is held, then run back to back) "
                    "and its host time (validation and launches), ms:\n")
-        out.append("| S | call | device | host |")
+        out.append("| S | call | GPU work | host |")
         out.append("|---|---|---|---|")
         for length in sorted(split):
             call = decode.get((length, "stria_cuda"), fixed if length <= 1 else None)
@@ -175,21 +174,21 @@ def decode_tables(decode, sharded, fixed, shape, out, bars, split=None, merges=N
         for n in sorted(merges):
             out.append(f"| {n} | {merges[n][0]:.4f} | {merges[n][1]:.4f} |")
         out.append("")
-    device = [r for r in sharded if "device_of_ideal" in r]
+    device = [r for r in sharded if "work_of_ideal" in r]
     if sharded:
         out.append("Decode sharded over N ranks, modelled from the calls' times (one rank's measured call on its share "
-                   "plus what N ranks add to a call, an upper bound: N ranks on one GPU) and from the device's times "
-                   "(one rank's device time, the merge kernel, the all-gather):\n")
-        out.append("| S | N | modelled ms | ideal ms | of ideal | merge share | device: modelled ms | of ideal | "
+                   "plus what N ranks add to a call, an upper bound: N ranks on one GPU) and from the kernels' times "
+                   "(one rank's work on the GPU, the merge kernel, the all-gather):\n")
+        out.append("| S | N | modelled ms | ideal ms | of ideal | merge share | kernels: modelled ms | of ideal | "
                    "merge share |")
         out.append("|---|---|---|---|---|---|---|---|---|")
         for r in sharded:
-            dev = (f"{float(r['device_modelled_ms']):.3f} | {float(r['device_of_ideal']):.3f} | "
-                   f"{float(r['device_merge_share']):.3f}" if r in device else "– | – | –")
+            dev = (f"{float(r['work_modelled_ms']):.3f} | {float(r['work_of_ideal']):.3f} | "
+                   f"{float(r['work_merge_share']):.3f}" if r in device else "– | – | –")
             out.append(f"| {r['S']} | {r['N']} | {float(r['modelled_ms']):.3f} | {float(r['ideal_ms']):.3f} | "
                        f"{float(r['of_ideal']):.3f} | {float(r['merge_share']):.3f} | {dev} |")
         out.append("")
-    rows, prefix, which = (device, "device_", "device times") if device else (sharded, "", "call times")
+    rows, prefix, which = (device, "work_", "kernel times") if device else (sharded, "", "call times")
     long = [float(r[prefix + "of_ideal"]) for r in rows if int(r["S"]) // int(r["N"]) >= 65536]
     worst = min(long, default=None)
     bars.append((f"decode over N ranks, 64k+ cached tokens per rank: of ideal ({len(long)} shapes, {which})", ">= 0.8",
@@ -272,23 +271,23 @@ def main(argv):
             try:
                 if "impl" in kv and " decode " in f" {line} " and DECODE_KEYS <= kv.keys():
                     decode[(int(kv["S"]), kv["impl"])] = (float(kv["ms"]), float(kv["kv_GBs"]))
-                    if {"device_ms", "host_ms"} <= kv.keys():
-                        decode_split[int(kv["S"])] = (float(kv["device_ms"]), float(kv["host_ms"]))
+                    if {"work_ms", "host_ms"} <= kv.keys():
+                        decode_split[int(kv["S"])] = (float(kv["work_ms"]), float(kv["host_ms"]))
                     if decode_shape is None and {"Hq", "Hkv", "D"} <= kv.keys():
                         decode_shape = f"Hq {kv['Hq']}, Hkv {kv['Hkv']}, D {kv['D']}"
                 elif "impl" in kv and " prefill " in f" {line} " and {"S", "P", "ms", "tflops"} <= kv.keys():
                     prefill[(int(kv["S"]), int(kv["P"]), kv["impl"])] = (float(kv["ms"]), float(kv["tflops"]))
                 elif "impl" in kv and " decode_fixed " in f" {line} " and "ms" in kv:
                     fixed = float(kv["ms"])
-                    if {"device_ms", "host_ms"} <= kv.keys():
-                        decode_split[1] = (float(kv["device_ms"]), float(kv["host_ms"]))
+                    if {"work_ms", "host_ms"} <= kv.keys():
+                        decode_split[1] = (float(kv["work_ms"]), float(kv["host_ms"]))
                 elif "impl" in kv and " decode_merge " in f" {line} " and {"N", "kernel_ms", "gather_ms"} <= kv.keys():
                     merges[int(kv["N"])] = (float(kv["kernel_ms"]), float(kv["gather_ms"]))
                 elif "impl" in kv and " decode_sharded " in f" {line} " and SHARDED_KEYS <= kv.keys():
                     float(kv["of_ideal"]), float(kv["merge_share"])  # whole, or left out
-                    device_keys = ("device_modelled_ms", "device_of_ideal", "device_merge_share")
-                    if not all(k in kv for k in device_keys) or any(float(kv[k]) < 0 for k in device_keys):
-                        for k in device_keys:
+                    work_keys = ("work_modelled_ms", "work_of_ideal", "work_merge_share")
+                    if not all(k in kv for k in work_keys) or any(float(kv[k]) < 0 for k in work_keys):
+                        for k in work_keys:
                             kv.pop(k, None)
                     sharded.append(kv)
                 elif "impl" in kv and "tflops" in kv:

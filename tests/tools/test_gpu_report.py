@@ -118,19 +118,19 @@ def main(script):
             or "| 1048576 | 2 |" in out or "| 0.500 (0.400) |" in out or "| 8 | 1 | 8 |" in out
             or "| 4224 | 0.200 |" in out):
         failures.append("a line cut short was read")
-    # Decode with the device's times: the call split into device and host, the merge's parts, and
-    # the bars on the model from the device's times; a shape whose gate gave up (negative) is left
+    # Decode with the kernels' times: the call split into GPU work and host, the merge's parts, and
+    # the bars on the model from the kernels' times; a shape whose gate gave up (negative) is left
     # out of that model.
     dev = report(script, """\
-impl=stria_cuda decode S=131072 Hq=32 Hkv=8 D=128 ms=0.2000 kv_GBs=2684.4 wall_ms=0.2500 device_ms=0.1500 host_ms=0.0400
-impl=stria_cuda decode_fixed N=1 ms=0.0800 wall_ms=0.1000 device_ms=0.0120 host_ms=0.0300
+impl=stria_cuda decode S=131072 Hq=32 Hkv=8 D=128 ms=0.2000 kv_GBs=2684.4 wall_ms=0.2500 work_ms=0.1500 host_ms=0.0400
+impl=stria_cuda decode_fixed N=1 ms=0.0800 wall_ms=0.1000 work_ms=0.0120 host_ms=0.0300
 impl=stria_cuda decode_merge N=8 kernel_ms=0.0040 gather_ms=0.0200 (modelled: 20 us + 16512 bytes a rank at 450 GB/s)
 impl=stria_cuda decode_sharded S=1048576 N=8 rank_ms=0.2000 fixed_ms=0.9000 merge_ms=0.8000 modelled_ms=1.0000 \
-ideal_ms=0.1400 of_ideal=0.140 merge_share=0.800 device_rank_ms=0.1300 device_merge_ms=0.0240 \
-device_modelled_ms=0.1540 device_ideal_ms=0.1300 device_of_ideal=0.844 device_merge_share=0.156
+ideal_ms=0.1400 of_ideal=0.140 merge_share=0.800 work_rank_ms=0.1300 work_merge_ms=0.0240 \
+work_modelled_ms=0.1540 work_ideal_ms=0.1300 work_of_ideal=0.844 work_merge_share=0.156
 impl=stria_cuda decode_sharded S=524288 N=8 rank_ms=0.1500 fixed_ms=0.9000 merge_ms=0.8000 modelled_ms=0.9500 \
-ideal_ms=0.0700 of_ideal=0.074 merge_share=0.842 device_rank_ms=-1.0000 device_merge_ms=0.0240 \
-device_modelled_ms=-0.9760 device_ideal_ms=0.0700 device_of_ideal=-0.072 device_merge_share=-0.025
+ideal_ms=0.0700 of_ideal=0.074 merge_share=0.842 work_rank_ms=-1.0000 work_merge_ms=0.0240 \
+work_modelled_ms=-0.9760 work_ideal_ms=0.0700 work_of_ideal=-0.072 work_merge_share=-0.025
 """.replace("\\\n", ""))
     for line in (
             "| 131072 | 0.200 | 0.1500 | 0.0400 |",
@@ -138,11 +138,11 @@ device_modelled_ms=-0.9760 device_ideal_ms=0.0700 device_of_ideal=-0.072 device_
             "| 8 | 0.0040 | 0.0200 |",
             "| 1048576 | 8 | 1.000 | 0.140 | 0.140 | 0.800 | 0.154 | 0.844 | 0.156 |",
             "| 524288 | 8 | 0.950 | 0.070 | 0.074 | 0.842 | – | – | – |",
-            "| decode over N ranks, 64k+ cached tokens per rank: of ideal (1 shapes, device times) | >= 0.8 | 0.844 | met |",
-            "| decode's merge across ranks at 1M cached tokens: share of the call (device times) | <= 0.10 | 0.156 | "
+            "| decode over N ranks, 64k+ cached tokens per rank: of ideal (1 shapes, kernel times) | >= 0.8 | 0.844 | met |",
+            "| decode's merge across ranks at 1M cached tokens: share of the call (kernel times) | <= 0.10 | 0.156 | "
             "missed |"):
         if line not in dev.splitlines():
-            failures.append(f"decode from the device's times, missing: {line}\n{dev}")
+            failures.append(f"decode from the kernels' times, missing: {line}\n{dev}")
     empty = report(script, "== build failed: nothing else can run\n")
     if empty.count("| not measured |") != 7 or "decode" in empty:
         failures.append(f"a run that measured nothing: {empty!r}")
