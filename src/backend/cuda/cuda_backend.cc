@@ -345,15 +345,8 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     DeviceScope scope(device_);
     if (handoff_ != nullptr) cudaEventSynchronize(handoff_);
-    std::vector<Staging*> all{&home_staging_};
-    for (auto& st : staging_) all.push_back(st.get());
-    for (Staging* st_ptr : all) {
-      Staging& st = *st_ptr;
-      if (st.copied == nullptr) continue;
-      cudaEventSynchronize(st.copied);  // its host buffer is freed with this backend
-      cudaEventDestroy(st.copied);
-      cudaFreeHost(st.bounds);
-    }
+    staging_.Release();  // each waits for its copies
+    home_staging_.Release();
     // A call's home part joins its stream before the call returns (JoinDetached); these wait for
     // a call that failed before it could.
     for (cudaStream_t st : {side_, ring_stream_})
@@ -1046,72 +1039,36 @@ class CudaBackend final : public Backend {
   }
 
   // A document mask's bounds for the block at hand ([B][L] lo, then hi, from the ring: host
-  // memory it reuses at the next step) go to the device on the compute stream, through a
-  // page-locked host staging buffer (a copy from pageable memory may wait for the stream's earlier
-  // work on the host). A buffer is refilled only once its last copy has run: the first one, in
-  // turn, whose copy has, or a new one while there are fewer than kMaxStaging. The host runs only a
-  // few blocks ahead of the device (with the ring's order on the device it waits for each step's
-  // transfers a step later; the last steps of a call and the first of the next are the most it
-  // gets ahead), so refilling never waits. With busy_tiles, the forward's list of query tiles with
+  // memory it reuses at the next step) go to the device on the compute stream, through page-locked
+  // staging (a copy from pageable memory may wait for the stream's earlier work on the host;
+  // StagingPool hands out a buffer whose last copy has run). The host runs only a few blocks ahead
+  // of the device (with the ring's order on the device it waits for each step's transfers a step
+  // later; the last steps of a call and the first of the next are the most it gets ahead), so eight
+  // buffers keep refilling from waiting. With busy_tiles, the forward's list of query tiles with
   // work goes in the same copy (MaskArgs::tiles).
-  static constexpr size_t kMaxStaging = 8;
-  struct Staging;  // below, with the members
   Status UploadDocuments(const BlockMask& mask, cuda::MaskArgs* m, bool busy_tiles = false) {
-    return UploadDocumentsTo(mask, m, busy_tiles, &docs_, FreeStaging(), stream_);
+    return UploadDocumentsTo(mask, m, busy_tiles, &docs_, &staging_, stream_);
   }
-  Staging* FreeStaging() {
-    for (size_t k = 0; k < staging_.size(); ++k) {
-      const size_t i = (next_staging_ + k) % staging_.size();
-      Staging& st = *staging_[i];
-      const cudaError_t q = st.copied == nullptr ? cudaSuccess : cudaEventQuery(st.copied);
-      if (q == cudaErrorNotReady) ForgetError(q);
-      if (q == cudaSuccess) {
-        next_staging_ = (i + 1) % staging_.size();
-        return &st;
-      }
-    }
-    if (staging_.size() < kMaxStaging) {
-      staging_.push_back(std::make_unique<Staging>());
-      next_staging_ = 0;
-      return staging_.back().get();
-    }
-    Staging& oldest = *staging_[next_staging_];  // UploadDocumentsTo waits for its copy
-    next_staging_ = (next_staging_ + 1) % staging_.size();
-    return &oldest;
-  }
-  // The same into `dst` through `st` on `stream`: the home part's bounds go to a buffer of their
-  // own, which no later step of the ring overwrites while the part may still read it, through a
-  // staging buffer of their own, so that the ring's uploads never wait for the home part's stream.
-  Status UploadDocumentsTo(const BlockMask& mask, cuda::MaskArgs* m, bool busy_tiles, DeviceBuffer* dst, Staging* sp,
-                           cudaStream_t stream) {
+  // The same into `dst` through `pool` on `stream`: the home part's bounds go to a buffer of their
+  // own, which no later step of the ring overwrites while the part may still read it, through
+  // staging of their own, so that the ring's uploads never wait for the home part's stream.
+  Status UploadDocumentsTo(const BlockMask& mask, cuda::MaskArgs* m, bool busy_tiles, DeviceBuffer* dst,
+                           StagingPool* pool, cudaStream_t stream) {
     if (mask.doc_lo == nullptr) return Status::Ok();
     const size_t n = static_cast<size_t>(s_.B * s_.L);
     if (busy_tiles) BusyQueryTiles(mask, s_.B, s_.L, cuda::kForwardTileRows, &tiles_);
     // The list as int32 pairs packed into the staging's int64 words, after the bounds.
     const size_t list_words = busy_tiles ? (tiles_.size() + 1) / 2 : 0, words = 2 * n + list_words;
     STRIA_RETURN_IF_ERROR(dst->Reserve(words * sizeof(int64_t), "document bounds", handoff_));
-    Staging& st = *sp;
-    if (st.copied == nullptr) {
-      STRIA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&st.copied, cudaEventDisableTiming));
-    } else {
-      const cudaError_t q = cudaEventQuery(st.copied);
-      if (q == cudaErrorNotReady) ForgetError(q);
-      if (q != cudaSuccess) STRIA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(st.copied));
-    }
-    if (st.words < words) {
-      cudaFreeHost(st.bounds);
-      st.bounds = nullptr;
-      st.words = 0;
-      STRIA_CUDA_RETURN_IF_ERROR(cudaMallocHost(reinterpret_cast<void**>(&st.bounds), words * sizeof(int64_t)));
-      st.words = words;
-    }
-    std::memcpy(st.bounds, mask.doc_lo, n * sizeof(int64_t));
-    std::memcpy(st.bounds + n, mask.doc_hi, n * sizeof(int64_t));
-    if (!tiles_.empty() && busy_tiles) std::memcpy(st.bounds + 2 * n, tiles_.data(), tiles_.size() * 4);
+    StagingPool::Slot* slot = nullptr;
+    STRIA_RETURN_IF_ERROR(pool->Take(words * sizeof(int64_t), "document bounds (page-locked)", &slot));
+    int64_t* bounds = reinterpret_cast<int64_t*>(slot->buffer.data());
+    std::memcpy(bounds, mask.doc_lo, n * sizeof(int64_t));
+    std::memcpy(bounds + n, mask.doc_hi, n * sizeof(int64_t));
+    if (!tiles_.empty() && busy_tiles) std::memcpy(bounds + 2 * n, tiles_.data(), tiles_.size() * 4);
     int64_t* dev = static_cast<int64_t*>(dst->data());
-    STRIA_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(dev, st.bounds, words * sizeof(int64_t), cudaMemcpyHostToDevice, stream));
-    STRIA_CUDA_RETURN_IF_ERROR(cudaEventRecord(st.copied, stream));
+    STRIA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev, bounds, words * sizeof(int64_t), cudaMemcpyHostToDevice, stream));
+    STRIA_RETURN_IF_ERROR(StagingPool::Copied(slot, stream));
     m->doc_lo = dev;
     m->doc_hi = dev + n;
     m->doc_stride = mask.doc_batch_stride;
@@ -1292,13 +1249,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer docs_;                  // the block's document bounds (UploadDocuments)
   DeviceBuffer order_, home_order_;    // a deterministic backward's dQ order (BwdParams::dq_order)
   std::vector<int32_t> tiles_;         // a forward block's query tiles with work (BusyQueryTiles)
-  struct Staging {
-    int64_t* bounds = nullptr;  // page-locked (cudaMallocHost), `words` long
-    size_t words = 0;
-    cudaEvent_t copied = nullptr;  // recorded after the copy out of `bounds`
-  };
-  std::vector<std::unique_ptr<Staging>> staging_;  // FreeStaging's
-  size_t next_staging_ = 0;
+  StagingPool staging_{8};             // UploadDocuments'
   // A plan's home part (DetachesHome): while detached_, stream_ is ring_stream_ and the caller's
   // stream is caller_; the ring's blocks own rows [0, ring_rows_) (L otherwise).
   bool detached_ = false;
@@ -1307,7 +1258,7 @@ class CudaBackend final : public Backend {
   cudaEvent_t fork_ = nullptr, home_done_ = nullptr, join_ = nullptr;
   cudaEvent_t buffers_ready_ = nullptr;  // MarkBuffers'
   DeviceBuffer home_docs_;               // the home part's document bounds
-  Staging home_staging_;                 // and their host staging
+  StagingPool home_staging_{1};          // and their host staging
   const void* last_kv_ = nullptr;        // the last forward block's K/V (FinishRingRows' pointers)
   CudaDecoder decoder_;                  // the serving calls' buffers
 };

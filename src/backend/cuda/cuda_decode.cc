@@ -37,29 +37,22 @@ cuda::DecodeFinishArgs FinishArgs(const DecodeWork& w, const TensorView& out, co
 
 }  // namespace
 
-// The uploads may still be reading the page-locked tables; the device buffers are freed by
-// cudaFree, which waits for the device.
+// The uploads may still be reading the page-locked tables (the pool waits for them); the device
+// buffers are freed by cudaFree, which waits for the device.
 CudaDecoder::~CudaDecoder() {
   DeviceScope scope(device_);
-  for (Staging& st : staging_)
-    if (st.uploaded != nullptr) {
-      cudaEventSynchronize(st.uploaded);
-      cudaEventDestroy(st.uploaded);
-    }
   for (DeviceBuffer* b : {&tables_dev_, &states_}) b->Release();
-  for (Staging& st : staging_) st.buffer.Release();
+  staging_.Release();
 }
 
 // The call's tables, laid out in staging_ by Stage, in one copy: one copy's fixed cost however many
 // tables a call has.
 Status CudaDecoder::UploadTables(cudaStream_t stream) {
   STRIA_RETURN_IF_ERROR(tables_dev_.Reserve(std::max<size_t>(staged_, 16), "decode tables", nullptr));
-  Staging& st = staging_[current_];
   if (staged_ > 0)
     STRIA_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(tables_dev_.data(), st.buffer.data(), staged_, cudaMemcpyHostToDevice, stream));
-  STRIA_CUDA_RETURN_IF_ERROR(cudaEventRecord(st.uploaded, stream));
-  return Status::Ok();
+        cudaMemcpyAsync(tables_dev_.data(), slot_->buffer.data(), staged_, cudaMemcpyHostToDevice, stream));
+  return StagingPool::Copied(slot_, stream);
 }
 
 // Tables go back to back at 16-byte boundaries: Layout gives each one's offset, then Stage fills
@@ -71,20 +64,11 @@ size_t CudaDecoder::Layout(size_t bytes) {
 }
 
 Status CudaDecoder::Stage(std::initializer_list<Table> tables) {
-  current_ = (current_ + 1) % 3;
-  Staging& st = staging_[current_];
-  if (st.uploaded == nullptr) {
-    STRIA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&st.uploaded, cudaEventDisableTiming));
-  } else {
-    const cudaError_t q = cudaEventQuery(st.uploaded);  // three calls back: long done
-    if (q == cudaErrorNotReady) ForgetError(q);
-    if (q != cudaSuccess) STRIA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(st.uploaded));
-  }
-  STRIA_RETURN_IF_ERROR(st.buffer.Reserve(std::max<size_t>(staged_, 16), "decode tables (page-locked)"));
+  STRIA_RETURN_IF_ERROR(staging_.Take(staged_, "decode tables (page-locked)", &slot_));
   // A rank with no key has no pieces and no items: an empty vector's data() may be null, which
   // memcpy may not take even for no bytes.
   for (const Table& t : tables)
-    if (t.bytes > 0) std::memcpy(st.buffer.data() + t.at, t.src, t.bytes);
+    if (t.bytes > 0) std::memcpy(slot_->buffer.data() + t.at, t.src, t.bytes);
   return Status::Ok();
 }
 

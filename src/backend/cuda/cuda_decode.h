@@ -60,17 +60,11 @@ class CudaDecoder {
   std::vector<cuda::DecodeItem> items_;
   std::vector<int64_t> first_item_;
   std::vector<cuda::TokenCopy> copies_;
-  // The call's tables, back to back (staged_ bytes), in page-locked memory: the upload's source.
-  // Three in turn, each refilled once its own last upload has run (three calls back), so that the
-  // host never waits for the calls before: it may queue a call while the device runs the previous
-  // one, and a prefill's ring, a decode call per step, queues a step ahead of the device, whose
-  // transfer two steps back (which it has seen through) followed the upload three steps back.
-  struct Staging {
-    PinnedBuffer buffer;
-    cudaEvent_t uploaded = nullptr;  // recorded after its last upload
-  };
-  Staging staging_[3];
-  int current_ = 0;  // the staging of the call at hand
+  // The call's tables, back to back (staged_ bytes), in page-locked memory: the upload's source
+  // (`slot_`, the call's), a buffer whose last upload has run (StagingPool), so that the host never
+  // waits for the calls before: it may queue a call while the device runs the previous ones.
+  StagingPool staging_{8};
+  StagingPool::Slot* slot_ = nullptr;
   size_t staged_ = 0;
   DeviceBuffer tables_dev_, states_;
 };

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
+#include <vector>
 
 #include "cuda_common/cuda_status.h"
 
@@ -86,6 +88,78 @@ class PinnedBuffer {
  private:
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+};
+
+// Page-locked buffers that a call's uploads copy from, each handed out again only once its last
+// copy has run (an event recorded after it): the first one whose copy has, in turn, or a new one
+// while there are fewer than `max`, or else the oldest, waited for. The host, which may queue
+// calls ahead of the device, then refills none a copy may still read and seldom waits. The
+// caller's device must be current in Take, Copied and Release.
+class StagingPool {
+ public:
+  struct Slot {
+    PinnedBuffer buffer;
+    cudaEvent_t copied = nullptr;  // recorded after the last copy out of `buffer`
+  };
+  explicit StagingPool(size_t max) : max_(max < 1 ? 1 : max) {}
+  StagingPool(const StagingPool&) = delete;
+  StagingPool& operator=(const StagingPool&) = delete;
+  ~StagingPool() { Release(); }
+
+  // A slot of at least `bytes` whose last copy has run.
+  Status Take(size_t bytes, const char* what, Slot** out) {
+    Slot* slot = nullptr;
+    for (size_t k = 0; k < slots_.size() && slot == nullptr; ++k) {
+      const size_t i = (next_ + k) % slots_.size();
+      if (Done(*slots_[i])) {
+        slot = slots_[i].get();
+        next_ = (i + 1) % slots_.size();
+      }
+    }
+    if (slot == nullptr && slots_.size() < max_) {
+      slots_.push_back(std::make_unique<Slot>());
+      slot = slots_.back().get();
+      next_ = 0;
+    }
+    if (slot == nullptr) {  // every copy still queued: the oldest's
+      slot = slots_[next_].get();
+      next_ = (next_ + 1) % slots_.size();
+      STRIA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(slot->copied));
+    }
+    if (slot->copied == nullptr)
+      STRIA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&slot->copied, cudaEventDisableTiming));
+    STRIA_RETURN_IF_ERROR(slot->buffer.Reserve(bytes < 16 ? 16 : bytes, what));
+    *out = slot;
+    return Status::Ok();
+  }
+  // After the copy out of `slot` was queued on `stream`.
+  static Status Copied(Slot* slot, cudaStream_t stream) {
+    STRIA_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot->copied, stream));
+    return Status::Ok();
+  }
+  // Waits for every copy, then frees the buffers.
+  void Release() {
+    for (auto& slot : slots_) {
+      if (slot->copied != nullptr) {
+        cudaEventSynchronize(slot->copied);
+        cudaEventDestroy(slot->copied);
+      }
+      slot->buffer.Release();
+    }
+    slots_.clear();
+    next_ = 0;
+  }
+
+ private:
+  static bool Done(const Slot& slot) {
+    if (slot.copied == nullptr) return true;
+    const cudaError_t q = cudaEventQuery(slot.copied);
+    if (q == cudaErrorNotReady) ForgetError(q);
+    return q == cudaSuccess;
+  }
+  std::vector<std::unique_ptr<Slot>> slots_;
+  size_t next_ = 0;
+  const size_t max_;
 };
 
 }  // namespace stria
