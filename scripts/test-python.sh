@@ -97,6 +97,10 @@ PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_transformers.py 
   --check
 PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_transformers.py --family mistral --ranks 3 --seq 48 \
   --packed 3 --layout zigzag --steps 4 --check
+PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_transformers.py --family llama4 --ranks 3 --seq 48 \
+  --packed 3 --layout zigzag --steps 4 --check
+PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_transformers.py --family deepseek_v3 --ranks 2 --steps 4 \
+  --check
 section "examples/python/generate_sharded_cache.py"
 PYTHONPATH=$package_dir timeout 300 "$py" examples/python/generate_sharded_cache.py --ranks 4 --check
 PYTHONPATH=$package_dir timeout 300 "$py" examples/python/generate_sharded_cache.py --family gpt_oss --ranks 3 \

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Fine-tunes a small HuggingFace transformers model with stria's ring attention.
 
-The model (random weights, so that nothing is downloaded: a tiny Llama, Qwen2, Mistral, Gemma 2 or
-gpt-oss) is made with attn_implementation="stria". Every rank takes its shard of each batch's
+The model (random weights, so that nothing is downloaded: a tiny Llama, Qwen2, Mistral, Gemma 2,
+gpt-oss, Llama 4 or DeepSeek-V3) is made with attn_implementation="stria". Every rank takes its shard of each batch's
 sequences (stria.transformers.shard_batch: token ids, position ids, next-token labels) and runs
 the model on it; the attention layers run stria's ring over the ranks. Each rank's loss is its
 share of the batch's mean, so the ranks' gradients sum to the gradient of the whole batch.
@@ -47,6 +47,15 @@ def tiny_model(family: str, attn: str, seed: int) -> torch.nn.Module:
         "gpt_oss": lambda: transformers.GptOssConfig(**common, sliding_window=16, num_local_experts=4,
                                                      num_experts_per_tok=2,
                                                      rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+        # Chunked attention in chunks of 16 on the first layer, the second without rotary embeddings.
+        "llama4": lambda: transformers.Llama4TextConfig(**common, attention_chunk_size=16, no_rope_layers=[1, 0],
+                                                        num_local_experts=2, intermediate_size_mlp=128),
+        # Multi-head latent attention: query and key heads of 24, value heads of 16.
+        "deepseek_v3": lambda: transformers.DeepseekV3Config(
+            vocab_size=96, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=8,
+            qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=1,
+            n_group=1, topk_group=1, max_position_embeddings=256, attention_dropout=0.0),
     }
     torch.manual_seed(seed)
     return transformers.AutoModelForCausalLM.from_config(configs[family](), attn_implementation=attn)
@@ -140,7 +149,8 @@ def train_distributed(model, args) -> list[float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--family", default="llama", choices=["llama", "qwen2", "mistral", "gemma2", "gpt_oss"])
+    families = ["llama", "qwen2", "mistral", "gemma2", "gpt_oss", "llama4", "deepseek_v3"]
+    parser.add_argument("--family", default="llama", choices=families)
     parser.add_argument("--ranks", type=int, default=4, help="threads of a local group (without torchrun)")
     parser.add_argument("--layout", default="striped", choices=["striped", "zigzag", "contiguous"])
     parser.add_argument("--steps", type=int, default=6)

@@ -506,8 +506,10 @@ def scaled_dot_product_attention(
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """torch.nn.functional.scaled_dot_product_attention over a sequence sharded across the ranks
-    of `context`: query ``[B, Hq, L, D]``, key/value ``[B, Hkv, L, D]`` hold this rank's L tokens
-    in `layout`; returns ``[B, Hq, L, D]`` (a transposed view of stria's output).
+    of `context`: query ``[B, Hq, L, D]``, key ``[B, Hkv, L, D]`` and value ``[B, Hkv, L, Dv]``
+    hold this rank's L tokens in `layout`; returns ``[B, Hq, L, Dv]`` (a transposed view of stria's
+    output). Dv may differ from D, as in torch (multi-head latent attention): the narrower heads
+    are padded with zeros to the wider for the library, whose work is then that of the wider.
 
     is_causal masks on global positions. Grouped-query attention (Hq a multiple of Hkv) is
     always accepted (enable_gqa is taken for compatibility). attn_mask and dropout are not
@@ -528,10 +530,10 @@ def scaled_dot_product_attention(
     # would name shapes the caller never passed.
     b, hq, lq, d = query.shape
     for name, x in (("key", key), ("value", value)):
-        if x.shape[0] != b or x.shape[2] != lq or x.shape[3] != d or x.shape[1] != key.shape[1]:
+        if x.shape[0] != b or x.shape[2] != lq or x.shape[1] != key.shape[1] or (x is key and x.shape[3] != d):
             raise ValueError(
-                f"{name} has shape {tuple(x.shape)}: key and value must be [B, Hkv, L, D] with query's B, L and D "
-                f"(query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)})"
+                f"{name} has shape {tuple(x.shape)}: key must be [B, Hkv, L, D] with query's B, L and D, and value "
+                f"[B, Hkv, L, Dv] (query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)})"
             )
     if key.shape[1] == 0 or hq % key.shape[1] != 0:
         raise ValueError(
@@ -548,6 +550,18 @@ def scaled_dot_product_attention(
             "literal zero or negative scale cannot be passed through"
         )
     del enable_gqa
+    dv = value.shape[3]
+    if dv != d:
+        # Value heads of another width than the query's and key's (multi-head latent attention:
+        # DeepSeek-V3's 192 against 128), which the library's one head dim does not take: the
+        # narrower side padded with zeros to the wider, which changes no score and no output column
+        # (zero query and key columns add nothing to q.k; zero value columns give zero output
+        # columns, sliced off), at the cost of the padded columns' work and memory.
+        scale = d**-0.5 if scale is None else scale
+        if dv < d:
+            value = torch.nn.functional.pad(value, (0, d - dv))
+        else:
+            query, key = (torch.nn.functional.pad(x, (0, dv - d)) for x in (query, key))
     out = ring_attention(
         query.transpose(1, 2),
         key.transpose(1, 2),
@@ -562,7 +576,7 @@ def scaled_dot_product_attention(
         softcap=softcap,
         sinks=sinks,
     )
-    return out.transpose(1, 2)
+    return out.transpose(1, 2)[..., :dv]
 
 
 def context_from_group(

@@ -1,5 +1,6 @@
 """HuggingFace transformers integration: stria as an attention implementation of any model that
-takes transformers' attention interface (Llama, Qwen2, Mistral, Gemma 2, gpt-oss, ...).
+takes transformers' attention interface (Llama, Qwen2, Mistral, Gemma 2, gpt-oss, Llama 4,
+DeepSeek-V3, ...).
 
     import stria.transformers as st
 
@@ -20,9 +21,13 @@ them as data-parallel training does.
 
 What the attention layers pass is honoured: the scaling, grouped-query heads, the causal flag, a
 sliding window (per layer), logit softcapping (Gemma 2) and attention sinks (gpt-oss,
-differentiable). What stria cannot honour is refused with a ValueError: an attention mask tensor (a
-padding mask or a custom 4D mask: pack the documents and pass ``cu_seqlens`` instead), dropout in
-training, a key/value cache, position biases.
+differentiable); and what the model's config says of its layers: chunked attention (Llama 4: each
+document cut into chunks as the documents), query temperatures computed from positions (Llama 4's
+layers without rotary embeddings, rescaled to each token's own position), value heads of another
+width than the query's (DeepSeek-V3). What stria cannot honour is refused with a ValueError: an
+attention mask tensor (a padding mask or a custom 4D mask: pack the documents and pass
+``cu_seqlens`` instead), a mask with blocks of tokens that see each other both ways, dropout in
+training, a key/value cache, position biases, chunked attention on a document plan.
 
 Generation runs on a KV cache sharded over the ranks (``ShardedCache``): every rank runs the model on
 the same tokens, each keeps its share of every layer's cache (striped by position, so the shares
@@ -42,7 +47,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import numpy as np
@@ -87,6 +92,13 @@ class Sharding:
     layout: LayoutLike = Layout.STRIPED
     plan: Plan | None = None
     cu_seqlens: torch.Tensor | None = None
+    # The batch's sequence length, and the global position of each of this rank's tokens (int64
+    # ``[B, L]``, -1 for a plan's padding slots): what layers that depend on a token's place in the
+    # sequence need (chunked attention, Llama 4's attention temperature). None: not known.
+    seq_len: int | None = None
+    positions: torch.Tensor | None = None
+    # The boundaries of chunked-attention layers, by chunk size and batch (made at the first layer).
+    chunks: dict = field(default_factory=dict, repr=False)
 
     __hash__ = object.__hash__
     __eq__ = object.__eq__
@@ -189,7 +201,7 @@ def shard_batch(
         if not isinstance(plan, Plan):
             raise TypeError(f"shard_batch(): plan must be a stria.Plan, not {type(plan).__name__}")
         if cu is None:
-            cu = torch.as_tensor(np.asarray(plan.cu_seqlens), dtype=torch.int64).expand(batch, -1).contiguous()
+            cu = torch.as_tensor(np.array(plan.cu_seqlens, dtype=np.int64)).expand(batch, -1).contiguous()
     starts = _document_starts(cu, batch, seq)
     if position_ids is None:
         position_ids = torch.arange(seq).expand(batch, seq) - starts
@@ -227,11 +239,13 @@ def shard_batch(
         def take(x: torch.Tensor, fill: int) -> torch.Tensor:  # noqa: ARG001 - every slot has a token
             return x[:, index.to(x.device)]
 
+        where = index.expand(batch, -1)
+
     ids = take(input_ids, pad_token_id)
     pos = take(position_ids.to(input_ids.device), 0)
     lab = None if shifted is None else take(shifted, ignore_index)
     count = None if shifted is None else (shifted != ignore_index).sum()
-    sharding = Sharding(context, Layout.of(layout), plan, cu)
+    sharding = Sharding(context, Layout.of(layout), plan, cu, seq, where.contiguous())
     return ShardedBatch(ids, pos, lab, count, sharding)
 
 
@@ -256,9 +270,15 @@ def attention_forward(
     """transformers' attention interface on stria's ring: query ``[B, Hq, L, D]``, key and value
     ``[B, Hkv, L, D]`` of this rank's tokens; returns ``([B, L, Hq, D], None)``."""
     pending = getattr(_current, "pending", None)
-    if pending is not None and pending[1] is key:  # a ShardedCache layer's update() just gave these keys
+    if pending is not None:  # a ShardedCache layer's update() came just before
         _current.pending = None
-        return _decode(pending[0], module, query, pending, attention_mask, scaling, sliding_window, softcap, s_aux)
+        if pending[1] is key:
+            return _decode(pending[0], module, query, pending, attention_mask, scaling, sliding_window, softcap, s_aux)
+        _refuse(
+            "the model's cache holds states it transforms before attention (such as DeepSeek-V3's compressed "
+            "latents), and a ShardedCache holds each layer's keys and values as attention takes them: generate "
+            "with transformers' own cache"
+        )
     sharding = kwargs.get(NAME) or getattr(_current, "sharding", None)
     if not isinstance(sharding, Sharding):
         _refuse(
@@ -284,6 +304,9 @@ def attention_forward(
     if sliding_window is not None:
         reach = int(sliding_window) - 1  # transformers' window of W: the W - 1 keys before a query and itself
         window = (reach, 0 if causal else reach)
+    chunk = _chunk_size(module)
+    documents = sharding.cu_seqlens if chunk is None else _chunk_boundaries(sharding, chunk, query.shape[0])
+    query = _query_at_global_positions(module, query, sharding)
     out = stria_torch.scaled_dot_product_attention(
         query,
         key,
@@ -292,13 +315,81 @@ def attention_forward(
         scale=scaling,
         context=sharding.context,
         layout=sharding.layout,
-        cu_seqlens=sharding.cu_seqlens,
+        cu_seqlens=documents,
         window=window,
         plan=sharding.plan,
         softcap=softcap,
         sinks=s_aux,
     )
     return out.transpose(1, 2), None
+
+
+def _chunk_size(module: torch.nn.Module) -> int | None:
+    """The chunk of a chunked-attention layer (Llama 4's: a query sees the keys of its own chunk of
+    that many positions only, chunks counted from its document's start), as the model's config
+    names the layer's type; None for any other layer."""
+    config = getattr(module, "config", None)
+    layer = getattr(module, "layer_idx", None)
+    types = getattr(config, "layer_types", None)
+    if layer is None or not types or not 0 <= layer < len(types) or types[layer] != "chunked_attention":
+        return None
+    size = getattr(config, "attention_chunk_size", None)
+    if not size or int(size) < 1:
+        _refuse(f"layer {layer} is a chunked-attention layer, but the config's attention_chunk_size is {size!r}")
+    return int(size)
+
+
+def _chunk_boundaries(sharding: Sharding, size: int, batch: int) -> torch.Tensor:
+    """The documents of a chunked-attention layer: every document (the whole sequence without
+    cu_seqlens) cut into chunks of `size` tokens from its start, as ``[B, n + 1]`` boundaries (rows
+    with fewer chunks repeat the end): a document mask is then exactly the chunked mask."""
+    if sharding.plan is not None:
+        _refuse(
+            "a chunked-attention layer (a query sees only its chunk of positions) cannot run on a document plan, "
+            "whose placement is made from the documents alone: shard the batch by a layout (with cu_seqlens for "
+            "packed documents)"
+        )
+    if sharding.seq_len is None:
+        _refuse("a chunked-attention layer needs the batch's sequence length: shard the batch with shard_batch")
+    key = (size, batch)
+    found = sharding.chunks.get(key)
+    if found is not None:
+        return found
+    seq = int(sharding.seq_len)
+    rows = [[0, seq]] * batch if sharding.cu_seqlens is None else sharding.cu_seqlens.tolist()
+    cut = []
+    for row in rows:
+        starts = [p for lo, hi in zip(row[:-1], row[1:]) for p in range(lo, hi, size)]
+        cut.append(starts + [seq])
+    width = max(len(r) for r in cut)
+    found = torch.tensor([r + [seq] * (width - len(r)) for r in cut], dtype=torch.int64)
+    sharding.chunks[key] = found
+    return found
+
+
+def _temperature(module: torch.nn.Module, positions: torch.Tensor) -> torch.Tensor:
+    """Llama 4's attention temperature of a query at each position (float32), as the model computes it."""
+    steps = torch.floor((positions.to(torch.float32) + 1.0) / module.floor_scale)
+    return torch.log1p(steps) * module.attn_scale + 1.0
+
+
+def _query_at_global_positions(module: torch.nn.Module, query: torch.Tensor, sharding: Sharding) -> torch.Tensor:
+    """The query as the model means it where the model scales it by its tokens' positions.
+
+    Llama 4's layers without rotary embeddings scale each query by a temperature that grows with
+    its position, computed from positions 0..L-1 of the tensor the layer holds. On a rank those are
+    not the tokens' positions in the sequence: each query is rescaled from the temperature of its
+    slot to that of its token (the same wherever both are below the model's floor_scale)."""
+    if not getattr(module, "attn_temperature_tuning", False) or getattr(module, "use_rope", True):
+        return query
+    if sharding.positions is None:
+        _refuse("Llama 4's attention temperature needs each token's position: shard the batch with shard_batch")
+    slots = torch.arange(query.shape[2])
+    ratio = _temperature(module, sharding.positions.clamp(min=0)) / _temperature(module, slots)  # [B, L]
+    if bool((ratio == 1).all()):
+        return query
+    scaled = query.to(torch.float32) * ratio[:, None, :, None].to(query.device)
+    return scaled.to(query.dtype)
 
 
 class _ShardedLayer(CacheLayerMixin):
@@ -375,21 +466,60 @@ def _decode(
     q = query.transpose(1, 2).contiguous()
     k_new, v_new = (x.transpose(1, 2).contiguous() for x in (key, value))
     window = -1 if sliding_window is None else int(sliding_window) - 1
-    sinks = None if s_aux is None else s_aux.detach().float().contiguous()
+    chunk = _chunk_size(module)
     assert layer.kv is not None
+    if chunk is not None:
+        # The new tokens at positions start..start + T - 1 each see their chunk's keys up to them:
+        # plain causal attention while they are all in the first chunk, and for one token a window
+        # reaching back to its chunk's start; several tokens past the first chunk see windows of
+        # different reach, which one call cannot express.
+        start, count = int(layer.kv.lens.max()), q.shape[1]
+        if start + count > chunk:
+            if count != 1:
+                _refuse(
+                    f"{count} new tokens at positions {start}.. on a chunked-attention layer (chunks of {chunk}) "
+                    "reach past the first chunk: give them to the cache one at a time (or a prompt within the chunk)"
+                )
+            reach = start % chunk
+            window = reach if window < 0 else min(window, reach)
+    sinks = None if s_aux is None else s_aux.detach().float().contiguous()
     out = layer.kv.decode(
         q, k_new, v_new, softmax_scale=scaling, window_left=window, softcap=softcap, sinks=sinks
     )
     return out, None
 
 
-def _mask(*args: Any, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> None:
-    """transformers' mask interface: stria builds its masks itself, so none is made; a padding mask
-    with padding in it would be dropped, so it is refused instead."""
+def _mask_parts(function: Any, depth: int = 0) -> Iterator[Any]:
+    """The mask functions a transformers mask function is made of (itself, and what its closures
+    hold: and_masks and or_masks keep theirs in a tuple)."""
+    yield function
+    if depth > 8:
+        return
+    for cell in getattr(function, "__closure__", None) or ():
+        try:
+            held = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        for part in held if isinstance(held, (tuple, list)) else (held,):
+            if callable(part) and not isinstance(part, (torch.Tensor, torch.nn.Module, type)):
+                yield from _mask_parts(part, depth + 1)
+
+
+def _mask(
+    *args: Any, attention_mask: torch.Tensor | None = None, mask_function: Any = None, **kwargs: Any
+) -> None:
+    """transformers' mask interface: stria builds its masks itself, so none is made. What it would
+    drop is refused instead: a padding mask with padding in it, and blocks of tokens that see each
+    other both ways (a multimodal model's image tokens)."""
     if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
         _refuse(
             "the attention_mask pads some tokens, which stria cannot honour: pack sequences without padding and "
             "pass cu_seqlens to shard_batch"
+        )
+    if any(getattr(part, "__qualname__", "").startswith("blockwise_overlay.") for part in _mask_parts(mask_function)):
+        _refuse(
+            "the model lets blocks of tokens (such as an image's) attend to each other both ways, which stria's "
+            "causal, document and window masks cannot express"
         )
     return None
 

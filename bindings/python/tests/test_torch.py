@@ -216,6 +216,36 @@ def test_sdpa_shaped_function_matches_torch_sdpa(n, layout, causal):
     assert all(e < 1e-5 for e in errors.values()), errors
 
 
+@pytest.mark.parametrize("n", [1, 3])
+@pytest.mark.parametrize("dv", [D // 2, D + 8], ids=["narrower", "wider"])
+@pytest.mark.parametrize("scale", [None, 0.3], ids=["default_scale", "scale"])
+def test_sdpa_value_heads_of_another_width_match_torch_sdpa(n, dv, scale):
+    """Value heads narrower than the query's and key's (multi-head latent attention) or wider, as
+    torch's SDPA takes them: the output has the value's width, the gradients every input's, the
+    default scale is the query's 1/sqrt(D)."""
+    gen = torch.Generator().manual_seed(7 + n)
+    q, k, dout = (torch.randn(B, h, S, d, generator=gen) for h, d in ((4, D), (2, D), (4, dv)))
+    v = torch.randn(B, 2, S, dv, generator=gen)
+    q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
+    want = F.scaled_dot_product_attention(q64, k64, v64, is_causal=True, scale=scale, enable_gqa=True)
+    want.backward(dout.double())
+    ref = [x.detach().numpy() for x in (want, q64.grad, k64.grad, v64.grad)]
+
+    def rank_fn(ctx):
+        pos = torch.from_numpy(positions_ref("striped", S, n, ctx.rank))
+        ql, kl, vl = (x[:, :, pos].clone().requires_grad_() for x in (q, k, v))
+        out = stria_torch.scaled_dot_product_attention(ql, kl, vl, is_causal=True, scale=scale, context=ctx)
+        assert out.shape == (B, 4, len(pos), dv)
+        out.backward(dout[:, :, pos])
+        return pos.numpy(), out, ql.grad, kl.grad, vl.grad
+
+    with stria.local_group(n, timeout_s=TIMEOUT_S) as group:
+        results = group.run(rank_fn)
+    got = [assemble([(r[0], r[i]) for r in results], S, 2) for i in range(1, 5)]
+    errors = {name: rel_err(g, r) for name, g, r in zip(("out", "dq", "dk", "dv"), got, ref)}
+    assert all(e < 1e-5 for e in errors.values()), errors
+
+
 def test_sdpa_views_reach_the_library_without_a_copy(monkeypatch):
     """SDPA's [B, H, L, D] tensors are handed to stria as transposed views of the same memory."""
     seen = []
@@ -255,6 +285,8 @@ def test_sdpa_names_the_shapes_the_caller_passed():
     with stria.Context() as ctx:
         with pytest.raises(ValueError, match=r"key has shape \(1, 2, 4, 16\).*query \(1, 2, 8, 16\)"):
             stria_torch.scaled_dot_product_attention(q, k, k, context=ctx)
+        with pytest.raises(ValueError, match=r"key has shape \(1, 2, 8, 8\)"):  # only the value may be narrower
+            stria_torch.scaled_dot_product_attention(q, q[..., :8], q, context=ctx)
         with pytest.raises(ValueError, match="query's 3 heads are not a multiple of key's 2"):
             stria_torch.scaled_dot_product_attention(torch.randn(1, 3, 8, D), q, q, context=ctx)
 

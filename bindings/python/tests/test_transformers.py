@@ -1,9 +1,11 @@
 """stria.transformers: tiny random models of the families users fine-tune (Llama, Qwen2, Mistral
 with a sliding window, Gemma 2 with logit softcapping and alternating windows, gpt-oss with
-attention sinks) run with attn_implementation="stria" on local groups of CPU ranks, each on its
-shard of the batch, against the same model with transformers' own eager attention on the whole
-sequence in float64: the logits, the loss (the sum of the ranks' shares) and every parameter's
-gradient (the sum of the ranks' contributions)."""
+attention sinks, Llama 4 with chunked attention and position-dependent query temperatures,
+DeepSeek-V3's latent attention with value heads narrower than its query and key heads) run with
+attn_implementation="stria" on local groups of CPU ranks, each on its shard of the batch, against
+the same model with transformers' own eager attention on the whole sequence in float64: the
+logits, the loss (the sum of the ranks' shares) and every parameter's gradient (the sum of the
+ranks' contributions)."""
 
 from __future__ import annotations
 
@@ -44,6 +46,16 @@ def tiny_config(family: str):
         rope = {"rope_type": "default", "rope_theta": 10000.0}  # the default's YaRN wants longer contexts
         return transformers.GptOssConfig(**common, sliding_window=5, num_local_experts=4, num_experts_per_tok=2,
                                          rope_parameters=rope)
+    if family == "llama4":  # chunks of 7; the second layer without rotary embeddings, its temperature from 4 on
+        return transformers.Llama4TextConfig(**common, attention_chunk_size=7, no_rope_layers=[1, 0],
+                                             num_local_experts=2, intermediate_size_mlp=48, floor_scale=5,
+                                             attn_scale=0.5)
+    if family == "deepseek_v3":  # multi-head latent attention: query and key heads of 16, value heads of 8
+        return transformers.DeepseekV3Config(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8,
+            qk_nope_head_dim=8, v_head_dim=8, n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=1,
+            n_group=1, topk_group=1, max_position_embeddings=64, attention_dropout=0.0)
     raise ValueError(family)
 
 
@@ -104,7 +116,7 @@ def check(got, want, tol):
         assert rel_err(grads[name].double().numpy(), g.numpy()) < tol, name
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "gemma2", "gpt_oss"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "gemma2", "gpt_oss", "llama4", "deepseek_v3"])
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 @pytest.mark.parametrize("layout", ["contiguous", "striped", "zigzag"])
 def test_model_matches_eager_attention(family, n, layout):
@@ -146,6 +158,53 @@ def test_packed_documents_match_separate_sequences(on_plan):
     for lo, hi in zip(cu[:-1], cu[1:]):
         alone = ref(input_ids=input_ids[:, lo:hi], use_cache=False).logits
         assert rel_err(logits[:, lo:hi].numpy(), alone.detach().numpy()) < 2e-5
+
+
+@pytest.mark.parametrize("n,layout", [(2, "zigzag"), (3, "striped")])
+def test_chunked_attention_on_packed_documents(n, layout):
+    """Llama 4 on packed documents: its chunks restart at each document, and its query temperatures
+    follow the tokens' places in the packed row, as transformers' eager attention computes them on
+    the packed row itself (position ids restarting at each document)."""
+    model = make_model("llama4", "stria")
+    cu = [0, 5, 13, 24]  # chunks of 7: [0, 5) | [5, 12) [12, 13) | [13, 20) [20, 24)
+    input_ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(5))
+    starts = torch.tensor([lo for lo, hi in zip(cu[:-1], cu[1:]) for _ in range(lo, hi)])
+    position_ids = (torch.arange(SEQ) - starts).expand(BATCH, SEQ)
+    ref = copy.deepcopy(model).double()
+    ref.set_attn_implementation("eager")
+    want = ref(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits.detach()
+    logits, _, _ = run_sharded(model, input_ids, n, layout, cu_seqlens=cu)
+    assert rel_err(logits.numpy(), want.numpy()) < 2e-5
+
+
+def test_chunked_attention_on_a_plan_is_refused():
+    model = make_model("llama4", "stria")
+    input_ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(6))
+    plan = stria.Plan([[0, 11, SEQ]] * BATCH, 2, seq_len=SEQ, tile=4)
+    with pytest.raises(ValueError, match="chunked-attention layer .* document plan"):
+        run_sharded(model, input_ids, 2, plan=plan)
+
+
+def test_the_mask_interface_refuses_blocks_that_see_each_other_both_ways():
+    """transformers' masks as the interface gets them: causal, windowed, chunked and packed ones are
+    stria's to build (none is made); one that lets a block of tokens (an image's) see itself both
+    ways is refused rather than computed as causal."""
+    mu = pytest.importorskip("transformers.masking_utils")
+    interface = mu.ALL_MASK_ATTENTION_FUNCTIONS[st.NAME]
+    packed = torch.tensor([[0, 0, 1, 1]])
+    honoured = [
+        mu.causal_mask_function,
+        mu.sliding_window_causal_mask_function(3),
+        mu.chunked_causal_mask_function(2, torch.zeros(1, dtype=torch.long)),
+        mu.and_masks(mu.causal_mask_function, mu.packed_sequence_mask_function(packed)),
+    ]
+    for function in honoured:
+        assert interface(batch_size=1, q_length=4, kv_length=4, mask_function=function) is None
+    blocks = mu.blockwise_overlay(torch.tensor([[-1, 0, 0, -1]]))
+    overlaid = mu.or_masks(mu.causal_mask_function, blocks)
+    for function in (overlaid, mu.and_masks(overlaid, mu.packed_sequence_mask_function(packed))):
+        with pytest.raises(ValueError, match="both ways"):
+            interface(batch_size=1, q_length=4, kv_length=4, mask_function=function)
 
 
 def test_what_cannot_be_honoured_is_refused():

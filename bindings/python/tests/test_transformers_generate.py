@@ -33,6 +33,16 @@ def tiny_model(family: str, attn: str):
         "gpt_oss": lambda: transformers.GptOssConfig(**common, sliding_window=8, num_local_experts=4,
                                                      num_experts_per_tok=2,
                                                      rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+        # Chunks of 16 (the generation crosses two boundaries, one token at a time), the second
+        # layer without rotary embeddings and its query temperature growing from position 4.
+        "llama4": lambda: transformers.Llama4TextConfig(**common, attention_chunk_size=16, no_rope_layers=[1, 0],
+                                                        num_local_experts=2, intermediate_size_mlp=128,
+                                                        floor_scale=5, attn_scale=0.5),
+        "deepseek_v3": lambda: transformers.DeepseekV3Config(  # value heads of 8 beside query and key heads of 16
+            vocab_size=96, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=8,
+            qk_nope_head_dim=8, v_head_dim=8, n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=1,
+            n_group=1, topk_group=1, max_position_embeddings=256),
     }
     torch.manual_seed(3)
     return transformers.AutoModelForCausalLM.from_config(configs[family](), attn_implementation=attn).eval()
@@ -45,7 +55,7 @@ def generate(model, prompt, **kwargs):
     return out.sequences, torch.stack(out.logits)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "gemma2", "gpt_oss"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "gemma2", "gpt_oss", "llama4"])
 @pytest.mark.parametrize("n,layout", [(1, "striped"), (2, "contiguous"), (3, "zigzag"), (4, "striped")])
 def test_generate_matches_one_process(family, n, layout):
     prompt = torch.randint(0, 96, (2, PROMPT), generator=torch.Generator().manual_seed(n))
@@ -72,3 +82,24 @@ def test_sharded_cache_refuses_another_batch():
         cache = st.ShardedCache(group[0], model.config, batch=3, capacity=64)
         with pytest.raises(ValueError, match="made for a batch of 3"):
             generate(model, torch.zeros(2, 4, dtype=torch.long), cache=cache)
+
+
+def test_a_prompt_past_the_first_chunk_is_refused():
+    """A chunked-attention layer's new tokens past the first chunk see windows of different reach,
+    which one decode call cannot give: refused with the reason, not computed as plain causal."""
+    model = tiny_model("llama4", "stria")
+    with stria.local_group(1, timeout_s=TIMEOUT_S) as group:
+        cache = st.ShardedCache(group[0], model.config, batch=1, capacity=64)
+        with pytest.raises(ValueError, match="chunked-attention layer"):
+            generate(model, torch.zeros(1, 20, dtype=torch.long), cache=cache)
+
+
+def test_a_cache_of_compressed_latents_is_refused():
+    """DeepSeek-V3 caches its compressed latents and expands them into keys and values before each
+    attention call, which a ShardedCache (each layer's keys and values, sharded) cannot follow: a
+    clear error rather than one about a missing sharding."""
+    model = tiny_model("deepseek_v3", "stria")
+    with stria.local_group(1, timeout_s=TIMEOUT_S) as group:
+        cache = st.ShardedCache(group[0], model.config, batch=1, capacity=64)
+        with pytest.raises(ValueError, match="compressed latents"):
+            generate(model, torch.zeros(1, 4, dtype=torch.long), cache=cache)
