@@ -343,9 +343,11 @@ inline void AppendDecodeScoreCases(Case c, std::vector<Case>* cases) {
   cases->push_back(c);
 }
 
-// The head dims of the model families (128, 256) on two ranks of `capacity` slots, bf16.
-inline void AppendDecodeHeadDimCases(int64_t capacity, std::vector<Case>* cases) {
-  for (int64_t D : {128, 256}) {
+// The head dims of the model families (128, 256, and Gemma 4's global layers' 512 where the
+// backend takes it: up to max_d) on two ranks of `capacity` slots, bf16.
+inline void AppendDecodeHeadDimCases(int64_t capacity, int64_t max_d, std::vector<Case>* cases) {
+  for (int64_t D : {128, 256, 512}) {
+    if (D > max_d) continue;
     Case c;
     c.n = 2;
     c.D = D;

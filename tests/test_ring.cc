@@ -174,7 +174,7 @@ std::vector<Case> DtypesAndShapes() {
       for (stria_layout_t lay : {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG})
         cases.push_back(Case{n, lay, true, dt, 1, 10, 4, 1, 32});
   // Head dims, including ones that are not a multiple of the vector width.
-  for (int64_t d : {1, 8, 64, 72, 128, 256})
+  for (int64_t d : {1, 8, 64, 72, 128, 256, 512})
     cases.push_back(Case{3, STRIA_LAYOUT_STRIPED, true, Dt::kF32, 1, 8, 2, 1, d});
   // MQA, MHA, GQA 4:1 with several key tiles per block (partial last tiles).
   cases.push_back(Case{2, STRIA_LAYOUT_ZIGZAG, true, Dt::kF32, 1, 130, 4, 1, 32});
@@ -192,7 +192,7 @@ std::vector<Case> DtypesAndShapes() {
   cases.push_back(scaled);
   // bf16 at lengths of several query tiles per rank (the AMX forward takes them in items of
   // four), head dims that are not a multiple of its 32-wide tiles, and beyond 128.
-  for (int64_t d : {8, 72, 128, 256})
+  for (int64_t d : {8, 72, 128, 256, 512})
     cases.push_back(Case{2, d == 72 ? STRIA_LAYOUT_ZIGZAG : STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 1,
                          d > 128 ? 130 : 300, 4, 2, d});
   cases.push_back(Case{3, STRIA_LAYOUT_CONTIGUOUS, false, Dt::kBF16, 1, 260, 2, 1, 64});

@@ -100,7 +100,7 @@ std::vector<Case> Cases() {
     c.lens = {2500, 1337};
     AppendDecodeScoreCases(c, &cases);
   }
-  AppendDecodeHeadDimCases(200, &cases);
+  AppendDecodeHeadDimCases(200, 512, &cases);
   return cases;
 }
 

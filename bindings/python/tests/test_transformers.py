@@ -1,7 +1,8 @@
 """stria.transformers: tiny random models of the families users fine-tune (Llama, Qwen2, Mistral
 with a sliding window, Gemma 2 with logit softcapping and alternating windows, gpt-oss with
 attention sinks, Llama 4 with chunked attention and position-dependent query temperatures,
-DeepSeek-V3's latent attention with value heads narrower than its query and key heads) run with
+DeepSeek-V3's latent attention with value heads narrower than its query and key heads, Gemma 4
+with heads of 256 and 512) run with
 attn_implementation="stria" on local groups of CPU ranks, each on its shard of the batch, against
 the same model with transformers' own eager attention on the whole sequence in float64: the
 logits, the loss (the sum of the ranks' shares) and every parameter's gradient (the sum of the
@@ -50,6 +51,8 @@ def tiny_config(family: str):
         return transformers.Llama4TextConfig(**common, attention_chunk_size=7, no_rope_layers=[1, 0],
                                              num_local_experts=2, intermediate_size_mlp=48, floor_scale=5,
                                              attn_scale=0.5)
+    if family == "gemma4":  # its real head dims: 256 on the sliding layers, 512 on the full ones
+        return transformers.Gemma4TextConfig(**{**common, "head_dim": 256}, sliding_window=5, global_head_dim=512)
     if family == "deepseek_v3":  # multi-head latent attention: query and key heads of 16, value heads of 8
         return transformers.DeepseekV3Config(
             vocab_size=VOCAB, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=2,
@@ -124,6 +127,17 @@ def test_model_matches_eager_attention(family, n, layout):
     input_ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(n))
     want = reference(model, input_ids)
     check(run_sharded(model, input_ids, n, layout), want, 2e-5)
+
+
+@pytest.mark.parametrize("n,layout", [(2, "zigzag"), (3, "striped")])
+def test_gemma4_heads_of_256_and_512(n, layout):
+    """Gemma 4 at its own head dims: 256 on the sliding-window layers, 512 on the full ones. Float32
+    itself is 3e-5 off float64 there (transformers' eager attention, on the key norms' gradients),
+    so the bar is the integration's 1e-4."""
+    model = make_model("gemma4", "stria")
+    input_ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(n))
+    want = reference(model, input_ids)
+    check(run_sharded(model, input_ids, n, layout), want, 1e-4)
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma2", "gpt_oss"])

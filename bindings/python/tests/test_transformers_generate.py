@@ -38,6 +38,8 @@ def tiny_model(family: str, attn: str):
         "llama4": lambda: transformers.Llama4TextConfig(**common, attention_chunk_size=16, no_rope_layers=[1, 0],
                                                         num_local_experts=2, intermediate_size_mlp=128,
                                                         floor_scale=5, attn_scale=0.5),
+        "gemma4": lambda: transformers.Gemma4TextConfig(**{**common, "head_dim": 256}, sliding_window=8,
+                                                        global_head_dim=512),
         "deepseek_v3": lambda: transformers.DeepseekV3Config(  # value heads of 8 beside query and key heads of 16
             vocab_size=96, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=8,
@@ -74,6 +76,11 @@ def test_generate_matches_one_process(family, n, layout):
         assert torch.equal(tokens, expected)
         assert rel_err(logits.double().numpy(), expected_logits.double().numpy()) < 1e-5
         assert torch.equal(logits, results[0][1])  # the same bits on every rank
+
+
+def test_gemma4_generates_at_its_head_dims():
+    """Gemma 4's decode at heads of 256 (sliding-window layers) and 512 (full layers), on three ranks."""
+    test_generate_matches_one_process("gemma4", 3, "zigzag")
 
 
 def test_sharded_cache_refuses_another_batch():

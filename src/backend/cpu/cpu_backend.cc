@@ -84,6 +84,11 @@ inline float* Row3(const TensorView& v, int64_t b, int64_t h, int64_t i) {
 
 class CpuBackend final : public Backend {
  public:
+  // The kernels take any head dim (their tiles and workspaces are sized by it at run time); the
+  // bound is the widest the open model families use, Gemma 4's global layers (512), so that a
+  // mistaken shape still fails at validation instead of asking for gigabytes of workspace.
+  static constexpr int kMaxHeadDim = 512;
+
   explicit CpuBackend(int num_threads) : pool_(num_threads), kern_(cpu::SelectKernels()) {}
 
   const char* name() const override { return "cpu"; }
@@ -94,9 +99,9 @@ class CpuBackend final : public Backend {
   Status CheckSupported(const AttentionShape& shape, void* stream) const override {
     if (stream != nullptr)
       return Error(STRIA_ERROR_INVALID_ARGUMENT, "stream must be NULL on a CPU context (got %p)", stream);
-    if (shape.D < 1 || shape.D > 256)
-      return Error(STRIA_ERROR_UNSUPPORTED, "head dim %lld is not supported by the CPU backend (supported: 1..256)",
-                   static_cast<long long>(shape.D));
+    if (shape.D < 1 || shape.D > kMaxHeadDim)
+      return Error(STRIA_ERROR_UNSUPPORTED, "head dim %lld is not supported by the CPU backend (supported: 1..%d)",
+                   static_cast<long long>(shape.D), kMaxHeadDim);
     return Status::Ok();
   }
 

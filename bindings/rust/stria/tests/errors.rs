@@ -244,9 +244,9 @@ fn bad_attention_dtypes_and_strides() {
         let q = TensorView::with_strides(&wide, &[B, L, HQ, D], &strides).unwrap();
         c.forward(&p, &q, &t.k, &t.v, &mut t.out, &mut t.lse)
     });
-    expect_bad_call("head dim 300", Status::Unsupported, "256", |c, _| {
-        let (q, k) = (tensor::<f32>(&[B, L, HQ, 300]), tensor::<f32>(&[B, L, HKV, 300]));
-        let (mut out, mut lse) = (tensor::<f32>(&[B, L, HQ, 300]), tensor::<f32>(&[B, HQ, L]));
+    expect_bad_call("head dim 600", Status::Unsupported, "512", |c, _| {
+        let (q, k) = (tensor::<f32>(&[B, L, HQ, 600]), tensor::<f32>(&[B, L, HKV, 600]));
+        let (mut out, mut lse) = (tensor::<f32>(&[B, L, HQ, 600]), tensor::<f32>(&[B, HQ, L]));
         c.forward(&p, &q, &k, &k, &mut out, &mut lse)
     });
     expect_bad_call(
