@@ -30,16 +30,7 @@ import time
 import numpy as np
 import stria
 import torch
-
-
-def median_s(fn, reps: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+from timing import median_s
 
 
 def cpu_name() -> str:

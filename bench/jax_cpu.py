@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -24,16 +22,12 @@ import numpy as np  # noqa: E402
 import stria  # noqa: E402
 import stria.jax as sj  # noqa: E402
 import torch  # noqa: E402
+import timing  # noqa: E402
 
 
 def median_s(fn, reps: int) -> float:
-    jax.block_until_ready(fn())  # warm-up (and compilation)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    """timing.median_s of fn's result, ready (JAX dispatches asynchronously)."""
+    return timing.median_s(lambda: jax.block_until_ready(fn()), reps)
 
 
 def main() -> None:

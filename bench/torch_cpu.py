@@ -12,23 +12,16 @@ forward + backward of a sum. Median of REPS after a warm-up, one shape after ano
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import stria
 import stria.torch as st
 import torch
 from torch.nn import functional as F
+from timing import median_s
 
 
 def median_ms(fn, reps: int) -> float:
-    fn()  # warm-up (and compilation)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
+    return 1e3 * median_s(fn, reps)
 
 
 def main() -> None:

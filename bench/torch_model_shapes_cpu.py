@@ -18,23 +18,16 @@ takes), forward, and forward + backward of a sum. Median of REPS after a warm-up
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import stria
 import stria.torch as st
 import torch
 import torch.nn.functional as F
+from timing import median_s
 
 
 def median_ms(fn, reps: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
+    return 1e3 * median_s(fn, reps)
 
 
 def timed(call, leaves, backward: bool, reps: int) -> float:

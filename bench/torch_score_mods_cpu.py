@@ -12,22 +12,15 @@ weight that requires grad). Median of REPS after a warm-up, one shape after anot
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import stria
 import stria.torch as st
 import torch
+from timing import median_s
 
 
 def median_ms(fn, reps: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
+    return 1e3 * median_s(fn, reps)
 
 
 def eager(q, k, v, softcap, sinks):

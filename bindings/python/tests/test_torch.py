@@ -190,6 +190,22 @@ def full_sdpa_reference(q, k, v, dout, causal):
     return out.detach(), q64.grad, k64.grad, v64.grad
 
 
+def sharded_sdpa(q, k, v, dout, n, layout="striped", **kwargs):
+    """stria.torch's SDPA on a local group of n, each rank on its shard of the whole [B, H, S, D]
+    tensors by `layout`: the output and the gradients of q, k and v, reassembled whole."""
+
+    def rank_fn(ctx):
+        pos = torch.from_numpy(positions_ref(layout, S, n, ctx.rank))
+        ql, kl, vl = (x[:, :, pos].clone().requires_grad_() for x in (q, k, v))
+        out = stria_torch.scaled_dot_product_attention(ql, kl, vl, context=ctx, layout=layout, **kwargs)
+        out.backward(dout[:, :, pos])
+        return pos.numpy(), out, ql.grad, kl.grad, vl.grad
+
+    with stria.local_group(n, timeout_s=TIMEOUT_S) as group:
+        results = group.run(rank_fn)
+    return [assemble([(r[0], r[i]) for r in results], S, 2) for i in range(1, 5)]
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
@@ -198,20 +214,7 @@ def test_sdpa_shaped_function_matches_torch_sdpa(n, layout, causal):
     hq, hkv = 6, 2
     q, k, v, dout = (torch.randn(B, h, S, D, generator=gen) for h in (hq, hkv, hkv, hq))
     ref = [x.numpy() for x in full_sdpa_reference(q, k, v, dout, causal)]
-
-    def rank_fn(ctx):
-        pos = torch.from_numpy(positions_ref(layout, S, n, ctx.rank))
-        ql, kl, vl = (x[:, :, pos].clone().requires_grad_() for x in (q, k, v))
-        out = stria_torch.scaled_dot_product_attention(
-            ql, kl, vl, is_causal=causal, enable_gqa=True, context=ctx, layout=layout
-        )
-        assert out.shape == ql.shape
-        out.backward(dout[:, :, pos])
-        return pos.numpy(), out, ql.grad, kl.grad, vl.grad
-
-    with stria.local_group(n, timeout_s=TIMEOUT_S) as group:
-        results = group.run(rank_fn)
-    got = [assemble([(r[0], r[i]) for r in results], S, 2) for i in range(1, 5)]
+    got = sharded_sdpa(q, k, v, dout, n, layout=layout, is_causal=causal, enable_gqa=True)
     errors = {name: rel_err(g, r) for name, g, r in zip(("out", "dq", "dk", "dv"), got, ref)}
     assert all(e < 1e-5 for e in errors.values()), errors
 
@@ -230,18 +233,8 @@ def test_sdpa_value_heads_of_another_width_match_torch_sdpa(n, dv, scale):
     want = F.scaled_dot_product_attention(q64, k64, v64, is_causal=True, scale=scale, enable_gqa=True)
     want.backward(dout.double())
     ref = [x.detach().numpy() for x in (want, q64.grad, k64.grad, v64.grad)]
-
-    def rank_fn(ctx):
-        pos = torch.from_numpy(positions_ref("striped", S, n, ctx.rank))
-        ql, kl, vl = (x[:, :, pos].clone().requires_grad_() for x in (q, k, v))
-        out = stria_torch.scaled_dot_product_attention(ql, kl, vl, is_causal=True, scale=scale, context=ctx)
-        assert out.shape == (B, 4, len(pos), dv)
-        out.backward(dout[:, :, pos])
-        return pos.numpy(), out, ql.grad, kl.grad, vl.grad
-
-    with stria.local_group(n, timeout_s=TIMEOUT_S) as group:
-        results = group.run(rank_fn)
-    got = [assemble([(r[0], r[i]) for r in results], S, 2) for i in range(1, 5)]
+    got = sharded_sdpa(q, k, v, dout, n, is_causal=True, scale=scale)
+    assert got[0].shape == (B, 4, S, dv)
     errors = {name: rel_err(g, r) for name, g, r in zip(("out", "dq", "dk", "dv"), got, ref)}
     assert all(e < 1e-5 for e in errors.values()), errors
 
