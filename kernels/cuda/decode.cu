@@ -3,6 +3,8 @@
 
 #include "cuda/decode.cuh"
 #include "cuda/decode_launch.h"
+#include "cuda/launch.h"
+#include "cuda/smem_optin.cuh"
 
 namespace stria {
 namespace cuda {
@@ -17,6 +19,16 @@ dim3 WarpRowGrid(int64_t rows) {
   return dim3(static_cast<unsigned>(blocks < 4096 ? (blocks < 1 ? 1 : blocks) : 4096));
 }
 
+// The decode kernel's build for head dims up to kMaxD; above 256 its tiles take more than the
+// 48 KB of shared memory a launch gets without asking.
+template <typename T, int kMaxD>
+cudaError_t LaunchDecodeAt(const DecodeArgs& a, dim3 grid, int smem, cudaStream_t s) {
+  void (*kernel)(DecodeArgs) = DecodeKernel<T, kMaxD>;
+  const cudaError_t e = AllowSmem(kernel, smem);
+  if (e != cudaSuccess) return e;
+  return STRIA_LAUNCH(kernel, grid, kDecodeThreads, static_cast<size_t>(smem), s)(a);
+}
+
 }  // namespace
 
 cudaError_t LaunchDecode(Elem e, const DecodeArgs& a, int64_t items, cudaStream_t s) {
@@ -27,14 +39,17 @@ cudaError_t LaunchDecode(Elem e, const DecodeArgs& a, int64_t items, cudaStream_
     return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(items), static_cast<unsigned>(a.Hkv),
                   static_cast<unsigned>((rows + kDecodeRows - 1) / kDecodeRows));
-  const size_t smem = static_cast<size_t>(DecodeSmemBytes(a.D));
+  const int smem = DecodeSmemBytes(a.D);
   switch (e) {
     case Elem::kF32:
-      return STRIA_LAUNCH(DecodeKernel<Float>, grid, kDecodeThreads, smem, s)(a);
+      return a.D <= kNarrowHeadDim ? LaunchDecodeAt<Float, kNarrowHeadDim>(a, grid, smem, s)
+                                   : LaunchDecodeAt<Float, kDecodeMaxHeadDim>(a, grid, smem, s);
     case Elem::kF16:
-      return STRIA_LAUNCH(DecodeKernel<Half>, grid, kDecodeThreads, smem, s)(a);
+      return a.D <= kNarrowHeadDim ? LaunchDecodeAt<Half, kNarrowHeadDim>(a, grid, smem, s)
+                                   : LaunchDecodeAt<Half, kDecodeMaxHeadDim>(a, grid, smem, s);
     case Elem::kBF16:
-      return STRIA_LAUNCH(DecodeKernel<BFloat>, grid, kDecodeThreads, smem, s)(a);
+      return a.D <= kNarrowHeadDim ? LaunchDecodeAt<BFloat, kNarrowHeadDim>(a, grid, smem, s)
+                                   : LaunchDecodeAt<BFloat, kDecodeMaxHeadDim>(a, grid, smem, s);
   }
   return cudaErrorInvalidValue;
 }

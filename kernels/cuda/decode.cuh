@@ -26,7 +26,11 @@ namespace cuda {
 constexpr int kDecodeThreads = 128;
 constexpr int kDecodeTileFloats = 4096;  // a K (and a V) tile in shared memory: up to 64 keys
 constexpr int kDecodeMaxKeys = 64;
-constexpr int kDecodeAccPerThread = kDecodeRows * 256 / kDecodeThreads;  // D <= 256
+// A thread's share of the rows' output accumulators, for head dims up to max_d: DecodeKernel has
+// a build for 256 and one for kDecodeMaxHeadDim, so that the usual head dims keep their registers.
+STRIA_HD constexpr int DecodeAccPerThread(int max_d) {
+  return kDecodeRows * max_d / kDecodeThreads;
+}
 
 // Keys per tile at head dim D.
 STRIA_HD int DecodeTileKeys(int D) {
@@ -57,8 +61,9 @@ STRIA_DEVICE void LoadEight(const char* p, float* out) {
   for (int i = 0; i < 8; ++i) out[i] = to_float<T>(static_cast<uint16_t>(c.w[i / 2] >> (16 * (i % 2))));
 }
 
-template <typename T>
+template <typename T, int kMaxD = 256>
 STRIA_GLOBAL void DecodeKernel(DecodeArgs a) {
+  constexpr int kDecodeAccPerThread = DecodeAccPerThread(kMaxD);
   STRIA_DYNAMIC_SMEM(smem);
   const int D = a.D, kt = DecodeTileKeys(D), group = a.Hq / a.Hkv, rows = a.T * group;
   const int64_t item_index = blockIdx.x;
@@ -86,7 +91,8 @@ STRIA_GLOBAL void DecodeKernel(DecodeArgs a) {
     l[tid] = 0.f;
     qpos[tid] = tid < nr ? a.q_pos[item.b * a.T + (r0 + tid) / group] : 0;
   }
-  float acc[kDecodeAccPerThread];
+  float acc[kDecodeAccPerThread];  // unrolled loops: static indices keep it in registers
+  STRIA_UNROLL
   for (int i = 0; i < kDecodeAccPerThread; ++i) acc[i] = 0.f;
   block_sync();
   // The positions the rows may see: none past the last row's (causal), none more than
@@ -171,6 +177,7 @@ STRIA_GLOBAL void DecodeKernel(DecodeArgs a) {
         }
       }
       block_sync();
+      STRIA_UNROLL
       for (int i = 0; i < kDecodeAccPerThread; ++i) {
         const int x = tid + i * kDecodeThreads;
         if (x >= nr * D) break;
@@ -184,6 +191,7 @@ STRIA_GLOBAL void DecodeKernel(DecodeArgs a) {
     }
   }
   float* st = a.states + ((item_index * a.Hkv + hkv) * rows + r0) * static_cast<int64_t>(D + 2);
+  STRIA_UNROLL
   for (int i = 0; i < kDecodeAccPerThread; ++i) {
     const int x = tid + i * kDecodeThreads;
     if (x >= nr * D) break;

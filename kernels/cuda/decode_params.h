@@ -35,7 +35,7 @@ constexpr int kDecodeMmaWideRows = 64;
 inline int DecodeMmaRowsPerCta(int rows) {
   return rows > kDecodeMmaRows ? kDecodeMmaWideRows : kDecodeMmaRows;
 }
-constexpr int kDecodeMaxHeadDim = 256;  // the merge's per-lane registers (kMaxHeadDim, launch.h)
+constexpr int kDecodeMaxHeadDim = 512;  // the merge's per-lane registers (kMaxHeadDim, launch.h)
 
 // One CTA per (work item, K/V head, chunk of kDecodeRows or DecodeMmaRowsPerCta query rows): the rows of a K/V head are
 // its GQA group's query heads times the T new tokens (row r: token r / group, head

@@ -81,11 +81,13 @@ dim3 RowGrid(int64_t rows) {
   return dim3(static_cast<unsigned>(std::max<int64_t>(std::min<int64_t>((rows + 7) / 8, 8192), 1)));
 }
 
-// Each kernel in two builds, with the document clamp and without it (mma_launch.cuh).
-template <typename T>
-cudaError_t SimtForward(const FwdParams& p, cudaStream_t s) {
+// Each kernel in two builds, with the document clamp and without it (mma_launch.cuh), and in two
+// by the head dims it holds (simt_attention.cuh): the narrow one up to 256, the wide one above.
+template <typename T, int kMaxD>
+cudaError_t SimtForwardAt(const FwdParams& p, cudaStream_t s) {
   const int bytes = SimtForwardSmemFloats(p.dims.D) * 4;
-  void (*kernel)(FwdParams) = p.mask.doc_lo != nullptr ? SimtForwardKernel<T, true> : SimtForwardKernel<T, false>;
+  void (*kernel)(FwdParams) =
+      p.mask.doc_lo != nullptr ? SimtForwardKernel<T, true, kMaxD> : SimtForwardKernel<T, false, kMaxD>;
   cudaError_t e = AllowSmem(kernel, bytes);
   if (e != cudaSuccess) return e;
   const dim3 grid(QueryTileCount(p.mask, kSimtRows), static_cast<unsigned>(p.dims.B * p.dims.Hq));
@@ -93,10 +95,15 @@ cudaError_t SimtForward(const FwdParams& p, cudaStream_t s) {
 }
 
 template <typename T>
-cudaError_t SimtBackward(const BwdParams& p, cudaStream_t s) {
+cudaError_t SimtForward(const FwdParams& p, cudaStream_t s) {
+  return p.dims.D <= kSimtNarrowD ? SimtForwardAt<T, kSimtNarrowD>(p, s) : SimtForwardAt<T, kSimtWideD>(p, s);
+}
+
+template <typename T, int kMaxD>
+cudaError_t SimtBackwardAt(const BwdParams& p, cudaStream_t s) {
   const bool docs = p.mask.doc_lo != nullptr;
-  void (*dq_kernel)(BwdParams) = docs ? SimtBackwardDqKernel<T, true> : SimtBackwardDqKernel<T, false>;
-  void (*dkv_kernel)(BwdParams) = docs ? SimtBackwardDkvKernel<T, true> : SimtBackwardDkvKernel<T, false>;
+  void (*dq_kernel)(BwdParams) = docs ? SimtBackwardDqKernel<T, true, kMaxD> : SimtBackwardDqKernel<T, false, kMaxD>;
+  void (*dkv_kernel)(BwdParams) = docs ? SimtBackwardDkvKernel<T, true, kMaxD> : SimtBackwardDkvKernel<T, false, kMaxD>;
   const int dq_bytes = SimtDqSmemFloats(p.dims.D) * 4, dkv_bytes = SimtDkvSmemFloats(p.dims.D) * 4;
   cudaError_t e = AllowSmem(dq_kernel, dq_bytes);
   if (e == cudaSuccess) e = AllowSmem(dkv_kernel, dkv_bytes);
@@ -109,6 +116,11 @@ cudaError_t SimtBackward(const BwdParams& p, cudaStream_t s) {
   return STRIA_LAUNCH(dkv_kernel, dkv_grid, 128, dkv_bytes, s)(p);
 }
 
+template <typename T>
+cudaError_t SimtBackward(const BwdParams& p, cudaStream_t s) {
+  return p.dims.D <= kSimtNarrowD ? SimtBackwardAt<T, kSimtNarrowD>(p, s) : SimtBackwardAt<T, kSimtWideD>(p, s);
+}
+
 // How a deterministic backward computes dQ where the family has both ways: STRIA_CUDA_DETERMINISTIC_DQ
 // unset, "" or "ordered" (one pass, its adds in the order of the key tiles: ordered_dq.cuh) or
 // "passes" (a dQ pass of its own), read at every launch. False for any other value.
@@ -119,6 +131,12 @@ bool OrderedDq(bool* ordered) {
 }
 
 }  // namespace
+
+static_assert(kSimtWideD == kMaxHeadDim && kSimtNarrowD == kNarrowHeadDim, "launch.h names the SIMT builds' widths");
+
+int SimtSharedMemoryBytes(int D) {
+  return SimtSmemBytes(D);
+}
 
 cudaError_t LaunchForwardBlock(Elem e, Kernels k, const FwdParams& p, cudaStream_t s) {
   if (const Entry* x = FindEntry(k, Pass::kForward, e, p.dims.D)) return x->forward(p.dims.D, p, s);

@@ -15,7 +15,12 @@ enum class Elem { kF32, kF16, kBF16 };
 // Hopper backward 256 too (kernel_matrix.h). A pass without the call's head dim (and float32) takes
 // the SIMT kernels.
 bool TensorCoreHeadDim(int D);
-constexpr int kMaxHeadDim = 256;
+// The widest head dim: the SIMT kernels' wide build (simt_attention.cuh), and the decode kernels'.
+constexpr int kMaxHeadDim = 512;
+// Head dims above this take the SIMT kernels' wide build, which needs SimtSharedMemoryBytes(D) of
+// shared memory a block: the caller checks the device gives it (CudaBackend::CheckSupported).
+constexpr int kNarrowHeadDim = 256;
+int SimtSharedMemoryBytes(int D);
 
 // The kernel family of a ring block. kMma (mma.sync, sm_80 on), kWgmma (wgmma, sm_90a only) and
 // kTma (kWgmma's products with their loads by TMA in warp-specialised CTAs) need 16-bit dtypes,

@@ -1,8 +1,10 @@
 // The CUDA-core path: float32 inputs (the tensor cores would round them) and head dims or strides
-// the tensor-core kernels do not take, for any storage dtype and any D in 1..256. A warp owns a
+// the tensor-core kernels do not take, for any storage dtype and any D in 1..512. A warp owns a
 // query (or key) row at a time; lane j handles key (or query) j of a 32-wide tile held in shared
 // memory as float32, and each lane owns output columns lane, lane+32, ... . Slower than the tensor
-// cores by design; exact in fp32.
+// cores by design; exact in fp32. Each kernel has two builds by the columns a lane holds in
+// registers: D up to 256 (8 a lane), and up to 512 (16: Gemma 4's full-attention layers), whose
+// tiles need up to 193 KB of shared memory a block (SimtSmemBytes), which Hopper and later give.
 #pragma once
 
 #include "cuda/device_api.cuh"
@@ -17,9 +19,10 @@
 namespace stria {
 namespace cuda {
 
-constexpr int kSimtRows = 16;   // rows per CTA: 4 warps x 4
-constexpr int kSimtTile = 32;   // keys (queries) per shared tile: one per lane
-constexpr int kSimtMaxD = 256;  // columns per lane: kSimtMaxD / 32
+constexpr int kSimtRows = 16;      // rows per CTA: 4 warps x 4
+constexpr int kSimtTile = 32;      // keys (queries) per shared tile: one per lane
+constexpr int kSimtNarrowD = 256;  // the builds' widest head dims: columns per lane kMaxD / 32
+constexpr int kSimtWideD = 512;
 
 // `rows` rows starting at r0 (fixed b, h) into dst[rows][stride] as float; past `limit`: zeros.
 template <typename T>
@@ -41,8 +44,13 @@ inline int SimtDqSmemFloats(int D) {
 inline int SimtDkvSmemFloats(int D) {
   return 2 * kSimtRows * D + 2 * kSimtTile * (D + 1) + 2 * kSimtTile;
 }
+// The most dynamic shared memory, in bytes, any SIMT kernel takes at head dim D.
+inline int SimtSmemBytes(int D) {
+  const int dq = SimtDqSmemFloats(D), dkv = SimtDkvSmemFloats(D), fwd = SimtForwardSmemFloats(D);
+  return 4 * (dkv > dq ? (dkv > fwd ? dkv : fwd) : (dq > fwd ? dq : fwd));
+}
 
-template <typename T, bool kDocs = false>
+template <typename T, bool kDocs = false, int kMaxD = kSimtNarrowD>
 STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtForwardKernel(const FwdParams p) {
   STRIA_DYNAMIC_SMEM(smem_raw);
   const Dims& d = p.dims;
@@ -62,7 +70,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtForwardKernel(const FwdParams p) 
   LoadRowsF<T>(qs, D, static_cast<const char*>(p.q.data) + (b * p.q.sb + h * p.q.sh) * ElemBytes<T>(), p.q.sl, i0,
                kSimtRows, d.L, D);
 
-  constexpr int kPer = kSimtMaxD / 32;
+  constexpr int kPer = kMaxD / 32;
   float m_run[4], l_run[4], acc[4][kPer];
   int64_t row[4];
   bool live[4];
@@ -143,7 +151,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtForwardKernel(const FwdParams p) 
 
 // Backward, dQ part: a warp owns a query row; lane j recomputes p and dS for key j of a tile and
 // the warp adds dS K into the row's dq_acc (only this warp writes that row in this launch).
-template <typename T, bool kDocs = false>
+template <typename T, bool kDocs = false, int kMaxD = kSimtNarrowD>
 STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDqKernel(const BwdParams p) {
   STRIA_DYNAMIC_SMEM(smem_raw);
   const Dims& d = p.dims;
@@ -167,7 +175,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDqKernel(const BwdParams 
   LoadRowsF<T>(dos, D, static_cast<const char*>(p.dout.data) + (b * p.dout.sb + h * p.dout.sh) * kEb, p.dout.sl, i0,
                kSimtRows, d.L, D);
 
-  constexpr int kPer = kSimtMaxD / 32;
+  constexpr int kPer = kMaxD / 32;
   float dq[4][kPer], lse2[4], delta[4];
   int64_t row[4];
   STRIA_UNROLL
@@ -226,7 +234,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDqKernel(const BwdParams 
 
 // Backward, dK/dV part: a warp owns a key row; lane i recomputes p and dS for query i of a tile
 // (every query head of the K/V head's group) and the warp accumulates P^T dO and dS^T Q.
-template <typename T, bool kDocs = false>
+template <typename T, bool kDocs = false, int kMaxD = kSimtNarrowD>
 STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDkvKernel(const BwdParams p) {
   STRIA_DYNAMIC_SMEM(smem_raw);
   const Dims& d = p.dims;
@@ -252,7 +260,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) SimtBackwardDkvKernel(const BwdParams
   LoadRowsF<T>(ks, D, static_cast<const char*>(p.k) + kv_off * kEb, kv_row, j0, kSimtRows, d.L, D);
   LoadRowsF<T>(vs, D, static_cast<const char*>(p.v) + kv_off * kEb, kv_row, j0, kSimtRows, d.L, D);
 
-  constexpr int kPer = kSimtMaxD / 32;
+  constexpr int kPer = kMaxD / 32;
   float dk[4][kPer], dv[4][kPer];
   STRIA_UNROLL
   for (int r = 0; r < 4; ++r)

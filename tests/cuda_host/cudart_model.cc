@@ -25,7 +25,9 @@
 //   capability STRIA_CUDA_MODEL_CC
 //   (default 90, so the Hopper kernels run too), STRIA_CUDA_MODEL_MEMORY_MB each (default 80 GiB;
 //   the host allocates only what is asked for) and STRIA_CUDA_MODEL_SMS SMs each (default 132, an
-//   H200's; fewer make a persistent kernel's CTAs walk several work items each);
+//   H200's; fewer make a persistent kernel's CTAs walk several work items each), whose kernels may
+//   ask for STRIA_CUDA_MODEL_SMEM_OPTIN bytes of dynamic shared memory (default and most 232448, a
+//   Hopper's; 166912 is an A100's);
 // - stream priorities order nothing (each stream is a thread), but STRIA_CUDA_MODEL_LEAST_PRIORITY_DELAY_MS
 //   runs the work of least-priority streams that much late, item by item.
 // Streams are never freed (cudaStreamDestroy lets the worker end once its work is done): the
@@ -111,6 +113,7 @@ struct Model {
   std::set<std::pair<int, int>> peer_access;    // (device, peer) pairs enabled
   int cc = 90;
   int sms = 132;
+  int smem_optin = kMaxDynamicSmem;        // what a kernel may ask for (an A100's: 166912)
   size_t device_bytes = size_t{80} << 30;  // each device's memory
 };
 
@@ -125,6 +128,7 @@ Model& M() {
     model->devices.resize(static_cast<size_t>(std::max(0, EnvInt("STRIA_CUDA_MODEL_DEVICES", 2))));
     model->cc = EnvInt("STRIA_CUDA_MODEL_CC", 90);
     model->sms = std::max(1, EnvInt("STRIA_CUDA_MODEL_SMS", 132));
+    model->smem_optin = std::min(kMaxDynamicSmem, EnvInt("STRIA_CUDA_MODEL_SMEM_OPTIN", kMaxDynamicSmem));
     const int mib = EnvInt("STRIA_CUDA_MODEL_MEMORY_MB", 0);
     if (mib > 0) model->device_bytes = static_cast<size_t>(mib) << 20;
     return model;
@@ -166,7 +170,7 @@ bool DeviceOk(int d);
 
 // The limit a launch on `device` checks a kernel's dynamic shared memory against.
 bool SetSmemLimit(const void* func, int device, int value) {
-  if (value < 0 || value > kMaxDynamicSmem) return false;
+  if (value < 0 || value > M().smem_optin) return false;
   std::lock_guard<std::mutex> lock(M().mu);
   M().devices[static_cast<size_t>(device)].smem_limit[func] = value;
   return true;
@@ -527,6 +531,9 @@ cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int dev
       return cudaSuccess;
     case cudaDevAttrMultiProcessorCount:
       *value = M().sms;
+      return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = M().smem_optin;
       return cudaSuccess;
     default:
       return Set(cudaErrorInvalidValue);  // not modelled: a new use must be added here

@@ -434,9 +434,10 @@ std::vector<Case> ShapesAndPaths() {
   for (int n : {1, 2, 5, 8})
     for (stria_layout_t lay : {STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_ZIGZAG})
       cases.push_back(Case{n, lay, n % 2 == 0, Dt::kF32, 1, 40, 4, 2, 64});
-  for (int64_t d : {1, 24, 72, 100, 256})
+  // Above 256 the SIMT kernels' wide build (Gemma 4's full-attention layers are 512 wide).
+  for (int64_t d : {1, 24, 72, 100, 256, 300, 512})
     cases.push_back(Case{3, STRIA_LAYOUT_STRIPED, true, Dt::kF32, 1, 34, 2, 1, d});
-  for (int64_t d : {40, 96}) cases.push_back(Case{4, STRIA_LAYOUT_ZIGZAG, true, Dt::kBF16, 1, 34, 2, 1, d});
+  for (int64_t d : {40, 96, 512}) cases.push_back(Case{4, STRIA_LAYOUT_ZIGZAG, true, Dt::kBF16, 1, 34, 2, 1, d});
   Case simt{4, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 1, 66, 4, 2, 64};
   simt.kernels = "simt";
   cases.push_back(simt);

@@ -161,7 +161,7 @@ std::vector<Case> CudaCases() {
     c.Hq = 8;
     AppendDecodeScoreCases(c, &cases);
   }
-  AppendDecodeHeadDimCases(150, 256, &cases);
+  AppendDecodeHeadDimCases(150, 512, &cases);
   // The tensor-core decode (16-bit rows at D 64 and 128): each layout, contiguous and paged, both
   // 16-bit dtypes, speculative tokens (causal among themselves, rows from several tokens in one
   // m16 tile) and lengths that end in partial tiles of 64 keys.

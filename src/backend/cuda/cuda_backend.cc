@@ -369,6 +369,7 @@ class CudaBackend final : public Backend {
                    "head dim %lld is not supported by the CUDA backend (supported: 1..%d; the tensor-core kernels "
                    "take 64 and 128 in float16/bfloat16, the others run on CUDA cores)",
                    static_cast<long long>(s.D), cuda::kMaxHeadDim);
+    if (s.D > cuda::kNarrowHeadDim) STRIA_RETURN_IF_ERROR(CheckWideHeads(static_cast<int>(s.D)));
     if (s.B * s.Hq > 65535)
       return Error(STRIA_ERROR_UNSUPPORTED, "B*Hq = %lld exceeds the CUDA backend's 65535 (batch x heads per launch)",
                    static_cast<long long>(s.B * s.Hq));
@@ -1198,6 +1199,24 @@ class CudaBackend final : public Backend {
     return Status::Ok();
   }
 
+  // Head dims above 256 run on the SIMT kernels' wide build, whose tiles need more shared memory a
+  // block than GPUs before Hopper give (193 KB at 512; an A100 gives 163 KB): refused by name there
+  // rather than failing at the launch. The device's limit is asked once.
+  Status CheckWideHeads(int D) const {
+    if (smem_optin_ < 0) {
+      int bytes = 0;
+      STRIA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
+      smem_optin_ = bytes;
+    }
+    const int need = cuda::SimtSharedMemoryBytes(D);
+    if (need > smem_optin_)
+      return Error(STRIA_ERROR_UNSUPPORTED,
+                   "head dim %d runs on CUDA cores with tiles of %d KB of shared memory a block, and this GPU gives "
+                   "%d KB (Hopper and later give 227)",
+                   D, (need + 1023) / 1024, smem_optin_ / 1024);
+    return Status::Ok();
+  }
+
   // The device's compute capability, asked once (cc_). Needs the device current.
   Status ComputeCapability() {
     if (cc_ >= 0) return Status::Ok();
@@ -1229,8 +1248,9 @@ class CudaBackend final : public Backend {
   }
 
   const int device_;
-  const KernelChoice want_;  // STRIA_CUDA_KERNELS
-  int cc_ = -1;              // compute capability 10 * major + minor, once asked
+  const KernelChoice want_;      // STRIA_CUDA_KERNELS
+  int cc_ = -1;                  // compute capability 10 * major + minor, once asked
+  mutable int smem_optin_ = -1;  // the device's shared memory a block may ask for, once asked
   cuda::Kernels kernels_ = cuda::Kernels::kSimt;
   bool deterministic_ = false;  // stria_context_set_deterministic
   // The forward call's running state: no block has started it yet, blocks have, or the last
