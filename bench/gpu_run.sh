@@ -19,7 +19,8 @@
 #   kernels      each family whose tests passed (mma; wgmma and tma on sm_90)  60 s for three
 #                beside torch SDPA's flash and cuDNN backends, same shapes;
 #                at D 128, causal, softcap 30 and sinks beside the plain call;
-#                the TMA backward's atomic dQ and the TMA persistent kernels too
+#                the TMA backward's atomic dQ and the TMA persistent kernels too;
+#                heads of 256, and of 512 beside torch's efficient and math
 #   ring         the modelled N = 8 ring at 256k tokens, per family            12 s a family
 #   docs         packed documents: the modelled ring of a document plan and    3 s a family
 #                of each layout, lognormal lengths, 32k and 128k tokens, N 8;
@@ -297,6 +298,12 @@ if stage kernels $((20 + 25 * nf)); then
     done
     timeout -k 10 "$(cap 120)" python3 bench/torch_sdpa_gpu.py --dims 256 --lens 4096,16384 2>&1 | tee -a "$results" ||
       { say "torch SDPA, D 256: failed or timed out"; note_failure kernels; }
+    # Heads of 512 (Gemma 4's full-attention layers): the SIMT kernels' wide build, beside the
+    # torch backends that take them (flash and cuDNN stop at 256).
+    timeout -k 10 "$(cap 120)" "$bin"/bench/stria-cuda-bench kernels --dims 512 --lens 4096 --reps 3 2>&1 |
+      tee -a "$results" || { say "stria kernels, D 512: failed or timed out"; note_failure kernels; }
+    timeout -k 10 "$(cap 120)" python3 bench/torch_sdpa_gpu.py --dims 512 --lens 4096 --reps 3 \
+      --backends efficient,math 2>&1 | tee -a "$results" || { say "torch SDPA, D 512: failed or timed out"; note_failure kernels; }
   fi
 fi
 if stage ring $((25 * nf)); then

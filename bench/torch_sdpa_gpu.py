@@ -91,6 +91,8 @@ def prefill(lens, chunks, reps, hq=32, hkv=8, d=128) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dims", default="64,128")
+    ap.add_argument("--backends", default="flash,cudnn",
+                    help="of flash, cudnn, efficient, math (heads of 512: efficient and math take them)")
     ap.add_argument("--lens", default="1024,2048,4096,8192,16384,32768")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--decode", default="", help="cache lengths: time decode instead")
@@ -102,6 +104,8 @@ def main() -> None:
         if a.prefill:
             prefill(lens, [int(x) for x in a.prefill.split(",")], min(a.reps, 5))
         return
+    known = dict(DECODE_BACKENDS, math=SDPBackend.MATH)
+    backends = {name: known[name] for name in a.backends.split(",")}
     for d in map(int, a.dims.split(",")):
         for s in map(int, a.lens.split(",")):
             for causal in (0, 1):
@@ -111,7 +115,7 @@ def main() -> None:
                            .requires_grad_() for _ in range(3))
                 g = torch.randn_like(q)
                 flops = 4.0 * b * h * s * s * d * (0.5 if causal else 1.0)
-                for name, backend in BACKENDS.items():
+                for name, backend in backends.items():
                     try:
                         with sdpa_kernel(backend):
                             fwd = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal)),

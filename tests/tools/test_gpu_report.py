@@ -168,6 +168,14 @@ work_modelled_ms=-0.9760 work_ideal_ms=0.0700 work_of_ideal=-0.072 work_merge_sh
             "| deterministic backward, D 128: time over the default's (1 shapes) | <= 1.30 | 1.200 | met |"):
         if line not in det.splitlines():
             failures.append(f"deterministic backward, missing: {line}\n{det}")
+    # Heads of 512: torch's other backends (which take them where flash and cuDNN do not) in columns
+    # of their own after cuDNN's; no ratio against a flash backend that did not run.
+    wide = report(script, "".join(f"impl={i} dir=fwd dim=512 causal=1 len=4096 batch=4 heads=4 ms=1 tflops={t}\n"
+                                  for i, t in (("stria_default", 20.0), ("torch_efficient", 60.0),
+                                               ("torch_math", 15.0))))
+    if "| 512 | yes | 4096 | 20 | – | – | 60 | 15 | – | – |" not in wide.splitlines() or \
+            "| torch efficient | torch math |" not in wide:
+        failures.append(f"heads of 512 beside torch's other backends, missing:\n{wide}")
     # FlashAttention-3's published figures: a column beside the run's anchors where the paper has the
     # shape (its backward without a causal mask), never in a ratio or a bar.
     fa3 = report(script, "impl=stria_tma dir=bwd dim=128 causal=0 len=4096 batch=4 heads=16 ms=1 tflops=340\n"
