@@ -7,6 +7,8 @@
 // tiles need up to 193 KB of shared memory a block (SimtSmemBytes), which Hopper and later give.
 #pragma once
 
+#include <algorithm>
+
 #include "cuda/device_api.cuh"
 #include "cuda/elem_access.cuh"
 #include "cuda/forward_state.cuh"
@@ -46,8 +48,7 @@ inline int SimtDkvSmemFloats(int D) {
 }
 // The most dynamic shared memory, in bytes, any SIMT kernel takes at head dim D.
 inline int SimtSmemBytes(int D) {
-  const int dq = SimtDqSmemFloats(D), dkv = SimtDkvSmemFloats(D), fwd = SimtForwardSmemFloats(D);
-  return 4 * (dkv > dq ? (dkv > fwd ? dkv : fwd) : (dq > fwd ? dq : fwd));
+  return 4 * std::max({SimtForwardSmemFloats(D), SimtDqSmemFloats(D), SimtDkvSmemFloats(D)});
 }
 
 template <typename T, bool kDocs = false, int kMaxD = kSimtNarrowD>

@@ -530,7 +530,7 @@ def scaled_dot_product_attention(
     # would name shapes the caller never passed.
     b, hq, lq, d = query.shape
     for name, x in (("key", key), ("value", value)):
-        if x.shape[0] != b or x.shape[2] != lq or x.shape[1] != key.shape[1] or (x is key and x.shape[3] != d):
+        if x.shape[0] != b or x.shape[2] != lq or x.shape[1] != key.shape[1] or (name == "key" and x.shape[3] != d):
             raise ValueError(
                 f"{name} has shape {tuple(x.shape)}: key must be [B, Hkv, L, D] with query's B, L and D, and value "
                 f"[B, Hkv, L, Dv] (query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)})"

@@ -83,30 +83,20 @@ def test_gemma4_generates_at_its_head_dims():
     test_generate_matches_one_process("gemma4", 3, "zigzag")
 
 
-def test_sharded_cache_refuses_another_batch():
-    model = tiny_model("llama", "stria")
+@pytest.mark.parametrize("family,batch,prompt,match", [
+    # a cache made for another batch than the model runs
+    ("llama", 3, (2, 4), "made for a batch of 3"),
+    # a chunked-attention layer's new tokens past the first chunk see windows of different reach,
+    # which one decode call cannot give: refused with the reason, not computed as plain causal
+    ("llama4", 1, (1, 20), "chunked-attention layer"),
+    # DeepSeek-V3 caches its compressed latents and expands them into keys and values before each
+    # attention call, which a ShardedCache (each layer's keys and values) cannot follow: a clear
+    # error rather than one about a missing sharding
+    ("deepseek_v3", 1, (1, 4), "compressed latents"),
+], ids=["another_batch", "past_the_first_chunk", "compressed_latents"])
+def test_sharded_cache_refuses_what_it_cannot_follow(family, batch, prompt, match):
+    model = tiny_model(family, "stria")
     with stria.local_group(1, timeout_s=TIMEOUT_S) as group:
-        cache = st.ShardedCache(group[0], model.config, batch=3, capacity=64)
-        with pytest.raises(ValueError, match="made for a batch of 3"):
-            generate(model, torch.zeros(2, 4, dtype=torch.long), cache=cache)
-
-
-def test_a_prompt_past_the_first_chunk_is_refused():
-    """A chunked-attention layer's new tokens past the first chunk see windows of different reach,
-    which one decode call cannot give: refused with the reason, not computed as plain causal."""
-    model = tiny_model("llama4", "stria")
-    with stria.local_group(1, timeout_s=TIMEOUT_S) as group:
-        cache = st.ShardedCache(group[0], model.config, batch=1, capacity=64)
-        with pytest.raises(ValueError, match="chunked-attention layer"):
-            generate(model, torch.zeros(1, 20, dtype=torch.long), cache=cache)
-
-
-def test_a_cache_of_compressed_latents_is_refused():
-    """DeepSeek-V3 caches its compressed latents and expands them into keys and values before each
-    attention call, which a ShardedCache (each layer's keys and values, sharded) cannot follow: a
-    clear error rather than one about a missing sharding."""
-    model = tiny_model("deepseek_v3", "stria")
-    with stria.local_group(1, timeout_s=TIMEOUT_S) as group:
-        cache = st.ShardedCache(group[0], model.config, batch=1, capacity=64)
-        with pytest.raises(ValueError, match="compressed latents"):
-            generate(model, torch.zeros(1, 4, dtype=torch.long), cache=cache)
+        cache = st.ShardedCache(group[0], model.config, batch=batch, capacity=64)
+        with pytest.raises(ValueError, match=match):
+            generate(model, torch.zeros(*prompt, dtype=torch.long), cache=cache)
