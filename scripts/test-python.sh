@@ -101,6 +101,9 @@ PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_transformers.py 
   --packed 3 --layout zigzag --steps 4 --check
 PYTHONPATH=$package_dir timeout 300 "$py" examples/python/train_transformers.py --family deepseek_v3 --ranks 2 --steps 4 \
   --check
+section "scripts/transformers-families.py (a few families: the sweep still runs, none of them wrong)"
+PYTHONPATH=$package_dir timeout 600 "$py" scripts/transformers-families.py qwen3 gemma3_text stablelm bloom jamba \
+  >/dev/null
 section "bench/torch_model_shapes_cpu.py (a short run: the benchmark still runs)"
 PYTHONPATH=$package_dir timeout 300 "$py" bench/torch_model_shapes_cpu.py --len 256 --chunk 64 --reps 1 >/dev/null
 section "examples/python/generate_sharded_cache.py"

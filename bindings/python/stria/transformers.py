@@ -27,7 +27,11 @@ layers without rotary embeddings, rescaled to each token's own position), value 
 width than the query's (DeepSeek-V3). What stria cannot honour is refused with a ValueError: an
 attention mask tensor (a padding mask or a custom 4D mask: pack the documents and pass
 ``cu_seqlens`` instead), a mask with blocks of tokens that see each other both ways, dropout in
-training, a key/value cache, position biases, chunked attention on a document plan.
+training, a key/value cache, position biases, chunked attention on a document plan. And before a
+model first runs on shards it is checked as a whole (``check_model``): families that mix tokens
+otherwise than by attention (Mamba, gated delta rule and other recurrent or convolutional layers,
+attention over compressed keys), that compute attention outside transformers' attention interface,
+or that number positions themselves, are refused with the reason instead of running wrong.
 
 Generation runs on a KV cache sharded over the ranks (``ShardedCache``): every rank runs the model on
 the same tokens, each keeps its share of every layer's cache (striped by position, so the shares
@@ -45,7 +49,9 @@ arguments down to the attention layers.
 
 from __future__ import annotations
 
+import inspect
 import threading
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -62,7 +68,7 @@ from ._plan import Plan
 from ._serving import KVCache
 
 try:
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface, PreTrainedConfig, PreTrainedModel
     from transformers.cache_utils import Cache, CacheLayerMixin
     from transformers.masking_utils import AttentionMaskInterface
 except ImportError as e:  # pragma: no cover - the message is the point
@@ -73,6 +79,7 @@ __all__ = [
     "ShardedCache",
     "Sharding",
     "attention_forward",
+    "check_model",
     "register",
     "shard_batch",
     "sharded",
@@ -115,18 +122,22 @@ class ShardedBatch:
     labels: torch.Tensor | None
     num_items_in_batch: torch.Tensor | None
     sharding: Sharding
+    inputs_embeds: torch.Tensor | None = None
 
     def model_inputs(self) -> dict[str, Any]:
         """The keyword arguments of a transformers model's forward: with labels, its loss is this
-        rank's share of the batch's mean loss (``shift_labels``: the labels are shifted already)."""
+        rank's share of the batch's mean loss (``shift_labels``: the labels are shifted already).
+        With ``inputs_embeds`` (a multimodal batch embedded before sharding) they replace the ids."""
+        tokens = {"input_ids": self.input_ids} if self.inputs_embeds is None else {"inputs_embeds": self.inputs_embeds}
         inputs: dict[str, Any] = {
-            "input_ids": self.input_ids,
+            **tokens,
             "position_ids": self.position_ids,
             "use_cache": False,
             NAME: self.sharding,
         }
         if self.labels is not None:
             inputs.update(labels=self.labels, shift_labels=self.labels, num_items_in_batch=self.num_items_in_batch)
+        _check_next_model(self.sharding.context)
         return inputs
 
 
@@ -173,6 +184,7 @@ def shard_batch(
     labels: torch.Tensor | None = None,
     *,
     position_ids: torch.Tensor | None = None,
+    inputs_embeds: torch.Tensor | None = None,
     cu_seqlens: Any = None,
     layout: LayoutLike = Layout.STRIPED,
     plan: Plan | None = None,
@@ -190,6 +202,12 @@ def shard_batch(
     it for zigzag), or by `plan` (a stria.Plan made from these boundaries and the world size:
     rank slots without a token get pad_token_id, position 0 and label ignore_index, and attend to
     nothing).
+
+    Multimodal models: position_ids may carry leading axes (``[k, B, S]``: Qwen2-VL's M-RoPE rows,
+    as its ``get_rope_index`` gives them), each sharded along the sequence; ``inputs_embeds``
+    (``[B, S, hidden]``: the token embeddings with the image features merged in, made from the
+    whole batch) are sharded like the tokens and given to the model instead of the ids (a rank's
+    ids alone cannot be matched to its images' features). Padding slots get zero embeddings.
     """
     if not isinstance(context, Context):
         raise TypeError(f"shard_batch(): context must be a stria.Context, not {type(context).__name__}")
@@ -205,6 +223,18 @@ def shard_batch(
     starts = _document_starts(cu, batch, seq)
     if position_ids is None:
         position_ids = torch.arange(seq).expand(batch, seq) - starts
+    elif (
+        not isinstance(position_ids, torch.Tensor) or position_ids.dim() < 2 or position_ids.shape[-2:] != (batch, seq)
+    ):
+        shape = tuple(position_ids.shape) if isinstance(position_ids, torch.Tensor) else type(position_ids).__name__
+        raise ValueError(f"shard_batch(): position_ids must be [..., {batch}, {seq}] like input_ids, not {shape}")
+    if inputs_embeds is not None and (
+        not isinstance(inputs_embeds, torch.Tensor)
+        or inputs_embeds.dim() != 3
+        or inputs_embeds.shape[:2] != (batch, seq)
+    ):
+        shape = tuple(inputs_embeds.shape) if isinstance(inputs_embeds, torch.Tensor) else type(inputs_embeds).__name__
+        raise ValueError(f"shard_batch(): inputs_embeds must be [{batch}, {seq}, hidden] like input_ids, not {shape}")
     shifted = None
     if labels is not None:
         shifted = torch.full_like(labels, ignore_index)
@@ -228,29 +258,140 @@ def shard_batch(
         padding = where < 0
         index = where.clamp(min=0)
 
-        def take(x: torch.Tensor, fill: int) -> torch.Tensor:
-            picked = torch.gather(x, 1, index.to(x.device))
+        def take(x: torch.Tensor, fill: float) -> torch.Tensor:  # x: [B, S, ...]
+            at = index.to(x.device).view(*index.shape, *(1,) * (x.dim() - 2)).expand(*index.shape, *x.shape[2:])
+            picked = torch.gather(x, 1, at)
             picked[padding.to(x.device)] = fill
             return picked
     else:
         # On a grid the layout places tokens on the ring of groups, each group's cut in pieces.
         index = torch.from_numpy(layout_positions(layout, seq, n, rank, ulysses=context.ulysses).astype(np.int64))
 
-        def take(x: torch.Tensor, fill: int) -> torch.Tensor:  # noqa: ARG001 - every slot has a token
+        def take(x: torch.Tensor, fill: float) -> torch.Tensor:  # noqa: ARG001 - every slot has a token
             return x[:, index.to(x.device)]
 
         where = index.expand(batch, -1)
 
+    def take_positions(x: torch.Tensor) -> torch.Tensor:  # [..., B, S]: leading axes moved behind
+        x = x.to(input_ids.device)
+        lead = x.dim() - 2
+        picked = take(x.movedim(tuple(range(lead)), tuple(range(2, 2 + lead))), 0)
+        return picked.movedim(tuple(range(2, 2 + lead)), tuple(range(lead))).contiguous()
+
     ids = take(input_ids, pad_token_id)
-    pos = take(position_ids.to(input_ids.device), 0)
+    pos = take_positions(position_ids)
+    embeds = None if inputs_embeds is None else take(inputs_embeds, 0.0)
     lab = None if shifted is None else take(shifted, ignore_index)
     count = None if shifted is None else (shifted != ignore_index).sum()
     sharding = Sharding(context, Layout.of(layout), plan, cu, seq, where.contiguous())
-    return ShardedBatch(ids, pos, lab, count, sharding)
+    return ShardedBatch(ids, pos, lab, count, sharding, embeds)
 
 
 def _refuse(message: str) -> None:
     raise ValueError(f"stria attention: {message}")
+
+
+# transformers' layer types whose mixing of tokens stria computes on a rank's shard exactly: its own
+# attention kinds, and layers that mix no tokens at all (the feed-forward kinds). Every other kind
+# (recurrent and convolutional mixers, attention over compressed, pooled or selected keys) computes
+# each token from its neighbours in the sequence, which a rank does not hold.
+_LAYERS_STRIA_RUNS = frozenset(
+    {"full_attention", "sliding_attention", "chunked_attention", "mlp", "moe", "dense", "sparse"}
+)
+
+
+def _configs(config: Any, depth: int = 0) -> Iterator[Any]:
+    """A model's config and the configs nested in it (a multimodal model's text config, ...)."""
+    yield config
+    if depth > 4:
+        return
+    for name in getattr(config, "sub_configs", None) or {}:
+        sub = getattr(config, name, None)
+        if isinstance(sub, PreTrainedConfig):
+            yield from _configs(sub, depth + 1)
+
+
+def check_model(model: torch.nn.Module) -> None:
+    """Raises ValueError, naming the reason, if stria cannot run `model` exactly with each rank
+    holding a shard of the sequence: a model that mixes tokens otherwise than by attention (Mamba,
+    gated delta rule and other recurrent or convolutional layers, attention over compressed keys),
+    which needs the tokens before each one; a model whose attention does not go through
+    transformers' attention interface (it would attend within the rank's tokens); and one whose
+    forward takes no position ids (it numbers positions from the rank's first token), or whose
+    position embeddings count from another origin than shard_batch's (RoBERTa's). The first
+    transformers model called with a ShardedBatch's model_inputs() on a thread is checked so; a
+    model that passed is not checked again. `model` may be wrapped by torch.compile."""
+    model = getattr(model, "_orig_mod", model)
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"check_model(): a transformers PreTrainedModel, not {type(model).__name__}")
+    for config in _configs(model.config):
+        others = sorted(set(getattr(config, "layer_types", None) or ()) - _LAYERS_STRIA_RUNS)
+        if others:
+            _refuse(
+                f"{config.model_type} has layers of type {', '.join(others)}, which mix tokens otherwise than by the "
+                "attention stria computes (recurrent or convolutional states, compressed or selected keys): each "
+                "token needs its neighbours in the sequence, which a rank's shard does not hold"
+            )
+    for name, sub in model.named_modules():
+        if isinstance(sub, torch.nn.Conv1d) and sub.kernel_size[0] > 1:
+            _refuse(
+                f"{name} ({type(sub).__name__} of width {sub.kernel_size[0]}) convolves along the sequence, which "
+                "needs the tokens before each one: a rank's shard does not hold them"
+            )
+    for sub in model.modules():
+        kind = type(sub)
+        # transformers' two signs that a model's attention layers call the attention interface: the
+        # class's declaration, and (for classes that do without it) a look at its module's source.
+        if isinstance(sub, PreTrainedModel) and not (
+            kind.is_backend_compatible() or kind._can_set_attn_implementation()
+        ):
+            _refuse(
+                f"{kind.__name__} does not run its attention through transformers' attention interface, so on a "
+                "shard its layers would attend within this rank's tokens only: stria cannot run it"
+            )
+    for name, sub in model.named_modules():
+        if isinstance(sub, torch.nn.Embedding) and "position" in name and sub.padding_idx is not None:
+            _refuse(
+                f"{name} counts positions from its padding index + 1 ({sub.padding_idx + 1}, RoBERTa's convention) "
+                "and derives them from the ids, while shard_batch's position ids count from 0"
+            )
+    if "position_ids" not in inspect.signature(type(model).forward).parameters:
+        _refuse(
+            f"{type(model).__name__} takes no position_ids: it numbers its tokens' positions itself, from the first "
+            "token a rank holds instead of the token's place in the sequence"
+        )
+
+
+_checked: weakref.WeakSet = weakref.WeakSet()  # the models check_model() passed
+_checked_for: weakref.WeakSet = weakref.WeakSet()  # the contexts whose first model was checked
+_armed = threading.local()
+
+
+def _check_next_model(context: Context) -> None:
+    """Checks the next transformers model this thread calls, the first time a batch of `context` is
+    given to a model (models that never call stria's attention cannot be caught there). Until then
+    a hook on every module's call is armed, on this thread: the first module called is the model
+    itself, or a wrapper (torch.compile's, data parallelism's, ...) whose first transformers model
+    it is. Later batches arm nothing, so that no global hook stays in the way of torch.compile."""
+    if context in _checked_for or getattr(_armed, "handle", None) is not None:
+        return
+    thread = threading.get_ident()
+
+    def hook(module: torch.nn.Module, args: Any) -> None:
+        if threading.get_ident() != thread:
+            return
+        model = getattr(module, "_orig_mod", module)
+        if not isinstance(model, PreTrainedModel):
+            return
+        handle.remove()
+        _armed.handle = None
+        if model not in _checked:
+            check_model(model)  # raises on every rank alike: they all run the same model
+            _checked.add(model)
+        _checked_for.add(context)
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
+    _armed.handle = handle
 
 
 def attention_forward(
@@ -445,6 +586,7 @@ class ShardedCache(Cache):
         config = config.get_text_config() if hasattr(config, "get_text_config") else config
         layers = [_ShardedLayer(ctx, int(batch), int(capacity), Layout.of(layout)) for _ in range(config.num_hidden_layers)]
         super().__init__(layers=layers)
+        _check_next_model(ctx)  # the model it is given to, at its first forward
 
 
 def _decode(

@@ -2,7 +2,7 @@
 with a sliding window, Gemma 2 with logit softcapping and alternating windows, gpt-oss with
 attention sinks, Llama 4 with chunked attention and position-dependent query temperatures,
 DeepSeek-V3's latent attention with value heads narrower than its query and key heads, Gemma 4
-with heads of 256 and 512) run with
+with heads of 256 and 512, Qwen2-VL and Qwen2.5-VL with an image and M-RoPE) run with
 attn_implementation="stria" on local groups of CPU ranks, each on its shard of the batch, against
 the same model with transformers' own eager attention on the whole sequence in float64: the
 logits, the loss (the sum of the ranks' shares) and every parameter's gradient (the sum of the
@@ -238,6 +238,178 @@ def test_what_cannot_be_honoured_is_refused():
             layer.self_attn.attention_dropout = 0.1
         with pytest.raises(ValueError, match="dropout"):
             model(**batch.model_inputs())
+
+
+# Families stria cannot run on shards, each with the reason it must name: attention computed outside
+# transformers' attention interface (Bloom's ALiBi), positions numbered by the model from the rank's
+# first token (BART's decoder) or from another origin (RoBERTa's), recurrent and convolutional
+# mixers (Mamba; Qwen3-Next's gated delta rule; MiniMax's lightning attention; Falcon-H1's parallel
+# Mamba heads), attention over compressed keys (DeepSeek-V4). Each ran silently wrong before the
+# model check.
+CANNOT_RUN = {
+    "bloom": ("attention interface", {}),
+    "bart": ("takes no position_ids", {}),
+    "camembert": ("padding index \\+ 1", {}),
+    "mamba": ("linear_attention", {}),
+    "qwen3_next": ("linear_attention", {}),
+    "minimax": ("linear_attention", {}),
+    "falcon_h1": ("hybrid", {}),
+    "deepseek_v4": ("compressed_sparse_attention", {"layer_types": ["compressed_sparse_attention"] * 2}),
+}
+
+
+@pytest.mark.parametrize("family", sorted(CANNOT_RUN))
+def test_models_stria_cannot_run_on_shards_are_refused(family):
+    """The first call of such a model with a sharded batch raises on every rank, naming the reason,
+    before it computes anything; the contexts stay usable: a model stria runs, given the next batch,
+    matches the reference (and is checked once: no hook stays armed)."""
+    reason, extra = CANNOT_RUN[family]
+    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
+    torch.manual_seed(3)
+    config = transformers.AutoConfig.for_model(family, **common, **extra)
+    refused = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="stria").eval()
+    good = make_model("llama", "stria")
+    input_ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(5))
+    want = reference(good, input_ids)
+    logits = torch.full((BATCH, SEQ, VOCAB), float("nan"), dtype=torch.float64)
+    hooks = torch.nn.modules.module._global_forward_pre_hooks
+
+    def rank_fn(ctx):
+        with pytest.raises(ValueError, match=reason):
+            refused(**st.shard_batch(ctx, input_ids).model_inputs())
+        assert not hooks  # the check disarmed before it raised
+        for _ in range(2):
+            batch = st.shard_batch(ctx, input_ids, input_ids)
+            out = good(**batch.model_inputs())
+        assert not hooks
+        logits[:, torch.from_numpy(stria.positions("striped", SEQ, 2, ctx.rank))] = out.logits.detach().double()
+
+    with stria.local_group(2, timeout_s=TIMEOUT_S) as group:
+        group.run(rank_fn)
+    assert rel_err(logits.numpy(), want[0].numpy()) < 1e-5
+    st.check_model(good)
+    st.check_model(torch.compile(good))  # torch.compile's wrapper: the model inside it
+    with pytest.raises(TypeError, match="PreTrainedModel"):
+        st.check_model(torch.nn.Linear(2, 2))
+
+
+def test_a_convolution_along_the_sequence_is_refused():
+    """A model whose config names only attention layers, with a short convolution over the sequence
+    in a layer (as hybrid families put beside their attention): the check finds the module."""
+    model = make_model("llama", "stria")
+    st.check_model(model)
+    model.model.layers[1].mixer = torch.nn.Conv1d(32, 32, 4, groups=32)
+    with pytest.raises(ValueError, match=r"model\.layers\.1\.mixer \(Conv1d of width 4\) convolves"):
+        st.check_model(model)
+    model.model.layers[1].mixer = torch.nn.Conv1d(32, 32, 1)  # of width 1: a position-wise product
+    st.check_model(model)
+
+
+def tiny_vision_language_model(family: str):
+    """A Qwen2-VL (or Qwen2.5-VL) of two text layers with M-RoPE and a one-layer vision tower on
+    patches of 2 x 2, random weights; the text layers on stria, the vision tower on torch's SDPA
+    (it runs on whole images, on every rank)."""
+    text = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=128,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]})
+    vision = dict(depth=1, hidden_size=32, num_heads=2, patch_size=2, spatial_merge_size=2, temporal_patch_size=2,
+                  in_channels=3)
+    if family == "qwen2_vl":
+        config = transformers.Qwen2VLConfig(text_config=text, vision_config={**vision, "embed_dim": 16},
+                                            image_token_id=60, video_token_id=61, vision_start_token_id=62,
+                                            vision_end_token_id=63)
+        kind = transformers.Qwen2VLForConditionalGeneration
+    else:
+        config = transformers.Qwen2_5_VLConfig(text_config=text, vision_config={**vision, "out_hidden_size": 32,
+                                               "intermediate_size": 32, "fullatt_block_indexes": [0]},
+                                               image_token_id=60, video_token_id=61, vision_start_token_id=62,
+                                               vision_end_token_id=63)
+        kind = transformers.Qwen2_5_VLForConditionalGeneration
+    torch.manual_seed(3)
+    return kind._from_config(config, attn_implementation={"text_config": "stria", "vision_config": "sdpa", "": "sdpa"})
+
+
+def image_batch():
+    """Two rows of SEQ tokens, each with an image of 1 x 4 x 6 patches (6 tokens after merging) at
+    its own place between its vision start and end tokens."""
+    gen = torch.Generator().manual_seed(6)
+    input_ids = torch.randint(0, 59, (BATCH, SEQ), generator=gen)
+    for row, at in enumerate((3, 11)):
+        input_ids[row, at] = 62
+        input_ids[row, at + 1:at + 7] = 60
+        input_ids[row, at + 7] = 63
+    pixel_values = torch.randn(BATCH * 24, 3 * 2 * 2 * 2, generator=gen)
+    grid = torch.tensor([[1, 4, 6]] * BATCH)
+    return input_ids, dict(pixel_values=pixel_values, image_grid_thw=grid, mm_token_type_ids=(input_ids == 60).int())
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+@pytest.mark.parametrize("n,layout", [(2, "zigzag"), (3, "striped")])
+def test_vision_language_model_on_embeddings_and_mrope(family, n, layout):
+    """A vision-language model's text side on shards: every rank embeds the whole batch as the model
+    does (the vision tower on every image, the features merged at the image tokens) and computes
+    M-RoPE's three rows of positions, and shard_batch shards both along the sequence. The logits,
+    the loss and every gradient (the vision tower's too, through the embeddings) match the model
+    run whole with eager attention on the pixels."""
+    model = tiny_vision_language_model(family)
+    input_ids, images = image_batch()
+    ref = copy.deepcopy(model).double()
+    ref.set_attn_implementation({"text_config": "eager", "vision_config": "eager", "": "eager"})
+    out = ref(input_ids=input_ids, labels=input_ids.clone(), use_cache=False,
+              **{k: v.double() if v.is_floating_point() else v for k, v in images.items()})
+    out.loss.backward()
+    want = out.logits.detach(), out.loss.item(), {name: p.grad for name, p in ref.named_parameters()}
+    inner = model.model
+    model.zero_grad(set_to_none=True)
+    logits = torch.full((BATCH, SEQ, VOCAB), float("nan"), dtype=torch.float64)
+
+    def rank_fn(ctx):
+        embeds = inner.get_input_embeddings()(input_ids)
+        features = torch.cat(inner.get_image_features(images["pixel_values"], images["image_grid_thw"]).pooler_output)
+        mask, _ = inner.get_placeholder_mask(input_ids, inputs_embeds=embeds, image_features=features)
+        embeds = embeds.masked_scatter(mask, features)
+        positions, _ = inner.get_rope_index(input_ids, mm_token_type_ids=images["mm_token_type_ids"],
+                                            image_grid_thw=images["image_grid_thw"])
+        batch = st.shard_batch(ctx, input_ids, input_ids, position_ids=positions, inputs_embeds=embeds,
+                               layout=layout)
+        assert batch.position_ids.shape == (3, BATCH, SEQ // n)
+        inputs = batch.model_inputs()
+        assert "input_ids" not in inputs
+        rank_out = model(**inputs)
+        rank_out.loss.backward()
+        logits[:, torch.from_numpy(stria.positions(layout, SEQ, n, ctx.rank))] = rank_out.logits.detach().double()
+        return rank_out.loss.item()
+
+    with stria.local_group(n, timeout_s=TIMEOUT_S) as group:
+        losses = group.run(rank_fn)
+    check((logits, sum(losses), {name: p.grad for name, p in model.named_parameters()}), want, 2e-5)
+
+
+def test_shard_batch_refuses_misshapen_positions_and_embeddings():
+    input_ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    with stria.Context(timeout_s=TIMEOUT_S) as ctx:
+        with pytest.raises(ValueError, match=r"position_ids must be \[\.\.\., 2, 24\]"):
+            st.shard_batch(ctx, input_ids, position_ids=torch.zeros(3, BATCH, SEQ - 1, dtype=torch.long))
+        with pytest.raises(ValueError, match=r"inputs_embeds must be \[2, 24, hidden\]"):
+            st.shard_batch(ctx, input_ids, inputs_embeds=torch.zeros(BATCH, SEQ))
+    # On a plan with padding slots: zero embeddings there, every row of positions taken by the plan.
+    plan = stria.Plan([[0, 5, SEQ]] * BATCH, 2, seq_len=SEQ, tile=4)
+    plan = stria.Plan([[0, 5, SEQ]] * BATCH, 2, seq_len=SEQ, tile=4, local_len=plan.local_len + 1)
+    rows = torch.arange(SEQ).expand(3, BATCH, SEQ) * torch.tensor([1, 2, 3])[:, None, None]
+
+    def rank_fn(ctx):
+        batch = st.shard_batch(ctx, input_ids, plan=plan, inputs_embeds=torch.ones(BATCH, SEQ, 4), position_ids=rows)
+        where = torch.from_numpy(plan.positions(ctx.rank).copy())
+        assert bool((where < 0).any())
+        assert torch.equal(batch.inputs_embeds[where < 0], torch.zeros(int((where < 0).sum()), 4))
+        assert torch.equal(batch.inputs_embeds[where >= 0], torch.ones(int((where >= 0).sum()), 4))
+        for k in range(3):
+            assert torch.equal(batch.position_ids[k][where >= 0], (k + 1) * where[where >= 0])
+            assert not bool(batch.position_ids[k][where < 0].any())
+
+    with stria.local_group(2, timeout_s=TIMEOUT_S) as group:
+        group.run(rank_fn)
 
 
 def test_the_sharding_of_a_with_block_and_torch_compile():

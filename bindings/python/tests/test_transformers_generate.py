@@ -100,3 +100,18 @@ def test_sharded_cache_refuses_what_it_cannot_follow(family, batch, prompt, matc
         cache = st.ShardedCache(group[0], model.config, batch=batch, capacity=64)
         with pytest.raises(ValueError, match=match):
             generate(model, torch.zeros(*prompt, dtype=torch.long), cache=cache)
+
+
+@pytest.mark.parametrize("family,match", [("bloom", "attention interface"), ("qwen3_next", "linear_attention")])
+def test_a_sharded_cache_checks_the_model(family, match):
+    """A family a sharded cache cannot serve exactly (attention of its own; recurrent layers, whose
+    state a rank cannot hold for tokens it does not have) is refused at its first forward."""
+    config = transformers.AutoConfig.for_model(
+        family, vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="stria").eval()
+    with stria.local_group(1, timeout_s=TIMEOUT_S) as group:
+        cache = st.ShardedCache(group[0], model.config, batch=1, capacity=64)
+        with pytest.raises(ValueError, match=match):
+            generate(model, torch.zeros(1, 4, dtype=torch.long), cache=cache)
