@@ -9,8 +9,10 @@ family:
     refused      stria refused the model, with the reason it gave (stria.transformers.check_model,
                  or an attention layer that passed what stria cannot honour)
     wrong        neither: the sharded model computed something else (a defect of stria)
-    not built    the sweep's generic tiny configuration does not build this family, or its float64
-                 reference does not run (nothing of stria was called)
+    not built    the sweep's generic tiny configuration does not build this family, its float64
+                 reference does not run (nothing of stria was called), or it needs more memory
+                 than the sweep gives a family
+    failed       an error of another kind on shards (a defect of stria, or of the sweep)
 
 Each family runs in a process of its own under a memory and time limit (some multimodal families
 build vision or audio towers of their full default size).
@@ -100,6 +102,8 @@ def run_one(family: str, ranks: list[int]) -> dict:
         return {"verdict": "matches", "detail": f"relative error {worst:.1e} (ranks {ranks_run}){where}"}
     except Exception as e:  # noqa: BLE001 - every failure is a verdict
         message = " ".join(str(e).split())
+        if isinstance(e, MemoryError) or "can't allocate memory" in message:  # the sweep's limit, not a verdict
+            return {"verdict": "not built", "detail": f"over the sweep's memory limit ({stage} stage)"}
         if stage == "stria" and "stria attention:" in message:
             return {"verdict": "refused", "detail": message.split("stria attention:", 1)[1].strip()}
         return {

@@ -110,6 +110,31 @@ class Sharding:
     __hash__ = object.__hash__
     __eq__ = object.__eq__
 
+    def shard(self, x: torch.Tensor, fill: float = 0) -> torch.Tensor:
+        """This rank's part of a per-token tensor of the whole batch, as shard_batch shards the
+        ids: ``[B, S, ...]`` (per-token weights, a reinforcement-learning step's old log-probs and
+        advantages, ...) or ``[..., B, S]`` with leading axes (M-RoPE's rows of positions), each
+        sharded along the sequence; a plan's padding slots get `fill`."""
+        if self.positions is None or self.seq_len is None:
+            raise ValueError("Sharding.shard(): this sharding was not made by shard_batch")
+        batch, seq = self.positions.shape[0], self.seq_len
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        if isinstance(x, torch.Tensor) and x.shape[:2] == (batch, seq):
+            lead = 0
+        elif isinstance(x, torch.Tensor) and x.shape[-2:] == (batch, seq):
+            lead = x.dim() - 2  # moved behind the sequence axis, and back
+            x = x.movedim(tuple(range(lead)), tuple(range(2, 2 + lead)))
+        else:
+            raise ValueError(f"Sharding.shard(): a [{batch}, {seq}, ...] or [..., {batch}, {seq}] tensor, not {shape}")
+        where = self.positions.to(x.device)
+        at = where.clamp(min=0).view(*where.shape, *(1,) * (x.dim() - 2)).expand(*where.shape, *x.shape[2:])
+        picked = torch.gather(x, 1, at)
+        if self.plan is not None:
+            picked = picked.masked_fill((where < 0).view(*where.shape, *(1,) * (x.dim() - 2)), fill)
+        if lead:
+            picked = picked.movedim(tuple(range(2, 2 + lead)), tuple(range(lead)))
+        return picked.contiguous()
+
 
 @dataclass
 class ShardedBatch:
@@ -255,35 +280,16 @@ def shard_batch(
                 + (f" groups of {ulysses}" if ulysses > 1 else "")
             )
         where = torch.from_numpy(plan.positions(rank, ulysses=ulysses).copy())  # -1 for padding
-        padding = where < 0
-        index = where.clamp(min=0)
-
-        def take(x: torch.Tensor, fill: float) -> torch.Tensor:  # x: [B, S, ...]
-            at = index.to(x.device).view(*index.shape, *(1,) * (x.dim() - 2)).expand(*index.shape, *x.shape[2:])
-            picked = torch.gather(x, 1, at)
-            picked[padding.to(x.device)] = fill
-            return picked
     else:
         # On a grid the layout places tokens on the ring of groups, each group's cut in pieces.
-        index = torch.from_numpy(layout_positions(layout, seq, n, rank, ulysses=context.ulysses).astype(np.int64))
-
-        def take(x: torch.Tensor, fill: float) -> torch.Tensor:  # noqa: ARG001 - every slot has a token
-            return x[:, index.to(x.device)]
-
-        where = index.expand(batch, -1)
-
-    def take_positions(x: torch.Tensor) -> torch.Tensor:  # [..., B, S]: leading axes moved behind
-        x = x.to(input_ids.device)
-        lead = x.dim() - 2
-        picked = take(x.movedim(tuple(range(lead)), tuple(range(2, 2 + lead))), 0)
-        return picked.movedim(tuple(range(2, 2 + lead)), tuple(range(lead))).contiguous()
-
-    ids = take(input_ids, pad_token_id)
-    pos = take_positions(position_ids)
-    embeds = None if inputs_embeds is None else take(inputs_embeds, 0.0)
-    lab = None if shifted is None else take(shifted, ignore_index)
-    count = None if shifted is None else (shifted != ignore_index).sum()
+        index = layout_positions(layout, seq, n, rank, ulysses=context.ulysses).astype(np.int64)
+        where = torch.from_numpy(index).expand(batch, -1)
     sharding = Sharding(context, Layout.of(layout), plan, cu, seq, where.contiguous())
+    ids = sharding.shard(input_ids, pad_token_id)
+    pos = sharding.shard(position_ids.to(input_ids.device))
+    embeds = None if inputs_embeds is None else sharding.shard(inputs_embeds)
+    lab = None if shifted is None else sharding.shard(shifted, ignore_index)
+    count = None if shifted is None else (shifted != ignore_index).sum()
     return ShardedBatch(ids, pos, lab, count, sharding, embeds)
 
 
@@ -343,7 +349,8 @@ def check_model(model: torch.nn.Module) -> None:
         # transformers' two signs that a model's attention layers call the attention interface: the
         # class's declaration, and (for classes that do without it) a look at its module's source.
         if isinstance(sub, PreTrainedModel) and not (
-            kind.is_backend_compatible() or kind._can_set_attn_implementation()
+            getattr(kind, "_supports_attention_backend", False)
+            or getattr(kind, "_can_set_attn_implementation", lambda: False)()
         ):
             _refuse(
                 f"{kind.__name__} does not run its attention through transformers' attention interface, so on a "

@@ -402,6 +402,15 @@ def test_shard_batch_refuses_misshapen_positions_and_embeddings():
         batch = st.shard_batch(ctx, input_ids, plan=plan, inputs_embeds=torch.ones(BATCH, SEQ, 4), position_ids=rows)
         where = torch.from_numpy(plan.positions(ctx.rank).copy())
         assert bool((where < 0).any())
+        # Any per-token tensor the same way (weights, advantages): [B, S, ...] and [..., B, S].
+        weights = torch.rand(BATCH, SEQ, dtype=torch.float64)
+        picked = batch.sharding.shard(weights, fill=-1.0)
+        assert torch.equal(picked[where >= 0], weights[torch.arange(BATCH)[:, None].expand_as(where)[where >= 0],
+                                                        where[where >= 0]])
+        assert bool((picked[where < 0] == -1.0).all())
+        assert torch.equal(batch.sharding.shard(rows), batch.position_ids)
+        with pytest.raises(ValueError, match=r"a \[2, 24, \.\.\.\] or \[\.\.\., 2, 24\] tensor, not \(2, 23\)"):
+            batch.sharding.shard(weights[:, 1:])
         assert torch.equal(batch.inputs_embeds[where < 0], torch.zeros(int((where < 0).sum()), 4))
         assert torch.equal(batch.inputs_embeds[where >= 0], torch.ones(int((where >= 0).sum()), 4))
         for k in range(3):
