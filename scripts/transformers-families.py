@@ -41,9 +41,13 @@ def tiny_config(transformers, family: str):
     common = dict(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=8, max_position_embeddings=64, attention_dropout=0.0,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
+        kv_lora_rank=16, q_lora_rank=16, qk_head_dim=16,
     )
-    return transformers.AutoConfig.for_model(family, **common)
+    config = transformers.AutoConfig.for_model(family, **common)
+    if getattr(config, "kv_lora_rank", None):  # latent attention: as many key/value heads as query heads
+        config = transformers.AutoConfig.for_model(family, **{**common, "num_key_value_heads": 4})
+    return config
 
 
 def run_one(family: str, ranks: list[int]) -> dict:
