@@ -162,7 +162,7 @@ class ShardedBatch:
         }
         if self.labels is not None:
             inputs.update(labels=self.labels, shift_labels=self.labels, num_items_in_batch=self.num_items_in_batch)
-        _check_next_model(self.sharding.context)
+        _check_next_model(self.sharding.context, self.inputs_embeds is not None)
         return inputs
 
 
@@ -317,7 +317,7 @@ def _configs(config: Any, depth: int = 0) -> Iterator[Any]:
             yield from _configs(sub, depth + 1)
 
 
-def check_model(model: torch.nn.Module) -> None:
+def check_model(model: torch.nn.Module, *, embeddings: bool = False) -> None:
     """Raises ValueError, naming the reason, if stria cannot run `model` exactly with each rank
     holding a shard of the sequence: a model that mixes tokens otherwise than by attention (Mamba,
     gated delta rule and other recurrent or convolutional layers, attention over compressed keys),
@@ -326,7 +326,10 @@ def check_model(model: torch.nn.Module) -> None:
     forward takes no position ids (it numbers positions from the rank's first token), or whose
     position embeddings count from another origin than shard_batch's (RoBERTa's). The first
     transformers model called with a ShardedBatch's model_inputs() on a thread is checked so; a
-    model that passed is not checked again. `model` may be wrapped by torch.compile."""
+    model that passed is not checked again. `model` may be wrapped by torch.compile. With
+    `embeddings` (a batch given as inputs_embeds) it also refuses a model that adds what its
+    vision tower computes to its layers' states beside the embeddings (Qwen3-VL's deepstack
+    features), which embeddings alone do not carry."""
     model = getattr(model, "_orig_mod", model)
     if not isinstance(model, PreTrainedModel):
         raise TypeError(f"check_model(): a transformers PreTrainedModel, not {type(model).__name__}")
@@ -362,6 +365,14 @@ def check_model(model: torch.nn.Module) -> None:
                 f"{name} counts positions from its padding index + 1 ({sub.padding_idx + 1}, RoBERTa's convention) "
                 "and derives them from the ids, while shard_batch's position ids count from 0"
             )
+    if embeddings:
+        for config in _configs(model.config):
+            if getattr(config, "deepstack_visual_indexes", None):
+                _refuse(
+                    f"{config.model_type} adds its vision tower's features to the states of layers "
+                    f"{list(config.deepstack_visual_indexes)} at the image tokens, beside the embeddings, and "
+                    "inputs_embeds do not carry them: the model would run without them"
+                )
     if "position_ids" not in inspect.signature(type(model).forward).parameters:
         _refuse(
             f"{type(model).__name__} takes no position_ids: it numbers its tokens' positions itself, from the first "
@@ -369,18 +380,21 @@ def check_model(model: torch.nn.Module) -> None:
         )
 
 
-_checked: weakref.WeakSet = weakref.WeakSet()  # the models check_model() passed
-_checked_for: weakref.WeakSet = weakref.WeakSet()  # the contexts whose first model was checked
+# The models check_model() passed, and the contexts whose first model was checked: each by whether
+# the model was given embeddings (True) or ids (False).
+_checked: dict[bool, weakref.WeakSet] = {False: weakref.WeakSet(), True: weakref.WeakSet()}
+_checked_for: dict[bool, weakref.WeakSet] = {False: weakref.WeakSet(), True: weakref.WeakSet()}
 _armed = threading.local()
 
 
-def _check_next_model(context: Context) -> None:
+def _check_next_model(context: Context, embeddings: bool = False) -> None:
     """Checks the next transformers model this thread calls, the first time a batch of `context` is
-    given to a model (models that never call stria's attention cannot be caught there). Until then
-    a hook on every module's call is armed, on this thread: the first module called is the model
-    itself, or a wrapper (torch.compile's, data parallelism's, ...) whose first transformers model
-    it is. Later batches arm nothing, so that no global hook stays in the way of torch.compile."""
-    if context in _checked_for or getattr(_armed, "handle", None) is not None:
+    given to a model (models that never call stria's attention cannot be caught there), and again
+    the first time a batch comes as embeddings. Until then a hook on every module's call is armed,
+    on this thread: the first module called is the model itself, or a wrapper (torch.compile's,
+    data parallelism's, ...) whose first transformers model it is. Later batches arm nothing, so
+    that no global hook stays in the way of torch.compile."""
+    if context in _checked_for[embeddings] or getattr(_armed, "handle", None) is not None:
         return
     thread = threading.get_ident()
 
@@ -392,10 +406,10 @@ def _check_next_model(context: Context) -> None:
             return
         handle.remove()
         _armed.handle = None
-        if model not in _checked:
-            check_model(model)  # raises on every rank alike: they all run the same model
-            _checked.add(model)
-        _checked_for.add(context)
+        if model not in _checked[embeddings]:
+            check_model(model, embeddings=embeddings)  # raises on every rank alike: they run the same model
+            _checked[embeddings].add(model)
+        _checked_for[embeddings].add(context)
 
     handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
     _armed.handle = handle

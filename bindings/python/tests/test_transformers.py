@@ -386,6 +386,39 @@ def test_vision_language_model_on_embeddings_and_mrope(family, n, layout):
     check((logits, sum(losses), {name: p.grad for name, p in model.named_parameters()}), want, 2e-5)
 
 
+def test_deepstack_features_that_embeddings_do_not_carry_are_refused():
+    """Qwen3-VL adds its vision tower's features to early layers' states at the image tokens, beside
+    the embeddings: a batch given as embeddings would run without them, so it is refused; a batch of
+    ids (text alone) runs, and matches."""
+    text = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]})
+    vision = dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=2, spatial_merge_size=2,
+                  temporal_patch_size=2, in_channels=3, out_hidden_size=32, num_position_embeddings=16,
+                  deepstack_visual_indexes=[0])
+    config = transformers.Qwen3VLConfig(text_config=text, vision_config=vision, image_token_id=60, video_token_id=61,
+                                        vision_start_token_id=62, vision_end_token_id=63)
+    torch.manual_seed(3)
+    model = transformers.Qwen3VLForConditionalGeneration._from_config(
+        config, attn_implementation={"text_config": "stria", "vision_config": "sdpa", "": "sdpa"})
+    input_ids = torch.randint(0, 59, (BATCH, SEQ), generator=torch.Generator().manual_seed(7))
+    ref = copy.deepcopy(model).double()
+    ref.set_attn_implementation({"text_config": "eager", "vision_config": "eager", "": "eager"})
+    want = ref(input_ids=input_ids, use_cache=False).logits.detach()
+    logits = torch.full((BATCH, SEQ, VOCAB), float("nan"), dtype=torch.float64)
+
+    def rank_fn(ctx):
+        embeds = model.get_input_embeddings()(input_ids)
+        with pytest.raises(ValueError, match=r"adds its vision tower's features to the states of layers \[0\]"):
+            model(**st.shard_batch(ctx, input_ids, inputs_embeds=embeds).model_inputs())
+        out = model(**st.shard_batch(ctx, input_ids).model_inputs())
+        logits[:, torch.from_numpy(stria.positions("striped", SEQ, 2, ctx.rank))] = out.logits.detach().double()
+
+    with stria.local_group(2, timeout_s=TIMEOUT_S) as group:
+        group.run(rank_fn)
+    assert rel_err(logits.numpy(), want.numpy()) < 1e-5
+
+
 def test_shard_batch_refuses_misshapen_positions_and_embeddings():
     input_ids = torch.randint(0, VOCAB, (BATCH, SEQ))
     with stria.Context(timeout_s=TIMEOUT_S) as ctx:
