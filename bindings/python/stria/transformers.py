@@ -118,14 +118,14 @@ class Sharding:
         if self.positions is None or self.seq_len is None:
             raise ValueError("Sharding.shard(): this sharding was not made by shard_batch")
         batch, seq = self.positions.shape[0], self.seq_len
-        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
         if isinstance(x, torch.Tensor) and x.shape[:2] == (batch, seq):
             lead = 0
         elif isinstance(x, torch.Tensor) and x.shape[-2:] == (batch, seq):
             lead = x.dim() - 2  # moved behind the sequence axis, and back
             x = x.movedim(tuple(range(lead)), tuple(range(2, 2 + lead)))
         else:
-            raise ValueError(f"Sharding.shard(): a [{batch}, {seq}, ...] or [..., {batch}, {seq}] tensor, not {shape}")
+            want = f"a [{batch}, {seq}, ...] or [..., {batch}, {seq}] tensor"
+            raise ValueError(f"Sharding.shard(): {want}, not {_shape(x)}")
         where = self.positions.to(x.device)
         at = where.clamp(min=0).view(*where.shape, *(1,) * (x.dim() - 2)).expand(*where.shape, *x.shape[2:])
         picked = torch.gather(x, 1, at)
@@ -251,15 +251,17 @@ def shard_batch(
     elif (
         not isinstance(position_ids, torch.Tensor) or position_ids.dim() < 2 or position_ids.shape[-2:] != (batch, seq)
     ):
-        shape = tuple(position_ids.shape) if isinstance(position_ids, torch.Tensor) else type(position_ids).__name__
-        raise ValueError(f"shard_batch(): position_ids must be [..., {batch}, {seq}] like input_ids, not {shape}")
+        raise ValueError(
+            f"shard_batch(): position_ids must be [..., {batch}, {seq}] like input_ids, not {_shape(position_ids)}"
+        )
     if inputs_embeds is not None and (
         not isinstance(inputs_embeds, torch.Tensor)
         or inputs_embeds.dim() != 3
         or inputs_embeds.shape[:2] != (batch, seq)
     ):
-        shape = tuple(inputs_embeds.shape) if isinstance(inputs_embeds, torch.Tensor) else type(inputs_embeds).__name__
-        raise ValueError(f"shard_batch(): inputs_embeds must be [{batch}, {seq}, hidden] like input_ids, not {shape}")
+        raise ValueError(
+            f"shard_batch(): inputs_embeds must be [{batch}, {seq}, hidden] like input_ids, not {_shape(inputs_embeds)}"
+        )
     shifted = None
     if labels is not None:
         shifted = torch.full_like(labels, ignore_index)
@@ -291,6 +293,11 @@ def shard_batch(
     lab = None if shifted is None else sharding.shard(shifted, ignore_index)
     count = None if shifted is None else (shifted != ignore_index).sum()
     return ShardedBatch(ids, pos, lab, count, sharding, embeds)
+
+
+def _shape(x: Any) -> Any:
+    """What a shape error names: a tensor's shape, or the type of what came instead."""
+    return tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
 
 
 def _refuse(message: str) -> None:
@@ -342,13 +349,12 @@ def check_model(model: torch.nn.Module, *, embeddings: bool = False) -> None:
                 "token needs its neighbours in the sequence, which a rank's shard does not hold"
             )
     for name, sub in model.named_modules():
+        kind = type(sub)
         if isinstance(sub, torch.nn.Conv1d) and sub.kernel_size[0] > 1:
             _refuse(
-                f"{name} ({type(sub).__name__} of width {sub.kernel_size[0]}) convolves along the sequence, which "
+                f"{name} ({kind.__name__} of width {sub.kernel_size[0]}) convolves along the sequence, which "
                 "needs the tokens before each one: a rank's shard does not hold them"
             )
-    for sub in model.modules():
-        kind = type(sub)
         # transformers' two signs that a model's attention layers call the attention interface: the
         # class's declaration, and (for classes that do without it) a look at its module's source.
         if isinstance(sub, PreTrainedModel) and not (
@@ -359,7 +365,6 @@ def check_model(model: torch.nn.Module, *, embeddings: bool = False) -> None:
                 f"{kind.__name__} does not run its attention through transformers' attention interface, so on a "
                 "shard its layers would attend within this rank's tokens only: stria cannot run it"
             )
-    for name, sub in model.named_modules():
         if isinstance(sub, torch.nn.Embedding) and "position" in name and sub.padding_idx is not None:
             _refuse(
                 f"{name} counts positions from its padding index + 1 ({sub.padding_idx + 1}, RoBERTa's convention) "
