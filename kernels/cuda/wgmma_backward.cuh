@@ -72,9 +72,16 @@ STRIA_DEVICE void IssueDsK(float (&dq)[32], uint32_t ds_addr, uint32_t k_addr, i
 }
 
 // One query tile of a backward CTA, for warpgroup `wg` (keys j0 + 64 wg ..): S^T and dP^T, P^T and
-// dS^T in registers, dS^T to shared memory (`dss`) for dQ, dV += P^T dO and dK += dS^T Q, then
-// dQ = dS K added to dq_acc with atomics. The tiles are in shared memory at the given window
-// addresses (K, V: kN rows; Q, dO: kM rows), the tile's lse2 and delta rows at `lse2`, `delta`.
+// dS^T in registers, dS^T to shared memory (`dss`) for dQ, dV += P^T dO and dK += dS^T Q, and
+// dQ = dS K. The tiles are in shared memory at the given window addresses (K, V: kN rows; Q, dO:
+// kM rows), the tile's lse2 and delta rows at `lse2`, `delta`.
+// The elementwise work runs beside the products where registers allow, as FlashAttention-3's
+// backward orders them: P^T's exponentials while the tensor cores compute dP^T (S^T and dP^T are
+// committed as two groups), the warpgroups' meeting over dS^T while they compute dV, and the
+// store of dQ while they compute dK (issued after dQ). Waiting for both score products before the
+// softmax, and for every product before the store, left the tensor cores idle through both.
+// (Issuing dV before dS^T is computed would overlap that too, but keeps P^T's A fragments alive
+// beside S^T and dP^T: 16 to 32 registers more a thread than the consumers have, and spills.)
 // The CTA's synchronisation comes from the caller: `before_ds` runs before this warpgroup writes
 // dS^T (the other warpgroup's dQ products of the previous tile must be done reading it),
 // `published` after (every warpgroup's dS^T written and fenced for wgmma), `done` once every
@@ -96,6 +103,7 @@ STRIA_DEVICE void BackwardStep(const BwdParams& p, const MaskArgs& mask, int64_t
   // dQ: warpgroup wg takes query rows 64 qb.. and head-dim columns 64 cb.. of the tile.
   const int qb = kM == 128 ? wg : 0, cb = kM == 128 ? 0 : wg;
   float sT[kM / 2], dpT[kM / 2];
+  // S^T and dP^T in two groups, so that P^T's exponentials run while the tensor cores compute dP^T.
   wgmma_fence();
   STRIA_UNROLL
   for (int kk = 0; kk < D / 16; ++kk) {
@@ -105,38 +113,61 @@ STRIA_DEVICE void BackwardStep(const BwdParams& p, const MaskArgs& mask, int64_t
     const uint32_t q_at = (kk >> 2) * kM * kSwizzleBytes + kcol;
     wgmma_ss<T, kM>(sT, SwizzledDesc(k_addr + kv_at, 16, kSwizzleAtomBytes),
                     SwizzledDesc(q_addr + q_at, 16, kSwizzleAtomBytes), kk > 0);
+  }
+  wgmma_commit();
+  STRIA_UNROLL
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const uint32_t kcol = static_cast<uint32_t>((kk & 3) * 32);
+    const uint32_t kv_at = (kk >> 2) * kN * kSwizzleBytes + 64 * wg * kSwizzleBytes + kcol;
+    const uint32_t q_at = (kk >> 2) * kM * kSwizzleBytes + kcol;
     wgmma_ss<T, kM>(dpT, SwizzledDesc(v_addr + kv_at, 16, kSwizzleAtomBytes),
                     SwizzledDesc(do_addr + q_at, 16, kSwizzleAtomBytes), kk > 0);
   }
   wgmma_commit();
-  wgmma_wait<0>();
-  wgmma_fence_operand(sT);
-  wgmma_fence_operand(dpT);
 
-  // Per 16 queries (accumulator chunks 2 kq and 2 kq + 1): P^T and dS^T, dS^T into shared
-  // memory for dQ (rows: all 128 keys, columns: queries), and both as A fragments. One pass,
-  // so each chunk of S^T and dP^T dies as soon as it is packed.
   // The queries of this tile that see each of this thread's two keys (all of them unless the
-  // tile needs the element mask): one window per key, two comparisons per element.
+  // tile needs the element mask): one window per key, two comparisons per element. Computed while
+  // the products run.
   Window seen[2] = {Window{0, kM}, Window{0, kM}};
   if (!FullyVisible<kDocs>(mask, i0, i0 + kM, j0 + 64 * wg, j0 + 64 * wg + 64)) {
     for (int e = 0; e < 2; ++e) seen[e] = SeeingQueries<kDocs>(mask, key[e], i0, kM);
   }
+  // Accumulator element i: query column qi of this thread's key (i & 3) >> 1.
+  auto query_of = [&](int i) { return 8 * (i >> 2) + 2 * t4 + (i & 1); };
+  auto visible = [&](int i) { return In(seen[(i & 3) >> 1], query_of(i)); };
+
+  // P^T in place while the tensor cores compute dP^T. With a softcap, P^T and the slope its dS^T
+  // needs are computed together once dP^T is in (keeping the slopes across the wait would cost a
+  // register per score, which the kernel does not have: the uncapped path would spill with it).
+  wgmma_wait<1>();  // S^T
+  wgmma_fence_operand(sT);
+  WithSoftcap(p.softcap, [&](auto cap) {  // the test once per tile (softcap.cuh)
+    if constexpr (!decltype(cap)::kCapped) {
+      STRIA_UNROLL
+      for (int i = 0; i < kM / 2; ++i) sT[i] = visible(i) ? fast_exp2(sT[i] * p.scale_log2 - lse2[query_of(i)]) : 0.f;
+    }
+  });
+  wgmma_wait<0>();  // dP^T
+  wgmma_fence_operand(sT);
+  wgmma_fence_operand(dpT);
+
+  // Per 16 queries (accumulator chunks 2 kq and 2 kq + 1): dS^T = P^T (dP^T - delta) (times the
+  // softcap's slope), into shared memory for dQ (rows: all 128 keys, columns: queries), and P^T
+  // and dS^T as A fragments. One pass, so each chunk of S^T and dP^T dies as soon as it is packed.
   if (kDq) before_ds();
   const int row0 = 64 * wg + 16 * warp + g;
   uint32_t pa[kM / 16][4], sa[kM / 16][4];
-  WithSoftcap(p.softcap, [&](auto cap) {  // the test once per tile (softcap.cuh)
+  WithSoftcap(p.softcap, [&](auto cap) {
     constexpr bool kCapped = decltype(cap)::kCapped;
     STRIA_UNROLL
     for (int kq = 0; kq < kM / 16; ++kq) {
       STRIA_UNROLL
       for (int i = 8 * kq; i < 8 * kq + 8; ++i) {
-        const int qi = 8 * (i >> 2) + 2 * t4 + (i & 1);
-        const bool vis = In(seen[(i & 3) >> 1], qi);
-        float slope;
-        const float pr = vis ? fast_exp2(Log2ScoreOf<kCapped>(sT[i], p.scale_log2, p.softcap, &slope) - lse2[qi]) : 0.f;
-        sT[i] = pr;
-        dpT[i] = vis ? pr * (dpT[i] - delta[qi]) * slope : 0.f;
+        const bool vis = visible(i);
+        float slope = 1.f;
+        if constexpr (kCapped)
+          sT[i] = vis ? fast_exp2(Log2ScoreOf<true>(sT[i], p.scale_log2, p.softcap, &slope) - lse2[query_of(i)]) : 0.f;
+        dpT[i] = vis ? sT[i] * (dpT[i] - delta[query_of(i)]) * slope : 0.f;
       }
       STRIA_UNROLL
       for (int i = 8 * kq; i < 8 * kq + 8; i += 2) {
@@ -151,18 +182,30 @@ STRIA_DEVICE void BackwardStep(const BwdParams& p, const MaskArgs& mask, int64_t
   wgmma_fence_operand(sa);
   wgmma_fence_operand(dv);
   wgmma_fence_operand(dk);
+
+  // dV += P^T dO (B: dO read MN-major; queries 16 kq.. are rows 16 kq.. of dO, 2048 bytes per 16
+  // rows; LBO: the next 64 head-dim columns): it runs while the warpgroups meet over dS^T.
   wgmma_fence();
   STRIA_UNROLL
-  for (int kq = 0; kq < kM / 16; ++kq) {
-    // Queries 16 kq.. are rows 16 kq.. of Q and dO: 2048 bytes per 16 rows; LBO: the next
-    // 64 head-dim columns.
-    const uint32_t at = kq * 16 * kSwizzleBytes;
-    wgmma_rs_tb<T, D>(dv, pa[kq], SwizzledDesc(do_addr + at, kM * kSwizzleBytes, kSwizzleAtomBytes), true);
-    wgmma_rs_tb<T, D>(dk, sa[kq], SwizzledDesc(q_addr + at, kM * kSwizzleBytes, kSwizzleAtomBytes), true);
-  }
-  wgmma_commit();  // completes at the wait below, after dQ: pa and sa stay untouched till then
+  for (int kq = 0; kq < kM / 16; ++kq)
+    wgmma_rs_tb<T, D>(dv, pa[kq],
+                      SwizzledDesc(do_addr + kq * 16 * kSwizzleBytes, kM * kSwizzleBytes, kSwizzleAtomBytes), true);
+  wgmma_commit();
+
+  // dK += dS^T Q (B: Q read MN-major, as dO above).
+  auto issue_dk = [&] {
+    wgmma_fence();
+    STRIA_UNROLL
+    for (int kq = 0; kq < kM / 16; ++kq)
+      wgmma_rs_tb<T, D>(dk, sa[kq],
+                        SwizzledDesc(q_addr + kq * 16 * kSwizzleBytes, kM * kSwizzleBytes, kSwizzleAtomBytes), true);
+    wgmma_commit();
+  };
   if (!kDq) {
+    issue_dk();
     wgmma_wait<0>();
+    wgmma_fence_operand(pa);
+    wgmma_fence_operand(sa);
     wgmma_fence_operand(dv);
     wgmma_fence_operand(dk);
     done();
@@ -170,15 +213,20 @@ STRIA_DEVICE void BackwardStep(const BwdParams& p, const MaskArgs& mask, int64_t
   }
   published();
 
-  // dQ (64 x 64) = dS (rows 64 qb.., all kN keys) K (columns 64 cb..).
+  // dQ (64 x 64) = dS (rows 64 qb.., all kN keys) K (columns 64 cb..), issued before dK, so that
+  // its store leaves while the tensor cores compute dK.
   float dq[32];
   IssueDsK<T, kN>(dq, ds_addr, k_addr, qb, cb);
-  wgmma_wait<0>();
+  issue_dk();
+  wgmma_wait<1>();  // dV and dQ; dK may still run
   wgmma_fence_operand(dq);
+  wgmma_fence_operand(pa);
   wgmma_fence_operand(dv);
+  store_dq(dq, qb, cb);
+  wgmma_wait<0>();
+  wgmma_fence_operand(sa);
   wgmma_fence_operand(dk);
   done();
-  store_dq(dq, qb, cb);
 }
 
 // A warpgroup's 64 x 64 block of a tile's dQ (rows 64 qb.. of the tile at i0, columns 64 cb..; the
