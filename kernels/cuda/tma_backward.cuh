@@ -44,10 +44,19 @@ struct TmaBwdTile {
   static constexpr int kBarriers = 1 + 2 * kStages + 2 * kDqBuffers;
   // The ordered dQ's ticket, as thread 0 took it for the CTA.
   static constexpr int kTicketBytes = kOrderedDq ? 16 : 0;
-  // K, V; Q and dO per stage; dS^T; lse2 and delta per stage; the dQ buffers; the barriers; the
-  // ticket; the alignment slack.
-  static constexpr int kSmemBytes = 2 * kKvBytes + 2 * kStages * kQBytes + kDsBytes + 2 * kStages * kM * 4 +
-                                    kDqBuffers * kDqBytes + 8 * kBarriers + kTicketBytes + kSwizzleAtomBytes;
+  // K, V; Q and dO per stage; lse2 and delta per stage; the dQ buffers; the barriers; the ticket;
+  // the alignment slack; and dS^T.
+  static constexpr int kBytesBesideDs = 2 * kKvBytes + 2 * kStages * kQBytes + 2 * kStages * kM * 4 +
+                                        kDqBuffers * kDqBytes + 8 * kBarriers + kTicketBytes + kSwizzleAtomBytes;
+  // dS^T in two buffers, alternating by step, where a CTA's 227 KB hold them (D 128; D 64 with the
+  // atomic dQ): a warpgroup then writes step s's while the other's dQ product of step s - 1 may
+  // still read the other one, and the warpgroups meet once a step (dS^T written) instead of twice.
+  // The buffer step s writes was last read by both warpgroups' dQ of step s - 2, which each
+  // completed before it arrived at the meeting of step s - 1. The persistent kernel's K/V "empty"
+  // barrier (8 bytes) is counted in.
+  static constexpr int kDsBuffers = kBytesBesideDs + 8 + 2 * kDsBytes <= 227 * 1024 ? 2 : 1;
+  static constexpr int kSmemBytes = kBytesBesideDs + kDsBuffers * kDsBytes;
+  static_assert(kSmemBytes + 8 <= 227 * 1024, "over the shared memory a CTA may have on sm_90");
 };
 
 // The block's parameters and the TMA maps of the caller's Q and dO (boxes of kM rows) and of the
@@ -92,12 +101,12 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaBackwardKernel(const STRIA_GR
   STRIA_DYNAMIC_SMEM(smem_raw);
   unsigned char* ks = AlignToSwizzleAtom(smem_raw);
   unsigned char* vs = ks + Tile::kKvBytes;
-  unsigned char* qs = vs + Tile::kKvBytes;            // stage st at qs + st * kQBytes
-  unsigned char* dos = qs + kStages * Tile::kQBytes;  // likewise
-  unsigned char* dss = dos + kStages * Tile::kQBytes;
-  float* lse2s = reinterpret_cast<float*>(dss + Tile::kDsBytes);  // [kStages][kM]
-  float* deltas = lse2s + kStages * kM;                           // [kStages][kM]
-  float* dqs = deltas + kStages * kM;                             // [kDqBuffers][kM][D]: 16-byte aligned
+  unsigned char* qs = vs + Tile::kKvBytes;                                           // stage st at qs + st * kQBytes
+  unsigned char* dos = qs + kStages * Tile::kQBytes;                                 // likewise
+  unsigned char* dss = dos + kStages * Tile::kQBytes;                                // buffer n at dss + n * kDsBytes
+  float* lse2s = reinterpret_cast<float*>(dss + Tile::kDsBuffers * Tile::kDsBytes);  // [kStages][kM]
+  float* deltas = lse2s + kStages * kM;                                              // [kStages][kM]
+  float* dqs = deltas + kStages * kM;  // [kDqBuffers][kM][D]: 16-byte aligned
   uint64_t* kv_full = reinterpret_cast<uint64_t*>(dqs + Tile::kDqBuffers * kM * D);
   uint64_t* q_full = kv_full + 1;
   uint64_t* q_empty = q_full + kStages;
@@ -264,8 +273,13 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaBackwardKernel(const STRIA_GR
     auto dq_atomics = [&](const float(&dq)[32], int qb, int cb) { AddDqAtomics<D>(p, bh, i0, dq, qb, cb); };
     auto step = [&](auto store_dq) {
       BackwardStep<T, D, kM, kN, kDocs, kDq>(
-          p, mask, j0, cw, i0, k_addr, v_addr, q_addr, do_addr, dss, lse2, delta, key, dk, dv,
-          consumers_sync,  // both warpgroups' dQ products of the previous step are done reading dS^T
+          p, mask, j0, cw, i0, k_addr, v_addr, q_addr, do_addr, dss + (s % Tile::kDsBuffers) * Tile::kDsBytes, lse2,
+          delta, key, dk, dv,
+          [&] {
+            // With one buffer, both warpgroups' dQ products of the previous step must be done reading
+            // dS^T; with two, the previous step's meeting saw to it (TmaBwdTile::kDsBuffers).
+            if constexpr (Tile::kDsBuffers == 1) consumers_sync();
+          },
           [&] {
             fence_proxy_async();
             consumers_sync();  // dS^T of both warpgroups written and visible to wgmma

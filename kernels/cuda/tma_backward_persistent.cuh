@@ -49,12 +49,12 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaPersistentBackwardKernel(cons
   STRIA_DYNAMIC_SMEM(smem_raw);
   unsigned char* ks = AlignToSwizzleAtom(smem_raw);
   unsigned char* vs = ks + Tile::kKvBytes;
-  unsigned char* qs = vs + Tile::kKvBytes;            // stage st at qs + st * kQBytes
-  unsigned char* dos = qs + kStages * Tile::kQBytes;  // likewise
-  unsigned char* dss = dos + kStages * Tile::kQBytes;
-  float* lse2s = reinterpret_cast<float*>(dss + Tile::kDsBytes);  // [kStages][kM]
-  float* deltas = lse2s + kStages * kM;                           // [kStages][kM]
-  float* dqs = deltas + kStages * kM;                             // [kDqBuffers][kM][D]: 16-byte aligned
+  unsigned char* qs = vs + Tile::kKvBytes;                                           // stage st at qs + st * kQBytes
+  unsigned char* dos = qs + kStages * Tile::kQBytes;                                 // likewise
+  unsigned char* dss = dos + kStages * Tile::kQBytes;                                // buffer n at dss + n * kDsBytes
+  float* lse2s = reinterpret_cast<float*>(dss + Tile::kDsBuffers * Tile::kDsBytes);  // [kStages][kM]
+  float* deltas = lse2s + kStages * kM;                                              // [kStages][kM]
+  float* dqs = deltas + kStages * kM;  // [kDqBuffers][kM][D]: 16-byte aligned
   uint64_t* kv_full = reinterpret_cast<uint64_t*>(dqs + Tile::kDqBuffers * kM * D);
   uint64_t* kv_empty = kv_full + 1;
   uint64_t* q_full = kv_empty + 1;
@@ -242,8 +242,13 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaPersistentBackwardKernel(cons
       auto dq_atomics = [&](const float(&dq)[32], int qb, int cb) { AddDqAtomics<D>(p, bh, i0, dq, qb, cb); };
       auto step = [&](auto store_dq) {
         BackwardStep<T, D, kM, kN, kDocs, kDq>(
-            p, mask, it.j0, cw, i0, k_addr, v_addr, q_addr, do_addr, dss, lse2, delta, key, dk, dv,
-            consumers_sync,  // both warpgroups' dQ products of the previous step are done reading dS^T
+            p, mask, it.j0, cw, i0, k_addr, v_addr, q_addr, do_addr, dss + (gs % Tile::kDsBuffers) * Tile::kDsBytes,
+            lse2, delta, key, dk, dv,
+            [&] {
+              // With one buffer, both warpgroups' dQ products of the previous step must be done reading
+              // dS^T; with two, the previous step's meeting saw to it (TmaBwdTile::kDsBuffers).
+              if constexpr (Tile::kDsBuffers == 1) consumers_sync();
+            },
             [&] {
               fence_proxy_async();
               consumers_sync();  // dS^T of both warpgroups written and visible to wgmma
