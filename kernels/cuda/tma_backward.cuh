@@ -36,7 +36,7 @@ namespace cuda {
 template <int D, bool kBulkDq = false, bool kOrderedDq = false>
 struct TmaBwdTile {
   static constexpr int kConsumers = 2, kThreads = 128 * (kConsumers + 1), kN = 128;
-  static constexpr int kM = WgmmaBwdTile<D>::kM, kStages = 2;
+  static constexpr int kM = WgmmaBwdTile<D>::kM, kStages = 2, kD = D;
   static constexpr int kKvBytes = kN * D * 2, kQBytes = kM * D * 2, kDsBytes = kN * kM * 2;
   // The bulk dQ's two [kM][D] float buffers (none with atomics).
   static constexpr int kDqBuffers = kBulkDq ? 2 : 0, kDqBytes = kM * D * 4;
@@ -67,6 +67,30 @@ struct TmaBwdParams {
 };
 
 #if STRIA_HAS_WGMMA
+// A TMA backward CTA's shared memory, carved from the dynamic allocation in TmaBwdTile's order:
+// K, V; Q and dO (stage st at + st * kQBytes); dS^T (buffer n at dss + n * kDsBytes); lse2 and
+// delta ([kStages][kM] each); the bulk dQ's buffers ([kDqBuffers][kM][D], 16-byte aligned); then
+// the mbarriers, from K/V's "full" one on (each kernel lays out the rest).
+struct TmaBwdSmem {
+  unsigned char *ks, *vs, *qs, *dos, *dss;
+  float *lse2s, *deltas, *dqs;
+  uint64_t* kv_full;
+};
+template <typename Tile>
+STRIA_DEVICE TmaBwdSmem CarveTmaBwdSmem(unsigned char* raw) {
+  TmaBwdSmem m;
+  m.ks = AlignToSwizzleAtom(raw);
+  m.vs = m.ks + Tile::kKvBytes;
+  m.qs = m.vs + Tile::kKvBytes;
+  m.dos = m.qs + Tile::kStages * Tile::kQBytes;
+  m.dss = m.dos + Tile::kStages * Tile::kQBytes;
+  m.lse2s = reinterpret_cast<float*>(m.dss + Tile::kDsBuffers * Tile::kDsBytes);
+  m.deltas = m.lse2s + Tile::kStages * Tile::kM;
+  m.dqs = m.deltas + Tile::kStages * Tile::kM;
+  m.kv_full = reinterpret_cast<uint64_t*>(m.dqs + Tile::kDqBuffers * Tile::kM * Tile::kD);
+  return m;
+}
+
 // The bulk dQ warp's add of the dQ tile the consumers handed over as their step s (in buffer
 // s & 1 of dqs): rows [i0, i0 + kM) of query head row bh (tile(), asked once the tile is
 // there, so that the warp's few registers do not hold it across the wait) into dq_acc in one bulk
@@ -99,15 +123,10 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaBackwardKernel(const STRIA_GR
   constexpr int kM = Tile::kM, kN = Tile::kN, kStages = Tile::kStages, kConsumerThreads = 128 * Tile::kConsumers;
   const BwdParams& p = tp.p;
   STRIA_DYNAMIC_SMEM(smem_raw);
-  unsigned char* ks = AlignToSwizzleAtom(smem_raw);
-  unsigned char* vs = ks + Tile::kKvBytes;
-  unsigned char* qs = vs + Tile::kKvBytes;                                           // stage st at qs + st * kQBytes
-  unsigned char* dos = qs + kStages * Tile::kQBytes;                                 // likewise
-  unsigned char* dss = dos + kStages * Tile::kQBytes;                                // buffer n at dss + n * kDsBytes
-  float* lse2s = reinterpret_cast<float*>(dss + Tile::kDsBuffers * Tile::kDsBytes);  // [kStages][kM]
-  float* deltas = lse2s + kStages * kM;                                              // [kStages][kM]
-  float* dqs = deltas + kStages * kM;  // [kDqBuffers][kM][D]: 16-byte aligned
-  uint64_t* kv_full = reinterpret_cast<uint64_t*>(dqs + Tile::kDqBuffers * kM * D);
+  const TmaBwdSmem sm = CarveTmaBwdSmem<Tile>(smem_raw);
+  unsigned char *const ks = sm.ks, *const vs = sm.vs, *const qs = sm.qs, *const dos = sm.dos, *const dss = sm.dss;
+  float *const lse2s = sm.lse2s, *const deltas = sm.deltas, *const dqs = sm.dqs;
+  uint64_t* const kv_full = sm.kv_full;
   uint64_t* q_full = kv_full + 1;
   uint64_t* q_empty = q_full + kStages;
   uint64_t* dq_full = q_empty + kStages;            // per dQ buffer: both consumer warpgroups wrote it

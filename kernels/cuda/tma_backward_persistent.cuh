@@ -47,15 +47,10 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaPersistentBackwardKernel(cons
   constexpr int kM = Tile::kM, kN = Tile::kN, kStages = Tile::kStages, kConsumerThreads = 128 * Tile::kConsumers;
   const BwdParams& p = tp.p;
   STRIA_DYNAMIC_SMEM(smem_raw);
-  unsigned char* ks = AlignToSwizzleAtom(smem_raw);
-  unsigned char* vs = ks + Tile::kKvBytes;
-  unsigned char* qs = vs + Tile::kKvBytes;                                           // stage st at qs + st * kQBytes
-  unsigned char* dos = qs + kStages * Tile::kQBytes;                                 // likewise
-  unsigned char* dss = dos + kStages * Tile::kQBytes;                                // buffer n at dss + n * kDsBytes
-  float* lse2s = reinterpret_cast<float*>(dss + Tile::kDsBuffers * Tile::kDsBytes);  // [kStages][kM]
-  float* deltas = lse2s + kStages * kM;                                              // [kStages][kM]
-  float* dqs = deltas + kStages * kM;  // [kDqBuffers][kM][D]: 16-byte aligned
-  uint64_t* kv_full = reinterpret_cast<uint64_t*>(dqs + Tile::kDqBuffers * kM * D);
+  const TmaBwdSmem sm = CarveTmaBwdSmem<Tile>(smem_raw);
+  unsigned char *const ks = sm.ks, *const vs = sm.vs, *const qs = sm.qs, *const dos = sm.dos, *const dss = sm.dss;
+  float *const lse2s = sm.lse2s, *const deltas = sm.deltas, *const dqs = sm.dqs;
+  uint64_t* const kv_full = sm.kv_full;
   uint64_t* kv_empty = kv_full + 1;
   uint64_t* q_full = kv_empty + 1;
   uint64_t* q_empty = q_full + kStages;

@@ -103,27 +103,23 @@ STRIA_DEVICE void BackwardStep(const BwdParams& p, const MaskArgs& mask, int64_t
   // dQ: warpgroup wg takes query rows 64 qb.. and head-dim columns 64 cb.. of the tile.
   const int qb = kM == 128 ? wg : 0, cb = kM == 128 ? 0 : wg;
   float sT[kM / 2], dpT[kM / 2];
-  // S^T and dP^T in two groups, so that P^T's exponentials run while the tensor cores compute dP^T.
+  // S^T = K Q^T, then dP^T = V dO^T (A: this warpgroup's 64 keys, B: the tile's queries, both
+  // K-major), in two groups, so that P^T's exponentials run while the tensor cores compute dP^T.
+  auto issue_scores = [&](float(&acc)[kM / 2], uint32_t a_addr, uint32_t b_addr) {
+    STRIA_UNROLL
+    for (int kk = 0; kk < D / 16; ++kk) {
+      // Column block kk / 4 (64 values: rows x 128 bytes), then 32 bytes per 16 columns.
+      const uint32_t kcol = static_cast<uint32_t>((kk & 3) * 32);
+      const uint32_t a_at = (kk >> 2) * kN * kSwizzleBytes + 64 * wg * kSwizzleBytes + kcol;
+      const uint32_t b_at = (kk >> 2) * kM * kSwizzleBytes + kcol;
+      wgmma_ss<T, kM>(acc, SwizzledDesc(a_addr + a_at, 16, kSwizzleAtomBytes),
+                      SwizzledDesc(b_addr + b_at, 16, kSwizzleAtomBytes), kk > 0);
+    }
+    wgmma_commit();
+  };
   wgmma_fence();
-  STRIA_UNROLL
-  for (int kk = 0; kk < D / 16; ++kk) {
-    // Column block kk / 4 (64 values: rows x 128 bytes), then 32 bytes per 16 columns.
-    const uint32_t kcol = static_cast<uint32_t>((kk & 3) * 32);
-    const uint32_t kv_at = (kk >> 2) * kN * kSwizzleBytes + 64 * wg * kSwizzleBytes + kcol;
-    const uint32_t q_at = (kk >> 2) * kM * kSwizzleBytes + kcol;
-    wgmma_ss<T, kM>(sT, SwizzledDesc(k_addr + kv_at, 16, kSwizzleAtomBytes),
-                    SwizzledDesc(q_addr + q_at, 16, kSwizzleAtomBytes), kk > 0);
-  }
-  wgmma_commit();
-  STRIA_UNROLL
-  for (int kk = 0; kk < D / 16; ++kk) {
-    const uint32_t kcol = static_cast<uint32_t>((kk & 3) * 32);
-    const uint32_t kv_at = (kk >> 2) * kN * kSwizzleBytes + 64 * wg * kSwizzleBytes + kcol;
-    const uint32_t q_at = (kk >> 2) * kM * kSwizzleBytes + kcol;
-    wgmma_ss<T, kM>(dpT, SwizzledDesc(v_addr + kv_at, 16, kSwizzleAtomBytes),
-                    SwizzledDesc(do_addr + q_at, 16, kSwizzleAtomBytes), kk > 0);
-  }
-  wgmma_commit();
+  issue_scores(sT, k_addr, q_addr);
+  issue_scores(dpT, v_addr, do_addr);
 
   // The queries of this tile that see each of this thread's two keys (all of them unless the
   // tile needs the element mask): one window per key, two comparisons per element. Computed while
