@@ -82,10 +82,18 @@ std::string TmaScheduleSuffix() {
   return schedule != nullptr && *schedule != '\0' && strcasecmp(schedule, "tiles") != 0 ? std::string("_") + schedule
                                                                                         : std::string();
 }
+// The TMA forward's query tile when it is not the default (STRIA_CUDA_TMA_FORWARD_ROWS,
+// kernels/cuda/tma_schedule.h): "_rows192", or "".
+std::string TmaRowsSuffix() {
+  const char* rows = std::getenv("STRIA_CUDA_TMA_FORWARD_ROWS");
+  return rows != nullptr && *rows != '\0' && std::strcmp(rows, "128") != 0 ? std::string("_rows") + rows
+                                                                           : std::string();
+}
 // A family as the ring, docs and hide lines name it: tma_persistent for the TMA family on its
-// persistent kernels.
+// persistent kernels, tma_rows192 with three consumer warpgroups in its forward at head dim 64.
 std::string FamilyLabel(stria::cuda::Kernels k) {
-  return stria::cuda::KernelsName(k) + (k == stria::cuda::Kernels::kTma ? TmaScheduleSuffix() : std::string());
+  return stria::cuda::KernelsName(k) +
+         (k == stria::cuda::Kernels::kTma ? TmaScheduleSuffix() + TmaRowsSuffix() : std::string());
 }
 
 // Median milliseconds of `fn` (queued on `stream`) over `reps` runs after one warm-up.
@@ -219,6 +227,7 @@ struct BlockTimer {
     if (bm.doc_lo == nullptr) return a;
     if (store == nullptr) store = &bounds;
     const size_t n = static_cast<size_t>(B * L);
+    // Room for the longest list: tiles of kForwardTileRows, the smallest forward tile.
     const size_t list = static_cast<size_t>((L + stria::cuda::kForwardTileRows - 1) / stria::cuda::kForwardTileRows);
     if (*store == nullptr) *store = std::make_unique<Dev>(2 * n * sizeof(int64_t) + list * 4, false);
     auto* dev = static_cast<int64_t*>((*store)->p);
@@ -229,17 +238,18 @@ struct BlockTimer {
     a.doc_stride = bm.doc_batch_stride;
     if (busy_tiles) {
       std::vector<int32_t> tiles;
-      stria::BusyQueryTiles(bm, B, L, stria::cuda::kForwardTileRows, &tiles);
+      stria::BusyQueryTiles(bm, B, L, forward_rows, &tiles);
       auto* dev_tiles = reinterpret_cast<int32_t*>(dev + 2 * n);
       if (!tiles.empty()) CHECK_CUDA(cudaMemcpy(dev_tiles, tiles.data(), tiles.size() * 4, cudaMemcpyHostToDevice));
       a.tiles = dev_tiles;
       a.tile_count = static_cast<int32_t>(tiles.size());
-      a.tile_rows = stria::cuda::kForwardTileRows;
+      a.tile_rows = forward_rows;
     }
     return a;
   }
-  std::unique_ptr<Dev> bounds;  // Mask's device copy of the document bounds and the tile list
-  bool busy_tiles = true;       // Forward's launches: as the backend's (Mask)
+  std::unique_ptr<Dev> bounds;                       // Mask's device copy of the document bounds and the tile list
+  bool busy_tiles = true;                            // Forward's launches: as the backend's (Mask)
+  int forward_rows = stria::cuda::kForwardTileRows;  // the query tile of the forward that Forward launches
 
   // A forward block in the middle of its call (the state read and written), its bounds in *store.
   stria::cuda::FwdParams ForwardParams(const stria::BlockMask& bm, std::unique_ptr<Dev>* store = nullptr) {
@@ -280,6 +290,7 @@ struct BlockTimer {
 
   double Forward(const stria::BlockMask& bm, stria::cuda::Kernels kernels = stria::cuda::Kernels::kMma) {
     if (bm.empty()) return 0.0;
+    forward_rows = stria::cuda::ForwardTileRows(kernels, static_cast<int>(D));
     const stria::cuda::FwdParams p = ForwardParams(bm);
     if (p.mask.tiles != nullptr && p.mask.tile_count == 0) return 0.0;  // the backend launches nothing
     return TimeMs(stream, reps,
@@ -418,12 +429,13 @@ int Kernels(const std::vector<int64_t>& dims, const std::vector<int64_t>& lens, 
         // The kernel family: STRIA_CUDA_KERNELS, or "default" when unset (the library's choice for
         // this device, cuda_backend.cc; gpu_run.sh names each family it times), and the TMA
         // backward's dQ path when one is named (STRIA_CUDA_TMA_DQ: stria_tma_atomicdq), and the
-        // TMA kernels' schedule (STRIA_CUDA_TMA_SCHEDULE: stria_tma_persistent).
+        // TMA kernels' schedule (STRIA_CUDA_TMA_SCHEDULE: stria_tma_persistent), and the TMA
+        // forward's query tile (STRIA_CUDA_TMA_FORWARD_ROWS: stria_tma_rows192).
         const char* env = std::getenv("STRIA_CUDA_KERNELS");
         const char* dq = std::getenv("STRIA_CUDA_TMA_DQ");
         const std::string impl = std::string("stria_") + (env != nullptr && *env != '\0' ? env : "default") +
                                  (dq != nullptr && *dq != '\0' ? std::string("_") + dq + "dq" : "") +
-                                 TmaScheduleSuffix();
+                                 TmaScheduleSuffix() + TmaRowsSuffix();
         std::printf("impl=%s dir=fwd dim=%lld causal=%d len=%lld batch=%lld heads=%lld ms=%.4f tflops=%.1f\n",
                     impl.c_str(), (long long)D, causal, (long long)S, (long long)B, (long long)H, fwd_ms,
                     flops / fwd_ms * 1e-9);
@@ -572,7 +584,7 @@ void CheckPlan(const stria::Status& st) {
   std::exit(1);
 }
 
-// A forward block's tiles (per head), as the kernels walk them: each query tile of
+// A forward block's tiles (per head), as the kernels walk them at head dim 128: each query tile of
 // kForwardTileRows rows takes the key tiles (of as many keys: the TMA forward's) from its first
 // row's lowest visible key to its last row's highest (KeyTilesOf).
 struct ForwardTiles {
@@ -607,6 +619,7 @@ void DocsHome(const stria::Plan& plan, int64_t H, int64_t D, int reps, stria::cu
   const int64_t L = plan.local_len(), S = plan.seq_len();
   stria::MaskSpec causal;
   BlockTimer t(L, H, D, reps);
+  t.forward_rows = stria::cuda::ForwardTileRows(kernels, static_cast<int>(D));  // its ForwardParams below
   std::vector<int64_t> lo(static_cast<size_t>(L)), hi(static_cast<size_t>(L));
   std::vector<int64_t> home(static_cast<size_t>(N));
   for (int r = 0; r < N; ++r) home[static_cast<size_t>(r)] = plan.HomeBegin(r, stria::kRowsKeyTile);

@@ -19,7 +19,8 @@
 #   kernels      each family whose tests passed (mma; wgmma and tma on sm_90)  60 s for three
 #                beside torch SDPA's flash and cuDNN backends, same shapes;
 #                at D 128, causal, softcap 30 and sinks beside the plain call;
-#                the TMA backward's atomic dQ and the TMA persistent kernels too;
+#                the TMA backward's atomic dQ, the TMA persistent kernels and
+#                the TMA forward's 192-row tiles (D 64) too;
 #                heads of 256, and of 512 beside torch's efficient and math
 #   ring         the modelled N = 8 ring at 256k tokens, per family            12 s a family
 #   docs         packed documents: the modelled ring of a document plan and    3 s a family
@@ -163,6 +164,7 @@ hopper=0
 families=(mma)  # the Hopper families join once their tests pass (below)
 tma_atomic=0    # and the TMA backward's atomic dQ beside its default
 tma_persistent=0  # and the TMA family's persistent kernels beside its default
+tma_rows192=0     # and the TMA forward's three consumer warpgroups at head dim 64 beside its default
 tma_ordered=1     # the TMA family's deterministic backward in one pass, unless its cases fail
 
 # Test logs: one per process, all appended to gpu_test_output.txt; gtest_summary.py says per suite
@@ -252,6 +254,14 @@ for family in wgmma tma; do
       else
         note_failure tma
       fi
+      # The TMA forward's 192-row tiles (three consumer warpgroups at head dim 64; the default is
+      # two), timed below beside the default once their cases pass.
+      if STRIA_CUDA_TMA_FORWARD_ROWS=192 sharded cuda_ring_tma_rows192 "$(cap 60)" "$bin"/tests/gpu/test_cuda_ring \
+        "Tma/*D64_tma*:Documents/*D64_tma*:Softcap/*D64_tma*:Sinks/*D64_tma*:Windows/*D64_tma*"; then
+        [ $hopper = 1 ] && [[ " ${families[*]} " == *" tma "* ]] && tma_rows192=1
+      else
+        note_failure tma
+      fi
     fi
   fi
 done
@@ -283,6 +293,11 @@ if stage kernels $((20 + 25 * nf)); then
     STRIA_CUDA_KERNELS=tma STRIA_CUDA_TMA_SCHEDULE=persistent timeout -k 10 "$(cap 240)" \
       "$bin"/bench/stria-cuda-bench kernels --dims $dims --lens $lens --deterministic 0 2>&1 | tee -a "$results" ||
       { say "stria_tma_persistent kernels: failed or timed out"; note_failure kernels; }
+  fi
+  if [ $tma_rows192 = 1 ] && [[ ",$dims," == *",64,"* ]]; then  # the forward is what differs
+    STRIA_CUDA_KERNELS=tma STRIA_CUDA_TMA_FORWARD_ROWS=192 timeout -k 10 "$(cap 120)" \
+      "$bin"/bench/stria-cuda-bench kernels --dims 64 --lens $lens --deterministic 0 2>&1 | tee -a "$results" ||
+      { say "stria_tma_rows192 kernels: failed or timed out"; note_failure kernels; }
   fi
   timeout -k 10 "$(cap 240)" python3 bench/torch_sdpa_gpu.py --dims $dims --lens $lens 2>&1 | tee -a "$results" ||
     { say "torch SDPA: failed or timed out"; note_failure kernels; }
@@ -410,6 +425,11 @@ if stage sanitizer 60; then
       runs+=("memcheck ring_persistent Tma/*N3_striped_causal_bf16_B2L264*:Documents/*_tma_docs9")
       runs+=("racecheck ring_persistent Tma/*N1_striped_causal_bf16_B2L264H4x1D128_tma")
     fi
+    # The TMA forward's three consumer warpgroups (head dim 64).
+    if [ $tma_rows192 = 1 ]; then
+      runs+=("memcheck ring_rows192 Tma/*N3_striped_causal_bf16_B1L80H4x2D64_tma:Documents/*_tma_docs8_plan128_home")
+      runs+=("racecheck ring_rows192 Tma/*N1_striped_causal_bf16_B1L80H4x2D64_tma")
+    fi
     # The e4m3 forward and its message's transposing pass (FP8 inputs at head dim 128 on Hopper).
     if [[ " ${families[*]} " == *" tma "* ]]; then
       runs+=("memcheck api CudaFp8.*" "racecheck api CudaFp8.E4m3KernelAtHeadDim128")
@@ -421,10 +441,11 @@ if stage sanitizer 60; then
     runs+=("racecheck primitives" "racecheck serving Cases/CudaDecode.*N3_striped_paged_f16_B3_T3_H8x2_D128*")
     for run in "${runs[@]}"; do
       read -r tool what cases <<<"$run"
-      schedule=tiles
-      if [ "$what" = ring ] || [ "$what" = ring_persistent ]; then
+      schedule=tiles rows=128
+      if [ "${what#ring}" != "$what" ]; then
         args=("$bin"/tests/gpu/test_cuda_ring --gtest_filter="$cases") limit=$([ $tool = memcheck ] && echo 150 || echo 60)
         [ "$what" = ring_persistent ] && schedule=persistent
+        [ "$what" = ring_rows192 ] && rows=192
       elif [ "$what" = serving ]; then
         args=("$bin"/tests/gpu/test_cuda_serving --gtest_filter="$cases") limit=90
       elif [ "$what" = api ]; then
@@ -432,7 +453,7 @@ if stage sanitizer 60; then
       else
         args=("$bin"/tests/gpu/test_hopper_primitives) limit=60
       fi
-      STRIA_CUDA_TMA_SCHEDULE=$schedule STRIA_TEST_KERNELS=mma timeout -k 10 "$(cap $limit)" "$sanitizer" --tool "$tool" --error-exitcode 9 "${args[@]}" \
+      STRIA_CUDA_TMA_SCHEDULE=$schedule STRIA_CUDA_TMA_FORWARD_ROWS=$rows STRIA_TEST_KERNELS=mma timeout -k 10 "$(cap $limit)" "$sanitizer" --tool "$tool" --error-exitcode 9 "${args[@]}" \
         >"$tmp/san.log" 2>&1
       rc=$?
       # Apart from the test logs and capped: a flood of race reports must not make the files too

@@ -11,6 +11,7 @@
 #include "cuda/kernel_matrix.h"
 #include "cuda/launch.h"
 #include "cuda/smem_optin.cuh"
+#include "cuda/tma_schedule.h"
 #include "cuda/widen.h"
 
 namespace stria {
@@ -32,6 +33,12 @@ const char* KernelsName(Kernels k) {
       return "tma";
   }
   return "?";
+}
+
+int ForwardTileRows(Kernels k, int D) {
+  int rows = kForwardTileRows;
+  if (k == Kernels::kTma && !TmaForwardRows(D, &rows)) rows = kForwardTileRows;  // the launch will refuse
+  return rows;
 }
 
 bool TensorCoreHeadDim(int D) {

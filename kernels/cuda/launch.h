@@ -28,6 +28,12 @@ int SimtSharedMemoryBytes(int D);
 // the caller checks. kSimt runs everything.
 enum class Kernels { kSimt, kMma, kWgmma, kTma };
 const char* KernelsName(Kernels k);
+// The query tile of family k's forward at head dim D on 16-bit inputs, as the environment chooses
+// it now (tma_schedule.h, TmaForwardRows): the rows a list of its busy tiles is made for
+// (MaskArgs::tile_rows). The FP8 forward's is kForwardTileRows. A launch whose kernel has tiles of
+// another size (a TMA launch that takes the cp.async wgmma kernel, TmaMapFailures) ignores the
+// list and runs over every tile: the same result.
+int ForwardTileRows(Kernels k, int D);
 
 cudaError_t LaunchForwardBlock(Elem e, Kernels k, const FwdParams& p, cudaStream_t s);
 // kTma blocks that took the cp.async wgmma forward because their tensor maps could not be made

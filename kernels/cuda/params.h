@@ -31,8 +31,10 @@ struct MaskArgs {
   int32_t tile_rows = 0;
 };
 
-// The query tile of every tensor-core forward: the size their lists of busy tiles are made for
-// (MaskArgs::tile_rows). The SIMT kernels' tiles are smaller and take the whole grid.
+// The query tile of the tensor-core forwards: the size their lists of busy tiles are made for
+// (MaskArgs::tile_rows; ForwardTileRows in launch.h). 128 rows, 64 a warpgroup, but where the TMA
+// family's forward at head dim 64 is chosen with three consumer warpgroups: 192 there
+// (tma_forward.cuh, TmaForwardRows). The SIMT kernels' tiles are smaller and take the whole grid.
 constexpr int kForwardTileRows = 128;
 
 struct Dims {

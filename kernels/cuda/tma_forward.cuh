@@ -4,20 +4,29 @@
 //  - a producer warpgroup (one thread of it issues everything) loads Q once and K/V tiles into a
 //    ring of two stages with TMA, each stage guarded by a "full" mbarrier (its bytes landed) and
 //    an "empty" one (every consumer is done reading it);
-//  - two consumer warpgroups (64 query rows each) only compute: no load instructions, no
-//    address arithmetic and no block barriers in their loop, so the tensor cores are fed by
-//    their own warpgroups while the copy engine fills the next stage.
+//  - consumer warpgroups (64 query rows each) only compute: no load instructions, no address
+//    arithmetic and no block barriers in their loop, so the tensor cores are fed by their own
+//    warpgroups while the copy engine fills the next stage.
 // Registers move with the work (setmaxnreg): the producer gives most of its own up, and the
-// consumers, which hold the output rows, the scores and P, take them (24 + 2 x 240 per thread
-// of a 384-thread CTA, within the 64K of an SM).
+// consumers, which hold the output rows, the scores and P, take them (TmaFwdTile: 24 + 2 x 240
+// per thread of a 384-thread CTA, or 24 + 3 x 160 of a 512-thread one, within the 64K of an SM).
+//
+// Two consumers, or three at head dim 64 (FlashAttention-3's 192-row tile there; chosen by
+// STRIA_CUDA_TMA_FORWARD_ROWS, tma_schedule.h, until a GPU has timed the two side by side). A key
+// tile's softmax costs the same at every head dim while its products shrink with it, so at
+// D 64 two warpgroups' products are too short to cover each other's softmax: the tensor cores
+// wait. A third warpgroup's products fill that gap, and each K/V tile loaded serves 192 query
+// rows instead of 128. Its registers allow it at D 64 only (the output rows, the scores and P
+// fit 160 a thread there; at D 128 the output rows alone are 64 more).
 //
 // The consumers keep wgmma_forward.cuh's intra-warpgroup pipeline: iteration n issues
 // S(n+1) = Q K(n+1)^T, then O += P(n) V(n), and runs the softmax of tile n+1 while P(n) V(n) is
 // still on the tensor cores. A K stage is released as soon as S(n+1) completes, a V stage when
-// P(n) V(n) does. Across the two consumers, FlashAttention-3's ping-pong: they take turns issuing
-// their products (a named barrier per warpgroup, opened by the other one once it has issued), so
+// P(n) V(n) does. Across the consumers, FlashAttention-3's ping-pong: they take turns issuing
+// their products (a named barrier per warpgroup, opened by the one before it once it has issued), so
 // one warpgroup's softmax runs on the CUDA cores and the special-function units while the
-// other's products hold the tensor cores, instead of both meeting in the same phase.
+// other's products hold the tensor cores, instead of both meeting in the same phase. Three
+// consumers take their turns round the circle, 0, 1, 2, 0, ...
 #pragma once
 
 #include "cuda/tma_api.cuh"
@@ -26,9 +35,16 @@
 namespace stria {
 namespace cuda {
 
-template <int D>
+// kConsumers: 2, or 3 at head dim 64 (the header's comment says why; tma_schedule.h chooses).
+template <int D, int kConsumerGroups = 2>
 struct TmaFwdTile {
-  static constexpr int kConsumers = 2, kThreads = 128 * (kConsumers + 1), kM = 64 * kConsumers;
+  static_assert(kConsumerGroups == 2 || (kConsumerGroups == 3 && D == 64), "three consumers fit at D 64 only");
+  static constexpr int kConsumers = kConsumerGroups, kThreads = 128 * (kConsumers + 1), kM = 64 * kConsumers;
+  // Registers per thread after setmaxnreg: the producer's and each consumer's. A CTA starts with
+  // 65536 / kThreads (168 or 128: tests/ptx/check_sm90_kernels.sh checks ptxas gave exactly that),
+  // and the split must fit what the producer gives back.
+  static constexpr int kProducerRegs = 24, kConsumerRegs = kConsumers == 2 ? 240 : 160;
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536, "more registers than an SM has");
   static constexpr int kN = ForwardKeyTile<D>();  // 64 at D 256: shared memory (wgmma_forward.cuh)
   static constexpr int kStages = 2;
   static constexpr int kQBytes = kM * D * 2, kKvBytes = kN * D * 2;
@@ -38,6 +54,44 @@ struct TmaFwdTile {
   static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKvBytes + 8 * kBarriers + kSwizzleAtomBytes;
 };
 
+// FlashAttention-3's ping-pong among the consumer warpgroups: they take turns issuing their
+// products, in the order 0, 1, .., kConsumers - 1, 0, ... Warpgroup g's turn is named barrier
+// 1 + g: its own 128 threads sync on it (Take) and the 128 of the warpgroup before it arrive once
+// their products are issued (Pass). Every warpgroup of a CTA takes as many turns (one per product
+// group), and the last one opens warpgroup 0's first (Open), so the last Pass of a CTA opens a
+// turn nobody takes: harmless at exit.
+#if STRIA_HAS_WGMMA  // the named barriers: sm_90a (and the emulator) only
+template <int kConsumers>
+struct ConsumerTurns {
+  static_assert(kConsumers == 2 || kConsumers == 3, "named barriers 1..3 are the turns");
+  int group;
+  STRIA_DEVICE void Open() const {
+    if (group == kConsumers - 1) Pass();
+  }
+  STRIA_DEVICE void Take() const { On<true>(group); }
+  STRIA_DEVICE void Pass() const { On<false>(group + 1 == kConsumers ? 0 : group + 1); }
+
+ private:
+  // Constant ids in every branch: with an id in a register ptxas reserves all 16 barriers.
+  template <bool kSync>
+  static STRIA_DEVICE void On(int g) {
+    if (g == 0)
+      Barrier<kSync>(1);
+    else if (kConsumers == 2 || g == 1)
+      Barrier<kSync>(2);
+    else
+      Barrier<kSync>(3);
+  }
+  template <bool kSync>
+  static STRIA_DEVICE void Barrier(int id) {
+    if constexpr (kSync)
+      named_barrier_sync(id, 256);
+    else
+      named_barrier_arrive(id, 256);
+  }
+};
+#endif
+
 // The block's parameters and the TMA maps of its Q (the caller's view) and of its K and V (the
 // compact ring block), each for boxes of 64 columns by kM (Q) or kN (K, V) rows.
 struct TmaFwdParams {
@@ -45,10 +99,11 @@ struct TmaFwdParams {
   TensorMap q_map, k_map, v_map;
 };
 
-template <typename T, int D, bool kDocs = false>
-STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaForwardKernel(const STRIA_GRID_CONSTANT TmaFwdParams tp) {
+template <typename T, int D, bool kDocs = false, int kConsumers = 2>
+STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128 * (kConsumers + 1))
+    WgmmaTmaForwardKernel(const STRIA_GRID_CONSTANT TmaFwdParams tp) {
 #if STRIA_HAS_WGMMA
-  using Tile = TmaFwdTile<D>;
+  using Tile = TmaFwdTile<D, kConsumers>;
   constexpr int kM = Tile::kM, kN = Tile::kN, kStages = Tile::kStages, kConsumerThreads = 128 * Tile::kConsumers;
   const FwdParams& p = tp.p;
   STRIA_DYNAMIC_SMEM(smem_raw);
@@ -90,7 +145,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaForwardKernel(const STRIA_GRI
   if (wg == 0) {
     // The producer. Stage st of tile n is st = n % kStages, in its (n / kStages)-th use; the
     // empty barriers' parity starts "complete", so the first use of each stage does not wait.
-    setmaxnreg_dec<24>();
+    setmaxnreg_dec<Tile::kProducerRegs>();
     if (tid != 0) return;
     prefetch_tensor_map(&tp.q_map);
     prefetch_tensor_map(&tp.k_map);
@@ -115,7 +170,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaForwardKernel(const STRIA_GRI
   }
 
   // A consumer: warpgroup `group` owns rows gi0 .. gi0 + 63.
-  setmaxnreg_inc<240>();
+  setmaxnreg_inc<Tile::kConsumerRegs>();
   const int group = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int64_t gi0 = i0 + 64 * group, gi1 = gi0 + 64;
   const uint32_t q_addr = smem_addr(qs), k_addr = smem_addr(ks), v_addr = smem_addr(vs);
@@ -129,23 +184,9 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaForwardKernel(const STRIA_GRI
   float o[D / 2];
   LoadWarpgroupRows<D>(p, bh, gi0, warp, g, t4, row, live, m_run, l_run, o);
 
-  // Barrier 1 + group opens this warpgroup's turn: 128 of its threads sync on it, the other
-  // warpgroup's 128 arrive once their own products are issued. Warpgroup 0 starts. Both take
-  // n_tiles + 1 turns.
-  // (Constant ids in both branches: with an id in a register ptxas reserves all 16 barriers.)
-  auto my_turn = [&] {
-    if (group == 0)
-      named_barrier_sync(1, kConsumerThreads);
-    else
-      named_barrier_sync(2, kConsumerThreads);
-  };
-  auto your_turn = [&] {
-    if (group == 0)
-      named_barrier_arrive(2, kConsumerThreads);
-    else
-      named_barrier_arrive(1, kConsumerThreads);
-  };
-  if (group == 1) your_turn();
+  // The ping-pong: every warpgroup takes n_tiles + 1 turns.
+  const ConsumerTurns<Tile::kConsumers> turns{group};
+  turns.Open();
 
   float s[kN / 2];
   float alpha[2];
@@ -158,10 +199,10 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaForwardKernel(const STRIA_GRI
   };
   mbar_wait(q_full, 0);
   mbar_wait(&k_full[0], 0);
-  my_turn();
+  turns.Take();
   wgmma_fence();
   IssueScores<T, D, kM, kN>(s, q_addr, k_addr, group);
-  your_turn();
+  turns.Pass();
   wgmma_wait<0>();
   wgmma_fence_operand(s);
   mbar_arrive(&k_empty[0]);
@@ -176,12 +217,12 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaForwardKernel(const STRIA_GRI
     // with a warpgroup.arrive of its own; and V(n) left before K(n+1), so it is rarely later.
     mbar_wait(&k_full[kst], parity_of(n + 1));
     mbar_wait(&v_full[vst], parity_of(n));
-    my_turn();
+    turns.Take();
     pin_pv_operands();
     wgmma_fence();
     IssueScores<T, D, kM, kN>(s, q_addr, k_addr + kst * Tile::kKvBytes, group);
     IssuePV<T, D, kN>(o, pa, v_addr + vst * Tile::kKvBytes);
-    your_turn();
+    turns.Pass();
     wgmma_wait<1>();  // S(n+1) done: its K stage is free; P(n) V(n) may still run
     wgmma_fence_operand(s);
     mbar_arrive(&k_empty[kst]);
@@ -195,11 +236,11 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaForwardKernel(const STRIA_GRI
   }
   const int vst = stage_of(n_tiles - 1);
   mbar_wait(&v_full[vst], parity_of(n_tiles - 1));
-  my_turn();
+  turns.Take();
   pin_pv_operands();
   wgmma_fence();
   IssuePV<T, D, kN>(o, pa, v_addr + vst * Tile::kKvBytes);
-  your_turn();  // the last turn of warpgroup 1 opens one that nobody takes: harmless at exit
+  turns.Pass();
   wgmma_wait<0>();
   wgmma_fence_operand(o);
 

@@ -13,10 +13,8 @@
 //
 // The stages' barriers keep counting across items (K/V tile t of the CTA's sequence is stage
 // t mod kStages in its (t / kStages)-th use), and Q has a pair of its own: "full" (its bytes
-// landed) and "empty" (both consumer warpgroups' last score product of the item, the last reader
-// of Q, has completed). The consumers' ping-pong carries on across items: both take an item's
-// n_tiles + 1 turns, so the turn that warpgroup 1 opens at an item's end is warpgroup 0's first of
-// the next.
+// landed) and "empty" (every consumer warpgroup's last score product of the item, the last reader
+// of Q, has completed). The consumers' ping-pong carries on across items.
 //
 // The consumers' item body repeats tma_forward.cuh's loop on purpose: the CTA-per-tile kernel
 // stays the default, as measured, until a GPU run has timed the two side by side; then the one that
@@ -29,11 +27,11 @@
 namespace stria {
 namespace cuda {
 
-template <int D>
-struct TmaPersistentFwdTile : TmaFwdTile<D> {
+template <int D, int kConsumers = 2>
+struct TmaPersistentFwdTile : TmaFwdTile<D, kConsumers> {
   // TmaFwdTile's barriers and Q's "empty" one.
-  static constexpr int kBarriers = TmaFwdTile<D>::kBarriers + 1;
-  static constexpr int kSmemBytes = TmaFwdTile<D>::kSmemBytes + 8;
+  static constexpr int kBarriers = TmaFwdTile<D, kConsumers>::kBarriers + 1;
+  static constexpr int kSmemBytes = TmaFwdTile<D, kConsumers>::kSmemBytes + 8;
 };
 
 // The work items of a forward over query tiles of kM rows: `tiles` tiles of `heads` (batch row
@@ -44,10 +42,11 @@ struct ForwardItems {
   STRIA_HD unsigned count() const { return tiles * heads; }
 };
 
-template <typename T, int D, bool kDocs = false>
-STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaPersistentForwardKernel(const STRIA_GRID_CONSTANT TmaFwdParams tp) {
+template <typename T, int D, bool kDocs = false, int kConsumers = 2>
+STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128 * (kConsumers + 1))
+    WgmmaTmaPersistentForwardKernel(const STRIA_GRID_CONSTANT TmaFwdParams tp) {
 #if STRIA_HAS_WGMMA
-  using Tile = TmaPersistentFwdTile<D>;
+  using Tile = TmaPersistentFwdTile<D, kConsumers>;
   constexpr int kM = Tile::kM, kN = Tile::kN, kStages = Tile::kStages, kConsumerThreads = 128 * Tile::kConsumers;
   const FwdParams& p = tp.p;
   STRIA_DYNAMIC_SMEM(smem_raw);
@@ -83,7 +82,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaPersistentForwardKernel(const
 
   if (wg == 0) {
     // The producer: Q of each item with work once its buffer is free, then the item's K/V tiles.
-    setmaxnreg_dec<24>();
+    setmaxnreg_dec<Tile::kProducerRegs>();
     if (tid != 0) return;
     prefetch_tensor_map(&tp.q_map);
     prefetch_tensor_map(&tp.k_map);
@@ -121,23 +120,13 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaPersistentForwardKernel(const
   }
 
   // A consumer: warpgroup `group` owns rows i0 + 64 * group .. + 63 of each item.
-  setmaxnreg_inc<240>();
+  setmaxnreg_inc<Tile::kConsumerRegs>();
   const int group = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const uint32_t q_addr = smem_addr(qs), k_addr = smem_addr(ks), v_addr = smem_addr(vs);
-  // The ping-pong's named barriers, as in tma_forward.cuh (constant ids in both branches).
-  auto my_turn = [&] {
-    if (group == 0)
-      named_barrier_sync(1, kConsumerThreads);
-    else
-      named_barrier_sync(2, kConsumerThreads);
-  };
-  auto your_turn = [&] {
-    if (group == 0)
-      named_barrier_arrive(2, kConsumerThreads);
-    else
-      named_barrier_arrive(1, kConsumerThreads);
-  };
-  if (group == 1) your_turn();
+  // The ping-pong, as in tma_forward.cuh: every warpgroup takes n_tiles + 1 turns of each item,
+  // so the turn the last warpgroup opens at an item's end is warpgroup 0's first of the next.
+  const ConsumerTurns<Tile::kConsumers> turns{group};
+  turns.Open();
 
   int t = 0, q_uses = 0;  // as the producer counts them
   for (unsigned k = 0; schedule.HasRound(k); ++k) {
@@ -171,10 +160,10 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaPersistentForwardKernel(const
     mbar_wait(q_full, q_uses & 1);
     ++q_uses;
     mbar_wait(&k_full[stage_of(t)], parity_of(t));
-    my_turn();
+    turns.Take();
     wgmma_fence();
     IssueScores<T, D, kM, kN>(s, q_addr, k_addr + stage_of(t) * Tile::kKvBytes, group);
-    your_turn();
+    turns.Pass();
     wgmma_wait<0>();
     wgmma_fence_operand(s);
     mbar_arrive(&k_empty[stage_of(t)]);
@@ -187,12 +176,12 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaPersistentForwardKernel(const
       const int kst = stage_of(t + n + 1), vst = stage_of(t + n);
       mbar_wait(&k_full[kst], parity_of(t + n + 1));
       mbar_wait(&v_full[vst], parity_of(t + n));
-      my_turn();
+      turns.Take();
       pin_pv_operands();
       wgmma_fence();
       IssueScores<T, D, kM, kN>(s, q_addr, k_addr + kst * Tile::kKvBytes, group);
       IssuePV<T, D, kN>(o, pa, v_addr + vst * Tile::kKvBytes);
-      your_turn();
+      turns.Pass();
       wgmma_wait<1>();  // S(n+1) done: its K stage is free, and Q after the item's last
       wgmma_fence_operand(s);
       mbar_arrive(&k_empty[kst]);
@@ -207,11 +196,11 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaPersistentForwardKernel(const
     }
     const int vst = stage_of(t + n_tiles - 1);
     mbar_wait(&v_full[vst], parity_of(t + n_tiles - 1));
-    my_turn();
+    turns.Take();
     pin_pv_operands();
     wgmma_fence();
     IssuePV<T, D, kN>(o, pa, v_addr + vst * Tile::kKvBytes);
-    your_turn();  // warpgroup 1's opens warpgroup 0's first turn of the next item
+    turns.Pass();
     wgmma_wait<0>();
     wgmma_fence_operand(o);
     mbar_arrive(&v_empty[vst]);  // the stage is reused by a later item

@@ -18,8 +18,8 @@
 namespace stria {
 namespace cuda {
 
-// The current device's SMs: the persistent grid's size (one CTA per SM: a CTA's 384 threads at
-// the consumers' 240 registers fill an SM's register file). 1 where the runtime cannot say; its
+// The current device's SMs: the persistent grid's size (one CTA per SM: a CTA's threads after
+// their setmaxnreg fill an SM's register file). 1 where the runtime cannot say; its
 // record of that failure is dropped (nothing to report: the grid is only smaller), and a caller's
 // pending error of another kind is left as it was.
 inline unsigned SmCount() {
@@ -35,12 +35,9 @@ inline unsigned SmCount() {
 
 // sm_90a only, like the wgmma forward. TMA needs what EncodeRowsMap checks (16-byte aligned
 // strides); a view it cannot describe takes the wgmma kernel that loads with cp.async instead.
-template <typename T, int D>
-cudaError_t LaunchTmaForward(const FwdParams& p, cudaStream_t s) {
-  using Tile = TmaFwdTile<D>;
-  static_assert(Tile::kM == kForwardTileRows, "a forward's busy-tile lists are made for kForwardTileRows");
-  bool persistent = false;
-  if (!TmaPersistent(&persistent)) return cudaErrorInvalidValue;
+template <typename T, int D, int kConsumers>
+cudaError_t LaunchTmaForwardOf(const FwdParams& p, bool persistent, cudaStream_t s) {
+  using Tile = TmaFwdTile<D, kConsumers>;
   TmaFwdParams tp{};
   tp.p = p;
   const Dims& d = p.dims;
@@ -48,22 +45,36 @@ cudaError_t LaunchTmaForward(const FwdParams& p, cudaStream_t s) {
       EncodeViewMap(&tp.q_map, p.q, d, d.Hq, Tile::kM) && EncodeBlockMaps(&tp.k_map, &tp.v_map, p.k, p.v, d, Tile::kN);
   if (!mapped) return LaunchWgmmaForward<T, D>(p, s);
   const bool docs = p.mask.doc_lo != nullptr;
+  // A busy-tile list is made for Tile::kM (ForwardTileRows): QueryTileCount takes it.
   const unsigned tiles = QueryTileCount(p.mask, Tile::kM), heads = static_cast<unsigned>(d.B * d.Hq);
   if (persistent) {
-    using Persistent = TmaPersistentFwdTile<D>;
-    void (*kernel)(TmaFwdParams) =
-        docs ? WgmmaTmaPersistentForwardKernel<T, D, true> : WgmmaTmaPersistentForwardKernel<T, D, false>;
+    using Persistent = TmaPersistentFwdTile<D, kConsumers>;
+    void (*kernel)(TmaFwdParams) = docs ? WgmmaTmaPersistentForwardKernel<T, D, true, kConsumers>
+                                        : WgmmaTmaPersistentForwardKernel<T, D, false, kConsumers>;
     const cudaError_t allowed = AllowSmem(kernel, Persistent::kSmemBytes);
     if (allowed != cudaSuccess) return allowed;
     const unsigned items = ForwardItems{tiles, heads}.count(), sms = SmCount();
     const dim3 grid(items < sms ? items : sms);
     return STRIA_LAUNCH(kernel, grid, Persistent::kThreads, Persistent::kSmemBytes, s)(tp);
   }
-  void (*kernel)(TmaFwdParams) = docs ? WgmmaTmaForwardKernel<T, D, true> : WgmmaTmaForwardKernel<T, D, false>;
+  void (*kernel)(TmaFwdParams) =
+      docs ? WgmmaTmaForwardKernel<T, D, true, kConsumers> : WgmmaTmaForwardKernel<T, D, false, kConsumers>;
   const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
   if (allowed != cudaSuccess) return allowed;
   const dim3 grid(tiles, heads);
   return STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(tp);
+}
+// The query tile the environment chooses (tma_schedule.h): three consumer warpgroups at D 64 where
+// it says 192.
+template <typename T, int D>
+cudaError_t LaunchTmaForward(const FwdParams& p, cudaStream_t s) {
+  bool persistent = false;
+  int rows = kForwardTileRows;
+  if (!TmaPersistent(&persistent) || !TmaForwardRows(D, &rows)) return cudaErrorInvalidValue;
+  if constexpr (D == 64) {
+    if (rows == 192) return LaunchTmaForwardOf<T, D, 3>(p, persistent, s);
+  }
+  return LaunchTmaForwardOf<T, D, 2>(p, persistent, s);
 }
 
 // How the TMA backward adds dQ (tma_backward.cuh): STRIA_CUDA_TMA_DQ unset or "bulk" (the dQ

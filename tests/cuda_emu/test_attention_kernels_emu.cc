@@ -38,8 +38,10 @@ struct Block {
 // Which kernels run: SIMT, the mma.sync forward and backward, the wgmma (sm_90a) ones, the TMA
 // warp-specialised ones (sm_90a), the TMA family's persistent kernels (at head dim 256 the
 // backward is the wgmma family's, as for kTma), or the TMA forward and the TMA backward with its
-// dQ added in the order of the key tiles (ordered_dq.cuh; at head dim 256 as kTma).
-enum class Path { kSimt, kMma, kWgmma, kTma, kTmaPersistent, kTmaOrdered };
+// dQ added in the order of the key tiles (ordered_dq.cuh; at head dim 256 as kTma), or the TMA
+// forwards with three consumer warpgroups (192-row query tiles, STRIA_CUDA_TMA_FORWARD_ROWS=192:
+// head dim 64 only, elsewhere as kTma and kTmaPersistent) with those paths' backwards.
+enum class Path { kSimt, kMma, kWgmma, kTma, kTmaPersistent, kTmaOrdered, kTmaThree, kTmaThreePersistent };
 
 struct Case {
   std::string name;
@@ -108,28 +110,29 @@ bool TmaMaps(const sc::BwdParams& p, sc::TmaBwdParams* tp) {
          sc::EncodeViewMap(&tp->do_map, p.dout, d, d.Hq, Tile::kM) &&
          sc::EncodeBlockMaps(&tp->k_map, &tp->v_map, p.k, p.v, d, Tile::kN);
 }
-template <typename T, int D>
+template <typename T, int D, int kConsumers = 2>
 void TmaForward(const sc::FwdParams& p) {
-  using Tile = sc::TmaFwdTile<D>;
+  using Tile = sc::TmaFwdTile<D, kConsumers>;
   const sc::Dims& d = p.dims;
   sc::TmaFwdParams tp{};
   ASSERT_TRUE(TmaMaps<Tile>(p, &tp));
   emu::Launch(emu::Dim3{sc::QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(d.B * d.Hq), 1},
-              emu::Dim3{Tile::kThreads, 1, 1}, Tile::kSmemBytes, [&] { sc::WgmmaTmaForwardKernel<T, D>(tp); });
+              emu::Dim3{Tile::kThreads, 1, 1}, Tile::kSmemBytes,
+              [&] { sc::WgmmaTmaForwardKernel<T, D, false, kConsumers>(tp); });
 }
 // The persistent TMA kernels (tma_forward_persistent.cuh, tma_backward_persistent.cuh) on a grid of
 // two CTAs, where their launchers take one per SM: every CTA walks several items (idle ones too),
 // so the barriers' phases and the consumers' turns carry across items.
-template <typename T, int D>
+template <typename T, int D, int kConsumers = 2>
 void TmaPersistentForward(const sc::FwdParams& p) {
-  using Tile = sc::TmaPersistentFwdTile<D>;
+  using Tile = sc::TmaPersistentFwdTile<D, kConsumers>;
   const sc::Dims& d = p.dims;
   sc::TmaFwdParams tp{};
   ASSERT_TRUE(TmaMaps<Tile>(p, &tp));
   const unsigned items =
       sc::ForwardItems{sc::QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(d.B * d.Hq)}.count();
   emu::Launch(emu::Dim3{std::min(items, 2u), 1, 1}, emu::Dim3{Tile::kThreads, 1, 1}, Tile::kSmemBytes,
-              [&] { sc::WgmmaTmaPersistentForwardKernel<T, D>(tp); });
+              [&] { sc::WgmmaTmaPersistentForwardKernel<T, D, false, kConsumers>(tp); });
 }
 // The backward's dQ by the dQ warp's bulk reductions (the launcher's default) where the case's L is
 // even, by the consumers' atomics where it is odd.
@@ -200,10 +203,18 @@ void SimtBackward(const sc::BwdParams& p) {
               [&] { sc::SimtBackwardDkvKernel<T>(p); });
 }
 
+// The paths of the three-consumer forwards, for the other passes and head dims.
+Path TwoConsumers(Path path) {
+  return path == Path::kTmaThree ? Path::kTma : path == Path::kTmaThreePersistent ? Path::kTmaPersistent : path;
+}
+
 template <typename T>
 void Forward(Path path, const sc::FwdParams& p) {
   if (path == Path::kSimt) return SimtForward<T>(p);
   if constexpr (!std::is_same<T, sc::Float>::value) {
+    if (path == Path::kTmaThree && p.dims.D == 64) return TmaForward<T, 64, 3>(p);
+    if (path == Path::kTmaThreePersistent && p.dims.D == 64) return TmaPersistentForward<T, 64, 3>(p);
+    path = TwoConsumers(path);
     if (path == Path::kTmaPersistent && p.dims.D == 64) return TmaPersistentForward<T, 64>(p);
     if (path == Path::kTmaPersistent && p.dims.D == 128) return TmaPersistentForward<T, 128>(p);
     if (path == Path::kTmaPersistent && p.dims.D == 256) return TmaPersistentForward<T, 256>(p);
@@ -233,6 +244,7 @@ void Forward(Path path, const sc::FwdParams& p) {
 }
 template <typename T>
 void Backward(Path path, const sc::BwdParams& p) {
+  path = TwoConsumers(path);
   if (path == Path::kSimt) return SimtBackward<T>(p);
   if constexpr (!std::is_same<T, sc::Float>::value) {
     if (path == Path::kTmaPersistent && p.dims.D == 64) return TmaPersistentBackward<T, 64>(p);
@@ -511,9 +523,11 @@ sc::MaskArgs Diagonal(int64_t L, int64_t offset) {
 
 std::vector<Case> Cases() {
   std::vector<Case> cs;
-  for (Path path : {Path::kMma, Path::kWgmma, Path::kTma, Path::kTmaPersistent, Path::kTmaOrdered, Path::kSimt})
+  for (Path path : {Path::kMma, Path::kWgmma, Path::kTma, Path::kTmaPersistent, Path::kTmaOrdered, Path::kSimt,
+                    Path::kTmaThree, Path::kTmaThreePersistent})
     for (Dt dt : {Dt::kBF16, Dt::kF16})
       for (int D : {64, 128}) {
+        if (D != 64 && TwoConsumers(path) != path) continue;
         // The own block of a causal striped/contiguous rank, and the dense block before it.
         cs.push_back(Case{"causal_then_dense", dt, path, 1, 80, 4, 2, D, {{Diagonal(80, 0), 1}, {Dense(80), 2}}});
         // Striped: a later rank's block (j <= i - 1), so query 0 sees nothing in it.
@@ -531,7 +545,8 @@ std::vector<Case> Cases() {
                           {{sc::MaskArgs{0, 96, 0, 48, 0, 0}, 4}, {sc::MaskArgs{48, 96, 0, 96, 0, 0}, 5}}});
       }
   // Shapes the tiles cut unevenly: 1 and 2 tokens, 130 (three 64-wide tiles), GQA 4:1, D 128.
-  for (Path path : {Path::kMma, Path::kWgmma, Path::kTma, Path::kTmaPersistent, Path::kTmaOrdered}) {
+  for (Path path : {Path::kMma, Path::kWgmma, Path::kTma, Path::kTmaPersistent, Path::kTmaOrdered, Path::kTmaThree,
+                    Path::kTmaThreePersistent}) {
     cs.push_back(Case{"one_token", Dt::kBF16, path, 1, 1, 2, 1, 64, {{Diagonal(1, 0), 6}}});
     cs.push_back(Case{"two_tokens_offset", Dt::kF16, path, 1, 2, 2, 2, 128, {{Diagonal(2, -1), 7}, {Dense(2), 8}}});
     cs.push_back(Case{"three_tiles_gqa", Dt::kBF16, path, 1, 130, 4, 1, 64, {{Diagonal(130, 0), 9}}});
@@ -544,7 +559,8 @@ std::vector<Case> Cases() {
   // CTAs whose rows see no key of a block (rows 0-199 under j <= i - 200): in the call's first or
   // last block they still own their rows (forward_state.cuh, IdleRows), as the only block, the
   // last after one that set the state, and the first before one that reads it.
-  for (Path path : {Path::kMma, Path::kWgmma, Path::kTma, Path::kTmaPersistent, Path::kTmaOrdered, Path::kSimt}) {
+  for (Path path : {Path::kMma, Path::kWgmma, Path::kTma, Path::kTmaPersistent, Path::kTmaOrdered, Path::kSimt,
+                    Path::kTmaThree, Path::kTmaThreePersistent}) {
     const sc::MaskArgs far = Diagonal(290, -200);
     cs.push_back(Case{"idle_ctas_alone", Dt::kBF16, path, 1, 290, 2, 1, 64, {{far, 19}}});
     cs.push_back(Case{"idle_ctas_last", Dt::kF16, path, 1, 290, 2, 1, 64, {{Dense(290), 20}, {far, 21}}});
@@ -553,7 +569,8 @@ std::vector<Case> Cases() {
   // Five key tiles per query tile: the wgmma forward's double-buffered K/V pipeline wraps around
   // its buffers twice (the TMA kernels' stages flip their barrier parities twice); the backward
   // walks five query tiles per key tile.
-  for (Path path : {Path::kWgmma, Path::kTma, Path::kTmaPersistent, Path::kTmaOrdered}) {
+  for (Path path : {Path::kWgmma, Path::kTma, Path::kTmaPersistent, Path::kTmaOrdered, Path::kTmaThree,
+                    Path::kTmaThreePersistent}) {
     cs.push_back(Case{"three_ctas_d128", Dt::kBF16, path, 1, 300, 2, 2, 128, {{Diagonal(300, 3), 16}}});
     cs.push_back(Case{"five_key_tiles", Dt::kBF16, path, 1, 560, 1, 1, 64, {{Dense(560), 18}}});
   }
@@ -564,8 +581,10 @@ std::vector<Case> Cases() {
     cs.push_back(Case{"gqa_restarts_d128", Dt::kF16, path, 1, 200, 3, 1, 128, {{Diagonal(200, 0), 17}}});
   // Logit softcapping on every family, forward and backward, over a diagonal and a dense block (a cap of 2
   // bends scores of this size well away from the identity).
-  for (Path path : {Path::kMma, Path::kWgmma, Path::kTma, Path::kTmaPersistent, Path::kTmaOrdered, Path::kSimt})
+  for (Path path : {Path::kMma, Path::kWgmma, Path::kTma, Path::kTmaPersistent, Path::kTmaOrdered, Path::kSimt,
+                    Path::kTmaThree, Path::kTmaThreePersistent})
     for (int D : {64, 128}) {
+      if (D != 64 && TwoConsumers(path) != path) continue;
       Case capped{"softcap", D == 64 ? Dt::kBF16 : Dt::kF16,          path, 1, 80, 4, 2,
                   D,         {{Diagonal(80, 0), 24}, {Dense(80), 25}}};
       capped.softcap = 2.f;
@@ -599,12 +618,14 @@ std::vector<Case> Cases() {
 std::string Name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
   std::ostringstream os;
-  const char* path = c.path == Path::kSimt            ? "_simt"
-                     : c.path == Path::kMma           ? "_tc"
-                     : c.path == Path::kTma           ? "_tma"
-                     : c.path == Path::kTmaPersistent ? "_tma_persistent"
-                     : c.path == Path::kTmaOrdered    ? "_tma_ordered"
-                                                      : "_wgmma";
+  const char* path = c.path == Path::kSimt                 ? "_simt"
+                     : c.path == Path::kMma                ? "_tc"
+                     : c.path == Path::kTma                ? "_tma"
+                     : c.path == Path::kTmaPersistent      ? "_tma_persistent"
+                     : c.path == Path::kTmaOrdered         ? "_tma_ordered"
+                     : c.path == Path::kTmaThree           ? "_tma_three"
+                     : c.path == Path::kTmaThreePersistent ? "_tma_three_persistent"
+                                                           : "_wgmma";
   os << c.name << "_" << DtName(c.dt) << path << "_L" << c.L << "_D" << c.D;
   return os.str();
 }
@@ -620,9 +641,11 @@ std::vector<Case> RandomCases() {
   std::vector<Case> cs;
   std::mt19937_64 rng(20261123);
   auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
-  for (Path path : {Path::kMma, Path::kWgmma, Path::kTma, Path::kTmaPersistent, Path::kTmaOrdered})
-    for (int i = 0; i < (path == Path::kTma || path == Path::kTmaPersistent || path == Path::kTmaOrdered ? 8 : 16);
-         ++i) {
+  // The three-consumer forwards last, so that the cases before them keep their draws; at head dim
+  // 64 (their only one), fewer, as their backwards are the paths before.
+  for (Path path : {Path::kMma, Path::kWgmma, Path::kTma, Path::kTmaPersistent, Path::kTmaOrdered, Path::kTmaThree,
+                    Path::kTmaThreePersistent})
+    for (int i = 0; i < (path == Path::kMma || path == Path::kWgmma ? 16 : TwoConsumers(path) != path ? 6 : 8); ++i) {
       const int L = static_cast<int>(pick(1, 260)), Hkv = static_cast<int>(pick(1, 2));
       const int Hq = Hkv * static_cast<int>(pick(1, 3)), B = static_cast<int>(pick(1, 2));
       Case c{"random" + std::to_string(i),
@@ -634,6 +657,7 @@ std::vector<Case> RandomCases() {
              Hkv,
              pick(0, 1) ? 64 : 128,
              {}};
+      if (TwoConsumers(path) != path) c.D = 64;
       const int blocks = static_cast<int>(pick(1, 2));
       for (int x = 0; x < blocks; ++x) {
         sc::MaskArgs m{};

@@ -315,10 +315,10 @@ Status ParseKernelChoice(const char* env, KernelChoice* out) {
 }
 
 // The TMA family's switches, which its launchers read at every launch (kernels/cuda/tma_launch.cuh):
-// STRIA_CUDA_TMA_DQ (bulk, atomic) and STRIA_CUDA_TMA_SCHEDULE (tiles, persistent), in any case,
-// unset or empty for the default. A misspelt value is refused here, by name, rather than as a
-// launch's "invalid argument" in the middle of a ring call; the launchers still refuse a value set
-// after the context was created.
+// STRIA_CUDA_TMA_DQ (bulk, atomic), STRIA_CUDA_TMA_SCHEDULE (tiles, persistent) and
+// STRIA_CUDA_TMA_FORWARD_ROWS (128, 192), in any case, unset or empty for the default. A misspelt value is refused
+// here, by name, rather than as a launch's "invalid argument" in the middle of a ring call; the launchers still refuse
+// a value set after the context was created.
 Status CheckTmaSwitches() {
   struct Switch {
     const char* name;
@@ -326,7 +326,8 @@ Status CheckTmaSwitches() {
     const char* b;
   };
   for (const Switch& sw :
-       {Switch{"STRIA_CUDA_TMA_DQ", "bulk", "atomic"}, Switch{"STRIA_CUDA_TMA_SCHEDULE", "tiles", "persistent"}}) {
+       {Switch{"STRIA_CUDA_TMA_DQ", "bulk", "atomic"}, Switch{"STRIA_CUDA_TMA_SCHEDULE", "tiles", "persistent"},
+        Switch{"STRIA_CUDA_TMA_FORWARD_ROWS", "128", "192"}}) {
     const char* env = std::getenv(sw.name);
     if (env == nullptr || *env == '\0' || strcasecmp(env, sw.a) == 0 || strcasecmp(env, sw.b) == 0) continue;
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s=\"%.64s\" is not one of %s, %s: use one, or leave it unset", sw.name,
@@ -1057,7 +1058,9 @@ class CudaBackend final : public Backend {
                            StagingPool* pool, cudaStream_t stream) {
     if (mask.doc_lo == nullptr) return Status::Ok();
     const size_t n = static_cast<size_t>(s_.B * s_.L);
-    if (busy_tiles) BusyQueryTiles(mask, s_.B, s_.L, cuda::kForwardTileRows, &tiles_);
+    // The query tiles of the forward kernel that will take the list (the FP8 one, or the family's).
+    const int tile_rows = s_.fp8.on ? cuda::kForwardTileRows : cuda::ForwardTileRows(kernels_, static_cast<int>(s_.D));
+    if (busy_tiles) BusyQueryTiles(mask, s_.B, s_.L, tile_rows, &tiles_);
     // The list as int32 pairs packed into the staging's int64 words, after the bounds.
     const size_t list_words = busy_tiles ? (tiles_.size() + 1) / 2 : 0, words = 2 * n + list_words;
     STRIA_RETURN_IF_ERROR(dst->Reserve(words * sizeof(int64_t), "document bounds", handoff_));
@@ -1076,7 +1079,7 @@ class CudaBackend final : public Backend {
     if (busy_tiles) {
       m->tiles = reinterpret_cast<const int32_t*>(dev + 2 * n);
       m->tile_count = static_cast<int32_t>(tiles_.size());
-      m->tile_rows = cuda::kForwardTileRows;
+      m->tile_rows = tile_rows;
     }
     return Status::Ok();
   }
