@@ -89,11 +89,18 @@ std::string TmaRowsSuffix() {
   return rows != nullptr && *rows != '\0' && std::strcmp(rows, "128") != 0 ? std::string("_rows") + rows
                                                                            : std::string();
 }
+// The head groups' budget when one is named (STRIA_CUDA_HEAD_GROUP_BYTES, kernels/cuda/head_groups.cuh):
+// "_headgroup0" without groups, "_headgroup<bytes>", or "" for the default (half the L2).
+std::string HeadGroupSuffix() {
+  const char* bytes = std::getenv("STRIA_CUDA_HEAD_GROUP_BYTES");
+  return bytes != nullptr && *bytes != '\0' ? std::string("_headgroup") + bytes : std::string();
+}
 // A family as the ring, docs and hide lines name it: tma_persistent for the TMA family on its
-// persistent kernels, tma_rows192 with three consumer warpgroups in its forward at head dim 64.
+// persistent kernels, tma_rows192 with three consumer warpgroups in its forward at head dim 64;
+// _headgroup0 on any family with its heads all at once.
 std::string FamilyLabel(stria::cuda::Kernels k) {
   return stria::cuda::KernelsName(k) +
-         (k == stria::cuda::Kernels::kTma ? TmaScheduleSuffix() + TmaRowsSuffix() : std::string());
+         (k == stria::cuda::Kernels::kTma ? TmaScheduleSuffix() + TmaRowsSuffix() : std::string()) + HeadGroupSuffix();
 }
 
 // Median milliseconds of `fn` (queued on `stream`) over `reps` runs after one warm-up.
@@ -430,12 +437,13 @@ int Kernels(const std::vector<int64_t>& dims, const std::vector<int64_t>& lens, 
         // this device, cuda_backend.cc; gpu_run.sh names each family it times), and the TMA
         // backward's dQ path when one is named (STRIA_CUDA_TMA_DQ: stria_tma_atomicdq), and the
         // TMA kernels' schedule (STRIA_CUDA_TMA_SCHEDULE: stria_tma_persistent), and the TMA
-        // forward's query tile (STRIA_CUDA_TMA_FORWARD_ROWS: stria_tma_rows192).
+        // forward's query tile (STRIA_CUDA_TMA_FORWARD_ROWS: stria_tma_rows192), and the head groups'
+        // budget (STRIA_CUDA_HEAD_GROUP_BYTES: stria_tma_headgroup0 without groups).
         const char* env = std::getenv("STRIA_CUDA_KERNELS");
         const char* dq = std::getenv("STRIA_CUDA_TMA_DQ");
         const std::string impl = std::string("stria_") + (env != nullptr && *env != '\0' ? env : "default") +
                                  (dq != nullptr && *dq != '\0' ? std::string("_") + dq + "dq" : "") +
-                                 TmaScheduleSuffix() + TmaRowsSuffix();
+                                 TmaScheduleSuffix() + TmaRowsSuffix() + HeadGroupSuffix();
         std::printf("impl=%s dir=fwd dim=%lld causal=%d len=%lld batch=%lld heads=%lld ms=%.4f tflops=%.1f\n",
                     impl.c_str(), (long long)D, causal, (long long)S, (long long)B, (long long)H, fwd_ms,
                     flops / fwd_ms * 1e-9);

@@ -19,8 +19,9 @@
 #   kernels      each family whose tests passed (mma; wgmma and tma on sm_90)  60 s for three
 #                beside torch SDPA's flash and cuDNN backends, same shapes;
 #                at D 128, causal, softcap 30 and sinks beside the plain call;
-#                the TMA backward's atomic dQ, the TMA persistent kernels and
-#                the TMA forward's 192-row tiles (D 64) too;
+#                the TMA backward's atomic dQ, the TMA persistent kernels,
+#                the TMA forward's 192-row tiles (D 64) and the last family
+#                with its heads all at once (no head groups) too;
 #                heads of 256, and of 512 beside torch's efficient and math
 #   ring         the modelled N = 8 ring at 256k tokens, per family            12 s a family
 #   docs         packed documents: the modelled ring of a document plan and    3 s a family
@@ -254,6 +255,12 @@ for family in wgmma tma; do
       else
         note_failure tma
       fi
+      # Heads in small groups (kernels/cuda/head_groups.cuh; at these cases' sizes the default's
+      # groups hold every head): the order of CTAs, of persistent items and of ordered-dQ tickets.
+      if ! STRIA_CUDA_HEAD_GROUP_BYTES=30000 sharded cuda_ring_head_groups "$(cap 60)" "$bin"/tests/gpu/test_cuda_ring \
+        "Tma/*:Wgmma/*:Deterministic/*_tma*:Documents/*_tma_docs*"; then
+        note_failure tma
+      fi
       # The TMA forward's 192-row tiles (three consumer warpgroups at head dim 64; the default is
       # two), timed below beside the default once their cases pass.
       if STRIA_CUDA_TMA_FORWARD_ROWS=192 sharded cuda_ring_tma_rows192 "$(cap 60)" "$bin"/tests/gpu/test_cuda_ring \
@@ -275,7 +282,7 @@ else
   dims=64,128 lens=1024,2048,4096,8192,16384,32768 seq=262144
 fi
 nf=${#families[@]}  # the timed stages' usual times grow with the families timed
-if stage kernels $((20 + 25 * nf)); then
+if stage kernels $((45 + 25 * nf)); then
   say "-- stria's kernels beside torch SDPA (flash, cuDNN), bf16, the same shapes"
   for family in "${families[@]}"; do
     # The TMA family's deterministic backward on its dQ pass where its ordered dQ failed its cases.
@@ -294,6 +301,11 @@ if stage kernels $((20 + 25 * nf)); then
       "$bin"/bench/stria-cuda-bench kernels --dims $dims --lens $lens --deterministic 0 2>&1 | tee -a "$results" ||
       { say "stria_tma_persistent kernels: failed or timed out"; note_failure kernels; }
   fi
+  # The order of CTAs before head groups (every head at once), beside the default (groups that fit
+  # half the L2: kernels/cuda/head_groups.cuh), on the default family.
+  STRIA_CUDA_KERNELS=${families[-1]} STRIA_CUDA_HEAD_GROUP_BYTES=0 timeout -k 10 "$(cap 240)" \
+    "$bin"/bench/stria-cuda-bench kernels --dims $dims --lens $lens --deterministic 0 2>&1 | tee -a "$results" ||
+    { say "stria_${families[-1]}_headgroup0 kernels: failed or timed out"; note_failure kernels; }
   if [ $tma_rows192 = 1 ] && [[ ",$dims," == *",64,"* ]]; then  # the forward is what differs
     STRIA_CUDA_KERNELS=tma STRIA_CUDA_TMA_FORWARD_ROWS=192 timeout -k 10 "$(cap 120)" \
       "$bin"/bench/stria-cuda-bench kernels --dims 64 --lens $lens --deterministic 0 2>&1 | tee -a "$results" ||

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/device_api.cuh"
+#include "cuda/head_groups.cuh"
 #include "cuda/params.h"
 #include "cuda/smem_optin.cuh"
 #include "cuda/tile_mask.cuh"
@@ -16,24 +17,29 @@ namespace stria {
 namespace cuda {
 
 // A forward tile kernel over the query tiles of the block's rows (Tile: kM, kThreads, kSmemBytes).
+// Its heads in groups that keep their K/V rows in L2 (head_groups.cuh); the same for the key tiles.
 template <typename Tile>
 cudaError_t LaunchForwardTiles(void (*kernel)(FwdParams), const FwdParams& p, cudaStream_t s) {
   static_assert(Tile::kM == kForwardTileRows, "a forward's busy-tile lists are made for kForwardTileRows");
+  FwdParams grouped = p;
+  if (!QueryTileHeadGroup(p.dims, 2, &grouped.head_group)) return cudaErrorInvalidValue;
   const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
   if (allowed != cudaSuccess) return allowed;
   const dim3 grid(QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(p.dims.B * p.dims.Hq));
-  return STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(p);
+  return STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(grouped);
 }
 
 // A backward tile kernel over the key tiles of the block (Tile: kN, kThreads, kSmemBytes; those
 // the caller reads: KeyTileCount), one grid row per (batch, K/V head).
 template <typename Tile>
 cudaError_t LaunchKeyTiles(void (*kernel)(BwdParams), const BwdParams& p, cudaStream_t s) {
+  BwdParams grouped = p;
+  if (!KeyTileHeadGroup(p.dims, 2, &grouped.head_group)) return cudaErrorInvalidValue;
   const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
   if (allowed != cudaSuccess) return allowed;
   const dim3 grid(KeyTileCount(p, Tile::kN), static_cast<unsigned>(p.dims.B * p.dims.Hkv));
   if (grid.x == 0) return cudaSuccess;  // key_begin at or past the last row: no key of this launch
-  return STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(p);
+  return STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(grouped);
 }
 
 }  // namespace cuda

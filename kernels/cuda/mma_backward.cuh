@@ -53,7 +53,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(BwdTile<D>::kThreads) MmaBackwardKernel(co
   // This warp's 16 keys (kw * 16..) and column half; constants where there is one half, so that
   // the D 64 and 128 kernels compile as they did before the halves.
   const int kw = Tile::kHalves == 1 ? warp : warp % 4, ch = Tile::kHalves == 1 ? 0 : warp / 4;
-  const CtaSlot cta = CtaSlotOf();
+  const CtaSlot cta = CtaSlotOf(p.head_group);
   const int bhk = static_cast<int>(cta.head), b = bhk / d.Hkv, hk = bhk % d.Hkv;
   const int group = d.Hq / d.Hkv;
   const int64_t j0 = p.key_begin + static_cast<int64_t>(cta.tile) * kN;

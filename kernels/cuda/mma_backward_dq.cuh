@@ -53,7 +53,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) MmaBackwardDqKernel(const BwdParams p
   // D 64 and 128 kernels compile as they did before the halves.
   const int rg = Tile::kHalves == 1 ? warp : warp % Tile::kRowGroups;
   const int ch = Tile::kHalves == 1 ? 0 : warp / Tile::kRowGroups;
-  const CtaSlot cta = CtaSlotOf();
+  const CtaSlot cta = CtaSlotOf(p.head_group);
   const int bh = static_cast<int>(cta.head), b = bh / d.Hq, h = bh % d.Hq, hk = h / (d.Hq / d.Hkv);
   const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, b) : MaskArgs{};
   const MaskArgs& mask = kDocs ? docs_mask : p.mask;

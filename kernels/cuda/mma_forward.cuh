@@ -43,7 +43,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(FwdTile<D>::kThreads) MmaForwardKernel(con
 
   const Dims& d = p.dims;
   const int warp = warp_id(), lane = lane_id(), g = lane >> 2, t4 = lane & 3;
-  const CtaSlot cta = CtaSlotOf();
+  const CtaSlot cta = CtaSlotOf(p.head_group);
   const int bh = static_cast<int>(cta.head);
   // With documents, this batch row's bounds (a copy); without, the launch's own mask as it is
   // (kDocs false compiles the clamp out: these kernels' registers are tight).

@@ -89,6 +89,9 @@ struct FwdParams {
   RowsOut out;
   float* lse;
   int64_t lb, lh, li;
+  // The heads of a group whose CTAs start together (CtaSlotAt; the launchers set it: head_groups.h).
+  // 0: one group of every head.
+  uint32_t head_group;
 };
 
 // Whether a block's mask leaves no query row without a CTA of its launch (the grid covers the
@@ -130,6 +133,8 @@ struct BwdParams {
   // the launch zeroes on its stream. One launch at a time may use them. Null: no ordered dQ (the
   // deterministic backward then takes its two passes).
   int* dq_order;
+  // As FwdParams::head_group, over the launch's heads (a key-tile grid's are K/V heads).
+  uint32_t head_group;
 };
 
 // The ints BwdParams::dq_order needs for blocks of these dims (query tiles of 64 rows, the

@@ -1,7 +1,7 @@
 // Which work items a CTA of a persistent kernel takes (tma_forward_persistent.cuh,
 // tma_backward_persistent.cuh). The items come longest first: a CTA-per-item grid's order (every
-// head's longest tiles first under a causal mask, CtaSlotOf; a document block's busy tiles,
-// longest first). A persistent grid of G CTAs takes them in rounds of G, and a plain round robin
+// head's longest tiles first under a causal mask, group by group of heads, CtaSlotAt; a document
+// block's busy tiles, longest first). A persistent grid of G CTAs takes them in rounds of G, and a plain round robin
 // (item w to CTA w mod G) would give CTA 0 the longest item of every round: with lengths falling
 // evenly across the items (a causal mask), its sum over four rounds is a quarter above the mean.
 // So the rounds go back and forth: in round k CTA c takes item k G + c when k is even and

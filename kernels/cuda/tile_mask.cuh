@@ -128,16 +128,31 @@ STRIA_HD int64_t QueryTileStart(const MaskArgs& m, int rows, unsigned cta, unsig
 // its query tiles from the last, QueryTileStart; a backward's first key tile is seen by every query
 // after it). The longest CTAs start first and the shortest fill the last wave, where head-major
 // order left a head's longest tiles for the end.
+//
+// Where many heads are in flight, tile-major across all of them spreads the CTAs running at once
+// over every head, and what they read again and again (a forward's K/V rows, a backward's Q, dO and
+// dQ accumulator rows) no longer fits in L2: at 64 heads of 4k tokens, D 128, a forward's K and V
+// are 128 MB against an H200's 50 MB of L2. So the heads go in groups of `group` (the launcher
+// sizes a group to fit half the L2: head_groups.h): a group's CTAs start before the next group's,
+// tile-major within it, and the last group may be smaller. FlashAttention-3's schedulers group
+// heads for the same reason. group 0 (or at least `heads`): one group of every head.
 struct CtaSlot {
   unsigned tile, head;
 };
-// The slot of the CTA that starts `linear`-th in a grid of `heads` heads (the ordered dQ numbers
-// its CTAs by the order they start in, ordered_dq.cuh).
-STRIA_HD CtaSlot CtaSlotAt(uint64_t linear, unsigned heads) {
-  return CtaSlot{static_cast<unsigned>(linear / heads), static_cast<unsigned>(linear % heads)};
+// The slot of the CTA that starts `linear`-th in a grid of `tiles` x `heads` (the ordered dQ
+// numbers its CTAs by the order they start in, ordered_dq.cuh; a persistent kernel numbers its
+// work items so).
+STRIA_HD CtaSlot CtaSlotAt(uint64_t linear, unsigned tiles, unsigned heads, unsigned group) {
+  if (group == 0 || group >= heads)
+    return CtaSlot{static_cast<unsigned>(linear / heads), static_cast<unsigned>(linear % heads)};
+  const uint64_t per_group = static_cast<uint64_t>(group) * tiles;
+  const unsigned g = static_cast<unsigned>(linear / per_group), first = g * group;
+  const unsigned in_group = heads - first < group ? heads - first : group;
+  const uint64_t r = linear - g * per_group;
+  return CtaSlot{static_cast<unsigned>(r / in_group), first + static_cast<unsigned>(r % in_group)};
 }
-STRIA_DEVICE CtaSlot CtaSlotOf() {
-  return CtaSlotAt(blockIdx.x + static_cast<uint64_t>(gridDim.x) * blockIdx.y, gridDim.y);
+STRIA_DEVICE CtaSlot CtaSlotOf(unsigned group = 0) {
+  return CtaSlotAt(blockIdx.x + static_cast<uint64_t>(gridDim.x) * blockIdx.y, gridDim.x, gridDim.y, group);
 }
 
 // Keys [k_lo, k_hi) that some query of [i0, i1) may see.

@@ -134,13 +134,13 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaBackwardKernel(const STRIA_GR
 
   const Dims& d = p.dims;
   const int tid = static_cast<int>(threadIdx.x), wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
-  CtaSlot cta = CtaSlotOf();
+  CtaSlot cta = CtaSlotOf(p.head_group);
   if constexpr (kOrderedDq) {
     // The key tile by ticket, in the order of CtaSlotOf (ordered_dq.cuh).
     int* ticket = reinterpret_cast<int*>(dq_empty + Tile::kDqBuffers);
     if (tid == 0) *ticket = take_ticket(p.dq_order);
     block_sync();
-    cta = CtaSlotAt(static_cast<uint64_t>(*ticket), gridDim.y);
+    cta = CtaSlotAt(static_cast<uint64_t>(*ticket), gridDim.x, gridDim.y, p.head_group);
   }
   const int bhk = static_cast<int>(cta.head), b = bhk / d.Hkv, hk = bhk % d.Hkv;
   const int group = d.Hq / d.Hkv;

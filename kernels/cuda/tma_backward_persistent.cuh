@@ -32,11 +32,12 @@ struct TmaPersistentBwdTile : TmaBwdTile<D, kBulkDq> {
 };
 
 // The work items of a backward over key tiles: `tiles` key tiles of `heads` (batch row times K/V
-// head) heads, item w being tile w / heads of head w % heads, the order in which a CTA-per-item
-// grid starts its CTAs (CtaSlotOf).
+// head) heads, item w in the slot of the CTA that a CTA-per-item grid starts w-th (CtaSlotAt, the
+// heads in groups of `group`).
 struct BackwardItems {
-  unsigned tiles, heads;
+  unsigned tiles, heads, group;
   STRIA_HD unsigned count() const { return tiles * heads; }
+  STRIA_HD CtaSlot At(unsigned w) const { return CtaSlotAt(w, tiles, heads, group); }
 };
 
 template <typename T, int D, bool kDocs = false, bool kDq = true, bool kBulkDq = false>
@@ -64,7 +65,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaPersistentBackwardKernel(cons
   const int64_t key_rows = p.key_rows > 0 && p.key_rows < d.L ? p.key_rows : d.L;
   const unsigned key_tiles =
       key_rows > p.key_begin ? static_cast<unsigned>((key_rows - p.key_begin + kN - 1) / kN) : 0u;
-  const BackwardItems items{key_tiles, static_cast<unsigned>(d.B * d.Hkv)};
+  const BackwardItems items{key_tiles, static_cast<unsigned>(d.B * d.Hkv), p.head_group};
   const PersistentItems schedule{items.count(), blockIdx.x, gridDim.x};
   // Item w: its batch row, K/V head and first key, and the query tiles that see its keys under
   // `mask` (the item's: with documents, its batch row's bounds), as every role of the CTA walks
@@ -77,14 +78,15 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaPersistentBackwardKernel(cons
   };
   auto item_of = [&](unsigned w, const MaskArgs& mask) {
     Item it;
-    const int bhk = static_cast<int>(w % items.heads);
+    const CtaSlot slot = items.At(w);
+    const int bhk = static_cast<int>(slot.head);
     it.b = bhk / d.Hkv;
     it.hk = bhk % d.Hkv;
-    it.j0 = p.key_begin + static_cast<int64_t>(w / items.heads) * kN;
+    it.j0 = p.key_begin + static_cast<int64_t>(slot.tile) * kN;
     it.queries = QueryTilesOf<kDocs>(mask, it.j0, MinI(it.j0 + kN, d.L), kM);
     return it;
   };
-  auto batch_of = [&](unsigned w) { return static_cast<int>(w % items.heads) / d.Hkv; };
+  auto batch_of = [&](unsigned w) { return static_cast<int>(items.At(w).head) / d.Hkv; };
   // Step s of an item is query tile s % q_tiles of query head hk * group + s / q_tiles.
   auto head_of = [&](const Item& it, int s) { return it.hk * group + s / it.queries.count; };
   auto rows_of = [&](const Item& it, int s) {

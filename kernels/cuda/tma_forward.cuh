@@ -118,7 +118,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128 * (kConsumers + 1))
 
   const Dims& d = p.dims;
   const int tid = static_cast<int>(threadIdx.x), wg = tid >> 7;
-  const CtaSlot cta = CtaSlotOf();
+  const CtaSlot cta = CtaSlotOf(p.head_group);
   const int bh = static_cast<int>(cta.head);
   // With documents, this batch row's bounds (a copy); without, the launch's own mask as it is
   // (kDocs false compiles the clamp out: these kernels' registers are tight).

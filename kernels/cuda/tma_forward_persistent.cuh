@@ -35,11 +35,12 @@ struct TmaPersistentFwdTile : TmaFwdTile<D, kConsumers> {
 };
 
 // The work items of a forward over query tiles of kM rows: `tiles` tiles of `heads` (batch row
-// times query head) heads, item w being tile w / heads of head w % heads, the order in which a
-// CTA-per-item grid starts its CTAs (CtaSlotOf).
+// times query head) heads, item w in the slot of the CTA that a CTA-per-item grid starts w-th
+// (CtaSlotAt, the heads in groups of `group`).
 struct ForwardItems {
-  unsigned tiles, heads;
+  unsigned tiles, heads, group;
   STRIA_HD unsigned count() const { return tiles * heads; }
+  STRIA_HD CtaSlot At(unsigned w) const { return CtaSlotAt(w, tiles, heads, group); }
 };
 
 template <typename T, int D, bool kDocs = false, int kConsumers = 2>
@@ -62,7 +63,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128 * (kConsumers + 1))
 
   const Dims& d = p.dims;
   const int tid = static_cast<int>(threadIdx.x), wg = tid >> 7;
-  const ForwardItems items{QueryTileCount(p.mask, kM), static_cast<unsigned>(d.B * d.Hq)};
+  const ForwardItems items{QueryTileCount(p.mask, kM), static_cast<unsigned>(d.B * d.Hq), p.head_group};
   const PersistentItems schedule{items.count(), blockIdx.x, gridDim.x};
   auto stage_of = [](int t) { return t % kStages; };
   auto parity_of = [](int t) { return (t / kStages) & 1; };
@@ -91,10 +92,11 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128 * (kConsumers + 1))
     for (unsigned k = 0; schedule.HasRound(k); ++k) {
       const unsigned w = schedule.At(k);
       if (w >= items.count()) continue;
-      const int bh = static_cast<int>(w % items.heads);
+      const CtaSlot slot = items.At(w);
+      const int bh = static_cast<int>(slot.head);
       const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, bh / d.Hq) : MaskArgs{};
       const MaskArgs& mask = kDocs ? docs_mask : p.mask;
-      const int64_t i0 = QueryTileStart(mask, kM, w / items.heads, items.tiles);
+      const int64_t i0 = QueryTileStart(mask, kM, slot.tile, items.tiles);
       const TileRun keys = KeyTilesOf<kDocs>(mask, i0, MinI(i0 + kM, d.L), kN);
       if (keys.count == 0) continue;
       const int b = bh / d.Hq, h = bh % d.Hq, hk = h / (d.Hq / d.Hkv);
@@ -132,10 +134,11 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128 * (kConsumers + 1))
   for (unsigned k = 0; schedule.HasRound(k); ++k) {
     const unsigned w = schedule.At(k);
     if (w >= items.count()) continue;
-    const int bh = static_cast<int>(w % items.heads);
+    const CtaSlot slot = items.At(w);
+    const int bh = static_cast<int>(slot.head);
     const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, bh / d.Hq) : MaskArgs{};
     const MaskArgs& mask = kDocs ? docs_mask : p.mask;
-    const int64_t i0 = QueryTileStart(mask, kM, w / items.heads, items.tiles);
+    const int64_t i0 = QueryTileStart(mask, kM, slot.tile, items.tiles);
     const TileRun keys = KeyTilesOf<kDocs>(mask, i0, MinI(i0 + kM, d.L), kN);
     if (keys.count == 0) {
       IdleRows<T>(p, mask, bh, i0, kM, tid - 128, kConsumerThreads);

@@ -50,6 +50,7 @@ cudaError_t LaunchFp8ForwardBlock(Elem e, const FwdParams& p, Descale q, Descale
   static_assert(Tile::kM == kForwardTileRows, "a forward's busy-tile lists are made for kForwardTileRows");
   TmaFp8FwdParams tp;
   if (!Fp8ForwardParams(p, q.data, q.step, k.data, k.step, &tp)) return cudaErrorNotSupported;
+  if (!QueryTileHeadGroup(p.dims, 1, &tp.p.head_group)) return cudaErrorInvalidValue;  // e4m3 K/V: a byte a value
   const bool docs = p.mask.doc_lo != nullptr;
   void (*kernel)(TmaFp8FwdParams) = nullptr;
   switch (e) {

@@ -19,17 +19,10 @@ namespace stria {
 namespace cuda {
 
 // The current device's SMs: the persistent grid's size (one CTA per SM: a CTA's threads after
-// their setmaxnreg fill an SM's register file). 1 where the runtime cannot say; its
-// record of that failure is dropped (nothing to report: the grid is only smaller), and a caller's
-// pending error of another kind is left as it was.
+// their setmaxnreg fill an SM's register file). 1 where the runtime cannot say (the grid is only
+// smaller).
 inline unsigned SmCount() {
-  int device = 0, sms = 0;
-  cudaError_t e = cudaGetDevice(&device);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (e != cudaSuccess) {
-    if (cudaPeekAtLastError() == e) (void)cudaGetLastError();
-    return 1;
-  }
+  const int sms = CurrentDeviceAttribute(cudaDevAttrMultiProcessorCount, 1);
   return sms > 0 ? static_cast<unsigned>(sms) : 1u;
 }
 
@@ -44,6 +37,7 @@ cudaError_t LaunchTmaForwardOf(const FwdParams& p, bool persistent, cudaStream_t
   const bool mapped =
       EncodeViewMap(&tp.q_map, p.q, d, d.Hq, Tile::kM) && EncodeBlockMaps(&tp.k_map, &tp.v_map, p.k, p.v, d, Tile::kN);
   if (!mapped) return LaunchWgmmaForward<T, D>(p, s);
+  if (!QueryTileHeadGroup(d, 2, &tp.p.head_group)) return cudaErrorInvalidValue;  // head_groups.cuh
   const bool docs = p.mask.doc_lo != nullptr;
   // A busy-tile list is made for Tile::kM (ForwardTileRows): QueryTileCount takes it.
   const unsigned tiles = QueryTileCount(p.mask, Tile::kM), heads = static_cast<unsigned>(d.B * d.Hq);
@@ -53,7 +47,7 @@ cudaError_t LaunchTmaForwardOf(const FwdParams& p, bool persistent, cudaStream_t
                                         : WgmmaTmaPersistentForwardKernel<T, D, false, kConsumers>;
     const cudaError_t allowed = AllowSmem(kernel, Persistent::kSmemBytes);
     if (allowed != cudaSuccess) return allowed;
-    const unsigned items = ForwardItems{tiles, heads}.count(), sms = SmCount();
+    const unsigned items = ForwardItems{tiles, heads, tp.p.head_group}.count(), sms = SmCount();
     const dim3 grid(items < sms ? items : sms);
     return STRIA_LAUNCH(kernel, grid, Persistent::kThreads, Persistent::kSmemBytes, s)(tp);
   }
@@ -106,7 +100,7 @@ cudaError_t LaunchTmaPersistentBackward(const TmaBwdParams& tp, bool bulk, cudaS
   const cudaError_t allowed = AllowSmem(kernel, smem);
   if (allowed != cudaSuccess) return allowed;
   const unsigned items =
-      BackwardItems{KeyTileCount(p, TmaBwdTile<D>::kN), static_cast<unsigned>(p.dims.B * p.dims.Hkv)}.count();
+      BackwardItems{KeyTileCount(p, TmaBwdTile<D>::kN), static_cast<unsigned>(p.dims.B * p.dims.Hkv), 0u}.count();
   if (items == 0) return cudaSuccess;
   const unsigned sms = SmCount();
   const dim3 grid(items < sms ? items : sms);
@@ -127,6 +121,7 @@ cudaError_t LaunchTmaTileBackward(const BwdParams& p, cudaStream_t s) {
                       EncodeViewMap(&tp.do_map, p.dout, d, d.Hq, Tile::kM) &&
                       EncodeBlockMaps(&tp.k_map, &tp.v_map, p.k, p.v, d, Tile::kN);
   if (!mapped) return LaunchWgmmaBackward<T, D, kDq>(p, s);
+  if (!KeyTileHeadGroup(d, 2, &tp.p.head_group)) return cudaErrorInvalidValue;  // head_groups.cuh
   if (persistent) return LaunchTmaPersistentBackward<T, D, kDq>(tp, bulk, s);
   const bool docs = p.mask.doc_lo != nullptr;
   void (*kernel)(TmaBwdParams) =
@@ -177,6 +172,7 @@ cudaError_t LaunchTmaBackwardOrdered(const BwdParams& p, cudaStream_t s) {
                          EncodeViewMap(&tp.q_map, p.q, d, d.Hq, Tile::kM) &&
                          EncodeViewMap(&tp.do_map, p.dout, d, d.Hq, Tile::kM) &&
                          EncodeBlockMaps(&tp.k_map, &tp.v_map, p.k, p.v, d, Tile::kN);
+    if (ordered && !KeyTileHeadGroup(d, 2, &tp.p.head_group)) return cudaErrorInvalidValue;
     if (ordered) {
       const dim3 grid(KeyTileCount(p, Tile::kN), static_cast<unsigned>(d.B * d.Hkv));
       if (grid.x == 0) return cudaSuccess;

@@ -45,7 +45,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaBackwardDqKernel(const BwdParams
   const Dims& d = p.dims;
   const int tid = static_cast<int>(threadIdx.x), group = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
-  const CtaSlot cta = CtaSlotOf();
+  const CtaSlot cta = CtaSlotOf(p.head_group);
   const int bh = static_cast<int>(cta.head), b = bh / d.Hq, h = bh % d.Hq, hk = h / (d.Hq / d.Hkv);
   const MaskArgs docs_mask = kDocs ? BatchMask(p.mask, b) : MaskArgs{};
   const MaskArgs& mask = kDocs ? docs_mask : p.mask;

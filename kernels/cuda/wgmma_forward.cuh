@@ -169,7 +169,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaForwardKernel(const FwdParams p)
   const Dims& d = p.dims;
   const int tid = static_cast<int>(threadIdx.x), group = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
-  const CtaSlot cta = CtaSlotOf();
+  const CtaSlot cta = CtaSlotOf(p.head_group);
   const int bh = static_cast<int>(cta.head);
   // With documents, this batch row's bounds (a copy); without, the launch's own mask as it is
   // (kDocs false compiles the clamp out: these kernels' registers are tight).

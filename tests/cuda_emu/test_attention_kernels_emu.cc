@@ -50,6 +50,10 @@ struct Case {
   int B, L, Hq, Hkv, D;
   std::vector<Block> blocks;
   float softcap = 0.f;  // > 0: logit softcapping (softcap.cuh)
+  // The heads of a group whose CTAs start together (CtaSlotAt; a launcher sizes groups by the L2,
+  // head_groups.cuh); 0: every head at once. The tensor-core kernels' order of CTAs and of a
+  // persistent kernel's work items.
+  uint32_t head_group = 0;
 };
 
 bool RefVisible(const sc::MaskArgs& m, int64_t i, int64_t j) {  // the test's own copy of the rule
@@ -130,7 +134,7 @@ void TmaPersistentForward(const sc::FwdParams& p) {
   sc::TmaFwdParams tp{};
   ASSERT_TRUE(TmaMaps<Tile>(p, &tp));
   const unsigned items =
-      sc::ForwardItems{sc::QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(d.B * d.Hq)}.count();
+      sc::ForwardItems{sc::QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(d.B * d.Hq), 0u}.count();
   emu::Launch(emu::Dim3{std::min(items, 2u), 1, 1}, emu::Dim3{Tile::kThreads, 1, 1}, Tile::kSmemBytes,
               [&] { sc::WgmmaTmaPersistentForwardKernel<T, D, false, kConsumers>(tp); });
 }
@@ -142,7 +146,7 @@ void TmaPersistentBackward(const sc::BwdParams& p) {
   const sc::Dims& d = p.dims;
   sc::TmaBwdParams tp{};
   ASSERT_TRUE(TmaMaps<Tile>(p, &tp));
-  const unsigned items = sc::BackwardItems{CeilDiv(d.L, Tile::kN), static_cast<unsigned>(d.B * d.Hkv)}.count();
+  const unsigned items = sc::BackwardItems{CeilDiv(d.L, Tile::kN), static_cast<unsigned>(d.B * d.Hkv), 0u}.count();
   const bool bulk = d.L % 2 == 0;
   emu::Launch(emu::Dim3{std::min(items, 2u), 1, 1}, emu::Dim3{Tile::kThreads, 1, 1},
               bulk ? Tile::kSmemBytes : sc::TmaPersistentBwdTile<D>::kSmemBytes, [&] {
@@ -400,6 +404,7 @@ void RunCase(const Case& c) {
       p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
       p.softcap = Softcap(c, scale);
       p.mask = c.blocks[static_cast<size_t>(x)].mask;
+      p.head_group = c.head_group;
       const bool covers = sc::CoversEveryRow(p.mask, L);
       if (fused && w == 0) {
         if (covers)
@@ -458,6 +463,7 @@ void RunCase(const Case& c) {
     p.scale = static_cast<float>(scale);
     p.softcap = Softcap(c, scale);
     p.mask = c.blocks[static_cast<size_t>(x)].mask;
+    p.head_group = c.head_group;
     Backward<T>(c.path, p);
     Tensor dk({B, L, Hkv, D}, c.dt), dv({B, L, Hkv, D}, c.dt);
     dk.Poison();
@@ -605,6 +611,18 @@ std::vector<Case> Cases() {
     capped.softcap = 2.f;
     cs.push_back(capped);
   }
+  // Heads in groups (CtaSlotAt): 12 query heads in groups of 5 (the last one of 2) and their 4 K/V
+  // heads in groups of 5 (one group) over several tiles, causal; and a group of one head.
+  for (Path path : {Path::kMma, Path::kWgmma, Path::kTma, Path::kTmaPersistent, Path::kTmaOrdered, Path::kTmaThree,
+                    Path::kTmaThreePersistent}) {
+    Case grouped{"head_groups", Dt::kBF16, path, 2, 300, 6, 2, 64, {{Diagonal(300, 0), 40}}};
+    grouped.head_group = 5;
+    cs.push_back(grouped);
+    if (TwoConsumers(path) != path) continue;
+    Case single{"head_groups_of_one", Dt::kF16, path, 1, 200, 4, 4, 128, {{Diagonal(200, 3), 41}, {Dense(200), 42}}};
+    single.head_group = 1;
+    cs.push_back(single);
+  }
   Case capped_f32{"softcap_simt_f32", Dt::kF32, Path::kSimt, 1, 37, 2, 1, 24, {{Diagonal(37, -1), 26}}};
   capped_f32.softcap = 1.5f;
   cs.push_back(capped_f32);
@@ -658,6 +676,7 @@ std::vector<Case> RandomCases() {
              pick(0, 1) ? 64 : 128,
              {}};
       if (TwoConsumers(path) != path) c.D = 64;
+      c.head_group = static_cast<uint32_t>(i % 3);  // no groups, groups of one head, of two
       const int blocks = static_cast<int>(pick(1, 2));
       for (int x = 0; x < blocks; ++x) {
         sc::MaskArgs m{};
@@ -681,6 +700,35 @@ INSTANTIATE_TEST_SUITE_P(Random, KernelsVsReference, ::testing::ValuesIn(RandomC
 // tile are consecutive, their places 0, 1, 2, ... in key order, or a wait would never be met. On
 // random rectangles, diagonals, key_begin and document bounds (non-decreasing per row, as the
 // kernels' bisections assume), at both query tile sizes the TMA backward takes.
+// The order of CTAs with heads in groups (CtaSlotAt): every (tile, head) slot once; a group's CTAs
+// before the next group's; within a group tile-major (its heads' first tiles first); and a head's
+// tiles in order, which the ordered dQ's waits need (a key tile's CTA waits for the tile before).
+TEST(CtaSlots, GroupsCoverEverySlotOnceInOrder) {
+  for (unsigned tiles : {1u, 3u, 8u})
+    for (unsigned heads : {1u, 2u, 7u, 12u})
+      for (unsigned group : {0u, 1u, 2u, 5u, 12u, 40u}) {
+        SCOPED_TRACE(std::to_string(tiles) + " tiles, " + std::to_string(heads) + " heads, group " +
+                     std::to_string(group));
+        std::vector<int> seen(static_cast<size_t>(tiles * heads), 0);
+        std::vector<int> last_tile(heads, -1);
+        unsigned last_group = 0;
+        const unsigned g = group == 0 || group >= heads ? heads : group;
+        for (uint64_t linear = 0; linear < uint64_t{tiles} * heads; ++linear) {
+          const sc::CtaSlot s = sc::CtaSlotAt(linear, tiles, heads, group);
+          ASSERT_LT(s.tile, tiles);
+          ASSERT_LT(s.head, heads);
+          ++seen[static_cast<size_t>(s.tile * heads + s.head)];
+          EXPECT_GT(static_cast<int>(s.tile), last_tile[s.head]) << "a head's tiles out of order";
+          last_tile[s.head] = static_cast<int>(s.tile);
+          EXPECT_GE(s.head / g, last_group) << "a group started before the one before it ended";
+          last_group = s.head / g;
+          const unsigned first = (s.head / g) * g, in_group = std::min(g, heads - first);
+          EXPECT_EQ(linear - uint64_t{first} * tiles, uint64_t{s.tile} * in_group + (s.head - first)) << "tile-major";
+        }
+        for (int n : seen) EXPECT_EQ(n, 1);
+      }
+}
+
 TEST(OrderedDq, WalkedTilesAreLinkedAndPlacesConsecutive) {
   std::mt19937_64 rng(20261201);
   auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };

@@ -27,7 +27,8 @@
 //   the host allocates only what is asked for) and STRIA_CUDA_MODEL_SMS SMs each (default 132, an
 //   H200's; fewer make a persistent kernel's CTAs walk several work items each), whose kernels may
 //   ask for STRIA_CUDA_MODEL_SMEM_OPTIN bytes of dynamic shared memory (default and most 232448, a
-//   Hopper's; 166912 is an A100's);
+//   Hopper's; 166912 is an A100's), with STRIA_CUDA_MODEL_L2_BYTES of L2 (default 50 MiB, an
+//   H200's; a few KiB make the launchers group every block's heads, head_groups.cuh);
 // - stream priorities order nothing (each stream is a thread), but STRIA_CUDA_MODEL_LEAST_PRIORITY_DELAY_MS
 //   runs the work of least-priority streams that much late, item by item.
 // Streams are never freed (cudaStreamDestroy lets the worker end once its work is done): the
@@ -114,6 +115,7 @@ struct Model {
   int cc = 90;
   int sms = 132;
   int smem_optin = kMaxDynamicSmem;        // what a kernel may ask for (an A100's: 166912)
+  int l2_bytes = 50 << 20;                 // an H200's L2 (head_groups.cuh sizes head groups by it)
   size_t device_bytes = size_t{80} << 30;  // each device's memory
 };
 
@@ -129,6 +131,7 @@ Model& M() {
     model->cc = EnvInt("STRIA_CUDA_MODEL_CC", 90);
     model->sms = std::max(1, EnvInt("STRIA_CUDA_MODEL_SMS", 132));
     model->smem_optin = std::min(kMaxDynamicSmem, EnvInt("STRIA_CUDA_MODEL_SMEM_OPTIN", kMaxDynamicSmem));
+    model->l2_bytes = std::max(0, EnvInt("STRIA_CUDA_MODEL_L2_BYTES", 50 << 20));
     const int mib = EnvInt("STRIA_CUDA_MODEL_MEMORY_MB", 0);
     if (mib > 0) model->device_bytes = static_cast<size_t>(mib) << 20;
     return model;
@@ -534,6 +537,9 @@ cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int dev
       return cudaSuccess;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin:
       *value = M().smem_optin;
+      return cudaSuccess;
+    case cudaDevAttrL2CacheSize:
+      *value = M().l2_bytes;
       return cudaSuccess;
     default:
       return Set(cudaErrorInvalidValue);  // not modelled: a new use must be added here

@@ -294,8 +294,9 @@ TEST(CudaErrors, OrdinalOutOfRange) {
 }
 
 // The kernel switches a test or benchmark sets (STRIA_CUDA_KERNELS, and the TMA family's
-// STRIA_CUDA_TMA_DQ, STRIA_CUDA_TMA_SCHEDULE and STRIA_CUDA_TMA_FORWARD_ROWS): a misspelt value is
-// refused at context creation, by name; a valid one is taken.
+// STRIA_CUDA_TMA_DQ, STRIA_CUDA_TMA_SCHEDULE and STRIA_CUDA_TMA_FORWARD_ROWS, and every family's
+// STRIA_CUDA_HEAD_GROUP_BYTES): a misspelt value is refused at context creation, by name; a valid
+// one is taken.
 TEST(CudaErrors, MisspeltKernelSwitchesAreRefusedByName) {
   STRIA_REQUIRE_GPU();
   struct Case {
@@ -303,9 +304,10 @@ TEST(CudaErrors, MisspeltKernelSwitchesAreRefusedByName) {
     const char* bad;
     const char* good;
   };
-  for (const Case& c : {Case{"STRIA_CUDA_KERNELS", "tmaa", "tma"}, Case{"STRIA_CUDA_TMA_DQ", "atomics", "atomic"},
-                        Case{"STRIA_CUDA_TMA_SCHEDULE", "persistant", "persistent"},
-                        Case{"STRIA_CUDA_TMA_FORWARD_ROWS", "196", "192"}}) {
+  for (const Case& c :
+       {Case{"STRIA_CUDA_KERNELS", "tmaa", "tma"}, Case{"STRIA_CUDA_TMA_DQ", "atomics", "atomic"},
+        Case{"STRIA_CUDA_TMA_SCHEDULE", "persistant", "persistent"}, Case{"STRIA_CUDA_TMA_FORWARD_ROWS", "196", "192"},
+        Case{"STRIA_CUDA_HEAD_GROUP_BYTES", "32MB", "33554432"}}) {
     SCOPED_TRACE(c.var);
     stria_context_config_t cfg;
     stria_context_config_init(&cfg);

@@ -47,6 +47,7 @@
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/mask_args.h"
 #include "cuda/fp8_launch.h"
+#include "cuda/head_groups.cuh"
 #include "cuda/launch.h"
 #include "cuda/tma_schedule.h"
 #include "cuda/widen.h"
@@ -316,10 +317,11 @@ Status ParseKernelChoice(const char* env, KernelChoice* out) {
 
 // The TMA family's switches, which its launchers read at every launch (kernels/cuda/tma_launch.cuh):
 // STRIA_CUDA_TMA_DQ (bulk, atomic), STRIA_CUDA_TMA_SCHEDULE (tiles, persistent) and
-// STRIA_CUDA_TMA_FORWARD_ROWS (128, 192), in any case, unset or empty for the default. A misspelt value is refused
-// here, by name, rather than as a launch's "invalid argument" in the middle of a ring call; the launchers still refuse
-// a value set after the context was created.
-Status CheckTmaSwitches() {
+// STRIA_CUDA_TMA_FORWARD_ROWS (128, 192), in any case, unset or empty for the default; and every
+// tensor-core family's STRIA_CUDA_HEAD_GROUP_BYTES (a number; kernels/cuda/head_groups.cuh). A misspelt value is
+// refused here, by name, rather than as a launch's "invalid argument" in the middle of a ring call; the launchers still
+// refuse a value set after the context was created.
+Status CheckKernelSwitches() {
   struct Switch {
     const char* name;
     const char* a;
@@ -333,6 +335,12 @@ Status CheckTmaSwitches() {
     return Error(STRIA_ERROR_INVALID_ARGUMENT, "%s=\"%.64s\" is not one of %s, %s: use one, or leave it unset", sw.name,
                  env, sw.a, sw.b);
   }
+  int64_t budget = 0;
+  if (!cuda::HeadGroupBudget(&budget))
+    return Error(STRIA_ERROR_INVALID_ARGUMENT,
+                 "STRIA_CUDA_HEAD_GROUP_BYTES=\"%.64s\" is not a number of bytes: use one (0: no head groups), or "
+                 "leave it unset",
+                 std::getenv("STRIA_CUDA_HEAD_GROUP_BYTES"));
   return Status::Ok();
 }
 
@@ -1291,7 +1299,7 @@ class CudaBackend final : public Backend {
 Status CreateCudaBackend(DLDevice device, Backend** out) {
   KernelChoice kernels;  // the configuration first: its error does not depend on the machine
   STRIA_RETURN_IF_ERROR(ParseKernelChoice(std::getenv("STRIA_CUDA_KERNELS"), &kernels));
-  STRIA_RETURN_IF_ERROR(CheckTmaSwitches());
+  STRIA_RETURN_IF_ERROR(CheckKernelSwitches());
   STRIA_RETURN_IF_ERROR(CheckCudaDevice(device.device_id));
   DeviceScope scope(device.device_id);
   STRIA_RETURN_IF_ERROR(scope.status());
