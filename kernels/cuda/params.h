@@ -89,7 +89,7 @@ struct FwdParams {
   RowsOut out;
   float* lse;
   int64_t lb, lh, li;
-  // The heads of a group whose CTAs start together (CtaSlotAt; the launchers set it: head_groups.h).
+  // The heads of a group whose CTAs start together (CtaSlotAt; the launchers set it: head_groups.cuh).
   // 0: one group of every head.
   uint32_t head_group;
 };

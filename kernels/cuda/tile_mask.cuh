@@ -133,7 +133,7 @@ STRIA_HD int64_t QueryTileStart(const MaskArgs& m, int rows, unsigned cta, unsig
 // over every head, and what they read again and again (a forward's K/V rows, a backward's Q, dO and
 // dQ accumulator rows) no longer fits in L2: at 64 heads of 4k tokens, D 128, a forward's K and V
 // are 128 MB against an H200's 50 MB of L2. So the heads go in groups of `group` (the launcher
-// sizes a group to fit half the L2: head_groups.h): a group's CTAs start before the next group's,
+// sizes a group to fit half the L2: head_groups.cuh): a group's CTAs start before the next group's,
 // tile-major within it, and the last group may be smaller. FlashAttention-3's schedulers group
 // heads for the same reason. group 0 (or at least `heads`): one group of every head.
 struct CtaSlot {
