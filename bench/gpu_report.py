@@ -59,13 +59,58 @@ def is_option(impl):
     return impl.endswith(OPTION_SUFFIXES)
 
 
-def vs_flash(kern, direction, d, c, s):
-    """The best stria family's TFLOP/s on a shape, over torch's flash backend's (None if either is missing)."""
+def vs_anchor(kern, direction, d, c, s, anchor="torch_flash"):
+    """The best stria family's TFLOP/s on a shape, over a torch backend's (None if either is missing)."""
     best = max((t for (dr, d2, c2, s2, i), t in kern.items()
                 if (dr, d2, c2, s2) == (direction, d, c, s) and i.startswith("stria_") and not is_option(i)),
                default=None)
-    flash = kern.get((direction, d, c, s, "torch_flash"))
-    return best / flash if best is not None and flash else None
+    theirs = kern.get((direction, d, c, s, anchor))
+    return best / theirs if best is not None and theirs else None
+
+
+def vs_flash(kern, direction, d, c, s):
+    return vs_anchor(kern, direction, d, c, s)
+
+
+def cudnn_bars(kern, bars):
+    """The kernel bars against torch's cuDNN backend, on the worst shape each: the best stria family at
+    least 1.0x at 8k tokens and more and 0.9x at 2k-4k, forward and backward, D 64 and 128, causal and
+    not; at D 256 at least 0.9x where cuDNN ran."""
+    for direction, title in (("fwd", "forward"), ("bwd", "backward")):
+        for what, dims, lo, hi, need in (("8k+ tokens", (64, 128), 8192, None, 1.0),
+                                         ("2k-4k tokens", (64, 128), 2048, 4096, 0.9),
+                                         ("D 256", (256,), 0, None, 0.9)):
+            shapes = {(d, c, s) for (dr, d, c, s, _) in kern
+                      if dr == direction and d in dims and s >= lo and (hi is None or s <= hi)}
+            judged = [r for r in (vs_anchor(kern, direction, d, c, s, "torch_cudnn") for d, c, s in shapes)
+                      if r is not None]
+            worst = min(judged, default=None)
+            label = f"{title}, {'D 64 and 128, causal and not, ' if dims != (256,) else ''}{what}"
+            bars.append((f"{label}: best stria / cuDNN ({len(judged)} shapes)", f">= {need:.1f}x", worst,
+                         None if worst is None else worst >= need))
+
+
+# Switches that change a family's speed and nothing else (kernels/cuda/tma_schedule.h, head_groups.cuh):
+# timed beside the family's default, judged by the ratio.
+SPEED_SWITCHES = ("_headgroup0", "_rows192", "_persistent", "_atomicdq")
+
+
+def switches_table(kern, out):
+    """Each speed switch's TFLOP/s over its family's default on the same shape."""
+    rows = []
+    for (dr, d, c, s, i), t in sorted(kern.items()):
+        for suffix in SPEED_SWITCHES:
+            if i.startswith("stria_") and i.endswith(suffix) and not is_option(i):
+                base = kern.get((dr, d, c, s, i[:-len(suffix)]))
+                if base:
+                    rows.append(f"| {i.replace('stria_', '')} | {dr} | {d} | {'yes' if c else 'no'} | {s} | "
+                                f"{fmt(t)} | {fmt(base)} | {t / base:.2f}x |")
+    if rows:
+        out.append("Switches beside their family's default (TFLOP/s; above 1.00x the switch is faster):\n")
+        out.append("| switch | pass | D | causal | S | with it | default | ratio |")
+        out.append("|---|---|---|---|---|---|---|---|")
+        out.extend(rows)
+        out.append("")
 
 
 # FlashAttention-3's published figures (H100 80GB SXM5, BF16/FP16, B·S = 16k tokens and H·D = 2048 as
@@ -319,6 +364,7 @@ def main(argv):
     bars = []
     if kern:
         kernels_tables(kern, out)
+        switches_table(kern, out)
     if split:
         split_table(split, out)
     for direction, need in (("fwd", 1.0), ("bwd", 0.9)):
@@ -331,6 +377,7 @@ def main(argv):
         what = (f"causal {'forward' if direction == 'fwd' else 'backward'}, D 128, 4k+ tokens: best stria / flash"
                 f" ({len(judged)} shapes)")
         bars.append((what, f">= {need:.1f}x", worst, None if worst is None else worst >= need))
+    cudnn_bars(kern, bars)
     # The e4m3 forward (FlashAttention-3 reports about 1,000 TFLOP/s on an H100 at D 128, 16k).
     fp8 = [t for (dr, d, c, s, i), t in kern.items() if i == "stria_fp8" and dr == "fwd" and d == 128 and s == 16384]
     worst = min(fp8, default=None)

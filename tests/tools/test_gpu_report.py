@@ -144,8 +144,32 @@ work_modelled_ms=-0.9760 work_ideal_ms=0.0700 work_of_ideal=-0.072 work_merge_sh
         if line not in dev.splitlines():
             failures.append(f"decode from the kernels' times, missing: {line}\n{dev}")
     empty = report(script, "== build failed: nothing else can run\n")
-    if empty.count("| not measured |") != 7 or "decode" in empty:
+    if empty.count("| not measured |") != 13 or "decode" in empty:
         failures.append(f"a run that measured nothing: {empty!r}")
+    # The bars against cuDNN, on their worst shapes (the best stria column on each, a speed switch's
+    # included), and each speed switch beside its family's default.
+    cud = report(script, "".join(
+        f"impl={i} dir={dr} dim={d} causal={c} len={s} batch=1 heads=16 ms=1 tflops={t}\n" for i, dr, d, c, s, t in (
+            ("stria_tma", "fwd", 64, 1, 8192, 400.0), ("torch_cudnn", "fwd", 64, 1, 8192, 426.0),
+            ("stria_tma", "fwd", 128, 0, 16384, 615.0), ("torch_cudnn", "fwd", 128, 0, 16384, 665.0),
+            ("stria_tma", "fwd", 64, 1, 2048, 245.0), ("stria_tma_rows192", "fwd", 64, 1, 2048, 290.0),
+            ("torch_cudnn", "fwd", 64, 1, 2048, 314.0),
+            ("stria_tma", "bwd", 128, 1, 4096, 304.0), ("stria_tma_headgroup0", "bwd", 128, 1, 4096, 280.0),
+            ("torch_cudnn", "bwd", 128, 1, 4096, 481.0),
+            ("stria_tma", "fwd", 256, 1, 4096, 500.0), ("torch_cudnn", "fwd", 256, 1, 4096, 520.0))))
+    for line in (
+            "| forward, D 64 and 128, causal and not, 8k+ tokens: best stria / cuDNN (2 shapes) | >= 1.0x | 0.925 | "
+            "missed |",
+            "| forward, D 64 and 128, causal and not, 2k-4k tokens: best stria / cuDNN (1 shapes) | >= 0.9x | 0.924 | "
+            "met |",
+            "| backward, D 64 and 128, causal and not, 2k-4k tokens: best stria / cuDNN (1 shapes) | >= 0.9x | 0.632 | "
+            "missed |",
+            "| forward, D 256: best stria / cuDNN (1 shapes) | >= 0.9x | 0.962 | met |",
+            "| backward, D 256: best stria / cuDNN (0 shapes) | >= 0.9x | – | not measured |",
+            "| tma_rows192 | fwd | 64 | yes | 2048 | 290 | 245 | 1.18x |",
+            "| tma_headgroup0 | bwd | 128 | yes | 4096 | 280 | 304 | 0.92x |"):
+        if line not in cud.splitlines():
+            failures.append(f"cuDNN bars and switches, missing: {line}\n{cud}")
     # Softcap and sinks: columns of their own, judged against their family's plain call on the same
     # shape, never the best family against flash (the sinks line here is faster than the plain one).
     shape = "dim=128 causal=1 len=4096 batch=4 heads=16 ms=1"
