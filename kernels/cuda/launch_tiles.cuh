@@ -29,6 +29,18 @@ cudaError_t LaunchForwardTiles(void (*kernel)(FwdParams), const FwdParams& p, cu
   return STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(grouped);
 }
 
+// A deterministic backward's dQ pass over the query tiles of the block (Tile: kM, kThreads,
+// kSmemBytes), its heads grouped as a forward's: its query tiles read K/V rows.
+template <typename Tile>
+cudaError_t LaunchDqQueryTiles(void (*kernel)(BwdParams), const BwdParams& p, cudaStream_t s) {
+  BwdParams grouped = p;
+  if (!QueryTileHeadGroup(p.dims, 2, &grouped.head_group)) return cudaErrorInvalidValue;
+  const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
+  if (allowed != cudaSuccess) return allowed;
+  const dim3 grid(QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(p.dims.B * p.dims.Hq));
+  return STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(grouped);
+}
+
 // A backward tile kernel over the key tiles of the block (Tile: kN, kThreads, kSmemBytes; those
 // the caller reads: KeyTileCount), one grid row per (batch, K/V head).
 template <typename Tile>

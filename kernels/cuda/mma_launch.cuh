@@ -38,15 +38,8 @@ cudaError_t LaunchMmaBackwardKv(const BwdParams& p, cudaStream_t s) {
 }
 template <typename T, int D>
 cudaError_t LaunchMmaBackwardDq(const BwdParams& p, cudaStream_t s) {
-  using Tile = BwdDqTile<D>;
-  void (*kernel)(BwdParams) =
-      p.mask.doc_lo != nullptr ? MmaBackwardDqKernel<T, D, true> : MmaBackwardDqKernel<T, D, false>;
-  BwdParams grouped = p;  // its heads in groups, as a forward's: a query tile reads K/V rows
-  if (!QueryTileHeadGroup(p.dims, 2, &grouped.head_group)) return cudaErrorInvalidValue;
-  const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
-  if (allowed != cudaSuccess) return allowed;
-  const dim3 grid(QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(p.dims.B * p.dims.Hq));
-  return STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(grouped);
+  return LaunchDqQueryTiles<BwdDqTile<D>>(
+      p.mask.doc_lo != nullptr ? MmaBackwardDqKernel<T, D, true> : MmaBackwardDqKernel<T, D, false>, p, s);
 }
 
 }  // namespace cuda

@@ -172,8 +172,8 @@ cudaError_t LaunchTmaBackwardOrdered(const BwdParams& p, cudaStream_t s) {
                          EncodeViewMap(&tp.q_map, p.q, d, d.Hq, Tile::kM) &&
                          EncodeViewMap(&tp.do_map, p.dout, d, d.Hq, Tile::kM) &&
                          EncodeBlockMaps(&tp.k_map, &tp.v_map, p.k, p.v, d, Tile::kN);
-    if (ordered && !KeyTileHeadGroup(d, 2, &tp.p.head_group)) return cudaErrorInvalidValue;
     if (ordered) {
+      if (!KeyTileHeadGroup(d, 2, &tp.p.head_group)) return cudaErrorInvalidValue;  // head_groups.cuh
       const dim3 grid(KeyTileCount(p, Tile::kN), static_cast<unsigned>(d.B * d.Hkv));
       if (grid.x == 0) return cudaSuccess;
       void (*kernel)(TmaBwdParams) = p.mask.doc_lo != nullptr ? WgmmaTmaBackwardKernel<T, D, true, true, true, true>

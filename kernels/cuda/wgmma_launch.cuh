@@ -39,15 +39,8 @@ cudaError_t LaunchWgmmaBackwardKv(const BwdParams& p, cudaStream_t s) {
 // query tiles.
 template <typename T, int D>
 cudaError_t LaunchWgmmaBackwardDq(const BwdParams& p, cudaStream_t s) {
-  using Tile = WgmmaBwdDqTile<D>;
-  void (*kernel)(BwdParams) =
-      p.mask.doc_lo != nullptr ? WgmmaBackwardDqKernel<T, D, true> : WgmmaBackwardDqKernel<T, D, false>;
-  BwdParams grouped = p;  // its heads in groups, as a forward's: a query tile reads K/V rows
-  if (!QueryTileHeadGroup(p.dims, 2, &grouped.head_group)) return cudaErrorInvalidValue;
-  const cudaError_t allowed = AllowSmem(kernel, Tile::kSmemBytes);
-  if (allowed != cudaSuccess) return allowed;
-  const dim3 grid(QueryTileCount(p.mask, Tile::kM), static_cast<unsigned>(p.dims.B * p.dims.Hq));
-  return STRIA_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, s)(grouped);
+  return LaunchDqQueryTiles<WgmmaBwdDqTile<D>>(
+      p.mask.doc_lo != nullptr ? WgmmaBackwardDqKernel<T, D, true> : WgmmaBackwardDqKernel<T, D, false>, p, s);
 }
 
 }  // namespace cuda

@@ -315,12 +315,12 @@ Status ParseKernelChoice(const char* env, KernelChoice* out) {
                env);
 }
 
-// The TMA family's switches, which its launchers read at every launch (kernels/cuda/tma_launch.cuh):
-// STRIA_CUDA_TMA_DQ (bulk, atomic), STRIA_CUDA_TMA_SCHEDULE (tiles, persistent) and
-// STRIA_CUDA_TMA_FORWARD_ROWS (128, 192), in any case, unset or empty for the default; and every
-// tensor-core family's STRIA_CUDA_HEAD_GROUP_BYTES (a number; kernels/cuda/head_groups.cuh). A misspelt value is
-// refused here, by name, rather than as a launch's "invalid argument" in the middle of a ring call; the launchers still
-// refuse a value set after the context was created.
+// The kernel switches that the launchers read at every launch: the TMA family's STRIA_CUDA_TMA_DQ
+// (bulk, atomic), STRIA_CUDA_TMA_SCHEDULE (tiles, persistent) and STRIA_CUDA_TMA_FORWARD_ROWS
+// (128, 192), in any case, unset or empty for the default (kernels/cuda/tma_schedule.h); and every
+// tensor-core family's STRIA_CUDA_HEAD_GROUP_BYTES (a number; kernels/cuda/head_groups.cuh). A
+// misspelt value is refused here, by name, rather than as a launch's "invalid argument" in the
+// middle of a ring call; the launchers still refuse a value set after the context was created.
 Status CheckKernelSwitches() {
   struct Switch {
     const char* name;
