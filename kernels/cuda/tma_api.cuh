@@ -7,10 +7,10 @@
 // A TMA load copies a box of a global tensor, described by a 128-byte tensor map that the host
 // encodes (EncodeRowsMap), into shared memory, writing it in the 128-byte swizzle that wgmma's
 // descriptors read (wgmma_api.cuh), with rows outside the tensor zero-filled. Its completion is
-// counted in bytes on an mbarrier: the waiting side announces the bytes (mbar_arrive_expect_tx),
-// the copy retires them, and the barrier's phase completes when every expected arrival came and
-// no byte is outstanding. A waiter names the parity of the phase it waits for; phases alternate,
-// so a ring of buffers flips its parity bit each time around.
+// counted in bytes on an mbarrier: the waiting side announces the bytes (mbar_arrive_expect_tx,
+// or mbar_expect_tx and a later arrival), the copy retires them, and the barrier's phase completes when every expected
+// arrival came and no byte is outstanding. A waiter names the parity of the phase it waits for; phases alternate, so a
+// ring of buffers flips its parity bit each time around.
 //
 // A bulk reduction (cp.reduce.async.bulk .add.f32) adds a run of floats in shared memory into
 // global memory in the L2, whole lines at a time: what the TMA backward's dQ goes out by. Its
@@ -74,6 +74,9 @@ inline void mbar_arrive(uint64_t* bar) {
 inline void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
   emu::detail::MbarArrive(bar, bytes);
 }
+inline void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  emu::detail::MbarExpectTx(bar, bytes);
+}
 inline void mbar_wait(uint64_t* bar, int parity) {
   emu::detail::MbarWait(bar, parity);
 }
@@ -130,6 +133,12 @@ STRIA_DEVICE void mbar_arrive(uint64_t* bar) {
 // One arrival that also announces `bytes` of TMA transactions for the current phase.
 STRIA_DEVICE void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+// Announces `bytes` of TMA transactions for the current phase without arriving: the thread's
+// arrival comes later (after stores of its own that the phase publishes too).
+STRIA_DEVICE void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
 }
 // Returns once the phase of parity `parity` has completed (its writes are then visible).
 STRIA_DEVICE void mbar_wait(uint64_t* bar, int parity) {

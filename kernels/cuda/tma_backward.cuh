@@ -3,10 +3,10 @@
 // walks the query tiles of every query head of its GQA group), with the loads moved to a
 // producer warp as in the TMA forward (tma_forward.cuh):
 //  - K and V arrive once by TMA; each step's Q and dO tiles by TMA into two stages, with the
-//    step's lse2 and delta rows stored beside them by the producer warp's 32 lanes, all of it
-//    published by the stage's "full" mbarrier (32 arrivals, one of them announcing the TMA
-//    bytes); the consumers release a stage on its "empty" mbarrier once their dK and dV products,
-//    the last readers of Q and dO, have completed;
+//    step's lse2 and delta rows stored beside them by the producer warp's 32 lanes (loaded into
+//    registers before the wait for the stage), all of it published by the stage's "full" mbarrier (32 arrivals
+//    and the TMA bytes, announced before the copies); the consumers release a stage on its "empty" mbarrier once their
+//    dK and dV products, the last readers of Q and dO, have completed;
 //  - the two consumer warpgroups meet only where they exchange dS^T (a 256-thread named barrier
 //    before writing it, so the previous step's dQ products are done reading it, and one after, so
 //    both halves are in), never with the producer.
@@ -89,6 +89,46 @@ STRIA_DEVICE TmaBwdSmem CarveTmaBwdSmem(unsigned char* raw) {
   m.dqs = m.deltas + Tile::kStages * Tile::kM;
   m.kv_full = reinterpret_cast<uint64_t*>(m.dqs + Tile::kDqBuffers * Tile::kM * Tile::kD);
   return m;
+}
+
+// A producer lane's lse2 and delta values of a step's rows (rows lane, lane + 32, ... of the
+// tile at i0 of one query head's rows): loaded into registers before the producer waits for the
+// step's stage, so that their round trip runs behind the wait, then stored into the stage.
+// Rows past L take lse2 = +inf, which makes exp2(s - lse2) = 0, and delta 0.
+template <int kM>
+struct StageRows {
+  float lse2[kM / 32], delta[kM / 32];
+  STRIA_DEVICE void Load(const float* lse2_row, const float* delta_row, int64_t i0, int64_t L, int lane) {
+    STRIA_UNROLL
+    for (int k = 0; k < kM / 32; ++k) {
+      const int64_t i = i0 + lane + 32 * k;
+      lse2[k] = i < L ? lse2_row[i] : PosInf();
+      delta[k] = i < L ? delta_row[i] : 0.f;
+    }
+  }
+  STRIA_DEVICE void Store(float* lse2s, float* deltas, int lane) const {
+    STRIA_UNROLL
+    for (int k = 0; k < kM / 32; ++k) {
+      lse2s[lane + 32 * k] = lse2[k];
+      deltas[lane + 32 * k] = delta[k];
+    }
+  }
+};
+
+// The producer warp's copies of a step (lane 0): the Q and dO rows [i0, i0 + kM) of query head h
+// of batch row b into stage st, their bytes announced on the stage's "full" barrier without an
+// arrival. Every lane of the warp then stores its lse2 and delta rows and arrives (32
+// arrivals). Between the stage's release and its refill there is then one round trip (the
+// copies'), where the lanes' loads followed by the copies put two there.
+template <typename Tile>
+STRIA_DEVICE void IssueQueryCopies(const TmaBwdParams& tp, const TmaBwdSmem& sm, uint64_t* full, int st, int h, int i0,
+                                   int b) {
+  mbar_expect_tx(full, 2 * Tile::kQBytes);
+  for (int cb = 0; cb < Tile::kD / 64; ++cb) {
+    const int at = st * Tile::kQBytes + cb * Tile::kM * kSwizzleBytes;
+    tma_load_4d(sm.qs + at, &tp.q_map, 64 * cb, h, i0, b, full);
+    tma_load_4d(sm.dos + at, &tp.do_map, 64 * cb, h, i0, b, full);
+  }
 }
 
 // The bulk dQ warp's add of the dQ tile the consumers handed over as their step s (in buffer
@@ -222,25 +262,14 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaBackwardKernel(const STRIA_GR
     }
     for (int s = 0; s < steps; ++s) {
       const int st = s % kStages, h = head_of(s);
-      const int64_t i0 = rows_of(s), bh = static_cast<int64_t>(b) * d.Hq + h;
+      const int64_t bh = static_cast<int64_t>(b) * d.Hq + h;
+      // The step's rows, loaded before the wait for its stage: their round trip runs behind it.
+      StageRows<kM> rows;
+      rows.Load(p.lse2 + bh * d.L, p.delta + bh * d.L, rows_of(s), d.L, lane);
       mbar_wait(&q_empty[st], ((s / kStages) & 1) ^ 1);  // the first use of a stage does not wait
-      for (int r = lane; r < kM; r += 32) {
-        const bool in = i0 + r < d.L;
-        // +inf makes exp2(s - lse2) = 0 for rows past the end.
-        lse2s[st * kM + r] = in ? p.lse2[bh * d.L + i0 + r] : PosInf();
-        deltas[st * kM + r] = in ? p.delta[bh * d.L + i0 + r] : 0.f;
-      }
-      if (lane != 0) {
-        mbar_arrive(&q_full[st]);  // after this lane's stores: the arrival releases them
-        continue;
-      }
-      mbar_arrive_expect_tx(&q_full[st], 2 * Tile::kQBytes);
-      for (int cb = 0; cb < D / 64; ++cb) {
-        tma_load_4d(qs + st * Tile::kQBytes + cb * kM * kSwizzleBytes, &tp.q_map, 64 * cb, h, static_cast<int>(i0), b,
-                    &q_full[st]);
-        tma_load_4d(dos + st * Tile::kQBytes + cb * kM * kSwizzleBytes, &tp.do_map, 64 * cb, h, static_cast<int>(i0), b,
-                    &q_full[st]);
-      }
+      if (lane == 0) IssueQueryCopies<Tile>(tp, sm, &q_full[st], st, h, static_cast<int>(rows_of(s)), b);
+      rows.Store(lse2s + st * kM, deltas + st * kM, lane);
+      mbar_arrive(&q_full[st]);  // after this lane's stores: the arrival releases them
     }
     return;
   }

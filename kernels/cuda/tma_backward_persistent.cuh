@@ -158,23 +158,12 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaPersistentBackwardKernel(cons
         for (int qt = 0; qt < it.queries.count; ++qt, ++gs) {
           const int st = gs % kStages;
           const int i0 = static_cast<int>(it.queries.first) + qt * kM;
+          StageRows<kM> rows;  // loaded before the wait, as tma_backward.cuh's producer does
+          rows.Load(lse2_row, delta_row, i0, d.L, lane);
           mbar_wait(&q_empty[st], ((gs / kStages) & 1) ^ 1);
-          for (int r = lane; r < kM; r += 32) {
-            const bool in = i0 + r < d.L;
-            lse2s[st * kM + r] = in ? lse2_row[i0 + r] : PosInf();
-            deltas[st * kM + r] = in ? delta_row[i0 + r] : 0.f;
-          }
-          if (lane != 0) {
-            mbar_arrive(&q_full[st]);
-            continue;
-          }
-          mbar_arrive_expect_tx(&q_full[st], 2 * Tile::kQBytes);
-          for (int cb = 0; cb < D / 64; ++cb) {
-            tma_load_4d(qs + st * Tile::kQBytes + cb * kM * kSwizzleBytes, &tp.q_map, 64 * cb, h, i0, it.b,
-                        &q_full[st]);
-            tma_load_4d(dos + st * Tile::kQBytes + cb * kM * kSwizzleBytes, &tp.do_map, 64 * cb, h, i0, it.b,
-                        &q_full[st]);
-          }
+          if (lane == 0) IssueQueryCopies<Tile>(tp, sm, &q_full[st], st, h, i0, it.b);
+          rows.Store(lse2s + st * kM, deltas + st * kM, lane);
+          mbar_arrive(&q_full[st]);
         }
       }
     }

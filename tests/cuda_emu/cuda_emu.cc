@@ -998,6 +998,16 @@ void CheckTmaSettled(Block* b) {
   }
 }
 
+// Adds `tx_bytes` to the transaction bytes the current phase of `m` waits for (within the
+// hardware's count).
+void AnnounceBytes(Thread* t, const std::string& what, Mbarrier* m, size_t off, uint32_t tx_bytes) {
+  m->tx += tx_bytes;
+  if (m->tx > (1 << 20) - 1) {
+    Fail(t, what + ": more than 2^20-1 transaction bytes outstanding on the mbarrier at shared-memory offset " +
+                std::to_string(off) + " (" + std::to_string(m->tx) + ")");
+  }
+}
+
 }  // namespace
 
 namespace detail {
@@ -1284,13 +1294,17 @@ void MbarArrive(uint64_t* bar, uint32_t tx_bytes) {
                 std::to_string(m.phase) + " of the mbarrier at shared-memory offset " + std::to_string(off) +
                 ", which waits for " + std::to_string(m.tx) + " transaction bytes only");
   }
-  m.tx += tx_bytes;
-  if (m.tx > (1 << 20) - 1) {
-    Fail(t, what + ": more than 2^20-1 transaction bytes outstanding on the mbarrier at shared-memory offset " +
-                std::to_string(off) + " (" + std::to_string(m.tx) + ")");
-  }
+  AnnounceBytes(t, what, &m, off, tx_bytes);
   --m.pending;
   if (CompletePhaseIfDone(t->block, &m)) YieldToPriority(t->block, t);
+}
+
+void MbarExpectTx(uint64_t* bar, uint32_t tx_bytes) {
+  Thread* t = Current();
+  size_t off;
+  Mbarrier& m = BarrierAt(t, "mbar_expect_tx", bar, &off);
+  // More bytes to wait for: no phase completes and no waiter wakes.
+  AnnounceBytes(t, "mbar_expect_tx", &m, off, tx_bytes);
 }
 
 void MbarWait(uint64_t* bar, int parity) {

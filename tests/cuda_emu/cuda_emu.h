@@ -241,7 +241,8 @@ void Wgmma(WgmmaKind kind, bool bf16, int n, float* d, const uint32_t* a, uint64
 // dynamic shared memory, 8-byte aligned) is kept in a table of the block by its offset: phase
 // number, arrivals pending (`count` at every phase start), transaction bytes outstanding. Its
 // phase completes when no arrival is pending and no byte is outstanding. MbarArrive with
-// `tx_bytes` > 0 is arrive.expect_tx: the bytes are announced, then the thread arrives.
+// `tx_bytes` > 0 is arrive.expect_tx: the bytes are announced, then the thread arrives;
+// MbarExpectTx announces them without an arrival (mbarrier.expect_tx).
 // MbarWait returns once the phase of parity `parity` has completed, i.e. the current phase's
 // parity differs. A TMA copy poisons its destination (0xFF) at issue, in shared memory and in
 // the async proxy's view, and is queued on its mbarrier; the queued copies land, and retire
@@ -252,6 +253,7 @@ void Wgmma(WgmmaKind kind, bool bf16, int n, float* d, const uint32_t* a, uint64
 // EncodeRowsMap, and an mbarrier's 8 bytes overwritten since its init.
 void MbarInit(uint64_t* bar, int count);
 void MbarArrive(uint64_t* bar, uint32_t tx_bytes);
+void MbarExpectTx(uint64_t* bar, uint32_t tx_bytes);
 void MbarWait(uint64_t* bar, int parity);
 void TmaLoad4d(void* smem_dst, const TensorMap* map, int c0, int c1, int c2, int c3, uint64_t* bar);
 // bar.sync (`wait`) or bar.arrive on barrier `id` (1..15) of `threads` threads (a multiple of 32).

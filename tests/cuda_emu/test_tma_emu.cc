@@ -494,6 +494,90 @@ TEST(EmuTma, ProducerConsumerRingUnderEverySchedule) {
   }
 }
 
+// The TMA backward's producer warp: lane 0 announces a tile's bytes without arriving
+// (mbar_expect_tx) and issues the copy, then every lane of the warp stores a value of its own
+// beside the tile and arrives (32 arrivals a phase). The consumers see the tile and all 32 values
+// under every schedule. Announcing after the warp's arrivals instead lets the phase complete on
+// the arrivals alone: under some schedule the consumers then read the stage before the copy is
+// even issued.
+struct SideBySide {
+  float mismatches = 0, checked = 0;
+  std::string error;
+};
+SideBySide RunSideBySide(const Qkv& t, const TensorMap& map, bool announce_late) {
+  SideBySide r;
+  r.error = ErrorOf([&] {
+    Launch(Dim3{1}, Dim3{64}, kRingStages * kRingBytes + 1024 + 256, [&] {
+      STRIA_DYNAMIC_SMEM(smem_raw);
+      unsigned char* stages = AlignToSwizzleAtom(smem_raw);
+      float* side = reinterpret_cast<float*>(stages + kRingStages * kRingBytes);  // [stage][32]
+      uint64_t* full = reinterpret_cast<uint64_t*>(side + kRingStages * 32);
+      uint64_t* empty = full + kRingStages;
+      const int tid = static_cast<int>(threadIdx.x), lane = lane_id();
+      if (tid == 0) {
+        for (int st = 0; st < kRingStages; ++st) {
+          mbar_init(&full[st], 32);
+          mbar_init(&empty[st], 32);
+        }
+        fence_barrier_init();
+      }
+      block_sync();
+      for (int n = 0; n < kRingTiles; ++n) {
+        const int st = n % kRingStages, parity = (n / kRingStages) & 1;
+        if (warp_id() == 0) {
+          mbar_wait(&empty[st], parity ^ 1);
+          auto copy = [&] {
+            mbar_expect_tx(&full[st], kRingBytes);
+            tma_load_4d(stages + st * kRingBytes, &map, 0, 0, kRingRows * n, 0, &full[st]);
+          };
+          side[32 * st + lane] = static_cast<float>(100 * n + lane);
+          if (!announce_late) {
+            if (lane == 0) copy();
+            mbar_arrive(&full[st]);
+          } else {
+            // The warp's lanes arrive together, as one instruction of a converged warp does on
+            // the GPU (here: lane 0 after the others), and lane 0 announces after.
+            if (lane != 0) mbar_arrive(&full[st]);
+            warp_sync();
+            if (lane == 0) {
+              mbar_arrive(&full[st]);
+              copy();
+            }
+          }
+          continue;
+        }
+        mbar_wait(&full[st], parity);
+        const unsigned char* tile = stages + st * kRingBytes;
+        for (int i = lane; i < kRingRows * 64; i += 32) {
+          uint16_t v;
+          std::memcpy(&v, tile + SwizzledOffset(kRingRows, i / 64, i % 64), 2);
+          r.mismatches += v != t.At(0, kRingRows * n + i / 64, 0, i % 64) ? 1.f : 0.f;
+        }
+        r.mismatches += side[32 * st + lane] != static_cast<float>(100 * n + lane) ? 1.f : 0.f;
+        r.checked += 1.f;
+        mbar_arrive(&empty[st]);
+      }
+    });
+  });
+  return r;
+}
+
+TEST(EmuTma, BytesAnnouncedBeforeTheWarpsArrivals) {
+  const Qkv t(1, kRingRows * kRingTiles, 1, 64);
+  const TensorMap map = t.Map(kRingRows);
+  bool late_caught = false;
+  for (const NamedSchedule& s : kSchedules) {
+    ScopedSchedule scope(s.schedule, s.seed);
+    const SideBySide ok = RunSideBySide(t, map, false);
+    EXPECT_EQ(ok.error, "(no error)") << s.name;
+    EXPECT_EQ(ok.mismatches, 0.f) << s.name;
+    EXPECT_EQ(ok.checked, 32.f * kRingTiles) << s.name;
+    const SideBySide late = RunSideBySide(t, map, true);
+    late_caught = late_caught || late.error != "(no error)" || late.mismatches > 0;
+  }
+  EXPECT_TRUE(late_caught) << "bytes announced after the arrivals passed under every schedule";
+}
+
 // A consumer that releases a stage and then reads it again (its mbar_arrive on empty too early)
 // reads the next tile under the schedule that gives the producer priority: the thread whose
 // arrival completes the phase lets the producer run at once, which loads the next tile over the
