@@ -140,8 +140,21 @@ STRIA_DEVICE void trap() {
 STRIA_DEVICE void release_count(int* counter) {
   asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
 }
+// a / b with the special-function unit's reciprocal (__fdividef: within 2 ulp for |b| below
+// 2^126), where the / of a build without fast math is a correctly rounded division with a slow path.
+STRIA_DEVICE float fast_div(float a, float b) {
+  return __fdividef(a, b);
+}
+// 2^x as the special-function unit gives it, denormal results flushed to 0
+// (ex2.approx.ftz.f32: one MUFU.EX2, what --use_fast_math makes of exp2f). exp2f without fast
+// math guards results below 2^-126 with a compare, a predicate and two multiplies around each
+// exponential: four more instructions beside every score of a softmax, whose issue slots are
+// what the tensor cores wait for. A probability below 2^-126 is 0 to every sum the kernels make.
+// Relative error about 2^-22; -inf gives 0, NaN stays NaN.
 STRIA_DEVICE float fast_exp2(float x) {
-  return exp2f(x);
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 // 16-bit conversions (round to nearest even), storage as uint16_t.

@@ -9,6 +9,12 @@
 // (the kernels' scores and the forward's online softmax, measured beside the same kernels without
 // it). The per-element form (Log2Score) stays for the SIMT and decode kernels, whose loops are not
 // unrolled across elements.
+//
+// The tensor-core kernels' forms (Log2ScoreOf) take tanh as a rational function (RationalTanh),
+// for the same reason: tanhf branches inside too, around two exponentials, which with the
+// softmax's own exponential made three special-function results a score, half again the tensor
+// cores' time for a forward tile at head dim 128. The SIMT and decode kernels' form (Log2Score)
+// keeps tanhf.
 #pragma once
 
 #include "cuda/device_api.cuh"
@@ -16,6 +22,25 @@
 
 namespace stria {
 namespace cuda {
+
+// tanh(x) without a branch and with one special-function result (a reciprocal): x·N(x²)/D(x²) with
+// N and D of degree 4 in x², both 1 at 0 (small x keep their relative precision), fitted to tanh on
+// [-9, 9] for the least largest absolute error (scripts/fit_rational_tanh.py), x clamped to that
+// interval (tanh(9) rounds to 1 in float). Within 4e-7 of tanh everywhere, absolute and relative
+// (a few float ulps near 1); a NaN passes through the clamp's comparison. The one-instruction
+// alternative, tanh.approx.f32 (relative error up to 2^-11; FlashAttention-2 and -3 cap with it),
+// moves a logit near a cap of 30 by up to 0.015: the kernels' test with such logits
+// (softcap_near_the_cap) passes with a tanh of that error and fails with one of 2^-10, too thin a
+// margin for the 2e-2 bar.
+STRIA_DEVICE float RationalTanh(float x) {
+  constexpr float kClamp = 9.f;
+  const float c = fabsf(x) > kClamp ? copysignf(kClamp, x) : x, u = c * c;
+  const float num =
+      (((1.333802757e-08f * u + 2.059610597e-05f) * u + 3.494762117e-03f) * u + 1.338032186e-01f) * u + 1.f;
+  const float den =
+      (((7.769457966e-07f * u + 3.284308768e-04f) * u + 2.587380819e-02f) * u + 4.671363831e-01f) * u + 1.f;
+  return fast_div(c * num, den);
+}
 
 // The raw score q·k in the log2 domain: scale·log2(e)·s, or capped.
 STRIA_DEVICE float Log2Score(float s, float scale_log2, const Softcap& c) {
@@ -55,7 +80,7 @@ STRIA_DEVICE void WithSoftcap(const Softcap& c, F&& f) {
 template <bool kCapped>
 STRIA_DEVICE float Log2ScoreOf(float s, float scale_log2, const Softcap& c) {
   if constexpr (kCapped) {
-    return c.cap_log2 * tanhf(s * c.cap_in);
+    return c.cap_log2 * RationalTanh(s * c.cap_in);
   } else {
     (void)c;
     return s * scale_log2;
@@ -67,7 +92,7 @@ STRIA_DEVICE float Log2ScoreOf(float s, float scale_log2, const Softcap& c) {
 template <bool kCapped>
 STRIA_DEVICE float Log2ScoreOf(float s, float scale_log2, const Softcap& c, float* slope) {
   if constexpr (kCapped) {
-    const float t = tanhf(s * c.cap_in);
+    const float t = RationalTanh(s * c.cap_in);
     *slope = 1.f - t * t;
     return c.cap_log2 * t;
   } else {

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <type_traits>
 
 #if !defined(STRIA_CUDA_EMULATE)
@@ -315,8 +316,13 @@ inline void release_count(int* counter) {
 inline void trap() {
   emu::detail::Trapped();
 }
+inline float fast_div(float a, float b) {
+  return a / b;
+}
+// As the GPU's ex2.approx.ftz.f32: results below the smallest normal float flush to 0.
 inline float fast_exp2(float x) {
-  return std::exp2(x);
+  const float y = std::exp2(x);
+  return y < std::numeric_limits<float>::min() ? 0.f : y;
 }
 
 template <typename T>

@@ -50,6 +50,7 @@ struct Case {
   int B, L, Hq, Hkv, D;
   std::vector<Block> blocks;
   float softcap = 0.f;  // > 0: logit softcapping (softcap.cuh)
+  double q_std = 1.0;   // the spread of Q's random values (scores grow with it)
   // The heads of a group whose CTAs start together (CtaSlotAt; a launcher sizes groups by the L2,
   // head_groups.cuh); 0: every head at once. The tensor-core kernels' order of CTAs and of a
   // persistent kernel's work items.
@@ -280,7 +281,7 @@ void RunCase(const Case& c) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   std::mt19937_64 rng(c.L * 31 + c.D);
   Tensor q({B, L, Hq, D}, c.dt), dout({B, L, Hq, D}, c.dt);
-  q.FillRandom(rng);
+  q.FillRandom(rng, c.q_std);
   dout.FillRandom(rng);
   std::vector<Tensor> ks, vs;
   for (const Block& blk : c.blocks) {
@@ -596,6 +597,16 @@ std::vector<Case> Cases() {
       capped.softcap = 2.f;
       cs.push_back(capped);
     }
+  // Gemma 2's cap of 30 with scores of tens (Q's values spread 40 times wider): most capped logits
+  // sit near the cap, where the tensor-core kernels' tanh (the special-function unit's, emulated
+  // at its documented precision) errs most.
+  for (Path path : {Path::kMma, Path::kWgmma, Path::kTma, Path::kTmaThree}) {
+    const int D = path == Path::kTmaThree ? 64 : 128;
+    Case capped{"softcap_near_the_cap", Dt::kBF16, path, 1, 150, 2, 1, D, {{Diagonal(150, 0), 27}, {Dense(150), 28}}};
+    capped.softcap = 30.f;
+    capped.q_std = 40.0;
+    cs.push_back(capped);
+  }
   // Head dim 256 on every family (the Hopper forwards' 64-key tiles, o of 128 floats a thread;
   // mma.sync's forward with a warp per 16 rows): four key tiles a CTA (the K/V buffers and stages
   // wrap twice), causal offsets, GQA, two CTAs over two batch rows, softcap, idle CTAs of a last
@@ -694,6 +705,25 @@ std::vector<Case> RandomCases() {
   return cs;
 }
 INSTANTIATE_TEST_SUITE_P(Random, KernelsVsReference, ::testing::ValuesIn(RandomCases()), Name);
+
+// The tensor-core kernels' tanh (softcap.cuh): within 4e-7 of tanh, absolute and relative, over
+// every float step of 1e-5 in [-20, 20] (past the clamp at 9 too), odd, and NaN through.
+TEST(Softcap, RationalTanhWithinFloatPrecision) {
+  double worst_abs = 0, worst_rel = 0;
+  for (int i = -2000000; i <= 2000000; ++i) {
+    const float x = static_cast<float>(i) * 1e-5f;
+    const double t = sc::RationalTanh(x), ref = std::tanh(static_cast<double>(x));
+    worst_abs = std::max(worst_abs, std::fabs(t - ref));
+    if (x != 0.f) worst_rel = std::max(worst_rel, std::fabs(t - ref) / std::fabs(ref));
+    ASSERT_EQ(sc::RationalTanh(-x), -sc::RationalTanh(x)) << x;
+  }
+  EXPECT_LE(worst_abs, 4e-7);
+  EXPECT_LE(worst_rel, 4e-7);
+  EXPECT_EQ(sc::RationalTanh(1e-30f), 1e-30f);
+  EXPECT_NEAR(sc::RationalTanh(std::numeric_limits<float>::infinity()), 1.f, 4e-7f);
+  EXPECT_NEAR(sc::RationalTanh(-std::numeric_limits<float>::infinity()), -1.f, 4e-7f);
+  EXPECT_TRUE(std::isnan(sc::RationalTanh(std::numeric_limits<float>::quiet_NaN())));
+}
 
 // The ordered dQ's links (ordered_dq.cuh): every query tile a backward CTA walks (QueryTilesOf) is
 // linked to its key tile, or its adds would never be admitted; and the key tiles linked to a query

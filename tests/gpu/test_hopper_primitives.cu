@@ -13,7 +13,9 @@
 //    256 backward issues it; S at N 32 and P V at D 256 through the forward's own helpers;
 //  - the FP8 (e4m3) products: S = Q K^T with both operands K-major, and O += P V with P packed
 //    from the accumulator layout into e4m3 A fragments (PackPE4m3) against V transposed with its
-//    keys in E4m3PvKey's order, which checks the register fragment layout the packing assumes.
+//    keys in E4m3PvKey's order, which checks the register fragment layout the packing assumes;
+//  - the softmax's special-function forms: fast_exp2 (ex2.approx.ftz: results below 2^-126 flush
+//    to 0, as the emulator models it) and the softcap's RationalTanh (with __fdividef).
 // Each product is checked element by element, in the accumulator layout the kernels assume,
 // against a double-precision product of the same bf16 values.
 //
@@ -25,10 +27,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "cuda/softcap.cuh"
 #include "cuda/tma_api.cuh"
 #include "cuda/wgmma_forward.cuh"
 #include "cuda/wgmma_fp8.cuh"
@@ -128,6 +132,14 @@ STRIA_DEVICE void StoreSwizzled(unsigned char* tile, const uint16_t* src, int ro
   for (int x = static_cast<int>(threadIdx.x); x < rows * cols; x += static_cast<int>(blockDim.x)) {
     const int r = x / cols, c = x % cols;
     *reinterpret_cast<uint16_t*>(tile + sc::SwizzledOffset(rows, r, c)) = src[x];
+  }
+}
+
+// fast_exp2 and RationalTanh of each x, as the kernels' softmax and softcap take them.
+STRIA_GLOBAL void SpecialFunctionsKernel(const float* x, int n, float* exp2_out, float* tanh_out) {
+  for (int i = static_cast<int>(threadIdx.x); i < n; i += static_cast<int>(blockDim.x)) {
+    exp2_out[i] = sc::fast_exp2(x[i]);
+    tanh_out[i] = sc::RationalTanh(x[i]);
   }
 }
 
@@ -380,6 +392,45 @@ TEST(HopperTma, BoxLandsInTheSwizzleAndZeroFillsPastTheEnd) {
       const uint16_t at = got[static_cast<size_t>(sc::SwizzledOffset(kBoxRows, r, c) / 2)];
       if (at != want && ++bad <= 5) ADD_FAILURE() << "row " << r << " col " << c << ": " << at << " != " << want;
     }
+  EXPECT_EQ(bad, 0);
+}
+
+// The special-function forms against double precision: 2^x within 2^-21 relative where the result
+// is at least 2^-125, 0 where it is below 2^-127 (flushed), 1 at 0, 0 at -inf, NaN at NaN; tanh
+// within 6e-7 (the fit's 4e-7 and the reciprocal's 2 ulp), odd, NaN at NaN.
+TEST(HopperSpecialFunctions, ExponentialAndTanhAsTheKernelsTakeThem) {
+  REQUIRE_HOPPER();
+  std::vector<float> x;
+  for (int i = -3000; i <= 3000; ++i) x.push_back(static_cast<float>(i) * 0.0071f);   // tanh's range and past
+  for (int i = 0; i <= 260; ++i) x.push_back(-130.f + static_cast<float>(i) * 0.5f);  // 2^x down to the flush
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  x.insert(x.end(), {0.f, -0.f, 1e-30f, -inf, inf, nan});
+  const int n = static_cast<int>(x.size());
+  Dev dx(x), de(size_t{4} * n), dt(size_t{4} * n);
+  CUDA_OK(STRIA_LAUNCH(SpecialFunctionsKernel, 1, 256, 0, kDefaultStream)(dx.as<float>(), n, de.as<float>(),
+                                                                          dt.as<float>()));
+  CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<float> e = ToHost<float>(de, n), t = ToHost<float>(dt, n);
+  int bad = 0;
+  for (int i = 0; i < n; ++i) {
+    const double xi = x[i], want_e = std::exp2(xi), want_t = std::tanh(xi);
+    bool ok_e, ok_t;
+    if (std::isnan(xi)) {
+      ok_e = std::isnan(e[i]);
+      ok_t = std::isnan(t[i]);
+    } else {
+      if (want_e >= std::ldexp(1.0, -125))
+        ok_e = std::fabs(e[i] - want_e) <= std::ldexp(want_e, -21) || (std::isinf(want_e) && e[i] == inf);
+      else if (want_e < std::ldexp(1.0, -127))
+        ok_e = e[i] == 0.f;
+      else
+        ok_e = e[i] == 0.f || std::fabs(e[i] - want_e) <= std::ldexp(want_e, -21);  // the flush's edge
+      ok_t = std::fabs(t[i] - want_t) <= 6e-7;
+    }
+    if ((!ok_e || !ok_t) && ++bad <= 8)
+      ADD_FAILURE() << "x " << xi << ": fast_exp2 " << e[i] << " (2^x " << want_e << "), RationalTanh " << t[i]
+                    << " (tanh " << want_t << ")";
+  }
   EXPECT_EQ(bad, 0);
 }
 
