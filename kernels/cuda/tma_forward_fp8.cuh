@@ -63,19 +63,17 @@ inline bool Fp8ForwardParams(const FwdParams& p, const float* q_descale, int q_s
 // S = Q K^T in e4m3 for one warpgroup's 64 rows of Q (from row 64 group) against a 128-key tile:
 // four products of K 32, each 32 bytes further along the swizzled rows.
 STRIA_DEVICE void IssueScoresE4m3(float (&s)[64], uint32_t q_addr, uint32_t k_addr, int group) {
+  const uint64_t qa = SwizzledDesc(q_addr + 64 * group * kSwizzleBytes, 16, kSwizzleAtomBytes);
+  const uint64_t kb = SwizzledDesc(k_addr, 16, kSwizzleAtomBytes);
   STRIA_UNROLL
-  for (int kk = 0; kk < 4; ++kk) {
-    const uint64_t qa = SwizzledDesc(q_addr + 64 * group * kSwizzleBytes + 32 * kk, 16, kSwizzleAtomBytes);
-    const uint64_t kb = SwizzledDesc(k_addr + 32 * kk, 16, kSwizzleAtomBytes);
-    wgmma_ss_e4m3<128>(s, qa, kb, kk > 0);
-  }
+  for (int kk = 0; kk < 4; ++kk) wgmma_ss_e4m3<128>(s, DescPlus(qa, 32 * kk), DescPlus(kb, 32 * kk), kk > 0);
   wgmma_commit();
 }
 // O += P V: P's e4m3 fragments against the Vt tile (128 rows of d, 128 keys each).
 STRIA_DEVICE void IssuePVE4m3(float (&o)[64], const uint32_t (&pa)[4][4], uint32_t vt_addr) {
+  const uint64_t vt = SwizzledDesc(vt_addr, 16, kSwizzleAtomBytes);
   STRIA_UNROLL
-  for (int kk = 0; kk < 4; ++kk)
-    wgmma_rs_e4m3<128>(o, pa[kk], SwizzledDesc(vt_addr + 32 * kk, 16, kSwizzleAtomBytes), true);
+  for (int kk = 0; kk < 4; ++kk) wgmma_rs_e4m3<128>(o, pa[kk], DescPlus(vt, 32 * kk), true);
   wgmma_commit();
 }
 #endif

@@ -59,16 +59,40 @@ STRIA_DEVICE void StoreKeyGrads(const BwdParams& p, int b, int hk, const int64_t
 // column block cb (at `k_addr`) read MN-major.
 template <typename T, int kN>
 STRIA_DEVICE void IssueDsK(float (&dq)[32], uint32_t ds_addr, uint32_t k_addr, int qb, int cb) {
+  const uint64_t da = SwizzledDesc(ds_addr + qb * kN * kSwizzleBytes, kN * kSwizzleBytes, kSwizzleAtomBytes);
+  const uint64_t db = SwizzledDesc(k_addr + cb * kN * kSwizzleBytes, kN * kSwizzleBytes, kSwizzleAtomBytes);
   wgmma_fence();
   STRIA_UNROLL
-  for (int kk = 0; kk < kN / 16; ++kk) {
-    const uint64_t da = SwizzledDesc(ds_addr + qb * kN * kSwizzleBytes + kk * 16 * kSwizzleBytes, kN * kSwizzleBytes,
-                                     kSwizzleAtomBytes);
-    const uint64_t db =
-        SwizzledDesc(k_addr + cb * kN * kSwizzleBytes + kk * 16 * kSwizzleBytes, kN * kSwizzleBytes, kSwizzleAtomBytes);
-    wgmma_ss_tt<T, 64>(dq, da, db, kk > 0);
-  }
+  for (int kk = 0; kk < kN / 16; ++kk)
+    wgmma_ss_tt<T, 64>(dq, DescPlus(da, kk * 16 * kSwizzleBytes), DescPlus(db, kk * 16 * kSwizzleBytes), kk > 0);
   wgmma_commit();
+}
+
+// Whether every (query, key) pair of a warpgroup's tile is visible, as a type: BackwardStep's score
+// loops are compiled once with the element mask and once without (WithWholeTile), as WithSoftcap
+// compiles them with and without the cap, the test made once per tile. Under a causal mask all but
+// the tiles on the diagonal are whole, and the mask's two comparisons and select a score, in both
+// the P^T and the dS^T pass, were about a tenth of a step's instructions (sm_90a SASS, D 128).
+template <bool kWhole>
+struct WholeTag {
+  static constexpr bool kAll = kWhole;
+};
+template <typename F>
+STRIA_DEVICE void WithWholeTile(bool whole, F&& f) {
+  if (whole)
+    f(WholeTag<true>{});
+  else
+    f(WholeTag<false>{});
+}
+
+// A thread's lse2 (or delta) values for accumulator elements i .. i + 3 (i a multiple of 4) of a
+// 64-key tile: queries 8 (i / 4) + 2 t4 and the next (both of the thread's keys take the pair), in
+// one 8-byte shared-memory load where each element used to load its own.
+struct alignas(8) QueryPair {
+  float lo, hi;
+};
+STRIA_DEVICE QueryPair QueryPairOf(const float* rows, int i, int t4) {
+  return *reinterpret_cast<const QueryPair*>(rows + 8 * (i >> 2) + 2 * t4);
 }
 
 // One query tile of a backward CTA, for warpgroup `wg` (keys j0 + 64 wg ..): S^T and dP^T, P^T and
@@ -106,14 +130,14 @@ STRIA_DEVICE void BackwardStep(const BwdParams& p, const MaskArgs& mask, int64_t
   // S^T = K Q^T, then dP^T = V dO^T (A: this warpgroup's 64 keys, B: the tile's queries, both
   // K-major), in two groups, so that P^T's exponentials run while the tensor cores compute dP^T.
   auto issue_scores = [&](float(&acc)[kM / 2], uint32_t a_addr, uint32_t b_addr) {
+    const uint64_t a0 = SwizzledDesc(a_addr + 64 * wg * kSwizzleBytes, 16, kSwizzleAtomBytes);
+    const uint64_t b0 = SwizzledDesc(b_addr, 16, kSwizzleAtomBytes);
     STRIA_UNROLL
     for (int kk = 0; kk < D / 16; ++kk) {
       // Column block kk / 4 (64 values: rows x 128 bytes), then 32 bytes per 16 columns.
       const uint32_t kcol = static_cast<uint32_t>((kk & 3) * 32);
-      const uint32_t a_at = (kk >> 2) * kN * kSwizzleBytes + 64 * wg * kSwizzleBytes + kcol;
-      const uint32_t b_at = (kk >> 2) * kM * kSwizzleBytes + kcol;
-      wgmma_ss<T, kM>(acc, SwizzledDesc(a_addr + a_at, 16, kSwizzleAtomBytes),
-                      SwizzledDesc(b_addr + b_at, 16, kSwizzleAtomBytes), kk > 0);
+      wgmma_ss<T, kM>(acc, DescPlus(a0, (kk >> 2) * kN * kSwizzleBytes + kcol),
+                      DescPlus(b0, (kk >> 2) * kM * kSwizzleBytes + kcol), kk > 0);
     }
     wgmma_commit();
   };
@@ -124,13 +148,17 @@ STRIA_DEVICE void BackwardStep(const BwdParams& p, const MaskArgs& mask, int64_t
   // The queries of this tile that see each of this thread's two keys (all of them unless the
   // tile needs the element mask): one window per key, two comparisons per element. Computed while
   // the products run.
+  const bool whole = FullyVisible<kDocs>(mask, i0, i0 + kM, j0 + 64 * wg, j0 + 64 * wg + 64);
   Window seen[2] = {Window{0, kM}, Window{0, kM}};
-  if (!FullyVisible<kDocs>(mask, i0, i0 + kM, j0 + 64 * wg, j0 + 64 * wg + 64)) {
+  if (!whole) {
     for (int e = 0; e < 2; ++e) seen[e] = SeeingQueries<kDocs>(mask, key[e], i0, kM);
   }
-  // Accumulator element i: query column qi of this thread's key (i & 3) >> 1.
-  auto query_of = [&](int i) { return 8 * (i >> 2) + 2 * t4 + (i & 1); };
-  auto visible = [&](int i) { return In(seen[(i & 3) >> 1], query_of(i)); };
+  // Accumulator element i: query column 8 (i >> 2) + 2 t4 + (i & 1) of this thread's key
+  // (i & 3) >> 1; in a whole tile (WholeTag) every one is visible.
+  auto visible = [&](auto all, int i) {
+    return decltype(all)::kAll || In(seen[(i & 3) >> 1], 8 * (i >> 2) + 2 * t4 + (i & 1));
+  };
+  const float scale_log2 = p.scale_log2;
 
   // P^T in place while the tensor cores compute dP^T. With a softcap, P^T and the slope its dS^T
   // needs are computed together once dP^T is in (keeping the slopes across the wait would cost a
@@ -139,8 +167,15 @@ STRIA_DEVICE void BackwardStep(const BwdParams& p, const MaskArgs& mask, int64_t
   wgmma_fence_operand(sT);
   WithSoftcap(p.softcap, [&](auto cap) {  // the test once per tile (softcap.cuh)
     if constexpr (!decltype(cap)::kCapped) {
-      STRIA_UNROLL
-      for (int i = 0; i < kM / 2; ++i) sT[i] = visible(i) ? fast_exp2(sT[i] * p.scale_log2 - lse2[query_of(i)]) : 0.f;
+      WithWholeTile(whole, [&](auto all) {
+        STRIA_UNROLL
+        for (int i = 0; i < kM / 2; i += 4) {
+          const QueryPair l = QueryPairOf(lse2, i, t4);
+          STRIA_UNROLL
+          for (int c = 0; c < 4; ++c)
+            sT[i + c] = visible(all, i + c) ? fast_exp2(sT[i + c] * scale_log2 - (c & 1 ? l.hi : l.lo)) : 0.f;
+        }
+      });
     }
   });
   wgmma_wait<0>();  // dP^T
@@ -155,24 +190,34 @@ STRIA_DEVICE void BackwardStep(const BwdParams& p, const MaskArgs& mask, int64_t
   uint32_t pa[kM / 16][4], sa[kM / 16][4];
   WithSoftcap(p.softcap, [&](auto cap) {
     constexpr bool kCapped = decltype(cap)::kCapped;
-    STRIA_UNROLL
-    for (int kq = 0; kq < kM / 16; ++kq) {
+    WithWholeTile(whole, [&](auto all) {
       STRIA_UNROLL
-      for (int i = 8 * kq; i < 8 * kq + 8; ++i) {
-        const bool vis = visible(i);
-        float slope = 1.f;
-        if constexpr (kCapped)
-          sT[i] = vis ? fast_exp2(Log2ScoreOf<true>(sT[i], p.scale_log2, p.softcap, &slope) - lse2[query_of(i)]) : 0.f;
-        dpT[i] = vis ? sT[i] * (dpT[i] - delta[query_of(i)]) * slope : 0.f;
+      for (int kq = 0; kq < kM / 16; ++kq) {
+        STRIA_UNROLL
+        for (int i = 8 * kq; i < 8 * kq + 8; i += 4) {
+          const QueryPair dl = QueryPairOf(delta, i, t4);
+          const QueryPair l = kCapped ? QueryPairOf(lse2, i, t4) : QueryPair{};
+          (void)l;  // read only with a cap
+          STRIA_UNROLL
+          for (int c = 0; c < 4; ++c) {
+            const bool vis = visible(all, i + c);
+            float slope = 1.f;
+            if constexpr (kCapped)
+              sT[i + c] =
+                  vis ? fast_exp2(Log2ScoreOf<true>(sT[i + c], scale_log2, p.softcap, &slope) - (c & 1 ? l.hi : l.lo))
+                      : 0.f;
+            dpT[i + c] = vis ? sT[i + c] * (dpT[i + c] - (c & 1 ? dl.hi : dl.lo)) * slope : 0.f;
+          }
+        }
+        STRIA_UNROLL
+        for (int i = 8 * kq; i < 8 * kq + 8; i += 2) {
+          const int col = 8 * (i >> 2) + 2 * t4, row = row0 + 8 * ((i & 3) >> 1);
+          if (kDq) *reinterpret_cast<uint32_t*>(dss + SwizzledOffset(kN, row, col)) = pack2<T>(dpT[i], dpT[i + 1]);
+        }
+        AccToA<T>(pa[kq], sT + 8 * kq, sT + 8 * kq + 4);
+        AccToA<T>(sa[kq], dpT + 8 * kq, dpT + 8 * kq + 4);
       }
-      STRIA_UNROLL
-      for (int i = 8 * kq; i < 8 * kq + 8; i += 2) {
-        const int col = 8 * (i >> 2) + 2 * t4, row = row0 + 8 * ((i & 3) >> 1);
-        if (kDq) *reinterpret_cast<uint32_t*>(dss + SwizzledOffset(kN, row, col)) = pack2<T>(dpT[i], dpT[i + 1]);
-      }
-      AccToA<T>(pa[kq], sT + 8 * kq, sT + 8 * kq + 4);
-      AccToA<T>(sa[kq], dpT + 8 * kq, dpT + 8 * kq + 4);
-    }
+    });
   });
   wgmma_fence_operand(pa);
   wgmma_fence_operand(sa);
@@ -181,20 +226,18 @@ STRIA_DEVICE void BackwardStep(const BwdParams& p, const MaskArgs& mask, int64_t
 
   // dV += P^T dO (B: dO read MN-major; queries 16 kq.. are rows 16 kq.. of dO, 2048 bytes per 16
   // rows; LBO: the next 64 head-dim columns): it runs while the warpgroups meet over dS^T.
+  const uint64_t do_desc = SwizzledDesc(do_addr, kM * kSwizzleBytes, kSwizzleAtomBytes);
   wgmma_fence();
   STRIA_UNROLL
-  for (int kq = 0; kq < kM / 16; ++kq)
-    wgmma_rs_tb<T, D>(dv, pa[kq],
-                      SwizzledDesc(do_addr + kq * 16 * kSwizzleBytes, kM * kSwizzleBytes, kSwizzleAtomBytes), true);
+  for (int kq = 0; kq < kM / 16; ++kq) wgmma_rs_tb<T, D>(dv, pa[kq], DescPlus(do_desc, kq * 16 * kSwizzleBytes), true);
   wgmma_commit();
 
   // dK += dS^T Q (B: Q read MN-major, as dO above).
   auto issue_dk = [&] {
+    const uint64_t q_desc = SwizzledDesc(q_addr, kM * kSwizzleBytes, kSwizzleAtomBytes);
     wgmma_fence();
     STRIA_UNROLL
-    for (int kq = 0; kq < kM / 16; ++kq)
-      wgmma_rs_tb<T, D>(dk, sa[kq],
-                        SwizzledDesc(q_addr + kq * 16 * kSwizzleBytes, kM * kSwizzleBytes, kSwizzleAtomBytes), true);
+    for (int kq = 0; kq < kM / 16; ++kq) wgmma_rs_tb<T, D>(dk, sa[kq], DescPlus(q_desc, kq * 16 * kSwizzleBytes), true);
     wgmma_commit();
   };
   if (!kDq) {

@@ -110,14 +110,14 @@ STRIA_DEVICE void StoreWarpgroupRows(const FwdParams& p, int bh, int t4, const i
 // in the 128-byte swizzle.
 template <typename T, int D, int kM, int kN>
 STRIA_DEVICE void IssueScores(float (&s)[kN / 2], uint32_t q_addr, uint32_t k_addr, int group) {
+  const uint64_t qa = SwizzledDesc(q_addr + 64 * group * kSwizzleBytes, 16, kSwizzleAtomBytes);
+  const uint64_t kb = SwizzledDesc(k_addr, 16, kSwizzleAtomBytes);
   STRIA_UNROLL
   for (int kk = 0; kk < D / 16; ++kk) {
     // Column block kk / 4 (64 values: kM or kN rows x 128 bytes), then 32 bytes per 16 columns.
     const uint32_t kcol = static_cast<uint32_t>((kk & 3) * 32);
-    const uint64_t qa = SwizzledDesc(q_addr + (kk >> 2) * kM * kSwizzleBytes + 64 * group * kSwizzleBytes + kcol, 16,
-                                     kSwizzleAtomBytes);
-    const uint64_t kb = SwizzledDesc(k_addr + (kk >> 2) * kN * kSwizzleBytes + kcol, 16, kSwizzleAtomBytes);
-    wgmma_ss<T, kN>(s, qa, kb, kk > 0);
+    wgmma_ss<T, kN>(s, DescPlus(qa, (kk >> 2) * kM * kSwizzleBytes + kcol),
+                    DescPlus(kb, (kk >> 2) * kN * kSwizzleBytes + kcol), kk > 0);
   }
   wgmma_commit();
 }
@@ -130,14 +130,14 @@ STRIA_DEVICE void IssueScores(float (&s)[kN / 2], uint32_t q_addr, uint32_t k_ad
 template <typename T, int D, int kN>
 STRIA_DEVICE void IssuePV(float (&o)[D / 2], const uint32_t (&pa)[kN / 16][4], uint32_t v_addr) {
   constexpr int kCols = D < 128 ? D : 128, kChunks = D / kCols;
+  const uint64_t v_desc = SwizzledDesc(v_addr, kN * kSwizzleBytes, kSwizzleAtomBytes);
   STRIA_UNROLL
   for (int kk = 0; kk < kN / 16; ++kk) {
     STRIA_UNROLL
     for (int c = 0; c < kChunks; ++c) {
       // Keys 16 kk.. are rows 16 kk.. of V: 2048 bytes per 16 rows; LBO: the next 64 columns;
       // columns kCols c.. start kCols / 64 column blocks in.
-      const uint32_t at = v_addr + (c * kCols / 64) * kN * kSwizzleBytes + kk * 16 * kSwizzleBytes;
-      const uint64_t db = SwizzledDesc(at, kN * kSwizzleBytes, kSwizzleAtomBytes);
+      const uint64_t db = DescPlus(v_desc, (c * kCols / 64) * kN * kSwizzleBytes + kk * 16 * kSwizzleBytes);
       wgmma_rs_tb<T, kCols>(*reinterpret_cast<float(*)[kCols / 2]>(o + c * kCols / 2), pa[kk], db, true);
     }
   }
