@@ -97,6 +97,13 @@ namespace cuda {
 STRIA_DEVICE uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
+// `x`, as a value the compiler cannot see through: what is computed from it is computed where the
+// call is, not hoisted out of the loop around it and held in registers across the loop (a
+// descriptor is two registers; where a kernel has none to spare, ptxas spills such values).
+STRIA_DEVICE uint32_t Opaque(uint32_t x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
 // Orders this thread's earlier register and shared-memory writes before later wgmma reads.
 STRIA_DEVICE void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");

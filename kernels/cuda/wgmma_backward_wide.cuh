@@ -55,17 +55,19 @@ STRIA_DEVICE void WideBackwardStep(const BwdParams& p, const MaskArgs& mask, int
 
   // S^T and dP^T: every key, this warpgroup's queries kQ wg.. (rows kQ wg.. of Q and dO, K-major B).
   float sT[kQ / 2], dpT[kQ / 2];
+  // The first k step's descriptors; each later one is a constant on (DescPlus).
+  const uint64_t k_desc = SwizzledDesc(k_addr, 16, kSwizzleAtomBytes),
+                 v_desc = SwizzledDesc(v_addr, 16, kSwizzleAtomBytes);
+  const uint64_t q_desc = SwizzledDesc(q_addr + kQ * wg * kSwizzleBytes, 16, kSwizzleAtomBytes);
+  const uint64_t do_desc = SwizzledDesc(do_addr + kQ * wg * kSwizzleBytes, 16, kSwizzleAtomBytes);
   wgmma_fence();
   STRIA_UNROLL
   for (int kk = 0; kk < D / 16; ++kk) {
     // Column block kk / 4 (64 values: rows x 128 bytes), then 32 bytes per 16 columns.
     const uint32_t kcol = static_cast<uint32_t>((kk & 3) * 32);
-    const uint32_t kv_at = (kk >> 2) * kN * kSwizzleBytes + kcol;
-    const uint32_t q_at = (kk >> 2) * kM * kSwizzleBytes + kQ * wg * kSwizzleBytes + kcol;
-    wgmma_ss<T, kQ>(sT, SwizzledDesc(k_addr + kv_at, 16, kSwizzleAtomBytes),
-                    SwizzledDesc(q_addr + q_at, 16, kSwizzleAtomBytes), kk > 0);
-    wgmma_ss<T, kQ>(dpT, SwizzledDesc(v_addr + kv_at, 16, kSwizzleAtomBytes),
-                    SwizzledDesc(do_addr + q_at, 16, kSwizzleAtomBytes), kk > 0);
+    const uint32_t kv_at = (kk >> 2) * kN * kSwizzleBytes + kcol, q_at = (kk >> 2) * kM * kSwizzleBytes + kcol;
+    wgmma_ss<T, kQ>(sT, DescPlus(k_desc, kv_at), DescPlus(q_desc, q_at), kk > 0);
+    wgmma_ss<T, kQ>(dpT, DescPlus(v_desc, kv_at), DescPlus(do_desc, q_at), kk > 0);
   }
   wgmma_commit();
   wgmma_wait<0>();
@@ -74,21 +76,31 @@ STRIA_DEVICE void WideBackwardStep(const BwdParams& p, const MaskArgs& mask, int
 
   // P^T and dS^T (accumulator element i: key row 16 warp + g + 8 ((i & 3) >> 1), query
   // kQ wg + 8 (i >> 2) + 2 t4 + (i & 1)) into shared memory, keys as rows.
+  // As BackwardStep: the mask compiled out of whole tiles, each query's lse2 and delta loaded once.
+  const bool whole = FullyVisible<kDocs>(mask, i0, i0 + kM, j0, j0 + kN);
   Window seen[2] = {Window{0, kM}, Window{0, kM}};
-  if (!FullyVisible<kDocs>(mask, i0, i0 + kM, j0, j0 + kN)) {
+  if (!whole) {
     for (int e = 0; e < 2; ++e) seen[e] = SeeingQueries<kDocs>(mask, key[e], i0, kM);
   }
   WithSoftcap(p.softcap, [&](auto cap) {  // the test once per tile (softcap.cuh)
     constexpr bool kCapped = decltype(cap)::kCapped;
-    STRIA_UNROLL
-    for (int i = 0; i < kQ / 2; ++i) {
-      const int qi = kQ * wg + 8 * (i >> 2) + 2 * t4 + (i & 1);
-      const bool vis = In(seen[(i & 3) >> 1], qi);
-      float slope;
-      const float pr = vis ? fast_exp2(Log2ScoreOf<kCapped>(sT[i], p.scale_log2, p.softcap, &slope) - lse2[qi]) : 0.f;
-      sT[i] = pr;
-      dpT[i] = vis ? pr * (dpT[i] - delta[qi]) * slope : 0.f;
-    }
+    WithWholeTile(whole, [&](auto all) {
+      STRIA_UNROLL
+      for (int i = 0; i < kQ / 2; i += 4) {
+        const QueryPair l = QueryPairOf(lse2 + kQ * wg, i, t4), dl = QueryPairOf(delta + kQ * wg, i, t4);
+        STRIA_UNROLL
+        for (int c = 0; c < 4; ++c) {
+          const int qi = kQ * wg + 8 * (i >> 2) + 2 * t4 + (c & 1);
+          const bool vis = decltype(all)::kAll || In(seen[c >> 1], qi);
+          float slope;
+          const float pr =
+              vis ? fast_exp2(Log2ScoreOf<kCapped>(sT[i + c], p.scale_log2, p.softcap, &slope) - (c & 1 ? l.hi : l.lo))
+                  : 0.f;
+          sT[i + c] = pr;
+          dpT[i + c] = vis ? pr * (dpT[i + c] - (c & 1 ? dl.hi : dl.lo)) * slope : 0.f;
+        }
+      }
+    });
   });
   STRIA_UNROLL
   for (int i = 0; i < kQ / 2; i += 2) {
@@ -105,14 +117,16 @@ STRIA_DEVICE void WideBackwardStep(const BwdParams& p, const MaskArgs& mask, int
   const uint32_t col_at = (kCols * wg / 64) * kM * kSwizzleBytes;
   wgmma_fence_operand(dv);
   wgmma_fence_operand(dk);
+  const uint64_t pt_desc = SwizzledDesc(pt_addr, 16, kSwizzleAtomBytes),
+                 ds_desc = SwizzledDesc(ds_addr, 16, kSwizzleAtomBytes);
+  const uint64_t do_cols = SwizzledDesc(do_addr + col_at, kM * kSwizzleBytes, kSwizzleAtomBytes);
+  const uint64_t q_cols = SwizzledDesc(q_addr + col_at, kM * kSwizzleBytes, kSwizzleAtomBytes);
   wgmma_fence();
   STRIA_UNROLL
   for (int kq = 0; kq < kM / 16; ++kq) {
-    const uint32_t a_at = kq * 32, b_at = col_at + kq * 16 * kSwizzleBytes;
-    wgmma_ss_tb<T, kCols>(dv, SwizzledDesc(pt_addr + a_at, 16, kSwizzleAtomBytes),
-                          SwizzledDesc(do_addr + b_at, kM * kSwizzleBytes, kSwizzleAtomBytes), true);
-    wgmma_ss_tb<T, kCols>(dk, SwizzledDesc(ds_addr + a_at, 16, kSwizzleAtomBytes),
-                          SwizzledDesc(q_addr + b_at, kM * kSwizzleBytes, kSwizzleAtomBytes), true);
+    const uint32_t a_at = kq * 32, b_at = kq * 16 * kSwizzleBytes;
+    wgmma_ss_tb<T, kCols>(dv, DescPlus(pt_desc, a_at), DescPlus(do_cols, b_at), true);
+    wgmma_ss_tb<T, kCols>(dk, DescPlus(ds_desc, a_at), DescPlus(q_cols, b_at), true);
   }
   wgmma_commit();
   if constexpr (!kDq) {

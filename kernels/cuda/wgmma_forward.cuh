@@ -110,8 +110,10 @@ STRIA_DEVICE void StoreWarpgroupRows(const FwdParams& p, int bh, int t4, const i
 // in the 128-byte swizzle.
 template <typename T, int D, int kM, int kN>
 STRIA_DEVICE void IssueScores(float (&s)[kN / 2], uint32_t q_addr, uint32_t k_addr, int group) {
-  const uint64_t qa = SwizzledDesc(q_addr + 64 * group * kSwizzleBytes, 16, kSwizzleAtomBytes);
-  const uint64_t kb = SwizzledDesc(k_addr, 16, kSwizzleAtomBytes);
+  // Built here from opaque addresses, each call: hoisted out of the caller's loop they would hold
+  // four registers across it (Opaque).
+  const uint64_t qa = SwizzledDesc(Opaque(q_addr) + 64 * group * kSwizzleBytes, 16, kSwizzleAtomBytes);
+  const uint64_t kb = SwizzledDesc(Opaque(k_addr), 16, kSwizzleAtomBytes);
   STRIA_UNROLL
   for (int kk = 0; kk < D / 16; ++kk) {
     // Column block kk / 4 (64 values: kM or kN rows x 128 bytes), then 32 bytes per 16 columns.
@@ -130,7 +132,7 @@ STRIA_DEVICE void IssueScores(float (&s)[kN / 2], uint32_t q_addr, uint32_t k_ad
 template <typename T, int D, int kN>
 STRIA_DEVICE void IssuePV(float (&o)[D / 2], const uint32_t (&pa)[kN / 16][4], uint32_t v_addr) {
   constexpr int kCols = D < 128 ? D : 128, kChunks = D / kCols;
-  const uint64_t v_desc = SwizzledDesc(v_addr, kN * kSwizzleBytes, kSwizzleAtomBytes);
+  const uint64_t v_desc = SwizzledDesc(Opaque(v_addr), kN * kSwizzleBytes, kSwizzleAtomBytes);
   STRIA_UNROLL
   for (int kk = 0; kk < kN / 16; ++kk) {
     STRIA_UNROLL

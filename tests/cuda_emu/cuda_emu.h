@@ -382,6 +382,9 @@ inline void cp_async_wait() {
 inline uint32_t smem_addr(const void* p) {
   return emu::detail::SmemAddr(p);
 }
+inline uint32_t Opaque(uint32_t x) {
+  return x;
+}
 inline void wgmma_fence() {
   emu::detail::WgmmaFence();
 }
