@@ -56,7 +56,8 @@ def main():
     nonzero = x != 0
     print("N (powers 0-4 of x^2):", ", ".join("%.9ef" % v for v in num))
     print("D (powers 0-4 of x^2):", ", ".join("%.9ef" % v for v in den))
-    print("largest error in float32: absolute %.2e, relative %.2e" % (err.max(), (err[nonzero] / np.abs(ref[nonzero])).max()))
+    relative = (err[nonzero] / np.abs(ref[nonzero])).max()
+    print("largest error in float32: absolute %.2e, relative %.2e" % (err.max(), relative))
 
 
 if __name__ == "__main__":

@@ -4,9 +4,10 @@
 // producer warp as in the TMA forward (tma_forward.cuh):
 //  - K and V arrive once by TMA; each step's Q and dO tiles by TMA into two stages, with the
 //    step's lse2 and delta rows stored beside them by the producer warp's 32 lanes (loaded into
-//    registers before the wait for the stage), all of it published by the stage's "full" mbarrier (32 arrivals
-//    and the TMA bytes, announced before the copies); the consumers release a stage on its "empty" mbarrier once their
-//    dK and dV products, the last readers of Q and dO, have completed;
+//    registers before the wait for the stage), all of it published by the stage's "full"
+//    mbarrier (32 arrivals and the TMA bytes, announced before the copies); the consumers release
+//    a stage on its "empty" mbarrier once their dK and dV products, the last readers of Q and dO,
+//    have completed;
 //  - the two consumer warpgroups meet only where they exchange dS^T (a 256-thread named barrier
 //    before writing it, so the previous step's dQ products are done reading it, and one after, so
 //    both halves are in), never with the producer.
