@@ -118,10 +118,13 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(FwdTile<D>::kThreads) MmaForwardKernel(con
         }
       }
 
-      // Scaled scores; the element mask only in tiles that need it, each row's visible keys as
-      // one window (tile_mask.cuh), in a loop of its own so the other tiles pay nothing for it;
-      // likewise the softcap (softcap.cuh).
+      // The scores raw (uncapped) or capped in log2 units (RawOrCapped, softcap.cuh: the scale
+      // joins the exponential's multiply-add); the element mask only in tiles that need it, each
+      // row's visible keys as one window (tile_mask.cuh), in a loop of its own so the other tiles
+      // pay nothing for it; likewise the softcap, whose test takes in the whole softmax: with the
+      // exponential's factor a constant there, ptxas spills less (design/cuda.md).
       const bool element_mask = !FullyVisible<kDocs>(mask, wi0, wi1, j0, j0 + kN);
+      float alpha[kR];
       WithSoftcap(p.softcap, [&](auto cap) {
         constexpr bool kCapped = decltype(cap)::kCapped;
         if (element_mask) {
@@ -135,53 +138,54 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(FwdTile<D>::kThreads) MmaForwardKernel(con
               STRIA_UNROLL
               for (int c = 0; c < 4; ++c) {
                 const bool vis = In(w[2 * mt + (c >> 1)], nt * 8 + 2 * t4 + (c & 1));
-                s[mt][nt][c] = vis ? Log2ScoreOf<kCapped>(s[mt][nt][c], p.scale_log2, p.softcap) : NegInf();
+                s[mt][nt][c] = vis ? RawOrCapped<kCapped>(s[mt][nt][c], p.softcap) : NegInf();
               }
             }
           }
-        } else {
+        } else if constexpr (kCapped) {
           STRIA_UNROLL
           for (int mt = 0; mt < kMT; ++mt) {
             STRIA_UNROLL
             for (int nt = 0; nt < kNTiles; ++nt) {
               STRIA_UNROLL
-              for (int c = 0; c < 4; ++c) s[mt][nt][c] = Log2ScoreOf<kCapped>(s[mt][nt][c], p.scale_log2, p.softcap);
+              for (int c = 0; c < 4; ++c) s[mt][nt][c] = RawOrCapped<true>(s[mt][nt][c], p.softcap);
             }
           }
         }
-      });
-      float mx[kR];
-      STRIA_UNROLL
-      for (int r = 0; r < kR; ++r) mx[r] = NegInf();
-      STRIA_UNROLL
-      for (int mt = 0; mt < kMT; ++mt) {
+        const float in_log2 = kCapped ? 1.f : p.scale_log2;  // the factor into the log2 domain
+        float mx[kR];
         STRIA_UNROLL
-        for (int nt = 0; nt < kNTiles; ++nt) {
-          STRIA_UNROLL
-          for (int c = 0; c < 4; ++c) mx[2 * mt + (c >> 1)] = fmaxf(mx[2 * mt + (c >> 1)], s[mt][nt][c]);
-        }
-      }
-      float alpha[kR], base[kR];
-      STRIA_UNROLL
-      for (int r = 0; r < kR; ++r) alpha[r] = OnlineMaxStep(mx[r], &m_run[r], &base[r]);
-      float sum[kR];
-      STRIA_UNROLL
-      for (int r = 0; r < kR; ++r) sum[r] = 0.f;
-      STRIA_UNROLL
-      for (int mt = 0; mt < kMT; ++mt) {
+        for (int r = 0; r < kR; ++r) mx[r] = NegInf();
         STRIA_UNROLL
-        for (int nt = 0; nt < kNTiles; ++nt) {
+        for (int mt = 0; mt < kMT; ++mt) {
           STRIA_UNROLL
-          for (int c = 0; c < 4; ++c) {
-            const int r = 2 * mt + (c >> 1);
-            const float pv = fast_exp2(s[mt][nt][c] - base[r]);
-            s[mt][nt][c] = pv;
-            sum[r] += pv;
+          for (int nt = 0; nt < kNTiles; ++nt) {
+            STRIA_UNROLL
+            for (int c = 0; c < 4; ++c) mx[2 * mt + (c >> 1)] = fmaxf(mx[2 * mt + (c >> 1)], s[mt][nt][c]);
           }
         }
-      }
-      STRIA_UNROLL
-      for (int r = 0; r < kR; ++r) l_run[r] = l_run[r] * alpha[r] + sum[r];
+        float base[kR];
+        STRIA_UNROLL
+        for (int r = 0; r < kR; ++r) alpha[r] = OnlineMaxStep(mx[r] * in_log2, &m_run[r], &base[r]);
+        float sum[kR];
+        STRIA_UNROLL
+        for (int r = 0; r < kR; ++r) sum[r] = 0.f;
+        STRIA_UNROLL
+        for (int mt = 0; mt < kMT; ++mt) {
+          STRIA_UNROLL
+          for (int nt = 0; nt < kNTiles; ++nt) {
+            STRIA_UNROLL
+            for (int c = 0; c < 4; ++c) {
+              const int r = 2 * mt + (c >> 1);
+              const float pv = fast_exp2(fmaf(s[mt][nt][c], in_log2, -base[r]));
+              s[mt][nt][c] = pv;
+              sum[r] += pv;
+            }
+          }
+        }
+        STRIA_UNROLL
+        for (int r = 0; r < kR; ++r) l_run[r] = l_run[r] * alpha[r] + sum[r];
+      });
       STRIA_UNROLL
       for (int mt = 0; mt < kMT; ++mt) {
         STRIA_UNROLL

@@ -87,6 +87,24 @@ STRIA_DEVICE float Log2ScoreOf(float s, float scale_log2, const Softcap& c) {
   }
 }
 
+// The forwards' form, which keeps an uncapped score raw until its exponential (FlashAttention-3's
+// order): the row max is taken over these values and multiplied into the log2 domain, and each
+// probability is exp2(value · factor - that max), the factor's multiply inside the exponential's
+// multiply-add. Uncapped the value is the raw score and the factor the scale in log2 units, which
+// is positive (the ABI's validation of the softmax scale), so that the max of the raw scores,
+// scaled, is the max of the scaled ones; capped, the tanh needs the scaled score, so the value is
+// the capped score in log2 units already and the factor 1. One multiply a score fewer than
+// scaling each score first.
+template <bool kCapped>
+STRIA_DEVICE float RawOrCapped(float s, const Softcap& c) {
+  if constexpr (kCapped) {
+    return c.cap_log2 * RationalTanh(s * c.cap_in);
+  } else {
+    (void)c;
+    return s;
+  }
+}
+
 // Log2Score with the slope, the test made at compile time; without a cap the slope is 1, which the
 // compiler folds away.
 template <bool kCapped>

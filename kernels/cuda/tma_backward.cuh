@@ -153,6 +153,35 @@ STRIA_DEVICE void AddDqTile(const BwdParams& p, const float* dqs, uint64_t* dq_f
   bulk_wait_group_read<0>();  // the buffer has been read: the consumers may write it again
   mbar_arrive(&dq_empty[buf]);
 }
+
+// A consumer warpgroup's 64 x 64 block of a step's dQ (rows 64 qb.., columns 64 cb.. of the tile at
+// i0; the accumulator layout) into the bulk dQ's buffer `tile` ([kM][D] floats), for the dQ warp's
+// reduction. Rows outside the block's queries go in as zeros, so that a NaN or an infinity in K
+// that their zero dS met cannot reach rows the block does not own; the test is made once a tile
+// (most tiles lie wholly inside: no select a value there).
+template <int D, int kM>
+STRIA_DEVICE void StoreDqBlock(float* tile, const MaskArgs& launch_mask, int64_t i0, const float (&dq)[32], int qb,
+                               int cb) {
+  const int warp = (static_cast<int>(threadIdx.x) >> 5) & 3, lane = static_cast<int>(threadIdx.x) & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  auto store = [&](auto all) {
+    STRIA_UNROLL
+    for (int e = 0; e < 2; ++e) {
+      const int r = 64 * qb + 16 * warp + g + 8 * e;
+      const bool own = decltype(all)::kAll || (i0 + r >= launch_mask.q_begin && i0 + r < launch_mask.q_end);
+      STRIA_UNROLL
+      for (int nt = 0; nt < 8; ++nt) {
+        // One 8-byte store (the pair's address is 8-byte aligned).
+        struct alignas(8) Pair {
+          float lo, hi;
+        };
+        *reinterpret_cast<Pair*>(tile + r * D + 64 * cb + 8 * nt + 2 * t4) =
+            Pair{own ? dq[4 * nt + 2 * e] : 0.f, own ? dq[4 * nt + 2 * e + 1] : 0.f};
+      }
+    }
+  };
+  WithWholeTile(i0 >= launch_mask.q_begin && i0 + kM <= launch_mask.q_end, store);
+}
 #endif
 
 template <typename T, int D, bool kDocs = false, bool kDq = true, bool kBulkDq = false, bool kOrderedDq = false>
@@ -296,32 +325,17 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaBackwardKernel(const STRIA_GR
     const float* delta = deltas + st * kM;
 
     // The bulk dQ: this warpgroup's block of the tile into buffer s & 1 once the dQ warp has read
-    // what was there two steps ago; rows outside the block's queries as zeros, so that a NaN or an
-    // infinity in K that their zero dS met cannot reach rows the block does not own.
+    // what was there two steps ago.
     auto dq_to_buffer = [&](const float(&dq)[32], int qb, int cb) {
       const int buf = s & 1;
       mbar_wait(&dq_empty[buf], ((s >> 1) & 1) ^ 1);  // the first use of a buffer does not wait
-      float* tile = dqs + buf * kM * D;
-      STRIA_UNROLL
-      for (int e = 0; e < 2; ++e) {
-        const int r = 64 * qb + 16 * warp + g + 8 * e;
-        const bool own = i0 + r >= p.mask.q_begin && i0 + r < p.mask.q_end;
-        STRIA_UNROLL
-        for (int nt = 0; nt < 8; ++nt) {
-          // One 8-byte store (the pair's address is 8-byte aligned).
-          struct alignas(8) Pair {
-            float lo, hi;
-          };
-          *reinterpret_cast<Pair*>(tile + r * D + 64 * cb + 8 * nt + 2 * t4) =
-              Pair{own ? dq[4 * nt + 2 * e] : 0.f, own ? dq[4 * nt + 2 * e + 1] : 0.f};
-        }
-      }
+      StoreDqBlock<D, kM>(dqs + buf * kM * D, p.mask, i0, dq, qb, cb);
       fence_proxy_async();  // the stores, visible to the bulk reduction's reads
       mbar_arrive(&dq_full[buf]);
     };
     auto dq_atomics = [&](const float(&dq)[32], int qb, int cb) { AddDqAtomics<D>(p, bh, i0, dq, qb, cb); };
     auto step = [&](auto store_dq) {
-      BackwardStep<T, D, kM, kN, kDocs, kDq>(
+      BackwardStep<T, D, kM, kN, kDocs, kDq, !kOrderedDq>(
           p, mask, j0, cw, i0, k_addr, v_addr, q_addr, do_addr, dss + (s % Tile::kDsBuffers) * Tile::kDsBytes, lse2,
           delta, key, dk, dv,
           [&] {

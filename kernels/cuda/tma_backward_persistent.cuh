@@ -203,31 +203,17 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(384) WgmmaTmaPersistentBackwardKernel(cons
       const float* lse2 = lse2s + st * kM;
       const float* delta = deltas + st * kM;
 
-      // tma_backward.cuh's bulk dQ: this warpgroup's block into buffer gs & 1, zeros outside the
-      // block's queries.
+      // tma_backward.cuh's bulk dQ: this warpgroup's block into buffer gs & 1.
       auto dq_to_buffer = [&](const float(&dq)[32], int qb, int cb) {
         const int buf = gs & 1;
         mbar_wait(&dq_empty[buf], ((gs >> 1) & 1) ^ 1);
-        float* tile = dqs + buf * kM * D;
-        STRIA_UNROLL
-        for (int e = 0; e < 2; ++e) {
-          const int r = 64 * qb + 16 * warp + g + 8 * e;
-          const bool own = i0 + r >= p.mask.q_begin && i0 + r < p.mask.q_end;
-          STRIA_UNROLL
-          for (int nt = 0; nt < 8; ++nt) {
-            struct alignas(8) Pair {
-              float lo, hi;
-            };
-            *reinterpret_cast<Pair*>(tile + r * D + 64 * cb + 8 * nt + 2 * t4) =
-                Pair{own ? dq[4 * nt + 2 * e] : 0.f, own ? dq[4 * nt + 2 * e + 1] : 0.f};
-          }
-        }
+        StoreDqBlock<D, kM>(dqs + buf * kM * D, p.mask, i0, dq, qb, cb);
         fence_proxy_async();
         mbar_arrive(&dq_full[buf]);
       };
       auto dq_atomics = [&](const float(&dq)[32], int qb, int cb) { AddDqAtomics<D>(p, bh, i0, dq, qb, cb); };
       auto step = [&](auto store_dq) {
-        BackwardStep<T, D, kM, kN, kDocs, kDq>(
+        BackwardStep<T, D, kM, kN, kDocs, kDq, false>(
             p, mask, it.j0, cw, i0, k_addr, v_addr, q_addr, do_addr, dss + (gs % Tile::kDsBuffers) * Tile::kDsBytes,
             lse2, delta, key, dk, dv,
             [&] {

@@ -114,8 +114,14 @@ STRIA_DEVICE QueryPair QueryPairOf(const float* rows, int i, int t4) {
 // accumulator layout) into dq_acc: AddDqAtomics, or the TMA kernel's bulk reductions. With kDq false
 // the step leaves dQ out (the deterministic backward computes it in a pass of its own:
 // mma_backward_dq.cuh), and with it dS^T's trip through shared memory and the callbacks around it.
-template <typename T, int D, int kM, int kN, bool kDocs, bool kDq, typename BeforeDs, typename Published, typename Done,
-          typename StoreDq>
+//
+// With a softcap, kEarlyTanh takes the tanh of the scores into the pass that runs beside dP^T's
+// product and leaves the exponentials and the slopes to the dS^T pass; without it, all of a capped
+// score's work waits for dP^T. The two forms leave ptxas with different register pressure, and no
+// one form spills least in every kernel (design/cuda.md, "The capped path's tanh"): each kernel
+// takes the form its ptxas report favours.
+template <typename T, int D, int kM, int kN, bool kDocs, bool kDq, bool kEarlyTanh, typename BeforeDs,
+          typename Published, typename Done, typename StoreDq>
 STRIA_DEVICE void BackwardStep(const BwdParams& p, const MaskArgs& mask, int64_t j0, int wg, int64_t i0,
                                uint32_t k_addr, uint32_t v_addr, uint32_t q_addr, uint32_t do_addr, unsigned char* dss,
                                const float* lse2, const float* delta, const int64_t key[2], float (&dk)[D / 2],
@@ -160,9 +166,11 @@ STRIA_DEVICE void BackwardStep(const BwdParams& p, const MaskArgs& mask, int64_t
   };
   const float scale_log2 = p.scale_log2;
 
-  // P^T in place while the tensor cores compute dP^T. With a softcap, P^T and the slope its dS^T
-  // needs are computed together once dP^T is in (keeping the slopes across the wait would cost a
-  // register per score, which the kernel does not have: the uncapped path would spill with it).
+  // P^T in place while the tensor cores compute dP^T. With a softcap and kEarlyTanh, the tanh of
+  // every score instead (t, in place: the costly part of a capped score, a dozen instructions); P^T
+  // and the slope its dS^T needs, 1 - t², follow from t once dP^T is in (keeping the slopes across
+  // the wait would cost a register per score, which the kernel does not have). Invisible scores
+  // are left to the next pass's mask.
   wgmma_wait<1>();  // S^T
   wgmma_fence_operand(sT);
   WithSoftcap(p.softcap, [&](auto cap) {  // the test once per tile (softcap.cuh)
@@ -176,6 +184,9 @@ STRIA_DEVICE void BackwardStep(const BwdParams& p, const MaskArgs& mask, int64_t
             sT[i + c] = visible(all, i + c) ? fast_exp2(sT[i + c] * scale_log2 - (c & 1 ? l.hi : l.lo)) : 0.f;
         }
       });
+    } else if constexpr (kEarlyTanh) {
+      STRIA_UNROLL
+      for (int i = 0; i < kM / 2; ++i) sT[i] = RationalTanh(sT[i] * p.softcap.cap_in);
     }
   });
   wgmma_wait<0>();  // dP^T
@@ -202,10 +213,15 @@ STRIA_DEVICE void BackwardStep(const BwdParams& p, const MaskArgs& mask, int64_t
           for (int c = 0; c < 4; ++c) {
             const bool vis = visible(all, i + c);
             float slope = 1.f;
-            if constexpr (kCapped)
+            if constexpr (kCapped && kEarlyTanh) {
+              const float t = sT[i + c];  // the previous pass's tanh
+              slope = 1.f - t * t;
+              sT[i + c] = vis ? fast_exp2(p.softcap.cap_log2 * t - (c & 1 ? l.hi : l.lo)) : 0.f;
+            } else if constexpr (kCapped) {
               sT[i + c] =
                   vis ? fast_exp2(Log2ScoreOf<true>(sT[i + c], scale_log2, p.softcap, &slope) - (c & 1 ? l.hi : l.lo))
                       : 0.f;
+            }
             dpT[i + c] = vis ? sT[i + c] * (dpT[i + c] - (c & 1 ? dl.hi : dl.lo)) * slope : 0.f;
           }
         }
@@ -366,7 +382,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(256) WgmmaBackwardKernel(const BwdParams p
     const float* lse2 = lse2s + st * kM;
     const float* delta = deltas + st * kM;
 
-    BackwardStep<T, D, kM, kN, kDocs, kDq>(
+    BackwardStep<T, D, kM, kN, kDocs, kDq, false>(
         p, mask, j0, wg, i0, k_addr, v_addr, q_addr, do_addr, dss, lse2, delta, key, dk, dv, [] {},
         [] {
           fence_proxy_async();

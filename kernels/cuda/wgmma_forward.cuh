@@ -53,37 +53,37 @@ STRIA_DEVICE void WgmmaSoftmax(const FwdParams& p, const MaskArgs& mask, float (
                                const int64_t row[2], int64_t j0, int t4, float m_run[2], float l_run[2],
                                float alpha[2]) {
   // Two straight-line loops rather than one with a test per element: the unmasked tiles (nearly
-  // all of them) then pay nothing for the mask.
-  // Likewise the softcap (softcap.cuh).
+  // all of them) then pay nothing for the mask. Likewise the softcap (softcap.cuh).
+  // Uncapped, the scores stay raw through the row max (RawOrCapped), and the scale joins the
+  // exponential's subtraction in one multiply-add.
   WithSoftcap(p.softcap, [&](auto cap) {
     constexpr bool kCapped = decltype(cap)::kCapped;
     if (masked) {
       const Window w[2] = {VisibleKeys<kDocs>(mask, row[0], j0, kN), VisibleKeys<kDocs>(mask, row[1], j0, kN)};
       STRIA_UNROLL
       for (int i = 0; i < kN / 2; ++i)
-        s[i] = In(w[(i & 3) >> 1], 8 * (i >> 2) + 2 * t4 + (i & 1))
-                   ? Log2ScoreOf<kCapped>(s[i], p.scale_log2, p.softcap)
-                   : NegInf();
-    } else {
+        s[i] = In(w[(i & 3) >> 1], 8 * (i >> 2) + 2 * t4 + (i & 1)) ? RawOrCapped<kCapped>(s[i], p.softcap) : NegInf();
+    } else if constexpr (kCapped) {
       STRIA_UNROLL
-      for (int i = 0; i < kN / 2; ++i) s[i] = Log2ScoreOf<kCapped>(s[i], p.scale_log2, p.softcap);
+      for (int i = 0; i < kN / 2; ++i) s[i] = RawOrCapped<true>(s[i], p.softcap);
     }
+    const float in_log2 = kCapped ? 1.f : p.scale_log2;  // the factor into the log2 domain
+    float mx[2] = {NegInf(), NegInf()};
+    STRIA_UNROLL
+    for (int i = 0; i < kN / 2; ++i) mx[(i & 3) >> 1] = fmaxf(mx[(i & 3) >> 1], s[i]);
+    float base[2];
+    STRIA_UNROLL
+    for (int e = 0; e < 2; ++e) alpha[e] = OnlineMaxStep(mx[e] * in_log2, &m_run[e], &base[e]);
+    float sum[2] = {0.f, 0.f};
+    STRIA_UNROLL
+    for (int i = 0; i < kN / 2; ++i) {
+      const int e = (i & 3) >> 1;
+      s[i] = fast_exp2(fmaf(s[i], in_log2, -base[e]));
+      sum[e] += s[i];
+    }
+    STRIA_UNROLL
+    for (int e = 0; e < 2; ++e) l_run[e] = l_run[e] * alpha[e] + sum[e];
   });
-  float mx[2] = {NegInf(), NegInf()};
-  STRIA_UNROLL
-  for (int i = 0; i < kN / 2; ++i) mx[(i & 3) >> 1] = fmaxf(mx[(i & 3) >> 1], s[i]);
-  float base[2];
-  STRIA_UNROLL
-  for (int e = 0; e < 2; ++e) alpha[e] = OnlineMaxStep(mx[e], &m_run[e], &base[e]);
-  float sum[2] = {0.f, 0.f};
-  STRIA_UNROLL
-  for (int i = 0; i < kN / 2; ++i) {
-    const int e = (i & 3) >> 1;
-    s[i] = fast_exp2(s[i] - base[e]);
-    sum[e] += s[i];
-  }
-  STRIA_UNROLL
-  for (int e = 0; e < 2; ++e) l_run[e] = l_run[e] * alpha[e] + sum[e];
 }
 
 // This thread's rows gi0 + 16 warp + g and + 8 of a warpgroup's 64 and their running state, in
