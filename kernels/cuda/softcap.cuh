@@ -98,7 +98,7 @@ STRIA_DEVICE float Log2ScoreOf(float s, float scale_log2, const Softcap& c) {
 template <bool kCapped>
 STRIA_DEVICE float RawOrCapped(float s, const Softcap& c) {
   if constexpr (kCapped) {
-    return c.cap_log2 * RationalTanh(s * c.cap_in);
+    return Log2ScoreOf<true>(s, 0.f, c);  // the capped score does not read the scale
   } else {
     (void)c;
     return s;
