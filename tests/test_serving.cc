@@ -101,6 +101,21 @@ std::vector<Case> Cases() {
     AppendDecodeScoreCases(c, &cases);
   }
   AppendDecodeHeadDimCases(200, 512, &cases);
+  {  // the kernel's product of scores (rows enough to transpose K's block for) on 33 rows: whole
+     // micro-tiles and a row alone, over key blocks cut by the rank's share
+    Case c;
+    c.n = 2;
+    c.B = 2;
+    c.Hq = 33;
+    c.Hkv = 1;
+    c.D = 48;
+    c.capacity = 300;
+    c.lens = {599, 131};
+    cases.push_back(c);
+    c.dt = Dt::kBF16;
+    c.window_left = 70;
+    cases.push_back(c);
+  }
   return cases;
 }
 
@@ -200,6 +215,22 @@ std::vector<Case> PrefillCases() {
         cases.push_back(c);
       }
   AppendPrefillScoreCases(&cases);
+  {  // rows not a whole number of the kernel's micro-tiles (11 new tokens a rank times 3 query heads
+     // a K/V head: 33) against several 64-key blocks, causal inside the blocks
+    Case c;
+    c.n = 2;
+    c.B = 2;
+    c.T = 11;
+    c.Hq = 6;
+    c.Hkv = 2;
+    c.D = 72;
+    c.capacity = 300;
+    c.lens = {578, 133};
+    cases.push_back(c);
+    c.dt = Dt::kBF16;
+    c.layout = STRIA_LAYOUT_CONTIGUOUS;
+    cases.push_back(c);
+  }
   return cases;
 }
 

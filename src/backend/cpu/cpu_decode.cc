@@ -1,8 +1,8 @@
 // Decode on the CPU: the queries of one K/V head's group are packed once (all their rows read each
 // key block the kernel converts), and the rank's keys are cut into work items of about equal size
-// over (sequence, K/V head), so that one long sequence still spreads over every thread (the split
-// of flash-decoding). Each item keeps its own softmax state; the states of a sequence's items are
-// then merged in item order, so the result does not depend on which thread ran what.
+// over the sequences, so that one long sequence still spreads over every thread (the split of
+// flash-decoding); an item takes every K/V head of its keys. Each item keeps its own softmax state; the states of a
+// sequence's items are then merged in item order, so the result does not depend on which thread ran what.
 #include "backend/cpu/cpu_decode.h"
 
 #include <algorithm>
@@ -25,6 +25,19 @@ int64_t RoundUp(int64_t x, int64_t m) {
 // Element (b, t, h, 0) of a [B, T, H, D] view.
 const char* Row4(const TensorView& v, int64_t b, int64_t t, int64_t h) {
   return static_cast<const char*>(v.data) + (b * v.strides[0] + t * v.strides[1] + h * v.strides[2]) * v.elem_bytes();
+}
+
+// Asks for keys [j0, j0 + n) of `seg`, every head's row (K and V), to be brought into the cache
+// while the block before them is computed: a head's row is a slice of the cache's row, and the
+// hardware's prefetchers, which follow runs within a page, do not see the heads' slices as one.
+void PrefetchKeyBlock(const CacheSegment& seg, int64_t j0, int64_t n, int64_t heads, int64_t row_bytes) {
+  constexpr int64_t kLine = 64;
+  for (int64_t j = j0; j < j0 + n; ++j)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t b = 0; b < row_bytes; b += kLine) {
+        __builtin_prefetch(seg.k + h * seg.k_head + j * seg.k_row + b);
+        __builtin_prefetch(seg.v + h * seg.v_head + j * seg.v_row + b);
+      }
 }
 
 }  // namespace
@@ -60,10 +73,10 @@ Status CpuDecode(ThreadPool& pool, const cpu::KernelTable& kern, const DecodeWor
   });
 
   const int64_t keys = DecodeKeyCount(w);
-  // About four items per thread over all heads, but never so short that the per-item work (the
-  // state's setup and merge) shows: 256 keys at least.
-  const int64_t per_head = (4 * static_cast<int64_t>(pool.size()) + s.Hkv - 1) / s.Hkv;
-  const int64_t target = std::max<int64_t>(256, (keys + per_head - 1) / std::max<int64_t>(per_head, 1));
+  // About four items per thread, but never so short that the per-item work (the state's setup and
+  // merge) shows: 256 keys at least.
+  const int64_t per_call = 4 * static_cast<int64_t>(pool.size());
+  const int64_t target = std::max<int64_t>(256, (keys + per_call - 1) / per_call);
   std::vector<DecodeKeyPiece> pieces;
   std::vector<DecodeWorkItem> items;
   PlanDecodeItems(w, target, &pieces, &items);
@@ -77,12 +90,19 @@ Status CpuDecode(ThreadPool& pool, const cpu::KernelTable& kern, const DecodeWor
       bufs->scratch.Reserve(static_cast<size_t>(pool.size() * scratch_floats) * 4, "decode key blocks"));
   float* states = bufs->states.f32();
   const float softcap2 = s.softcap > 0.f ? s.softcap * cpu::kLog2e : 0.f;
-  pool.ParallelFor(nstates, [&](int64_t n, int tid) {
-    const DecodeWorkItem& item = items[static_cast<size_t>(n / s.Hkv)];
-    const int64_t hkv = n % s.Hkv;
-    float* st = states + n * state;
+  // An item walks its keys a block at a time with every K/V head inside where the heads' queries
+  // and states are small (decode: a few rows a head): a cache row holds a key's heads side by side
+  // ([.., Hkv, D]), so the block's rows of all heads are one run of memory, read in order, where a
+  // head at a time would read a row's slice and stride over the others, a pattern the hardware's
+  // prefetchers follow badly (and decode is bound by these reads). Where they are large (a
+  // prefill's many rows), the item walks one head at a time, its rows staying in the core's caches
+  // from block to block (the products bound the time there, not the reads).
+  constexpr int64_t kHeadsInsideBytes = 1 << 20;
+  const int64_t head_group = s.Hkv * rows * dp * 8 <= kHeadsInsideBytes ? s.Hkv : 1;
+  const int64_t row_bytes = s.D * DTypeSize(s.dtype);
+  pool.ParallelFor(static_cast<int64_t>(items.size()), [&](int64_t i, int tid) {
+    const DecodeWorkItem& item = items[static_cast<size_t>(i)];
     cpu::DecodeChunkArgs a{};
-    a.q = qp + (item.b * s.Hkv + hkv) * rows * dp;
     a.rows = rows;
     a.group = group;
     a.q_pos = w.q_pos.data() + item.b * s.T;
@@ -92,23 +112,34 @@ Status CpuDecode(ThreadPool& pool, const cpu::KernelTable& kern, const DecodeWor
     a.causal = s.causal;
     a.window_left = s.window_left;
     a.softcap2 = softcap2;
-    a.m = st;
-    a.l = st + rows;
-    a.acc = st + 2 * rows;
     a.scratch = bufs->scratch.f32() + tid * scratch_floats;
-    for (int64_t p = item.first; p < item.last; ++p) {
-      const DecodeKeyPiece& piece = pieces[static_cast<size_t>(p)];
-      const CacheSegment& seg = w.segments[static_cast<size_t>(piece.seg)];
-      a.k = seg.k + hkv * seg.k_head + piece.j0 * seg.k_row;
-      a.v = seg.v + hkv * seg.v_head + piece.j0 * seg.v_row;
-      a.k_stride = seg.k_row;
-      a.v_stride = seg.v_row;
-      a.count = piece.count;
-      a.pos0 = seg.pos0 + piece.j0 * seg.pos_stride;
-      a.pos_stride = seg.pos_stride;
-      a.init = p == item.first;
-      kern.decode_chunk(a);
-    }
+    for (int64_t h0 = 0; h0 < s.Hkv; h0 += head_group)
+      for (int64_t p = item.first; p < item.last; ++p) {
+        const DecodeKeyPiece& piece = pieces[static_cast<size_t>(p)];
+        const CacheSegment& seg = w.segments[static_cast<size_t>(piece.seg)];
+        const int64_t step = head_group > 1 ? cpu::kDecodeKeys : piece.count;
+        for (int64_t j = 0; j < piece.count; j += step) {
+          const int64_t j0 = piece.j0 + j;
+          if (head_group > 1)
+            PrefetchKeyBlock(seg, j0 + step, std::min(step, piece.count - j - step), s.Hkv, row_bytes);
+          a.k_stride = seg.k_row;
+          a.v_stride = seg.v_row;
+          a.count = std::min(step, piece.count - j);
+          a.pos0 = seg.pos0 + j0 * seg.pos_stride;
+          a.pos_stride = seg.pos_stride;
+          a.init = p == item.first && j == 0;
+          for (int64_t hkv = h0; hkv < h0 + head_group; ++hkv) {
+            float* st = states + (i * s.Hkv + hkv) * state;
+            a.q = qp + (item.b * s.Hkv + hkv) * rows * dp;
+            a.m = st;
+            a.l = st + rows;
+            a.acc = st + 2 * rows;
+            a.k = seg.k + hkv * seg.k_head + j0 * seg.k_row;
+            a.v = seg.v + hkv * seg.v_head + j0 * seg.v_row;
+            kern.decode_chunk(a);
+          }
+        }
+      }
   });
 
   // Merge each sequence's items in order into the rank's partial records (a sequence without keys
