@@ -137,6 +137,9 @@ struct DecodeChunkArgs {
   const int64_t* q_pos;  // [rows / group] the query tokens' positions
   const char *k, *v;     // key j's row of D elements at k + j * k_stride (bytes), likewise v
   int64_t k_stride, v_stride;
+  // Or, where not NULL, key j's row already in float32, zero-padded to dp, at k32 + j * dp (the
+  // backend's staging of a block for every head at once); likewise v32.
+  const float *k32, *v32;
   int dtype;                 // DType of k and v
   int64_t d, dp;             // head dim, and it padded to the vector width
   int64_t count;             // keys

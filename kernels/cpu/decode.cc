@@ -84,17 +84,27 @@ void DecodeChunk(const DecodeChunkArgs& a) {
     // key some row may see (whole vectors of scores: the columns up to ncols_v are computed).
     const int64_t ncols = a.causal ? std::min(nk, (q_last - pos0) / a.pos_stride + 1) : nk;
     const int64_t ncols_v = (ncols + VL - 1) / VL * VL;
-    const char* k = a.k + j0 * a.k_stride;
+    // K's and V's rows of the block in float32: converted here, or as the backend staged them.
+    const float* krows = a.k32 != nullptr ? a.k32 + j0 * dp : nullptr;
     if (gemm_scores) {
-      LoadKeyRows(k, a.k_stride, a.dtype, ncols, a.d, dp, kDecodeKeys, vbuf);
+      if (krows == nullptr) {
+        LoadKeyRows(a.k + j0 * a.k_stride, a.k_stride, a.dtype, ncols, a.d, dp, kDecodeKeys, vbuf);
+      } else {
+        std::copy(krows, krows + ncols * dp, vbuf);
+        std::fill(vbuf + ncols * dp, vbuf + kDecodeKeys * dp, 0.f);
+      }
       BlockedTranspose(vbuf, dp, kbuf);
       GemmAnyRows<false>(rows, ncols_v, dp, a.q, dp, 1, kbuf, kDecodeKeys, sbuf, kDecodeKeys);
     } else {
-      LoadKeyRows(k, a.k_stride, a.dtype, ncols, a.d, dp, ncols, kbuf);
+      if (krows == nullptr) {
+        LoadKeyRows(a.k + j0 * a.k_stride, a.k_stride, a.dtype, ncols, a.d, dp, ncols, kbuf);
+        krows = kbuf;
+      }
       for (int64_t r = 0; r < rows; ++r)
-        for (int64_t j = 0; j < ncols; ++j) sbuf[r * kDecodeKeys + j] = Dot(a.q + r * dp, kbuf + j * dp, dp);
+        for (int64_t j = 0; j < ncols; ++j) sbuf[r * kDecodeKeys + j] = Dot(a.q + r * dp, krows + j * dp, dp);
     }
-    LoadKeyRows(a.v + j0 * a.v_stride, a.v_stride, a.dtype, ncols, a.d, dp, ncols, vbuf);
+    const float* vrows = a.v32 != nullptr ? a.v32 + j0 * dp : vbuf;
+    if (a.v32 == nullptr) LoadKeyRows(a.v + j0 * a.v_stride, a.v_stride, a.dtype, ncols, a.d, dp, ncols, vbuf);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t qpos = a.q_pos[r / group];
       float* s = sbuf + r * kDecodeKeys;
@@ -136,7 +146,7 @@ void DecodeChunk(const DecodeChunkArgs& a) {
     }
     // O += P·V over the keys some row may see, every row in one product (a hidden key's
     // probability is 0).
-    GemmAnyRows<true>(rows, dp, ncols, sbuf, kDecodeKeys, 1, vbuf, dp, a.acc, dp);
+    GemmAnyRows<true>(rows, dp, ncols, sbuf, kDecodeKeys, 1, vrows, dp, a.acc, dp);
   }
 }
 

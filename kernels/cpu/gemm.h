@@ -65,8 +65,8 @@ void Gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t ars, int64_t 
 // Gemm for any M: the rows past the last whole micro-tile one at a time (a decode item's rows are
 // its new tokens times the query heads of a group, any count).
 template <bool kAccumulate>
-void GemmAnyRows(int64_t M, int64_t N, int64_t K, const float* A, int64_t ars, int64_t acs, const float* B,
-                 int64_t ldb, float* C, int64_t ldc) {
+void GemmAnyRows(int64_t M, int64_t N, int64_t K, const float* A, int64_t ars, int64_t acs, const float* B, int64_t ldb,
+                 float* C, int64_t ldc) {
   const int64_t whole = M / MR * MR;
   if (whole > 0) Gemm<kAccumulate>(whole, N, K, A, ars, acs, B, ldb, C, ldc);
   for (int64_t i = whole; i < M; ++i) {

@@ -91,15 +91,20 @@ Status CpuDecode(ThreadPool& pool, const cpu::KernelTable& kern, const DecodeWor
   float* states = bufs->states.f32();
   const float softcap2 = s.softcap > 0.f ? s.softcap * cpu::kLog2e : 0.f;
   // An item walks its keys a block at a time with every K/V head inside where the heads' queries
-  // and states are small (decode: a few rows a head): a cache row holds a key's heads side by side
-  // ([.., Hkv, D]), so the block's rows of all heads are one run of memory, read in order, where a
+  // and states are small (decode: a few rows a head). A cache row holds a key's heads side by side
+  // ([.., Hkv, D]), so the block is converted to float32 for every head at once, reading its rows
+  // in order (the next block asked for ahead), and each head's kernel takes its rows from there: a
   // head at a time would read a row's slice and stride over the others, a pattern the hardware's
-  // prefetchers follow badly (and decode is bound by these reads). Where they are large (a
-  // prefill's many rows), the item walks one head at a time, its rows staying in the core's caches
-  // from block to block (the products bound the time there, not the reads).
+  // prefetchers follow badly, and decode is bound by these reads. Where the heads' rows are many
+  // (a prefill's), the item walks one head at a time, its rows staying in the core's caches from
+  // block to block (the products bound the time there, not the reads).
   constexpr int64_t kHeadsInsideBytes = 1 << 20;
-  const int64_t head_group = s.Hkv * rows * dp * 8 <= kHeadsInsideBytes ? s.Hkv : 1;
+  const bool heads_inside = s.Hkv * rows * dp * 8 <= kHeadsInsideBytes;
   const int64_t row_bytes = s.D * DTypeSize(s.dtype);
+  const int64_t staged_floats = heads_inside ? 2 * s.Hkv * cpu::kDecodeKeys * dp : 0;  // K then V, [Hkv][keys][dp]
+  if (heads_inside)
+    STRIA_RETURN_IF_ERROR(
+        bufs->staged.Reserve(static_cast<size_t>(pool.size() * staged_floats) * 4, "decode key blocks of every head"));
   pool.ParallelFor(static_cast<int64_t>(items.size()), [&](int64_t i, int tid) {
     const DecodeWorkItem& item = items[static_cast<size_t>(i)];
     cpu::DecodeChunkArgs a{};
@@ -113,32 +118,56 @@ Status CpuDecode(ThreadPool& pool, const cpu::KernelTable& kern, const DecodeWor
     a.window_left = s.window_left;
     a.softcap2 = softcap2;
     a.scratch = bufs->scratch.f32() + tid * scratch_floats;
-    for (int64_t h0 = 0; h0 < s.Hkv; h0 += head_group)
+    float* staged_k = heads_inside ? bufs->staged.f32() + tid * staged_floats : nullptr;
+    float* staged_v = heads_inside ? staged_k + staged_floats / 2 : nullptr;
+    auto attend = [&](int64_t hkv) {
+      float* st = states + (i * s.Hkv + hkv) * state;
+      a.q = qp + (item.b * s.Hkv + hkv) * rows * dp;
+      a.m = st;
+      a.l = st + rows;
+      a.acc = st + 2 * rows;
+      kern.decode_chunk(a);
+    };
+    for (int64_t p = item.first; heads_inside && p < item.last; ++p) {
+      const DecodeKeyPiece& piece = pieces[static_cast<size_t>(p)];
+      const CacheSegment& seg = w.segments[static_cast<size_t>(piece.seg)];
+      a.pos_stride = seg.pos_stride;
+      for (int64_t j = 0; j < piece.count; j += cpu::kDecodeKeys) {
+        const int64_t j0 = piece.j0 + j, n = std::min(cpu::kDecodeKeys, piece.count - j);
+        PrefetchKeyBlock(seg, j0 + n, std::min(cpu::kDecodeKeys, piece.count - j - n), s.Hkv, row_bytes);
+        for (int64_t r = 0; r < n; ++r)
+          for (int64_t h = 0; h < s.Hkv; ++h) {
+            float* kd = staged_k + (h * cpu::kDecodeKeys + r) * dp;
+            float* vd = staged_v + (h * cpu::kDecodeKeys + r) * dp;
+            kern.load_row(seg.k + h * seg.k_head + (j0 + r) * seg.k_row, static_cast<int>(s.dtype), s.D, 1.0f, kd);
+            kern.load_row(seg.v + h * seg.v_head + (j0 + r) * seg.v_row, static_cast<int>(s.dtype), s.D, 1.0f, vd);
+            std::fill(kd + s.D, kd + dp, 0.f);
+            std::fill(vd + s.D, vd + dp, 0.f);
+          }
+        a.count = n;
+        a.pos0 = seg.pos0 + j0 * seg.pos_stride;
+        a.init = p == item.first && j == 0;
+        for (int64_t hkv = 0; hkv < s.Hkv; ++hkv) {
+          a.k32 = staged_k + hkv * cpu::kDecodeKeys * dp;
+          a.v32 = staged_v + hkv * cpu::kDecodeKeys * dp;
+          attend(hkv);
+        }
+      }
+    }
+    if (heads_inside) return;
+    for (int64_t hkv = 0; hkv < s.Hkv; ++hkv)
       for (int64_t p = item.first; p < item.last; ++p) {
         const DecodeKeyPiece& piece = pieces[static_cast<size_t>(p)];
         const CacheSegment& seg = w.segments[static_cast<size_t>(piece.seg)];
-        const int64_t step = head_group > 1 ? cpu::kDecodeKeys : piece.count;
-        for (int64_t j = 0; j < piece.count; j += step) {
-          const int64_t j0 = piece.j0 + j;
-          if (head_group > 1)
-            PrefetchKeyBlock(seg, j0 + step, std::min(step, piece.count - j - step), s.Hkv, row_bytes);
-          a.k_stride = seg.k_row;
-          a.v_stride = seg.v_row;
-          a.count = std::min(step, piece.count - j);
-          a.pos0 = seg.pos0 + j0 * seg.pos_stride;
-          a.pos_stride = seg.pos_stride;
-          a.init = p == item.first && j == 0;
-          for (int64_t hkv = h0; hkv < h0 + head_group; ++hkv) {
-            float* st = states + (i * s.Hkv + hkv) * state;
-            a.q = qp + (item.b * s.Hkv + hkv) * rows * dp;
-            a.m = st;
-            a.l = st + rows;
-            a.acc = st + 2 * rows;
-            a.k = seg.k + hkv * seg.k_head + j0 * seg.k_row;
-            a.v = seg.v + hkv * seg.v_head + j0 * seg.v_row;
-            kern.decode_chunk(a);
-          }
-        }
+        a.k = seg.k + hkv * seg.k_head + piece.j0 * seg.k_row;
+        a.v = seg.v + hkv * seg.v_head + piece.j0 * seg.v_row;
+        a.k_stride = seg.k_row;
+        a.v_stride = seg.v_row;
+        a.count = piece.count;
+        a.pos0 = seg.pos0 + piece.j0 * seg.pos_stride;
+        a.pos_stride = seg.pos_stride;
+        a.init = p == item.first;
+        attend(hkv);
       }
   });
 

@@ -14,6 +14,7 @@ struct CpuDecodeBuffers {
   AlignedBuffer q;        // packed queries
   AlignedBuffer states;   // work items' softmax states
   AlignedBuffer scratch;  // per-thread key blocks and scores
+  AlignedBuffer staged;   // per-thread key blocks of every head in float32 (decode's few rows)
 };
 
 Status CpuDecode(ThreadPool& pool, const cpu::KernelTable& kern, const DecodeWork& w, float* partial,
