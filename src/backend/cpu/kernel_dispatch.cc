@@ -95,12 +95,23 @@ ForcedIsa CheckForcedIsa(char* why, int size) {
 // keep the first context's build for every later one, so a program (a test, a benchmark) that
 // forces another build later would silently run the first. CPUID and getenv cost nothing next
 // to a context.
+//
+// Without AMX, where bf16 products run on VDPBF16PS depends on the vendor. AMD's Zen 4 and 5 issue
+// it at the rate of a float32 FMA with twice the multiply-adds, and the avx512bf16 build measured
+// 1.5-3x the float32 kernels' on bf16 inputs. Intel's server cores (Cooper Lake to Emerald Rapids)
+// issue it on one port where FMAs have two, so it only matches the FMAs' peak, and the bf16
+// kernels' pairing costs more than the conversion it saves: on an Emerald Rapids (its AMX not
+// exposed) the avx512 build ran bf16 calls 1.35-1.8x faster, a ring's steps converting each bf16
+// message included (docs/design/cpu-kernels.md, "bf16 without AMX"). float32 calls run the same
+// code in either build.
 const KernelTable& SelectKernels() {
   const char* forced = std::getenv("STRIA_CPU_ISA");
   if (forced && *forced) {
     if (const KernelTable* t = KernelsFor(forced)) return *t;
   }
-  for (const char* isa : {"amx", "avx512bf16", "avx512", "avx2"}) {
+  __builtin_cpu_init();
+  const bool intel = __builtin_cpu_is("intel");
+  for (const char* isa : {"amx", intel ? "avx512" : "avx512bf16", intel ? "avx512bf16" : "avx512", "avx2"}) {
     if (const KernelTable* t = KernelsFor(isa)) return *t;
   }
   return generic::kTable;
