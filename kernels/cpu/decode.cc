@@ -110,13 +110,14 @@ void DecodeChunk(const DecodeChunkArgs& a) {
       float* s = sbuf + r * kDecodeKeys;
       for (int64_t j = ncols; j < kDecodeKeys; ++j) s[j] = kNegInf;
       if (a.softcap2 > 0.f) SoftcapRow<false>(s, kDecodeKeys, 1.0f, a.softcap2);
-      // Which keys of the block the row sees: causal, keys at or before it; a window, keys no more
-      // than window_left behind it.
-      for (int64_t j = 0; j < ncols; ++j) {
-        const int64_t kpos = pos0 + j * a.pos_stride;
-        const bool hidden = (a.causal && kpos > qpos) || (a.window_left >= 0 && qpos - kpos > a.window_left);
-        if (hidden) s[j] = kNegInf;
-      }
+      // Which keys of the block the row sees, [jlo, jhi): causal, keys at or before it; a window,
+      // keys no more than window_left behind it. Positions grow with j, so both are one bound.
+      int64_t jlo = 0, jhi = ncols;
+      if (a.causal) jhi = qpos < pos0 ? 0 : std::min(ncols, (qpos - pos0) / a.pos_stride + 1);
+      if (a.window_left >= 0 && qpos - a.window_left > pos0)
+        jlo = std::min(jhi, (qpos - a.window_left - pos0 + a.pos_stride - 1) / a.pos_stride);
+      std::fill(s, s + jlo, kNegInf);
+      std::fill(s + jhi, s + ncols, kNegInf);
       vf mv = Splat(kNegInf);
       for (int64_t j = 0; j < kDecodeKeys; j += VL) mv = Max(mv, Load(s + j));
       float bmax = HMax(mv);
