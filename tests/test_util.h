@@ -343,6 +343,9 @@ inline Reference DecodeReference(const Tensor& q, const Tensor& kf, const Tensor
                                  int64_t added, bool causal, int64_t window_left, ScoreMods mods = {}) {
   const int64_t B = q.shape[0], T = q.shape[1], Hq = q.shape[2], D = q.shape[3], S = kf.shape[1], Hkv = kf.shape[2];
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  // The operands as doubles once: Tensor::Get converts from the storage dtype per element, which
+  // the long prefill cases would pay per score and dimension.
+  const std::vector<double> qd = q.ToDouble(), kd = kf.ToDouble(), vd = vf.ToDouble();
   Reference r;
   r.out.assign(static_cast<size_t>(B * T * Hq * D), 0.0);
   r.lse.assign(static_cast<size_t>(B * Hq * T), 0.0);
@@ -357,8 +360,9 @@ inline Reference DecodeReference(const Tensor& q, const Tensor& kf, const Tensor
           if (causal && j > p) continue;
           if (window_left >= 0 && p - j > window_left) continue;
           double x = 0;
-          for (int64_t d = 0; d < D; ++d)
-            x += q.Get(((b * T + t) * Hq + h) * D + d) * kf.Get(((b * S + j) * Hkv + hk) * D + d);
+          const double* qr = qd.data() + ((b * T + t) * Hq + h) * D;
+          const double* kr = kd.data() + ((b * S + j) * Hkv + hk) * D;
+          for (int64_t d = 0; d < D; ++d) x += qr[d] * kr[d];
           x *= scale;
           if (mods.softcap > 0) x = mods.softcap * std::tanh(x / mods.softcap);
           s.push_back(x);
@@ -373,9 +377,8 @@ inline Reference DecodeReference(const Tensor& q, const Tensor& kf, const Tensor
         r.lse[static_cast<size_t>((b * Hq + h) * T + t)] = lse;
         for (size_t i = 0; i < s.size(); ++i) {
           const double w = std::exp(s[i] - lse);
-          for (int64_t d = 0; d < D; ++d)
-            r.out[static_cast<size_t>(((b * T + t) * Hq + h) * D + d)] +=
-                w * vf.Get(((b * S + keys[i]) * Hkv + hk) * D + d);
+          const double* vr = vd.data() + ((b * S + keys[i]) * Hkv + hk) * D;
+          for (int64_t d = 0; d < D; ++d) r.out[static_cast<size_t>(((b * T + t) * Hq + h) * D + d)] += w * vr[d];
         }
       }
   return r;

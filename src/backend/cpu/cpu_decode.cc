@@ -16,7 +16,8 @@ namespace stria {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-constexpr int64_t kDimPad = 16;  // a multiple of every kernel build's vector width
+constexpr int64_t kDimPad = 16;     // a multiple of every kernel build's vector width
+constexpr int64_t kRowChunk = 256;  // query rows a kernel call takes at most, when a head's rows are many
 
 int64_t RoundUp(int64_t x, int64_t m) {
   return (x + m - 1) / m * m;
@@ -155,19 +156,31 @@ Status CpuDecode(ThreadPool& pool, const cpu::KernelTable& kern, const DecodeWor
       }
     }
     if (heads_inside) return;
+    // One head at a time, its rows in chunks that stay in the core's caches over the item's keys
+    // (a chunk's queries, states and scores: about 200 KB at D 128), whole tokens each.
+    const int64_t chunk = std::max<int64_t>(1, kRowChunk / group) * group;
     for (int64_t hkv = 0; hkv < s.Hkv; ++hkv)
-      for (int64_t p = item.first; p < item.last; ++p) {
-        const DecodeKeyPiece& piece = pieces[static_cast<size_t>(p)];
-        const CacheSegment& seg = w.segments[static_cast<size_t>(piece.seg)];
-        a.k = seg.k + hkv * seg.k_head + piece.j0 * seg.k_row;
-        a.v = seg.v + hkv * seg.v_head + piece.j0 * seg.v_row;
-        a.k_stride = seg.k_row;
-        a.v_stride = seg.v_row;
-        a.count = piece.count;
-        a.pos0 = seg.pos0 + piece.j0 * seg.pos_stride;
-        a.pos_stride = seg.pos_stride;
-        a.init = p == item.first;
-        attend(hkv);
+      for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+        float* st = states + (i * s.Hkv + hkv) * state;
+        a.rows = std::min(chunk, rows - r0);
+        a.q = qp + ((item.b * s.Hkv + hkv) * rows + r0) * dp;
+        a.q_pos = w.q_pos.data() + item.b * s.T + r0 / group;
+        a.m = st + r0;
+        a.l = st + rows + r0;
+        a.acc = st + 2 * rows + r0 * dp;
+        for (int64_t p = item.first; p < item.last; ++p) {
+          const DecodeKeyPiece& piece = pieces[static_cast<size_t>(p)];
+          const CacheSegment& seg = w.segments[static_cast<size_t>(piece.seg)];
+          a.k = seg.k + hkv * seg.k_head + piece.j0 * seg.k_row;
+          a.v = seg.v + hkv * seg.v_head + piece.j0 * seg.v_row;
+          a.k_stride = seg.k_row;
+          a.v_stride = seg.v_row;
+          a.count = piece.count;
+          a.pos0 = seg.pos0 + piece.j0 * seg.pos_stride;
+          a.pos_stride = seg.pos_stride;
+          a.init = p == item.first;
+          kern.decode_chunk(a);
+        }
       }
   });
 
