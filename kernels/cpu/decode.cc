@@ -105,6 +105,9 @@ void DecodeChunk(const DecodeChunkArgs& a) {
     }
     const float* vrows = a.v32 != nullptr ? a.v32 + j0 * dp : vbuf;
     if (a.v32 == nullptr) LoadKeyRows(a.v + j0 * a.v_stride, a.v_stride, a.dtype, ncols, a.d, dp, ncols, vbuf);
+    // The keys some row sees, [kmin, kmax): the product below takes only those, so that a key no
+    // row sees never reaches a row through a probability of 0 (0 times an infinite V is NaN).
+    int64_t kmin = ncols, kmax = 0;
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t qpos = a.q_pos[r / group];
       float* s = sbuf + r * kDecodeKeys;
@@ -118,6 +121,10 @@ void DecodeChunk(const DecodeChunkArgs& a) {
         jlo = std::min(jhi, (qpos - a.window_left - pos0 + a.pos_stride - 1) / a.pos_stride);
       std::fill(s, s + jlo, kNegInf);
       std::fill(s + jhi, s + ncols, kNegInf);
+      if (jlo < jhi) {
+        kmin = std::min(kmin, jlo);
+        kmax = std::max(kmax, jhi);
+      }
       vf mv = Splat(kNegInf);
       for (int64_t j = 0; j < kDecodeKeys; j += VL) mv = Max(mv, Load(s + j));
       float bmax = HMax(mv);
@@ -145,9 +152,11 @@ void DecodeChunk(const DecodeChunkArgs& a) {
       }
       a.l[r] += HSum(lsum);
     }
-    // O += P·V over the keys some row may see, every row in one product (a hidden key's
-    // probability is 0).
-    GemmAnyRows<true>(rows, dp, ncols, sbuf, kDecodeKeys, 1, vrows, dp, a.acc, dp);
+    // O += P·V over the keys some row sees, every row in one product (a key hidden from one row
+    // but seen by another has probability 0 in the first: a decode step's rows share their keys,
+    // and a prefill's rows see as the ring's tiles do, whose products take a row group's range).
+    if (kmin < kmax)
+      GemmAnyRows<true>(rows, dp, kmax - kmin, sbuf + kmin, kDecodeKeys, 1, vrows + kmin * dp, dp, a.acc, dp);
   }
 }
 
