@@ -1,8 +1,9 @@
 // Decode on the CPU: the queries of one K/V head's group are packed once (all their rows read each
 // key block the kernel converts), and the rank's keys are cut into work items of about equal size
 // over the sequences, so that one long sequence still spreads over every thread (the split of
-// flash-decoding); an item takes every K/V head of its keys. Each item keeps its own softmax state; the states of a
-// sequence's items are then merged in item order, so the result does not depend on which thread ran what.
+// flash-decoding); an item takes every K/V head of its keys. Each item keeps its own softmax state
+// per head; the states of a sequence's items are then merged in item order, so the result does not
+// depend on which thread ran what.
 #include "backend/cpu/cpu_decode.h"
 
 #include <algorithm>
@@ -16,8 +17,10 @@ namespace stria {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-constexpr int64_t kDimPad = 16;     // a multiple of every kernel build's vector width
-constexpr int64_t kRowChunk = 256;  // query rows a kernel call takes at most, when a head's rows are many
+constexpr int64_t kDimPad = 16;  // a multiple of every kernel build's vector width
+// Query rows a kernel call takes at most where a head's rows are many: a chunk's queries, states and
+// scores (about 320 KB at D 128) stay in the core's caches over the item's keys.
+constexpr int64_t kRowChunk = 256;
 
 int64_t RoundUp(int64_t x, int64_t m) {
   return (x + m - 1) / m * m;
@@ -29,8 +32,8 @@ const char* Row4(const TensorView& v, int64_t b, int64_t t, int64_t h) {
 }
 
 // Asks for keys [j0, j0 + n) of `seg`, every head's row (K and V), to be brought into the cache
-// while the block before them is computed: a head's row is a slice of the cache's row, and the
-// hardware's prefetchers, which follow runs within a page, do not see the heads' slices as one.
+// while the block before them is converted and computed, so that the block's reads overlap the
+// work before them.
 void PrefetchKeyBlock(const CacheSegment& seg, int64_t j0, int64_t n, int64_t heads, int64_t row_bytes) {
   constexpr int64_t kLine = 64;
   for (int64_t j = j0; j < j0 + n; ++j)
@@ -86,32 +89,31 @@ Status CpuDecode(ThreadPool& pool, const cpu::KernelTable& kern, const DecodeWor
   const int64_t nstates = static_cast<int64_t>(items.size()) * s.Hkv;
   STRIA_RETURN_IF_ERROR(bufs->states.Reserve(static_cast<size_t>(std::max<int64_t>(nstates * state, 1)) * 4,
                                              "decode work items' softmax states"));
-  const int64_t scratch_floats = RoundUp(cpu::DecodeScratchFloats(rows, dp), 16);
-  STRIA_RETURN_IF_ERROR(
-      bufs->scratch.Reserve(static_cast<size_t>(pool.size() * scratch_floats) * 4, "decode key blocks"));
-  float* states = bufs->states.f32();
-  const float softcap2 = s.softcap > 0.f ? s.softcap * cpu::kLog2e : 0.f;
   // An item walks its keys a block at a time with every K/V head inside where the heads' queries
   // and states are small (decode: a few rows a head). A cache row holds a key's heads side by side
   // ([.., Hkv, D]), so the block is converted to float32 for every head at once, reading its rows
   // in order (the next block asked for ahead), and each head's kernel takes its rows from there: a
   // head at a time would read a row's slice and stride over the others, a pattern the hardware's
   // prefetchers follow badly, and decode is bound by these reads. Where the heads' rows are many
-  // (a prefill's), the item walks one head at a time, its rows staying in the core's caches from
-  // block to block (the products bound the time there, not the reads).
+  // (a prefill's), the item walks one head at a time, its rows in chunks of whole tokens that stay
+  // in the core's caches over the item's keys (the products bound the time there, not the reads).
   constexpr int64_t kHeadsInsideBytes = 1 << 20;
   const bool heads_inside = s.Hkv * rows * dp * 8 <= kHeadsInsideBytes;
-  const int64_t row_bytes = s.D * DTypeSize(s.dtype);
+  const int64_t chunk = heads_inside ? rows : std::min(rows, std::max<int64_t>(1, kRowChunk / group) * group);
+  const int64_t scratch_floats = RoundUp(cpu::DecodeScratchFloats(chunk, dp), 16);
+  STRIA_RETURN_IF_ERROR(
+      bufs->scratch.Reserve(static_cast<size_t>(pool.size() * scratch_floats) * 4, "decode key blocks"));
   const int64_t staged_floats = heads_inside ? 2 * s.Hkv * cpu::kDecodeKeys * dp : 0;  // K then V, [Hkv][keys][dp]
   if (heads_inside)
     STRIA_RETURN_IF_ERROR(
         bufs->staged.Reserve(static_cast<size_t>(pool.size() * staged_floats) * 4, "decode key blocks of every head"));
+  float* states = bufs->states.f32();
+  const float softcap2 = s.softcap > 0.f ? s.softcap * cpu::kLog2e : 0.f;
+  const int64_t row_bytes = s.D * DTypeSize(s.dtype);
   pool.ParallelFor(static_cast<int64_t>(items.size()), [&](int64_t i, int tid) {
     const DecodeWorkItem& item = items[static_cast<size_t>(i)];
     cpu::DecodeChunkArgs a{};
-    a.rows = rows;
     a.group = group;
-    a.q_pos = w.q_pos.data() + item.b * s.T;
     a.dtype = static_cast<int>(s.dtype);
     a.d = s.D;
     a.dp = dp;
@@ -119,55 +121,51 @@ Status CpuDecode(ThreadPool& pool, const cpu::KernelTable& kern, const DecodeWor
     a.window_left = s.window_left;
     a.softcap2 = softcap2;
     a.scratch = bufs->scratch.f32() + tid * scratch_floats;
-    float* staged_k = heads_inside ? bufs->staged.f32() + tid * staged_floats : nullptr;
-    float* staged_v = heads_inside ? staged_k + staged_floats / 2 : nullptr;
-    auto attend = [&](int64_t hkv) {
+    // Rows [r0, r0 + n) of head hkv: their queries, positions and states.
+    auto rows_of = [&](int64_t hkv, int64_t r0, int64_t n) {
       float* st = states + (i * s.Hkv + hkv) * state;
-      a.q = qp + (item.b * s.Hkv + hkv) * rows * dp;
-      a.m = st;
-      a.l = st + rows;
-      a.acc = st + 2 * rows;
-      kern.decode_chunk(a);
+      a.rows = n;
+      a.q = qp + ((item.b * s.Hkv + hkv) * rows + r0) * dp;
+      a.q_pos = w.q_pos.data() + item.b * s.T + r0 / group;
+      a.m = st + r0;
+      a.l = st + rows + r0;
+      a.acc = st + 2 * rows + r0 * dp;
     };
-    for (int64_t p = item.first; heads_inside && p < item.last; ++p) {
-      const DecodeKeyPiece& piece = pieces[static_cast<size_t>(p)];
-      const CacheSegment& seg = w.segments[static_cast<size_t>(piece.seg)];
-      a.pos_stride = seg.pos_stride;
-      for (int64_t j = 0; j < piece.count; j += cpu::kDecodeKeys) {
-        const int64_t j0 = piece.j0 + j, n = std::min(cpu::kDecodeKeys, piece.count - j);
-        PrefetchKeyBlock(seg, j0 + n, std::min(cpu::kDecodeKeys, piece.count - j - n), s.Hkv, row_bytes);
-        for (int64_t r = 0; r < n; ++r)
-          for (int64_t h = 0; h < s.Hkv; ++h) {
-            float* kd = staged_k + (h * cpu::kDecodeKeys + r) * dp;
-            float* vd = staged_v + (h * cpu::kDecodeKeys + r) * dp;
-            kern.load_row(seg.k + h * seg.k_head + (j0 + r) * seg.k_row, static_cast<int>(s.dtype), s.D, 1.0f, kd);
-            kern.load_row(seg.v + h * seg.v_head + (j0 + r) * seg.v_row, static_cast<int>(s.dtype), s.D, 1.0f, vd);
-            std::fill(kd + s.D, kd + dp, 0.f);
-            std::fill(vd + s.D, vd + dp, 0.f);
+    if (heads_inside) {
+      float* staged_k = bufs->staged.f32() + tid * staged_floats;
+      float* staged_v = staged_k + staged_floats / 2;
+      for (int64_t p = item.first; p < item.last; ++p) {
+        const DecodeKeyPiece& piece = pieces[static_cast<size_t>(p)];
+        const CacheSegment& seg = w.segments[static_cast<size_t>(piece.seg)];
+        a.pos_stride = seg.pos_stride;
+        for (int64_t j = 0; j < piece.count; j += cpu::kDecodeKeys) {
+          const int64_t j0 = piece.j0 + j, n = std::min(cpu::kDecodeKeys, piece.count - j);
+          PrefetchKeyBlock(seg, j0 + n, std::min(cpu::kDecodeKeys, piece.count - j - n), s.Hkv, row_bytes);
+          for (int64_t r = 0; r < n; ++r)
+            for (int64_t h = 0; h < s.Hkv; ++h) {
+              float* kd = staged_k + (h * cpu::kDecodeKeys + r) * dp;
+              float* vd = staged_v + (h * cpu::kDecodeKeys + r) * dp;
+              kern.load_row(seg.k + h * seg.k_head + (j0 + r) * seg.k_row, static_cast<int>(s.dtype), s.D, 1.0f, kd);
+              kern.load_row(seg.v + h * seg.v_head + (j0 + r) * seg.v_row, static_cast<int>(s.dtype), s.D, 1.0f, vd);
+              std::fill(kd + s.D, kd + dp, 0.f);
+              std::fill(vd + s.D, vd + dp, 0.f);
+            }
+          a.count = n;
+          a.pos0 = seg.pos0 + j0 * seg.pos_stride;
+          a.init = p == item.first && j == 0;
+          for (int64_t hkv = 0; hkv < s.Hkv; ++hkv) {
+            rows_of(hkv, 0, rows);
+            a.k32 = staged_k + hkv * cpu::kDecodeKeys * dp;
+            a.v32 = staged_v + hkv * cpu::kDecodeKeys * dp;
+            kern.decode_chunk(a);
           }
-        a.count = n;
-        a.pos0 = seg.pos0 + j0 * seg.pos_stride;
-        a.init = p == item.first && j == 0;
-        for (int64_t hkv = 0; hkv < s.Hkv; ++hkv) {
-          a.k32 = staged_k + hkv * cpu::kDecodeKeys * dp;
-          a.v32 = staged_v + hkv * cpu::kDecodeKeys * dp;
-          attend(hkv);
         }
       }
+      return;
     }
-    if (heads_inside) return;
-    // One head at a time, its rows in chunks that stay in the core's caches over the item's keys
-    // (a chunk's queries, states and scores: about 200 KB at D 128), whole tokens each.
-    const int64_t chunk = std::max<int64_t>(1, kRowChunk / group) * group;
     for (int64_t hkv = 0; hkv < s.Hkv; ++hkv)
       for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
-        float* st = states + (i * s.Hkv + hkv) * state;
-        a.rows = std::min(chunk, rows - r0);
-        a.q = qp + ((item.b * s.Hkv + hkv) * rows + r0) * dp;
-        a.q_pos = w.q_pos.data() + item.b * s.T + r0 / group;
-        a.m = st + r0;
-        a.l = st + rows + r0;
-        a.acc = st + 2 * rows + r0 * dp;
+        rows_of(hkv, r0, std::min(chunk, rows - r0));
         for (int64_t p = item.first; p < item.last; ++p) {
           const DecodeKeyPiece& piece = pieces[static_cast<size_t>(p)];
           const CacheSegment& seg = w.segments[static_cast<size_t>(piece.seg)];
