@@ -401,6 +401,36 @@ inline std::vector<int64_t> Lengths(int64_t B, int64_t room, std::mt19937_64& rn
 // the cache, then seen by the call's queries) must make exactly the rows that see it NaN, out and
 // LSE, on every rank, and leave every other row finite. The case (a new token per sequence, GQA
 // 4:1, causal), the poison, and the check of every rank's results.
+// A key the window hides, in a tile or block the kernels compute for the keys the window shows:
+// an infinite V there must not reach the rows (the reference never reads it) through a probability
+// of 0 in a product over the tile. Sequence 0's V rows at positions 3 to 9 before the window's
+// first key (of the first new token) are infinite: on a rank's run, in the 64-key block that holds
+// the window's start (striped: every other position; contiguous: the same rank).
+inline Case WindowCase(Dt dt, int64_t D, stria_layout_t layout) {
+  Case c;
+  c.n = 2;
+  c.B = 1;
+  c.Hq = 8;
+  c.Hkv = 2;
+  c.D = D;
+  c.dt = dt;
+  c.layout = layout;
+  c.capacity = 300;
+  c.lens = {500};
+  c.window_left = 40;
+  return c;
+}
+inline void PoisonKeysBeforeTheWindow(const Case& c, DecodeInputs* in) {
+  const int64_t query = c.lens[0];
+  for (int64_t p = query - c.window_left - 9; p < query - c.window_left - 2; ++p) {
+    int rank = 0;
+    int64_t slot = 0;
+    Place(c, p, &rank, &slot);
+    RankCache& rc = in->caches[static_cast<size_t>(rank)];
+    for (int64_t h = 0; h < c.Hkv; ++h) rc.v.Set(rc.Index(c, 0, slot, h) + 5, INFINITY);
+  }
+}
+
 inline Case NaNKeyCase(Dt dt, int64_t D) {
   Case c;
   c.n = 3;

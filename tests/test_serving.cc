@@ -129,36 +129,15 @@ INSTANTIATE_TEST_SUITE_P(Cases, Decode, ::testing::ValuesIn(Cases()), [](const :
   return i.param.Name() + "_" + std::to_string(i.index);
 });
 
-// A key the window hides, in a block the kernel computes for the keys the window shows: an
-// infinite V there must not reach the rows (the reference never reads it), through a probability
-// of 0 in a product over the block. Decode (one token, its rows sharing their keys) on two ranks,
-// float32 and bf16, striped and contiguous.
+// A key the window hides never reaches the rows (WindowCase). Decode (one token, its rows sharing
+// their keys) on two ranks, float32 and bf16, striped and contiguous.
 TEST(DecodeWindow, AKeyOutsideTheWindowNeverReachesTheRows) {
   for (Dt dt : {Dt::kF32, Dt::kBF16})
     for (stria_layout_t layout : {STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_CONTIGUOUS}) {
-      Case c;
-      c.n = 2;
-      c.B = 1;
-      c.Hq = 8;
-      c.Hkv = 2;
-      c.D = 64;
-      c.dt = dt;
-      c.layout = layout;
-      c.capacity = 300;
-      c.lens = {500};
-      c.window_left = 40;
+      const Case c = WindowCase(dt, 64, layout);
       SCOPED_TRACE(c.Name());
       DecodeInputs in(c, 99);
-      // Positions 3 to 9 before the window's first key: on a rank's run, in the 64-key block that
-      // holds the window's start (striped: every other position; contiguous: the same rank).
-      const int64_t query = c.lens[0];
-      for (int64_t p = query - c.window_left - 9; p < query - c.window_left - 2; ++p) {
-        int rank = 0;
-        int64_t slot = 0;
-        Place(c, p, &rank, &slot);
-        RankCache& rc = in.caches[static_cast<size_t>(rank)];
-        for (int64_t h = 0; h < c.Hkv; ++h) rc.v.Set(rc.Index(c, 0, slot, h) + 5, INFINITY);
-      }
+      PoisonKeysBeforeTheWindow(c, &in);
       std::vector<Tensor> outs, lses;
       RunDecode(c, in, outs, lses);
       if (::testing::Test::HasFatalFailure()) return;

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "cuda/decode_params.h"
+#include "cuda/decode_span.cuh"
 #include "cuda/device_api.cuh"
 #include "cuda/elem_access.cuh"
 #include "cuda/softcap.cuh"
@@ -95,12 +96,10 @@ STRIA_GLOBAL void DecodeKernel(DecodeArgs a) {
   STRIA_UNROLL
   for (int i = 0; i < kDecodeAccPerThread; ++i) acc[i] = 0.f;
   block_sync();
-  // The positions the rows may see: none past the last row's (causal), none more than
-  // window_left before the first row's.
-  int64_t q_first = qpos[0], q_last = qpos[0];
+  DecodeSpan span{qpos[0], qpos[0]};
   for (int r = 1; r < nr; ++r) {
-    q_first = qpos[r] < q_first ? qpos[r] : q_first;
-    q_last = qpos[r] > q_last ? qpos[r] : q_last;
+    span.q_first = qpos[r] < span.q_first ? qpos[r] : span.q_first;
+    span.q_last = qpos[r] > span.q_last ? qpos[r] : span.q_last;
   }
 
   for (int64_t p = item.first; p < item.last; ++p) {
@@ -110,10 +109,10 @@ STRIA_GLOBAL void DecodeKernel(DecodeArgs a) {
     for (int64_t j0 = 0; j0 < piece.count; j0 += kt) {
       const int nk = piece.count - j0 < kt ? static_cast<int>(piece.count - j0) : kt;
       const int64_t pos_first = piece.pos0 + j0 * piece.pos_stride;
-      const int64_t pos_last = pos_first + (nk - 1) * piece.pos_stride;
-      // A uniform skip: every thread sees the same bounds.
-      if (a.causal && pos_first > q_last) continue;
-      if (a.window_left >= 0 && pos_last < q_first - a.window_left) continue;
+      // The keys some row sees (the same bounds in every thread: a uniform skip when none).
+      int jlo, jhi;
+      span.SeenKeys(a, pos_first, piece.pos_stride, nk, &jlo, &jhi);
+      if (jlo >= jhi) continue;
       bool loaded = false;
       if constexpr (ElemBytes<T>() == 2) {
         if (piece.rows16) {
@@ -184,7 +183,8 @@ STRIA_GLOBAL void DecodeKernel(DecodeArgs a) {
         const int r = x / D, d = x % D;
         float o = acc[i] * alpha[r];
         const float* pr = ss + r * kDecodeMaxKeys;
-        for (int j = 0; j < nk; ++j) o += pr[j] * vs[j * D + d];
+        // Only the keys some row sees: another's probability is 0, and 0 times an infinite V is NaN.
+        for (int j = jlo; j < jhi; ++j) o += pr[j] * vs[j * D + d];
         acc[i] = o;
       }
       block_sync();  // the next tile overwrites ks, vs and ss

@@ -18,6 +18,7 @@
 #pragma once
 
 #include "cuda/decode_params.h"
+#include "cuda/decode_span.cuh"
 #include "cuda/elem_access.cuh"
 #include "cuda/mma_common.cuh"
 
@@ -43,16 +44,6 @@ struct DecodeMmaTile {
 // Where a CTA is in its item's keys: piece p, keys from j0 (a tile is up to kKeys of them).
 struct DecodeCursor {
   int64_t p, j0;
-};
-
-// The keys a CTA's rows may see, as positions: none past the last row's (causal), none more than
-// window_left before the first row's. A tile wholly outside is neither loaded nor computed.
-struct DecodeSpan {
-  int64_t q_first, q_last;
-  STRIA_DEVICE bool Sees(const DecodeArgs& a, int64_t pos_first, int64_t pos_last) const {
-    if (a.causal && pos_first > q_last) return false;
-    return !(a.window_left >= 0 && pos_last < q_first - a.window_left);
-  }
 };
 
 // The first tile at or after *c that some row sees (c->p == item.last: none left).
@@ -122,11 +113,14 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) DecodeMmaKernel(DecodeArgs a) {
     span.q_last = p > span.q_last ? p : span.q_last;
   }
 
-  // Tile loads: every thread a share of the tile's 16-byte chunks; keys past the piece's end are
-  // zero-filled (their scores are masked: a zero row keeps NaN out of P V).
+  // Tile loads: every thread a share of the tile's 16-byte chunks. Keys past the piece's end and
+  // keys no row sees (DecodeSpan::SeenKeys) are zero-filled and never read: their scores are
+  // masked, and a zero row keeps NaN out of P V, where their probability of 0 meets V.
   auto load_tile = [&](const DecodeCursor& c, int st) {
     const DecodePiece& pc = a.pieces[c.p];
-    const int64_t n = pc.count - c.j0 < kKeys ? pc.count - c.j0 : kKeys;
+    const int n = static_cast<int>(pc.count - c.j0 < kKeys ? pc.count - c.j0 : kKeys);
+    int lo, hi;
+    span.SeenKeys(a, pc.pos0 + c.j0 * pc.pos_stride, pc.pos_stride, n, &lo, &hi);
     const char* kb = pc.k + hkv * pc.k_head + c.j0 * pc.k_row;
     const char* vb = pc.v + hkv * pc.v_head + c.j0 * pc.v_row;
     uint16_t* ks = tiles + 2 * st * Tile::kTileElems;
@@ -134,7 +128,7 @@ STRIA_GLOBAL void STRIA_LAUNCH_BOUNDS(128) DecodeMmaKernel(DecodeArgs a) {
     constexpr int kChunks = D / 8;
     for (int x = tid; x < kKeys * kChunks; x += kThreads) {
       const int j = x / kChunks, col = (x % kChunks) * 8;
-      const bool valid = j < n;
+      const bool valid = lo <= j && j < hi;
       const int64_t jj = valid ? j : 0;
       cp_async_16(ks + j * kStride + col, kb + jj * pc.k_row + col * 2, valid);
       cp_async_16(vs + j * kStride + col, vb + jj * pc.v_row + col * 2, valid);

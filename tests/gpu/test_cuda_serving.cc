@@ -273,6 +273,29 @@ TEST(CudaDecodeCalls, ANaNInASeenKeyReachesExactlyTheRowsThatSeeIt) {
   }
 }
 
+// A key the window hides never reaches the rows (WindowCase) on both decode kernels: SIMT
+// (float32, and bf16 at D 40) and the tensor-core one (bf16, D 64) in its narrow and wide (5 tokens
+// x 4 heads) forms, striped and contiguous.
+TEST(CudaDecodeCalls, AKeyOutsideTheWindowNeverReachesTheRows) {
+  STRIA_REQUIRE_GPU();
+  struct Form {
+    Dt dt;
+    int64_t D, T;
+  };
+  for (const Form f : {Form{Dt::kF32, 64, 1}, Form{Dt::kBF16, 40, 1}, Form{Dt::kBF16, 64, 1}, Form{Dt::kBF16, 64, 5}})
+    for (stria_layout_t layout : {STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_CONTIGUOUS}) {
+      Case c = WindowCase(f.dt, f.D, layout);
+      c.T = f.T;
+      SCOPED_TRACE(c.Name());
+      DecodeInputs in(c, 99);
+      PoisonKeysBeforeTheWindow(c, &in);
+      std::vector<Tensor> outs, lses;
+      RunCudaDecode(c, in, outs, lses);
+      if (HasFatalFailure()) return;
+      ExpectDecodeResults(c, in, outs, lses, in.caches);
+    }
+}
+
 // The ranks' records travel device to device and one kernel merges them, sinks included: a decode
 // call on several ranks (cache lengths and sinks in device memory) copies nothing to the host. And a
 // world of one's step with a new token is one upload and three kernels (store the token, attend,
