@@ -16,7 +16,13 @@ and their merge, measured by a call whose cache is empty (on this machine the ra
 contend for its cores, so this is an upper bound). Beside it the ideal, the
 time of the whole cache in one process divided by N, and the merge's share of the modelled time.
 
+With --window W (one new token), the query sees the last W cached keys only (a sliding-window
+layer: Mistral's, Gemma's, gpt-oss's): stria gets window_left W and reads the window's keys alone,
+PyTorch attends the window's slice of its cache (k[:, :, C - W:], what a PyTorch user would pass),
+and the rates count the window's keys.
+
     PYTHONPATH=build/bindings/python python bench/decode_cpu.py [--lens 32768,131072,...] [--ranks 2,4,8] [--tokens 1]
+        [--window W]
 """
 
 from __future__ import annotations
@@ -56,13 +62,18 @@ def main() -> None:
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--dtypes", default="bfloat16,float32")
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--window", type=int, default=-1, help="window_left W: the query sees the last W cached keys")
     args = p.parse_args()
     lens = [int(x) for x in args.lens.split(",")]
     ranks = [int(x) for x in args.ranks.split(",")]
     B, T, Hq, Hkv, D = args.batch, args.tokens, args.heads, args.kv_heads, args.dim
+    W = args.window
+    if W >= 0 and T != 1:
+        raise SystemExit("--window takes one new token (--tokens 1)")
     threads = torch.get_num_threads()
     print(f"# Decode over a sharded KV cache, CPU: {cpu_name()}, {os.cpu_count()} hardware threads")
-    print(f"B {B}, {T} new token(s) per sequence, Hq {Hq}, Hkv {Hkv}, D {D}; stria {stria.__version__}, "
+    print(f"B {B}, {T} new token(s) per sequence, Hq {Hq}, Hkv {Hkv}, D {D}"
+          f"{f', window {W}' if W >= 0 else ''}; stria {stria.__version__}, "
           f"torch {torch.__version__}, {threads} threads; median of {args.reps}\n")
 
     print("## One device, the whole cache\n")
@@ -81,8 +92,13 @@ def main() -> None:
                 ctx = group[0]
                 out = torch.empty_like(q)
                 lse = torch.empty(B, Hq, T)
-                ours = median_s(lambda: stria.attention_decode(ctx, q, k, v, cache_lens, out=out, lse=lse), args.reps)
+                ours = median_s(
+                    lambda: stria.attention_decode(ctx, q, k, v, cache_lens, out=out, lse=lse, window_left=W),
+                    args.reps)
+            # The keys the query sees (position c against cached positions: c - p <= W).
+            seen = c if W < 0 else min(c, W)
             kt, vt, qt = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous(), q.transpose(1, 2)
+            kt, vt = kt[:, :, c - seen:], vt[:, :, c - seen:]
             with torch.no_grad():
                 # stria against float64 on the first K/V head's query heads (the whole cache in
                 # float64 would not fit), the project's bar for each dtype.
@@ -96,8 +112,8 @@ def main() -> None:
                     lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True), args.reps
                 )
             one_device[(dtype, c)] = ours
-            gbs = 2 * k.numel() * k.element_size() / ours / 1e9
-            gflops = 4 * B * T * Hq * c * D / ours / 1e9
+            gbs = 2 * B * seen * Hkv * D * k.element_size() / ours / 1e9
+            gflops = 4 * B * T * Hq * seen * D / ours / 1e9
             print(f"| {dtype} | {c // 1024}k | {ours * 1e3:.2f} | {theirs * 1e3:.2f} | {theirs / ours:.2f}x | {gbs:.1f} "
                   f"| {gflops:.1f} |")
 
@@ -130,7 +146,7 @@ def main() -> None:
                     compute, calls = [], []
                     for _ in range(args.reps + 1):
                         t0 = time.perf_counter()
-                        stria.attention_decode(ctx, q, kc, vc, cache_lens, out=out)
+                        stria.attention_decode(ctx, q, kc, vc, cache_lens, out=out, window_left=W)
                         calls.append(time.perf_counter() - t0)
                         compute.append(ctx.step_times()[0].compute_cpu_s)
                     return statistics.median(compute[1:]), statistics.median(calls[1:])

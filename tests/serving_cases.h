@@ -431,6 +431,34 @@ inline void PoisonKeysBeforeTheWindow(const Case& c, DecodeInputs* in) {
   }
 }
 
+// What a serving engine that reclaims a sliding window's pages leaves in a paged cache's block
+// table: every entry whose block holds only positions before first[b] is -1 (not a block of the
+// pool), on every rank. No query sees those keys, so a call must not look the entries up.
+inline void ForgetPagesBefore(const Case& c, const std::vector<int64_t>& first, std::vector<RankCache>* caches) {
+  for (int64_t b = 0; b < c.B; ++b) {
+    std::vector<std::vector<bool>> keep(caches->size(), std::vector<bool>(static_cast<size_t>(c.capacity), false));
+    for (int64_t p = 0; p < c.n * c.capacity; ++p) {
+      int rank = 0;
+      int64_t slot = 0;
+      Place(c, p, &rank, &slot);
+      if (p >= first[static_cast<size_t>(b)])
+        keep[static_cast<size_t>(rank)][static_cast<size_t>(slot / c.block_size)] = true;
+    }
+    for (size_t r = 0; r < caches->size(); ++r) {
+      RankCache& rc = (*caches)[r];
+      for (int64_t i = 0; i < rc.max_blocks; ++i)
+        if (!keep[r][static_cast<size_t>(i)]) rc.table_data[static_cast<size_t>(b * rc.max_blocks + i)] = -1;
+    }
+  }
+}
+// The first position a call's new tokens see under the case's window (the first new token's, at
+// the sequence's cached length).
+inline std::vector<int64_t> WindowStarts(const Case& c) {
+  std::vector<int64_t> first;
+  for (int64_t len : c.lens) first.push_back(len - c.window_left);
+  return first;
+}
+
 inline Case NaNKeyCase(Dt dt, int64_t D) {
   Case c;
   c.n = 3;

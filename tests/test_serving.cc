@@ -180,8 +180,10 @@ TEST(DecodeLoop, GrowsAcrossRanksAndPages) {
 
 // Prefill on a local group of CPU ranks (PrefillInputs, ExpectPrefillResults: serving_cases.h).
 // Returns each rank's output, so that the modes can be compared with each other.
-std::vector<std::vector<double>> RunPrefill(const Case& c, uint64_t seed) {
+std::vector<std::vector<double>> RunPrefill(const Case& c, uint64_t seed,
+                                            const std::function<void(PrefillInputs&)>& prepare = {}) {
   PrefillInputs in(c, seed);
+  if (prepare) prepare(in);
   LocalGroup g(c.n);
   EXPECT_EQ(g.status, STRIA_SUCCESS) << stria_get_last_error();
   std::vector<Tensor> outs, lses;
@@ -285,6 +287,41 @@ INSTANTIATE_TEST_SUITE_P(Cases, Prefill, ::testing::ValuesIn(PrefillCases()),
                          [](const ::testing::TestParamInfo<Case>& i) {
                            return i.param.Name() + "_" + std::to_string(i.index);
                          });
+
+// A sliding window's calls read from the window's start: the block-table entries of pages wholly
+// before it may hold anything (ForgetPagesBefore), as a serving engine that reclaims those pages
+// leaves them. Decode (one token and three) and prefill in both modes, every layout, on three ranks.
+TEST(DecodeWindow, PagesBeforeTheWindowAreNeverLookedUp) {
+  for (stria_layout_t layout : {STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_ZIGZAG}) {
+    Case c;
+    c.n = 3;
+    c.layout = layout;
+    c.paged = true;
+    c.block_size = 4;
+    c.capacity = 96;
+    c.B = 2;
+    c.lens = {230, 61};
+    c.window_left = 20;
+    for (int64_t T : {1, 3}) {
+      c.T = T;
+      SCOPED_TRACE(c.Name());
+      DecodeInputs in(c, 5);
+      ForgetPagesBefore(c, WindowStarts(c), &in.caches);
+      std::vector<Tensor> outs, lses;
+      RunDecode(c, in, outs, lses);
+      if (HasFatalFailure()) return;
+      ExpectDecodeResults(c, in, outs, lses, in.caches);
+    }
+    c.T = 4;
+    c.lens = {200, 61};
+    for (stria_prefill_t mode : {STRIA_PREFILL_PASS_KV, STRIA_PREFILL_PASS_Q}) {
+      c.mode = mode;
+      SCOPED_TRACE(c.Name() + (mode == STRIA_PREFILL_PASS_KV ? " pass-KV" : " pass-Q"));
+      RunPrefill(c, 5, [&](PrefillInputs& in) { ForgetPagesBefore(c, WindowStarts(c), &in.caches); });
+      if (HasFailure()) return;
+    }
+  }
+}
 
 // A conversation: a first prefill, decode steps, a second turn's prefill, more decode steps, on
 // one cache; each call against the reference of the whole cache so far.

@@ -26,11 +26,14 @@ bool CacheSlot(stria_layout_t layout, int world_size, int64_t capacity, int64_t 
   return false;
 }
 
-int CacheRuns(stria_layout_t layout, int world_size, int rank, int64_t capacity, int64_t len, CacheRun runs[2]) {
+int CacheRuns(stria_layout_t layout, int world_size, int rank, int64_t capacity, int64_t len, CacheRun runs[2],
+              int64_t first) {
   const int64_t n = world_size, r = rank;
   int count = 0;
   auto add = [&](int64_t slot0, int64_t pos0, int64_t pos_stride, int64_t keys) {
-    if (keys > 0) runs[count++] = CacheRun{slot0, keys, pos0, pos_stride};
+    // A run's positions grow with its slots: it starts at its first at or past `first`.
+    const int64_t skip = first > pos0 ? std::min(keys, (first - pos0 + pos_stride - 1) / pos_stride) : 0;
+    if (keys > skip) runs[count++] = CacheRun{slot0 + skip, keys - skip, pos0 + skip * pos_stride, pos_stride};
   };
   switch (layout) {
     case STRIA_LAYOUT_STRIPED:

@@ -18,8 +18,10 @@ struct CacheRun {
 // does not fit (pos >= world_size * capacity).
 bool CacheSlot(stria_layout_t layout, int world_size, int64_t capacity, int64_t pos, int* rank, int64_t* slot);
 
-// Rank `rank`'s runs holding positions [0, len) (len <= world_size * capacity): writes up to two
-// into runs[] (in slot order, none empty) and returns how many.
-int CacheRuns(stria_layout_t layout, int world_size, int rank, int64_t capacity, int64_t len, CacheRun runs[2]);
+// Rank `rank`'s runs holding positions [first, len) (len <= world_size * capacity): writes up to
+// two into runs[] (in slot order, none empty) and returns how many. A window's calls start at the
+// first position any query sees (its keys before are neither read, nor sent, nor looked up).
+int CacheRuns(stria_layout_t layout, int world_size, int rank, int64_t capacity, int64_t len, CacheRun runs[2],
+              int64_t first = 0);
 
 }  // namespace stria

@@ -33,9 +33,9 @@ bool CacheView::Find(int64_t b, int64_t s, char** k_row, char** v_row, int64_t* 
   return true;
 }
 
-Status CacheView::AddSegments(int64_t b, int64_t len, std::vector<CacheSegment>* out) const {
+Status CacheView::AddSegments(int64_t b, int64_t len, std::vector<CacheSegment>* out, int64_t first) const {
   CacheRun runs[2];
-  const int nr = CacheRuns(layout, world_size, rank, capacity, len, runs);
+  const int nr = CacheRuns(layout, world_size, rank, capacity, len, runs, first);
   Status why;
   for (int i = 0; i < nr; ++i)
     for (int64_t j = 0; j < runs[i].count;) {

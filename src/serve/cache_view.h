@@ -23,9 +23,11 @@ struct CacheView {
   int64_t table_b = 0, table_i = 0, block_size = 0, num_blocks = 0;
   std::vector<int64_t> lens;  // cache->lens, read on the host
 
-  // The segments of this rank's slots that hold sequence b's positions [0, len) (len at most
-  // world_size * capacity), in slot order (so positions increase), cut at page ends.
-  Status AddSegments(int64_t b, int64_t len, std::vector<CacheSegment>* out) const;
+  // The segments of this rank's slots that hold sequence b's positions [first, len) (len at most
+  // world_size * capacity), in slot order (so positions increase), cut at page ends. A window's
+  // calls start at the first position any query sees: the keys before it are neither planned into
+  // the work items nor looked up in a block table.
+  Status AddSegments(int64_t b, int64_t len, std::vector<CacheSegment>* out, int64_t first = 0) const;
   // If this rank holds position `pos` of sequence b: the append that stores a token's rows there
   // (k_src, v_src: head 0's D elements; heads src_head bytes apart).
   Status AddAppend(int64_t b, int64_t pos, const char* k_src, const char* v_src, int64_t k_src_head, int64_t v_src_head,

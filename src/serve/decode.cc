@@ -99,8 +99,10 @@ Status ValidateDecode(Context& ctx, const DecodeCall& call, ValidatedDecode* vd)
   for (int64_t b = 0; b < s.B; ++b) {
     const int64_t len = cv.lens[static_cast<size_t>(b)];
     for (int64_t t = 0; t < s.T; ++t) w.q_pos[static_cast<size_t>(b * s.T + t)] = len + t;
-    // This rank's keys of sequence b, the new ones included (they are stored first).
-    STRIA_RETURN_IF_ERROR(cv.AddSegments(b, len + added, &w.segments));
+    // This rank's keys of sequence b, the new ones included (they are stored first), from the
+    // first that some query sees: under a window, the first new token's window start.
+    const int64_t first = s.window_left >= 0 ? len - s.window_left : 0;
+    STRIA_RETURN_IF_ERROR(cv.AddSegments(b, len + added, &w.segments, first));
     for (int64_t t = 0; t < added; ++t) {
       const char* kr = static_cast<const char*>(k_new.data) + (b * k_new.strides[0] + t * k_new.strides[1]) * ek;
       const char* vr = static_cast<const char*>(v_new.data) + (b * v_new.strides[0] + t * v_new.strides[1]) * ev;

@@ -71,9 +71,17 @@ struct ValidatedPrefill {
   int64_t max_rows = 0;
 };
 
-int64_t CacheCount(const CacheView& cv, int holder, int64_t len) {
+// The first cached position a new token of a sequence with `len` cached tokens sees: under a
+// window, the first new token's (at position len, whichever rank holds it) window start. The
+// cached keys before it are neither read nor sent.
+int64_t FirstSeen(const DecodeShape& s, int64_t len) {
+  return s.window_left >= 0 ? len - s.window_left : 0;
+}
+
+// Holder's cached keys of a sequence from FirstSeen on.
+int64_t CacheCount(const CacheView& cv, const DecodeShape& s, int holder, int64_t len) {
   CacheRun runs[2];
-  const int nr = CacheRuns(cv.layout, cv.world_size, holder, cv.capacity, len, runs);
+  const int nr = CacheRuns(cv.layout, cv.world_size, holder, cv.capacity, len, runs, FirstSeen(s, len));
   int64_t n = 0;
   for (int i = 0; i < nr; ++i) n += runs[i].count;
   return n;
@@ -140,7 +148,7 @@ Status ValidatePrefill(Context& ctx, const PrefillCall& call, ValidatedPrefill* 
   for (int h = 0; h < n; ++h) {
     vp->runs[static_cast<size_t>(h)] = NewTokenRuns(c.layout, s.T, n, h);
     for (int64_t b = 0; b < s.B; ++b) {
-      const int64_t rows = CacheCount(cv, h, cv.lens[static_cast<size_t>(b)]) + s.T;
+      const int64_t rows = CacheCount(cv, s, h, cv.lens[static_cast<size_t>(b)]) + s.T;
       vp->rows[static_cast<size_t>(h * s.B + b)] = rows;
       vp->max_rows = std::max(vp->max_rows, rows);
     }
@@ -183,7 +191,7 @@ void MessageSegments(const ValidatedPrefill& vp, int holder, char* k_part, char*
       at += count;
     };
     CacheRun runs[2];
-    const int nr = CacheRuns(cv.layout, cv.world_size, holder, cv.capacity, len, runs);
+    const int nr = CacheRuns(cv.layout, cv.world_size, holder, cv.capacity, len, runs, FirstSeen(s, len));
     for (int i = 0; i < nr; ++i) add(runs[i].count, runs[i].pos0, runs[i].pos_stride);
     for (const TokenRun& r : vp.runs[static_cast<size_t>(holder)]) add(r.count, len + r.c0, r.stride);
   }
@@ -222,7 +230,7 @@ Status OwnSegments(const ValidatedPrefill& vp, int rank, std::vector<CacheSegmen
   const int64_t ek = vp.k.elem_bytes(), ev = vp.v.elem_bytes();
   for (int64_t b = 0; b < s.B; ++b) {
     const int64_t len = vp.cache.lens[static_cast<size_t>(b)];
-    STRIA_RETURN_IF_ERROR(vp.cache.AddSegments(b, len, out));
+    STRIA_RETURN_IF_ERROR(vp.cache.AddSegments(b, len, out, FirstSeen(s, len)));
     for (const TokenRun& r : vp.runs[static_cast<size_t>(rank)]) {
       CacheSegment seg;
       seg.b = b;
