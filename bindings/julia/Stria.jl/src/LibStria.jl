@@ -669,9 +669,10 @@ end
 # int32 [B, max_blocks] tensor in the context's memory or in host memory: slot s of sequence b is
 # row s mod block_size of block block_table[b][s / block_size]. Only the entries a call uses are read
 # (-1 elsewhere is fine; with a window, a block that holds only positions before the first new
-# token's window start is not used, so an engine may reclaim it), on the host: a table in GPU memory is copied to the host after the work
-# queued on the call's stream, which the call waits for; one in host memory (as engines keep a copy
-# there) is read where it is, and the call never waits for the stream.
+# token's window start is not used, so an engine may reclaim it), on the host: a table in GPU
+# memory is copied to the host after the work queued on the call's stream, which the call waits
+# for; one in host memory (as engines keep a copy there) is read where it is, and the call never
+# waits for the stream.
 struct stria_kv_cache_t
     struct_size::Csize_t
     k::Ptr{DLTensor}
