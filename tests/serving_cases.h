@@ -431,6 +431,20 @@ inline void PoisonKeysBeforeTheWindow(const Case& c, DecodeInputs* in) {
   }
 }
 
+// A paged cache over three ranks with a window of 20 keys, whose sequences reach well past it:
+// the cases of ForgetPagesBefore.
+inline Case PagedWindowCase(stria_layout_t layout) {
+  Case c;
+  c.n = 3;
+  c.layout = layout;
+  c.paged = true;
+  c.block_size = 4;
+  c.capacity = 96;
+  c.B = 2;
+  c.lens = {230, 61};
+  c.window_left = 20;
+  return c;
+}
 // What a serving engine that reclaims a sliding window's pages leaves in a paged cache's block
 // table: every entry whose block holds only positions before first[b] is -1 (not a block of the
 // pool), on every rank. No query sees those keys, so a call must not look the entries up.

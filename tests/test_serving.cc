@@ -293,15 +293,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, Prefill, ::testing::ValuesIn(PrefillCases()),
 // leaves them. Decode (one token and three) and prefill in both modes, every layout, on three ranks.
 TEST(DecodeWindow, PagesBeforeTheWindowAreNeverLookedUp) {
   for (stria_layout_t layout : {STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_ZIGZAG}) {
-    Case c;
-    c.n = 3;
-    c.layout = layout;
-    c.paged = true;
-    c.block_size = 4;
-    c.capacity = 96;
-    c.B = 2;
-    c.lens = {230, 61};
-    c.window_left = 20;
+    Case c = PagedWindowCase(layout);
     for (int64_t T : {1, 3}) {
       c.T = T;
       SCOPED_TRACE(c.Name());

@@ -298,21 +298,13 @@ TEST(CudaDecodeCalls, AKeyOutsideTheWindowNeverReachesTheRows) {
 
 // A sliding window's calls read from the window's start: the block-table entries of pages wholly
 // before it may hold anything (ForgetPagesBefore), here in device memory and, for the tensor-core
-// kernel, in host memory. SIMT (float32) and tensor cores (bf16, D 64: one token, narrow, and five, wide), every
-// layout, on three ranks.
+// kernel, in host memory. SIMT (float32) and tensor cores (bf16, D 64: one token, narrow, and five,
+// wide), every layout, on three ranks.
 TEST(CudaDecodeCalls, PagesBeforeTheWindowAreNeverLookedUp) {
   STRIA_REQUIRE_GPU();
   for (stria_layout_t layout : {STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_CONTIGUOUS, STRIA_LAYOUT_ZIGZAG})
     for (const int form : {0, 1, 2}) {
-      Case c;
-      c.n = 3;
-      c.layout = layout;
-      c.paged = true;
-      c.block_size = 8;
-      c.capacity = 96;
-      c.B = 2;
-      c.lens = {230, 61};
-      c.window_left = 20;
+      Case c = PagedWindowCase(layout);
       c.dt = form == 0 ? Dt::kF32 : Dt::kBF16;
       c.D = form == 0 ? 32 : 64;
       c.T = form == 2 ? 5 : 1;
