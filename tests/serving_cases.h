@@ -401,11 +401,12 @@ inline std::vector<int64_t> Lengths(int64_t B, int64_t room, std::mt19937_64& rn
 // the cache, then seen by the call's queries) must make exactly the rows that see it NaN, out and
 // LSE, on every rank, and leave every other row finite. The case (a new token per sequence, GQA
 // 4:1, causal), the poison, and the check of every rank's results.
-// A key the window hides, in a tile or block the kernels compute for the keys the window shows:
-// an infinite V there must not reach the rows (the reference never reads it) through a probability
-// of 0 in a product over the tile. Sequence 0's V rows at positions 3 to 9 before the window's
-// first key (of the first new token) are infinite: on a rank's run, in the 64-key block that holds
-// the window's start (striped: every other position; contiguous: the same rank).
+// Keys the window hides, just before its start: an infinite V there must not reach the rows (the
+// reference never reads it). Sequence 0's V rows at positions 3 to 9 before the window's first key
+// (of the first new token) are infinite: on a rank's run, in the 64-key block that holds the
+// window's start (striped: every other position; contiguous: the same rank). A call's keys start
+// at the window (FirstSeenPosition), and a kernel's product takes only the keys some row sees
+// (which CudaDecodeCalls.AKeyOnlyTheFirstTokenSeesStaysInItsCtas checks on its own).
 inline Case WindowCase(Dt dt, int64_t D, stria_layout_t layout) {
   Case c;
   c.n = 2;

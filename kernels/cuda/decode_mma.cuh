@@ -52,9 +52,10 @@ STRIA_DEVICE void SeekSeenTile(const DecodeArgs& a, const DecodeItem& item, cons
   while (c->p < item.last) {
     const DecodePiece& pc = a.pieces[c->p];
     if (c->j0 < pc.count) {
-      const int64_t n = pc.count - c->j0 < kKeys ? pc.count - c->j0 : kKeys;
-      const int64_t first = pc.pos0 + c->j0 * pc.pos_stride;
-      if (span.Sees(a, first, first + (n - 1) * pc.pos_stride)) return;
+      const int n = static_cast<int>(pc.count - c->j0 < kKeys ? pc.count - c->j0 : kKeys);
+      int lo, hi;
+      span.SeenKeys(a, pc.pos0 + c->j0 * pc.pos_stride, pc.pos_stride, n, &lo, &hi);
+      if (lo < hi) return;
       c->j0 += kKeys;
     } else {
       ++c->p;

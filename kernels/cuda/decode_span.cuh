@@ -17,17 +17,11 @@ namespace cuda {
 struct DecodeSpan {
   int64_t q_first, q_last;
 
-  // Whether keys at positions [pos_first, pos_last] hold one that some row sees: a tile wholly
-  // outside is neither loaded nor computed.
-  STRIA_HD bool Sees(const DecodeArgs& a, int64_t pos_first, int64_t pos_last) const {
-    if (a.causal && pos_first > q_last) return false;
-    return !(a.window_left >= 0 && pos_last < q_first - a.window_left);
-  }
-
   // Of a tile's n keys at positions pos_first + j * stride (stride >= 1), the range [*lo, *hi)
-  // that holds every key some row sees. A key outside it is hidden from every row: its probability
-  // is 0 in every row, and the product with V must not take its row at all, since 0 times an
-  // infinite V is NaN (and a cache's slots past the window may hold anything).
+  // that holds every key some row sees (empty: a tile neither loaded nor computed). A key outside
+  // it is hidden from every row: its probability is 0 in every row, and the product with V must
+  // not take its row at all, since 0 times an infinite V is NaN (and a cache's slots past the
+  // window may hold anything).
   STRIA_HD void SeenKeys(const DecodeArgs& a, int64_t pos_first, int64_t stride, int n, int* lo, int* hi) const {
     int64_t l = 0, h = n;
     if (a.causal) h = q_last < pos_first ? 0 : MinI(h, (q_last - pos_first) / stride + 1);

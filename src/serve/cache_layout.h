@@ -24,4 +24,10 @@ bool CacheSlot(stria_layout_t layout, int world_size, int64_t capacity, int64_t 
 int CacheRuns(stria_layout_t layout, int world_size, int rank, int64_t capacity, int64_t len, CacheRun runs[2],
               int64_t first = 0);
 
+// The first cached position a call's new tokens see, the first of them at position `len`: its
+// window's start under a window (window_left >= 0), else 0. What CacheRuns' `first` takes.
+inline int64_t FirstSeenPosition(int64_t len, int64_t window_left) {
+  return window_left >= 0 ? len - window_left : 0;
+}
+
 }  // namespace stria

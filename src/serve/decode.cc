@@ -17,6 +17,7 @@
 #include "ring/arguments.h"
 #include "ring/ring_common.h"
 #include "ring/ring_order.h"
+#include "serve/cache_layout.h"
 #include "serve/cache_view.h"
 #include "serve/serving_common.h"
 
@@ -100,9 +101,8 @@ Status ValidateDecode(Context& ctx, const DecodeCall& call, ValidatedDecode* vd)
     const int64_t len = cv.lens[static_cast<size_t>(b)];
     for (int64_t t = 0; t < s.T; ++t) w.q_pos[static_cast<size_t>(b * s.T + t)] = len + t;
     // This rank's keys of sequence b, the new ones included (they are stored first), from the
-    // first that some query sees: under a window, the first new token's window start.
-    const int64_t first = s.window_left >= 0 ? len - s.window_left : 0;
-    STRIA_RETURN_IF_ERROR(cv.AddSegments(b, len + added, &w.segments, first));
+    // first that some query sees.
+    STRIA_RETURN_IF_ERROR(cv.AddSegments(b, len + added, &w.segments, FirstSeenPosition(len, s.window_left)));
     for (int64_t t = 0; t < added; ++t) {
       const char* kr = static_cast<const char*>(k_new.data) + (b * k_new.strides[0] + t * k_new.strides[1]) * ek;
       const char* vr = static_cast<const char*>(v_new.data) + (b * v_new.strides[0] + t * v_new.strides[1]) * ev;

@@ -71,17 +71,11 @@ struct ValidatedPrefill {
   int64_t max_rows = 0;
 };
 
-// The first cached position a new token of a sequence with `len` cached tokens sees: under a
-// window, the first new token's (at position len, whichever rank holds it) window start. The
-// cached keys before it are neither read nor sent.
-int64_t FirstSeen(const DecodeShape& s, int64_t len) {
-  return s.window_left >= 0 ? len - s.window_left : 0;
-}
-
-// Holder's cached keys of a sequence from FirstSeen on.
+// Holder's cached keys of a sequence, from the first a new token sees (FirstSeenPosition).
 int64_t CacheCount(const CacheView& cv, const DecodeShape& s, int holder, int64_t len) {
   CacheRun runs[2];
-  const int nr = CacheRuns(cv.layout, cv.world_size, holder, cv.capacity, len, runs, FirstSeen(s, len));
+  const int nr =
+      CacheRuns(cv.layout, cv.world_size, holder, cv.capacity, len, runs, FirstSeenPosition(len, s.window_left));
   int64_t n = 0;
   for (int i = 0; i < nr; ++i) n += runs[i].count;
   return n;
@@ -191,7 +185,8 @@ void MessageSegments(const ValidatedPrefill& vp, int holder, char* k_part, char*
       at += count;
     };
     CacheRun runs[2];
-    const int nr = CacheRuns(cv.layout, cv.world_size, holder, cv.capacity, len, runs, FirstSeen(s, len));
+    const int nr =
+        CacheRuns(cv.layout, cv.world_size, holder, cv.capacity, len, runs, FirstSeenPosition(len, s.window_left));
     for (int i = 0; i < nr; ++i) add(runs[i].count, runs[i].pos0, runs[i].pos_stride);
     for (const TokenRun& r : vp.runs[static_cast<size_t>(holder)]) add(r.count, len + r.c0, r.stride);
   }
@@ -230,7 +225,7 @@ Status OwnSegments(const ValidatedPrefill& vp, int rank, std::vector<CacheSegmen
   const int64_t ek = vp.k.elem_bytes(), ev = vp.v.elem_bytes();
   for (int64_t b = 0; b < s.B; ++b) {
     const int64_t len = vp.cache.lens[static_cast<size_t>(b)];
-    STRIA_RETURN_IF_ERROR(vp.cache.AddSegments(b, len, out, FirstSeen(s, len)));
+    STRIA_RETURN_IF_ERROR(vp.cache.AddSegments(b, len, out, FirstSeenPosition(len, s.window_left)));
     for (const TokenRun& r : vp.runs[static_cast<size_t>(rank)]) {
       CacheSegment seg;
       seg.b = b;

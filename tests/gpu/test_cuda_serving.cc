@@ -7,6 +7,8 @@
 // group usable.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -109,12 +111,15 @@ void RunCudaDecode(const Case& c, DecodeInputs& in, std::vector<Tensor>& outs_ho
   }
 }
 
-// One decode call against the float64 reference (RunCudaDecode's options).
-void RunCudaCase(const Case& c, uint64_t seed, bool on_stream = false, bool lens_on_device = false) {
+// One decode call against the float64 reference (RunCudaDecode's options); `prepare` may change
+// the inputs first (what the reference never reads).
+void RunCudaCase(const Case& c, uint64_t seed, bool on_stream = false, bool lens_on_device = false,
+                 bool table_on_host = false, const std::function<void(DecodeInputs&)>& prepare = {}) {
   SCOPED_TRACE(c.Name());
   DecodeInputs in(c, seed);
+  if (prepare) prepare(in);
   std::vector<Tensor> outs, lses;
-  RunCudaDecode(c, in, outs, lses, on_stream, lens_on_device);
+  RunCudaDecode(c, in, outs, lses, on_stream, lens_on_device, nullptr, table_on_host);
   if (::testing::Test::HasFatalFailure()) return;
   ExpectDecodeResults(c, in, outs, lses, in.caches);
 }
@@ -286,13 +291,47 @@ TEST(CudaDecodeCalls, AKeyOutsideTheWindowNeverReachesTheRows) {
     for (stria_layout_t layout : {STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_CONTIGUOUS}) {
       Case c = WindowCase(f.dt, f.D, layout);
       c.T = f.T;
+      RunCudaCase(c, 99, false, false, false, [&](DecodeInputs& in) { PoisonKeysBeforeTheWindow(c, &in); });
+      if (HasFatalFailure()) return;
+    }
+}
+
+// An infinite V at the window's first key, which of 20 new tokens only the first sees: the call's
+// keys start there, so the kernels compute its tile for the later tokens too. A CTA's product
+// takes only the keys some row of it sees (DecodeSpan::SeenKeys), so the value reaches the first
+// token's rows and no row of a CTA without them. Checked on the last four tokens' rows, which both
+// kernels give CTAs of their own: SIMT (float32; eight rows a CTA, two tokens of a group of four)
+// and the tensor-core wide form (bf16; 64 rows a CTA, sixteen tokens); the first token's rows are
+// not finite where V is. Rows that share a CTA with the first token's see what its product takes.
+TEST(CudaDecodeCalls, AKeyOnlyTheFirstTokenSeesStaysInItsCtas) {
+  STRIA_REQUIRE_GPU();
+  for (Dt dt : {Dt::kF32, Dt::kBF16})
+    for (stria_layout_t layout : {STRIA_LAYOUT_STRIPED, STRIA_LAYOUT_CONTIGUOUS}) {
+      Case c = WindowCase(dt, 64, layout);
+      c.T = 20;
       SCOPED_TRACE(c.Name());
       DecodeInputs in(c, 99);
-      PoisonKeysBeforeTheWindow(c, &in);
+      const int64_t first = c.lens[0] - c.window_left;  // the first token's window start
+      int rank = 0;
+      int64_t slot = 0;
+      Place(c, first, &rank, &slot);
+      RankCache& rc = in.caches[static_cast<size_t>(rank)];
+      for (int64_t h = 0; h < c.Hkv; ++h) rc.v.Set(rc.Index(c, 0, slot, h) + 5, INFINITY);
       std::vector<Tensor> outs, lses;
       RunCudaDecode(c, in, outs, lses);
       if (HasFatalFailure()) return;
-      ExpectDecodeResults(c, in, outs, lses, in.caches);
+      std::vector<double> got, want;
+      for (int64_t t = 0; t < c.T; ++t)
+        for (int64_t x = 0; x < c.Hq * c.D; ++x) {
+          const double o = outs[0].Get(t * c.Hq * c.D + x);
+          if (t == 0 && x % c.D == 5) {
+            ASSERT_FALSE(std::isfinite(o)) << "the first token's row " << x / c.D << " sees the infinite V";
+          }
+          if (t < 16) continue;
+          got.push_back(o);
+          want.push_back(in.ref.out[static_cast<size_t>(t * c.Hq * c.D + x)]);
+        }
+      EXPECT_LT(RelError(got, want), dt == Dt::kF32 ? 1e-5 : 2e-2) << "the last four tokens' rows";
     }
 }
 
@@ -309,13 +348,9 @@ TEST(CudaDecodeCalls, PagesBeforeTheWindowAreNeverLookedUp) {
       c.D = form == 0 ? 32 : 64;
       c.T = form == 2 ? 5 : 1;
       c.Hq = form == 2 ? 8 : 4;  // 5 tokens x 4 heads: the wide form's 20 rows
-      SCOPED_TRACE(c.Name());
-      DecodeInputs in(c, 5);
-      ForgetPagesBefore(c, WindowStarts(c), &in.caches);
-      std::vector<Tensor> outs, lses;
-      RunCudaDecode(c, in, outs, lses, false, false, nullptr, /*table_on_host=*/form == 1);
+      RunCudaCase(c, 5, false, false, /*table_on_host=*/form == 1,
+                  [&](DecodeInputs& in) { ForgetPagesBefore(c, WindowStarts(c), &in.caches); });
       if (HasFatalFailure()) return;
-      ExpectDecodeResults(c, in, outs, lses, in.caches);
     }
 }
 
