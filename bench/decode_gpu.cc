@@ -1,7 +1,7 @@
 // Decode over a sharded KV cache on a GPU (stria_attention_decode on the CUDA backend):
 //
 //   stria-decode-bench [--lens 32768,131072,524288,1048576] [--worlds 2,4,8] [--heads 32]
-//                      [--kv-heads 8] [--dim 128] [--reps 20] [--prefill 512,4096]
+//                      [--kv-heads 8] [--dim 128] [--reps 20] [--prefill 512,4096] [--window W]
 //
 // One token per call (bf16, batch 1) against a cache of S tokens on one GPU: the call's time until
 // out and lse are written (the call and a synchronisation of its stream), and the bandwidth of its
@@ -17,6 +17,10 @@
 //    one) plus what N ranks add to a call, the merge (the agreement, the records' exchange device
 //    to device, the merge kernel): an N-rank local group's call on this GPU at one cached token
 //    each less a world of one's, an upper bound, since those ranks share one GPU and one host.
+// With --window W, also each S's call under a sliding window of W keys (window_left W: the token
+// sees the last W cached ones, a sliding-window layer's decode), `decode_window` lines, the
+// bandwidth counting the window's keys alone: the call reads no others. Its anchor is SDPA on the
+// window's slice of the cache (bench/torch_sdpa_gpu.py --decode ... --window W).
 // And a prefill on one GPU: P new tokens (--prefill) against each S up to 128k, timed the same
 // way, in TFLOP/s (the tensor-core decode's wide form attends them).
 // Lines are key=value, as stria-cuda-bench's; the anchor (PyTorch SDPA's decode on the same shapes)
@@ -116,7 +120,8 @@ struct Timing {
 
 // One decode call per rank of `ctx` (all ranks call together) over a cache of `len` cached tokens
 // per rank's share of a striped cache of n * cap slots.
-Timing DecodeMs(const std::vector<stria_context_t>& ctx, const Shape& s, int64_t cap, int64_t len, int reps) {
+Timing DecodeMs(const std::vector<stria_context_t>& ctx, const Shape& s, int64_t cap, int64_t len, int reps,
+                int64_t window_left = -1) {
   const int n = static_cast<int>(ctx.size());
   std::vector<double> times, gpu_times;
   struct Rank {
@@ -142,6 +147,7 @@ Timing DecodeMs(const std::vector<stria_context_t>& ctx, const Shape& s, int64_t
     stria_attention_params_t p;
     stria_attention_params_init(&p);
     p.layout = STRIA_LAYOUT_STRIPED;
+    p.window_left = window_left;
     stria_kv_cache_t cache;
     stria_kv_cache_init(&cache);
     Rank& r = ranks[static_cast<size_t>(i)];
@@ -309,6 +315,7 @@ int main(int argc, char** argv) {
   int reps = 20;
   double gather_us = 20, link_gbs = 450;
   std::vector<int64_t> prefill = {512, 4096};
+  int64_t window = -1;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     if (k == "--lens")
@@ -325,6 +332,8 @@ int main(int argc, char** argv) {
       reps = std::atoi(argv[i + 1]);
     else if (k == "--prefill")
       prefill = ParseList(argv[i + 1]);
+    else if (k == "--window")
+      window = std::atoll(argv[i + 1]);
     else if (k == "--gather-us")
       gather_us = std::atof(argv[i + 1]);
     else if (k == "--link-GBs")
@@ -353,6 +362,17 @@ int main(int argc, char** argv) {
         "host_ms=%.4f\n",
         static_cast<long long>(S), static_cast<long long>(s.Hq), static_cast<long long>(s.Hkv),
         static_cast<long long>(s.D), t.gpu_ms, gbs, t.wall_ms, t.work_ms, t.host_ms);
+    std::fflush(stdout);
+    if (window < 0) continue;
+    // The token at position S - 1 after S - 1 cached ones sees those at S - 1 - W .. S - 2.
+    const Timing w = DecodeMs(one, s, S, S - 1, reps, window);
+    const double seen = static_cast<double>(std::min(window, S - 1));
+    std::printf(
+        "impl=stria_cuda decode_window S=%lld W=%lld Hq=%lld Hkv=%lld D=%lld ms=%.4f kv_GBs=%.1f wall_ms=%.4f "
+        "work_ms=%.4f\n",
+        static_cast<long long>(S), static_cast<long long>(window), static_cast<long long>(s.Hq),
+        static_cast<long long>(s.Hkv), static_cast<long long>(s.D), w.gpu_ms,
+        2.0 * seen * static_cast<double>(s.Hkv * s.D) * 2.0 / (w.gpu_ms * 1e6), w.wall_ms, w.work_ms);
     std::fflush(stdout);
   }
   // Prefill on one GPU: P new tokens against S cached ones, causal among themselves (FLOPs as

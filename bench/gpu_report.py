@@ -5,13 +5,14 @@ Usage: gpu_report.py gpu_results.txt > gpu_report.md
 
 Reads the key=value lines that bench/gpu_run.sh collects (stria-cuda-bench's `impl=`, `split`,
 `ring`, `hide_threshold` lines, stria-decode-bench's `decode`, `decode_fixed`, `decode_merge`,
-`decode_sharded` and `prefill` lines
+`decode_sharded`, `decode_window` and `prefill` lines
 and bench/torch_sdpa_gpu.py's `impl=torch_*` lines; everything else is skipped) and prints, in
 markdown: forward and backward TFLOP/s of every stria kernel family beside
 torch SDPA's flash and cuDNN backends on the same shapes; where a call's time goes (the call alone,
 per call queued back to back, the block kernel alone); the modelled N-rank ring against the
 ideal and the analytic ratio; the block lengths from which a step's transfer hides; decode over a
-sharded KV cache (one GPU's call beside torch SDPA's, the modelled call over N ranks); prefill
+sharded KV cache (one GPU's call beside torch SDPA's, the modelled call over N ranks, the call
+under a sliding window beside SDPA on the window's slice); prefill
 chunks beside SDPA's; and a last table of the bars:
   causal forward, D 128, 4k tokens and more: the best stria family >= 1.0x torch's flash backend;
   causal backward, the same shapes: >= 0.9x;
@@ -246,6 +247,27 @@ def decode_tables(decode, sharded, fixed, shape, out, bars, split=None, merges=N
                  None if share is None else share <= 0.10))
 
 
+def window_table(windows, out):
+    """Decode under a sliding window of W keys beside SDPA on the window's slice of the cache: ms
+    (GB/s of the window's keys)."""
+    if not windows:
+        return
+    impls = sorted({i for (_, _, i) in windows}, key=lambda i: (not i.startswith("stria"), i))
+    out.append("Decode under a sliding window, one token seeing the last W of S cached tokens (bf16), one GPU: ms "
+               "(GB/s of the window's keys); SDPA attends the window's slice of its cache:\n")
+    out.append("| S | W | " + " | ".join(impls) + " | stria / best torch |")
+    out.append("|---|---|" + "---|" * (len(impls) + 1))
+    for length, window in sorted({(s, w) for (s, w, _) in windows}):
+        cells = [f"{windows[(length, window, i)][0]:.3f} ({windows[(length, window, i)][1]:.0f})"
+                 if (length, window, i) in windows else "–" for i in impls]
+        ours = windows.get((length, window, "stria_cuda"))
+        torch_ms = [windows[(length, window, i)][0] for i in impls
+                    if i.startswith("torch") and (length, window, i) in windows]
+        ratio = f"{min(torch_ms) / ours[0]:.2f}x" if ours and torch_ms else "–"
+        out.append(f"| {length} | {window} | " + " | ".join(cells) + f" | {ratio} |")
+    out.append("")
+
+
 def prefill_table(prefill, out):
     """Prefill chunks on one GPU beside SDPA's flash and memory-efficient backends: ms (TFLOP/s)."""
     if not prefill:
@@ -307,7 +329,7 @@ def main(argv):
         sys.exit(__doc__)
     kern, split, ring, hide, nccl, docs, steps, idle, homes = {}, [], [], [], [], [], [], [], []
     decode, sharded, fixed, decode_shape, prefill = {}, [], None, None, {}
-    decode_split, merges = {}, {}
+    decode_split, merges, windows = {}, {}, {}
     with open(argv[1], errors="replace") as f:
         for line in f:
             # The nccl1 stage prints its own markdown table (NCCL at world 1 against in-process).
@@ -322,6 +344,8 @@ def main(argv):
                         decode_split[int(kv["S"])] = (float(kv["work_ms"]), float(kv["host_ms"]))
                     if decode_shape is None and {"Hq", "Hkv", "D"} <= kv.keys():
                         decode_shape = f"Hq {kv['Hq']}, Hkv {kv['Hkv']}, D {kv['D']}"
+                elif "impl" in kv and " decode_window " in f" {line} " and {"S", "W", "ms", "kv_GBs"} <= kv.keys():
+                    windows[(int(kv["S"]), int(kv["W"]), kv["impl"])] = (float(kv["ms"]), float(kv["kv_GBs"]))
                 elif "impl" in kv and " prefill " in f" {line} " and {"S", "P", "ms", "tflops"} <= kv.keys():
                     prefill[(int(kv["S"]), int(kv["P"]), kv["impl"])] = (float(kv["ms"]), float(kv["tflops"]))
                 elif "impl" in kv and " decode_fixed " in f" {line} " and "ms" in kv:
@@ -440,6 +464,7 @@ def main(argv):
         out.append("")
     if decode or sharded:
         decode_tables(decode, sharded, fixed, decode_shape, out, bars, decode_split, merges)
+    window_table(windows, out)
     prefill_table(prefill, out)
     if nccl:
         out.append("The NCCL transport at world 1 against the in-process transport (causal, H 16, D 128, bf16):\n")

@@ -32,8 +32,9 @@
 #   hide         the block length above which a step's transfer hides         3 s a family
 #   decode       decode over a sharded KV cache: one GPU's call at 32k-1M      8-10 s (+3 s)
 #                cached tokens beside torch SDPA's decode (flash, cuDNN,
-#                memory-efficient), the modelled call over 2, 4, 8 ranks, and
-#                prefill chunks of 512 and 4096 tokens beside SDPA's
+#                memory-efficient), the call under a window of 4096 keys beside
+#                SDPA on the window's slice, the modelled call over 2, 4, 8
+#                ranks, and prefill chunks of 512 and 4096 tokens beside SDPA's
 #   sanitizer    compute-sanitizer memcheck and racecheck, small rings         20 s
 #                (and the FP8 forward's cases)
 #   python       torch CUDA tensors and stria.jax's CUDA handlers              75 s
@@ -398,11 +399,12 @@ if stage hide $((10 * nf)); then
   done
 fi
 if stage decode 60; then
-  say "-- decode over a sharded KV cache (bf16, Hq 32, Hkv 8, D 128) beside torch SDPA's decode; prefill chunks"
+  say "-- decode over a sharded KV cache (bf16, Hq 32, Hkv 8, D 128) beside torch SDPA's decode, also under a window;" \
+    "prefill chunks"
   dlens=$([ "${QUICK:-0}" = 1 ] && echo 32768,131072 || echo 32768,131072,524288,1048576)
-  timeout -k 10 "$(cap 120)" "$bin"/bench/stria-decode-bench --lens $dlens --prefill 512,4096 2>&1 | tee -a "$results" ||
+  timeout -k 10 "$(cap 120)" "$bin"/bench/stria-decode-bench --lens $dlens --prefill 512,4096 --window 4096 2>&1 | tee -a "$results" ||
     { say "stria decode: failed or timed out"; note_failure decode; }
-  timeout -k 10 "$(cap 60)" python3 bench/torch_sdpa_gpu.py --decode $dlens --prefill 512,4096 2>&1 |
+  timeout -k 10 "$(cap 60)" python3 bench/torch_sdpa_gpu.py --decode $dlens --prefill 512,4096 --window 4096 2>&1 |
     tee -a "$results" || { say "torch SDPA decode: failed or timed out"; note_failure decode; }
 fi
 report  # every benchmark has run: the tables survive a later stage that the call's limit stops

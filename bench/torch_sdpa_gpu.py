@@ -10,6 +10,10 @@ against a cache of S tokens with Hkv 8 (GQA 4:1, enable_gqa: each K/V head read 
 backend takes it), per backend (flash, cuDNN, memory-efficient), median milliseconds, and the
 bandwidth of the cache's reads.
 
+--window W (with --decode): also, per length, the token against the window's slice of its cache
+(the last W keys, what a PyTorch user passes for a sliding-window layer): the anchor of
+stria-decode-bench's decode_window lines, the bandwidth counting the window's keys.
+
 --prefill P,... (with --decode's lengths): the anchor of stria-decode-bench's prefill lines: P new
 query tokens against a cache of S tokens and themselves (bf16, batch 1, Hq 32, Hkv 8 expanded to
 Hq heads beforehand), causal with the diagonal at the bottom right (torch.nn.attention.bias's
@@ -54,7 +58,7 @@ def timed(backends, what, reps, fn):
         yield name, ms
 
 
-def decode(lens, reps, hq=32, hkv=8, d=128) -> None:
+def decode(lens, reps, window=-1, hq=32, hkv=8, d=128) -> None:
     for s in lens:
         q = torch.randn(1, hq, 1, d, device="cuda", dtype=torch.bfloat16)
         kv = [torch.randn(1, hkv, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
@@ -63,6 +67,15 @@ def decode(lens, reps, hq=32, hkv=8, d=128) -> None:
                               lambda: F.scaled_dot_product_attention(q, kv[0], kv[1], enable_gqa=True)):
             print(f"impl=torch_{name} decode S={s} Hq={hq} Hkv={hkv} D={d} ms={ms:.4f} kv_GBs={gbs / (ms * 1e6):.1f}",
                   flush=True)
+        if window >= 0:
+            seen = min(window, s)
+            kw, vw = (t[:, :, s - seen:] for t in kv)
+            wbytes = 2.0 * seen * hkv * d * 2.0
+            for name, ms in timed(DECODE_BACKENDS, f"decode S={s} W={window}", reps,
+                                  lambda: F.scaled_dot_product_attention(q, kw, vw, enable_gqa=True)):
+                print(f"impl=torch_{name} decode_window S={s} W={window} Hq={hq} Hkv={hkv} D={d} ms={ms:.4f} "
+                      f"kv_GBs={wbytes / (ms * 1e6):.1f}", flush=True)
+            del kw, vw
         kv.clear()  # the next length's cache in its place
         torch.cuda.empty_cache()
 
@@ -97,10 +110,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--decode", default="", help="cache lengths: time decode instead")
     ap.add_argument("--prefill", default="", help="with --decode: new tokens per prefill, timed after decode")
+    ap.add_argument("--window", type=int, default=-1, help="with --decode: also the last W keys of each cache")
     a = ap.parse_args()
     if a.decode:
         lens = [int(x) for x in a.decode.split(",")]
-        decode(lens, a.reps)
+        decode(lens, a.reps, a.window)
         if a.prefill:
             prefill(lens, [int(x) for x in a.prefill.split(",")], min(a.reps, 5))
         return

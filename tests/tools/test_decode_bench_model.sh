@@ -8,7 +8,7 @@ set -uo pipefail
 bench=$1 python=$2 report=$3
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-if ! "$bench" --lens 300,1024 --worlds 2,3 --reps 1 --heads 4 --kv-heads 2 --dim 64 --prefill 48 \
+if ! "$bench" --lens 300,1024 --worlds 2,3 --reps 1 --heads 4 --kv-heads 2 --dim 64 --prefill 48 --window 200 \
   >"$out/results.txt" 2>&1; then
   cat "$out/results.txt"
   echo "FAIL: stria-decode-bench failed on the model"
@@ -26,6 +26,8 @@ num='[0-9]+\.[0-9]+'
 r=$out/results.txt
 expect "$r" "^impl=stria_cuda decode S=1024 Hq=4 Hkv=2 D=64 ms=$num kv_GBs=$num wall_ms=$num work_ms=$num \
 host_ms=$num$" "the one-device call, its work on the GPU (the call held behind the gate) and its host time"
+expect "$r" "^impl=stria_cuda decode_window S=1024 W=200 Hq=4 Hkv=2 D=64 ms=$num kv_GBs=$num wall_ms=$num \
+work_ms=$num$" "the call under a window of 200 keys"
 expect "$r" "^impl=stria_cuda decode_fixed N=1 ms=$num wall_ms=$num work_ms=$num host_ms=$num$" "the fixed cost"
 expect "$r" "^impl=stria_cuda decode_merge N=3 kernel_ms=$num gather_ms=$num " "the merge kernel over 3 records"
 expect "$r" "^impl=stria_cuda prefill S=1024 P=48 Hq=4 Hkv=2 D=64 ms=$num tflops=$num$" "a prefill chunk"
@@ -39,4 +41,5 @@ expect "$out/report.md" '^\| 1024 \| 3 \| ([0-9.]+ \| ){6}[0-9.]+ \|$' "the repo
 expect "$out/report.md" '^\| 3 \| [0-9.]+ \| [0-9.]+ \|$' "the report's merge over 3 ranks"
 expect "$out/report.md" 'kernel times\) \|' "the bars judged on the kernels' times"
 expect "$out/report.md" '^\| 1024 \| 48 \| [0-9.]+ \(' "the report's prefill table"
+expect "$out/report.md" '^\| 1024 \| 200 \| [0-9.]+ \(' "the report's window table"
 exit $fail
