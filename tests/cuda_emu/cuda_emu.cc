@@ -768,22 +768,37 @@ std::vector<uint32_t> DescOffsets(Thread* t, uint64_t desc, bool k_major, int ro
   return offsets;
 }
 
-// The element (mn, k) of `esize` bytes as this thread's read sees it now, at the offset DescOffsets
-// found; an element that differs from the async proxy's view fails (a write not fenced, or a race).
-uint16_t DescElement(Thread* t, const std::vector<uint32_t>& offsets, int mn, int k, int esize = 2) {
-  const detail::BlockInfo& bi = t->block->info;
-  const size_t off = offsets[static_cast<size_t>(mn) * (32 / esize) + static_cast<size_t>(k)];
-  if (std::memcmp(bi.smem + off, t->block->async_view.data() + off, static_cast<size_t>(esize)) != 0) {
-    Fail(t, "wgmma descriptor: element (" + std::to_string(mn) + ", " + std::to_string(k) + ") at window address " +
-                std::to_string(off + detail::kSmemWindowBase) +
-                " changed after the last barrier that every thread reached with a fence_proxy_async since the one "
-                "before: a shared-memory store or cp.async not fenced for the async proxy, or a write racing the "
-                "wgmma");
-  }
-  if (esize == 1) return bi.smem[off];
-  uint16_t v;
-  std::memcpy(&v, bi.smem + off, 2);
-  return v;
+[[noreturn]] void OperandRaced(Thread* t, int mn, int k, uint32_t off) {
+  Fail(t, "wgmma descriptor: element (" + std::to_string(mn) + ", " + std::to_string(k) + ") at window address " +
+              std::to_string(off + detail::kSmemWindowBase) +
+              " changed after the last barrier that every thread reached with a fence_proxy_async since the one "
+              "before: a shared-memory store or cp.async not fenced for the async proxy, or a write racing the "
+              "wgmma");
+}
+
+// The elements (mn, k) of `esize` bytes (mn < rows, k < 32 / esize) at the offsets DescOffsets
+// found, as this thread's read sees them now, each decoded into out[mn * mn_stride + k * k_stride];
+// an element that differs from the async proxy's view fails (a write not fenced, or a race). One
+// pass over an operand, compared as integers of the element's width and decoded inline: with the
+// products, this is most of the emulator's time, and a call per element (or a memcmp of two bytes)
+// cost more than the arithmetic.
+template <typename Decode>
+void ReadOperand(Thread* t, const std::vector<uint32_t>& offsets, int rows, int esize, Decode decode, double* out,
+                 size_t mn_stride, size_t k_stride) {
+  const uint8_t* now = t->block->info.smem;
+  const uint8_t* seen = t->block->async_view.data();
+  const int kdim = 32 / esize;
+  const uint32_t* off = offsets.data();
+  for (int mn = 0; mn < rows; ++mn)
+    for (int k = 0; k < kdim; ++k, ++off) {
+      uint16_t a = now[*off], b = seen[*off];
+      if (esize == 2) {
+        std::memcpy(&a, now + *off, 2);
+        std::memcpy(&b, seen + *off, 2);
+      }
+      if (a != b) OperandRaced(t, mn, k, *off);
+      out[static_cast<size_t>(mn) * mn_stride + static_cast<size_t>(k) * k_stride] = decode(a);
+    }
 }
 
 // Thread `me` (of its warpgroup) of a completed operation: its accumulators, rows 16 * warp + g
@@ -865,17 +880,22 @@ void ComputeWgmmaProduct(Thread* t, WgmmaOp& op) {
                   val(static_cast<uint16_t>((regs[r] >> (8 * esize * e)) & (e4m3 ? 0xFFu : 0xFFFFu)));
           }
         }
-  } else {
-    const std::vector<uint32_t> a_offsets = DescOffsets(t, op.desc_a, op.a_kmajor, 64, esize);
-    for (int row = 0; row < 64; ++row)
-      for (int k = 0; k < kdim; ++k)
-        A[static_cast<size_t>(row * kdim + k)] = val(DescElement(t, a_offsets, row, k, esize));
   }
-  // B by K index, then column: the product's inner loop runs along a row of independent sums
-  // (each still adds its terms in K order), which the compiler vectorises.
-  const std::vector<uint32_t> b_offsets = DescOffsets(t, op.desc_b, op.b_kmajor, n, esize);
-  for (int col = 0; col < n; ++col)
-    for (int k = 0; k < kdim; ++k) B[static_cast<size_t>(k * n + col)] = val(DescElement(t, b_offsets, col, k, esize));
+  // A by row, then K; B by K index, then column: the product's inner loop runs along a row of
+  // independent sums (each still adds its terms in K order), which the compiler vectorises.
+  const auto read = [&](auto decode) {
+    if (!op.a_regs)
+      ReadOperand(t, DescOffsets(t, op.desc_a, op.a_kmajor, 64, esize), 64, esize, decode, A.data(),
+                  static_cast<size_t>(kdim), 1);
+    ReadOperand(t, DescOffsets(t, op.desc_b, op.b_kmajor, n, esize), n, esize, decode, B.data(), 1,
+                static_cast<size_t>(n));
+  };
+  if (e4m3)
+    read([](uint16_t x) -> double { return Float8E4M3ToF32(static_cast<uint8_t>(x)); });
+  else if (op.elem == WgmmaElem::kBF16)
+    read([](uint16_t x) -> double { return BFloatToFloat(x); });
+  else
+    read([](uint16_t x) -> double { return HalfToFloat(x); });
   op.product.assign(static_cast<size_t>(64) * n, 0.0);
   WgmmaProduct(A.data(), B.data(), n, kdim, op.product.data());
 }
@@ -892,11 +912,17 @@ void CompleteWgmma(Thread* t, WgmmaOp& op, int me) {
   if (op.product.empty()) ComputeWgmmaProduct(t, op);
   float* d = op.d[me];
   TakeBackAccumulators(t, d, op.n / 2);
-  // Accumulator i = 4 j + c: row 16 w + g + 8 (c >> 1), column 8 j + 2 t4 + (c & 1).
-  for (int i = 0; i < op.n / 2; ++i) {
-    const int row = 16 * w + gq + 8 * ((i & 3) >> 1), col = 8 * (i >> 2) + 2 * t4 + (i & 1);
-    const double acc = op.accumulate ? d[i] : 0.0;
-    d[i] = static_cast<float>(acc + op.product[static_cast<size_t>(row) * op.n + col]);
+  // Accumulator i = 4 j + c: row 16 w + g + 8 (c >> 1), column 8 j + 2 t4 + (c & 1). By rows, each
+  // a stride of 8 columns from column 2 t4 on, two adjacent ones at a time.
+  const size_t n = static_cast<size_t>(op.n);
+  for (int half = 0; half < 2; ++half) {
+    const double* p = op.product.data() + static_cast<size_t>(16 * w + gq + 8 * half) * n + 2 * t4;
+    float* out = d + 2 * half;
+    for (size_t j = 0; j < n / 8; ++j, p += 8, out += 4) {
+      const double acc0 = op.accumulate ? out[0] : 0.0, acc1 = op.accumulate ? out[1] : 0.0;
+      out[0] = static_cast<float>(acc0 + p[0]);
+      out[1] = static_cast<float>(acc1 + p[1]);
+    }
   }
   HandBackAccumulators(t, d, op.n / 2);
 }
