@@ -247,44 +247,35 @@ def decode_tables(decode, sharded, fixed, shape, out, bars, split=None, merges=N
                  None if share is None else share <= 0.10))
 
 
+def beside_torch(rows, heads, title, out):
+    """A table of stria's calls beside torch SDPA's backends: rows {(a, b, impl): (ms, rate)}, a line per
+    (a, b) (the columns `heads`), each implementation's ms (rate), and the best torch time over ours."""
+    if not rows:
+        return
+    impls = sorted({i for (_, _, i) in rows}, key=lambda i: (not i.startswith("stria"), i))
+    out.append(title + "\n")
+    out.append(f"| {heads[0]} | {heads[1]} | " + " | ".join(impls) + " | stria / best torch |")
+    out.append("|---|---|" + "---|" * (len(impls) + 1))
+    for a, b in sorted({(a, b) for (a, b, _) in rows}):
+        cells = [f"{rows[(a, b, i)][0]:.3f} ({rows[(a, b, i)][1]:.0f})" if (a, b, i) in rows else "–" for i in impls]
+        ours = rows.get((a, b, "stria_cuda"))
+        torch_ms = [rows[(a, b, i)][0] for i in impls if i.startswith("torch") and (a, b, i) in rows]
+        ratio = f"{min(torch_ms) / ours[0]:.2f}x" if ours and torch_ms else "–"
+        out.append(f"| {a} | {b} | " + " | ".join(cells) + f" | {ratio} |")
+    out.append("")
+
+
 def window_table(windows, out):
     """Decode under a sliding window of W keys beside SDPA on the window's slice of the cache: ms
     (GB/s of the window's keys)."""
-    if not windows:
-        return
-    impls = sorted({i for (_, _, i) in windows}, key=lambda i: (not i.startswith("stria"), i))
-    out.append("Decode under a sliding window, one token seeing the last W of S cached tokens (bf16), one GPU: ms "
-               "(GB/s of the window's keys); SDPA attends the window's slice of its cache:\n")
-    out.append("| S | W | " + " | ".join(impls) + " | stria / best torch |")
-    out.append("|---|---|" + "---|" * (len(impls) + 1))
-    for length, window in sorted({(s, w) for (s, w, _) in windows}):
-        cells = [f"{windows[(length, window, i)][0]:.3f} ({windows[(length, window, i)][1]:.0f})"
-                 if (length, window, i) in windows else "–" for i in impls]
-        ours = windows.get((length, window, "stria_cuda"))
-        torch_ms = [windows[(length, window, i)][0] for i in impls
-                    if i.startswith("torch") and (length, window, i) in windows]
-        ratio = f"{min(torch_ms) / ours[0]:.2f}x" if ours and torch_ms else "–"
-        out.append(f"| {length} | {window} | " + " | ".join(cells) + f" | {ratio} |")
-    out.append("")
+    beside_torch(windows, ("S", "W"), "Decode under a sliding window, one token seeing the last W of S cached tokens "
+                 "(bf16), one GPU: ms (GB/s of the window's keys); SDPA attends the window's slice of its cache:", out)
 
 
 def prefill_table(prefill, out):
     """Prefill chunks on one GPU beside SDPA's flash and memory-efficient backends: ms (TFLOP/s)."""
-    if not prefill:
-        return
-    impls = sorted({i for (_, _, i) in prefill}, key=lambda i: (not i.startswith("stria"), i))
-    out.append("Prefill on one GPU, P new tokens against S cached ones and themselves (causal, bf16): ms (TFLOP/s):\n")
-    out.append("| S | P | " + " | ".join(impls) + " | stria / best torch |")
-    out.append("|---|---|" + "---|" * (len(impls) + 1))
-    for length, chunk in sorted({(s, p) for (s, p, _) in prefill}):
-        cells = [f"{prefill[(length, chunk, i)][0]:.3f} ({prefill[(length, chunk, i)][1]:.0f})"
-                 if (length, chunk, i) in prefill else "–" for i in impls]
-        ours = prefill.get((length, chunk, "stria_cuda"))
-        torch_ms = [prefill[(length, chunk, i)][0] for i in impls
-                    if i.startswith("torch") and (length, chunk, i) in prefill]
-        ratio = f"{min(torch_ms) / ours[0]:.2f}x" if ours and torch_ms else "–"
-        out.append(f"| {length} | {chunk} | " + " | ".join(cells) + f" | {ratio} |")
-    out.append("")
+    beside_torch(prefill, ("S", "P"), "Prefill on one GPU, P new tokens against S cached ones and themselves (causal, "
+                 "bf16): ms (TFLOP/s):", out)
 
 
 def docs_steps_table(steps, idle, out):
