@@ -252,8 +252,7 @@ bool Plan::Bounds(int64_t b, int q_rank, int k_rank, const MaskSpec& mask, int64
   // Both ranks' runs are in (segment, document) order: one walk pairs each query run with the key
   // runs of its document. A query with no visible key gets the empty interval at `top`, the highest
   // end so far, which keeps both bounds non-decreasing (later documents' keys lie after it).
-  int64_t top = 0, i = 0;
-  bool any = false;
+  int64_t top = 0, extent = 0, i = 0;
   size_t k0 = 0;
   for (const Run& run : qr) {
     const size_t k1 = KeyRunsOf(kr, run, &k0);
@@ -273,7 +272,7 @@ bool Plan::Bounds(int64_t b, int q_rank, int k_rank, const MaskSpec& mask, int64
       const int64_t h = std::max(l, SlotOf(keys, keys_end, end));
       lo[i] = l;
       hi[i] = h;
-      any = any || h > l;
+      if (h > l) extent = std::max(extent, h);
       top = std::max(top, h);
     }
     std::fill(lo + i, lo + i + run.pad_after, top);
@@ -282,7 +281,17 @@ bool Plan::Bounds(int64_t b, int q_rank, int k_rank, const MaskSpec& mask, int64
   }
   std::fill(lo + i, lo + local_len_, top);
   std::fill(hi + i, hi + local_len_, top);
-  return any;
+  // An empty interval may sit past every key some query sees (a causal cut or a window inside a
+  // key run), in rows that a trimmed message never carries (KeyExtent). The kernels take a tile
+  // whose span meets any row's interval, empty or not, and would read those rows; whatever a
+  // receive buffer holds there (another call's bytes, NaN among them) times a probability of 0 is
+  // not 0. Clamped to the extent, the empty intervals keep both bounds non-decreasing and lead no
+  // kernel past the last visible key.
+  for (int64_t x = 0; x < local_len_; ++x) {
+    lo[x] = std::min(lo[x], extent);
+    hi[x] = std::min(hi[x], extent);
+  }
+  return extent > 0;
 }
 
 bool Plan::Reaches(int q_rank, int k_rank, const MaskSpec& mask) const {
