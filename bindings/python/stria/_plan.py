@@ -47,7 +47,9 @@ def plan_of_key(key: int, func: str) -> Plan:
 
 
 def _boundaries(cu_seqlens: Any) -> np.ndarray:
-    """cu_seqlens as a C-contiguous 2-D int64 array: ``[n + 1]`` (one batch row) or ``[B, n + 1]``."""
+    """cu_seqlens as a C-contiguous 2-D int64 array of the plan's own: ``[n + 1]`` (one batch row)
+    or ``[B, n + 1]``. Always a copy: the plan marks it read-only, which must not reach the caller's
+    array, and a caller's tensor refilled in place (a loader's buffer) must not change the plan's."""
     if hasattr(cu_seqlens, "detach") and hasattr(cu_seqlens, "cpu"):  # a torch tensor, on any device
         cu_seqlens = cu_seqlens.detach().cpu().numpy()
     arr = np.asarray(cu_seqlens)
@@ -55,7 +57,7 @@ def _boundaries(cu_seqlens: Any) -> np.ndarray:
         raise TypeError(f"Plan(): cu_seqlens must hold integers (int64 positions), not {arr.dtype}")
     if arr.ndim not in (1, 2) or arr.shape[-1] < 2:
         raise ValueError(f"Plan(): cu_seqlens must be [n + 1] or [B, n + 1] boundaries with n >= 1, not {arr.shape}")
-    return np.ascontiguousarray(np.atleast_2d(arr), dtype=np.int64)
+    return np.array(np.atleast_2d(arr), dtype=np.int64, order="C", copy=True)
 
 
 def _is_host(x: Any) -> bool:

@@ -83,6 +83,21 @@ def test_plan_float16_single_document(rng):
         assert rel_err(got.astype(np.float64), ref) < TOLERANCE["float16"]
 
 
+def test_a_plan_keeps_its_own_boundaries():
+    """The plan's cu_seqlens is its own read-only copy: the caller's array stays writable, and a
+    buffer refilled in place for the next batch (numpy or torch) leaves the plan's unchanged."""
+    cu = np.array([[0, 5, 12, 20]], dtype=np.int64)  # already C-contiguous 2-D int64: no copy needed
+    with stria.Plan(cu, 2, tile=4) as plan:
+        assert cu.flags.writeable and not plan.cu_seqlens.flags.writeable
+        cu[0, 1] = 7
+        np.testing.assert_array_equal(plan.cu_seqlens, [[0, 5, 12, 20]])
+    torch = pytest.importorskip("torch")
+    buffer = torch.tensor([0, 9, 20])
+    with stria.Plan(buffer, 2, tile=4) as plan:
+        buffer[1] = 3
+        np.testing.assert_array_equal(plan.cu_seqlens, [[0, 9, 20]])
+
+
 @pytest.mark.parametrize("n", [1, 3, 8])
 def test_positions_cover_the_sequence_and_shard_round_trips(n, rng):
     seq = 77
