@@ -19,11 +19,19 @@ B, S, HQ, HKV, D = 2, 24, 4, 2, 16
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def reference(q, k, v, dout, *, causal, softcap=None, sinks=None, cu_seqlens=None, window=None):
+def reference(q, k, v, dout, *, causal, softcap=None, sinks=None, cu_seqlens=None, window=None, stored_as=None):
     """out, lse and the gradients of q, k, v (and of sinks) in float64, by torch's autograd over the
-    whole sequence: softcap * tanh(s / softcap) on the scores, the sinks as one more column of each
-    row's softmax that carries no value."""
+    whole sequence (of any length: q's second dimension): softcap * tanh(s / softcap) on the scores,
+    the sinks as one more column of each row's softmax that carries no value. A row that sees
+    nothing has output 0 and lse -inf.
+
+    stored_as (a 16-bit torch dtype): the gradients a backward gets from the output as the caller
+    stored it, rounded to that dtype, as every flash backward does: each row's rowsum(dO * O) then
+    comes from the rounded O. (Where dP - rowsum(dO * O) cancels, that rounding alone moves the
+    gradients by percents.) The term added below has gradient (rowsum(dO * O) - that) * P on the
+    scores, which turns the exact rowsum into the stored one's."""
     q, k, v = (torch.as_tensor(np.asarray(x, np.float64)).requires_grad_() for x in (q, k, v))
+    S = q.shape[1]  # noqa: N806 - the sequence's length, as the module's S
     z = None if sinks is None else torch.as_tensor(np.asarray(sinks, np.float64)).requires_grad_()
     group = q.shape[2] // k.shape[2]
     kk, vv = (x.repeat_interleave(group, dim=2) for x in (k, v))
@@ -51,9 +59,16 @@ def reference(q, k, v, dout, *, causal, softcap=None, sinks=None, cu_seqlens=Non
     if z is not None:
         s = torch.cat([s, z[None, :, None, None].expand(q.shape[0], -1, S, 1)], dim=-1)
     lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - lse[..., None])[..., :S]
+    p = torch.exp(s - lse[..., None])[..., :S].nan_to_num(nan=0.0)  # a row with no key: -inf - -inf
     out = torch.einsum("bhij,bjhd->bihd", p, vv)
-    out.backward(torch.as_tensor(np.asarray(dout, np.float64)))
+    d = torch.as_tensor(np.asarray(dout, np.float64))
+    loss = (out * d).sum()
+    if stored_as is not None:
+        exact = (out * d).sum(-1).detach()
+        stored = (out.detach().to(stored_as).to(torch.float64) * d).sum(-1)
+        seen = torch.isfinite(lse)
+        loss = loss + ((exact - stored).transpose(1, 2) * torch.where(seen, lse, 0.0)).sum()
+    loss.backward()
     grads = [x.grad.numpy() for x in (q, k, v)]
     return out.detach().numpy(), lse.detach().numpy(), grads, None if z is None else z.grad.numpy()
 
