@@ -494,6 +494,14 @@ class Context:
 
         return attention_decode(self, q, k_cache, v_cache, cache_lens, *args, **kwargs)
 
+    def attention_prefill(
+        self, q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, cache_lens: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        """stria.attention_prefill on this context."""
+        from ._serving import attention_prefill  # noqa: PLC0415 - as attention_decode
+
+        return attention_prefill(self, q, k, v, k_cache, v_cache, cache_lens, *args, **kwargs)
+
     def attention_backward(
         self,
         q: Any,

@@ -208,8 +208,8 @@ def test_prefill_numpy(layout, n, mode, rng):
     def rank_fn(ctx):
         kc, vc, _ = caches[ctx.rank]
         mine = stria.positions(layout, p, n, ctx.rank)
-        out, _ = stria.attention_prefill(
-            ctx, qf[:, mine], new[0][:, mine], new[1][:, mine], kc, vc, lens, layout=layout, mode=mode
+        out, _ = ctx.attention_prefill(  # the method, as attention_decode below
+            qf[:, mine], new[0][:, mine], new[1][:, mine], kc, vc, lens, layout=layout, mode=mode
         )
         k_next = np.stack([k[b, lens[b] + p : lens[b] + p + 1] for b in range(B)])
         v_next = np.stack([v[b, lens[b] + p : lens[b] + p + 1] for b in range(B)])
