@@ -98,6 +98,35 @@ TEST(PlanHome, KeptDocumentsMeetOnlyEachOther) {
   EXPECT_GT(homes, 40) << "too few ranks kept documents of their own to test anything";
 }
 
+TEST(PlanHome, DocumentsCutAcrossRanksAreShared) {
+  // Where no rank has room for a document whole (short sequences at a large tile: S < N * tile),
+  // the solver cuts it into consecutive pieces on several ranks, inside the kept segment. Their
+  // rows see other ranks' keys, so they are never home.
+  int cut = 0, homes = 0;
+  for (int N : {2, 3, 5})
+    for (int64_t S : {79, 111, 127, 259, 300})
+      for (const std::vector<int64_t>& inner : {std::vector<int64_t>{}, {S / 3}, {S / 5, S / 2}}) {
+        std::vector<int64_t> cu = {0};
+        cu.insert(cu.end(), inner.begin(), inner.end());
+        cu.push_back(S);
+        const int64_t docs = static_cast<int64_t>(cu.size()) - 1;
+        Plan::Options o;
+        o.world_size = N;
+        o.tile = 128;
+        std::unique_ptr<Plan> plan;
+        ASSERT_TRUE(Plan::Create(cu.data(), 1, docs, S, o, &plan).ok());
+        for (int r = 0; r < N; ++r)
+          for (const Plan::Run& run : plan->runs(0, r))
+            cut +=
+                run.segment == 1 && run.count < cu[static_cast<size_t>(run.doc) + 1] - cu[static_cast<size_t>(run.doc)];
+        SCOPED_TRACE(::testing::Message() << "N " << N << " S " << S << " documents " << docs);
+        MaskSpec causal, full;
+        full.causal = false;
+        for (const MaskSpec& m : {causal, full}) CheckHome(*plan, m, &homes);
+      }
+  EXPECT_GT(cut, 0) << "no document was cut across ranks: the case tests nothing";
+}
+
 TEST(PlanHome, NoneWhereNothingIsKept) {
   // A fixed layout's plan shares every document; a single document is shared too.
   const std::vector<int64_t> cu = {0, 1000, 5000, 8192};

@@ -211,12 +211,16 @@ int64_t Plan::used(int64_t b, int rank) const {
 
 int64_t Plan::HomeBegin(int rank, int64_t align) const {
   auto round_up = [align](int64_t x) { return (x + align - 1) / align * align; };
-  // Past every shared document's slots (segment 0 comes first in a rank's order), on a multiple of
-  // `align`...
+  // Past every shared document's slots, on a multiple of `align`: segment 0, and the pieces of a
+  // document that no rank had room for whole, which the solver cuts across ranks inside segment 1
+  // (a run shorter than its document)...
   int64_t h = 0;
-  for (int64_t b = 0; b < batch_; ++b)
+  for (int64_t b = 0; b < batch_; ++b) {
+    const int64_t* cu = cu_.data() + b * (num_seqs_ + 1);
     for (const Run& run : runs(b, rank))
-      if (run.segment == 0) h = std::max(h, run.local_begin + run.count + run.pad_after);
+      if (run.segment == 0 || run.count < cu[run.doc + 1] - cu[run.doc])
+        h = std::max(h, run.local_begin + run.count + run.pad_after);
+  }
   h = round_up(h);
   // ...and past every kept document that would cross it. Moving h on can make it cross another
   // batch row's document, hence the repetition (each pass only moves it on).

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <mutex>
+#include <random>
 #include <sstream>
 #include <tuple>
 
@@ -43,6 +44,7 @@ struct Case {
   bool home = false;
   // With plan_tile: these boundaries ([B][docs + 1]; S is their last) instead of random ones.
   std::vector<int64_t> given{};
+  int seed = -1;  // >= 0: drawn by RandomCases from this seed
 };
 
 std::string Name(const Case& c) {
@@ -55,7 +57,8 @@ std::string Name(const Case& c) {
      << (c.deterministic ? "_deterministic" : "") << (c.plan_tile > 0 ? "_plan" + std::to_string(c.plan_tile) : "")
      << (c.home ? "_home" : "") << (c.sinks ? "_sinks" : "")
      << (c.softcap > 0 ? "_softcap" + std::to_string(static_cast<int>(c.softcap)) : "")
-     << (c.ulysses > 1 ? "_grid" + std::to_string(c.ulysses) : "") << (c.given.empty() ? "" : "_given");
+     << (c.ulysses > 1 ? "_grid" + std::to_string(c.ulysses) : "") << (c.given.empty() ? "" : "_given")
+     << (c.seed >= 0 ? "_seed" + std::to_string(c.seed) : "");
   return os.str();
 }
 
@@ -536,6 +539,17 @@ std::vector<Case> DocumentSweep() {
     c.plan_tile = 64;
     cases.push_back(c);
   }
+  // A sequence shorter than the ranks' tiles (111 tokens over 2 ranks at a plan tile of 128): no
+  // rank has room for a document whole, so the solver cuts it across both; its rows see the other
+  // rank's keys, so neither rank's block has a home part, whichever family would run one.
+  for (const char* k : {"mma", "tma"})
+    for (int docs : {1, 2}) {
+      Case c{2, STRIA_LAYOUT_STRIPED, true, Dt::kBF16, 1, 56, 2, 1, 64};
+      c.kernels = k;
+      c.docs = docs;
+      c.plan_tile = 128;
+      cases.push_back(c);
+    }
   // A batch row of a block that no later rank sees does not travel (its rows hold the NaN of the
   // layout call before), while queries of a rank it reaches have keys of their document there,
   // none visible: their empty intervals must not lead a kernel's key tiles into it.
@@ -804,6 +818,46 @@ TEST(CudaLocalGroup, GridOrdersItsExchangesOnTheDevice) {
   ExpectRingOrderedOnTheDevice(group.ctx, device_of, 2);
 }
 
+// Features in random combination, each case from its seed: a family, the dtype it takes, head dim,
+// rank count, layout or document plan, causal or not, documents, a window, softcap, sinks, GQA,
+// the deterministic backward, a grid. The sweeps above take each feature through its own cases;
+// these are for how they meet. STRIA_TEST_RANDOM_CASES (read when the tests are listed) sets how
+// many: a longer search runs the binary with more.
+std::vector<Case> RandomCases() {
+  const char* env = std::getenv("STRIA_TEST_RANDOM_CASES");
+  const int count = env != nullptr ? std::atoi(env) : 4;
+  std::vector<Case> cases;
+  for (int seed = 0; seed < count; ++seed) {
+    std::mt19937_64 rng(static_cast<uint64_t>(seed) * 7919 + 17);
+    auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
+    static const char* kFamilies[] = {"simt", "mma", "wgmma", "tma"};
+    const char* family = kFamilies[pick(4)];
+    const bool simt = family == std::string("simt");
+    const Dt dt = simt ? (pick(2) ? Dt::kF32 : Dt::kBF16) : (pick(2) ? Dt::kBF16 : Dt::kF16);
+    const int64_t D = simt ? std::vector<int64_t>{16, 40, 64}[static_cast<size_t>(pick(3))] : (pick(4) ? 64 : 128);
+    const int world = 1 + pick(5);
+    const stria_layout_t layout = static_cast<stria_layout_t>(pick(3));
+    const int64_t Hkv = 1 + pick(2), Hq = Hkv * (1 + pick(2));
+    Case c{world, layout, pick(3) != 0, dt, 1 + pick(2), 8 * (1 + pick(10)), Hq, Hkv, D};
+    c.kernels = family;
+    c.seed = seed;
+    if (pick(2)) c.docs = 2 + pick(5);
+    if (c.docs > 0 && world > 1 && pick(2))
+      c.plan_tile = std::vector<int64_t>{4, 16, 64, 128}[static_cast<size_t>(pick(4))];
+    if (pick(3) == 0) {
+      const int64_t S = c.L * world;
+      c.window = c.causal ? Window{pick(static_cast<int>(S)), -1}
+                          : Window{pick(static_cast<int>(S)) - 1, pick(static_cast<int>(S)) - 1};
+    }
+    if (pick(4) == 0) c.sinks = true;
+    if (pick(4) == 0) c.softcap = 30.f;
+    if (pick(4) == 0) c.deterministic = true;
+    if (c.plan_tile == 0 && world % 2 == 0 && Hq % 2 == 0 && pick(3) == 0) c.ulysses = 2;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
 INSTANTIATE_TEST_SUITE_P(TensorCores, CudaRingVsReference, ::testing::ValuesIn(TensorCoreSweep()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaRingVsReference, ::testing::ValuesIn(ShapesAndPaths()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Wgmma, CudaRingVsReference, ::testing::ValuesIn(WgmmaSweep()), ParamName);
@@ -815,5 +869,6 @@ INSTANTIATE_TEST_SUITE_P(Deterministic, CudaRingVsReference, ::testing::ValuesIn
 INSTANTIATE_TEST_SUITE_P(Sinks, CudaRingVsReference, ::testing::ValuesIn(SinksSweep()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Softcap, CudaRingVsReference, ::testing::ValuesIn(SoftcapSweep()), ParamName);
 INSTANTIATE_TEST_SUITE_P(Grid, CudaRingVsReference, ::testing::ValuesIn(GridSweep()), ParamName);
+INSTANTIATE_TEST_SUITE_P(Random, CudaRingVsReference, ::testing::ValuesIn(RandomCases()), ParamName);
 
 }  // namespace
