@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <ostream>
@@ -395,6 +396,47 @@ inline std::vector<int64_t> Lengths(int64_t B, int64_t room, std::mt19937_64& rn
   if (B > 1) lens[0] = 0;
   if (B > 2) lens[2] = room;
   return lens;
+}
+
+// Features in random combination, each case from its seed: ranks, layout, a contiguous or paged
+// cache, dtype, GQA, head dim, new tokens, lengths, appending or not (decode), causal or not, a
+// window, softcap, sinks. `prefill`: T is the new tokens per rank, and the layout must split them.
+// The other cases take each feature through its own; these are for how they meet.
+inline std::vector<Case> RandomCases(bool prefill, int count) {
+  std::vector<Case> cases;
+  for (int seed = 0; seed < count; ++seed) {
+    std::mt19937_64 rng(static_cast<uint64_t>(seed) * 104729 + (prefill ? 7 : 3));
+    auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
+    Case c;
+    c.n = 1 + pick(5);
+    c.layout = static_cast<stria_layout_t>(pick(3));
+    c.paged = pick(2) != 0;
+    c.block_size = pick(2) ? 8 : 16;
+    c.dt = std::vector<Dt>{Dt::kF32, Dt::kBF16, Dt::kF16}[static_cast<size_t>(pick(3))];
+    c.B = 1 + pick(3);
+    c.Hkv = 1 + pick(2);
+    c.Hq = c.Hkv * std::vector<int64_t>{1, 2, 4}[static_cast<size_t>(pick(3))];
+    c.D = std::vector<int64_t>{32, 40, 64, 128}[static_cast<size_t>(pick(4))];
+    c.T = prefill ? (c.layout == STRIA_LAYOUT_ZIGZAG ? 2 * (1 + pick(2)) : 1 + pick(4)) : 1 + pick(4);
+    c.capacity = c.block_size * 2 * (1 + pick(4));  // whole blocks, an even count of slots
+    const int64_t added = prefill ? c.n * c.T : c.T;
+    if (c.n * c.capacity < added) c.capacity = c.block_size * 2 * ((added + 2 * c.block_size - 1) / (2 * c.block_size));
+    c.lens = Lengths(c.B, c.n * c.capacity - added, rng);
+    if (!prefill) c.append = pick(3) != 0;
+    c.causal = pick(4) != 0;
+    if (pick(3) == 0) c.window_left = pick(static_cast<int>(c.n * c.capacity));
+    if (pick(4) == 0) c.softcap = 30.0;
+    c.sinks = pick(4) == 0;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+// How many random cases a suite lists: STRIA_TEST_RANDOM_CASES (read when the tests are listed),
+// else `fallback`.
+inline int RandomCaseCount(int fallback) {
+  const char* env = std::getenv("STRIA_TEST_RANDOM_CASES");
+  return env != nullptr ? std::atoi(env) : fallback;
 }
 
 // NaN never passes: a NaN in one new token's key (sequence 1, token 0, K/V head 1; stored into

@@ -130,6 +130,10 @@ TEST_P(Decode, MatchesOneDevice) {
 INSTANTIATE_TEST_SUITE_P(Cases, Decode, ::testing::ValuesIn(Cases()), [](const ::testing::TestParamInfo<Case>& i) {
   return i.param.Name() + "_" + std::to_string(i.index);
 });
+INSTANTIATE_TEST_SUITE_P(Random, Decode, ::testing::ValuesIn(RandomCases(false, RandomCaseCount(16))),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           return i.param.Name() + "_seed" + std::to_string(i.index);
+                         });
 
 // A key the window hides never reaches the rows (WindowCase). Decode (one token, its rows sharing
 // their keys) on two ranks, float32 and bf16, striped and contiguous.
@@ -283,6 +287,10 @@ TEST_P(Prefill, BothModesMatchOneDevice) {
 INSTANTIATE_TEST_SUITE_P(Cases, Prefill, ::testing::ValuesIn(PrefillCases()),
                          [](const ::testing::TestParamInfo<Case>& i) {
                            return i.param.Name() + "_" + std::to_string(i.index);
+                         });
+INSTANTIATE_TEST_SUITE_P(Random, Prefill, ::testing::ValuesIn(RandomCases(true, RandomCaseCount(16))),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           return i.param.Name() + "_seed" + std::to_string(i.index);
                          });
 
 // A sliding window's calls read from the window's start: the block-table entries of pages wholly

@@ -244,6 +244,10 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaDecode, ::testing::ValuesIn(CudaCases()),
                          [](const ::testing::TestParamInfo<Case>& i) {
                            return i.param.Name() + "_" + std::to_string(i.index);
                          });
+INSTANTIATE_TEST_SUITE_P(Random, CudaDecode, ::testing::ValuesIn(RandomCases(false, RandomCaseCount(4))),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           return i.param.Name() + "_seed" + std::to_string(i.index);
+                         });
 
 // The caller's stream and cache->lens in device memory (a framework's tensor).
 TEST(CudaDecodeCalls, OnTheCallersStreamWithLengthsOnTheDevice) {
@@ -602,6 +606,10 @@ TEST_P(CudaPrefill, BothModesMatchOneDevice) {
 INSTANTIATE_TEST_SUITE_P(Cases, CudaPrefill, ::testing::ValuesIn(CudaPrefillCases()),
                          [](const ::testing::TestParamInfo<Case>& i) {
                            return i.param.Name() + "_" + std::to_string(i.index);
+                         });
+INSTANTIATE_TEST_SUITE_P(Random, CudaPrefill, ::testing::ValuesIn(RandomCases(true, RandomCaseCount(4))),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           return i.param.Name() + "_seed" + std::to_string(i.index);
                          });
 
 // One rank's block table entry outside the pool, read from device memory, fails every rank
