@@ -326,9 +326,12 @@ stria_status_t PlanOf(const Member& m, const CallAttributes& a, const Boundaries
                       stria_plan_t* plan) {
   *plan = nullptr;
   if (a.plan_tile <= 0) return STRIA_SUCCESS;
-  int world = 1;
+  // On a grid of all-to-all groups of U ranks a plan is made for the ring of groups: world / U.
+  int world = 1, ulysses = 1;
   stria_status_t s = stria_context_get_world_size(m.ctx, &world);
+  if (s == STRIA_SUCCESS) s = stria_context_get_grid(m.ctx, &ulysses);
   if (s != STRIA_SUCCESS) return s;
+  world /= ulysses;
   std::vector<int64_t> key{
       world, a.plan_tile,  a.plan_local_len, a.plan_causal ? 1 : 0, a.plan_window_left, a.plan_window_right,
       batch, docs.num_seqs};

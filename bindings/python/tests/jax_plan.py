@@ -3,8 +3,10 @@ group, JAX's CPU dispatch synchronous as an in-process ring needs), each jitting
 its gradients with a PlanConfig and traced boundaries, over two batches with different documents
 (the program must not be traced again for the second). Checks every result against the float64
 reference and prints "ok"; raises otherwise. Run in its own process, so that JAX is set up here.
+With U, the N ranks form a grid of all-to-all groups of U ranks, whose plan is made for the ring
+of N / U groups.
 
-    python jax_plan.py N
+    python jax_plan.py N [U]
 """
 
 from __future__ import annotations
@@ -27,8 +29,11 @@ def main() -> None:
     import stria.jax as sj
 
     n = int(sys.argv[1])
-    local_len = 24 if n > 1 else SEQ  # one L for both batches
-    config = stria.PlanConfig(world_size=n, tile=4, local_len=local_len)
+    ulysses = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+    ring = n // ulysses
+    # One L for both batches' plans, a multiple of U: room for either batch's documents.
+    local_len = {1: -(-SEQ // ulysses) * ulysses, 2: 28}.get(ring, 24)
+    config = stria.PlanConfig(world_size=ring, tile=4, local_len=local_len)
     rng = np.random.default_rng(3)
     traces = []
 
@@ -38,17 +43,17 @@ def main() -> None:
         return jnp.sum(out * w)
 
     grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)), static_argnums=5)
-    group = stria.local_group(n, timeout_s=60.0)
+    group = stria.local_group(n, timeout_s=60.0, ulysses=ulysses)
     for cu in BOUNDARIES:
         cu = np.array(cu)
         q = rng.standard_normal((BATCH, SEQ, HQ, D)).astype(np.float32)
         k, v = (rng.standard_normal((BATCH, SEQ, HKV, D)).astype(np.float32) for _ in range(2))
         w = rng.standard_normal(q.shape).astype(np.float32)
-        plan = stria.Plan(cu, n, tile=4, local_len=local_len)  # what the data loader shards by
+        plan = stria.Plan(cu, ring, tile=4, local_len=local_len)  # what the data loader shards by
         assert plan.config == config
 
         def rank_fn(ctx, plan=plan, cu=cu, q=q, k=k, v=v, w=w):
-            parts = [plan.shard(x, ctx.rank) for x in (q, k, v, w)]
+            parts = [plan.shard(x, ctx.rank, ulysses=ulysses) for x in (q, k, v, w)]
             _, grads = grad(*parts, jnp.asarray(cu), ctx)
             out, _ = sj.attention_forward(ctx, *parts[:3], plan=plan)  # a Plan itself, eagerly
             return ctx.rank, np.asarray(out), *(np.asarray(g) for g in grads)
@@ -57,7 +62,7 @@ def main() -> None:
         full = [np.full(x.shape, np.nan, dtype=np.float32) for x in (q, q, k, v)]
         for rank, *parts in results:
             for dst, src in zip(full, parts):
-                plan.unshard(src, rank, out=dst)
+                plan.unshard(src, rank, out=dst, ulysses=ulysses)
         scale = 1 / np.sqrt(D)
         ref_out, _ = attention_ref(q, k, v, True, scale, cu)
         ref_grads = attention_backward_ref(q, k, v, w, True, scale, cu)

@@ -262,8 +262,9 @@ def test_torch_ring_attention_on_a_plan(n, rng):
     plan.close()
 
 
-@pytest.mark.parametrize("n", [1, 3])
-def test_jax_plans_from_traced_boundaries(n):
+# (4, 2): a grid of two all-to-all groups of two ranks, whose plan is made for the ring of 2.
+@pytest.mark.parametrize(("n", "ulysses"), [(1, 1), (3, 1), (4, 2)])
+def test_jax_plans_from_traced_boundaries(n, ulysses):
     pytest.importorskip("jax")
     import os
     import subprocess
@@ -272,6 +273,6 @@ def test_jax_plans_from_traced_boundaries(n):
     here = os.path.dirname(os.path.abspath(__file__))
     # The child imports the stria under test, wherever this process found it.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(stria.__file__)), here]))
-    result = subprocess.run([sys.executable, os.path.join(here, "jax_plan.py"), str(n)], capture_output=True,
-                            text=True, timeout=300, cwd=here, env=env, check=False)
+    result = subprocess.run([sys.executable, os.path.join(here, "jax_plan.py"), str(n), str(ulysses)],
+                            capture_output=True, text=True, timeout=300, cwd=here, env=env, check=False)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
