@@ -2,17 +2,22 @@
 plan (any S then), causal or not, documents, a sliding window, softcap, sinks, GQA, the dtype, the
 deterministic backward and the front end (the package's calls on arrays, or stria.torch's autograd),
 runs forward and backward on a local group and sets the gathered result against the float64
-reference of the whole sequence. The other suites take each feature through its own cases; this one
-is for how they meet. STRIA_COMBINATION_CASES sets how many cases run (more for a longer search)."""
+reference of the whole sequence. Cases of their own go through stria.jax under jit
+(jax_combinations.py, in a process of its own). The other suites take each feature through its
+own cases; this one is for how they meet. STRIA_COMBINATION_CASES and STRIA_JAX_COMBINATION_CASES
+set how many cases run (more for a longer search)."""
 
 from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import stria
+from combination_cases import describe, draw_case, error, plan_for
 from conftest import TIMEOUT_S, torch_or_skip
 from reference import TOLERANCE
 
@@ -23,76 +28,12 @@ from test_softcap_sinks import reference  # noqa: E402 - the float64 reference w
 CASES = int(os.environ.get("STRIA_COMBINATION_CASES", "80"))
 
 
-def draw_case(seed: int) -> dict:
-    """A case's parameters, from its seed alone."""
-    rng = np.random.default_rng(seed)
-    n = int(rng.integers(1, 7))
-    ulysses = int(rng.choice([u for u in range(1, n + 1) if n % u == 0])) if rng.random() < 0.4 else 1
-    ring = n // ulysses
-    c = dict(seed=seed, n=n, ulysses=ulysses, plan=bool(rng.random() < 0.4),
-             layout=str(rng.choice(["contiguous", "striped", "zigzag"])), causal=bool(rng.random() < 0.6),
-             batch=int(rng.integers(1, 3)), dim=int(rng.choice([8, 16, 24, 40])),
-             dtype=str(rng.choice(["float32", "float32", "float16", "bfloat16"])),
-             deterministic=bool(rng.random() < 0.2), front=str(rng.choice(["arrays", "torch"])))
-    # K/V heads the group can split (U divides them) or share (they divide U).
-    hkv = int(rng.choice([h for h in (1, 2, 3, 4, 6) if ulysses % h == 0 or h % ulysses == 0]))
-    hq = hkv * int(rng.integers(1, 4))
-    c["hkv"], c["hq"] = hkv, hq * ulysses // math.gcd(hq, ulysses)
-    long_ = rng.random() < 0.15  # past the CPU kernels' 64-token tiles
-    if c["plan"]:
-        seq = int(rng.integers(100, 400)) if long_ else int(rng.integers(1, 90))
-    else:
-        per_rank = (2 if c["layout"] == "zigzag" else 1) * ulysses
-        seq = ring * per_rank * int(rng.integers(1, 12)) * (int(rng.integers(4, 12)) if long_ else 1)
-    c["seq"] = seq
-    c["cu_seqlens"] = None
-    if c["plan"] or rng.random() < 0.5:
-        rows = []
-        for _ in range(c["batch"]):
-            cuts = np.sort(rng.integers(0, seq + 1, size=int(rng.integers(0, min(seq, 8)))))
-            rows.append(np.concatenate([[0], cuts, [seq]]))
-        width = max(len(r) for r in rows)
-        c["cu_seqlens"] = np.array([np.concatenate([r, np.full(width - len(r), seq)]) for r in rows], dtype=np.int64)
-    c["window"] = None
-    if rng.random() < 0.4:
-        left = int(rng.integers(-1, seq + 1))
-        right = -1 if c["causal"] else int(rng.integers(-1, seq + 1))
-        c["window"] = None if left < 0 and right < 0 else (left, right)
-    c["softcap"] = float(rng.choice([0.0, 0.0, 2.0, 30.0]))
-    c["sinks"] = (rng.random(c["hq"]) * 4 - 1).astype(np.float32) if rng.random() < 0.3 else None
-    spread = 2.0 if c["softcap"] else 1.0  # scores that reach the cap's bend
-    shapes = [(c["hq"], spread), (hkv, spread), (hkv, 1.0), (c["hq"], 1.0)]
-    c["inputs"] = [(s * rng.standard_normal((c["batch"], seq, h, c["dim"]))).astype(np.float32) for h, s in shapes]
-    return c
-
-
-def describe(c: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in c.items() if k not in ("inputs", "sinks")) + f", sinks={c['sinks'] is not None}"
-
-
-def error(got: np.ndarray, ref: np.ndarray) -> float:
-    """||got - ref|| / ||ref||, with ||ref|| floored at 0.1 per element (the inputs are of order 1): a
-    gradient that is zero in exact arithmetic (every row sees one key) is met by rounding alone,
-    which this measures against the gradients' usual size. NaN never passes."""
-    got = np.asarray(got, np.float64)
-    if not np.all(np.isfinite(got)):
-        return math.inf
-    return float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 0.1 * math.sqrt(ref.size)))
-
-
 def run_case(c: dict) -> tuple[list, object]:
     """Each rank's (positions, out, lse or None, [dq, dk, dv(, dsinks)]) in float64, and the plan."""
     n, ulysses, dtype = c["n"], c["ulysses"], c["dtype"]
     tdtype = getattr(torch, dtype)
     full = [torch.from_numpy(x).to(tdtype) for x in c["inputs"]]
-    plan = None
-    if c["plan"]:
-        plan = stria.Plan(c["cu_seqlens"], n // ulysses, causal=c["causal"], window=c["window"], tile=4)
-        if plan.local_len % ulysses:  # slots the group splits evenly
-            local_len = -(-plan.local_len // ulysses) * ulysses
-            plan.close()
-            plan = stria.Plan(c["cu_seqlens"], n // ulysses, causal=c["causal"], window=c["window"], tile=4,
-                              local_len=local_len)
+    plan = plan_for(c)
 
     def rank_fn(ctx):
         if plan is not None:
@@ -132,7 +73,49 @@ def run_case(c: dict) -> tuple[list, object]:
 def test_random_combination_matches_reference(seed):
     c = draw_case(seed)
     results, full = run_case(c)
-    q, k, v, dout = (x.to(torch.float64).numpy() for x in full)  # the inputs as the ranks had them
+    check(c, results, [x.to(torch.float64).numpy() for x in full])
+
+
+JAX_CASES = int(os.environ.get("STRIA_JAX_COMBINATION_CASES", "12"))
+JAX_SEEDS = range(10_000, 10_000 + JAX_CASES)  # cases of their own, not the ones above again
+
+
+@pytest.fixture(scope="module")
+def jax_results(tmp_path_factory):
+    """jax_combinations.py's results for JAX_SEEDS, in one process (JAX's start-up once)."""
+    try:
+        import jax  # noqa: F401
+        import stria.jax  # noqa: F401 - built only where jaxlib's FFI headers were found
+    except ImportError:
+        if os.environ.get("STRIA_REQUIRE_JAX") == "1":
+            raise
+        pytest.skip("jax or stria.jax is not available")
+    out_dir = tmp_path_factory.mktemp("jax_combinations")
+    here = os.path.dirname(os.path.abspath(__file__))
+    # The child imports the stria under test, wherever this process found it.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(stria.__file__)), here]))
+    result = subprocess.run([sys.executable, os.path.join(here, "jax_combinations.py"), str(out_dir),
+                             *map(str, JAX_SEEDS)], capture_output=True, text=True, timeout=900, cwd=here, env=env,
+                            check=False)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
+    return out_dir
+
+
+@pytest.mark.parametrize("seed", JAX_SEEDS)
+def test_random_combination_through_jax(seed, jax_results):
+    """The case of `seed` through stria.jax: ring attention and its gradients under jax.jit."""
+    c = draw_case(seed)
+    with np.load(os.path.join(jax_results, f"{seed}.npz")) as f:
+        inputs = [f[f"input{i}"].astype(np.float64) for i in range(4)]
+        results = [(f[f"pos{r}"], f[f"out{r}"], None, [f[f"grad{r}_{i}"] for i in range(3 + (c["sinks"] is not None))])
+                   for r in range(c["n"])]
+    check(c, results, inputs)
+
+
+def check(c: dict, results: list, inputs: list) -> None:
+    """Sets the ranks' results (run_case's) against the float64 reference on `inputs`, q, k, v and
+    dout of the whole sequence as the ranks had them (rounded to the case's dtype)."""
+    q, k, v, dout = inputs
     stored_as = None if c["dtype"] == "float32" else getattr(torch, c["dtype"])
     out, lse, grads, dsinks = reference(q, k, v, dout, causal=c["causal"], softcap=c["softcap"] or None,
                                         sinks=c["sinks"], cu_seqlens=c["cu_seqlens"], window=c["window"],
@@ -150,7 +133,7 @@ def test_random_combination_matches_reference(seed):
                 got["lse"][b][:, p] = l[b][:, real]
     tol = TOLERANCE[c["dtype"]]
     errors = {name: error(got[name], ref) for name, ref in zip(("out", "dq", "dk", "dv"), (out, *grads))}
-    if c["front"] == "arrays":
+    if any(l is not None for _, _, l, _ in results):
         seen = np.isfinite(lse)  # a row that sees nothing: lse -inf on both sides
         errors["lse"] = error(np.where(seen, got["lse"], 0.0), np.where(seen, lse, 0.0))
         assert np.all(got["lse"][~seen] == -np.inf), describe(c)
