@@ -224,20 +224,28 @@ struct RankTokens {
       if (o.world > 1) --S;  // any S works on a plan: one token short leaves some rank padding
       std::mt19937_64 cuts(17);
       documents = o.plan_home ? HomeDocuments(1, S, o.plan_docs, cuts) : RandomDocuments(1, S, o.plan_docs, cuts);
+      // On a grid the plan is for the ring of groups, and each group's slots split into U pieces.
       stria_plan_config_t pc;
       stria_plan_config_init(&pc);
-      pc.world_size = o.world;
+      pc.world_size = o.world / o.ulysses;
       pc.causal = o.causal;
       pc.tile = o.plan_home ? 128 : 16;
       stria_plan_info_t info;
       info.struct_size = sizeof info;
       status = stria_plan_create(&pc, documents.data(), o.plan_docs, 1, S, &plan);
       if (status == STRIA_SUCCESS) status = stria_plan_get_info(plan, &info);
+      if (status == STRIA_SUCCESS && info.local_len % o.ulysses != 0) {
+        stria_plan_destroy(plan);
+        plan = nullptr;
+        pc.local_len = (info.local_len + o.ulysses - 1) / o.ulysses * o.ulysses;
+        status = stria_plan_create(&pc, documents.data(), o.plan_docs, 1, S, &plan);
+        if (status == STRIA_SUCCESS) status = stria_plan_get_info(plan, &info);
+      }
       if (status != STRIA_SUCCESS) return;
-      L = info.local_len;
+      L = info.local_len / o.ulysses;
     }
     pos.resize(static_cast<size_t>(L));
-    status = plan != nullptr ? stria_plan_positions(plan, o.rank, pos.data())
+    status = plan != nullptr ? stria_plan_grid_positions(plan, o.ulysses, o.rank, pos.data())
                              : stria_grid_positions(o.layout, S, o.world, o.ulysses, o.rank, pos.data());
   }
   ~RankTokens() {
@@ -247,7 +255,7 @@ struct RankTokens {
   RankTokens& operator=(const RankTokens&) = delete;
   // The rank's tokens of a full [1, S, H, D] host tensor into local [1, L, H, D].
   stria_status_t Shard(const RankOptions& o, const Tensor& full, Tensor* local) const {
-    if (plan != nullptr) return stria_plan_shard(plan, o.rank, 1, &full.dl, &local->dl, nullptr);
+    if (plan != nullptr) return stria_plan_grid_shard(plan, o.ulysses, o.rank, 1, &full.dl, &local->dl, nullptr);
     return stria_grid_shard(o.layout, o.world, o.ulysses, o.rank, 1, &full.dl, &local->dl, nullptr);
   }
   int64_t num_seqs() const { return documents.empty() ? 0 : static_cast<int64_t>(documents.size()) - 1; }

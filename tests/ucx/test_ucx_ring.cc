@@ -93,6 +93,10 @@ std::vector<RingCase> RingCases() {
     cases.push_back({4, layout, true, false, -1, 0, 48, 2});
   cases.push_back({4, "zigzag", false, false, -1, 0, 48, 4});
   cases.push_back({3, "striped", true, false, 30, 0, 48, 3});
+  // A document plan on a grid: the plan made for the ring of two groups, each group's slots cut in
+  // two, its trimmed messages crossing between the groups' processes.
+  cases.push_back({4, "striped", true, false, -1, 7, 48, 2});
+  cases.push_back({6, "striped", false, false, -1, 9, 40, 3});
   return cases;
 }
 
