@@ -223,6 +223,36 @@ def test_prefill_numpy(layout, n, mode, rng):
         assert rel_err(after, ref_next) < TOLERANCE["float32"]
 
 
+@pytest.mark.parametrize("mode", ["pass_kv", "pass_q"])
+def test_serving_on_a_grid_spreads_the_cache_over_every_rank(mode, rng):
+    """On contexts with a grid (set for training), decode and prefill still take the cache as spread
+    over all N ranks by the layout: the grid is for the training calls."""
+    n, capacity, p = 4, 32, 8
+    lens = np.array([0, 9, n * capacity - p - 1])
+    k, v = (rng.standard_normal((B, n * capacity, HKV, D)).astype(np.float32) for _ in range(2))
+    qf = rng.standard_normal((B, p, HQ, D)).astype(np.float32)
+    q_next = rng.standard_normal((B, 1, HQ, D)).astype(np.float32)
+    caches = shares(k, v, lens, "striped", n, capacity)
+    new = [np.stack([x[b, lens[b] : lens[b] + p] for b in range(B)]) for x in (k, v)]
+    ref, _ = decode_ref(qf, k, v, lens, p)
+    ref_next, _ = decode_ref(q_next, k, v, lens + p, 1)
+
+    def rank_fn(ctx):
+        assert ctx.ulysses == 2
+        kc, vc, _ = caches[ctx.rank]
+        mine = stria.positions("striped", p, n, ctx.rank)
+        out, _ = ctx.attention_prefill(qf[:, mine], new[0][:, mine], new[1][:, mine], kc, vc, lens, mode=mode)
+        nxt = [np.stack([x[b, lens[b] + p : lens[b] + p + 1] for b in range(B)]) for x in (k, v)]
+        after, _ = ctx.attention_decode(q_next, kc, vc, lens + p, *nxt)
+        return mine, out, after
+
+    with stria.local_group(n, timeout_s=TIMEOUT_S, ulysses=2) as group:
+        results = group.run(rank_fn)
+    for mine, out, after in results:
+        assert rel_err(out, ref[:, mine]) < TOLERANCE["float32"]
+        assert rel_err(after, ref_next) < TOLERANCE["float32"]
+
+
 def test_kv_cache_prefill_then_decode(rng):
     """KVCache: a prompt prefilled over the ranks, then decode steps; torch tensors in bfloat16."""
     torch = pytest.importorskip("torch")
