@@ -6,6 +6,7 @@ device; and the errors a caller can make."""
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -55,10 +56,11 @@ def shares(k, v, lens, layout, n, capacity, paged_block=None, rng=None):
     """Each rank's cache of the whole-sequence k, v (positions < lens[b]): [B, C, Hkv, D] arrays, or
     with paged_block a shuffled pool and its block table."""
     out = []
+    batch = k.shape[0]
     for r in range(n):
-        kc = np.full((B, capacity) + k.shape[2:], np.nan, k.dtype)
+        kc = np.full((batch, capacity) + k.shape[2:], np.nan, k.dtype)
         vc = np.full_like(kc, np.nan)
-        for b in range(B):
+        for b in range(batch):
             pos = np.arange(lens[b])
             ranks, slots = stria.cache_placement(layout, n, capacity, pos)
             kc[b, slots[ranks == r]] = k[b, pos[ranks == r]]
@@ -67,11 +69,11 @@ def shares(k, v, lens, layout, n, capacity, paged_block=None, rng=None):
             out.append((kc, vc, None))
             continue
         blocks = capacity // paged_block
-        order = rng.permutation(B * blocks + 2).astype(np.int32)
-        table = order[: B * blocks].reshape(B, blocks)
-        pool_k = np.full((B * blocks + 2, paged_block) + k.shape[2:], np.nan, k.dtype)
+        order = rng.permutation(batch * blocks + 2).astype(np.int32)
+        table = order[: batch * blocks].reshape(batch, blocks)
+        pool_k = np.full((batch * blocks + 2, paged_block) + k.shape[2:], np.nan, k.dtype)
         pool_v = np.full_like(pool_k, np.nan)
-        for b in range(B):
+        for b in range(batch):
             for i in range(blocks):
                 pool_k[table[b, i]] = kc[b, i * paged_block : (i + 1) * paged_block]
                 pool_v[table[b, i]] = vc[b, i * paged_block : (i + 1) * paged_block]
@@ -251,6 +253,66 @@ def test_serving_on_a_grid_spreads_the_cache_over_every_rank(mode, rng):
     for mine, out, after in results:
         assert rel_err(out, ref[:, mine]) < TOLERANCE["float32"]
         assert rel_err(after, ref_next) < TOLERANCE["float32"]
+
+
+RANDOM_CASES = int(os.environ.get("STRIA_SERVING_RANDOM_CASES", "24"))
+
+
+@pytest.mark.parametrize("seed", range(RANDOM_CASES))
+def test_random_serving_calls(seed):
+    """Decode or prefill through stria.torch with features drawn at random from the seed: ranks,
+    layout, dtype, GQA, head dim, a contiguous or paged cache (its unused slots NaN), per-sequence
+    lengths from empty to full, new tokens, causal or not, a window, softcap, sinks, the prefill's
+    mode, and cache_lens as a list, an array or a tensor. STRIA_SERVING_RANDOM_CASES sets how many."""
+    torch = pytest.importorskip("torch")
+    import stria.torch as stria_torch  # noqa: PLC0415 - needs torch
+
+    rng = np.random.default_rng(seed)
+    n, layout = int(rng.integers(1, 6)), str(rng.choice(LAYOUTS))
+    dtype = str(rng.choice(["float32", "bfloat16", "float16"]))
+    tdt = getattr(torch, dtype)
+    batch, hkv, d = int(rng.integers(1, 4)), int(rng.integers(1, 3)), int(rng.choice([8, 16, 32, 64]))
+    hq = hkv * int(rng.integers(1, 4))
+    block = int(rng.choice([4, 8])) if rng.random() < 0.5 else None
+    capacity, prefill, causal = 8 * int(rng.integers(1, 5)), bool(rng.random() < 0.5), bool(rng.random() < 0.8)
+    # Prefill: new tokens a whole number per rank (two halves for zigzag).
+    t = n * int(rng.integers(1, 3)) * (2 if layout == "zigzag" else 1) if prefill else int(rng.integers(1, 5))
+    lens = rng.integers(0, n * capacity - t + 1, size=batch)
+    window = int(rng.integers(0, 20)) if rng.random() < 0.3 else -1
+    softcap = float(rng.choice([2.0, 30.0])) if rng.random() < 0.4 else None
+    sinks = (rng.random(hq) * 3 - 1).astype(np.float32) if rng.random() < 0.3 else None
+    mode, lens_kind = str(rng.choice(["pass_kv", "pass_q", "auto"])), int(rng.integers(0, 3))
+
+    def draw(*shape):  # values the dtype holds exactly
+        return torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).to(tdt).float().numpy()
+
+    k, v, q = draw(batch, n * capacity, hkv, d), draw(batch, n * capacity, hkv, d), draw(batch, t, hq, d)
+    caches = shares(k, v, lens, layout, n, capacity, block, rng)
+    new = [np.stack([x[b, lens[b] : lens[b] + t] for b in range(batch)]) for x in (k, v)]
+    ref, ref_lse = decode_ref(q, k, v, lens, t, causal=causal, window_left=window, softcap=softcap, sinks=sinks)
+
+    def rank_fn(ctx):
+        kc, vc, table = caches[ctx.rank]
+        kw = dict(block_table=None if table is None else torch.from_numpy(table), layout=layout, causal=causal,
+                  window_left=window, softcap=softcap, sinks=None if sinks is None else torch.from_numpy(sinks))
+        cache = [torch.from_numpy(x.copy()).to(tdt) for x in (kc, vc)]
+        cache_lens = [[int(x) for x in lens], lens.copy(), torch.from_numpy(lens.copy())][lens_kind]
+        mine = stria.positions(layout, t, n, ctx.rank) if prefill else np.arange(t)
+        mine_q, mine_k, mine_v = (torch.from_numpy(x[:, mine]).to(tdt) for x in (q, *new))
+        if prefill:
+            out, lse = stria_torch.attention_prefill(ctx, mine_q, mine_k, mine_v, *cache, cache_lens, mode=mode, **kw)
+        else:
+            out, lse = stria_torch.attention_decode(ctx, mine_q, *cache, cache_lens, mine_k, mine_v, **kw)
+        return mine, out.float().numpy(), lse.numpy()
+
+    with stria.local_group(n, timeout_s=TIMEOUT_S) as group:
+        results = group.run(rank_fn)
+    for mine, out, lse in results:
+        want, want_lse = ref[:, mine], ref_lse[:, :, mine]
+        seen = np.isfinite(want_lse)  # a row that sees nothing: lse -inf and output 0
+        assert np.all(lse[~seen] == -np.inf)
+        assert rel_err(out, want) < TOLERANCE[dtype] if np.any(want) else np.all(out == 0)
+        assert rel_err(np.where(seen, lse, 0), np.where(seen, want_lse, 0)) < TOLERANCE[dtype]
 
 
 def test_kv_cache_prefill_then_decode(rng):
